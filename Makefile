@@ -1,0 +1,35 @@
+# Quick start: `make serve` (the recommendation service on 127.0.0.1:8000) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: serve test lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip>=24,<27"
+
+# One stamp per extra: the service needs no torch; the tests bring the CPU torch wheel.
+$(VENV)/.service-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[service]"
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@ $(VENV)/.service-installed
+
+serve: $(VENV)/.service-installed
+	$(BIN)/ficco serve
+
+test: $(VENV)/.test-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

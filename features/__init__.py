@@ -1,0 +1,40 @@
+"""ficco's shared vocabulary: scenarios, schedules, hardware profiles and the feature vector.
+
+Imports with nothing but the standard library and numpy: it runs on the GPU machine's image as well.
+"""
+
+from features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
+from features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
+from features.schedule import SERIAL, Schedule, all_schedules, candidates
+from features.vector import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    feature_dict,
+    feature_matrix,
+    feature_vector,
+    roofline_comm_us,
+    roofline_gemm_us,
+)
+
+__all__ = [
+    "DEFAULT_HARDWARE_ID",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "FEATURE_NAMES",
+    "FEATURE_SCHEMA_VERSION",
+    "KNOWN_HARDWARE",
+    "MOE_OPS",
+    "OPS",
+    "SERIAL",
+    "HardwareProfile",
+    "Scenario",
+    "Schedule",
+    "all_schedules",
+    "candidates",
+    "feature_dict",
+    "feature_matrix",
+    "feature_vector",
+    "get_hardware",
+    "roofline_comm_us",
+    "roofline_gemm_us",
+]

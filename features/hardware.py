@@ -1,0 +1,106 @@
+"""Hardware profiles: the machine a scenario runs on, as the feature vector and the sim backend see it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from features._validate import check_float, check_int, check_keys
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareProfile:
+    """One multi-GPU machine (a single NVLink / Infinity Fabric domain).
+
+    Rates are per GPU. ``link_gbps`` is what one GPU can send in one direction to its peers in total
+    (NVLink 4 on H100/H200: 18 links x 25 GB/s = 450 GB/s).
+    """
+
+    id: str = "h200x2"
+    """Short identifier, used as the registry key of models and datasets (e.g. ``h200x2``)."""
+    gpu_name: str = "NVIDIA H200"
+    """The name ``nvidia-smi`` / ``torch.cuda.get_device_name`` reports."""
+    gpu_count: int = 2
+    """GPUs in the machine; a scenario's world size may not exceed it."""
+    interconnect: str = "NVLink4 NV18"
+    """How the GPUs are linked, as ``nvidia-smi topo -m`` describes it."""
+    peak_bf16_tflops: float = 989.0
+    """Dense bf16 tensor-core peak, TFLOP/s (datasheet; fp16 is the same, fp32 uses the tf32 rate / 2)."""
+    hbm_gbps: float = 4800.0
+    """Device memory bandwidth, GB/s."""
+    link_gbps: float = 450.0
+    """Per-direction GPU-to-peers bandwidth, GB/s."""
+    sm_count: int = 132
+    """Streaming multiprocessors (compute units) per GPU."""
+
+    def __post_init__(self) -> None:
+        if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(
+                f"HardwareProfile.id must be a non-empty string of letters, digits, '-' or '_'; got {self.id!r}"
+            )
+        check_int("HardwareProfile", "gpu_count", self.gpu_count, 1, 64)
+        check_float("HardwareProfile", "peak_bf16_tflops", self.peak_bf16_tflops, 1.0)
+        check_float("HardwareProfile", "hbm_gbps", self.hbm_gbps, 1.0)
+        check_float("HardwareProfile", "link_gbps", self.link_gbps, 0.1)
+        check_int("HardwareProfile", "sm_count", self.sm_count, 1, 1024)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        check_keys("HardwareProfile", data, (f.name for f in dataclasses.fields(cls)))
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HardwareProfile:
+        return cls.from_dict(json.loads(text))
+
+
+def _h200(count: int) -> HardwareProfile:
+    return HardwareProfile(id=f"h200x{count}", gpu_count=count)
+
+
+def _h100(count: int) -> HardwareProfile:
+    return HardwareProfile(
+        id=f"h100x{count}", gpu_name="NVIDIA H100 80GB HBM3", gpu_count=count, hbm_gbps=3350.0
+    )
+
+
+KNOWN_HARDWARE: dict[str, HardwareProfile] = {
+    p.id: p
+    for p in (
+        _h200(2),
+        _h200(4),
+        _h200(8),
+        _h100(2),
+        _h100(4),
+        _h100(8),
+        HardwareProfile(
+            id="mi300xx8",
+            gpu_name="AMD Instinct MI300X",
+            gpu_count=8,
+            interconnect="Infinity Fabric, fully connected, 7 x 50 GB/s",
+            peak_bf16_tflops=1307.0,
+            hbm_gbps=5300.0,
+            link_gbps=350.0,
+            sm_count=304,
+        ),
+    )
+}
+"""Built-in profiles (datasheet figures). Measured datasets record their own fingerprint beside these."""
+
+DEFAULT_HARDWARE_ID = "h200x2"
+
+
+def get_hardware(hardware_id: str) -> HardwareProfile:
+    """Return the built-in profile ``hardware_id``; raise ``ValueError`` listing the known ids otherwise."""
+    try:
+        return KNOWN_HARDWARE[hardware_id]
+    except KeyError:
+        raise ValueError(f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}") from None

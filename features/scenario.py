@@ -1,0 +1,184 @@
+"""Scenario: one collective + GEMM pair, with its sizes, dtype, world size and hardware.
+
+Shape conventions (per rank; ``w`` = ``world_size``):
+
+``ag_gemm``   all-gather -> GEMM (sequence-parallel input of a column-parallel linear: QKV, MLP up/gate).
+              Each rank holds ``A_shard[m / w, k]`` (a block of rows of A) and its own weight ``B[k, n]``
+              (``n`` is the rank's local column shard of the layer's output features). The all-gather
+              builds ``A[m, k]`` on every rank; the result is ``C = A @ B``, ``[m, n]``. Needs ``m % w == 0``.
+``gemm_rs``   GEMM -> reduce-scatter (row-parallel linear into sequence parallelism: attention out,
+              MLP down). Each rank holds ``A[m, k]`` and ``B[k, n]`` where ``k`` is the rank's slice of the
+              reduction dimension; the partial product ``A @ B`` is ``[m, n]``; the reduce-scatter over rows
+              leaves rank ``r`` with the sum over ranks of rows ``[r*m/w, (r+1)*m/w)``: ``[m / w, n]``.
+              Needs ``m % w == 0``.
+``a2a_gemm``  MoE dispatch (all-to-all) -> expert GEMM. ``m`` is tokens per rank; each token goes to
+              ``top_k`` of ``experts`` experts, ``experts / w`` of them on each rank. Every rank sends
+              ``m * top_k / w`` rows of ``k`` features to each rank (balanced routing) and then runs one GEMM
+              per local expert, ``[rows_e, k] @ [k, n]``. ``imbalance`` is the busiest rank's load over the
+              mean (1.0 = balanced). Needs ``(m * top_k) % w == 0`` and ``experts % w == 0``.
+``gemm_a2a``  expert GEMM -> MoE combine (all-to-all). The same rows as ``a2a_gemm``: per local expert
+              ``[rows_e, k] @ [k, n]``, then ``m * top_k / w`` rows of ``n`` features go back to each rank.
+
+The "split rows" of a scenario (``Scenario.rows``) are the rows the communication is chunked along:
+``m`` for ``ag_gemm``/``gemm_rs``, ``m * top_k`` for the MoE ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from features._validate import check_choice, check_float, check_int, check_keys
+from features.hardware import HardwareProfile, get_hardware
+
+Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
+DType = Literal["bf16", "fp16", "fp32"]
+
+OPS: tuple[str, ...] = get_args(Op)
+MOE_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+DTYPES: tuple[str, ...] = get_args(DType)
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+MIN_WORLD_SIZE, MAX_WORLD_SIZE = 2, 8
+MAX_DIM = 1 << 20
+"""Largest m, n or k accepted (2**20): far past any layer, small enough to catch unit mistakes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scenario:
+    """One communication + GEMM pair as a runtime meets it. Shapes: see the module docstring."""
+
+    op: Op = "ag_gemm"
+    """Which pair: ``ag_gemm``, ``gemm_rs``, ``a2a_gemm`` or ``gemm_a2a``."""
+    m: int = 4096
+    """Rows: tokens (gathered, for ``ag_gemm``; before the scatter, for ``gemm_rs``; per rank, for MoE)."""
+    n: int = 4096
+    """Output features of the GEMM on one rank."""
+    k: int = 4096
+    """Reduction dimension of the GEMM on one rank."""
+    dtype: DType = "bf16"
+    """Element type of A, B and C."""
+    world_size: int = 2
+    """Ranks in the tensor/expert-parallel group, in [2, 8]."""
+    hardware: HardwareProfile = field(default_factory=lambda: get_hardware("h200x2"))
+    """The machine; ``world_size`` may not exceed its ``gpu_count``."""
+    experts: int = 0
+    """MoE only: experts in the layer (a multiple of ``world_size``); 0 for dense ops."""
+    top_k: int = 0
+    """MoE only: experts each token is routed to, in [1, experts]; 0 for dense ops."""
+    imbalance: float = 1.0
+    """MoE only: busiest rank's routed rows over the mean, in [1, world_size]; 1.0 for dense ops."""
+
+    def __post_init__(self) -> None:
+        check_choice("Scenario", "op", self.op, OPS)
+        for name in ("m", "n", "k"):
+            check_int("Scenario", name, getattr(self, name), 1, MAX_DIM)
+        check_choice("Scenario", "dtype", self.dtype, DTYPES)
+        check_int("Scenario", "world_size", self.world_size, MIN_WORLD_SIZE, MAX_WORLD_SIZE)
+        if not isinstance(self.hardware, HardwareProfile):
+            raise ValueError(
+                f"Scenario.hardware must be a HardwareProfile; got {type(self.hardware).__name__}"
+            )
+        if self.world_size > self.hardware.gpu_count:
+            raise ValueError(
+                f"Scenario.world_size must be <= hardware.gpu_count={self.hardware.gpu_count} "
+                f"({self.hardware.id}); got {self.world_size}"
+            )
+        if self.op in MOE_OPS:
+            self._check_moe()
+        else:
+            for name, dense_value in (("experts", 0), ("top_k", 0), ("imbalance", 1.0)):
+                if getattr(self, name) != dense_value:
+                    raise ValueError(
+                        f"Scenario.{name} applies only to MoE ops {list(MOE_OPS)}; "
+                        f"for op {self.op!r} it must be {dense_value}; got {getattr(self, name)!r}"
+                    )
+        if self.rows % self.world_size:
+            if self.op in MOE_OPS:
+                raise ValueError(
+                    f"Scenario.m * top_k must be divisible by world_size={self.world_size} for op {self.op!r} "
+                    f"(each rank sends m * top_k / world_size rows to each peer); "
+                    f"got m={self.m}, top_k={self.top_k}"
+                )
+            raise ValueError(
+                f"Scenario.m must be divisible by world_size={self.world_size} for op {self.op!r} "
+                f"(each rank owns m / world_size rows); got {self.m}"
+            )
+
+    def _check_moe(self) -> None:
+        check_int("Scenario", "experts", self.experts, self.world_size, 1024)
+        if self.experts % self.world_size:
+            raise ValueError(
+                f"Scenario.experts must be a multiple of world_size={self.world_size}; got {self.experts}"
+            )
+        check_int("Scenario", "top_k", self.top_k, 1, self.experts)
+        check_float("Scenario", "imbalance", self.imbalance, 1.0, float(self.world_size))
+
+    # Derived sizes --------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> int:
+        """Rows the communication is split along: ``m`` (dense) or ``m * top_k`` (MoE)."""
+        return self.m * self.top_k if self.op in MOE_OPS else self.m
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def gemm_flops(self) -> float:
+        """Multiply-add FLOPs of the GEMM work on one rank (2 * rows * n * k; MoE: the busiest rank)."""
+        return 2.0 * self.rows * self.n * self.k * (self.imbalance if self.op in MOE_OPS else 1.0)
+
+    @property
+    def comm_bytes(self) -> float:
+        """Bytes one rank receives from its peers in the collective (the busiest rank for MoE).
+
+        ``ag_gemm``: the ``w - 1`` peer shards of A, ``(w-1)/w * m * k``; ``gemm_rs``: ``w - 1`` partial
+        row blocks of C, ``(w-1)/w * m * n``; MoE: ``(w-1)/w`` of the routed rows, of width ``k`` (dispatch)
+        or ``n`` (combine).
+        """
+        w = self.world_size
+        width = {"ag_gemm": self.k, "gemm_rs": self.n, "a2a_gemm": self.k, "gemm_a2a": self.n}[self.op]
+        load = self.imbalance if self.op in MOE_OPS else 1.0
+        return (w - 1) / w * self.rows * width * self.dtype_bytes * load
+
+    @property
+    def gemm_bytes(self) -> float:
+        """Fewest device-memory bytes of the GEMM: A, B (per local expert for MoE) and C once each."""
+        weights = self.k * self.n * (self.experts // self.world_size if self.op in MOE_OPS else 1)
+        return (self.rows * self.k + weights + self.rows * self.n) * self.dtype_bytes
+
+    def key(self) -> str:
+        """A readable, unique id, e.g. ``ag_gemm-m8192-n14336-k4096-bf16-w2-h200x2``."""
+        moe = f"-e{self.experts}-t{self.top_k}-i{self.imbalance:g}" if self.op in MOE_OPS else ""
+        return (
+            f"{self.op}-m{self.m}-n{self.n}-k{self.k}-{self.dtype}-w{self.world_size}{moe}-{self.hardware.id}"
+        )
+
+    # JSON round trip -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["hardware"] = self.hardware.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        """Build from a JSON object; ``hardware`` may be a full profile object or a built-in id."""
+        check_keys("Scenario", data, (f.name for f in dataclasses.fields(cls)))
+        data = dict(data)
+        hw = data.get("hardware")
+        if isinstance(hw, str):
+            data["hardware"] = get_hardware(hw)
+        elif isinstance(hw, dict):
+            data["hardware"] = HardwareProfile.from_dict(hw)
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Scenario:
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,179 @@
+"""Schedule: how a scenario's communication and GEMM are decomposed, overlapped and executed.
+
+Canonical string form (parses and prints back exactly)::
+
+    serial/<executor>                                  e.g. serial/sm, serial/dma
+    shard/<executor>[/hp]                              e.g. shard/dma, shard/sm/hp
+    finer/<executor>/s<splits>/<grain>[/hp]            e.g. finer/dma/s4/chunk/hp
+
+- granularity ``serial``: the whole collective, then the whole GEMM (compute grain ``whole``).
+- granularity ``shard``: one chunk per rank (what PyTorch async-TP and TransformerEngine do); one GEMM
+  per shard (grain ``shard``), the GEMM on one shard overlapping the transfer of the next.
+- granularity ``finer``: each shard split again into ``splits`` sub-chunks, all peers' sub-chunks in flight
+  at once (FiCCO). Grain ``chunk``: one GEMM per arrived sub-chunk; grain ``shard``: one GEMM per completed
+  shard.
+- executor ``sm``: NCCL kernels on the SMs; ``dma``: the GPU's copy engines (peer copies).
+- ``/hp``: the communication stream runs at high priority (only for overlapped schedules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from features._validate import check_choice, check_keys
+
+if TYPE_CHECKING:
+    from features.scenario import Scenario
+
+Granularity = Literal["serial", "shard", "finer"]
+Executor = Literal["sm", "dma"]
+Grain = Literal["chunk", "shard", "whole"]
+Priority = Literal["normal", "high"]
+
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
+EXECUTORS: tuple[str, ...] = get_args(Executor)
+GRAINS: tuple[str, ...] = get_args(Grain)
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+FINER_SPLITS: tuple[int, ...] = (2, 4, 8)
+_GRAINS_OF: dict[str, tuple[str, ...]] = {"serial": ("whole",), "shard": ("shard",), "finer": ("chunk", "shard")}
+_FORMS = "serial/<sm|dma>, shard/<sm|dma>[/hp] or finer/<sm|dma>/s<2|4|8>/<chunk|shard>[/hp]"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """One point of the design space. Build it directly or with :meth:`parse`."""
+
+    granularity: Granularity = "serial"
+    """``serial``, ``shard`` (one chunk per rank) or ``finer`` (each shard split into ``splits``)."""
+    executor: Executor = "sm"
+    """``sm`` (NCCL kernels) or ``dma`` (copy engines)."""
+    splits: int = 1
+    """Sub-chunks per shard: 1 unless ``finer``, where it is one of 2, 4, 8."""
+    grain: Grain | None = None
+    """Compute grain: ``chunk``, ``shard`` or ``whole``; None picks the granularity's default
+    (serial -> whole, shard -> shard, finer -> chunk)."""
+    priority: Priority = "normal"
+    """Communication-stream priority; ``high`` only for overlapped (non-serial) schedules."""
+
+    def __post_init__(self) -> None:
+        check_choice("Schedule", "granularity", self.granularity, GRANULARITIES)
+        check_choice("Schedule", "executor", self.executor, EXECUTORS)
+        if self.grain is None:
+            object.__setattr__(self, "grain", _GRAINS_OF[self.granularity][0])
+        check_choice("Schedule", "grain", self.grain, _GRAINS_OF[self.granularity])
+        check_choice("Schedule", "priority", self.priority, PRIORITIES)
+        if self.granularity == "finer":
+            check_choice("Schedule", "splits", self.splits, FINER_SPLITS)
+        elif self.splits != 1:
+            raise ValueError(
+                f"Schedule.splits must be 1 for granularity {self.granularity!r} (only 'finer' splits "
+                f"shards); got {self.splits!r}"
+            )
+        if self.granularity == "serial" and self.priority != "normal":
+            raise ValueError(
+                "Schedule.priority must be 'normal' for granularity 'serial' (nothing overlaps); "
+                f"got {self.priority!r}"
+            )
+
+    @property
+    def overlapped(self) -> bool:
+        """True when communication and GEMM run concurrently (everything but ``serial``)."""
+        return self.granularity != "serial"
+
+    @property
+    def chunks_per_rank(self) -> int:
+        """Communication pieces per rank's shard: 1 for serial and shard, ``splits`` for finer."""
+        return self.splits
+
+    def __str__(self) -> str:
+        parts = [self.granularity, self.executor]
+        if self.granularity == "finer":
+            parts += [f"s{self.splits}", self.grain]
+        if self.priority == "high":
+            parts.append("hp")
+        return "/".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        """Parse the canonical string form; raise ``ValueError`` naming the string and the allowed forms."""
+        if not isinstance(text, str):
+            raise ValueError(f"a schedule must be a string of the form {_FORMS}; got {text!r}")
+        parts = text.split("/")
+        try:
+            priority = "normal"
+            if parts[-1] == "hp":
+                priority = "high"
+                parts = parts[:-1]
+            granularity, executor, *rest = parts
+            splits, grain = 1, None
+            if granularity == "finer":
+                s, grain = rest
+                if not (s.startswith("s") and s[1:].isdigit()):
+                    raise ValueError(f"bad splits field {s!r}")
+                splits = int(s[1:])
+            elif rest:
+                raise ValueError(f"unexpected fields {rest}")
+            schedule = cls(granularity=granularity, executor=executor, splits=splits, grain=grain,
+                           priority=priority)
+        except ValueError as err:
+            raise ValueError(f"unknown schedule {text!r}: {err}. Allowed forms: {_FORMS}") from None
+        if str(schedule) != text:
+            raise ValueError(f"unknown schedule {text!r}: not canonical, write {str(schedule)!r}")
+        return schedule
+
+    def check(self, scenario: Scenario) -> None:
+        """Raise ``ValueError`` if this schedule cannot run ``scenario`` (divisibility of the split rows)."""
+        pieces = scenario.world_size * self.splits
+        if scenario.rows % pieces:
+            raise ValueError(
+                f"schedule {self} needs the split rows ({scenario.rows}) of scenario {scenario.key()} "
+                f"divisible by world_size * splits = {pieces}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Schedule:
+        check_keys("Schedule", data, (f.name for f in dataclasses.fields(cls)))
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        return cls.from_dict(json.loads(text))
+
+
+def all_schedules() -> list[Schedule]:
+    """Every schedule of the design space, in canonical order (serial first)."""
+    out = [Schedule(granularity="serial", executor=e) for e in EXECUTORS]
+    out += [Schedule(granularity="shard", executor=e, priority=p) for e in EXECUTORS for p in PRIORITIES]
+    out += [
+        Schedule(granularity="finer", executor=e, splits=s, grain=g, priority=p)
+        for e in EXECUTORS
+        for s in FINER_SPLITS
+        for g in _GRAINS_OF["finer"]
+        for p in PRIORITIES
+    ]
+    return out
+
+
+SERIAL = Schedule(granularity="serial", executor="sm")
+"""The baseline every recommendation is measured against: NCCL collective, then the GEMM."""
+
+
+def candidates(scenario: Scenario) -> list[Schedule]:
+    """The schedules that can run ``scenario``, in canonical order; ``SERIAL`` is always first."""
+    out = []
+    for schedule in all_schedules():
+        try:
+            schedule.check(scenario)
+        except ValueError:
+            continue
+        out.append(schedule)
+    return out

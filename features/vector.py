@@ -1,0 +1,118 @@
+"""The feature vector: a deterministic, named description of a scenario on its hardware.
+
+The predictor sees only these numbers. ``FEATURE_SCHEMA_VERSION`` changes whenever a name, the order
+or a formula changes; models record it and refuse to load under a different one
+(``tests/features/test_vector.py`` pins the values of a reference scenario to the version).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from features.scenario import MOE_OPS, OPS, Scenario
+from features.schedule import FINER_SPLITS
+
+FEATURE_SCHEMA_VERSION = "fv1"
+
+_TILE = 128
+"""Output tile edge (rows and columns) assumed when counting GEMM waves; Hopper bf16 kernels use 128-256."""
+_FP32_SLOWDOWN = 14.8
+"""Plain fp32 GEMM rate below the bf16 tensor-core rate (H100/H200 datasheets: 67 vs 989 TFLOP/s)."""
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(x, 1e-12))
+
+
+def roofline_gemm_us(scenario: Scenario) -> float:
+    """Roofline time of the rank's GEMM work, microseconds: max(FLOPs / peak, bytes / HBM bandwidth)."""
+    hw = scenario.hardware
+    peak = hw.peak_bf16_tflops * 1e12 / (_FP32_SLOWDOWN if scenario.dtype == "fp32" else 1.0)
+    return 1e6 * max(scenario.gemm_flops / peak, scenario.gemm_bytes / (hw.hbm_gbps * 1e9))
+
+
+def roofline_comm_us(scenario: Scenario) -> float:
+    """Bandwidth-bound time of the rank's communication, microseconds: received bytes / link bandwidth."""
+    return 1e6 * scenario.comm_bytes / (scenario.hardware.link_gbps * 1e9)
+
+
+def gemm_waves(rows: int, n: int, sm_count: int) -> float:
+    """Waves of 128x128 output tiles over the SMs for a ``[rows, n]`` output (fractional: tail effects)."""
+    return math.ceil(rows / _TILE) * math.ceil(n / _TILE) / sm_count
+
+
+def max_finer_splits(scenario: Scenario) -> int:
+    """The largest ``finer`` split count whose sub-chunks divide the rows evenly (1 if none does)."""
+    ok = [s for s in FINER_SPLITS if scenario.rows % (scenario.world_size * s) == 0]
+    return max(ok, default=1)
+
+
+def feature_dict(scenario: Scenario) -> dict[str, float]:
+    """Named features of ``scenario`` in schema order. Sizes enter as log2, times in microseconds."""
+    s, hw, w = scenario, scenario.hardware, scenario.world_size
+    t_gemm, t_comm = roofline_gemm_us(s), roofline_comm_us(s)
+    shard_rows = s.rows // w
+    width = s.k if s.op in ("ag_gemm", "a2a_gemm") else s.n
+    out = {f"op_{op}": float(s.op == op) for op in OPS}
+    out |= {
+        "log2_m": _log2(s.m),
+        "log2_n": _log2(s.n),
+        "log2_k": _log2(s.k),
+        "log2_rows": _log2(s.rows),
+        "world_size": float(w),
+        "dtype_bytes": float(s.dtype_bytes),
+        "log2_gemm_flops": _log2(s.gemm_flops),
+        "log2_gemm_bytes": _log2(s.gemm_bytes),
+        "log2_comm_bytes": _log2(s.comm_bytes),
+        "log2_arith_intensity": _log2(s.gemm_flops / s.gemm_bytes),
+        "log2_t_gemm_us": _log2(t_gemm),
+        "log2_t_comm_us": _log2(t_comm),
+        "log2_comm_over_gemm": _log2(t_comm / t_gemm),
+        "log2_shard_rows": _log2(shard_rows),
+        "log2_shard_bytes": _log2(shard_rows * width * s.dtype_bytes),
+        "gemm_waves": gemm_waves(s.rows, s.n, hw.sm_count),
+        "shard_gemm_waves": gemm_waves(shard_rows, s.n, hw.sm_count),
+        "max_finer_splits": float(max_finer_splits(s)),
+        "experts": float(s.experts),
+        "top_k": float(s.top_k),
+        "imbalance": float(s.imbalance),
+        "hw_peak_tflops": hw.peak_bf16_tflops,
+        "hw_hbm_gbps": hw.hbm_gbps,
+        "hw_link_gbps": hw.link_gbps,
+        "hw_sm_count": float(hw.sm_count),
+    }
+    return out
+
+
+FEATURE_NAMES: tuple[str, ...] = tuple(feature_dict(Scenario()).keys())
+"""Column names of :func:`feature_matrix`, in order."""
+
+
+def feature_vector(scenario: Scenario) -> np.ndarray:
+    """Features of one scenario: float64 array of shape ``[len(FEATURE_NAMES)]``."""
+    return np.fromiter(feature_dict(scenario).values(), dtype=np.float64, count=len(FEATURE_NAMES))
+
+
+def feature_matrix(scenarios: Iterable[Scenario]) -> np.ndarray:
+    """Features of many scenarios: float64 array of shape ``[n_scenarios, len(FEATURE_NAMES)]``."""
+    rows = [feature_vector(s) for s in scenarios]
+    if not rows:
+        return np.empty((0, len(FEATURE_NAMES)), dtype=np.float64)
+    return np.stack(rows)
+
+
+__all__ = [
+    "FEATURE_NAMES",
+    "FEATURE_SCHEMA_VERSION",
+    "MOE_OPS",
+    "feature_dict",
+    "feature_matrix",
+    "feature_vector",
+    "gemm_waves",
+    "max_finer_splits",
+    "roofline_comm_us",
+    "roofline_gemm_us",
+]
