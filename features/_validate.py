@@ -19,7 +19,9 @@ def check_choice(owner: str, field: str, value: Any, allowed: Iterable[Any]) -> 
 
 def check_int(owner: str, field: str, value: Any, lo: int = 1, hi: int | None = None) -> None:
     """Raise unless ``value`` is an int (not a bool) in ``[lo, hi]`` (``hi=None``: no upper bound)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    ok = (
+        isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    )
     if not ok:
         if hi is None:
             what = "a positive int" if lo == 1 else f"an int >= {lo}"

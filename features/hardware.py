@@ -38,7 +38,8 @@ class HardwareProfile:
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
             raise ValueError(
-                f"HardwareProfile.id must be a non-empty string of letters, digits, '-' or '_'; got {self.id!r}"
+                "HardwareProfile.id must be a non-empty string of letters, digits, '-' or '_'; "
+                f"got {self.id!r}"
             )
         check_int("HardwareProfile", "gpu_count", self.gpu_count, 1, 64)
         check_float("HardwareProfile", "peak_bf16_tflops", self.peak_bf16_tflops, 1.0)
@@ -103,4 +104,6 @@ def get_hardware(hardware_id: str) -> HardwareProfile:
     try:
         return KNOWN_HARDWARE[hardware_id]
     except KeyError:
-        raise ValueError(f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}") from None
+        raise ValueError(
+            f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}"
+        ) from None

@@ -97,8 +97,8 @@ class Scenario:
         if self.rows % self.world_size:
             if self.op in MOE_OPS:
                 raise ValueError(
-                    f"Scenario.m * top_k must be divisible by world_size={self.world_size} for op {self.op!r} "
-                    f"(each rank sends m * top_k / world_size rows to each peer); "
+                    f"Scenario.m * top_k must be divisible by world_size={self.world_size} for op "
+                    f"{self.op!r} (each rank sends m * top_k / world_size rows to each peer); "
                     f"got m={self.m}, top_k={self.top_k}"
                 )
             raise ValueError(

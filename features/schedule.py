@@ -38,7 +38,11 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 GRAINS: tuple[str, ...] = get_args(Grain)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 FINER_SPLITS: tuple[int, ...] = (2, 4, 8)
-_GRAINS_OF: dict[str, tuple[str, ...]] = {"serial": ("whole",), "shard": ("shard",), "finer": ("chunk", "shard")}
+_GRAINS_OF: dict[str, tuple[str, ...]] = {
+    "serial": ("whole",),
+    "shard": ("shard",),
+    "finer": ("chunk", "shard"),
+}
 _FORMS = "serial/<sm|dma>, shard/<sm|dma>[/hp] or finer/<sm|dma>/s<2|4|8>/<chunk|shard>[/hp]"
 
 
@@ -116,8 +120,9 @@ class Schedule:
                 splits = int(s[1:])
             elif rest:
                 raise ValueError(f"unexpected fields {rest}")
-            schedule = cls(granularity=granularity, executor=executor, splits=splits, grain=grain,
-                           priority=priority)
+            schedule = cls(
+                granularity=granularity, executor=executor, splits=splits, grain=grain, priority=priority
+            )
         except ValueError as err:
             raise ValueError(f"unknown schedule {text!r}: {err}. Allowed forms: {_FORMS}") from None
         if str(schedule) != text:

@@ -25,6 +25,12 @@ app = typer.Typer(
 COMMAND_MODULES: tuple[str, ...] = ()
 """Modules with a ``register(app)`` function that adds their subcommands, in help order."""
 
+
+@app.callback()
+def main() -> None:
+    """Learned schedule predictor for compute/communication overlap on multi-GPU machines."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 

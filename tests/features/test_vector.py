@@ -1,0 +1,79 @@
+"""Feature vector: determinism, names, and the schema-version pin."""
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from features import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    Scenario,
+    feature_dict,
+    feature_matrix,
+    feature_vector,
+)
+
+# The vector of REFERENCE, rounded, hashed. If this test fails you changed the feature vector:
+# bump FEATURE_SCHEMA_VERSION in features/vector.py and update both constants here.
+REFERENCE = Scenario(op="gemm_rs", m=16384, n=8192, k=14336, world_size=2)
+PINNED = {"fv1": "e65e06f31333114a"}
+
+
+def _digest(scenario: Scenario) -> str:
+    text = ",".join(f"{name}={value:.6g}" for name, value in feature_dict(scenario).items())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_schema_version_pins_the_vector():
+    assert PINNED.get(FEATURE_SCHEMA_VERSION) == _digest(REFERENCE), (
+        "the feature vector changed: bump FEATURE_SCHEMA_VERSION and re-pin"
+    )
+
+
+def test_vector_is_deterministic_and_finite():
+    a, b = feature_vector(REFERENCE), feature_vector(Scenario.from_json(REFERENCE.to_json()))
+    assert a.dtype == np.float64 and a.shape == (len(FEATURE_NAMES),)
+    assert np.array_equal(a, b) and np.isfinite(a).all()
+
+
+def test_names_are_unique_and_in_dict_order():
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+    assert tuple(feature_dict(REFERENCE)) == FEATURE_NAMES
+
+
+def test_matrix_stacks_vectors():
+    scenarios = [REFERENCE, Scenario(), Scenario(op="a2a_gemm", m=64, experts=8, top_k=2)]
+    mat = feature_matrix(scenarios)
+    assert mat.shape == (3, len(FEATURE_NAMES))
+    assert np.array_equal(mat[0], feature_vector(REFERENCE))
+    assert feature_matrix([]).shape == (0, len(FEATURE_NAMES))
+
+
+@pytest.mark.parametrize(
+    ("name", "bigger"), [("log2_comm_over_gemm", Scenario(n=512)), ("log2_gemm_flops", Scenario(m=8192))]
+)
+def test_features_move_the_right_way(name, bigger):
+    idx = FEATURE_NAMES.index(name)
+    base = Scenario()
+    # a narrower n shrinks the GEMM but not the all-gather of A: comm/compute rises
+    assert feature_vector(bigger)[idx] > feature_vector(base)[idx]
+
+
+_ONLY_STDLIB_AND_NUMPY = """
+import importlib.abc, sys
+allowed = set(sys.stdlib_module_names) | {"numpy", "features"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in allowed:
+            raise ImportError(f"features imported {name}, which is neither stdlib nor numpy")
+sys.meta_path.insert(0, Block())
+import features
+features.feature_vector(features.Scenario())
+"""
+
+
+def test_features_import_with_stdlib_and_numpy_only():
+    subprocess.run([sys.executable, "-c", _ONLY_STDLIB_AND_NUMPY], check=True)
