@@ -1,0 +1,117 @@
+"""Argument checks, run on every rank before any communication.
+
+They look only at the calling rank's tensors and the schedule, so they are deterministic and every rank
+raises the same ``ValueError`` together instead of hanging in a collective. (Shapes that differ between
+ranks cannot be seen without communicating; keeping them equal is the caller's job.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from features.schedule import Schedule
+
+DTYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+"""Element types the executor runs, with their ``features`` names."""
+
+
+def as_schedule(schedule: Schedule | str) -> Schedule:
+    """Accept a ``Schedule`` or its canonical string (``Schedule.parse`` names the allowed forms)."""
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, str):
+        return Schedule.parse(schedule)
+    raise ValueError(
+        f"schedule must be a features.Schedule or its string form; got {type(schedule).__name__}"
+    )
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def check_matrix(name: str, t: object, expected: str) -> torch.Tensor:
+    """``t`` must be a 2-D floating tensor of a supported dtype on CPU or CUDA."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {expected}; got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} has shape {shape_str(t.shape)}; expected a 2-D tensor {expected}")
+    if t.dtype not in DTYPES:
+        raise ValueError(
+            f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in DTYPES]} "
+            f"({', '.join(DTYPES.values())})"
+        )
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on {t.device}; expected a CPU or CUDA tensor")
+    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
+        raise ValueError(
+            f"{name} is on {t.device} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
+            "call torch.cuda.set_device(local_rank) before using the executor"
+        )
+    return t
+
+
+def check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``t`` must have ``ref``'s dtype and device."""
+    if t.dtype != ref.dtype:
+        raise ValueError(f"{name} has dtype {t.dtype}; expected {ref.dtype} (the dtype of {ref_name})")
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device}; expected {ref.device} (the device of {ref_name})")
+
+
+def check_out(
+    out: torch.Tensor | None, expected_shape: tuple[int, ...], what: str, ref: torch.Tensor
+) -> None:
+    """An optional output must be contiguous, shaped ``expected_shape``, with ``ref``'s dtype and device."""
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected_shape:
+        got = shape_str(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out has shape {got}; expected {what} = {shape_str(expected_shape)}")
+    check_like("out", out, "the inputs", ref)
+    if not out.is_contiguous():
+        raise ValueError(f"out (shape {shape_str(out.shape)}) must be contiguous")
+
+
+def check_world_size(world_size: int) -> None:
+    if world_size < 2:
+        raise ValueError(f"the executor needs a group of at least 2 ranks; got world_size={world_size}")
+
+
+def check_all_gather_matmul(
+    a_shard: torch.Tensor, b: torch.Tensor, schedule: Schedule, world_size: int, out: torch.Tensor | None
+) -> None:
+    """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]``, ``out [m, n]``; ``m/w`` divisible by the splits."""
+    check_world_size(world_size)
+    check_matrix("b", b, "[k, n]")
+    check_like("b", b, "a_shard", a_shard)
+    rows, k = a_shard.shape
+    if b.shape[0] != k:
+        raise ValueError(
+            f"b has shape {shape_str(b.shape)}; expected [k, n] = [{k}, n] (k = a_shard.shape[1])"
+        )
+    if rows == 0 or rows % schedule.splits:
+        raise ValueError(
+            f"a_shard has shape {shape_str(a_shard.shape)}; schedule {schedule} needs [m/world_size, k] "
+            f"with m/world_size a positive multiple of splits={schedule.splits}"
+        )
+    check_out(out, (rows * world_size, b.shape[1]), "[m, n]", a_shard)
+
+
+def check_matmul_reduce_scatter(
+    a: torch.Tensor, b: torch.Tensor, schedule: Schedule, world_size: int, out: torch.Tensor | None
+) -> None:
+    """gemm_rs: ``a [m, k]``, ``b [k, n]``, ``out [m/w, n]``; ``m`` divisible by world_size * splits."""
+    check_world_size(world_size)
+    check_matrix("b", b, "[k, n]")
+    check_like("b", b, "a", a)
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise ValueError(f"b has shape {shape_str(b.shape)}; expected [k, n] = [{k}, n] (k = a.shape[1])")
+    pieces = world_size * schedule.splits
+    if m == 0 or m % pieces:
+        raise ValueError(
+            f"a has shape {shape_str(a.shape)}; schedule {schedule} needs [m, k] with m a positive multiple "
+            f"of world_size * splits = {world_size} * {schedule.splits} = {pieces}"
+        )
+    check_out(out, (m // world_size, b.shape[1]), "[m/world_size, n]", a)

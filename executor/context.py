@@ -1,0 +1,163 @@
+"""Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, priority twin group.
+
+Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
+path only looks things up. ``clear_buffers`` drops the per-shape buffers (a sweep over many shapes calls
+it between shapes); ``poison_buffers`` fills every cached buffer with NaN so that a schedule that forgets to
+move a piece cannot pass a correctness check on stale data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from executor.lanes import DeviceLanes, HostLanes
+from executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
+
+BARRIER_TIMEOUT_MS = 120_000
+"""Device barriers of the copy-engine executor give up (and trap, ending the process loudly instead of
+hanging) after this long; ``set_barrier_timeout`` changes it for workspaces created afterwards."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GroupContext:
+    """What one process knows about one group on one device."""
+
+    group: dist.ProcessGroup
+    """The process group the collectives run on."""
+    device: torch.device
+    """Where the tensors live (``cuda:<current>`` or ``cpu``)."""
+    rank: int
+    """This process's rank in ``group``."""
+    world_size: int
+    """Ranks in ``group``."""
+    global_ranks: list[int]
+    """Global rank of each group rank (point-to-point ops address global ranks)."""
+    buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    """Per-shape scratch buffers, keyed by (name, shape, dtype)."""
+    lanes: dict[tuple[int, bool], DeviceLanes | HostLanes] = field(default_factory=dict)
+    """Side streams, keyed by (count, high priority)."""
+    workspace: Workspace | None = None
+    """Peer memory for the copy-engine executor (created on first use)."""
+    high_priority_group: dist.ProcessGroup | None = None
+    """Twin NCCL group whose internal stream runs at high priority (created on first use)."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A cached uninitialised tensor; the same one for the same (name, shape, dtype)."""
+        key = (name, tuple(shape), dtype)
+        out = self.buffers.get(key)
+        if out is None:
+            out = self.buffers[key] = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        return out
+
+    def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | HostLanes:
+        """``count`` copy lanes plus a signal lane at the given priority (cached)."""
+        key = (count, high_priority and self.is_cuda)
+        lanes = self.lanes.get(key)
+        if lanes is None:
+            lanes = self.lanes[key] = (
+                DeviceLanes(self.device, count, high_priority) if self.is_cuda else HostLanes()
+            )
+        return lanes
+
+    def get_workspace(self, half_bytes: int) -> Workspace:
+        """This group's peer memory, grown to ``half_bytes`` per half (collective when created or grown)."""
+        if self.workspace is None:
+            self.workspace = Workspace(self._make_peer_memory, self.quiesce)
+        self.workspace.ensure(half_bytes)
+        return self.workspace
+
+    def p2p_group(self, high_priority: bool) -> dist.ProcessGroup:
+        """The group point-to-point pieces use: on CUDA, ``/hp`` schedules use a twin NCCL group created
+        with ``is_high_priority_stream=True`` (NCCL's internal stream then runs at high priority)."""
+        if not (high_priority and self.is_cuda):
+            return self.group
+        if self.high_priority_group is None:
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
+            self.high_priority_group = dist.new_group(
+                ranks=self.global_ranks, backend="nccl", pg_options=options, use_local_synchronization=True
+            )
+        return self.high_priority_group
+
+    def quiesce(self) -> None:
+        """Host-side: wait until every rank's device work is done (used off the hot path only)."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.group, device_ids=[self.device.index])
+            torch.cuda.synchronize(self.device)
+        else:
+            dist.barrier(group=self.group)
+
+    def _make_peer_memory(self, nbytes: int) -> SymmetricPeerMemory | HostPeerMemory:
+        if self.is_cuda:
+            return SymmetricPeerMemory(nbytes, self.group, self.device, _barrier_timeout_ms)
+        return HostPeerMemory(nbytes, self.group, self.global_ranks, self.rank)
+
+
+_contexts: dict[tuple[str, str], GroupContext] = {}
+_barrier_timeout_ms = BARRIER_TIMEOUT_MS
+
+
+def set_barrier_timeout(seconds: float) -> None:
+    """Device-barrier timeout of the copy-engine executor for workspaces created from now on (0: none)."""
+    global _barrier_timeout_ms
+    if not seconds >= 0:
+        raise ValueError(f"barrier timeout must be a number of seconds >= 0; got {seconds!r}")
+    _barrier_timeout_ms = int(seconds * 1000)
+
+
+def get_context(group: dist.ProcessGroup | None, device: torch.device) -> GroupContext:
+    """The cached context of ``group`` (None: the default group) on ``device``."""
+    if not dist.is_initialized():
+        raise ValueError(
+            "the executor needs an initialised torch.distributed process group "
+            "(torch.distributed.init_process_group); none is initialised"
+        )
+    group = group if group is not None else dist.group.WORLD
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (group.group_name, str(device))
+    ctx = _contexts.get(key)
+    if ctx is None:
+        world_size = dist.get_world_size(group)
+        ctx = _contexts[key] = GroupContext(
+            group=group,
+            device=device,
+            rank=dist.get_rank(group),
+            world_size=world_size,
+            global_ranks=[dist.get_global_rank(group, q) for q in range(world_size)],
+        )
+    return ctx
+
+
+def clear_buffers() -> None:
+    """Drop every cached per-shape buffer (lanes, groups and peer memory stay)."""
+    for ctx in _contexts.values():
+        ctx.buffers.clear()
+
+
+def poison_buffers() -> None:
+    """Fill every cached buffer and this rank's peer memory with NaN (collective over each group).
+
+    Test-only: quiesces each group before and after, so no peer is still reading or writing.
+    """
+    for ctx in _contexts.values():
+        ctx.quiesce()
+        for buf in ctx.buffers.values():
+            buf.fill_(float("nan"))
+        if ctx.workspace is not None:
+            ctx.workspace.poison()
+        ctx.quiesce()
+
+
+def reset() -> None:
+    """Forget every context (after ``destroy_process_group``; tests start a new group per world size)."""
+    _contexts.clear()

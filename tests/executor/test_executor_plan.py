@@ -1,0 +1,104 @@
+"""Plans: every schedule's units cover the rows once, every piece moves once, both ends agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.lanes import HostLanes
+from executor.plan import Piece, make_plan, shard_rows_of
+from executor.transport import PointToPointTransport
+from features import all_schedules
+
+OVERLAPPED = [s for s in all_schedules() if s.granularity != "serial"]
+
+
+def _plan(direction, world_size, schedule):
+    return make_plan(direction, world_size, schedule.granularity, schedule.splits, schedule.grain)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_make_plan_units_cover_every_row_once(direction, world_size):
+    shard_rows = 16
+    for schedule in all_schedules():
+        plan = _plan(direction, world_size, schedule)
+        for rank in range(world_size):
+            covered = sorted(
+                (s.start, s.stop)
+                for s in (
+                    shard_rows_of(
+                        u, rank=rank, world_size=world_size, shard_rows=shard_rows, splits=plan.splits
+                    )
+                    for u in plan.units
+                )
+            )
+            edges = [0] + [stop for _, stop in covered]
+            assert [start for start, _ in covered] == edges[:-1], (schedule, rank, covered)
+            assert edges[-1] == world_size * shard_rows, (schedule, rank)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_make_plan_moves_every_peer_piece_once(direction, world_size):
+    for schedule in all_schedules():
+        plan = _plan(direction, world_size, schedule)
+        expected = {Piece(offset=o, sub=j) for o in range(1, world_size) for j in range(plan.splits)}
+        issued = [p for batch in plan.rounds for p in batch]
+        consumed = [p for unit in plan.units for p in unit.pieces]
+        assert sorted(issued, key=str) == sorted(expected, key=str), schedule
+        assert sorted(consumed, key=str) == sorted(expected, key=str), schedule
+
+
+def test_make_plan_orders_the_own_shard_first_for_gather_and_last_for_scatter():
+    for schedule in OVERLAPPED:
+        assert _plan("gather", 4, schedule).units[0].offset == 0, schedule
+        assert _plan("scatter", 4, schedule).units[-1].offset == 0, schedule
+
+
+def test_make_plan_fetches_all_peers_at_once_only_for_finer():
+    for schedule in OVERLAPPED:
+        plan = _plan("gather", 4, schedule)
+        if schedule.granularity == "finer":
+            assert plan.lanes == 3 and len(plan.rounds) == schedule.splits
+            assert all(len(batch) == 3 for batch in plan.rounds)
+            assert {plan.lane_of(p) for p in plan.rounds[0]} == {0, 1, 2}
+        else:
+            assert plan.lanes == 1 and [b[0].offset for b in plan.rounds] == [1, 2, 3]
+
+
+def test_make_plan_grain_chunk_runs_one_gemm_per_piece_and_shard_one_per_shard():
+    chunk = make_plan("gather", 4, "finer", 4, "chunk")
+    shard = make_plan("gather", 4, "finer", 4, "shard")
+    assert len(chunk.units) == 1 + 3 * 4
+    assert len(shard.units) == 1 + 3 and all(len(u.pieces) == 4 for u in shard.units[1:])
+
+
+def test_make_plan_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        make_plan("gather", 1, "shard", 1, "shard")
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        make_plan("gather", 2, "coarse", 1, "shard")
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+def test_point_to_point_ends_agree_on_every_piece(direction):
+    world_size, shard_rows = 4, 8
+    for schedule in OVERLAPPED:
+        plan = _plan(direction, world_size, schedule)
+        ends = [
+            PointToPointTransport(
+                group=None,
+                global_ranks=list(range(world_size)),
+                plan=plan,
+                rank=r,
+                source=torch.zeros(shard_rows if direction == "gather" else world_size * shard_rows, 2),
+                dest=torch.zeros(world_size, shard_rows, 2),
+                lanes=HostLanes(),
+            )
+            for r in range(world_size)
+        ]
+        for batch in plan.rounds:
+            for piece in batch:
+                for r, end in enumerate(ends):
+                    assert ends[end.peer_to(piece)].peer_from(piece) == r, (schedule, piece, r)
