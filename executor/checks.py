@@ -7,6 +7,8 @@ ranks cannot be seen without communicating; keeping them equal is the caller's j
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from features.schedule import Schedule
@@ -16,14 +18,18 @@ DTYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16",
 
 
 def as_schedule(schedule: Schedule | str) -> Schedule:
-    """Accept a ``Schedule`` or its canonical string (``Schedule.parse`` names the allowed forms)."""
+    """Accept a ``Schedule`` or its canonical string (``Schedule.parse`` names the allowed forms; parsed
+    strings are cached, schedules are immutable)."""
     if isinstance(schedule, Schedule):
         return schedule
     if isinstance(schedule, str):
-        return Schedule.parse(schedule)
+        return _parse_schedule(schedule)
     raise ValueError(
         f"schedule must be a features.Schedule or its string form; got {type(schedule).__name__}"
     )
+
+
+_parse_schedule = lru_cache(maxsize=256)(Schedule.parse)
 
 
 def shape_str(shape) -> str:

@@ -1,9 +1,10 @@
-"""Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, priority twin group.
+"""Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, priority twin group,
+and the transports built over them.
 
 Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
-path only looks things up. ``clear_buffers`` drops the per-shape buffers (a sweep over many shapes calls
-it between shapes); ``poison_buffers`` fills every cached buffer with NaN so that a schedule that forgets to
-move a piece cannot pass a correctness check on stale data.
+path only looks things up. ``clear_buffers`` drops the per-shape buffers and the transports that view
+them (a sweep over many shapes calls it between shapes); ``poison_buffers`` fills every cached buffer with
+NaN so that a schedule that forgets to move a piece cannot pass a correctness check on stale data.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from executor.lanes import DeviceLanes, HostLanes
 from executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
+from executor.transport import PeerCopyTransport, PointToPointTransport
 
 BARRIER_TIMEOUT_MS = 120_000
 """Device barriers of the copy-engine executor give up (and trap, ending the process loudly instead of
@@ -44,6 +46,9 @@ class GroupContext:
     """Peer memory for the copy-engine executor (created on first use)."""
     high_priority_group: dist.ProcessGroup | None = None
     """Twin NCCL group whose internal stream runs at high priority (created on first use)."""
+    transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
+    """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
+    dropped with the buffers and whenever the peer memory is reallocated."""
 
     @property
     def is_cuda(self) -> bool:
@@ -71,7 +76,9 @@ class GroupContext:
         """This group's peer memory, grown to ``half_bytes`` per half (collective when created or grown)."""
         if self.workspace is None:
             self.workspace = Workspace(self._make_peer_memory, self.quiesce)
-        self.workspace.ensure(half_bytes)
+        if not self.workspace.fits(half_bytes):
+            self.transports.clear()  # they view the peer memory that ensure() is about to free
+            self.workspace.ensure(half_bytes)
         return self.workspace
 
     def p2p_group(self, high_priority: bool) -> dist.ProcessGroup:
@@ -139,9 +146,10 @@ def get_context(group: dist.ProcessGroup | None, device: torch.device) -> GroupC
 
 
 def clear_buffers() -> None:
-    """Drop every cached per-shape buffer (lanes, groups and peer memory stay)."""
+    """Drop every cached per-shape buffer and transport (lanes, groups and peer memory stay)."""
     for ctx in _contexts.values():
         ctx.buffers.clear()
+        ctx.transports.clear()
 
 
 def poison_buffers() -> None:

@@ -5,11 +5,19 @@ peers move at once) and one ``signal`` lane for the device barriers that publish
 done with stream waits and CUDA events only, never with host synchronisation. ``HostLanes`` is the CPU
 stand-in: everything runs in program order, so every method is a no-op.
 
-Fork and join are explicit and mirrored::
+Fork and join are explicit and mirrored, over the lanes a call uses only (the signal lane only when the
+call runs barriers on it; a call with one round on one copy lane runs its barrier on that lane)::
 
-    lane.wait_stream(current)        # fork: the lane sees everything issued before the call
-    with lane: ...                   # work on the lane
-    current.wait_stream(lane)        # join: the caller sees everything the lane did
+    forked.record(current); lane.wait_event(forked)      # fork: the lane sees everything issued before
+    with lane: ...                                       # work on the lane
+    done.record(lane); current.wait_event(done)          # join: the caller sees everything the lane did
+
+This is ``lane.wait_stream(current)`` / ``current.wait_stream(lane)`` without the new event that each
+``wait_stream`` creates: the events are created once per ``DeviceLanes`` and re-recorded every call. A
+re-record is safe because every wait is enqueued right after the record it needs (a stream wait captures
+the event's most recent record at enqueue time), and nothing re-records the event in between. Between
+fork and join the lanes keep the caller's stream that fork saw and switch with ``torch.cuda.set_stream``
+(one current-stream query per call instead of one per record, wait and ``with torch.cuda.stream``).
 """
 
 from __future__ import annotations
@@ -24,10 +32,10 @@ import torch
 class HostLanes:
     """CPU lanes: work runs in program order, so there is nothing to fork, wait for or join."""
 
-    def fork(self) -> None:
+    def fork(self, signal: bool) -> None:
         """No-op: nothing runs concurrently on the CPU path."""
 
-    def join(self) -> None:
+    def join(self, signal: bool) -> None:
         """No-op."""
 
     def on_copy_lane(self, index: int) -> contextlib.AbstractContextManager[Any]:
@@ -37,7 +45,9 @@ class HostLanes:
     def after_current(self, index: int) -> None:
         """No-op: the GEMM that produced the data has already run."""
 
-    def signal_after(self, lanes: Iterable[int], key: int, barrier: Callable[[], None]) -> None:
+    def signal_after(
+        self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
+    ) -> None:
         """Run ``barrier`` now (the copies before it have finished)."""
         barrier()
 
@@ -57,44 +67,80 @@ class DeviceLanes:
         self._copied = [torch.cuda.Event() for _ in range(count)]
         self._produced = torch.cuda.Event()
         self._landed: dict[int, torch.cuda.Event] = {}
+        self._forked = torch.cuda.Event()
+        self._current: torch.cuda.Stream | None = None
+        """The caller's stream, as ``fork`` saw it; the call runs on it until ``join``."""
+        self._done = [torch.cuda.Event() for _ in range(count + 1)]  # per copy lane, then the signal lane
+        self._with_signal = [*self.copy, self.signal]
 
-    def fork(self) -> None:
-        """Every lane waits for the work issued so far on the current stream."""
-        current = torch.cuda.current_stream()
-        for lane in (*self.copy, self.signal):
-            lane.wait_stream(current)
+    def fork(self, signal: bool) -> None:
+        """The copy lanes (and the signal lane when ``signal``) wait for the work issued so far on the
+        current stream, which the lanes remember as the caller's stream until :meth:`join`."""
+        self._current = torch.cuda.current_stream()
+        self._forked.record(self._current)
+        for lane in self._used(signal):
+            lane.wait_event(self._forked)
 
-    def join(self) -> None:
-        """The current stream waits for everything issued on the lanes."""
-        current = torch.cuda.current_stream()
-        for lane in (*self.copy, self.signal):
-            current.wait_stream(lane)
+    def join(self, signal: bool) -> None:
+        """The current stream waits for everything issued on the copy lanes (and the signal lane when
+        ``signal``; pass the same value as to :meth:`fork`)."""
+        for lane, done in zip(self._used(signal), self._done, strict=False):
+            done.record(lane)
+            self._current.wait_event(done)
+
+    def _used(self, signal: bool) -> list[torch.cuda.Stream]:
+        """The lanes a call forks and joins, in the order of ``self._done``."""
+        return self._with_signal if signal else self.copy
 
     def on_copy_lane(self, index: int) -> contextlib.AbstractContextManager[Any]:
         """Make copy lane ``index`` the current stream inside the ``with`` block."""
-        return torch.cuda.stream(self.copy[index])
+        return self._on(self.copy[index])
+
+    @contextlib.contextmanager
+    def _on(self, stream: torch.cuda.Stream):
+        """``torch.cuda.stream(stream)`` for a call between ``fork`` and ``join``, without its device and
+        current-stream queries: the lanes live on the caller's device, and the stream to go back to is the
+        one ``fork`` saw (the caller does not switch streams inside a call)."""
+        torch.cuda.set_stream(stream)
+        try:
+            yield
+        finally:
+            torch.cuda.set_stream(self._current)
 
     def after_current(self, index: int) -> None:
         """Copy lane ``index`` waits for the work issued so far on the current stream (a produced piece)."""
-        self._produced.record(torch.cuda.current_stream())
+        self._produced.record(self._current)
         self.copy[index].wait_event(self._produced)
 
-    def signal_after(self, lanes: Iterable[int], key: int, barrier: Callable[[], None]) -> None:
+    def signal_after(
+        self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
+    ) -> None:
         """After the copies issued so far on ``lanes``, run ``barrier`` on the signal lane and remember
-        the moment it completes under ``key`` (for :meth:`wait_signal`)."""
-        for index in lanes:
-            self._copied[index].record(self.copy[index])
-            self.signal.wait_event(self._copied[index])
-        with torch.cuda.stream(self.signal):
+        the moment it completes under ``key`` (for :meth:`wait_signal`).
+
+        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, behind its copies in
+        stream order, instead of on the signal lane (no event pair between the two lanes, and the call need
+        not fork or join the signal lane). Only for a call with one round on one lane: it runs no other
+        barrier that could then overlap this one.
+        """
+        if on_copy_lane:
+            (index,) = lanes
+            stream = self.copy[index]
+        else:
+            for index in lanes:
+                self._copied[index].record(self.copy[index])
+                self.signal.wait_event(self._copied[index])
+            stream = self.signal
+        with self._on(stream):
             barrier()
         landed = self._landed.get(key)
         if landed is None:
             landed = self._landed[key] = torch.cuda.Event()
-        landed.record(self.signal)
+        landed.record(stream)
 
     def wait_signal(self, key: int) -> None:
         """The current stream waits until the barrier recorded under ``key`` has completed."""
-        torch.cuda.current_stream().wait_event(self._landed[key])
+        self._current.wait_event(self._landed[key])
 
 
 _HIGH_PRIORITY = -1

@@ -22,7 +22,7 @@ from executor.checks import (
 )
 from executor.context import GroupContext, get_context
 from executor.pipeline import run_pipeline
-from executor.plan import Plan, Unit, make_plan, shard_rows_of
+from executor.plan import Plan, Unit, make_plan
 from executor.transport import PeerCopyTransport, PointToPointTransport
 from features.schedule import Schedule
 
@@ -76,12 +76,10 @@ def all_gather_matmul(
     else:
         plan = make_plan("gather", w, schedule.granularity, schedule.splits, schedule.grain)
         dest = gathered.view(w, shard_rows, k) if gathered is not None else None
-        transport = _make_transport(
-            ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest
-        )
+        transport = _transport(ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest)
 
         def consume(rows: torch.Tensor, unit: Unit) -> None:
-            torch.mm(rows, b, out=c[_unit_rows(ctx, plan, unit, shard_rows)])
+            torch.mm(rows, b, out=c[transport.split_rows(unit)])
 
         run_pipeline(plan, transport, consume)
         if gathered is not None:
@@ -133,10 +131,10 @@ def matmul_reduce_scatter(
         _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
-    transport = _make_transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
+    transport = _transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
 
     def produce(rows: torch.Tensor, unit: Unit) -> None:
-        torch.mm(a[_unit_rows(ctx, plan, unit, shard_rows)], b, out=rows)
+        torch.mm(a[transport.split_rows(unit)], b, out=rows)
 
     run_pipeline(plan, transport, produce)
     _reduce_into(c, partial.view(w, shard_rows, n)[ctx.rank], transport.received())
@@ -180,8 +178,7 @@ def communicate(
         ("gather", (w, rows, width)) if op == "ag_gemm" else ("scatter", (w, rows // w, width))
     )
     plan = make_plan(direction, w, "serial", 1, "whole")
-    schedule = Schedule(granularity="serial", executor="dma")
-    transport = _make_transport(ctx, plan, schedule, source=x, dest_shape=dest_shape)
+    transport = _transport(ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape)
     run_pipeline(plan, transport, None)
     if scattered is not None:
         _reduce_into(scattered, x.view(dest_shape)[ctx.rank], transport.received())
@@ -207,7 +204,7 @@ def _matmul_reduce_scatter_fallback(
     _reduce_scatter_single(out, partial, group=group)
 
 
-def _make_transport(
+def _transport(
     ctx: GroupContext,
     plan: Plan,
     schedule: Schedule,
@@ -216,30 +213,45 @@ def _make_transport(
     dest_shape: tuple[int, int, int],
     dest: torch.Tensor | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
-    """The schedule's transport; ``dest`` (gather, p2p) receives the pieces instead of a cached buffer."""
+    """The schedule's transport, bound to ``source``; ``dest`` (gather, p2p) receives the pieces instead of
+    a cached buffer.
+
+    Built once per (executor, priority, plan, destination buffer) and kept in ``ctx.transports``, so a call
+    reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or the
+    cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each. A
+    caller's ``dest`` is new every call: that transport is built for the call and not kept.
+    """
     high_priority = schedule.priority == "high"
-    common = {"plan": plan, "rank": ctx.rank, "source": source}
     if schedule.executor == "dma":
         workspace = ctx.get_workspace(_nbytes(dest_shape, source.dtype))
-        return PeerCopyTransport(
-            workspace=workspace,
-            dest=workspace.slots(ctx.rank, dest_shape, source.dtype),
-            lanes=ctx.get_lanes(plan.lanes, high_priority),
+        dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
+        keep = True
+    else:
+        keep = dest is None
+        if dest is None:
+            dest = ctx.buffer("received", dest_shape, source.dtype)
+    # By identity: a kept transport holds its plan and dest, so these ids name live objects only (and
+    # hashing a plan's nested tuples on every call would cost more than the lookup saves).
+    key = (schedule.executor, high_priority, id(plan), id(dest))
+    transport = ctx.transports.get(key) if keep else None
+    if transport is not None:
+        transport.bind(source)
+        return transport
+    common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest}
+    if schedule.executor == "dma":
+        transport = PeerCopyTransport(
+            workspace=workspace, lanes=ctx.get_lanes(plan.lanes, high_priority), **common
+        )
+    else:
+        transport = PointToPointTransport(
+            group=ctx.p2p_group(high_priority),
+            global_ranks=ctx.global_ranks,
+            lanes=ctx.get_lanes(1, False),  # only issues NCCL work; NCCL's own stream carries the priority
             **common,
         )
-    return PointToPointTransport(
-        group=ctx.p2p_group(high_priority),
-        global_ranks=ctx.global_ranks,
-        dest=dest if dest is not None else ctx.buffer("received", dest_shape, source.dtype),
-        lanes=ctx.get_lanes(1, False),  # only issues NCCL work; NCCL's own stream carries the priority
-        **common,
-    )
-
-
-def _unit_rows(ctx: GroupContext, plan: Plan, unit: Unit, shard_rows: int) -> slice:
-    return shard_rows_of(
-        unit, rank=ctx.rank, world_size=ctx.world_size, shard_rows=shard_rows, splits=plan.splits
-    )
+    if keep:
+        ctx.transports[key] = transport
+    return transport
 
 
 def _reduce_into(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tensor]) -> None:
@@ -253,7 +265,8 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     numel = 1
     for size in shape:
         numel *= size
-    return numel * torch.empty((), dtype=dtype).element_size()
+    return numel * dtype.itemsize
 
 
 _SERIAL_SM = Schedule(granularity="serial", executor="sm")
+_SERIAL_DMA = Schedule(granularity="serial", executor="dma")

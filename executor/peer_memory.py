@@ -143,9 +143,13 @@ class Workspace:
         self.parity = 0
         """The half the current call uses."""
 
+    def fits(self, half_bytes: int) -> bool:
+        """Whether the memory exists and each half holds ``half_bytes`` (``ensure`` would do nothing)."""
+        return self._memory is not None and half_bytes <= self.half_bytes
+
     def ensure(self, half_bytes: int) -> None:
         """Grow to at least ``half_bytes`` per half (collective: every rank calls it with the same size)."""
-        if self._memory is not None and half_bytes <= self.half_bytes:
+        if self.fits(half_bytes):
             return
         size = MIN_HALF_BYTES
         while size < half_bytes:

@@ -32,7 +32,9 @@ def run_pipeline(plan: Plan, transport: Transport, compute: Compute | None) -> N
     #   copy 0  : [ cp0 ][ cp1 ]
     #   signal  :        [b0]   [b1]
     #
-    # (sm: the same shape, with NCCL's stream in place of copy 0 + signal, and work.wait() for the b's)
+    # (sm: the same shape, with NCCL's stream in place of copy 0 + signal, and work.wait() for the b's;
+    # dma with one round on one lane, e.g. shard on two ranks: the barrier runs on copy 0, right behind
+    # the push, and the signal lane stays idle)
     #
     # scatter, shard on two ranks, copy engines ("mm peer" = GEMM producing the peer's rows):
     #

@@ -2,19 +2,25 @@
 
 Both transports speak the same verbs to the pipeline engine (``executor.pipeline``):
 
-- ``begin()`` / ``end()``: fork the lanes off the caller's stream / join them back;
+- ``begin()`` / ``end()``: fork the lanes the transport uses off the caller's stream / join them back;
 - ``issue(pieces)``: start moving these pieces (gather: receive them; scatter: send them, right after
   the GEMM that produced them);
 - ``wait(pieces)``: the caller's stream waits until these pieces have landed (gather);
-- ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter).
+- ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter); ``split_rows(unit)``: which
+  split rows (of ``C`` for gather, of ``A`` for scatter) that GEMM covers.
 
 Buffers. gather: ``source`` is the rank's ``A_shard [R, k]``; pieces land in ``dest [w, R, k]`` (slot ``q``
 = rank ``q``'s shard). scatter: GEMMs write the partial product into ``source [m, n]``; peers' partial rows
 of this rank's shard land in ``dest [w, R, n]`` (slot ``q`` = from rank ``q``), listed by ``received()``.
+
+Reuse. A transport is built once per (plan, buffers) and kept by ``executor.ops`` across calls: every view
+of ``dest`` and of peer memory, and every row range, is made on first use and remembered; ``bind(source)``
+hands it each call's ``source``, and views of ``source`` are remembered while the same tensor comes back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 import torch
@@ -50,10 +56,23 @@ class _Transport:
         self.plan = plan
         self.rank = rank
         self.world_size = plan.world_size
-        self.source = source
         self.dest = dest
         self.lanes = lanes
         self.shard_rows = dest.shape[1]
+        self._views: dict[Hashable, torch.Tensor] = {}
+        """Views of ``dest`` and of peer memory (fixed for the transport's life)."""
+        self._source_views: dict[Hashable, torch.Tensor] = {}
+        """Views of ``source`` (dropped when another tensor is bound)."""
+        self._split_rows: dict[Unit, slice] = {}
+        self.source = source
+        self._source_ptr = source.data_ptr()
+
+    def bind(self, source: torch.Tensor) -> None:
+        """Use ``source`` (same shape, dtype and device as the first one) for the next call."""
+        ptr = source.data_ptr()
+        if source is not self.source or ptr != self._source_ptr:
+            self.source, self._source_ptr = source, ptr
+            self._source_views.clear()
 
     def peer_to(self, piece: Piece) -> int:
         """The rank this rank sends ``piece`` to."""
@@ -68,6 +87,9 @@ class _Transport:
     def outgoing(self, piece: Piece) -> torch.Tensor:
         """The rows sent as ``piece``: the own sub-chunk (gather) or a partial of the receiver's shard
         (scatter)."""
+        return _remembered(self._source_views, piece, lambda: self._outgoing(piece))
+
+    def _outgoing(self, piece: Piece) -> torch.Tensor:
         sub = sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
         if self.plan.direction == "gather":
             return self.source[sub]
@@ -75,31 +97,59 @@ class _Transport:
 
     def incoming(self, piece: Piece) -> torch.Tensor:
         """Where ``piece`` lands here: the sender's slot of ``dest``, rows of the sub-chunk."""
-        sub = sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
-        return self.dest[self.peer_from(piece)][sub]
+        return _remembered(
+            self._views,
+            ("in", piece),
+            lambda: self.dest[self.peer_from(piece)][
+                sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
+            ],
+        )
+
+    def split_rows(self, unit: Unit) -> slice:
+        """The split rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank (``shard_rows_of``)."""
+        rows = self._split_rows.get(unit)
+        if rows is None:
+            rows = self._split_rows[unit] = shard_rows_of(
+                unit,
+                rank=self.rank,
+                world_size=self.world_size,
+                shard_rows=self.shard_rows,
+                splits=self.plan.splits,
+            )
+        return rows
 
     def rows(self, unit: Unit) -> torch.Tensor:
-        rows = shard_rows_of(
-            unit,
-            rank=self.rank,
-            world_size=self.world_size,
-            shard_rows=self.shard_rows,
-            splits=self.plan.splits,
+        if self.plan.direction == "scatter" or unit.offset == 0:
+            return _remembered(self._source_views, unit, lambda: self._source_rows(unit))
+        if unit.offset is None:  # the whole GEMM reads all of A: the own shard goes into its slot too
+            _remembered(self._views, ("slot", self.rank), lambda: self.dest[self.rank]).copy_(self.source)
+        return _remembered(
+            self._views, unit, lambda: self.dest.view(-1, self.dest.shape[-1])[self.split_rows(unit)]
         )
+
+    def _source_rows(self, unit: Unit) -> torch.Tensor:
+        """scatter: where the unit's partial rows go; gather, own shard: the unit's rows of ``source``."""
+        rows = self.split_rows(unit)
         if self.plan.direction == "scatter":
             return self.source[rows]
-        gathered = self.dest.view(-1, self.dest.shape[-1])
-        if unit.offset is None:  # the whole GEMM reads all of A: the own shard goes into its slot too
-            self.dest[self.rank].copy_(self.source)
-            return gathered
-        if unit.offset == 0:
-            own = self.rank * self.shard_rows
-            return self.source[rows.start - own : rows.stop - own]
-        return gathered[rows]
+        own = self.rank * self.shard_rows
+        return self.source[rows.start - own : rows.stop - own]
 
     def received(self) -> list[torch.Tensor]:
         """scatter: the peers' partial rows of this rank's shard, ``[R, n]`` each."""
-        return [self.dest[q] for q in range(self.world_size) if q != self.rank]
+        return [
+            _remembered(self._views, ("slot", q), lambda q=q: self.dest[q])
+            for q in range(self.world_size)
+            if q != self.rank
+        ]
+
+
+def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``views[key]``, made by ``make()`` on first use."""
+    view = views.get(key)
+    if view is None:
+        view = views[key] = make()
+    return view
 
 
 class PointToPointTransport(_Transport):
@@ -107,7 +157,8 @@ class PointToPointTransport(_Transport):
 
     On CUDA, gather batches are issued from a copy lane forked before the first GEMM, so NCCL's stream,
     which waits for the stream current at issue time, does not wait for that GEMM. Scatter batches are
-    issued from the caller's stream right after the GEMM that produced them, which is the wait they need.
+    issued from the caller's stream right after the GEMM that produced them, which is the wait they need;
+    scatter therefore uses no lane and forks and joins none.
     """
 
     def __init__(self, *, group: dist.ProcessGroup, global_ranks: list[int], **kwargs) -> None:
@@ -120,7 +171,8 @@ class PointToPointTransport(_Transport):
     def begin(self) -> None:
         self._batches.clear()
         self._batch_of.clear()
-        self.lanes.fork()
+        if self.plan.direction == "gather":
+            self.lanes.fork(signal=False)
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         ops = []
@@ -147,7 +199,8 @@ class PointToPointTransport(_Transport):
 
     def end(self) -> None:
         self.wait(tuple(self._batch_of))
-        self.lanes.join()
+        if self.plan.direction == "gather":
+            self.lanes.join(signal=False)
 
 
 class PeerCopyTransport(_Transport):
@@ -155,9 +208,13 @@ class PeerCopyTransport(_Transport):
 
     gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (one
     copy lane per peer), then a barrier on the signal lane; once it completes, every piece of round ``j``
-    has landed here and the GEMMs waiting for that round may start. scatter: each produced piece is pushed
-    into its owner's slot for this rank as soon as its GEMM is done; one barrier at the end, then the owner
-    reduces. Every call passes at least one barrier, which makes the double buffering safe (``Workspace``).
+    has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy lane
+    runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
+    copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
+    call and every call's lanes joined before the next call forks them, barriers still never overlap.
+    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is done;
+    one barrier at the end, then the owner reduces. Every call passes at least one barrier, which makes the
+    double buffering safe (``Workspace``).
     ``dest`` must be this rank's current half of ``workspace``, shaped ``[w, R, width]``.
     """
 
@@ -166,40 +223,54 @@ class PeerCopyTransport(_Transport):
         self.workspace = workspace
         shape, dtype = tuple(self.dest.shape), self.dest.dtype
         self.remote = [workspace.slots(q, shape, dtype) for q in range(self.world_size)]
-        self._round_of: dict[Piece, int] = {}
-        self._rounds = 0
+        self._gather = self.plan.direction == "gather"
+        self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and self.plan.lanes == 1
+        """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
+        that copy lane, so the signal lane is not used."""
+        self._signal = self._gather and not self._barrier_on_copy_lane
+        self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
+        """gather: the round (and ``signal_after`` key) of each piece, fixed by the plan's issue order."""
+        self._round_lanes = [sorted({self.plan.lane_of(p) for p in batch}) for batch in self.plan.rounds]
+        """gather: the copy lanes each round's pieces use (the signal lane waits for these)."""
+        self._wait_keys: dict[tuple[Piece, ...], list[int]] = {}
 
     def begin(self) -> None:
-        self._round_of.clear()
-        self._rounds = 0
-        self.lanes.fork()
+        self.lanes.fork(signal=self._signal)
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         for piece in pieces:
             lane = self.plan.lane_of(piece)
-            if self.plan.direction == "scatter":
+            if not self._gather:
                 self.lanes.after_current(lane)  # the GEMM that produced the piece
             with self.lanes.on_copy_lane(lane):
                 self.remote_incoming(piece).copy_(self.outgoing(piece))
-        if self.plan.direction == "gather":
-            key, self._rounds = self._rounds, self._rounds + 1
-            self.lanes.signal_after({self.plan.lane_of(p) for p in pieces}, key, self.workspace.barrier)
-            for piece in pieces:
-                self._round_of[piece] = key
+        if self._gather:
+            key = self._round_of[pieces[0]]  # a gather batch is one whole round of the plan
+            self.lanes.signal_after(
+                self._round_lanes[key], key, self.workspace.barrier, on_copy_lane=self._barrier_on_copy_lane
+            )
 
     def remote_incoming(self, piece: Piece) -> torch.Tensor:
         """Where this rank's ``piece`` goes: the receiver's slot for this rank, rows of the sub-chunk."""
-        sub = sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
-        return self.remote[self.peer_to(piece)][self.rank][sub]
+        return _remembered(
+            self._views,
+            ("remote", piece),
+            lambda: self.remote[self.peer_to(piece)][self.rank][
+                sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
+            ],
+        )
 
     def wait(self, pieces: tuple[Piece, ...]) -> None:
-        if self.plan.direction == "scatter":
+        if not self._gather:
             return  # what lands here is published by the barrier in end()
-        for key in sorted({self._round_of[p] for p in pieces}):
+        keys = self._wait_keys.get(pieces)
+        if keys is None:
+            keys = self._wait_keys[pieces] = sorted({self._round_of[p] for p in pieces})
+        for key in keys:
             self.lanes.wait_signal(key)
 
     def end(self) -> None:
-        self.lanes.join()
-        if self.plan.direction == "scatter":
+        self.lanes.join(signal=self._signal)
+        if not self._gather:
             self.workspace.barrier()  # every push into this rank's slots has landed
         self.workspace.advance()

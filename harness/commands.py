@@ -1,0 +1,436 @@
+"""``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario.
+
+    ficco bench --out datasets/h200x2 --remeasure 32          # all local GPUs through torchrun
+    ficco bench --out datasets/h200x2 --resume                # continue after a crash or Ctrl-C
+    ficco bench --backend sim --out /tmp/sim --include-moe    # no GPU: the analytic model
+    ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
+    ficco bench --card-only --out datasets/h200x2             # rewrite card.md and the plots
+
+Heavy imports (torch, pandas, matplotlib) happen inside the command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
+
+if TYPE_CHECKING:
+    from features import HardwareProfile
+    from harness.plan import Plan
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+BENCH_HELP = (
+    "Measure every candidate schedule of every planned scenario and write the labelled dataset.\n\n"
+    "The plan: each model config in --configs expanded into the pairs of one layer (QKV and MLP up as "
+    "all-gather -> GEMM, attention out and MLP down as GEMM -> reduce-scatter) for every --tokens value, "
+    "plus --grid log-uniform shapes between the models. The simulated GPU time of the sweep is printed "
+    "first. The sweep resumes after a crash (--resume) and ends by writing card.md and the plots."
+)
+
+
+class BenchBackend(StrEnum):
+    gpu = "gpu"
+    gloo = "gloo"
+    sim = "sim"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _check_range(option: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise _fail(f"{option} must be in [{lo:g}, {hi:g}]; got {value:g}")
+
+
+def _hardware(value: str) -> HardwareProfile:
+    """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
+    from features import HardwareProfile, get_hardware
+
+    try:
+        if value.endswith(".json"):
+            return HardwareProfile.from_json(Path(value).read_text())
+        return get_hardware(value)
+    except (OSError, ValueError) as err:
+        raise _fail(f"--hardware {value!r}: {err}") from None
+
+
+def _tokens(value: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in value.split(",") if t.strip()]
+    except ValueError:
+        raise _fail(f"--tokens must be comma-separated integers, e.g. 1024,4096; got {value!r}") from None
+    if not tokens or min(tokens) < 1:
+        raise _fail(f"--tokens must hold positive integers; got {value!r}")
+    return tokens
+
+
+def _gpu_count() -> int:
+    """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def bench(
+    backend: Annotated[
+        BenchBackend,
+        typer.Option(
+            help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes "
+            "through torchrun (checks the pipeline, times mean nothing); sim: the analytic model."
+        ),
+    ] = BenchBackend.gpu,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Dataset directory. Default: datasets/<hardware> (gpu), datasets/<hardware>-sim, "
+            "datasets/<hardware>-gloo."
+        ),
+    ] = None,
+    configs: Annotated[
+        Path, typer.Option(help="Directory of Hugging Face config.json files, one per model family.")
+    ] = REPO_ROOT / "datasets" / "model_configs",
+    tp: Annotated[
+        int, typer.Option(help="Tensor-parallel degree = world size of every scenario, in [2, 8].")
+    ] = 2,
+    tokens: Annotated[
+        str, typer.Option(help="Comma-separated token counts per layer call, each a multiple of --tp.")
+    ] = ",".join(map(str, DEFAULT_TOKENS)),
+    grid: Annotated[
+        int, typer.Option(help="Log-uniform grid scenarios added between the models, in [0, 100000].")
+    ] = DEFAULT_GRID,
+    max_serial_ms: Annotated[
+        float,
+        typer.Option(help="Leave out model scenarios whose simulated serial time exceeds this (ms, > 0)."),
+    ] = DEFAULT_MAX_SERIAL_MS,
+    hardware: Annotated[
+        str, typer.Option(help="Hardware profile id (h200x2, h100x8, ...) or a HardwareProfile JSON file.")
+    ] = "h200x2",
+    include_moe: Annotated[
+        bool, typer.Option("--include-moe", help="Add the MoE all-to-all pairs (sim backend only).")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the dataset in --out (skips finished scenarios).")
+    ] = False,
+    remeasure: Annotated[
+        int,
+        typer.Option(help="After the sweep, measure this many finished scenarios again into noise.parquet."),
+    ] = 0,
+    nproc: Annotated[
+        int | None, typer.Option(help="Processes for gpu/gloo (default: detected GPUs, or --tp for gloo).")
+    ] = None,
+    warmup: Annotated[
+        int,
+        typer.Option(help="Untimed runs per schedule (gpu/gloo; the first checks the result), in [1, 100]."),
+    ] = 3,
+    reps: Annotated[
+        int, typer.Option(help="Timed runs per schedule (gpu/gloo), in [1, 1000]; >= 20 for a dataset.")
+    ] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
+    noise: Annotated[float, typer.Option(help="Sim only: log-normal noise on every time, in [0, 1].")] = 0.0,
+    calibrate_from: Annotated[
+        Path | None,
+        typer.Option(help="Sim only: refit the model's constants to this measured dataset first."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Measure only the first N planned scenarios (0: all).")] = 0,
+    flush_seconds: Annotated[
+        float, typer.Option(help="Seconds between dataset writes (what a crash can lose).")
+    ] = 10.0,
+    card_only: Annotated[
+        bool, typer.Option("--card-only", help="Only rewrite card.md and the plots of --out, then stop.")
+    ] = False,
+) -> None:
+    """Measure every candidate schedule of every scenario of the plan and write the labelled dataset
+    (help text: ``BENCH_HELP``)."""
+    hw = _hardware(hardware)
+    suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
+    out = out or REPO_ROOT / "datasets" / f"{hw.id}{suffix}"
+    if card_only:
+        _write_card(out)
+        return
+    _check_options(
+        backend,
+        tp=tp,
+        grid=grid,
+        max_serial_ms=max_serial_ms,
+        remeasure=remeasure,
+        warmup=warmup,
+        reps=reps,
+        noise=noise,
+        limit=limit,
+        flush_seconds=flush_seconds,
+        include_moe=include_moe,
+    )
+    plan = _build_plan(
+        configs,
+        hw,
+        tp=tp,
+        tokens=_tokens(tokens),
+        grid=grid,
+        max_serial_ms=max_serial_ms,
+        include_moe=include_moe,
+        seed=seed,
+        limit=limit,
+    )
+    _check_fresh_or_resume(out, resume)
+
+    from harness.plan import estimate_sweep
+
+    estimate = estimate_sweep(plan, hw, warmup=warmup, reps=reps, remeasure=remeasure)
+    plan = dataclasses.replace(
+        plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
+    )
+    typer.echo(
+        f"plan: {len(plan)} scenarios from {len(plan.families)} families ({', '.join(plan.families)}); "
+        f"{len(plan.dropped)} model scenarios over {max_serial_ms} ms left out",
+        err=True,
+    )
+    typer.echo(f"GPU sweep estimate on {hw.id}: {estimate.summary()}", err=True)
+    if backend is BenchBackend.sim:
+        _run_sim(
+            plan,
+            out,
+            seed=seed,
+            noise=noise,
+            calibrate_from=calibrate_from,
+            remeasure=remeasure,
+            flush_seconds=flush_seconds,
+        )
+    else:
+        _run_torchrun(
+            plan,
+            out,
+            backend=backend,
+            tp=tp,
+            nproc=nproc,
+            warmup=warmup,
+            reps=reps,
+            remeasure=remeasure,
+            flush_seconds=flush_seconds,
+        )
+    _write_card(out)
+
+
+def _check_options(
+    backend: BenchBackend,
+    *,
+    tp: int,
+    grid: int,
+    max_serial_ms: float,
+    remeasure: int,
+    warmup: int,
+    reps: int,
+    noise: float,
+    limit: int,
+    flush_seconds: float,
+    include_moe: bool,
+) -> None:
+    """Raise a clean exit naming the first option out of its range or not allowed with ``backend``."""
+    _check_range("--tp", tp, 2, 8)
+    _check_range("--grid", grid, 0, 100_000)
+    if not max_serial_ms > 0:
+        raise _fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
+    _check_range("--remeasure", remeasure, 0, 100_000)
+    _check_range("--warmup", warmup, 1, 100)
+    _check_range("--reps", reps, 1, 1000)
+    _check_range("--noise", noise, 0.0, 1.0)
+    _check_range("--limit", limit, 0, 10_000_000)
+    _check_range("--flush-seconds", flush_seconds, 0.0, 3600.0)
+    if noise and backend is not BenchBackend.sim:
+        raise _fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
+    if include_moe and backend is not BenchBackend.sim:
+        raise _fail("--include-moe needs --backend sim: the executor runs ag_gemm and gemm_rs only")
+
+
+def _build_plan(
+    configs: Path,
+    hw: HardwareProfile,
+    *,
+    tp: int,
+    tokens: list[int],
+    grid: int,
+    max_serial_ms: float,
+    include_moe: bool,
+    seed: int,
+    limit: int,
+) -> Plan:
+    """The plan of ``configs`` (its first ``limit`` scenarios when ``limit`` > 0)."""
+    from features.model_config import load_model_configs
+    from harness.plan import plan_scenarios
+
+    try:
+        plan = plan_scenarios(
+            load_model_configs(configs),
+            tp=tp,
+            tokens=tokens,
+            grid_size=grid,
+            hardware=hw,
+            include_moe=include_moe,
+            max_serial_ms=max_serial_ms,
+            seed=seed,
+        )
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    if limit:
+        plan = dataclasses.replace(plan, entries=plan.entries[:limit])
+    if not len(plan):
+        raise _fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
+    return plan
+
+
+def _check_fresh_or_resume(out: Path, resume: bool) -> None:
+    """Refuse to add to an existing dataset unless ``--resume`` was given."""
+    from harness.dataset import read_manifest
+
+    try:
+        existing = read_manifest(out)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    if existing is not None and not resume:
+        raise _fail(
+            f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
+            "continue it, or choose another --out"
+        )
+
+
+def _run_sim(
+    plan: Plan,
+    out: Path,
+    *,
+    seed: int,
+    noise: float,
+    calibrate_from: Path | None,
+    remeasure: int,
+    flush_seconds: float,
+) -> None:
+    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
+    from harness.dataset import dataset_hardware, load_dataset
+    from harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
+    from harness.sweep import run_sweep
+
+    constants = DEFAULT_CONSTANTS
+    if calibrate_from is not None:
+        try:
+            constants = calibrate(load_dataset(calibrate_from), dataset_hardware(calibrate_from))
+        except ValueError as err:
+            raise _fail(f"--calibrate-from {calibrate_from}: {err}") from None
+        typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
+    backend = SimBackend(plan[0][1].hardware, seed=seed, noise=noise, constants=constants)
+    try:
+        run_sweep(plan, backend, out, remeasure=remeasure, flush_seconds=flush_seconds)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+
+
+def torchrun_command(
+    out: Path, *, nproc: int, device: str, warmup: int, reps: int, remeasure: int, flush_seconds: float
+) -> list[str]:
+    """The ``python -m torch.distributed.run`` command running ``harness.worker`` on ``nproc`` ranks."""
+    from harness.dataset import PLAN
+
+    worker = ["-m", "harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
+    settings = [
+        "--warmup",
+        str(warmup),
+        "--reps",
+        str(reps),
+        "--remeasure",
+        str(remeasure),
+        "--flush-seconds",
+        str(flush_seconds),
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *worker,
+        *settings,
+    ]
+
+
+def _process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
+    """Processes to launch: ``--nproc``, else the detected GPUs (gpu) or ``--tp`` (gloo); must equal tp."""
+    if backend is BenchBackend.gpu:
+        found = _gpu_count()
+        nproc = nproc or found
+        if found < max(nproc, 2):
+            raise _fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
+    nproc = nproc or tp
+    if nproc != tp:
+        raise _fail(
+            f"--tp {tp} must equal the number of processes ({nproc}): every scenario spans the whole process "
+            f"group; pass --nproc {tp} to use {tp} of the GPUs, or --tp {nproc}"
+        )
+    return nproc
+
+
+def _run_torchrun(
+    plan: Plan,
+    out: Path,
+    *,
+    backend: BenchBackend,
+    tp: int,
+    nproc: int | None,
+    warmup: int,
+    reps: int,
+    remeasure: int,
+    flush_seconds: float,
+) -> None:
+    """Write the plan file and sweep it with one ``harness.worker`` process per rank under torchrun."""
+    from harness.dataset import PLAN, write_json_atomic
+    from harness.worker import SAFE_ENV
+
+    nproc = _process_count(backend, tp, nproc)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / PLAN, json.loads(plan.to_json()))
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
+    device = "cuda" if backend is BenchBackend.gpu else "cpu"
+    command = torchrun_command(
+        out,
+        nproc=nproc,
+        device=device,
+        warmup=warmup,
+        reps=reps,
+        remeasure=remeasure,
+        flush_seconds=flush_seconds,
+    )
+    typer.echo("running: " + " ".join(command), err=True)
+    code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
+    if code != 0:
+        typer.echo(
+            f"error: torchrun exited with {code}; `ficco bench --resume` continues where it stopped", err=True
+        )
+        raise typer.Exit(code)
+
+
+def _write_card(out: Path) -> None:
+    from harness.card import write_card
+
+    try:
+        path = write_card(out)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    typer.echo(f"dataset card: {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ficco bench`` to ``app``."""
+    app.command("bench", help=BENCH_HELP)(bench)

@@ -1,0 +1,267 @@
+"""The dataset format: one Parquet row per (scenario, schedule), append-only parts and a manifest.
+
+Directory layout (``ficco bench --out DIR``)::
+
+    DIR/manifest.json              hardware profile, fingerprint, finished scenario ids, parts, timings
+    DIR/parts/part-00000.parquet   append-only; a part not listed in the manifest is ignored
+    DIR/noise.parquet              re-measured scenarios (run-to-run noise), same columns
+    DIR/plan.json                  the plan the sweep ran (settings, scenarios, families sharing a scenario)
+    DIR/card.md, DIR/best-<op>.png the dataset card
+
+Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
+``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule and
+its timing (``schedule``, ``median_ms``, ``p10_ms``, ``p90_ms`` - NaN when failed -, ``ok``, ``error``),
+``backend`` (gpu, gloo or sim) and the scenario's baselines (``harness.backend.BASELINE_KEYS``, ms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features import HardwareProfile, Scenario
+from harness.backend import BASELINE_KEYS, ScenarioResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FORMAT = "ficco-dataset/1"
+"""Manifest format tag; a different one is refused."""
+MANIFEST = "manifest.json"
+NOISE = "noise.parquet"
+PLAN = "plan.json"
+BACKENDS = ("gpu", "gloo", "sim")
+
+COLUMNS: dict[str, str] = {
+    "scenario_id": "str",
+    "family": "str",
+    "op": "str",
+    "m": "int",
+    "n": "int",
+    "k": "int",
+    "dtype": "str",
+    "world_size": "int",
+    "experts": "int",
+    "top_k": "int",
+    "imbalance": "float",
+    "schedule": "str",
+    "median_ms": "float",
+    "p10_ms": "float",
+    "p90_ms": "float",
+    "ok": "bool",
+    "error": "str",
+    "backend": "str",
+    "hardware_id": "str",
+    **{key: "float" for key in BASELINE_KEYS},
+}
+"""Column name -> kind (str, int, float, bool), in file order."""
+SCENARIO_COLUMNS = (
+    "scenario_id",
+    "family",
+    "op",
+    "m",
+    "n",
+    "k",
+    "dtype",
+    "world_size",
+    "experts",
+    "top_k",
+    "imbalance",
+    "hardware_id",
+    "backend",
+)
+"""The per-scenario columns ``label_table`` keeps."""
+
+
+def result_rows(
+    family: str, scenario: Scenario, result: ScenarioResult, backend: str
+) -> list[dict[str, Any]]:
+    """Dataset rows (dicts keyed by ``COLUMNS``) for one measured scenario, one per measurement."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
+    base = {
+        "scenario_id": scenario.key(),
+        "family": family,
+        "op": scenario.op,
+        "m": scenario.m,
+        "n": scenario.n,
+        "k": scenario.k,
+        "dtype": scenario.dtype,
+        "world_size": scenario.world_size,
+        "experts": scenario.experts,
+        "top_k": scenario.top_k,
+        "imbalance": float(scenario.imbalance),
+        "backend": backend,
+        "hardware_id": scenario.hardware.id,
+        **{key: float(result.baselines.get(key, float("nan"))) for key in BASELINE_KEYS},
+    }
+    return [
+        {
+            **base,
+            "schedule": m.schedule,
+            "median_ms": float(m.median_ms) if m.ok else float("nan"),
+            "p10_ms": float(m.p10_ms) if m.ok else float("nan"),
+            "p90_ms": float(m.p90_ms) if m.ok else float("nan"),
+            "ok": bool(m.ok),
+            "error": m.error,
+        }
+        for m in result.measurements
+    ]
+
+
+def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A DataFrame with exactly ``COLUMNS``, in order, with their dtypes (an empty list is fine)."""
+    import pandas as pd
+
+    kinds = {"str": "object", "int": "int64", "float": "float64", "bool": "bool"}
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return frame.astype({name: kinds[kind] for name, kind in COLUMNS.items()})
+
+
+def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
+    """Check ``df`` has every column of ``COLUMNS`` with the right kind and known backends; return it.
+
+    Raises ``ValueError`` naming ``source``, the missing columns or the columns of the wrong dtype.
+    """
+    from pandas.api import types
+
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source} is missing column(s) {missing}; a dataset has {list(COLUMNS)}")
+    checks = {
+        "str": lambda s: types.is_string_dtype(s) or types.is_object_dtype(s),
+        "int": types.is_integer_dtype,
+        "float": types.is_float_dtype,
+        "bool": types.is_bool_dtype,
+    }
+    bad = [f"{c} ({df[c].dtype}, expected {kind})" for c, kind in COLUMNS.items() if not checks[kind](df[c])]
+    if bad:
+        raise ValueError(f"{source} has column(s) of the wrong dtype: {', '.join(bad)}")
+    unknown = sorted(set(df["backend"]) - set(BACKENDS))
+    if unknown:
+        raise ValueError(f"{source} has unknown backend value(s) {unknown}; allowed: {list(BACKENDS)}")
+    return df
+
+
+# Manifest -------------------------------------------------------------------------------------------------
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any] | None:
+    """The manifest of dataset ``directory``, or None if it has none; raise ``ValueError`` if unreadable."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} has format {manifest.get('format')!r}; this ficco reads {FORMAT!r}")
+    return manifest
+
+
+def _require_manifest(directory: str | Path) -> dict[str, Any]:
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise ValueError(
+            f"{directory} is not a ficco dataset: it has no {MANIFEST} (run `ficco bench --out`)"
+        )
+    return manifest
+
+
+# Loading ----------------------------------------------------------------------------------------------------
+
+
+def load_dataset(path: str | Path) -> pd.DataFrame:
+    """The measurement rows of a dataset directory (the parts its manifest lists, in order) or of one
+    Parquet file, schema-checked (see ``validate_frame``)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_file():
+        return validate_frame(pd.read_parquet(path), str(path))
+    manifest = _require_manifest(path)
+    frames = [
+        validate_frame(pd.read_parquet(path / p["file"]), str(path / p["file"])) for p in manifest["parts"]
+    ]
+    if not frames:
+        return rows_frame([])
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_noise(directory: str | Path) -> pd.DataFrame | None:
+    """The re-measured rows of ``directory`` (``noise.parquet``), or None if none were taken."""
+    import pandas as pd
+
+    path = Path(directory) / NOISE
+    return validate_frame(pd.read_parquet(path), str(path)) if path.exists() else None
+
+
+def dataset_hardware(path: str | Path) -> HardwareProfile:
+    """The hardware profile a dataset directory was measured or simulated on (from its manifest)."""
+    return HardwareProfile.from_dict(_require_manifest(path)["hardware"])
+
+
+def dataset_hash(path: str | Path) -> str:
+    """SHA-256 of the measurement rows, independent of part boundaries and row order."""
+    df = load_dataset(path).sort_values(["scenario_id", "schedule"], kind="stable")
+    text = df.to_csv(index=False, float_format="%.9g", lineterminator="\n")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def label_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per scenario with an ok schedule: ``SCENARIO_COLUMNS`` + ``best_schedule``, ``best_ms``,
+    ``serial_ms`` (``serial/sm``; NaN if it failed), ``speedup`` (serial over best) and ``n_ok``.
+
+    Failed schedules are never best; ties go to the schedule listed first (canonical order: serial first).
+    Scenarios where every schedule failed have no label and are left out.
+    """
+    import numpy as np
+    import pandas as pd
+
+    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
+    if ok.empty:
+        return pd.DataFrame(
+            columns=[*SCENARIO_COLUMNS, "best_schedule", "best_ms", "serial_ms", "speedup", "n_ok"]
+        )
+    best = ok.loc[ok.groupby("scenario_id", sort=False)["median_ms"].idxmin()]
+    out = best[list(SCENARIO_COLUMNS)].copy()
+    out["best_schedule"] = best["schedule"].to_numpy()
+    out["best_ms"] = best["median_ms"].to_numpy()
+    serial = ok[ok["schedule"] == "serial/sm"].set_index("scenario_id")["median_ms"]
+    out["serial_ms"] = out["scenario_id"].map(serial).astype(float)
+    out["speedup"] = out["serial_ms"] / out["best_ms"]
+    out["n_ok"] = out["scenario_id"].map(ok.groupby("scenario_id").size()).astype("int64")
+    return out.reset_index(drop=True)
+
+
+def scenario_from_row(row: Any, hardware: HardwareProfile) -> Scenario:
+    """Rebuild the ``Scenario`` of a dataset row (a Series, a namedtuple from ``itertuples`` or a dict)."""
+    # A namedtuple needs getattr; a Series or dict needs [] (Series.dtype is an attribute of its own).
+    get = (lambda key: getattr(row, key)) if hasattr(row, "_fields") else row.__getitem__
+    return Scenario(
+        op=str(get("op")),
+        m=int(get("m")),
+        n=int(get("n")),
+        k=int(get("k")),
+        dtype=str(get("dtype")),
+        world_size=int(get("world_size")),
+        hardware=hardware,
+        experts=int(get("experts")),
+        top_k=int(get("top_k")),
+        imbalance=float(get("imbalance")),
+    )

@@ -1,0 +1,267 @@
+"""The sweep plan: which scenarios to measure, from real model configs plus a log-uniform grid.
+
+``plan_scenarios`` expands every model config into the pairs of one layer (``features.model_config``)
+for each token count, keeps the first family of every scenario id (recording the others in
+``Plan.shared``), drops scenarios whose simulated serial time exceeds ``max_serial_ms`` (they cost
+minutes of GPU time and add little: the communication/GEMM ratio of ``ag_gemm`` and ``gemm_rs`` does not
+depend on ``m``), then adds ``grid_size`` grid shapes between the real ones. ``estimate_sweep`` says how
+long the GPU sweep of the plan will take, from the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from features.model_config import ModelConfig, layer_pairs
+from harness.sim import SimBackend
+
+DEFAULT_TOKENS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""Token counts per layer call (sequence x micro-batch), 1k to 64k."""
+DEFAULT_GRID = 260
+"""Grid scenarios added to the real ones. With the shipped configs at tp=2 the default plan holds 439
+scenarios (179 from 11 model families), which the simulator puts at about 7 minutes of 2 x H200 time with
+32 re-measured (``estimate_sweep``; a smoke sweep ran at the estimated rate or faster)."""
+DEFAULT_MAX_SERIAL_MS = 3.0
+"""Scenarios whose simulated ``serial/sm`` time exceeds this, ms, are left out of the plan: each costs
+30 schedules x 23 runs, and the largest shapes would take most of a 10-minute budget."""
+GRID_M = (1024, 65536)
+"""Range of the grid's ``m`` (tokens), log-uniform."""
+GRID_NK = (512, 57344)
+"""Range of the grid's ``n`` and ``k``, log-uniform."""
+GRID_FAMILY = "grid"
+
+SCHEDULE_OVERHEAD_MS = 4.0
+"""Wall time per measured schedule beyond its warm-up and timed runs (output check against serial,
+agreement and timing all-reduces). A 60-scenario smoke sweep on 2 x H200 (2026-11-22) spent 42.0 s, of
+which 33.5 s in warm-up and timed runs: 8.5 s over 1800 schedules and 60 scenarios."""
+SCENARIO_OVERHEAD_MS = 25.0
+"""Wall time per scenario beyond its schedules (inputs, the serial reference output, buffers)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan(Sequence):
+    """An ordered list of ``(family, Scenario)`` pairs (indexable and iterable like one) with provenance."""
+
+    entries: tuple[tuple[str, Scenario], ...] = ()
+    """The scenarios to measure, each with the family that first produced it."""
+    shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Scenario id -> every family that produces it (the first is the one in ``entries``); only ids
+    produced by more than one family."""
+    dropped: tuple[str, ...] = ()
+    """``family:scenario_id`` of real-model scenarios left out by ``max_serial_ms``."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The arguments the plan was built from (JSON-serialisable)."""
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int | slice):
+        return self.entries[index]
+
+    def __iter__(self) -> Iterator[tuple[str, Scenario]]:
+        return iter(self.entries)
+
+    @property
+    def families(self) -> list[str]:
+        """Families with at least one scenario in the plan, in plan order."""
+        return list(dict.fromkeys(family for family, _ in self.entries))
+
+    def to_json(self) -> str:
+        data = {
+            "settings": self.settings,
+            "entries": [[family, s.to_dict()] for family, s in self.entries],
+            "shared": {k: list(v) for k, v in self.shared.items()},
+            "dropped": list(self.dropped),
+        }
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        data = json.loads(text)
+        return cls(
+            entries=tuple((family, Scenario.from_dict(s)) for family, s in data["entries"]),
+            shared={k: tuple(v) for k, v in data["shared"].items()},
+            dropped=tuple(data["dropped"]),
+            settings=data["settings"],
+        )
+
+
+def plan_scenarios(
+    configs: Sequence[ModelConfig],
+    *,
+    tp: int = 2,
+    tokens: Sequence[int] = DEFAULT_TOKENS,
+    grid_size: int = DEFAULT_GRID,
+    hardware: HardwareProfile | None = None,
+    dtype: str = "bf16",
+    include_moe: bool = False,
+    max_serial_ms: float = DEFAULT_MAX_SERIAL_MS,
+    seed: int = 0,
+) -> Plan:
+    """Build the plan (see the module docstring).
+
+    ``include_moe`` adds the MoE pairs (``a2a_gemm`` / ``gemm_a2a``), which only the sim backend runs; the
+    grid holds ``ag_gemm`` and ``gemm_rs`` only. Raises ``ValueError`` naming a bad argument.
+    """
+    hardware = hardware or get_hardware("h200x2")
+    _check_args(tp, tokens, grid_size, max_serial_ms, hardware)
+    sim = SimBackend(hardware)
+
+    def serial_ms(s: Scenario) -> float:
+        return float(sim.schedule_ms(s, [SERIAL])[0])
+
+    families: dict[str, list[str]] = {}
+    entries: list[tuple[str, Scenario]] = []
+    dropped: list[str] = []
+    for config in configs:
+        for t in tokens:
+            for pair in layer_pairs(config, tp=tp, tokens=t, dtype=dtype, hardware=hardware):
+                s = pair.scenario
+                if s.op in ("a2a_gemm", "gemm_a2a") and not include_moe:
+                    continue
+                seen = families.setdefault(s.key(), [])
+                if config.name in seen:
+                    continue
+                seen.append(config.name)
+                if len(seen) > 1:
+                    continue
+                if serial_ms(s) > max_serial_ms:
+                    dropped.append(f"{config.name}:{s.key()}")
+                else:
+                    entries.append((config.name, s))
+    kept = {s.key() for _, s in entries}
+    entries += [
+        (GRID_FAMILY, s) for s in _grid(grid_size, tp, dtype, hardware, seed, kept, serial_ms, max_serial_ms)
+    ]
+    settings = {
+        "tp": tp,
+        "tokens": list(tokens),
+        "grid_size": grid_size,
+        "hardware_id": hardware.id,
+        "dtype": dtype,
+        "include_moe": include_moe,
+        "max_serial_ms": max_serial_ms,
+        "seed": seed,
+        "configs": [c.name for c in configs],
+    }
+    shared = {sid: tuple(f) for sid, f in families.items() if len(f) > 1 and sid in kept}
+    return Plan(entries=tuple(entries), shared=shared, dropped=tuple(dropped), settings=settings)
+
+
+def _check_args(
+    tp: int, tokens: Sequence[int], grid_size: int, max_serial_ms: float, hw: HardwareProfile
+) -> None:
+    if not (isinstance(tp, int) and 2 <= tp <= min(8, hw.gpu_count)):
+        raise ValueError(f"tp must be an int in [2, {min(8, hw.gpu_count)}] (GPUs of {hw.id}); got {tp!r}")
+    bad = [t for t in tokens if not (isinstance(t, int) and t >= tp and t % tp == 0)]
+    if not tokens or bad:
+        raise ValueError(
+            f"tokens must be a non-empty list of positive multiples of tp={tp}; bad: {bad or tokens}"
+        )
+    if not (isinstance(grid_size, int) and 0 <= grid_size <= 100_000):
+        raise ValueError(f"grid_size must be an int in [0, 100000]; got {grid_size!r}")
+    if not max_serial_ms > 0:
+        raise ValueError(f"max_serial_ms must be > 0; got {max_serial_ms!r}")
+
+
+def _round_log(rng: np.random.Generator, lo: int, hi: int, multiple: int) -> int:
+    """A log-uniform draw in ``[lo, hi]`` rounded to a multiple of ``multiple`` (at least ``multiple``)."""
+    value = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    return max(multiple, round(value / multiple) * multiple)
+
+
+def _grid(
+    count: int,
+    tp: int,
+    dtype: str,
+    hardware: HardwareProfile,
+    seed: int,
+    taken: set[str],
+    serial_ms: Callable[[Scenario], float],
+    max_serial_ms: float,
+) -> list[Scenario]:
+    """``count`` distinct seeded grid scenarios under the time cap: ``m`` a multiple of 64 * tp (every
+    finer split then divides), ``n`` and ``k`` multiples of 128."""
+    rng = np.random.default_rng(seed)
+    out: list[Scenario] = []
+    taken = set(taken)
+    for _ in range(100 * count):
+        if len(out) == count:
+            break
+        s = Scenario(
+            op=str(rng.choice(["ag_gemm", "gemm_rs"])),
+            m=_round_log(rng, *GRID_M, 64 * tp),
+            n=_round_log(rng, *GRID_NK, 128),
+            k=_round_log(rng, *GRID_NK, 128),
+            dtype=dtype,
+            world_size=tp,
+            hardware=hardware,
+        )
+        if s.key() not in taken and serial_ms(s) <= max_serial_ms:
+            taken.add(s.key())
+            out.append(s)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepEstimate:
+    """How long a GPU sweep of a plan should take, from the simulator."""
+
+    scenarios: int = 0
+    """Scenarios in the plan."""
+    remeasured: int = 0
+    """Scenarios measured a second time for the noise table."""
+    rows: int = 0
+    """Dataset rows written (one per candidate schedule)."""
+    timed_s: float = 0.0
+    """Seconds inside warm-up and timed repetitions (schedules and baselines)."""
+    overhead_s: float = 0.0
+    """Seconds of per-schedule and per-scenario overhead."""
+
+    @property
+    def seconds(self) -> float:
+        return self.timed_s + self.overhead_s
+
+    def summary(self) -> str:
+        again = f" (+{self.remeasured} re-measured)" if self.remeasured else ""
+        return (
+            f"{self.scenarios} scenarios{again}, {self.rows} rows: about {self.seconds / 60:.1f} min "
+            f"({self.timed_s:.0f} s timed + {self.overhead_s:.0f} s overhead, simulated)"
+        )
+
+
+def estimate_sweep(
+    plan: Sequence[tuple[str, Scenario]],
+    hardware: HardwareProfile,
+    *,
+    warmup: int = 3,
+    reps: int = 20,
+    remeasure: int = 0,
+    schedule_overhead_ms: float = SCHEDULE_OVERHEAD_MS,
+    scenario_overhead_ms: float = SCENARIO_OVERHEAD_MS,
+) -> SweepEstimate:
+    """Sum over scenarios and candidate schedules of ``(warmup + reps) * simulated time + overhead``, the
+    four baselines included; each of the ``remeasure`` scenarios adds the plan's mean cost."""
+    sim = SimBackend(hardware)
+    runs = warmup + reps
+    timed = overhead = 0.0
+    rows = 0
+    for _, scenario in plan:
+        schedules = candidates(scenario)
+        baselines = [v for v in sim.baselines_ms(scenario).values() if math.isfinite(v)]
+        timed += runs * (float(sim.schedule_ms(scenario, schedules).sum()) + sum(baselines)) / 1e3
+        overhead += (len(schedules) * schedule_overhead_ms + scenario_overhead_ms) / 1e3
+        rows += len(schedules)
+    n = len(plan)
+    again = min(remeasure, n)
+    scale = 1.0 + again / n if n else 1.0
+    return SweepEstimate(
+        scenarios=n, remeasured=again, rows=rows, timed_s=timed * scale, overhead_s=overhead * scale
+    )

@@ -1,0 +1,621 @@
+"""The simulated backend: an analytic model of GEMM, transfer, contention and launch times.
+
+It answers ``Backend.measure`` in microseconds of CPU time, so CI, the retraining job and what-if studies
+of other hardware can run the whole pipeline without a GPU. Times are built from five pieces; the GPU
+ones scale with the hardware profile (peak FLOP/s, HBM and link bandwidth, SM count), so a profile other
+than the measured one gives a what-if answer:
+
+- **GEMM**: roofline ``max(FLOPs / (peak * eff), bytes / (HBM * hbm_eff)) + launch``, where ``eff`` falls
+  for GEMMs too small to fill the SMs (waves of 128x256 tiles) and for short K loops; a GEMM split into
+  ``c`` kernels pays the roofline of each plus ``split_loss * (1 - 1/c)``.
+- **Transfer**: ``latency + bytes / bandwidth``: NCCL collectives (``serial/sm``, a latency per ring
+  step), NCCL point-to-point rounds (pipelined ``sm``) and copy-engine rounds (``dma``). Copy engines are
+  latency-bound at small sizes and faster than NCCL at large ones.
+- **Contention**: while a transfer is in flight the GEMM runs ``1 + gemm_slowdown`` times slower and the
+  transfer ``1 + comm_slowdown`` times slower; NCCL kernels compete for SMs, copy engines barely do.
+  ``/hp`` relieves the transfer and costs the GEMM a little more.
+- **Pipelines**: the executor's plans (``executor.plan``): the own shard is one GEMM; all-gathers consume
+  peer pieces as their rounds land, reduce-scatters send each peer unit's pieces when its GEMM ends and
+  close with the owner's add.
+- **Host**: a pipelined call cannot run faster than the CPU issues it (a fixed part, a part per round and
+  one per GEMM): small scenarios are host-bound, which is why serial wins there.
+
+Constants live in :class:`SimConstants`; :func:`calibrate` refits them to any measured dataset and
+:func:`agreement` scores the simulator's picks against measured labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import zlib
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from features import MOE_OPS, HardwareProfile, Scenario, Schedule
+from harness.backend import Measurement, ScenarioResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SIM_MODEL_VERSION = "sim2"
+"""Changes whenever a formula of the model changes (part of the sim fingerprint)."""
+
+_FP32_SLOWDOWN = 14.8
+"""fp32 GEMM rate below bf16 (the same ratio ``features.vector`` uses)."""
+_TILE_M, _TILE_N = 128, 256
+"""Output tile assumed when counting GEMM waves (Hopper bf16 cuBLAS kernels)."""
+_P10_Z = 1.2816
+"""Standard-normal quantile of the 90th percentile: p10/p90 = median * exp(-/+ z * noise)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimConstants:
+    """Calibration constants of the simulator (times in microseconds).
+
+    Two sources. (1) Executor-only constants (the ``host_*`` ones, ``p2p_latency_us`` and the NCCL
+    contention pair) come from :func:`calibrate` on a 60-scenario smoke sweep of this project's executor
+    on 2 x H200 (NV18, PyTorch 2.11, NCCL 2.28.9; 2026-11-22, the first 60 scenarios of the default plan;
+    not committed): the reference probes did not run the executor's pipeline. (2) Every other constant
+    comes from :func:`calibrate` on ``sim_reference.reference_frame()`` (the tables of
+    ``shared/reference/h200x2-measurements.md``) with (1) held fixed; table names below are its sections.
+    Rounded to 3 digits. The defaults reproduce the reference times with a median error of about 6% and
+    pick a schedule within 5% of the smoke sweep's best in 3 of 4 scenarios; refit them to a measured
+    dataset with ``calibrate`` (``ficco bench --backend sim --calibrate-from DIR``).
+    """
+
+    gemm_eff: float = 0.764
+    """Fraction of the bf16 peak a large GEMM reaches. 'GEMM' columns of the all-gather, copy-engine pull
+    and reduce-scatter tables (8192^3: 1.29-1.33 ms, about 800 TFLOP/s of 989)."""
+    gemm_wave_half: float = 0.0373
+    """Waves of 128x256 output tiles over the SMs at which a GEMM reaches half that efficiency (the ramp
+    of GEMMs too small to fill the GPU). The 1024- and 2048-row GEMMs of the same columns."""
+    gemm_k_half: float = 256.0
+    """K at which the main loop reaches half efficiency (``k / (k + k_half)``). The small-K GEMMs of the
+    reduce-scatter table (16384,2048,4096 and 65536,1024,4096: K per rank 1024 and 512)."""
+    gemm_launch_us: float = 10.8
+    """Fixed GPU cost of one GEMM (or add) kernel. The 'Decomposition loss' table (1024,4096,4096 in 8 and
+    16 blocks: about 18 and 16 us a block) and the 1024,4096,4096 GEMMs (0.05-0.10 ms)."""
+    hbm_eff: float = 1.0
+    """Fraction of the HBM bandwidth memory-bound kernels reach; at its upper bound 1 (the reference data
+    only see it through the add of copy-engine reduce-scatters, 'CE shard' at 65536,1024,4096)."""
+    split_loss: float = 0.145
+    """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines.
+    'Decomposition loss' table (1.04-1.16 for the large shapes) and the 'finer s2' / 'finer s4' columns."""
+    nccl_latency_us: float = 53.3
+    """Latency of one NCCL collective ring step. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB (0.06-0.13 ms)."""
+    nccl_bw_frac: float = 0.513
+    """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``. 'NCCL AG' / 'NCCL RS'
+    at 64-256 MB (about 230 GB/s of 450)."""
+    p2p_latency_us: float = 46.2
+    """GPU-side latency of one round of NCCL point-to-point transfers in the executor's pipeline. Smoke
+    sweep (1)."""
+    ce_latency_us: float = 32.7
+    """GPU-side latency of one copy-engine round with both directions busy. 'CE pull' and 'CE push alone'
+    at 16 MB (0.08-0.09 ms); one direction alone, the 'Copy engine' table gives about 41 us (23 GB/s at
+    1 MB)."""
+    ce_bw_frac: float = 0.877
+    """Copy-engine bandwidth per direction with both directions busy, as a fraction of ``link_gbps``:
+    about 300 GB/s at 64 MB and 370 GB/s at 256 MB with the latency ('CE pull' / 'CE push alone'; one
+    direction alone reaches 388 GB/s at 1 GB). Every collective is bidirectional, so the model uses
+    only this curve."""
+    sm_gemm_slowdown: float = 1.02
+    """GEMM slowdown while NCCL kernels run beside it. Smoke sweep (1); the reference 'C3 NCCL % of ideal'
+    column (21-71% of the ideal overlap, against 81-88% for copy engines) agrees in direction."""
+    sm_comm_slowdown: float = 0.182
+    """NCCL slowdown while a GEMM holds the SMs. Smoke sweep (1)."""
+    dma_gemm_slowdown: float = 0.0233
+    """GEMM slowdown while copy engines move data. 'shard' / 'finer' columns of the copy-engine pull table
+    and 'CE shard' of the reduce-scatter table (the probe's 20% slower local-half GEMM is mostly the
+    launch and split costs, booked separately here)."""
+    dma_comm_slowdown: float = 0.151
+    """Copy-engine slowdown beside a GEMM (HBM traffic). Same columns."""
+    hp_comm_relief: float = 0.475
+    """Fraction of the transfer slowdown a high-priority communication stream removes. 'shard,
+    high-prio stream' column, together with ``hp_gemm_penalty``."""
+    hp_gemm_penalty: float = 0.313
+    """Extra GEMM slowdown, relative, when the communication stream has high priority. 'shard,
+    high-prio stream' column (8192^3: 1.65 vs 1.48 ms)."""
+    host_p2p_call_us: float = 167.0
+    """CPU time to issue a pipelined NCCL executor call, fixed part (stream fork and join, grouped
+    point-to-point setup). Smoke sweep (1): ``finer/sm/sN/shard`` of small scenarios takes 0.3-0.85 ms
+    whatever the shape, growing with N only."""
+    host_p2p_round_us: float = 66.4
+    """CPU time per point-to-point round. Smoke sweep (1), the slope over N of ``finer/sm/sN/shard``."""
+    host_ce_call_us: float = 108.0
+    """CPU time to issue a copy-engine executor call, fixed part (side streams, barrier kernels, events).
+    Smoke sweep (1): ``finer/dma/sN/shard`` of small scenarios, 0.23 ms at N=2 to 0.54 ms at N=8."""
+    host_ce_round_us: float = 41.9
+    """CPU time per copy round (copies, barrier and wait of one round). Smoke sweep (1), slope over N."""
+    host_unit_us: float = 37.1
+    """CPU time per GEMM unit of a pipelined call. Smoke sweep (1): ``finer/dma/s8/chunk`` (9 GEMMs)
+    against ``finer/dma/s8/shard`` (2 GEMMs), 0.68 vs 0.54 ms."""
+    chunk_sync_us: float = 1.97
+    """GPU cost of each overlapped GEMM chunk beyond its launch (event wait, stream switch). 'finer s2'
+    and 'finer s4' columns."""
+    async_tp_overhead_us: float = 208.0
+    """PyTorch async-TP (``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``) over a shard/dma
+    pipeline. Async-TP table (1024,4096,4096: 0.49 vs 0.12 ms serial)."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> SimConstants:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"SimConstants has no field(s) {unknown}; allowed fields are {sorted(names)}")
+        return cls(**data)
+
+    def digest(self) -> str:
+        """Short content hash (part of the sim fingerprint)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+DEFAULT_CONSTANTS = SimConstants()
+_UPPER_BOUND = {
+    "gemm_eff": 1.0,
+    "hbm_eff": 1.0,
+    "nccl_bw_frac": 1.0,
+    "ce_bw_frac": 1.0,
+    "hp_comm_relief": 1.0,
+}
+"""Constants that are fractions of a hardware rate (or of a slowdown) and cannot exceed 1."""
+
+# Encoding: one row per (scenario, schedule) as parallel arrays ----------------------------------------
+
+_OP_CODE = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2, "gemm_a2a": 3}
+_GRAN_CODE = {"serial": 0, "shard": 1, "finer": 2}
+
+
+def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]:
+    """Arrays of shape ``[len(pairs)]`` describing each (scenario, schedule) for the vectorised model."""
+    rows = []
+    for s, sch in pairs:
+        hw = s.hardware
+        moe = s.op in MOE_OPS
+        rows.append(
+            (
+                _OP_CODE[s.op],
+                s.m * (s.top_k * s.imbalance if moe else 1.0),  # compute rows on the busiest rank
+                s.n,
+                s.k,
+                s.dtype_bytes,
+                hw.peak_bf16_tflops / (_FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
+                hw.hbm_gbps,
+                hw.link_gbps,
+                hw.sm_count,
+                s.world_size,
+                s.experts // s.world_size if moe else 1,
+                s.comm_bytes,
+                _GRAN_CODE[sch.granularity],
+                sch.executor == "dma",
+                sch.splits,
+                sch.grain == "chunk",
+                sch.priority == "high",
+            )
+        )
+    cols = np.array(rows, dtype=np.float64).reshape(len(rows), 17).T
+    names = (
+        "op",
+        "rows",
+        "n",
+        "k",
+        "b",
+        "peak",
+        "hbm",
+        "link",
+        "sm",
+        "w",
+        "groups",
+        "vol",
+        "gran",
+        "dma",
+        "splits",
+        "chunk",
+        "hp",
+    )
+    return dict(zip(names, cols, strict=True))
+
+
+# Model pieces (all times in microseconds) ---------------------------------------------------------------
+
+
+def _gemm_us(c: SimConstants, x: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Roofline time of ``rows`` rows of the scenario's GEMM, excluding the launch (grouped over the local
+    experts for MoE: each group gets ``rows / groups`` rows and reads its own weights)."""
+    g = x["groups"]
+    r = np.maximum(rows / g, 1.0)
+    waves = np.ceil(r / _TILE_M) * np.ceil(x["n"] / _TILE_N) / x["sm"]
+    eff = c.gemm_eff * waves / (waves + c.gemm_wave_half) * x["k"] / (x["k"] + c.gemm_k_half)
+    t_compute = 2.0 * r * x["n"] * x["k"] / (x["peak"] * 1e6 * eff)
+    t_memory = (r * x["k"] + x["k"] * x["n"] + r * x["n"]) * x["b"] / (x["hbm"] * 1e3 * c.hbm_eff)
+    return g * np.maximum(t_compute, t_memory)
+
+
+def _unit_us(c: SimConstants, x: dict[str, np.ndarray], rows: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """One GEMM kernel of ``rows`` rows when the scenario's GEMM is split into ``units`` kernels: roofline
+    plus the decomposition loss ``split_loss * (1 - 1/units)``, plus the launch."""
+    return _gemm_us(c, x, rows) * (1.0 + c.split_loss * (1.0 - 1.0 / units)) + c.gemm_launch_us
+
+
+def _collective_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+    """One NCCL collective (all-gather / reduce-scatter / all-to-all) of the scenario's volume: a latency
+    per ring step plus the volume at NCCL's bandwidth."""
+    return (x["w"] - 1.0) * c.nccl_latency_us + x["vol"] / (c.nccl_bw_frac * x["link"] * 1e3)
+
+
+def _round_us(c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """One of ``rounds`` equal transfer rounds of the executor's pipeline: point-to-point NCCL (``sm``) or
+    copy engines (``dma``), a latency plus the round's bytes at the transport's bandwidth."""
+    latency = np.where(dma, c.ce_latency_us, c.p2p_latency_us)
+    bandwidth = np.where(dma, c.ce_bw_frac, c.nccl_bw_frac) * x["link"] * 1e3  # bytes per us
+    return latency + x["vol"] / rounds / bandwidth
+
+
+def _add_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+    """The owner's add closing a pipelined reduce-scatter: read w row blocks, write one (``[m/w, n]``)."""
+    block = x["rows"] / x["w"] * x["n"] * x["b"]
+    return c.gemm_launch_us + (x["w"] + 1.0) * block / (x["hbm"] * 1e3 * c.hbm_eff)
+
+
+def _slowed_finish(
+    start: np.ndarray, work: np.ndarray, until: np.ndarray, slowdown: np.ndarray
+) -> np.ndarray:
+    """Finish time of ``work`` us of GEMM started at ``start`` that runs ``1 + slowdown`` times slower
+    before ``until`` (while a transfer is in flight) and at full speed after."""
+    slow = 1.0 + slowdown
+    done_before = np.maximum(until - start, 0.0) / slow
+    return np.where(done_before >= work, start + work * slow, np.maximum(start, until) + work - done_before)
+
+
+def _host_us(c: SimConstants, dma: np.ndarray, rounds: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """CPU time to issue one pipelined executor call: a fixed part, a part per transfer round and a part
+    per GEMM unit. Timed back to back, a call takes at least this long (the GPU idles otherwise)."""
+    fixed = np.where(dma, c.host_ce_call_us, c.host_p2p_call_us)
+    per_round = np.where(dma, c.host_ce_round_us, c.host_p2p_round_us)
+    return fixed + per_round * rounds + c.host_unit_us * units
+
+
+def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+    """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``:
+
+    - ``serial/sm``: the NCCL collective, then the whole GEMM;
+    - every other schedule runs the executor's pipeline: ``serial/dma`` one copy round then the GEMM;
+      ``shard`` w - 1 rounds (one per peer) and one GEMM per shard; ``finer`` ``splits`` rounds and, with
+      grain ``chunk``, one GEMM per piece, with grain ``shard``, one GEMM per peer shard once all of its
+      pieces moved. The own shard is always one GEMM, first for all-gather, last for reduce-scatter;
+      pipelined reduce-scatters end with the owner's add.
+
+    A pipelined call takes the longer of its GPU timeline and the CPU time to issue it (``_host_us``):
+    small scenarios are bound by the host, large ones by the GPU.
+    """
+    w, splits, hp = x["w"], x["splits"], x["hp"]
+    dma = x["dma"].astype(bool)
+    gather = (x["op"] == 0) | (x["op"] == 2)  # communication first: ag_gemm, a2a_gemm
+    add = np.where(x["op"] == 1, _add_us(c, x), 0.0)
+    one = np.ones_like(w)
+    whole = _unit_us(c, x, x["rows"], one)
+    serial_dma = np.maximum(_round_us(c, x, dma, one) + whole + add, _host_us(c, dma, one, one))
+    serial = np.where(dma, serial_dma, _collective_us(c, x) + whole)
+
+    chunk = x["chunk"] > 0
+    finer = x["gran"] == 2
+    rounds = np.where(finer, splits, w - 1)
+    peer_units = np.where(chunk, (w - 1) * splits, w - 1)
+    units = 1.0 + peer_units
+    relief = 1.0 - hp * min(c.hp_comm_relief, 1.0)
+    comm_slow = np.where(dma, c.dma_comm_slowdown, c.sm_comm_slowdown) * relief
+    gemm_slow = np.where(dma, c.dma_gemm_slowdown, c.sm_gemm_slowdown) * (1.0 + hp * c.hp_gemm_penalty)
+    round_time = _round_us(c, x, dma, rounds) * (1.0 + comm_slow)
+    own = _unit_us(c, x, x["rows"] / w, units)
+    peer = _unit_us(c, x, x["rows"] / np.where(chunk, w * splits, w), units) + c.chunk_sync_us
+    # Rounds a peer unit's pieces take: 1 (shard granularity, finer chunk) or all of them (finer shard).
+    rounds_per_unit = np.where(finer & ~chunk, splits, 1.0)
+    gpu = np.where(
+        gather,
+        _gather_us(own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow),
+        _scatter_us(own, peer, peer_units, round_time, rounds_per_unit, gemm_slow),
+    )
+    pipelined = np.maximum(gpu + add, _host_us(c, dma, rounds, units))
+    return np.where(x["gran"] == 0, serial, pipelined)
+
+
+def _gather_us(
+    own: np.ndarray,
+    peer: np.ndarray,
+    peer_units: np.ndarray,
+    round_time: np.ndarray,
+    rounds: np.ndarray,
+    finer: np.ndarray,
+    chunk: np.ndarray,
+    w: np.ndarray,
+    gemm_slow: np.ndarray,
+) -> np.ndarray:
+    """All-gather -> GEMM pipeline: every round is issued at once and lands back to back; the own shard's
+    GEMM runs first, then each peer unit once its round(s) landed. All arguments are ``[N]`` arrays."""
+    comm_end = rounds * round_time
+    t = _slowed_finish(np.zeros_like(own), own, comm_end, gemm_slow)
+    for u in range(1, int(peer_units.max()) + 1):
+        # Last round unit u needs: u (shard granularity), ceil(u / peers) (finer chunk), all (finer shard).
+        needed = np.where(finer, np.where(chunk, np.ceil(u / (w - 1)), rounds), u)
+        start = np.maximum(t, needed * round_time)
+        t = np.where(u <= peer_units, _slowed_finish(start, peer, comm_end, gemm_slow), t)
+    return t
+
+
+def _scatter_us(
+    own: np.ndarray,
+    peer: np.ndarray,
+    peer_units: np.ndarray,
+    round_time: np.ndarray,
+    rounds_per_unit: np.ndarray,
+    gemm_slow: np.ndarray,
+) -> np.ndarray:
+    """GEMM -> reduce-scatter pipeline: the peer units run first, each sending its pieces as soon as it
+    ends; the own shard's GEMM runs last. The GEMM slowdown window is the transfer span of a first pass
+    without contention."""
+
+    def run(window_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = np.zeros_like(own)
+        sent = np.zeros_like(own)
+        for u in range(1, int(peer_units.max()) + 1):
+            active = u <= peer_units
+            end = peer if u == 1 else _slowed_finish(t, peer, window_end, gemm_slow)
+            t = np.where(active, end, t)
+            sent = np.where(active, np.maximum(sent, t) + rounds_per_unit * round_time, sent)
+        return _slowed_finish(t, own, window_end, gemm_slow), sent
+
+    _, first_pass_end = run(np.zeros_like(own))
+    gemm_end, comm_end = run(first_pass_end)
+    return np.maximum(gemm_end, comm_end)
+
+
+def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The four baselines of ``harness.backend.BASELINE_KEYS`` for each row's scenario, us."""
+    ones = np.ones_like(x["w"])
+    copy = _round_us(c, x, ones.astype(bool), ones) + np.where(x["op"] == 1, _add_us(c, x), 0.0)
+    dma = np.maximum(copy, _host_us(c, ones.astype(bool), ones, 0 * ones))
+    # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
+    shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
+    async_tp = np.where(x["op"] < 2, _schedule_us(c, shard_dma) + c.async_tp_overhead_us, np.nan)
+    return {
+        "gemm_alone_ms": _unit_us(c, x, x["rows"], ones),
+        "nccl_comm_ms": _collective_us(c, x),
+        "dma_comm_ms": dma,
+        "async_tp_ms": async_tp,
+    }
+
+
+# The backend -------------------------------------------------------------------------------------------
+
+
+class SimBackend:
+    """``Backend`` answering from the analytic model; every row it yields is ``backend="sim"``.
+
+    ``noise`` > 0 multiplies each median by ``exp(noise * z)``, z standard normal, drawn from a generator
+    seeded by ``(seed, scenario key, schedule, n)`` where ``n`` counts this object's earlier measurements of
+    the scenario: a resumed sweep reproduces the same rows, and a re-measurement (noise table) in the same
+    process draws new ones.
+    """
+
+    name = "sim"
+    rank = 0
+
+    def __init__(
+        self,
+        hardware: HardwareProfile,
+        seed: int = 0,
+        noise: float = 0.0,
+        constants: SimConstants = DEFAULT_CONSTANTS,
+    ) -> None:
+        if not (isinstance(noise, int | float) and 0.0 <= noise <= 1.0):
+            raise ValueError(f"SimBackend.noise must be a number in [0, 1]; got {noise!r}")
+        self.hardware = hardware
+        self.world_size = hardware.gpu_count
+        self.seed = seed
+        self.noise = float(noise)
+        self.constants = constants
+        self._draws: dict[str, int] = {}
+
+    def schedule_ms(self, scenario: Scenario, schedules: Sequence[Schedule]) -> np.ndarray:
+        """Noise-free simulated time of each schedule, ms: shape ``[len(schedules)]``."""
+        return _schedule_us(self.constants, _encode([(scenario, s) for s in schedules])) / 1e3
+
+    def gemm_ms(self, scenario: Scenario, pieces: int = 1) -> float:
+        """Time of the scenario's GEMM split into ``pieces`` row blocks run back to back, ms."""
+        x = _encode([(scenario, Schedule())])
+        return pieces * float(_unit_us(self.constants, x, x["rows"] / pieces, pieces * x["w"] ** 0)[0]) / 1e3
+
+    def baselines_ms(self, scenario: Scenario) -> dict[str, float]:
+        """Noise-free baselines (``BASELINE_KEYS``) of ``scenario``, ms."""
+        out = _baselines_us(self.constants, _encode([(scenario, Schedule())]))
+        return {key: float(v[0]) / 1e3 for key, v in out.items()}
+
+    def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
+        """Simulate every schedule; one that cannot run ``scenario`` is recorded as failed."""
+        runnable = []
+        errors: dict[int, str] = {}
+        for i, schedule in enumerate(schedules):
+            try:
+                schedule.check(scenario)
+                runnable.append(i)
+            except ValueError as err:
+                errors[i] = str(err)
+        times = self.schedule_ms(scenario, [schedules[i] for i in runnable]) if runnable else []
+        by_index = dict(zip(runnable, times, strict=True))
+        draw = self._draws[scenario.key()] = self._draws.get(scenario.key(), -1) + 1
+        out = []
+        for i, schedule in enumerate(schedules):
+            if i in errors:
+                out.append(Measurement(schedule=str(schedule), ok=False, error=errors[i]))
+                continue
+            median = float(by_index[i])
+            spread = 1.0
+            if self.noise:
+                rng = np.random.default_rng(
+                    [self.seed, zlib.crc32(f"{scenario.key()}|{schedule}".encode()), draw]
+                )
+                median *= math.exp(self.noise * rng.standard_normal())
+                spread = math.exp(_P10_Z * self.noise)
+            out.append(
+                Measurement(
+                    schedule=str(schedule),
+                    median_ms=median,
+                    p10_ms=median / spread,
+                    p90_ms=median * spread,
+                    ok=True,
+                )
+            )
+        return ScenarioResult(measurements=out, baselines=self.baselines_ms(scenario))
+
+    def fingerprint(self) -> dict:
+        return {
+            "backend": "sim",
+            "sim_model": SIM_MODEL_VERSION,
+            "sim_constants": self.constants.digest(),
+            "hardware_id": self.hardware.id,
+            "world_size": self.world_size,
+            "seed": self.seed,
+            "noise": self.noise,
+        }
+
+
+# Calibration --------------------------------------------------------------------------------------------
+
+
+def calibrate(
+    df: pd.DataFrame,
+    hardware: HardwareProfile,
+    *,
+    start: SimConstants = DEFAULT_CONSTANTS,
+    fixed: Collection[str] = (),
+    baseline_weight: float = 1.0,
+    relative_weight: float = 0.5,
+    prior_weight: float = 0.02,
+    iterations: int = 60,
+) -> SimConstants:
+    """Refit the constants to measured times: least squares on log times, Levenberg-Marquardt.
+
+    ``df`` has the dataset columns (``harness.dataset``): each ok row's ``median_ms`` is one observation of
+    its schedule; each distinct baseline value of a scenario is one observation of that baseline, weighted
+    by ``baseline_weight``. Constants named in ``fixed`` keep their ``start`` values. A weak pull of weight
+    ``prior_weight`` towards ``start`` keeps constants the data do not determine (say, NCCL contention in
+    a copy-engine-only dataset) where they were. Returns the fitted constants (4 significant digits).
+    """
+    from harness.dataset import scenario_from_row
+
+    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
+    if ok.empty:
+        raise ValueError("calibrate needs at least one ok row with a finite median_ms; got none")
+    names = [f.name for f in dataclasses.fields(SimConstants)]
+    unknown = sorted(set(fixed) - set(names))
+    if unknown:
+        raise ValueError(f"calibrate: fixed names {unknown} are not SimConstants fields; allowed: {names}")
+    cache: dict[str, Scenario] = {}
+
+    def scenario(row: Any) -> Scenario:
+        if row.scenario_id not in cache:
+            cache[row.scenario_id] = scenario_from_row(row, hardware)
+        return cache[row.scenario_id]
+
+    sched_x = _encode([(scenario(r), Schedule.parse(r.schedule)) for r in ok.itertuples()])
+    sched_y = np.log(ok["median_ms"].to_numpy(dtype=float) * 1e3)
+    group = ok["scenario_id"].factorize()[0]
+    group_size = np.bincount(group)
+    base_obs = []
+    for key in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"):
+        sub = df[np.isfinite(df[key].to_numpy(dtype=float))].drop_duplicates(["scenario_id", key])
+        if not sub.empty:
+            x = _encode([(scenario(r), Schedule()) for r in sub.itertuples()])
+            base_obs.append((key, x, np.log(sub[key].to_numpy(dtype=float) * 1e3)))
+
+    free = [n for n in names if n not in set(fixed)]
+    values = start.to_dict()
+    theta0 = np.log([values[n] for n in free])
+    upper = np.log([_UPPER_BOUND.get(n, np.inf) for n in free])
+
+    def constants(theta: np.ndarray) -> SimConstants:
+        return SimConstants(
+            **{**values, **dict(zip(free, np.exp(np.minimum(theta, upper)).tolist(), strict=True))}
+        )
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        c = constants(theta)
+        r = np.log(_schedule_us(c, sched_x)) - sched_y
+        # Ranking depends on times relative to the scenario's other schedules: half the weight goes to
+        # residuals with each scenario's mean removed.
+        centred = r - (np.bincount(group, r) / group_size)[group]
+        parts = [math.sqrt(1.0 - relative_weight) * r, math.sqrt(relative_weight) * centred]
+        parts += [
+            math.sqrt(baseline_weight) * (np.log(_baselines_us(c, x)[key]) - y) for key, x, y in base_obs
+        ]
+        parts.append(math.sqrt(prior_weight) * (theta - theta0))
+        r = np.concatenate(parts)
+        return np.where(np.isfinite(r), r, 0.0)
+
+    fitted = constants(_levenberg_marquardt(residuals, theta0, iterations)).to_dict()
+    return SimConstants(**{name: float(f"{value:.4g}") for name, value in fitted.items()})
+
+
+def _levenberg_marquardt(
+    residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int
+) -> np.ndarray:
+    """Minimise ``sum(residuals(x)**2)`` from ``x0`` (forward-difference Jacobian); returns the best x."""
+    x, r = x0.copy(), residuals(x0)
+    cost, damping = float(r @ r), 1e-3
+    for _ in range(iterations):
+        jac = np.empty((r.size, x.size))
+        for j in range(x.size):
+            step = np.zeros_like(x)
+            step[j] = 1e-5
+            jac[:, j] = (residuals(x + step) - r) / 1e-5
+        a, g = jac.T @ jac, jac.T @ r
+        while True:
+            dx = np.linalg.solve(a + damping * (np.diag(np.diag(a)) + 1e-9 * np.eye(x.size)), -g)
+            r_new = residuals(x + dx)
+            cost_new = float(r_new @ r_new)
+            if cost_new < cost:
+                break
+            damping *= 4.0
+            if damping > 1e10:
+                return x
+        improved = cost - cost_new
+        x, r, cost, damping = x + dx, r_new, cost_new, max(damping / 3.0, 1e-9)
+        if improved < 1e-10 * max(cost, 1e-12):
+            break
+    return x
+
+
+def agreement(
+    df: pd.DataFrame,
+    hardware: HardwareProfile,
+    constants: SimConstants = DEFAULT_CONSTANTS,
+    *,
+    tolerance: float = 0.0,
+) -> float:
+    """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
+    measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
+    best (near-ties count). NaN for a dataset without labels."""
+    from harness.dataset import label_table, scenario_from_row
+
+    labels = label_table(df).set_index("scenario_id")
+    if labels.empty:
+        return float("nan")
+    sim = SimBackend(hardware, constants=constants)
+    hits = 0
+    for sid, group in df[df["ok"].astype(bool)].groupby("scenario_id", sort=False):
+        schedules = [Schedule.parse(s) for s in group["schedule"]]
+        scenario = scenario_from_row(next(group.itertuples()), hardware)
+        pick = int(np.argmin(sim.schedule_ms(scenario, schedules)))
+        if tolerance > 0:
+            hits += group["median_ms"].iloc[pick] <= labels.at[sid, "best_ms"] * (1.0 + tolerance)
+        else:
+            hits += str(schedules[pick]) == labels.at[sid, "best_schedule"]
+    return hits / len(labels)

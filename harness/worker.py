@@ -1,0 +1,64 @@
+"""The torchrun entry point of ``ficco bench --backend gpu|gloo``: one process per rank.
+
+    torchrun --standalone --nproc-per-node 2 -m harness.worker --plan DIR/plan.json --out DIR --device cuda
+
+Every rank builds the executor-backed ``TorchBackend`` and runs the same ``run_sweep``; rank 0 writes the
+dataset. ``ficco bench`` writes the plan file and launches this for you.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not
+support it reliably, and the executor's copy-engine path does not need it."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m harness.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--plan", type=Path, required=True, help="plan.json written by `ficco bench`")
+    p.add_argument("--out", type=Path, required=True, help="dataset directory (rank 0 writes it)")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="cuda (NCCL) or cpu (gloo)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per schedule")
+    p.add_argument("--reps", type=int, default=20, help="timed runs per schedule")
+    p.add_argument("--remeasure", type=int, default=0, help="finished scenarios to measure again (noise)")
+    p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Initialise the process group (NCCL on the local GPU, or gloo), then sweep the plan."""
+    args = parse_args(argv)
+    os.environ.update(SAFE_ENV)  # before torch.distributed initialises NCCL or symmetric memory
+    import torch
+    import torch.distributed as dist
+
+    from harness.plan import Plan
+    from harness.sweep import run_sweep
+    from harness.torch_backend import TorchBackend
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo")
+    try:
+        plan = Plan.from_json(args.plan.read_text())
+        sizes = {s.world_size for _, s in plan}
+        if sizes - {dist.get_world_size()}:
+            raise ValueError(
+                f"the plan's world sizes {sorted(sizes)} must equal the process group size "
+                f"{dist.get_world_size()} (--nproc-per-node)"
+            )
+        backend = TorchBackend(device=args.device, warmup=args.warmup, reps=args.reps)
+        run_sweep(plan, backend, args.out, remeasure=args.remeasure, flush_seconds=args.flush_seconds)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The CUDA stream ordering of the copy-engine transport, checked without a GPU.
+
+``torch.cuda``'s streams, events and stream context are replaced by fakes that keep vector clocks (one
+counter per stream; an event record copies the stream's clock, a stream wait takes the element-wise
+maximum), so ``DeviceLanes`` and ``PeerCopyTransport`` run their real CUDA-path code on the CPU and every
+ordering the executor relies on can be asserted as happens-before between logged operations.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from executor.lanes import DeviceLanes
+from executor.pipeline import run_pipeline
+from executor.plan import make_plan
+from executor.transport import PeerCopyTransport
+
+
+class FakeStream:
+    names = itertools.count()
+
+    def __init__(self, name: str | None = None, **_: object) -> None:
+        self.name = name or f"lane{next(FakeStream.names)}"
+        self.clock: dict[str, int] = {}
+
+    def tick(self) -> dict[str, int]:
+        self.clock[self.name] = self.clock.get(self.name, 0) + 1
+        return dict(self.clock)
+
+    def wait_event(self, event: FakeEvent) -> None:
+        for name, count in event.clock.items():
+            self.clock[name] = max(self.clock.get(name, 0), count)
+
+
+class FakeEvent:
+    def __init__(self, **_: object) -> None:
+        self.clock: dict[str, int] = {}
+
+    def record(self, stream: FakeStream) -> None:
+        self.clock = dict(stream.clock)
+
+
+class FakeCuda:
+    """The current stream and a log of (what, stream name, vector clock) operations."""
+
+    def __init__(self) -> None:
+        self.current = FakeStream("current")
+        self.log: list[tuple[str, str, dict[str, int]]] = []
+
+    def op(self, what: str) -> None:
+        self.log.append((what, self.current.name, self.current.tick()))
+
+    def set_stream(self, stream: FakeStream) -> None:
+        self.current = stream
+
+
+def _before(first: tuple, then: tuple) -> bool:
+    """``first`` happens before ``then`` (vector clocks)."""
+    return first[2][first[1]] <= then[2].get(first[1], 0)
+
+
+class FakeWorkspace:
+    """Peer memory of one rank whose peers are the same process: pushes land in this rank's slots."""
+
+    def __init__(self, cuda: FakeCuda, shape: tuple[int, int, int]) -> None:
+        self.cuda = cuda
+        self.dest = torch.zeros(shape)
+
+    def slots(self, peer: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return self.dest
+
+    def barrier(self) -> None:
+        self.cuda.op("barrier")
+
+    def advance(self) -> None:
+        pass
+
+
+class LoggedCopy:
+    def __init__(self, cuda: FakeCuda, target: torch.Tensor) -> None:
+        self.cuda, self.target = cuda, target
+
+    def copy_(self, source: torch.Tensor) -> None:
+        self.cuda.op("copy")
+        self.target.copy_(source)
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    fake = FakeCuda()
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: fake.current)
+    monkeypatch.setattr(torch.cuda, "set_stream", fake.set_stream)
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("direction", "granularity", "splits", "grain"),
+    [
+        ("gather", "shard", 1, "shard"),  # one round on one lane: the barrier runs on the copy lane
+        ("gather", "serial", 1, "whole"),
+        ("gather", "finer", 2, "chunk"),  # two rounds: barriers on the signal lane
+        ("scatter", "shard", 1, "shard"),
+        ("scatter", "finer", 2, "chunk"),
+    ],
+)
+def test_device_lanes_order_every_copy_barrier_and_gemm(cuda, direction, granularity, splits, grain):
+    world_size, shard_rows, width = 2, 4, 3
+    plan = make_plan(direction, world_size, granularity, splits, grain)
+    workspace = FakeWorkspace(cuda, (world_size, shard_rows, width))
+    lanes = DeviceLanes(torch.device("cpu"), plan.lanes, high_priority=False)
+    rows = shard_rows if direction == "gather" else world_size * shard_rows
+    transport = PeerCopyTransport(
+        workspace=workspace,
+        plan=plan,
+        rank=0,
+        source=torch.ones(rows, width),
+        dest=workspace.dest,
+        lanes=lanes,
+    )
+    transport.remote_incoming = lambda piece, plain=transport.remote_incoming: LoggedCopy(cuda, plain(piece))
+
+    for call in range(2):  # the second call reuses every cached event
+        start = len(cuda.log)
+        cuda.op("before")
+        run_pipeline(plan, transport, lambda _rows, unit: cuda.op(f"mm {unit.offset}/{unit.first_sub}"))
+        assert cuda.current.name == "current", "a lane was left current"
+        cuda.op("after")
+        log = cuda.log[start:]
+        before, after = log[0], log[-1]
+        copies = [e for e in log if e[0] == "copy"]
+        barriers = [e for e in log if e[0] == "barrier"]
+        gemms = [e for e in log if e[0].startswith("mm")]
+        assert copies and len(barriers) == (len(plan.rounds) if direction == "gather" else 1), call
+        assert all(_before(before, e) for e in copies + barriers), "a lane started before the fork"
+        assert all(_before(e, after) for e in log[1:-1]), "the join missed a lane"
+        if direction == "gather":
+            peer_gemms = [g for g in gemms if not g[0].startswith("mm 0/")]
+            for j, barrier in enumerate(barriers):
+                round_copies = copies[j * len(plan.rounds[j]) : (j + 1) * len(plan.rounds[j])]
+                assert all(_before(c, barrier) for c in round_copies), "a barrier ran before its copies"
+            assert len(peer_gemms) == len(barriers)  # these plans: one GEMM per round
+            assert all(_before(b, g) for b, g in zip(barriers, peer_gemms, strict=True)), "read before landed"
+            on_copy_lane = len(plan.rounds) == 1 and plan.lanes == 1
+            assert (barriers[0][1] == copies[0][1]) == on_copy_lane
+        else:
+            assert all(_before(c, barriers[0]) for c in copies), "the barrier ran before a push"
+            producers = [g for g in gemms if not g[0].startswith("mm 0/")]
+            assert all(_before(producers[i], copies[i]) for i in range(len(copies))), "pushed before produced"

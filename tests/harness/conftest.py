@@ -1,0 +1,44 @@
+"""Shared fixtures of the harness tests: the h200x2 profile, a small plan and a tiny model config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from features import HardwareProfile, get_hardware
+from features.model_config import load_model_config
+from harness.plan import Plan, plan_scenarios
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = REPO_ROOT / "datasets" / "model_configs"
+
+
+@pytest.fixture(scope="session")
+def h200() -> HardwareProfile:
+    return get_hardware("h200x2")
+
+
+@pytest.fixture(scope="session")
+def small_plan(h200) -> Plan:
+    """Llama-3.1-8B at 1k and 4k tokens plus 4 grid shapes: 12 scenarios."""
+    config = load_model_config(CONFIGS / "Llama-3.1-8B.json")
+    return plan_scenarios([config], tp=2, tokens=[1024, 4096], grid_size=4, hardware=h200, seed=1)
+
+
+@pytest.fixture
+def tiny_configs(tmp_path) -> Path:
+    """A directory with one tiny dense model (fast enough for CPU processes)."""
+    directory = tmp_path / "configs"
+    directory.mkdir()
+    config = {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "model_type": "llama",
+    }
+    (directory / "Tiny.json").write_text(json.dumps(config))
+    return directory

@@ -1,0 +1,95 @@
+"""The dataset card: sections, noise summary, failures, simulator agreement and the per-op plots."""
+
+import pytest
+
+from harness.card import noise_summary, schedule_family, write_card
+from harness.dataset import load_dataset, load_noise
+from harness.plan import plan_scenarios
+from harness.sim import SimBackend
+from harness.sweep import run_sweep
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sim_dataset(tmp_path_factory):
+    from features import get_hardware
+
+    hw = get_hardware("h200x2")
+    plan = plan_scenarios([], grid_size=16, hardware=hw, seed=2)
+    out = tmp_path_factory.mktemp("card") / "ds"
+    return run_sweep(plan, SimBackend(hw, noise=0.05), out, progress=False, remeasure=5)
+
+
+def test_write_card_has_every_section_and_a_png_per_op(sim_dataset):
+    card = write_card(sim_dataset).read_text()
+    for heading in (
+        "# Dataset card: h200x2, simulated (backend=sim)",
+        "## How it was measured",
+        "## Fingerprint",
+        "## Size and speed",
+        "## Failed schedules",
+        "## Labels",
+        "## Run-to-run noise",
+        "## Best schedule over the (m, n*k) plane",
+    ):
+        assert heading in card
+    assert "5 scenarios were measured a second time" in card
+    assert "## Simulator agreement" not in card  # only for measured datasets
+    for op in ("ag_gemm", "gemm_rs"):
+        png = sim_dataset / f"best-{op}.png"
+        assert f"]({png.name})" in card
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_noise_summary_measures_spread_and_label_changes(sim_dataset):
+    df, noise = load_dataset(sim_dataset), load_noise(sim_dataset)
+    s = noise_summary(df, noise)
+    assert s["scenarios"] == 5 and s["pairs"] == 5 * 30
+    assert 0.0 < s["rel_diff_median"] < 0.2 and s["spread_median"] > 0.1  # noise=0.05: p90/p10 = e^0.128
+    assert 0.0 <= s["best_changed"] <= 1.0
+    same = noise_summary(df, df[df["scenario_id"].isin(noise["scenario_id"])])
+    assert same["rel_diff_max"] == 0.0 and same["best_changed"] == 0.0
+
+
+class MeasuredFails(SimBackend):
+    """A stand-in for the GPU backend: sim times, backend name gpu, one schedule always failing."""
+
+    name = "gpu"
+
+    def measure(self, scenario, schedules):
+        from harness.backend import Measurement, ScenarioResult
+
+        result = super().measure(scenario, schedules)
+        failed = Measurement(
+            schedule="finer/sm/s8/chunk/hp", ok=False, error="TimeoutError: schedule timed out"
+        )
+        keep = [m if m.schedule != failed.schedule else failed for m in result.measurements]
+        return ScenarioResult(measurements=keep, baselines=result.baselines)
+
+
+def test_card_of_measured_dataset_lists_failures_and_sim_agreement(tmp_path, h200):
+    plan = plan_scenarios([], grid_size=8, hardware=h200, seed=4)
+    out = run_sweep(plan, MeasuredFails(h200), tmp_path / "ds", progress=False)
+    card = write_card(out).read_text()
+    assert "# Dataset card: h200x2, measured on GPUs" in card
+    assert "8 of 240 rows failed" in card and "TimeoutError: schedule timed out" in card
+    assert "## Simulator agreement" in card and "| default constants | 100% | 100% |" in card
+
+
+def test_write_card_outside_a_dataset_raises(tmp_path):
+    with pytest.raises(ValueError, match="is not a ficco dataset"):
+        write_card(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "family"),
+    [("serial/sm", "serial/sm"), ("shard/dma/hp", "shard/dma"), ("finer/sm/s8/shard/hp", "finer/sm")],
+)
+def test_schedule_family(schedule, family):
+    assert schedule_family(schedule) == family
+
+
+def test_card_counts_scenarios_per_family(sim_dataset):
+    assert "| grid | 16 |" in write_card(sim_dataset).read_text()

@@ -1,0 +1,223 @@
+"""`ficco bench`: options and their errors, the sim path end to end, resume, and the gloo path."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from harness.commands import register, torchrun_command
+from harness.dataset import load_dataset, read_manifest
+from harness.worker import SAFE_ENV, parse_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.command("version")  # a second command keeps `bench` a subcommand, as in `ficco`
+    def version() -> None: ...
+
+    return app
+
+
+def _bench(app, *args):
+    return CliRunner().invoke(app, ["bench", *map(str, args)])
+
+
+def _small(tiny_configs, out, *extra):
+    return (
+        "--backend",
+        "sim",
+        "--configs",
+        tiny_configs,
+        "--tokens",
+        "1024",
+        "--grid",
+        "3",
+        "--out",
+        out,
+        *extra,
+    )
+
+
+def test_bench_sim_writes_dataset_card_and_estimate(app, tiny_configs, tmp_path):
+    result = _bench(app, *_small(tiny_configs, tmp_path / "ds", "--remeasure", "2"))
+    assert result.exit_code == 0, result.output
+    assert "plan: 7 scenarios from 2 families (Tiny, grid)" in result.output
+    assert "GPU sweep estimate on h200x2: 7 scenarios (+2 re-measured)" in result.output
+    df = load_dataset(tmp_path / "ds")
+    assert df["scenario_id"].nunique() == 7 and set(df["backend"]) == {"sim"}
+    assert (tmp_path / "ds" / "card.md").exists() and (tmp_path / "ds" / "noise.parquet").exists()
+    settings = json.loads((tmp_path / "ds" / "plan.json").read_text())["settings"]
+    assert settings["estimated_minutes"] > 0
+
+
+def test_bench_refuses_existing_dataset_without_resume(app, tiny_configs, tmp_path):
+    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--limit", "2")).exit_code == 0
+    again = _bench(app, *_small(tiny_configs, tmp_path / "ds"))
+    assert again.exit_code == 2 and "already holds a dataset (2 scenarios); pass --resume" in again.output
+    resumed = _bench(app, *_small(tiny_configs, tmp_path / "ds", "--resume"))
+    assert resumed.exit_code == 0 and "2 of 7 scenarios already measured" in resumed.output
+    assert len(read_manifest(tmp_path / "ds")["finished"]) == 7
+
+
+def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
+    _bench(app, *_small(tiny_configs, tmp_path / "ds"))
+    (tmp_path / "ds" / "card.md").unlink()
+    result = _bench(app, "--card-only", "--out", tmp_path / "ds")
+    assert result.exit_code == 0 and (tmp_path / "ds" / "card.md").exists()
+    missing = _bench(app, "--card-only", "--out", tmp_path / "nothing")
+    assert missing.exit_code == 2 and "is not a ficco dataset" in missing.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "9"], "--tp must be in [2, 8]; got 9"),
+        (["--reps", "0"], "--reps must be in [1, 1000]; got 0"),
+        (["--warmup", "0"], "--warmup must be in [1, 100]; got 0"),
+        (["--grid", "-1"], "--grid must be in [0, 100000]; got -1"),
+        (["--max-serial-ms", "0"], "--max-serial-ms must be > 0; got 0"),
+        (["--noise", "1.5"], "--noise must be in [0, 1]; got 1.5"),
+        (["--tokens", "1k"], "--tokens must be comma-separated integers"),
+        (["--tokens", "1025"], "tokens must be a non-empty list of positive multiples of tp=2; bad: [1025]"),
+        (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; known ids are"),
+        (["--backend", "gloo", "--noise", "0.1"], "--noise applies to --backend sim only"),
+        (["--backend", "gloo", "--include-moe"], "--include-moe needs --backend sim"),
+    ],
+)
+def test_bench_bad_options_name_value_and_range(app, tiny_configs, tmp_path, args, message):
+    base = ["--backend", "sim", "--configs", tiny_configs, "--grid", "0", "--out", tmp_path / "ds"]
+    result = _bench(app, *base, *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_bench_bad_configs_directory_is_named(app, tmp_path):
+    result = _bench(app, "--backend", "sim", "--configs", tmp_path, "--out", tmp_path / "ds")
+    assert result.exit_code == 2 and f"no model configs (*.json) in {tmp_path}" in result.output
+
+
+def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path):
+    _bench(app, *_small(tiny_configs, tmp_path / "measured"))
+    profile = {
+        "id": "future2",
+        "gpu_name": "Future",
+        "gpu_count": 2,
+        "interconnect": "NVLink6",
+        "peak_bf16_tflops": 2500.0,
+        "hbm_gbps": 8000.0,
+        "link_gbps": 900.0,
+        "sm_count": 160,
+    }
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps(profile))
+    result = _bench(
+        app,
+        *_small(tiny_configs, tmp_path / "what-if"),
+        "--hardware",
+        path,
+        "--calibrate-from",
+        tmp_path / "measured",
+    )
+    assert result.exit_code == 0, result.output
+    assert "sim constants calibrated on" in result.output
+    assert set(load_dataset(tmp_path / "what-if")["hardware_id"]) == {"future2"}
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
+def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.commands._gpu_count", lambda: 0)
+    result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
+    assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
+
+
+def test_bench_gloo_nproc_must_equal_tp(app, tiny_configs, tmp_path):
+    result = _bench(
+        app,
+        "--backend",
+        "gloo",
+        "--configs",
+        tiny_configs,
+        "--grid",
+        "0",
+        "--nproc",
+        "3",
+        "--out",
+        tmp_path / "ds",
+    )
+    assert result.exit_code == 2 and "--tp 2 must equal the number of processes (3)" in result.output
+
+
+def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
+    command = torchrun_command(
+        tmp_path, nproc=2, device="cuda", warmup=3, reps=20, remeasure=32, flush_seconds=10.0
+    )
+    assert command[:5] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+    ]
+    args = parse_args(command[command.index("harness.worker") + 1 :])
+    assert (args.plan, args.out, args.device, args.reps, args.remeasure) == (
+        tmp_path / "plan.json",
+        tmp_path,
+        "cuda",
+        20,
+        32,
+    )
+    assert SAFE_ENV == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("harness.torch_backend") is None,
+    reason="harness/torch_backend.py not written yet",
+)
+def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
+    out = tmp_path / "gloo"
+    command = [
+        sys.executable,
+        "-m",
+        "ficco.cli",
+        "bench",
+        "--backend",
+        "gloo",
+        "--configs",
+        str(tiny_configs),
+        "--tokens",
+        "128",
+        "--grid",
+        "0",
+        "--limit",
+        "2",
+        "--warmup",
+        "1",
+        "--reps",
+        "2",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    df = load_dataset(out)
+    assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
+    assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
+    assert read_manifest(out)["fingerprint"]["backend"] == "gloo"
+    assert (out / "card.md").exists()

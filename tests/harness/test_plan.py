@@ -1,0 +1,104 @@
+"""The sweep plan: model expansion, de-duplication, the grid, the time cap and the sweep estimate."""
+
+from pathlib import Path
+
+import pytest
+
+from features import candidates
+from features.model_config import load_model_config, load_model_configs
+from harness.plan import Plan, estimate_sweep, plan_scenarios
+
+CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
+
+
+def _config(name):
+    return load_model_config(CONFIGS / f"{name}.json")
+
+
+def test_plan_llama_8b_tp2_expands_the_four_pairs(h200):
+    plan = plan_scenarios([_config("Llama-3.1-8B")], tp=2, tokens=[4096], grid_size=0, hardware=h200)
+    got = [(family, s.op, s.m, s.n, s.k, s.world_size) for family, s in plan]
+    assert got == [
+        ("Llama-3.1-8B", "ag_gemm", 4096, 3072, 4096, 2),  # QKV: (16 + 2 * 4) heads * 128
+        ("Llama-3.1-8B", "gemm_rs", 4096, 4096, 2048, 2),  # attention out: 16 heads * 128
+        ("Llama-3.1-8B", "ag_gemm", 4096, 14336, 4096, 2),  # MLP gate + up: 2 * 14336 / 2
+        ("Llama-3.1-8B", "gemm_rs", 4096, 4096, 7168, 2),  # MLP down: 14336 / 2
+    ]
+
+
+def test_plan_keeps_first_family_and_records_sharing(h200):
+    configs = [_config("Llama-3.1-8B"), _config("Mistral-7B-v0.3"), _config("Mixtral-8x7B-v0.1")]
+    plan = plan_scenarios(configs, tp=2, tokens=[1024, 2048], grid_size=0, hardware=h200)
+    assert len(plan) == 8 and plan.families == ["Llama-3.1-8B"]
+    qkv = plan[0][1].key()
+    assert plan.shared[qkv] == ("Llama-3.1-8B", "Mistral-7B-v0.3", "Mixtral-8x7B-v0.1")
+    mlp_up = plan[2][1].key()
+    assert plan.shared[mlp_up] == ("Llama-3.1-8B", "Mistral-7B-v0.3")  # Mixtral's MLP is MoE
+
+
+def test_plan_moe_pairs_only_when_asked(h200):
+    config = _config("Qwen3-30B-A3B")
+    dense_only = plan_scenarios([config], tp=2, tokens=[4096], grid_size=0, hardware=h200)
+    with_moe = plan_scenarios([config], tp=2, tokens=[4096], grid_size=0, hardware=h200, include_moe=True)
+    assert {s.op for _, s in dense_only} == {"ag_gemm", "gemm_rs"}
+    assert {s.op for _, s in with_moe} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"}
+
+
+def test_plan_drops_scenarios_over_the_time_cap(h200):
+    config = _config("Llama-3.1-405B")
+    plan = plan_scenarios([config], tp=2, tokens=[1024, 65536], grid_size=0, hardware=h200, max_serial_ms=2.0)
+    assert len(plan) + len(plan.dropped) == 8
+    assert all(s.m == 1024 for _, s in plan) and plan.dropped
+    assert all(d.startswith("Llama-3.1-405B:") for d in plan.dropped)
+
+
+def test_grid_is_seeded_divisible_and_distinct(h200):
+    a = plan_scenarios([], tp=2, grid_size=40, hardware=h200, seed=5)
+    b = plan_scenarios([], tp=2, grid_size=40, hardware=h200, seed=5)
+    c = plan_scenarios([], tp=2, grid_size=40, hardware=h200, seed=6)
+    assert [s.key() for _, s in a] == [s.key() for _, s in b] != [s.key() for _, s in c]
+    assert len({s.key() for _, s in a}) == 40 and {f for f, _ in a} == {"grid"}
+    for _, s in a:
+        assert s.m % (64 * 2) == 0 and s.n % 128 == 0 and s.k % 128 == 0
+        assert len(candidates(s)) == 30  # every finer split divides
+    assert {s.op for _, s in a} == {"ag_gemm", "gemm_rs"}
+
+
+def test_plan_json_round_trip(small_plan):
+    again = Plan.from_json(small_plan.to_json())
+    assert [(f, s.key()) for f, s in again] == [(f, s.key()) for f, s in small_plan]
+    assert again.settings == small_plan.settings and again.shared == small_plan.shared
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tp": 4}, r"tp must be an int in \[2, 2\] \(GPUs of h200x2\); got 4"),
+        ({"tokens": [1000, 1001]}, r"positive multiples of tp=2; bad: \[1001\]"),
+        ({"tokens": []}, "non-empty list"),
+        ({"grid_size": -1}, r"grid_size must be an int in \[0, 100000\]; got -1"),
+        ({"max_serial_ms": 0}, "max_serial_ms must be > 0; got 0"),
+    ],
+)
+def test_plan_bad_arguments_are_named(h200, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plan_scenarios([], hardware=h200, **kwargs)
+
+
+def test_estimate_counts_rows_and_scales_with_repetitions(small_plan, h200):
+    estimate = estimate_sweep(small_plan, h200)
+    assert estimate.rows == sum(len(candidates(s)) for _, s in small_plan)
+    assert estimate.scenarios == len(small_plan) and estimate.remeasured == 0
+    more_reps = estimate_sweep(small_plan, h200, reps=40)
+    assert more_reps.timed_s > 1.8 * estimate.timed_s and more_reps.overhead_s == estimate.overhead_s
+    again = estimate_sweep(small_plan, h200, remeasure=len(small_plan))
+    assert again.seconds == pytest.approx(2 * estimate.seconds) and again.remeasured == len(small_plan)
+
+
+def test_default_plan_meets_the_dataset_targets(h200):
+    # Issue 4: >= 400 scenarios from >= 8 model families plus the grid, a full GPU sweep in <= 10 minutes.
+    plan = plan_scenarios(load_model_configs(CONFIGS), hardware=h200)
+    assert len(plan) >= 400
+    assert len(set(plan.families) - {"grid"}) >= 8 and "grid" in plan.families
+    estimate = estimate_sweep(plan, h200, remeasure=32)
+    assert 5 * 60 < estimate.seconds < 8 * 60
