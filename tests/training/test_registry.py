@@ -1,0 +1,131 @@
+"""The model registry: round trip, atomic promotion, clear load errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from features import FEATURE_SCHEMA_VERSION
+from training import registry
+from training.registry import (
+    ModelLoadError,
+    current_version,
+    list_models,
+    load_predictor,
+    promote,
+)
+
+WHEN = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+
+
+def _register(root, trained, *, when=WHEN, hardware_id="h200x2"):
+    return registry.register(
+        root,
+        hardware_id,
+        classifier=trained.classifier,
+        regressor=trained.regressor,
+        policy=trained.choice.policy,
+        dataset_hash="0123456789abcdef",
+        info={"metrics": {"top1": trained.evaluation.summary["top1"]}, "software": {"pandas": "x"}},
+        created_at=when,
+    )
+
+
+def test_register_and_load_round_trip(tmp_path, trained, table):
+    version = _register(tmp_path, trained)
+    assert version == "20261122T120000Z-01234567"
+    files = sorted(p.name for p in (tmp_path / "h200x2" / version).iterdir())
+    assert files == ["card.json", "model.ubj", "speedup.ubj"]
+    predictor = load_predictor(tmp_path, "h200x2", version)
+    assert predictor.version == version and predictor.hardware_id == "h200x2"
+    card = predictor.card
+    assert card["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert card["dataset_hash"] == "0123456789abcdef"
+    assert card["classes"] == list(trained.classifier.classes_)
+    assert card["policy"] == trained.choice.policy.to_dict()
+    assert card["created_at"] == "2026-11-22T12:00:00+00:00"
+    assert {"ficco", "xgboost", "numpy", "python", "pandas"} <= set(card["software"])
+    np.testing.assert_array_equal(
+        predictor.classifier.predict_proba(table.X), trained.classifier.predict_proba(table.X)
+    )
+
+
+def test_register_never_overwrites_a_version(tmp_path, trained):
+    first, second = _register(tmp_path, trained), _register(tmp_path, trained)
+    assert second == f"{first}-2"
+    assert [c["version"] for c in list_models(tmp_path)["h200x2"]] == [first, second]
+
+
+def test_promote_makes_current_and_loads_by_default(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    assert current_version(tmp_path, "h200x2") is None
+    with pytest.raises(ModelLoadError, match="no current model for hardware 'h200x2'"):
+        load_predictor(tmp_path, "h200x2")
+    promote(tmp_path, "h200x2", version)
+    assert (tmp_path / "h200x2" / "CURRENT").read_text() == version + "\n"
+    assert load_predictor(tmp_path, "h200x2").version == version
+    with pytest.raises(ValueError, match="no such registered version"):
+        promote(tmp_path, "h200x2", "nope")
+
+
+def test_promote_is_atomic_when_the_rename_fails(tmp_path, trained, monkeypatch):
+    old = _register(tmp_path, trained)
+    new = _register(tmp_path, trained)
+    promote(tmp_path, "h200x2", old)
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        promote(tmp_path, "h200x2", new)
+    monkeypatch.undo()
+    assert current_version(tmp_path, "h200x2") == old
+    assert sorted(p.name for p in (tmp_path / "h200x2").iterdir()) == sorted(["CURRENT", old, new])
+
+
+def test_load_rejects_another_feature_schema_with_both_versions(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    card_path = tmp_path / "h200x2" / version / "card.json"
+    card = json.loads(card_path.read_text())
+    card["feature_schema_version"] = "fv0"
+    card_path.write_text(json.dumps(card))
+    with pytest.raises(ModelLoadError) as err:
+        load_predictor(tmp_path, "h200x2", version)
+    message = str(err.value)
+    assert "'fv0'" in message and repr(FEATURE_SCHEMA_VERSION) in message
+    assert "ficco train --dataset" in message and "ficco retrain --hardware h200x2" in message
+
+
+def test_load_rejects_a_corrupt_model_file(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    (tmp_path / "h200x2" / version / "model.ubj").write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match=f"model h200x2/{version} under .* is corrupt"):
+        load_predictor(tmp_path, "h200x2", version)
+
+
+def test_load_rejects_a_corrupt_card(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    (tmp_path / "h200x2" / version / "card.json").write_text("{")
+    with pytest.raises(ModelLoadError, match=r"card .* is corrupt"):
+        load_predictor(tmp_path, "h200x2", version)
+    assert "error" in list_models(tmp_path)["h200x2"][0]
+
+
+def test_load_missing_model_says_how_to_get_one(tmp_path, trained):
+    _register(tmp_path, trained)
+    with pytest.raises(ModelLoadError, match=r"no model for hardware 'h100x8'.*\['h200x2'\].*ficco train"):
+        load_predictor(tmp_path, "h100x8")
+    with pytest.raises(ModelLoadError, match="no model h200x2/missing"):
+        load_predictor(tmp_path, "h200x2", "missing")
+
+
+def test_default_model_root_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FICCO_MODEL_ROOT", str(tmp_path))
+    assert registry.default_model_root() == tmp_path
+    monkeypatch.delenv("FICCO_MODEL_ROOT")
+    assert registry.default_model_root().name == "models"

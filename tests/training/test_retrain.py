@@ -1,0 +1,65 @@
+"""The retraining job: budget selection, and the whole job on the simulator (as CI runs it)."""
+
+from __future__ import annotations
+
+import numpy as np
+from typer.testing import CliRunner
+
+from ficco.cli import app
+from training.registry import current_version, list_models
+from training.retrain import farthest_points, informative_subset
+
+runner = CliRunner()
+
+
+def test_farthest_points_spreads_and_stops_at_duplicates():
+    Z = np.array([[0.0], [0.1], [10.0], [5.0], [10.0]])
+    assert farthest_points(Z, 3, []) == [0, 2, 3]
+    assert farthest_points(Z, 2, [2]) == [0, 3]
+    assert len(farthest_points(np.zeros((4, 2)), 3, [])) == 1
+
+
+def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
+    from harness.plan import Plan
+    from training.predictor import Predictor
+
+    plan = Plan(entries=tuple(zip(table.families, table.scenarios, strict=True)), settings={"tp": 2})
+    predictor = Predictor(
+        classifier=trained.classifier,
+        regressor=trained.regressor,
+        policy=trained.choice.policy,
+        card={},
+        version="v",
+        hardware_id="h200x2",
+    )
+    subset = informative_subset(plan, 20, predictor)
+    assert len(subset) == 20 and subset.settings["budget"] == 20
+    keys = [s.key() for _, s in subset]
+    probability = predictor.decide(table.X).probability
+    least_sure = np.argsort(probability, kind="stable")[:10]
+    assert {table.scenario_ids[i] for i in least_sure} <= set(keys)
+    assert {s.op for _, s in subset} == {"ag_gemm", "gemm_rs"}
+    assert informative_subset(plan, 0, predictor) is plan
+
+
+def test_retrain_end_to_end_on_the_simulator(tmp_path):
+    registry = tmp_path / "models"
+    args = ["retrain", "--backend", "sim", "--hardware", "h100x8", "--budget", "30", "--grid", "40",
+            "--tokens", "2048,8192", "--registry", str(registry)]  # fmt: skip
+    first = runner.invoke(app, [*args, "--out", str(tmp_path / "d1")])
+    assert first.exit_code == 0, first.output
+    assert "promoted to current (no usable current model)" in first.output
+    assert "fingerprint" in first.output and '"backend": "sim"' in first.output
+    v1 = current_version(registry, "h100x8")
+    assert v1 is not None
+
+    second = runner.invoke(app, [*args, "--out", str(tmp_path / "d2"), "--seed", "1"])
+    assert second.exit_code == 0, second.output
+    versions = [c["version"] for c in list_models(registry)["h100x8"]]
+    assert len(versions) == 2 and v1 in versions
+    v2 = next(v for v in versions if v != v1)
+    assert "held-out loss" in second.output and "current model's" in second.output
+    if "promoted to current" in second.output:
+        assert current_version(registry, "h100x8") == v2
+    else:
+        assert "not promoted" in second.output and current_version(registry, "h100x8") == v1

@@ -1,0 +1,52 @@
+"""Dataset rows -> one row per scenario."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from features import get_hardware
+from training.model import SCHEDULES
+from training.table import build_table
+
+
+def test_build_table_labels_match_harness_label_table(frame, table):
+    from harness.dataset import label_table
+
+    labels = label_table(frame).set_index("scenario_id")
+    assert sorted(labels.index) == sorted(table.scenario_ids)
+    best = labels.loc[list(table.scenario_ids)]
+    np.testing.assert_allclose(table.best_ms, best["best_ms"].to_numpy())
+    np.testing.assert_allclose(table.serial_ms, best["serial_ms"].to_numpy())
+    assert list(table.labels) == list(best["best_schedule"])
+
+
+def test_build_table_keeps_failed_rows_out(frame, table):
+    failed = frame[~frame["ok"]]
+    assert len(failed) > 0
+    for sid, schedule in zip(failed["scenario_id"], failed["schedule"], strict=True):
+        i = list(table.scenario_ids).index(sid)
+        assert np.isnan(table.times_ms[i, SCHEDULES.index(schedule)])
+
+
+def test_build_table_drops_scenarios_without_serial(frame):
+    first = frame["scenario_id"].iloc[0]
+    broken = frame.copy()
+    broken.loc[(broken["scenario_id"] == first) & (broken["schedule"] == "serial/sm"), "ok"] = False
+    table = build_table(broken, get_hardware("h200x2"))
+    assert first not in set(table.scenario_ids)
+    assert table.dropped == {"no successful serial/sm measurement": 1}
+
+
+def test_build_table_rejects_unknown_schedule(frame):
+    bad = frame.copy()
+    bad.loc[bad.index[0], "schedule"] = "shard/tpu"
+    with pytest.raises(ValueError, match="unknown schedule 'shard/tpu'"):
+        build_table(bad, get_hardware("h200x2"))
+
+
+def test_subset_keeps_rows_aligned(table):
+    part = table.subset(table.families == "grid")
+    assert len(part) == int(np.sum(table.families == "grid"))
+    assert set(part.families) == {"grid"}
+    assert part.scenarios[0].key() == part.scenario_ids[0]

@@ -1,0 +1,333 @@
+"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain``.
+
+    ficco evaluate --dataset datasets/h200x2 --json           # held-out metrics as one JSON object
+    ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
+    ficco report --dataset datasets/h200x2 --out reports/h200x2
+    ficco retrain --hardware h200x2                           # GPU machine: sweep, train, promote if better
+    ficco retrain --backend sim --hardware h100x8 --budget 60 # CPU: the same job on the simulator
+
+Heavy imports (xgboost, pandas, matplotlib) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from features import HardwareProfile
+    from harness.plan import Plan
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DatasetOption = Annotated[
+    Path,
+    typer.Option(
+        "--dataset", help="Dataset directory written by `ficco bench --out` (manifest.json + parts/)."
+    ),
+]
+RegistryOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--registry",
+        help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ at the repository root.",
+    ),
+]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="XGBoost seed; the same dataset and seed give the same model.")
+]
+JobsOption = Annotated[
+    int,
+    typer.Option(
+        "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
+    ),
+]
+_SHOWN = ("top1", "within_2pct", "geomean_regret", "p95_regret", "max_regret", "captured_speedup",
+          "speedup_vs_serial", "n_regressions_vs_serial")  # fmt: skip
+
+
+class RetrainBackend(StrEnum):
+    auto = "auto"
+    gpu = "gpu"
+    sim = "sim"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _registry(path: Path | None) -> Path:
+    from training.registry import default_model_root
+
+    return path or default_model_root()
+
+
+def _load(dataset: Path) -> Any:
+    from training.table import load_dataset_table
+
+    try:
+        return load_dataset_table(dataset)
+    except (OSError, ValueError) as err:
+        raise _fail(f"--dataset {dataset}: {err}") from None
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The evaluation summary as a short text table: the model and every baseline, then the verdicts."""
+    rows = {"model": summary, **summary["baselines"]}
+    width = max(len(k) for k in rows)
+    lines = [" " * width + "  " + "  ".join(f"{k:>14}" for k in _SHOWN)]
+    for name, m in rows.items():
+        cells = [f"{m[k]:>14.4f}" if isinstance(m[k], float) else f"{m[k]:>14}" for k in _SHOWN]
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    fb, region = summary["fallback"], summary["region_holdout"]
+    lines += [
+        f"scenarios: {summary['n_scenarios']}; never worse than always-serial on any family: "
+        f"{summary['never_worse_than_serial']} {summary['families_worse_than_serial'] or ''}".rstrip(),
+        f"fallback {fb['policy']}: {fb['n_fallbacks']} fallbacks, {fb['regressions_avoided']} regressions "
+        f"avoided, {fb['gains_given_up']} gains given up, net speedup change {fb['net_speedup_change']:+.2%}",
+        f"region holdout (largest GEMMs): top1 {region['top1']:.3f}, geomean regret "
+        f"{region['geomean_regret']:.4f}, max regret {region['max_regret']:.4f}",
+        f"chosen config {summary['cv']['config']}",
+    ]
+    return "\n".join(lines)
+
+
+def evaluate_command(
+    dataset: DatasetOption,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (nothing else on stdout).")
+    ] = False,
+    seed: SeedOption = 0,
+    jobs: JobsOption = 1,
+) -> None:
+    """Evaluate the predictor on unseen scenarios: grouped cross-validation holding out whole model
+    families (and grid regions), plus a split holding out the largest GEMMs, against the baselines
+    (always serial, always shard-level overlap, the best fixed schedule, a FiCCO-style size heuristic)."""
+    from training.evaluate import evaluate
+
+    loaded = _load(dataset)
+    try:
+        evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    summary = {**evaluation.summary, "dataset": loaded.info}
+    typer.echo(json.dumps(summary, indent=1, sort_keys=False) if as_json else format_summary(summary))
+
+
+def train_command(
+    dataset: DatasetOption,
+    registry: RegistryOption = None,
+    promote: Annotated[
+        bool, typer.Option("--promote", help="Make the new version the current model.")
+    ] = False,
+    seed: SeedOption = 0,
+    jobs: JobsOption = 1,
+) -> None:
+    """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and
+    register the model as models/<hardware_id>/<UTC time>-<dataset hash>/ (card.json holds the metrics)."""
+    from training import registry as reg
+    from training.train import register_trained, train_model
+
+    loaded = _load(dataset)
+    root = _registry(registry)
+    try:
+        trained = train_model(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    typer.echo(format_summary(trained.evaluation.summary))
+    version = register_trained(root, trained, loaded, seed=seed)
+    typer.echo(f"registered {loaded.hardware.id}/{version} under {root}")
+    if promote:
+        reg.promote(root, loaded.hardware.id, version)
+        typer.echo(f"promoted {loaded.hardware.id}/{version} to current")
+
+
+def report_command(
+    dataset: DatasetOption,
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.md and its PNG plots.")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Registered version (or 'current') of the dataset's hardware whose recommendations the "
+            "schedule maps show. Default: the held-out cross-validation picks.",
+        ),
+    ] = None,
+    registry: RegistryOption = None,
+    seed: SeedOption = 0,
+    jobs: JobsOption = 1,
+) -> None:
+    """Write a markdown report with PNG plots: confusion matrix of held-out picks, regret CDF against the
+    baselines, and the predicted schedule map next to the measured one per op."""
+    from training.evaluate import evaluate
+    from training.model import schedule_indices
+    from training.registry import ModelLoadError, load_predictor
+    from training.report import write_report
+
+    loaded = _load(dataset)
+    predicted, label = None, "predicted (held out)"
+    if model is not None:
+        try:
+            predictor = load_predictor(
+                _registry(registry), loaded.hardware.id, None if model == "current" else model
+            )
+        except ModelLoadError as err:
+            raise _fail(str(err)) from None
+        predicted = schedule_indices(predictor.decide(loaded.table.X).schedules.tolist())
+        label = f"model {predictor.version} (may have trained on these)"
+    evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+    path = write_report(
+        loaded.table, evaluation, out, title=f"ficco predictor on {loaded.path} ({loaded.hardware.id})",
+        predicted=predicted, predicted_label=label,
+    )  # fmt: skip
+    typer.echo(f"report: {path}")
+
+
+def retrain_command(
+    hardware: Annotated[
+        str,
+        typer.Option(
+            "--hardware", help="Hardware profile id (h200x2, h100x8, ...): the machine, or the what-if."
+        ),
+    ] = "h200x2",
+    backend: Annotated[
+        RetrainBackend,
+        typer.Option(
+            "--backend",
+            help="gpu: sweep this machine's GPUs through torchrun; sim: the analytic model of --hardware; "
+            "auto: gpu when nvidia-smi lists >= 2 GPUs, else sim.",
+        ),
+    ] = RetrainBackend.auto,
+    budget: Annotated[
+        int,
+        typer.Option(
+            "--budget",
+            min=0,
+            help="Measure only this many scenarios, the most informative ones (0: the whole plan).",
+        ),
+    ] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Dataset directory to write. Default: runs/retrain/<hardware>-<backend>-<UTC time>."
+        ),
+    ] = None,
+    registry: RegistryOption = None,
+    configs: Annotated[
+        Path,
+        typer.Option("--configs", help="Directory of Hugging Face config.json files, one per model family."),
+    ] = REPO_ROOT / "datasets" / "model_configs",
+    tp: Annotated[
+        int | None,
+        typer.Option("--tp", help="World size of every scenario, in [2, 8]. Default: the GPU count."),
+    ] = None,
+    tokens: Annotated[
+        str,
+        typer.Option(
+            "--tokens", help="Comma-separated token counts per layer call, each a multiple of --tp."
+        ),
+    ] = "1024,2048,4096,8192,16384,32768,65536",
+    grid: Annotated[
+        int, typer.Option("--grid", min=0, help="Log-uniform grid scenarios added to the model ones.")
+    ] = 260,
+    noise: Annotated[
+        float, typer.Option("--noise", min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
+    ] = 0.01,
+    seed: Annotated[
+        int,
+        typer.Option("--seed", help="Seed of the grid, the sim noise and XGBoost (same seed, same model)."),
+    ] = 0,
+    jobs: JobsOption = 1,
+) -> None:
+    """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
+    with the current model on the new data, register it and promote it only if it is better."""
+    from features import get_hardware
+    from features.model_config import load_model_configs
+    from harness.commands import _gpu_count
+    from harness.plan import plan_scenarios
+    from training.registry import ModelLoadError, load_predictor
+    from training.retrain import informative_subset, retrain, splittable_configs
+
+    try:
+        hw = get_hardware(hardware)
+        token_list = [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError as err:
+        raise _fail(f"--hardware/--tokens: {err}") from None
+    if backend is RetrainBackend.auto:
+        backend = RetrainBackend.gpu if _gpu_count() >= 2 else RetrainBackend.sim
+    tp = tp or hw.gpu_count
+    root = _registry(registry)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = out or REPO_ROOT / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"
+    try:
+        current = load_predictor(root, hw.id)
+    except ModelLoadError as err:
+        typer.echo(f"current model: none usable ({err})", err=True)
+        current = None
+    try:
+        models, skipped = splittable_configs(load_model_configs(configs), tp, token_list, hw)
+        plan = plan_scenarios(
+            models, tp=tp, tokens=token_list, grid_size=grid, hardware=hw,
+            include_moe=backend is RetrainBackend.sim, seed=seed,
+        )  # fmt: skip
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    for name, why in skipped.items():
+        typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
+    plan = informative_subset(plan, budget, current)
+    typer.echo(f"retrain {hw.id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
+    measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
+    try:
+        outcome = retrain(
+            plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
+            log=lambda text: typer.echo(text, err=True),
+        )  # fmt: skip
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    typer.echo(format_summary(outcome.new_metrics))
+    if outcome.current_metrics is not None:
+        cur = outcome.current_metrics
+        typer.echo(
+            f"current model {current.version} on the new data: "
+            + ", ".join(f"{k} {cur[k]:.4f}" for k in _SHOWN[:6])
+        )
+    verdict = "promoted to current" if outcome.promoted else "registered, not promoted"
+    typer.echo(f"{hw.id}/{outcome.version}: {verdict} ({outcome.reason})")
+
+
+def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[[Plan, Path], None]:
+    """Measurement by the simulator of ``hw`` (in this process)."""
+
+    def measure(plan: Plan, out: Path) -> None:
+        from harness.sim import SimBackend
+        from harness.sweep import run_sweep
+
+        run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out)
+
+    return measure
+
+
+def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
+    """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
+
+    def measure(plan: Plan, out: Path) -> None:
+        from harness.commands import BenchBackend, _run_torchrun
+
+        _run_torchrun(plan, out, BenchBackend.gpu, tp, None, 3, 20, 0, 10.0)
+
+    return measure
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train``, ``evaluate``, ``report`` and ``retrain`` to ``app``."""
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    app.command("report")(report_command)
+    app.command("retrain")(retrain_command)

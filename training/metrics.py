@@ -1,0 +1,64 @@
+"""How good a set of schedule picks is, measured against the dataset's times.
+
+For scenario ``i`` with pick time ``t_i``, best time ``b_i`` and serial/sm time ``s_i``:
+
+- ``top1``: fraction of picks that are the measured best schedule;
+- ``within_2pct``: fraction with ``t_i <= 1.02 b_i``;
+- regret ``r_i = t_i / b_i - 1``: ``geomean_regret = exp(mean(log(t_i / b_i))) - 1``, ``p95_regret``
+  (linear interpolation), ``max_regret``;
+- ``captured_speedup = geomean(s_i / t_i) / geomean(s_i / b_i)``: the share of the oracle's speedup over
+  serial that the picks keep (1 = oracle; below 1/geomean(s_i / b_i) = slower than always-serial);
+- ``speedup_vs_serial = geomean(s_i / t_i)`` and ``n_regressions_vs_serial`` (picks with ``t_i > s_i``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from training.table import ScheduleTable
+
+WITHIN = 0.02
+"""Tolerance of ``within_2pct`` (a pick within 2% of the best counts as good)."""
+REGRESSION_PENALTY = 1.0
+"""Extra weight of the log slowdown against serial in :func:`pick_loss`: a pick slower than serial/sm
+costs twice its regret, because the user asked for overlap to go faster, not to take a gamble."""
+
+
+def pick_loss(t_pick: np.ndarray, t_best: np.ndarray, t_serial: np.ndarray) -> np.ndarray:
+    """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``.
+
+    The quantity model selection, the decision policy and the fitted baselines minimise (its mean).
+    """
+    return np.log(t_pick / t_best) + REGRESSION_PENALTY * np.maximum(0.0, np.log(t_pick / t_serial))
+
+
+def score(table: ScheduleTable, picks: np.ndarray) -> dict[str, float | int]:
+    """Metrics of ``picks`` (schedule column indices ``[n]``) on ``table``; see the module docstring.
+
+    ``n_unmeasured_picks`` counts picks without a measurement, charged the scenario's slowest time.
+    """
+    if len(table) == 0:
+        return {"n_scenarios": 0}
+    t, unmeasured = table.time_of(picks)
+    best, serial = table.best_ms, table.serial_ms
+    log_regret = np.log(t / best)
+    regret = t / best - 1.0
+    return {
+        "top1": float(np.mean(picks == table.best)),
+        "within_2pct": float(np.mean(t <= (1.0 + WITHIN) * best)),
+        "geomean_regret": float(np.expm1(log_regret.mean())),
+        "p95_regret": float(np.percentile(regret, 95)),
+        "max_regret": float(regret.max()),
+        "captured_speedup": float(np.exp(np.mean(np.log(serial / t)) - np.mean(np.log(serial / best)))),
+        "speedup_vs_serial": float(np.exp(np.mean(np.log(serial / t)))),
+        "n_regressions_vs_serial": int(np.sum(t > serial)),
+        "n_unmeasured_picks": int(unmeasured.sum()),
+        "n_scenarios": len(table),
+    }
+
+
+def mean_loss(table: ScheduleTable, picks: np.ndarray) -> float:
+    """Mean :func:`pick_loss` of ``picks`` on ``table`` (NaN for an empty table)."""
+    if len(table) == 0:
+        return float("nan")
+    return float(pick_loss(table.time_of(picks)[0], table.best_ms, table.serial_ms).mean())

@@ -1,0 +1,228 @@
+"""The model registry: versioned models per hardware profile on disk, and the current one of each.
+
+Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_ROOT`` overrides)::
+
+    <root>/<hardware_id>/<version>/model.ubj     the schedule classifier (XGBoost UBJSON, never pickle)
+    <root>/<hardware_id>/<version>/speedup.ubj   the speedup regressor (XGBoost UBJSON)
+    <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics, decision policy,
+                                                 classes, software versions, created_at
+    <root>/<hardware_id>/CURRENT                 the current version, one line
+
+A version (``<UTC time>-<dataset hash[:8]>``) is written into a temporary directory and renamed into
+place, and ``CURRENT`` is replaced with ``os.replace``: a crash leaves either the old state or the new
+one, never a half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+from ficco import __version__
+from training.model import FeatureSchemaError, ScheduleClassifier, SpeedupRegressor, check_feature_schema
+from training.policy import DecisionPolicy
+from training.predictor import Predictor
+
+MODEL_FILE = "model.ubj"
+SPEEDUP_FILE = "speedup.ubj"
+CARD_FILE = "card.json"
+CURRENT_FILE = "CURRENT"
+_TRAIN_HINT = "train one with `ficco train --dataset DIR --promote`"
+
+
+class ModelLoadError(RuntimeError):
+    """A model cannot be loaded: missing, corrupt, or trained on another feature schema."""
+
+
+def default_model_root() -> Path:
+    """``$FICCO_MODEL_ROOT`` if set, else ``models/`` at the repository root."""
+    return Path(os.environ.get("FICCO_MODEL_ROOT") or Path(__file__).resolve().parent.parent / "models")
+
+
+def _versions(hw_dir: Path) -> list[str]:
+    """Registered versions under one hardware directory, oldest first (names sort by time)."""
+    if not hw_dir.is_dir():
+        return []
+    return sorted(p.name for p in hw_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _software() -> dict[str, str]:
+    import xgboost
+
+    return {"ficco": __version__, "xgboost": xgboost.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}  # fmt: skip
+
+
+def register(
+    root: str | Path,
+    hardware_id: str,
+    *,
+    classifier: ScheduleClassifier,
+    regressor: SpeedupRegressor,
+    policy: DecisionPolicy,
+    dataset_hash: str,
+    info: dict[str, Any],
+    created_at: datetime | None = None,
+) -> str:
+    """Write a new version of ``hardware_id``'s model and return its version string (not promoted).
+
+    ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
+    the registry fills in: version, hardware_id, created_at, feature schema, classes, decision policy, files
+    and software versions (merged into ``info["software"]`` if given).
+    """
+    created_at = created_at or datetime.now(UTC)
+    hw_dir = Path(root) / hardware_id
+    hw_dir.mkdir(parents=True, exist_ok=True)
+    base = f"{created_at:%Y%m%dT%H%M%SZ}-{dataset_hash[:8]}"
+    version, n = base, 1
+    while (hw_dir / version).exists():
+        n += 1
+        version = f"{base}-{n}"
+    card = {
+        **info,
+        "version": version,
+        "hardware_id": hardware_id,
+        "created_at": created_at.isoformat(timespec="seconds"),
+        "dataset_hash": dataset_hash,
+        "feature_schema_version": FEATURE_SCHEMA_VERSION,
+        "feature_names": list(FEATURE_NAMES),
+        "classes": list(classifier.classes_),
+        "policy": policy.to_dict(),
+        "files": {"classifier": MODEL_FILE, "speedup": SPEEDUP_FILE},
+        "software": {**info.get("software", {}), **_software()},
+    }
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=hw_dir))
+    try:
+        classifier.save_model(tmp / MODEL_FILE)
+        regressor.save_model(tmp / SPEEDUP_FILE)
+        (tmp / CARD_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, hw_dir / version)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return version
+
+
+def promote(root: str | Path, hardware_id: str, version: str) -> None:
+    """Make ``version`` the current model of ``hardware_id`` (atomic: write a temp file, then os.replace)."""
+    hw_dir = Path(root) / hardware_id
+    if not (hw_dir / version / CARD_FILE).is_file():
+        raise ValueError(
+            f"cannot promote {hardware_id}/{version}: no such registered version under {root}; "
+            f"versions are {_versions(hw_dir)}"
+        )
+    fd, tmp = tempfile.mkstemp(prefix=f".{CURRENT_FILE}-", dir=hw_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(version + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, hw_dir / CURRENT_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def current_version(root: str | Path, hardware_id: str) -> str | None:
+    """The current version of ``hardware_id``'s model, or None if none was promoted."""
+    path = Path(root) / hardware_id / CURRENT_FILE
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
+def list_models(root: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Every registered model: hardware id -> cards, oldest first.
+
+    A card that cannot be read is listed as ``{"version": ..., "error": ...}``.
+    """
+    root = Path(root)
+    out: dict[str, list[dict[str, Any]]] = {}
+    if not root.is_dir():
+        return out
+    for hw_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        cards = []
+        for version in _versions(hw_dir):
+            try:
+                cards.append(_read_card(hw_dir / version))
+            except ModelLoadError as err:
+                cards.append({"version": version, "error": str(err)})
+        out[hw_dir.name] = cards
+    return out
+
+
+def _read_card(version_dir: Path) -> dict[str, Any]:
+    path = version_dir / CARD_FILE
+    try:
+        card = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(
+            f"model {version_dir} has no {CARD_FILE}; it is incomplete, {_TRAIN_HINT}"
+        ) from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"model card {path} is corrupt ({err}); {_TRAIN_HINT}") from None
+    required = ("version", "feature_schema_version", "classes", "policy")
+    missing = [k for k in required if k not in card] if isinstance(card, dict) else list(required)
+    if missing:
+        raise ModelLoadError(f"model card {path} is corrupt: it lacks {missing}; {_TRAIN_HINT}")
+    return card
+
+
+def load_predictor(root: str | Path, hardware_id: str, version: str | None = None) -> Predictor:
+    """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`.
+
+    Raises :class:`ModelLoadError` with a message saying what to do for a missing model, a corrupt card
+    or model file, and a model trained on a feature schema other than ``features.FEATURE_SCHEMA_VERSION``.
+    """
+    root = Path(root)
+    hw_dir = root / hardware_id
+    versions = _versions(hw_dir)
+    if not versions:
+        known = sorted(list_models(root))
+        raise ModelLoadError(
+            f"no model for hardware {hardware_id!r} under {root} (models exist for {known}); {_TRAIN_HINT} "
+            f"on a dataset of that hardware, or `ficco retrain --hardware {hardware_id}`"
+        )
+    if version is None:
+        version = current_version(root, hardware_id)
+        if version is None:
+            raise ModelLoadError(
+                f"no current model for hardware {hardware_id!r} under {root}: none was promoted; versions "
+                f"are {versions}. Promote one (training.registry.promote) or {_TRAIN_HINT}"
+            )
+    if version not in versions:
+        raise ModelLoadError(f"no model {hardware_id}/{version} under {root}; versions are {versions}")
+    version_dir = hw_dir / version
+    card = _read_card(version_dir)
+    source = f"model {hardware_id}/{version}"
+    try:
+        check_feature_schema(card["feature_schema_version"], source, hardware_id=hardware_id)
+        classifier = ScheduleClassifier.load_model(version_dir / MODEL_FILE)
+        regressor = SpeedupRegressor.load_model(version_dir / SPEEDUP_FILE)
+        policy = DecisionPolicy(**card["policy"])
+    except FeatureSchemaError as err:
+        raise ModelLoadError(str(err)) from None
+    except Exception as err:  # XGBoostError, OSError, ValueError, TypeError: all mean a damaged model
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(
+            f"{source} under {root} is corrupt: {first_line}. Re-register it, or promote another version "
+            f"({versions}); {_TRAIN_HINT}"
+        ) from None
+    if list(classifier.classes_) != list(card["classes"]):
+        raise ModelLoadError(
+            f"{source}: {MODEL_FILE} has classes {list(classifier.classes_)} but {CARD_FILE} lists "
+            f"{card['classes']}; the two files do not belong together. {_TRAIN_HINT}"
+        )
+    return Predictor(
+        classifier=classifier, regressor=regressor, policy=policy, card=card, version=version,
+        hardware_id=hardware_id,
+    )  # fmt: skip

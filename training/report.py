@@ -1,0 +1,203 @@
+"""``ficco report``: a markdown page with PNG plots of how the model does on a dataset.
+
+- ``confusion.png``: measured best schedule against the held-out pick (counts; rows = measured best).
+- ``regret_cdf.png``: distribution of ``t_picked / t_best - 1`` for the model and every baseline.
+- ``map-<op>.png``: per op, the measured best schedule over (n*k, m) next to the predicted one (held-out
+  cross-validation picks, or a registered model's recommendations), coloured by granularity/executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.evaluate import Evaluation
+from training.model import SCHEDULES
+from training.table import ScheduleTable
+
+_KINDS = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
+"""Map colours: a schedule's granularity/executor (splits, grain and priority share a colour)."""
+_METRICS = ("top1", "within_2pct", "geomean_regret", "p95_regret", "max_regret", "captured_speedup",
+            "speedup_vs_serial", "n_regressions_vs_serial")  # fmt: skip
+
+
+def _kind(schedule: str) -> int:
+    return _KINDS.index("/".join(schedule.split("/")[:2]))
+
+
+def plot_confusion(table: ScheduleTable, picks: np.ndarray, path: Path) -> None:
+    """Counts of (measured best, picked) over the schedules that occur in either, as a heat map."""
+    import matplotlib.pyplot as plt
+
+    used = np.union1d(table.best, picks)
+    index = {c: i for i, c in enumerate(used)}
+    counts = np.zeros((len(used), len(used)), dtype=np.int64)
+    np.add.at(counts, ([index[b] for b in table.best], [index[p] for p in picks]), 1)
+    size = 2.0 + 0.45 * len(used)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    image = ax.imshow(np.log1p(counts), cmap="Blues")
+    for (i, j), n in np.ndenumerate(counts):
+        if n:
+            ax.text(j, i, str(n), ha="center", va="center", fontsize=7,
+                    color="white" if n > counts.max() / 2 else "black")  # fmt: skip
+    labels = [SCHEDULES[c] for c in used]
+    ax.set_xticks(range(len(used)), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(used)), labels, fontsize=7)
+    ax.set_xlabel("picked (held out)")
+    ax.set_ylabel("measured best")
+    ax.set_title(f"top1 {np.mean(picks == table.best):.3f} over {len(table)} scenarios")
+    fig.colorbar(image, ax=ax, label="log(1 + count)", shrink=0.7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_regret_cdf(table: ScheduleTable, picks: dict[str, np.ndarray], path: Path) -> None:
+    """Empirical CDF of regret for each named set of picks (x: symlog, linear below 1%)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, p in picks.items():
+        regret = np.sort(table.time_of(p)[0] / table.best_ms - 1.0)
+        ax.step(regret, np.arange(1, len(regret) + 1) / len(regret), where="post", label=name,
+                linewidth=2.2 if name == "model" else 1.2)  # fmt: skip
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_xlim(left=0)
+    ax.axvline(0.02, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("regret  t_picked / t_best - 1  (dotted: 2%)")
+    ax.set_ylabel("fraction of scenarios")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_schedule_map(
+    table: ScheduleTable, picks: np.ndarray, op: str, predicted_label: str, path: Path
+) -> None:
+    """Measured best (left) and ``picks`` (right) of ``op``'s scenarios over (n*k, m), log axes."""
+    import matplotlib.pyplot as plt
+
+    rows = [i for i, s in enumerate(table.scenarios) if s.op == op]
+    nk = np.array([table.scenarios[i].n * table.scenarios[i].k for i in rows], dtype=float)
+    m = np.array([table.scenarios[i].m for i in rows], dtype=float)
+    colors = plt.get_cmap("tab10").colors
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True, sharey=True)
+    for ax, chosen, title in (
+        (axes[0], table.best[rows], "measured best"),
+        (axes[1], picks[rows], predicted_label),
+    ):
+        kinds = np.array([_kind(SCHEDULES[c]) for c in chosen])
+        for k, name in enumerate(_KINDS):
+            sel = kinds == k
+            if sel.any():
+                ax.scatter(nk[sel], m[sel], s=22, color=colors[k], label=name, edgecolors="none")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("n * k")
+        ax.set_title(f"{op}: {title}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("m")
+    handles = {h.get_label(): h for ax in axes for h in ax.collections}
+    fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _metrics_table(rows: dict[str, dict[str, Any]]) -> str:
+    lines = ["| | " + " | ".join(_METRICS) + " |", "|---" * (len(_METRICS) + 1) + "|"]
+    for name, m in rows.items():
+        cells = [f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _METRICS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(
+    table: ScheduleTable,
+    evaluation: Evaluation,
+    out_dir: str | Path,
+    *,
+    title: str,
+    predicted: np.ndarray | None = None,
+    predicted_label: str = "predicted (held out)",
+) -> Path:
+    """Write ``report.md`` and its PNGs into ``out_dir``; return the markdown path.
+
+    ``predicted`` (schedule column indices ``[n]``) replaces the held-out picks in the schedule maps,
+    e.g. a registered model's recommendations.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    held_out = evaluation.cv.picks.final
+    plot_confusion(table, held_out, out / "confusion.png")
+    plot_regret_cdf(table, {"model": held_out, **evaluation.baselines}, out / "regret_cdf.png")
+    ops = sorted({s.op for s in table.scenarios})
+    for op in ops:
+        plot_schedule_map(table, held_out if predicted is None else predicted, op,
+                          "predicted (held out)" if predicted is None else predicted_label,
+                          out / f"map-{op}.png")  # fmt: skip
+    s = evaluation.summary
+    fb = s["fallback"]
+    lines = [
+        f"# {title}",
+        "",
+        f"{s['n_scenarios']} scenarios; every prediction below is held out (grouped cross-validation: the "
+        f"model never saw the scenario's model family or grid region). Folds: {', '.join(s['cv']['folds'])}.",
+        "",
+        "## Metrics against the baselines",
+        "",
+        _metrics_table({"model": s, **s["baselines"]}),
+        "",
+        *[f"- `{name}`: {note}" for name, note in s["baseline_notes"].items()],
+        "",
+        f"Never worse than always-serial on any family: **{s['never_worse_than_serial']}**"
+        + (
+            f" (worse: {', '.join(s['families_worse_than_serial'])})"
+            if s["families_worse_than_serial"]
+            else ""
+        ),
+        "",
+        "## Safe fallback",
+        "",
+        f"Decision policy {fb['policy']}: {fb['n_fallbacks']} fallbacks to serial/sm, "
+        f"{fb['regressions_avoided']} regressions against serial avoided "
+        f"({fb['regressions_without_fallback']} -> {fb['regressions_with_fallback']}), "
+        f"{fb['gains_given_up']} gains given up (geomean "
+        f"{fb['geomean_speedup_given_up']:.3f}x); net speedup change {fb['net_speedup_change']:+.2%}.",
+        "",
+        "## Region holdout (size extrapolation)",
+        "",
+        s["region_holdout"]["split"] + ".",
+        "",
+        _metrics_table({"model": s["region_holdout"], **s["region_holdout"]["baselines"]}),
+        "",
+        "## Per family",
+        "",
+        _metrics_table(s["per_family"]),
+        "",
+        "## Confusion matrix (held out)",
+        "",
+        "![confusion](confusion.png)",
+        "",
+        "## Regret distribution",
+        "",
+        "![regret CDF](regret_cdf.png)",
+        "",
+        "## Schedule maps",
+        "",
+        *[f"![{op}](map-{op}.png)\n" for op in ops],
+        "## Selection",
+        "",
+        f"Configuration {s['cv']['config']}, fallback {s['cv']['policy']}; {s['cv']['selection']}.",
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

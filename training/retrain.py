@@ -1,0 +1,163 @@
+"""The retraining job: measure a sweep, train, compare with the current model, register, promote if better.
+
+The job is one engine with the measurement passed in (``measure(plan, out_dir)``): on a GPU machine it
+runs the harness sweep through torchrun, on a CPU machine the simulator of a what-if hardware profile.
+``ficco retrain`` (``training.commands``) picks the measurement; CI runs the sim path end to end.
+
+With a budget, the sweep measures only the most informative scenarios of the plan: half (when a current
+model exists) those the current model is least sure about (lowest probability of its pick), the rest a
+spread over the plan (farthest-point sampling in standardised feature space), so that a small budget
+still covers every op and size region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from features import HardwareProfile, feature_matrix
+from training.metrics import mean_loss, score
+from training.model import schedule_indices
+from training.predictor import Predictor
+from training.table import ScheduleTable, load_dataset_table
+from training.train import register_trained, train_model
+
+if TYPE_CHECKING:
+    from features.model_config import ModelConfig
+    from harness.plan import Plan
+
+
+def splittable_configs(
+    configs: list[ModelConfig], tp: int, tokens: list[int], hardware: HardwareProfile
+) -> tuple[list[ModelConfig], dict[str, str]]:
+    """The model configs whose layers split ``tp`` ways at every token count, and why each other one
+    does not (name -> error)."""
+    from features.model_config import layer_pairs
+
+    kept, skipped = [], {}
+    for config in configs:
+        try:
+            for t in tokens:
+                layer_pairs(config, tp=tp, tokens=t, hardware=hardware)
+            kept.append(config)
+        except ValueError as err:
+            skipped[config.name] = str(err)
+    return kept, skipped
+
+
+def farthest_points(Z: np.ndarray, count: int, chosen: list[int]) -> list[int]:
+    """Extend ``chosen`` (row indices of ``Z`` ``[n, d]``) with ``count`` rows, each the farthest (Euclidean)
+    from all rows chosen so far; the first is row 0 when nothing is chosen. Returns the added rows."""
+    added: list[int] = []
+    if count <= 0:
+        return added
+    if not chosen:
+        added.append(0)
+    distance = np.min([np.linalg.norm(Z - Z[i], axis=1) for i in chosen + added], axis=0)
+    while len(added) < count:
+        i = int(np.argmax(distance))
+        if distance[i] <= 0:  # every remaining row is a duplicate of a chosen one
+            break
+        added.append(i)
+        distance = np.minimum(distance, np.linalg.norm(Z - Z[i], axis=1))
+    return added
+
+
+def informative_subset(plan: Plan, budget: int, predictor: Predictor | None) -> Plan:
+    """The ``budget`` most informative entries of ``plan``, in plan order.
+
+    See the module docstring; deterministic for a given plan and model.
+    """
+    if budget <= 0 or budget >= len(plan):
+        return plan
+    X = feature_matrix([s for _, s in plan])
+    chosen: list[int] = []
+    if predictor is not None:
+        probability = predictor.decide(X).probability
+        chosen = [int(i) for i in np.argsort(probability, kind="stable")[: budget // 2]]
+    spread = X.std(axis=0)
+    Z = (X - X.mean(axis=0))[:, spread > 0] / spread[spread > 0]
+    chosen += farthest_points(Z, budget - len(chosen), chosen)
+    entries = tuple(plan.entries[i] for i in sorted(chosen))
+    settings = {**plan.settings, "budget": budget, "selection": "uncertainty + farthest-point spread"}
+    return dataclasses.replace(plan, entries=entries, settings=settings)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetrainOutcome:
+    """What the retraining job did."""
+
+    dataset: Path
+    """The dataset directory it measured."""
+    version: str
+    """The version it registered."""
+    promoted: bool
+    """Whether the new version became current."""
+    reason: str
+    """Why it was (not) promoted, for a person to read."""
+    new_metrics: dict[str, Any]
+    """The new model's held-out metrics on the new data (the evaluation summary)."""
+    current_metrics: dict[str, Any] | None
+    """The current model's metrics on the new data; None when there was no usable current model."""
+
+
+def compare(
+    table: ScheduleTable, new_loss: float, current: Predictor | None
+) -> tuple[bool, str, dict[str, Any] | None]:
+    """Whether the new model beats ``current`` on ``table``: (better, reason, current's metrics).
+
+    The new model's number is its held-out loss (grouped cross-validation); the current model's is its
+    loss on the same scenarios, which it has not seen unless they were in its own dataset.
+    """
+    if current is None:
+        return True, "no usable current model", None
+    picks = schedule_indices(current.decide(table.X).schedules.tolist())
+    current_loss = mean_loss(table, picks)
+    metrics = score(table, picks)
+    better = new_loss < current_loss
+    relation = "<" if better else ">="
+    reason = f"new held-out loss {new_loss:.5f} {relation} current model's {current_loss:.5f} on the new data"
+    return better, reason, metrics
+
+
+def retrain(
+    plan: Plan,
+    out_dir: str | Path,
+    measure: Callable[[Plan, Path], None],
+    *,
+    registry: str | Path,
+    current: Predictor | None,
+    seed: int = 0,
+    n_jobs: int = 1,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> RetrainOutcome:
+    """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``."""
+    from harness.dataset import read_manifest
+    from training.registry import promote
+
+    out = Path(out_dir)
+    measure(plan, out)
+    log(f"fingerprint: {json.dumps((read_manifest(out) or {}).get('fingerprint'), sort_keys=True)}")
+    dataset = load_dataset_table(out)
+    log(f"dataset {out}: {len(dataset.table)} scenarios, hash {dataset.hash[:12]}")
+    trained = train_model(dataset.table, seed=seed, n_jobs=n_jobs, progress=progress)
+    new_loss = mean_loss(dataset.table, trained.evaluation.cv.picks.final)
+    better, reason, current_metrics = compare(dataset.table, new_loss, current)
+    version = register_trained(registry, trained, dataset, seed=seed)
+    if better:
+        promote(registry, dataset.hardware.id, version)
+    return RetrainOutcome(
+        dataset=out,
+        version=version,
+        promoted=better,
+        reason=reason,
+        new_metrics=trained.evaluation.summary,
+        current_metrics=current_metrics,
+    )
