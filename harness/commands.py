@@ -286,6 +286,8 @@ def _build_plan(
         )
     except ValueError as err:
         raise _fail(str(err)) from None
+    for name, why in plan.settings["skipped_configs"].items():
+        typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     if limit:
         plan = dataclasses.replace(plan, entries=plan.entries[:limit])
     if not len(plan):

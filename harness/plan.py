@@ -93,6 +93,22 @@ class Plan(Sequence):
         )
 
 
+def splittable_configs(
+    configs: list[ModelConfig], tp: int, tokens: list[int], hardware: HardwareProfile
+) -> tuple[list[ModelConfig], dict[str, str]]:
+    """The model configs whose layers split ``tp`` ways at every token count, and why each other one
+    does not (name -> error)."""
+    kept, skipped = [], {}
+    for config in configs:
+        try:
+            for t in tokens:
+                layer_pairs(config, tp=tp, tokens=t, hardware=hardware)
+            kept.append(config)
+        except ValueError as err:
+            skipped[config.name] = str(err)
+    return kept, skipped
+
+
 def plan_scenarios(
     configs: Sequence[ModelConfig],
     *,
@@ -108,10 +124,13 @@ def plan_scenarios(
     """Build the plan (see the module docstring).
 
     ``include_moe`` adds the MoE pairs (``a2a_gemm`` / ``gemm_a2a``), which only the sim backend runs; the
-    grid holds ``ag_gemm`` and ``gemm_rs`` only. Raises ``ValueError`` naming a bad argument.
+    grid holds ``ag_gemm`` and ``gemm_rs`` only. Model configs whose layers do not split ``tp`` ways are left
+    out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad
+    argument.
     """
     hardware = hardware or get_hardware("h200x2")
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware)
+    configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
     sim = SimBackend(hardware)
 
     def serial_ms(s: Scenario) -> float:
@@ -150,6 +169,7 @@ def plan_scenarios(
         "max_serial_ms": max_serial_ms,
         "seed": seed,
         "configs": [c.name for c in configs],
+        "skipped_configs": skipped,
     }
     shared = {sid: tuple(f) for sid, f in families.items() if len(f) > 1 and sid in kept}
     return Plan(entries=tuple(entries), shared=shared, dropped=tuple(dropped), settings=settings)

@@ -253,7 +253,7 @@ def retrain_command(
     from harness.commands import _gpu_count
     from harness.plan import plan_scenarios
     from training.registry import ModelLoadError, load_predictor
-    from training.retrain import informative_subset, retrain, splittable_configs
+    from training.retrain import informative_subset, retrain
 
     try:
         hw = get_hardware(hardware)
@@ -272,14 +272,13 @@ def retrain_command(
         typer.echo(f"current model: none usable ({err})", err=True)
         current = None
     try:
-        models, skipped = splittable_configs(load_model_configs(configs), tp, token_list, hw)
         plan = plan_scenarios(
-            models, tp=tp, tokens=token_list, grid_size=grid, hardware=hw,
+            load_model_configs(configs), tp=tp, tokens=token_list, grid_size=grid, hardware=hw,
             include_moe=backend is RetrainBackend.sim, seed=seed,
         )  # fmt: skip
     except ValueError as err:
         raise _fail(str(err)) from None
-    for name, why in skipped.items():
+    for name, why in plan.settings["skipped_configs"].items():
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     plan = informative_subset(plan, budget, current)
     typer.echo(f"retrain {hw.id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)

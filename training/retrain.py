@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from features import HardwareProfile, feature_matrix
+from features import feature_matrix
 from training.metrics import mean_loss, score
 from training.model import schedule_indices
 from training.predictor import Predictor
@@ -29,26 +29,7 @@ from training.table import ScheduleTable, load_dataset_table
 from training.train import register_trained, train_model
 
 if TYPE_CHECKING:
-    from features.model_config import ModelConfig
     from harness.plan import Plan
-
-
-def splittable_configs(
-    configs: list[ModelConfig], tp: int, tokens: list[int], hardware: HardwareProfile
-) -> tuple[list[ModelConfig], dict[str, str]]:
-    """The model configs whose layers split ``tp`` ways at every token count, and why each other one
-    does not (name -> error)."""
-    from features.model_config import layer_pairs
-
-    kept, skipped = [], {}
-    for config in configs:
-        try:
-            for t in tokens:
-                layer_pairs(config, tp=tp, tokens=t, hardware=hardware)
-            kept.append(config)
-        except ValueError as err:
-            skipped[config.name] = str(err)
-    return kept, skipped
 
 
 def farthest_points(Z: np.ndarray, count: int, chosen: list[int]) -> list[int]:
