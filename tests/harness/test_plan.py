@@ -102,3 +102,13 @@ def test_default_plan_meets_the_dataset_targets(h200):
     assert len(set(plan.families) - {"grid"}) >= 8 and "grid" in plan.families
     estimate = estimate_sweep(plan, h200, remeasure=32)
     assert 5 * 60 < estimate.seconds < 8 * 60
+
+
+def test_plan_skips_configs_that_do_not_split_tp_ways():
+    from features import get_hardware
+
+    phi, llama = _config("Phi-3-medium-4k"), _config("Llama-3.1-8B")  # Phi-3: 10 KV heads
+    plan = plan_scenarios([phi, llama], tp=4, tokens=[4096], grid_size=0, hardware=get_hardware("h200x4"))
+    assert set(plan.settings["skipped_configs"]) == {"Phi-3-medium-4k"}
+    assert "num_key_value_heads=10" in plan.settings["skipped_configs"]["Phi-3-medium-4k"]
+    assert plan.families == ["Llama-3.1-8B"]
