@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ficco.errors import fail
 from harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 if TYPE_CHECKING:
@@ -47,14 +48,9 @@ class BenchBackend(StrEnum):
     sim = "sim"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _check_range(option: str, value: float, lo: float, hi: float) -> None:
     if not lo <= value <= hi:
-        raise _fail(f"{option} must be in [{lo:g}, {hi:g}]; got {value:g}")
+        raise fail(f"{option} must be in [{lo:g}, {hi:g}]; got {value:g}")
 
 
 def _hardware(value: str) -> HardwareProfile:
@@ -66,16 +62,16 @@ def _hardware(value: str) -> HardwareProfile:
             return HardwareProfile.from_json(Path(value).read_text())
         return get_hardware(value)
     except (OSError, ValueError) as err:
-        raise _fail(f"--hardware {value!r}: {err}") from None
+        raise fail(f"--hardware {value!r}: {err}") from None
 
 
 def _tokens(value: str) -> list[int]:
     try:
         tokens = [int(t) for t in value.split(",") if t.strip()]
     except ValueError:
-        raise _fail(f"--tokens must be comma-separated integers, e.g. 1024,4096; got {value!r}") from None
+        raise fail(f"--tokens must be comma-separated integers, e.g. 1024,4096; got {value!r}") from None
     if not tokens or min(tokens) < 1:
-        raise _fail(f"--tokens must hold positive integers; got {value!r}")
+        raise fail(f"--tokens must hold positive integers; got {value!r}")
     return tokens
 
 
@@ -244,7 +240,7 @@ def _check_options(
     _check_range("--tp", tp, 2, 8)
     _check_range("--grid", grid, 0, 100_000)
     if not max_serial_ms > 0:
-        raise _fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
+        raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
     _check_range("--remeasure", remeasure, 0, 100_000)
     _check_range("--warmup", warmup, 1, 100)
     _check_range("--reps", reps, 1, 1000)
@@ -252,9 +248,9 @@ def _check_options(
     _check_range("--limit", limit, 0, 10_000_000)
     _check_range("--flush-seconds", flush_seconds, 0.0, 3600.0)
     if noise and backend is not BenchBackend.sim:
-        raise _fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
+        raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
     if include_moe and backend is not BenchBackend.sim:
-        raise _fail("--include-moe needs --backend sim: the executor runs ag_gemm and gemm_rs only")
+        raise fail("--include-moe needs --backend sim: the executor runs ag_gemm and gemm_rs only")
 
 
 def _build_plan(
@@ -285,13 +281,13 @@ def _build_plan(
             seed=seed,
         )
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     for name, why in plan.settings["skipped_configs"].items():
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     if limit:
         plan = dataclasses.replace(plan, entries=plan.entries[:limit])
     if not len(plan):
-        raise _fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
+        raise fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
     return plan
 
 
@@ -302,9 +298,9 @@ def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     try:
         existing = read_manifest(out)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     if existing is not None and not resume:
-        raise _fail(
+        raise fail(
             f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
             "continue it, or choose another --out"
         )
@@ -330,13 +326,13 @@ def _run_sim(
         try:
             constants = calibrate(load_dataset(calibrate_from), dataset_hardware(calibrate_from))
         except ValueError as err:
-            raise _fail(f"--calibrate-from {calibrate_from}: {err}") from None
+            raise fail(f"--calibrate-from {calibrate_from}: {err}") from None
         typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
     backend = SimBackend(plan[0][1].hardware, seed=seed, noise=noise, constants=constants)
     try:
         run_sweep(plan, backend, out, remeasure=remeasure, flush_seconds=flush_seconds)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
 
 
 def torchrun_command(
@@ -373,10 +369,10 @@ def _process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
         found = _gpu_count()
         nproc = nproc or found
         if found < max(nproc, 2):
-            raise _fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
+            raise fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
     nproc = nproc or tp
     if nproc != tp:
-        raise _fail(
+        raise fail(
             f"--tp {tp} must equal the number of processes ({nproc}): every scenario spans the whole process "
             f"group; pass --nproc {tp} to use {tp} of the GPUs, or --tp {nproc}"
         )
@@ -429,7 +425,7 @@ def _write_card(out: Path) -> None:
     try:
         path = write_card(out)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     typer.echo(f"dataset card: {path}")
 
 

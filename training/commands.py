@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ficco.errors import fail
+
 if TYPE_CHECKING:
     from features import HardwareProfile
     from harness.plan import Plan
@@ -58,11 +60,6 @@ class RetrainBackend(StrEnum):
     sim = "sim"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 def _registry(path: Path | None) -> Path:
     from training.registry import default_model_root
 
@@ -75,7 +72,7 @@ def _load(dataset: Path) -> Any:
     try:
         return load_dataset_table(dataset)
     except (OSError, ValueError) as err:
-        raise _fail(f"--dataset {dataset}: {err}") from None
+        raise fail(f"--dataset {dataset}: {err}") from None
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -116,7 +113,7 @@ def evaluate_command(
     try:
         evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     summary = {**evaluation.summary, "dataset": loaded.info}
     typer.echo(json.dumps(summary, indent=1, sort_keys=False) if as_json else format_summary(summary))
 
@@ -140,7 +137,7 @@ def train_command(
     try:
         trained = train_model(loaded.table, seed=seed, n_jobs=jobs, progress=True)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     typer.echo(format_summary(trained.evaluation.summary))
     version = register_trained(root, trained, loaded, seed=seed)
     typer.echo(f"registered {loaded.hardware.id}/{version} under {root}")
@@ -179,7 +176,7 @@ def report_command(
                 _registry(registry), loaded.hardware.id, None if model == "current" else model
             )
         except ModelLoadError as err:
-            raise _fail(str(err)) from None
+            raise fail(str(err)) from None
         predicted = schedule_indices(predictor.decide(loaded.table.X).schedules.tolist())
         label = f"model {predictor.version} (may have trained on these)"
     evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
@@ -259,7 +256,7 @@ def retrain_command(
         hw = get_hardware(hardware)
         token_list = [int(t) for t in tokens.split(",") if t.strip()]
     except ValueError as err:
-        raise _fail(f"--hardware/--tokens: {err}") from None
+        raise fail(f"--hardware/--tokens: {err}") from None
     if backend is RetrainBackend.auto:
         backend = RetrainBackend.gpu if _gpu_count() >= 2 else RetrainBackend.sim
     tp = tp or hw.gpu_count
@@ -277,7 +274,7 @@ def retrain_command(
             include_moe=backend is RetrainBackend.sim, seed=seed,
         )  # fmt: skip
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     for name, why in plan.settings["skipped_configs"].items():
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     plan = informative_subset(plan, budget, current)
@@ -289,7 +286,7 @@ def retrain_command(
             log=lambda text: typer.echo(text, err=True),
         )  # fmt: skip
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     typer.echo(format_summary(outcome.new_metrics))
     if outcome.current_metrics is not None:
         cur = outcome.current_metrics
