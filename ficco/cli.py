@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("harness.commands", "training.commands", "service.commands")
 """Modules with a ``register(app)`` function that adds their subcommands, in help order."""
 
 

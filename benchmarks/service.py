@@ -1,0 +1,386 @@
+"""Service benchmark: /v1/recommend latency under open-loop load, batch throughput, start-up time.
+
+    .venv/bin/python benchmarks/service.py                          # the models/ registry, default settings
+    .venv/bin/python benchmarks/service.py --model-root /tmp/models --duration 10 --rates 100,300,500
+    .venv/bin/python benchmarks/service.py --quiet-load 1.0      # wait for a quiet machine first
+
+1. Start-up: ``ficco serve`` in a subprocess; time from process start to the first 200 from /readyz.
+2. Latency: a separate process sends POST /v1/recommend at fixed rates (open loop: request ``i`` is due
+   at ``t0 + i / rate`` whether or not earlier ones have finished, over keep-alive connections it opens
+   as needed). Latency runs from the due time to the last response byte, so queueing counts. Each rate
+   runs twice: with scenarios new to the server (the model answers each) and with 200 repeated ones
+   (the server's cache answers); the server's CPU time per request is recorded for each phase.
+3. Batch: POST /v1/recommend/batch with 10,000 scenarios the server has not seen, timed from the first
+   byte sent to the last byte received (client-side JSON encoding excluded), ``--batch-reps`` times.
+
+Writes ``benchmarks/results/service-cpu.json`` and ``.md`` (``--out``) and prints the table. Goals on a
+2-core machine: p99 <= 5 ms at 500 req/s with no errors, a 10,000 batch <= 1 s, start-up <= 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+GOALS = {"p99_ms_at_500": 5.0, "batch_10k_s": 1.0, "startup_s": 3.0}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_scenarios(count: int, seed: int) -> list[dict]:
+    """``count`` distinct valid dense scenarios on h200x2 (world size 2), as request bodies."""
+    rng = random.Random(seed)
+    seen: set[tuple] = set()
+    out = []
+    while len(out) < count:
+        body = {
+            "op": rng.choice(["ag_gemm", "gemm_rs"]),
+            "m": 2 * rng.randint(64, 65536),
+            "n": 128 * rng.randint(1, 224),
+            "k": 128 * rng.randint(1, 224),
+            "dtype": rng.choice(["bf16", "bf16", "fp16"]),
+            "world_size": 2,
+        }
+        key = tuple(body.values())
+        if key not in seen:
+            seen.add(key)
+            out.append(body)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_root: Path, port: int, log: Path) -> tuple[subprocess.Popen, float]:
+    """Start ``ficco serve``; return the process and seconds from its start to a ready /readyz."""
+    ficco = Path(sys.executable).with_name("ficco")
+    env = {**os.environ, "FICCO_MODEL_ROOT": str(model_root), "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(ficco), "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = start + 60
+    while time.perf_counter() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ficco serve exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=0.5).status_code == 200:
+                return proc, time.perf_counter() - start
+        except httpx.TransportError:
+            pass
+        time.sleep(0.01)
+    proc.kill()
+    raise RuntimeError(f"ficco serve was not ready after 60 s; see {log}")
+
+
+def _request_bytes(port: int, body: dict) -> bytes:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    head = (
+        f"POST /v1/recommend HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def _exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> int:
+    """Send one request on a keep-alive connection; return the status after reading the whole answer."""
+    reader, writer = conn
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return status
+
+
+async def _open_loop(port: int, rate: float, bodies: list[dict]) -> dict:
+    """Send ``bodies`` at ``rate`` per second, open loop; latency from each request's due time.
+
+    A keep-alive connection the server closed while idle (uvicorn closes them after 5 s) is replaced and
+    the request sent again, as HTTP clients do; those count as ``reconnects``, not errors.
+    """
+    requests = [_request_bytes(port, b) for b in bodies]
+    idle: list = []
+    latencies: list[float] = []
+    lateness: list[float] = []
+    errors: list[str] = []
+    reconnects = 0
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.05
+
+    async def connection():
+        while idle:
+            conn = idle.pop()
+            if not conn[0].at_eof():
+                return conn, True
+            conn[1].close()
+        return await asyncio.open_connection("127.0.0.1", port), False
+
+    async def one(i: int) -> None:
+        nonlocal reconnects
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        lateness.append(loop.time() - due)
+        conn, reused = await connection()
+        try:
+            try:
+                status = await _exchange(conn, requests[i])
+            except asyncio.IncompleteReadError as err:
+                if not (reused and err.partial == b""):
+                    raise
+                conn[1].close()
+                reconnects += 1
+                conn = await asyncio.open_connection("127.0.0.1", port)
+                status = await _exchange(conn, requests[i])
+        except (OSError, asyncio.IncompleteReadError, ValueError) as err:
+            errors.append(f"{type(err).__name__}: {err}")
+            conn[1].close()
+            return
+        latencies.append(loop.time() - due)
+        if status != 200:
+            errors.append(f"HTTP {status}")
+        idle.append(conn)
+
+    await asyncio.gather(*(one(i) for i in range(len(requests))))
+    elapsed = loop.time() - t0
+    for _, writer in idle:
+        writer.close()
+    return {
+        "latencies": latencies,
+        "lateness": lateness,
+        "errors": errors,
+        "elapsed_s": elapsed,
+        "connections": len(idle),
+        "reconnects": reconnects,
+    }
+
+
+def _generator(port: int, rate: float, bodies: list[dict], queue: mp.Queue) -> None:
+    queue.put(asyncio.run(_open_loop(port, rate, bodies)))
+
+
+def load_phase(port: int, rate: float, bodies: list[dict]) -> dict:
+    """Run one open-loop phase in a separate process and summarise its latencies, milliseconds."""
+    queue: mp.Queue = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=_generator, args=(port, rate, bodies, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    ms = sorted(1000 * x for x in result["latencies"])
+    late = sorted(1000 * x for x in result["lateness"])
+
+    def pct(p: float, values: list[float] = ms) -> float:
+        return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
+
+    return {
+        "rate": rate,
+        "requests": len(bodies),
+        "achieved_rate": round(len(bodies) / result["elapsed_s"], 1),
+        "p50_ms": round(pct(50), 3),
+        "p90_ms": round(pct(90), 3),
+        "p99_ms": round(pct(99), 3),
+        "max_ms": round(ms[-1], 3) if ms else None,
+        "errors": len(result["errors"]),
+        "error_examples": sorted(set(result["errors"]))[:3],
+        "connections": result["connections"],
+        "reconnects": result["reconnects"],
+        "generator_late_p99_ms": round(pct(99, late), 3),
+    }
+
+
+def batch_phase(port: int, reps: int, size: int, seed: int) -> dict:
+    """Time ``reps`` batches of ``size`` unseen scenarios; seconds per batch."""
+    times = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        for rep in range(reps):
+            payload = json.dumps({"scenarios": random_scenarios(size, seed + rep)}).encode()
+            start = time.perf_counter()
+            response = client.post(
+                "/v1/recommend/batch", content=payload, headers={"content-type": "application/json"}
+            )
+            times.append(time.perf_counter() - start)
+            if response.status_code != 200 or response.json()["count"] != size:
+                raise RuntimeError(f"batch answered {response.status_code}: {response.text[:300]}")
+    return {
+        "size": size,
+        "reps": reps,
+        "median_s": round(statistics.median(times), 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+        "body_mib": round(len(payload) / 2**20, 2),
+    }
+
+
+def model_info(port: int) -> dict:
+    """The model the server answered with: version, hardware and where its training data came from."""
+    data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]
+    out = {}
+    for hw in data:
+        card = next((v["card"] for v in hw["versions"] if v["serving"]), {})
+        dataset = card.get("dataset", {})
+        out[hw["hardware_id"]] = {
+            "version": hw["serving"],
+            "dataset": {k: dataset.get(k) for k in ("path", "backends", "n_scenarios", "hash")},
+            "config": card.get("config"),
+            "policy": card.get("policy"),
+            "classes": len(card.get("classes", [])),
+        }
+    return out
+
+
+def write_results(results: dict, out: Path) -> str:
+    """Write ``<out>.json`` and ``<out>.md``; return the Markdown."""
+    rows = "\n".join(
+        f"| {p['scenarios']} | {p['rate']:g} | {p['achieved_rate']:g} | {p['requests']} | "
+        f"{p['p50_ms']:.2f} | {p['p90_ms']:.2f} | {p['p99_ms']:.2f} | {p['max_ms']:.2f} | {p['errors']} | "
+        f"{p['reconnects']} | "
+        f"{p['generator_late_p99_ms']:.2f} | {p['server_cpu_ms_per_request']:.2f} |"
+        for p in results["latency"]
+    )
+    b = results["batch"]
+    md = (
+        f"# Service benchmark (CPU)\n\n{results['when']} on {results['machine']['cpus']} CPUs "
+        f"({results['machine']['platform']}, Python {results['machine']['python']}); 1-minute load average "
+        f"{results['machine']['load_average_1m_at_start']} at the start, "
+        f"{results['machine']['load_average_1m_at_end']} at the end (other work on the machine counts).\n"
+        f"Model: `{json.dumps(results['model'])}`.\n{results['model_note']}\n\n"
+        f"Start-up (process start to /readyz 200): **{results['startup_s']:.2f} s** "
+        f"(goal <= {GOALS['startup_s']} s)\n\n"
+        f"## POST /v1/recommend, open loop, {results['duration_s']:g} s per rate\n\n"
+        "| scenarios | rate req/s | achieved | requests | p50 ms | p90 ms | p99 ms | max ms | errors | "
+        "reconnects | generator late p99 ms | server CPU ms/request |\n"
+        f"|---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\n"
+        "unseen: every scenario new to the server (the model answers each); repeated: 200 scenarios cycled "
+        "(answers from the server's cache, as when every rank of a job asks for the same shapes). "
+        "reconnects: keep-alive connections the server had closed while idle, replaced and the request sent "
+        "again (counted in its latency). generator late: how far after its due time the load generator "
+        "actually sent a request (included in the latency). server CPU: user + system time of the server "
+        "process over the phase, per request.\n\n"
+        f"## POST /v1/recommend/batch\n\n{b['size']} unseen scenarios ({b['body_mib']} MiB body), "
+        f"{b['reps']} runs: "
+        f"median **{b['median_s']:.3f} s**, min {b['min_s']:.3f} s, max {b['max_s']:.3f} s "
+        f"(goal <= {GOALS['batch_10k_s']} s)\n\n## Goals\n\n"
+        + "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in results["goals_met"].items())
+        + "\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".md").write_text(md)
+    return md
+
+
+def server_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` (all its threads) has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_load: float, wait_s: float) -> None:
+    """Wait until the machine's 1-minute load average is below ``max_load`` (other work skews latency)."""
+    deadline = time.monotonic() + wait_s
+    while os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(5)
+    print(f"1-minute load average {os.getloadavg()[0]:.2f} (asked for < {max_load:g})", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-root", type=Path, default=ROOT / "models", help="model registry to serve")
+    parser.add_argument("--rates", default="100,300,500", help="comma-separated request rates, req/s")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    parser.add_argument("--batch-reps", type=int, default=5, help="timed 10,000-scenario batches")
+    parser.add_argument("--model-note", default="", help="how the served model was made (recorded)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/service-cpu", help="results stem"
+    )
+    parser.add_argument(
+        "--quiet-load",
+        type=float,
+        default=0.0,
+        help="first wait (up to --wait-s) for a 1-minute load below this",
+    )
+    parser.add_argument("--wait-s", type=float, default=900.0, help="longest wait for --quiet-load, seconds")
+    args = parser.parse_args()
+
+    if args.quiet_load:
+        wait_for_quiet(args.quiet_load, args.wait_s)
+    load_at_start = round(os.getloadavg()[0], 2)
+    port = _free_port()
+    log = Path(tempfile.gettempdir()) / f"ficco-serve-bench-{port}.log"
+    proc, startup_s = start_server(args.model_root, port, log)
+    try:
+        warm = random_scenarios(300, seed=999)
+        load_phase(port, 200, warm)  # warm-up, not recorded
+        latency = []
+        for kind in ("unseen", "repeated"):
+            for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+                count = int(rate * args.duration)
+                if kind == "unseen":
+                    bodies = random_scenarios(count, seed=100 + i)
+                else:
+                    bodies = (random_scenarios(200, seed=7) * (count // 200 + 1))[:count]
+                cpu_s = server_cpu_s(proc.pid)
+                phase = load_phase(port, rate, bodies)
+                cpu_ms = 1000 * (server_cpu_s(proc.pid) - cpu_s) / count
+                latency.append({"scenarios": kind, **phase, "server_cpu_ms_per_request": round(cpu_ms, 3)})
+                print(f"{kind} rate {rate:g}: {latency[-1]}", flush=True)
+        batch = batch_phase(port, args.batch_reps, 10_000, seed=5000)
+        print(f"batch: {batch}", flush=True)
+        model = model_info(port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    at_500 = next((p for p in latency if p["rate"] == 500 and p["scenarios"] == "unseen"), None)
+    results = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_1m_at_start": load_at_start,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
+        "model": model,
+        "model_note": args.model_note,
+        "startup_s": round(startup_s, 3),
+        "duration_s": args.duration,
+        "latency": latency,
+        "batch": batch,
+        "goals": GOALS,
+        "goals_met": {
+            "p99 <= 5 ms at 500 req/s of unseen scenarios, no errors": bool(
+                at_500 and at_500["p99_ms"] <= GOALS["p99_ms_at_500"] and not at_500["errors"]
+            ),
+            "batch of 10,000 <= 1 s": batch["median_s"] <= GOALS["batch_10k_s"],
+            "start-up <= 3 s": startup_s <= GOALS["startup_s"],
+        },
+    }
+    print(write_results(results, args.out))
+
+
+if __name__ == "__main__":
+    main()

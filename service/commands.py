@@ -1,0 +1,210 @@
+"""``ficco serve``, ``ficco score`` and ``ficco recommend``.
+
+    ficco serve                    # 127.0.0.1:8000 (make serve); trains the default model if none
+    ficco serve --host 0.0.0.0     # what the container runs
+    ficco score datasets/model_configs/Llama-3.1-8B.json --tp 2 --tokens 4096,16384 --format table
+    ficco recommend --op ag_gemm --m 8192 --n 14336 --k 4096
+
+``score`` and ``recommend`` answer without a server, through the same code as ``POST /v1/score`` and
+``POST /v1/recommend``. Heavy imports (fastapi, uvicorn, xgboost) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ficco.errors import fail
+
+if TYPE_CHECKING:
+    from service.core.config import Settings
+    from service.core.store import ModelStore
+
+SERVE_COMMAND = ("ficco", "serve", "--host", "0.0.0.0")
+"""The container's command (the Dockerfile's CMD; tests/service/test_dockerfile.py checks it)."""
+
+
+class ScoreFormat(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class RecommendFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT or ./models)."
+_HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
+
+
+def _settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with the command-line options that were given on top."""
+    from service.core.config import Settings
+
+    return Settings(**{key: value for key, value in overrides.items() if value is not None})
+
+
+def _loaded_store(settings: Settings) -> ModelStore:
+    """A store with every registered model loaded; exits with a clear message when none loads."""
+    from service.core.store import ModelStore
+
+    store = ModelStore(
+        settings.MODEL_ROOT,
+        cache_size=0,
+        threads=settings.PREDICT_THREADS,
+        bulk_threads=settings.BATCH_THREADS,
+    )
+    store.refresh()
+    if not store.served:
+        reason = store.last_reload_error or "the registry is empty"
+        raise fail(
+            f"no model could be loaded from {settings.MODEL_ROOT}: {reason}. `ficco serve --prepare-only` "
+            "trains the default model from the shipped dataset."
+        )
+    return store
+
+
+def _answer(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the shared engine, turning its errors (and schema errors) into a clean exit."""
+    from pydantic import ValidationError
+
+    from service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
+
+    try:
+        return fn(*args, **kwargs)
+    except ValidationError as err:
+        items = [from_pydantic(e) for e in err.errors()]
+        raise fail("; ".join(f"{e['field']}: {e['msg']} (got {e['input']!r})" for e in items)) from None
+    except (InvalidFieldsError, UnknownHardwareError, NoModelError) as err:
+        raise fail(str(err)) from None
+
+
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Interface to bind (default: $FICCO_HOST or 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default: $FICCO_PORT or 8000).")] = None,
+    model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+    prepare_only: Annotated[
+        bool,
+        typer.Option("--prepare-only", help="Only make sure the default model is registered, then exit."),
+    ] = False,
+) -> None:
+    """Start the recommendation service (uvicorn), training the default model first if none is registered.
+
+    The default model is $FICCO_DEFAULT_HARDWARE's (h200x2); when the registry has none, it is trained
+    from the shipped dataset $FICCO_DATASET_ROOT/<hardware> (datasets/h200x2) and promoted. Other
+    settings (body limit, batch limit, reload token and polling) come from FICCO_* variables.
+    """
+    import uvicorn
+
+    from service.default_model import ensure_default_model
+    from service.main import create_app
+
+    settings = _settings(HOST=host, PORT=port, MODEL_ROOT=model_root)
+    logging.basicConfig(level=settings.LOG_LEVEL.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    try:
+        ensure_default_model(settings)
+    except (FileNotFoundError, ValueError) as err:
+        raise fail(str(err)) from None
+    if prepare_only:
+        return
+    uvicorn.run(
+        create_app(settings),
+        host=settings.HOST,
+        port=settings.PORT,
+        log_level=settings.LOG_LEVEL.lower(),
+        access_log=settings.ACCESS_LOG,
+    )
+
+
+def score(
+    config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A Hugging Face config.json.")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree, 2..8.")] = 2,
+    tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
+    dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
+    output_format: Annotated[
+        ScoreFormat, typer.Option("--format", help="table, json (the API's answer) or csv.")
+    ] = ScoreFormat.table,
+    model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+) -> None:
+    """Score a model config offline (as POST /v1/score): each layer's pairs, schedules, projected savings."""
+    from service.report import score_csv, score_table
+    from service.schemas import ScoreRequest
+    from service.scoring import score_model
+
+    try:
+        data = json.loads(config.read_text())
+        counts = [int(t) for t in tokens.split(",") if t.strip()]
+    except (OSError, ValueError) as err:
+        raise fail(f"cannot read {config} or --tokens {tokens!r}: {err}") from None
+    settings = _settings(MODEL_ROOT=model_root)
+    request = _answer(
+        ScoreRequest, config=data, name=config.stem, tp=tp, tokens=counts, dtype=dtype, hardware=hardware
+    )
+    result = _answer(
+        score_model, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
+    )
+    render = {ScoreFormat.table: score_table, ScoreFormat.csv: score_csv}
+    typer.echo(
+        result.model_dump_json(indent=2)
+        if output_format is ScoreFormat.json
+        else render[output_format](result)
+    )
+
+
+def recommend(
+    op: Annotated[str, typer.Option(help="ag_gemm, gemm_rs, a2a_gemm or gemm_a2a.")],
+    m: Annotated[int, typer.Option(help="Rows (tokens); features/scenario.py gives each op's convention.")],
+    n: Annotated[int, typer.Option(help="Output features of the GEMM on one rank.")],
+    k: Annotated[int, typer.Option(help="Reduction dimension of the GEMM on one rank.")],
+    dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    world_size: Annotated[int, typer.Option(help="Ranks in the tensor/expert-parallel group, 2..8.")] = 2,
+    hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
+    experts: Annotated[int, typer.Option(help="MoE ops only: experts in the layer.")] = 0,
+    top_k: Annotated[int, typer.Option(help="MoE ops only: experts per token.")] = 0,
+    imbalance: Annotated[float, typer.Option(help="MoE ops only: busiest rank's load over the mean.")] = 1.0,
+    output_format: Annotated[
+        RecommendFormat, typer.Option("--format", help="table or json (the API's answer).")
+    ] = RecommendFormat.table,
+    model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+) -> None:
+    """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
+    from service.engine import recommend_scenarios
+    from service.report import recommendation_table
+    from service.schemas import ScenarioIn
+
+    settings = _settings(MODEL_ROOT=model_root)
+    item = _answer(
+        ScenarioIn,
+        op=op,
+        m=m,
+        n=n,
+        k=k,
+        dtype=dtype,
+        world_size=world_size,
+        hardware=hardware,
+        experts=experts,
+        top_k=top_k,
+        imbalance=imbalance,
+    )
+    served = _loaded_store(settings).served
+    rec = _answer(recommend_scenarios, served, [item], default_hardware=settings.DEFAULT_HARDWARE)[0]
+    typer.echo(
+        rec.model_dump_json(indent=2) if output_format is RecommendFormat.json else recommendation_table(rec)
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``score`` and ``recommend`` to the ``ficco`` command line."""
+    app.command("serve")(serve)
+    app.command("score")(score)
+    app.command("recommend")(recommend)

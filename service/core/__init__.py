@@ -1,0 +1,1 @@
+"""Service infrastructure: settings, the model store, request limits and metrics."""

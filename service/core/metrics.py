@@ -1,0 +1,89 @@
+"""Prometheus metrics: request counts and latency per endpoint, and which model versions are served.
+
+Each app owns its own ``CollectorRegistry`` (several apps in one test process do not collide).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.core.store import ModelStore
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Histogram buckets, seconds: fine below 5 ms, where a single recommendation should land."""
+
+
+class Metrics:
+    """The service's metric families in one registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "ficco_http_requests",
+            "HTTP requests answered.",
+            ["method", "endpoint", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "ficco_http_request_duration_seconds",
+            "Time from request to the last response byte sent.",
+            ["method", "endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.model_info = Gauge(
+            "ficco_model_info",
+            "1 for each (hardware id, model version) being served.",
+            ["hardware_id", "version"],
+            registry=self.registry,
+        )
+        self.reload_failed = Gauge(
+            "ficco_model_last_reload_failed",
+            "1 if the latest model load failed (see /readyz).",
+            registry=self.registry,
+        )
+
+    def observe(self, method: str, endpoint: str, status: int, seconds: float) -> None:
+        """Count one answered request and record its latency."""
+        self.requests.labels(method, endpoint, str(status)).inc()
+        self.latency.labels(method, endpoint).observe(seconds)
+
+    def render(self, store: ModelStore) -> bytes:
+        """The text exposition, with the model gauges set from ``store`` at scrape time."""
+        self.model_info.clear()
+        served: Mapping = store.served
+        for hw, model in served.items():
+            self.model_info.labels(hw, model.version).set(1)
+        self.reload_failed.set(store.last_reload_error is not None)
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware timing every HTTP request; the endpoint label is the route's path template."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unrouted"
+            self.metrics.observe(scope["method"], endpoint, status, time.perf_counter() - start)

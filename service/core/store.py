@@ -1,0 +1,315 @@
+"""The model store: the predictors being served, hot reload, and which model answers which hardware.
+
+Requests read ``ModelStore.served`` once (a ``{hardware_id: ServedModel}`` mapping that is never
+mutated) and use that snapshot throughout, so a reload never changes a model under a running request:
+a reload builds the new mapping and swaps it in with one reference assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from service.core.batching import MicroBatcher, predict_split
+from service.errors import NoModelError, UnknownHardwareError
+
+log = logging.getLogger(__name__)
+
+
+class Predictor(Protocol):
+    """What the service needs of ``training.predictor.Predictor`` (a loaded model)."""
+
+    version: str
+    hardware_id: str
+    card: dict
+
+    def recommend(self, scenarios: Sequence[Scenario]) -> list[Any]: ...
+
+
+class RecommendationCache:
+    """A thread-safe LRU map from a scenario key to the model's answer; ``maxsize=0`` stores nothing."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if not self.maxsize:
+            return
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServedModel:
+    """One loaded predictor with the hardware profile it was trained on and its answer cache."""
+
+    predictor: Predictor
+    """The loaded model (``training.predictor.Predictor``)."""
+    profile: HardwareProfile
+    """The profile scenarios are built on when this model answers."""
+    cache: RecommendationCache
+    """Answers of this model, keyed by scenario; dropped with the model on a reload."""
+    batcher: MicroBatcher
+    """Shares this model's prediction calls between concurrent single-scenario requests."""
+    bulk: Executor
+    """Threads a large list of scenarios is split over (``recommend_many``)."""
+    bulk_threads: int = 1
+    """How many chunks a large list is cut into."""
+    loaded_at: float = field(default_factory=time.time)
+    """Unix time the model was loaded."""
+
+    @property
+    def version(self) -> str:
+        return self.predictor.version
+
+    def recommend_many(self, scenarios: Sequence[Scenario]) -> list[Any]:
+        """The predictor's answers for ``scenarios``; a large list is split over ``bulk_threads`` threads."""
+        return predict_split(self.predictor.recommend, scenarios, self.bulk, parts=self.bulk_threads)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resolution:
+    """Which served model answers a request, and why when it is not the requested hardware's own."""
+
+    model: ServedModel
+    """The model that answers."""
+    requested: str
+    """The hardware id the request named (or the default)."""
+    substitution: str | None
+    """None when the requested hardware's own model answers; else the reason another profile was used."""
+
+
+def _same_die(a: HardwareProfile, b: HardwareProfile) -> bool:
+    """True when two profiles have the same compute die (SM count and bf16 peak), e.g. H100 and H200."""
+    return a.sm_count == b.sm_count and a.peak_bf16_tflops == b.peak_bf16_tflops
+
+
+def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
+    """Pick the model that answers ``hardware_id`` at ``world_size``.
+
+    Its own model if loaded; otherwise a loaded model of a profile with the same compute die and at least
+    ``world_size`` GPUs (same GPU name first, then the closest GPU count), with the reason. Raises
+    ``UnknownHardwareError`` when no model fits and ``NoModelError`` when none is loaded.
+    """
+    if hardware_id in served:
+        return Resolution(model=served[hardware_id], requested=hardware_id, substitution=None)
+    if not served:
+        raise NoModelError("no model is loaded yet; GET /readyz shows the last load error")
+    known = sorted(set(KNOWN_HARDWARE) | set(served))
+    requested = KNOWN_HARDWARE.get(hardware_id)
+    if requested is None:
+        raise UnknownHardwareError(
+            f"unknown hardware id {hardware_id!r}; known ids are {known} "
+            f"(models are loaded for {sorted(served)})",
+            known,
+        )
+    fits = [
+        m for m in served.values() if _same_die(m.profile, requested) and m.profile.gpu_count >= world_size
+    ]
+    if not fits:
+        raise UnknownHardwareError(
+            f"no model is loaded for hardware {hardware_id!r}, and no loaded model's profile has the "
+            "same GPU "
+            f"({requested.sm_count} SMs, {requested.peak_bf16_tflops:g} bf16 TFLOP/s) with at least "
+            f"world_size={world_size} GPUs; models are loaded for {sorted(served)}",
+            known,
+        )
+    best = min(
+        fits,
+        key=lambda m: (
+            m.profile.gpu_name != requested.gpu_name,
+            abs(m.profile.gpu_count - requested.gpu_count),
+            m.profile.id,
+        ),
+    )
+    used = best.profile
+    reason = (
+        f"no model is loaded for {hardware_id!r}; answered with the {used.id!r} model: "
+        + ("same GPU" if used.gpu_name == requested.gpu_name else f"same compute die as {requested.gpu_name}")
+        + f" ({used.gpu_name}, {used.sm_count} SMs)"
+        + f" and world_size={world_size} fits its {used.gpu_count} GPUs"
+    )
+    if used.hbm_gbps != requested.hbm_gbps or used.link_gbps != requested.link_gbps:
+        reason += (
+            f"; its memory/link bandwidth ({used.hbm_gbps:g}/{used.link_gbps:g} GB/s) differs from "
+            f"{hardware_id}'s ({requested.hbm_gbps:g}/{requested.link_gbps:g} GB/s)"
+        )
+    return Resolution(model=best, requested=hardware_id, substitution=reason)
+
+
+def set_threads(predictor: Predictor, threads: int) -> None:
+    """Make the fitted boosters (``booster_``) of ``predictor``'s estimators use ``threads`` threads."""
+    for name in ("classifier", "regressor"):
+        estimator = getattr(predictor, name, None)
+        if estimator is not None:
+            estimator.booster_.set_param({"nthread": threads})
+
+
+def profile_of(predictor: Predictor) -> HardwareProfile:
+    """The hardware profile a model was trained on: its card's ``hardware`` object, else the built-in id."""
+    data = predictor.card.get("hardware")
+    profile = (
+        HardwareProfile.from_dict(data) if isinstance(data, dict) else get_hardware(predictor.hardware_id)
+    )
+    if profile.id != predictor.hardware_id:
+        raise ValueError(
+            f"the model card's hardware profile is {profile.id!r} but the model is registered under "
+            f"{predictor.hardware_id!r}; it belongs in the registry's {profile.id}/ directory"
+        )
+    return profile
+
+
+class ModelStore:
+    """The predictors being served, one per registered hardware id, reloaded when a version is promoted.
+
+    ``cache_size`` answers are cached per model; ``threads`` is the XGBoost thread count of each loaded
+    predictor; ``bulk_threads`` the threads a large batch is split over. ``registry`` is a module with
+    ``list_models(root)``, ``current_version(root, hw)`` and ``load_predictor(root, hw, version)``
+    (default: ``training.registry``).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cache_size: int = 4096,
+        threads: int = 1,
+        bulk_threads: int = 2,
+        registry: ModuleType | Any | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.cache_size = cache_size
+        self.threads = threads
+        self.bulk_threads = bulk_threads
+        self._registry = registry
+        self._served: dict[str, ServedModel] = {}
+        self._failed: dict[str, str] = {}
+        """hardware id -> the version whose load failed; polling does not retry it until CURRENT changes."""
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-predict")
+        """The one thread the micro-batchers predict on (XGBoost releases the GIL while it predicts)."""
+        self._bulk = ThreadPoolExecutor(max_workers=bulk_threads, thread_name_prefix="ficco-bulk")
+        """The threads large lists of scenarios are split over."""
+        self._errors: dict[str, str] = {}
+        """hardware id (or ``"*"`` for the registry itself) -> its latest load error, until it loads again."""
+
+    @property
+    def registry(self) -> Any:
+        if self._registry is None:
+            self._registry = importlib.import_module("training.registry")
+        return self._registry
+
+    @property
+    def last_reload_error(self) -> str | None:
+        """The load errors not yet cleared by a successful load of the same hardware, or None."""
+        return "; ".join(self._errors[key] for key in sorted(self._errors)) or None
+
+    @property
+    def served(self) -> Mapping[str, ServedModel]:
+        """The current ``{hardware_id: ServedModel}`` snapshot (never mutated; replaced on reload)."""
+        return self._served
+
+    def refresh(self, *, force: bool = False) -> dict[str, str]:
+        """Load every registered hardware's current version that is not served yet; return outcomes.
+
+        ``force`` reloads every current version, including ones served or failed before. The result maps
+        hardware id to ``"loaded <version>"``, ``"unchanged <version>"`` or ``"failed <version>: <error>"``;
+        a failed load leaves the previous model serving.
+        """
+        with self._lock:
+            outcomes: dict[str, str] = {}
+            try:
+                hardware_ids = sorted(self.registry.list_models(self.root))
+            except Exception as err:  # an unreadable registry must not stop the service
+                self._record_error("*", f"cannot list models under {self.root}: {err}")
+                return {}
+            self._errors.pop("*", None)
+            for hw in hardware_ids:
+                try:
+                    version = self.registry.current_version(self.root, hw)
+                except Exception as err:
+                    outcomes[hw] = f"failed: cannot read its CURRENT: {err}"
+                    self._record_error(hw, f"{hw}: cannot read CURRENT under {self.root}: {err}")
+                    continue
+                if version is None:
+                    continue
+                served = self._served.get(hw)
+                if not force and served is not None and served.version == version:
+                    outcomes[hw] = f"unchanged {version}"
+                    continue
+                if not force and self._failed.get(hw) == version:
+                    outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
+                    continue
+                outcomes[hw] = self._load(hw, version)
+            return outcomes
+
+    def _load(self, hw: str, version: str) -> str:
+        """Load ``hw``'s ``version`` and swap it in; on any error keep the previous model."""
+        try:
+            predictor = self.registry.load_predictor(self.root, hw, version)
+            set_threads(predictor, self.threads)
+            profile = profile_of(predictor)
+            predictor.recommend([Scenario(hardware=profile)])  # answers before it serves (and warms up)
+            model = ServedModel(
+                predictor=predictor,
+                profile=profile,
+                cache=RecommendationCache(self.cache_size),
+                batcher=MicroBatcher(predictor.recommend, self._executor),
+                bulk=self._bulk,
+                bulk_threads=self.bulk_threads,
+            )
+        except Exception as err:  # corrupt or mismatched files: keep serving the previous model
+            self._failed[hw] = version
+            previous = self._served.get(hw)
+            keep = f"; still serving {previous.version}" if previous else "; no model serves it"
+            self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
+            return f"failed {version}: {err}"
+        self._served = {**self._served, hw: model}  # the atomic swap
+        self._failed.pop(hw, None)
+        self._errors.pop(hw, None)
+        log.info("serving %s model version %s", hw, version)
+        return f"loaded {version}"
+
+    def _record_error(self, key: str, message: str) -> None:
+        self._errors[key] = message
+        log.error("model reload: %s", message)
+
+    def close(self) -> None:
+        """Stop the prediction threads once the predictions in flight finish."""
+        self._executor.shutdown(wait=False)
+        self._bulk.shutdown(wait=False)
+
+    async def watch(self, interval_s: float) -> None:
+        """Every ``interval_s`` seconds, swap in newly promoted versions (see ``refresh``); never returns."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.to_thread(self.refresh)
+            except Exception:  # keep watching whatever happens
+                log.exception("model reload poll failed")

@@ -1,0 +1,144 @@
+"""Answering scenarios: pick the model per hardware, build the ``Scenario``, ask the model (or its cache).
+
+The routes, ``ficco recommend`` and ``ficco score`` all answer through :func:`recommend_scenarios` (or,
+for a single request on the server, :func:`recommend_scenario`, which shares prediction calls between
+concurrent requests), so a batch gives the same answers as one request per scenario, and the commands
+the same as the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from features import Scenario
+from service.core.store import Resolution, ServedModel, resolve_hardware
+from service.errors import InvalidFieldsError, UnknownHardwareError, scenario_error
+from service.schemas import RecommendationPublic, ScenarioIn
+
+
+def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int]) -> Scenario:
+    """``item`` as a ``features.Scenario`` on the answering model's profile; InvalidFieldsError if invalid."""
+    values = item.model_dump(exclude={"hardware"})
+    try:
+        return Scenario(hardware=model.profile, **values)
+    except ValueError as err:
+        raise InvalidFieldsError([scenario_error(err, loc, values)]) from None
+
+
+def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
+    """The response item for a ``training.predictor.Recommendation`` answered under ``resolution``.
+
+    Built without re-validation: every field comes typed from the predictor (str, float, bool).
+    """
+    return RecommendationPublic.model_construct(
+        schedule=rec.schedule,
+        probabilities=rec.probabilities,
+        predicted_speedup=rec.predicted_speedup,
+        fallback=rec.fallback,
+        fallback_reason=rec.fallback_reason,
+        model_version=rec.model_version,
+        hardware_id=rec.hardware_id,
+        requested_hardware=resolution.requested,
+        hardware_substitution=resolution.substitution,
+    )
+
+
+def _resolve(
+    served: Mapping[str, ServedModel], hardware: str, world_size: int, loc: Sequence[str | int]
+) -> Resolution:
+    """``resolve_hardware``, with the item's location prefixed to an unknown-hardware message."""
+    try:
+        return resolve_hardware(served, hardware, world_size)
+    except UnknownHardwareError as err:
+        where = ".".join(map(str, loc[1:]))
+        raise UnknownHardwareError(f"{where}: {err}" if where else str(err), err.known_ids) from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Miss:
+    """An item no cache could answer: where it goes in the answer list, and what to ask which model."""
+
+    index: int
+    key: tuple
+    resolution: Resolution
+    scenario: Scenario
+
+
+def _plan(
+    served: Mapping[str, ServedModel],
+    items: Sequence[ScenarioIn],
+    default_hardware: str,
+    locs: Sequence[Sequence[str | int]] | None,
+) -> tuple[list[RecommendationPublic | None], dict[str, list[_Miss]]]:
+    """Resolve each item's model and look it up in that model's cache: (answers so far, misses by model).
+
+    Raises ``InvalidFieldsError`` (every invalid item), ``UnknownHardwareError`` (the first item no model
+    can answer) or ``NoModelError``.
+    """
+    locs = locs if locs is not None else [["body"]] * len(items)
+    resolved: dict[tuple[str, int], Resolution] = {}
+    answers: list[RecommendationPublic | None] = [None] * len(items)
+    misses: dict[str, list[_Miss]] = {}
+    errors: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        hardware = item.hardware or default_hardware
+        resolution = resolved.get((hardware, item.world_size))
+        if resolution is None:
+            resolution = resolved[hardware, item.world_size] = _resolve(
+                served, hardware, item.world_size, locs[i]
+            )
+        model = resolution.model
+        key = (hardware, *item.cache_key())
+        answers[i] = model.cache.get(key)
+        if answers[i] is not None:
+            continue
+        try:
+            scenario = build_scenario(item, model, locs[i])
+        except InvalidFieldsError as err:
+            errors.extend(err.errors)
+            continue
+        misses.setdefault(model.profile.id, []).append(
+            _Miss(index=i, key=key, resolution=resolution, scenario=scenario)
+        )
+    if errors:
+        raise InvalidFieldsError(errors)
+    return answers, misses
+
+
+def _fill(answers: list[RecommendationPublic | None], misses: list[_Miss], recs: Sequence[Any]) -> None:
+    """Put the model's answers ``recs`` (one per miss) into ``answers`` and the model's cache."""
+    for miss, rec in zip(misses, recs, strict=True):
+        answers[miss.index] = answer = _public(rec, miss.resolution)
+        miss.resolution.model.cache.put(miss.key, answer)
+
+
+def recommend_scenarios(
+    served: Mapping[str, ServedModel],
+    items: Sequence[ScenarioIn],
+    *,
+    default_hardware: str,
+    locs: Sequence[Sequence[str | int]] | None = None,
+) -> list[RecommendationPublic]:
+    """Answer ``items`` with the models in ``served`` (one snapshot of ``ModelStore.served``).
+
+    ``locs[i]`` is where item ``i`` sits in the request, for error locations (default ``["body"]``).
+    Answers cached by the answering model are reused (keyed by the requested hardware and the scenario);
+    the rest go to each model in one vectorised call (split over threads when large). Raises as ``_plan``.
+    """
+    answers, misses = _plan(served, items, default_hardware, locs)
+    for pending in misses.values():
+        _fill(answers, pending, pending[0].resolution.model.recommend_many([m.scenario for m in pending]))
+    return answers  # type: ignore[return-value]  # every None was filled
+
+
+async def recommend_scenario(
+    served: Mapping[str, ServedModel], item: ScenarioIn, *, default_hardware: str
+) -> RecommendationPublic:
+    """Answer one request's scenario, through the answering model's micro-batcher (same answer as
+    ``recommend_scenarios``; concurrent requests share prediction calls)."""
+    answers, misses = _plan(served, [item], default_hardware, None)
+    for (miss,) in misses.values():
+        _fill(answers, [miss], [await miss.resolution.model.batcher.recommend(miss.scenario)])
+    return answers[0]  # type: ignore[return-value]  # filled above

@@ -1,0 +1,93 @@
+"""The service's errors and the one error-item shape every 422 uses.
+
+The engine and the scoring code raise these (they know nothing of HTTP); ``service.main`` maps them to
+status codes (422, 404, 503) and the commands print them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from service.schemas import ALLOWED
+
+MAX_INPUT_CHARS = 200
+"""Longest bad value echoed back in an error (longer ones are cut, so a bad 4 MiB body is not echoed)."""
+
+
+class NoModelError(RuntimeError):
+    """No model is loaded at all (empty registry, or every load failed)."""
+
+
+class UnknownHardwareError(LookupError):
+    """No loaded model can answer for a hardware id; ``known_ids`` lists the ids that exist."""
+
+    def __init__(self, message: str, known_ids: list[str]) -> None:
+        super().__init__(message)
+        self.known_ids = known_ids
+
+
+class InvalidFieldsError(ValueError):
+    """Request fields that break a rule checked past the schema (e.g. ``m`` divisible by ``world_size``).
+
+    ``errors`` holds :func:`field_error` items.
+    """
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{e['field'] or 'body'}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+def short_input(value: Any) -> Any:
+    """``value`` as JSON-safe and short: non-finite floats and long or nested values become strings."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= MAX_INPUT_CHARS else text[:MAX_INPUT_CHARS] + "..."
+
+
+def field_error(
+    loc: Sequence[str | int], value: Any, msg: str, type_: str = "value_error", allowed: str | None = None
+) -> dict[str, Any]:
+    """One error item: where (``loc`` and dotted ``field``), the bad value, the message and what is allowed.
+
+    ``allowed`` defaults to the field's entry in ``schemas.ALLOWED``.
+    """
+    loc = list(loc)
+    names = [str(part) for part in loc[1:]] if loc[:1] == ["body"] else [str(part) for part in loc]
+    name = next((part for part in reversed(loc) if isinstance(part, str)), None)  # a list item: its list
+    return {
+        "loc": loc,
+        "field": ".".join(names) or "body",
+        "input": short_input(value),
+        "msg": re.sub(r"^Value error, ", "", msg),
+        "type": type_,
+        "allowed": allowed or ALLOWED.get(name),
+    }
+
+
+def from_pydantic(error: dict[str, Any]) -> dict[str, Any]:
+    """Convert one pydantic / FastAPI validation error to the service's error item."""
+    return field_error(
+        error.get("loc", ()), error.get("input"), str(error.get("msg", "")), error.get("type", "")
+    )
+
+
+_FIELD = re.compile(r"^Scenario\.(\w+)")
+
+
+def scenario_error(err: ValueError, loc: Sequence[str | int], values: dict[str, Any]) -> dict[str, Any]:
+    """Turn a ``features.Scenario`` ValueError into an error item located at the field it names.
+
+    Feature errors start with ``Scenario.<field>`` (features/_validate.py), which locates the field.
+    """
+    match = _FIELD.match(str(err))
+    name = match.group(1) if match and match.group(1) in values else None
+    if name is None:
+        return field_error(loc, values, str(err))
+    return field_error([*loc, name], values[name], str(err))

@@ -1,0 +1,98 @@
+"""The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
+
+The lifespan loads every registered hardware's current model once (never per request) and starts the
+registry watcher that swaps in newly promoted versions. ``uvicorn service.main:app`` serves the app
+built from the environment; ``ficco serve`` builds one from its options (``create_app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from ficco import __version__
+from service.core.config import Settings
+from service.core.config import settings as default_settings
+from service.core.limits import BodyLimitMiddleware
+from service.core.metrics import Metrics, MetricsMiddleware
+from service.core.store import ModelStore
+from service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
+from service.routes import health, metrics, models, recommend, score
+
+log = logging.getLogger(__name__)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Map the service's errors to status codes: 422 (one item shape), 404 with the known ids, 503."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [from_pydantic(e) for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(InvalidFieldsError)
+    async def _invalid_fields(request: Request, exc: InvalidFieldsError) -> JSONResponse:
+        return JSONResponse({"detail": exc.errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(UnknownHardwareError)
+    async def _unknown_hardware(request: Request, exc: UnknownHardwareError) -> JSONResponse:
+        body = {"detail": str(exc), "known_ids": exc.known_ids}
+        return JSONResponse(body, status_code=status.HTTP_404_NOT_FOUND)
+
+    @app.exception_handler(NoModelError)
+    async def _no_model(request: Request, exc: NoModelError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
+
+def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
+    """Build the app from ``settings`` (default: the environment); ``store`` replaces the registry's (the
+    caller then owns it and closes it)."""
+    settings = settings or default_settings
+    owns_store = store is None
+    store = store or ModelStore(
+        settings.MODEL_ROOT,
+        cache_size=settings.CACHE_SIZE,
+        threads=settings.PREDICT_THREADS,
+        bulk_threads=settings.BATCH_THREADS,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        outcomes = await asyncio.to_thread(store.refresh)
+        log.info("models under %s: %s", store.root, outcomes or "none registered")
+        watcher = None
+        if settings.RELOAD_POLL_S > 0:
+            watcher = asyncio.create_task(store.watch(settings.RELOAD_POLL_S))
+        yield
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if owns_store:
+            store.close()
+
+    app = FastAPI(
+        title="ficco recommendation service",
+        version=__version__,
+        description="Which communication/GEMM overlap schedule to run, per scenario, from a learned model.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    app.state.metrics = Metrics()
+    for module in (recommend, score, models, health, metrics):
+        app.include_router(module.router)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: times 413s too
+    return app
+
+
+app = create_app()
+"""The app configured from the environment, for ``uvicorn service.main:app``."""

@@ -1,0 +1,122 @@
+"""Text renderings of answers for the commands: tables for people, CSV for spreadsheets."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from service.schemas import RecommendationPublic, ScorePublic
+
+SCORE_CSV_COLUMNS = (
+    "model",
+    "tokens",
+    "pair",
+    "op",
+    "m",
+    "n",
+    "k",
+    "experts",
+    "top_k",
+    "per_layer",
+    "schedule",
+    "predicted_speedup",
+    "fallback",
+    "serial_us",
+    "predicted_us",
+    "saved_us_per_layer",
+)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned text columns separated by two spaces."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _served_line(result: ScorePublic | RecommendationPublic) -> str:
+    line = f"model version {result.model_version} ({result.hardware_id})"
+    if result.hardware_substitution:
+        line += f"\nnote: {result.hardware_substitution}"
+    return line
+
+
+def score_table(result: ScorePublic) -> str:
+    """One block per token count: the pairs with schedules and savings, then the layer and step totals."""
+    blocks = [
+        f"{result.model}: {result.layers} layers, tp={result.tp}, {result.dtype}; {_served_line(result)}",
+        f"estimate: {result.serial_time_estimate} ({result.estimate_note})",
+    ]
+    header = ["pair", "op", "m", "n", "k", "x/layer", "schedule", "speedup", "serial_us", "saved_us/layer"]
+    for entry in result.data:
+        rows = [
+            [
+                p.name,
+                p.scenario.op,
+                str(p.scenario.m),
+                str(p.scenario.n),
+                str(p.scenario.k),
+                str(p.per_layer),
+                p.schedule + (" (fallback)" if p.fallback else ""),
+                _num(p.predicted_speedup, 3),
+                _num(p.serial_us),
+                _num(p.saved_us_per_layer),
+            ]
+            for p in entry.pairs
+        ]
+        blocks.append(
+            f"\ntokens={entry.tokens}\n{_table(header, rows)}\n"
+            f"saved {entry.saved_us_per_layer:.1f} us per layer ({100 * entry.saved_fraction:.1f}% of "
+            f"{entry.serial_us_per_layer:.1f} us serial), {entry.saved_us_per_step / 1000:.3f} ms per step"
+        )
+    return "\n".join(blocks)
+
+
+def score_csv(result: ScorePublic) -> str:
+    """One row per (token count, pair), columns ``SCORE_CSV_COLUMNS``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(SCORE_CSV_COLUMNS)
+    for entry in result.data:
+        for p in entry.pairs:
+            s = p.scenario
+            writer.writerow(
+                [
+                    result.model,
+                    entry.tokens,
+                    p.name,
+                    s.op,
+                    s.m,
+                    s.n,
+                    s.k,
+                    s.experts,
+                    s.top_k,
+                    p.per_layer,
+                    p.schedule,
+                    p.predicted_speedup,
+                    p.fallback,
+                    p.serial_us,
+                    p.predicted_us,
+                    p.saved_us_per_layer,
+                ]
+            )
+    return out.getvalue()
+
+
+def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
+    """The schedule, speedup and fallback, then the ``top`` most probable schedules."""
+    lines = [
+        f"schedule: {rec.schedule}",
+        f"predicted speedup over serial: {_num(rec.predicted_speedup, 3)}",
+        f"fallback: {'yes: ' + (rec.fallback_reason or '') if rec.fallback else 'no'}",
+        _served_line(rec),
+    ]
+    ranked = sorted(rec.probabilities.items(), key=lambda kv: -kv[1])[:top]
+    rows = [[name, f"{p:.3f}"] for name, p in ranked]
+    return "\n".join(lines) + "\n" + _table(["schedule", "probability"], rows)

@@ -1,0 +1,20 @@
+"""Error responses the routes declare in the OpenAPI document (status -> body schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.schemas import ErrorPublic, UnknownHardwarePublic, ValidationErrorPublic
+
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorPublic, "description": "The body cannot be decoded at all (e.g. not UTF-8)."},
+    413: {"model": ErrorPublic, "description": "Request body over FICCO_MAX_BODY_BYTES."},
+    422: {
+        "model": ValidationErrorPublic,
+        "description": "A field is invalid: where, the value, what is allowed.",
+    },
+}
+MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": UnknownHardwarePublic, "description": "No loaded model can answer this hardware id."},
+    503: {"model": ErrorPublic, "description": "No model is loaded yet."},
+}

@@ -1,0 +1,281 @@
+"""Request and response schemas (pydantic v2), one family per resource.
+
+Field constraints mirror ``features`` (ops, dtypes, ``m``/``n``/``k`` in [1, 2**20], world size in
+[2, 8], ...), so a bad field fails here with a 422 naming it; rules across fields (divisibility,
+``world_size <= gpu_count``) are checked when the ``Scenario`` is built (``service.engine``) and give
+the same 422 shape. ``ALLOWED`` maps each field name to the allowed values, for error messages.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Le, MaxLen, MinLen
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+from features._validate import check_keys
+from features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Op
+
+MAX_EXPERTS = 1024
+MAX_TOKEN_COUNTS = 32
+HARDWARE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
+WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
+HardwareId = Annotated[str, Field(pattern=HARDWARE_PATTERN)]
+
+
+class _Request(BaseModel):
+    """Base of request bodies: unknown fields are refused with the list of allowed ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.keys() <= cls.model_fields.keys():  # fast path: all known
+            check_keys(cls.__name__, data, cls.model_fields)
+        return data
+
+
+# Scenario: one communication + GEMM pair as a runtime meets it (features.Scenario, hardware by id)
+class ScenarioIn(_Request):
+    op: Op = Field(description="Which pair: ag_gemm, gemm_rs, a2a_gemm or gemm_a2a.")
+    m: Dim = Field(description="Rows (tokens); see features/scenario.py for each op's convention.")
+    n: Dim = Field(description="Output features of the GEMM on one rank.")
+    k: Dim = Field(description="Reduction dimension of the GEMM on one rank.")
+    dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
+    world_size: WorldSize = Field(default=2, description="Ranks in the tensor/expert-parallel group.")
+    hardware: HardwareId | None = Field(
+        default=None, description="Hardware id (e.g. h200x2); null = the server's default hardware."
+    )
+    experts: int = Field(
+        default=0, strict=True, ge=0, le=MAX_EXPERTS, description="MoE only: experts; 0 dense."
+    )
+    top_k: int = Field(
+        default=0, strict=True, ge=0, le=MAX_EXPERTS, description="MoE only: experts per token."
+    )
+    imbalance: float = Field(
+        default=1.0,
+        strict=True,
+        ge=1.0,
+        le=float(MAX_WORLD_SIZE),
+        description="MoE only: busiest / mean load.",
+    )
+
+    def cache_key(self) -> tuple:
+        """The fields that decide a model's answer (the hardware picks the model, so it is not included)."""
+        return (
+            self.op,
+            self.m,
+            self.n,
+            self.k,
+            self.dtype,
+            self.world_size,
+            self.experts,
+            self.top_k,
+            self.imbalance,
+        )
+
+
+# Recommendation: the model's answer for one scenario (frozen: cached answers are shared)
+class RecommendationPublic(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    schedule: str = Field(description="The recommended schedule, e.g. finer/dma/s4/chunk.")
+    probabilities: dict[str, float] = Field(
+        description="The model's probability of each schedule being best."
+    )
+    predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
+    fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")
+    fallback_reason: str | None = Field(description="Why the fallback fired.")
+    model_version: str = Field(description="Version of the model that answered.")
+    hardware_id: str = Field(description="Hardware profile of the model that answered.")
+    requested_hardware: str = Field(description="Hardware id the request named (or the server default).")
+    hardware_substitution: str | None = Field(
+        description="Null when the requested hardware's own model answered; else the profile used and why."
+    )
+
+
+class RecommendBatchRequest(_Request):
+    scenarios: list[ScenarioIn] = Field(description="Scenarios to answer (at most the server's MAX_BATCH).")
+
+
+class RecommendationsPublic(BaseModel):
+    data: list[RecommendationPublic]
+    count: int
+
+
+# Score: a Hugging Face model config -> its layers' pairs, schedules and projected savings
+class ScoreRequest(_Request):
+    config: dict[str, Any] = Field(description="The model's Hugging Face config.json, as an object.")
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="Model name for the answer; null = config's _name_or_path or 'model'."
+    )
+    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size).")
+    tokens: list[Dim] = Field(
+        min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
+    )
+    dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
+    hardware: HardwareId | None = Field(default=None, description="Hardware id; null = the server default.")
+
+
+class ScenarioPublic(BaseModel):
+    op: str
+    m: int
+    n: int
+    k: int
+    dtype: str
+    world_size: int
+    experts: int
+    top_k: int
+    imbalance: float
+
+
+class PairScore(BaseModel):
+    name: str = Field(
+        description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine."
+    )
+    per_layer: int = Field(description="Times the pair runs in one transformer layer (forward).")
+    scenario: ScenarioPublic
+    schedule: str
+    predicted_speedup: float | None
+    fallback: bool
+    fallback_reason: str | None
+    serial_us: float = Field(
+        description="Estimated serial time of one call, microseconds (see serial_time_estimate)."
+    )
+    predicted_us: float | None = Field(description="serial_us / predicted_speedup; null without a speedup.")
+    saved_us_per_layer: float | None = Field(description="(serial_us - predicted_us) * per_layer.")
+
+
+class TokenScore(BaseModel):
+    tokens: int
+    pairs: list[PairScore]
+    serial_us_per_layer: float = Field(description="Sum of serial_us * per_layer over the pairs.")
+    saved_us_per_layer: float = Field(description="Sum of the pairs' saved_us_per_layer (null ones count 0).")
+    saved_us_per_step: float = Field(
+        description="saved_us_per_layer * layers: one forward pass of the model."
+    )
+    saved_fraction: float = Field(description="saved_us_per_layer / serial_us_per_layer.")
+
+
+class ScorePublic(BaseModel):
+    model: str
+    layers: int = Field(description="num_hidden_layers of the config.")
+    tp: int
+    dtype: str
+    model_version: str
+    hardware_id: str
+    requested_hardware: str
+    hardware_substitution: str | None
+    serial_time_estimate: Literal["roofline"] = Field(
+        description="How serial_us is estimated: roofline = features.roofline_gemm_us + roofline_comm_us."
+    )
+    estimate_note: str
+    data: list[TokenScore]
+    count: int
+
+
+# Models: what the registry holds and what is being served
+class ModelVersionPublic(BaseModel):
+    version: str
+    current: bool = Field(description="True for the version CURRENT names (the promoted one).")
+    serving: bool = Field(description="True for the version this process answers with.")
+    card: dict[str, Any] = Field(description="The model card: data hash, metrics, feature schema, ...")
+
+
+class HardwareModelsPublic(BaseModel):
+    hardware_id: str
+    current: str | None
+    serving: str | None
+    versions: list[ModelVersionPublic]
+
+
+class ModelsPublic(BaseModel):
+    data: list[HardwareModelsPublic]
+    count: int
+
+
+class ReloadPublic(BaseModel):
+    outcomes: dict[str, str] = Field(
+        description="hardware id -> 'loaded V', 'unchanged V' or 'failed V: error'."
+    )
+    serving: dict[str, str]
+    last_reload_error: str | None
+
+
+# Health: liveness and readiness
+class HealthPublic(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyPublic(BaseModel):
+    ready: bool = Field(description="True when at least one model is loaded.")
+    serving: dict[str, str] = Field(description="hardware id -> version being served.")
+    default_hardware: str
+    last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")
+
+
+# Errors: every 4xx body
+class FieldErrorPublic(BaseModel):
+    loc: list[str | int] = Field(description="Where the bad value is, e.g. ['body', 'scenarios', 3, 'op'].")
+    field: str = Field(description="The same as a dotted path without 'body', e.g. 'scenarios.3.op'.")
+    input: Any = Field(description="The bad value (long values are shortened).")
+    msg: str
+    type: str
+    allowed: str | None = Field(description="What the field accepts.")
+
+
+class ValidationErrorPublic(BaseModel):
+    detail: list[FieldErrorPublic]
+
+
+class ErrorPublic(BaseModel):
+    detail: str
+
+
+class UnknownHardwarePublic(BaseModel):
+    detail: str
+    known_ids: list[str]
+
+
+def _num(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _allowed(info: FieldInfo) -> str:
+    """Describe what a field accepts from its annotation and constraints, e.g. 'an int in [1, 1048576]'."""
+    annotation, args = info.annotation, typing.get_args(info.annotation)
+    limits = {type(c): c for c in info.metadata}
+    if type(None) in args:
+        inner = next(a for a in args if a is not type(None))
+        return f"{_allowed(FieldInfo.from_annotation(inner))} or null"
+    if typing.get_origin(annotation) is Literal:
+        return f"one of {list(args)}"
+    if typing.get_origin(annotation) is list:
+        lo, hi = getattr(limits.get(MinLen), "min_length", 0), getattr(limits.get(MaxLen), "max_length", None)
+        count = f"{lo} to {hi}" if hi is not None else f"at least {lo}"
+        return f"a list of {count} items, each {_allowed(FieldInfo.from_annotation(args[0]))}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"a {annotation.__name__} object"
+    if Ge in limits and Le in limits:
+        kind = "an int" if annotation is int else "a number"
+        return f"{kind} in [{_num(limits[Ge].ge)}, {_num(limits[Le].le)}]"
+    pattern = next((c.pattern for c in info.metadata if getattr(c, "pattern", None)), None)
+    if pattern:
+        return f"a string matching {pattern}"
+    if annotation is str:
+        lo, hi = getattr(limits.get(MinLen), "min_length", 0), getattr(limits.get(MaxLen), "max_length", None)
+        return f"a string of {lo} to {hi} characters"
+    return "a JSON object" if typing.get_origin(annotation) is dict else str(annotation)
+
+
+ALLOWED: dict[str, str] = {
+    name: _allowed(info)
+    for model in (ScenarioIn, RecommendBatchRequest, ScoreRequest)
+    for name, info in model.model_fields.items()
+}
+"""Field name -> what it accepts; the field names are unique across the request schemas."""

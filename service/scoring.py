@@ -1,0 +1,163 @@
+"""Scoring a model config: its layers' communication + GEMM pairs, their schedules and projected savings.
+
+``POST /v1/score`` and ``ficco score`` both call :func:`score_model`. The model predicts a speedup over
+serial per pair; the time it saves needs a serial time, estimated here by the roofline of
+``features.vector`` (GEMM: max(FLOPs / peak, bytes / HBM bandwidth); communication: bytes / link
+bandwidth), so savings are projections, not measurements; the answer says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+
+from features import roofline_comm_us, roofline_gemm_us
+from features.model_config import LayerPair, ModelConfig, layer_pairs
+from service.core.store import ServedModel, resolve_hardware
+from service.engine import recommend_scenarios
+from service.errors import InvalidFieldsError, field_error
+from service.schemas import (
+    PairScore,
+    RecommendationPublic,
+    ScenarioIn,
+    ScenarioPublic,
+    ScorePublic,
+    ScoreRequest,
+    TokenScore,
+)
+
+ESTIMATE_NOTE = (
+    "serial_us is the roofline serial time of one call (features.roofline_gemm_us + roofline_comm_us), "
+    "not a measurement; predicted_us = serial_us / predicted_speedup; saved_us_per_step counts one "
+    "forward pass through num_hidden_layers layers, each like the layer scored."
+)
+
+
+MAX_LAYERS = 10_000
+"""Most ``num_hidden_layers`` accepted (the largest models have ~130)."""
+
+
+def parse_config(request: ScoreRequest) -> ModelConfig:
+    """The request's Hugging Face config as a ``ModelConfig``; InvalidFieldsError at ``config`` if bad."""
+    name = request.name or request.config.get("_name_or_path") or "model"
+    try:
+        config = ModelConfig.from_hf_dict(str(name), request.config)
+    except (ValueError, KeyError, TypeError) as err:
+        raise InvalidFieldsError([field_error(["body", "config"], request.config, str(err))]) from None
+    if config.num_hidden_layers > MAX_LAYERS:
+        raise InvalidFieldsError(
+            [
+                field_error(
+                    ["body", "config", "num_hidden_layers"],
+                    config.num_hidden_layers,
+                    f"num_hidden_layers must be at most {MAX_LAYERS}; got {config.num_hidden_layers}",
+                    allowed=f"an int in [1, {MAX_LAYERS}]",
+                )
+            ]
+        )
+    return config
+
+
+def _error_loc(message: str, request: ScoreRequest, i: int) -> tuple[list[str | int], object]:
+    """Which request field a ``layer_pairs`` error is about: the token count, tp, or the config."""
+    if message.startswith("tokens") or "Scenario.m " in message:
+        return ["body", "tokens", i], request.tokens[i]
+    if "Scenario.world_size" in message or "by tp=" in message or "of tp=" in message:
+        return ["body", "tp"], request.tp
+    return ["body", "config"], request.config
+
+
+def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> list[list[LayerPair]]:
+    """Each token count's layer pairs on the answering model's profile, or InvalidFieldsError."""
+    out, errors = [], []
+    for i, tokens in enumerate(request.tokens):
+        try:
+            out.append(
+                layer_pairs(config, tp=request.tp, tokens=tokens, dtype=request.dtype, hardware=model.profile)
+            )
+        except ValueError as err:
+            errors.append(field_error(*_error_loc(str(err), request, i), str(err)))
+    if errors:
+        raise InvalidFieldsError(errors)
+    return out
+
+
+def _fields(pair: LayerPair) -> dict[str, object]:
+    """The pair's scenario as plain fields, without the hardware profile."""
+    fields = pair.scenario.to_dict()
+    del fields["hardware"]
+    return fields
+
+
+def _item(pair: LayerPair, hardware: str) -> ScenarioIn:
+    try:
+        return ScenarioIn(**_fields(pair), hardware=hardware)
+    except ValidationError as err:
+        raise InvalidFieldsError([field_error(["body", "config"], pair.name, str(err))]) from None
+
+
+def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
+    s = pair.scenario
+    serial_us = roofline_gemm_us(s) + roofline_comm_us(s)
+    speedup = rec.predicted_speedup
+    predicted_us = serial_us / speedup if speedup else None
+    return PairScore(
+        name=pair.name,
+        per_layer=pair.per_layer,
+        scenario=ScenarioPublic(**_fields(pair)),
+        schedule=rec.schedule,
+        predicted_speedup=speedup,
+        fallback=rec.fallback,
+        fallback_reason=rec.fallback_reason,
+        serial_us=serial_us,
+        predicted_us=predicted_us,
+        saved_us_per_layer=None if predicted_us is None else (serial_us - predicted_us) * pair.per_layer,
+    )
+
+
+def _token_score(tokens: int, pairs: list[PairScore], layers: int) -> TokenScore:
+    serial = sum(p.serial_us * p.per_layer for p in pairs)
+    saved = sum(p.saved_us_per_layer or 0.0 for p in pairs)
+    return TokenScore(
+        tokens=tokens,
+        pairs=pairs,
+        serial_us_per_layer=serial,
+        saved_us_per_layer=saved,
+        saved_us_per_step=saved * layers,
+        saved_fraction=saved / serial if serial > 0 else 0.0,
+    )
+
+
+def score_model(
+    served: Mapping[str, ServedModel], request: ScoreRequest, *, default_hardware: str
+) -> ScorePublic:
+    """Score ``request``'s model config at each token count with the models in ``served``.
+
+    Raises ``InvalidFieldsError`` (bad config, or tp/tokens the layers cannot split),
+    ``UnknownHardwareError`` or ``NoModelError``.
+    """
+    hardware = request.hardware or default_hardware
+    config = parse_config(request)
+    resolution = resolve_hardware(served, hardware, request.tp)
+    per_tokens = _pairs(config, request, resolution.model)
+    items: list[ScenarioIn] = [_item(pair, hardware) for pairs in per_tokens for pair in pairs]
+    recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
+    data = [
+        _token_score(tokens, [_pair_score(pair, next(recs)) for pair in pairs], config.num_hidden_layers)
+        for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
+    ]
+    return ScorePublic(
+        model=config.name,
+        layers=config.num_hidden_layers,
+        tp=request.tp,
+        dtype=request.dtype,
+        model_version=resolution.model.version,
+        hardware_id=resolution.model.profile.id,
+        requested_hardware=resolution.requested,
+        hardware_substitution=resolution.substitution,
+        serial_time_estimate="roofline",
+        estimate_note=ESTIMATE_NOTE,
+        data=data,
+        count=len(data),
+    )

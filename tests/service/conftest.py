@@ -1,0 +1,159 @@
+"""Fixtures for the service tests: a session registry with a real small model, apps and clients over it.
+
+The model is trained with training's API on simulated times (``harness.sim``) of a few hundred h200x2
+scenarios, small enough to fit in about a second. Tests that change the registry (reload) get their own
+copy of it (``model_root``). Helpers reach tests as fixtures only, whatever pytest's import mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from features import Scenario, candidates, feature_matrix, get_hardware
+
+warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+from fastapi.testclient import TestClient  # noqa: E402  (after the filter: the import warns)
+
+from service.core.config import Settings  # noqa: E402
+from service.main import create_app  # noqa: E402
+
+HARDWARE = "h200x2"
+
+
+def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
+    """A ``training.table.ScheduleTable`` of ``n`` random dense scenarios timed by the simulator."""
+    from harness.sim import SimBackend
+    from training.model import SCHEDULES
+    from training.table import ScheduleTable
+
+    hw = get_hardware(hardware_id)
+    sim = SimBackend(hw)
+    rng = np.random.default_rng(seed)
+    scenarios, times = [], []
+    while len(scenarios) < n:
+        s = Scenario(
+            op=("ag_gemm", "gemm_rs")[int(rng.integers(2))],
+            m=2 * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
+            n=int(128 * rng.integers(4, 129)),
+            k=int(128 * rng.integers(4, 129)),
+            hardware=hw,
+        )
+        row = np.full(len(SCHEDULES), np.nan)
+        schedules = candidates(s)
+        row[[SCHEDULES.index(str(c)) for c in schedules]] = sim.schedule_ms(s, schedules)
+        scenarios.append(s)
+        times.append(row)
+    return ScheduleTable(
+        scenario_ids=np.asarray([s.key() for s in scenarios], dtype=object),
+        families=np.asarray(["grid"] * n, dtype=object),
+        scenarios=tuple(scenarios),
+        X=feature_matrix(scenarios),
+        times_ms=np.asarray(times),
+    )
+
+
+def train_version(root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True) -> str:
+    """Fit a small classifier and regressor on simulated times, register them under ``root``; the version."""
+    from training.fit import TrainConfig, fit_classifier, fit_regressor
+    from training.policy import DecisionPolicy
+    from training.registry import promote as promote_version
+    from training.registry import register
+
+    table = sim_table(hardware_id, seed=seed)
+    classifier = fit_classifier(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
+    regressor = fit_regressor(table, seed=seed, n_jobs=1)
+    version = register(
+        root,
+        hardware_id,
+        classifier=classifier,
+        regressor=regressor,
+        policy=DecisionPolicy(min_gain=0.01),
+        dataset_hash=f"sim{seed:013d}",
+        info={"hardware": get_hardware(hardware_id).to_dict(), "metrics": {"seed": seed}},
+    )
+    if promote:
+        promote_version(root, hardware_id, version)
+    return version
+
+
+def make_settings(root: Path, **overrides) -> Settings:
+    """Test settings: the given registry, no polling unless asked, no reload token unless given."""
+    return Settings(**{"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, **overrides})
+
+
+@contextlib.contextmanager
+def started(root: Path, **overrides) -> Iterator[TestClient]:
+    """A client of a started app (lifespan run) over registry ``root`` with ``make_settings`` overrides."""
+    with TestClient(create_app(make_settings(root, **overrides))) as client:
+        yield client
+
+
+def damage_model(version_dir: Path, how: str) -> None:
+    """Break a registered version: ``corrupt`` (a classifier file XGBoost cannot parse) or ``schema`` (a
+    card claiming a feature schema this code does not compute)."""
+    if how == "corrupt":
+        (version_dir / "model.ubj").write_bytes(b"not an xgboost model")
+        return
+    card_path = version_dir / "card.json"
+    card = json.loads(card_path.read_text())
+    card["feature_schema_version"] = "fv0"
+    card_path.write_text(json.dumps(card))
+
+
+@pytest.fixture(scope="session")
+def registry_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry with one promoted h200x2 model and a second, unpromoted h200x2 version."""
+    root = tmp_path_factory.mktemp("models")
+    train_version(root, HARDWARE, seed=0)
+    train_version(root, HARDWARE, seed=1, promote=False)
+    return root
+
+
+@pytest.fixture
+def model_root(registry_root: Path, tmp_path: Path) -> Path:
+    """A private copy of the session registry, for tests that change it."""
+    return Path(shutil.copytree(registry_root, tmp_path / "models"))
+
+
+@pytest.fixture(scope="session")
+def train() -> Callable[..., str]:
+    """``train(root, hardware_id, seed=0, promote=True)``: register a small model; see ``train_version``."""
+    return train_version
+
+
+@pytest.fixture(scope="session")
+def damage() -> Callable[[Path, str], None]:
+    """``damage(version_dir, "corrupt" | "schema")``: see ``damage_model``."""
+    return damage_model
+
+
+@pytest.fixture(scope="session")
+def settings_for() -> Callable[..., Settings]:
+    """``settings_for(root, **overrides)``: test settings; see ``make_settings``."""
+    return make_settings
+
+
+@pytest.fixture(scope="session")
+def start():
+    """``start(root, **settings)``: a context manager giving a client of a started app (see ``started``)."""
+    return started
+
+
+@pytest.fixture(scope="session")
+def session_client(registry_root: Path) -> Iterator[TestClient]:
+    """One started app over the session registry, for read-only tests (batch limit 50, to test it cheaply)."""
+    with started(registry_root, MAX_BATCH=50) as client:
+        yield client
+
+
+@pytest.fixture
+def client(session_client: TestClient) -> TestClient:
+    return session_client

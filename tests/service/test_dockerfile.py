@@ -1,0 +1,122 @@
+"""The Dockerfile, read statically (no Docker engine here): sources exist, the command, no torch, non-root."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+from ficco.cli import COMMAND_MODULES
+from service.commands import SERVE_COMMAND
+from service.core.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in _instructions():
+        if instruction[0] == "FROM":
+            stages.append([])
+        stages[-1].append(instruction)
+    return stages
+
+
+def _dockerignore() -> tuple[list[str], list[str]]:
+    """(excluded patterns, re-included paths) of .dockerignore."""
+    lines = [x.strip() for x in (ROOT / ".dockerignore").read_text().splitlines()]
+    lines = [x for x in lines if x and not x.startswith("#")]
+    return [x for x in lines if not x.startswith("!")], [x[1:] for x in lines if x.startswith("!")]
+
+
+def _in_context(path: str) -> bool:
+    """Whether ``path`` (relative to the repo) is in the build context under .dockerignore's rules."""
+    excluded, included = _dockerignore()
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = any(fnmatch.fnmatch(p, pattern) for pattern in excluded for p in prefixes)
+    return not ignored or any(p == inc or p.startswith(inc + "/") for inc in included for p in [path])
+
+
+def test_dockerfile_is_multi_stage_slim_python():
+    froms = [args for word, args in _instructions() if word == "FROM"]
+    assert len(froms) >= 2
+    assert all(f.split()[0] == "python:3.11-slim" for f in froms)
+
+
+def test_dockerfile_copy_sources_exist():
+    for stage in _stages():
+        for word, args in stage:
+            if word != "COPY" or "--from=" in args:
+                continue
+            *sources, _dest = [a for a in shlex.split(args) if not a.startswith("--")]
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY source {source} does not exist"
+
+
+def test_build_context_holds_what_the_image_needs():
+    packages = sorted(
+        {name.split(".")[0] for name in COMMAND_MODULES} | {"features", "ficco", "service", "training"}
+    )
+    hw = Settings().DEFAULT_HARDWARE
+    for path in ["pyproject.toml", "README.md", *packages, f"datasets/{hw}", "models"]:
+        assert _in_context(path), f"{path} is excluded from the build context by .dockerignore"
+    for path in ["pyproject.toml", "README.md", *packages]:
+        assert (ROOT / path).exists(), f"{path} is needed by the image but missing from the repository"
+    assert not _in_context(".venv") and not _in_context("tests")
+
+
+def test_build_has_a_default_model_or_the_dataset_to_train_it():
+    hw = Settings().DEFAULT_HARDWARE
+    shipped_model = (ROOT / "models" / hw / "CURRENT").is_file()
+    shipped_dataset = (ROOT / "datasets" / hw / "manifest.json").is_file()
+    assert shipped_model or shipped_dataset, (
+        f"the image's builder needs models/{hw}/CURRENT or datasets/{hw}/manifest.json in the repository"
+    )
+
+
+def test_dockerfile_runs_documented_command_as_non_root_with_healthcheck():
+    final = _stages()[-1]
+    cmd = [args for word, args in final if word == "CMD"]
+    assert [json.loads(c) for c in cmd] == [list(SERVE_COMMAND)]
+    assert " ".join(SERVE_COMMAND) in (ROOT / "service" / "commands.py").read_text()
+    assert not [args for word, args in final if word == "ENTRYPOINT"]
+    users = [args for word, args in final if word == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    healthcheck = " ".join(args for word, args in final if word == "HEALTHCHECK")
+    assert "/healthz" in healthcheck and "8000" in healthcheck
+
+
+def test_dockerfile_installs_service_extra_without_torch():
+    runs = " ".join(args for word, args in _instructions() if word == "RUN")
+    assert "torch" not in runs.lower()
+    installs = re.findall(r"pip install (\S+)", runs)
+    assert installs == ['".[service]"']
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo, seen = ["service"], set()
+    requirements = list(extras["dependencies"])
+    while todo:
+        extra = todo.pop()
+        seen.add(extra)
+        for req in extras["optional-dependencies"][extra]:
+            nested = re.fullmatch(r"ficco\[(\w+)\]", req)
+            if nested and nested.group(1) not in seen:
+                todo.append(nested.group(1))
+            elif not nested:
+                requirements.append(req)
+    assert not [r for r in requirements if r.lower().startswith("torch")], requirements

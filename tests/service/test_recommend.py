@@ -1,0 +1,217 @@
+"""POST /v1/recommend and /v1/recommend/batch: answers, 422s, unknown hardware, body and batch limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
+from service.schemas import ALLOWED
+
+GOOD = {"op": "ag_gemm", "m": 8192, "n": 14336, "k": 4096}
+
+
+def _one_error(response, field: str) -> dict:
+    assert response.status_code == 422, response.text
+    errors = {e["field"]: e for e in response.json()["detail"]}
+    assert field in errors, errors
+    return errors[field]
+
+
+def test_recommend_returns_valid_schedule(client):
+    response = client.post("/v1/recommend", json=GOOD)
+    assert response.status_code == 200
+    body = response.json()
+    valid = {str(s) for s in candidates(Scenario(**GOOD, hardware=get_hardware("h200x2")))}
+    assert body["schedule"] in valid
+    assert set(body["probabilities"]) <= valid
+    assert sum(body["probabilities"].values()) == pytest.approx(1.0)
+    assert body["model_version"] == client.get("/readyz").json()["serving"]["h200x2"]
+    assert body["hardware_id"] == body["requested_hardware"] == "h200x2"
+    assert body["hardware_substitution"] is None
+    assert body["fallback"] is (body["fallback_reason"] is not None)
+
+
+def test_recommend_same_answer_twice(client):
+    first = client.post("/v1/recommend", json=GOOD).json()
+    assert client.post("/v1/recommend", json=GOOD).json() == first
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("op", "all_gather", "one of ['ag_gemm', 'gemm_rs', 'a2a_gemm', 'gemm_a2a']"),
+        ("m", 0, "an int in [1, 1048576]"),
+        ("n", 2**21, "an int in [1, 1048576]"),
+        ("k", 4096.0, "an int in [1, 1048576]"),
+        ("k", "4096", "an int in [1, 1048576]"),
+        ("dtype", "fp8", "one of ['bf16', 'fp16', 'fp32']"),
+        ("world_size", 9, "an int in [2, 8]"),
+        ("world_size", True, "an int in [2, 8]"),
+        ("imbalance", 0.5, "a number in [1, 8]"),
+        ("hardware", "h200 x2", "a string matching ^[A-Za-z0-9_-]{1,64}$ or null"),
+    ],
+)
+def test_recommend_bad_field_names_field_value_allowed(client, field, value, allowed):
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, field: value}), field)
+    assert error["input"] == value
+    assert error["allowed"] == allowed
+    assert error["loc"] == ["body", field]
+    assert error["msg"]
+
+
+def test_recommend_missing_field_is_422(client):
+    body = dict(GOOD)
+    del body["k"]
+    error = _one_error(client.post("/v1/recommend", json=body), "k")
+    assert error["type"] == "missing"
+    assert error["allowed"] == ALLOWED["k"]
+
+
+def test_recommend_unknown_field_lists_allowed_fields(client):
+    response = client.post("/v1/recommend", json={**GOOD, "tokens": 3})
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert (
+        "'tokens'" in error["msg"] and "allowed fields are" in error["msg"] and "'world_size'" in error["msg"]
+    )
+
+
+def test_recommend_indivisible_m_is_422_at_m(client):
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, "m": 8191}), "m")
+    assert error["input"] == 8191
+    assert "divisible by world_size=2" in error["msg"]
+
+
+def test_recommend_world_size_over_gpu_count_is_422(client):
+    error = _one_error(
+        client.post("/v1/recommend", json={**GOOD, "world_size": 4, "hardware": "h200x2"}), "world_size"
+    )
+    assert "gpu_count=2" in error["msg"]
+
+
+def test_recommend_moe_rules_are_422(client):
+    moe = {"op": "a2a_gemm", "m": 4096, "n": 2048, "k": 4096, "experts": 7, "top_k": 2}
+    error = _one_error(client.post("/v1/recommend", json=moe), "experts")
+    assert "multiple of world_size=2" in error["msg"]
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, "experts": 8}), "experts")
+    assert "applies only to MoE ops" in error["msg"]
+
+
+def test_recommend_nan_imbalance_is_422_not_500(client):
+    body = json.dumps({**GOOD, "op": "a2a_gemm", "experts": 8, "top_k": 2, "imbalance": float("nan")})
+    response = client.post("/v1/recommend", content=body, headers={"content-type": "application/json"})
+    error = _one_error(response, "imbalance")
+    assert error["input"] == "nan"
+
+
+def test_recommend_malformed_json_is_422(client):
+    response = client.post("/v1/recommend", content=b'{"op": ', headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_recommend_unknown_hardware_is_404_with_known_ids(client):
+    response = client.post("/v1/recommend", json={**GOOD, "hardware": "a100x8"})
+    assert response.status_code == 404
+    body = response.json()
+    assert body["known_ids"] == sorted(KNOWN_HARDWARE)
+    assert "a100x8" in body["detail"]
+
+
+def test_recommend_other_die_without_model_is_404(client):
+    response = client.post("/v1/recommend", json={**GOOD, "hardware": "mi300xx8"})
+    assert response.status_code == 404
+    assert "no model is loaded for hardware 'mi300xx8'" in response.json()["detail"]
+
+
+def test_recommend_same_die_hardware_is_substituted_and_says_why(client):
+    exact = client.post("/v1/recommend", json=GOOD).json()
+    body = client.post("/v1/recommend", json={**GOOD, "hardware": "h100x8"}).json()
+    assert body["requested_hardware"] == "h100x8"
+    assert body["hardware_id"] == "h200x2"
+    assert "answered with the 'h200x2' model" in body["hardware_substitution"]
+    assert "world_size=2 fits its 2 GPUs" in body["hardware_substitution"]
+    assert body["schedule"] == exact["schedule"]
+
+
+def test_recommend_substitution_needs_enough_gpus(client):
+    response = client.post("/v1/recommend", json={**GOOD, "hardware": "h200x8", "world_size": 8})
+    assert response.status_code == 404
+    assert "at least world_size=8 GPUs" in response.json()["detail"]
+
+
+def test_recommend_body_over_limit_is_413(client):
+    limit = client.app.state.settings.MAX_BODY_BYTES
+    response = client.post(
+        "/v1/recommend", content=b" " * (limit + 1), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert f"limit of {limit} bytes" in response.json()["detail"]
+
+
+def test_recommend_streamed_body_over_limit_is_413(client):
+    limit = client.app.state.settings.MAX_BODY_BYTES
+    chunks = (b" " * (64 * 1024) for _ in range(limit // (64 * 1024) + 2))  # no Content-Length: chunked
+    response = client.post("/v1/recommend", content=chunks, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_recommend_batch_equals_one_by_one(registry_root, start):
+    scenarios = [
+        GOOD,
+        {"op": "gemm_rs", "m": 2048, "n": 4096, "k": 1792, "dtype": "fp16"},
+        {"op": "ag_gemm", "m": 512, "n": 1024, "k": 8192, "hardware": "h100x4"},
+        {"op": "a2a_gemm", "m": 1024, "n": 4096, "k": 4096, "experts": 8, "top_k": 2, "imbalance": 1.5},
+        {"op": "gemm_rs", "m": 98304, "n": 8192, "k": 3584, "dtype": "fp32"},
+    ]
+    with start(registry_root, CACHE_SIZE=0) as client:  # no cache: every answer is computed afresh
+        batch = client.post("/v1/recommend/batch", json={"scenarios": scenarios})
+        one_by_one = [client.post("/v1/recommend", json=s).json() for s in scenarios]
+    assert batch.status_code == 200
+    assert batch.json()["count"] == len(scenarios)
+    assert batch.json()["data"] == one_by_one
+
+
+def test_recommend_batch_over_limit_is_422(client):
+    limit = client.app.state.settings.MAX_BATCH
+    response = client.post("/v1/recommend/batch", json={"scenarios": [GOOD] * (limit + 1)})
+    error = _one_error(response, "scenarios")
+    assert error["input"] == limit + 1
+    assert f"at most {limit} scenarios" in error["msg"]
+
+
+def test_recommend_batch_names_every_bad_item(client):
+    scenarios = [GOOD, {**GOOD, "m": 8191}, GOOD, {**GOOD, "op": "nope"}]
+    response = client.post("/v1/recommend/batch", json={"scenarios": scenarios})
+    assert response.status_code == 422
+    fields = {e["field"] for e in response.json()["detail"]}
+    assert "scenarios.3.op" in fields
+    response = client.post("/v1/recommend/batch", json={"scenarios": scenarios[:3]})
+    assert [e["field"] for e in response.json()["detail"]] == ["scenarios.1.m"]
+
+
+def test_recommend_batch_unknown_hardware_names_item(client):
+    response = client.post("/v1/recommend/batch", json={"scenarios": [GOOD, {**GOOD, "hardware": "tpu"}]})
+    assert response.status_code == 404
+    assert response.json()["detail"].startswith("scenarios.1: unknown hardware id 'tpu'")
+
+
+def test_default_limits_fit_a_full_batch():
+    from service.core.config import Settings
+
+    settings = Settings()
+    widest = {
+        **GOOD,
+        "op": "gemm_a2a",
+        "m": 1048576,
+        "dtype": "bf16",
+        "world_size": 8,
+        "hardware": "h200x8",
+        "experts": 1024,
+        "top_k": 1024,
+        "imbalance": 7.123456789,
+    }
+    body = json.dumps({"scenarios": [widest] * settings.MAX_BATCH})
+    assert len(body) <= settings.MAX_BODY_BYTES
