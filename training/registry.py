@@ -102,6 +102,7 @@ def register(
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=hw_dir))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a service running as another user must read it
         classifier.save_model(tmp / MODEL_FILE)
         regressor.save_model(tmp / SPEEDUP_FILE)
         (tmp / CARD_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
@@ -122,6 +123,7 @@ def promote(root: str | Path, hardware_id: str, version: str) -> None:
         )
     fd, tmp = tempfile.mkstemp(prefix=f".{CURRENT_FILE}-", dir=hw_dir)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private, like the version folder above
         with os.fdopen(fd, "w") as f:
             f.write(version + "\n")
             f.flush()

@@ -72,6 +72,15 @@ def test_promote_makes_current_and_loads_by_default(tmp_path, trained):
         promote(tmp_path, "h200x2", "nope")
 
 
+def test_registered_files_are_readable_by_other_users(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    promote(tmp_path, "h200x2", version)
+    paths = [tmp_path / "h200x2" / "CURRENT", tmp_path / "h200x2" / version]
+    paths += list((tmp_path / "h200x2" / version).iterdir())
+    for path in paths:
+        assert path.stat().st_mode & 0o004, f"{path} is not world-readable"
+
+
 def test_promote_is_atomic_when_the_rename_fails(tmp_path, trained, monkeypatch):
     old = _register(tmp_path, trained)
     new = _register(tmp_path, trained)
