@@ -128,7 +128,7 @@ def train_command(
     jobs: JobsOption = 1,
 ) -> None:
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and
-    register the model as models/<hardware_id>/<UTC time>-<dataset hash>/ (card.json holds the metrics)."""
+    register the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from training import registry as reg
     from training.train import register_trained, train_model
 
