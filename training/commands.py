@@ -127,8 +127,8 @@ def train_command(
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
-    """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and
-    register the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
+    """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
+    the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from training import registry as reg
     from training.train import register_trained, train_model
 
