@@ -35,12 +35,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(
-    {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-)
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
+
+from harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+
+# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
+os.environ.update(SAFE_ENV)
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B", "Mixtral-8x7B-v0.1", "Qwen2.5-72B")
 """Model configs (``datasets/model_configs/<name>.json``) whose TP=2 layers give the shapes."""

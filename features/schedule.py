@@ -87,11 +87,6 @@ class Schedule:
         """True when communication and GEMM run concurrently (everything but ``serial``)."""
         return self.granularity != "serial"
 
-    @property
-    def chunks_per_rank(self) -> int:
-        """Communication pieces per rank's shard: 1 for serial and shard, ``splits`` for finer."""
-        return self.splits
-
     def __str__(self) -> str:
         parts = [self.granularity, self.executor]
         if self.granularity == "finer":

@@ -75,7 +75,7 @@ def _tokens(value: str) -> list[int]:
     return tokens
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
     if shutil.which("nvidia-smi") is None:
         return 0
@@ -208,7 +208,7 @@ def bench(
             flush_seconds=flush_seconds,
         )
     else:
-        _run_torchrun(
+        run_torchrun(
             plan,
             out,
             backend=backend,
@@ -366,7 +366,7 @@ def torchrun_command(
 def _process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
     """Processes to launch: ``--nproc``, else the detected GPUs (gpu) or ``--tp`` (gloo); must equal tp."""
     if backend is BenchBackend.gpu:
-        found = _gpu_count()
+        found = gpu_count()
         nproc = nproc or found
         if found < max(nproc, 2):
             raise fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
@@ -379,7 +379,7 @@ def _process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
     return nproc
 
 
-def _run_torchrun(
+def run_torchrun(
     plan: Plan,
     out: Path,
     *,

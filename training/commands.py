@@ -247,7 +247,7 @@ def retrain_command(
     with the current model on the new data, register it and promote it only if it is better."""
     from features import get_hardware
     from features.model_config import load_model_configs
-    from harness.commands import _gpu_count
+    from harness.commands import gpu_count
     from harness.plan import plan_scenarios
     from training.registry import ModelLoadError, load_predictor
     from training.retrain import informative_subset, retrain
@@ -258,7 +258,7 @@ def retrain_command(
     except ValueError as err:
         raise fail(f"--hardware/--tokens: {err}") from None
     if backend is RetrainBackend.auto:
-        backend = RetrainBackend.gpu if _gpu_count() >= 2 else RetrainBackend.sim
+        backend = RetrainBackend.gpu if gpu_count() >= 2 else RetrainBackend.sim
     tp = tp or hw.gpu_count
     root = _registry(registry)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -314,9 +314,9 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from harness.commands import BenchBackend, _run_torchrun
+        from harness.commands import BenchBackend, run_torchrun
 
-        _run_torchrun(plan, out, BenchBackend.gpu, tp, None, 3, 20, 0, 10.0)
+        run_torchrun(plan, out, BenchBackend.gpu, tp, None, 3, 20, 0, 10.0)
 
     return measure
 

@@ -136,7 +136,7 @@ def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
 def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
-    monkeypatch.setattr("harness.commands._gpu_count", lambda: 0)
+    monkeypatch.setattr("harness.commands.gpu_count", lambda: 0)
     result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
     assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
 
