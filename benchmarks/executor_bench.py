@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
 
-from harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -101,7 +101,7 @@ class Shape:
 
 def layer_shapes(world_size: int) -> list[Shape]:
     """Deduplicated ag_gemm / gemm_rs shapes of ``MODELS`` at TP=world_size over ``TOKENS``."""
-    from features.model_config import layer_pairs, load_model_config
+    from ficco.features.model_config import layer_pairs, load_model_config
 
     found: dict[tuple, list[str]] = {}
     for name in MODELS:
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Bandwidth sweep, then every shape within the budget; rank 0 saves after each step. Returns how
     many schedules failed plus how many baselines or bandwidth rows are missing."""
-    from features import candidates
-    from harness.torch_backend import TorchBackend
+    from ficco.features import candidates
+    from ficco.harness.torch_backend import TorchBackend
 
     start = time.perf_counter()
     device = "cpu" if args.cpu_dry_run else "cuda"
@@ -292,7 +292,7 @@ def measure_bandwidth(backend, sizes_mib: tuple[int, ...]) -> list[dict]:
 def _bandwidth_row(backend, mib: int) -> dict:
     import torch
 
-    import executor
+    from ficco import executor
 
     rows = mib * (1 << 20) // ((backend.world_size - 1) * BANDWIDTH_WIDTH * 2)
     shard = torch.randn(rows, BANDWIDTH_WIDTH, dtype=torch.bfloat16, device=backend.device)
@@ -404,7 +404,7 @@ def _agreed(go: bool, device) -> bool:
 
 
 def _scenario(shape: Shape, world_size: int):
-    from features import Scenario, get_hardware
+    from ficco.features import Scenario, get_hardware
 
     hardware = get_hardware(f"h200x{max(2, world_size)}")
     return Scenario(

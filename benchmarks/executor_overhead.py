@@ -107,8 +107,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    import executor
-    import executor.ops
+    from ficco import executor
 
     cuda = args.device == "cuda"
     if cuda:

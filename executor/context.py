@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-
-from executor.lanes import DeviceLanes, HostLanes
-from executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
-from executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.executor.lanes import DeviceLanes, HostLanes
+from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
+from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 
 BARRIER_TIMEOUT_MS = 120_000
 """Device barriers of the copy-engine executor give up (and trap, ending the process loudly instead of

@@ -11,8 +11,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-
-from executor.checks import (
+from ficco.executor.checks import (
     as_schedule,
     check_all_gather_matmul,
     check_matmul_reduce_scatter,
@@ -20,11 +19,11 @@ from executor.checks import (
     check_world_size,
     shape_str,
 )
-from executor.context import GroupContext, get_context
-from executor.pipeline import run_pipeline
-from executor.plan import Plan, Unit, make_plan
-from executor.transport import PeerCopyTransport, PointToPointTransport
-from features.schedule import Schedule
+from ficco.executor.context import GroupContext, get_context
+from ficco.executor.pipeline import run_pipeline
+from ficco.executor.plan import Plan, Unit, make_plan
+from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.features.schedule import Schedule
 
 # torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from executor.plan import Plan, Unit
-from executor.transport import Transport
+from ficco.executor.plan import Plan, Unit
+from ficco.executor.transport import Transport
 
 Compute = Callable[[torch.Tensor, Unit], None]
 """A GEMM closure: ``compute(rows, unit)``. gather: ``rows`` holds the unit's rows of the gathered A;

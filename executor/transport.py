@@ -25,10 +25,9 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-
-from executor.lanes import DeviceLanes, HostLanes
-from executor.peer_memory import Workspace
-from executor.plan import Piece, Plan, Unit, shard_rows_of, sub_rows_of
+from ficco.executor.lanes import DeviceLanes, HostLanes
+from ficco.executor.peer_memory import Workspace
+from ficco.executor.plan import Piece, Plan, Unit, shard_rows_of, sub_rows_of
 
 
 class Transport(Protocol):

@@ -3,10 +3,10 @@
 Imports with nothing but the standard library and numpy: it runs on the GPU machine's image as well.
 """
 
-from features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
-from features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
-from features.schedule import SERIAL, Schedule, all_schedules, candidates
-from features.vector import (
+from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
+from ficco.features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
+from ficco.features.schedule import SERIAL, Schedule, all_schedules, candidates
+from ficco.features.vector import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
     feature_dict,

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from features._validate import check_float, check_int, check_keys
+from ficco.features._validate import check_float, check_int, check_keys
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from features.hardware import HardwareProfile, get_hardware
-from features.scenario import Scenario
+from ficco.features.hardware import HardwareProfile, get_hardware
+from ficco.features.scenario import Scenario
 
 _SHAPE_KEYS = (
     "hidden_size",

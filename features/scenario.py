@@ -30,8 +30,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from features._validate import check_choice, check_float, check_int, check_keys
-from features.hardware import HardwareProfile, get_hardware
+from ficco.features._validate import check_choice, check_float, check_int, check_keys
+from ficco.features.hardware import HardwareProfile, get_hardware
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
 DType = Literal["bf16", "fp16", "fp32"]

@@ -23,10 +23,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from features._validate import check_choice, check_keys
+from ficco.features._validate import check_choice, check_keys
 
 if TYPE_CHECKING:
-    from features.scenario import Scenario
+    from ficco.features.scenario import Scenario
 
 Granularity = Literal["serial", "shard", "finer"]
 Executor = Literal["sm", "dma"]

@@ -11,9 +11,8 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-
-from features.scenario import MOE_OPS, OPS, Scenario
-from features.schedule import FINER_SPLITS
+from ficco.features.scenario import MOE_OPS, OPS, Scenario
+from ficco.features.schedule import FINER_SPLITS
 
 FEATURE_SCHEMA_VERSION = "fv1"
 

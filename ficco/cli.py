@@ -22,7 +22,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES: tuple[str, ...] = ("harness.commands", "training.commands", "service.commands")
+COMMAND_MODULES: tuple[str, ...] = (
+    "ficco.harness.commands",
+    "ficco.training.commands",
+    "ficco.service.commands",
+)
 """Modules with a ``register(app)`` function that adds their subcommands, in help order."""
 
 
@@ -38,8 +42,8 @@ for _name in COMMAND_MODULES:
 @app.command("version")
 def version() -> None:
     """Print the ficco version and the feature-schema version."""
-    from features import FEATURE_SCHEMA_VERSION
     from ficco import __version__
+    from ficco.features import FEATURE_SCHEMA_VERSION
 
     typer.echo(f"ficco {__version__} (feature schema {FEATURE_SCHEMA_VERSION})")
 

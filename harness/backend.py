@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from features import Scenario, Schedule
+from ficco.features import Scenario, Schedule
 
 BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")
 """Per-scenario reference timings every ``ScenarioResult.baselines`` carries (NaN when not measured)."""

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from features import Schedule
-from harness.dataset import (
+from ficco.features import Schedule
+from ficco.harness.dataset import (
     PLAN,
     dataset_hardware,
     dataset_hash,
@@ -251,7 +250,7 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
 
 
 def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) -> str:
-    from harness.sim import agreement, calibrate
+    from ficco.harness.sim import agreement, calibrate
 
     hardware = dataset_hardware(directory)
     ids = df["scenario_id"].drop_duplicates().to_numpy()

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 from ficco.errors import fail
-from harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 if TYPE_CHECKING:
-    from features import HardwareProfile
-    from harness.plan import Plan
+    from ficco.features import HardwareProfile
+    from ficco.harness.plan import Plan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,7 @@ def _check_range(option: str, value: float, lo: float, hi: float) -> None:
 
 def _hardware(value: str) -> HardwareProfile:
     """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
-    from features import HardwareProfile, get_hardware
+    from ficco.features import HardwareProfile, get_hardware
 
     try:
         if value.endswith(".json"):
@@ -185,7 +185,7 @@ def bench(
     )
     _check_fresh_or_resume(out, resume)
 
-    from harness.plan import estimate_sweep
+    from ficco.harness.plan import estimate_sweep
 
     estimate = estimate_sweep(plan, hw, warmup=warmup, reps=reps, remeasure=remeasure)
     plan = dataclasses.replace(
@@ -266,8 +266,8 @@ def _build_plan(
     limit: int,
 ) -> Plan:
     """The plan of ``configs`` (its first ``limit`` scenarios when ``limit`` > 0)."""
-    from features.model_config import load_model_configs
-    from harness.plan import plan_scenarios
+    from ficco.features.model_config import load_model_configs
+    from ficco.harness.plan import plan_scenarios
 
     try:
         plan = plan_scenarios(
@@ -293,7 +293,7 @@ def _build_plan(
 
 def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     """Refuse to add to an existing dataset unless ``--resume`` was given."""
-    from harness.dataset import read_manifest
+    from ficco.harness.dataset import read_manifest
 
     try:
         existing = read_manifest(out)
@@ -317,9 +317,9 @@ def _run_sim(
     flush_seconds: float,
 ) -> None:
     """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
-    from harness.dataset import dataset_hardware, load_dataset
-    from harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
-    from harness.sweep import run_sweep
+    from ficco.harness.dataset import dataset_hardware, load_dataset
+    from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
+    from ficco.harness.sweep import run_sweep
 
     constants = DEFAULT_CONSTANTS
     if calibrate_from is not None:
@@ -338,10 +338,10 @@ def _run_sim(
 def torchrun_command(
     out: Path, *, nproc: int, device: str, warmup: int, reps: int, remeasure: int, flush_seconds: float
 ) -> list[str]:
-    """The ``python -m torch.distributed.run`` command running ``harness.worker`` on ``nproc`` ranks."""
-    from harness.dataset import PLAN
+    """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks."""
+    from ficco.harness.dataset import PLAN
 
-    worker = ["-m", "harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
+    worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
     settings = [
         "--warmup",
         str(warmup),
@@ -391,9 +391,9 @@ def run_torchrun(
     remeasure: int,
     flush_seconds: float,
 ) -> None:
-    """Write the plan file and sweep it with one ``harness.worker`` process per rank under torchrun."""
-    from harness.dataset import PLAN, write_json_atomic
-    from harness.worker import SAFE_ENV
+    """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun."""
+    from ficco.harness.dataset import PLAN, write_json_atomic
+    from ficco.harness.worker import SAFE_ENV
 
     nproc = _process_count(backend, tp, nproc)
     out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def run_torchrun(
 
 
 def _write_card(out: Path) -> None:
-    from harness.card import write_card
+    from ficco.harness.card import write_card
 
     try:
         path = write_card(out)

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features import HardwareProfile, Scenario
-from harness.backend import BASELINE_KEYS, ScenarioResult
+from ficco.features import HardwareProfile, Scenario
+from ficco.harness.backend import BASELINE_KEYS, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd

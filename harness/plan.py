@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
-from features.model_config import ModelConfig, layer_pairs
-from harness.sim import SimBackend
+from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from ficco.features.model_config import ModelConfig, layer_pairs
+from ficco.harness.sim import SimBackend
 
 DEFAULT_TOKENS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Token counts per layer call (sequence x micro-batch), 1k to 64k."""

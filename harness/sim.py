@@ -36,9 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from features import MOE_OPS, HardwareProfile, Scenario, Schedule
-from harness.backend import Measurement, ScenarioResult
+from ficco.features import MOE_OPS, HardwareProfile, Scenario, Schedule
+from ficco.harness.backend import Measurement, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -509,7 +508,7 @@ def calibrate(
     ``prior_weight`` towards ``start`` keeps constants the data do not determine (say, NCCL contention in
     a copy-engine-only dataset) where they were. Returns the fitted constants (4 significant digits).
     """
-    from harness.dataset import scenario_from_row
+    from ficco.harness.dataset import scenario_from_row
 
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
     if ok.empty:
@@ -603,7 +602,7 @@ def agreement(
     """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
     measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
     best (near-ties count). NaN for a dataset without labels."""
-    from harness.dataset import label_table, scenario_from_row
+    from ficco.harness.dataset import label_table, scenario_from_row
 
     labels = label_table(df).set_index("scenario_id")
     if labels.empty:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from features import Scenario, get_hardware
-from harness.backend import Measurement, ScenarioResult
-from harness.dataset import result_rows, rows_frame
+from ficco.features import Scenario, get_hardware
+from ficco.harness.backend import Measurement, ScenarioResult
+from ficco.harness.dataset import result_rows, rows_frame
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features import HardwareProfile, Scenario, candidates
-from harness.backend import Backend, Measurement, ScenarioResult
-from harness.dataset import (
+from ficco.features import HardwareProfile, Scenario, candidates
+from ficco.harness.backend import Backend, Measurement, ScenarioResult
+from ficco.harness.dataset import (
     FORMAT,
     MANIFEST,
     NOISE,
@@ -38,8 +38,8 @@ from harness.dataset import (
     rows_frame,
     write_json_atomic,
 )
-from harness.fingerprint import fingerprint_differences
-from harness.plan import Plan
+from ficco.harness.fingerprint import fingerprint_differences
+from ficco.harness.plan import Plan
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -24,8 +24,8 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from features import SERIAL, Scenario, Schedule
-from harness.backend import BASELINE_KEYS, Measurement, ScenarioResult
+from ficco.features import SERIAL, Scenario, Schedule
+from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +66,7 @@ class TorchBackend:
         import torch
         import torch.distributed as dist
 
-        import executor
+        from ficco import executor
 
         if device not in ("cuda", "cpu"):
             raise ValueError(f"TorchBackend.device must be one of ['cuda', 'cpu']; got {device!r}")
@@ -92,7 +92,7 @@ class TorchBackend:
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
         """Check and time every schedule on ``scenario`` (collective; see the module docstring)."""
-        import executor
+        from ficco import executor
 
         if scenario.world_size != self.world_size:
             raise ValueError(
@@ -115,7 +115,7 @@ class TorchBackend:
 
     def fingerprint(self) -> dict:
         """GPU, driver, CUDA, torch, NCCL and interconnect (``gpu``), or CPU model and torch (``gloo``)."""
-        from harness.fingerprint import cpu_fingerprint, gpu_fingerprint
+        from ficco.harness.fingerprint import cpu_fingerprint, gpu_fingerprint
 
         return gpu_fingerprint(self.world_size) if self.name == "gpu" else cpu_fingerprint(self.world_size)
 
@@ -123,7 +123,7 @@ class TorchBackend:
 
     def _measure_schedule(self, case: _Case, schedule: Schedule) -> Measurement:
         """Check ``schedule`` against the reference, then time it; a failure anywhere fails it everywhere."""
-        import executor
+        from ficco import executor
 
         error = ""
         try:
@@ -147,7 +147,7 @@ class TorchBackend:
 
     def _baselines(self, case: _Case) -> dict[str, float]:
         """Median ms of the GEMM alone, each collective alone and async-TP (NaN where not measurable)."""
-        import executor
+        from ficco import executor
 
         op = case.scenario.op
         comm_input = case.a if op == "ag_gemm" else case.partial
@@ -236,9 +236,9 @@ class _Case:
 
     def __init__(self, scenario: Scenario, device: torch.device, seed: int) -> None:
         import torch
+        from ficco.executor.checks import DTYPES
 
-        import executor
-        from executor.checks import DTYPES
+        from ficco import executor
 
         dtype = {name: d for d, name in DTYPES.items()}[scenario.dtype]
         s, w = scenario, scenario.world_size

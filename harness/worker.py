@@ -1,6 +1,7 @@
 """The torchrun entry point of ``ficco bench --backend gpu|gloo``: one process per rank.
 
-    torchrun --standalone --nproc-per-node 2 -m harness.worker --plan DIR/plan.json --out DIR --device cuda
+    torchrun --standalone --nproc-per-node 2 -m ficco.harness.worker \
+        --plan DIR/plan.json --out DIR --device cuda
 
 Every rank builds the executor-backed ``TorchBackend`` and runs the same ``run_sweep``; rank 0 writes the
 dataset. ``ficco bench`` writes the plan file and launches this for you.
@@ -18,7 +19,7 @@ support it reliably, and the executor's copy-engine path does not need it."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m harness.worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ficco.harness.worker", description=__doc__.splitlines()[0])
     p.add_argument("--plan", type=Path, required=True, help="plan.json written by `ficco bench`")
     p.add_argument("--out", type=Path, required=True, help="dataset directory (rank 0 writes it)")
     p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="cuda (NCCL) or cpu (gloo)")
@@ -35,10 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(SAFE_ENV)  # before torch.distributed initialises NCCL or symmetric memory
     import torch
     import torch.distributed as dist
-
-    from harness.plan import Plan
-    from harness.sweep import run_sweep
-    from harness.torch_backend import TorchBackend
+    from ficco.harness.plan import Plan
+    from ficco.harness.sweep import run_sweep
+    from ficco.harness.torch_backend import TorchBackend
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":

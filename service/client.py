@@ -1,6 +1,6 @@
 """Python client of the recommendation service, for runtimes and launchers.
 
-    from service.client import ServiceClient
+    from ficco.service.client import ServiceClient
 
     with ServiceClient("http://127.0.0.1:8000") as client:
         rec = client.recommend(op="ag_gemm", m=8192, n=14336, k=4096)      # asks the server
@@ -20,10 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
-
-from features import Scenario
-from service.core.store import RecommendationCache
-from service.schemas import (
+from ficco.features import Scenario
+from ficco.service.core.store import RecommendationCache
+from ficco.service.schemas import (
     ModelsPublic,
     ReadyPublic,
     RecommendationPublic,

@@ -22,8 +22,8 @@ import typer
 from ficco.errors import fail
 
 if TYPE_CHECKING:
-    from service.core.config import Settings
-    from service.core.store import ModelStore
+    from ficco.service.core.config import Settings
+    from ficco.service.core.store import ModelStore
 
 SERVE_COMMAND = ("ficco", "serve", "--host", "0.0.0.0")
 """The container's command (the Dockerfile's CMD; tests/service/test_dockerfile.py checks it)."""
@@ -46,14 +46,14 @@ _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or 
 
 def _settings(**overrides: Any) -> Settings:
     """Settings from the environment, with the command-line options that were given on top."""
-    from service.core.config import Settings
+    from ficco.service.core.config import Settings
 
     return Settings(**{key: value for key, value in overrides.items() if value is not None})
 
 
 def _loaded_store(settings: Settings) -> ModelStore:
     """A store with every registered model loaded; exits with a clear message when none loads."""
-    from service.core.store import ModelStore
+    from ficco.service.core.store import ModelStore
 
     store = ModelStore(
         settings.MODEL_ROOT,
@@ -73,9 +73,8 @@ def _loaded_store(settings: Settings) -> ModelStore:
 
 def _answer(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call the shared engine, turning its errors (and schema errors) into a clean exit."""
+    from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
     from pydantic import ValidationError
-
-    from service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 
     try:
         return fn(*args, **kwargs)
@@ -104,9 +103,8 @@ def serve(
     settings (body limit, batch limit, reload token and polling) come from FICCO_* variables.
     """
     import uvicorn
-
-    from service.default_model import ensure_default_model
-    from service.main import create_app
+    from ficco.service.default_model import ensure_default_model
+    from ficco.service.main import create_app
 
     settings = _settings(HOST=host, PORT=port, MODEL_ROOT=model_root)
     logging.basicConfig(level=settings.LOG_LEVEL.upper(), format="%(levelname)s:     %(name)s: %(message)s")
@@ -137,9 +135,9 @@ def score(
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
 ) -> None:
     """Score a model config offline (as POST /v1/score): each layer's pairs, schedules, projected savings."""
-    from service.report import score_csv, score_table
-    from service.schemas import ScoreRequest
-    from service.scoring import score_model
+    from ficco.service.report import score_csv, score_table
+    from ficco.service.schemas import ScoreRequest
+    from ficco.service.scoring import score_model
 
     try:
         data = json.loads(config.read_text())
@@ -178,9 +176,9 @@ def recommend(
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
 ) -> None:
     """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
-    from service.engine import recommend_scenarios
-    from service.report import recommendation_table
-    from service.schemas import ScenarioIn
+    from ficco.service.engine import recommend_scenarios
+    from ficco.service.report import recommendation_table
+    from ficco.service.schemas import ScenarioIn
 
     settings = _settings(MODEL_ROOT=model_root)
     item = _answer(

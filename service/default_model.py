@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from service.core.config import Settings
+from ficco.service.core.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def ensure_default_model(settings: Settings) -> str:
 
     Raises ``FileNotFoundError`` when training is needed and the shipped dataset is missing.
     """
-    from training.registry import current_version, promote
+    from ficco.training.registry import current_version, promote
 
     hw, root = settings.DEFAULT_HARDWARE, settings.MODEL_ROOT
     version = current_version(root, hw)
@@ -33,8 +33,8 @@ def ensure_default_model(settings: Settings) -> str:
             f"the registry {root} has no current {hw} model and the shipped dataset {dataset} is missing "
             f"(no manifest.json); set FICCO_MODEL_ROOT to a registry with a model, or FICCO_DATASET_ROOT"
         )
-    from training.table import load_dataset_table
-    from training.train import register_trained, train_model
+    from ficco.training.table import load_dataset_table
+    from ficco.training.train import register_trained, train_model
 
     log.info("no current %s model under %s: training one from %s (runs once)", hw, root, dataset)
     start = time.perf_counter()

@@ -11,10 +11,9 @@ from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
-
-from service.core.config import Settings
-from service.core.metrics import Metrics
-from service.core.store import ModelStore, ServedModel
+from ficco.service.core.config import Settings
+from ficco.service.core.metrics import Metrics
+from ficco.service.core.store import ModelStore, ServedModel
 
 
 async def get_settings(request: Request) -> Settings:

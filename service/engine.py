@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from features import Scenario
-from service.core.store import Resolution, ServedModel, resolve_hardware
-from service.errors import InvalidFieldsError, UnknownHardwareError, scenario_error
-from service.schemas import RecommendationPublic, ScenarioIn
+from ficco.features import Scenario
+from ficco.service.core.store import Resolution, ServedModel, resolve_hardware
+from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, scenario_error
+from ficco.service.schemas import RecommendationPublic, ScenarioIn
 
 
 def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int]) -> Scenario:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from service.schemas import ALLOWED
+from ficco.service.schemas import ALLOWED
 
 MAX_INPUT_CHARS = 200
 """Longest bad value echoed back in an error (longer ones are cut, so a bad 4 MiB body is not echoed)."""

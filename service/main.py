@@ -15,15 +15,15 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from ficco.service.core.config import Settings
+from ficco.service.core.config import settings as default_settings
+from ficco.service.core.limits import BodyLimitMiddleware
+from ficco.service.core.metrics import Metrics, MetricsMiddleware
+from ficco.service.core.store import ModelStore
+from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
+from ficco.service.routes import health, metrics, models, recommend, score
 
 from ficco import __version__
-from service.core.config import Settings
-from service.core.config import settings as default_settings
-from service.core.limits import BodyLimitMiddleware
-from service.core.metrics import Metrics, MetricsMiddleware
-from service.core.store import ModelStore
-from service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
-from service.routes import health, metrics, models, recommend, score
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from service.schemas import RecommendationPublic, ScorePublic
+from ficco.service.schemas import RecommendationPublic, ScorePublic
 
 SCORE_CSV_COLUMNS = (
     "model",

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import ValidationError
-
-from features import roofline_comm_us, roofline_gemm_us
-from features.model_config import LayerPair, ModelConfig, layer_pairs
-from service.core.store import ServedModel, resolve_hardware
-from service.engine import recommend_scenarios
-from service.errors import InvalidFieldsError, field_error
-from service.schemas import (
+from ficco.features import roofline_comm_us, roofline_gemm_us
+from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs
+from ficco.service.core.store import ServedModel, resolve_hardware
+from ficco.service.engine import recommend_scenarios
+from ficco.service.errors import InvalidFieldsError, field_error
+from ficco.service.schemas import (
     PairScore,
     RecommendationPublic,
     ScenarioIn,
@@ -26,6 +24,7 @@ from service.schemas import (
     ScoreRequest,
     TokenScore,
 )
+from pydantic import ValidationError
 
 ESTIMATE_NOTE = (
     "serial_us is the roofline serial time of one call (features.roofline_gemm_us + roofline_comm_us), "

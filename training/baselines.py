@@ -21,11 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from features import FEATURE_NAMES
-from training.metrics import mean_loss, pick_loss
-from training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
-from training.table import ScheduleTable
+from ficco.features import FEATURE_NAMES
+from ficco.training.metrics import mean_loss, pick_loss
+from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
+from ficco.training.table import ScheduleTable
 
 FIXED: dict[str, str] = {
     "always_serial": "serial/sm",

@@ -23,8 +23,8 @@ import typer
 from ficco.errors import fail
 
 if TYPE_CHECKING:
-    from features import HardwareProfile
-    from harness.plan import Plan
+    from ficco.features import HardwareProfile
+    from ficco.harness.plan import Plan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,13 +61,13 @@ class RetrainBackend(StrEnum):
 
 
 def _registry(path: Path | None) -> Path:
-    from training.registry import default_model_root
+    from ficco.training.registry import default_model_root
 
     return path or default_model_root()
 
 
 def _load(dataset: Path) -> Any:
-    from training.table import load_dataset_table
+    from ficco.training.table import load_dataset_table
 
     try:
         return load_dataset_table(dataset)
@@ -107,7 +107,7 @@ def evaluate_command(
     """Evaluate the predictor on unseen scenarios: grouped cross-validation holding out whole model
     families (and grid regions), plus a split holding out the largest GEMMs, against the baselines
     (always serial, always shard-level overlap, the best fixed schedule, a FiCCO-style size heuristic)."""
-    from training.evaluate import evaluate
+    from ficco.training.evaluate import evaluate
 
     loaded = _load(dataset)
     try:
@@ -129,8 +129,8 @@ def train_command(
 ) -> None:
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
-    from training import registry as reg
-    from training.train import register_trained, train_model
+    from ficco.training import registry as reg
+    from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset)
     root = _registry(registry)
@@ -163,10 +163,10 @@ def report_command(
 ) -> None:
     """Write a markdown report with PNG plots: confusion matrix of held-out picks, regret CDF against the
     baselines, and the predicted schedule map next to the measured one per op."""
-    from training.evaluate import evaluate
-    from training.model import schedule_indices
-    from training.registry import ModelLoadError, load_predictor
-    from training.report import write_report
+    from ficco.training.evaluate import evaluate
+    from ficco.training.model import schedule_indices
+    from ficco.training.registry import ModelLoadError, load_predictor
+    from ficco.training.report import write_report
 
     loaded = _load(dataset)
     predicted, label = None, "predicted (held out)"
@@ -245,12 +245,12 @@ def retrain_command(
 ) -> None:
     """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
     with the current model on the new data, register it and promote it only if it is better."""
-    from features import get_hardware
-    from features.model_config import load_model_configs
-    from harness.commands import gpu_count
-    from harness.plan import plan_scenarios
-    from training.registry import ModelLoadError, load_predictor
-    from training.retrain import informative_subset, retrain
+    from ficco.features import get_hardware
+    from ficco.features.model_config import load_model_configs
+    from ficco.harness.commands import gpu_count
+    from ficco.harness.plan import plan_scenarios
+    from ficco.training.registry import ModelLoadError, load_predictor
+    from ficco.training.retrain import informative_subset, retrain
 
     try:
         hw = get_hardware(hardware)
@@ -302,8 +302,8 @@ def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[[Plan
     """Measurement by the simulator of ``hw`` (in this process)."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from harness.sim import SimBackend
-        from harness.sweep import run_sweep
+        from ficco.harness.sim import SimBackend
+        from ficco.harness.sweep import run_sweep
 
         run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out)
 
@@ -314,7 +314,7 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from harness.commands import BenchBackend, run_torchrun
+        from ficco.harness.commands import BenchBackend, run_torchrun
 
         run_torchrun(plan, out, BenchBackend.gpu, tp, None, 3, 20, 0, 10.0)
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ficco.training.fit import TrainConfig, fit_classifier, fit_regressor
+from ficco.training.metrics import pick_loss
+from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, ScheduleClassifier, SpeedupRegressor
+from ficco.training.policy import DecisionPolicy
+from ficco.training.table import ScheduleTable
 from tqdm import tqdm
-
-from training.fit import TrainConfig, fit_classifier, fit_regressor
-from training.metrics import pick_loss
-from training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, ScheduleClassifier, SpeedupRegressor
-from training.policy import DecisionPolicy
-from training.table import ScheduleTable
 
 GRID_FAMILY = "grid"
 """The family name of the dataset's synthetic shape grid (not a model config)."""

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from training.baselines import FIXED, baseline_picks
-from training.crossval import (
+from ficco.training.baselines import FIXED, baseline_picks
+from ficco.training.crossval import (
     Choice,
     CrossValidation,
     Picks,
@@ -30,10 +29,10 @@ from training.crossval import (
     region_holdout,
     regressor_speedups,
 )
-from training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
-from training.metrics import score
-from training.policy import POLICY_GRID, DecisionPolicy
-from training.table import ScheduleTable
+from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
+from ficco.training.metrics import score
+from ficco.training.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.table import ScheduleTable
 
 BASELINE_NOTES: dict[str, str] = {
     "always_serial": f"always {FIXED['always_serial']} (no overlap)",

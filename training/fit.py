@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
-from training.model import SCHEDULES, ScheduleClassifier, SpeedupRegressor
-from training.table import ScheduleTable
+from ficco.training.model import SCHEDULES, ScheduleClassifier, SpeedupRegressor
+from ficco.training.table import ScheduleTable
 
 _MIN_COST_WEIGHT = 0.1
 """Floor of a normalised cost weight: no scenario is ignored outright."""

@@ -14,8 +14,7 @@ For scenario ``i`` with pick time ``t_i``, best time ``b_i`` and serial/sm time 
 from __future__ import annotations
 
 import numpy as np
-
-from training.table import ScheduleTable
+from ficco.training.table import ScheduleTable
 
 WITHIN = 0.02
 """Tolerance of ``within_2pct`` (a pick within 2% of the best counts as good)."""

@@ -21,9 +21,8 @@ from os import PathLike
 from typing import Any, ClassVar
 
 import numpy as np
-
-from features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SERIAL, Schedule, all_schedules
-from training._params import Interval, check_is_fitted, validate_params
+from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SERIAL, Schedule, all_schedules
+from ficco.training._params import Interval, check_is_fitted, validate_params
 
 SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
 """Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from features import SERIAL, Scenario, feature_matrix
-from training.model import ScheduleClassifier, SpeedupRegressor, valid_mask
-from training.policy import DecisionPolicy
+from ficco.features import SERIAL, Scenario, feature_matrix
+from ficco.training.model import ScheduleClassifier, SpeedupRegressor, valid_mask
+from ficco.training.policy import DecisionPolicy
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,7 +121,7 @@ class Predictor:
             raise ValueError(
                 f"this model was trained for hardware {self.hardware_id!r}; {len(foreign)} scenario(s) are "
                 f"on other hardware, e.g. {foreign[0]}. Load the model of that hardware (list them with "
-                "training.registry.list_models)"
+                "ficco.training.registry.list_models)"
             )
         d = self.decide(feature_matrix(scenarios))
         classes = self.classifier.classes_

@@ -25,12 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+from ficco.training.model import (
+    FeatureSchemaError,
+    ScheduleClassifier,
+    SpeedupRegressor,
+    check_feature_schema,
+)
+from ficco.training.policy import DecisionPolicy
+from ficco.training.predictor import Predictor
 
-from features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from ficco import __version__
-from training.model import FeatureSchemaError, ScheduleClassifier, SpeedupRegressor, check_feature_schema
-from training.policy import DecisionPolicy
-from training.predictor import Predictor
 
 MODEL_FILE = "model.ubj"
 SPEEDUP_FILE = "speedup.ubj"

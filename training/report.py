@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from training.evaluate import Evaluation
-from training.model import SCHEDULES
-from training.table import ScheduleTable
+from ficco.training.evaluate import Evaluation
+from ficco.training.model import SCHEDULES
+from ficco.training.table import ScheduleTable
 
 _KINDS = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
 """Map colours: a schedule's granularity/executor (splits, grain and priority share a colour)."""

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from features import feature_matrix
-from training.metrics import mean_loss, score
-from training.model import schedule_indices
-from training.predictor import Predictor
-from training.table import ScheduleTable, load_dataset_table
-from training.train import register_trained, train_model
+from ficco.features import feature_matrix
+from ficco.training.metrics import mean_loss, score
+from ficco.training.model import schedule_indices
+from ficco.training.predictor import Predictor
+from ficco.training.table import ScheduleTable, load_dataset_table
+from ficco.training.train import register_trained, train_model
 
 if TYPE_CHECKING:
-    from harness.plan import Plan
+    from ficco.harness.plan import Plan
 
 
 def farthest_points(Z: np.ndarray, count: int, chosen: list[int]) -> list[int]:
@@ -120,8 +119,8 @@ def retrain(
     log: Callable[[str], None] = print,
 ) -> RetrainOutcome:
     """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``."""
-    from harness.dataset import read_manifest
-    from training.registry import promote
+    from ficco.harness.dataset import read_manifest
+    from ficco.training.registry import promote
 
     out = Path(out_dir)
     measure(plan, out)

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from features import HardwareProfile, Scenario, feature_matrix
-from training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
+from ficco.features import HardwareProfile, Scenario, feature_matrix
+from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,7 +89,7 @@ def build_table(df: pd.DataFrame, hardware: HardwareProfile) -> ScheduleTable:
     and counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or
     a dataset left with no scenario.
     """
-    from harness.dataset import scenario_from_row
+    from ficco.harness.dataset import scenario_from_row
 
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
     ok = ok.drop_duplicates(["scenario_id", "schedule"], keep="last")  # a re-measured pair: the latest row
@@ -139,7 +138,7 @@ def load_dataset_table(path: str | Path) -> LoadedDataset:
 
     Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest or bad columns.
     """
-    from harness.dataset import dataset_hardware, dataset_hash, load_dataset
+    from ficco.harness.dataset import dataset_hardware, dataset_hash, load_dataset
 
     path = Path(path)
     df = load_dataset(path)

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.crossval import Choice
-from training.evaluate import Evaluation, evaluate
-from training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
-from training.model import ScheduleClassifier, SpeedupRegressor
-from training.policy import POLICY_GRID, DecisionPolicy
-from training.table import LoadedDataset, ScheduleTable
+from ficco.training.crossval import Choice
+from ficco.training.evaluate import Evaluation, evaluate
+from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
+from ficco.training.model import ScheduleClassifier, SpeedupRegressor
+from ficco.training.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.table import LoadedDataset, ScheduleTable
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -57,8 +57,7 @@ def train_model(
 def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int) -> str:
     """Register ``trained`` under ``root`` for the dataset's hardware; return the new version."""
     import pandas as pd
-
-    from training.registry import register
+    from ficco.training.registry import register
 
     return register(
         root,

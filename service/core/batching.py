@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from features import Scenario
+from ficco.features import Scenario
 
 
 def predict_split(

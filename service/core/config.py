@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ficco.features import DEFAULT_HARDWARE_ID
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from features import DEFAULT_HARDWARE_ID
 
 MIN_TOKEN_CHARS = 16
 

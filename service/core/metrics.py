@@ -8,10 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from ficco.service.core.store import ModelStore
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.core.store import ModelStore
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Histogram buckets, seconds: fine below 5 ms, where a single recommendation should land."""

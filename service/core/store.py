@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
-from service.core.batching import MicroBatcher, predict_split
-from service.errors import NoModelError, UnknownHardwareError
+from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from ficco.service.core.batching import MicroBatcher, predict_split
+from ficco.service.errors import NoModelError, UnknownHardwareError
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class ModelStore:
     @property
     def registry(self) -> Any:
         if self._registry is None:
-            self._registry = importlib.import_module("training.registry")
+            self._registry = importlib.import_module("ficco.training.registry")
         return self._registry
 
     @property

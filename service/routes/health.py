@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
-
-from service.deps import SettingsDep, StoreDep
-from service.schemas import HealthPublic, ReadyPublic
+from ficco.service.deps import SettingsDep, StoreDep
+from ficco.service.schemas import HealthPublic, ReadyPublic
 
 router = APIRouter(tags=["health"])
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from ficco.service.deps import MetricsDep, StoreDep
 from prometheus_client import CONTENT_TYPE_LATEST
-
-from service.deps import MetricsDep, StoreDep
 
 router = APIRouter(tags=["metrics"])
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from service.deps import ReloadAuth, StoreDep
-from service.schemas import ErrorPublic, HardwareModelsPublic, ModelsPublic, ModelVersionPublic, ReloadPublic
+from ficco.service.deps import ReloadAuth, StoreDep
+from ficco.service.schemas import (
+    ErrorPublic,
+    HardwareModelsPublic,
+    ModelsPublic,
+    ModelVersionPublic,
+    ReloadPublic,
+)
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

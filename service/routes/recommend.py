@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from service.deps import ServedDep, SettingsDep
-from service.engine import recommend_scenario, recommend_scenarios
-from service.errors import InvalidFieldsError, field_error
-from service.routes.responses import BODY_ERRORS, MODEL_ERRORS
-from service.schemas import RecommendationPublic, RecommendationsPublic, RecommendBatchRequest, ScenarioIn
+from ficco.service.deps import ServedDep, SettingsDep
+from ficco.service.engine import recommend_scenario, recommend_scenarios
+from ficco.service.errors import InvalidFieldsError, field_error
+from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
+from ficco.service.schemas import (
+    RecommendationPublic,
+    RecommendationsPublic,
+    RecommendBatchRequest,
+    ScenarioIn,
+)
 
 router = APIRouter(prefix="/v1/recommend", tags=["recommend"], responses={**BODY_ERRORS, **MODEL_ERRORS})
 

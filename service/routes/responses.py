@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.schemas import ErrorPublic, UnknownHardwarePublic, ValidationErrorPublic
+from ficco.service.schemas import ErrorPublic, UnknownHardwarePublic, ValidationErrorPublic
 
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "The body cannot be decoded at all (e.g. not UTF-8)."},

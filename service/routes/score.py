@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from service.deps import ServedDep, SettingsDep
-from service.routes.responses import BODY_ERRORS, MODEL_ERRORS
-from service.schemas import ScorePublic, ScoreRequest
-from service.scoring import score_model
+from ficco.service.deps import ServedDep, SettingsDep
+from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
+from ficco.service.schemas import ScorePublic, ScoreRequest
+from ficco.service.scoring import score_model
 
 router = APIRouter(prefix="/v1/score", tags=["score"], responses={**BODY_ERRORS, **MODEL_ERRORS})
 

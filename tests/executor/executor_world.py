@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import executor
+from ficco import executor
 
 
 def run_world(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 240.0) -> list[Any]:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from executor.checks import as_schedule, check_all_gather_matmul, check_matmul_reduce_scatter, check_matrix
-from features import Schedule
+from ficco.executor.checks import (
+    as_schedule,
+    check_all_gather_matmul,
+    check_matmul_reduce_scatter,
+    check_matrix,
+)
+from ficco.features import Schedule
 
 FINER = Schedule.parse("finer/dma/s4/chunk")
 

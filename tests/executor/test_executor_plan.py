@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from executor.lanes import HostLanes
-from executor.plan import Piece, make_plan, shard_rows_of
-from executor.transport import PointToPointTransport
-from features import all_schedules
+from ficco.executor.lanes import HostLanes
+from ficco.executor.plan import Piece, make_plan, shard_rows_of
+from ficco.executor.transport import PointToPointTransport
+from ficco.features import all_schedules
 
 OVERLAPPED = [s for s in all_schedules() if s.granularity != "serial"]
 

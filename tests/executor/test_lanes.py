@@ -12,11 +12,10 @@ import itertools
 
 import pytest
 import torch
-
-from executor.lanes import DeviceLanes
-from executor.pipeline import run_pipeline
-from executor.plan import make_plan
-from executor.transport import PeerCopyTransport
+from ficco.executor.lanes import DeviceLanes
+from ficco.executor.pipeline import run_pipeline
+from ficco.executor.plan import make_plan
+from ficco.executor.transport import PeerCopyTransport
 
 
 class FakeStream:

@@ -24,10 +24,10 @@ CASES = {
 def _check_world(rank: int, world_size: int) -> dict:
     """Runs on every rank: the whole check matrix; returns what the tests assert on."""
     import torch
+    from ficco.executor.checks import DTYPES
+    from ficco.features import SERIAL, Scenario, candidates, get_hardware
 
-    import executor
-    from executor.checks import DTYPES
-    from features import SERIAL, Scenario, candidates, get_hardware
+    from ficco import executor
 
     dtypes = {name: d for d, name in DTYPES.items()}
     report: dict = {"results": [], "gathered": [], "schedules_run": {}}
@@ -68,7 +68,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[tuple[str, str]]:
     """Each bad call's error (type: message) on this rank, then one good call to show no rank hangs."""
     import torch
 
-    import executor
+    from ficco import executor
 
     w = world_size
     a_shard, b = torch.randn(8, 16), torch.randn(16, 4)

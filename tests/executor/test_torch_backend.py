@@ -6,8 +6,7 @@ import math
 
 import pytest
 from executor_world import run_world
-
-from features import Scenario, Schedule, candidates, get_hardware
+from ficco.features import Scenario, Schedule, candidates, get_hardware
 
 AG = Scenario(op="ag_gemm", m=24, n=16, k=8, dtype="fp32", world_size=2, hardware=get_hardware("h200x2"))
 RS = Scenario(op="gemm_rs", m=32, n=8, k=16, dtype="bf16", world_size=2, hardware=get_hardware("h200x2"))
@@ -19,8 +18,9 @@ CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output
 
 
 def _measure_world(rank: int, world_size: int) -> dict:
-    import executor
-    from harness.torch_backend import TorchBackend
+    from ficco.harness.torch_backend import TorchBackend
+
+    from ficco import executor
 
     real = executor.all_gather_matmul
 
@@ -100,7 +100,7 @@ def test_torch_backend_identity_and_fingerprint(results):
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"device": "tpu"}, "device"), ({"reps": 0}, "reps")])
 def test_torch_backend_rejects_bad_arguments(kwargs, message):
-    from harness.torch_backend import TorchBackend
+    from ficco.harness.torch_backend import TorchBackend
 
     with pytest.raises(ValueError, match=f"TorchBackend.{message}"):
         TorchBackend(**kwargs)

@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from features import get_hardware
-from features.model_config import ModelConfig, layer_pairs, load_model_config, load_model_configs
+from ficco.features import get_hardware
+from ficco.features.model_config import ModelConfig, layer_pairs, load_model_config, load_model_configs
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 LLAMA_8B = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())

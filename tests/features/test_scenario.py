@@ -3,8 +3,7 @@
 import json
 
 import pytest
-
-from features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
 
 
 def test_defaults_are_valid():

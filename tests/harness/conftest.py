@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from features import HardwareProfile, get_hardware
-from features.model_config import load_model_config
-from harness.plan import Plan, plan_scenarios
+from ficco.features import HardwareProfile, get_hardware
+from ficco.features.model_config import load_model_config
+from ficco.harness.plan import Plan, plan_scenarios
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "datasets" / "model_configs"

@@ -1,19 +1,18 @@
 """The dataset card: sections, noise summary, failures, simulator agreement and the per-op plots."""
 
 import pytest
-
-from harness.card import noise_summary, schedule_family, write_card
-from harness.dataset import load_dataset, load_noise
-from harness.plan import plan_scenarios
-from harness.sim import SimBackend
-from harness.sweep import run_sweep
+from ficco.harness.card import noise_summary, schedule_family, write_card
+from ficco.harness.dataset import load_dataset, load_noise
+from ficco.harness.plan import plan_scenarios
+from ficco.harness.sim import SimBackend
+from ficco.harness.sweep import run_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def sim_dataset(tmp_path_factory):
-    from features import get_hardware
+    from ficco.features import get_hardware
 
     hw = get_hardware("h200x2")
     plan = plan_scenarios([], grid_size=16, hardware=hw, seed=2)
@@ -59,7 +58,7 @@ class MeasuredFails(SimBackend):
     name = "gpu"
 
     def measure(self, scenario, schedules):
-        from harness.backend import Measurement, ScenarioResult
+        from ficco.harness.backend import Measurement, ScenarioResult
 
         result = super().measure(scenario, schedules)
         failed = Measurement(

@@ -4,10 +4,9 @@ import math
 
 import pandas as pd
 import pytest
-
-from features import Scenario, candidates
-from harness.backend import Measurement, ScenarioResult
-from harness.dataset import (
+from ficco.features import Scenario, candidates
+from ficco.harness.backend import Measurement, ScenarioResult
+from ficco.harness.dataset import (
     COLUMNS,
     dataset_hardware,
     dataset_hash,
@@ -18,8 +17,8 @@ from harness.dataset import (
     scenario_from_row,
     validate_frame,
 )
-from harness.sim import SimBackend
-from harness.sweep import run_sweep
+from ficco.harness.sim import SimBackend
+from ficco.harness.sweep import run_sweep
 
 
 def _frame(h200, times: dict[str, float | None], scenario=None) -> pd.DataFrame:

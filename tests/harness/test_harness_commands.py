@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import typer
+from ficco.harness.commands import register, torchrun_command
+from ficco.harness.dataset import load_dataset, read_manifest
+from ficco.harness.worker import SAFE_ENV, parse_args
 from typer.testing import CliRunner
-
-from harness.commands import register, torchrun_command
-from harness.dataset import load_dataset, read_manifest
-from harness.worker import SAFE_ENV, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +135,7 @@ def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
 def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
-    monkeypatch.setattr("harness.commands.gpu_count", lambda: 0)
+    monkeypatch.setattr("ficco.harness.commands.gpu_count", lambda: 0)
     result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
     assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
 
@@ -169,7 +168,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         "--standalone",
         "--nproc-per-node=2",
     ]
-    args = parse_args(command[command.index("harness.worker") + 1 :])
+    args = parse_args(command[command.index("ficco.harness.worker") + 1 :])
     assert (args.plan, args.out, args.device, args.reps, args.remeasure) == (
         tmp_path / "plan.json",
         tmp_path,
@@ -186,7 +185,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    importlib.util.find_spec("harness.torch_backend") is None,
+    importlib.util.find_spec("ficco.harness.torch_backend") is None,
     reason="harness/torch_backend.py not written yet",
 )
 def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):

@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import pytest
-
-from features import candidates
-from features.model_config import load_model_config, load_model_configs
-from harness.plan import Plan, estimate_sweep, plan_scenarios
+from ficco.features import candidates
+from ficco.features.model_config import load_model_config, load_model_configs
+from ficco.harness.plan import Plan, estimate_sweep, plan_scenarios
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 
@@ -105,7 +104,7 @@ def test_default_plan_meets_the_dataset_targets(h200):
 
 
 def test_plan_skips_configs_that_do_not_split_tp_ways():
-    from features import get_hardware
+    from ficco.features import get_hardware
 
     phi, llama = _config("Phi-3-medium-4k"), _config("Llama-3.1-8B")  # Phi-3: 10 KV heads
     plan = plan_scenarios([phi, llama], tp=4, tokens=[4096], grid_size=0, hardware=get_hardware("h200x4"))

@@ -4,11 +4,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from features import SERIAL, HardwareProfile, Scenario, Schedule, all_schedules, candidates
-from harness.dataset import result_rows, rows_frame, scenario_from_row
-from harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate
-from harness.sim_reference import reference_frame
+from ficco.features import SERIAL, HardwareProfile, Scenario, Schedule, all_schedules, candidates
+from ficco.harness.dataset import result_rows, rows_frame, scenario_from_row
+from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate
+from ficco.harness.sim_reference import reference_frame
 
 
 def _serial_ms(sim, **shape) -> float:

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from features import candidates, get_hardware
-from harness.backend import Measurement, ScenarioResult
-from harness.dataset import dataset_hash, label_table, load_dataset, load_noise, read_manifest
-from harness.plan import plan_scenarios
-from harness.sim import SimBackend
-from harness.sweep import FingerprintMismatch, remeasure_targets, run_sweep
+from ficco.features import candidates, get_hardware
+from ficco.harness.backend import Measurement, ScenarioResult
+from ficco.harness.dataset import dataset_hash, label_table, load_dataset, load_noise, read_manifest
+from ficco.harness.plan import plan_scenarios
+from ficco.harness.sim import SimBackend
+from ficco.harness.sweep import FingerprintMismatch, remeasure_targets, run_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,10 +57,10 @@ def test_resume_skips_finished_scenarios(tmp_path, small_plan, h200):
 
 _KILLED_SWEEP = """
 import sys, time
-from features import get_hardware
-from harness.plan import plan_scenarios
-from harness.sim import SimBackend
-from harness.sweep import run_sweep
+from ficco.features import get_hardware
+from ficco.harness.plan import plan_scenarios
+from ficco.harness.sim import SimBackend
+from ficco.harness.sweep import run_sweep
 
 class Slow(SimBackend):
     def measure(self, scenario, schedules):

@@ -16,23 +16,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from features import Scenario, candidates, feature_matrix, get_hardware
+from ficco.features import Scenario, candidates, feature_matrix, get_hardware
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from fastapi.testclient import TestClient  # noqa: E402  (after the filter: the import warns)
-
-from service.core.config import Settings  # noqa: E402
-from service.main import create_app  # noqa: E402
+from ficco.service.core.config import Settings  # noqa: E402
+from ficco.service.main import create_app  # noqa: E402
 
 HARDWARE = "h200x2"
 
 
 def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
     """A ``training.table.ScheduleTable`` of ``n`` random dense scenarios timed by the simulator."""
-    from harness.sim import SimBackend
-    from training.model import SCHEDULES
-    from training.table import ScheduleTable
+    from ficco.harness.sim import SimBackend
+    from ficco.training.model import SCHEDULES
+    from ficco.training.table import ScheduleTable
 
     hw = get_hardware(hardware_id)
     sim = SimBackend(hw)
@@ -62,10 +60,10 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
 
 def train_version(root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True) -> str:
     """Fit a small classifier and regressor on simulated times, register them under ``root``; the version."""
-    from training.fit import TrainConfig, fit_classifier, fit_regressor
-    from training.policy import DecisionPolicy
-    from training.registry import promote as promote_version
-    from training.registry import register
+    from ficco.training.fit import TrainConfig, fit_classifier, fit_regressor
+    from ficco.training.policy import DecisionPolicy
+    from ficco.training.registry import promote as promote_version
+    from ficco.training.registry import register
 
     table = sim_table(hardware_id, seed=seed)
     classifier = fit_classifier(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)

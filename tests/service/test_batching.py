@@ -7,9 +7,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
-from features import Scenario
-from service.core.batching import MicroBatcher, predict_split
+from ficco.features import Scenario
+from ficco.service.core.batching import MicroBatcher, predict_split
 
 
 class GatedPredict:

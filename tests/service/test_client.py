@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from service.client import ServiceClient, ServiceError
-from service.schemas import RecommendationPublic, ScorePublic
+from ficco.service.client import ServiceClient, ServiceError
+from ficco.service.schemas import RecommendationPublic, ScorePublic
 
 GOOD = {"op": "ag_gemm", "m": 8192, "n": 14336, "k": 4096}
 
@@ -60,7 +59,7 @@ def test_client_asks_once_per_shape(client, waits):
 
 
 def test_client_recommend_scenario_uses_its_hardware(client, waits):
-    from features import Scenario, get_hardware
+    from ficco.features import Scenario, get_hardware
 
     with _client(AppTransport(client), waits) as service:
         rec = service.recommend_scenario(Scenario(**GOOD, hardware=get_hardware("h100x2")))

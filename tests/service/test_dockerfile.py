@@ -9,9 +9,10 @@ import shlex
 import tomllib
 from pathlib import Path
 
+from ficco.service.commands import SERVE_COMMAND
+from ficco.service.core.config import Settings
+
 from ficco.cli import COMMAND_MODULES
-from service.commands import SERVE_COMMAND
-from service.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

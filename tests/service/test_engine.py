@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
-from service.core.store import ModelStore
-from service.engine import recommend_scenarios
-from service.schemas import ScenarioIn
+from ficco.service.core.store import ModelStore
+from ficco.service.engine import recommend_scenarios
+from ficco.service.schemas import ScenarioIn
 
 
 def test_recommend_scenarios_split_over_threads_equals_one_call(registry_root):

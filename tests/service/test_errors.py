@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from service.errors import MAX_INPUT_CHARS, field_error, scenario_error, short_input
-from service.schemas import ALLOWED
+from ficco.service.errors import MAX_INPUT_CHARS, field_error, scenario_error, short_input
+from ficco.service.schemas import ALLOWED
 
 
 def test_allowed_describes_every_request_field():

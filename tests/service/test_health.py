@@ -10,7 +10,7 @@ def test_read_health_ok(client):
 
 
 def test_read_ready_names_served_model(client, registry_root):
-    from training.registry import current_version
+    from ficco.training.registry import current_version
 
     response = client.get("/readyz")
     assert response.status_code == 200

@@ -6,8 +6,7 @@ import json
 import logging
 
 import pytest
-
-from training.registry import current_version, list_models, promote
+from ficco.training.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"
 TOKEN = "test-reload-token-0123456789"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
-from service.schemas import ALLOWED
+from ficco.features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
+from ficco.service.schemas import ALLOWED
 
 GOOD = {"op": "ag_gemm", "m": 8192, "n": 14336, "k": 4096}
 
@@ -199,7 +198,7 @@ def test_recommend_batch_unknown_hardware_names_item(client):
 
 
 def test_default_limits_fit_a_full_batch():
-    from service.core.config import Settings
+    from ficco.service.core.config import Settings
 
     settings = Settings()
     widest = {

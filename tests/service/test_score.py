@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from features import roofline_comm_us, roofline_gemm_us
-from features.model_config import load_model_config
+from ficco.features import roofline_comm_us, roofline_gemm_us
+from ficco.features.model_config import load_model_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 
@@ -35,7 +34,7 @@ def test_score_dense_model_gives_four_pairs_per_token_count(client):
 
 
 def test_score_pair_savings_follow_speedup_and_roofline(client):
-    from features import Scenario, get_hardware
+    from ficco.features import Scenario, get_hardware
 
     body = client.post(
         "/v1/score", json={"config": _config("Llama-3.1-8B"), "tp": 2, "tokens": [8192]}

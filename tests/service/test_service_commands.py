@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ficco.features import Scenario, get_hardware
 from typer.testing import CliRunner
 
-from features import Scenario, get_hardware
 from ficco.cli import app
 
 CONFIG = Path(__file__).resolve().parents[2] / "datasets" / "model_configs" / "Llama-3.1-8B.json"
@@ -126,7 +126,7 @@ def test_recommend_empty_registry_exits_2(tmp_path):
 
 
 def test_serve_prepare_only_keeps_registered_model(registry_root, caplog):
-    from training.registry import current_version
+    from ficco.training.registry import current_version
 
     before = current_version(registry_root, HARDWARE)
     with caplog.at_level(logging.INFO):
@@ -144,12 +144,12 @@ def test_serve_prepare_only_without_dataset_exits_2(tmp_path, monkeypatch):
 
 
 def test_serve_prepare_only_trains_default_model_from_dataset(tmp_path, monkeypatch, caplog):
-    from harness.sim import SimBackend
-    from harness.sweep import run_sweep
-    from training import train
-    from training.fit import TrainConfig
-    from training.policy import DecisionPolicy
-    from training.registry import current_version, load_predictor
+    from ficco.harness.sim import SimBackend
+    from ficco.harness.sweep import run_sweep
+    from ficco.training import train
+    from ficco.training.fit import TrainConfig
+    from ficco.training.policy import DecisionPolicy
+    from ficco.training.registry import current_version, load_predictor
 
     hw = get_hardware(HARDWARE)
     rng = np.random.default_rng(0)

@@ -8,12 +8,11 @@ import threading
 import time
 
 import pytest
-
-from features import get_hardware
-from service.core.store import ModelStore, RecommendationCache, resolve_hardware
-from service.errors import NoModelError, UnknownHardwareError
-from training import registry
-from training.registry import current_version, list_models, promote
+from ficco.features import get_hardware
+from ficco.service.core.store import ModelStore, RecommendationCache, resolve_hardware
+from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.training import registry
+from ficco.training.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"
 
@@ -85,7 +84,7 @@ def test_cache_evicts_least_recently_used():
 
 
 class _BreakableRegistry:
-    """training.registry, whose ``list_models`` raises once ``broken`` is set."""
+    """ficco.training.registry, whose ``list_models`` raises once ``broken`` is set."""
 
     broken = False
 

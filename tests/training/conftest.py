@@ -14,12 +14,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from features import Scenario, candidates, feature_matrix, get_hardware, roofline_comm_us, roofline_gemm_us
-from training.fit import TrainConfig
-from training.model import SCHEDULE_INDEX, SCHEDULES
-from training.policy import DecisionPolicy
-from training.table import ScheduleTable
+from ficco.features import (
+    Scenario,
+    candidates,
+    feature_matrix,
+    get_hardware,
+    roofline_comm_us,
+    roofline_gemm_us,
+)
+from ficco.training.fit import TrainConfig
+from ficco.training.model import SCHEDULE_INDEX, SCHEDULES
+from ficco.training.policy import DecisionPolicy
+from ficco.training.table import ScheduleTable
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 
@@ -115,7 +121,7 @@ def frame() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def table(frame):
-    from training.table import build_table
+    from ficco.training.table import build_table
 
     return build_table(frame, get_hardware("h200x2"))
 
@@ -130,7 +136,7 @@ FAST_POLICIES = (
 
 @pytest.fixture(scope="session")
 def trained(table):
-    from training.train import train_model
+    from ficco.training.train import train_model
 
     return train_model(table, configs=FAST_CONFIGS, policies=FAST_POLICIES)
 
@@ -138,10 +144,10 @@ def trained(table):
 @pytest.fixture(scope="session")
 def sim_dataset(tmp_path_factory):
     """A small dataset directory written by the harness sweep on the simulator (h200x2, 1% noise)."""
-    from features.model_config import load_model_configs
-    from harness.plan import plan_scenarios
-    from harness.sim import SimBackend
-    from harness.sweep import run_sweep
+    from ficco.features.model_config import load_model_configs
+    from ficco.harness.plan import plan_scenarios
+    from ficco.harness.sim import SimBackend
+    from ficco.harness.sweep import run_sweep
 
     configs = [
         c for c in load_model_configs(CONFIGS_DIR) if c.name in ("Llama-3.1-8B", "Qwen2.5-7B", "Gemma-2-9B")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
-from training.baselines import baseline_picks, fit_best_fixed, fit_size_heuristic, fixed_picks
-from training.metrics import mean_loss
-from training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
+from ficco.training.baselines import baseline_picks, fit_best_fixed, fit_size_heuristic, fixed_picks
+from ficco.training.metrics import mean_loss
+from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
 
 
 def test_fixed_picks_fall_back_to_serial_where_invalid(table):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from training.crossval import apply_policy, cross_validate, cv_folds, cv_groups, region_holdout
-from training.model import SCHEDULES, SERIAL_INDEX
-from training.policy import DecisionPolicy
+from ficco.training.crossval import apply_policy, cross_validate, cv_folds, cv_groups, region_holdout
+from ficco.training.model import SCHEDULES, SERIAL_INDEX
+from ficco.training.policy import DecisionPolicy
 
 
 def test_cv_groups_split_the_grid_into_size_quartiles(table):

@@ -6,11 +6,10 @@ import json
 
 import numpy as np
 import pytest
-
-from training.crossval import Picks
-from training.evaluate import fallback_summary
-from training.model import SCHEDULE_INDEX, SERIAL_INDEX
-from training.policy import DecisionPolicy
+from ficco.training.crossval import Picks
+from ficco.training.evaluate import fallback_summary
+from ficco.training.model import SCHEDULE_INDEX, SERIAL_INDEX
+from ficco.training.policy import DecisionPolicy
 
 METRICS = (
     "top1",

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from training.fit import TrainConfig, classifier_rows, cost_weights
+from ficco.training.fit import TrainConfig, classifier_rows, cost_weights
 
 
 def test_cost_weights_have_mean_one_and_a_floor():

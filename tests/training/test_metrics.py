@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 import pytest
-
-from training.metrics import pick_loss, score
-from training.model import SCHEDULE_INDEX
+from ficco.training.metrics import pick_loss, score
+from ficco.training.model import SCHEDULE_INDEX
 
 SERIAL, SHARD_DMA, SHARD_SM = (SCHEDULE_INDEX[s] for s in ("serial/sm", "shard/dma", "shard/sm"))
 """The tiny table's schedules (see ``tiny_table`` in conftest.py)."""

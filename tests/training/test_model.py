@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from features import FEATURE_SCHEMA_VERSION, Scenario, candidates, feature_matrix, get_hardware
-from training._params import NotFittedError
-from training.model import (
+from ficco.features import FEATURE_SCHEMA_VERSION, Scenario, candidates, feature_matrix, get_hardware
+from ficco.training._params import NotFittedError
+from ficco.training.model import (
     SCHEDULES,
     FeatureSchemaError,
     ScheduleClassifier,

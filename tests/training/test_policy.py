@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from training.policy import DecisionPolicy
+from ficco.training.policy import DecisionPolicy
 
 
 def test_mask_falls_back_when_unsure_or_gain_within_noise():

@@ -6,10 +6,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from features import Scenario, candidates, get_hardware
-from training.policy import DecisionPolicy
-from training.predictor import Predictor
+from ficco.features import Scenario, candidates, get_hardware
+from ficco.training.policy import DecisionPolicy
+from ficco.training.predictor import Predictor
 
 
 def _predictor(trained, policy):
@@ -70,8 +69,8 @@ def test_recommend_many_scenarios_at_once(trained):
 
 
 def test_decide_agrees_with_the_evaluation_picks(trained, table):
-    from training.crossval import apply_policy, classifier_proba, regressor_speedups
-    from training.model import schedule_indices
+    from ficco.training.crossval import apply_policy, classifier_proba, regressor_speedups
+    from ficco.training.model import schedule_indices
 
     policy = DecisionPolicy(speedup_weight=16.0, min_probability=0.4, min_gain=0.01)
     decision = _predictor(trained, policy).decide(table.X)

@@ -8,10 +8,9 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
-
-from features import FEATURE_SCHEMA_VERSION
-from training import registry
-from training.registry import (
+from ficco.features import FEATURE_SCHEMA_VERSION
+from ficco.training import registry
+from ficco.training.registry import (
     ModelLoadError,
     current_version,
     list_models,

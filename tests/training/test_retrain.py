@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from ficco.training.registry import current_version, list_models
+from ficco.training.retrain import farthest_points, informative_subset
 from typer.testing import CliRunner
 
 from ficco.cli import app
-from training.registry import current_version, list_models
-from training.retrain import farthest_points, informative_subset
 
 runner = CliRunner()
 
@@ -20,8 +20,8 @@ def test_farthest_points_spreads_and_stops_at_duplicates():
 
 
 def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
-    from harness.plan import Plan
-    from training.predictor import Predictor
+    from ficco.harness.plan import Plan
+    from ficco.training.predictor import Predictor
 
     plan = Plan(entries=tuple(zip(table.families, table.scenarios, strict=True)), settings={"tp": 2})
     predictor = Predictor(

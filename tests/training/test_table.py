@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from features import get_hardware
-from training.model import SCHEDULES
-from training.table import build_table
+from ficco.features import get_hardware
+from ficco.training.model import SCHEDULES
+from ficco.training.table import build_table
 
 
 def test_build_table_labels_match_harness_label_table(frame, table):
-    from harness.dataset import label_table
+    from ficco.harness.dataset import label_table
 
     labels = label_table(frame).set_index("scenario_id")
     assert sorted(labels.index) == sorted(table.scenario_ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training.train import train_model
+from ficco.training.train import train_model
 
 
 def test_train_model_is_deterministic(table, trained, fast_configs, fast_policies):
