@@ -9,6 +9,14 @@ from ficco.features import Scenario, Schedule
 
 BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")
 """Per-scenario reference timings every ``ScenarioResult.baselines`` carries (NaN when not measured)."""
+MODES: tuple[str, ...] = ("eager", "graph")
+"""Execution modes a schedule is timed in: ``eager`` (each call launched from Python, host time included
+where the GPU waits for it) and ``graph`` (the calls replayed from a captured CUDA graph)."""
+ROUNDS = 5
+"""Interleaved rounds per scenario in the timing protocol (``harness.torch_backend``)."""
+BLOCK_MS = 0.5
+"""Target length of one timed block of ``serial/sm`` calls, ms: long enough that event resolution and
+launch jitter stay far below 1%, short enough that 600 scenarios x 68 items x 5 rounds fit a GPU budget."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -17,16 +25,24 @@ class Measurement:
 
     schedule: str = "serial/sm"
     """Canonical schedule string (``str(Schedule)``)."""
+    mode: str = "eager"
+    """Execution mode (``MODES``)."""
     median_ms: float = float("nan")
-    """Median over the timed repetitions; NaN if the schedule failed."""
+    """Per-call time: the median over ``round_ms``; NaN if the schedule failed."""
     p10_ms: float = float("nan")
-    """10th percentile over the timed repetitions; NaN if failed."""
+    """10th percentile over ``round_ms``; NaN if failed."""
     p90_ms: float = float("nan")
-    """90th percentile over the timed repetitions; NaN if failed."""
+    """90th percentile over ``round_ms``; NaN if failed."""
+    round_ms: tuple[float, ...] = ()
+    """Per-call time of each interleaved round (the median of the round's repetitions, each the maximum
+    over ranks), in round order; empty if failed."""
     ok: bool = True
     """False when the schedule raised, timed out or produced a result different from serial."""
     error: str = ""
     """Why it failed (one line); empty when ``ok``."""
+    in_best_set: bool = False
+    """Cannot be told apart from the fastest ok schedule of the same scenario and mode at the measured
+    noise (``harness.labels.best_set``); set by ``harness.labels.label_result``, False when failed."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,10 +50,10 @@ class ScenarioResult:
     """Everything measured for one scenario: one ``Measurement`` per requested schedule, plus baselines."""
 
     measurements: list[Measurement] = field(default_factory=list)
-    """One per schedule passed to ``Backend.measure``, in the same order."""
-    baselines: dict[str, float] = field(default_factory=dict)
-    """Keys ``BASELINE_KEYS``: GEMM alone, NCCL collective alone, copy-engine transfer alone and PyTorch
-    async-TP, in ms (NaN if not measured)."""
+    """One per (schedule passed to ``Backend.measure``, mode), schedules in the given order."""
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Mode -> keys ``BASELINE_KEYS``: GEMM alone, NCCL collective alone, copy-engine transfer alone and
+    PyTorch async-TP, per-call ms in that mode (NaN if not measured)."""
 
 
 class Backend(Protocol):
@@ -51,8 +67,17 @@ class Backend(Protocol):
     world_size: int
     """Processes in the group (sim: the hardware profile's GPU count)."""
 
+    modes: tuple[str, ...]
+    """The modes ``measure`` times every schedule in (a subset of ``MODES``, in that order)."""
+
+    def protocol(self) -> dict:
+        """The timing protocol's settings (modes, rounds, ...), JSON-serialisable: a dataset is resumed
+        only with the same ones."""
+        ...
+
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
-        """Time every schedule of ``schedules`` on ``scenario``; a failing schedule gives ``ok=False``."""
+        """Time every schedule of ``schedules`` on ``scenario`` in every mode of ``modes``; a failing
+        schedule gives ``ok=False``."""
         ...
 
     def fingerprint(self) -> dict:

@@ -1,4 +1,4 @@
-"""The dataset card: ``card.md`` and one PNG per op of the best schedule over the (m, n*k) plane.
+"""The dataset card: ``card.md`` and one PNG per op and mode of the best schedule over the (m, n*k) plane.
 
 ``write_card(directory)`` reads only the dataset directory (manifest, parts, ``noise.parquet``,
 ``plan.json``), so ``ficco bench --card-only`` regenerates it at any time.
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from ficco.features import Schedule
+from ficco.harness.backend import MODES
 from ficco.harness.dataset import (
     PLAN,
     dataset_hardware,
@@ -54,7 +55,12 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
     plan_path = directory / PLAN
     plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
     noise = load_noise(directory)
-    plots = [_plot_best(labels, op, directory) for op in sorted(labels["op"].unique())]
+    plots = [
+        _plot_best(labels[labels["mode"] == mode], op, mode, directory)
+        for mode in MODES
+        if (labels["mode"] == mode).any()
+        for op in sorted(labels["op"].unique())
+    ]
     sections = [
         _header(manifest, df, directory),
         _measurement(manifest, plan, labels),
@@ -62,6 +68,7 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _size(manifest, df),
         _failures(df),
         _label_distribution(labels),
+        _best_sets(df, labels),
         _noise(df, noise),
     ]
     if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
@@ -85,24 +92,34 @@ def _header(manifest: dict, df: pd.DataFrame, directory: Path) -> str:
     kind = {"gpu": "measured on GPUs", "gloo": "measured on CPUs (gloo)", "sim": "simulated (backend=sim)"}
     return (
         f"# Dataset card: {hw['id']}, {kind[manifest['backend']]}\n\n"
-        f"{df['scenario_id'].nunique()} scenarios x every candidate schedule = {len(df)} rows. "
+        f"{df['scenario_id'].nunique()} scenarios x every candidate schedule x modes "
+        f"{sorted(df['mode'].unique())} = {len(df)} rows. "
         f"Content hash (`harness.dataset.dataset_hash`): `{dataset_hash(directory)[:16]}`. "
         f"Created {manifest['created']}, last written {manifest['updated']}."
     )
 
 
 def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str:
-    fp = manifest["fingerprint"]
+    protocol = (
+        "checked against the serial result on poisoned buffers (in graph mode: the captured graph's "
+        "replay too), then timed in interleaved rounds: every round visits every schedule, mode and "
+        "baseline in a fresh shuffled order, the ranks aligned before each timed block (an all-reduce and "
+        "a host synchronisation, outside the timed region); a block is a fixed number of calls per scenario "
+        "(about `block_ms` of serial calls) over rotating input sets, so small GEMMs do not run from L2; "
+        "a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the median "
+        "over rounds, and every round's time is kept (`round_ms`)"
+    )
     how = {
-        "gpu": "One process per GPU under torchrun; every schedule run by the executor, checked against "
-        "the serial result, warmed up and timed with CUDA events (median, p10, p90 over the repetitions)",
-        "gloo": "One CPU process per rank under torchrun (gloo); the executor's CPU path, checked against "
-        "the serial result",
+        "gpu": "One process per GPU under torchrun; every schedule run by the executor in eager mode and "
+        f"replayed from a CUDA graph (graph mode), {protocol}",
+        "gloo": "One CPU process per rank under torchrun (gloo); the executor's CPU path (eager only), "
+        f"{protocol}",
         "sim": "The analytic model of `harness/sim.py` (GEMM roofline, transfer and contention terms "
         "calibrated on 2 x H200 measurements); no hardware was used",
     }[manifest["backend"]]
-    reps = ", ".join(f"{k}={fp[k]}" for k in ("warmup", "reps") if k in fp)
-    text = f"## How it was measured\n\n{how}{f' ({reps})' if reps else ''}."
+    text = f"## How it was measured\n\n{how}."
+    if "protocol" in manifest:
+        text += " Protocol: " + ", ".join(f"{k}={v}" for k, v in sorted(manifest["protocol"].items())) + "."
     if plan:
         s = plan["settings"]
         moe = "included" if s["include_moe"] else "not included"
@@ -117,7 +134,7 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         shared = plan["shared"]
         if shared:
             text += f" {len(shared)} scenarios occur in more than one family; each is listed under its first."
-    counts = labels.groupby("family").size().sort_values(ascending=False)
+    counts = labels.drop_duplicates("scenario_id").groupby("family").size().sort_values(ascending=False)
     text += "\n\n" + _table(["family", "scenarios"], [[f, n] for f, n in counts.items()])
     return text
 
@@ -162,35 +179,86 @@ def _failures(df: pd.DataFrame) -> str:
 
 
 def _label_distribution(labels: pd.DataFrame) -> str:
-    counts = labels["best_schedule"].value_counts()
-    rows = [[f"`{s}`", n, f"{n / len(labels):.0%}"] for s, n in counts.items()]
-    speed = [
-        [
-            op,
-            len(g),
-            f"{g['speedup'].median():.2f}x",
-            f"{g['speedup'].quantile(0.9):.2f}x",
-            f"{g['speedup'].max():.2f}x",
-            f"{(g['best_schedule'] == 'serial/sm').mean():.0%}",
+    parts = ["## Labels (best schedule per scenario and mode)"]
+    for mode, sub in labels.groupby("mode", sort=False):
+        counts = sub["best_schedule"].value_counts()
+        rows = [[f"`{s}`", n, f"{n / len(sub):.0%}"] for s, n in counts.head(12).items()]
+        speed = [
+            [
+                op,
+                len(g),
+                f"{g['speedup'].median():.2f}x",
+                f"{g['speedup'].quantile(0.9):.2f}x",
+                f"{g['speedup'].max():.2f}x",
+                f"{(g['best_schedule'] == 'serial/sm').mean():.0%}",
+            ]
+            for op, g in sub.groupby("op")
         ]
-        for op, g in labels.groupby("op")
+        parts.append(
+            f"### {mode}\n\n"
+            + _table(["best schedule", "scenarios", "share"], rows)
+            + "\n\nSpeed-up of the best schedule over `serial/sm`:\n\n"
+            + _table(["op", "scenarios", "median", "p90", "max", "serial is best"], speed)
+        )
+    return "\n\n".join(parts)
+
+
+def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
+    """Best-set sizes per mode, and how often a ``/hp`` twin differs from its normal-priority twin."""
+    sizes = [
+        [
+            mode,
+            len(g),
+            f"{g['best_set_size'].median():.0f}",
+            f"{g['best_set_size'].quantile(0.9):.0f}",
+            f"{(g['best_set_size'] == 1).mean():.0%}",
+        ]
+        for mode, g in labels.groupby("mode", sort=False)
     ]
+    twins = [[mode, *_twin_row(g)] for mode, g in df.groupby("mode", sort=False)]
     return (
-        "## Labels (best schedule per scenario)\n\n"
-        + _table(["best schedule", "scenarios", "share"], rows)
-        + "\n\nSpeed-up of the best schedule over `serial/sm`:\n\n"
-        + _table(["op", "scenarios", "median", "p90", "max", "serial is best"], speed)
+        "## Labels with confidence (best sets)\n\n`in_best_set`: the schedules of a scenario and mode that "
+        "cannot be told apart from the fastest (`harness.labels`: a paired bootstrap over the rounds, never "
+        "narrower than 1%).\n\n"
+        + _table(["mode", "scenarios", "median size", "p90 size", "one schedule alone"], sizes)
+        + "\n\nHigh-priority twins (`.../hp` against the same schedule at normal priority), pairs ok in "
+        "both; 'differ' = one of the two leaves the best set of the pair (same test):\n\n"
+        + _table(["mode", "pairs", "differ beyond noise", "hp faster by > 1%", "hp slower by > 1%"], twins)
     )
 
 
+def _twin_row(df: pd.DataFrame) -> list[str]:
+    """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%]."""
+    from ficco.harness.labels import best_set
+
+    ok = df[df["ok"]]
+    hp = ok[ok["schedule"].str.endswith("/hp")]
+    normal = ok.set_index(["scenario_id", "schedule"])
+    differ = faster = slower = pairs = 0
+    for row in hp.itertuples():
+        key = (row.scenario_id, row.schedule.removesuffix("/hp"))
+        if key not in normal.index:
+            continue
+        twin = normal.loc[key]
+        pairs += 1
+        both = np.array([list(twin["round_ms"]), list(row.round_ms)])
+        differ += not best_set(both).all()
+        ratio = row.median_ms / twin["median_ms"]
+        faster += ratio < 0.99
+        slower += ratio > 1.01
+    if not pairs:
+        return ["0", "-", "-", "-"]
+    return [str(pairs), f"{differ / pairs:.0%}", f"{faster / pairs:.0%}", f"{slower / pairs:.0%}"]
+
+
 def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
-    """Run-to-run noise of re-measured scenarios: relative differences of the medians of every (scenario,
-    schedule) ok in both runs (median, p90, max), the median within-run spread (p90 - p10) / median, the
-    fraction of scenarios whose best schedule differs between the runs with the median loss of keeping
-    the first run's pick in the second, and how often the second run's pick is within 5% of the first
-    run's best (in the first run's times)."""
+    """Run-to-run noise of the re-measured scenarios, in one mode (pass rows of one mode): relative
+    differences of the medians of every (scenario, schedule) ok in both runs (median, p90, max); the share
+    of scenarios whose fastest schedule in the second run lies in the first run's best set; the median
+    best-set size of the first run; the share whose fastest schedule changed, with the median loss of
+    keeping the first run's pick in the second."""
     keys = ["scenario_id", "schedule"]
-    both = df[[*keys, "median_ms", "p10_ms", "p90_ms", "ok"]].merge(
+    both = df[[*keys, "median_ms", "ok"]].merge(
         noise[[*keys, "median_ms", "ok"]], on=keys, suffixes=("", "_2")
     )
     both = both[both["ok"] & both["ok_2"]]
@@ -204,47 +272,61 @@ def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
         second_times.get((sid, first.at[sid, "best_schedule"]), np.nan) / second.at[sid, "best_ms"] - 1.0
         for sid in common[changed.to_numpy()]
     ]
-    first_times = df.set_index(keys)["median_ms"]
-    within = [
-        first_times.get((sid, second.at[sid, "best_schedule"]), np.nan) <= 1.05 * first.at[sid, "best_ms"]
-        for sid in common
-    ]
+    in_set = df[df["in_best_set"]].set_index(keys).index
+    hits = [(sid, second.at[sid, "best_schedule"]) in in_set for sid in common]
     return {
         "scenarios": float(len(common)),
         "pairs": float(len(both)),
         "rel_diff_median": float(rel.median()),
         "rel_diff_p90": float(rel.quantile(0.9)),
         "rel_diff_max": float(rel.max()),
-        "spread_median": float(((both["p90_ms"] - both["p10_ms"]) / both["median_ms"]).median()),
+        "second_best_in_first_set": float(np.mean(hits)) if hits else float("nan"),
+        "best_set_size_median": float(first.loc[common, "best_set_size"].median()),
         "best_changed": float(changed.mean()) if len(common) else float("nan"),
         "loss_when_changed_median": float(np.nanmedian(loss)) if loss else 0.0,
-        "second_pick_within_5pct": float(np.mean(within)) if within else float("nan"),
     }
 
 
 def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
     if noise is None or noise.empty:
         return "## Run-to-run noise\n\nNot measured (run `ficco bench --resume --remeasure N`)."
-    s = noise_summary(df, noise)
-    return (
-        f"## Run-to-run noise\n\n{int(s['scenarios'])} scenarios were measured a second time after the sweep "
-        f"(`noise.parquet`, {int(s['pairs'])} schedule pairs ok in both runs).\n\n"
-        + _table(
-            ["", "value"],
+    rows = []
+    for mode in MODES:
+        if not (noise["mode"] == mode).any():
+            continue
+        s = noise_summary(df[df["mode"] == mode], noise[noise["mode"] == mode])
+        rows.append(
             [
-                ["median relative difference between runs", f"{s['rel_diff_median']:.1%}"],
-                ["p90 / max relative difference", f"{s['rel_diff_p90']:.1%} / {s['rel_diff_max']:.1%}"],
-                ["median within-run spread (p90 - p10) / median", f"{s['spread_median']:.1%}"],
-                ["best schedule changed between runs", f"{s['best_changed']:.0%} of scenarios"],
-                [
-                    "median loss of the first run's pick, when it changed",
-                    f"{s['loss_when_changed_median']:.1%}",
-                ],
-                [
-                    "second run's pick within 5% of the first run's best",
-                    f"{s['second_pick_within_5pct']:.0%}",
-                ],
+                mode,
+                int(s["scenarios"]),
+                int(s["pairs"]),
+                f"{s['rel_diff_median']:.2%}",
+                f"{s['rel_diff_p90']:.2%}",
+                f"{s['rel_diff_max']:.1%}",
+                f"{s['second_best_in_first_set']:.0%}",
+                f"{s['best_set_size_median']:.0f}",
+                f"{s['best_changed']:.0%}",
+                f"{s['loss_when_changed_median']:.2%}",
+            ]
+        )
+    return (
+        "## Run-to-run noise\n\nThe re-measured scenarios (`noise.parquet`) were measured again in a "
+        "separate process, in a shuffled order, with other inputs and round orders. Relative differences "
+        "are over every schedule ok in both runs.\n\n"
+        + _table(
+            [
+                "mode",
+                "scenarios",
+                "schedule pairs",
+                "median rel. diff",
+                "p90 rel. diff",
+                "max rel. diff",
+                "2nd run's fastest in 1st run's best set",
+                "median best-set size",
+                "fastest changed",
+                "median loss of 1st pick when changed",
             ],
+            rows,
         )
     )
 
@@ -253,6 +335,7 @@ def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) ->
     from ficco.harness.sim import agreement, calibrate
 
     hardware = dataset_hardware(directory)
+    df = df[df["mode"] == "eager"]
     ids = df["scenario_id"].drop_duplicates().to_numpy()
     folds = [df[df["scenario_id"].isin(ids[i::2])] for i in (0, 1)]
     fitted = [calibrate(folds[i], hardware) for i in (0, 1)]
@@ -274,17 +357,17 @@ def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) ->
         + _table(["sim constants", "exact", "within 5%"], rows)
     )
     if noise is not None and not noise.empty:
-        s = noise_summary(df, noise)
+        s = noise_summary(df[df["mode"] == "eager"], noise[noise["mode"] == "eager"])
         text += (
-            "\n\nFor scale: the second run of the re-measured scenarios picks the first run's best in "
-            f"{1 - s['best_changed']:.0%} of them, and a schedule within 5% of it in "
-            f"{s['second_pick_within_5pct']:.0%}."
+            "\n\nFor scale (eager): the second run of the re-measured scenarios picks the first run's best "
+            f"in {1 - s['best_changed']:.0%} of them."
         )
     return text
 
 
-def _plot_best(labels: pd.DataFrame, op: str, directory: Path) -> Path:
-    """Scatter of the best schedule family over (m, n*k) for ``op``, log axes; returns the PNG path."""
+def _plot_best(labels: pd.DataFrame, op: str, mode: str, directory: Path) -> Path:
+    """Scatter of the best schedule family over (m, n*k) for ``op`` in ``mode``, log axes; returns the PNG
+    path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,10 +392,10 @@ def _plot_best(labels: pd.DataFrame, op: str, directory: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("m (rows)")
     ax.set_ylabel("n * k")
-    ax.set_title(f"{op}: best schedule family ({len(sub)} scenarios)")
+    ax.set_title(f"{op}, {mode}: best schedule family ({len(sub)} scenarios)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    path = directory / f"best-{op}.png"
+    path = directory / f"best-{op}-{mode}.png"
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

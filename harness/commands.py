@@ -1,6 +1,6 @@
 """``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario.
 
-    ficco bench --out datasets/h200x2 --remeasure 32          # all local GPUs through torchrun
+    ficco bench --out datasets/h200x2 --remeasure 64          # all local GPUs through torchrun
     ficco bench --out datasets/h200x2 --resume                # continue after a crash or Ctrl-C
     ficco bench --backend sim --out /tmp/sim --include-moe    # no GPU: the analytic model
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 from ficco.errors import fail
@@ -75,6 +76,22 @@ def _tokens(value: str) -> list[int]:
     return tokens
 
 
+def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
+    """The execution modes of ``--modes``: a non-empty subset of ``MODES`` (gloo: ``eager`` only)."""
+    from ficco.harness.backend import MODES
+
+    if value is None:
+        return ("eager",) if backend is BenchBackend.gloo else MODES
+    modes = tuple(m.strip() for m in value.split(",") if m.strip())
+    allowed = ("eager",) if backend is BenchBackend.gloo else MODES
+    if not modes or any(m not in allowed for m in modes):
+        raise fail(
+            f"--modes must be comma-separated values of {list(allowed)} with --backend {backend}; "
+            f"got {value!r}"
+        )
+    return tuple(m for m in MODES if m in modes)
+
+
 def gpu_count() -> int:
     """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
     if shutil.which("nvidia-smi") is None:
@@ -125,18 +142,29 @@ def bench(
     ] = False,
     remeasure: Annotated[
         int,
-        typer.Option(help="After the sweep, measure this many finished scenarios again into noise.parquet."),
+        typer.Option(
+            help="After the sweep, measure this many finished scenarios again into noise.parquet, in a "
+            "separate process and a shuffled order (the card's noise numbers; >= 64 for a dataset)."
+        ),
     ] = 0,
     nproc: Annotated[
         int | None, typer.Option(help="Processes for gpu/gloo (default: detected GPUs, or --tp for gloo).")
     ] = None,
-    warmup: Annotated[
+    modes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated execution modes to time: eager (calls launched from Python) and graph "
+            "(replayed from a CUDA graph; not on gloo). Default: eager,graph (gpu, sim), eager (gloo)."
+        ),
+    ] = None,
+    rounds: Annotated[
         int,
-        typer.Option(help="Untimed runs per schedule (gpu/gloo; the first checks the result), in [1, 100]."),
-    ] = 3,
-    reps: Annotated[
-        int, typer.Option(help="Timed runs per schedule (gpu/gloo), in [1, 1000]; >= 20 for a dataset.")
-    ] = 20,
+        typer.Option(help="Interleaved rounds per scenario (gpu/gloo), in [1, 100]; >= 5 for a dataset."),
+    ] = ROUNDS,
+    block_ms: Annotated[
+        float,
+        typer.Option(help="Target ms of one timed block of serial calls (gpu/gloo), in [0.05, 100]."),
+    ] = BLOCK_MS,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
     noise: Annotated[float, typer.Option(help="Sim only: log-normal noise on every time, in [0, 1].")] = 0.0,
     calibrate_from: Annotated[
@@ -165,8 +193,8 @@ def bench(
         grid=grid,
         max_serial_ms=max_serial_ms,
         remeasure=remeasure,
-        warmup=warmup,
-        reps=reps,
+        rounds=rounds,
+        block_ms=block_ms,
         noise=noise,
         limit=limit,
         flush_seconds=flush_seconds,
@@ -187,7 +215,10 @@ def bench(
 
     from ficco.harness.plan import estimate_sweep
 
-    estimate = estimate_sweep(plan, hw, warmup=warmup, reps=reps, remeasure=remeasure)
+    mode_list = _modes(modes, backend)
+    estimate = estimate_sweep(
+        plan, hw, modes=mode_list, rounds=rounds, block_ms=block_ms, remeasure=remeasure
+    )
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
     )
@@ -204,6 +235,7 @@ def bench(
             seed=seed,
             noise=noise,
             calibrate_from=calibrate_from,
+            modes=mode_list,
             remeasure=remeasure,
             flush_seconds=flush_seconds,
         )
@@ -214,8 +246,9 @@ def bench(
             backend=backend,
             tp=tp,
             nproc=nproc,
-            warmup=warmup,
-            reps=reps,
+            modes=mode_list,
+            rounds=rounds,
+            block_ms=block_ms,
             remeasure=remeasure,
             flush_seconds=flush_seconds,
         )
@@ -229,8 +262,8 @@ def _check_options(
     grid: int,
     max_serial_ms: float,
     remeasure: int,
-    warmup: int,
-    reps: int,
+    rounds: int,
+    block_ms: float,
     noise: float,
     limit: int,
     flush_seconds: float,
@@ -242,8 +275,8 @@ def _check_options(
     if not max_serial_ms > 0:
         raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
     _check_range("--remeasure", remeasure, 0, 100_000)
-    _check_range("--warmup", warmup, 1, 100)
-    _check_range("--reps", reps, 1, 1000)
+    _check_range("--rounds", rounds, 1, 100)
+    _check_range("--block-ms", block_ms, 0.05, 100.0)
     _check_range("--noise", noise, 0.0, 1.0)
     _check_range("--limit", limit, 0, 10_000_000)
     _check_range("--flush-seconds", flush_seconds, 0.0, 3600.0)
@@ -313,13 +346,14 @@ def _run_sim(
     seed: int,
     noise: float,
     calibrate_from: Path | None,
+    modes: tuple[str, ...],
     remeasure: int,
     flush_seconds: float,
 ) -> None:
     """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
     from ficco.harness.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
-    from ficco.harness.sweep import run_sweep
+    from ficco.harness.sweep import run_noise, run_sweep
 
     constants = DEFAULT_CONSTANTS
     if calibrate_from is not None:
@@ -328,30 +362,46 @@ def _run_sim(
         except ValueError as err:
             raise fail(f"--calibrate-from {calibrate_from}: {err}") from None
         typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
-    backend = SimBackend(plan[0][1].hardware, seed=seed, noise=noise, constants=constants)
+    hardware = plan[0][1].hardware
     try:
-        run_sweep(plan, backend, out, remeasure=remeasure, flush_seconds=flush_seconds)
+        run_sweep(
+            plan,
+            SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes),
+            out,
+            flush_seconds=flush_seconds,
+        )
+        if remeasure:  # a fresh backend, as a fresh process would be: other noise draws
+            backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
+            run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds)
     except ValueError as err:
         raise fail(str(err)) from None
 
 
 def torchrun_command(
-    out: Path, *, nproc: int, device: str, warmup: int, reps: int, remeasure: int, flush_seconds: float
+    out: Path,
+    *,
+    nproc: int,
+    device: str,
+    phase: str,
+    modes: tuple[str, ...],
+    rounds: int,
+    block_ms: float,
+    remeasure: int,
+    flush_seconds: float,
 ) -> list[str]:
-    """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks."""
+    """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
+    for one ``phase`` (``sweep`` or ``noise``)."""
     from ficco.harness.dataset import PLAN
 
     worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
-    settings = [
-        "--warmup",
-        str(warmup),
-        "--reps",
-        str(reps),
-        "--remeasure",
-        str(remeasure),
-        "--flush-seconds",
-        str(flush_seconds),
-    ]
+    settings = {
+        "--phase": phase,
+        "--modes": ",".join(modes),
+        "--rounds": rounds,
+        "--block-ms": block_ms,
+        "--remeasure": remeasure,
+        "--flush-seconds": flush_seconds,
+    }
     return [
         sys.executable,
         "-m",
@@ -359,7 +409,7 @@ def torchrun_command(
         "--standalone",
         f"--nproc-per-node={nproc}",
         *worker,
-        *settings,
+        *(str(x) for pair in settings.items() for x in pair),
     ]
 
 
@@ -386,12 +436,14 @@ def run_torchrun(
     backend: BenchBackend,
     tp: int,
     nproc: int | None,
-    warmup: int,
-    reps: int,
+    modes: tuple[str, ...],
+    rounds: int,
+    block_ms: float,
     remeasure: int,
     flush_seconds: float,
 ) -> None:
-    """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun."""
+    """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
+    then (``remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
     from ficco.harness.dataset import PLAN, write_json_atomic
     from ficco.harness.worker import SAFE_ENV
 
@@ -401,22 +453,27 @@ def run_torchrun(
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
-    command = torchrun_command(
-        out,
-        nproc=nproc,
-        device=device,
-        warmup=warmup,
-        reps=reps,
-        remeasure=remeasure,
-        flush_seconds=flush_seconds,
-    )
-    typer.echo("running: " + " ".join(command), err=True)
-    code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
-    if code != 0:
-        typer.echo(
-            f"error: torchrun exited with {code}; `ficco bench --resume` continues where it stopped", err=True
+    for phase in ("sweep", "noise") if remeasure else ("sweep",):
+        command = torchrun_command(
+            out,
+            nproc=nproc,
+            device=device,
+            phase=phase,
+            modes=modes,
+            rounds=rounds,
+            block_ms=block_ms,
+            remeasure=remeasure,
+            flush_seconds=flush_seconds,
         )
-        raise typer.Exit(code)
+        typer.echo("running: " + " ".join(command), err=True)
+        code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
+        if code != 0:
+            typer.echo(
+                f"error: torchrun ({phase}) exited with {code}; `ficco bench --resume` continues where it "
+                "stopped",
+                err=True,
+            )
+            raise typer.Exit(code)
 
 
 def _write_card(out: Path) -> None:

@@ -1,17 +1,20 @@
-"""The dataset format: one Parquet row per (scenario, schedule), append-only parts and a manifest.
+"""The dataset format: one Parquet row per (scenario, schedule, mode), append-only parts and a manifest.
 
 Directory layout (``ficco bench --out DIR``)::
 
-    DIR/manifest.json              hardware profile, fingerprint, finished scenario ids, parts, timings
+    DIR/manifest.json              hardware profile, fingerprint, protocol, finished scenario ids, parts
     DIR/parts/part-00000.parquet   append-only; a part not listed in the manifest is ignored
-    DIR/noise.parquet              re-measured scenarios (run-to-run noise), same columns
+    DIR/noise.parquet              the independent re-measure (another process, another order), same columns
     DIR/plan.json                  the plan the sweep ran (settings, scenarios, families sharing a scenario)
-    DIR/card.md, DIR/best-<op>.png the dataset card
+    DIR/card.md, DIR/*.png         the dataset card and its plots
 
 Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
-``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule and
-its timing (``schedule``, ``median_ms``, ``p10_ms``, ``p90_ms`` - NaN when failed -, ``ok``, ``error``),
-``backend`` (gpu, gloo or sim) and the scenario's baselines (``harness.backend.BASELINE_KEYS``, ms).
+``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule, the
+execution ``mode`` (``harness.backend.MODES``) and its timing: ``median_ms`` (per call, the median over the
+interleaved rounds), ``p10_ms``/``p90_ms`` (over the rounds), ``round_ms`` (each round's per-call time, so
+anyone can recompute the confidence), ``ok``, ``error``, ``in_best_set`` (``harness.labels``); ``backend``
+(gpu, gloo or sim) and the scenario's baselines in that mode (``harness.backend.BASELINE_KEYS``, ms).
+Times are NaN and ``round_ms`` empty where a schedule failed.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario
-from ficco.harness.backend import BASELINE_KEYS, ScenarioResult
+from ficco.harness.backend import BASELINE_KEYS, MODES, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT = "ficco-dataset/1"
+FORMAT = "ficco-dataset/2"
 """Manifest format tag; a different one is refused."""
 MANIFEST = "manifest.json"
 NOISE = "noise.parquet"
@@ -48,11 +51,14 @@ COLUMNS: dict[str, str] = {
     "top_k": "int",
     "imbalance": "float",
     "schedule": "str",
+    "mode": "str",
     "median_ms": "float",
     "p10_ms": "float",
     "p90_ms": "float",
+    "round_ms": "list",
     "ok": "bool",
     "error": "str",
+    "in_best_set": "bool",
     "backend": "str",
     "hardware_id": "str",
     **{key: "float" for key in BASELINE_KEYS},
@@ -79,7 +85,8 @@ SCENARIO_COLUMNS = (
 def result_rows(
     family: str, scenario: Scenario, result: ScenarioResult, backend: str
 ) -> list[dict[str, Any]]:
-    """Dataset rows (dicts keyed by ``COLUMNS``) for one measured scenario, one per measurement."""
+    """Dataset rows (dicts keyed by ``COLUMNS``) for one measured scenario, one per measurement (each
+    with the baselines of its mode)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}; got {backend!r}")
     base = {
@@ -96,17 +103,21 @@ def result_rows(
         "imbalance": float(scenario.imbalance),
         "backend": backend,
         "hardware_id": scenario.hardware.id,
-        **{key: float(result.baselines.get(key, float("nan"))) for key in BASELINE_KEYS},
     }
+    nan = float("nan")
     return [
         {
             **base,
+            **{key: float(result.baselines.get(m.mode, {}).get(key, nan)) for key in BASELINE_KEYS},
             "schedule": m.schedule,
-            "median_ms": float(m.median_ms) if m.ok else float("nan"),
-            "p10_ms": float(m.p10_ms) if m.ok else float("nan"),
-            "p90_ms": float(m.p90_ms) if m.ok else float("nan"),
+            "mode": m.mode,
+            "median_ms": float(m.median_ms) if m.ok else nan,
+            "p10_ms": float(m.p10_ms) if m.ok else nan,
+            "p90_ms": float(m.p90_ms) if m.ok else nan,
+            "round_ms": [float(t) for t in m.round_ms] if m.ok else [],
             "ok": bool(m.ok),
             "error": m.error,
+            "in_best_set": bool(m.in_best_set and m.ok),
         }
         for m in result.measurements
     ]
@@ -116,7 +127,7 @@ def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """A DataFrame with exactly ``COLUMNS``, in order, with their dtypes (an empty list is fine)."""
     import pandas as pd
 
-    kinds = {"str": "object", "int": "int64", "float": "float64", "bool": "bool"}
+    kinds = {"str": "object", "int": "int64", "float": "float64", "bool": "bool", "list": "object"}
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     return frame.astype({name: kinds[kind] for name, kind in COLUMNS.items()})
 
@@ -136,13 +147,15 @@ def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
         "int": types.is_integer_dtype,
         "float": types.is_float_dtype,
         "bool": types.is_bool_dtype,
+        "list": types.is_object_dtype,
     }
     bad = [f"{c} ({df[c].dtype}, expected {kind})" for c, kind in COLUMNS.items() if not checks[kind](df[c])]
     if bad:
         raise ValueError(f"{source} has column(s) of the wrong dtype: {', '.join(bad)}")
-    unknown = sorted(set(df["backend"]) - set(BACKENDS))
-    if unknown:
-        raise ValueError(f"{source} has unknown backend value(s) {unknown}; allowed: {list(BACKENDS)}")
+    for column, allowed in (("backend", BACKENDS), ("mode", MODES)):
+        unknown = sorted(set(df[column]) - set(allowed))
+        if unknown:
+            raise ValueError(f"{source} has unknown {column} value(s) {unknown}; allowed: {list(allowed)}")
     return df
 
 
@@ -218,34 +231,39 @@ def dataset_hardware(path: str | Path) -> HardwareProfile:
 
 def dataset_hash(path: str | Path) -> str:
     """SHA-256 of the measurement rows, independent of part boundaries and row order."""
-    df = load_dataset(path).sort_values(["scenario_id", "schedule"], kind="stable")
+    df = load_dataset(path).sort_values(["scenario_id", "mode", "schedule"], kind="stable")
+    df["round_ms"] = [" ".join(f"{t:.9g}" for t in r) for r in df["round_ms"]]
     text = df.to_csv(index=False, float_format="%.9g", lineterminator="\n")
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def label_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per scenario with an ok schedule: ``SCENARIO_COLUMNS`` + ``best_schedule``, ``best_ms``,
-    ``serial_ms`` (``serial/sm``; NaN if it failed), ``speedup`` (serial over best) and ``n_ok``.
+    """One row per (scenario, mode) with an ok schedule: ``SCENARIO_COLUMNS`` + ``mode``,
+    ``best_schedule``, ``best_ms``, ``serial_ms`` (``serial/sm``; NaN if it failed), ``speedup`` (serial over
+    best), ``n_ok`` and ``best_set_size`` (schedules with ``in_best_set``).
 
     Failed schedules are never best; ties go to the schedule listed first (canonical order: serial first).
-    Scenarios where every schedule failed have no label and are left out.
+    Scenarios where every schedule of a mode failed have no label in that mode and are left out.
     """
     import numpy as np
     import pandas as pd
 
+    key = ["scenario_id", "mode"]
+    columns = [*SCENARIO_COLUMNS, "mode", "best_schedule", "best_ms", "serial_ms", "speedup", "n_ok"]
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
     if ok.empty:
-        return pd.DataFrame(
-            columns=[*SCENARIO_COLUMNS, "best_schedule", "best_ms", "serial_ms", "speedup", "n_ok"]
-        )
-    best = ok.loc[ok.groupby("scenario_id", sort=False)["median_ms"].idxmin()]
-    out = best[list(SCENARIO_COLUMNS)].copy()
+        return pd.DataFrame(columns=[*columns, "best_set_size"])
+    groups = ok.groupby(key, sort=False)
+    best = ok.loc[groups["median_ms"].idxmin()]
+    out = best[[*SCENARIO_COLUMNS, "mode"]].copy()
     out["best_schedule"] = best["schedule"].to_numpy()
     out["best_ms"] = best["median_ms"].to_numpy()
-    serial = ok[ok["schedule"] == "serial/sm"].set_index("scenario_id")["median_ms"]
-    out["serial_ms"] = out["scenario_id"].map(serial).astype(float)
+    serial = ok[ok["schedule"] == "serial/sm"].set_index(key)["median_ms"]
+    index = pd.MultiIndex.from_frame(out[key])
+    out["serial_ms"] = serial.reindex(index).to_numpy(dtype=float)
     out["speedup"] = out["serial_ms"] / out["best_ms"]
-    out["n_ok"] = out["scenario_id"].map(ok.groupby("scenario_id").size()).astype("int64")
+    out["n_ok"] = groups.size().reindex(index).to_numpy(dtype="int64")
+    out["best_set_size"] = groups["in_best_set"].sum().reindex(index).to_numpy(dtype="int64")
     return out.reset_index(drop=True)
 
 

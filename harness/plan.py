@@ -2,10 +2,10 @@
 
 ``plan_scenarios`` expands every model config into the pairs of one layer (``features.model_config``)
 for each token count, keeps the first family of every scenario id (recording the others in
-``Plan.shared``), drops scenarios whose simulated serial time exceeds ``max_serial_ms`` (they cost
-minutes of GPU time and add little: the communication/GEMM ratio of ``ag_gemm`` and ``gemm_rs`` does not
-depend on ``m``), then adds ``grid_size`` grid shapes between the real ones. ``estimate_sweep`` says how
-long the GPU sweep of the plan will take, from the simulator.
+``Plan.shared``), drops scenarios whose simulated serial time exceeds ``max_serial_ms`` (each costs about
+500 of its serial times under the timing protocol, and the communication/GEMM ratio of ``ag_gemm`` and
+``gemm_rs`` does not depend on ``m``), then adds ``grid_size`` grid shapes between the real ones.
+``estimate_sweep`` says how long the GPU sweep of the plan will take, from the simulator.
 """
 
 from __future__ import annotations
@@ -19,29 +19,37 @@ from typing import Any
 import numpy as np
 from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, layer_pairs
+from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.sim import SimBackend
 
-DEFAULT_TOKENS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
-"""Token counts per layer call (sequence x micro-batch), 1k to 64k."""
+DEFAULT_TOKENS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""Token counts per layer call (sequence x micro-batch): decode and small-batch serving (128-512) to
+long-sequence prefill and training (64k)."""
 DEFAULT_GRID = 260
-"""Grid scenarios added to the real ones. With the shipped configs at tp=2 the default plan holds 439
-scenarios (179 from 11 model families), which the simulator puts at about 7 minutes of 2 x H200 time with
-32 re-measured (``estimate_sweep``; a smoke sweep ran at the estimated rate or faster)."""
-DEFAULT_MAX_SERIAL_MS = 3.0
-"""Scenarios whose simulated ``serial/sm`` time exceeds this, ms, are left out of the plan: each costs
-30 schedules x 23 runs, and the largest shapes would take most of a 10-minute budget."""
-GRID_M = (1024, 65536)
+"""Grid scenarios added to the real ones. With the shipped configs at tp=2 the default plan holds 614
+scenarios (354 from 11 model families), which the simulator puts at about 17 minutes of 2 x H200 time in
+both modes with 64 re-measured (``estimate_sweep``)."""
+DEFAULT_MAX_SERIAL_MS = 20.0
+"""Scenarios whose simulated ``serial/sm`` time exceeds this, ms, are left out of the plan (and listed in
+it): at tp=2, Llama-3.1-405B's layers at >= 16k tokens and 70B's MLP at >= 32k. Each would cost about 10 s
+of GPU time (30 schedules and 4 baselines x 2 modes x 7 calls)."""
+GRID_M = (128, 65536)
 """Range of the grid's ``m`` (tokens), log-uniform."""
 GRID_NK = (512, 57344)
 """Range of the grid's ``n`` and ``k``, log-uniform."""
 GRID_FAMILY = "grid"
 
-SCHEDULE_OVERHEAD_MS = 4.0
-"""Wall time per measured schedule beyond its warm-up and timed runs (output check against serial,
-agreement and timing all-reduces). A 60-scenario smoke sweep on 2 x H200 (2026-11-22) spent 42.0 s, of
-which 33.5 s in warm-up and timed runs: 8.5 s over 1800 schedules and 60 scenarios."""
-SCENARIO_OVERHEAD_MS = 25.0
-"""Wall time per scenario beyond its schedules (inputs, the serial reference output, buffers)."""
+UNTIMED_CALLS = 2
+"""Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items
+two warm-up calls and the replay that checks the capture."""
+BLOCK_OVERHEAD_MS = 0.15
+"""Wall time per timed block beyond its calls: the rank alignment (an all-reduce and a host
+synchronisation) and reading the events."""
+ITEM_OVERHEAD_MS = 3.0
+"""Wall time per timed item beyond its calls: the output check against serial, agreement all-reduces,
+graph capture and instantiation."""
+SCENARIO_OVERHEAD_MS = 60.0
+"""Wall time per scenario beyond its items (rotating inputs, the serial reference outputs, buffers)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -238,11 +246,11 @@ class SweepEstimate:
     remeasured: int = 0
     """Scenarios measured a second time for the noise table."""
     rows: int = 0
-    """Dataset rows written (one per candidate schedule)."""
+    """Dataset rows written (one per candidate schedule and mode)."""
     timed_s: float = 0.0
-    """Seconds inside warm-up and timed repetitions (schedules and baselines)."""
+    """Seconds of GPU work: checks, warm-ups, captures and timed blocks (schedules and baselines)."""
     overhead_s: float = 0.0
-    """Seconds of per-schedule and per-scenario overhead."""
+    """Seconds of alignment, checking and capture overhead."""
 
     @property
     def seconds(self) -> float:
@@ -260,24 +268,33 @@ def estimate_sweep(
     plan: Sequence[tuple[str, Scenario]],
     hardware: HardwareProfile,
     *,
-    warmup: int = 3,
-    reps: int = 20,
+    modes: Sequence[str] = ("eager", "graph"),
+    rounds: int = ROUNDS,
+    block_ms: float = BLOCK_MS,
     remeasure: int = 0,
-    schedule_overhead_ms: float = SCHEDULE_OVERHEAD_MS,
-    scenario_overhead_ms: float = SCENARIO_OVERHEAD_MS,
 ) -> SweepEstimate:
-    """Sum over scenarios and candidate schedules of ``(warmup + reps) * simulated time + overhead``, the
-    four baselines included; each of the ``remeasure`` scenarios adds the plan's mean cost."""
-    sim = SimBackend(hardware)
-    runs = warmup + reps
+    """The protocol of ``harness.torch_backend`` priced with the simulator: per scenario, blocks of
+    ``calls = clamp(block_ms / serial time, 1, 32)`` calls, ``rounds`` timed blocks per schedule, baseline
+    and mode, plus ``UNTIMED_CALLS`` untimed calls each (check, warm-up, graph capture and its check), and
+    the per-block, per-item and per-scenario overheads; each of the ``remeasure`` scenarios adds the plan's
+    mean cost."""
+    from ficco.harness.torch_backend import MAX_CALLS
+
+    sim = SimBackend(hardware, modes=tuple(modes))
     timed = overhead = 0.0
     rows = 0
     for _, scenario in plan:
         schedules = candidates(scenario)
-        baselines = [v for v in sim.baselines_ms(scenario).values() if math.isfinite(v)]
-        timed += runs * (float(sim.schedule_ms(scenario, schedules).sum()) + sum(baselines)) / 1e3
-        overhead += (len(schedules) * schedule_overhead_ms + scenario_overhead_ms) / 1e3
-        rows += len(schedules)
+        result = sim.measure(scenario, schedules)
+        serial = next(m.median_ms for m in result.measurements if m.schedule == str(SERIAL))
+        calls = min(MAX_CALLS, max(1, math.ceil(block_ms / serial)))
+        for mode in modes:
+            per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
+            per_call += [v for v in result.baselines[mode].values() if math.isfinite(v)]
+            timed += (rounds * calls + UNTIMED_CALLS) * sum(per_call) / 1e3
+            overhead += len(per_call) * (rounds * BLOCK_OVERHEAD_MS + ITEM_OVERHEAD_MS) / 1e3
+        overhead += SCENARIO_OVERHEAD_MS / 1e3
+        rows += len(schedules) * len(modes)
     n = len(plan)
     again = min(remeasure, n)
     scale = 1.0 + again / n if n else 1.0

@@ -37,20 +37,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, Schedule
-from ficco.harness.backend import Measurement, ScenarioResult
+from ficco.harness.backend import MODES, ROUNDS, Measurement, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
-SIM_MODEL_VERSION = "sim2"
+SIM_MODEL_VERSION = "sim3"
 """Changes whenever a formula of the model changes (part of the sim fingerprint)."""
 
 _FP32_SLOWDOWN = 14.8
 """fp32 GEMM rate below bf16 (the same ratio ``features.vector`` uses)."""
 _TILE_M, _TILE_N = 128, 256
 """Output tile assumed when counting GEMM waves (Hopper bf16 cuBLAS kernels)."""
-_P10_Z = 1.2816
-"""Standard-normal quantile of the 90th percentile: p10/p90 = median * exp(-/+ z * noise)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -413,9 +411,15 @@ class SimBackend:
         seed: int = 0,
         noise: float = 0.0,
         constants: SimConstants = DEFAULT_CONSTANTS,
+        modes: tuple[str, ...] = MODES,
+        rounds: int = ROUNDS,
     ) -> None:
         if not (isinstance(noise, int | float) and 0.0 <= noise <= 1.0):
             raise ValueError(f"SimBackend.noise must be a number in [0, 1]; got {noise!r}")
+        if not modes or any(m not in MODES for m in modes):
+            raise ValueError(f"SimBackend.modes must be a non-empty subset of {list(MODES)}; got {modes!r}")
+        self.modes = tuple(m for m in MODES if m in modes)
+        self.rounds = rounds
         self.hardware = hardware
         self.world_size = hardware.gpu_count
         self.seed = seed
@@ -438,41 +442,51 @@ class SimBackend:
         return {key: float(v[0]) / 1e3 for key, v in out.items()}
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
-        """Simulate every schedule; one that cannot run ``scenario`` is recorded as failed."""
-        runnable = []
-        errors: dict[int, str] = {}
+        """Simulate every schedule in every mode (``graph``: no host time, the calls are replayed); one
+        that cannot run ``scenario`` is recorded as failed. With ``noise``, each of the ``rounds`` rounds
+        draws its own log-normal factor."""
+        runnable, errors = [], {}
         for i, schedule in enumerate(schedules):
             try:
                 schedule.check(scenario)
                 runnable.append(i)
             except ValueError as err:
                 errors[i] = str(err)
-        times = self.schedule_ms(scenario, [schedules[i] for i in runnable]) if runnable else []
-        by_index = dict(zip(runnable, times, strict=True))
         draw = self._draws[scenario.key()] = self._draws.get(scenario.key(), -1) + 1
-        out = []
-        for i, schedule in enumerate(schedules):
-            if i in errors:
-                out.append(Measurement(schedule=str(schedule), ok=False, error=errors[i]))
-                continue
-            median = float(by_index[i])
-            spread = 1.0
-            if self.noise:
-                rng = np.random.default_rng(
-                    [self.seed, zlib.crc32(f"{scenario.key()}|{schedule}".encode()), draw]
+        out, baselines = [], {}
+        for mode in self.modes:
+            constants = self.constants if mode == "eager" else _graph_constants(self.constants)
+            x = _encode([(scenario, schedules[i]) for i in runnable]) if runnable else None
+            times = dict(zip(runnable, _schedule_us(constants, x) / 1e3 if x else [], strict=True))
+            for i, schedule in enumerate(schedules):
+                if i in errors:
+                    out.append(Measurement(schedule=str(schedule), mode=mode, ok=False, error=errors[i]))
+                    continue
+                rounds = np.full(self.rounds, float(times[i]))
+                if self.noise:
+                    key = zlib.crc32(f"{scenario.key()}|{schedule}|{mode}".encode())
+                    rounds *= np.exp(
+                        self.noise
+                        * np.random.default_rng([self.seed, key, draw]).standard_normal(self.rounds)
+                    )
+                p10, median, p90 = np.percentile(rounds, [10, 50, 90])
+                out.append(
+                    Measurement(
+                        schedule=str(schedule),
+                        mode=mode,
+                        median_ms=float(median),
+                        p10_ms=float(p10),
+                        p90_ms=float(p90),
+                        round_ms=tuple(float(t) for t in rounds),
+                    )
                 )
-                median *= math.exp(self.noise * rng.standard_normal())
-                spread = math.exp(_P10_Z * self.noise)
-            out.append(
-                Measurement(
-                    schedule=str(schedule),
-                    median_ms=median,
-                    p10_ms=median / spread,
-                    p90_ms=median * spread,
-                    ok=True,
-                )
-            )
-        return ScenarioResult(measurements=out, baselines=self.baselines_ms(scenario))
+            base = _baselines_us(constants, _encode([(scenario, Schedule())]))
+            baselines[mode] = {key: float(v[0]) / 1e3 for key, v in base.items()}
+        return ScenarioResult(measurements=out, baselines=baselines)
+
+    def protocol(self) -> dict:
+        """Modes and rounds (each round one noise draw)."""
+        return {"modes": list(self.modes), "rounds": self.rounds}
 
     def fingerprint(self) -> dict:
         return {
@@ -484,6 +498,12 @@ class SimBackend:
             "seed": self.seed,
             "noise": self.noise,
         }
+
+
+def _graph_constants(c: SimConstants) -> SimConstants:
+    """``c`` with no host time: calls replayed from a CUDA graph are not issued from Python."""
+    host = ("host_ce_call_us", "host_p2p_call_us", "host_ce_round_us", "host_p2p_round_us", "host_unit_us")
+    return dataclasses.replace(c, **dict.fromkeys(host, 0.0))
 
 
 # Calibration --------------------------------------------------------------------------------------------
@@ -502,17 +522,19 @@ def calibrate(
 ) -> SimConstants:
     """Refit the constants to measured times: least squares on log times, Levenberg-Marquardt.
 
-    ``df`` has the dataset columns (``harness.dataset``): each ok row's ``median_ms`` is one observation of
-    its schedule; each distinct baseline value of a scenario is one observation of that baseline, weighted
-    by ``baseline_weight``. Constants named in ``fixed`` keep their ``start`` values. A weak pull of weight
-    ``prior_weight`` towards ``start`` keeps constants the data do not determine (say, NCCL contention in
-    a copy-engine-only dataset) where they were. Returns the fitted constants (4 significant digits).
+    ``df`` has the dataset columns (``harness.dataset``): each ok eager row's ``median_ms`` is one
+    observation of its schedule; each distinct baseline value of a scenario is one observation of that
+    baseline, weighted by ``baseline_weight``. Constants named in ``fixed`` keep their ``start`` values. A
+    weak pull of weight ``prior_weight`` towards ``start`` keeps constants the data do not determine (say,
+    NCCL contention in a copy-engine-only dataset) where they were. Returns the fitted constants (4
+    significant digits).
     """
     from ficco.harness.dataset import scenario_from_row
 
+    df = df[df["mode"] == "eager"]  # the host terms are fitted to eager calls
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
     if ok.empty:
-        raise ValueError("calibrate needs at least one ok row with a finite median_ms; got none")
+        raise ValueError("calibrate needs at least one ok eager row with a finite median_ms; got none")
     names = [f.name for f in dataclasses.fields(SimConstants)]
     unknown = sorted(set(fixed) - set(names))
     if unknown:
@@ -601,9 +623,11 @@ def agreement(
 ) -> float:
     """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
     measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
-    best (near-ties count). NaN for a dataset without labels."""
+    best (near-ties count). Eager rows only (the simulator's host terms are eager ones). NaN for a dataset
+    without labels."""
     from ficco.harness.dataset import label_table, scenario_from_row
 
+    df = df[df["mode"] == "eager"]
     labels = label_table(df).set_index("scenario_id")
     if labels.empty:
         return float("nan")

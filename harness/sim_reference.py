@@ -66,10 +66,12 @@ def _rows(table: str, op: str, shape: tuple[int, int, int], times: dict[str, flo
     """Rows of one measured shape; with no ``times`` a single GEMM-only row (``ok=False``: no schedule)."""
     m, k, n = shape
     scenario = Scenario(op=op, m=m, n=n, k=k // 2 if op == "gemm_rs" else k, hardware=get_hardware("h200x2"))
-    measurements = [Measurement(schedule=s, median_ms=t, p10_ms=t, p90_ms=t) for s, t in times.items()]
+    measurements = [
+        Measurement(schedule=s, median_ms=t, p10_ms=t, p90_ms=t, round_ms=(t,)) for s, t in times.items()
+    ]
     if not times:
         measurements = [Measurement(schedule="serial/sm", ok=False, error="reference row: GEMM alone only")]
-    result = ScenarioResult(measurements=measurements, baselines=baselines)
+    result = ScenarioResult(measurements=measurements, baselines={"eager": baselines})
     return result_rows(f"reference-{table}", scenario, result, "gpu")
 
 

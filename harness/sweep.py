@@ -1,4 +1,5 @@
-"""The sweep: every candidate schedule of every planned scenario, written so that nothing is lost.
+"""The sweep: every candidate schedule of every planned scenario, written so that nothing is lost; and the
+independent re-measure of some of them (``run_noise``) that the card's noise numbers come from.
 
 Crash safety (``kill -9`` at any point, then the same command again):
 
@@ -11,6 +12,10 @@ Crash safety (``kill -9`` at any point, then the same command again):
 
 Under torchrun every rank runs ``run_sweep`` with the same plan: all ranks read the manifest before their
 first (collective) ``measure``, so they skip the same scenarios in the same order; only rank 0 writes.
+
+The re-measure runs in another process than the sweep (``ficco bench`` launches it separately), visits
+its scenarios in a shuffled order and is measured with another seed (other inputs, other round orders), so
+what it shares with the sweep is the machine and the protocol, not the moment or the state of a process.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ficco.harness.dataset import (
     write_json_atomic,
 )
 from ficco.harness.fingerprint import fingerprint_differences
+from ficco.harness.labels import label_result
 from ficco.harness.plan import Plan
 
 if TYPE_CHECKING:
@@ -60,36 +66,74 @@ def run_sweep(
     out_dir: str | Path,
     *,
     progress: bool = True,
-    remeasure: int = 0,
     flush_seconds: float = FLUSH_SECONDS,
 ) -> Path:
-    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``, then
-    re-measure ``remeasure`` finished scenarios (spread over the plan) into ``noise.parquet``.
+    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``.
 
     Returns ``out_dir``. Raises ``FingerprintMismatch`` naming the differing keys when ``out_dir`` was
     measured with another fingerprint, ``ValueError`` for a plan mixing hardware profiles.
     """
     out = Path(out_dir)
     writer = backend.rank == 0
-    hardware = _plan_hardware(plan)
-    manifest = _open_manifest(out, backend, hardware, writer)
-    noise = load_noise(out)  # read now: every rank must see the same state before its first measure
+    manifest = _open_manifest(out, backend, _plan_hardware(plan), writer)
     if writer and isinstance(plan, Plan):
         write_json_atomic(out / PLAN, json.loads(plan.to_json()))
-    first: dict[str, tuple[str, Scenario]] = {}
-    for family, scenario in plan:
-        first.setdefault(scenario.key(), (family, scenario))
-    unique = list(first.values())
+    unique = _unique(plan)
     finished = set(manifest["finished"])
     todo = [(f, s) for f, s in unique if s.key() not in finished]
     _log(writer, f"{out}: {len(unique) - len(todo)} of {len(unique)} scenarios already measured")
     sink = _PartSink(out, manifest, writer, flush_seconds)
     _measure_all(todo, backend, sink, progress and writer, len(unique), "bench")
     sink.flush()
-    if remeasure > 0:
-        finished |= {s.key() for _, s in todo}
-        _remeasure(unique, finished, noise, backend, out, remeasure, progress and writer, flush_seconds)
     return out
+
+
+def run_noise(
+    plan: Sequence[tuple[str, Scenario]],
+    backend: Backend,
+    out_dir: str | Path,
+    count: int,
+    *,
+    order_seed: int = 1,
+    progress: bool = True,
+    flush_seconds: float = FLUSH_SECONDS,
+) -> Path:
+    """Top ``noise.parquet`` up to ``count`` re-measured scenarios of the finished sweep in ``out_dir``:
+    targets spread evenly over the plan, visited in an order shuffled by ``order_seed``.
+
+    Raises ``ValueError`` when ``out_dir`` holds no sweep, ``FingerprintMismatch`` as ``run_sweep``.
+    """
+    import numpy as np
+
+    out = Path(out_dir)
+    manifest = read_manifest(out)
+    if manifest is None:
+        raise ValueError(f"{out} holds no sweep to re-measure: run the sweep first")
+    _open_manifest(out, backend, _plan_hardware(plan), writer=False, same_seed=False)  # checks it
+    noise = load_noise(out)
+    noise = rows_frame([]) if noise is None else noise
+    have = set(noise["scenario_id"])
+    unique = _unique(plan)
+    plan_ids = [s.key() for _, s in unique]
+    finished = set(manifest["finished"])
+    targets = [sid for sid in remeasure_targets(plan_ids, finished, count) if sid not in have]
+    spare = [sid for sid in plan_ids if sid in finished and sid not in have and sid not in targets]
+    chosen = (targets + spare)[: max(count - len(have), 0)]
+    order = np.random.default_rng(order_seed).permutation(len(chosen))
+    by_id = {s.key(): (f, s) for f, s in unique}
+    todo = [by_id[chosen[i]] for i in order]
+    sink = _NoiseSink(out, noise, backend.rank == 0, flush_seconds)
+    _measure_all(todo, backend, sink, progress and backend.rank == 0, len(todo), "noise")
+    sink.flush()
+    return out
+
+
+def _unique(plan: Sequence[tuple[str, Scenario]]) -> list[tuple[str, Scenario]]:
+    """The plan's scenarios, each once (under its first family), in plan order."""
+    first: dict[str, tuple[str, Scenario]] = {}
+    for family, scenario in plan:
+        first.setdefault(scenario.key(), (family, scenario))
+    return list(first.values())
 
 
 def _log(writer: bool, text: str) -> None:
@@ -104,15 +148,28 @@ def _plan_hardware(plan: Sequence[tuple[str, Scenario]]) -> HardwareProfile | No
     return plan[0][1].hardware if plan else None
 
 
-def _open_manifest(out: Path, backend: Backend, hardware: HardwareProfile | None, writer: bool) -> dict:
-    """The existing manifest (after checking fingerprint and hardware) or a new one (written by rank 0)."""
+def _open_manifest(
+    out: Path, backend: Backend, hardware: HardwareProfile | None, writer: bool, *, same_seed: bool = True
+) -> dict:
+    """The existing manifest (after checking fingerprint and hardware) or a new one (written by rank 0).
+    ``same_seed=False`` (the re-measure) lets the fingerprint's ``seed`` differ."""
     fingerprint = backend.fingerprint()
+    protocol = backend.protocol()
     manifest = read_manifest(out)
     if manifest is not None:
-        diff = fingerprint_differences(manifest["fingerprint"], fingerprint)
+        diff = [
+            d
+            for d in fingerprint_differences(manifest["fingerprint"], fingerprint)
+            if same_seed or not d.startswith("seed:")
+        ]
+        diff += [
+            f"protocol {key}: dataset {manifest['protocol'].get(key)!r}, now {value!r}"
+            for key, value in protocol.items()
+            if manifest["protocol"].get(key) != value
+        ]
         if diff:
             raise FingerprintMismatch(
-                f"refusing to resume {out}: it was measured with a different fingerprint.\n  "
+                f"refusing to resume {out}: it was measured with a different fingerprint or protocol.\n  "
                 + "\n  ".join(diff)
                 + "\nStart a new dataset with another --out directory."
             )
@@ -130,6 +187,7 @@ def _open_manifest(out: Path, backend: Backend, hardware: HardwareProfile | None
         "backend": backend.name,
         "hardware": hardware.to_dict(),
         "fingerprint": fingerprint,
+        "protocol": protocol,
         "created": now,
         "updated": now,
         "parts": [],
@@ -148,14 +206,19 @@ def _now() -> str:
 
 
 def _measure_one(backend: Backend, scenario: Scenario) -> ScenarioResult:
-    """``backend.measure`` over every candidate; an exception marks every schedule failed."""
+    """``backend.measure`` over every candidate, labelled with best sets (``harness.labels``); an
+    exception marks every schedule failed."""
     schedules = candidates(scenario)
     try:
-        return backend.measure(scenario, schedules)
+        return label_result(backend.measure(scenario, schedules))
     except Exception as err:  # the backend broke on this scenario: record it, keep the sweep going
         error = f"{type(err).__name__}: {err}".splitlines()[0][:500]
         return ScenarioResult(
-            measurements=[Measurement(schedule=str(s), ok=False, error=error) for s in schedules]
+            measurements=[
+                Measurement(schedule=str(s), mode=mode, ok=False, error=error)
+                for mode in backend.modes
+                for s in schedules
+            ]
         )
 
 
@@ -264,27 +327,3 @@ def remeasure_targets(plan_ids: Sequence[str], finished: set[str], count: int) -
         return done
     step = len(done) / count
     return [done[math.floor(i * step)] for i in range(count)]
-
-
-def _remeasure(
-    unique: list[tuple[str, Scenario]],
-    finished: set[str],
-    noise: pd.DataFrame | None,
-    backend: Backend,
-    out: Path,
-    count: int,
-    progress: bool,
-    flush_seconds: float,
-) -> None:
-    """Top the noise table up to ``count`` scenarios (those already in it count; new ones are spread over
-    the plan)."""
-    noise = rows_frame([]) if noise is None else noise
-    have = set(noise["scenario_id"])
-    plan_ids = [s.key() for _, s in unique]
-    spread = remeasure_targets(plan_ids, finished, count)
-    order = [sid for sid in dict.fromkeys(spread + plan_ids) if sid in finished and sid not in have]
-    by_id = {s.key(): (f, s) for f, s in unique}
-    todo = [by_id[sid] for sid in order[: max(count - len(have), 0)]]
-    sink = _NoiseSink(out, noise, backend.rank == 0, flush_seconds)
-    _measure_all(todo, backend, sink, progress, len(todo), "noise")
-    sink.flush()

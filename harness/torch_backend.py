@@ -4,38 +4,72 @@ One process per rank (torchrun); ``measure`` is collective: every rank calls it 
 schedules, and ranks stay in lockstep even when a schedule fails (they agree on each outcome by an
 all-reduce). For each scenario:
 
-1. seeded random inputs (fresh per scenario, different per rank) and the ``serial/sm`` reference output;
+1. seeded random inputs, fresh per scenario and different per rank, in ``sets`` rotating copies (enough
+   that a small GEMM's operands are not served from L2 between calls, as they never are inside a layer
+   stack), and the ``serial/sm`` reference output of each set;
 2. per schedule: poison the executor's buffers and the output with NaN, run once, compare with the
-   reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails), then
-   ``warmup - 1`` more untimed runs and ``reps`` timed runs;
-3. baselines: the GEMM alone, the NCCL (gloo) collective alone, the copy-engine transfer alone and
-   PyTorch async-TP (``torch.ops.symm_mem.fused_*``; NaN on the CPU or when unavailable).
+   reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails);
+3. ``graph`` mode (CUDA): each schedule's block of ``calls`` calls is captured into one CUDA graph after
+   two eager warm-up calls, replayed once on poisoned outputs and checked the same way;
+4. the timing protocol: ``rounds`` rounds, each visiting every (schedule, mode) item and the baselines
+   (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP) in a freshly shuffled
+   order (the same on every rank). Before each timed block the ranks are aligned (a one-element all-reduce,
+   then a host synchronisation: outside the timed region); a block is ``calls`` calls, sized once per
+   scenario so that a block of ``serial/sm`` lasts about ``block_ms``. A round's time of an item is the
+   block's per-call time, the maximum over ranks; the dataset keeps every round's time (``round_ms``).
 
-Timing: CUDA events around each repetition, one synchronisation after the last; on the CPU,
-``time.perf_counter`` between a barrier and the end of the call. Each repetition's time is the maximum over
-ranks (one all-reduce per schedule); median, p10 and p90 are taken over repetitions.
+Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 from ficco.features import SERIAL, Scenario, Schedule
-from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult
+from ficco.harness.backend import BASELINE_KEYS, BLOCK_MS, MODES, ROUNDS, Measurement, ScenarioResult
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 TOLERANCE: dict[str, float] = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 """Largest relative error (||C - C_serial|| / ||C_serial||) a schedule may show, per dtype."""
 EXECUTOR_OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs")
 """Ops the executor runs; the MoE ops are measured by the simulator only."""
+ROTATE_BYTES = 256 << 20
+"""Input sets rotate until a block touches at least this many bytes of operands (4x the H200's 60 MB L2)."""
+MAX_SETS = 8
+"""Most rotating input sets per scenario."""
+MAX_CALLS = 32
+"""Most calls per timed block (small shapes)."""
 _ERROR_CHARS = 300
 """Longest error message kept in a Measurement (one line)."""
+
+
+@dataclass(kw_only=True)
+class _Item:
+    """One timed thing of a scenario: a schedule or a baseline, in one mode."""
+
+    name: str
+    """Schedule string, or a ``BASELINE_KEYS`` key."""
+    mode: str
+    """``eager`` or ``graph``."""
+    block: Callable[[], object] | None = None
+    """Runs one timed block (``calls`` calls, or one graph replay)."""
+    error: str = ""
+    """Why the item cannot be timed (agreed by every rank); empty when it can."""
+    times: list[float] = field(default_factory=list)
+    """Per-call time of each round, ms (the maximum over ranks)."""
+    graph: object | None = None
+    """The captured ``torch.cuda.CUDAGraph`` (kept alive while timed)."""
 
 
 class TorchBackend:
@@ -45,21 +79,24 @@ class TorchBackend:
     ----------
     device : {"cuda", "cpu"}, default="cuda"
         CUDA tensors on the current device (NCCL group) or CPU tensors (gloo group).
-    warmup : int, default=3
-        Untimed runs per schedule, the correctness check included (>= 1).
-    reps : int, default=20
-        Timed runs per schedule (>= 1; published numbers use >= 20).
+    modes : tuple of {"eager", "graph"}, default=MODES
+        Execution modes to time; ``graph`` needs CUDA (on the CPU only ``eager`` is allowed).
+    rounds : int, default=ROUNDS
+        Interleaved rounds per scenario (>= 1; the dataset protocol uses >= 5).
+    block_ms : float, default=BLOCK_MS
+        Target length of a timed block of ``serial/sm`` calls, ms (> 0); blocks hold 1 to ``MAX_CALLS`` calls.
     timeout_s : float, default=120.0
         Device barriers of the copy-engine executor trap after this long instead of hanging (0: never).
     seed : int, default=0
-        Added to each scenario's seed, to draw other inputs.
+        Added to each scenario's seed, to draw other inputs and other round orders.
     """
 
     def __init__(
         self,
         device: Literal["cuda", "cpu"] = "cuda",
-        warmup: int = 3,
-        reps: int = 20,
+        modes: tuple[str, ...] = MODES,
+        rounds: int = ROUNDS,
+        block_ms: float = BLOCK_MS,
         timeout_s: float = 120.0,
         seed: int = 0,
     ) -> None:
@@ -70,9 +107,15 @@ class TorchBackend:
 
         if device not in ("cuda", "cpu"):
             raise ValueError(f"TorchBackend.device must be one of ['cuda', 'cpu']; got {device!r}")
-        for field, value in (("warmup", warmup), ("reps", reps)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"TorchBackend.{field} must be an int >= 1; got {value!r}")
+        allowed = MODES if device == "cuda" else ("eager",)
+        if not modes or any(m not in allowed for m in modes):
+            raise ValueError(
+                f"TorchBackend.modes must be a non-empty subset of {list(allowed)}; got {modes!r}"
+            )
+        if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1):
+            raise ValueError(f"TorchBackend.rounds must be an int >= 1; got {rounds!r}")
+        if not (isinstance(block_ms, int | float) and block_ms > 0):
+            raise ValueError(f"TorchBackend.block_ms must be a number > 0; got {block_ms!r}")
         if not dist.is_initialized():
             raise ValueError("TorchBackend needs an initialised torch.distributed process group; none is")
         if device == "cuda" and not torch.cuda.is_available():
@@ -84,14 +127,17 @@ class TorchBackend:
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         )
-        self.warmup = warmup
-        self.reps = reps
+        self.modes = tuple(m for m in MODES if m in modes)
+        self.rounds = rounds
+        self.block_ms = float(block_ms)
         self.seed = seed
+        self._token = torch.zeros(1, device=self.device)
 
     # Backend protocol ---------------------------------------------------------------------------------
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
-        """Check and time every schedule on ``scenario`` (collective; see the module docstring)."""
+        """Check and time every schedule on ``scenario`` in every mode (collective; see the module
+        docstring)."""
         from ficco import executor
 
         if scenario.world_size != self.world_size:
@@ -102,16 +148,33 @@ class TorchBackend:
         if scenario.op not in EXECUTOR_OPS:
             error = f"op {scenario.op!r} is not run by the executor (it runs {list(EXECUTOR_OPS)})"
             return ScenarioResult(
-                measurements=[_failed(s, error) for s in schedules],
-                baselines=dict.fromkeys(BASELINE_KEYS, math.nan),
+                measurements=[_failed(s, mode, error) for mode in self.modes for s in schedules],
+                baselines={mode: dict.fromkeys(BASELINE_KEYS, math.nan) for mode in self.modes},
             )
+        items: list[_Item] = []
         try:
             case = _Case(scenario, self.device, self._seed(scenario))
-            measurements = [self._measure_schedule(case, schedule) for schedule in schedules]
-            baselines = self._baselines(case)
+            checked = {str(s): self._check(case, s) for s in schedules}
+            calls = self._calls_per_block(case)
+            for mode in self.modes:
+                for schedule in schedules:
+                    items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
+                items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
+            self._time_rounds(items, calls, self._order_seed(scenario))
+            return self._result(items, schedules)
         finally:
+            items.clear()  # graphs go before the buffers they replay into
             executor.clear_buffers()
-        return ScenarioResult(measurements=measurements, baselines=baselines)
+
+    def protocol(self) -> dict:
+        """Modes, rounds, block length and the protocol's fixed limits."""
+        return {
+            "modes": list(self.modes),
+            "rounds": self.rounds,
+            "block_ms": self.block_ms,
+            "max_calls": MAX_CALLS,
+            "rotate_bytes": ROTATE_BYTES,
+        }
 
     def fingerprint(self) -> dict:
         """GPU, driver, CUDA, torch, NCCL and interconnect (``gpu``), or CPU model and torch (``gloo``)."""
@@ -119,120 +182,227 @@ class TorchBackend:
 
         return gpu_fingerprint(self.world_size) if self.name == "gpu" else cpu_fingerprint(self.world_size)
 
-    # One schedule -------------------------------------------------------------------------------------
+    # Checks and items ---------------------------------------------------------------------------------
 
-    def _measure_schedule(self, case: _Case, schedule: Schedule) -> Measurement:
-        """Check ``schedule`` against the reference, then time it; a failure anywhere fails it everywhere."""
+    def _check(self, case: _Case, schedule: Schedule) -> str:
+        """Run ``schedule`` once on poisoned buffers and compare with serial; the agreed error or ``""``."""
         from ficco import executor
 
         error = ""
         try:
             schedule.check(case.scenario)
             executor.poison_buffers()
-            case.out.fill_(math.nan)
-            case.run(schedule)
-            err = _relative_error(case.out, case.reference)
-            tol = TOLERANCE[case.scenario.dtype]
-            if not err <= tol:
-                error = f"wrong result: relative error {err:.3g} against serial/sm exceeds {tol:g}"
+            case.outs[0].fill_(math.nan)
+            case.run(schedule, 0)
+            error = case.compare(0)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        error = self._agree(error)
-        if not error:
-            times, error = self.time_agreed(lambda: case.run(schedule))
-        if error:
-            return _failed(schedule, error)
-        p10, median, p90 = _percentiles(times)
-        return Measurement(schedule=str(schedule), median_ms=median, p10_ms=p10, p90_ms=p90, ok=True)
+        return self._agree(error)
 
-    def _baselines(self, case: _Case) -> dict[str, float]:
-        """Median ms of the GEMM alone, each collective alone and async-TP (NaN where not measurable)."""
+    def _calls_per_block(self, case: _Case) -> int:
+        """Calls per timed block: ``block_ms`` over the per-call time of ``serial/sm`` (slowest rank), in
+        ``[1, MAX_CALLS]``; the same on every rank."""
+        for _ in range(2):
+            case.run(SERIAL, 0)
+        self._align()
+        start = time.perf_counter()
+        for i in range(3):
+            case.run(SERIAL, i % case.sets)
+        self._sync()
+        per_call = self._max_over_ranks([1e3 * (time.perf_counter() - start) / 3])[0]
+        calls = int(min(MAX_CALLS, max(1, math.ceil(self.block_ms / max(per_call, 1e-6)))))
+        log.debug(
+            "%s: serial/sm %.3f ms per call -> %d calls per block", case.scenario.key(), per_call, calls
+        )
+        return calls
+
+    def _schedule_item(self, case: _Case, schedule: Schedule, mode: str, calls: int, error: str) -> _Item:
+        item = _Item(name=str(schedule), mode=mode, error=error)
+        if error:
+            return item
+        if mode == "eager":
+            item.block = case.eager_block(lambda s: case.run(schedule, s), calls)
+            return item
+        return self._capture(item, case, lambda s: case.run(schedule, s), calls, check=True)
+
+    def _baseline_item(self, case: _Case, key: str, mode: str, calls: int) -> _Item:
+        item = _Item(name=key, mode=mode)
+        run = case.baseline(key) if self.name == "gpu" or key != "async_tp_ms" else None
+        if run is None:
+            item.error = "not measurable here"
+            return item
+        item.error = self._agree(_try(lambda: [run(s) for s in range(min(2, case.sets))]))
+        if item.error:
+            return item
+        if mode == "eager":
+            item.block = case.eager_block(run, calls)
+            return item
+        return self._capture(item, case, run, calls, check=False)
+
+    def _capture(
+        self, item: _Item, case: _Case, run: Callable[[int], object], calls: int, *, check: bool
+    ) -> _Item:
+        """Capture ``calls`` calls of ``run`` (input set ``j % sets`` for call ``j``) into one CUDA graph,
+        after two eager warm-up calls; with ``check``, replay it once on poisoned outputs and compare every
+        written set with serial. Sets ``item.block`` or the agreed ``item.error``."""
+        import torch
+
         from ficco import executor
 
-        op = case.scenario.op
-        comm_input = case.a if op == "ag_gemm" else case.partial
-        runs: dict[str, Callable[[], object] | None] = {
-            "gemm_alone_ms": case.gemm_alone,
-            "nccl_comm_ms": lambda: executor.communicate(op, comm_input, "sm"),
-            "dma_comm_ms": lambda: executor.communicate(op, comm_input, "dma"),
-            "async_tp_ms": case.async_tp if self.name == "gpu" else None,
+        def capture() -> str:
+            for s in range(2):
+                run(s % case.sets)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=case.pool):
+                for j in range(calls):
+                    run(j % case.sets)
+            item.graph = graph
+            if not check:
+                return ""
+            executor.poison_buffers()
+            for out in case.outs:
+                out.fill_(math.nan)
+            graph.replay()
+            torch.cuda.synchronize()
+            return next((e for s in range(min(calls, case.sets)) if (e := case.compare(s))), "")
+
+        item.error = self._agree(_try(capture, prefix="graph capture: "))
+        if not item.error:
+            item.block = item.graph.replay
+        else:
+            item.graph = None
+        return item
+
+    # Timing -------------------------------------------------------------------------------------------
+
+    def _time_rounds(self, items: list[_Item], calls: int, seed: int) -> None:
+        """Time every runnable item once per round, in a per-round shuffled order (the same on every rank);
+        each round's times are the maxima over ranks."""
+        import torch
+
+        runnable = [i for i, item in enumerate(items) if not item.error]
+        rng = np.random.default_rng([seed, self.rounds])
+        for _ in range(self.rounds):
+            local = np.zeros(len(items))
+            failed = np.zeros(len(items))
+            errors: dict[int, str] = {}
+            for i in rng.permutation(runnable):
+                item = items[i]
+                if item.error:
+                    continue
+                self._align()
+                try:
+                    if self.name == "gpu":
+                        start, end = (
+                            torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True),
+                        )
+                        start.record()
+                        item.block()
+                        end.record()
+                        end.synchronize()
+                        local[i] = start.elapsed_time(end) / calls
+                    else:
+                        t0 = time.perf_counter()
+                        item.block()
+                        local[i] = 1e3 * (time.perf_counter() - t0) / calls
+                except Exception as exc:
+                    failed[i], errors[i] = 1.0, f"{type(exc).__name__}: {exc}"
+            merged = self._max_over_ranks([*local, *failed])
+            for i in runnable:
+                if merged[len(items) + i] and not items[i].error:
+                    items[i].error = self._agree(errors.get(i, ""), force=True)
+                    items[i].graph = items[i].block = None
+                elif not items[i].error:
+                    items[i].times.append(merged[i])
+
+    def _result(self, items: list[_Item], schedules: list[Schedule]) -> ScenarioResult:
+        """Measurements in (mode, schedule) order and the baselines of each mode."""
+        by_key = {(item.mode, item.name): item for item in items}
+        measurements = []
+        for mode in self.modes:
+            for schedule in schedules:
+                item = by_key[(mode, str(schedule))]
+                if item.error or not item.times:
+                    measurements.append(_failed(schedule, mode, item.error or "not timed"))
+                    continue
+                p10, median, p90 = np.percentile(item.times, [10, 50, 90])
+                measurements.append(
+                    Measurement(
+                        schedule=str(schedule),
+                        mode=mode,
+                        median_ms=float(median),
+                        p10_ms=float(p10),
+                        p90_ms=float(p90),
+                        round_ms=tuple(item.times),
+                    )
+                )
+        baselines = {
+            mode: {
+                key: float(np.median(item.times)) if not item.error and item.times else math.nan
+                for key in BASELINE_KEYS
+                for item in [by_key[(mode, key)]]
+            }
+            for mode in self.modes
         }
-        out = {}
-        for key in BASELINE_KEYS:
-            run = runs[key]
-            times, error = self.time_agreed(run, untimed=self.warmup) if run is not None else ([], "n/a")
-            out[key] = _percentiles(times)[1] if not error else math.nan
-        return out
+        return ScenarioResult(measurements=measurements, baselines=baselines)
 
-    # Timing and agreement -----------------------------------------------------------------------------
+    # Rank agreement -----------------------------------------------------------------------------------
 
-    def time_agreed(self, run: Callable[[], object], untimed: int | None = None) -> tuple[list[float], str]:
-        """Time ``run`` on every rank (collective): ``reps`` per-repetition times in ms, each the maximum
-        over ranks, after ``untimed`` runs (default ``warmup - 1``: a schedule's correctness check is its
-        first). An error on any rank gives ``([], "rank R: <error>")`` on every rank."""
-        error, times = "", []
-        try:
-            for _ in range(self.warmup - 1 if untimed is None else untimed):
-                run()
-            times = self._time_cuda(run) if self.name == "gpu" else self._time_cpu(run)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        error = self._agree(error)
-        if error:
-            return [], error
-        return self._max_over_ranks(times), ""
-
-    def _time_cuda(self, run: Callable[[], object]) -> list[float]:
-        import torch
-
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for start, end in zip(starts, ends, strict=True):
-            start.record()
-            run()
-            end.record()
-        ends[-1].synchronize()
-        return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
-
-    def _time_cpu(self, run: Callable[[], object]) -> list[float]:
+    def _align(self) -> None:
+        """Every rank leaves at about the same moment, with nothing of its own still queued: a one-element
+        all-reduce behind the work issued so far, then the host waits for it (CPU: a gloo barrier)."""
         import torch.distributed as dist
 
-        times = []
-        for _ in range(self.reps):
+        if self.name == "gpu":
+            dist.all_reduce(self._token)
+            self._sync()
+        else:
             dist.barrier()
-            start = time.perf_counter()
-            run()
-            times.append(1e3 * (time.perf_counter() - start))
-        return times
 
-    def _max_over_ranks(self, times: list[float]) -> list[float]:
+    def _sync(self) -> None:
+        import torch
+
+        if self.name == "gpu":
+            torch.cuda.synchronize()
+
+    def _max_over_ranks(self, values: list[float]) -> list[float]:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(times, dtype=torch.float64, device=self.device)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    def _agree(self, error: str) -> str:
-        """On every rank: ``""`` if no rank failed, else ``"rank R: <error>"`` of the first failing rank."""
+    def _agree(self, error: str, *, force: bool = False) -> str:
+        """On every rank: ``""`` if no rank failed, else ``"rank R: <error>"`` of the first failing rank.
+        ``force``: every rank already knows some rank failed (skip the vote)."""
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([0.0 if error else 1.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if flag.item() == 1.0:
-            return ""
+        if not force:
+            flag = torch.tensor([0.0 if error else 1.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if flag.item() == 1.0:
+                return ""
         errors: list[str | None] = [None] * self.world_size
         dist.all_gather_object(errors, error)
-        rank, message = next((r, e) for r, e in enumerate(errors) if e)
+        rank, message = next(((r, e) for r, e in enumerate(errors) if e), (0, "failed"))
         return f"rank {rank}: {' '.join(message.split())}"[:_ERROR_CHARS]
 
+    def _order_seed(self, scenario: Scenario) -> int:
+        """Seeds the round orders: the same on every rank."""
+        return (zlib.crc32(scenario.key().encode()) + self.seed) % (1 << 62)
+
     def _seed(self, scenario: Scenario) -> int:
-        return (zlib.crc32(scenario.key().encode()) + 1_000_003 * self.rank + self.seed) % (1 << 62)
+        """Seeds this rank's inputs: different on every rank."""
+        return (self._order_seed(scenario) + 1_000_003 * self.rank) % (1 << 62)
 
 
 class _Case:
-    """One scenario's tensors on this rank: inputs, output, reference and the GEMM/async-TP closures."""
+    """One scenario's tensors on this rank: rotating input sets, outputs, references, and the closures
+    that run a schedule or a baseline on one set."""
 
     def __init__(self, scenario: Scenario, device: torch.device, seed: int) -> None:
         import torch
@@ -244,33 +414,76 @@ class _Case:
         s, w = scenario, scenario.world_size
         gen = torch.Generator(device=device).manual_seed(seed)
         rows = s.m // w if s.op == "ag_gemm" else s.m
+        out_rows = s.m if s.op == "ag_gemm" else s.m // w
+        set_bytes = (rows * s.k + s.k * s.n + out_rows * s.n) * dtype.itemsize
         self.scenario = s
-        self.a = torch.randn((rows, s.k), generator=gen, device=device, dtype=dtype)
-        self.b = torch.randn((s.k, s.n), generator=gen, device=device, dtype=dtype).mul_(s.k**-0.5)
-        self.out = torch.empty((s.m if s.op == "ag_gemm" else s.m // w, s.n), device=device, dtype=dtype)
+        self.sets = int(min(MAX_SETS, max(1, math.ceil(ROTATE_BYTES / set_bytes))))
+        """Rotating input sets (call ``j`` of a block uses set ``j % sets``)."""
+        self.a = [
+            torch.randn((rows, s.k), generator=gen, device=device, dtype=dtype) for _ in range(self.sets)
+        ]
+        self.b = [
+            torch.randn((s.k, s.n), generator=gen, device=device, dtype=dtype).mul_(s.k**-0.5)
+            for _ in range(self.sets)
+        ]
+        self.outs = [torch.empty((out_rows, s.n), device=device, dtype=dtype) for _ in range(self.sets)]
         if s.op == "ag_gemm":
             self._op = executor.all_gather_matmul
-            self.reference, self.gemm_input = executor.all_gather_matmul(
-                self.a, self.b, SERIAL, return_gathered=True
-            )
-            self.partial = None
+            pairs = [executor.all_gather_matmul(a, b, SERIAL, return_gathered=True) for a, b in self._pairs()]
+            self.references = [c for c, _ in pairs]
+            self.gemm_inputs = [g for _, g in pairs]
+            self.comm_inputs = self.a
         else:
             self._op = executor.matmul_reduce_scatter
-            self.reference = executor.matmul_reduce_scatter(self.a, self.b, SERIAL)
-            self.gemm_input = self.a
-            self.partial = torch.mm(self.a, self.b)
+            self.references = [executor.matmul_reduce_scatter(a, b, SERIAL) for a, b in self._pairs()]
+            self.gemm_inputs = self.a
+            self.comm_inputs = [torch.mm(a, b) for a, b in self._pairs()]
         self._gemm_out = torch.empty((s.m, s.n), device=device, dtype=dtype)
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        """One memory pool shared by every graph of the scenario."""
+        self._next = 0
 
-    def run(self, schedule: Schedule) -> None:
-        self._op(self.a, self.b, schedule, out=self.out)
+    def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.a, self.b, strict=True))
 
-    def gemm_alone(self) -> None:
-        """The rank's whole GEMM, ``[m, k] @ [k, n]``, with no communication."""
+    def run(self, schedule: Schedule, s: int) -> None:
+        """The op under ``schedule`` on input set ``s``, into ``outs[s]``."""
+        self._op(self.a[s], self.b[s], schedule, out=self.outs[s])
+
+    def compare(self, s: int) -> str:
+        """``""`` when ``outs[s]`` matches the serial reference within tolerance, else why not."""
+        err = _relative_error(self.outs[s], self.references[s])
+        tol = TOLERANCE[self.scenario.dtype]
+        return (
+            "" if err <= tol else f"wrong result: relative error {err:.3g} against serial/sm exceeds {tol:g}"
+        )
+
+    def eager_block(self, run: Callable[[int], object], calls: int) -> Callable[[], None]:
+        """A block of ``calls`` eager calls of ``run``, the input set rotating across blocks too."""
+
+        def block() -> None:
+            for _ in range(calls):
+                run(self._next)
+                self._next = (self._next + 1) % self.sets
+
+        return block
+
+    def baseline(self, key: str) -> Callable[[int], object] | None:
+        """The run-one-set closure of a ``BASELINE_KEYS`` baseline."""
         import torch
 
-        torch.mm(self.gemm_input, self.b, out=self._gemm_out)
+        from ficco import executor
 
-    def async_tp(self) -> None:
+        op = self.scenario.op
+        runs: dict[str, Callable[[int], object]] = {
+            "gemm_alone_ms": lambda s: torch.mm(self.gemm_inputs[s], self.b[s], out=self._gemm_out),
+            "nccl_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "sm"),
+            "dma_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "dma"),
+            "async_tp_ms": self._async_tp,
+        }
+        return runs[key]
+
+    def _async_tp(self, s: int) -> None:
         """PyTorch's own overlapped op (``torch.ops.symm_mem``), on the default group."""
         import torch
         import torch.distributed as dist
@@ -278,9 +491,18 @@ class _Case:
 
         group_name = dist.group.WORLD.group_name
         if self.scenario.op == "ag_gemm":
-            torch.ops.symm_mem.fused_all_gather_matmul(self.a, [self.b], 0, group_name)
+            torch.ops.symm_mem.fused_all_gather_matmul(self.a[s], [self.b[s]], 0, group_name)
         else:
-            torch.ops.symm_mem.fused_matmul_reduce_scatter(self.a, self.b, "sum", 0, group_name)
+            torch.ops.symm_mem.fused_matmul_reduce_scatter(self.a[s], self.b[s], "sum", 0, group_name)
+
+
+def _try(fn: Callable[[], object], prefix: str = "") -> str:
+    """``fn()``'s returned error (a str), ``""`` for any other return, or the exception it raised."""
+    try:
+        out = fn()
+    except Exception as exc:
+        return f"{prefix}{type(exc).__name__}: {exc}"
+    return f"{prefix}{out}" if isinstance(out, str) and out else ""
 
 
 def _relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
@@ -298,20 +520,5 @@ def _relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return (num.sqrt() / den.sqrt()).item()
 
 
-def _percentiles(times: list[float]) -> tuple[float, float, float]:
-    """(p10, median, p90) of ``times``."""
-    import numpy as np
-
-    p10, p50, p90 = np.percentile(np.asarray(times, dtype=np.float64), [10, 50, 90])
-    return float(p10), float(p50), float(p90)
-
-
-def _failed(schedule: Schedule, error: str) -> Measurement:
-    return Measurement(
-        schedule=str(schedule),
-        median_ms=math.nan,
-        p10_ms=math.nan,
-        p90_ms=math.nan,
-        ok=False,
-        error=error or "failed",
-    )
+def _failed(schedule: Schedule | str, mode: str, error: str) -> Measurement:
+    return Measurement(schedule=str(schedule), mode=mode, ok=False, error=error or "failed")

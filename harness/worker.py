@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 2 -m ficco.harness.worker \
         --plan DIR/plan.json --out DIR --device cuda
 
-Every rank builds the executor-backed ``TorchBackend`` and runs the same ``run_sweep``; rank 0 writes the
-dataset. ``ficco bench`` writes the plan file and launches this for you.
+Every rank builds the executor-backed ``TorchBackend`` and runs the same phase: ``sweep`` (``run_sweep``)
+or ``noise`` (``run_noise``: the independent re-measure, launched as its own process group after the
+sweep); rank 0 writes the dataset. ``ficco bench`` writes the plan file and launches both for you.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not
@@ -23,9 +26,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", type=Path, required=True, help="plan.json written by `ficco bench`")
     p.add_argument("--out", type=Path, required=True, help="dataset directory (rank 0 writes it)")
     p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="cuda (NCCL) or cpu (gloo)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs per schedule")
-    p.add_argument("--reps", type=int, default=20, help="timed runs per schedule")
-    p.add_argument("--remeasure", type=int, default=0, help="finished scenarios to measure again (noise)")
+    p.add_argument("--phase", choices=("sweep", "noise"), default="sweep", help="what to measure")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated execution modes to time")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds per scenario")
+    p.add_argument(
+        "--block-ms", type=float, default=BLOCK_MS, help="target ms of a timed block of serial calls"
+    )
+    p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
     return p.parse_args(argv)
 
@@ -37,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import torch.distributed as dist
     from ficco.harness.plan import Plan
-    from ficco.harness.sweep import run_sweep
+    from ficco.harness.sweep import run_noise, run_sweep
     from ficco.harness.torch_backend import TorchBackend
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,8 +61,17 @@ def main(argv: list[str] | None = None) -> None:
                 f"the plan's world sizes {sorted(sizes)} must equal the process group size "
                 f"{dist.get_world_size()} (--nproc-per-node)"
             )
-        backend = TorchBackend(device=args.device, warmup=args.warmup, reps=args.reps)
-        run_sweep(plan, backend, args.out, remeasure=args.remeasure, flush_seconds=args.flush_seconds)
+        modes = tuple(m for m in args.modes.split(",") if m)
+        if args.phase == "sweep":
+            backend = TorchBackend(
+                device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms
+            )
+            run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds)
+        else:  # other inputs and round orders than the sweep's
+            backend = TorchBackend(
+                device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms, seed=1
+            )
+            run_noise(plan, backend, args.out, args.remeasure, flush_seconds=args.flush_seconds)
     finally:
         dist.destroy_process_group()
 

@@ -32,13 +32,14 @@ def _measure_world(rank: int, world_size: int) -> dict:
 
     executor.all_gather_matmul = corrupting
     try:
-        backend = TorchBackend(device="cpu", warmup=2, reps=3)
+        backend = TorchBackend(device="cpu", modes=("eager",), rounds=3, block_ms=0.2)
         return {
             "ag": backend.measure(AG, [*candidates(AG), IMPOSSIBLE]),
             "rs": backend.measure(RS, candidates(RS)[:6]),
             "moe": backend.measure(MOE, candidates(MOE)[:2]),
             "fingerprint": backend.fingerprint(),
             "identity": (backend.name, backend.rank, backend.world_size),
+            "protocol": backend.protocol(),
         }
     finally:
         executor.all_gather_matmul = real
@@ -56,6 +57,7 @@ def test_measure_times_every_good_schedule(results):
         assert good and all(m.ok and m.error == "" for m in good), [m for m in good if not m.ok]
         for m in good:
             assert 0 < m.p10_ms <= m.median_ms <= m.p90_ms, m
+            assert m.mode == "eager" and len(m.round_ms) == 3 and min(m.round_ms) <= m.median_ms, m
         assert [m.schedule for m in rows][: len(candidates(scenario)[:6])] == [
             str(s) for s in candidates(scenario)[:6]
         ]
@@ -73,15 +75,14 @@ def test_measure_records_an_impossible_schedule_as_failed(results):
 
 
 def test_measure_keeps_ranks_in_lockstep(results):
-    first, second = (
-        [(m.schedule, m.ok, m.error, repr(m.median_ms)) for m in r["ag"].measurements] for r in results
-    )
-    assert first == second  # the same outcomes, and the same times (each the maximum over ranks)
+    first, second = ([(m.schedule, m.ok, m.error, m.round_ms) for m in r["ag"].measurements] for r in results)
+    assert first == second  # the same outcomes, and the same round times (each the maximum over ranks)
 
 
 def test_measure_reports_baselines(results):
     for key in ("ag", "rs"):
-        baselines = results[0][key].baselines
+        assert set(results[0][key].baselines) == {"eager"}
+        baselines = results[0][key].baselines["eager"]
         assert set(baselines) == {"gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"}
         assert all(baselines[k] > 0 for k in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms")), baselines
         assert math.isnan(baselines["async_tp_ms"])  # no async-TP on the CPU
@@ -96,9 +97,18 @@ def test_measure_fails_every_schedule_of_an_op_the_executor_does_not_run(results
 def test_torch_backend_identity_and_fingerprint(results):
     assert [r["identity"] for r in results] == [("gloo", 0, 2), ("gloo", 1, 2)]
     assert results[0]["fingerprint"]["backend"] == "gloo" and results[0]["fingerprint"]["world_size"] == 2
+    assert results[0]["protocol"]["modes"] == ["eager"] and results[0]["protocol"]["rounds"] == 3
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"device": "tpu"}, "device"), ({"reps": 0}, "reps")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"device": "tpu"}, "device"),
+        ({"rounds": 0}, "rounds"),
+        ({"block_ms": 0}, "block_ms"),
+        ({"device": "cpu", "modes": ("graph",)}, "modes"),
+    ],
+)
 def test_torch_backend_rejects_bad_arguments(kwargs, message):
     from ficco.harness.torch_backend import TorchBackend
 

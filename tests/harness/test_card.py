@@ -5,7 +5,7 @@ from ficco.harness.card import noise_summary, schedule_family, write_card
 from ficco.harness.dataset import load_dataset, load_noise
 from ficco.harness.plan import plan_scenarios
 from ficco.harness.sim import SimBackend
-from ficco.harness.sweep import run_sweep
+from ficco.harness.sweep import run_noise, run_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -17,7 +17,8 @@ def sim_dataset(tmp_path_factory):
     hw = get_hardware("h200x2")
     plan = plan_scenarios([], grid_size=16, hardware=hw, seed=2)
     out = tmp_path_factory.mktemp("card") / "ds"
-    return run_sweep(plan, SimBackend(hw, noise=0.05), out, progress=False, remeasure=5)
+    run_sweep(plan, SimBackend(hw, noise=0.05), out, progress=False)
+    return run_noise(plan, SimBackend(hw, seed=1, noise=0.05), out, 5, progress=False)
 
 
 def test_write_card_has_every_section_and_a_png_per_op(sim_dataset):
@@ -29,27 +30,32 @@ def test_write_card_has_every_section_and_a_png_per_op(sim_dataset):
         "## Size and speed",
         "## Failed schedules",
         "## Labels",
+        "## Labels with confidence (best sets)",
         "## Run-to-run noise",
         "## Best schedule over the (m, n*k) plane",
     ):
         assert heading in card
-    assert "5 scenarios were measured a second time" in card
+    assert "| eager | 5 | 150 |" in card and "| graph | 5 | 150 |" in card  # noise rows per mode
     assert "## Simulator agreement" not in card  # only for measured datasets
     for op in ("ag_gemm", "gemm_rs"):
-        png = sim_dataset / f"best-{op}.png"
-        assert f"]({png.name})" in card
-        data = png.read_bytes()
-        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+        for mode in ("eager", "graph"):
+            png = sim_dataset / f"best-{op}-{mode}.png"
+            assert f"]({png.name})" in card
+            data = png.read_bytes()
+            assert data.startswith(PNG_MAGIC) and len(data) > 5000
 
 
-def test_noise_summary_measures_spread_and_label_changes(sim_dataset):
+def test_noise_summary_measures_spread_best_sets_and_label_changes(sim_dataset):
     df, noise = load_dataset(sim_dataset), load_noise(sim_dataset)
+    df, noise = df[df["mode"] == "graph"], noise[noise["mode"] == "graph"]
     s = noise_summary(df, noise)
     assert s["scenarios"] == 5 and s["pairs"] == 5 * 30
-    assert 0.0 < s["rel_diff_median"] < 0.2 and s["spread_median"] > 0.1  # noise=0.05: p90/p10 = e^0.128
-    assert 0.0 <= s["best_changed"] <= 1.0
+    assert 0.0 < s["rel_diff_median"] < 0.2  # noise=0.05 per round, median of 5 rounds
+    assert 0.0 <= s["best_changed"] <= 1.0 and 0.0 <= s["second_best_in_first_set"] <= 1.0
+    assert s["best_set_size_median"] >= 1
     same = noise_summary(df, df[df["scenario_id"].isin(noise["scenario_id"])])
     assert same["rel_diff_max"] == 0.0 and same["best_changed"] == 0.0
+    assert same["second_best_in_first_set"] == 1.0  # the fastest is always in its own best set
 
 
 class MeasuredFails(SimBackend):
@@ -61,10 +67,13 @@ class MeasuredFails(SimBackend):
         from ficco.harness.backend import Measurement, ScenarioResult
 
         result = super().measure(scenario, schedules)
-        failed = Measurement(
-            schedule="finer/sm/s8/chunk/hp", ok=False, error="TimeoutError: schedule timed out"
-        )
-        keep = [m if m.schedule != failed.schedule else failed for m in result.measurements]
+        bad = "finer/sm/s8/chunk/hp"
+        keep = [
+            m
+            if m.schedule != bad
+            else Measurement(schedule=bad, mode=m.mode, ok=False, error="TimeoutError: x")
+            for m in result.measurements
+        ]
         return ScenarioResult(measurements=keep, baselines=result.baselines)
 
 
@@ -73,7 +82,7 @@ def test_card_of_measured_dataset_lists_failures_and_sim_agreement(tmp_path, h20
     out = run_sweep(plan, MeasuredFails(h200), tmp_path / "ds", progress=False)
     card = write_card(out).read_text()
     assert "# Dataset card: h200x2, measured on GPUs" in card
-    assert "8 of 240 rows failed" in card and "TimeoutError: schedule timed out" in card
+    assert "16 of 480 rows failed" in card and "TimeoutError: x" in card
     assert "## Simulator agreement" in card and "| default constants | 100% | 100% |" in card
 
 

@@ -25,12 +25,12 @@ def _frame(h200, times: dict[str, float | None], scenario=None) -> pd.DataFrame:
     """Rows of one scenario; a time of None is a failed schedule."""
     scenario = scenario or Scenario(hardware=h200)
     measurements = [
-        Measurement(schedule=s, median_ms=t, p10_ms=t, p90_ms=t)
+        Measurement(schedule=s, median_ms=t, p10_ms=t, p90_ms=t, round_ms=(t,) * 5, in_best_set=True)
         if t is not None
         else Measurement(schedule=s, ok=False, error="RuntimeError: boom")
         for s, t in times.items()
     ]
-    result = ScenarioResult(measurements=measurements, baselines={"gemm_alone_ms": 1.0})
+    result = ScenarioResult(measurements=measurements, baselines={"eager": {"gemm_alone_ms": 1.0}})
     return rows_frame(result_rows("grid", scenario, result, "gpu"))
 
 
@@ -90,7 +90,7 @@ def test_label_table_breaks_ties_by_canonical_order_and_drops_all_failed(h200):
 def test_load_dataset_reads_listed_parts_only_and_hashes_content(tmp_path, small_plan, h200):
     out = run_sweep(small_plan, SimBackend(h200), tmp_path / "a", progress=False, flush_seconds=0.0)
     df = load_dataset(out)
-    assert len(df) == sum(len(candidates(s)) for _, s in small_plan)
+    assert len(df) == 2 * sum(len(candidates(s)) for _, s in small_plan)  # eager and graph
     orphan = _frame(h200, {"serial/sm": 9.0}, Scenario(m=2**16, hardware=h200))
     orphan.to_parquet(out / "parts" / "part-99999.parquet")
     assert len(load_dataset(out)) == len(df)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 from ficco.harness.commands import register, torchrun_command
-from ficco.harness.dataset import load_dataset, read_manifest
+from ficco.harness.dataset import load_dataset, load_noise, read_manifest
 from ficco.harness.worker import SAFE_ENV, parse_args
 from typer.testing import CliRunner
 
@@ -82,8 +82,10 @@ def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
     ("args", "message"),
     [
         (["--tp", "9"], "--tp must be in [2, 8]; got 9"),
-        (["--reps", "0"], "--reps must be in [1, 1000]; got 0"),
-        (["--warmup", "0"], "--warmup must be in [1, 100]; got 0"),
+        (["--rounds", "0"], "--rounds must be in [1, 100]; got 0"),
+        (["--block-ms", "0.01"], "--block-ms must be in [0.05, 100]; got 0.01"),
+        (["--modes", "lazy"], "--modes must be comma-separated values of ['eager', 'graph']"),
+        (["--backend", "gloo", "--modes", "graph"], "--modes must be comma-separated values of ['eager']"),
         (["--grid", "-1"], "--grid must be in [0, 100000]; got -1"),
         (["--max-serial-ms", "0"], "--max-serial-ms must be > 0; got 0"),
         (["--noise", "1.5"], "--noise must be in [0, 1]; got 1.5"),
@@ -159,7 +161,15 @@ def test_bench_gloo_nproc_must_equal_tp(app, tiny_configs, tmp_path):
 
 def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
     command = torchrun_command(
-        tmp_path, nproc=2, device="cuda", warmup=3, reps=20, remeasure=32, flush_seconds=10.0
+        tmp_path,
+        nproc=2,
+        device="cuda",
+        phase="noise",
+        modes=("eager", "graph"),
+        rounds=7,
+        block_ms=0.5,
+        remeasure=64,
+        flush_seconds=10.0,
     )
     assert command[:5] == [
         sys.executable,
@@ -169,13 +179,17 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         "--nproc-per-node=2",
     ]
     args = parse_args(command[command.index("ficco.harness.worker") + 1 :])
-    assert (args.plan, args.out, args.device, args.reps, args.remeasure) == (
-        tmp_path / "plan.json",
-        tmp_path,
-        "cuda",
-        20,
-        32,
+    got = (
+        args.plan,
+        args.out,
+        args.device,
+        args.phase,
+        args.modes,
+        args.rounds,
+        args.block_ms,
+        args.remeasure,
     )
+    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", 7, 0.5, 64)
     assert SAFE_ENV == {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -205,10 +219,12 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
         "0",
         "--limit",
         "2",
-        "--warmup",
-        "1",
-        "--reps",
+        "--modes",
+        "eager",
+        "--rounds",
         "2",
+        "--remeasure",
+        "1",
         "--out",
         str(out),
     ]
@@ -218,5 +234,9 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
     assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
-    assert read_manifest(out)["fingerprint"]["backend"] == "gloo"
+    assert set(df["mode"]) == {"eager"} and all(len(r) == 2 for r in df["round_ms"])
+    assert df.groupby("scenario_id")["in_best_set"].any().all()
+    manifest = read_manifest(out)
+    assert manifest["fingerprint"]["backend"] == "gloo" and manifest["protocol"]["rounds"] == 2
+    assert load_noise(out)["scenario_id"].nunique() == 1  # the second torchrun job
     assert (out / "card.md").exists()

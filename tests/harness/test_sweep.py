@@ -14,7 +14,7 @@ from ficco.harness.backend import Measurement, ScenarioResult
 from ficco.harness.dataset import dataset_hash, label_table, load_dataset, load_noise, read_manifest
 from ficco.harness.plan import plan_scenarios
 from ficco.harness.sim import SimBackend
-from ficco.harness.sweep import FingerprintMismatch, remeasure_targets, run_sweep
+from ficco.harness.sweep import FingerprintMismatch, remeasure_targets, run_noise, run_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +32,13 @@ class CountingSim(SimBackend):
 
 
 def _no_duplicates(df) -> bool:
-    return not df.duplicated(["scenario_id", "schedule"]).any()
+    return not df.duplicated(["scenario_id", "schedule", "mode"]).any()
 
 
 def test_sweep_writes_every_candidate_once(tmp_path, small_plan, h200):
     out = run_sweep(small_plan, SimBackend(h200), tmp_path / "ds", progress=False)
     df = load_dataset(out)
-    assert len(df) == sum(len(candidates(s)) for _, s in small_plan) and _no_duplicates(df)
+    assert len(df) == 2 * sum(len(candidates(s)) for _, s in small_plan) and _no_duplicates(df)
     assert set(df["backend"]) == {"sim"} and df["ok"].all()
     manifest = read_manifest(out)
     assert manifest["rows"] == len(df) and len(manifest["finished"]) == len(small_plan)
@@ -145,10 +145,12 @@ class FailsFastest(SimBackend):
 
     def measure(self, scenario, schedules):
         result = super().measure(scenario, schedules)
-        best = min(result.measurements, key=lambda m: m.median_ms)
+        best = min(result.measurements, key=lambda m: m.median_ms).schedule
         measurements = [
-            Measurement(schedule=m.schedule, ok=False, error="AssertionError: result differs from serial")
-            if m is best
+            Measurement(
+                schedule=m.schedule, mode=m.mode, ok=False, error="AssertionError: result differs from serial"
+            )
+            if m.schedule == best
             else m
             for m in result.measurements
         ]
@@ -159,11 +161,15 @@ def test_failed_schedule_is_recorded_and_never_best(tmp_path, small_plan, h200):
     out = run_sweep(small_plan, FailsFastest(h200), tmp_path / "ds", progress=False)
     df = load_dataset(out)
     failed = df[~df["ok"]]
-    assert len(failed) == len(small_plan) and failed["median_ms"].isna().all()
+    assert len(failed) == 2 * len(small_plan) and failed["median_ms"].isna().all()
     assert set(failed["error"]) == {"AssertionError: result differs from serial"}
-    labels = label_table(df).set_index("scenario_id")
+    assert (
+        not failed["in_best_set"].any()
+        and df[df["ok"]].groupby(["scenario_id", "mode"])["in_best_set"].any().all()
+    )
+    labels = label_table(df).set_index(["scenario_id", "mode"])
     for row in failed.itertuples():
-        assert labels.at[row.scenario_id, "best_schedule"] != row.schedule
+        assert labels.at[(row.scenario_id, row.mode), "best_schedule"] != row.schedule
 
 
 class RaisesOn(SimBackend):
@@ -181,7 +187,7 @@ def test_backend_exception_marks_the_scenario_failed_and_continues(tmp_path, sma
     bad = small_plan[3][1].key()
     df = load_dataset(run_sweep(small_plan, RaisesOn(h200, {bad}), tmp_path / "ds", progress=False))
     rows = df[df["scenario_id"] == bad]
-    assert len(rows) == 30 and not rows["ok"].any()
+    assert len(rows) == 60 and not rows["ok"].any()
     assert set(rows["error"]) == {"RuntimeError: CUDA error: out of memory"}
     assert df[df["scenario_id"] != bad]["ok"].all()
 
@@ -192,14 +198,23 @@ def test_broken_backend_stops_the_sweep(tmp_path, small_plan, h200):
         run_sweep(small_plan, RaisesOn(h200, everything), tmp_path / "ds", progress=False)
 
 
-def test_remeasure_writes_noise_table_once(tmp_path, small_plan, h200):
-    out = run_sweep(small_plan, SimBackend(h200, noise=0.05), tmp_path / "ds", progress=False, remeasure=4)
+def test_run_noise_writes_noise_table_once_in_a_shuffled_order(tmp_path, small_plan, h200):
+    out = run_sweep(small_plan, SimBackend(h200, noise=0.05), tmp_path / "ds", progress=False)
+    first = CountingSim(h200, noise=0.05, seed=1)
+    run_noise(small_plan, first, out, 8, progress=False)
     noise = load_noise(out)
-    assert noise["scenario_id"].nunique() == 4 and len(noise) == 4 * 30
-    again = CountingSim(h200, noise=0.05)
-    run_sweep(small_plan, again, out, progress=False, remeasure=6)
-    assert len(again.measured) == 2 and load_noise(out)["scenario_id"].nunique() == 6
+    assert noise["scenario_id"].nunique() == 8 and len(noise) == 8 * 30 * 2  # both modes
+    targets = remeasure_targets([s.key() for _, s in small_plan], {s.key() for _, s in small_plan}, 8)
+    assert sorted(first.measured) == sorted(targets) and first.measured != targets  # shuffled
+    again = CountingSim(h200, noise=0.05, seed=1)
+    run_noise(small_plan, again, out, 10, progress=False)
+    assert len(again.measured) == 2 and load_noise(out)["scenario_id"].nunique() == 10
     assert load_dataset(out)["scenario_id"].nunique() == len(small_plan)
+
+
+def test_run_noise_needs_a_sweep(tmp_path, small_plan, h200):
+    with pytest.raises(ValueError, match="holds no sweep to re-measure"):
+        run_noise(small_plan, SimBackend(h200), tmp_path / "none", 4, progress=False)
 
 
 def test_remeasure_targets_spread_over_the_plan():
@@ -213,6 +228,6 @@ def test_only_rank_0_writes(tmp_path, small_plan, h200):
         rank = 1
 
     backend = Rank1(h200)
-    run_sweep(small_plan, backend, tmp_path / "ds", progress=False, remeasure=2)
-    assert len(backend.measured) == len(small_plan) + 2  # it still takes part in every measurement
+    run_sweep(small_plan, backend, tmp_path / "ds", progress=False)
+    assert len(backend.measured) == len(small_plan)  # it still takes part in every measurement
     assert not (tmp_path / "ds").exists()
