@@ -80,6 +80,11 @@ class Backend(Protocol):
         schedule gives ``ok=False``."""
         ...
 
+    def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
+        """Run ``scenario`` once untimed before the first measurement of a process (lazy initialisation:
+        library handles, communicator connections, peer memory); a no-op where nothing is lazy."""
+        ...
+
     def fingerprint(self) -> dict:
         """What the measurements depend on (GPU, driver, library versions...), JSON-serialisable."""
         ...

@@ -273,11 +273,11 @@ def estimate_sweep(
     block_ms: float = BLOCK_MS,
     remeasure: int = 0,
 ) -> SweepEstimate:
-    """The protocol of ``harness.torch_backend`` priced with the simulator: per scenario, blocks of
-    ``calls = clamp(block_ms / serial time, 1, 32)`` calls, ``rounds`` timed blocks per schedule, baseline
-    and mode, plus ``UNTIMED_CALLS`` untimed calls each (check, warm-up, graph capture and its check), and
-    the per-block, per-item and per-scenario overheads; each of the ``remeasure`` scenarios adds the plan's
-    mean cost."""
+    """The protocol of ``harness.torch_backend`` priced with the simulator: per scenario and mode, blocks of
+    ``calls = clamp(block_ms / serial time in that mode, 1, MAX_CALLS)`` calls (plus one leading call when
+    several), ``rounds`` timed blocks per schedule and baseline, plus ``UNTIMED_CALLS`` untimed calls each
+    (check, warm-up, graph capture and its check), and the per-block, per-item and per-scenario overheads;
+    each of the ``remeasure`` scenarios adds the plan's mean cost."""
     from ficco.harness.torch_backend import MAX_CALLS
 
     sim = SimBackend(hardware, modes=tuple(modes))
@@ -286,12 +286,15 @@ def estimate_sweep(
     for _, scenario in plan:
         schedules = candidates(scenario)
         result = sim.measure(scenario, schedules)
-        serial = next(m.median_ms for m in result.measurements if m.schedule == str(SERIAL))
-        calls = min(MAX_CALLS, max(1, math.ceil(block_ms / serial)))
         for mode in modes:
+            serial = next(
+                m.median_ms for m in result.measurements if m.mode == mode and m.schedule == "serial/sm"
+            )
+            calls = min(MAX_CALLS, max(1, math.ceil(block_ms / serial)))
+            per_block = calls + (calls > 1)
             per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
             per_call += [v for v in result.baselines[mode].values() if math.isfinite(v)]
-            timed += (rounds * calls + UNTIMED_CALLS) * sum(per_call) / 1e3
+            timed += (rounds * per_block + UNTIMED_CALLS) * sum(per_call) / 1e3
             overhead += len(per_call) * (rounds * BLOCK_OVERHEAD_MS + ITEM_OVERHEAD_MS) / 1e3
         overhead += SCENARIO_OVERHEAD_MS / 1e3
         rows += len(schedules) * len(modes)

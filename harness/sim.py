@@ -484,6 +484,9 @@ class SimBackend:
             baselines[mode] = {key: float(v[0]) / 1e3 for key, v in base.items()}
         return ScenarioResult(measurements=out, baselines=baselines)
 
+    def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
+        """Nothing is lazy in the simulator."""
+
     def protocol(self) -> dict:
         """Modes and rounds (each round one noise draw)."""
         return {"modes": list(self.modes), "rounds": self.rounds}

@@ -228,6 +228,12 @@ def _measure_all(
     """Measure ``todo`` in order, handing each scenario's rows to ``sink.add``."""
     from tqdm import tqdm
 
+    if todo:
+        _log(progress, f"warming up on {todo[0][1].key()} (untimed)")
+        try:
+            backend.warm_up(todo[0][1], candidates(todo[0][1]))
+        except Exception as err:  # the scenario's own measurement records what is wrong with it
+            _log(progress, f"warm-up failed ({type(err).__name__}: {err}); measuring anyway")
     bar = tqdm(total=total, initial=total - len(todo), desc=desc, unit="scenario", disable=not progress)
     failing = 0
     try:

@@ -23,6 +23,7 @@ Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around 
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -48,8 +49,10 @@ ROTATE_BYTES = 256 << 20
 """Input sets rotate until a block touches at least this many bytes of operands (4x the H200's 60 MB L2)."""
 MAX_SETS = 8
 """Most rotating input sets per scenario."""
-MAX_CALLS = 32
+MAX_CALLS = 64
 """Most calls per timed block (small shapes)."""
+MAX_GRAPH_CALLS = 8
+"""Most calls captured in one graph: a block replays it several times (capture costs host time per call)."""
 _ERROR_CHARS = 300
 """Longest error message kept in a Measurement (one line)."""
 
@@ -63,7 +66,11 @@ class _Item:
     mode: str
     """``eager`` or ``graph``."""
     block: Callable[[], object] | None = None
-    """Runs one timed block (``calls`` calls, or one graph replay)."""
+    """Runs one timed block (eager calls, or graph replays)."""
+    calls: int = 1
+    """Calls one block runs (the per-call time is the block's over this)."""
+    lead: Callable[[], object] | None = None
+    """Runs one untimed call right before the block (eager blocks of several calls; ``_Case.eager_lead``)."""
     error: str = ""
     """Why the item cannot be timed (agreed by every rank); empty when it can."""
     times: list[float] = field(default_factory=list)
@@ -152,19 +159,31 @@ class TorchBackend:
                 baselines={mode: dict.fromkeys(BASELINE_KEYS, math.nan) for mode in self.modes},
             )
         items: list[_Item] = []
+        gc.collect()
+        gc.disable()  # a collection inside a timed block would land on one schedule
         try:
             case = _Case(scenario, self.device, self._seed(scenario))
             checked = {str(s): self._check(case, s) for s in schedules}
-            calls = self._calls_per_block(case)
             for mode in self.modes:
+                calls = self._calls_per_block(case, mode)
                 for schedule in schedules:
                     items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
                 items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
-            self._time_rounds(items, calls, self._order_seed(scenario))
+            self._time_rounds(items, self._order_seed(scenario))
             return self._result(items, schedules)
         finally:
             items.clear()  # graphs go before the buffers they replay into
             executor.clear_buffers()
+            gc.enable()
+
+    def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
+        """One untimed pass (one round) over ``scenario``: the first scenario of a process otherwise pays
+        for cuBLAS handles, NCCL connections and peer-memory rendezvous inside its timed rounds."""
+        rounds, self.rounds = self.rounds, 1
+        try:
+            self.measure(scenario, schedules)
+        finally:
+            self.rounds = rounds
 
     def protocol(self) -> dict:
         """Modes, rounds, block length and the protocol's fixed limits."""
@@ -199,21 +218,29 @@ class TorchBackend:
             error = f"{type(exc).__name__}: {exc}"
         return self._agree(error)
 
-    def _calls_per_block(self, case: _Case) -> int:
-        """Calls per timed block: ``block_ms`` over the per-call time of ``serial/sm`` (slowest rank), in
-        ``[1, MAX_CALLS]``; the same on every rank."""
-        for _ in range(2):
+    def _calls_per_block(self, case: _Case, mode: str) -> int:
+        """Calls per timed block in ``mode``: ``block_ms`` over the per-call time of ``serial/sm`` in that
+        mode (slowest rank; graph: a captured call), in ``[1, MAX_CALLS]``; the same on every rank."""
+        import torch
+
+        def run() -> None:
             case.run(SERIAL, 0)
+
+        for _ in range(2):
+            run()
+        if mode == "graph":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=case.pool):
+                run()
+            run = graph.replay
         self._align()
         start = time.perf_counter()
-        for i in range(3):
-            case.run(SERIAL, i % case.sets)
+        for _ in range(3):
+            run()
         self._sync()
         per_call = self._max_over_ranks([1e3 * (time.perf_counter() - start) / 3])[0]
         calls = int(min(MAX_CALLS, max(1, math.ceil(self.block_ms / max(per_call, 1e-6)))))
-        log.debug(
-            "%s: serial/sm %.3f ms per call -> %d calls per block", case.scenario.key(), per_call, calls
-        )
+        log.debug("%s %s: serial/sm %.3f ms per call -> %d calls", case.scenario.key(), mode, per_call, calls)
         return calls
 
     def _schedule_item(self, case: _Case, schedule: Schedule, mode: str, calls: int, error: str) -> _Item:
@@ -221,8 +248,7 @@ class TorchBackend:
         if error:
             return item
         if mode == "eager":
-            item.block = case.eager_block(lambda s: case.run(schedule, s), calls)
-            return item
+            return case.eager_item(item, lambda s: case.run(schedule, s), calls)
         return self._capture(item, case, lambda s: case.run(schedule, s), calls, check=True)
 
     def _baseline_item(self, case: _Case, key: str, mode: str, calls: int) -> _Item:
@@ -235,19 +261,21 @@ class TorchBackend:
         if item.error:
             return item
         if mode == "eager":
-            item.block = case.eager_block(run, calls)
-            return item
+            return case.eager_item(item, run, calls)
         return self._capture(item, case, run, calls, check=False)
 
     def _capture(
         self, item: _Item, case: _Case, run: Callable[[int], object], calls: int, *, check: bool
     ) -> _Item:
-        """Capture ``calls`` calls of ``run`` (input set ``j % sets`` for call ``j``) into one CUDA graph,
-        after two eager warm-up calls; with ``check``, replay it once on poisoned outputs and compare every
-        written set with serial. Sets ``item.block`` or the agreed ``item.error``."""
+        """Capture ``run`` into one CUDA graph of ``graph_calls(calls)`` calls (input set ``j % sets`` for
+        call ``j``) after two eager warm-up calls; a block replays it until about ``calls`` calls ran. With
+        ``check``, replay it once on poisoned outputs and compare every written set with serial. Sets
+        ``item.block`` and ``item.calls``, or the agreed ``item.error``."""
         import torch
 
         from ficco import executor
+
+        per_graph, replays = graph_calls(calls)
 
         def capture() -> str:
             for s in range(2):
@@ -255,7 +283,7 @@ class TorchBackend:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=case.pool):
-                for j in range(calls):
+                for j in range(per_graph):
                     run(j % case.sets)
             item.graph = graph
             if not check:
@@ -265,18 +293,24 @@ class TorchBackend:
                 out.fill_(math.nan)
             graph.replay()
             torch.cuda.synchronize()
-            return next((e for s in range(min(calls, case.sets)) if (e := case.compare(s))), "")
+            return next((e for s in range(min(per_graph, case.sets)) if (e := case.compare(s))), "")
 
         item.error = self._agree(_try(capture, prefix="graph capture: "))
-        if not item.error:
-            item.block = item.graph.replay
-        else:
+        if item.error:
             item.graph = None
+            return item
+        replay = item.graph.replay
+
+        def block() -> None:
+            for _ in range(replays):
+                replay()
+
+        item.block, item.calls = block, per_graph * replays
         return item
 
     # Timing -------------------------------------------------------------------------------------------
 
-    def _time_rounds(self, items: list[_Item], calls: int, seed: int) -> None:
+    def _time_rounds(self, items: list[_Item], seed: int) -> None:
         """Time every runnable item once per round, in a per-round shuffled order (the same on every rank);
         each round's times are the maxima over ranks."""
         import torch
@@ -293,6 +327,8 @@ class TorchBackend:
                     continue
                 self._align()
                 try:
+                    if item.lead is not None:
+                        item.lead()
                     if self.name == "gpu":
                         start, end = (
                             torch.cuda.Event(enable_timing=True),
@@ -302,11 +338,11 @@ class TorchBackend:
                         item.block()
                         end.record()
                         end.synchronize()
-                        local[i] = start.elapsed_time(end) / calls
+                        local[i] = start.elapsed_time(end) / item.calls
                     else:
                         t0 = time.perf_counter()
                         item.block()
-                        local[i] = 1e3 * (time.perf_counter() - t0) / calls
+                        local[i] = 1e3 * (time.perf_counter() - t0) / item.calls
                 except Exception as exc:
                     failed[i], errors[i] = 1.0, f"{type(exc).__name__}: {exc}"
             merged = self._max_over_ranks([*local, *failed])
@@ -458,15 +494,21 @@ class _Case:
             "" if err <= tol else f"wrong result: relative error {err:.3g} against serial/sm exceeds {tol:g}"
         )
 
-    def eager_block(self, run: Callable[[int], object], calls: int) -> Callable[[], None]:
-        """A block of ``calls`` eager calls of ``run``, the input set rotating across blocks too."""
+    def eager_item(self, item: _Item, run: Callable[[int], object], calls: int) -> _Item:
+        """``item`` timed as blocks of ``calls`` eager calls of ``run``, the input set rotating across blocks
+        too; a block of several calls is led by one untimed call, so that it starts with the host a call
+        ahead of the GPU, as in a stream of layers, rather than from an idle, synchronised start."""
+
+        def one() -> None:
+            run(self._next)
+            self._next = (self._next + 1) % self.sets
 
         def block() -> None:
             for _ in range(calls):
-                run(self._next)
-                self._next = (self._next + 1) % self.sets
+                one()
 
-        return block
+        item.block, item.calls, item.lead = block, calls, (one if calls > 1 else None)
+        return item
 
     def baseline(self, key: str) -> Callable[[int], object] | None:
         """The run-one-set closure of a ``BASELINE_KEYS`` baseline."""
@@ -494,6 +536,16 @@ class _Case:
             torch.ops.symm_mem.fused_all_gather_matmul(self.a[s], [self.b[s]], 0, group_name)
         else:
             torch.ops.symm_mem.fused_matmul_reduce_scatter(self.a[s], self.b[s], "sum", 0, group_name)
+
+
+def graph_calls(calls: int) -> tuple[int, int]:
+    """``(calls per graph, replays per block)`` for a block of about ``calls`` calls: one replay of one
+    call, or replays of an even number of calls (at most ``MAX_GRAPH_CALLS``), so that back-to-back replays
+    keep alternating the copy-engine executor's double-buffered halves."""
+    if calls <= 1:
+        return 1, 1
+    per_graph = min(MAX_GRAPH_CALLS, calls + calls % 2)
+    return per_graph, math.ceil(calls / per_graph)
 
 
 def _try(fn: Callable[[], object], prefix: str = "") -> str:

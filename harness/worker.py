@@ -37,6 +37,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def pin_to_cores(local_rank: int, local_world_size: int) -> list[int]:
+    """Give this rank its own equal share of the CPU cores it may run on (returned), so that the ranks'
+    Python threads, whose speed is the eager mode's host time, do not move between or share cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // max(local_world_size, 1)
+    if share >= 1:
+        cores = cores[local_rank * share : (local_rank + 1) * share]
+        os.sched_setaffinity(0, cores)
+    return cores
+
+
 def main(argv: list[str] | None = None) -> None:
     """Initialise the process group (NCCL on the local GPU, or gloo), then sweep the plan."""
     args = parse_args(argv)
@@ -48,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     from ficco.harness.torch_backend import TorchBackend
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    pin_to_cores(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if args.device == "cuda":
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
