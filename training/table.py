@@ -82,8 +82,9 @@ class ScheduleTable:
         )
 
 
-def build_table(df: pd.DataFrame, hardware: HardwareProfile) -> ScheduleTable:
-    """Reshape dataset rows (one per scenario and schedule, the ``harness.dataset`` schema) into a table.
+def build_table(df: pd.DataFrame, hardware: HardwareProfile, mode: str = "eager") -> ScheduleTable:
+    """Reshape dataset rows of one execution ``mode`` (one per scenario and schedule, the
+    ``harness.dataset`` schema) into a table.
 
     Scenarios without a successful serial/sm measurement are dropped (every metric is relative to it)
     and counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or
@@ -91,6 +92,7 @@ def build_table(df: pd.DataFrame, hardware: HardwareProfile) -> ScheduleTable:
     """
     from ficco.harness.dataset import scenario_from_row
 
+    df = df[df["mode"] == mode]
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
     ok = ok.drop_duplicates(["scenario_id", "schedule"], keep="last")  # a re-measured pair: the latest row
     ids = np.asarray(sorted(df["scenario_id"].unique()), dtype=object)

@@ -104,7 +104,8 @@ def synthetic_frame(*, n_grid: int = 160, seed: int = 0, noise: float = 0.005, h
             rows.append({
                 "scenario_id": s.key(), "family": family, "op": s.op, "m": s.m, "n": s.n, "k": s.k,
                 "dtype": s.dtype, "world_size": s.world_size, "experts": s.experts, "top_k": s.top_k,
-                "imbalance": s.imbalance, "schedule": schedule,
+                "imbalance": s.imbalance, "schedule": schedule, "mode": "eager",
+                "round_ms": [] if failed else [t] * 5, "in_best_set": False,
                 "median_ms": math.nan if failed else t, "p10_ms": math.nan if failed else 0.99 * t,
                 "p90_ms": math.nan if failed else 1.01 * t, "ok": not failed,
                 "error": "RuntimeError: out of memory" if failed else "", "backend": "sim",
