@@ -80,6 +80,11 @@ class Backend(Protocol):
         schedule gives ``ok=False``."""
         ...
 
+    def agree(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (collective under torchrun: every rank calls it together),
+        so that every rank takes the same decision."""
+        ...
+
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
         """Run ``scenario`` once untimed before the first measurement of a process (lazy initialisation:
         library handles, communicator connections, peer memory); a no-op where nothing is lazy."""

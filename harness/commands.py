@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -175,6 +176,14 @@ def bench(
     flush_seconds: Annotated[
         float, typer.Option(help="Seconds between dataset writes (what a crash can lose).")
     ] = 10.0,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            help="Minutes after which no new scenario starts (0: no limit); the dataset stays consistent "
+            "and the same command with --resume continues it. The re-measure runs only once the sweep is "
+            "complete."
+        ),
+    ] = 0.0,
     card_only: Annotated[
         bool, typer.Option("--card-only", help="Only rewrite card.md and the plots of --out, then stop.")
     ] = False,
@@ -200,6 +209,8 @@ def bench(
         flush_seconds=flush_seconds,
         include_moe=include_moe,
     )
+    _check_range("--time-budget", time_budget, 0.0, 1e6)
+    deadline = time.time() + 60 * time_budget if time_budget else None
     plan = _build_plan(
         configs,
         hw,
@@ -238,6 +249,7 @@ def bench(
             modes=mode_list,
             remeasure=remeasure,
             flush_seconds=flush_seconds,
+            deadline=deadline,
         )
     else:
         run_torchrun(
@@ -251,6 +263,7 @@ def bench(
             block_ms=block_ms,
             remeasure=remeasure,
             flush_seconds=flush_seconds,
+            deadline=deadline,
         )
     _write_card(out)
 
@@ -349,6 +362,7 @@ def _run_sim(
     modes: tuple[str, ...],
     remeasure: int,
     flush_seconds: float,
+    deadline: float | None,
 ) -> None:
     """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
     from ficco.harness.dataset import dataset_hardware, load_dataset
@@ -369,10 +383,11 @@ def _run_sim(
             SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes),
             out,
             flush_seconds=flush_seconds,
+            deadline=deadline,
         )
-        if remeasure:  # a fresh backend, as a fresh process would be: other noise draws
+        if remeasure and _sweep_complete(plan, out):  # a fresh backend, as a fresh process: other draws
             backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
-            run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds)
+            run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds, deadline=deadline)
     except ValueError as err:
         raise fail(str(err)) from None
 
@@ -388,6 +403,7 @@ def torchrun_command(
     block_ms: float,
     remeasure: int,
     flush_seconds: float,
+    deadline: float | None = None,
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
     for one ``phase`` (``sweep`` or ``noise``)."""
@@ -401,6 +417,7 @@ def torchrun_command(
         "--block-ms": block_ms,
         "--remeasure": remeasure,
         "--flush-seconds": flush_seconds,
+        "--deadline": deadline or 0.0,
     }
     return [
         sys.executable,
@@ -441,6 +458,7 @@ def run_torchrun(
     block_ms: float,
     remeasure: int,
     flush_seconds: float,
+    deadline: float | None = None,
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
@@ -454,6 +472,9 @@ def run_torchrun(
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
     for phase in ("sweep", "noise") if remeasure else ("sweep",):
+        if phase == "noise" and not _sweep_complete(plan, out):
+            typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
+            break
         command = torchrun_command(
             out,
             nproc=nproc,
@@ -464,6 +485,7 @@ def run_torchrun(
             block_ms=block_ms,
             remeasure=remeasure,
             flush_seconds=flush_seconds,
+            deadline=deadline,
         )
         typer.echo("running: " + " ".join(command), err=True)
         code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
@@ -474,6 +496,14 @@ def run_torchrun(
                 err=True,
             )
             raise typer.Exit(code)
+
+
+def _sweep_complete(plan: Plan, out: Path) -> bool:
+    """Whether every scenario of ``plan`` is in the dataset at ``out``."""
+    from ficco.harness.dataset import read_manifest
+
+    manifest = read_manifest(out)
+    return manifest is not None and {s.key() for _, s in plan} <= set(manifest["finished"])
 
 
 def _write_card(out: Path) -> None:

@@ -484,6 +484,10 @@ class SimBackend:
             baselines[mode] = {key: float(v[0]) / 1e3 for key, v in base.items()}
         return ScenarioResult(measurements=out, baselines=baselines)
 
+    def agree(self, flag: bool) -> bool:
+        """One process: ``flag`` itself."""
+        return flag
+
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
         """Nothing is lazy in the simulator."""
 

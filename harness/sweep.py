@@ -67,8 +67,10 @@ def run_sweep(
     *,
     progress: bool = True,
     flush_seconds: float = FLUSH_SECONDS,
+    deadline: float | None = None,
 ) -> Path:
-    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``.
+    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``; with a
+    ``deadline`` (``time.time()`` seconds), start no scenario after it (the rest waits for a resume).
 
     Returns ``out_dir``. Raises ``FingerprintMismatch`` naming the differing keys when ``out_dir`` was
     measured with another fingerprint, ``ValueError`` for a plan mixing hardware profiles.
@@ -83,7 +85,7 @@ def run_sweep(
     todo = [(f, s) for f, s in unique if s.key() not in finished]
     _log(writer, f"{out}: {len(unique) - len(todo)} of {len(unique)} scenarios already measured")
     sink = _PartSink(out, manifest, writer, flush_seconds)
-    _measure_all(todo, backend, sink, progress and writer, len(unique), "bench")
+    _measure_all(todo, backend, sink, progress and writer, len(unique), "bench", deadline)
     sink.flush()
     return out
 
@@ -97,9 +99,11 @@ def run_noise(
     order_seed: int = 1,
     progress: bool = True,
     flush_seconds: float = FLUSH_SECONDS,
+    deadline: float | None = None,
 ) -> Path:
     """Top ``noise.parquet`` up to ``count`` re-measured scenarios of the finished sweep in ``out_dir``:
-    targets spread evenly over the plan, visited in an order shuffled by ``order_seed``.
+    targets spread evenly over the plan, visited in an order shuffled by ``order_seed``; ``deadline`` as in
+    ``run_sweep``.
 
     Raises ``ValueError`` when ``out_dir`` holds no sweep, ``FingerprintMismatch`` as ``run_sweep``.
     """
@@ -123,7 +127,7 @@ def run_noise(
     by_id = {s.key(): (f, s) for f, s in unique}
     todo = [by_id[chosen[i]] for i in order]
     sink = _NoiseSink(out, noise, backend.rank == 0, flush_seconds)
-    _measure_all(todo, backend, sink, progress and backend.rank == 0, len(todo), "noise")
+    _measure_all(todo, backend, sink, progress and backend.rank == 0, len(todo), "noise", deadline)
     sink.flush()
     return out
 
@@ -223,9 +227,16 @@ def _measure_one(backend: Backend, scenario: Scenario) -> ScenarioResult:
 
 
 def _measure_all(
-    todo: list[tuple[str, Scenario]], backend: Backend, sink: _Sink, progress: bool, total: int, desc: str
+    todo: list[tuple[str, Scenario]],
+    backend: Backend,
+    sink: _Sink,
+    progress: bool,
+    total: int,
+    desc: str,
+    deadline: float | None = None,
 ) -> None:
-    """Measure ``todo`` in order, handing each scenario's rows to ``sink.add``."""
+    """Measure ``todo`` in order, handing each scenario's rows to ``sink.add``; stop before a scenario
+    once every rank agrees the ``deadline`` has passed."""
     from tqdm import tqdm
 
     if todo:
@@ -238,6 +249,9 @@ def _measure_all(
     failing = 0
     try:
         for i, (family, scenario) in enumerate(todo):
+            if deadline is not None and backend.agree(time.time() >= deadline):
+                _log(progress, f"{desc}: time budget reached after {i} of {len(todo)} scenarios")
+                break
             start = time.perf_counter()
             result = _measure_one(backend, scenario)
             rows = result_rows(family, scenario, result, backend.name)

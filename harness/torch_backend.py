@@ -176,6 +176,10 @@ class TorchBackend:
             executor.clear_buffers()
             gc.enable()
 
+    def agree(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (one all-reduce)."""
+        return bool(self._max_over_ranks([float(flag)])[0])
+
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
         """One untimed pass (one round) over ``scenario``: the first scenario of a process otherwise pays
         for cuBLAS handles, NCCL connections and peer-memory rendezvous inside its timed rounds."""

@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--block-ms", type=float, default=BLOCK_MS, help="target ms of a timed block of serial calls"
     )
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
+    p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
     return p.parse_args(argv)
 
@@ -74,16 +75,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"{dist.get_world_size()} (--nproc-per-node)"
             )
         modes = tuple(m for m in args.modes.split(",") if m)
+        deadline = args.deadline or None
         if args.phase == "sweep":
             backend = TorchBackend(
                 device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms
             )
-            run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds)
+            run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds, deadline=deadline)
         else:  # other inputs and round orders than the sweep's
             backend = TorchBackend(
                 device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms, seed=1
             )
-            run_noise(plan, backend, args.out, args.remeasure, flush_seconds=args.flush_seconds)
+            run_noise(
+                plan, backend, args.out, args.remeasure, flush_seconds=args.flush_seconds, deadline=deadline
+            )
     finally:
         dist.destroy_process_group()
 

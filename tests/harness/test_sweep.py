@@ -231,3 +231,25 @@ def test_only_rank_0_writes(tmp_path, small_plan, h200):
     run_sweep(small_plan, backend, tmp_path / "ds", progress=False)
     assert len(backend.measured) == len(small_plan)  # it still takes part in every measurement
     assert not (tmp_path / "ds").exists()
+
+
+def test_deadline_stops_before_the_next_scenario_and_resume_completes(tmp_path, small_plan, h200):
+    out = run_sweep(small_plan, SimBackend(h200), tmp_path / "ds", progress=False, deadline=time.time() - 1)
+    assert read_manifest(out)["finished"] == []
+    run_sweep(small_plan, SimBackend(h200), out, progress=False)
+    assert len(read_manifest(out)["finished"]) == len(small_plan)
+
+
+def test_bench_time_budget_leaves_the_remeasure_for_a_resume(tmp_path, tiny_configs):
+    import typer
+    from ficco.harness.commands import register
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    register(app)
+    args = ["--backend", "sim", "--configs", tiny_configs, "--tokens", "1024", "--grid", "3"]
+    args += ["--out", tmp_path / "ds", "--remeasure", "2", "--time-budget", "0.000001"]
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    assert "time budget reached after 0 of 7 scenarios" in result.output
+    assert not (tmp_path / "ds" / "noise.parquet").exists()
