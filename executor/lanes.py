@@ -9,7 +9,7 @@ Fork and join are explicit and mirrored, over the lanes a call uses only (the si
 call runs barriers on it; a call with one round on one copy lane runs its barrier on that lane)::
 
     forked.record(current); lane.wait_event(forked)      # fork: the lane sees everything issued before
-    with lane: ...                                       # work on the lane
+    set_stream(lane); ...                                # work on the lane
     done.record(lane); current.wait_event(done)          # join: the caller sees everything the lane did
 
 This is ``lane.wait_stream(current)`` / ``current.wait_stream(lane)`` without the new event that each
@@ -24,9 +24,7 @@ by ``join`` and before each GEMM) switches back to the caller's stream once.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 
@@ -48,10 +46,6 @@ class HostLanes:
 
     def join(self, signal: bool) -> None:
         """No-op."""
-
-    def on_copy_lane(self, index: int) -> contextlib.AbstractContextManager[Any]:
-        """A context in which lane ``index``'s copies run (the caller's thread)."""
-        return contextlib.nullcontext()
 
     def after_current(self, index: int) -> None:
         """No-op: the GEMM that produced the data has already run."""
@@ -123,15 +117,6 @@ class DeviceLanes:
     def to_copy_lane(self, index: int) -> None:
         """Make copy lane ``index`` current (until :meth:`home`, another switch or :meth:`join`)."""
         self._switch(self.copy[index])
-
-    @contextlib.contextmanager
-    def on_copy_lane(self, index: int):
-        """Make copy lane ``index`` the current stream inside the ``with`` block."""
-        self._switch(self.copy[index])
-        try:
-            yield
-        finally:
-            self.home()
 
     def after_current(self, index: int) -> None:
         """Copy lane ``index`` waits for the work issued so far on the caller's stream (a produced piece)."""

@@ -192,8 +192,11 @@ class PointToPointTransport(_Transport):
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
         if self._gather:
-            with self.lanes.on_copy_lane(0):
+            self.lanes.to_copy_lane(0)
+            try:
                 works = dist.batch_isend_irecv(ops)
+            finally:
+                self.lanes.home()
         else:
             works = dist.batch_isend_irecv(ops)
         self._batches.append(works)
