@@ -47,8 +47,14 @@ class HostLanes:
     def join(self, signal: bool) -> None:
         """No-op."""
 
-    def after_current(self, index: int) -> None:
+    def mark_produced(self, key: int) -> None:
         """No-op: the GEMM that produced the data has already run."""
+
+    def after_produced(self, index: int, key: int) -> None:
+        """No-op."""
+
+    def mark_copied(self, lanes: Iterable[int], key: int) -> None:
+        """No-op: the copies have already run."""
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
@@ -69,8 +75,10 @@ class DeviceLanes:
         """Copy lanes, one per concurrent stream of pieces."""
         self.signal = torch.cuda.Stream(device=device, priority=priority)
         """The lane that runs device barriers after copies and records when pieces have landed."""
-        self._copied = [torch.cuda.Event() for _ in range(count)]
-        self._produced = torch.cuda.Event()
+        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
+        """Per (round key, copy lane): when that lane's copies of the round were issued."""
+        self._produced: dict[int, torch.cuda.Event] = {}
+        """Per key (a scatter unit): when the GEMM that produced its pieces was issued."""
         self._landed: dict[int, torch.cuda.Event] = {}
         self._forked = torch.cuda.Event()
         self._current: torch.cuda.Stream | None = None
@@ -118,30 +126,46 @@ class DeviceLanes:
         """Make copy lane ``index`` current (until :meth:`home`, another switch or :meth:`join`)."""
         self._switch(self.copy[index])
 
-    def after_current(self, index: int) -> None:
-        """Copy lane ``index`` waits for the work issued so far on the caller's stream (a produced piece)."""
-        self._produced.record(self._current)
-        self.copy[index].wait_event(self._produced)
+    def mark_produced(self, key: int) -> None:
+        """Remember, under ``key``, the work issued so far on the caller's stream (a GEMM that produced
+        pieces), for :meth:`after_produced`."""
+        produced = self._produced.get(key)
+        if produced is None:
+            produced = self._produced[key] = torch.cuda.Event()
+        produced.record(self._current)
+
+    def after_produced(self, index: int, key: int) -> None:
+        """Copy lane ``index`` waits for the work marked under ``key`` (:meth:`mark_produced`)."""
+        self.copy[index].wait_event(self._produced[key])
+
+    def mark_copied(self, lanes: Iterable[int], key: int) -> None:
+        """Remember, under round ``key``, the copies issued so far on ``lanes`` (for :meth:`signal_after`:
+        a call issues every round's copies first, then every round's barrier, switching lanes twice)."""
+        for index in lanes:
+            copied = self._copied.get((key, index))
+            if copied is None:
+                copied = self._copied[key, index] = torch.cuda.Event()
+            copied.record(self.copy[index])
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
     ) -> None:
-        """After the copies issued so far on ``lanes``, run ``barrier`` on the signal lane and remember
-        the moment it completes under ``key`` (for :meth:`wait_signal`). The lane that ran the barrier
-        stays current (the caller goes :meth:`home` before its next GEMM).
+        """After the copies of round ``key`` on ``lanes`` (:meth:`mark_copied`), run ``barrier`` on the
+        signal lane and remember the moment it completes under ``key`` (for :meth:`wait_signal`). The lane
+        that ran the barrier stays current (the caller goes :meth:`home` before its next GEMM).
 
-        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, behind its copies in
-        stream order, instead of on the signal lane (no event pair between the two lanes, and the call need
-        not fork or join the signal lane). Only for a call with one round on one lane: it runs no other
-        barrier that could then overlap this one.
+        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its
+        copies in stream order (call it before issuing anything else on that lane, and without
+        :meth:`mark_copied`), instead of on the signal lane (no event pair between the two lanes, and the
+        call need not fork or join the signal lane). Only for a call with one round on one lane: it runs
+        no other barrier that could then overlap this one.
         """
         if on_copy_lane:
             (index,) = lanes
             stream = self.copy[index]
         else:
             for index in lanes:
-                self._copied[index].record(self.copy[index])
-                self.signal.wait_event(self._copied[index])
+                self.signal.wait_event(self._copied[key, index])
             stream = self.signal
         self._switch(stream)
         barrier()

@@ -4,7 +4,8 @@ Both transports speak the same verbs to the pipeline engine (``executor.pipeline
 
 - ``begin()`` / ``end()``: fork the lanes the transport uses off the caller's stream / join them back;
 - ``issue(pieces)``: start moving these pieces (gather: receive them; scatter: send them, right after
-  the GEMM that produced them);
+  the GEMM that produced them); ``issue_rounds(rounds)``: the same for several whole rounds of a gather
+  plan at once;
 - ``wait(pieces)``: the caller's stream waits until these pieces have landed (gather);
 - ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter); ``split_rows(unit)``: which
   split rows (of ``C`` for gather, of ``A`` for scatter) that GEMM covers.
@@ -35,6 +36,7 @@ class Transport(Protocol):
 
     def begin(self) -> None: ...
     def issue(self, pieces: tuple[Piece, ...]) -> None: ...
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None: ...
     def wait(self, pieces: tuple[Piece, ...]) -> None: ...
     def rows(self, unit: Unit) -> torch.Tensor: ...
     def end(self) -> None: ...
@@ -201,6 +203,11 @@ class PointToPointTransport(_Transport):
             works = dist.batch_isend_irecv(ops)
         self._batches.append(works)
 
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None:
+        """``issue`` each batch, in order."""
+        for pieces in rounds:
+            self.issue(pieces)
+
     def wait(self, pieces: tuple[Piece, ...]) -> None:
         rounds = self._wait_rounds.get(id(pieces))
         if rounds is None:
@@ -227,9 +234,10 @@ class PeerCopyTransport(_Transport):
     runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
     copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
     call and every call's lanes joined before the next call forks them, barriers still never overlap.
-    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is done;
-    one barrier at the end, then the owner reduces. Every call passes at least one barrier, which makes the
-    double buffering safe (``Workspace``).
+    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is
+    done (on the device: the host issues the pushes after the call's last GEMM, each behind an event
+    recorded after its own GEMM); one barrier at the end, then the owner reduces. Every call passes at
+    least one barrier, which makes the double buffering safe (``Workspace``).
     ``dest`` must be this rank's current half of ``workspace``, shaped ``[w, R, width]``.
     """
 
@@ -252,6 +260,8 @@ class PeerCopyTransport(_Transport):
         self._lane_of |= {id(p): self.plan.lane_of(p) for batch in self.plan.rounds for p in batch}
         self._wait_keys: dict[int, list[int]] = {}
         """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
+        self._produced: list[tuple[Piece, ...]] = []
+        """scatter: the pieces each GEMM of this call produced, in order (pushed in ``end``)."""
         self._scatter_lanes: dict[int, list[int]] = {}
         """scatter: the copy lanes a unit's pieces use, keyed by ``id(unit.pieces)``."""
         self._waits_join = self._gather and self._round_lanes[-1] == list(range(self.plan.lanes))
@@ -261,28 +271,56 @@ class PeerCopyTransport(_Transport):
         captured one still joins each lane explicitly, as CUDA graph capture requires."""
 
     def begin(self) -> None:
+        self._produced.clear()
         self.lanes.fork(signal=self._signal)
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         lanes = self.lanes
         if self._gather:  # a gather batch is one whole round of the plan
+            self.issue_rounds((pieces,))
+            return
+        key = len(self._produced)
+        lanes.mark_produced(key)  # the GEMM that produced the pieces, on the caller's stream
+        self._produced.append(pieces)
+
+    def _push_produced(self) -> None:
+        """scatter: push every piece produced this call, each copy lane waiting for its piece's GEMM.
+
+        Issued once the call's GEMMs are (in ``end``), so the host switches lanes twice per call instead
+        of twice per unit; on the device each copy still starts as soon as its GEMM is done."""
+        lanes = self.lanes
+        for key, pieces in enumerate(self._produced):
+            used = self._scatter_lanes.get(id(pieces))
+            if used is None:
+                used = self._scatter_lanes[id(pieces)] = sorted({self._lane_of[id(p)] for p in pieces})
+            for lane in used:
+                lanes.after_produced(lane, key)
             for piece in pieces:
                 lanes.to_copy_lane(self._lane_of[id(piece)])
                 self.remote_incoming(piece).copy_(self.outgoing(piece))
-            key = self._round_index[id(pieces)]
+        self._produced.clear()
+
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None:
+        """gather: push the pieces of ``rounds`` (whole rounds of the plan, in order), then run each
+        round's barrier: every copy is issued before the first barrier (two lane switches per call
+        instead of two per round); the signal lane still runs barrier ``j`` after round ``j``'s copies.
+        scatter: ``issue`` each batch."""
+        if not self._gather:
+            for pieces in rounds:
+                self.issue(pieces)
+            return
+        lanes = self.lanes
+        keys = [self._round_index[id(pieces)] for pieces in rounds]
+        for key, pieces in zip(keys, rounds, strict=True):
+            for piece in pieces:
+                lanes.to_copy_lane(self._lane_of[id(piece)])
+                self.remote_incoming(piece).copy_(self.outgoing(piece))
+            if not self._barrier_on_copy_lane:
+                lanes.mark_copied(self._round_lanes[key], key)
+        for key in keys:
             lanes.signal_after(
                 self._round_lanes[key], key, self.workspace.barrier, on_copy_lane=self._barrier_on_copy_lane
             )
-            return
-        used = self._scatter_lanes.get(id(pieces))
-        if used is None:
-            used = self._scatter_lanes[id(pieces)] = sorted({self._lane_of[id(p)] for p in pieces})
-        for lane in used:
-            lanes.after_current(lane)  # the GEMM that produced the pieces
-        for piece in pieces:
-            lanes.to_copy_lane(self._lane_of[id(piece)])
-            self.remote_incoming(piece).copy_(self.outgoing(piece))
-        lanes.home()
 
     def remote_incoming(self, piece: Piece) -> torch.Tensor:
         """Where this rank's ``piece`` goes: the receiver's slot for this rank, rows of the sub-chunk."""
@@ -304,6 +342,8 @@ class PeerCopyTransport(_Transport):
             self.lanes.wait_signal(key)
 
     def end(self) -> None:
+        if not self._gather:
+            self._push_produced()
         if self._waits_join and not self.lanes.capturing:
             self.lanes.home()
         else:
