@@ -31,6 +31,21 @@ def as_schedule(schedule: Schedule | str) -> Schedule:
 _parse_schedule = lru_cache(maxsize=256)(Schedule.parse)
 
 
+def call_key(op: str, a: object, b: object, out: object, schedule: Schedule, group: object) -> tuple | None:
+    """Everything the checks of one call look at (None when ``a``, ``b`` or ``out`` is not a tensor, which
+    only the full checks can explain): calls with equal keys pass or fail the checks alike."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return None
+    key = (op, group, schedule, a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
+    if a.is_cuda:
+        key += (torch.cuda.current_device(),)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            return None
+        key += (out.shape, out.dtype, out.device, out.is_contiguous())
+    return key
+
+
 def shape_str(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 

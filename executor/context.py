@@ -109,6 +109,11 @@ class GroupContext:
 
 
 _contexts: dict[tuple[str, str], GroupContext] = {}
+_checked: dict[tuple, GroupContext] = {}
+"""The context of each call signature whose checks passed: a repeated call skips the checks and the
+context lookup (a few microseconds of Python per call)."""
+CHECKED_MAX = 4096
+"""Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
 
 
@@ -165,6 +170,21 @@ def poison_buffers() -> None:
         ctx.quiesce()
 
 
+def checked_context(key: tuple | None) -> GroupContext | None:
+    """The context of a call whose signature ``key`` (``checks.call_key``) already passed the checks."""
+    return _checked.get(key) if key is not None else None
+
+
+def remember_checked(key: tuple | None, ctx: GroupContext) -> None:
+    """Remember that the call signature ``key`` passed its checks on ``ctx`` (None: nothing to remember)."""
+    if key is None:
+        return
+    if len(_checked) >= CHECKED_MAX:
+        _checked.clear()
+    _checked[key] = ctx
+
+
 def reset() -> None:
     """Forget every context (after ``destroy_process_group``; tests start a new group per world size)."""
     _contexts.clear()
+    _checked.clear()

@@ -9,7 +9,7 @@ Fork and join are explicit and mirrored, over the lanes a call uses only (the si
 call runs barriers on it; a call with one round on one copy lane runs its barrier on that lane)::
 
     forked.record(current); lane.wait_event(forked)      # fork: the lane sees everything issued before
-    with lane: ...                                       # work on the lane
+    set_stream(lane); ...                                # work on the lane
     done.record(lane); current.wait_event(done)          # join: the caller sees everything the lane did
 
 This is ``lane.wait_stream(current)`` / ``current.wait_stream(lane)`` without the new event that each
@@ -17,14 +17,14 @@ This is ``lane.wait_stream(current)`` / ``current.wait_stream(lane)`` without th
 re-record is safe because every wait is enqueued right after the record it needs (a stream wait captures
 the event's most recent record at enqueue time), and nothing re-records the event in between. Between
 fork and join the lanes keep the caller's stream that fork saw and switch with ``torch.cuda.set_stream``
-(one current-stream query per call instead of one per record, wait and ``with torch.cuda.stream``).
+(one current-stream query per call instead of one per record, wait and ``with torch.cuda.stream``), and
+only when the lane changes: issuing a round leaves its lane current, and ``home()`` (called by every wait,
+by ``join`` and before each GEMM) switches back to the caller's stream once.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 
@@ -32,18 +32,29 @@ import torch
 class HostLanes:
     """CPU lanes: work runs in program order, so there is nothing to fork, wait for or join."""
 
+    capturing = False
+    """Never: CPU work is not captured into CUDA graphs."""
+
     def fork(self, signal: bool) -> None:
         """No-op: nothing runs concurrently on the CPU path."""
+
+    def home(self) -> None:
+        """No-op: there is one stream of work."""
+
+    def to_copy_lane(self, index: int) -> None:
+        """No-op: copies run in the caller's thread."""
 
     def join(self, signal: bool) -> None:
         """No-op."""
 
-    def on_copy_lane(self, index: int) -> contextlib.AbstractContextManager[Any]:
-        """A context in which lane ``index``'s copies run (the caller's thread)."""
-        return contextlib.nullcontext()
-
-    def after_current(self, index: int) -> None:
+    def mark_produced(self, key: int) -> None:
         """No-op: the GEMM that produced the data has already run."""
+
+    def after_produced(self, index: int, key: int) -> None:
+        """No-op."""
+
+    def mark_copied(self, lanes: Iterable[int], key: int) -> None:
+        """No-op: the copies have already run."""
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
@@ -64,26 +75,34 @@ class DeviceLanes:
         """Copy lanes, one per concurrent stream of pieces."""
         self.signal = torch.cuda.Stream(device=device, priority=priority)
         """The lane that runs device barriers after copies and records when pieces have landed."""
-        self._copied = [torch.cuda.Event() for _ in range(count)]
-        self._produced = torch.cuda.Event()
+        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
+        """Per (round key, copy lane): when that lane's copies of the round were issued."""
+        self._produced: dict[int, torch.cuda.Event] = {}
+        """Per key (a scatter unit): when the GEMM that produced its pieces was issued."""
         self._landed: dict[int, torch.cuda.Event] = {}
         self._forked = torch.cuda.Event()
         self._current: torch.cuda.Stream | None = None
         """The caller's stream, as ``fork`` saw it; the call runs on it until ``join``."""
+        self._set: torch.cuda.Stream | None = None
+        """The stream this call last made current (``_switch`` skips a switch to it)."""
+        self.capturing = False
+        """Whether the caller's stream was capturing a CUDA graph at ``fork``."""
         self._done = [torch.cuda.Event() for _ in range(count + 1)]  # per copy lane, then the signal lane
         self._with_signal = [*self.copy, self.signal]
 
     def fork(self, signal: bool) -> None:
         """The copy lanes (and the signal lane when ``signal``) wait for the work issued so far on the
         current stream, which the lanes remember as the caller's stream until :meth:`join`."""
-        self._current = torch.cuda.current_stream()
+        self._current = self._set = torch.cuda.current_stream()
+        self.capturing = torch.cuda.is_current_stream_capturing()
         self._forked.record(self._current)
         for lane in self._used(signal):
             lane.wait_event(self._forked)
 
     def join(self, signal: bool) -> None:
         """The current stream waits for everything issued on the copy lanes (and the signal lane when
-        ``signal``; pass the same value as to :meth:`fork`)."""
+        ``signal``; pass the same value as to :meth:`fork`), and is made current again."""
+        self.home()
         for lane, done in zip(self._used(signal), self._done, strict=False):
             done.record(lane)
             self._current.wait_event(done)
@@ -92,54 +111,73 @@ class DeviceLanes:
         """The lanes a call forks and joins, in the order of ``self._done``."""
         return self._with_signal if signal else self.copy
 
-    def on_copy_lane(self, index: int) -> contextlib.AbstractContextManager[Any]:
-        """Make copy lane ``index`` the current stream inside the ``with`` block."""
-        return self._on(self.copy[index])
+    def _switch(self, stream: torch.cuda.Stream) -> None:
+        """Make ``stream`` current, unless this call already did (one ``set_stream`` per change of lane,
+        not two per piece)."""
+        if stream is not self._set:
+            torch.cuda.set_stream(stream)
+            self._set = stream
 
-    @contextlib.contextmanager
-    def _on(self, stream: torch.cuda.Stream):
-        """``torch.cuda.stream(stream)`` for a call between ``fork`` and ``join``, without its device and
-        current-stream queries: the lanes live on the caller's device, and the stream to go back to is the
-        one ``fork`` saw (the caller does not switch streams inside a call)."""
-        torch.cuda.set_stream(stream)
-        try:
-            yield
-        finally:
-            torch.cuda.set_stream(self._current)
+    def home(self) -> None:
+        """Make the caller's stream (as ``fork`` saw it) current again; GEMMs run there."""
+        self._switch(self._current)
 
-    def after_current(self, index: int) -> None:
-        """Copy lane ``index`` waits for the work issued so far on the current stream (a produced piece)."""
-        self._produced.record(self._current)
-        self.copy[index].wait_event(self._produced)
+    def to_copy_lane(self, index: int) -> None:
+        """Make copy lane ``index`` current (until :meth:`home`, another switch or :meth:`join`)."""
+        self._switch(self.copy[index])
+
+    def mark_produced(self, key: int) -> None:
+        """Remember, under ``key``, the work issued so far on the caller's stream (a GEMM that produced
+        pieces), for :meth:`after_produced`."""
+        produced = self._produced.get(key)
+        if produced is None:
+            produced = self._produced[key] = torch.cuda.Event()
+        produced.record(self._current)
+
+    def after_produced(self, index: int, key: int) -> None:
+        """Copy lane ``index`` waits for the work marked under ``key`` (:meth:`mark_produced`)."""
+        self.copy[index].wait_event(self._produced[key])
+
+    def mark_copied(self, lanes: Iterable[int], key: int) -> None:
+        """Remember, under round ``key``, the copies issued so far on ``lanes`` (for :meth:`signal_after`:
+        a call issues every round's copies first, then every round's barrier, switching lanes twice)."""
+        for index in lanes:
+            copied = self._copied.get((key, index))
+            if copied is None:
+                copied = self._copied[key, index] = torch.cuda.Event()
+            copied.record(self.copy[index])
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
     ) -> None:
-        """After the copies issued so far on ``lanes``, run ``barrier`` on the signal lane and remember
-        the moment it completes under ``key`` (for :meth:`wait_signal`).
+        """After the copies of round ``key`` on ``lanes`` (:meth:`mark_copied`), run ``barrier`` on the
+        signal lane and remember the moment it completes under ``key`` (for :meth:`wait_signal`). The lane
+        that ran the barrier stays current (the caller goes :meth:`home` before its next GEMM).
 
-        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, behind its copies in
-        stream order, instead of on the signal lane (no event pair between the two lanes, and the call need
-        not fork or join the signal lane). Only for a call with one round on one lane: it runs no other
-        barrier that could then overlap this one.
+        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its
+        copies in stream order (call it before issuing anything else on that lane, and without
+        :meth:`mark_copied`), instead of on the signal lane (no event pair between the two lanes, and the
+        call need not fork or join the signal lane). Only for a call with one round on one lane: it runs
+        no other barrier that could then overlap this one.
         """
         if on_copy_lane:
             (index,) = lanes
             stream = self.copy[index]
         else:
             for index in lanes:
-                self._copied[index].record(self.copy[index])
-                self.signal.wait_event(self._copied[index])
+                self.signal.wait_event(self._copied[key, index])
             stream = self.signal
-        with self._on(stream):
-            barrier()
+        self._switch(stream)
+        barrier()
         landed = self._landed.get(key)
         if landed is None:
             landed = self._landed[key] = torch.cuda.Event()
         landed.record(stream)
 
     def wait_signal(self, key: int) -> None:
-        """The current stream waits until the barrier recorded under ``key`` has completed."""
+        """The caller's stream waits until the barrier recorded under ``key`` has completed; it is made
+        current again."""
+        self.home()
         self._current.wait_event(self._landed[key])
 
 

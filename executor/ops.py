@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 from ficco.executor.checks import (
     as_schedule,
+    call_key,
     check_all_gather_matmul,
     check_matmul_reduce_scatter,
     check_matrix,
     check_world_size,
     shape_str,
 )
-from ficco.executor.context import GroupContext, get_context
+from ficco.executor.context import GroupContext, checked_context, get_context, remember_checked
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Plan, Unit, make_plan
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
@@ -61,15 +62,19 @@ def all_gather_matmul(
     C [m, n], or (C, A) when ``return_gathered``.
     """
     schedule = as_schedule(schedule)
-    check_matrix("a_shard", a_shard, "[m/world_size, k]")
-    ctx = get_context(group, a_shard.device)
-    check_all_gather_matmul(a_shard, b, schedule, ctx.world_size, out)
+    key = call_key("ag_gemm", a_shard, b, out, schedule, group)
+    ctx = checked_context(key)
+    if ctx is None:
+        check_matrix("a_shard", a_shard, "[m/world_size, k]")
+        ctx = get_context(group, a_shard.device)
+        check_all_gather_matmul(a_shard, b, schedule, ctx.world_size, out)
+        remember_checked(key, ctx)
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     w, m = ctx.world_size, shard_rows * ctx.world_size
     c = out if out is not None else a_shard.new_empty((m, b.shape[1]))
     gathered = a_shard.new_empty((m, k)) if return_gathered else None
-    if schedule == _SERIAL_SM:
+    if schedule.granularity == "serial" and schedule.executor == "sm":
         dest = gathered if gathered is not None else ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype)
         _all_gather_matmul_fallback(a_shard, b, ctx.group, dest.view(m, k), c)
     else:
@@ -118,15 +123,19 @@ def matmul_reduce_scatter(
     Tensor [m / w, n]: rank ``r`` gets ``sum over ranks of P[r*m/w : (r+1)*m/w]``.
     """
     schedule = as_schedule(schedule)
-    check_matrix("a", a, "[m, k]")
-    ctx = get_context(group, a.device)
-    check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
+    key = call_key("gemm_rs", a, b, out, schedule, group)
+    ctx = checked_context(key)
+    if ctx is None:
+        check_matrix("a", a, "[m, k]")
+        ctx = get_context(group, a.device)
+        check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
+        remember_checked(key, ctx)
     a = a.contiguous()
     m, n, w = a.shape[0], b.shape[1], ctx.world_size
     shard_rows = m // w
     c = out if out is not None else a.new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a.dtype)
-    if schedule == _SERIAL_SM:
+    if schedule.granularity == "serial" and schedule.executor == "sm":
         _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
@@ -267,5 +276,4 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return numel * dtype.itemsize
 
 
-_SERIAL_SM = Schedule(granularity="serial", executor="sm")
 _SERIAL_DMA = Schedule(granularity="serial", executor="dma")

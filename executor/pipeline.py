@@ -53,8 +53,7 @@ def run_pipeline(plan: Plan, transport: Transport, compute: Compute | None) -> N
         while head < len(plan.units) and not plan.units[head].pieces:
             compute(transport.rows(plan.units[head]), plan.units[head])
             head += 1
-        for batch in plan.rounds:
-            transport.issue(batch)
+        transport.issue_rounds(plan.rounds)
         for unit in plan.units[head:]:
             transport.wait(unit.pieces)
             compute(transport.rows(unit), unit)

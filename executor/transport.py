@@ -4,7 +4,8 @@ Both transports speak the same verbs to the pipeline engine (``executor.pipeline
 
 - ``begin()`` / ``end()``: fork the lanes the transport uses off the caller's stream / join them back;
 - ``issue(pieces)``: start moving these pieces (gather: receive them; scatter: send them, right after
-  the GEMM that produced them);
+  the GEMM that produced them); ``issue_rounds(rounds)``: the same for several whole rounds of a gather
+  plan at once;
 - ``wait(pieces)``: the caller's stream waits until these pieces have landed (gather);
 - ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter); ``split_rows(unit)``: which
   split rows (of ``C`` for gather, of ``A`` for scatter) that GEMM covers.
@@ -35,6 +36,7 @@ class Transport(Protocol):
 
     def begin(self) -> None: ...
     def issue(self, pieces: tuple[Piece, ...]) -> None: ...
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None: ...
     def wait(self, pieces: tuple[Piece, ...]) -> None: ...
     def rows(self, unit: Unit) -> torch.Tensor: ...
     def end(self) -> None: ...
@@ -62,7 +64,9 @@ class _Transport:
         """Views of ``dest`` and of peer memory (fixed for the transport's life)."""
         self._source_views: dict[Hashable, torch.Tensor] = {}
         """Views of ``source`` (dropped when another tensor is bound)."""
-        self._split_rows: dict[Unit, slice] = {}
+        self._split_rows: dict[int, slice] = {}
+        """Row range of each unit, keyed by ``id(unit)`` (the plan keeps its units alive, and hashing a
+        frozen dataclass costs a Python call)."""
         self.source = source
         self._source_ptr = source.data_ptr()
 
@@ -86,7 +90,7 @@ class _Transport:
     def outgoing(self, piece: Piece) -> torch.Tensor:
         """The rows sent as ``piece``: the own sub-chunk (gather) or a partial of the receiver's shard
         (scatter)."""
-        return _remembered(self._source_views, piece, lambda: self._outgoing(piece))
+        return _remembered(self._source_views, id(piece), lambda: self._outgoing(piece))
 
     def _outgoing(self, piece: Piece) -> torch.Tensor:
         sub = sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
@@ -98,7 +102,7 @@ class _Transport:
         """Where ``piece`` lands here: the sender's slot of ``dest``, rows of the sub-chunk."""
         return _remembered(
             self._views,
-            ("in", piece),
+            ("in", id(piece)),
             lambda: self.dest[self.peer_from(piece)][
                 sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
             ],
@@ -106,9 +110,9 @@ class _Transport:
 
     def split_rows(self, unit: Unit) -> slice:
         """The split rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank (``shard_rows_of``)."""
-        rows = self._split_rows.get(unit)
+        rows = self._split_rows.get(id(unit))
         if rows is None:
-            rows = self._split_rows[unit] = shard_rows_of(
+            rows = self._split_rows[id(unit)] = shard_rows_of(
                 unit,
                 rank=self.rank,
                 world_size=self.world_size,
@@ -119,11 +123,11 @@ class _Transport:
 
     def rows(self, unit: Unit) -> torch.Tensor:
         if self.plan.direction == "scatter" or unit.offset == 0:
-            return _remembered(self._source_views, unit, lambda: self._source_rows(unit))
+            return _remembered(self._source_views, id(unit), lambda: self._source_rows(unit))
         if unit.offset is None:  # the whole GEMM reads all of A: the own shard goes into its slot too
             _remembered(self._views, ("slot", self.rank), lambda: self.dest[self.rank]).copy_(self.source)
         return _remembered(
-            self._views, unit, lambda: self.dest.view(-1, self.dest.shape[-1])[self.split_rows(unit)]
+            self._views, id(unit), lambda: self.dest.view(-1, self.dest.shape[-1])[self.split_rows(unit)]
         )
 
     def _source_rows(self, unit: Unit) -> torch.Tensor:
@@ -164,16 +168,25 @@ class PointToPointTransport(_Transport):
         super().__init__(**kwargs)
         self.group = group
         self.global_ranks = global_ranks
+        self._gather = self.plan.direction == "gather"
+        self._coalesce = self.source.is_cuda and type(group) is dist.ProcessGroup
+        """CUDA (NCCL): each batch is one coalesced group of ``ProcessGroup.send``/``recv`` calls, what
+        ``batch_isend_irecv`` does for NCCL without its per-op argument checks and wrappers (tens of
+        microseconds per batch); gloo does not coalesce and takes ``batch_isend_irecv``."""
+        self._group_ranks = [dist.get_group_rank(group, g) for g in global_ranks] if self._coalesce else []
         self._batches: list[list] = []
-        self._batch_of: dict[Piece, int] = {}
+        """This call's works, one list per issued batch (gather: per round of the plan, in order)."""
+        self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
+        self._wait_rounds: dict[int, list[int]] = {}
+        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
 
     def begin(self) -> None:
         self._batches.clear()
-        self._batch_of.clear()
-        if self.plan.direction == "gather":
+        if self._gather:
             self.lanes.fork(signal=False)
 
-    def issue(self, pieces: tuple[Piece, ...]) -> None:
+    def _ops(self, pieces: tuple[Piece, ...]) -> list[dist.P2POp]:
+        """The send and receive of each piece (kept while the same ``source`` is bound)."""
         ops = []
         for piece in pieces:
             tag = piece.offset * self.plan.splits + piece.sub  # the same on both ends; gloo matches by it
@@ -181,24 +194,69 @@ class PointToPointTransport(_Transport):
             recv_from = self.global_ranks[self.peer_from(piece)]
             ops.append(dist.P2POp(dist.isend, self.outgoing(piece), send_to, self.group, tag))
             ops.append(dist.P2POp(dist.irecv, self.incoming(piece), recv_from, self.group, tag))
-        if self.plan.direction == "gather":
-            with self.lanes.on_copy_lane(0):
-                works = dist.batch_isend_irecv(ops)
+        return ops
+
+    def _sends_and_receives(self, pieces: tuple[Piece, ...]) -> list[tuple]:
+        """Per piece: (rows sent, group rank sent to, rows received, group rank received from, tag)."""
+        return [
+            (
+                [self.outgoing(piece)],
+                self._group_ranks[self.peer_to(piece)],
+                [self.incoming(piece)],
+                self._group_ranks[self.peer_from(piece)],
+                piece.offset * self.plan.splits + piece.sub,
+            )
+            for piece in pieces
+        ]
+
+    def _coalesced(self, pieces: tuple[Piece, ...]) -> list:
+        """One NCCL group of every send and receive of ``pieces``; its one work."""
+        moves = _remembered(
+            self._source_views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces)
+        )
+        group, device = self.group, self.source.device
+        group._start_coalescing(device)
+        for sent, send_to, received, recv_from, tag in moves:
+            group.send(sent, send_to, tag)
+            group.recv(received, recv_from, tag)
+        return [group._end_coalescing(device)]
+
+    def _batched(self, pieces: tuple[Piece, ...]) -> list:
+        """``batch_isend_irecv`` of ``pieces`` (gloo); its works."""
+        ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
+        return dist.batch_isend_irecv(ops)
+
+    def issue(self, pieces: tuple[Piece, ...]) -> None:
+        start = self._coalesced if self._coalesce else self._batched
+        if self._gather:
+            self.lanes.to_copy_lane(0)
+            try:
+                works = start(pieces)
+            finally:
+                self.lanes.home()
         else:
-            works = dist.batch_isend_irecv(ops)
-        for piece in pieces:
-            self._batch_of[piece] = len(self._batches)
-        self._batches.append(list(works))
+            works = start(pieces)
+        self._batches.append(works)
+
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None:
+        """``issue`` each batch, in order."""
+        for pieces in rounds:
+            self.issue(pieces)
 
     def wait(self, pieces: tuple[Piece, ...]) -> None:
-        for index in sorted({self._batch_of[p] for p in pieces}):
+        rounds = self._wait_rounds.get(id(pieces))
+        if rounds is None:
+            rounds = self._wait_rounds[id(pieces)] = sorted({self._round_of[p] for p in pieces})
+        for index in rounds:
             for work in self._batches[index]:
                 work.wait()  # CUDA: the current stream waits for NCCL's stream; CPU: blocks
             self._batches[index] = []
 
     def end(self) -> None:
-        self.wait(tuple(self._batch_of))
-        if self.plan.direction == "gather":
+        for works in self._batches:
+            for work in works:
+                work.wait()
+        if self._gather:
             self.lanes.join(signal=False)
 
 
@@ -211,9 +269,10 @@ class PeerCopyTransport(_Transport):
     runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
     copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
     call and every call's lanes joined before the next call forks them, barriers still never overlap.
-    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is done;
-    one barrier at the end, then the owner reduces. Every call passes at least one barrier, which makes the
-    double buffering safe (``Workspace``).
+    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is
+    done (on the device: the host issues the pushes after the call's last GEMM, each behind an event
+    recorded after its own GEMM); one barrier at the end, then the owner reduces. Every call passes at
+    least one barrier, which makes the double buffering safe (``Workspace``).
     ``dest`` must be this rank's current half of ``workspace``, shaped ``[w, R, width]``.
     """
 
@@ -227,25 +286,74 @@ class PeerCopyTransport(_Transport):
         """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
         that copy lane, so the signal lane is not used."""
         self._signal = self._gather and not self._barrier_on_copy_lane
+        self._round_index = {id(batch): j for j, batch in enumerate(self.plan.rounds)}
+        """gather: the round (and ``signal_after`` key) of each batch of ``plan.rounds``, by identity."""
         self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
-        """gather: the round (and ``signal_after`` key) of each piece, fixed by the plan's issue order."""
         self._round_lanes = [sorted({self.plan.lane_of(p) for p in batch}) for batch in self.plan.rounds]
         """gather: the copy lanes each round's pieces use (the signal lane waits for these)."""
-        self._wait_keys: dict[tuple[Piece, ...], list[int]] = {}
+        self._lane_of = {id(p): self.plan.lane_of(p) for u in self.plan.units for p in u.pieces}
+        self._lane_of |= {id(p): self.plan.lane_of(p) for batch in self.plan.rounds for p in batch}
+        self._wait_keys: dict[int, list[int]] = {}
+        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
+        self._produced: list[tuple[Piece, ...]] = []
+        """scatter: the pieces each GEMM of this call produced, in order (pushed in ``end``)."""
+        self._scatter_lanes: dict[int, list[int]] = {}
+        """scatter: the copy lanes a unit's pieces use, keyed by ``id(unit.pieces)``."""
+        self._waits_join = self._gather and self._round_lanes[-1] == list(range(self.plan.lanes))
+        """gather: the wait for the last round (every call makes it) already orders every lane this call
+        used before the caller's stream: the last landed event is recorded behind the last barrier, which
+        ran behind the last copies of every lane. An eager call then skips the join's event pairs; a
+        captured one still joins each lane explicitly, as CUDA graph capture requires."""
 
     def begin(self) -> None:
+        self._produced.clear()
         self.lanes.fork(signal=self._signal)
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
-        for piece in pieces:
-            lane = self.plan.lane_of(piece)
-            if not self._gather:
-                self.lanes.after_current(lane)  # the GEMM that produced the piece
-            with self.lanes.on_copy_lane(lane):
+        lanes = self.lanes
+        if self._gather:  # a gather batch is one whole round of the plan
+            self.issue_rounds((pieces,))
+            return
+        key = len(self._produced)
+        lanes.mark_produced(key)  # the GEMM that produced the pieces, on the caller's stream
+        self._produced.append(pieces)
+
+    def _push_produced(self) -> None:
+        """scatter: push every piece produced this call, each copy lane waiting for its piece's GEMM.
+
+        Issued once the call's GEMMs are (in ``end``), so the host switches lanes twice per call instead
+        of twice per unit; on the device each copy still starts as soon as its GEMM is done."""
+        lanes = self.lanes
+        for key, pieces in enumerate(self._produced):
+            used = self._scatter_lanes.get(id(pieces))
+            if used is None:
+                used = self._scatter_lanes[id(pieces)] = sorted({self._lane_of[id(p)] for p in pieces})
+            for lane in used:
+                lanes.after_produced(lane, key)
+            for piece in pieces:
+                lanes.to_copy_lane(self._lane_of[id(piece)])
                 self.remote_incoming(piece).copy_(self.outgoing(piece))
-        if self._gather:
-            key = self._round_of[pieces[0]]  # a gather batch is one whole round of the plan
-            self.lanes.signal_after(
+        self._produced.clear()
+
+    def issue_rounds(self, rounds: tuple[tuple[Piece, ...], ...]) -> None:
+        """gather: push the pieces of ``rounds`` (whole rounds of the plan, in order), then run each
+        round's barrier: every copy is issued before the first barrier (two lane switches per call
+        instead of two per round); the signal lane still runs barrier ``j`` after round ``j``'s copies.
+        scatter: ``issue`` each batch."""
+        if not self._gather:
+            for pieces in rounds:
+                self.issue(pieces)
+            return
+        lanes = self.lanes
+        keys = [self._round_index[id(pieces)] for pieces in rounds]
+        for key, pieces in zip(keys, rounds, strict=True):
+            for piece in pieces:
+                lanes.to_copy_lane(self._lane_of[id(piece)])
+                self.remote_incoming(piece).copy_(self.outgoing(piece))
+            if not self._barrier_on_copy_lane:
+                lanes.mark_copied(self._round_lanes[key], key)
+        for key in keys:
+            lanes.signal_after(
                 self._round_lanes[key], key, self.workspace.barrier, on_copy_lane=self._barrier_on_copy_lane
             )
 
@@ -262,14 +370,19 @@ class PeerCopyTransport(_Transport):
     def wait(self, pieces: tuple[Piece, ...]) -> None:
         if not self._gather:
             return  # what lands here is published by the barrier in end()
-        keys = self._wait_keys.get(pieces)
+        keys = self._wait_keys.get(id(pieces))
         if keys is None:
-            keys = self._wait_keys[pieces] = sorted({self._round_of[p] for p in pieces})
+            keys = self._wait_keys[id(pieces)] = sorted({self._round_of[p] for p in pieces})
         for key in keys:
             self.lanes.wait_signal(key)
 
     def end(self) -> None:
-        self.lanes.join(signal=self._signal)
+        if not self._gather:
+            self._push_produced()
+        if self._waits_join and not self.lanes.capturing:
+            self.lanes.home()
+        else:
+            self.lanes.join(signal=self._signal)
         if not self._gather:
             self.workspace.barrier()  # every push into this rank's slots has landed
         self.workspace.advance()
