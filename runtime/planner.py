@@ -132,8 +132,8 @@ class Planner:
         self.timeout_s = float(timeout_s)
         self.group = group
         self.decisions: dict[OpKey, Decision] = {}
-        self.uses: dict[tuple[str, str], tuple[OpKey | None, str]] = {}
-        """(layer, direction) -> (the key it ran, or None for a plain GEMM; what ran, for the table)."""
+        self.uses: dict[tuple[str, str, OpKey | str], None] = {}
+        """Every (layer, direction, key it ran, or a description of a plain GEMM) seen, in order."""
         self._pending: dict[OpKey, tuple[cf.Future, int]] = {}
         """Keys whose answer timed out -> (the source call, the key's index in its answers)."""
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -200,22 +200,21 @@ class Planner:
         if decision is None:
             self._decide([key])
             decision = self.decisions[key]
-        use = (request.layer, request.direction)
+        use = (request.layer, request.direction, key)
         if use not in self.uses:
-            self.uses[use] = (key, "")
+            self.uses[use] = None
         return decision.schedule
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
         """Record a step that is not a planned op (a weight gradient's GEMM) for the table."""
-        if (layer, direction) not in self.uses:
-            self.uses[(layer, direction)] = (None, what)
+        self.uses.setdefault((layer, direction, what), None)
 
     def prepare(self, requests: Iterable[OpRequest]) -> None:
         """Decide every request's op now, in one batch (before a CUDA graph capture, or the first step)."""
         keys = []
         for r in requests:
             key = self.key(r.op, r.m, r.n, r.k, r.dtype, r.world_size)
-            self.uses.setdefault((r.layer, r.direction), (key, ""))
+            self.uses.setdefault((r.layer, r.direction, key), None)
             if key not in self.decisions and key not in keys:
                 keys.append(key)
         if keys:
@@ -328,15 +327,15 @@ class Planner:
     # Reporting -----------------------------------------------------------------------------------------
 
     def rows(self) -> list[dict]:
-        """One row per (layer, direction) seen: layer, direction, shape, schedule, predicted_speedup, note."""
+        """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""
         out = []
-        for (layer, direction), (key, what) in self.uses.items():
-            if key is None:
+        for layer, direction, key in self.uses:
+            if isinstance(key, str):
                 out.append(
                     {
                         "layer": layer,
                         "direction": direction,
-                        "shape": what,
+                        "shape": key,
                         "schedule": "-",
                         "predicted_speedup": None,
                         "note": "",
