@@ -339,6 +339,7 @@ class Planner:
                         "schedule": "-",
                         "predicted_speedup": None,
                         "note": "",
+                        "origin": "",
                     }
                 )
                 continue
@@ -351,6 +352,7 @@ class Planner:
                     "schedule": str(d.schedule) if d else "(not decided)",
                     "predicted_speedup": d.predicted_speedup if d else None,
                     "note": (d.reason or "") if d else "",
+                    "origin": d.origin if d else "",
                 }
             )
         return out
