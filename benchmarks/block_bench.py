@@ -88,7 +88,7 @@ from ficco import executor  # noqa: E402
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""
 TRAIN_TOKENS = (2048, 4096, 8192, 16384, 32768)
-INFER_TOKENS = (128, 512, 1024, 2048, 4096)
+INFER_TOKENS = (128, 256, 512, 1024, 2048, 4096)
 QUICK_TRAIN_TOKENS, QUICK_INFER_TOKENS = (4096, 16384), (256, 2048)
 SEQ_LEN = 4096
 """Training packs sequences of this many tokens (causal attention within each); inference is one prompt."""
@@ -676,6 +676,13 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
         "max_rel_err": max(errors, default=None),
         "rel_err_ok": all(e <= TOLERANCE[dtype_name] for e in errors),
         "failed_runs": sum(len(p.get("errors") or {}) for p in points),
+        "keep_vs_regather_train": _gmean(
+            [
+                p["extra_ms"]["planner_regather"] / p["step_ms"]["planner"]
+                for p in points
+                if p["extra_ms"].get("planner_regather") and p["step_ms"].get("planner")
+            ]
+        ),
     }
 
 

@@ -134,6 +134,8 @@ class Planner:
         self.decisions: dict[OpKey, Decision] = {}
         self.uses: dict[tuple[str, str, OpKey | str], None] = {}
         """Every (layer, direction, key it ran, or a description of a plain GEMM) seen, in order."""
+        self._by_request: dict[int, tuple[OpRequest, Schedule]] = {}
+        """id(request) -> (request, its schedule): the hot path's cache, dropped when a decision changes."""
         self._pending: dict[OpKey, tuple[cf.Future, int]] = {}
         """Keys whose answer timed out -> (the source call, the key's index in its answers)."""
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -180,6 +182,7 @@ class Planner:
         self._pending.clear()
         forgotten = len(self.decisions)
         self.decisions.clear()
+        self._by_request.clear()
         forget = getattr(self.source, "forget", None)
         if forget is not None:
             forget()
@@ -194,15 +197,21 @@ class Planner:
         return OpKey(op=op, m=m, n=n, k=k, dtype=dtype, world_size=world_size, mode=self.mode)
 
     def schedule(self, request: OpRequest) -> Schedule:
-        """The schedule of ``request``'s op (decided now if new; the hot path is one dict lookup)."""
+        """The schedule of ``request``'s op (decided now if new).
+
+        The hot path is one lookup by the request's identity: layers keep their requests, and hashing a
+        request or a key field by field would cost more than the rest of the call.
+        """
+        hit = self._by_request.get(id(request))
+        if hit is not None and hit[0] is request:
+            return hit[1]
         key = self.key(request.op, request.m, request.n, request.k, request.dtype, request.world_size)
         decision = self.decisions.get(key)
         if decision is None:
             self._decide([key])
             decision = self.decisions[key]
-        use = (request.layer, request.direction, key)
-        if use not in self.uses:
-            self.uses[use] = None
+        self.uses.setdefault((request.layer, request.direction, key), None)
+        self._by_request[id(request)] = (request, decision.schedule)
         return decision.schedule
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
@@ -287,6 +296,7 @@ class Planner:
 
     def _set(self, key: OpKey, decision: Decision) -> None:
         self.decisions[key] = decision
+        self._by_request.clear()
         if decision.reason is None:
             log.info(
                 "planner: %s %s -> %s (predicted %.2fx, %s)",
