@@ -23,12 +23,22 @@ T, IN, HIDDEN, OUT = 64, 16, 24, 8
 """Tokens (all ranks together; divisible by world_size * 8) and the MLP's feature sizes."""
 
 
-def _mlp_world(rank: int, world_size: int, model_root: str | None) -> dict:
-    """Runs on every rank: each (schedule, keep, dtype) case's relative errors against the reference."""
+def _mlp_world(
+    rank: int,
+    world_size: int,
+    model_root: str | None,
+    device: str = "cpu",
+    sizes: tuple[int, int, int, int] = (T, IN, HIDDEN, OUT),
+    schedules: list[str] | None = None,
+) -> dict:
+    """Runs on every rank: each (schedule, keep, dtype) case's relative errors against the reference
+    (``tests/runtime/gpu_layers_check.py`` runs it on GPUs with larger ``sizes``)."""
     import torch
     import torch.nn.functional as F
     from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear
 
+    T, IN, HIDDEN, OUT = sizes  # the module constants by default
+    schedules = schedules or SCHEDULES[world_size]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     gen = torch.Generator().manual_seed(7)  # the same full tensors on every rank
     full = {
@@ -49,36 +59,37 @@ def _mlp_world(rank: int, world_size: int, model_root: str | None) -> dict:
 
     def run(planner: Planner, keep: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         ops = PlannedOps(planner)
-        up = ColumnParallelLinear(IN, HIDDEN, ops=ops, name="up", keep_gathered=keep, dtype=dtype)
-        down = RowParallelLinear(HIDDEN, OUT, ops=ops, name="down", dtype=dtype)
-        up.load_full_weight(full["w1"].to(dtype))
-        down.load_full_weight(full["w2"].to(dtype))
-        x = full["x"][rows].to(dtype).requires_grad_()
+        layer = {"ops": ops, "dtype": dtype, "device": device}
+        up = ColumnParallelLinear(IN, HIDDEN, name="up", keep_gathered=keep, **layer)
+        down = RowParallelLinear(HIDDEN, OUT, name="down", **layer)
+        up.load_full_weight(full["w1"].to(device, dtype))
+        down.load_full_weight(full["w2"].to(device, dtype))
+        x = full["x"][rows].to(device, dtype).requires_grad_()
         with planner.step():
             y = down(F.gelu(up(x)))
-            (y.float() * full["g"][rows]).sum().backward()
+            (y.float() * full["g"][rows].to(device)).sum().backward()
         return {"y": y, "x": x.grad, "w1": up.weight.grad, "w2": down.weight.grad}
 
     def errors(got: dict, ref: dict) -> dict[str, float]:
         missing = [k for k in ref if got[k] is None]
         assert not missing, f"no gradient for {missing}"
-        return {k: float((got[k].float() - ref[k]).norm() / ref[k].norm()) for k in ref}
+        return {k: float((got[k].float().cpu() - ref[k]).norm() / ref[k].norm()) for k in ref}
 
     out: dict = {"cases": [], "inference": [], "planner": None}
     for dtype_name, dtype in dtypes.items():
         ref = reference(dtype)
-        for schedule in SCHEDULES[world_size]:
+        for schedule in schedules:
             for keep in (True, False):
                 got = run(Planner(FixedSource(schedule)), keep, dtype)
                 out["cases"].append((dtype_name, schedule, keep, errors(got, ref)))
         # inference (no autograd): the forward alone, a different path through the layers
-        ops = PlannedOps(Planner(FixedSource(SCHEDULES[world_size][-1]), mode="graph"))
-        up = ColumnParallelLinear(IN, HIDDEN, ops=ops, dtype=dtype)
-        down = RowParallelLinear(HIDDEN, OUT, ops=ops, dtype=dtype)
-        up.load_full_weight(full["w1"].to(dtype))
-        down.load_full_weight(full["w2"].to(dtype))
+        ops = PlannedOps(Planner(FixedSource(schedules[-1]), mode="graph"))
+        up = ColumnParallelLinear(IN, HIDDEN, ops=ops, dtype=dtype, device=device)
+        down = RowParallelLinear(HIDDEN, OUT, ops=ops, dtype=dtype, device=device)
+        up.load_full_weight(full["w1"].to(device, dtype))
+        down.load_full_weight(full["w2"].to(device, dtype))
         with torch.no_grad():
-            y = down(F.gelu(up(full["x"][rows].to(dtype))))
+            y = down(F.gelu(up(full["x"][rows].to(device, dtype))))
         out["inference"].append((dtype_name, errors({"y": y}, {"y": ref["y"].detach()})["y"]))
     if model_root is not None:
         from ficco.runtime import PredictorSource
