@@ -432,6 +432,16 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 # One point --------------------------------------------------------------------------------------------------
 
 
+PREPARE_TIMEOUT_S = 30.0
+"""How long planning before a point may wait for the planner's source (start-up, not a step)."""
+
+
+def maybe_prepare(ops: Any, requests: list) -> None:
+    """Plan a point's ops before its first step (what a runtime does at start-up or before a capture)."""
+    if isinstance(ops, PlannedOps):
+        ops.planner.prepare(requests, timeout_s=PREPARE_TIMEOUT_S)
+
+
 def step_context(ops: Any):
     """The planner's step (decisions frozen, bounded waits) for planned ops; nothing for the others."""
     return ops.planner.step() if isinstance(ops, PlannedOps) else contextlib.nullcontext()
@@ -457,6 +467,7 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
     times, errors, failures, reference = {}, {}, {}, None
     for name, (ops, keep) in variants.items():
         apply_ops(block, ops)
+        maybe_prepare(ops, block.op_requests(tokens, backward=True))
         for layer in (block.qkv, block.gate_up):
             layer.keep_gathered = keep
         try:
@@ -486,6 +497,7 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
     times, errors, failures, reference = {}, {}, {}, None
     for name, (ops, _) in variants.items():
         apply_ops(block, ops)
+        maybe_prepare(ops, block.op_requests(tokens, backward=False))
         try:
             call = GraphedCall(forward) if device.type == "cuda" else forward
             y = call().clone()

@@ -54,20 +54,30 @@ class _TensorParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight.T, a=math.sqrt(5))  # nn.Linear's init, on [out, in]
         self._requests: dict[tuple[int, str, int], _Requests] = {}
+        self._prepared: set[tuple[int, bool]] = set()
 
     def requests(self, tokens: int, *, backward: bool = True) -> list[OpRequest]:
         """The overlapped ops of one call at ``tokens`` (T, all ranks together), forward and backward."""
-        r = self._requests_for(tokens)
+        r = self._requests_at(tokens)
         return [r.fwd, r.bwd_input] if backward else [r.fwd]
 
-    def _requests_for(self, tokens: int) -> _Requests:
+    def _requests_at(self, tokens: int) -> _Requests:
+        """The ops at ``tokens``, kept per (tokens, dtype, group size)."""
         key = (tokens, dtype_name(self.weight.dtype), self.ops.world_size)
         r = self._requests.get(key)
         if r is None:
             r = self._requests[key] = self._make_requests(tokens, key[1], key[2])
+        return r
+
+    def _planned(self, tokens: int, backward: bool) -> _Requests:
+        """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
+        and with ``backward`` the input gradient's op too) in one batch."""
+        r = self._requests_at(tokens)
+        if (id(r), backward) not in self._prepared:
             prepare = getattr(self.ops, "prepare", None)
             if prepare is not None:
-                prepare([r.fwd, r.bwd_input] if torch.is_grad_enabled() else [r.fwd])
+                prepare([r.fwd, r.bwd_input] if backward else [r.fwd])
+            self._prepared.add((id(r), backward))
         return r
 
     def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
@@ -112,8 +122,9 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
-        r = self._requests_for(x_shard.shape[0] * self.ops.world_size)
-        if torch.is_grad_enabled() and (x_shard.requires_grad or self.weight.requires_grad):
+        backward = torch.is_grad_enabled() and (x_shard.requires_grad or self.weight.requires_grad)
+        r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
+        if backward:
             return _ColumnParallelFn.apply(x_shard, self.weight, self, r)
         return self.ops.all_gather_matmul(x_shard, self.weight, r.fwd, return_gathered=False)
 
@@ -170,8 +181,9 @@ class RowParallelLinear(_TensorParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
-        r = self._requests_for(x.shape[0])
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        r = self._planned(x.shape[0], backward)
+        if backward:
             return _RowParallelFn.apply(x, self.weight, self, r)
         return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd)
 
@@ -271,6 +283,7 @@ def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
             child.ops = ops
             child.name = child.name or path
             child._requests.clear()
+            child._prepared.clear()
 
 
 def _weight_note(keep: bool, x_shape: torch.Size, g_shape: torch.Size) -> str:

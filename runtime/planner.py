@@ -218,8 +218,12 @@ class Planner:
         """Record a step that is not a planned op (a weight gradient's GEMM) for the table."""
         self.uses.setdefault((layer, direction, what), None)
 
-    def prepare(self, requests: Iterable[OpRequest]) -> None:
-        """Decide every request's op now, in one batch (before a CUDA graph capture, or the first step)."""
+    def prepare(self, requests: Iterable[OpRequest], *, timeout_s: float | None = None) -> None:
+        """Decide every request's op now, in one batch (before a CUDA graph capture, or the first step).
+
+        ``timeout_s`` bounds this wait instead of the planner's own bound (start-up can afford more than a
+        step); None keeps the planner's.
+        """
         keys = []
         for r in requests:
             key = self.key(r.op, r.m, r.n, r.k, r.dtype, r.world_size)
@@ -227,9 +231,9 @@ class Planner:
             if key not in self.decisions and key not in keys:
                 keys.append(key)
         if keys:
-            self._decide(keys)
+            self._decide(keys, timeout_s)
 
-    def _decide(self, keys: Sequence[OpKey]) -> None:
+    def _decide(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> None:
         """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
         if _capturing():
             for key in keys:
@@ -242,13 +246,13 @@ class Planner:
                 )
             return
         group = self._agree_group()
-        decisions = self._ask(keys) if group is None or dist.get_rank(group) == 0 else None
+        decisions = self._ask(keys, timeout_s) if group is None or dist.get_rank(group) == 0 else None
         if group is not None:
             decisions = _broadcast(decisions, group)
         for key, decision in zip(keys, decisions, strict=True):
             self._set(key, decision)
 
-    def _ask(self, keys: Sequence[OpKey]) -> list[Decision]:
+    def _ask(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> list[Decision]:
         """The source's decisions for ``keys``, waiting at most what is left of the bound."""
         try:
             scenarios = [self._scenario(key) for key in keys]
@@ -257,7 +261,7 @@ class Planner:
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-planner")
         future = self._pool.submit(self.source.recommend, scenarios, self.mode)
-        wait_s = self._wait_left()
+        wait_s = self._wait_left() if timeout_s is None else timeout_s
         try:
             answers = future.result(timeout=wait_s)
         except cf.TimeoutError:

@@ -69,6 +69,12 @@ def test_timeout_falls_back_then_late_answer_lands_at_next_step(caplog):
     assert len(source.asked) == 1
 
 
+def test_prepare_may_wait_longer_than_a_step():
+    planner = Planner(CountingSource(delay_s=0.1), timeout_s=0.01)
+    planner.prepare([_request(64)], timeout_s=5)
+    assert str(planner.schedule(_request(64))) == "shard/dma"
+
+
 def test_step_waits_at_most_the_bound_in_total():
     source = CountingSource(delay_s=0.2)
     planner = Planner(source, timeout_s=0.1)
