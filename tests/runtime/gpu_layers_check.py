@@ -9,6 +9,7 @@ Prints one line per case and exits non-zero if any relative error exceeds the to
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -83,7 +84,9 @@ def main() -> int:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    report = _mlp_world(rank, world_size, str(default_model_root()), "cuda", SIZES, SCHEDULES)
+    # the shipped model's case needs xgboost, which the GPU image may lack
+    model_root = str(default_model_root()) if importlib.util.find_spec("xgboost") else None
+    report = _mlp_world(rank, world_size, model_root, "cuda", SIZES, SCHEDULES)
     bad = []
     for dtype, schedule, keep, errs in report["cases"]:
         worst = max(errs.values())
@@ -94,13 +97,14 @@ def main() -> int:
     for dtype, err in report["inference"]:
         if not err <= TOLERANCE[dtype]:
             bad.append(f"rank {rank} inference {dtype}: {err:.2e}")
-    errs, rows = report["planner"]
-    print(
-        f"rank {rank} planner (shipped model) max rel err {max(errs.values()):.2e}; schedules "
-        f"{sorted({r['schedule'] for r in rows if r['schedule'] != '-'})}"
-    )
-    if not max(errs.values()) <= TOLERANCE["bf16"]:
-        bad.append(f"rank {rank} planner: {errs}")
+    if report["planner"] is not None:
+        errs, rows = report["planner"]
+        schedules = sorted({r["schedule"] for r in rows if r["schedule"] != "-"})
+        print(
+            f"rank {rank} planner (shipped model) max rel err {max(errs.values()):.2e}; schedules {schedules}"
+        )
+        if not max(errs.values()) <= TOLERANCE["bf16"]:
+            bad.append(f"rank {rank} planner: {errs}")
     for schedule, worst in graph_errors(rank, world_size):
         line = f"rank {rank} CUDA graph bf16 {schedule:24s} max rel err {worst:.2e}"
         print(line, flush=True)
