@@ -12,8 +12,11 @@ Two captures, replayed in turn: the copy-engine executor double-buffers its peer
 half ``n % 2``, and a half is safe to overwrite only two calls later. A capture freezes each call's half, so
 a graph with an odd number of copy-engine calls, replayed back to back, would reuse a half on consecutive
 calls. The second capture starts where the first one left the parity, so alternating the two keeps the
-halves alternating whatever the count (with an even count the two graphs are the same). Replays of two
-different ``GraphedCall`` objects must not be interleaved if their copy-engine call counts are odd.
+halves alternating whatever the count (with an even count the two graphs are the same). What this cannot
+fix (the executor's to fix, with a device-side parity or a barrier at the start of a call): replays of two
+``GraphedCall`` objects interleaved, or an eager copy-engine call right after a replay of the first
+capture, reuse a half on consecutive calls when the copy-engine call count is odd. Replay an even number of
+times before eager calls, and one ``GraphedCall`` at a time.
 """
 
 from __future__ import annotations
