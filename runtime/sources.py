@@ -107,10 +107,10 @@ class ServiceSource:
     """
 
     def __init__(self, client: Any) -> None:
-        from ficco.service.schemas import ScenarioIn
+        from ficco.service import client as service_client  # the request schema the client validates with
 
         self.client = client
-        self.mode_aware = "mode" in ScenarioIn.model_fields
+        self.mode_aware = "mode" in service_client.ScenarioIn.model_fields
         self.origin = "service"
 
     @property
@@ -119,9 +119,8 @@ class ServiceSource:
 
     def forget(self) -> None:
         """Drop the client's answer cache (the planner's refresh: the service may serve a new model)."""
-        from ficco.service.core.store import RecommendationCache
-
-        self.client.cache = RecommendationCache(self.client.cache.maxsize)
+        cache = self.client.cache
+        self.client.cache = type(cache)(cache.maxsize)
 
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
         bodies = []
