@@ -16,6 +16,7 @@ Layering: imports ``features``, ``executor``, ``training`` (the predictor) and `
 nothing in ficco imports it.
 """
 
+from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.layers import ColumnParallelLinear, RowParallelLinear, apply_ops
 from ficco.runtime.overlap import OverlapOps, PlannedOps
 from ficco.runtime.planner import Decision, OpKey, OpRequest, Planner
@@ -26,6 +27,7 @@ __all__ = [
     "ColumnParallelLinear",
     "Decision",
     "FixedSource",
+    "GraphedCall",
     "OpKey",
     "OpRequest",
     "OverlapOps",

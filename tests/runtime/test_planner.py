@@ -192,3 +192,14 @@ def test_decisions_record_their_origin():
     planner = Planner(FixedSource("shard/dma"))
     planner.schedule(_request())
     assert next(iter(planner.decisions.values())).origin == "fixed shard/dma"
+
+
+def test_graphed_call_refuses_what_it_cannot_capture():
+    import torch
+    from ficco.runtime import GraphedCall
+
+    with pytest.raises(ValueError, match=r"GraphedCall\.warmup must be an int >= 1"):
+        GraphedCall(lambda: None, warmup=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="GraphedCall needs CUDA"):
+            GraphedCall(lambda: None)
