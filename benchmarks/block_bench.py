@@ -80,7 +80,7 @@ from ficco.runtime import (  # noqa: E402
     apply_ops,
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
-from ficco.runtime.overlap import all_gather_rows  # noqa: E402
+from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ficco import executor  # noqa: E402
@@ -180,8 +180,8 @@ class AsyncTPOps:
     def matmul_reduce_scatter(self, a, b, request):
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, self.group_name)
 
-    def all_gather(self, a_shard):
-        return all_gather_rows(a_shard, self.group, self.world_size)
+    def start_all_gather(self, a_shard):
+        return start_all_gather_rows(a_shard, self.group, self.world_size)
 
     def note(self, layer, direction, what):
         pass
@@ -197,7 +197,7 @@ class ComputeOnlyOps:
         self._gathered: dict[tuple, torch.Tensor] = {}
 
     def all_gather_matmul(self, a_shard, b, request, *, return_gathered):
-        a = self.all_gather(a_shard)
+        a = self._gathered_buffer(a_shard)
         c = a @ b
         return (c, a) if return_gathered else c
 
@@ -205,7 +205,10 @@ class ComputeOnlyOps:
         rows = a.shape[0] // self.world_size
         return (a @ b)[self.rank * rows : (self.rank + 1) * rows]
 
-    def all_gather(self, a_shard):
+    def start_all_gather(self, a_shard):
+        return self._gathered_buffer(a_shard), lambda: None
+
+    def _gathered_buffer(self, a_shard):
         key = (a_shard.shape[0] * self.world_size, a_shard.shape[1], a_shard.dtype)
         if key not in self._gathered:
             self._gathered[key] = torch.zeros(key[:2], dtype=a_shard.dtype, device=a_shard.device)

@@ -229,14 +229,18 @@ class _ColumnParallelFn(torch.autograd.Function):
         saved, weight = ctx.saved_tensors
         grad_y = grad_y.contiguous()
         need_x, need_w = ctx.needs_input_grad[:2]
-        x = None
-        if need_w:
-            # Issued before the input gradient's op, so that on GPUs the gather's NCCL kernel can run beside
-            # that op's GEMMs (it waits only for grad_y).
-            x = saved if layer.keep_gathered else ops.all_gather(saved)
-            ops.note(layer.name, "bwd-weight", _weight_note(layer.keep_gathered, x.shape, grad_y.shape))
+        x, wait = saved, None
+        if need_w and not layer.keep_gathered:
+            # Started before the input gradient's op and waited for after it, so that on GPUs the gather
+            # runs beside that op's GEMMs.
+            x, wait = ops.start_all_gather(saved)
         grad_x = ops.matmul_reduce_scatter(grad_y, weight.t(), r.bwd_input) if need_x else None
-        grad_w = x.t() @ grad_y if need_w else None
+        grad_w = None
+        if need_w:
+            if wait is not None:
+                wait()
+            ops.note(layer.name, "bwd-weight", _weight_note(layer.keep_gathered, x.shape, grad_y.shape))
+            grad_w = x.t() @ grad_y
         return grad_x, grad_w, None, None
 
 

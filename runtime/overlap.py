@@ -7,6 +7,7 @@ their autograd stay the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -39,8 +40,9 @@ class OverlapOps(Protocol):
         """This rank's rows ``[m/w, n]`` of the sum over ranks of ``a [m, k] @ b [k, n]``."""
         ...
 
-    def all_gather(self, a_shard: torch.Tensor) -> torch.Tensor:
-        """The row shards ``a_shard [m/w, k]`` gathered into ``[m, k]`` (plain collective)."""
+    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Start gathering the row shards ``a_shard [m/w, k]`` into ``[m, k]`` (plain collective); returns
+        the destination and ``wait()``, after which the caller's stream sees it (no host wait on GPUs)."""
         ...
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
@@ -76,8 +78,8 @@ class PlannedOps:
     def matmul_reduce_scatter(self, a: torch.Tensor, b: torch.Tensor, request: OpRequest) -> torch.Tensor:
         return executor.matmul_reduce_scatter(a, b, self.planner.schedule(request), self.group)
 
-    def all_gather(self, a_shard: torch.Tensor) -> torch.Tensor:
-        return all_gather_rows(a_shard, self.group, self.world_size)
+    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        return start_all_gather_rows(a_shard, self.group, self.world_size)
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
         self.planner.note(layer, direction, what)
@@ -87,12 +89,16 @@ class PlannedOps:
         self.planner.prepare(requests)
 
 
-def all_gather_rows(a_shard: torch.Tensor, group: dist.ProcessGroup | None, world_size: int) -> torch.Tensor:
-    """``[m/w, k]`` row shards -> ``[m, k]`` (rank order) with the group's all-gather collective."""
+def start_all_gather_rows(
+    a_shard: torch.Tensor, group: dist.ProcessGroup | None, world_size: int
+) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Start ``[m/w, k]`` row shards -> ``[m, k]`` (rank order) with the group's all-gather collective, as
+    async work: returns the destination and the work's ``wait`` (on GPUs it makes the caller's stream wait,
+    so work issued in between overlaps the gather)."""
     a_shard = a_shard.contiguous()
     out = a_shard.new_empty((a_shard.shape[0] * world_size, a_shard.shape[1]))
-    _all_gather_single(out, a_shard, group=group)
-    return out
+    work = _all_gather_single(out, a_shard, group=group, async_op=True)
+    return out, work.wait
 
 
 def dtype_name(dtype: torch.dtype) -> str:
