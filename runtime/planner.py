@@ -164,7 +164,10 @@ class Planner:
                 self._apply_swap(source)
 
     def swap(self, source: ScheduleSource) -> None:
-        """Use ``source`` from now on, forgetting every decision; inside a step, from the step's end."""
+        """Use ``source`` from now on, forgetting every decision; inside a step, from the step's end.
+
+        Call it on every rank of the group (each forgets its decisions; the next use decides collectively).
+        """
         if self._in_step:
             log.info("planner: source swap deferred to the end of the step")
             self._swap_to = source
@@ -173,7 +176,7 @@ class Planner:
 
     def refresh(self) -> None:
         """Ask the source again for every shape (e.g. after the service loaded a new model); inside a step,
-        from the step's end."""
+        from the step's end. On every rank of the group, like :meth:`swap`."""
         self.swap(self.source)
 
     def _apply_swap(self, source: ScheduleSource) -> None:
@@ -194,6 +197,7 @@ class Planner:
     # Decisions --------------------------------------------------------------------------------------------
 
     def key(self, op: str, m: int, n: int, k: int, dtype: str, world_size: int) -> OpKey:
+        """The cache key of an op in this planner's mode."""
         return OpKey(op=op, m=m, n=n, k=k, dtype=dtype, world_size=world_size, mode=self.mode)
 
     def schedule(self, request: OpRequest) -> Schedule:
