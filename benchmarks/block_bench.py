@@ -612,20 +612,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             continue
         block, vs = blocks[model], variants[(model, phase)]
         run = run_train_point if phase == "train" else run_inference_point
-        got = run(block, vs, tokens, args, device, dtype)
+        point = make_point(model, phase, tokens, run(block, vs, tokens, args, device, dtype))
         executor.clear_buffers()
-        times = got["times"]
-        comm = 1.0 - times["compute_only"] / times["serial"] if "compute_only" in times else None
-        point = {
-            "model": model,
-            "phase": phase,
-            "tokens": tokens,
-            "comm_share": None if comm is None else max(0.0, comm),
-            "step_ms": {v: times.get(v) for v in VARIANTS},
-            "extra_ms": {k: v for k, v in times.items() if k not in VARIANTS},
-            "rel_err": got["rel_err"],
-            "errors": got["errors"],
-        }
         result["points"].append(point)
         log(rank0, point_line(point))
         for v in ("planner", "oracle"):
@@ -640,6 +628,24 @@ def main(argv: list[str] | None = None) -> dict | None:
             print(f"\n{key}: {len(rows)} decisions; first: {rows[:1]}")
         print(json.dumps(result["summary"], indent=1))
     return result
+
+
+def make_point(model: str, phase: str, tokens: int, got: dict) -> dict:
+    """One ``points`` entry from a point's timings (ms), errors and failures."""
+    times = got["times"]
+    comm = None
+    if times.get("compute_only") and times.get("serial"):
+        comm = max(0.0, 1.0 - times["compute_only"] / times["serial"])
+    return {
+        "model": model,
+        "phase": phase,
+        "tokens": tokens,
+        "comm_share": comm,
+        "step_ms": {v: times.get(v) for v in VARIANTS},
+        "extra_ms": {k: v for k, v in times.items() if k not in VARIANTS},
+        "rel_err": got["rel_err"],
+        "errors": got["errors"],
+    }
 
 
 def init_distributed(cpu: bool) -> torch.device:
