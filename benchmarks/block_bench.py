@@ -211,7 +211,7 @@ class ComputeOnlyOps:
     def _gathered_buffer(self, a_shard):
         key = (a_shard.shape[0] * self.world_size, a_shard.shape[1], a_shard.dtype)
         if key not in self._gathered:
-            # random, not zeros: tensor cores run measurably faster on zeros (KINDS.md: 894 vs 788 TFLOP/s)
+            # random, not zeros: an H200 runs an 8192^3 bf16 GEMM ~13% faster on zeros than on random data
             self._gathered[key] = torch.randn(key[:2], device=a_shard.device).to(a_shard.dtype)
         return self._gathered[key]
 
