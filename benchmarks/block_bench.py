@@ -836,7 +836,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="measure an op the dataset lacks over every candidate, not the dataset's winners",
     )
-    p.add_argument("--budget-s", type=float, default=200.0, help="no point starts after this many seconds")
+    p.add_argument("--budget-s", type=float, default=190.0, help="no point starts after this many seconds")
     p.add_argument("--planner-timeout-s", type=float, default=0.25, help="the planner's bound per step")
     p.add_argument("--plan-file", type=Path, default=PLAN_FILE, help="answers for a machine without xgboost")
     p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
