@@ -1,0 +1,851 @@
+r"""End-to-end transformer block at TP=2 with sequence parallelism: ficco's planner against serial NCCL,
+PyTorch async-TP, always ``shard/dma`` and the per-op oracle, in training and CUDA-graph inference.
+
+    # the full run on 2 GPUs (<= 4 minutes on 2 x H200); writes OUT/block-h200x2.{json,md,png}
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py \
+        --out benchmarks/results
+    # a quicker run: 2 token counts per phase
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --quick \
+        --out OUT
+    # plumbing check without a GPU (gloo, a tiny block; what CI runs)
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --cpu-smoke \
+        --out /tmp/block-smoke
+    # on a CPU machine with xgboost and pandas: the planner's and the dataset oracle's answers for every op
+    # the run needs, for a GPU machine that lacks them (the run reads it when it cannot ask them itself)
+    python3 benchmarks/block_bench.py --write-plan benchmarks/results/block-plan-h200x2.json
+    # re-render the markdown and the plot from a finished JSON (needs matplotlib for the plot)
+    python3 benchmarks/block_bench.py --render benchmarks/results/block-h200x2.json
+
+The block (Llama-3.1-8B and -70B shapes, bf16): RMSNorm -> QKV (column-parallel, all-gather -> GEMM) ->
+causal ``scaled_dot_product_attention`` on the real heads (grouped-query; training packs sequences of
+``SEQ_LEN`` tokens, inference is one prompt) -> attention out (row-parallel, GEMM -> reduce-scatter) ->
+residual -> RMSNorm -> MLP gate/up (column-parallel) -> SiLU gate -> MLP down (row-parallel) -> residual.
+Input and output are token shards ``[T/2, hidden]``.
+
+Phases: ``train`` (forward + backward, 2k-32k tokens, eager) and ``inference`` (the forward replayed from a
+CUDA graph, 128-4096 tokens). Variants, all on the same weights and inputs (``runtime.apply_ops`` swaps the
+ops): ``serial`` (``serial/sm`` everywhere: NCCL collective, then GEMM), ``async_tp``
+(``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), ``shard_dma``,
+``planner`` (the local predictor through ``runtime.Planner``, mode ``eager`` for training and ``graph``
+for inference) and ``oracle`` (per op, the fastest schedule of the measured dataset at that (op, m, n, k,
+mode); a shape the dataset lacks is measured here, over the schedules that win somewhere in the dataset,
+and the JSON says how many ops came from each). Two more timings per point: ``compute_only`` (the
+collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training,
+``planner_regather`` (the column-parallel weight gradient gathers its input again instead of keeping it).
+
+Timing: per variant ``--warmup`` untimed steps, then ``--reps`` steps each between CUDA events (CPU:
+``perf_counter``), ranks aligned (synchronise, barrier) before the timed steps; a step's time is the
+maximum over ranks and a point's time the median. Every variant's output (and, in training, the input and
+weight gradients of its first step) is compared with ``serial``'s (relative error, ``rel_err``). Points run
+cheapest first; a point that would start after ``--budget-s`` is skipped and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+
+# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
+os.environ.update(SAFE_ENV)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
+from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
+from ficco.runtime import (  # noqa: E402
+    Answer,
+    ColumnParallelLinear,
+    FixedSource,
+    PlannedOps,
+    Planner,
+    PredictorSource,
+    RowParallelLinear,
+    TableSource,
+    apply_ops,
+)
+from ficco.runtime.graphs import GraphedCall  # noqa: E402
+from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ficco import executor  # noqa: E402
+
+MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
+"""Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""
+TRAIN_TOKENS = (2048, 4096, 8192, 16384, 32768)
+INFER_TOKENS = (128, 256, 512, 1024, 2048, 4096)
+QUICK_TRAIN_TOKENS, QUICK_INFER_TOKENS = (4096, 16384), (256, 2048)
+SEQ_LEN = 4096
+"""Training packs sequences of this many tokens (causal attention within each); inference is one prompt."""
+VARIANTS = ("serial", "async_tp", "shard_dma", "planner", "oracle")
+"""The ``step_ms`` keys of a point."""
+TOLERANCE = {"bf16": 2e-2, "fp32": 1e-4}
+"""Largest relative error of a variant's output or gradients against ``serial`` (bf16: two roundings of
+a long reduction, in different orders)."""
+HARDWARE = "h200x2"
+DATASET = REPO / "datasets" / HARDWARE
+PLAN_FILE = REPO / "benchmarks" / "results" / f"block-plan-{HARDWARE}.json"
+CPU_SMOKE = ModelConfig(
+    name="tiny",
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
+"""The block of ``--cpu-smoke`` (gloo), with tokens 32 and 64 and sequences of 16."""
+
+
+# The block --------------------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """A Llama-style decoder layer on a tensor-parallel group: ``x_shard [T/w, hidden] -> [T/w, hidden]``."""
+
+    def __init__(self, cfg: ModelConfig, ops: Any, *, seq_len: int, device: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        w, hd, hidden = ops.world_size, cfg.head_dim, cfg.hidden_size
+        self.hidden, self.seq_len, self.head_dim = hidden, seq_len, hd
+        self.q_local = cfg.num_attention_heads // w
+        self.kv_local = max(1, cfg.num_key_value_heads // w)  # a replica per rank when fewer KV heads
+        layer = {"ops": ops, "device": device, "dtype": dtype}
+        self.qkv = ColumnParallelLinear(
+            hidden, (self.q_local + 2 * self.kv_local) * hd * w, name="attn.qkv", **layer
+        )
+        self.out = RowParallelLinear(cfg.num_attention_heads * hd, hidden, name="attn.out", **layer)
+        self.gate_up = ColumnParallelLinear(hidden, 2 * cfg.intermediate_size, name="mlp.gate_up", **layer)
+        self.down = RowParallelLinear(cfg.intermediate_size, hidden, name="mlp.down", **layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(F.rms_norm(x, (self.hidden,)))
+        x = x + self.out(self._attention(qkv))
+        gate, up = self.gate_up(F.rms_norm(x, (self.hidden,))).chunk(2, dim=1)
+        return x + self.down(F.silu(gate) * up)
+
+    def _attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Causal grouped-query attention of this rank's heads: ``[T, (q + 2 kv) * hd] -> [T, q * hd]``."""
+        tokens, hd = qkv.shape[0], self.head_dim
+        seq = min(tokens, self.seq_len)
+        q, k, v = qkv.split([self.q_local * hd, self.kv_local * hd, self.kv_local * hd], dim=1)
+
+        def heads(t: torch.Tensor, n: int) -> torch.Tensor:
+            """``[T, n * hd] -> [sequences, q heads, seq, hd]``; each KV head repeated for its query group
+            (what ``enable_gqa`` does, spelled out so that the flash kernel runs on every torch version)."""
+            t = t.reshape(tokens // seq, seq, n, hd).transpose(1, 2)
+            return t if n == self.q_local else t.repeat_interleave(self.q_local // n, dim=1)
+
+        a = F.scaled_dot_product_attention(
+            heads(q, self.q_local),
+            heads(k, self.kv_local),
+            heads(v, self.kv_local),
+            is_causal=True,
+        )
+        return a.transpose(1, 2).reshape(tokens, self.q_local * hd)
+
+    def op_requests(self, tokens: int, *, backward: bool) -> list:
+        """Every overlapped op one step at ``tokens`` runs (``runtime.OpRequest``)."""
+        layers = (self.qkv, self.out, self.gate_up, self.down)
+        return [r for layer in layers for r in layer.requests(tokens, backward=backward)]
+
+
+class AsyncTPOps:
+    """PyTorch's async-TP ops behind the runtime's ``OverlapOps`` interface (the same layers and autograd)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        import torch.distributed._symmetric_memory  # noqa: F401 (registers torch.ops.symm_mem)
+
+        self.group = group
+        self.group_name = (group or dist.group.WORLD).group_name
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def all_gather_matmul(self, a_shard, b, request, *, return_gathered):
+        a, (c,) = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], 0, self.group_name)
+        return (c, a) if return_gathered else c
+
+    def matmul_reduce_scatter(self, a, b, request):
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, self.group_name)
+
+    def start_all_gather(self, a_shard):
+        return start_all_gather_rows(a_shard, self.group, self.world_size)
+
+    def note(self, layer, direction, what):
+        pass
+
+
+class ComputeOnlyOps:
+    """The same GEMMs with the collectives left out (for ``comm_share``): the gathered input is a local
+    random buffer of its shape, and the reduce-scatter's result this rank's rows of its partial product."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self._gathered: dict[tuple, torch.Tensor] = {}
+
+    def all_gather_matmul(self, a_shard, b, request, *, return_gathered):
+        a = self._gathered_buffer(a_shard)
+        c = a @ b
+        return (c, a) if return_gathered else c
+
+    def matmul_reduce_scatter(self, a, b, request):
+        rows = a.shape[0] // self.world_size
+        return (a @ b)[self.rank * rows : (self.rank + 1) * rows]
+
+    def start_all_gather(self, a_shard):
+        return self._gathered_buffer(a_shard), lambda: None
+
+    def _gathered_buffer(self, a_shard):
+        key = (a_shard.shape[0] * self.world_size, a_shard.shape[1], a_shard.dtype)
+        if key not in self._gathered:
+            # random, not zeros: an H200 runs an 8192^3 bf16 GEMM ~13% faster on zeros than on random data
+            self._gathered[key] = torch.randn(key[:2], device=a_shard.device).to(a_shard.dtype)
+        return self._gathered[key]
+
+    def note(self, layer, direction, what):
+        pass
+
+
+class ShapeOnlyOps:
+    """Enough of ``OverlapOps`` to build a block and list its ops (``runtime.apply_ops`` sets real ones)."""
+
+    def __init__(self, world_size: int = 2, rank: int = 0) -> None:
+        self.world_size, self.rank = world_size, rank
+
+
+# Sources: the planner's model and the oracle's table --------------------------------------------------------
+
+
+def _key_str(op: str, m: int, n: int, k: int, mode: str) -> str:
+    return f"{op}/{m}/{n}/{k}/{mode}"
+
+
+def needed_keys(models: dict[str, ModelConfig], train: tuple, infer: tuple, seq_len: int) -> list[tuple]:
+    """Every (op, m, n, k, mode) a run needs: training (eager, forward and backward) and inference (graph)."""
+    keys: dict[tuple, None] = {}
+    for cfg in models.values():
+        block = Block(cfg, ShapeOnlyOps(), seq_len=seq_len, device="meta", dtype=torch.bfloat16)
+        for phase, tokens, mode in (("train", train, "eager"), ("inference", infer, "graph")):
+            for t in tokens:
+                for r in block.op_requests(t, backward=phase == "train"):
+                    keys[(r.op, r.m, r.n, r.k, mode)] = None
+    return list(keys)
+
+
+def dataset_oracle(directory: Path) -> dict[tuple, Answer]:
+    """The fastest schedule of every (op, m, n, k, mode) of a measured dataset (format 1 rows are eager)."""
+    import pandas as pd
+    from ficco.harness.dataset import label_table, load_dataset
+
+    try:
+        df = load_dataset(directory)
+    except ValueError:  # format 1: no mode column, no best sets; its rows were timed eagerly
+        df = pd.concat([pd.read_parquet(p) for p in sorted((directory / "parts").glob("*.parquet"))])
+        df = df.assign(mode="eager", in_best_set=False)
+    labels = label_table(df[df["world_size"] == 2])
+    return {
+        (r.op, int(r.m), int(r.n), int(r.k), r.mode): Answer(
+            schedule=r.best_schedule, predicted_speedup=float(r.speedup), origin="dataset"
+        )
+        for r in labels.itertuples()
+    }
+
+
+def write_plan(path: Path) -> None:
+    """``--write-plan``: the local predictor's and the dataset oracle's answers for every op of a full and a
+    quick run, for a GPU machine without xgboost or pandas."""
+    keys = needed_keys(
+        load_models(MODELS), TRAIN_TOKENS + QUICK_TRAIN_TOKENS, INFER_TOKENS + QUICK_INFER_TOKENS, SEQ_LEN
+    )
+    source = PredictorSource.load(hardware_id=HARDWARE)
+    hardware = get_hardware(HARDWARE)
+    planner: dict[str, dict] = {}
+    for mode in ("eager", "graph"):
+        mode_keys = [k for k in keys if k[4] == mode]
+        scenarios = [
+            Scenario(op=op, m=m, n=n, k=k, dtype="bf16", world_size=2, hardware=hardware)
+            for op, m, n, k, _ in mode_keys
+        ]
+        for key, a in zip(mode_keys, source.recommend(scenarios, mode), strict=True):
+            planner[_key_str(*key)] = _answer_dict(a)
+    table = dataset_oracle(DATASET)
+    oracle = {_key_str(*k): _answer_dict(a) for k, a in table.items() if k in set(keys)}
+    plan = {
+        "model": source.origin,
+        "mode_aware_model": source.mode_aware,
+        "dataset": str(DATASET.relative_to(REPO)),
+        "planner": planner,
+        "oracle": oracle,
+        "oracle_pool": winners(table),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}: {len(planner)} planner answers, {len(oracle)} oracle answers of {len(keys)} ops")
+
+
+def _answer_dict(a: Answer) -> dict:
+    return {
+        "schedule": a.schedule,
+        "predicted_speedup": a.predicted_speedup,
+        "fallback": a.fallback,
+        "fallback_reason": a.fallback_reason,
+        "origin": a.origin,
+    }
+
+
+def _plan_table(section: dict) -> dict[tuple, Answer]:
+    out = {}
+    for key, a in section.items():
+        op, m, n, k, mode = key.split("/")
+        out[(op, int(m), int(n), int(k), mode)] = Answer(**a)
+    return out
+
+
+def planner_source(plan_file: Path) -> tuple[Any, str]:
+    """The local predictor, or (no xgboost here) its answers from the plan file; and which one it is."""
+    try:
+        source = PredictorSource.load(hardware_id=HARDWARE)
+        return (
+            source,
+            f"live {source.origin} ({'per-mode' if source.mode_aware else 'one model for both modes'})",
+        )
+    except Exception as err:  # ImportError (no xgboost), ModelLoadError
+        if not plan_file.exists():
+            raise SystemExit(
+                f"cannot load the predictor ({err}) and there is no plan file {plan_file}; "
+                "write one on a CPU machine with --write-plan"
+            ) from None
+        plan = json.loads(plan_file.read_text())
+        modes = "per-mode" if plan["mode_aware_model"] else "one model for both modes"
+        return TableSource(
+            _plan_table(plan["planner"]), origin=plan["model"]
+        ), f"plan file ({plan['model']}, {modes})"
+
+
+def oracle_answers(plan_file: Path) -> tuple[dict[tuple, Answer], list[str], str]:
+    """The dataset's per-op best, or (no pandas here) the plan file's copy of it; the schedules that win
+    somewhere in the dataset (what a missing op is measured over); and where they came from."""
+    try:
+        table = dataset_oracle(DATASET)
+        return table, winners(table), f"dataset {DATASET.relative_to(REPO)}"
+    except Exception as err:  # ImportError (no pandas), a missing dataset
+        if not plan_file.exists():
+            print(f"no oracle table ({err}): every op is measured here", flush=True)
+            return {}, [], "none"
+        plan = json.loads(plan_file.read_text())
+        return _plan_table(plan["oracle"]), plan["oracle_pool"], f"plan file ({plan['dataset']})"
+
+
+def winners(table: dict[tuple, Answer]) -> list[str]:
+    """The schedules that are fastest somewhere in ``table``, with ``serial/sm`` and ``shard/dma``."""
+    return sorted({a.schedule for a in table.values()} | {str(SERIAL), "shard/dma"})
+
+
+def measure_missing(
+    keys: list[tuple], pool: list[str] | None, device: torch.device, dtype: torch.dtype, reps: int
+) -> dict[tuple, Answer]:
+    """Time the schedules of ``pool`` (None: every candidate) on every key, in the key's mode; the fastest
+    per key (collective: every rank measures the same keys in the same order)."""
+    hardware = get_hardware("h200x8")  # any profile that admits the group size; shapes decide candidates
+    w, rank = dist.get_world_size(), dist.get_rank()
+    found = {}
+    for op, m, n, k, mode in keys:
+        scenario = Scenario(op=op, m=m, n=n, k=k, dtype="bf16", world_size=w, hardware=hardware)
+        valid = {str(s) for s in candidates(scenario)}
+        gen = torch.Generator(device=device).manual_seed(rank)
+        rows = m // w if op == "ag_gemm" else m
+        a = torch.randn(rows, k, generator=gen, device=device).to(dtype)
+        b = torch.randn(k, n, generator=gen, device=device).to(dtype) / math.sqrt(k)
+        fn = executor.all_gather_matmul if op == "ag_gemm" else executor.matmul_reduce_scatter
+        times = {}
+        for schedule in (s for s in (pool or sorted(valid)) if s in valid):
+            call = functools.partial(fn, a, b, schedule)
+            try:
+                if mode == "graph" and device.type == "cuda":
+                    call = GraphedCall(call)
+                times[schedule] = time_ms(call, warmup=2, reps=reps, device=device)
+            except Exception as err:  # the same on every rank; the oracle picks among the rest
+                print(f"oracle: {schedule} failed on {op} m={m} n={n} k={k} {mode}: {err}", flush=True)
+            del call
+        best = min(times, key=times.get)
+        found[(op, m, n, k, mode)] = Answer(
+            schedule=best, predicted_speedup=times[str(SERIAL)] / times[best], origin="measured"
+        )
+    executor.clear_buffers()
+    return found
+
+
+# Timing -----------------------------------------------------------------------------------------------------
+
+
+def align(device: torch.device) -> None:
+    """Every rank idle and at the same point (outside any timed region)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], Any], *, warmup: int, reps: int, device: torch.device) -> float:
+    """Median over ``reps`` calls of the slowest rank's time per call, ms, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    align(device)
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
+        ]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = [start.elapsed_time(end) for start, end in events]
+    else:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    slowest = torch.tensor(times, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||got - ref|| / ||ref||`` (Frobenius), the largest over ranks."""
+    err = torch.stack([(got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)])
+    dist.all_reduce(err, op=dist.ReduceOp.MAX)
+    return float(err)
+
+
+# One point --------------------------------------------------------------------------------------------------
+
+
+PREPARE_TIMEOUT_S = 30.0
+"""How long planning before a point may wait for the planner's source (start-up, not a step)."""
+
+
+def maybe_prepare(ops: Any, requests: list) -> None:
+    """Plan a point's ops before its first step (what a runtime does at start-up or before a capture)."""
+    if isinstance(ops, PlannedOps):
+        ops.planner.prepare(requests, timeout_s=PREPARE_TIMEOUT_S)
+
+
+def step_context(ops: Any):
+    """The planner's step (decisions frozen, bounded waits) for planned ops; nothing for the others."""
+    return ops.planner.step() if isinstance(ops, PlannedOps) else contextlib.nullcontext()
+
+
+def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, device, dtype) -> dict:
+    """Forward + backward of every variant at ``tokens``: step times, and errors against ``serial``."""
+    w, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator(device=device).manual_seed(1000 + rank)
+    x = torch.randn(tokens // w, block.hidden, generator=gen, device=device).to(dtype).requires_grad_()
+    g = torch.randn(tokens // w, block.hidden, generator=gen, device=device).to(dtype)
+    params = list(block.parameters())
+
+    def step() -> torch.Tensor:
+        x.grad = None
+        for p in params:
+            p.grad = None
+        with step_context(block.qkv.ops):
+            y = block(x)
+            y.backward(g)
+        return y
+
+    times, errors, failures, reference = {}, {}, {}, None
+    for name, (ops, keep) in variants.items():
+        apply_ops(block, ops)
+        maybe_prepare(ops, block.op_requests(tokens, backward=True))
+        for layer in (block.qkv, block.gate_up):
+            layer.keep_gathered = keep
+        try:
+            y = step()
+            result = [y.detach(), x.grad, *(p.grad for p in params)]
+            if reference is None:
+                reference = [t.clone() for t in result]
+            elif name != "compute_only":  # its numbers are not the block's (no collectives)
+                errors[name] = max(rel_err(a, b) for a, b in zip(result, reference, strict=True))
+            del y, result
+            times[name] = time_ms(step, warmup=args.warmup, reps=args.reps, device=device)
+        except Exception as err:  # the same on every rank (a refused op, a failed capture): recorded
+            failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
+    return {"times": times, "rel_err": errors, "errors": failures}
+
+
+def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, args, device, dtype) -> dict:
+    """The forward of every variant at ``tokens``, replayed from a CUDA graph (CPU: eager)."""
+    w, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator(device=device).manual_seed(2000 + rank)
+    x = torch.randn(tokens // w, block.hidden, generator=gen, device=device).to(dtype)
+
+    @torch.no_grad()
+    def forward() -> torch.Tensor:
+        return block(x)
+
+    times, errors, failures, reference = {}, {}, {}, None
+    for name, (ops, _) in variants.items():
+        apply_ops(block, ops)
+        maybe_prepare(ops, block.op_requests(tokens, backward=False))
+        try:
+            call = GraphedCall(forward) if device.type == "cuda" else forward
+            y = call().clone()
+            if reference is None:
+                reference = y
+            elif name != "compute_only":
+                errors[name] = rel_err(y, reference)
+            times[name] = time_ms(call, warmup=args.warmup, reps=args.reps, device=device)
+            del call
+        except Exception as err:  # the same on every rank (e.g. an op that cannot be captured): recorded
+            failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
+    return {"times": times, "rel_err": errors, "errors": failures}
+
+
+# The run ----------------------------------------------------------------------------------------------------
+
+
+def load_models(names: tuple[str, ...]) -> dict[str, ModelConfig]:
+    return {name: load_model_config(REPO / "datasets" / "model_configs" / f"{name}.json") for name in names}
+
+
+def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> dict[str, tuple[Any, bool]]:
+    """Variant name -> (ops, keep the column-parallel gathered input); ``serial`` first (the reference)."""
+    mode = "eager" if phase == "train" else "graph"
+
+    def planned(source: Any) -> PlannedOps:
+        return PlannedOps(Planner(source, mode=mode, hardware=HARDWARE, timeout_s=sources["timeout_s"]))
+
+    variants = {"serial": (planned(FixedSource(SERIAL)), True)}
+    if device.type == "cuda":
+        variants["async_tp"] = (AsyncTPOps(), True)
+    variants["shard_dma"] = (planned(FixedSource(Schedule.parse("shard/dma"))), True)
+    planner_ops = planned(sources["planner"])
+    variants["planner"] = (planner_ops, True)
+    variants["oracle"] = (planned(TableSource(sources["oracle"], origin="oracle")), True)
+    variants["compute_only"] = (ComputeOnlyOps(), True)
+    if phase == "train":
+        variants["planner_regather"] = (planner_ops, False)
+    return variants
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    if args.render:
+        render(args.render)
+        return None
+    if args.write_plan:
+        write_plan(args.write_plan)
+        return None
+    started = time.monotonic()
+    device = init_distributed(args.cpu_smoke)
+    dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
+    if args.cpu_smoke:
+        models, train, infer, seq_len = {"tiny": CPU_SMOKE}, (32, 64), (16, 32), 16
+    else:
+        models, seq_len = load_models(MODELS), SEQ_LEN
+        train, infer = (
+            (QUICK_TRAIN_TOKENS, QUICK_INFER_TOKENS) if args.quick else (TRAIN_TOKENS, INFER_TOKENS)
+        )
+    rank0 = dist.get_rank() == 0
+    planner, planner_from = planner_source(args.plan_file)
+    oracle, pool, oracle_from = oracle_answers(args.plan_file)
+    pool = None if args.oracle_all_candidates else pool
+    keys = needed_keys(models, train, infer, seq_len)
+    missing = [k for k in keys if k not in oracle]
+    log(rank0, f"oracle: {len(keys) - len(missing)} ops from {oracle_from}, measuring {len(missing)} here")
+    measured = measure_missing(missing, pool, device, dtype, reps=args.oracle_reps)
+    oracle = {**oracle, **measured}
+    sources = {"planner": planner, "oracle": oracle, "timeout_s": args.planner_timeout_s}
+    out = args.out / (
+        "block-smoke.json" if args.cpu_smoke else f"block-{HARDWARE}{'-quick' if args.quick else ''}.json"
+    )
+    result: dict[str, Any] = {
+        "points": [],
+        "skipped": [],
+        "decisions": {},
+        "meta": {
+            "planner_source": planner_from,
+            "oracle_source": oracle_from,
+            "oracle_measured_ops": len(measured),
+            "oracle_dataset_ops": len(keys) - len(missing),
+            "oracle_pool": pool or "every candidate",
+            "warmup": args.warmup,
+            "reps": args.reps,
+            "seq_len": seq_len,
+            "dtype": str(dtype),
+            "world_size": dist.get_world_size(),
+            "graphs": device.type == "cuda",
+            "torch": torch.__version__,
+            "device": device_name(device),
+            "budget_s": args.budget_s,
+        },
+    }
+    points = [
+        (model, phase, t)
+        for phase, tokens in (("inference", infer), ("train", train))
+        for t in tokens
+        for model in models
+    ]
+    shape_ops = ShapeOnlyOps(dist.get_world_size(), dist.get_rank())
+    blocks = {
+        name: Block(cfg, shape_ops, seq_len=seq_len, device=device, dtype=dtype)
+        for name, cfg in models.items()
+    }
+    variants = {(m, p): make_variants(p, sources, device) for m in models for p in ("train", "inference")}
+    for model, phase, tokens in points:
+        if time.monotonic() - started > args.budget_s:
+            result["skipped"].append({"model": model, "phase": phase, "tokens": tokens})
+            continue
+        block, vs = blocks[model], variants[(model, phase)]
+        run = run_train_point if phase == "train" else run_inference_point
+        point = make_point(model, phase, tokens, run(block, vs, tokens, args, device, dtype))
+        executor.clear_buffers()
+        result["points"].append(point)
+        log(rank0, point_line(point))
+        for v in ("planner", "oracle"):
+            result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
+        if rank0:
+            write_outputs(result, out)
+    result["summary"] = summarize(result["points"], dtype_name="fp32" if args.cpu_smoke else "bf16")
+    result["meta"]["wall_s"] = time.monotonic() - started
+    if rank0:
+        write_outputs(result, out)
+        for key, rows in result["decisions"].items():
+            print(f"\n{key}: {len(rows)} decisions; first: {rows[:1]}")
+        print(json.dumps(result["summary"], indent=1))
+    return result
+
+
+def make_point(model: str, phase: str, tokens: int, got: dict) -> dict:
+    """One ``points`` entry from a point's timings (ms), errors and failures."""
+    times = got["times"]
+    comm = None
+    if times.get("compute_only") and times.get("serial"):
+        comm = max(0.0, 1.0 - times["compute_only"] / times["serial"])
+    return {
+        "model": model,
+        "phase": phase,
+        "tokens": tokens,
+        "comm_share": comm,
+        "step_ms": {v: times.get(v) for v in VARIANTS},
+        "extra_ms": {k: v for k, v in times.items() if k not in VARIANTS},
+        "rel_err": got["rel_err"],
+        "errors": got["errors"],
+    }
+
+
+def init_distributed(cpu: bool) -> torch.device:
+    """The process group (torchrun's environment; an existing one is kept) and this rank's device."""
+    if cpu:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    return torch.device("cuda", local_rank)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def log(rank0: bool, line: str) -> None:
+    if rank0:
+        print(line, flush=True)
+
+
+def point_line(p: dict) -> str:
+    ms = "  ".join(f"{k}={v:.3f}" for k, v in {**p["step_ms"], **p["extra_ms"]}.items() if v is not None)
+    comm = "-" if p["comm_share"] is None else f"{p['comm_share']:.0%}"
+    failed = f"  FAILED {p['errors']}" if p["errors"] else ""
+    return f"{p['model']} {p['phase']} T={p['tokens']}: comm {comm}  {ms}{failed}"
+
+
+# Results ----------------------------------------------------------------------------------------------------
+
+
+def _gmean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
+    """The issue's goals: planner vs serial (training points with comm >= 20%), vs async-TP (all points),
+    the worst point vs serial, planner vs oracle; and the largest error against serial."""
+
+    def ratios(num: str, den: str, pts: list[dict]) -> list[float]:
+        """``num / den`` step time at the points where both were measured."""
+        return [
+            p["step_ms"][num] / p["step_ms"][den]
+            for p in pts
+            if p["step_ms"].get(num) and p["step_ms"].get(den)
+        ]
+
+    comm_heavy = [p for p in points if p["phase"] == "train" and (p["comm_share"] or 0.0) >= 0.2]
+    errors = [e for p in points for e in p["rel_err"].values()]
+    return {
+        "planner_vs_serial_comm_heavy_train": _gmean(ratios("serial", "planner", comm_heavy)),
+        "comm_heavy_train_points": len(comm_heavy),
+        "planner_vs_async_tp": _gmean(ratios("async_tp", "planner", points)),
+        "planner_vs_serial_min": min(ratios("serial", "planner", points), default=None),
+        "planner_vs_oracle": _gmean(ratios("oracle", "planner", points)),
+        "speedup_vs_serial_gmean": {v: _gmean(ratios("serial", v, points)) for v in VARIANTS},
+        "max_rel_err": max(errors, default=None),
+        "rel_err_ok": all(e <= TOLERANCE[dtype_name] for e in errors),
+        "failed_runs": sum(len(p.get("errors") or {}) for p in points),
+        "keep_vs_regather_train": _gmean(
+            [
+                p["extra_ms"]["planner_regather"] / p["step_ms"]["planner"]
+                for p in points
+                if p["extra_ms"].get("planner_regather") and p["step_ms"].get("planner")
+            ]
+        ),
+    }
+
+
+def write_outputs(result: dict, path: Path) -> None:
+    """The JSON, the markdown table beside it, and the plot if matplotlib is here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, path)
+    path.with_suffix(".md").write_text(markdown(result))
+    with contextlib.suppress(ImportError):
+        plot(result, path.with_suffix(".png"))
+
+
+def markdown(result: dict) -> str:
+    """Step times per point (ms), speedups over serial, and the summary."""
+    head = (
+        "| model | phase | tokens | comm share | serial | async-TP | shard/dma | planner | oracle | "
+        "compute only | planner (re-gather) | planner speedup: vs serial | vs async-TP | vs oracle |"
+    )
+    lines = [
+        "# Transformer block at TP=2: step time, ms (median; slowest rank)",
+        "",
+        "The last three columns are the planner's speedup: the other variant's step time over the planner's.",
+        "",
+        head,
+        "|---" * 14 + "|",
+    ]
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    def x(a: float | None, b: float | None) -> str:
+        return "-" if not a or not b else f"{a / b:.2f}x"
+
+    for p in result["points"]:
+        s, e = p["step_ms"], p["extra_ms"]
+        comm = "-" if p["comm_share"] is None else f"{p['comm_share']:.0%}"
+        cells = [
+            p["model"],
+            p["phase"],
+            str(p["tokens"]),
+            comm,
+            *(ms(s.get(v)) for v in VARIANTS),
+            ms(e.get("compute_only")),
+            ms(e.get("planner_regather")),
+            x(s["serial"], s["planner"]),
+            x(s.get("async_tp"), s["planner"]),
+            x(s["oracle"], s["planner"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    summary = result.get("summary") or summarize(result["points"])
+    lines += ["", "## Summary (issue 13 goals)", ""]
+    lines += [f"- {k}: {json.dumps(v)}" for k, v in summary.items()]
+    meta = result.get("meta", {})
+    lines += [
+        "",
+        f"Planner: {meta.get('planner_source')}. Oracle: {meta.get('oracle_source')} "
+        f"({meta.get('oracle_dataset_ops')} ops from it, {meta.get('oracle_measured_ops')} measured here). "
+        f"Skipped: {result.get('skipped') or 'none'}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Speedup over serial per variant against tokens, one panel per phase, one line style per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = ["-", "--", ":"]
+    for ax, phase in zip(axes, ("train", "inference"), strict=True):
+        pts = [p for p in result["points"] if p["phase"] == phase]
+        for j, model in enumerate(sorted({p["model"] for p in pts})):
+            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
+            for i, v in enumerate(VARIANTS):
+                xs = [p["tokens"] for p in mine if p["step_ms"].get(v)]
+                ys = [p["step_ms"]["serial"] / p["step_ms"][v] for p in mine if p["step_ms"].get(v)]
+                if xs:
+                    ax.plot(xs, ys, styles[j % 3], color=f"C{i}", marker="o", label=f"{model} {v}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        replay = (
+            "forward, CUDA graph" if result.get("meta", {}).get("graphs", True) else "forward, eager (CPU)"
+        )
+        ax.set_title(f"{phase} ({'forward + backward' if phase == 'train' else replay})")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("speedup over serial NCCL")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render(path: Path) -> None:
+    """``--render``: rewrite the markdown and the plot of a finished JSON."""
+    result = json.loads(path.read_text())
+    path.with_suffix(".md").write_text(markdown(result))
+    plot(result, path.with_suffix(".png"))
+    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="where results go")
+    p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TRAIN_TOKENS} / {QUICK_INFER_TOKENS}")
+    p.add_argument("--cpu-smoke", action="store_true", help="gloo on the CPU, a tiny block (CI)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant and point")
+    p.add_argument("--reps", type=int, default=10, help="timed steps per variant and point")
+    p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
+    p.add_argument(
+        "--oracle-all-candidates",
+        action="store_true",
+        help="measure an op the dataset lacks over every candidate, not the dataset's winners",
+    )
+    p.add_argument("--budget-s", type=float, default=190.0, help="no point starts after this many seconds")
+    p.add_argument("--planner-timeout-s", type=float, default=0.25, help="the planner's bound per step")
+    p.add_argument("--plan-file", type=Path, default=PLAN_FILE, help="answers for a machine without xgboost")
+    p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
+    p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
+    args = p.parse_args(argv)
+    if args.warmup < 1 or args.reps < 1:
+        p.error(f"--warmup and --reps must be >= 1; got {args.warmup} and {args.reps}")
+    return args
+
+
+if __name__ == "__main__":
+    main()

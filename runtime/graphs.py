@@ -1,0 +1,69 @@
+"""Replay a forward from CUDA graphs (inference, decode): decide and warm up eagerly, then capture.
+
+    step = GraphedCall(lambda: block(static_x))     # two eager calls, then the capture
+    static_x.copy_(next_x)
+    y = step()                                      # one replay; y is valid until the next replay
+
+Before capturing, ``warmup`` eager calls (default 2) let the planner decide every op's schedule (no
+planner call reaches the network during a capture: an op first seen there runs ``serial/sm``) and let the
+executor allocate its buffers, side streams and peer memory, which a capture cannot do.
+
+Two captures, replayed in turn: the copy-engine executor double-buffers its peer memory, call ``n`` using
+half ``n % 2``, and a half is safe to overwrite only two calls later. A capture freezes each call's half, so
+a graph with an odd number of copy-engine calls, replayed back to back, would reuse a half on consecutive
+calls. The second capture starts where the first one left the parity, so alternating the two keeps the
+halves alternating whatever the count (with an even count the two graphs are the same). What this cannot
+fix (the executor's to fix, with a device-side parity or a barrier at the start of a call): replays of two
+``GraphedCall`` objects interleaved, or an eager copy-engine call right after a replay of the first
+capture, reuse a half on consecutive calls when the copy-engine call count is odd. Replay an even number of
+times before eager calls, and one ``GraphedCall`` at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class GraphedCall:
+    """``fn()`` captured into CUDA graphs after ``warmup`` eager calls; calling the object replays it.
+
+    Parameters
+    ----------
+    fn : callable
+        Takes no arguments: reads its inputs from tensors the caller refills before each replay (static
+        inputs), and returns its output (a tensor or a structure of tensors).
+    warmup : int, default=2
+        Eager calls before the capture (>= 1: the planner must have decided every op).
+    pool : optional
+        A ``torch.cuda.graph_pool_handle()`` to share with other graphs; default: one pool for both captures.
+    """
+
+    def __init__(self, fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None) -> None:
+        if not (isinstance(warmup, int) and warmup >= 1):
+            raise ValueError(
+                f"GraphedCall.warmup must be an int >= 1 (eager calls before capture); got {warmup!r}"
+            )
+        if not torch.cuda.is_available():
+            raise ValueError("GraphedCall needs CUDA: CUDA graphs capture GPU work only")
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.outputs: list[Any] = []
+        for _ in range(2):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs.append(fn())
+            self.graphs.append(graph)
+        self._next = 0
+
+    def __call__(self) -> Any:
+        """Replay once (no host synchronisation); the output stays valid until the next replay."""
+        i = self._next
+        self._next ^= 1
+        self.graphs[i].replay()
+        return self.outputs[i]

@@ -1,0 +1,308 @@
+"""Tensor-parallel linear layers with sequence parallelism, overlapped by ficco (the Megatron-LM pair).
+
+``ColumnParallelLinear`` (QKV, MLP gate/up): the input arrives sharded by tokens, is all-gathered and
+multiplied by this rank's column block of the weight::
+
+    x_shard [T/w, in]  --all-gather-->  x [T, in]  @  W_r [in, out/w]  =  y [T, out/w]
+
+``RowParallelLinear`` (attention out, MLP down): each rank multiplies its slice of the features by its row
+block of the weight, and the partial sums are reduce-scattered back to token shards::
+
+    x [T, in/w]  @  W_r [in/w, out]  =  P_r [T, out]  --reduce-scatter-->  y_shard [T/w, out]
+
+Their backward passes are each other's op (Megatron-LM's "sequence parallel" derivation):
+
+    column: grad_x_shard = reduce_scatter(grad_y @ W_r^T)   (gemm_rs: m=T, n=in, k=out/w)
+            grad_W_r     = x^T @ grad_y                     (needs the gathered x: kept or gathered again)
+    row:    grad_x       = all_gather(grad_y_shard) @ W_r^T (ag_gemm: m=T, n=in/w, k=out)
+            grad_W_r     = x^T @ all_gather(grad_y_shard)   (the gathered grad_y of the line above)
+
+Each of the four overlapped ops runs its own schedule (``ops``: a ``runtime.overlap.PlannedOps`` asks the
+planner per shape). Weights are stored ``[in, out]``-major (``W_r`` above, the executor's ``b``), not
+``nn.Linear``'s ``[out, in]``; no bias (Llama-style blocks have none). Inputs are 2-D (tokens, features).
+
+CUDA graphs: a call does no host synchronisation once its shapes were decided; run two eager calls before
+capturing (they decide the schedules and let the executor allocate its buffers and peer memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from ficco.runtime.overlap import OverlapOps, dtype_name
+from ficco.runtime.planner import OpRequest
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Requests:
+    """The ops one layer runs at one token count."""
+
+    fwd: OpRequest
+    bwd_input: OpRequest
+
+
+class _TensorParallelLinear(nn.Module):
+    """Shared parts: the weight shard, the ops, the per-token-count requests."""
+
+    def __init__(self, weight_shape: tuple[int, int], *, ops: OverlapOps, name: str, device, dtype) -> None:
+        super().__init__()
+        self.ops = ops
+        self.name = name
+        self.weight = nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight.T, a=math.sqrt(5))  # nn.Linear's init, on [out, in]
+        self._requests: dict[tuple[int, str, int], _Requests] = {}
+        self._prepared: set[tuple[int, bool]] = set()
+
+    def requests(self, tokens: int, *, backward: bool = True) -> list[OpRequest]:
+        """The overlapped ops of one call at ``tokens`` (T, all ranks together), forward and backward."""
+        r = self._requests_at(tokens)
+        return [r.fwd, r.bwd_input] if backward else [r.fwd]
+
+    def _requests_at(self, tokens: int) -> _Requests:
+        """The ops at ``tokens``, kept per (tokens, dtype, group size)."""
+        key = (tokens, dtype_name(self.weight.dtype), self.ops.world_size)
+        r = self._requests.get(key)
+        if r is None:
+            r = self._requests[key] = self._make_requests(tokens, key[1], key[2])
+        return r
+
+    def _planned(self, tokens: int, backward: bool) -> _Requests:
+        """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
+        and with ``backward`` the input gradient's op too) in one batch."""
+        r = self._requests_at(tokens)
+        if (id(r), backward) not in self._prepared:
+            prepare = getattr(self.ops, "prepare", None)
+            if prepare is not None:
+                prepare([r.fwd, r.bwd_input] if backward else [r.fwd])
+            self._prepared.add((id(r), backward))
+        return r
+
+    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
+        raise NotImplementedError
+
+
+class ColumnParallelLinear(_TensorParallelLinear):
+    """all-gather -> GEMM: ``x_shard [T/w, in] -> y [T, out/w]`` (see the module docstring).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        The full layer's sizes; ``out_features`` must divide by the group size.
+    ops : OverlapOps
+        Runs the overlapped ops (``runtime.overlap.PlannedOps``).
+    name : str, default=""
+        Shown in the planner's decision table (``runtime.apply_ops`` fills in the module path).
+    keep_gathered : bool, default=True
+        Keep the gathered input from the forward for the weight gradient (T x in elements per layer held
+        until backward), or gather it again in the backward (an extra all-gather, less memory).
+    device, dtype : optional
+        Of the weight shard ``[in, out/w]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        ops: OverlapOps,
+        name: str = "",
+        keep_gathered: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_divides("ColumnParallelLinear.out_features", out_features, ops.world_size)
+        super().__init__(
+            (in_features, out_features // ops.world_size), ops=ops, name=name, device=device, dtype=dtype
+        )
+        self.in_features, self.out_features = in_features, out_features
+        self.keep_gathered = keep_gathered
+
+    def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
+        _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
+        backward = torch.is_grad_enabled() and (x_shard.requires_grad or self.weight.requires_grad)
+        r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
+        if backward:
+            return _ColumnParallelFn.apply(x_shard, self.weight, self, r)
+        return self.ops.all_gather_matmul(x_shard, self.weight, r.fwd, return_gathered=False)
+
+    def load_full_weight(self, full: torch.Tensor) -> None:
+        """Copy this rank's column block of the full weight ``[in, out]``."""
+        cols = self.weight.shape[1]
+        with torch.no_grad():
+            self.weight.copy_(full[:, self.ops.rank * cols : (self.ops.rank + 1) * cols])
+
+    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
+        local_out = self.weight.shape[1]
+        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
+        return _Requests(
+            fwd=OpRequest(direction="fwd", op="ag_gemm", n=local_out, k=self.in_features, **common),
+            bwd_input=OpRequest(
+                direction="bwd-input", op="gemm_rs", n=self.in_features, k=local_out, **common
+            ),
+        )
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, keep_gathered={self.keep_gathered}"
+
+
+class RowParallelLinear(_TensorParallelLinear):
+    """GEMM -> reduce-scatter: ``x [T, in/w] -> y_shard [T/w, out]`` (see the module docstring).
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        The full layer's sizes; ``in_features`` must divide by the group size.
+    ops : OverlapOps
+        Runs the overlapped ops (``runtime.overlap.PlannedOps``).
+    name : str, default=""
+        Shown in the planner's decision table.
+    device, dtype : optional
+        Of the weight shard ``[in/w, out]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        ops: OverlapOps,
+        name: str = "",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_divides("RowParallelLinear.in_features", in_features, ops.world_size)
+        super().__init__(
+            (in_features // ops.world_size, out_features), ops=ops, name=name, device=device, dtype=dtype
+        )
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
+        backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        r = self._planned(x.shape[0], backward)
+        if backward:
+            return _RowParallelFn.apply(x, self.weight, self, r)
+        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd)
+
+    def load_full_weight(self, full: torch.Tensor) -> None:
+        """Copy this rank's row block of the full weight ``[in, out]``."""
+        rows = self.weight.shape[0]
+        with torch.no_grad():
+            self.weight.copy_(full[self.ops.rank * rows : (self.ops.rank + 1) * rows])
+
+    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
+        local_in = self.weight.shape[0]
+        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
+        return _Requests(
+            fwd=OpRequest(direction="fwd", op="gemm_rs", n=self.out_features, k=local_in, **common),
+            bwd_input=OpRequest(
+                direction="bwd-input", op="ag_gemm", n=local_in, k=self.out_features, **common
+            ),
+        )
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}"
+
+
+class _ColumnParallelFn(torch.autograd.Function):
+    """Forward all-gather -> GEMM; backward GEMM -> reduce-scatter (input) and a GEMM (weight)."""
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, layer: ColumnParallelLinear, r: _Requests):
+        ops = layer.ops
+        if layer.keep_gathered:
+            y, x = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=True)
+            ctx.save_for_backward(x, weight)
+        else:
+            y = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=False)
+            ctx.save_for_backward(x_shard, weight)
+        ctx.layer, ctx.r = layer, r
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        layer, r = ctx.layer, ctx.r
+        ops = layer.ops
+        saved, weight = ctx.saved_tensors
+        grad_y = grad_y.contiguous()
+        need_x, need_w = ctx.needs_input_grad[:2]
+        x, wait = saved, None
+        if need_w and not layer.keep_gathered:
+            # Started before the input gradient's op and waited for after it, so that on GPUs the gather
+            # runs beside that op's GEMMs.
+            x, wait = ops.start_all_gather(saved)
+        grad_x = ops.matmul_reduce_scatter(grad_y, weight.t(), r.bwd_input) if need_x else None
+        grad_w = None
+        if need_w:
+            if wait is not None:
+                wait()
+            ops.note(layer.name, "bwd-weight", _weight_note(layer.keep_gathered, x.shape, grad_y.shape))
+            grad_w = x.t() @ grad_y
+        return grad_x, grad_w, None, None
+
+
+class _RowParallelFn(torch.autograd.Function):
+    """Forward GEMM -> reduce-scatter; backward all-gather -> GEMM (input), whose gathered ``grad_y`` also
+    feeds the weight's GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer: RowParallelLinear, r: _Requests):
+        y = layer.ops.matmul_reduce_scatter(x, weight, r.fwd)
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.r = layer, r
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y_shard):
+        layer, r = ctx.layer, ctx.r
+        ops = layer.ops
+        x, weight = ctx.saved_tensors
+        grad_y_shard = grad_y_shard.contiguous()
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_x = grad_w = None
+        if need_w:
+            grad_x, grad_y = ops.all_gather_matmul(
+                grad_y_shard, weight.t(), r.bwd_input, return_gathered=True
+            )
+            ops.note(
+                layer.name,
+                "bwd-weight",
+                f"gemm [{x.shape[1]}, {x.shape[0]}] @ gathered grad "
+                f"[{grad_y.shape[0]}, {grad_y.shape[1]}] of bwd-input",
+            )
+            grad_w = x.t() @ grad_y
+        elif need_x:
+            grad_x = ops.all_gather_matmul(grad_y_shard, weight.t(), r.bwd_input, return_gathered=False)
+        return (grad_x if need_x else None), grad_w, None, None
+
+
+def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
+    """Give every tensor-parallel layer under ``module`` the ops ``ops`` (e.g. another planner, or another
+    implementation such as PyTorch async-TP), and name unnamed layers by their module path."""
+    for path, child in module.named_modules():
+        if isinstance(child, _TensorParallelLinear):
+            child.ops = ops
+            child.name = child.name or path
+            child._requests.clear()
+            child._prepared.clear()
+
+
+def _weight_note(keep: bool, x_shape: torch.Size, g_shape: torch.Size) -> str:
+    how = "kept gathered input" if keep else "input gathered again (all-gather)"
+    return f"gemm [{x_shape[1]}, {x_shape[0]}] @ [{g_shape[0]}, {g_shape[1]}], {how}"
+
+
+def _check_divides(what: str, value: int, world_size: int) -> None:
+    if not (isinstance(value, int) and value > 0 and value % world_size == 0):
+        raise ValueError(f"{what} must be a positive multiple of the group size {world_size}; got {value!r}")
+
+
+def _check_input(layer: str, x: torch.Tensor, features: int, expected: str) -> None:
+    if x.dim() != 2 or x.shape[1] != features:
+        raise ValueError(
+            f"{layer} input has shape {list(x.shape)}; expected a 2-D tensor {expected} with "
+            f"{features} features"
+        )

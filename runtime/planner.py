@@ -1,0 +1,427 @@
+"""The planner: one schedule per (op, m, n, k, dtype, world size, mode), asked once and kept.
+
+    planner = Planner(PredictorSource.load(hardware_id="h200x2"), timeout_s=0.2)
+    for batch in data:
+        with planner.step():              # decisions frozen for the step; late answers land between steps
+            loss = model(batch).sum()
+            loss.backward()
+    print(planner.table())                # layer, direction, shape, schedule, predicted speedup
+
+Rules it keeps:
+
+1. **Ask once.** A decision is cached until :meth:`Planner.swap` or :meth:`Planner.refresh`, which take
+   effect between steps only: a model or service swap never changes a schedule inside a step.
+2. **Bounded waits.** Inside a step the planner waits for its source at most ``timeout_s`` in total
+   (outside a step, per call). A source that is late, raises, or answers with its own fallback gives
+   ``serial/sm``, and the log says why. A late answer is not lost: it is picked up at the next step's start.
+3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
+   same schedule even if only one rank's network failed (a differing schedule would hang the collective).
+4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
+   without asking anyone; plan before capturing (:meth:`Planner.prepare`, or one eager warm-up call).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from ficco.features import SERIAL, Scenario, Schedule, get_hardware
+from ficco.runtime.sources import MODES, Answer, Mode, ScheduleSource
+
+log = logging.getLogger(__name__)
+
+Direction = Literal["fwd", "bwd-input", "bwd-weight"]
+DIRECTIONS: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight")
+"""Where a layer runs an op: its forward, the input gradient, or the weight gradient."""
+DEFAULT_TIMEOUT_S = 0.25
+"""Longest a step waits for the schedule source, seconds (in total per step)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpKey:
+    """What a decision depends on: the op, its per-rank shape (``features.Scenario`` conventions), the
+    element type, the group size and the execution mode."""
+
+    op: Literal["ag_gemm", "gemm_rs"]
+    m: int
+    n: int
+    k: int
+    dtype: str
+    world_size: int
+    mode: Mode
+
+    @property
+    def shape(self) -> str:
+        return f"{self.op} m={self.m} n={self.n} k={self.k}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decision:
+    """The schedule a key runs, and where it came from."""
+
+    schedule: Schedule
+    """What runs (``serial/sm`` on any fallback)."""
+    predicted_speedup: float | None = None
+    """The source's predicted ``t_serial / t_schedule``; None when unknown or on a fallback."""
+    reason: str | None = None
+    """Why ``serial/sm`` runs instead of the source's pick; None when the source's pick runs."""
+    origin: str = ""
+    """Who decided (the source's origin, or ``planner`` for a fallback of the planner's own)."""
+    pending: bool = False
+    """True while the source's answer is still outstanding (it timed out; checked at the next step)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpRequest:
+    """One op a layer will run, for :meth:`Planner.prepare` (and the decision table)."""
+
+    layer: str
+    """The layer's name, e.g. ``layers.0.attn.qkv``."""
+    direction: Direction
+    """``fwd``, ``bwd-input`` or ``bwd-weight``."""
+    op: Literal["ag_gemm", "gemm_rs"]
+    m: int
+    n: int
+    k: int
+    dtype: str
+    world_size: int
+
+
+class Planner:
+    """Decides, caches and reports the schedule of every (op, shape, dtype, world size, mode).
+
+    Parameters
+    ----------
+    source : ScheduleSource
+        Where schedules come from (``runtime.sources``: ``PredictorSource``, ``ServiceSource``,
+        ``FixedSource``, ``TableSource``).
+    mode : {"eager", "graph"}, default="eager"
+        Execution mode the layers run in (``graph``: replayed from a CUDA graph, inference and decode).
+    hardware : str, optional
+        Hardware id of the scenarios asked about; default: the source's own (a local model's), else
+        ``h200x2``.
+    timeout_s : float, default=DEFAULT_TIMEOUT_S
+        Longest a step waits for the source in total, seconds (outside a step: per call); >= 0.
+    group : ProcessGroup, optional
+        The tensor-parallel group whose ranks must agree (default: the world, when initialised).
+    """
+
+    def __init__(
+        self,
+        source: ScheduleSource,
+        *,
+        mode: Mode = "eager",
+        hardware: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Planner.mode must be one of {list(MODES)}; got {mode!r}")
+        if not (isinstance(timeout_s, int | float) and timeout_s >= 0):
+            raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
+        self.source = source
+        self.mode = mode
+        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or "h200x2")
+        self.timeout_s = float(timeout_s)
+        self.group = group
+        self.decisions: dict[OpKey, Decision] = {}
+        self.uses: dict[tuple[str, str, OpKey | str], None] = {}
+        """Every (layer, direction, key it ran, or a description of a plain GEMM) seen, in order."""
+        self._by_request: dict[int, tuple[OpRequest, Schedule]] = {}
+        """id(request) -> (request, its schedule): the hot path's cache, dropped when a decision changes."""
+        self._pending: dict[OpKey, tuple[cf.Future, int]] = {}
+        """Keys whose answer timed out -> (the source call, the key's index in its answers)."""
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._in_step = False
+        self._step_deadline: float | None = None
+        self._swap_to: ScheduleSource | None = None
+
+    # Steps and swaps -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One training or inference step: the source is waited on for ``timeout_s`` in total, and swaps
+        or refreshes asked for inside it apply when it ends. Collective: every rank of the group enters it."""
+        if self._in_step:
+            raise RuntimeError("Planner.step() is already active; steps do not nest")
+        self._collect_late_answers()
+        self._in_step = True
+        self._step_deadline = time.monotonic() + self.timeout_s
+        try:
+            yield
+        finally:
+            self._in_step = False
+            self._step_deadline = None
+            if self._swap_to is not None:
+                source, self._swap_to = self._swap_to, None
+                self._apply_swap(source)
+
+    def swap(self, source: ScheduleSource) -> None:
+        """Use ``source`` from now on, forgetting every decision; inside a step, from the step's end.
+
+        Call it on every rank of the group (each forgets its decisions; the next use decides collectively).
+        """
+        if self._in_step:
+            log.info("planner: source swap deferred to the end of the step")
+            self._swap_to = source
+        else:
+            self._apply_swap(source)
+
+    def refresh(self) -> None:
+        """Ask the source again for every shape (e.g. after the service loaded a new model); inside a step,
+        from the step's end. On every rank of the group, like :meth:`swap`."""
+        self.swap(self.source)
+
+    def _apply_swap(self, source: ScheduleSource) -> None:
+        for future, _ in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        forgotten = len(self.decisions)
+        self.decisions.clear()
+        self._by_request.clear()
+        forget = getattr(self.source, "forget", None)
+        if forget is not None:
+            forget()
+        self.source = source
+        log.info(
+            "planner: source is now %s; %d decisions forgotten", getattr(source, "origin", source), forgotten
+        )
+
+    # Decisions --------------------------------------------------------------------------------------------
+
+    def key(self, op: str, m: int, n: int, k: int, dtype: str, world_size: int) -> OpKey:
+        """The cache key of an op in this planner's mode."""
+        return OpKey(op=op, m=m, n=n, k=k, dtype=dtype, world_size=world_size, mode=self.mode)
+
+    def schedule(self, request: OpRequest) -> Schedule:
+        """The schedule of ``request``'s op (decided now if new).
+
+        The hot path is one lookup by the request's identity: layers keep their requests, and hashing a
+        request or a key field by field would cost more than the rest of the call.
+        """
+        hit = self._by_request.get(id(request))
+        if hit is not None and hit[0] is request:
+            return hit[1]
+        key = self.key(request.op, request.m, request.n, request.k, request.dtype, request.world_size)
+        decision = self.decisions.get(key)
+        if decision is None:
+            self._decide([key])
+            decision = self.decisions[key]
+        self.uses.setdefault((request.layer, request.direction, key), None)
+        self._by_request[id(request)] = (request, decision.schedule)
+        return decision.schedule
+
+    def note(self, layer: str, direction: Direction, what: str) -> None:
+        """Record a step that is not a planned op (a weight gradient's GEMM) for the table."""
+        self.uses.setdefault((layer, direction, what), None)
+
+    def prepare(self, requests: Iterable[OpRequest], *, timeout_s: float | None = None) -> None:
+        """Decide every request's op now, in one batch (before a CUDA graph capture, or the first step).
+
+        ``timeout_s`` bounds this wait instead of the planner's own bound (start-up can afford more than a
+        step); None keeps the planner's.
+        """
+        keys = []
+        for r in requests:
+            key = self.key(r.op, r.m, r.n, r.k, r.dtype, r.world_size)
+            self.uses.setdefault((r.layer, r.direction, key), None)
+            if key not in self.decisions and key not in keys:
+                keys.append(key)
+        if keys:
+            self._decide(keys, timeout_s)
+
+    def _decide(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> None:
+        """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
+        if _capturing():
+            for key in keys:
+                self._set(
+                    key,
+                    _fallback(
+                        "first asked during a CUDA graph capture, where the planner asks "
+                        "no one; call Planner.prepare before capturing"
+                    ),
+                )
+            return
+        group = self._agree_group()
+        decisions = self._ask(keys, timeout_s) if group is None or dist.get_rank(group) == 0 else None
+        if group is not None:
+            decisions = _broadcast(decisions, group)
+        for key, decision in zip(keys, decisions, strict=True):
+            self._set(key, decision)
+
+    def _ask(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> list[Decision]:
+        """The source's decisions for ``keys``, waiting at most what is left of the bound."""
+        try:
+            scenarios = [self._scenario(key) for key in keys]
+        except ValueError as err:
+            return [_fallback(f"not a valid scenario: {err}") for _ in keys]
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-planner")
+        future = self._pool.submit(self.source.recommend, scenarios, self.mode)
+        wait_s = self._wait_left() if timeout_s is None else timeout_s
+        try:
+            answers = future.result(timeout=wait_s)
+        except cf.TimeoutError:
+            for i, key in enumerate(keys):
+                self._pending[key] = (future, i)
+            reason = f"the source did not answer within {wait_s:.3g} s (asked again at the next step)"
+            return [replace(_fallback(reason), pending=True) for _ in keys]
+        except Exception as err:
+            return [_fallback(f"the source failed: {type(err).__name__}: {err}") for _ in keys]
+        if len(answers) != len(keys):
+            return [_fallback(f"the source gave {len(answers)} answers for {len(keys)} scenarios")] * len(
+                keys
+            )
+        return [_decision(a, s) for a, s in zip(answers, scenarios, strict=True)]
+
+    def _collect_late_answers(self) -> None:
+        """At a step's start: decisions whose answer arrived late replace their fallback (collective)."""
+        if not self._pending:
+            return
+        group = self._agree_group()
+        updates: dict[OpKey, Decision] | None = None
+        if group is None or dist.get_rank(group) == 0:
+            updates = {}
+            for key, (future, i) in self._pending.items():
+                if not future.done():
+                    continue
+                try:
+                    updates[key] = _decision(future.result()[i], self._scenario(key))
+                except Exception as err:
+                    updates[key] = _fallback(f"the source failed: {type(err).__name__}: {err}")
+        if group is not None:
+            updates = _broadcast(updates, group)
+        for key, decision in updates.items():
+            self._pending.pop(key, None)
+            self._set(key, decision)
+
+    def _set(self, key: OpKey, decision: Decision) -> None:
+        self.decisions[key] = decision
+        self._by_request.clear()
+        if decision.reason is None:
+            log.info(
+                "planner: %s %s -> %s (predicted %.2fx, %s)",
+                key.shape,
+                key.mode,
+                decision.schedule,
+                decision.predicted_speedup or 1.0,
+                decision.origin,
+            )
+        else:
+            log.warning(
+                "planner: %s %s -> %s because %s", key.shape, key.mode, decision.schedule, decision.reason
+            )
+
+    def _wait_left(self) -> float:
+        if self._step_deadline is None:
+            return self.timeout_s
+        return max(0.0, self._step_deadline - time.monotonic())
+
+    def _scenario(self, key: OpKey) -> Scenario:
+        return Scenario(
+            op=key.op,
+            m=key.m,
+            n=key.n,
+            k=key.k,
+            dtype=key.dtype,
+            world_size=key.world_size,
+            hardware=self.hardware,
+        )
+
+    def _agree_group(self) -> dist.ProcessGroup | None:
+        """The group whose ranks must agree, or None when this process decides alone."""
+        if not dist.is_initialized():
+            return None
+        group = self.group if self.group is not None else dist.group.WORLD
+        return group if dist.get_world_size(group) > 1 else None
+
+    # Reporting -----------------------------------------------------------------------------------------
+
+    def rows(self) -> list[dict]:
+        """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""
+        out = []
+        for layer, direction, key in self.uses:
+            if isinstance(key, str):
+                out.append(
+                    {
+                        "layer": layer,
+                        "direction": direction,
+                        "shape": key,
+                        "schedule": "-",
+                        "predicted_speedup": None,
+                        "note": "",
+                        "origin": "",
+                    }
+                )
+                continue
+            d = self.decisions.get(key)
+            out.append(
+                {
+                    "layer": layer,
+                    "direction": direction,
+                    "shape": key.shape,
+                    "schedule": str(d.schedule) if d else "(not decided)",
+                    "predicted_speedup": d.predicted_speedup if d else None,
+                    "note": (d.reason or "") if d else "",
+                    "origin": d.origin if d else "",
+                }
+            )
+        return out
+
+    def table(self) -> str:
+        """The decisions of the run as a markdown table."""
+        lines = [
+            "| layer | direction | shape | schedule | predicted speedup | note |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in self.rows():
+            speedup = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x"
+            lines.append(
+                f"| {r['layer']} | {r['direction']} | {r['shape']} | {r['schedule']} | {speedup} | "
+                f"{r['note']} |"
+            )
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Stop the worker thread (a pending answer is dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _decision(answer: Answer, scenario: Scenario) -> Decision:
+    """The decision for one answer: its schedule if it is a valid candidate, else ``serial/sm``."""
+    if answer.fallback:
+        return _fallback(
+            f"the source fell back: {answer.fallback_reason or 'no reason given'}", answer.origin
+        )
+    try:
+        schedule = Schedule.parse(answer.schedule)
+        schedule.check(scenario)
+    except ValueError as err:
+        return _fallback(f"the source answered an unusable schedule: {err}", answer.origin)
+    speedup = 1.0 if schedule == SERIAL else answer.predicted_speedup
+    return Decision(schedule=schedule, predicted_speedup=speedup, origin=answer.origin)
+
+
+def _fallback(reason: str, origin: str = "planner") -> Decision:
+    return Decision(schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin)
+
+
+def _broadcast(value, group: dist.ProcessGroup):
+    """Rank 0's ``value`` on every rank of ``group`` (a host-side collective)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    return box[0]
+
+
+def _capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,205 @@
+"""Where a planner's schedules come from: a local ``Predictor``, the HTTP service, or a fixed schedule.
+
+Every source answers a batch of scenarios in one call, ``source.recommend(scenarios) -> list[Answer]``,
+and may be slow or fail: the planner bounds the wait and falls back (``runtime.planner``). ``Answer`` is the
+one shape a planner reads, whatever the source returns; ``answer_from`` builds it from a predictor's
+``Recommendation`` (old or new field set) or the service's ``RecommendationPublic``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ficco.features import SERIAL, Scenario, Schedule
+
+Mode = Literal["eager", "graph"]
+MODES: tuple[str, ...] = ("eager", "graph")
+"""Execution modes a schedule is recommended for: eager launches, or replay from a CUDA graph."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Answer:
+    """A source's recommendation for one scenario, as the planner uses it."""
+
+    schedule: str
+    """Canonical schedule string (``serial/sm`` when the source itself fell back)."""
+    predicted_speedup: float | None = None
+    """Predicted ``t_serial / t_schedule`` of ``schedule``; None if the source does not say."""
+    fallback: bool = False
+    """True when the source replaced its own pick with ``serial/sm``."""
+    fallback_reason: str | None = None
+    """Why the source fell back; None otherwise."""
+    origin: str = ""
+    """Who answered, e.g. ``model h200x2/20261122T054236Z-dbd58aaf`` or ``service http://...``."""
+
+
+class ScheduleSource(Protocol):
+    """Anything that recommends schedules for a batch of scenarios in one execution mode."""
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        """One answer per scenario, in order; may raise or take long (the planner bounds it)."""
+        ...
+
+
+def answer_from(rec: Any, origin: str) -> Answer:
+    """An ``Answer`` from a predictor ``Recommendation`` (either version) or a service
+    ``RecommendationPublic``: both carry ``schedule``, ``predicted_speedup``, ``fallback`` and
+    ``fallback_reason``."""
+    return Answer(
+        schedule=str(rec.schedule),
+        predicted_speedup=None if rec.predicted_speedup is None else float(rec.predicted_speedup),
+        fallback=bool(rec.fallback),
+        fallback_reason=rec.fallback_reason,
+        origin=origin,
+    )
+
+
+def _takes_mode(recommend: Callable[..., Any]) -> bool:
+    """True when ``recommend`` accepts a ``mode`` keyword (the predictor's new signature)."""
+    try:
+        return "mode" in inspect.signature(recommend).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+
+
+class PredictorSource:
+    """A local ``training.predictor.Predictor`` (``training.registry.load_predictor``).
+
+    Works with both predictor signatures: ``recommend(scenarios, mode=...)`` (models trained per execution
+    mode) and the older ``recommend(scenarios)``, whose one model answers every mode (``mode_aware`` says
+    which this predictor has).
+    """
+
+    def __init__(self, predictor: Any) -> None:
+        self.predictor = predictor
+        self.mode_aware = _takes_mode(predictor.recommend)
+        self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
+
+    @classmethod
+    def load(cls, root: str | None = None, hardware_id: str = "h200x2", version: str | None = None):
+        """Load ``hardware_id``'s current (or ``version``) model from the registry at ``root``
+        (None: ``training.registry.default_model_root()``)."""
+        from ficco.training.registry import default_model_root, load_predictor
+
+        return cls(load_predictor(root or default_model_root(), hardware_id, version))
+
+    @property
+    def hardware_id(self) -> str | None:
+        return getattr(self.predictor, "hardware_id", None)
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        recs = (
+            self.predictor.recommend(list(scenarios), mode=mode)
+            if self.mode_aware
+            else self.predictor.recommend(list(scenarios))
+        )
+        return [answer_from(r, self.origin) for r in recs]
+
+
+class ServiceSource:
+    """The recommendation service, through a ``service.client.ServiceClient``.
+
+    The execution mode is sent when the service's request schema has a ``mode`` field; an older service
+    answers for eager execution.
+    """
+
+    def __init__(self, client: Any) -> None:
+        from ficco.service import client as service_client  # the request schema the client validates with
+
+        self.client = client
+        self.mode_aware = "mode" in service_client.ScenarioIn.model_fields
+        self.origin = "service"
+
+    @property
+    def hardware_id(self) -> str | None:
+        return None
+
+    def forget(self) -> None:
+        """Drop the client's answer cache (the planner's refresh: the service may serve a new model)."""
+        cache = self.client.cache
+        self.client.cache = type(cache)(cache.maxsize)
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        bodies = []
+        for s in scenarios:
+            body = {
+                "op": s.op,
+                "m": s.m,
+                "n": s.n,
+                "k": s.k,
+                "dtype": s.dtype,
+                "world_size": s.world_size,
+                "hardware": s.hardware.id,
+            }
+            if self.mode_aware:
+                body["mode"] = mode
+            bodies.append(body)
+        return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
+
+
+class FixedSource:
+    """One schedule for every scenario (baselines: ``serial/sm`` everywhere, ``shard/dma`` everywhere);
+    a scenario it cannot run gets ``serial/sm`` with the reason."""
+
+    def __init__(self, schedule: Schedule | str) -> None:
+        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.parse(schedule)
+        self.origin = f"fixed {self.schedule}"
+
+    @property
+    def hardware_id(self) -> str | None:
+        return None
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        out = []
+        for s in scenarios:
+            try:
+                self.schedule.check(s)
+            except ValueError as err:
+                out.append(
+                    Answer(schedule=str(SERIAL), fallback=True, fallback_reason=str(err), origin=self.origin)
+                )
+                continue
+            out.append(Answer(schedule=str(self.schedule), origin=self.origin))
+        return out
+
+
+class TableSource:
+    """Schedules looked up in a table keyed by ``(op, m, n, k, mode)`` (e.g. the per-op best of a measured
+    dataset); a missing key gets ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when
+    given (which returns an ``Answer``)."""
+
+    def __init__(
+        self,
+        table: dict[tuple[str, int, int, int, str], Answer],
+        *,
+        on_missing: Callable[[Scenario, Mode], Answer] | None = None,
+        origin: str = "table",
+    ) -> None:
+        self.table = table
+        self.on_missing = on_missing
+        self.origin = origin
+
+    @property
+    def hardware_id(self) -> str | None:
+        return None
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        out = []
+        for s in scenarios:
+            hit = self.table.get((s.op, s.m, s.n, s.k, mode))
+            if hit is None:
+                hit = (
+                    self.on_missing(s, mode)
+                    if self.on_missing is not None
+                    else Answer(
+                        schedule=str(SERIAL),
+                        fallback=True,
+                        origin=self.origin,
+                        fallback_reason=f"{s.key()} ({mode}) is not in the table",
+                    )
+                )
+            out.append(hit)
+        return out

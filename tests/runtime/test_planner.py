@@ -1,0 +1,205 @@
+"""Planner: asks once per shape, bounded waits, fallbacks with reasons, swaps between steps only, rank
+agreement, no asking during a CUDA graph capture, and the decision table."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from executor_world import run_world
+from ficco.runtime import Answer, FixedSource, OpRequest, Planner
+from ficco.runtime import planner as planner_module
+
+
+def _request(m: int = 64, op: str = "ag_gemm", layer: str = "qkv", direction: str = "fwd") -> OpRequest:
+    return OpRequest(layer=layer, direction=direction, op=op, m=m, n=32, k=16, dtype="bf16", world_size=2)
+
+
+class CountingSource:
+    """Answers ``schedule`` (after ``delay_s``), counting the scenarios asked about; ``error`` raises."""
+
+    def __init__(self, schedule: str = "shard/dma", *, delay_s: float = 0.0, error: Exception | None = None):
+        self.schedule, self.delay_s, self.error = schedule, delay_s, error
+        self.asked: list[tuple[int, str]] = []
+        self.origin = "counting"
+
+    def recommend(self, scenarios, mode):
+        self.asked += [(s.m, mode) for s in scenarios]
+        time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        return [Answer(schedule=self.schedule, predicted_speedup=1.3, origin=self.origin) for _ in scenarios]
+
+
+def test_asks_once_per_shape_and_mode():
+    source = CountingSource()
+    planner = Planner(source)
+    for _ in range(3):
+        assert str(planner.schedule(_request(64))) == "shard/dma"
+        assert str(planner.schedule(_request(64, layer="other"))) == "shard/dma"  # same shape, other layer
+    planner.schedule(_request(128))
+    assert source.asked == [(64, "eager"), (128, "eager")]
+    Planner(source, mode="graph").schedule(_request(64))
+    assert source.asked[-1] == (64, "graph")
+
+
+def test_prepare_asks_in_one_batch():
+    source = CountingSource()
+    planner = Planner(source)
+    planner.prepare([_request(64), _request(64, op="gemm_rs"), _request(64, layer="again")])
+    assert len(source.asked) == 2
+    planner.schedule(_request(64, op="gemm_rs"))
+    assert len(source.asked) == 2
+
+
+def test_timeout_falls_back_then_late_answer_lands_at_next_step(caplog):
+    source = CountingSource(delay_s=0.3)
+    planner = Planner(source, timeout_s=0.02)
+    request = _request(64)  # a layer keeps its requests: the planner's fast path must see the new answer
+    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"), planner.step():
+        start = time.monotonic()
+        assert str(planner.schedule(request)) == "serial/sm"
+        assert str(planner.schedule(request)) == "serial/sm"
+        assert time.monotonic() - start < 0.2
+    assert "did not answer within" in caplog.text
+    time.sleep(0.4)  # the answer arrives between steps
+    with planner.step():
+        assert str(planner.schedule(request)) == "shard/dma"
+    assert len(source.asked) == 1
+
+
+def test_prepare_may_wait_longer_than_a_step():
+    planner = Planner(CountingSource(delay_s=0.1), timeout_s=0.01)
+    planner.prepare([_request(64)], timeout_s=5)
+    assert str(planner.schedule(_request(64))) == "shard/dma"
+
+
+def test_step_waits_at_most_the_bound_in_total():
+    source = CountingSource(delay_s=0.2)
+    planner = Planner(source, timeout_s=0.1)
+    with planner.step():
+        start = time.monotonic()
+        for m in (64, 128, 256, 512):
+            assert str(planner.schedule(_request(m))) == "serial/sm"
+        assert time.monotonic() - start < 0.18  # one bound for the step, not one per shape
+    planner.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (CountingSource(error=ConnectionError("refused")), "the source failed: ConnectionError: refused"),
+        (CountingSource("finer/sm/s8/chunk"), "unusable schedule"),  # m/w = 4 rows cannot split 8 ways
+        (CountingSource("no/such"), "unusable schedule"),
+        (FixedSource("serial/dma"), None),
+    ],
+)
+def test_unusable_answers_run_serial_with_the_reason(source, reason, caplog):
+    planner = Planner(source)
+    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"):
+        schedule = planner.schedule(_request(8))
+    decision = planner.decisions[planner.key("ag_gemm", 8, 32, 16, "bf16", 2)]
+    if reason is None:
+        assert str(schedule) == "serial/dma" and decision.reason is None
+    else:
+        assert str(schedule) == "serial/sm"
+        assert reason in decision.reason and reason in caplog.text
+
+
+def test_source_fallback_answer_runs_serial():
+    class FallingBack:
+        def recommend(self, scenarios, mode):
+            return [Answer(schedule="serial/sm", fallback=True, fallback_reason="low confidence")] * len(
+                scenarios
+            )
+
+    planner = Planner(FallingBack())
+    assert str(planner.schedule(_request())) == "serial/sm"
+    assert "low confidence" in planner.rows()[0]["note"]
+
+
+def test_swap_inside_a_step_applies_after_it():
+    planner = Planner(FixedSource("shard/sm"))
+    request = _request()
+    with planner.step():
+        assert str(planner.schedule(request)) == "shard/sm"
+        planner.swap(FixedSource("shard/dma"))
+        assert str(planner.schedule(request)) == "shard/sm"  # frozen for the rest of the step
+        assert str(planner.schedule(_request(128))) == "shard/sm"  # new shapes still ask the old source
+    with planner.step():
+        assert str(planner.schedule(request)) == "shard/dma"
+    with pytest.raises(RuntimeError, match="steps do not nest"), planner.step(), planner.step():
+        pass
+
+
+def test_refresh_asks_again():
+    source = CountingSource()
+    planner = Planner(source)
+    planner.schedule(_request())
+    planner.refresh()
+    planner.schedule(_request())
+    assert len(source.asked) == 2
+
+
+def test_capture_decides_serial_without_asking(monkeypatch):
+    source = CountingSource()
+    planner = Planner(source)
+    planner.schedule(_request(64))
+    monkeypatch.setattr(planner_module, "_capturing", lambda: True)
+    assert str(planner.schedule(_request(64))) == "shard/dma"  # decided before the capture: kept
+    assert str(planner.schedule(_request(128))) == "serial/sm"
+    assert source.asked == [(64, "eager")]
+    assert "CUDA graph capture" in planner.decisions[planner.key("ag_gemm", 128, 32, 16, "bf16", 2)].reason
+
+
+def test_table_lists_layers_directions_and_speedups():
+    planner = Planner(CountingSource())
+    planner.schedule(_request(64, layer="mlp.up"))
+    planner.schedule(_request(64, op="gemm_rs", layer="mlp.up", direction="bwd-input"))
+    planner.note("mlp.up", "bwd-weight", "gemm [16, 64] @ [64, 32], kept gathered input")
+    table = planner.table().splitlines()
+    assert table[0] == "| layer | direction | shape | schedule | predicted speedup | note |"
+    assert table[2] == "| mlp.up | fwd | ag_gemm m=64 n=32 k=16 | shard/dma | 1.30x |  |"
+    assert table[3].startswith("| mlp.up | bwd-input | gemm_rs m=64 n=32 k=16 | shard/dma | 1.30x")
+    assert table[4].startswith(
+        "| mlp.up | bwd-weight | gemm [16, 64] @ [64, 32], kept gathered input | - | -"
+    )
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match=r"Planner.mode must be one of \['eager', 'graph'\]; got 'lazy'"):
+        Planner(FixedSource("serial/sm"), mode="lazy")
+    with pytest.raises(ValueError, match=r"Planner.timeout_s must be a number of seconds >= 0; got -1"):
+        Planner(FixedSource("serial/sm"), timeout_s=-1)
+
+
+def _agreement_world(rank: int, world_size: int) -> list[str]:
+    """Rank 1's source always fails and rank 0's answers: every rank must run rank 0's schedules."""
+    source = CountingSource("shard/sm") if rank == 0 else CountingSource(error=RuntimeError("down"))
+    planner = Planner(source, timeout_s=5)
+    out = [str(planner.schedule(_request(m))) for m in (64, 128)]
+    assert rank == 0 or not source.asked  # only rank 0 asks
+    return out
+
+
+@pytest.mark.slow
+def test_ranks_agree_on_rank_zeros_decision():
+    assert run_world(2, _agreement_world) == [["shard/sm", "shard/sm"]] * 2
+
+
+def test_decisions_record_their_origin():
+    planner = Planner(FixedSource("shard/dma"))
+    planner.schedule(_request())
+    assert next(iter(planner.decisions.values())).origin == "fixed shard/dma"
+
+
+def test_graphed_call_refuses_what_it_cannot_capture():
+    import torch
+    from ficco.runtime import GraphedCall
+
+    with pytest.raises(ValueError, match=r"GraphedCall\.warmup must be an int >= 1"):
+        GraphedCall(lambda: None, warmup=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="GraphedCall needs CUDA"):
+            GraphedCall(lambda: None)

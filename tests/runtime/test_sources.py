@@ -1,0 +1,145 @@
+"""Schedule sources: both predictor signatures through one adapter, the shipped model, the HTTP service
+(mocked transport), fixed and table sources."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from ficco.features import Scenario
+from ficco.runtime import FixedSource, Planner, PredictorSource, ServiceSource, TableSource
+from ficco.runtime.sources import Answer
+from ficco.service.client import ServiceClient
+
+SCENARIOS = [Scenario(op="ag_gemm", m=8192, n=7168, k=4096), Scenario(op="gemm_rs", m=8192, n=4096, k=7168)]
+
+
+def _rec(schedule: str, **extra) -> SimpleNamespace:
+    fields = {"schedule": schedule, "predicted_speedup": 1.2, "fallback": False, "fallback_reason": None}
+    return SimpleNamespace(**fields, **extra)
+
+
+class OldPredictor:
+    """The current signature: ``recommend(scenarios)``."""
+
+    hardware_id, version = "h200x2", "old"
+
+    def recommend(self, scenarios):
+        return [_rec("shard/dma", probabilities={}) for _ in scenarios]
+
+
+class NewPredictor:
+    """The rewritten signature: ``recommend(scenarios, mode="eager")`` with per-mode speedups."""
+
+    hardware_id, version = "h200x2", "new"
+
+    def __init__(self):
+        self.modes = []
+
+    def recommend(self, scenarios, mode="eager"):
+        self.modes.append(mode)
+        schedule = "finer/dma/s2/chunk" if mode == "graph" else "shard/sm"
+        return [_rec(schedule, mode=mode, predicted_speedups={schedule: 1.2}) for _ in scenarios]
+
+
+def test_adapter_calls_the_old_signature_without_mode():
+    source = PredictorSource(OldPredictor())
+    assert not source.mode_aware
+    answers = source.recommend(SCENARIOS, "graph")
+    assert [a.schedule for a in answers] == ["shard/dma"] * 2
+    assert answers[0].origin == "model h200x2/old"
+
+
+def test_adapter_passes_the_mode_to_the_new_signature():
+    predictor = NewPredictor()
+    source = PredictorSource(predictor)
+    assert source.mode_aware
+    assert [a.schedule for a in source.recommend(SCENARIOS, "graph")] == ["finer/dma/s2/chunk"] * 2
+    assert [a.schedule for a in source.recommend(SCENARIOS, "eager")] == ["shard/sm"] * 2
+    assert predictor.modes == ["graph", "eager"]
+
+
+def test_shipped_model_answers_through_the_planner():
+    source = PredictorSource.load(hardware_id="h200x2")
+    answers = source.recommend(SCENARIOS, "eager")
+    assert len(answers) == 2 and all(a.origin.startswith("model h200x2/") for a in answers)
+    planner = Planner(source)
+    assert planner.hardware.id == "h200x2"
+
+
+def _service(handler) -> ServiceSource:
+    return ServiceSource(
+        ServiceClient("http://ficco.test", transport=httpx.MockTransport(handler), retries=0)
+    )
+
+
+def test_service_source_sends_one_batch_and_reads_the_answers():
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        answer = {
+            "schedule": "shard/dma",
+            "probabilities": {},
+            "predicted_speedup": 1.4,
+            "fallback": False,
+            "fallback_reason": None,
+            "model_version": "v",
+            "hardware_id": "h200x2",
+            "requested_hardware": "h200x2",
+            "hardware_substitution": None,
+        }
+        n = len(bodies[-1]["scenarios"])
+        return httpx.Response(200, json={"data": [answer] * n, "count": n})
+
+    source = _service(handler)
+    answers = source.recommend(SCENARIOS, "eager")
+    assert [a.schedule for a in answers] == ["shard/dma"] * 2 and answers[0].predicted_speedup == 1.4
+    assert len(bodies) == 1
+    sent = bodies[0]["scenarios"][0]
+    assert {k: sent[k] for k in ("op", "m", "n", "k", "dtype", "world_size", "hardware")} == {
+        "op": "ag_gemm",
+        "m": 8192,
+        "n": 7168,
+        "k": 4096,
+        "dtype": "bf16",
+        "world_size": 2,
+        "hardware": "h200x2",
+    }
+    assert ("mode" in sent) == source.mode_aware
+    source.forget()
+    assert len(source.client.cache) == 0
+
+
+def test_service_down_runs_serial_with_the_reason():
+    planner = Planner(_service(lambda request: httpx.Response(503, text="loading")), timeout_s=5)
+    request = SimpleNamespace(
+        layer="qkv", direction="fwd", op="ag_gemm", m=64, n=32, k=16, dtype="bf16", world_size=2
+    )
+    assert str(planner.schedule(request)) == "serial/sm"
+    assert "ServiceError" in planner.rows()[0]["note"]
+
+
+def test_fixed_source_falls_back_where_the_schedule_cannot_run():
+    small = Scenario(op="ag_gemm", m=8, n=16, k=16)
+    answers = FixedSource("finer/dma/s8/chunk").recommend([small, SCENARIOS[0]], "eager")
+    assert answers[0].fallback and "divisible" in answers[0].fallback_reason
+    assert answers[1].schedule == "finer/dma/s8/chunk"
+
+
+def test_table_source_looks_up_by_op_shape_and_mode():
+    table = {("ag_gemm", 8192, 7168, 4096, "graph"): Answer(schedule="shard/dma")}
+    source = TableSource(table)
+    assert source.recommend(SCENARIOS[:1], "graph")[0].schedule == "shard/dma"
+    missing = source.recommend(SCENARIOS[:1], "eager")[0]
+    assert missing.fallback and "not in the table" in missing.fallback_reason
+    measured = TableSource(table, on_missing=lambda s, mode: Answer(schedule="shard/sm", origin="measured"))
+    assert measured.recommend(SCENARIOS[1:], "eager")[0].origin == "measured"
+
+
+@pytest.mark.parametrize("bad", ["shard", 3])
+def test_fixed_source_rejects_unknown_schedules(bad):
+    with pytest.raises(ValueError, match="schedule"):
+        FixedSource(bad)
