@@ -314,9 +314,21 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
+        from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
         from ficco.harness.commands import BenchBackend, run_torchrun
 
-        run_torchrun(plan, out, BenchBackend.gpu, tp, None, 3, 20, 0, 10.0)
+        run_torchrun(
+            plan,
+            out,
+            backend=BenchBackend.gpu,
+            tp=tp,
+            nproc=None,
+            modes=MODES,
+            rounds=ROUNDS,
+            block_ms=BLOCK_MS,
+            remeasure=0,
+            flush_seconds=10.0,
+        )
 
     return measure
 

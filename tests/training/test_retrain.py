@@ -63,3 +63,26 @@ def test_retrain_end_to_end_on_the_simulator(tmp_path):
         assert current_version(registry, "h100x8") == v2
     else:
         assert "not promoted" in second.output and current_version(registry, "h100x8") == v1
+
+
+def test_retrain_gpu_measure_launches_the_sweep_worker_on_every_gpu(tmp_path, monkeypatch):
+    import subprocess
+
+    from ficco.features import get_hardware
+    from ficco.harness.plan import plan_scenarios
+    from ficco.training.commands import _measure_gpu
+
+    launched = []
+    monkeypatch.setattr("ficco.harness.commands.gpu_count", lambda: 2)
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: launched.append(command) or _Done())
+    plan = plan_scenarios([], grid_size=2, hardware=get_hardware("h200x2"))
+    _measure_gpu(2)(plan, tmp_path / "ds")
+    (command,) = launched
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    worker = command[command.index("ficco.harness.worker") + 1 :]
+    assert worker[worker.index("--device") + 1] == "cuda" and worker[worker.index("--phase") + 1] == "sweep"
+    assert (tmp_path / "ds" / "plan.json").is_file()
+
+
+class _Done:
+    returncode = 0
