@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from ficco.service.core.config import Settings
 from ficco.service.core.config import settings as default_settings
 from ficco.service.core.limits import BodyLimitMiddleware
@@ -50,6 +52,28 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
 
 
+DOCS_ASSETS = "/docs/assets"
+"""Where /docs loads Swagger UI from: this server (the ``swagger-ui-bundle`` package), not a CDN, so the
+page works offline and in a closed network."""
+
+
+def _install_docs(app: FastAPI) -> None:
+    """Serve ``/docs`` with Swagger UI's files from this server."""
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - docs",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
+
+
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
     """Build the app from ``settings`` (default: the environment); ``store`` replaces the registry's (the
     caller then owns it and closes it)."""
@@ -82,6 +106,8 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         version=__version__,
         description="Which communication/GEMM overlap schedule to run, per scenario, from a learned model.",
         lifespan=lifespan,
+        docs_url=None,  # _install_docs serves it without a CDN
+        redoc_url=None,  # ReDoc has no offline bundle here; /docs documents the same schema
     )
     app.state.settings = settings
     app.state.store = store
@@ -89,6 +115,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     for module in (recommend, score, models, health, metrics):
         app.include_router(module.router)
     _install_error_handlers(app)
+    _install_docs(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: times 413s too
     return app

@@ -99,7 +99,9 @@ class RecommendationPublic(BaseModel):
 
 
 class RecommendBatchRequest(_Request):
-    scenarios: list[ScenarioIn] = Field(description="Scenarios to answer (at most the server's MAX_BATCH).")
+    scenarios: list[ScenarioIn] = Field(
+        min_length=1, description="Scenarios to answer (1 to the server's MAX_BATCH)."
+    )
 
 
 class RecommendationsPublic(BaseModel):

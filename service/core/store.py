@@ -262,6 +262,7 @@ class ModelStore:
                 served = self._served.get(hw)
                 if not force and served is not None and served.version == version:
                     outcomes[hw] = f"unchanged {version}"
+                    self._clear_error(hw)  # e.g. CURRENT rolled back to the version still serving
                     continue
                 if not force and self._failed.get(hw) == version:
                     outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
@@ -291,14 +292,26 @@ class ModelStore:
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return f"failed {version}: {err}"
         self._served = {**self._served, hw: model}  # the atomic swap
-        self._failed.pop(hw, None)
-        self._errors.pop(hw, None)
+        self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
         return f"loaded {version}"
 
     def _record_error(self, key: str, message: str) -> None:
-        self._errors[key] = message
+        """Log ``message`` and keep it for /readyz with the registry's location hidden (``public_path``)."""
         log.error("model reload: %s", message)
+        self._errors[key] = self.public_path(message)
+
+    def _clear_error(self, hw: str) -> None:
+        self._failed.pop(hw, None)
+        if self._errors.pop(hw, None) is not None:
+            log.info("%s: the last reload error is cleared (serving %s)", hw, self._served[hw].version)
+
+    def public_path(self, text: str) -> str:
+        """``text`` with the registry's absolute location replaced by ``$FICCO_MODEL_ROOT`` (shown to any
+        client, it would tell them the server's file layout)."""
+        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len)[::-1]:
+            text = text.replace(root, "$FICCO_MODEL_ROOT")
+        return text
 
     def close(self) -> None:
         """Stop the prediction threads once the predictions in flight finish."""

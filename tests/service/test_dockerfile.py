@@ -121,3 +121,8 @@ def test_dockerfile_installs_service_extra_without_torch():
             elif not nested:
                 requirements.append(req)
     assert not [r for r in requirements if r.lower().startswith("torch")], requirements
+
+
+def test_healthcheck_probes_readiness_not_liveness():
+    (check,) = [rest for word, rest in _instructions() if word == "HEALTHCHECK"]
+    assert "/readyz" in check and "/healthz" not in check
