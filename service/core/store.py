@@ -309,7 +309,9 @@ class ModelStore:
     def public_path(self, text: str) -> str:
         """``text`` with the registry's absolute location replaced by ``$FICCO_MODEL_ROOT`` (shown to any
         client, it would tell them the server's file layout)."""
-        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len)[::-1]:
+        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len)[
+            ::-1
+        ]:
             text = text.replace(root, "$FICCO_MODEL_ROOT")
         return text
 

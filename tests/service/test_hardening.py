@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 
@@ -10,16 +11,16 @@ SURROGATE_BODY = b'{"op":"\\ud800","m":4096,"n":4096,"k":4096}'
 
 
 def test_lone_surrogate_in_echoed_string_is_422_not_500(client):
-    response = client.post("/v1/recommend", content=SURROGATE_BODY, headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/recommend", content=SURROGATE_BODY, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
     assert response.json()["detail"][0]["field"] == "op"
 
 
 def test_lone_surrogate_in_batch_item_hardware_is_422(client):
     body = b'{"scenarios":[{"op":"ag_gemm","m":64,"n":64,"k":64,"hardware":"\\udfff"}]}'
-    response = client.post(
-        "/v1/recommend/batch", content=body, headers={"content-type": "application/json"}
-    )
+    response = client.post("/v1/recommend/batch", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422
 
 
@@ -57,10 +58,8 @@ def test_client_disconnect_mid_body_is_not_counted_as_500():
 
     middleware = MetricsMiddleware(app, metrics=metrics)
     scope = {"type": "http", "method": "POST", "path": "/v1/recommend", "headers": []}
-    try:
+    with contextlib.suppress(OSError):
         asyncio.run(middleware(scope, receive, send))
-    except OSError:
-        pass
     text = metrics.registry.get_sample_value(
         "ficco_http_requests_total", {"method": "POST", "endpoint": "unrouted", "status": "500"}
     )
@@ -90,7 +89,9 @@ def test_malformed_json_names_the_body_not_an_offset(client):
 
 
 def test_body_without_json_content_type_has_no_bytes_repr(client):
-    response = client.post("/v1/recommend", content=b'{"op": "ag_gemm"}', headers={"content-type": "text/plain"})
+    response = client.post(
+        "/v1/recommend", content=b'{"op": "ag_gemm"}', headers={"content-type": "text/plain"}
+    )
     assert response.status_code == 422
     item = response.json()["detail"][0]
     assert not str(item["input"]).startswith("b'")
@@ -135,7 +136,9 @@ def test_readyz_and_models_show_no_absolute_paths(model_root, start, damage):
 
 
 def test_lone_surrogate_in_score_name_is_answered(client):
-    config = b'{"hidden_size":4096,"intermediate_size":14336,"num_attention_heads":32,"num_key_value_heads":8,'
+    config = (
+        b'{"hidden_size":4096,"intermediate_size":14336,"num_attention_heads":32,"num_key_value_heads":8,'
+    )
     config += b'"num_hidden_layers":32,"vocab_size":128256,"model_type":"llama"}'
     body = b'{"config":' + config + b',"name":"\\ud800x","tp":2,"tokens":[4096]}'
     response = client.post("/v1/score", content=body, headers={"content-type": "application/json"})
