@@ -22,7 +22,7 @@ import typer
 from ficco.errors import fail
 
 if TYPE_CHECKING:
-    from ficco.service.core.config import Settings
+    from ficco.service.core.config import ModelSettings, Settings
     from ficco.service.core.store import ModelStore
 
 SERVE_COMMAND = ("ficco", "serve", "--host", "0.0.0.0")
@@ -40,18 +40,23 @@ class RecommendFormat(StrEnum):
     json = "json"
 
 
-_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT or ./models)."
+_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
 _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
 
 
-def _settings(**overrides: Any) -> Settings:
-    """Settings from the environment, with the command-line options that were given on top."""
-    from ficco.service.core.config import Settings
+def _settings(*, server: bool = False, **overrides: Any) -> Any:
+    """The server's ``Settings`` (``server``) or only ``ModelSettings`` (what answering offline needs,
+    so a bad server-only variable does not matter), from the environment with the given options on top;
+    a bad value exits with one ``error:`` line."""
+    from ficco.service.core.config import ModelSettings, Settings, SettingsError, load_settings
 
-    return Settings(**{key: value for key, value in overrides.items() if value is not None})
+    try:
+        return load_settings(Settings if server else ModelSettings, **overrides)
+    except SettingsError as err:
+        raise fail(str(err)) from None
 
 
-def _loaded_store(settings: Settings) -> ModelStore:
+def _loaded_store(settings: ModelSettings) -> ModelStore:
     """A store with every registered model loaded; exits with a clear message when none loads."""
     from ficco.service.core.store import ModelStore
 
@@ -106,7 +111,7 @@ def serve(
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
-    settings = _settings(HOST=host, PORT=port, MODEL_ROOT=model_root)
+    settings: Settings = _settings(server=True, HOST=host, PORT=port, MODEL_ROOT=model_root)
     logging.basicConfig(level=settings.LOG_LEVEL.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     try:
         ensure_default_model(settings)

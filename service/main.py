@@ -17,8 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from ficco.service.core.config import Settings
-from ficco.service.core.config import settings as default_settings
+from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 from ficco.service.core.store import ModelStore
@@ -77,7 +76,7 @@ def _install_docs(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
     """Build the app from ``settings`` (default: the environment); ``store`` replaces the registry's (the
     caller then owns it and closes it)."""
-    settings = settings or default_settings
+    settings = settings or load_settings(Settings)
     owns_store = store is None
     store = store or ModelStore(
         settings.MODEL_ROOT,
@@ -121,5 +120,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     return app
 
 
-app = create_app()
-"""The app configured from the environment, for ``uvicorn service.main:app``."""
+def __getattr__(name: str) -> FastAPI:
+    """``app``: the app configured from the environment, for ``uvicorn ficco.service.main:app``; built on
+    first use, so importing this module never reads (or fails on) the environment."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    global app
+    app = create_app()
+    return app
