@@ -14,7 +14,7 @@ from typing import Any
 
 from ficco.features import Scenario
 from ficco.service.core.store import Resolution, ServedModel, resolve_hardware
-from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, scenario_error
+from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error, scenario_error
 from ficco.service.schemas import RecommendationPublic, ScenarioIn
 
 
@@ -74,7 +74,8 @@ def _plan(
 ) -> tuple[list[RecommendationPublic | None], dict[str, list[_Miss]]]:
     """Resolve each item's model and look it up in that model's cache: (answers so far, misses by model).
 
-    Raises ``InvalidFieldsError`` (every invalid item), ``UnknownHardwareError`` (the first item no model
+    Raises ``InvalidFieldsError`` (every invalid item, and every item whose op the answering model has
+    no measured data for), ``UnknownHardwareError`` (the first item no model
     can answer) or ``NoModelError``.
     """
     locs = locs if locs is not None else [["body"]] * len(items)
@@ -98,6 +99,12 @@ def _plan(
             scenario = build_scenario(item, model, locs[i])
         except InvalidFieldsError as err:
             errors.extend(err.errors)
+            continue
+        unmeasured = model.unmeasured(item.op)
+        if unmeasured is not None:
+            errors.append(
+                field_error([*locs[i], "op"], item.op, unmeasured, "not_measured", str(list(model.ops)))
+            )
             continue
         misses.setdefault(model.profile.id, []).append(
             _Miss(index=i, key=key, resolution=resolution, scenario=scenario)

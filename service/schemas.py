@@ -141,6 +141,10 @@ class PairScore(BaseModel):
     )
     per_layer: int = Field(description="Times the pair runs in one transformer layer (forward).")
     scenario: ScenarioPublic
+    measured: bool = Field(
+        description="False when the model has no measured data for this pair's op (e.g. MoE all-to-all): "
+        "then schedule is 'not measured' and no time or saving is projected for it."
+    )
     schedule: str
     predicted_speedup: float | None
     fallback: bool

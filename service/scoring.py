@@ -96,6 +96,28 @@ def _item(pair: LayerPair, hardware: str) -> ScenarioIn:
         raise InvalidFieldsError([field_error(["body", "config"], pair.name, str(err))]) from None
 
 
+NOT_MEASURED = "not measured"
+"""The schedule shown for a pair whose op the model has no measured data for."""
+
+
+def _unmeasured_score(pair: LayerPair, reason: str) -> PairScore:
+    """A pair the model cannot answer: its serial time counts, no schedule and no saving are projected."""
+    s = pair.scenario
+    return PairScore(
+        name=pair.name,
+        per_layer=pair.per_layer,
+        scenario=ScenarioPublic(**_fields(pair)),
+        measured=False,
+        schedule=NOT_MEASURED,
+        predicted_speedup=None,
+        fallback=True,
+        fallback_reason=reason,
+        serial_us=roofline_gemm_us(s) + roofline_comm_us(s),
+        predicted_us=None,
+        saved_us_per_layer=None,
+    )
+
+
 def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
     s = pair.scenario
     serial_us = roofline_gemm_us(s) + roofline_comm_us(s)
@@ -105,6 +127,7 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
         name=pair.name,
         per_layer=pair.per_layer,
         scenario=ScenarioPublic(**_fields(pair)),
+        measured=True,
         schedule=rec.schedule,
         predicted_speedup=speedup,
         fallback=rec.fallback,
@@ -140,10 +163,17 @@ def score_model(
     config = parse_config(request)
     resolution = resolve_hardware(served, hardware, request.tp)
     per_tokens = _pairs(config, request, resolution.model)
-    items: list[ScenarioIn] = [_item(pair, hardware) for pairs in per_tokens for pair in pairs]
+    model = resolution.model
+    measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
+    items: list[ScenarioIn] = [_item(pair, hardware) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
+
+    def pair_score(pair: LayerPair) -> PairScore:
+        reason = model.unmeasured(pair.scenario.op)
+        return _unmeasured_score(pair, reason) if reason else _pair_score(pair, next(recs))
+
     data = [
-        _token_score(tokens, [_pair_score(pair, next(recs)) for pair in pairs], config.num_hidden_layers)
+        _token_score(tokens, [pair_score(pair) for pair in pairs], config.num_hidden_layers)
         for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
     ]
     return ScorePublic(

@@ -88,6 +88,17 @@ class ServedModel:
     def version(self) -> str:
         return self.predictor.version
 
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The ops this model has measured data for (``trained_ops``)."""
+        return trained_ops(self.predictor)
+
+    def unmeasured(self, op: str) -> str | None:
+        """None when this model has measured data for ``op``; else the message saying it has not."""
+        if op in self.ops:
+            return None
+        return f"no measured data for op {op!r} on {self.profile.id}; measured ops: {list(self.ops)}"
+
     def recommend_many(self, scenarios: Sequence[Scenario]) -> list[Any]:
         """The predictor's answers for ``scenarios``; a large list is split over ``bulk_threads`` threads."""
         return predict_split(self.predictor.recommend, scenarios, self.bulk, parts=self.bulk_threads)
@@ -161,6 +172,19 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
             f"{hardware_id}'s ({requested.hbm_gbps:g}/{requested.link_gbps:g} GB/s)"
         )
     return Resolution(model=best, requested=hardware_id, substitution=reason)
+
+
+DENSE_OPS = ("ag_gemm", "gemm_rs")
+"""The ops a model is taken to be trained on when its card does not list ``ops``."""
+
+
+def trained_ops(predictor: Predictor) -> tuple[str, ...]:
+    """The ops ``predictor`` has measured data for: its card's ``ops`` when present, else ``DENSE_OPS``.
+
+    Other ops are refused, never extrapolated (a model with no MoE row has nothing to say about MoE).
+    """
+    ops = predictor.card.get("ops")
+    return tuple(ops) if ops else DENSE_OPS
 
 
 def set_threads(predictor: Predictor, threads: int) -> None:
