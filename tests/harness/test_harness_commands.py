@@ -115,7 +115,8 @@ def test_bench_bad_options_name_value_and_range(app, tiny_configs, tmp_path, arg
 
 def test_bench_bad_configs_directory_is_named(app, tmp_path):
     result = _bench(app, "--backend", "sim", "--configs", tmp_path, "--out", tmp_path / "ds")
-    assert result.exit_code == 2 and f"no model configs (*.json or */config.json) in {tmp_path}" in result.output
+    assert result.exit_code == 2
+    assert f"no model configs (*.json or */config.json) in {tmp_path}" in result.output
 
 
 def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path):
