@@ -40,6 +40,7 @@ class RecommendFormat(StrEnum):
     json = "json"
 
 
+_MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
 _MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
 _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
 
@@ -138,6 +139,7 @@ def score(
         ScoreFormat, typer.Option("--format", help="table, json (the API's answer) or csv.")
     ] = ScoreFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+    mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
 ) -> None:
     """Score a model config offline (as POST /v1/score): each layer's pairs, schedules, projected savings."""
     from ficco.service.report import score_csv, score_table
@@ -151,7 +153,14 @@ def score(
         raise fail(f"cannot read {config} or --tokens {tokens!r}: {err}") from None
     settings = _settings(MODEL_ROOT=model_root)
     request = _answer(
-        ScoreRequest, config=data, name=config.stem, tp=tp, tokens=counts, dtype=dtype, hardware=hardware
+        ScoreRequest,
+        config=data,
+        name=config.stem,
+        tp=tp,
+        tokens=counts,
+        dtype=dtype,
+        hardware=hardware,
+        mode=mode,
     )
     result = _answer(
         score_model, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
@@ -179,6 +188,7 @@ def recommend(
         RecommendFormat, typer.Option("--format", help="table or json (the API's answer).")
     ] = RecommendFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+    mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
 ) -> None:
     """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
     from ficco.service.engine import recommend_scenarios
@@ -198,6 +208,7 @@ def recommend(
         experts=experts,
         top_k=top_k,
         imbalance=imbalance,
+        mode=mode,
     )
     served = _loaded_store(settings).served
     rec = _answer(recommend_scenarios, served, [item], default_hardware=settings.DEFAULT_HARDWARE)[0]

@@ -21,6 +21,13 @@ MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
 HARDWARE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
+Mode = Literal["eager", "graph"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
+MODE_DESCRIPTION = (
+    "How the layer runs: eager (each kernel launched from Python) or graph (the layer runs inside a "
+    "replayed CUDA graph); the best schedule can differ."
+)
+
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
 WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
 HardwareId = Annotated[str, Field(pattern=HARDWARE_PATTERN)]
@@ -63,6 +70,7 @@ class ScenarioIn(_Request):
         le=float(MAX_WORLD_SIZE),
         description="MoE only: busiest / mean load.",
     )
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
 
     def cache_key(self) -> tuple:
         """The fields that decide a model's answer (the hardware picks the model, so it is not included)."""
@@ -76,6 +84,7 @@ class ScenarioIn(_Request):
             self.experts,
             self.top_k,
             self.imbalance,
+            self.mode,
         )
 
 
@@ -84,8 +93,11 @@ class RecommendationPublic(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     schedule: str = Field(description="The recommended schedule, e.g. finer/dma/s4/chunk.")
-    probabilities: dict[str, float] = Field(
-        description="The model's probability of each schedule being best."
+    probabilities: dict[str, float] | None = Field(
+        default=None, description="The model's probability of each schedule being best (predictor v1)."
+    )
+    predicted_speedups: dict[str, float] | None = Field(
+        default=None, description="Predicted serial time / schedule time of each schedule (predictor v2)."
     )
     predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
     fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")
@@ -121,6 +133,7 @@ class ScoreRequest(_Request):
     )
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
     hardware: HardwareId | None = Field(default=None, description="Hardware id; null = the server default.")
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
 
 
 class ScenarioPublic(BaseModel):
@@ -172,6 +185,7 @@ class ScorePublic(BaseModel):
     layers: int = Field(description="num_hidden_layers of the config.")
     tp: int
     dtype: str
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
     model_version: str
     hardware_id: str
     requested_hardware: str

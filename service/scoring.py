@@ -89,9 +89,9 @@ def _fields(pair: LayerPair) -> dict[str, object]:
     return fields
 
 
-def _item(pair: LayerPair, hardware: str) -> ScenarioIn:
+def _item(pair: LayerPair, hardware: str, mode: str) -> ScenarioIn:
     try:
-        return ScenarioIn(**_fields(pair), hardware=hardware)
+        return ScenarioIn(**_fields(pair), hardware=hardware, mode=mode)
     except ValidationError as err:
         raise InvalidFieldsError([field_error(["body", "config"], pair.name, str(err))]) from None
 
@@ -165,7 +165,7 @@ def score_model(
     per_tokens = _pairs(config, request, resolution.model)
     model = resolution.model
     measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
-    items: list[ScenarioIn] = [_item(pair, hardware) for pair in measured]
+    items: list[ScenarioIn] = [_item(pair, hardware, request.mode) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
 
     def pair_score(pair: LayerPair) -> PairScore:
@@ -181,6 +181,7 @@ def score_model(
         layers=config.num_hidden_layers,
         tp=request.tp,
         dtype=request.dtype,
+        mode=request.mode,
         model_version=resolution.model.version,
         hardware_id=resolution.model.profile.id,
         requested_hardware=resolution.requested,

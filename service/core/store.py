@@ -8,12 +8,14 @@ a reload builds the new mapping and swaps it in with one reference assignment.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+import inspect
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.service.schemas import MODES
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,18 @@ class Predictor(Protocol):
     hardware_id: str
     card: dict
 
-    def recommend(self, scenarios: Sequence[Scenario]) -> list[Any]: ...
+    def recommend(self, scenarios: Sequence[Scenario], mode: str = "eager") -> list[Any]: ...
+
+
+# ADAPTER (remove once training's predictor v2 has landed: every predictor then takes ``mode``).
+def predict_fn(predictor: Predictor, mode: str) -> Callable[[Sequence[Scenario]], list[Any]]:
+    """``scenarios -> predictor.recommend(scenarios, mode=mode)``; a predictor whose ``recommend`` takes
+    no ``mode`` (before predictor v2) is called without it, so it answers as for eager execution."""
+    if "mode" in inspect.signature(predictor.recommend).parameters:
+        return functools.partial(predictor.recommend, mode=mode)
+    if mode != "eager":
+        log.debug("%s takes no mode: answering %s requests as eager", type(predictor).__name__, mode)
+    return predictor.recommend
 
 
 class RecommendationCache:
@@ -75,8 +89,8 @@ class ServedModel:
     """The profile scenarios are built on when this model answers."""
     cache: RecommendationCache
     """Answers of this model, keyed by scenario; dropped with the model on a reload."""
-    batcher: MicroBatcher
-    """Shares this model's prediction calls between concurrent single-scenario requests."""
+    batchers: Mapping[str, MicroBatcher]
+    """Per execution mode: shares this model's prediction calls between concurrent single requests."""
     bulk: Executor
     """Threads a large list of scenarios is split over (``recommend_many``)."""
     bulk_threads: int = 1
@@ -99,9 +113,10 @@ class ServedModel:
             return None
         return f"no measured data for op {op!r} on {self.profile.id}; measured ops: {list(self.ops)}"
 
-    def recommend_many(self, scenarios: Sequence[Scenario]) -> list[Any]:
-        """The predictor's answers for ``scenarios``; a large list is split over ``bulk_threads`` threads."""
-        return predict_split(self.predictor.recommend, scenarios, self.bulk, parts=self.bulk_threads)
+    def recommend_many(self, scenarios: Sequence[Scenario], mode: str) -> list[Any]:
+        """The predictor's answers for ``scenarios`` run in ``mode``; a large list is split over
+        ``bulk_threads`` threads."""
+        return predict_split(predict_fn(self.predictor, mode), scenarios, self.bulk, parts=self.bulk_threads)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -305,7 +320,7 @@ class ModelStore:
                 predictor=predictor,
                 profile=profile,
                 cache=RecommendationCache(self.cache_size),
-                batcher=MicroBatcher(predictor.recommend, self._executor),
+                batchers={mode: MicroBatcher(predict_fn(predictor, mode), self._executor) for mode in MODES},
                 bulk=self._bulk,
                 bulk_threads=self.bulk_threads,
             )
