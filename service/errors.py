@@ -96,9 +96,10 @@ def from_pydantic(error: dict[str, Any]) -> dict[str, Any]:
         error.get("type", ""),
     )
     if kind == "json_invalid":
-        position = loc[-1] if loc and isinstance(loc[-1], int) else "?"
+        position = loc[-1] if loc else None
         reason = (error.get("ctx") or {}).get("error", msg)
-        return field_error(["body"], None, f"invalid JSON at character position {position}: {reason}", kind)
+        where = f" at character position {position}" if isinstance(position, int) else ""
+        return field_error(["body"], None, f"invalid JSON{where}: {reason}", kind)
     if isinstance(value, bytes) and list(loc) == ["body"]:
         return field_error(
             ["body"], value, "the body must be a JSON object sent with 'content-type: application/json'", kind

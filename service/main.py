@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from ficco.service.core.admission import BatchGate, BusyError
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Map the service's errors to status codes: 422 (one item shape), 404 with the known ids, 503."""
+    """Map the service's errors to status codes: 422 (one item shape), 404 with the known ids, 429, 503."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -45,6 +46,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _unknown_hardware(request: Request, exc: UnknownHardwareError) -> JSONResponse:
         body = {"detail": str(exc), "known_ids": exc.known_ids}
         return JSONResponse(body, status_code=status.HTTP_404_NOT_FOUND)
+
+    @app.exception_handler(BusyError)
+    async def _busy(request: Request, exc: BusyError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse(
+            {"detail": str(exc)}, status_code=status.HTTP_429_TOO_MANY_REQUESTS, headers=headers
+        )
 
     @app.exception_handler(NoModelError)
     async def _no_model(request: Request, exc: NoModelError) -> JSONResponse:
@@ -87,6 +95,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.batch_gate = BatchGate(
+            concurrency=settings.BATCH_CONCURRENCY,
+            queue=settings.BATCH_QUEUE,
+            retry_after_s=settings.BATCH_RETRY_AFTER_S,
+        )
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         watcher = None

@@ -73,6 +73,13 @@ class Settings(ModelSettings):
     """Bearer token for ``POST /v1/models/reload``; unset turns the endpoint off (404)."""
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
+    BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
+    """Batches answered at once, each in one worker thread. 1 keeps a core of a 2-core machine for single
+    requests while batches arrive back to back."""
+    BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
+    """Batches that may wait for a slot; more get 429 with Retry-After."""
+    BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
+    """The Retry-After (seconds) of a 429."""
     ACCESS_LOG: bool = False
     """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
     endpoint and status, and a line per request is a write system call on every request."""
