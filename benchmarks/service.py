@@ -79,12 +79,13 @@ def _free_port() -> int:
 
 
 def start_server(model_root: Path, port: int, log: Path) -> tuple[subprocess.Popen, float]:
-    """Start ``ficco serve``; return the process and seconds from its start to a ready /readyz."""
-    ficco = Path(sys.executable).with_name("ficco")
+    """Start ``ficco serve`` of this checkout (``python -m ficco.cli`` from the repository root, not an
+    installed ``ficco`` script, which may import another checkout); return the process and seconds from
+    its start to a ready /readyz."""
     env = {**os.environ, "FICCO_MODEL_ROOT": str(model_root), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [str(ficco), "serve", "--port", str(port)],
+        [sys.executable, "-m", "ficco.cli", "serve", "--port", str(port)],
         env=env,
         cwd=ROOT,
         stdout=log.open("w"),
