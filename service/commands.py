@@ -109,6 +109,7 @@ def serve(
     settings (body limit, batch limit, reload token and polling) come from FICCO_* variables.
     """
     import uvicorn
+    from ficco.service.core.protocol import with_header_timeout
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
@@ -122,6 +123,7 @@ def serve(
         return
     uvicorn.run(
         create_app(settings),
+        http=with_header_timeout(settings.HEADER_TIMEOUT_S),
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),

@@ -80,6 +80,9 @@ class Settings(ModelSettings):
     """Batches that may wait for a slot; more get 429 with Retry-After."""
     BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
     """The Retry-After (seconds) of a 429."""
+    HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
+    """Seconds a connection may take to send a request's headers (after opening, or after its previous
+    response) before it is closed: half-open connections do not hold the server's sockets forever."""
     ACCESS_LOG: bool = False
     """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
     endpoint and status, and a line per request is a write system call on every request."""
