@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, status
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sys.setswitchinterval(settings.GIL_SWITCH_INTERVAL_S)  # see Settings.GIL_SWITCH_INTERVAL_S
         app.state.batch_gate = BatchGate(
             concurrency=settings.BATCH_CONCURRENCY,
             queue=settings.BATCH_QUEUE,
