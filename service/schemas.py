@@ -153,6 +153,10 @@ class PairScore(BaseModel):
         description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine."
     )
     per_layer: int = Field(description="Times the pair runs in one transformer layer (forward).")
+    layers: int = Field(
+        description="Layers of the model the pair runs in (an MoE model's dense first layers have the MLP "
+        "pairs, its other layers the expert pairs)."
+    )
     scenario: ScenarioPublic
     measured: bool = Field(
         description="False when the model has no measured data for this pair's op (e.g. MoE all-to-all): "
@@ -175,7 +179,7 @@ class TokenScore(BaseModel):
     serial_us_per_layer: float = Field(description="Sum of serial_us * per_layer over the pairs.")
     saved_us_per_layer: float = Field(description="Sum of the pairs' saved_us_per_layer (null ones count 0).")
     saved_us_per_step: float = Field(
-        description="saved_us_per_layer * layers: one forward pass of the model."
+        description="Sum over the pairs of saved_us_per_layer * the pair's layers: one forward pass."
     )
     saved_fraction: float = Field(description="saved_us_per_layer / serial_us_per_layer.")
 

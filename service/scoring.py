@@ -29,7 +29,7 @@ from pydantic import ValidationError
 ESTIMATE_NOTE = (
     "serial_us is the roofline serial time of one call (features.roofline_gemm_us + roofline_comm_us), "
     "not a measurement; predicted_us = serial_us / predicted_speedup; saved_us_per_step counts one "
-    "forward pass through num_hidden_layers layers, each like the layer scored."
+    "forward pass, each pair counted in the layers it runs in (layers)."
 )
 
 
@@ -106,6 +106,7 @@ def _unmeasured_score(pair: LayerPair, reason: str) -> PairScore:
     return PairScore(
         name=pair.name,
         per_layer=pair.per_layer,
+        layers=pair.layers,
         scenario=ScenarioPublic(**_fields(pair)),
         measured=False,
         schedule=NOT_MEASURED,
@@ -126,6 +127,7 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
     return PairScore(
         name=pair.name,
         per_layer=pair.per_layer,
+        layers=pair.layers,
         scenario=ScenarioPublic(**_fields(pair)),
         measured=True,
         schedule=rec.schedule,
@@ -138,7 +140,8 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
     )
 
 
-def _token_score(tokens: int, pairs: list[PairScore], layers: int) -> TokenScore:
+def _token_score(tokens: int, pairs: list[PairScore]) -> TokenScore:
+    """One token count's totals; a step counts each pair in the layers it runs in (``PairScore.layers``)."""
     serial = sum(p.serial_us * p.per_layer for p in pairs)
     saved = sum(p.saved_us_per_layer or 0.0 for p in pairs)
     return TokenScore(
@@ -146,7 +149,7 @@ def _token_score(tokens: int, pairs: list[PairScore], layers: int) -> TokenScore
         pairs=pairs,
         serial_us_per_layer=serial,
         saved_us_per_layer=saved,
-        saved_us_per_step=saved * layers,
+        saved_us_per_step=sum((p.saved_us_per_layer or 0.0) * p.layers for p in pairs),
         saved_fraction=saved / serial if serial > 0 else 0.0,
     )
 
@@ -173,7 +176,7 @@ def score_model(
         return _unmeasured_score(pair, reason) if reason else _pair_score(pair, next(recs))
 
     data = [
-        _token_score(tokens, [pair_score(pair) for pair in pairs], config.num_hidden_layers)
+        _token_score(tokens, [pair_score(pair) for pair in pairs])
         for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
     ]
     return ScorePublic(
