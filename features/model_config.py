@@ -292,7 +292,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     if path.is_dir():
         path = path / CONFIG_FILE
-    name = path.parent.name if path.name == CONFIG_FILE else path.stem
+    name = config_name(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -301,6 +301,11 @@ def load_model_config(path: str | Path) -> ModelConfig:
         return ModelConfig.from_hf_dict(name, data)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+def config_name(path: Path) -> str:
+    """The model name of a config file: its folder's for ``config.json``, else the file's stem."""
+    return path.parent.name if path.name == CONFIG_FILE else path.stem
 
 
 def config_paths(path: str | Path) -> list[Path]:
@@ -443,6 +448,7 @@ __all__ = [
     "KV_LAYOUTS",
     "LayerPair",
     "ModelConfig",
+    "config_name",
     "config_paths",
     "layer_pairs",
     "load_model_config",

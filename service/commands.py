@@ -131,8 +131,29 @@ def serve(
     )
 
 
+def _read_configs(paths: list[Path]) -> list[dict[str, Any]]:
+    """``{"name", "config"}`` of every config the paths name (files, model folders holding config.json,
+    folders of both), in the order given; exits naming an unreadable one."""
+    from ficco.features.model_config import config_name, config_paths
+
+    out = []
+    try:
+        for path in paths:
+            for file in config_paths(path):
+                out.append({"name": config_name(file), "config": json.loads(file.read_text())})
+    except (OSError, ValueError) as err:
+        raise fail(f"cannot read model config: {err}") from None
+    return out
+
+
 def score(
-    config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A Hugging Face config.json.")],
+    configs: Annotated[
+        list[Path],
+        typer.Argument(
+            exists=True,
+            help="Hugging Face config.json files, model folders holding one, or folders of them.",
+        ),
+    ],
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree, 2..8.")] = 2,
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
     dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
@@ -142,37 +163,44 @@ def score(
     ] = ScoreFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
     mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
+    kv_layout: Annotated[
+        str,
+        typer.Option(
+            help="KV heads fewer than tp ranks: megatron (refuse, the default) or vllm (replicate)."
+        ),
+    ] = "megatron",
 ) -> None:
-    """Score a model config offline (as POST /v1/score): each layer's pairs, schedules, projected savings."""
+    """Score model configs offline (as POST /v1/score, or /v1/score/batch for several): each layer's pairs,
+    schedules and projected savings."""
     from ficco.service.report import score_csv, score_table
-    from ficco.service.schemas import ScoreRequest
-    from ficco.service.scoring import score_model
+    from ficco.service.schemas import ScoreBatchRequest
+    from ficco.service.scoring import score_models
 
+    named = _read_configs(configs)
     try:
-        data = json.loads(config.read_text())
         counts = [int(t) for t in tokens.split(",") if t.strip()]
-    except (OSError, ValueError) as err:
-        raise fail(f"cannot read {config} or --tokens {tokens!r}: {err}") from None
+    except ValueError as err:
+        raise fail(f"--tokens must be comma-separated ints; got {tokens!r}: {err}") from None
     settings = _settings(MODEL_ROOT=model_root)
     request = _answer(
-        ScoreRequest,
-        config=data,
-        name=config.stem,
+        ScoreBatchRequest,
+        configs=named,
         tp=tp,
         tokens=counts,
         dtype=dtype,
         hardware=hardware,
         mode=mode,
+        kv_layout=kv_layout,
     )
     result = _answer(
-        score_model, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
+        score_models, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
     )
-    render = {ScoreFormat.table: score_table, ScoreFormat.csv: score_csv}
-    typer.echo(
-        result.model_dump_json(indent=2)
-        if output_format is ScoreFormat.json
-        else render[output_format](result)
-    )
+    if output_format is ScoreFormat.json:
+        typer.echo((result.data[0] if result.count == 1 else result).model_dump_json(indent=2))
+    elif output_format is ScoreFormat.csv:
+        typer.echo(score_csv(result.data), nl=False)
+    else:
+        typer.echo("\n\n".join(score_table(r) for r in result.data))
 
 
 def recommend(

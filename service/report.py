@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 
 from ficco.service.schemas import RecommendationPublic, ScorePublic
 
@@ -18,6 +19,7 @@ SCORE_CSV_COLUMNS = (
     "experts",
     "top_k",
     "per_layer",
+    "layers",
     "schedule",
     "predicted_speedup",
     "fallback",
@@ -78,11 +80,18 @@ def score_table(result: ScorePublic) -> str:
     return "\n".join(blocks)
 
 
-def score_csv(result: ScorePublic) -> str:
-    """One row per (token count, pair), columns ``SCORE_CSV_COLUMNS``."""
+def score_csv(results: ScorePublic | list[ScorePublic]) -> str:
+    """One row per (model, token count, pair), columns ``SCORE_CSV_COLUMNS``, one header."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(SCORE_CSV_COLUMNS)
+    for result in results if isinstance(results, list) else [results]:
+        _score_rows(writer, result)
+    return out.getvalue()
+
+
+def _score_rows(writer: Any, result: ScorePublic) -> None:
+    """``result``'s CSV rows."""
     for entry in result.data:
         for p in entry.pairs:
             s = p.scenario
@@ -98,6 +107,7 @@ def score_csv(result: ScorePublic) -> str:
                     s.experts,
                     s.top_k,
                     p.per_layer,
+                    p.layers,
                     p.schedule,
                     p.predicted_speedup,
                     p.fallback,
@@ -106,7 +116,6 @@ def score_csv(result: ScorePublic) -> str:
                     p.saved_us_per_layer,
                 ]
             )
-    return out.getvalue()
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:

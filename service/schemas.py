@@ -122,11 +122,18 @@ class RecommendationsPublic(BaseModel):
 
 
 # Score: a Hugging Face model config -> its layers' pairs, schedules and projected savings
-class ScoreRequest(_Request):
-    config: dict[str, Any] = Field(description="The model's Hugging Face config.json, as an object.")
-    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
-        default=None, description="Model name for the answer; null = config's _name_or_path or 'model'."
-    )
+KvLayout = Literal["megatron", "vllm"]
+KV_LAYOUT_DESCRIPTION = (
+    "How KV heads split over more tensor-parallel ranks than there are heads: megatron refuses (as "
+    "Megatron-LM does), vllm replicates one KV head per rank (as vLLM does)."
+)
+MAX_SCORE_CONFIGS = 64
+"""Most model configs in one POST /v1/score/batch."""
+
+
+class _ScoreSettings(_Request):
+    """How the model configs of a score request are split and run."""
+
     tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size).")
     tokens: list[Dim] = Field(
         min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
@@ -134,6 +141,24 @@ class ScoreRequest(_Request):
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
     hardware: HardwareId | None = Field(default=None, description="Hardware id; null = the server default.")
     mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
+    kv_layout: KvLayout = Field(default="megatron", description=KV_LAYOUT_DESCRIPTION)
+
+
+class NamedConfig(_Request):
+    config: dict[str, Any] = Field(description="The model's Hugging Face config.json, as an object.")
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="Model name for the answer; null = config's _name_or_path or 'model'."
+    )
+
+
+class ScoreRequest(NamedConfig, _ScoreSettings):
+    """One model config and how to split it."""
+
+
+class ScoreBatchRequest(_ScoreSettings):
+    configs: list[NamedConfig] = Field(
+        min_length=1, max_length=MAX_SCORE_CONFIGS, description="The model configs, each scored alike."
+    )
 
 
 class ScenarioPublic(BaseModel):
@@ -150,7 +175,10 @@ class ScenarioPublic(BaseModel):
 
 class PairScore(BaseModel):
     name: str = Field(
-        description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine."
+        description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine, "
+        "shared_up, shared_down (shared experts); a parallel attention+MLP block (Cohere) is scored as two "
+        "pairs, qkv_mlp_up (QKV and gate/up fused along n) and attn_mlp_out (attention-out and down fused "
+        "along k)."
     )
     per_layer: int = Field(description="Times the pair runs in one transformer layer (forward).")
     layers: int = Field(
@@ -202,7 +230,14 @@ class ScorePublic(BaseModel):
     count: int
 
 
+class ScoresPublic(BaseModel):
+    data: list[ScorePublic] = Field(description="One answer per config, in the request's order.")
+    count: int
+
+
 # Models: what the registry holds and what is being served
+
+
 class ModelVersionPublic(BaseModel):
     version: str
     current: bool = Field(description="True for the version CURRENT names (the promoted one).")

@@ -20,8 +20,10 @@ from ficco.service.schemas import (
     RecommendationPublic,
     ScenarioIn,
     ScenarioPublic,
+    ScoreBatchRequest,
     ScorePublic,
     ScoreRequest,
+    ScoresPublic,
     TokenScore,
 )
 from pydantic import ValidationError
@@ -73,7 +75,14 @@ def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> li
     for i, tokens in enumerate(request.tokens):
         try:
             out.append(
-                layer_pairs(config, tp=request.tp, tokens=tokens, dtype=request.dtype, hardware=model.profile)
+                layer_pairs(
+                    config,
+                    tp=request.tp,
+                    tokens=tokens,
+                    dtype=request.dtype,
+                    hardware=model.profile,
+                    kv_layout=request.kv_layout,
+                )
             )
         except ValueError as err:
             errors.append(field_error(*_error_loc(str(err), request, i), str(err)))
@@ -194,3 +203,30 @@ def score_model(
         data=data,
         count=len(data),
     )
+
+
+def score_models(
+    served: Mapping[str, ServedModel], request: ScoreBatchRequest, *, default_hardware: str
+) -> ScoresPublic:
+    """Score every config of ``request`` alike (``score_model`` each); errors are located at
+    ``body.configs.<i>`` and gathered over all configs into one ``InvalidFieldsError``."""
+    settings = request.model_dump(exclude={"configs"})
+    data, errors = [], []
+    for i, named in enumerate(request.configs):
+        one = ScoreRequest.model_construct(**settings, config=named.config, name=named.name)
+        try:
+            data.append(score_model(served, one, default_hardware=default_hardware))
+        except InvalidFieldsError as err:
+            errors += [_in_batch(e, i) for e in err.errors]
+    if errors:
+        raise InvalidFieldsError(errors)
+    return ScoresPublic(data=data, count=len(data))
+
+
+def _in_batch(error: dict[str, object], i: int) -> dict[str, object]:
+    """A one-config error moved to config ``i`` of a batch (``body.config`` -> ``body.configs.i.config``)."""
+    loc = list(error["loc"])  # type: ignore[call-overload]
+    if loc[:2] != ["body", "config"]:
+        return error
+    loc = ["body", "configs", i, *loc[1:]]
+    return {**error, "loc": loc, "field": ".".join(str(part) for part in loc[1:])}
