@@ -8,6 +8,9 @@ from typing import Any
 
 from ficco.service.schemas import RecommendationPublic, ScorePublic
 
+PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
+"""The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""
+
 SCORE_CSV_COLUMNS = (
     "model",
     "tokens",
@@ -55,6 +58,11 @@ def score_table(result: ScorePublic) -> str:
         f"{result.model}: {result.layers} layers, tp={result.tp}, {result.dtype}; {_served_line(result)}",
         f"estimate: {result.serial_time_estimate} ({result.estimate_note})",
     ]
+    if any(p.name == PARALLEL_BLOCK_PAIRS[0] for entry in result.data for p in entry.pairs):
+        blocks.append(
+            "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up: QKV and gate/up fused "
+            "along n) and one GEMM+reduce-scatter (attn_mlp_out: attention-out and down fused along k)"
+        )
     header = ["pair", "op", "m", "n", "k", "x/layer", "schedule", "speedup", "serial_us", "saved_us/layer"]
     for entry in result.data:
         rows = [

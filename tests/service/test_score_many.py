@@ -51,6 +51,13 @@ def test_score_many_json_is_the_batch_answer_and_table_has_a_block_each(registry
     assert [d["model"] for d in response.json()["data"]] == ["Qwen3-8B", "OLMo-2-1124-7B"]
     code, table = _score(*map(str, paths), "--model-root", str(registry_root))
     assert code == 0 and table.count("layers, tp=2") == 2
+    assert "parallel attention+MLP block" not in table
+
+
+def test_score_table_says_how_a_parallel_block_is_scored(registry_root):
+    code, table = _score(str(HF / "c4ai-command-r-v01.json"), "--model-root", str(registry_root))
+    assert code == 0, table
+    assert "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up" in table
 
 
 def test_score_batch_error_names_the_config_it_is_in(client):
