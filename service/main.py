@@ -1,7 +1,7 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
 The lifespan loads every registered hardware's current model once (never per request) and starts the
-registry watcher that swaps in newly promoted versions. ``uvicorn service.main:app`` serves the app
+registry watcher that swaps in newly promoted versions. ``uvicorn ficco.service.main:app`` serves the app
 built from the environment; ``ficco serve`` builds one from its options (``create_app``).
 """
 
