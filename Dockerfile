@@ -26,6 +26,7 @@ COPY --from=builder --chown=ficco:ficco /src/models models
 COPY --from=builder --chown=ficco:ficco /src/datasets datasets
 USER ficco
 EXPOSE 8000
+# /readyz, not /healthz: a container with no loadable model answers 503 and must report unhealthy.
 HEALTHCHECK --interval=30s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2)"]
 CMD ["ficco", "serve", "--host", "0.0.0.0"]

@@ -1,4 +1,4 @@
-"""Model configs (Hugging Face ``config.json``) and the communication + GEMM pairs of one layer.
+"""Model configs (Hugging Face ``config.json``, as downloaded) and the communication + GEMM pairs of a layer.
 
 A transformer layer under tensor parallelism of degree ``tp`` with sequence parallelism (Megatron-LM,
 PyTorch async-TP) runs four pairs per layer, one collective beside one GEMM each::
@@ -8,69 +8,54 @@ PyTorch async-TP) runs four pairs per layer, one collective beside one GEMM each
     mlp_up     ag_gemm   m = tokens, k = hidden,            n = 2 * intermediate / tp   (gate + up fused)
     mlp_down   gemm_rs   m = tokens, k = intermediate / tp, n = hidden
 
-``kv_local`` is ``num_key_value_heads / tp``, or 1 when there are fewer KV heads than ranks (each rank
-then holds a replica of one KV head, as Megatron-LM and vLLM do). In an MoE layer the MLP pairs become
-expert-parallel all-to-alls over the same ``tp`` ranks, with ``m = tokens / tp`` tokens per rank::
+A plain (non-gated) MLP has ``n = intermediate / tp`` in ``mlp_up``. ``kv_local`` is
+``num_key_value_heads / tp``; with fewer KV heads than ranks the ``kv_layout`` option decides: ``megatron``
+(default) refuses, as Megatron-LM does (``num_query_groups`` must divide by tp), ``vllm`` replicates one KV
+head per rank (``kv_local = 1``). In an MoE layer the MLP pairs become expert-parallel all-to-alls over the
+same ``tp`` ranks, with ``m = tokens / tp`` tokens per rank::
 
     moe_dispatch  a2a_gemm  k = hidden,          n = 2 * moe_intermediate   (gate + up of one expert)
     moe_combine   gemm_a2a  k = moe_intermediate, n = hidden
 
-``head_dim`` rule: the config's ``head_dim`` when present and not null (Gemma-2, Qwen3: it need not be
-``hidden / heads``), otherwise ``hidden_size / num_attention_heads`` (Llama, Mistral, Qwen2.5, Phi-3).
-``num_key_value_heads`` defaults to ``num_attention_heads`` (the Hugging Face convention for plain
-multi-head attention).
+Shared experts (Qwen2-MoE, DeepSeek) run as a tensor-parallel MLP beside them (``shared_up``/``shared_down``,
+Megatron-LM's SharedExpertMLP); dense layers of an MoE stack (DeepSeek ``first_k_dense_replace``, Qwen
+``mlp_only_layers``/``decoder_sparse_step``) have the dense pairs. ``LayerPair.layers`` says in how many of
+the model's layers each pair runs.
+
+Multi-head latent attention (DeepSeek-V2/V3): the all-gathered tokens feed the down projections, which are
+replicated (Megatron-LM's MLA): ``qkv`` is ``ag_gemm`` with ``k = hidden`` and ``n = q_lora_rank +
+kv_lora_rank + qk_rope_head_dim`` (without ``q_lora_rank``, the full query projection
+``heads/tp * (qk_nope_head_dim + qk_rope_head_dim)`` takes its place); the up projections are local GEMMs
+with no collective; ``attn_out`` is ``gemm_rs`` with ``k = heads/tp * v_head_dim``.
+
+Parallel attention + MLP block (Cohere): both read one all-gathered input and their outputs are summed
+before one reduce-scatter, so a layer is two pairs: ``qkv_mlp_up`` (``ag_gemm``, QKV and gate+up fused
+along n) and ``attn_mlp_out`` (``gemm_rs``, attention-out and down fused along k).
+
+Configs are read by ``model_type`` (``features/hf_families.py``): keys a family does not list are refused,
+an unknown ``model_type`` is refused naming what ficco needs, and a config without ``model_type`` is read
+as a Llama-style layer. ``head_dim`` is the config's when present and not null (Gemma-2, Qwen3), otherwise
+``hidden_size / num_attention_heads``; ``num_key_value_heads`` defaults to ``num_attention_heads``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ficco.features.hardware import HardwareProfile, get_hardware
+from ficco.features.hf_families import BY_MODEL_TYPE, MULTIMODAL_TEXT, NEEDED, Family
 from ficco.features.scenario import Scenario
 
-_SHAPE_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "num_hidden_layers",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-)
-_EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-"""Keys different model families use for the number of routed experts (Mixtral, Qwen-MoE, DeepSeek)."""
+log = logging.getLogger(__name__)
 
-_UNSUPPORTED_KEYS: dict[str, object] = {
-    "n_shared_experts": 0,
-    "shared_expert_intermediate_size": 0,
-    "q_lora_rank": None,
-    "kv_lora_rank": None,
-    "first_k_dense_replace": 0,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "moe_layer_freq": 1,
-}
-"""Keys that change the layer's GEMM shapes in ways ficco does not model, with the one value accepted
-(shared experts, multi-head latent attention, dense layers mixed into an MoE stack)."""
-
-IGNORED_HF_KEYS: frozenset[str] = frozenset(
-    {
-        "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
-        "auto_map", "vocab_size", "max_position_embeddings", "original_max_position_embeddings",
-        "max_window_layers", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-        "rms_norm_eps", "layer_norm_eps", "hidden_act", "hidden_activation", "initializer_range",
-        "use_cache", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
-        "attention_dropout", "attention_bias", "mlp_bias", "resid_pdrop", "embd_pdrop", "pretraining_tp",
-        "sliding_window", "use_sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
-        "query_pre_attn_scalar", "cache_implementation", "router_aux_loss_coef", "router_jitter_noise",
-        "output_router_logits", "norm_topk_prob", "qkv_bias", "use_qk_norm",
-    }
-)  # fmt: skip
-"""Hugging Face keys that do not change any GEMM or collective shape (read and ignored)."""
+KvLayout = Literal["megatron", "vllm"]
+KV_LAYOUTS: tuple[str, ...] = ("megatron", "vllm")
+"""How KV heads split over more ranks than there are heads: refuse (Megatron-LM) or replicate (vLLM)."""
+CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +64,8 @@ class ModelConfig:
 
     name: str = "model"
     """Family name, used as the dataset's ``family`` column (the config file's stem)."""
+    model_type: str = "llama"
+    """The Hugging Face ``model_type`` it was read as."""
     hidden_size: int = 4096
     """Model width (residual stream features)."""
     intermediate_size: int = 14336
@@ -91,18 +78,41 @@ class ModelConfig:
     """Features per head (see the module docstring for the rule when the config has none)."""
     num_hidden_layers: int = 32
     """Transformer layers."""
+    gated_mlp: bool = True
+    """Gate + up projections (up GEMM of 2x the width) or a single up projection."""
+    parallel_block: bool = False
+    """Attention and MLP in parallel on one input (Cohere)."""
     num_experts: int = 0
     """Routed experts per MoE layer; 0 for a dense model."""
     num_experts_per_tok: int = 0
     """Experts each token is routed to (top-k); 0 for a dense model."""
     moe_intermediate_size: int = 0
     """Width of one expert's MLP; 0 for a dense model."""
+    shared_intermediate_size: int = 0
+    """Total width of the shared experts of an MoE layer (0: none)."""
+    dense_layers: int = 0
+    """Layers of an MoE model whose MLP is dense (0 for a dense model: every layer is)."""
+    q_lora_rank: int = 0
+    """MLA: query down-projection rank (0: the query is projected directly)."""
+    kv_lora_rank: int = 0
+    """MLA: key/value latent rank; 0 means ordinary (grouped-query) attention."""
+    qk_nope_head_dim: int = 0
+    """MLA: per-head query/key features without rotary embedding."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head query/key features with rotary embedding (the key's part is shared by all heads)."""
+    v_head_dim: int = 0
+    """MLA: per-head value features."""
 
     def __post_init__(self) -> None:
         dims = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
         for name in (*dims, "num_hidden_layers"):
             _check_positive_int(f"ModelConfig.{name}", getattr(self, name))
-        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+        zero_ok = (
+            "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_intermediate_size",
+            "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim",
+        )  # fmt: skip
+        for name in zero_ok:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise ValueError(f"ModelConfig.{name} must be an int >= 0; got {value!r}")
@@ -119,65 +129,60 @@ class ModelConfig:
                 f"be in [1, {self.num_experts}] and moe_intermediate_size > 0; got "
                 f"{self.num_experts_per_tok} and {self.moe_intermediate_size}"
             )
+        if self.dense_layers > self.num_hidden_layers:
+            raise ValueError(
+                f"ModelConfig {self.name!r}: dense_layers must be in [0, {self.num_hidden_layers}]; "
+                f"got {self.dense_layers}"
+            )
+        if self.is_mla and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
+            raise ValueError(
+                f"ModelConfig {self.name!r} has kv_lora_rank={self.kv_lora_rank}: qk_nope_head_dim, "
+                "qk_rope_head_dim and v_head_dim must be > 0"
+            )
 
     @property
     def is_moe(self) -> bool:
-        """True when the MLP of every layer is a routed mixture of experts."""
+        """True when (some of) the layers' MLP is a routed mixture of experts."""
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
 
     @classmethod
     def from_hf_dict(cls, name: str, data: dict[str, Any]) -> ModelConfig:
-        """Read a parsed Hugging Face ``config.json``; raise ``ValueError`` naming a missing, bad or
-        unknown key (and ``name``)."""
+        """Read a parsed Hugging Face ``config.json`` as published (see the module docstring); raise
+        ``ValueError`` naming a missing, bad or unknown key, or an unknown ``model_type`` (and ``name``)."""
         if not isinstance(data, dict):
             raise ValueError(f"model config {name!r} must be a JSON object; got {type(data).__name__}")
-        known = set(_SHAPE_KEYS) | set(_EXPERT_COUNT_KEYS) | set(_UNSUPPORTED_KEYS) | IGNORED_HF_KEYS
-        unknown = sorted(set(data) - known)
+        model_type = data.get("model_type") or "llama"
+        if model_type in MULTIMODAL_TEXT:
+            inner = data.get(MULTIMODAL_TEXT[model_type])
+            if not isinstance(inner, dict):
+                raise ValueError(
+                    f"model config {name!r} (model_type {model_type!r}) needs an object "
+                    f"{MULTIMODAL_TEXT[model_type]!r} with the language model's config"
+                )
+            log.info(
+                "%s: scoring the language model of %s (%s)", name, model_type, MULTIMODAL_TEXT[model_type]
+            )
+            return cls.from_hf_dict(name, inner)
+        family = BY_MODEL_TYPE.get(model_type)
+        if family is None:
+            known = sorted([*BY_MODEL_TYPE, *MULTIMODAL_TEXT])
+            raise ValueError(
+                f"model config {name!r} has model_type {model_type!r}, which ficco does not read (it reads "
+                f"{known}). To score it ficco would need: {NEEDED}. If its layers are Llama-style, set "
+                "model_type to 'llama' and remove the keys ficco does not know"
+            )
+        unknown = sorted(set(data) - family.keys)
         if unknown:
             raise ValueError(
-                f"model config {name!r} has unknown key(s) {unknown}: ficco cannot tell whether they change "
-                "the layer shapes. If they do not, add them to features.model_config.IGNORED_HF_KEYS"
+                f"model config {name!r} has unknown key(s) {unknown} for model_type {model_type!r}: ficco "
+                "cannot tell whether they change the layer shapes"
             )
-        for key, accepted in _UNSUPPORTED_KEYS.items():
-            if key in data and data[key] not in (accepted, None):
-                raise ValueError(
-                    f"model config {name!r}: key {key!r}={data[key]!r} is not supported (ficco models "
-                    f"uniform layers without shared experts or latent attention); only {accepted!r} or null"
-                )
-
-        def get(key: str, default: Any = _REQUIRED) -> int:
-            value = data.get(key)
-            if value is None:
-                if default is _REQUIRED:
-                    raise ValueError(f"model config {name!r} is missing the required key {key!r}")
-                return default
-            _check_positive_int(f"model config {name!r} key {key!r}", value)
-            return value
-
-        heads = get("num_attention_heads")
-        hidden = get("hidden_size")
-        head_dim = get("head_dim", 0)
-        if not head_dim:
-            if hidden % heads:
-                raise ValueError(
-                    f"model config {name!r} has no 'head_dim' and hidden_size={hidden} is not divisible by "
-                    f"num_attention_heads={heads}; add 'head_dim'"
-                )
-            head_dim = hidden // heads
-        experts = _expert_count(name, data)
-        intermediate = get("intermediate_size")
-        return cls(
-            name=name,
-            hidden_size=hidden,
-            intermediate_size=intermediate,
-            num_attention_heads=heads,
-            num_key_value_heads=get("num_key_value_heads", heads),
-            head_dim=head_dim,
-            num_hidden_layers=get("num_hidden_layers"),
-            num_experts=experts,
-            num_experts_per_tok=get("num_experts_per_tok") if experts else 0,
-            moe_intermediate_size=get("moe_intermediate_size", intermediate) if experts else 0,
-        )
+        return _read(name, model_type, family, data)
 
 
 _REQUIRED = object()
@@ -188,38 +193,140 @@ def _check_positive_int(what: str, value: Any) -> None:
         raise ValueError(f"{what} must be a positive int; got {value!r}")
 
 
-def _expert_count(name: str, data: dict[str, Any]) -> int:
-    """The routed-expert count under whichever key the family uses (0 if none); the keys must agree."""
-    found = {key: data[key] for key in _EXPERT_COUNT_KEYS if data.get(key) not in (None, 0)}
-    for key, value in found.items():
-        _check_positive_int(f"model config {name!r} key {key!r}", value)
-    if len(set(found.values())) > 1:
-        raise ValueError(f"model config {name!r} gives different expert counts: {found}")
-    return next(iter(found.values()), 0)
+def _int(name: str, data: dict[str, Any], key: str, default: Any = _REQUIRED) -> int:
+    """``data[key]`` as a positive int; ``default`` when missing or null (ValueError if required)."""
+    value = data.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"model config {name!r} is missing the required key {key!r}")
+        return default
+    _check_positive_int(f"model config {name!r} key {key!r}", value)
+    return value
+
+
+def _moe_layer_count(name: str, family: Family, data: dict[str, Any], layers: int) -> int:
+    """How many of ``layers`` have a routed-expert MLP (the rest are dense), by the family's keys:
+    DeepSeek ``first_k_dense_replace`` and ``moe_layer_freq``; Qwen ``mlp_only_layers`` and
+    ``decoder_sparse_step`` (layer i is MoE when ``(i + 1) % step == 0``); otherwise every layer."""
+    first = data.get("first_k_dense_replace") or 0
+    freq = _int(name, data, "moe_layer_freq", 1)
+    step = _int(name, data, "decoder_sparse_step", 1)
+    dense_only = data.get("mlp_only_layers") or []
+    if not (isinstance(first, int) and 0 <= first <= layers):
+        raise ValueError(
+            f"model config {name!r} key 'first_k_dense_replace' must be in [0, {layers}]; got {first!r}"
+        )
+    if not (isinstance(dense_only, list) and all(isinstance(i, int) for i in dense_only)):
+        raise ValueError(f"model config {name!r} key 'mlp_only_layers' must be a list of layer indices")
+    return sum(
+        1
+        for i in range(layers)
+        if i >= first and i % freq == 0 and (i + 1) % step == 0 and i not in dense_only
+    )
+
+
+def _read(name: str, model_type: str, family: Family, data: dict[str, Any]) -> ModelConfig:
+    """The ``ModelConfig`` of a config whose keys ``family`` accepts."""
+    heads = _int(name, data, "num_attention_heads")
+    hidden = _int(name, data, "hidden_size")
+    head_dim = _int(name, data, "head_dim", 0)
+    if not head_dim:
+        if hidden % heads:
+            raise ValueError(
+                f"model config {name!r} has no 'head_dim' and hidden_size={hidden} is not divisible by "
+                f"num_attention_heads={heads}; add 'head_dim'"
+            )
+        head_dim = hidden // heads
+    layers = _int(name, data, "num_hidden_layers")
+    intermediate = _int(name, data, "intermediate_size")
+    extra: dict[str, int] = {}
+    experts = _int(name, data, family.expert_key, 0) if family.expert_key else 0
+    if experts:
+        expert_width = _int(name, data, "moe_intermediate_size", intermediate)
+        shared = _int(name, data, "shared_expert_intermediate_size", 0) or (
+            _int(name, data, "n_shared_experts", 0) * expert_width
+        )
+        extra |= {
+            "num_experts": experts,
+            "num_experts_per_tok": _int(name, data, family.top_k_key),
+            "moe_intermediate_size": expert_width,
+            "shared_intermediate_size": shared,
+            "dense_layers": layers - _moe_layer_count(name, family, data, layers),
+        }
+    if family.mla:
+        extra |= {
+            key: _int(name, data, key, 0 if key == "q_lora_rank" else _REQUIRED)
+            for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        }
+    config = ModelConfig(
+        name=name,
+        model_type=model_type,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=_int(name, data, "num_key_value_heads", heads),
+        head_dim=head_dim,
+        num_hidden_layers=layers,
+        gated_mlp=family.gated_mlp,
+        parallel_block=family.parallel_block,
+        **extra,
+    )
+    log.info(
+        "%s: read as %s (%s MLP%s%s%s)",
+        name,
+        model_type,
+        "gated" if config.gated_mlp else "plain",
+        f", {experts} experts" if experts else "",
+        ", latent attention" if config.is_mla else "",
+        ", parallel attention+MLP block" if config.parallel_block else "",
+    )
+    return config
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
-    """Load one Hugging Face ``config.json``; the family name is the file's stem.
+    """Load one Hugging Face ``config.json``, or a model folder holding one; the name is the file's stem
+    (the folder's name for ``config.json``).
 
     Raises ``ValueError`` naming the file for unreadable JSON and for missing, bad or unknown keys.
     """
     path = Path(path)
+    if path.is_dir():
+        path = path / CONFIG_FILE
+    name = config_name(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read model config {path}: {err}") from None
     try:
-        return ModelConfig.from_hf_dict(path.stem, data)
+        return ModelConfig.from_hf_dict(name, data)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
 
 
+def config_name(path: Path) -> str:
+    """The model name of a config file: its folder's for ``config.json``, else the file's stem."""
+    return path.parent.name if path.name == CONFIG_FILE else path.stem
+
+
+def config_paths(path: str | Path) -> list[Path]:
+    """The config files ``path`` names: a ``.json`` file; a model folder holding ``config.json``; or a
+    folder of ``*.json`` files and model folders, sorted. Raises ``ValueError`` if it names none."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if (path / CONFIG_FILE).is_file():
+        return [path / CONFIG_FILE]
+    if not path.is_dir():
+        raise ValueError(f"model config {path} does not exist")
+    found = sorted([*path.glob("*.json"), *path.glob(f"*/{CONFIG_FILE}")])
+    if not found:
+        raise ValueError(f"no model configs (*.json or */{CONFIG_FILE}) in {path}")
+    return found
+
+
 def load_model_configs(directory: str | Path) -> list[ModelConfig]:
-    """Every ``*.json`` config in ``directory``, sorted by name; raise ``ValueError`` if there is none."""
-    paths = sorted(Path(directory).glob("*.json"))
-    if not paths:
-        raise ValueError(f"no model configs (*.json) in {directory}")
-    return [load_model_config(p) for p in paths]
+    """Every config ``config_paths(directory)`` finds, sorted by name; raise ``ValueError`` if none."""
+    return sorted((load_model_config(p) for p in config_paths(directory)), key=lambda c: c.name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -227,11 +334,48 @@ class LayerPair:
     """One communication + GEMM pair of a transformer layer."""
 
     name: str = "qkv"
-    """``qkv``, ``attn_out``, ``mlp_up``, ``mlp_down``, ``moe_dispatch`` or ``moe_combine``."""
+    """``qkv``, ``attn_out``, ``mlp_up``, ``mlp_down``, ``moe_dispatch``, ``moe_combine``, ``shared_up``,
+    ``shared_down``, or for a parallel block ``qkv_mlp_up`` and ``attn_mlp_out``."""
     scenario: Scenario = field(default_factory=Scenario)
     """The pair's shapes on one rank."""
     per_layer: int = 1
     """How many times this pair runs in one transformer layer (forward)."""
+    layers: int = 1
+    """In how many of the model's layers it runs (MoE models may have dense layers)."""
+
+
+def _kv_local(c: ModelConfig, tp: int, kv_layout: str) -> int:
+    """KV heads on one rank under ``kv_layout``; ValueError naming the rule when they do not split."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}; got {kv_layout!r}")
+    kv = c.num_key_value_heads
+    if kv % tp == 0:
+        return kv // tp
+    if kv_layout == "vllm" and tp % kv == 0:
+        return 1
+    rule = "be a multiple of" if kv_layout == "megatron" else "divide or be a multiple of"
+    hint = (
+        " (kv_layout='vllm' replicates KV heads instead)" if kv_layout == "megatron" and tp % kv == 0 else ""
+    )
+    raise ValueError(
+        f"{c.name}: num_key_value_heads={kv} must {rule} tp={tp} under kv_layout={kv_layout!r}{hint}"
+    )
+
+
+def _attention_dims(c: ModelConfig, tp: int, kv_layout: str) -> tuple[int, int]:
+    """(n of the QKV GEMM, k of the attention-out GEMM) on one rank."""
+    local_heads = c.num_attention_heads // tp
+    if c.is_mla:
+        query = c.q_lora_rank or local_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
+        return query + c.kv_lora_rank + c.qk_rope_head_dim, local_heads * c.v_head_dim
+    kv_local = _kv_local(c, tp, kv_layout)
+    return (local_heads + 2 * kv_local) * c.head_dim, local_heads * c.head_dim
+
+
+def _split(c: ModelConfig, what: str, width: int, tp: int) -> int:
+    if width % tp:
+        raise ValueError(f"{c.name}: {what}={width} is not divisible by tp={tp}")
+    return width // tp
 
 
 def layer_pairs(
@@ -241,11 +385,13 @@ def layer_pairs(
     tokens: int,
     dtype: str = "bf16",
     hardware: HardwareProfile | None = None,
+    kv_layout: KvLayout = "megatron",
 ) -> list[LayerPair]:
     """The pairs of one forward layer of ``config`` at tensor-parallel degree ``tp`` over ``tokens`` tokens.
 
-    Shapes follow the module docstring; ``hardware`` defaults to ``h200x2``. Raises ``ValueError`` naming
-    the model, the field and the divisibility rule when the model cannot be split ``tp`` ways.
+    Shapes follow the module docstring; ``hardware`` defaults to ``h200x2``; ``kv_layout`` is ``megatron``
+    (KV heads must split tp ways) or ``vllm`` (fewer KV heads than ranks are replicated). Raises
+    ``ValueError`` naming the model, the field and the divisibility rule when the model cannot be split.
     """
     hardware = hardware or get_hardware("h200x2")
     c = config
@@ -253,46 +399,57 @@ def layer_pairs(
         raise ValueError(f"tokens must be a positive multiple of tp={tp}; got {tokens!r}")
     if c.num_attention_heads % tp:
         raise ValueError(f"{c.name}: num_attention_heads={c.num_attention_heads} is not divisible by tp={tp}")
-    if c.num_key_value_heads % tp and tp % c.num_key_value_heads:
-        raise ValueError(
-            f"{c.name}: num_key_value_heads={c.num_key_value_heads} must divide or be a multiple of tp={tp}"
-        )
-    kv_local = max(1, c.num_key_value_heads // tp)
+    qkv_n, attn_k = _attention_dims(c, tp, kv_layout)
+    up = 2 if c.gated_mlp else 1
+    moe_layers = c.num_hidden_layers - c.dense_layers if c.is_moe else 0
+    dense_layers = c.num_hidden_layers - moe_layers
 
-    def pair(name: str, op: str, m: int, n: int, k: int, **moe: Any) -> LayerPair:
+    def pair(name: str, op: str, m: int, n: int, k: int, layers: int, **moe: Any) -> LayerPair:
         try:
             scenario = Scenario(op=op, m=m, n=n, k=k, dtype=dtype, world_size=tp, hardware=hardware, **moe)
         except ValueError as err:
             raise ValueError(f"{c.name} {name} at tp={tp}, tokens={tokens}: {err}") from None
-        return LayerPair(name=name, scenario=scenario)
+        return LayerPair(name=name, scenario=scenario, layers=layers)
 
-    out = [
-        pair(
-            "qkv", "ag_gemm", tokens, (c.num_attention_heads // tp + 2 * kv_local) * c.head_dim, c.hidden_size
-        ),
-        pair("attn_out", "gemm_rs", tokens, c.hidden_size, c.num_attention_heads * c.head_dim // tp),
-    ]
-    if c.is_moe:
-        moe = {"experts": c.num_experts, "top_k": c.num_experts_per_tok}
-        out += [
-            pair("moe_dispatch", "a2a_gemm", tokens // tp, 2 * c.moe_intermediate_size, c.hidden_size, **moe),
-            pair("moe_combine", "gemm_a2a", tokens // tp, c.hidden_size, c.moe_intermediate_size, **moe),
+    h, n_layers = c.hidden_size, c.num_hidden_layers
+    if c.parallel_block:
+        local = _split(c, "intermediate_size", c.intermediate_size, tp)
+        return [
+            pair("qkv_mlp_up", "ag_gemm", tokens, qkv_n + up * local, h, n_layers),
+            pair("attn_mlp_out", "gemm_rs", tokens, h, attn_k + local, n_layers),
         ]
-    else:
-        if c.intermediate_size % tp:
-            raise ValueError(f"{c.name}: intermediate_size={c.intermediate_size} is not divisible by tp={tp}")
-        local = c.intermediate_size // tp
+    out = [
+        pair("qkv", "ag_gemm", tokens, qkv_n, h, n_layers),
+        pair("attn_out", "gemm_rs", tokens, h, attn_k, n_layers),
+    ]
+    if dense_layers:
+        local = _split(c, "intermediate_size", c.intermediate_size, tp)
         out += [
-            pair("mlp_up", "ag_gemm", tokens, 2 * local, c.hidden_size),
-            pair("mlp_down", "gemm_rs", tokens, c.hidden_size, local),
+            pair("mlp_up", "ag_gemm", tokens, up * local, h, dense_layers),
+            pair("mlp_down", "gemm_rs", tokens, h, local, dense_layers),
+        ]
+    if moe_layers:
+        moe = {"experts": c.num_experts, "top_k": c.num_experts_per_tok}
+        width = c.moe_intermediate_size
+        out += [
+            pair("moe_dispatch", "a2a_gemm", tokens // tp, up * width, h, moe_layers, **moe),
+            pair("moe_combine", "gemm_a2a", tokens // tp, h, width, moe_layers, **moe),
+        ]
+    if moe_layers and c.shared_intermediate_size:
+        local = _split(c, "shared expert width", c.shared_intermediate_size, tp)
+        out += [
+            pair("shared_up", "ag_gemm", tokens, up * local, h, moe_layers),
+            pair("shared_down", "gemm_rs", tokens, h, local, moe_layers),
         ]
     return out
 
 
 __all__ = [
-    "IGNORED_HF_KEYS",
+    "KV_LAYOUTS",
     "LayerPair",
     "ModelConfig",
+    "config_name",
+    "config_paths",
     "layer_pairs",
     "load_model_config",
     "load_model_configs",

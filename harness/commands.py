@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from ficco.harness.backend import BLOCK_MS, ROUNDS
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
 
+log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -223,6 +225,8 @@ def bench(
         limit=limit,
     )
     _check_fresh_or_resume(out, resume)
+    if resume:
+        _check_same_plan_settings(out, plan)
 
     from ficco.harness.plan import estimate_sweep
 
@@ -350,6 +354,49 @@ def _check_fresh_or_resume(out: Path, resume: bool) -> None:
             f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
             "continue it, or choose another --out"
         )
+
+
+PLAN_OPTIONS = {
+    "tp": "--tp",
+    "tokens": "--tokens",
+    "grid_size": "--grid",
+    "hardware_id": "--hardware",
+    "include_moe": "--include-moe",
+    "max_serial_ms": "--max-serial-ms",
+    "seed": "--seed",
+    "configs": "--configs",
+}
+"""Plan settings (``plan.json``'s ``settings``) a resumed sweep must share, and the option giving each."""
+
+
+def _option_value(value: Any) -> str:
+    """A plan setting as it would be typed on the command line (lists comma-joined)."""
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _check_same_plan_settings(out: Path, plan: Plan) -> None:
+    """Refuse ``--resume`` whose plan settings differ from the dataset's ``plan.json`` (the card would
+    then contradict its own table); the message names each differing option with both values."""
+    from ficco.harness.dataset import PLAN
+
+    path = out / PLAN
+    if not path.is_file():
+        return
+    try:
+        before = json.loads(path.read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise fail(f"cannot read the plan of the dataset to resume, {path}: {err}") from None
+    differ = [
+        f"{option} {_option_value(plan.settings.get(key))} (the dataset's: {_option_value(before[key])})"
+        for key, option in PLAN_OPTIONS.items()
+        if key in before and before[key] != plan.settings.get(key)
+    ]
+    if differ:
+        raise fail(
+            f"--resume of {out} with other plan settings than it was started with: {'; '.join(differ)}. "
+            "Resume with the dataset's settings, or choose another --out"
+        )
+    log.info("resuming %s with the same plan settings", out)
 
 
 def _run_sim(

@@ -22,7 +22,7 @@ import typer
 from ficco.errors import fail
 
 if TYPE_CHECKING:
-    from ficco.service.core.config import Settings
+    from ficco.service.core.config import ModelSettings, Settings
     from ficco.service.core.store import ModelStore
 
 SERVE_COMMAND = ("ficco", "serve", "--host", "0.0.0.0")
@@ -40,18 +40,24 @@ class RecommendFormat(StrEnum):
     json = "json"
 
 
-_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT or ./models)."
+_MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
+_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
 _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
 
 
-def _settings(**overrides: Any) -> Settings:
-    """Settings from the environment, with the command-line options that were given on top."""
-    from ficco.service.core.config import Settings
+def _settings(*, server: bool = False, **overrides: Any) -> Any:
+    """The server's ``Settings`` (``server``) or only ``ModelSettings`` (what answering offline needs,
+    so a bad server-only variable does not matter), from the environment with the given options on top;
+    a bad value exits with one ``error:`` line."""
+    from ficco.service.core.config import ModelSettings, Settings, SettingsError, load_settings
 
-    return Settings(**{key: value for key, value in overrides.items() if value is not None})
+    try:
+        return load_settings(Settings if server else ModelSettings, **overrides)
+    except SettingsError as err:
+        raise fail(str(err)) from None
 
 
-def _loaded_store(settings: Settings) -> ModelStore:
+def _loaded_store(settings: ModelSettings) -> ModelStore:
     """A store with every registered model loaded; exits with a clear message when none loads."""
     from ficco.service.core.store import ModelStore
 
@@ -103,10 +109,11 @@ def serve(
     settings (body limit, batch limit, reload token and polling) come from FICCO_* variables.
     """
     import uvicorn
+    from ficco.service.core.protocol import with_header_timeout
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
-    settings = _settings(HOST=host, PORT=port, MODEL_ROOT=model_root)
+    settings: Settings = _settings(server=True, HOST=host, PORT=port, MODEL_ROOT=model_root)
     logging.basicConfig(level=settings.LOG_LEVEL.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     try:
         ensure_default_model(settings)
@@ -116,6 +123,7 @@ def serve(
         return
     uvicorn.run(
         create_app(settings),
+        http=with_header_timeout(settings.HEADER_TIMEOUT_S),
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),
@@ -123,8 +131,29 @@ def serve(
     )
 
 
+def _read_configs(paths: list[Path]) -> list[dict[str, Any]]:
+    """``{"name", "config"}`` of every config the paths name (files, model folders holding config.json,
+    folders of both), in the order given; exits naming an unreadable one."""
+    from ficco.features.model_config import config_name, config_paths
+
+    out = []
+    try:
+        for path in paths:
+            for file in config_paths(path):
+                out.append({"name": config_name(file), "config": json.loads(file.read_text())})
+    except (OSError, ValueError) as err:
+        raise fail(f"cannot read model config: {err}") from None
+    return out
+
+
 def score(
-    config: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A Hugging Face config.json.")],
+    configs: Annotated[
+        list[Path],
+        typer.Argument(
+            exists=True,
+            help="Hugging Face config.json files, model folders holding one, or folders of them.",
+        ),
+    ],
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree, 2..8.")] = 2,
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
     dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
@@ -133,30 +162,45 @@ def score(
         ScoreFormat, typer.Option("--format", help="table, json (the API's answer) or csv.")
     ] = ScoreFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+    mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
+    kv_layout: Annotated[
+        str,
+        typer.Option(
+            help="KV heads fewer than tp ranks: megatron (refuse, the default) or vllm (replicate)."
+        ),
+    ] = "megatron",
 ) -> None:
-    """Score a model config offline (as POST /v1/score): each layer's pairs, schedules, projected savings."""
+    """Score model configs offline (as POST /v1/score, or /v1/score/batch for several): each layer's pairs,
+    schedules and projected savings."""
     from ficco.service.report import score_csv, score_table
-    from ficco.service.schemas import ScoreRequest
-    from ficco.service.scoring import score_model
+    from ficco.service.schemas import ScoreBatchRequest
+    from ficco.service.scoring import score_models
 
+    named = _read_configs(configs)
     try:
-        data = json.loads(config.read_text())
         counts = [int(t) for t in tokens.split(",") if t.strip()]
-    except (OSError, ValueError) as err:
-        raise fail(f"cannot read {config} or --tokens {tokens!r}: {err}") from None
+    except ValueError as err:
+        raise fail(f"--tokens must be comma-separated ints; got {tokens!r}: {err}") from None
     settings = _settings(MODEL_ROOT=model_root)
     request = _answer(
-        ScoreRequest, config=data, name=config.stem, tp=tp, tokens=counts, dtype=dtype, hardware=hardware
+        ScoreBatchRequest,
+        configs=named,
+        tp=tp,
+        tokens=counts,
+        dtype=dtype,
+        hardware=hardware,
+        mode=mode,
+        kv_layout=kv_layout,
     )
     result = _answer(
-        score_model, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
+        score_models, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
     )
-    render = {ScoreFormat.table: score_table, ScoreFormat.csv: score_csv}
-    typer.echo(
-        result.model_dump_json(indent=2)
-        if output_format is ScoreFormat.json
-        else render[output_format](result)
-    )
+    if output_format is ScoreFormat.json:
+        typer.echo((result.data[0] if result.count == 1 else result).model_dump_json(indent=2))
+    elif output_format is ScoreFormat.csv:
+        typer.echo(score_csv(result.data), nl=False)
+    else:
+        typer.echo("\n\n".join(score_table(r) for r in result.data))
 
 
 def recommend(
@@ -174,6 +218,7 @@ def recommend(
         RecommendFormat, typer.Option("--format", help="table or json (the API's answer).")
     ] = RecommendFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
+    mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
 ) -> None:
     """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
     from ficco.service.engine import recommend_scenarios
@@ -193,6 +238,7 @@ def recommend(
         experts=experts,
         top_k=top_k,
         imbalance=imbalance,
+        mode=mode,
     )
     served = _loaded_store(settings).served
     rec = _answer(recommend_scenarios, served, [item], default_hardware=settings.DEFAULT_HARDWARE)[0]

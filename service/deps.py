@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ficco.service.core.config import Settings
 from ficco.service.core.metrics import Metrics
 from ficco.service.core.store import ModelStore, ServedModel
@@ -39,12 +40,18 @@ ServedDep = Annotated[Mapping[str, ServedModel], Depends(get_served)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
-async def check_reload_token(request: Request, settings: SettingsDep) -> None:
+_bearer = HTTPBearer(auto_error=False, description="FICCO_RELOAD_TOKEN, as 'Authorization: Bearer <token>'.")
+"""Declares the bearer scheme in the OpenAPI document; the checks below give the service's own errors."""
+
+
+async def check_reload_token(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     """404 when no reload token is configured (endpoint off); 401 without a bearer token; 403 if wrong."""
     if settings.RELOAD_TOKEN is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "Not Found")
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = credentials.credentials if credentials is not None else ""
+    if not token:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "reload needs an 'Authorization: Bearer <FICCO_RELOAD_TOKEN>' header",

@@ -14,13 +14,13 @@ from typing import Any
 
 from ficco.features import Scenario
 from ficco.service.core.store import Resolution, ServedModel, resolve_hardware
-from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, scenario_error
+from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error, scenario_error
 from ficco.service.schemas import RecommendationPublic, ScenarioIn
 
 
 def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int]) -> Scenario:
     """``item`` as a ``features.Scenario`` on the answering model's profile; InvalidFieldsError if invalid."""
-    values = item.model_dump(exclude={"hardware"})
+    values = item.model_dump(exclude={"hardware", "mode"})
     try:
         return Scenario(hardware=model.profile, **values)
     except ValueError as err:
@@ -30,11 +30,13 @@ def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int
 def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
     """The response item for a ``training.predictor.Recommendation`` answered under ``resolution``.
 
-    Built without re-validation: every field comes typed from the predictor (str, float, bool).
+    Built without re-validation: every field comes typed from the predictor (str, float, bool). Until
+    predictor v2 lands either ``probabilities`` (v1) or ``predicted_speedups`` (v2) is present.
     """
     return RecommendationPublic.model_construct(
         schedule=rec.schedule,
-        probabilities=rec.probabilities,
+        probabilities=getattr(rec, "probabilities", None),  # predictor v1
+        predicted_speedups=getattr(rec, "predicted_speedups", None),  # predictor v2
         predicted_speedup=rec.predicted_speedup,
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,
@@ -71,16 +73,18 @@ def _plan(
     items: Sequence[ScenarioIn],
     default_hardware: str,
     locs: Sequence[Sequence[str | int]] | None,
-) -> tuple[list[RecommendationPublic | None], dict[str, list[_Miss]]]:
-    """Resolve each item's model and look it up in that model's cache: (answers so far, misses by model).
+) -> tuple[list[RecommendationPublic | None], dict[tuple[str, str], list[_Miss]]]:
+    """Resolve each item's model and look it up in that model's cache: (answers so far, misses by
+    (model, mode)).
 
-    Raises ``InvalidFieldsError`` (every invalid item), ``UnknownHardwareError`` (the first item no model
+    Raises ``InvalidFieldsError`` (every invalid item, and every item whose op the answering model has
+    no measured data for), ``UnknownHardwareError`` (the first item no model
     can answer) or ``NoModelError``.
     """
     locs = locs if locs is not None else [["body"]] * len(items)
     resolved: dict[tuple[str, int], Resolution] = {}
     answers: list[RecommendationPublic | None] = [None] * len(items)
-    misses: dict[str, list[_Miss]] = {}
+    misses: dict[tuple[str, str], list[_Miss]] = {}
     errors: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         hardware = item.hardware or default_hardware
@@ -99,7 +103,13 @@ def _plan(
         except InvalidFieldsError as err:
             errors.extend(err.errors)
             continue
-        misses.setdefault(model.profile.id, []).append(
+        unmeasured = model.unmeasured(item.op)
+        if unmeasured is not None:
+            errors.append(
+                field_error([*locs[i], "op"], item.op, unmeasured, "not_measured", str(list(model.ops)))
+            )
+            continue
+        misses.setdefault((model.profile.id, item.mode), []).append(
             _Miss(index=i, key=key, resolution=resolution, scenario=scenario)
         )
     if errors:
@@ -128,8 +138,9 @@ def recommend_scenarios(
     the rest go to each model in one vectorised call (split over threads when large). Raises as ``_plan``.
     """
     answers, misses = _plan(served, items, default_hardware, locs)
-    for pending in misses.values():
-        _fill(answers, pending, pending[0].resolution.model.recommend_many([m.scenario for m in pending]))
+    for (_, mode), pending in misses.items():
+        model = pending[0].resolution.model
+        _fill(answers, pending, model.recommend_many([m.scenario for m in pending], mode))
     return answers  # type: ignore[return-value]  # every None was filled
 
 
@@ -140,5 +151,6 @@ async def recommend_scenario(
     ``recommend_scenarios``; concurrent requests share prediction calls)."""
     answers, misses = _plan(served, [item], default_hardware, None)
     for (miss,) in misses.values():
-        _fill(answers, [miss], [await miss.resolution.model.batcher.recommend(miss.scenario)])
+        batcher = miss.resolution.model.batchers[item.mode]
+        _fill(answers, [miss], [await batcher.recommend(miss.scenario)])
     return answers[0]  # type: ignore[return-value]  # filled above

@@ -41,13 +41,24 @@ class InvalidFieldsError(ValueError):
         self.errors = errors
 
 
+def encodable(text: str) -> str:
+    """``text`` with lone UTF-16 surrogates (valid JSON escapes, not encodable as UTF-8) as ``\\udXXX``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def short_input(value: Any) -> Any:
-    """``value`` as JSON-safe and short: non-finite floats and long or nested values become strings."""
+    """``value`` as JSON-safe and short: non-finite floats, bytes, long or nested values become strings.
+
+    Strings lose lone surrogates (``encodable``), so echoing a bad value can never fail to encode.
+    """
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
     text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = encodable(text)
     return text if len(text) <= MAX_INPUT_CHARS else text[:MAX_INPUT_CHARS] + "..."
 
 
@@ -72,10 +83,30 @@ def field_error(
 
 
 def from_pydantic(error: dict[str, Any]) -> dict[str, Any]:
-    """Convert one pydantic / FastAPI validation error to the service's error item."""
-    return field_error(
-        error.get("loc", ()), error.get("input"), str(error.get("msg", "")), error.get("type", "")
+    """Convert one pydantic / FastAPI validation error to the service's error item.
+
+    Three errors are re-worded: malformed JSON (FastAPI puts the character offset in ``loc``), a body
+    that is not JSON at all (no JSON content type: FastAPI passes the raw bytes on) and a non-finite
+    number (pydantic reports NaN as failing the bound it cannot be compared with).
+    """
+    loc, value, msg, kind = (
+        error.get("loc", ()),
+        error.get("input"),
+        str(error.get("msg", "")),
+        error.get("type", ""),
     )
+    if kind == "json_invalid":
+        position = loc[-1] if loc else None
+        reason = (error.get("ctx") or {}).get("error", msg)
+        where = f" at character position {position}" if isinstance(position, int) else ""
+        return field_error(["body"], None, f"invalid JSON{where}: {reason}", kind)
+    if isinstance(value, bytes) and list(loc) == ["body"]:
+        return field_error(
+            ["body"], value, "the body must be a JSON object sent with 'content-type: application/json'", kind
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        return field_error(loc, value, f"must be a finite number; got {value}", "finite_number")
+    return field_error(loc, value, msg, kind)
 
 
 _FIELD = re.compile(r"^Scenario\.(\w+)")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 
 from ficco.service.schemas import RecommendationPublic, ScorePublic
+
+PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
+"""The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""
 
 SCORE_CSV_COLUMNS = (
     "model",
@@ -18,6 +22,7 @@ SCORE_CSV_COLUMNS = (
     "experts",
     "top_k",
     "per_layer",
+    "layers",
     "schedule",
     "predicted_speedup",
     "fallback",
@@ -53,6 +58,11 @@ def score_table(result: ScorePublic) -> str:
         f"{result.model}: {result.layers} layers, tp={result.tp}, {result.dtype}; {_served_line(result)}",
         f"estimate: {result.serial_time_estimate} ({result.estimate_note})",
     ]
+    if any(p.name == PARALLEL_BLOCK_PAIRS[0] for entry in result.data for p in entry.pairs):
+        blocks.append(
+            "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up: QKV and gate/up fused "
+            "along n) and one GEMM+reduce-scatter (attn_mlp_out: attention-out and down fused along k)"
+        )
     header = ["pair", "op", "m", "n", "k", "x/layer", "schedule", "speedup", "serial_us", "saved_us/layer"]
     for entry in result.data:
         rows = [
@@ -78,11 +88,18 @@ def score_table(result: ScorePublic) -> str:
     return "\n".join(blocks)
 
 
-def score_csv(result: ScorePublic) -> str:
-    """One row per (token count, pair), columns ``SCORE_CSV_COLUMNS``."""
+def score_csv(results: ScorePublic | list[ScorePublic]) -> str:
+    """One row per (model, token count, pair), columns ``SCORE_CSV_COLUMNS``, one header."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(SCORE_CSV_COLUMNS)
+    for result in results if isinstance(results, list) else [results]:
+        _score_rows(writer, result)
+    return out.getvalue()
+
+
+def _score_rows(writer: Any, result: ScorePublic) -> None:
+    """``result``'s CSV rows."""
     for entry in result.data:
         for p in entry.pairs:
             s = p.scenario
@@ -98,6 +115,7 @@ def score_csv(result: ScorePublic) -> str:
                     s.experts,
                     s.top_k,
                     p.per_layer,
+                    p.layers,
                     p.schedule,
                     p.predicted_speedup,
                     p.fallback,
@@ -106,17 +124,22 @@ def score_csv(result: ScorePublic) -> str:
                     p.saved_us_per_layer,
                 ]
             )
-    return out.getvalue()
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
-    """The schedule, speedup and fallback, then the ``top`` most probable schedules."""
+    """The schedule, speedup and fallback, then the ``top`` schedules by predicted speedup (predictor v2)
+    or probability (v1)."""
     lines = [
         f"schedule: {rec.schedule}",
         f"predicted speedup over serial: {_num(rec.predicted_speedup, 3)}",
         f"fallback: {'yes: ' + (rec.fallback_reason or '') if rec.fallback else 'no'}",
         _served_line(rec),
     ]
-    ranked = sorted(rec.probabilities.items(), key=lambda kv: -kv[1])[:top]
+    column, values = (
+        ("predicted speedup", rec.predicted_speedups)
+        if rec.predicted_speedups is not None
+        else ("probability", rec.probabilities or {})
+    )
+    ranked = sorted(values.items(), key=lambda kv: -kv[1])[:top]
     rows = [[name, f"{p:.3f}"] for name, p in ranked]
-    return "\n".join(lines) + "\n" + _table(["schedule", "probability"], rows)
+    return "\n".join(lines) + "\n" + _table(["schedule", column], rows)

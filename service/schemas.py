@@ -21,6 +21,13 @@ MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
 HARDWARE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
+Mode = Literal["eager", "graph"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
+MODE_DESCRIPTION = (
+    "How the layer runs: eager (each kernel launched from Python) or graph (the layer runs inside a "
+    "replayed CUDA graph); the best schedule can differ."
+)
+
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
 WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
 HardwareId = Annotated[str, Field(pattern=HARDWARE_PATTERN)]
@@ -63,6 +70,7 @@ class ScenarioIn(_Request):
         le=float(MAX_WORLD_SIZE),
         description="MoE only: busiest / mean load.",
     )
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
 
     def cache_key(self) -> tuple:
         """The fields that decide a model's answer (the hardware picks the model, so it is not included)."""
@@ -76,6 +84,7 @@ class ScenarioIn(_Request):
             self.experts,
             self.top_k,
             self.imbalance,
+            self.mode,
         )
 
 
@@ -84,8 +93,11 @@ class RecommendationPublic(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     schedule: str = Field(description="The recommended schedule, e.g. finer/dma/s4/chunk.")
-    probabilities: dict[str, float] = Field(
-        description="The model's probability of each schedule being best."
+    probabilities: dict[str, float] | None = Field(
+        default=None, description="The model's probability of each schedule being best (predictor v1)."
+    )
+    predicted_speedups: dict[str, float] | None = Field(
+        default=None, description="Predicted serial time / schedule time of each schedule (predictor v2)."
     )
     predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
     fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")
@@ -99,7 +111,9 @@ class RecommendationPublic(BaseModel):
 
 
 class RecommendBatchRequest(_Request):
-    scenarios: list[ScenarioIn] = Field(description="Scenarios to answer (at most the server's MAX_BATCH).")
+    scenarios: list[ScenarioIn] = Field(
+        min_length=1, description="Scenarios to answer (1 to the server's MAX_BATCH)."
+    )
 
 
 class RecommendationsPublic(BaseModel):
@@ -108,17 +122,43 @@ class RecommendationsPublic(BaseModel):
 
 
 # Score: a Hugging Face model config -> its layers' pairs, schedules and projected savings
-class ScoreRequest(_Request):
-    config: dict[str, Any] = Field(description="The model's Hugging Face config.json, as an object.")
-    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
-        default=None, description="Model name for the answer; null = config's _name_or_path or 'model'."
-    )
+KvLayout = Literal["megatron", "vllm"]
+KV_LAYOUT_DESCRIPTION = (
+    "How KV heads split over more tensor-parallel ranks than there are heads: megatron refuses (as "
+    "Megatron-LM does), vllm replicates one KV head per rank (as vLLM does)."
+)
+MAX_SCORE_CONFIGS = 64
+"""Most model configs in one POST /v1/score/batch."""
+
+
+class _ScoreSettings(_Request):
+    """How the model configs of a score request are split and run."""
+
     tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size).")
     tokens: list[Dim] = Field(
         min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
     )
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
     hardware: HardwareId | None = Field(default=None, description="Hardware id; null = the server default.")
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
+    kv_layout: KvLayout = Field(default="megatron", description=KV_LAYOUT_DESCRIPTION)
+
+
+class NamedConfig(_Request):
+    config: dict[str, Any] = Field(description="The model's Hugging Face config.json, as an object.")
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None, description="Model name for the answer; null = config's _name_or_path or 'model'."
+    )
+
+
+class ScoreRequest(NamedConfig, _ScoreSettings):
+    """One model config and how to split it."""
+
+
+class ScoreBatchRequest(_ScoreSettings):
+    configs: list[NamedConfig] = Field(
+        min_length=1, max_length=MAX_SCORE_CONFIGS, description="The model configs, each scored alike."
+    )
 
 
 class ScenarioPublic(BaseModel):
@@ -135,10 +175,21 @@ class ScenarioPublic(BaseModel):
 
 class PairScore(BaseModel):
     name: str = Field(
-        description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine."
+        description="Pair in the layer: qkv, attn_out, mlp_up, mlp_down, moe_dispatch, moe_combine, "
+        "shared_up, shared_down (shared experts); a parallel attention+MLP block (Cohere) is scored as two "
+        "pairs, qkv_mlp_up (QKV and gate/up fused along n) and attn_mlp_out (attention-out and down fused "
+        "along k)."
     )
     per_layer: int = Field(description="Times the pair runs in one transformer layer (forward).")
+    layers: int = Field(
+        description="Layers of the model the pair runs in (an MoE model's dense first layers have the MLP "
+        "pairs, its other layers the expert pairs)."
+    )
     scenario: ScenarioPublic
+    measured: bool = Field(
+        description="False when the model has no measured data for this pair's op (e.g. MoE all-to-all): "
+        "then schedule is 'not measured' and no time or saving is projected for it."
+    )
     schedule: str
     predicted_speedup: float | None
     fallback: bool
@@ -156,7 +207,7 @@ class TokenScore(BaseModel):
     serial_us_per_layer: float = Field(description="Sum of serial_us * per_layer over the pairs.")
     saved_us_per_layer: float = Field(description="Sum of the pairs' saved_us_per_layer (null ones count 0).")
     saved_us_per_step: float = Field(
-        description="saved_us_per_layer * layers: one forward pass of the model."
+        description="Sum over the pairs of saved_us_per_layer * the pair's layers: one forward pass."
     )
     saved_fraction: float = Field(description="saved_us_per_layer / serial_us_per_layer.")
 
@@ -166,6 +217,7 @@ class ScorePublic(BaseModel):
     layers: int = Field(description="num_hidden_layers of the config.")
     tp: int
     dtype: str
+    mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
     model_version: str
     hardware_id: str
     requested_hardware: str
@@ -178,7 +230,14 @@ class ScorePublic(BaseModel):
     count: int
 
 
+class ScoresPublic(BaseModel):
+    data: list[ScorePublic] = Field(description="One answer per config, in the request's order.")
+    count: int
+
+
 # Models: what the registry holds and what is being served
+
+
 class ModelVersionPublic(BaseModel):
     version: str
     current: bool = Field(description="True for the version CURRENT names (the promoted one).")

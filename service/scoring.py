@@ -20,8 +20,10 @@ from ficco.service.schemas import (
     RecommendationPublic,
     ScenarioIn,
     ScenarioPublic,
+    ScoreBatchRequest,
     ScorePublic,
     ScoreRequest,
+    ScoresPublic,
     TokenScore,
 )
 from pydantic import ValidationError
@@ -29,7 +31,7 @@ from pydantic import ValidationError
 ESTIMATE_NOTE = (
     "serial_us is the roofline serial time of one call (features.roofline_gemm_us + roofline_comm_us), "
     "not a measurement; predicted_us = serial_us / predicted_speedup; saved_us_per_step counts one "
-    "forward pass through num_hidden_layers layers, each like the layer scored."
+    "forward pass, each pair counted in the layers it runs in (layers)."
 )
 
 
@@ -73,7 +75,14 @@ def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> li
     for i, tokens in enumerate(request.tokens):
         try:
             out.append(
-                layer_pairs(config, tp=request.tp, tokens=tokens, dtype=request.dtype, hardware=model.profile)
+                layer_pairs(
+                    config,
+                    tp=request.tp,
+                    tokens=tokens,
+                    dtype=request.dtype,
+                    hardware=model.profile,
+                    kv_layout=request.kv_layout,
+                )
             )
         except ValueError as err:
             errors.append(field_error(*_error_loc(str(err), request, i), str(err)))
@@ -89,11 +98,34 @@ def _fields(pair: LayerPair) -> dict[str, object]:
     return fields
 
 
-def _item(pair: LayerPair, hardware: str) -> ScenarioIn:
+def _item(pair: LayerPair, hardware: str, mode: str) -> ScenarioIn:
     try:
-        return ScenarioIn(**_fields(pair), hardware=hardware)
+        return ScenarioIn(**_fields(pair), hardware=hardware, mode=mode)
     except ValidationError as err:
         raise InvalidFieldsError([field_error(["body", "config"], pair.name, str(err))]) from None
+
+
+NOT_MEASURED = "not measured"
+"""The schedule shown for a pair whose op the model has no measured data for."""
+
+
+def _unmeasured_score(pair: LayerPair, reason: str) -> PairScore:
+    """A pair the model cannot answer: its serial time counts, no schedule and no saving are projected."""
+    s = pair.scenario
+    return PairScore(
+        name=pair.name,
+        per_layer=pair.per_layer,
+        layers=pair.layers,
+        scenario=ScenarioPublic(**_fields(pair)),
+        measured=False,
+        schedule=NOT_MEASURED,
+        predicted_speedup=None,
+        fallback=True,
+        fallback_reason=reason,
+        serial_us=roofline_gemm_us(s) + roofline_comm_us(s),
+        predicted_us=None,
+        saved_us_per_layer=None,
+    )
 
 
 def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
@@ -104,7 +136,9 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
     return PairScore(
         name=pair.name,
         per_layer=pair.per_layer,
+        layers=pair.layers,
         scenario=ScenarioPublic(**_fields(pair)),
+        measured=True,
         schedule=rec.schedule,
         predicted_speedup=speedup,
         fallback=rec.fallback,
@@ -115,7 +149,8 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
     )
 
 
-def _token_score(tokens: int, pairs: list[PairScore], layers: int) -> TokenScore:
+def _token_score(tokens: int, pairs: list[PairScore]) -> TokenScore:
+    """One token count's totals; a step counts each pair in the layers it runs in (``PairScore.layers``)."""
     serial = sum(p.serial_us * p.per_layer for p in pairs)
     saved = sum(p.saved_us_per_layer or 0.0 for p in pairs)
     return TokenScore(
@@ -123,7 +158,7 @@ def _token_score(tokens: int, pairs: list[PairScore], layers: int) -> TokenScore
         pairs=pairs,
         serial_us_per_layer=serial,
         saved_us_per_layer=saved,
-        saved_us_per_step=saved * layers,
+        saved_us_per_step=sum((p.saved_us_per_layer or 0.0) * p.layers for p in pairs),
         saved_fraction=saved / serial if serial > 0 else 0.0,
     )
 
@@ -140,10 +175,17 @@ def score_model(
     config = parse_config(request)
     resolution = resolve_hardware(served, hardware, request.tp)
     per_tokens = _pairs(config, request, resolution.model)
-    items: list[ScenarioIn] = [_item(pair, hardware) for pairs in per_tokens for pair in pairs]
+    model = resolution.model
+    measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
+    items: list[ScenarioIn] = [_item(pair, hardware, request.mode) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
+
+    def pair_score(pair: LayerPair) -> PairScore:
+        reason = model.unmeasured(pair.scenario.op)
+        return _unmeasured_score(pair, reason) if reason else _pair_score(pair, next(recs))
+
     data = [
-        _token_score(tokens, [_pair_score(pair, next(recs)) for pair in pairs], config.num_hidden_layers)
+        _token_score(tokens, [pair_score(pair) for pair in pairs])
         for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
     ]
     return ScorePublic(
@@ -151,6 +193,7 @@ def score_model(
         layers=config.num_hidden_layers,
         tp=request.tp,
         dtype=request.dtype,
+        mode=request.mode,
         model_version=resolution.model.version,
         hardware_id=resolution.model.profile.id,
         requested_hardware=resolution.requested,
@@ -160,3 +203,30 @@ def score_model(
         data=data,
         count=len(data),
     )
+
+
+def score_models(
+    served: Mapping[str, ServedModel], request: ScoreBatchRequest, *, default_hardware: str
+) -> ScoresPublic:
+    """Score every config of ``request`` alike (``score_model`` each); errors are located at
+    ``body.configs.<i>`` and gathered over all configs into one ``InvalidFieldsError``."""
+    settings = request.model_dump(exclude={"configs"})
+    data, errors = [], []
+    for i, named in enumerate(request.configs):
+        one = ScoreRequest.model_construct(**settings, config=named.config, name=named.name)
+        try:
+            data.append(score_model(served, one, default_hardware=default_hardware))
+        except InvalidFieldsError as err:
+            errors += [_in_batch(e, i) for e in err.errors]
+    if errors:
+        raise InvalidFieldsError(errors)
+    return ScoresPublic(data=data, count=len(data))
+
+
+def _in_batch(error: dict[str, object], i: int) -> dict[str, object]:
+    """A one-config error moved to config ``i`` of a batch (``body.config`` -> ``body.configs.i.config``)."""
+    loc = list(error["loc"])  # type: ignore[call-overload]
+    if loc[:2] != ["body", "config"]:
+        return error
+    loc = ["body", "configs", i, *loc[1:]]
+    return {**error, "loc": loc, "field": ".".join(str(part) for part in loc[1:])}

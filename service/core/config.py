@@ -1,30 +1,67 @@
-"""Service settings: one pydantic-settings class read from ``FICCO_*`` environment variables.
+"""Service settings: pydantic-settings classes read from ``FICCO_*`` environment variables.
 
-Precedence: command-line options of ``ficco serve`` > environment > the defaults below.
+``ModelSettings`` is what answering needs (registry, hardware, threads): ``ficco recommend`` and
+``ficco score`` read only it, so a bad server-only variable (``FICCO_PORT``) does not break them.
+``Settings`` adds the server's. Nothing is read at import: ``load_settings`` reads the environment and
+turns a bad value into one ``SettingsError`` line naming the variable.
+
+Precedence: command-line options > environment > the defaults below.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ficco.features import DEFAULT_HARDWARE_ID
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_TOKEN_CHARS = 16
+ENV_PREFIX = "FICCO_"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (or, installed, the ``ficco`` package directory): where ``datasets/`` is looked for."""
 
 
-class Settings(BaseSettings):
-    """Everything the service reads from its environment (``FICCO_MODEL_ROOT``, ``FICCO_PORT``, ...)."""
+def _default_model_root() -> Path:
+    """The registry ``ficco train``/``report``/``retrain`` use: ``training.registry.default_model_root``."""
+    from ficco.training.registry import default_model_root
 
-    model_config = SettingsConfigDict(env_prefix="FICCO_", extra="ignore", frozen=True)
+    return default_model_root()
 
-    MODEL_ROOT: Path = Path("models")
-    """Model registry root: ``<root>/<hardware_id>/<version>/`` and ``<root>/<hardware_id>/CURRENT``."""
+
+class SettingsError(ValueError):
+    """A setting with a bad value; the message is one line naming the variable (and option)."""
+
+
+class ModelSettings(BaseSettings):
+    """What answering reads from the environment: the registry, the default hardware, threads, cache."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    MODEL_ROOT: Path = Field(default_factory=_default_model_root)
+    """Model registry root: ``<root>/<hardware_id>/<version>/`` and ``<root>/<hardware_id>/CURRENT``.
+    Default: ``models/`` at the repository root, the same registry ``ficco train`` writes, from any
+    directory."""
     DEFAULT_HARDWARE: str = DEFAULT_HARDWARE_ID
     """Hardware id used when a request names none, and the model ``ficco serve`` makes sure exists."""
-    DATASET_ROOT: Path = Path("datasets")
+    DATASET_ROOT: Path = REPO_ROOT / "datasets"
     """Shipped datasets: ``ficco serve`` trains ``<root>/<DEFAULT_HARDWARE>`` when the registry is empty."""
+    PREDICT_THREADS: int = Field(default=1, ge=1, le=256)
+    """XGBoost threads per prediction. 1 suits single-scenario requests: a second thread gains nothing on
+    one row and, on a busy 2-core machine, waits to be scheduled (10x the latency, measured)."""
+    BATCH_THREADS: int = Field(default=1, ge=1, le=64)
+    """Threads a large batch (>= 2,048 new scenarios) is split over. 1 on a 2-core server keeps a core for
+    single requests while batches run; more cuts a lone batch's time when isolation matters less."""
+    CACHE_SIZE: int = Field(default=4096, ge=0)
+    """Recommendations remembered per loaded model (LRU, keyed by the request's scenario); 0 = off."""
+    LOG_LEVEL: str = "info"
+    """Log level of the ``service`` loggers and uvicorn."""
+
+
+class Settings(ModelSettings):
+    """Everything the server reads from its environment (``FICCO_MODEL_ROOT``, ``FICCO_PORT``, ...)."""
+
     HOST: str = "127.0.0.1"
     """Interface uvicorn binds (the container uses 0.0.0.0)."""
     PORT: int = Field(default=8000, ge=1, le=65535)
@@ -37,15 +74,20 @@ class Settings(BaseSettings):
     """Bearer token for ``POST /v1/models/reload``; unset turns the endpoint off (404)."""
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
-    PREDICT_THREADS: int = Field(default=1, ge=1, le=256)
-    """XGBoost threads per prediction. 1 suits single-scenario requests: a second thread gains nothing on
-    one row and, on a busy 2-core machine, waits to be scheduled (10x the latency, measured)."""
-    BATCH_THREADS: int = Field(default=2, ge=1, le=64)
-    """Threads a large batch (>= 2,048 new scenarios) is split over; the machine's cores is a good value."""
-    CACHE_SIZE: int = Field(default=4096, ge=0)
-    """Recommendations remembered per loaded model (LRU, keyed by the request's scenario); 0 = off."""
-    LOG_LEVEL: str = "info"
-    """Log level of the ``service`` loggers and uvicorn."""
+    BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
+    """Batches answered at once, each in one worker thread. 1 keeps a core of a 2-core machine for single
+    requests while batches arrive back to back."""
+    BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
+    """Batches that may wait for a slot; more get 429 with Retry-After."""
+    BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
+    """The Retry-After (seconds) of a 429."""
+    GIL_SWITCH_INTERVAL_S: float = Field(default=0.0005, gt=0.0, le=0.1)
+    """``sys.setswitchinterval`` of the server process: how long a batch's worker thread may hold the GIL
+    before the event loop gets it. Python's 5 ms default lets each loop step of a single request wait
+    up to 5 ms behind a running batch (p50 62 ms at 200 req/s beside batches, measured; 0.2 ms: 15 ms)."""
+    HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
+    """Seconds a connection may take to send a request's headers (after opening, or after its previous
+    response) before it is closed: half-open connections do not hold the server's sockets forever."""
     ACCESS_LOG: bool = False
     """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
     endpoint and status, and a line per request is a write system call on every request."""
@@ -61,5 +103,21 @@ class Settings(BaseSettings):
         return value
 
 
-settings = Settings()
-"""The process-wide settings; ``service.main.create_app`` and the commands accept a replacement."""
+S = TypeVar("S", bound=ModelSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """``cls`` from the environment with the given ``overrides`` (command-line options; None = not given).
+
+    Raises ``SettingsError`` naming the first bad variable, e.g. ``FICCO_PORT (--port): Input should be a
+    valid integer (got 'abc')``.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return cls(**given)
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        option = f" (--{name.lower().replace('_', '-')})" if name in given else ""
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"{ENV_PREFIX}{name}{option}: {msg} (got {first.get('input')!r})") from None

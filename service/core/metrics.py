@@ -12,6 +12,9 @@ from ficco.service.core.store import ModelStore
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+CLIENT_CLOSED = 499
+"""Status counted for a request whose client disconnected before any answer (nginx's convention)."""
+
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Histogram buckets, seconds: fine below 5 ms, where a single recommendation should land."""
 
@@ -74,6 +77,13 @@ class MetricsMiddleware:
             return
         start, status = time.perf_counter(), 500
 
+        async def watch_receive() -> Message:
+            nonlocal status
+            message = await receive()
+            if message["type"] == "http.disconnect" and status == 500:
+                status = CLIENT_CLOSED  # the client left before an answer: not a server error
+            return message
+
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
@@ -81,7 +91,7 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, watch_receive, send_status)
         finally:
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unrouted"

@@ -8,12 +8,14 @@ a reload builds the new mapping and swaps it in with one reference assignment.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+import inspect
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.service.schemas import MODES
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,18 @@ class Predictor(Protocol):
     hardware_id: str
     card: dict
 
-    def recommend(self, scenarios: Sequence[Scenario]) -> list[Any]: ...
+    def recommend(self, scenarios: Sequence[Scenario], mode: str = "eager") -> list[Any]: ...
+
+
+# ADAPTER (remove once training's predictor v2 has landed: every predictor then takes ``mode``).
+def predict_fn(predictor: Predictor, mode: str) -> Callable[[Sequence[Scenario]], list[Any]]:
+    """``scenarios -> predictor.recommend(scenarios, mode=mode)``; a predictor whose ``recommend`` takes
+    no ``mode`` (before predictor v2) is called without it, so it answers as for eager execution."""
+    if "mode" in inspect.signature(predictor.recommend).parameters:
+        return functools.partial(predictor.recommend, mode=mode)
+    if mode != "eager":
+        log.debug("%s takes no mode: answering %s requests as eager", type(predictor).__name__, mode)
+    return predictor.recommend
 
 
 class RecommendationCache:
@@ -75,8 +89,8 @@ class ServedModel:
     """The profile scenarios are built on when this model answers."""
     cache: RecommendationCache
     """Answers of this model, keyed by scenario; dropped with the model on a reload."""
-    batcher: MicroBatcher
-    """Shares this model's prediction calls between concurrent single-scenario requests."""
+    batchers: Mapping[str, MicroBatcher]
+    """Per execution mode: shares this model's prediction calls between concurrent single requests."""
     bulk: Executor
     """Threads a large list of scenarios is split over (``recommend_many``)."""
     bulk_threads: int = 1
@@ -88,9 +102,21 @@ class ServedModel:
     def version(self) -> str:
         return self.predictor.version
 
-    def recommend_many(self, scenarios: Sequence[Scenario]) -> list[Any]:
-        """The predictor's answers for ``scenarios``; a large list is split over ``bulk_threads`` threads."""
-        return predict_split(self.predictor.recommend, scenarios, self.bulk, parts=self.bulk_threads)
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The ops this model has measured data for (``trained_ops``)."""
+        return trained_ops(self.predictor)
+
+    def unmeasured(self, op: str) -> str | None:
+        """None when this model has measured data for ``op``; else the message saying it has not."""
+        if op in self.ops:
+            return None
+        return f"no measured data for op {op!r} on {self.profile.id}; measured ops: {list(self.ops)}"
+
+    def recommend_many(self, scenarios: Sequence[Scenario], mode: str) -> list[Any]:
+        """The predictor's answers for ``scenarios`` run in ``mode``; a large list is split over
+        ``bulk_threads`` threads."""
+        return predict_split(predict_fn(self.predictor, mode), scenarios, self.bulk, parts=self.bulk_threads)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,6 +187,19 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
             f"{hardware_id}'s ({requested.hbm_gbps:g}/{requested.link_gbps:g} GB/s)"
         )
     return Resolution(model=best, requested=hardware_id, substitution=reason)
+
+
+DENSE_OPS = ("ag_gemm", "gemm_rs")
+"""The ops a model is taken to be trained on when its card does not list ``ops``."""
+
+
+def trained_ops(predictor: Predictor) -> tuple[str, ...]:
+    """The ops ``predictor`` has measured data for: its card's ``ops`` when present, else ``DENSE_OPS``.
+
+    Other ops are refused, never extrapolated (a model with no MoE row has nothing to say about MoE).
+    """
+    ops = predictor.card.get("ops")
+    return tuple(ops) if ops else DENSE_OPS
 
 
 def set_threads(predictor: Predictor, threads: int) -> None:
@@ -262,6 +301,7 @@ class ModelStore:
                 served = self._served.get(hw)
                 if not force and served is not None and served.version == version:
                     outcomes[hw] = f"unchanged {version}"
+                    self._clear_error(hw)  # e.g. CURRENT rolled back to the version still serving
                     continue
                 if not force and self._failed.get(hw) == version:
                     outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
@@ -280,7 +320,7 @@ class ModelStore:
                 predictor=predictor,
                 profile=profile,
                 cache=RecommendationCache(self.cache_size),
-                batcher=MicroBatcher(predictor.recommend, self._executor),
+                batchers={mode: MicroBatcher(predict_fn(predictor, mode), self._executor) for mode in MODES},
                 bulk=self._bulk,
                 bulk_threads=self.bulk_threads,
             )
@@ -291,14 +331,28 @@ class ModelStore:
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return f"failed {version}: {err}"
         self._served = {**self._served, hw: model}  # the atomic swap
-        self._failed.pop(hw, None)
-        self._errors.pop(hw, None)
+        self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
         return f"loaded {version}"
 
     def _record_error(self, key: str, message: str) -> None:
-        self._errors[key] = message
+        """Log ``message`` and keep it for /readyz with the registry's location hidden (``public_path``)."""
         log.error("model reload: %s", message)
+        self._errors[key] = self.public_path(message)
+
+    def _clear_error(self, hw: str) -> None:
+        self._failed.pop(hw, None)
+        if self._errors.pop(hw, None) is not None:
+            log.info("%s: the last reload error is cleared (serving %s)", hw, self._served[hw].version)
+
+    def public_path(self, text: str) -> str:
+        """``text`` with the registry's absolute location replaced by ``$FICCO_MODEL_ROOT`` (shown to any
+        client, it would tell them the server's file layout)."""
+        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len)[
+            ::-1
+        ]:
+            text = text.replace(root, "$FICCO_MODEL_ROOT")
+        return text
 
     def close(self) -> None:
         """Stop the prediction threads once the predictions in flight finish."""

@@ -18,3 +18,9 @@ MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": UnknownHardwarePublic, "description": "No loaded model can answer this hardware id."},
     503: {"model": ErrorPublic, "description": "No model is loaded yet."},
 }
+BUSY_ERRORS: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorPublic,
+        "description": "Too many batches running or waiting; retry after the Retry-After header's seconds.",
+    },
+}

@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 from ficco.features import get_hardware
-from ficco.features.model_config import ModelConfig, layer_pairs, load_model_config, load_model_configs
+from ficco.features.model_config import (
+    ModelConfig,
+    config_paths,
+    layer_pairs,
+    load_model_config,
+    load_model_configs,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 LLAMA_8B = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
@@ -69,20 +75,6 @@ def test_from_hf_dict_bad_value_names_key(value):
         ModelConfig.from_hf_dict("x", {**LLAMA_8B, "hidden_size": value})
 
 
-def test_from_hf_dict_unsupported_shared_experts_rejected():
-    with pytest.raises(ValueError, match=r"'n_shared_experts'=2 is not supported"):
-        ModelConfig.from_hf_dict(
-            "x", {**LLAMA_8B, "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2}
-        )
-
-
-def test_from_hf_dict_disagreeing_expert_counts_rejected():
-    with pytest.raises(ValueError, match="different expert counts"):
-        ModelConfig.from_hf_dict(
-            "x", {**LLAMA_8B, "num_local_experts": 8, "num_experts": 16, "num_experts_per_tok": 2}
-        )
-
-
 def test_from_hf_dict_head_dim_needed_when_hidden_not_divisible():
     with pytest.raises(ValueError, match="has no 'head_dim'"):
         ModelConfig.from_hf_dict("x", {**LLAMA_8B, "num_attention_heads": 3, "num_key_value_heads": 3})
@@ -125,10 +117,16 @@ def test_layer_pairs_moe_uses_expert_shapes_and_tokens_per_rank():
     assert (combine.m, combine.n, combine.k) == (2048, 2048, 768)
 
 
-def test_layer_pairs_replicates_kv_heads_when_fewer_than_ranks():
+def test_layer_pairs_vllm_layout_replicates_kv_heads_when_fewer_than_ranks():
     config = load_model_config(CONFIGS / "Qwen3-30B-A3B.json")  # 32 query heads, 4 KV heads
-    qkv = layer_pairs(config, tp=8, tokens=8192, hardware=get_hardware("h200x8"))[0].scenario
-    assert qkv.n == (32 // 8 + 2 * 1) * 128
+    qkv = layer_pairs(config, tp=8, tokens=8192, hardware=get_hardware("h200x8"), kv_layout="vllm")[0]
+    assert qkv.scenario.n == (32 // 8 + 2 * 1) * 128
+
+
+def test_layer_pairs_megatron_layout_is_default_and_refuses_fewer_kv_heads_than_ranks():
+    config = load_model_config(CONFIGS / "Qwen3-30B-A3B.json")
+    with pytest.raises(ValueError, match=r"num_key_value_heads=4 must be a multiple of tp=8 .*'megatron'"):
+        layer_pairs(config, tp=8, tokens=8192, hardware=get_hardware("h200x8"))
 
 
 @pytest.mark.parametrize(
@@ -142,3 +140,118 @@ def test_layer_pairs_replicates_kv_heads_when_fewer_than_ranks():
 def test_layer_pairs_errors_name_model_and_rule(name, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         layer_pairs(load_model_config(CONFIGS / f"{name}.json"), **kwargs)
+
+
+# Complete config.json files as published (tests/features/configs), read by model_type.
+HF = Path(__file__).resolve().parent / "configs"
+H8 = get_hardware("h200x8")
+
+
+def _shapes(name: str, tp: int = 8, tokens: int = 8192, **kw) -> dict[str, tuple]:
+    pairs = layer_pairs(load_model_config(HF / name), tp=tp, tokens=tokens, hardware=H8, **kw)
+    return {p.name: (p.scenario.op, p.scenario.m, p.scenario.n, p.scenario.k, p.layers) for p in pairs}
+
+
+def test_every_published_config_is_read_by_its_model_type():
+    types = {c.model_type for c in load_model_configs(HF)}
+    assert types >= {
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3_text",
+        "phi3", "cohere", "internlm2", "deepseek_v2", "deepseek_v3", "gpt_oss", "granite", "olmo2",
+    }  # fmt: skip
+
+
+def test_a_folder_holding_config_json_is_one_model_named_by_the_folder():
+    assert config_paths(HF / "DeepSeek-V3") == [HF / "DeepSeek-V3" / "config.json"]
+    assert load_model_config(HF / "DeepSeek-V3").name == "DeepSeek-V3"
+    assert HF / "DeepSeek-V3" / "config.json" in config_paths(HF)
+
+
+def test_deepseek_v3_mla_shared_expert_and_dense_first_layers():
+    # q_lora 1536 + kv_lora 512 + rope 64 = 2112 (replicated down projections); attn out 128/8 heads * v 128;
+    # first_k_dense_replace=3 dense layers of 18432; 58 MoE layers with one shared expert of 2048.
+    assert _shapes("DeepSeek-V3") == {
+        "qkv": ("ag_gemm", 8192, 2112, 7168, 61),
+        "attn_out": ("gemm_rs", 8192, 7168, 2048, 61),
+        "mlp_up": ("ag_gemm", 8192, 2 * 18432 // 8, 7168, 3),
+        "mlp_down": ("gemm_rs", 8192, 7168, 18432 // 8, 3),
+        "moe_dispatch": ("a2a_gemm", 1024, 4096, 7168, 58),
+        "moe_combine": ("gemm_a2a", 1024, 7168, 2048, 58),
+        "shared_up": ("ag_gemm", 8192, 2 * 2048 // 8, 7168, 58),
+        "shared_down": ("gemm_rs", 8192, 7168, 2048 // 8, 58),
+    }
+
+
+def test_deepseek_v2_lite_without_q_lora_projects_the_query_directly():
+    # 16/8 heads * (nope 128 + rope 64) = 384, + kv_lora 512 + rope 64 = 960; 2 shared experts of 1408.
+    shapes = _shapes("DeepSeek-V2-Lite.json")
+    assert shapes["qkv"][2] == 960
+    assert shapes["shared_up"][2] == 2 * 2 * 1408 // 8
+    assert shapes["mlp_up"][4] == 1 and shapes["moe_dispatch"][4] == 26
+
+
+def test_cohere_parallel_block_is_one_pair_each_way():
+    # 64 heads, 64 KV heads at tp=8: QKV (8 + 16) * 128 = 3072, + gate/up 2 * 22528 / 8 = 5632.
+    assert _shapes("c4ai-command-r-v01.json") == {
+        "qkv_mlp_up": ("ag_gemm", 8192, 3072 + 5632, 8192, 40),
+        "attn_mlp_out": ("gemm_rs", 8192, 8192, 1024 + 2816, 40),
+    }
+
+
+def test_plain_mlp_has_half_the_up_width_of_a_gated_one():
+    plain = load_model_config(HF / "starcoder2-15b.json")
+    assert not plain.gated_mlp
+    shapes = _shapes("starcoder2-15b.json", tp=4)
+    assert shapes["mlp_up"][2] == 24576 // 4 == shapes["mlp_down"][3]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gpt-oss-120b.json", (128, 4, 2880, 0, 0)),  # experts_per_token; expert width = intermediate_size
+        ("Qwen1.5-MoE-A2.7B.json", (60, 4, 1408, 5632, 0)),  # shared_expert_intermediate_size
+        ("Qwen3-235B-A22B.json", (128, 8, 1536, 0, 0)),
+        ("Mixtral-8x7B-Instruct-v0.1.json", (8, 2, 14336, 0, 0)),
+    ],
+)
+def test_moe_families_read_their_own_keys(name, expected):
+    c = load_model_config(HF / name)
+    got = (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.shared_intermediate_size)
+    assert (*got, c.dense_layers) == expected
+
+
+def test_gemma3_reads_the_language_model_of_the_multimodal_config():
+    c = load_model_config(HF / "gemma-3-27b-it.json")
+    assert (c.model_type, c.hidden_size, c.head_dim, c.num_hidden_layers) == ("gemma3_text", 5376, 128, 62)
+
+
+def test_qwen_sparse_step_and_mlp_only_layers_count_dense_layers():
+    data = json.loads((HF / "Qwen3-235B-A22B.json").read_text())
+    c = ModelConfig.from_hf_dict("q", {**data, "decoder_sparse_step": 2, "mlp_only_layers": [1, 2]})
+    assert c.dense_layers == 94 - (47 - 1)  # layers 1, 3, 5, ... are MoE; layer 1 is listed dense
+
+
+def test_unknown_model_type_names_what_ficco_would_need():
+    data = json.loads((HF / "Meta-Llama-3.1-8B-Instruct.json").read_text())
+    with pytest.raises(ValueError, match=r"model_type 'falcon'.*ficco would need: hidden_size.*gated"):
+        ModelConfig.from_hf_dict("f", {**data, "model_type": "falcon"})
+
+
+def test_a_key_is_ignored_per_family_not_globally():
+    # Granite's multipliers do not change shapes of a Granite layer, but mean nothing to a Llama one.
+    data = json.loads((HF / "Meta-Llama-3.1-8B-Instruct.json").read_text())
+    with pytest.raises(
+        ValueError, match=r"unknown key\(s\) \['residual_multiplier'\] for model_type 'llama'"
+    ):
+        ModelConfig.from_hf_dict("l", {**data, "residual_multiplier": 0.22})
+
+
+def test_mla_config_missing_a_head_dim_names_it():
+    data = json.loads((HF / "DeepSeek-V3" / "config.json").read_text())
+    del data["v_head_dim"]
+    with pytest.raises(ValueError, match="missing the required key 'v_head_dim'"):
+        ModelConfig.from_hf_dict("d", data)
+
+
+def test_bad_kv_layout_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"kv_layout must be one of \['megatron', 'vllm'\]; got 'tgi'"):
+        _shapes("Meta-Llama-3.1-8B-Instruct.json", kv_layout="tgi")

@@ -69,6 +69,16 @@ def test_bench_refuses_existing_dataset_without_resume(app, tiny_configs, tmp_pa
     assert len(read_manifest(tmp_path / "ds")["finished"]) == 7
 
 
+def test_bench_resume_with_other_plan_settings_is_refused_naming_them(app, tiny_configs, tmp_path):
+    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--limit", "2")).exit_code == 0
+    plan_before = (tmp_path / "ds" / "plan.json").read_text()
+    args = [a if a != "3" else "5" for a in _small(tiny_configs, tmp_path / "ds", "--resume", "--seed", "7")]
+    result = _bench(app, *args)
+    assert result.exit_code == 2, result.output
+    assert "--grid 5 (the dataset's: 3)" in result.output and "--seed 7 (the dataset's: 0)" in result.output
+    assert (tmp_path / "ds" / "plan.json").read_text() == plan_before
+
+
 def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
     _bench(app, *_small(tiny_configs, tmp_path / "ds"))
     (tmp_path / "ds" / "card.md").unlink()
@@ -105,7 +115,8 @@ def test_bench_bad_options_name_value_and_range(app, tiny_configs, tmp_path, arg
 
 def test_bench_bad_configs_directory_is_named(app, tmp_path):
     result = _bench(app, "--backend", "sim", "--configs", tmp_path, "--out", tmp_path / "ds")
-    assert result.exit_code == 2 and f"no model configs (*.json) in {tmp_path}" in result.output
+    assert result.exit_code == 2
+    assert f"no model configs (*.json or */config.json) in {tmp_path}" in result.output
 
 
 def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path):

@@ -100,7 +100,7 @@ def test_dockerfile_runs_documented_command_as_non_root_with_healthcheck():
     users = [args for word, args in final if word == "USER"]
     assert users and users[-1] not in ("root", "0")
     healthcheck = " ".join(args for word, args in final if word == "HEALTHCHECK")
-    assert "/healthz" in healthcheck and "8000" in healthcheck
+    assert "/readyz" in healthcheck and "8000" in healthcheck
 
 
 def test_dockerfile_installs_service_extra_without_torch():
@@ -121,3 +121,8 @@ def test_dockerfile_installs_service_extra_without_torch():
             elif not nested:
                 requirements.append(req)
     assert not [r for r in requirements if r.lower().startswith("torch")], requirements
+
+
+def test_healthcheck_probes_readiness_not_liveness():
+    (check,) = [rest for word, rest in _instructions() if word == "HEALTHCHECK"]
+    assert "/readyz" in check and "/healthz" not in check

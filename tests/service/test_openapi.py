@@ -34,7 +34,8 @@ def test_api_never_answers_5xx(api_schema):
     # schemathesis.pytest.from_fixture needs pytest internals that pytest 9 removed; drive hypothesis directly
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert {op.label for op in operations} == {
-        "POST /v1/recommend", "POST /v1/recommend/batch", "POST /v1/score", "GET /v1/models",
+        "POST /v1/recommend", "POST /v1/recommend/batch", "POST /v1/score", "POST /v1/score/batch",
+        "GET /v1/models",
         "POST /v1/models/reload", "GET /healthz", "GET /readyz", "GET /metrics",
     }  # fmt: skip
     for operation in operations:

@@ -162,7 +162,6 @@ def test_recommend_batch_equals_one_by_one(registry_root, start):
         GOOD,
         {"op": "gemm_rs", "m": 2048, "n": 4096, "k": 1792, "dtype": "fp16"},
         {"op": "ag_gemm", "m": 512, "n": 1024, "k": 8192, "hardware": "h100x4"},
-        {"op": "a2a_gemm", "m": 1024, "n": 4096, "k": 4096, "experts": 8, "top_k": 2, "imbalance": 1.5},
         {"op": "gemm_rs", "m": 98304, "n": 8192, "k": 3584, "dtype": "fp32"},
     ]
     with start(registry_root, CACHE_SIZE=0) as client:  # no cache: every answer is computed afresh

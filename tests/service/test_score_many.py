@@ -1,0 +1,84 @@
+"""Many model configs in one call: ``ficco score`` over files, a folder and a model folder holding
+config.json, and POST /v1/score/batch (issue 15, config files as downloaded)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ficco.cli import app
+
+HF = Path(__file__).resolve().parents[1] / "features" / "configs"
+runner = CliRunner()
+
+
+def _score(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["score", *args])
+    return result.exit_code, result.output
+
+
+def test_score_many_files_and_a_model_folder_in_one_csv(registry_root, tmp_path):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name in ("Qwen3-8B.json", "granite-3.1-8b-instruct.json"):
+        (folder / name).write_text((HF / name).read_text())
+    args = [str(HF / "c4ai-command-r-v01.json"), str(folder), str(HF / "DeepSeek-V3")]
+    code, text = _score(*args, "--format", "csv", "--model-root", str(registry_root))
+    assert code == 0, text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    assert models == ["c4ai-command-r-v01", "Qwen3-8B", "granite-3.1-8b-instruct", "DeepSeek-V3"]
+    cohere = [r["pair"] for r in rows if r["model"] == "c4ai-command-r-v01"]
+    assert cohere == ["qkv_mlp_up", "attn_mlp_out"]
+
+
+def test_score_many_json_is_the_batch_answer_and_table_has_a_block_each(registry_root, client):
+    paths = [HF / "Qwen3-8B.json", HF / "OLMo-2-1124-7B.json"]
+    code, text = _score(*map(str, paths), "--format", "json", "--model-root", str(registry_root))
+    assert code == 0, text
+    body = {
+        "configs": [{"name": p.stem, "config": json.loads(p.read_text())} for p in paths],
+        "tp": 2,
+        "tokens": [4096],
+    }
+    response = client.post("/v1/score/batch", json=body)
+    assert response.status_code == 200, response.text
+    assert json.loads(text) == response.json()
+    assert [d["model"] for d in response.json()["data"]] == ["Qwen3-8B", "OLMo-2-1124-7B"]
+    code, table = _score(*map(str, paths), "--model-root", str(registry_root))
+    assert code == 0 and table.count("layers, tp=2") == 2
+    assert "parallel attention+MLP block" not in table
+
+
+def test_score_table_says_how_a_parallel_block_is_scored(registry_root):
+    code, table = _score(str(HF / "c4ai-command-r-v01.json"), "--model-root", str(registry_root))
+    assert code == 0, table
+    assert "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up" in table
+
+
+def test_score_batch_error_names_the_config_it_is_in(client):
+    good = json.loads((HF / "Qwen3-8B.json").read_text())
+    body = {
+        "configs": [{"config": good}, {"config": {**good, "model_type": "falcon"}}],
+        "tp": 2,
+        "tokens": [4096],
+    }
+    response = client.post("/v1/score/batch", json=body)
+    assert response.status_code == 422
+    fields = [e["field"] for e in response.json()["detail"]]
+    assert fields == ["configs.1.config"], response.json()
+
+
+def test_score_kv_layout_option_replicates_or_refuses(registry_root, tmp_path):
+    # starcoder2-15b has 4 KV heads; at tp=2 both layouts split them, so use a 1-KV-head copy.
+    data = json.loads((HF / "starcoder2-15b.json").read_text())
+    path = tmp_path / "mqa.json"
+    path.write_text(json.dumps({**data, "num_key_value_heads": 1}))
+    code, out = _score(str(path), "--model-root", str(registry_root))
+    assert code == 2 and "kv_layout='megatron'" in out
+    code, out = _score(str(path), "--kv-layout", "vllm", "--model-root", str(registry_root))
+    assert code == 0, out
