@@ -26,7 +26,7 @@ from ficco.training.baselines import FIXED, baseline_picks
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import score, score_times
-from ficco.training.model import MODES, SCHEDULE_INDEX, pair_costs
+from ficco.training.model import MODES, pair_costs
 from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
 from ficco.training.table import ScheduleTable
 
@@ -144,7 +144,7 @@ def split_summary(
     seed: int,
     n_jobs: int,
 ) -> dict[str, Any]:
-    """Per mode of ``test``: every picker trained on ``train`` (baselines on ``train``'s rows of that mode)."""
+    """Per mode of ``test``: every picker trained on ``train`` (baselines on its rows of that mode)."""
     model = fit_and_pick(train, test, choice, seed=seed, n_jobs=n_jobs)
     out = {}
     for mode in sorted(set(test.modes)):
@@ -206,9 +206,9 @@ def evaluate(
                 "without_fallback": score(sub, cv.raw[on]),
             },
         }
-        fh = family_holdout
-        log.info("%s family holdout: model geomean regret %.4f, ceiling %s", mode, fh["model"]["geomean_regret"],
-                 fh.get("ceiling", {}).get("geomean_regret"))  # fmt: skip
+        ceiling = family_holdout.get("ceiling", {}).get("geomean_regret")
+        model = family_holdout["model"]["geomean_regret"]
+        log.info("%s family holdout: model geomean regret %.4f, ceiling %s", mode, model, ceiling)
     summary = {
         "modes": modes,
         "pickers": BASELINE_NOTES,

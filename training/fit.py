@@ -40,11 +40,16 @@ class TrainConfig:
         return f"{self.objective},d{self.max_depth},n{self.n_estimators},lr{self.learning_rate:g}"
 
 
-RATIO_CONFIG = TrainConfig(objective="ratio")
+RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=5, n_estimators=100, learning_rate=0.15)
 """The time-ratio regressor: a candidate pick model, and the fallback's source of predicted gain."""
-CONFIG_GRID: tuple[TrainConfig, ...] = (RATIO_CONFIG, TrainConfig(objective="rank"))
+CONFIG_GRID: tuple[TrainConfig, ...] = (
+    RATIO_CONFIG,
+    TrainConfig(objective="rank", max_depth=4, n_estimators=100, learning_rate=0.2),
+)
 """Candidates for cross-validation, the regressor first (ties in the selection go to it: it alone also
-gives the fallback its time ratio)."""
+gives the fallback its time ratio). Sizes from a sweep on the committed h200x2 data (reports/
+predictor-v2-cv.md): for each objective the best held-out loss among depth 4-6 and 60-150 rounds, and no
+more than 100 trees, which keeps the fast path's single decision near 100 us."""
 
 
 def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,6 +1,7 @@
 """The schedule table: a measured dataset reshaped to one row per (scenario, mode), the form training needs.
 
-Rows are (scenario, execution mode) pairs; the columns of ``times_ms`` are every schedule of the design space in canonical order
+Rows are (scenario, execution mode) pairs; the columns of ``times_ms`` are every schedule of the design
+space in canonical order
 (``training.model.SCHEDULES``, serial/sm first), NaN where the schedule was not measured, failed or
 cannot run the scenario. The label of a scenario is its fastest measured schedule (ties: canonical
 order, so serial wins a tie).
@@ -38,7 +39,7 @@ class ScheduleTable:
     times_ms: np.ndarray
     """Median time of each schedule, ms, float64 ``[n, S]``; NaN = no successful measurement."""
     in_best: np.ndarray
-    """Whether each schedule is inside the row's best set (cannot be told from the fastest), bool ``[n, S]``."""
+    """Whether each schedule is in the row's best set (cannot be told from the fastest), bool ``[n, S]``."""
     async_tp_ms: np.ndarray
     """PyTorch async-TP's time on the row's scenario and mode, ms ``[n]`` (NaN: not measured)."""
     dropped: dict[str, int] = field(default_factory=dict)
