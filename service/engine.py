@@ -34,7 +34,8 @@ def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
     """
     return RecommendationPublic.model_construct(
         schedule=rec.schedule,
-        probabilities=rec.probabilities,
+        mode=rec.mode,
+        predicted_speedups=rec.predicted_speedups,
         predicted_speedup=rec.predicted_speedup,
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,

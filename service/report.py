@@ -110,13 +110,13 @@ def score_csv(result: ScorePublic) -> str:
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
-    """The schedule, speedup and fallback, then the ``top`` most probable schedules."""
+    """The schedule, speedup and fallback, then the ``top`` schedules of highest predicted speedup."""
     lines = [
         f"schedule: {rec.schedule}",
         f"predicted speedup over serial: {_num(rec.predicted_speedup, 3)}",
         f"fallback: {'yes: ' + (rec.fallback_reason or '') if rec.fallback else 'no'}",
         _served_line(rec),
     ]
-    ranked = sorted(rec.probabilities.items(), key=lambda kv: -kv[1])[:top]
+    ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])[:top]
     rows = [[name, f"{p:.3f}"] for name, p in ranked]
-    return "\n".join(lines) + "\n" + _table(["schedule", "probability"], rows)
+    return "\n".join(lines) + "\n" + _table(["schedule", "predicted speedup"], rows)

@@ -165,7 +165,7 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
 
 def set_threads(predictor: Predictor, threads: int) -> None:
     """Make the fitted boosters (``booster_``) of ``predictor``'s estimators use ``threads`` threads."""
-    for name in ("classifier", "regressor"):
+    for name in ("scorer", "ratio"):
         estimator = getattr(predictor, name, None)
         if estimator is not None:
             estimator.booster_.set_param({"nthread": threads})
