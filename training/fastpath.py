@@ -1,34 +1,48 @@
 """The fast inference path: XGBoost forests compiled into flat numpy arrays, every tree walked at once.
 
 The reference path is ``xgboost.Booster.inplace_predict``; it costs a few hundred microseconds per call
-whatever the batch, which dominates a single-scenario decision (about 30 pairs). Here the forest, read
-from the booster's JSON dump, becomes one array per node field with the nodes of every tree numbered so
-that a split's two children are adjacent (right = left + 1), and a leaf points to itself with an
-infinite threshold. One step moves every (pair, tree) cursor one level down::
+whatever the batch, which dominates a single-scenario decision (about 30 pairs). Here:
 
-    node = left[node] + (x[pair, feature[node]] >= threshold[node])
+1. Specialisation: a pair is (scenario features, schedule fields, mode), and a scenario is paired with at
+   most ``S`` schedules in one mode. For each (schedule, mode), every split on a schedule or mode column
+   is resolved at compile time, leaving trees over the scenario features only; identical pruned trees
+   are kept once. On the h200x2 model the 2 x 100 trees x 30 schedules (6,000 tree walks per decision)
+   become about 2,000 distinct trees per mode.
+2. Walking: the distinct trees become one array per node field, the nodes of every tree numbered so that
+   a split's two children are adjacent (right = left + 1), a leaf pointing to itself with an infinite
+   threshold. One step moves every (scenario, tree) cursor one level down::
 
-and after ``max_depth`` steps every cursor rests on its leaf. ``tests/training/test_fastpath.py`` checks
-that the picks equal the reference path's on a whole dataset; ``benchmarks/predict_fastpath.py`` times it.
+       node = left[node] + (x[scenario, feature[node]] >= threshold[node])
+
+   and after ``depth`` steps every cursor rests on its leaf (XGBoost goes right when ``x >= threshold``).
+3. Summing: the leaf values ``[n, U]`` times a count matrix ``[U, S * G]`` (how often each distinct tree
+   stands for a tree of booster ``g`` under schedule ``s``) plus each booster's base score gives the
+   margins ``[n, S, G]``.
+
+``tests/training/test_fastpath.py`` checks the picks equal the reference path's on a whole dataset;
+``benchmarks/predict_fastpath.py`` times it.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+Tree = tuple
+"""A tree as nested tuples: ``("leaf", value)`` or ``(feature, threshold, left, right)`` (hashable)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class CompiledForest:
-    """``G`` forests (one per booster) of ``T`` trees and ``M`` nodes in all, walked together, for the
-    margins ``[N, G]`` of float32 inputs ``[N, P]``."""
+class FlatTrees:
+    """``U`` trees of ``M`` nodes in all, in flat arrays, walked together."""
 
     roots: np.ndarray
-    """Node id of each tree's root, intp ``[T]``."""
+    """Node id of each tree's root, intp ``[U]``."""
     feature: np.ndarray
     """Split feature of each node (0 for a leaf), intp ``[M]``."""
     threshold: np.ndarray
@@ -39,32 +53,33 @@ class CompiledForest:
     """Leaf value of each node (0 for a split), float64 ``[M]``."""
     depth: int
     """Steps that bring every cursor to a leaf (the deepest leaf's depth)."""
-    base_score: np.ndarray
-    """Margin added to the sum of each forest's leaves, float64 ``[G]``."""
-    starts: np.ndarray
-    """Index of each forest's first tree, intp ``[G]`` (trees are stored forest by forest)."""
 
     @classmethod
-    def from_boosters(cls, boosters: Sequence[Any]) -> CompiledForest:
-        """Compile fitted ``xgboost.Booster`` objects with an identity link (``reg:squarederror``,
-        ``rank:*``), one output column each.
-
-        Raises ``ValueError`` for a booster of more than one output group or with categorical splits.
-        """
-        roots: list[int] = []
+    def from_trees(cls, trees: Sequence[Tree]) -> FlatTrees:
+        """Flatten nested-tuple trees, breadth first, each split's children in adjacent slots."""
         feature: list[int] = []
         threshold: list[float] = []
         left: list[int] = []
         value: list[float] = []
-        base, starts, depth = [], [], 0
-        for booster in boosters:
-            learner = json.loads(bytes(booster.save_raw("json")))["learner"]
-            model = learner["gradient_booster"]["model"]
-            if any(g != 0 for g in model["tree_info"]):
-                raise ValueError("CompiledForest supports single-output boosters only; got a multi-class one")
-            base.append(float(learner["learner_model_param"]["base_score"].strip("[]")))
-            starts.append(len(roots))
-            depth = max(depth, _add_trees(model["trees"], roots, feature, threshold, left, value))
+
+        def slot() -> int:
+            feature.append(0), threshold.append(np.inf), left.append(0), value.append(0.0)
+            return len(feature) - 1
+
+        roots, depth = [], 0
+        for tree in trees:
+            queue = deque([(tree, slot(), 0)])
+            roots.append(queue[0][1])
+            while queue:
+                node, me, d = queue.popleft()
+                if node[0] == "leaf":
+                    left[me], value[me] = me, node[1]
+                    depth = max(depth, d)
+                    continue
+                child = slot()
+                slot()
+                feature[me], threshold[me], left[me] = node[0], node[1], child
+                queue += [(node[2], child, d + 1), (node[3], child + 1, d + 1)]
         return cls(
             roots=np.asarray(roots, dtype=np.intp),
             feature=np.asarray(feature, dtype=np.intp),
@@ -72,65 +87,100 @@ class CompiledForest:
             left=np.asarray(left, dtype=np.intp),
             value=np.asarray(value, dtype=np.float64),
             depth=depth,
-            base_score=np.asarray(base),
-            starts=np.asarray(starts, dtype=np.intp),
         )
 
-    def predict(self, Z: np.ndarray) -> np.ndarray:
-        """Margins of pairs ``Z`` (float32 ``[N, P]``, no NaN) under each forest, float64 ``[N, G]``."""
-        Z = np.ascontiguousarray(Z, dtype=np.float32)
-        n, p = Z.shape
-        if n == 0:
-            return np.empty((0, len(self.starts)))
-        flat = Z.reshape(-1)
-        base = np.arange(0, n * p, p, dtype=np.intp)[:, None]
-        node = np.broadcast_to(self.roots, (n, len(self.roots)))
-        feature, threshold, left = self.feature, self.threshold, self.left
+    def leaves(self, X: np.ndarray, trees: np.ndarray) -> np.ndarray:
+        """Leaf values of ``trees`` (indices ``[u]``) on rows ``X`` (float32 ``[n, F]``), float64 ``[n, u]``."""
+        n, f = X.shape
+        flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1)
+        node = np.broadcast_to(self.roots[trees], (n, len(trees)))
+        left = self.left
+        if n == 1:  # one scenario: every node's outcome at once, then each step is two gathers
+            right = flat[self.feature] >= self.threshold
+            for _ in range(self.depth):
+                node = left[node] + right[node]
+            return self.value[node]
+        base = np.arange(0, n * f, f, dtype=np.intp)[:, None]
+        feature, threshold = self.feature, self.threshold
         for _ in range(self.depth):
             node = left[node] + (flat[base + feature[node]] >= threshold[node])
-        return np.add.reduceat(self.value[node], self.starts, axis=1) + self.base_score
+        return self.value[node]
 
 
-def _add_trees(
-    trees: list[dict[str, Any]],
-    roots: list[int],
-    feature: list[int],
-    threshold: list[float],
-    left: list[int],
-    value: list[float],
-) -> int:
-    """Append the nodes of XGBoost JSON ``trees`` to the flat lists; return the deepest tree's depth."""
-    depth = 0
-    for tree in trees:
-        if tree.get("categories_nodes"):
-            raise ValueError("CompiledForest does not support categorical splits")
-        offset = len(feature)
-        order, tree_depth = _renumber(tree["left_children"], tree["right_children"])
-        depth = max(depth, tree_depth)
-        roots.append(offset)
-        new_id = {old: i for i, old in enumerate(order)}
-        for old in order:
-            l_child = tree["left_children"][old]
-            if l_child == -1:
-                feature.append(0)
-                threshold.append(np.inf)
-                left.append(offset + new_id[old])
-                value.append(tree["split_conditions"][old])
-            else:
-                feature.append(tree["split_indices"][old])
-                threshold.append(tree["split_conditions"][old])
-                left.append(offset + new_id[l_child])
-                value.append(0.0)
-    return depth
+def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
+    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link).
+
+    Raises ``ValueError`` for a multi-output booster or categorical splits.
+    """
+    learner = json.loads(bytes(booster.save_raw("json")))["learner"]
+    model = learner["gradient_booster"]["model"]
+    if any(g != 0 for g in model["tree_info"]):
+        raise ValueError("the fast path supports single-output boosters only; got a multi-output one")
+    if any(tree.get("categories_nodes") for tree in model["trees"]):
+        raise ValueError("the fast path does not support categorical splits")
+    return model["trees"], float(learner["learner_model_param"]["base_score"].strip("[]"))
 
 
-def _renumber(left: list[int], right: list[int]) -> tuple[list[int], int]:
-    """Breadth-first order of one tree's nodes with each split's children adjacent, and the tree's depth."""
-    order, level, depth = [0], [0], 0
-    while True:
-        children = [c for n in level if left[n] != -1 for c in (left[n], right[n])]
-        if not children:
-            return order, depth
-        order += children
-        level = children
-        depth += 1
+def prune(tree: dict[str, Any], fixed: dict[int, float], node: int = 0) -> Tree:
+    """``tree`` (XGBoost JSON) as nested tuples, with every split on a column of ``fixed`` (column ->
+    value) resolved the way XGBoost would (float32 comparison)."""
+    left = tree["left_children"][node]
+    if left == -1:
+        return ("leaf", tree["split_conditions"][node])
+    column, cut = tree["split_indices"][node], tree["split_conditions"][node]
+    right = tree["right_children"][node]
+    if column in fixed:
+        return prune(tree, fixed, right if np.float32(fixed[column]) >= np.float32(cut) else left)
+    return (column, cut, prune(tree, fixed, left), prune(tree, fixed, right))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class SpecialisedForest:
+    """``G`` boosters over pairs, specialised per (schedule, mode) into distinct trees over the scenario
+    features (module docstring). ``S`` schedules, ``G`` boosters."""
+
+    trees: FlatTrees
+    """Every distinct pruned tree of every mode."""
+    used: dict[str, np.ndarray]
+    """Per mode, the distinct trees it needs, intp ``[U_mode]``."""
+    counts: dict[str, np.ndarray]
+    """Per mode, how often each of its trees stands for a tree of booster ``g`` under schedule ``s``,
+    float64 ``[U_mode, S * G]``."""
+    base_score: np.ndarray
+    """Each booster's base score, float64 ``[G]``."""
+    n_schedules: int
+    """``S``."""
+
+    @classmethod
+    def compile(
+        cls, boosters: Sequence[Any], descriptors: np.ndarray, modes: dict[str, np.ndarray], first: int
+    ) -> SpecialisedForest:
+        """Specialise ``boosters`` for every row of ``descriptors`` (``[S, d]``, the pair columns from
+        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``)."""
+        parsed = [booster_trees(b) for b in boosters]
+        distinct: dict[Tree, int] = {}
+        used, counts = {}, {}
+        n_s, n_g = len(descriptors), len(parsed)
+        for mode, tail in modes.items():
+            mine: dict[int, int] = {}
+            cells: list[tuple[int, int]] = []
+            for s, row in enumerate(descriptors):
+                fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
+                for g, (trees, _) in enumerate(parsed):
+                    for tree in trees:
+                        key = prune(tree, fixed)
+                        u = distinct.setdefault(key, len(distinct))
+                        cells.append((mine.setdefault(u, len(mine)), s * n_g + g))
+            count = np.zeros((len(mine), n_s * n_g))
+            np.add.at(count, tuple(np.array(cells).T), 1.0)
+            used[mode], counts[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine)), count
+        return cls(
+            trees=FlatTrees.from_trees(list(distinct)), used=used, counts=counts,
+            base_score=np.array([base for _, base in parsed]), n_schedules=n_s,
+        )  # fmt: skip
+
+    def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
+        """Margins of every schedule of scenario rows ``X`` (``[n, F]``) in ``mode``, float64 ``[n, S, G]``."""
+        leaves = self.trees.leaves(X, self.used[mode])
+        out = (leaves @ self.counts[mode]).reshape(len(X), self.n_schedules, -1)
+        return out + self.base_score

@@ -40,7 +40,7 @@ class TrainConfig:
         return f"{self.objective},d{self.max_depth},n{self.n_estimators},lr{self.learning_rate:g}"
 
 
-RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=5, n_estimators=100, learning_rate=0.15)
+RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=4, n_estimators=60, learning_rate=0.25)
 """The time-ratio regressor: a candidate pick model, and the fallback's source of predicted gain."""
 CONFIG_GRID: tuple[TrainConfig, ...] = (
     RATIO_CONFIG,

@@ -6,7 +6,7 @@
 ['serial/sm']
 
 Two evaluation paths give the same picks: the reference path (``xgboost.Booster.inplace_predict``) and
-the fast path (``training.fastpath.CompiledForest``, numpy), which is much cheaper for a few scenarios;
+the fast path (``training.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few scenarios;
 :meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and the
 reference path for larger batches, where XGBoost's own loop is faster.
 """
@@ -18,13 +18,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from ficco.features import Scenario, feature_matrix
-from ficco.training.fastpath import CompiledForest
-from ficco.training.model import SCHEDULES, SERIAL_INDEX, PairModel, check_modes, pair_matrix, valid_mask
+from ficco.features import FEATURE_NAMES, Scenario, feature_matrix
+from ficco.training.fastpath import SpecialisedForest
+from ficco.training.model import (
+    DESCRIPTORS,
+    MODES,
+    SCHEDULES,
+    SERIAL_INDEX,
+    PairModel,
+    check_modes,
+    pair_matrix,
+    valid_mask,
+)
 from ficco.training.policy import DecisionPolicy
 
-FAST_PATH_MAX_CURSORS = 2_000_000
-"""Largest ``pairs x trees`` the fast path walks; beyond it the reference path is faster (one core)."""
+FAST_PATH_MAX_CURSORS = 4_000_000
+"""Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
+prediction is faster."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,34 +98,47 @@ class Predictor:
         self.version = version
         self.hardware_id = hardware_id
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
-        self._fast = CompiledForest.from_boosters(boosters)
+        self._fast = SpecialisedForest.compile(
+            boosters, DESCRIPTORS, {m: np.array([float(m == "graph")]) for m in MODES}, len(FEATURE_NAMES)
+        )
 
     def __repr__(self) -> str:
         return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
 
-    def _outputs(self, Z: np.ndarray, fast: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(cost, predicted log ratio) of pairs ``Z``, each ``[N]``."""
-        if fast:
-            margins = self._fast.predict(Z)
-            out, ratio = margins[:, 0], margins[:, -1]
-        else:
-            out = self.scorer.predict(Z)
-            ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
-        return (out if self.scorer.objective == "ratio" else -out), ratio
+    def _reference(
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
+        Z, (rows, cols) = pair_matrix(X, modes, valid)
+        out = self.scorer.predict(Z)
+        ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
+        cost, log_ratio = np.full(valid.shape, np.inf), np.full(valid.shape, np.nan)
+        cost[rows, cols] = out if self.scorer.objective == "ratio" else -out
+        log_ratio[rows, cols] = ratio
+        return cost, log_ratio
+
+    def _fast_path(
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
+        cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
+        for mode in set(modes.tolist()):
+            on = modes == mode
+            margins = self._fast.predict(X[on].astype(np.float32), mode)
+            cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
+            log_ratio[on] = margins[:, :, -1]
+        return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)
 
     def decide(self, X: np.ndarray, modes: Sequence[str], *, fast: bool | None = None) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
 
         ``fast``: True = the numpy fast path, False = XGBoost's own prediction, None = by batch size.
         """
+        modes = check_modes(modes)
         valid = valid_mask(X)
-        Z, (rows, cols) = pair_matrix(X, modes, valid)
         if fast is None:
-            fast = len(Z) * len(self._fast.roots) <= FAST_PATH_MAX_CURSORS
-        pair_cost, pair_ratio = self._outputs(Z, fast)
-        cost = np.full(valid.shape, np.inf)
-        log_ratio = np.full(valid.shape, np.nan)
-        cost[rows, cols], log_ratio[rows, cols] = pair_cost, pair_ratio
+            fast = len(X) * len(self._fast.trees.roots) <= FAST_PATH_MAX_CURSORS
+        cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
         raw = cost.argmin(axis=1)
         speedups = np.exp(-log_ratio)
@@ -132,7 +155,8 @@ class Predictor:
 
         Raises ``ValueError`` for a scenario on hardware other than the model's, or an unknown mode.
         """
-        check_modes([mode])
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
         foreign = [s.key() for s in scenarios if s.hardware.id != self.hardware_id]
         if foreign:
             raise ValueError(
@@ -141,22 +165,20 @@ class Predictor:
                 "ficco.training.registry.list_models)"
             )
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios))
-        out = []
-        for i in range(len(scenarios)):
-            fell_back = bool(d.fallback[i])
-            row = d.speedups[i]
-            out.append(
-                Recommendation(
-                    schedule=str(d.schedules[i]),
-                    mode=mode,
-                    predicted_speedups={
-                        SCHEDULES[j]: float(row[j]) for j in np.flatnonzero(np.isfinite(row))
-                    },
-                    predicted_speedup=1.0 if fell_back else float(d.speedup[i]),
-                    fallback=fell_back,
-                    fallback_reason=self.policy.reason(float(d.speedup[i])) if fell_back else None,
-                    model_version=self.version,
-                    hardware_id=self.hardware_id,
-                )
+        speedups, valid = d.speedups.tolist(), np.isfinite(d.speedups).tolist()
+        schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
+        return [
+            Recommendation(
+                schedule=schedules[i],
+                mode=mode,
+                predicted_speedups={
+                    s: v for s, v, ok in zip(SCHEDULES, speedups[i], valid[i], strict=True) if ok
+                },
+                predicted_speedup=1.0 if fallback[i] else speedup[i],
+                fallback=fallback[i],
+                fallback_reason=self.policy.reason(speedup[i]) if fallback[i] else None,
+                model_version=self.version,
+                hardware_id=self.hardware_id,
             )
-        return out
+            for i in range(len(scenarios))
+        ]
