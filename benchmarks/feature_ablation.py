@@ -1,6 +1,7 @@
 """Feature ablation: held-out (grouped CV) gain of candidate feature changes, on v2 datasets.
 
-    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 --out reports/feature-ablation.json
+    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 \
+        --out reports/feature-ablation.json
 
 Each variant edits the feature matrix of the schedule table, keeping its width so the estimators run
 unchanged: a removed feature becomes a constant column (XGBoost never splits on a constant, so this is the

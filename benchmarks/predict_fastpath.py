@@ -112,7 +112,8 @@ def main() -> None:
         results["equality"] = {"dataset": str(args.dataset), "rows": len(table),
                                "different_picks": int(np.sum(fast.final != reference.final))}  # fmt: skip
     results["goals"] = GOALS
-    results["machine"] = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+    results["machine"] = {"cpu": platform.processor() or platform.machine(),
+                          "python": platform.python_version(),
                           "cores_used": 1}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

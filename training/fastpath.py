@@ -15,9 +15,9 @@ whatever the batch, which dominates a single-scenario decision (about 30 pairs).
        node = left[node] + (x[scenario, feature[node]] >= threshold[node])
 
    and after ``depth`` steps every cursor rests on its leaf (XGBoost goes right when ``x >= threshold``).
-3. Summing: the leaf values ``[n, U]`` times a count matrix ``[U, S * G]`` (how often each distinct tree
-   stands for a tree of booster ``g`` under schedule ``s``) plus each booster's base score gives the
-   margins ``[n, S, G]``.
+3. Summing: for each schedule ``s`` and booster ``g``, the leaf values of the distinct trees standing
+   for its trees, summed in tree order (the same order whatever the batch size, so one scenario's answer
+   does not depend on its batch), plus the booster's base score give the margins ``[n, S, G]``.
 
 ``tests/training/test_fastpath.py`` checks the picks equal the reference path's on a whole dataset;
 ``benchmarks/predict_fastpath.py`` times it.
@@ -90,7 +90,7 @@ class FlatTrees:
         )
 
     def leaves(self, X: np.ndarray, trees: np.ndarray) -> np.ndarray:
-        """Leaf values of ``trees`` (indices ``[u]``) on rows ``X`` (float32 ``[n, F]``), float64 ``[n, u]``."""
+        """Leaf values of ``trees`` (indices ``[u]``) on rows ``X`` ``[n, F]``: float64 ``[n, u]``."""
         n, f = X.shape
         flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1)
         node = np.broadcast_to(self.roots[trees], (n, len(trees)))
@@ -143,9 +143,10 @@ class SpecialisedForest:
     """Every distinct pruned tree of every mode."""
     used: dict[str, np.ndarray]
     """Per mode, the distinct trees it needs, intp ``[U_mode]``."""
-    counts: dict[str, np.ndarray]
-    """Per mode, how often each of its trees stands for a tree of booster ``g`` under schedule ``s``,
-    float64 ``[U_mode, S * G]``."""
+    members: dict[str, np.ndarray]
+    """Per mode, for each (schedule ``s``, booster ``g``) at ``s * G + g``, the position in ``used`` of the
+    distinct tree standing for each of the booster's trees, intp ``[S * G, T_max]`` (``U_mode``, a zero
+    column, pads a booster of fewer trees)."""
     base_score: np.ndarray
     """Each booster's base score, float64 ``[G]``."""
     n_schedules: int
@@ -159,28 +160,30 @@ class SpecialisedForest:
         ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``)."""
         parsed = [booster_trees(b) for b in boosters]
         distinct: dict[Tree, int] = {}
-        used, counts = {}, {}
+        used, members = {}, {}
         n_s, n_g = len(descriptors), len(parsed)
+        t_max = max(len(trees) for trees, _ in parsed)
         for mode, tail in modes.items():
             mine: dict[int, int] = {}
-            cells: list[tuple[int, int]] = []
-            for s, row in enumerate(descriptors):
+            rows = []
+            for row in descriptors:
                 fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
-                for g, (trees, _) in enumerate(parsed):
-                    for tree in trees:
-                        key = prune(tree, fixed)
-                        u = distinct.setdefault(key, len(distinct))
-                        cells.append((mine.setdefault(u, len(mine)), s * n_g + g))
-            count = np.zeros((len(mine), n_s * n_g))
-            np.add.at(count, tuple(np.array(cells).T), 1.0)
-            used[mode], counts[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine)), count
+                for trees, _ in parsed:
+                    keys = [distinct.setdefault(prune(t, fixed), len(distinct)) for t in trees]
+                    rows.append([mine.setdefault(u, len(mine)) for u in keys])
+            member = np.full((n_s * n_g, t_max), len(mine), dtype=np.intp)
+            for i, r in enumerate(rows):
+                member[i, : len(r)] = r
+            used[mode], members[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine)), member
         return cls(
-            trees=FlatTrees.from_trees(list(distinct)), used=used, counts=counts,
+            trees=FlatTrees.from_trees(list(distinct)), used=used, members=members,
             base_score=np.array([base for _, base in parsed]), n_schedules=n_s,
         )  # fmt: skip
 
     def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
-        """Margins of every schedule of scenario rows ``X`` (``[n, F]``) in ``mode``, float64 ``[n, S, G]``."""
+        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` in ``mode``: float64 ``[n, S, G]``."""
         leaves = self.trees.leaves(X, self.used[mode])
-        out = (leaves @ self.counts[mode]).reshape(len(X), self.n_schedules, -1)
+        padded = np.concatenate([leaves, np.zeros((len(X), 1))], axis=1)
+        # cumsum adds strictly in tree order (sum's pairwise order may change with the batch shape)
+        out = np.cumsum(padded[:, self.members[mode]], axis=2)[:, :, -1].reshape(len(X), self.n_schedules, -1)
         return out + self.base_score
