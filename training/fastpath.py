@@ -144,9 +144,11 @@ class SpecialisedForest:
     used: dict[str, np.ndarray]
     """Per mode, the distinct trees it needs, intp ``[U_mode]``."""
     members: dict[str, np.ndarray]
-    """Per mode, for each (schedule ``s``, booster ``g``) at ``s * G + g``, the position in ``used`` of the
-    distinct tree standing for each of the booster's trees, intp ``[S * G, T_max]`` (``U_mode``, a zero
-    column, pads a booster of fewer trees)."""
+    """Per mode, for each (schedule ``s``, booster ``g``) in turn, the positions in ``used`` of the distinct
+    trees standing for the booster's trees, flattened: intp ``[S * G * T_max]`` (a booster of fewer trees
+    is padded with a tree that is one leaf of value 0)."""
+    starts: np.ndarray
+    """Where each (schedule, booster) segment of ``members`` starts, intp ``[S * G]``."""
     base_score: np.ndarray
     """Each booster's base score, float64 ``[G]``."""
     n_schedules: int
@@ -163,27 +165,26 @@ class SpecialisedForest:
         used, members = {}, {}
         n_s, n_g = len(descriptors), len(parsed)
         t_max = max(len(trees) for trees, _ in parsed)
+        zero = distinct.setdefault(("leaf", 0.0), 0)
         for mode, tail in modes.items():
-            mine: dict[int, int] = {}
-            rows = []
-            for row in descriptors:
+            mine: dict[int, int] = {zero: 0}
+            member = np.zeros((n_s * n_g, t_max), dtype=np.intp)
+            for s, row in enumerate(descriptors):
                 fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
-                for trees, _ in parsed:
+                for g, (trees, _) in enumerate(parsed):
                     keys = [distinct.setdefault(prune(t, fixed), len(distinct)) for t in trees]
-                    rows.append([mine.setdefault(u, len(mine)) for u in keys])
-            member = np.full((n_s * n_g, t_max), len(mine), dtype=np.intp)
-            for i, r in enumerate(rows):
-                member[i, : len(r)] = r
-            used[mode], members[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine)), member
+                    member[s * n_g + g, : len(keys)] = [mine.setdefault(u, len(mine)) for u in keys]
+            used[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine))
+            members[mode] = member.ravel()
         return cls(
             trees=FlatTrees.from_trees(list(distinct)), used=used, members=members,
+            starts=np.arange(0, n_s * n_g * t_max, t_max, dtype=np.intp),
             base_score=np.array([base for _, base in parsed]), n_schedules=n_s,
         )  # fmt: skip
 
     def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
         """Margins of every schedule of scenario rows ``X`` ``[n, F]`` in ``mode``: float64 ``[n, S, G]``."""
         leaves = self.trees.leaves(X, self.used[mode])
-        padded = np.concatenate([leaves, np.zeros((len(X), 1))], axis=1)
-        # cumsum adds strictly in tree order (sum's pairwise order may change with the batch shape)
-        out = np.cumsum(padded[:, self.members[mode]], axis=2)[:, :, -1].reshape(len(X), self.n_schedules, -1)
-        return out + self.base_score
+        # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
+        out = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
+        return out.reshape(len(X), self.n_schedules, -1) + self.base_score
