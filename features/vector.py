@@ -14,10 +14,16 @@ import numpy as np
 from ficco.features.scenario import MOE_OPS, OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS
 
-FEATURE_SCHEMA_VERSION = "fv1"
+FEATURE_SCHEMA_VERSION = "fv2"
+"""fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
+are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new: on the committed h200x2 data they lowered the
+grouped-CV loss from 0.0477 to 0.0464 (``benchmarks/feature_ablation.py``, ``reports/feature-ablation.md``),
+while dropping the duplicate size features did not help (0.0479) and stays undone."""
 
 _TILE = 128
 """Output tile edge (rows and columns) assumed when counting GEMM waves; Hopper bf16 kernels use 128-256."""
+_WAVE_TILE = (128, 256)
+"""Output tile (rows, columns) of Hopper's large bf16 GEMM kernels, for the wave fill of a chunk's GEMM."""
 _FP32_SLOWDOWN = 14.8
 """Plain fp32 GEMM rate below the bf16 tensor-core rate (H100/H200 datasheets: 67 vs 989 TFLOP/s)."""
 
@@ -41,6 +47,16 @@ def roofline_comm_us(scenario: Scenario) -> float:
 def gemm_waves(rows: int, n: int, sm_count: int) -> float:
     """Waves of 128x128 output tiles over the SMs for a ``[rows, n]`` output (fractional: tail effects)."""
     return math.ceil(rows / _TILE) * math.ceil(n / _TILE) / sm_count
+
+
+def wave_fill(rows: float, n: int, sm_count: int) -> float:
+    """Busy share of the last wave of ``_WAVE_TILE`` output tiles for a ``[rows, n]`` GEMM, in (0, 1].
+
+    A chunk whose tiles fill 1.02 waves costs nearly two: splitting a shard helps or hurts by this.
+    """
+    tiles = math.ceil(rows / _WAVE_TILE[0]) * math.ceil(n / _WAVE_TILE[1])
+    waves = tiles / sm_count
+    return waves / math.ceil(waves)
 
 
 def max_finer_splits(scenario: Scenario) -> int:
@@ -78,11 +94,8 @@ def feature_dict(scenario: Scenario) -> dict[str, float]:
         "experts": float(s.experts),
         "top_k": float(s.top_k),
         "imbalance": float(s.imbalance),
-        "hw_peak_tflops": hw.peak_bf16_tflops,
-        "hw_hbm_gbps": hw.hbm_gbps,
-        "hw_link_gbps": hw.link_gbps,
-        "hw_sm_count": float(hw.sm_count),
     }
+    out |= {f"chunk_wave_fill_s{k}": wave_fill(shard_rows / k, s.n, hw.sm_count) for k in (1, 2, 4, 8)}
     return out
 
 
@@ -114,4 +127,5 @@ __all__ = [
     "max_finer_splits",
     "roofline_comm_us",
     "roofline_gemm_us",
+    "wave_fill",
 ]

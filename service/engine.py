@@ -30,13 +30,12 @@ def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int
 def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
     """The response item for a ``training.predictor.Recommendation`` answered under ``resolution``.
 
-    Built without re-validation: every field comes typed from the predictor (str, float, bool). Until
-    predictor v2 lands either ``probabilities`` (v1) or ``predicted_speedups`` (v2) is present.
+    Built without re-validation: every field comes typed from the predictor (str, float, bool).
     """
     return RecommendationPublic.model_construct(
         schedule=rec.schedule,
-        probabilities=getattr(rec, "probabilities", None),  # predictor v1
-        predicted_speedups=getattr(rec, "predicted_speedups", None),  # predictor v2
+        mode=rec.mode,
+        predicted_speedups=rec.predicted_speedups,
         predicted_speedup=rec.predicted_speedup,
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,

@@ -127,19 +127,13 @@ def _score_rows(writer: Any, result: ScorePublic) -> None:
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
-    """The schedule, speedup and fallback, then the ``top`` schedules by predicted speedup (predictor v2)
-    or probability (v1)."""
+    """The schedule, speedup and fallback, then the ``top`` schedules of highest predicted speedup."""
     lines = [
         f"schedule: {rec.schedule}",
         f"predicted speedup over serial: {_num(rec.predicted_speedup, 3)}",
         f"fallback: {'yes: ' + (rec.fallback_reason or '') if rec.fallback else 'no'}",
         _served_line(rec),
     ]
-    column, values = (
-        ("predicted speedup", rec.predicted_speedups)
-        if rec.predicted_speedups is not None
-        else ("probability", rec.probabilities or {})
-    )
-    ranked = sorted(values.items(), key=lambda kv: -kv[1])[:top]
+    ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])[:top]
     rows = [[name, f"{p:.3f}"] for name, p in ranked]
-    return "\n".join(lines) + "\n" + _table(["schedule", column], rows)
+    return "\n".join(lines) + "\n" + _table(["schedule", "predicted speedup"], rows)

@@ -93,11 +93,9 @@ class RecommendationPublic(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     schedule: str = Field(description="The recommended schedule, e.g. finer/dma/s4/chunk.")
-    probabilities: dict[str, float] | None = Field(
-        default=None, description="The model's probability of each schedule being best (predictor v1)."
-    )
-    predicted_speedups: dict[str, float] | None = Field(
-        default=None, description="Predicted serial time / schedule time of each schedule (predictor v2)."
+    mode: str = Field(description="Execution mode the answer is for: eager or graph (CUDA-graph replay).")
+    predicted_speedups: dict[str, float] = Field(
+        description="Predicted serial time / schedule time of every schedule valid for the scenario."
     )
     predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
     fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")

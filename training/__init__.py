@@ -1,8 +1,10 @@
-"""The schedule predictor: XGBoost on the feature vector, its evaluation, registry and retraining job.
+"""The schedule predictor: one XGBoost model over (scenario, schedule, mode) pairs, its evaluation against
+baselines and the noise ceiling, the fast inference path, the registry and the retraining job.
 
-No torch here (the service imports this package). Modules, by concern: ``model`` (the estimators),
-``table`` (dataset rows -> one row per scenario), ``fit`` (training configurations), ``crossval`` and
-``evaluate`` (held-out metrics), ``baselines``, ``metrics``, ``policy`` (the safe fallback),
+No torch here (the service imports this package). Modules, by concern: ``model`` (the pair estimator on
+the scikit-learn API), ``table`` (dataset rows -> one row per scenario and mode), ``fit`` (training
+configurations and pairs), ``crossval`` and ``evaluate`` (held-out metrics), ``baselines``, ``metrics``,
+``policy`` (the pick and the safe fallback), ``fastpath`` (numpy evaluation of the forests),
 ``predictor`` and ``registry`` (loading and serving a model), ``train``, ``retrain``, ``report`` and
 ``commands`` (the CLI).
 """

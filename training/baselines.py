@@ -1,8 +1,10 @@
 """Baselines the model has to beat: fixed schedules and a size-threshold heuristic after the FiCCO paper.
 
 - ``always_serial``: serial/sm, what a framework without overlap does.
-- ``always_shard_dma``: shard/dma, what PyTorch async-TP does (one chunk per peer, pulled or pushed by
-  the copy engines from symmetric memory while the GEMM runs on the previous chunk).
+- ``always_shard_dma``: shard/dma, ficco's executor doing what PyTorch async-TP does (one chunk per peer,
+  moved by the copy engines while the GEMM runs on the previous chunk).
+- ``always_async_tp``: PyTorch's own async-TP (the dataset's ``async_tp_ms``), scored in
+  ``training.evaluate`` from that column.
 - ``always_shard_sm``: shard/sm, the same overlap with NCCL kernels on the SMs (TransformerEngine-like).
 - ``best_fixed``: the one schedule with the lowest loss on the training folds.
 - ``size_heuristic``: FiCCO's heuristics pick a schedule from static operator sizes (their thresholds are
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from ficco.features import FEATURE_NAMES
+from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.training.metrics import mean_loss, pick_loss
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
 from ficco.training.table import ScheduleTable
@@ -47,11 +49,12 @@ def fit_best_fixed(table: ScheduleTable, among: tuple[str, ...] = SCHEDULES) -> 
     return SCHEDULE_INDEX[among[int(np.argmin(losses))]]
 
 
-def _heuristic_features(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _heuristic_features(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """log2 of (roofline t_gemm + t_comm in us, t_comm / t_gemm, shard rows), each ``[n]``."""
-    col = {name: X[:, FEATURE_NAMES.index(name)] for name in FEATURE_NAMES}
-    total = np.logaddexp2(col["log2_t_gemm_us"], col["log2_t_comm_us"])
-    return total, col["log2_comm_over_gemm"], col["log2_shard_rows"]
+    gemm = np.array([roofline_gemm_us(s) for s in table.scenarios])
+    comm = np.array([roofline_comm_us(s) for s in table.scenarios])
+    rows = np.array([s.rows // s.world_size for s in table.scenarios], dtype=np.float64)
+    return np.log2(gemm + comm), np.log2(comm / gemm), np.log2(rows)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +76,7 @@ class SizeHeuristic:
 
     def picks(self, table: ScheduleTable) -> np.ndarray:
         """The rule's schedule column index for every scenario of ``table``, ``[n]``."""
-        total, ratio, rows = _heuristic_features(table.X)
+        total, ratio, rows = _heuristic_features(table)
         serial = (total < self.min_log2_total_us) | (ratio < self.min_log2_comm_ratio)
         finer = (rows >= self.min_log2_shard_rows) & valid_mask(table.X)[:, self.finer]
         return np.where(serial, self.serial, np.where(finer, self.finer, self.shard))
@@ -98,7 +101,7 @@ def fit_size_heuristic(table: ScheduleTable) -> SizeHeuristic:
     }
     loss["finer"] = np.where(finer_ok, loss["finer"], loss["shard"])
     levels = np.linspace(0.0, 1.0, _GRID_LEVELS)
-    total, ratio, rows = _heuristic_features(table.X)
+    total, ratio, rows = _heuristic_features(table)
     grid = [np.concatenate([[-np.inf], np.quantile(f, levels), [np.inf]]) for f in (total, ratio, rows)]
     best_key, best_value = None, np.inf
     for c in grid[2]:

@@ -1,6 +1,6 @@
 """``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain``.
 
-    ficco evaluate --dataset datasets/h200x2 --json           # held-out metrics as one JSON object
+    ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
     ficco report --dataset datasets/h200x2 --out reports/h200x2
     ficco retrain --hardware h200x2                           # GPU machine: sweep, train, promote if better
@@ -50,8 +50,8 @@ JobsOption = Annotated[
         "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
     ),
 ]
-_SHOWN = ("top1", "within_2pct", "geomean_regret", "p95_regret", "max_regret", "captured_speedup",
-          "speedup_vs_serial", "n_regressions_vs_serial")  # fmt: skip
+_SHOWN = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct",
+          "n_scenarios")  # fmt: skip
 
 
 class RetrainBackend(StrEnum):
@@ -76,23 +76,28 @@ def _load(dataset: Path) -> Any:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The evaluation summary as a short text table: the model and every baseline, then the verdicts."""
-    rows = {"model": summary, **summary["baselines"]}
-    width = max(len(k) for k in rows)
-    lines = [" " * width + "  " + "  ".join(f"{k:>14}" for k in _SHOWN)]
-    for name, m in rows.items():
-        cells = [f"{m[k]:>14.4f}" if isinstance(m[k], float) else f"{m[k]:>14}" for k in _SHOWN]
-        lines.append(f"{name:<{width}}  " + "  ".join(cells))
-    fb, region = summary["fallback"], summary["region_holdout"]
-    lines += [
-        f"scenarios: {summary['n_scenarios']}; never worse than always-serial on any family: "
-        f"{summary['never_worse_than_serial']} {summary['families_worse_than_serial'] or ''}".rstrip(),
-        f"fallback {fb['policy']}: {fb['n_fallbacks']} fallbacks, {fb['regressions_avoided']} regressions "
-        f"avoided, {fb['gains_given_up']} gains given up, net speedup change {fb['net_speedup_change']:+.2%}",
-        f"region holdout (largest GEMMs): top1 {region['top1']:.3f}, geomean regret "
-        f"{region['geomean_regret']:.4f}, max regret {region['max_regret']:.4f}",
-        f"chosen config {summary['cv']['config']}",
-    ]
+    """The evaluation summary as short text tables: per mode, every picker of the family holdout, then the
+    region holdout's model line and the cross-validated choice."""
+    lines = []
+    for mode, result in summary["modes"].items():
+        rows = result["family_holdout"]
+        width = max(len(k) for k in rows)
+        lines.append(f"[{mode}] family holdout")
+        lines.append(" " * width + "  " + "  ".join(f"{k:>14}" for k in _SHOWN))
+        for name, m in rows.items():
+            cells = [f"{m[k]:>14.4f}" if isinstance(m[k], float) else f"{m[k]:>14}" for k in _SHOWN]
+            lines.append(f"{name:<{width}}  " + "  ".join(cells))
+        region = result["region_holdout"].get("model")
+        if region:
+            lines.append(
+                f"[{mode}] region holdout (largest GEMMs): model geomean regret "
+                f"{region['geomean_regret']:.4f}, "
+                f"in best set {region['in_best_set']:.3f}, max regret {region['max_regret']:.4f}"
+            )
+    cv = summary["cv"]
+    lines.append(
+        f"chosen config {cv['config']}, fallback {cv['policy']}; CV loss by config {cv['config_loss']}"
+    )
     return "\n".join(lines)
 
 
@@ -101,21 +106,38 @@ def evaluate_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (nothing else on stdout).")
     ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the JSON object to this file.")
+    ] = None,
+    transfer: Annotated[
+        Path | None,
+        typer.Option(
+            "--transfer",
+            help="A second dataset (e.g. another world size): train on --dataset, test on this one.",
+        ),
+    ] = None,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
-    """Evaluate the predictor on unseen scenarios: grouped cross-validation holding out whole model
-    families (and grid regions), plus a split holding out the largest GEMMs, against the baselines
-    (always serial, always shard-level overlap, the best fixed schedule, a FiCCO-style size heuristic)."""
+    """Evaluate the predictor on unseen scenarios, per execution mode: grouped cross-validation holding out
+    whole model families (and grid regions), a split holding out the largest GEMMs, against the baselines
+    (always serial, always shard/dma, the best fixed schedule, a FiCCO-style size heuristic, always PyTorch
+    async-TP) and the noise ceiling (the re-measure's picks scored against the sweep)."""
     from ficco.training.evaluate import evaluate
 
     loaded = _load(dataset)
+    other = _load(transfer).table if transfer is not None else None
     try:
-        evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+        evaluation = evaluate(
+            loaded.table, noise=loaded.noise, transfer=other, seed=seed, n_jobs=jobs, progress=True
+        )
     except ValueError as err:
         raise fail(str(err)) from None
     summary = {**evaluation.summary, "dataset": loaded.info}
-    typer.echo(json.dumps(summary, indent=1, sort_keys=False) if as_json else format_summary(summary))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1) + "\n")
+    typer.echo(json.dumps(summary, indent=1) if as_json else format_summary(summary))
 
 
 def train_command(
@@ -135,7 +157,7 @@ def train_command(
     loaded = _load(dataset)
     root = _registry(registry)
     try:
-        trained = train_model(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+        trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     except ValueError as err:
         raise fail(str(err)) from None
     typer.echo(format_summary(trained.evaluation.summary))
@@ -161,10 +183,10 @@ def report_command(
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
-    """Write a markdown report with PNG plots: confusion matrix of held-out picks, regret CDF against the
-    baselines, and the predicted schedule map next to the measured one per op."""
+    """Write a markdown report with PNG plots: per mode, the confusion matrix of held-out picks, regret CDFs
+    of the model, the baselines and the noise ceiling in one plot, and the predicted schedule map next to
+    the measured one per op."""
     from ficco.training.evaluate import evaluate
-    from ficco.training.model import schedule_indices
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.report import write_report
 
@@ -177,9 +199,9 @@ def report_command(
             )
         except ModelLoadError as err:
             raise fail(str(err)) from None
-        predicted = schedule_indices(predictor.decide(loaded.table.X).schedules.tolist())
+        predicted = predictor.decide(loaded.table.X, loaded.table.modes).final
         label = f"model {predictor.version} (may have trained on these)"
-    evaluation = evaluate(loaded.table, seed=seed, n_jobs=jobs, progress=True)
+    evaluation = evaluate(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     path = write_report(
         loaded.table, evaluation, out, title=f"ficco predictor on {loaded.path} ({loaded.hardware.id})",
         predicted=predicted, predicted_label=label,
@@ -292,7 +314,7 @@ def retrain_command(
         cur = outcome.current_metrics
         typer.echo(
             f"current model {current.version} on the new data: "
-            + ", ".join(f"{k} {cur[k]:.4f}" for k in _SHOWN[:6])
+            + ", ".join(f"{k} {cur[k]:.4f}" for k in _SHOWN[:5])
         )
     verdict = "promoted to current" if outcome.promoted else "registered, not promoted"
     typer.echo(f"{hw.id}/{outcome.version}: {verdict} ({outcome.reason})")

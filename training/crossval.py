@@ -1,31 +1,32 @@
-"""Grouped cross-validation: held-out predictions, and the choice of configuration and decision policy.
+"""Grouped cross-validation: held-out predictions, and the choice of objective and fallback threshold.
 
-Folds hold out whole groups, so every prediction is for scenarios the model never saw: a group is one
-model family (all scenarios of one model config), and the ``grid`` family is split into its quartiles of
-GEMM FLOPs (``grid/q1`` smallest .. ``grid/q4``), each a group of its own. With more than ``MAX_FOLDS``
-groups, several groups share a fold (largest group first into the smallest fold), which keeps the cost
-bounded; a group is never split across folds.
+Folds hold out whole groups (scikit-learn's ``GroupKFold``), so every prediction is for scenarios the
+model never saw: a group is one model family (all scenarios of one model config, both modes), and the
+``grid`` family is split into its quartiles of GEMM FLOPs (``grid/q1`` smallest .. ``grid/q4``), each a
+group of its own. At most ``MAX_FOLDS`` folds.
 
 Selection without nested refits: each configuration is fitted once per fold, which gives a held-out
-prediction of every scenario under every configuration. Fold ``f`` is then predicted with the
-configuration and decision policy (``training.policy``) of lowest mean loss
-(``training.metrics.pick_loss``) on the *other* folds' held-out predictions, so fold ``f``'s labels
-never choose how fold ``f`` is predicted. (The models that
-predicted the other folds did train on fold ``f``; a full nested CV would refit them without it, at
-``n_folds`` times the cost.) The model that ships uses the choice of lowest loss over all folds.
+prediction of every row under every configuration. Fold ``f`` is then predicted with the configuration
+and decision policy (``training.policy``) of lowest mean loss (``training.metrics.pick_loss``) on the
+*other* folds' held-out predictions, so fold ``f``'s labels never choose how fold ``f`` is predicted. The
+model that ships uses the choice of lowest loss over all folds.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
-from ficco.training.fit import TrainConfig, fit_classifier, fit_regressor
+from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
-from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, ScheduleClassifier, SpeedupRegressor
-from ficco.training.policy import DecisionPolicy
+from ficco.training.model import pair_costs
+from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
 from ficco.training.table import ScheduleTable
+from sklearn.model_selection import GroupKFold
 from tqdm import tqdm
+
+log = logging.getLogger(__name__)
 
 GRID_FAMILY = "grid"
 """The family name of the dataset's synthetic shape grid (not a model config)."""
@@ -36,12 +37,12 @@ MAX_FOLDS = 8
 
 
 def gemm_flops(table: ScheduleTable) -> np.ndarray:
-    """GEMM FLOPs of each scenario (``Scenario.gemm_flops``), float64 ``[n]``."""
+    """GEMM FLOPs of each row's scenario (``Scenario.gemm_flops``), float64 ``[n]``."""
     return np.array([s.gemm_flops for s in table.scenarios], dtype=np.float64)
 
 
 def cv_groups(table: ScheduleTable) -> np.ndarray:
-    """The cross-validation group of each scenario, str ``[n]``: its family, or ``grid/q<i>`` for the grid."""
+    """The cross-validation group of each row, str ``[n]``: its family, or ``grid/q<i>`` for the grid."""
     groups = table.families.astype(object).copy()
     grid = table.families == GRID_FAMILY
     if grid.any():
@@ -53,91 +54,51 @@ def cv_groups(table: ScheduleTable) -> np.ndarray:
 
 
 def cv_folds(groups: np.ndarray, max_folds: int = MAX_FOLDS) -> np.ndarray:
-    """Fold name of each scenario, str ``[n]``: its groups joined by ``+`` (one group per fold if they fit).
-
-    Groups go largest first (ties by name) into the fold with the fewest scenarios so far.
-    """
-    names, sizes = np.unique(groups, return_counts=True)
-    members: list[list[str]] = [[] for _ in range(min(max_folds, len(names)))]
-    load = np.zeros(len(members), dtype=np.int64)
-    for i in sorted(range(len(names)), key=lambda i: (-sizes[i], names[i])):
-        f = int(np.argmin(load))
-        members[f].append(str(names[i]))
-        load[f] += sizes[i]
-    fold_of = {g: "+".join(sorted(m)) for m in members for g in m}
-    return np.array([fold_of[g] for g in groups], dtype=object)
+    """Fold number of each row, int ``[n]``, from ``GroupKFold`` over ``groups`` (no group split)."""
+    n_splits = min(max_folds, len(set(groups)))
+    folds = np.zeros(len(groups), dtype=np.int64)
+    for f, (_, test) in enumerate(GroupKFold(n_splits=n_splits).split(groups, groups=groups)):
+        folds[test] = f
+    return folds
 
 
 def region_holdout(table: ScheduleTable, quantile: float = 0.75) -> np.ndarray:
-    """The size-extrapolation split: True for scenarios in the top ``1 - quantile`` of GEMM FLOPs, ``[n]``."""
+    """The size-extrapolation split: True for rows in the top ``1 - quantile`` of GEMM FLOPs, ``[n]``."""
     flops = gemm_flops(table)
     return flops >= np.quantile(flops, quantile)
 
 
-def classifier_proba(classifier: ScheduleClassifier, X: np.ndarray) -> np.ndarray:
-    """Class probabilities spread over all schedule columns, ``[n, S]`` (0 for schedules not learnt)."""
-    out = np.zeros((len(X), len(SCHEDULES)))
-    out[:, [SCHEDULE_INDEX[c] for c in classifier.classes_]] = classifier.predict_proba(X)
-    return out
-
-
-def regressor_speedups(regressor: SpeedupRegressor, X: np.ndarray) -> np.ndarray:
-    """Predicted speedup over serial of every schedule on every scenario, ``[n, S]``."""
-    pairs = np.repeat(X, len(SCHEDULES), axis=0)
-    return regressor.predict(pairs, list(SCHEDULES) * len(X)).reshape(len(X), len(SCHEDULES))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class Picks:
-    """Schedule column indices picked for ``n`` scenarios, before and after the fallback."""
-
-    final: np.ndarray
-    """What is recommended, ``[n]``: serial/sm where the fallback fired, the model's pick elsewhere."""
-    raw: np.ndarray
-    """The model's most probable valid schedule, ``[n]``."""
-    fallback: np.ndarray
-    """Where the fallback replaced a non-serial pick, bool ``[n]``."""
-
-
-def apply_policy(proba: np.ndarray, speedup: np.ndarray, policy: DecisionPolicy) -> Picks:
-    """Picks from probabilities ``[n, S]`` and predicted speedups ``[n, S]`` under ``policy``."""
-    raw = policy.pick(proba, speedup)
-    rows = np.arange(len(raw))
-    fallback = policy.mask(proba[rows, raw], speedup[rows, raw], raw == SERIAL_INDEX)
-    return Picks(final=np.where(fallback, SERIAL_INDEX, raw), raw=raw, fallback=fallback)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Choice:
-    """A training configuration and decision policy (speedup weight, fallback thresholds) chosen together."""
+    """A training configuration and fallback policy chosen together."""
 
     config: TrainConfig
-    """How the classifier is trained."""
+    """How the pick model is trained."""
     policy: DecisionPolicy
-    """How its outputs become a pick, and when the pick falls back to serial/sm."""
+    """When its pick falls back to serial/sm."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class CrossValidation:
-    """Held-out results of grouped cross-validation over ``n`` scenarios."""
+    """Held-out results of grouped cross-validation over ``n`` rows."""
 
     groups: np.ndarray
-    """Group of each scenario, str ``[n]``."""
+    """Group of each row, str ``[n]``."""
     folds: np.ndarray
-    """Fold of each scenario, str ``[n]``."""
-    picks: Picks
-    """Held-out picks, each fold under its own choice."""
+    """Fold of each row, int ``[n]``."""
+    final: np.ndarray
+    """Held-out recommended schedule column of each row, ``[n]`` (each fold under its own choice)."""
+    raw: np.ndarray
+    """The model's own pick before the fallback, ``[n]``."""
+    fallback: np.ndarray
+    """Where the fallback replaced the pick, bool ``[n]``."""
     choice: Choice
     """The choice of lowest loss over all folds (what the shipped model uses)."""
-    fold_choices: dict[str, Choice]
-    """The choice each fold was predicted with."""
     config_loss: dict[str, float]
-    """Mean held-out loss of each configuration under its best decision policy, keyed by its settings."""
-    speedup_weight_loss: dict[str, float]
-    """Mean held-out loss of each speedup weight under its best configuration and thresholds."""
+    """Mean held-out loss of each configuration under its best policy, keyed by ``TrainConfig.key``."""
 
 
-def held_out_outputs(
+def held_out_costs(
     table: ScheduleTable,
     folds: np.ndarray,
     configs: tuple[TrainConfig, ...],
@@ -146,31 +107,34 @@ def held_out_outputs(
     n_jobs: int,
     progress: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each fold predicted by models fitted on the other folds: class probabilities of every configuration
-    ``[n_configs, n, S]`` and predicted speedups ``[n, S]``."""
-    names = sorted(set(folds))
-    proba = np.zeros((len(configs), len(table), len(SCHEDULES)))
-    speedup = np.zeros((len(table), len(SCHEDULES)))
-    with tqdm(total=len(names) * (len(configs) + 1), desc="cross-validation", disable=not progress) as bar:
+    """Each fold predicted by models fitted on the other folds: costs of every configuration
+    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``."""
+    names = sorted(set(folds.tolist()))
+    cost = np.zeros((len(configs), len(table), table.times_ms.shape[1]))
+    ratio = np.zeros(table.times_ms.shape)
+    with tqdm(total=len(names) * len(configs), desc="cross-validation", disable=not progress) as bar:
         for name in names:
             test = folds == name
             train, held = table.subset(~test), table.subset(test)
-            speedup[test] = regressor_speedups(fit_regressor(train, seed=seed, n_jobs=n_jobs), held.X)
-            bar.update()
             for c, config in enumerate(configs):
-                classifier = fit_classifier(train, config, seed=seed, n_jobs=n_jobs)
-                proba[c, test] = classifier_proba(classifier, held.X)
+                model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs)
+                cost[c, test] = pair_costs(model, held.X, held.modes)
+                if config == RATIO_CONFIG:
+                    ratio[test] = cost[c, test]
                 bar.update()
-    return proba, speedup
+            if RATIO_CONFIG not in configs:
+                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+                ratio[test] = pair_costs(model, held.X, held.modes)
+    return cost, ratio
 
 
 def cross_validate(
     table: ScheduleTable,
     *,
-    configs: tuple[TrainConfig, ...],
-    policies: tuple[DecisionPolicy, ...],
-    seed: int,
-    n_jobs: int,
+    configs: tuple[TrainConfig, ...] = CONFIG_GRID,
+    policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
+    seed: int = 0,
+    n_jobs: int = 1,
     progress: bool = False,
 ) -> CrossValidation:
     """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring.
@@ -184,38 +148,29 @@ def cross_validate(
             f"got {sorted(set(groups))}"
         )
     folds = cv_folds(groups)
-    proba, speedup = held_out_outputs(table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress)
-    choices = [Choice(config=config, policy=policy) for config in configs for policy in policies]
+    cost, ratio = held_out_costs(table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress)
+    choices = [Choice(config=c, policy=p) for c in configs for p in policies]
     loss = np.stack([
-        pick_loss(table.time_of(apply_policy(proba[i // len(policies)], speedup, choice.policy).final)[0],
+        pick_loss(table.time_of(apply_policy(cost[i // len(policies)], ratio, ch.policy)[0])[0],
                   table.best_ms, table.serial_ms)
-        for i, choice in enumerate(choices)
+        for i, ch in enumerate(choices)
     ])  # fmt: skip
-    final, raw, fallback = (np.zeros(len(table), dtype=dtype) for dtype in (np.int64, np.int64, bool))
-    fold_choices = {}
-    for name in sorted(set(folds)):
+    final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
+    fallback = np.zeros(len(table), dtype=bool)
+    for name in sorted(set(folds.tolist())):
         test = folds == name
         i = int(np.argmin(loss[:, ~test].mean(axis=1)))
-        picks = apply_policy(proba[i // len(policies), test], speedup[test], choices[i].policy)
-        final[test], raw[test], fallback[test] = picks.final, picks.raw, picks.fallback
-        fold_choices[name] = choices[i]
+        final[test], raw[test], fallback[test], _ = apply_policy(
+            cost[i // len(policies), test], ratio[test], choices[i].policy
+        )
     mean = loss.mean(axis=1)
+    choice = choices[int(np.argmin(mean))]
     by_config = mean.reshape(len(configs), len(policies)).min(axis=1)
-    return CrossValidation(
-        groups=groups,
-        folds=folds,
-        picks=Picks(final=final, raw=raw, fallback=fallback),
-        choice=choices[int(np.argmin(mean))],
-        fold_choices=fold_choices,
-        config_loss={_config_key(cfg): float(v) for cfg, v in zip(configs, by_config, strict=True)},
-        speedup_weight_loss={
-            f"{w:g}": float(
-                min(v for v, ch in zip(mean, choices, strict=True) if ch.policy.speedup_weight == w)
-            )
-            for w in sorted({policy.speedup_weight for policy in policies})
-        },
+    config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
+    log.info(
+        "cross-validation loss by config %s; chose %s, %s", config_loss, choice.config.key(), choice.policy
     )
-
-
-def _config_key(config: TrainConfig) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.to_dict().items())
+    return CrossValidation(
+        groups=groups, folds=folds, final=final, raw=raw, fallback=fallback, choice=choice,
+        config_loss=config_loss,
+    )  # fmt: skip

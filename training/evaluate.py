@@ -1,47 +1,48 @@
-"""Evaluation on unseen scenarios: the JSON object behind ``ficco evaluate --json`` and the model card.
+"""Evaluation on unseen scenarios against the noise ceiling: the JSON behind ``ficco evaluate --json``.
 
-Two splits:
+Per execution mode, every picker is scored on held-out rows (``training.metrics``):
 
-1. Grouped cross-validation (``training.crossval``): every scenario is predicted by a model that never
-   saw its model family (or its region of the grid). The top-level metrics and the baselines are these
-   held-out predictions, with the safe fallback applied (what a user gets).
-2. Region holdout: train on the scenarios below the 75th percentile of GEMM FLOPs, predict the largest
-   quarter (size extrapolation). It uses the configuration and decision policy chosen in step 1.
+- ``model``: the pair model's held-out picks with the safe fallback (``training.crossval``);
+- baselines (``training.baselines``; those that need fitting are fitted on the same training folds, on
+  that mode's rows): ``always_serial``, ``always_shard_dma``, ``always_shard_sm``, ``best_fixed``,
+  ``size_heuristic``, and ``always_async_tp`` (PyTorch's async-TP, from the ``async_tp_ms`` column);
+- ``ceiling``: the noise ceiling, the re-measure's own fastest schedules (``noise.parquet``) scored
+  against the sweep, over the re-measured rows: no model can be told to do better at this noise.
 
-Baselines (``training.baselines``) that need fitting are fitted on the same training folds.
-Metric definitions: ``training.metrics``.
+Splits: ``family_holdout`` (grouped cross-validation: model families and grid regions held out),
+``region_holdout`` (train below the 75th percentile of GEMM FLOPs, test on the largest quarter, with the
+configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
+size, test on another) when a second dataset is given.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from ficco.training.baselines import FIXED, baseline_picks
-from ficco.training.crossval import (
-    Choice,
-    CrossValidation,
-    Picks,
-    apply_policy,
-    classifier_proba,
-    cross_validate,
-    region_holdout,
-    regressor_speedups,
-)
-from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
-from ficco.training.metrics import score
-from ficco.training.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
+from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
+from ficco.training.metrics import score, score_times
+from ficco.training.model import MODES, pair_costs
+from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
 from ficco.training.table import ScheduleTable
+
+log = logging.getLogger(__name__)
 
 BASELINE_NOTES: dict[str, str] = {
     "always_serial": f"always {FIXED['always_serial']} (no overlap)",
-    "always_shard_dma": f"always {FIXED['always_shard_dma']}: shard-level overlap on the copy engines, what "
-    "PyTorch async-TP does",
+    "always_shard_dma": f"always {FIXED['always_shard_dma']}: shard-level overlap on the copy engines",
     "always_shard_sm": f"always {FIXED['always_shard_sm']}: shard-level overlap with NCCL kernels",
     "best_fixed": "the one schedule of lowest loss on the training folds",
     "size_heuristic": "three-tier size-threshold rule after the FiCCO paper, thresholds fit on the training "
     "folds (training/baselines.py)",
+    "always_async_tp": "PyTorch async-TP (torch.compile's micro-pipeline pass) on every pair: the dataset's "
+    "async_tp_ms",
+    "ceiling": "noise ceiling: the independent re-measure's fastest schedules scored against the sweep "
+    "(re-measured scenarios only)",
 }
 
 
@@ -50,111 +51,181 @@ class Evaluation:
     """The outcome of :func:`evaluate`."""
 
     summary: dict[str, Any]
-    """The JSON object (metrics, baselines, fallback, per family, region holdout, selection)."""
+    """The JSON object (``modes`` -> splits -> pickers -> metrics, the cross-validated choice)."""
     cv: CrossValidation
     """Held-out picks of the model and the cross-validated choice."""
-    baselines: dict[str, np.ndarray]
-    """Held-out picks of each baseline (schedule column indices ``[n]``), on the same folds."""
+    regrets: dict[str, dict[str, np.ndarray]]
+    """Family-holdout regret ``t / t_best - 1`` of each picker, per mode (for the report's CDF plot)."""
 
 
 def held_out_baselines(table: ScheduleTable, folds: np.ndarray) -> dict[str, np.ndarray]:
-    """Every baseline's picks, each fold's fitted on the other folds: name -> ``[n]``."""
+    """Every pick baseline, each fold's fitted on the other folds of the same mode: name -> ``[n]``."""
     out: dict[str, np.ndarray] = {}
-    for name in sorted(set(folds)):
-        test = folds == name
-        for baseline, picks in baseline_picks(table.subset(~test), table.subset(test)).items():
-            out.setdefault(baseline, np.zeros(len(table), dtype=np.int64))[test] = picks
+    for mode in sorted(set(table.modes)):
+        for fold in sorted(set(folds.tolist())):
+            test = (folds == fold) & (table.modes == mode)
+            train = (folds != fold) & (table.modes == mode)
+            if not test.any() or not train.any():
+                continue
+            for name, picks in baseline_picks(table.subset(train), table.subset(test)).items():
+                out.setdefault(name, np.zeros(len(table), dtype=np.int64))[test] = picks
     return out
 
 
-def fallback_summary(table: ScheduleTable, picks: Picks, policy: DecisionPolicy) -> dict[str, Any]:
-    """What the safe fallback did to the held-out picks: regressions it avoided and speedup it gave up."""
-    t_raw = table.time_of(picks.raw)[0]
-    serial = table.serial_ms
-    avoided = picks.fallback & (t_raw > serial)
-    given_up = picks.fallback & (t_raw < serial)
-    with_fallback, without = score(table, picks.final), score(table, picks.raw)
-    return {
-        "policy": policy.to_dict(),
-        "n_fallbacks": int(picks.fallback.sum()),
-        "regressions_without_fallback": without["n_regressions_vs_serial"],
-        "regressions_with_fallback": with_fallback["n_regressions_vs_serial"],
-        "regressions_avoided": int(avoided.sum()),
-        "gains_given_up": int(given_up.sum()),
-        "geomean_speedup_given_up": float(np.exp(np.mean(np.log(serial[given_up] / t_raw[given_up]))))
-        if given_up.any()
-        else 1.0,
-        "net_speedup_change": with_fallback["speedup_vs_serial"] / without["speedup_vs_serial"] - 1.0,
-        "without_fallback": without,
-    }
+def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | None:
+    """Metrics and regrets ``[n']`` of always PyTorch async-TP over the rows that measured it (None if none).
+
+    A time counts as top1 when it is no slower than the best schedule, and as in the best set when it is no
+    slower than the slowest schedule of the best set.
+    """
+    has = np.isfinite(table.async_tp_ms)
+    if not has.any():
+        return None
+    sub = table.subset(has)
+    t = sub.async_tp_ms
+    best_set_edge = np.nanmax(np.where(sub.in_best, sub.times_ms, np.nan), axis=1, initial=0.0)
+    edge = np.maximum(best_set_edge, sub.best_ms)
+    return score_times(sub, t, top1=t <= sub.best_ms, in_best=t <= edge), t / sub.best_ms - 1.0
+
+
+def ceiling_picks(table: ScheduleTable, noise: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
+    """The re-measure's fastest schedule of each of ``table``'s rows it re-measured: (rows of ``table``
+    ``[n']``, schedule columns ``[n']``)."""
+    index = {(s, m): i for i, (s, m) in enumerate(zip(table.scenario_ids, table.modes, strict=True))}
+    pairs = [
+        (index.get((s, m)), b) for s, m, b in zip(noise.scenario_ids, noise.modes, noise.best, strict=True)
+    ]
+    pairs = [(i, b) for i, b in pairs if i is not None]
+    rows = np.array([i for i, _ in pairs], dtype=np.int64)
+    return rows, np.array([b for _, b in pairs], dtype=np.int64)
+
+
+def pickers_summary(
+    table: ScheduleTable, picks: dict[str, np.ndarray], noise: ScheduleTable | None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Metrics of every picker (``model``, baselines, ``always_async_tp``, ``ceiling``) on ``table``, and
+    their regrets ``t / t_best - 1``."""
+    out: dict[str, Any] = {}
+    regrets: dict[str, np.ndarray] = {}
+    for name, p in picks.items():
+        out[name] = score(table, p)
+        regrets[name] = table.time_of(p)[0] / table.best_ms - 1.0
+    async_tp = async_tp_score(table)
+    if async_tp is not None:
+        out["always_async_tp"], regrets["always_async_tp"] = async_tp
+    if noise is not None:
+        rows, cols = ceiling_picks(table, noise)
+        if len(rows):
+            sub = table.subset(rows)
+            out["ceiling"] = score(sub, cols)
+            out["model_on_ceiling_rows"] = score(sub, picks["model"][rows])
+            regrets["ceiling"] = sub.time_of(cols)[0] / sub.best_ms - 1.0
+    return out, regrets
+
+
+def fit_and_pick(
+    train: ScheduleTable, test: ScheduleTable, choice: Choice, *, seed: int, n_jobs: int
+) -> np.ndarray:
+    """Fit the chosen model (and the time-ratio regressor) on ``train``; recommended columns of ``test``."""
+    model = fit_pair_model(train, choice.config, seed=seed, n_jobs=n_jobs)
+    cost = pair_costs(model, test.X, test.modes)
+    ratio = cost
+    if choice.config != RATIO_CONFIG:
+        ratio = pair_costs(fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs), test.X, test.modes)
+    return apply_policy(cost, ratio, choice.policy)[0]
+
+
+def split_summary(
+    train: ScheduleTable,
+    test: ScheduleTable,
+    choice: Choice,
+    noise: ScheduleTable | None,
+    *,
+    seed: int,
+    n_jobs: int,
+) -> dict[str, Any]:
+    """Per mode of ``test``: every picker trained on ``train`` (baselines on its rows of that mode)."""
+    model = fit_and_pick(train, test, choice, seed=seed, n_jobs=n_jobs)
+    out = {}
+    for mode in sorted(set(test.modes)):
+        on = test.modes == mode
+        held = test.subset(on)
+        base = baseline_picks(train.subset(train.modes == mode), held) if (train.modes == mode).any() else {}
+        out[mode] = pickers_summary(held, {"model": model[on], **base}, noise)[0]
+    return out
 
 
 def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Metrics of ``picks`` on each family's scenarios."""
+    """Metrics of ``picks`` on each family's rows."""
     return {
-        family: score(table.subset(table.families == family), picks[table.families == family])
-        for family in sorted(set(table.families))
-    }
-
-
-def region_summary(table: ScheduleTable, choice: Choice, *, seed: int, n_jobs: int) -> dict[str, Any]:
-    """Metrics and baselines of the region holdout (train below the 75th percentile of GEMM FLOPs)."""
-    test = region_holdout(table)
-    train, held = table.subset(~test), table.subset(test)
-    classifier = fit_classifier(train, choice.config, seed=seed, n_jobs=n_jobs)
-    regressor = fit_regressor(train, seed=seed, n_jobs=n_jobs)
-    picks = apply_policy(
-        classifier_proba(classifier, held.X), regressor_speedups(regressor, held.X), choice.policy
-    )
-    return {
-        "split": "train on GEMM FLOPs below the 75th percentile, test on the largest quarter",
-        **score(held, picks.final),
-        "baselines": {name: score(held, p) for name, p in baseline_picks(train, held).items()},
+        f: score(table.subset(table.families == f), picks[table.families == f])
+        for f in sorted(set(table.families))
     }
 
 
 def evaluate(
     table: ScheduleTable,
     *,
+    noise: ScheduleTable | None = None,
+    transfer: ScheduleTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
     progress: bool = False,
 ) -> Evaluation:
-    """Cross-validate, score the held-out picks against the baselines and run the region holdout."""
+    """Cross-validate; score the model, the baselines and the ceiling per mode on every split."""
     cv = cross_validate(
         table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
     )
     baselines = held_out_baselines(table, cv.folds)
-    families = per_family(table, cv.picks.final)
-    worse = [name for name, m in families.items() if m["speedup_vs_serial"] < 1.0]
+    region = region_holdout(table)
+    region_split = split_summary(
+        table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
+    )
+    transfer_split = (
+        split_summary(table, transfer, cv.choice, None, seed=seed, n_jobs=n_jobs)
+        if transfer is not None
+        else None
+    )
+    modes: dict[str, Any] = {}
+    regrets: dict[str, dict[str, np.ndarray]] = {}
+    for mode in [m for m in MODES if m in set(table.modes)]:
+        on = table.modes == mode
+        sub = table.subset(on)
+        picks = {"model": cv.final[on], **{name: p[on] for name, p in baselines.items()}}
+        family_holdout, regrets[mode] = pickers_summary(sub, picks, noise)
+        fallback = cv.fallback[on]
+        modes[mode] = {
+            "family_holdout": family_holdout,
+            "region_holdout": region_split.get(mode, {}),
+            **({"transfer": transfer_split.get(mode, {})} if transfer_split is not None else {}),
+            "per_family": per_family(sub, cv.final[on]),
+            "fallback": {
+                "n_fallbacks": int(fallback.sum()),
+                "without_fallback": score(sub, cv.raw[on]),
+            },
+        }
+        ceiling = family_holdout.get("ceiling", {}).get("geomean_regret")
+        model = family_holdout["model"]["geomean_regret"]
+        log.info("%s family holdout: model geomean regret %.4f, ceiling %s", mode, model, ceiling)
     summary = {
-        **score(table, cv.picks.final),
-        "baselines": {name: score(table, picks) for name, picks in baselines.items()},
-        "baseline_notes": BASELINE_NOTES,
-        "never_worse_than_serial": not worse,
-        "families_worse_than_serial": worse,
-        "fallback": fallback_summary(table, cv.picks, cv.choice.policy),
-        "per_family": families,
-        "region_holdout": region_summary(table, cv.choice, seed=seed, n_jobs=n_jobs),
+        "modes": modes,
+        "pickers": BASELINE_NOTES,
         "cv": {
-            "groups": {name: int(np.sum(cv.groups == name)) for name in sorted(set(cv.groups))},
-            "folds": sorted(set(cv.folds)),
-            "selection": "per fold, the config and decision policy of lowest loss on the other folds' "
+            "groups": {g: int(np.sum(cv.groups == g)) for g in sorted(set(cv.groups))},
+            "n_folds": len(set(cv.folds.tolist())),
+            "splitter": "sklearn.model_selection.GroupKFold over model families and grid quartiles",
+            "selection": "per fold, the config and fallback threshold of lowest loss on the other folds' "
             "held-out predictions (training/crossval.py)",
             "config": cv.choice.config.to_dict(),
             "policy": cv.choice.policy.to_dict(),
             "config_loss": cv.config_loss,
-            "speedup_weight_loss": cv.speedup_weight_loss,
-            "fold_choices": {
-                fold: {"config": c.config.to_dict(), "policy": c.policy.to_dict()}
-                for fold, c in cv.fold_choices.items()
-            },
             "seed": seed,
         },
+        "region_split": "train on GEMM FLOPs below the 75th percentile, test on the largest quarter",
     }
-    return Evaluation(summary=rounded(summary), cv=cv, baselines=baselines)
+    return Evaluation(summary=rounded(summary), cv=cv, regrets=regrets)
 
 
 def rounded(value: Any, digits: int = 6) -> Any:

@@ -1,9 +1,14 @@
-"""A loaded model that answers "which schedule for this scenario?", many scenarios at a time.
+"""A loaded model that answers "which schedule for this scenario, in this execution mode?".
 
->>> from training.registry import load_predictor                        # doctest: +SKIP
+>>> from ficco.training.registry import load_predictor                  # doctest: +SKIP
 >>> predictor = load_predictor("models", "h200x2")                       # doctest: +SKIP
->>> [r.schedule for r in predictor.recommend([Scenario(m=1024)])]        # doctest: +SKIP
+>>> [r.schedule for r in predictor.recommend([Scenario(m=1024)], mode="graph")]  # doctest: +SKIP
 ['serial/sm']
+
+Two evaluation paths give the same picks: the reference path (``xgboost.Booster.inplace_predict``) and
+the fast path (``training.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few scenarios;
+:meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and the
+reference path for larger batches, where XGBoost's own loop is faster.
 """
 
 from __future__ import annotations
@@ -13,23 +18,37 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from ficco.features import SERIAL, Scenario, feature_matrix
-from ficco.training.model import ScheduleClassifier, SpeedupRegressor, valid_mask
+from ficco.features import FEATURE_NAMES, Scenario, feature_matrix
+from ficco.training.fastpath import SpecialisedForest
+from ficco.training.model import (
+    DESCRIPTORS,
+    MODES,
+    SCHEDULES,
+    SERIAL_INDEX,
+    PairModel,
+    check_modes,
+    pair_matrix,
+    valid_mask,
+)
 from ficco.training.policy import DecisionPolicy
+
+FAST_PATH_MAX_CURSORS = 4_000_000
+"""Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
+prediction is faster."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Recommendation:
-    """The schedule to run for one scenario, and why."""
+    """The schedule to run for one scenario in one execution mode, and why."""
 
     schedule: str
     """Canonical schedule string to run (``serial/sm`` when the fallback fired)."""
-    probabilities: dict[str, float]
-    """The classifier's probability of each schedule valid for the scenario being the fastest (sums to 1).
-    ``schedule`` weighs these by predicted speedup (``training.policy``), so it need not be the most
-    probable one."""
-    predicted_speedup: float | None
-    """Predicted ``t_serial / t_schedule`` of ``schedule`` (1.0 for serial/sm); None if unknown."""
+    mode: str
+    """Execution mode the recommendation is for: ``eager`` or ``graph`` (CUDA-graph replay)."""
+    predicted_speedups: dict[str, float]
+    """Predicted ``t_serial / t_schedule`` of every schedule valid for the scenario (serial/sm: 1.0)."""
+    predicted_speedup: float
+    """Predicted ``t_serial / t_schedule`` of ``schedule`` (1.0 for serial/sm)."""
     fallback: bool
     """True when the model's own pick was replaced by serial/sm."""
     fallback_reason: str | None
@@ -42,80 +61,102 @@ class Recommendation:
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class Decision:
-    """Vectorised outcome of :meth:`Predictor.decide` for ``n`` scenarios over the ``c`` model classes."""
+    """Vectorised outcome of :meth:`Predictor.decide` for ``n`` scenario rows over the ``S`` schedules."""
 
     schedules: np.ndarray
     """Recommended schedule strings, ``[n]``."""
-    picked: np.ndarray
-    """The model's most probable valid schedule before the fallback, ``[n]``."""
-    probability: np.ndarray
-    """Probability of ``picked``, ``[n]``."""
+    final: np.ndarray
+    """Recommended schedule column, int ``[n]``."""
+    raw: np.ndarray
+    """The model's own pick (lowest cost) before the fallback, column ``[n]``."""
     speedup: np.ndarray
-    """Predicted speedup over serial of ``picked``, ``[n]``."""
+    """Predicted speedup over serial of ``raw``, ``[n]``."""
     fallback: np.ndarray
-    """Where serial/sm replaced ``picked``, bool ``[n]``."""
-    proba: np.ndarray
-    """Probabilities over the model classes, ``[n, c]``."""
-    valid: np.ndarray
-    """Which classes can run each scenario, bool ``[n, c]``."""
+    """Where serial/sm replaced ``raw``, bool ``[n]``."""
+    speedups: np.ndarray
+    """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
 
 
 class Predictor:
-    """A fitted classifier and speedup regressor with their decision policy and model card."""
+    """The fitted pair model (``scorer``), the time-ratio regressor (``ratio``, the same object when the
+    scorer is the regressor), the fallback policy and the model card."""
 
     def __init__(
         self,
         *,
-        classifier: ScheduleClassifier,
-        regressor: SpeedupRegressor,
+        scorer: PairModel,
+        ratio: PairModel,
         policy: DecisionPolicy,
         card: dict[str, Any],
         version: str,
         hardware_id: str,
     ) -> None:
-        self.classifier = classifier
-        self.regressor = regressor
+        self.scorer = scorer
+        self.ratio = ratio
         self.policy = policy
         self.card = card
         self.version = version
         self.hardware_id = hardware_id
+        boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
+        self._fast = SpecialisedForest.compile(
+            boosters, DESCRIPTORS, {m: np.array([float(m == "graph")]) for m in MODES}, len(FEATURE_NAMES)
+        )
 
     def __repr__(self) -> str:
         return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
 
-    def decide(self, X: np.ndarray) -> Decision:
-        """Picks, probabilities, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]``."""
-        classes = np.asarray(self.classifier.classes_, dtype=object)
-        proba = self.classifier.predict_proba(X)
-        valid = valid_mask(X, classes)
-        rows = np.arange(len(proba))
-        if self.policy.speedup_weight:
-            # the pick weighs every valid class by its predicted speedup; predict those pairs only
-            r, c = np.nonzero(valid)
-            speedups = np.ones(proba.shape)
-            speedups[r, c] = self.regressor.predict(X[r], classes[c].tolist())
-            pick = self.policy.pick(proba, speedups)
-            speedup = speedups[rows, pick]
-        else:
-            pick = proba.argmax(axis=1)
-            speedup = self.regressor.predict(X, classes[pick].tolist())
-        picked = classes[pick]
-        fallback = self.policy.mask(proba[rows, pick], speedup, picked == str(SERIAL))
-        return Decision(
-            schedules=np.where(fallback, str(SERIAL), picked),
-            picked=picked,
-            probability=proba[rows, pick],
-            speedup=speedup,
-            fallback=fallback,
-            proba=proba,
-            valid=valid,
-        )
+    def _reference(
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
+        Z, (rows, cols) = pair_matrix(X, modes, valid)
+        out = self.scorer.predict(Z)
+        ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
+        cost, log_ratio = np.full(valid.shape, np.inf), np.full(valid.shape, np.nan)
+        cost[rows, cols] = out if self.scorer.objective == "ratio" else -out
+        log_ratio[rows, cols] = ratio
+        return cost, log_ratio
 
-    def recommend(self, scenarios: Sequence[Scenario]) -> list[Recommendation]:
-        """One :class:`Recommendation` per scenario, in order (vectorised: 10k scenarios take well under 1 s).
+    def _fast_path(
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
+        cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
+        for mode in set(modes.tolist()):
+            on = modes == mode
+            margins = self._fast.predict(X[on].astype(np.float32), mode)
+            cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
+            log_ratio[on] = margins[:, :, -1]
+        return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)
 
-        Raises ``ValueError`` for a scenario on hardware other than the model's.
+    def decide(self, X: np.ndarray, modes: Sequence[str], *, fast: bool | None = None) -> Decision:
+        """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
+
+        ``fast``: True = the numpy fast path, False = XGBoost's own prediction, None = by batch size.
         """
+        modes = check_modes(modes)
+        valid = valid_mask(X)
+        if fast is None:
+            fast = len(X) * len(self._fast.trees.roots) <= FAST_PATH_MAX_CURSORS
+        cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid)
+        log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
+        raw = cost.argmin(axis=1)
+        speedups = np.exp(-log_ratio)
+        speedup = speedups[np.arange(len(raw)), raw]
+        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX)
+        final = np.where(fallback, SERIAL_INDEX, raw)
+        return Decision(
+            schedules=np.asarray(SCHEDULES, dtype=object)[final], final=final, raw=raw, speedup=speedup,
+            fallback=fallback, speedups=speedups,
+        )  # fmt: skip
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: str = "eager") -> list[Recommendation]:
+        """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph).
+
+        Raises ``ValueError`` for a scenario on hardware other than the model's, or an unknown mode.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
         foreign = [s.key() for s in scenarios if s.hardware.id != self.hardware_id]
         if foreign:
             raise ValueError(
@@ -123,22 +164,21 @@ class Predictor:
                 f"on other hardware, e.g. {foreign[0]}. Load the model of that hardware (list them with "
                 "ficco.training.registry.list_models)"
             )
-        d = self.decide(feature_matrix(scenarios))
-        classes = self.classifier.classes_
-        out = []
-        for i in range(len(scenarios)):
-            fell_back = bool(d.fallback[i])
-            out.append(
-                Recommendation(
-                    schedule=str(d.schedules[i]),
-                    probabilities={classes[j]: float(d.proba[i, j]) for j in np.flatnonzero(d.valid[i])},
-                    predicted_speedup=1.0 if fell_back else float(d.speedup[i]),
-                    fallback=fell_back,
-                    fallback_reason=self.policy.reason(float(d.probability[i]), float(d.speedup[i]))
-                    if fell_back
-                    else None,
-                    model_version=self.version,
-                    hardware_id=self.hardware_id,
-                )
+        d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios))
+        speedups, valid = d.speedups.tolist(), np.isfinite(d.speedups).tolist()
+        schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
+        return [
+            Recommendation(
+                schedule=schedules[i],
+                mode=mode,
+                predicted_speedups={
+                    s: v for s, v, ok in zip(SCHEDULES, speedups[i], valid[i], strict=True) if ok
+                },
+                predicted_speedup=1.0 if fallback[i] else speedup[i],
+                fallback=fallback[i],
+                fallback_reason=self.policy.reason(speedup[i]) if fallback[i] else None,
+                model_version=self.version,
+                hardware_id=self.hardware_id,
             )
-        return out
+            for i in range(len(scenarios))
+        ]

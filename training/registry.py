@@ -2,10 +2,10 @@
 
 Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_ROOT`` overrides)::
 
-    <root>/<hardware_id>/<version>/model.ubj     the schedule classifier (XGBoost UBJSON, never pickle)
-    <root>/<hardware_id>/<version>/speedup.ubj   the speedup regressor (XGBoost UBJSON)
-    <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics, decision policy,
-                                                 classes, software versions, created_at
+    <root>/<hardware_id>/<version>/model.ubj     the pair model that picks (XGBoost UBJSON, never pickle)
+    <root>/<hardware_id>/<version>/ratio.ubj     the time-ratio regressor, when the picker is the ranker
+    <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics (ceiling and per
+                                                 family included), fallback policy, ops, modes, software
     <root>/<hardware_id>/CURRENT                 the current version, one line
 
 A version (``<UTC time>-<dataset hash[:8]>``) is written into a temporary directory and renamed into
@@ -26,19 +26,14 @@ from typing import Any
 
 import numpy as np
 from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
-from ficco.training.model import (
-    FeatureSchemaError,
-    ScheduleClassifier,
-    SpeedupRegressor,
-    check_feature_schema,
-)
+from ficco.training.model import FeatureSchemaError, PairModel, check_feature_schema
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
 
 from ficco import __version__
 
 MODEL_FILE = "model.ubj"
-SPEEDUP_FILE = "speedup.ubj"
+RATIO_FILE = "ratio.ubj"
 CARD_FILE = "card.json"
 CURRENT_FILE = "CURRENT"
 _TRAIN_HINT = "train one with `ficco train --dataset DIR --promote`"
@@ -71,8 +66,8 @@ def register(
     root: str | Path,
     hardware_id: str,
     *,
-    classifier: ScheduleClassifier,
-    regressor: SpeedupRegressor,
+    scorer: PairModel,
+    ratio: PairModel,
     policy: DecisionPolicy,
     dataset_hash: str,
     info: dict[str, Any],
@@ -81,8 +76,9 @@ def register(
     """Write a new version of ``hardware_id``'s model and return its version string (not promoted).
 
     ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
-    the registry fills in: version, hardware_id, created_at, feature schema, classes, decision policy, files
-    and software versions (merged into ``info["software"]`` if given).
+    the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
+    files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
+    when the picker is the time-ratio regressor (one file then).
     """
     created_at = created_at or datetime.now(UTC)
     hw_dir = Path(root) / hardware_id
@@ -100,16 +96,17 @@ def register(
         "dataset_hash": dataset_hash,
         "feature_schema_version": FEATURE_SCHEMA_VERSION,
         "feature_names": list(FEATURE_NAMES),
-        "classes": list(classifier.classes_),
+        "objective": scorer.objective,
         "policy": policy.to_dict(),
-        "files": {"classifier": MODEL_FILE, "speedup": SPEEDUP_FILE},
+        "files": {"scorer": MODEL_FILE, "ratio": MODEL_FILE if ratio is scorer else RATIO_FILE},
         "software": {**info.get("software", {}), **_software()},
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=hw_dir))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; a service running as another user must read it
-        classifier.save_model(tmp / MODEL_FILE)
-        regressor.save_model(tmp / SPEEDUP_FILE)
+        scorer.save_model(tmp / MODEL_FILE)
+        if ratio is not scorer:
+            ratio.save_model(tmp / RATIO_FILE)
         (tmp / CARD_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, hw_dir / version)
     except BaseException:
@@ -177,7 +174,7 @@ def _read_card(version_dir: Path) -> dict[str, Any]:
         ) from None
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"model card {path} is corrupt ({err}); {_TRAIN_HINT}") from None
-    required = ("version", "feature_schema_version", "classes", "policy")
+    required = ("version", "feature_schema_version", "objective", "policy", "files")
     missing = [k for k in required if k not in card] if isinstance(card, dict) else list(required)
     if missing:
         raise ModelLoadError(f"model card {path} is corrupt: it lacks {missing}; {_TRAIN_HINT}")
@@ -213,8 +210,9 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
     source = f"model {hardware_id}/{version}"
     try:
         check_feature_schema(card["feature_schema_version"], source, hardware_id=hardware_id)
-        classifier = ScheduleClassifier.load_model(version_dir / MODEL_FILE)
-        regressor = SpeedupRegressor.load_model(version_dir / SPEEDUP_FILE)
+        scorer = PairModel.load_model(version_dir / card["files"]["scorer"])
+        same = card["files"]["ratio"] == card["files"]["scorer"]
+        ratio = scorer if same else PairModel.load_model(version_dir / card["files"]["ratio"])
         policy = DecisionPolicy(**card["policy"])
     except FeatureSchemaError as err:
         raise ModelLoadError(str(err)) from None
@@ -224,12 +222,13 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
             f"{source} under {root} is corrupt: {first_line}. Re-register it, or promote another version "
             f"({versions}); {_TRAIN_HINT}"
         ) from None
-    if list(classifier.classes_) != list(card["classes"]):
+    if scorer.objective != card["objective"] or ratio.objective != "ratio":
         raise ModelLoadError(
-            f"{source}: {MODEL_FILE} has classes {list(classifier.classes_)} but {CARD_FILE} lists "
-            f"{card['classes']}; the two files do not belong together. {_TRAIN_HINT}"
+            f"{source}: {MODEL_FILE} is a {scorer.objective!r} model and the ratio file a "
+            f"{ratio.objective!r} one, but {CARD_FILE} says {card['objective']!r}; the files do not belong "
+            f"together. {_TRAIN_HINT}"
         )
     return Predictor(
-        classifier=classifier, regressor=regressor, policy=policy, card=card, version=version,
+        scorer=scorer, ratio=ratio, policy=policy, card=card, version=version,
         hardware_id=hardware_id,
     )  # fmt: skip

@@ -5,9 +5,9 @@ runs the harness sweep through torchrun, on a CPU machine the simulator of a wha
 ``ficco retrain`` (``training.commands``) picks the measurement; CI runs the sim path end to end.
 
 With a budget, the sweep measures only the most informative scenarios of the plan: half (when a current
-model exists) those the current model is least sure about (lowest probability of its pick), the rest a
-spread over the plan (farthest-point sampling in standardised feature space), so that a small budget
-still covers every op and size region.
+model exists) those the current model is least sure about (the smallest predicted gap between its pick
+and the runner-up, in either mode), the rest a spread over the plan (farthest-point sampling in
+standardised feature space), so that a small budget still covers every op and size region.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ficco.features import feature_matrix
 from ficco.training.metrics import mean_loss, score
-from ficco.training.model import schedule_indices
+from ficco.training.model import MODES
 from ficco.training.predictor import Predictor
 from ficco.training.table import ScheduleTable, load_dataset_table
 from ficco.training.train import register_trained, train_model
@@ -49,6 +49,14 @@ def farthest_points(Z: np.ndarray, count: int, chosen: list[int]) -> list[int]:
     return added
 
 
+def decision_margin(predictor: Predictor, X: np.ndarray, mode: str) -> np.ndarray:
+    """Predicted log speedup of the pick over the runner-up of each scenario in ``mode``, ``[n]``
+    (small: the model is unsure which schedule wins)."""
+    speedups = np.nan_to_num(predictor.decide(X, [mode] * len(X)).speedups, nan=0.0)
+    top2 = np.sort(speedups, axis=1)[:, -2:]
+    return np.log(top2[:, 1] / np.maximum(top2[:, 0], 1e-12))
+
+
 def informative_subset(plan: Plan, budget: int, predictor: Predictor | None) -> Plan:
     """The ``budget`` most informative entries of ``plan``, in plan order.
 
@@ -59,8 +67,8 @@ def informative_subset(plan: Plan, budget: int, predictor: Predictor | None) -> 
     X = feature_matrix([s for _, s in plan])
     chosen: list[int] = []
     if predictor is not None:
-        probability = predictor.decide(X).probability
-        chosen = [int(i) for i in np.argsort(probability, kind="stable")[: budget // 2]]
+        margin = np.min([decision_margin(predictor, X, mode) for mode in MODES], axis=0)
+        chosen = [int(i) for i in np.argsort(margin, kind="stable")[: budget // 2]]
     spread = X.std(axis=0)
     Z = (X - X.mean(axis=0))[:, spread > 0] / spread[spread > 0]
     chosen += farthest_points(Z, budget - len(chosen), chosen)
@@ -97,7 +105,7 @@ def compare(
     """
     if current is None:
         return True, "no usable current model", None
-    picks = schedule_indices(current.decide(table.X).schedules.tolist())
+    picks = current.decide(table.X, table.modes).final
     current_loss = mean_loss(table, picks)
     metrics = score(table, picks)
     better = new_loss < current_loss
@@ -127,8 +135,8 @@ def retrain(
     log(f"fingerprint: {json.dumps((read_manifest(out) or {}).get('fingerprint'), sort_keys=True)}")
     dataset = load_dataset_table(out)
     log(f"dataset {out}: {len(dataset.table)} scenarios, hash {dataset.hash[:12]}")
-    trained = train_model(dataset.table, seed=seed, n_jobs=n_jobs, progress=progress)
-    new_loss = mean_loss(dataset.table, trained.evaluation.cv.picks.final)
+    trained = train_model(dataset.table, noise=dataset.noise, seed=seed, n_jobs=n_jobs, progress=progress)
+    new_loss = mean_loss(dataset.table, trained.evaluation.cv.final)
     better, reason, current_metrics = compare(dataset.table, new_loss, current)
     version = register_trained(registry, trained, dataset, seed=seed)
     if better:

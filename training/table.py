@@ -1,6 +1,7 @@
-"""The schedule table: a measured dataset reshaped to one row per scenario, the form training needs.
+"""The schedule table: a measured dataset reshaped to one row per (scenario, mode), the form training needs.
 
-Rows are scenarios; the columns of ``times_ms`` are every schedule of the design space in canonical order
+Rows are (scenario, execution mode) pairs; the columns of ``times_ms`` are every schedule of the design
+space in canonical order
 (``training.model.SCHEDULES``, serial/sm first), NaN where the schedule was not measured, failed or
 cannot run the scenario. The label of a scenario is its fastest measured schedule (ties: canonical
 order, so serial wins a tie).
@@ -8,6 +9,7 @@ order, so serial wins a tie).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,10 +24,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class ScheduleTable:
-    """Per-scenario arrays of a dataset. ``n`` scenarios, ``S = len(SCHEDULES)`` schedules."""
+    """Per-(scenario, mode) arrays of a dataset. ``n`` rows, ``S = len(SCHEDULES)`` schedules."""
 
     scenario_ids: np.ndarray
-    """Scenario keys, str ``[n]``."""
+    """Scenario keys, str ``[n]`` (a scenario measured in both modes has two rows)."""
+    modes: np.ndarray
+    """Execution mode of each row, ``"eager"`` or ``"graph"``, str ``[n]``."""
     families: np.ndarray
     """Model-config name or ``"grid"`` of each scenario, str ``[n]``."""
     scenarios: tuple[Scenario, ...]
@@ -34,6 +38,10 @@ class ScheduleTable:
     """Feature matrix, float64 ``[n, len(FEATURE_NAMES)]``."""
     times_ms: np.ndarray
     """Median time of each schedule, ms, float64 ``[n, S]``; NaN = no successful measurement."""
+    in_best: np.ndarray
+    """Whether each schedule is in the row's best set (cannot be told from the fastest), bool ``[n, S]``."""
+    async_tp_ms: np.ndarray
+    """PyTorch async-TP's time on the row's scenario and mode, ms ``[n]`` (NaN: not measured)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Scenarios of the dataset left out, by reason."""
 
@@ -75,46 +83,64 @@ class ScheduleTable:
         index = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index)
         return ScheduleTable(
             scenario_ids=self.scenario_ids[index],
+            modes=self.modes[index],
             families=self.families[index],
             scenarios=tuple(self.scenarios[i] for i in index),
             X=self.X[index],
             times_ms=self.times_ms[index],
+            in_best=self.in_best[index],
+            async_tp_ms=self.async_tp_ms[index],
         )
 
 
-def build_table(df: pd.DataFrame, hardware: HardwareProfile, mode: str = "eager") -> ScheduleTable:
-    """Reshape dataset rows of one execution ``mode`` (one per scenario and schedule, the
-    ``harness.dataset`` schema) into a table.
+def build_table(
+    df: pd.DataFrame, hardware: HardwareProfile, modes: Sequence[str] | None = None
+) -> ScheduleTable:
+    """Reshape dataset rows (one per scenario, schedule and mode, the ``harness.dataset`` schema) into a
+    table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
 
-    Scenarios without a successful serial/sm measurement are dropped (every metric is relative to it)
-    and counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or
-    a dataset left with no scenario.
+    Rows without a successful serial/sm measurement are dropped (every metric is relative to it) and
+    counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or a
+    dataset left with no row.
     """
     from ficco.harness.dataset import scenario_from_row
 
-    df = df[df["mode"] == mode]
+    if modes is not None:
+        df = df[df["mode"].isin(list(modes))]
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
-    ok = ok.drop_duplicates(["scenario_id", "schedule"], keep="last")  # a re-measured pair: the latest row
-    ids = np.asarray(sorted(df["scenario_id"].unique()), dtype=object)
-    times = np.full((len(ids), len(SCHEDULES)), np.nan)
-    row_of = {sid: i for i, sid in enumerate(ids)}
-    rows = np.fromiter((row_of[s] for s in ok["scenario_id"]), dtype=np.int64, count=len(ok))
+    ok = ok.drop_duplicates(["scenario_id", "mode", "schedule"], keep="last")  # re-measured: the latest
+    keys = sorted(set(zip(df["scenario_id"], df["mode"], strict=True)))
+    row_of = {key: i for i, key in enumerate(keys)}
+    times = np.full((len(keys), len(SCHEDULES)), np.nan)
+    in_best = np.zeros(times.shape, dtype=bool)
+    rows = np.fromiter(
+        (row_of[k] for k in zip(ok["scenario_id"], ok["mode"], strict=True)), np.int64, len(ok)
+    )
     cols = schedule_indices(ok["schedule"].tolist())
     times[rows, cols] = ok["median_ms"].to_numpy(dtype=np.float64)
+    in_best[rows, cols] = ok["in_best_set"].to_numpy(dtype=bool)
     keep = ~np.isnan(times[:, SERIAL_INDEX])
     if not keep.any():
         raise ValueError(
-            f"the dataset has no scenario with a successful serial/sm measurement ({len(ids)} scenarios, "
-            f"{len(ok)} successful rows of {len(df)}); nothing to learn from"
+            f"the dataset has no scenario with a successful serial/sm measurement ({len(keys)} scenario-mode "
+            f"rows, {len(ok)} successful rows of {len(df)}); nothing to learn from"
         )
-    first = df.drop_duplicates("scenario_id").set_index("scenario_id").loc[ids[keep]].reset_index()
-    scenarios = tuple(scenario_from_row(row, hardware) for _, row in first.iterrows())
+    kept = [k for k, flag in zip(keys, keep, strict=True) if flag]
+    first = df.drop_duplicates(["scenario_id", "mode"]).set_index(["scenario_id", "mode"]).loc[kept]
+    first = first.reset_index()
+    by_id = {sid: scenario_from_row(row, hardware) for sid, row in first.drop_duplicates("scenario_id")
+             .set_index("scenario_id").iterrows()}  # fmt: skip
+    scenarios = tuple(by_id[sid] for sid, _ in kept)
+    X_by_id = dict(zip(by_id, feature_matrix(by_id.values()), strict=True))
     return ScheduleTable(
-        scenario_ids=ids[keep],
+        scenario_ids=np.asarray([sid for sid, _ in kept], dtype=object),
+        modes=np.asarray([mode for _, mode in kept], dtype=object),
         families=first["family"].astype(str).to_numpy(dtype=object),
         scenarios=scenarios,
-        X=feature_matrix(scenarios),
+        X=np.stack([X_by_id[sid] for sid, _ in kept]),
         times_ms=times[keep],
+        in_best=in_best[keep],
+        async_tp_ms=first["async_tp_ms"].to_numpy(dtype=np.float64),
         dropped={"no successful serial/sm measurement": int((~keep).sum())} if not keep.all() else {},
     )
 
@@ -126,7 +152,9 @@ class LoadedDataset:
     path: Path
     """The dataset directory (or Parquet file)."""
     table: ScheduleTable
-    """One row per scenario."""
+    """One row per (scenario, mode)."""
+    noise: ScheduleTable | None
+    """The independent re-measure (``noise.parquet``) as a table; None if the dataset has none."""
     hardware: HardwareProfile
     """The profile the dataset was measured or simulated on."""
     hash: str
@@ -140,12 +168,14 @@ def load_dataset_table(path: str | Path) -> LoadedDataset:
 
     Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest or bad columns.
     """
-    from ficco.harness.dataset import dataset_hardware, dataset_hash, load_dataset
+    from ficco.harness.dataset import dataset_hardware, dataset_hash, load_dataset, load_noise
 
     path = Path(path)
     df = load_dataset(path)
     hardware = dataset_hardware(path)
     table = build_table(df, hardware)
+    noise_df = load_noise(path) if path.is_dir() else None
+    noise = None if noise_df is None or noise_df.empty else build_table(noise_df, hardware)
     digest = dataset_hash(path)
     info = {
         "path": str(path),
@@ -153,8 +183,10 @@ def load_dataset_table(path: str | Path) -> LoadedDataset:
         "hardware_id": hardware.id,
         "backends": sorted(set(df["backend"])),
         "n_rows": len(df),
-        "n_scenarios": len(table),
+        "n_scenarios": len(set(table.scenario_ids)),
+        "n_rows_by_mode": {m: int(np.sum(table.modes == m)) for m in sorted(set(table.modes))},
+        "n_noise_scenarios": 0 if noise is None else len(set(noise.scenario_ids)),
         "families": sorted(set(table.families)),
         "dropped": table.dropped,
     }
-    return LoadedDataset(path=path, table=table, hardware=hardware, hash=digest, info=info)
+    return LoadedDataset(path=path, table=table, noise=noise, hardware=hardware, hash=digest, info=info)

@@ -1,32 +1,37 @@
 """Training the model that ships: cross-validate, fit on the whole dataset, register.
 
-``ficco train --dataset datasets/h200x2 --promote`` runs :func:`train_and_register`; the same dataset and
-seed give the same model files and metrics (XGBoost ``hist`` with a fixed seed and thread count).
+``ficco train --dataset datasets/h200x2 --promote`` runs :func:`train_model` and :func:`register_trained`;
+the same dataset and seed give the same model files and metrics (XGBoost ``hist`` with a fixed seed and
+thread count).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from ficco.training.crossval import Choice
 from ficco.training.evaluate import Evaluation, evaluate
-from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_classifier, fit_regressor
-from ficco.training.model import ScheduleClassifier, SpeedupRegressor
+from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
+from ficco.training.model import PairModel
 from ficco.training.policy import POLICY_GRID, DecisionPolicy
 from ficco.training.table import LoadedDataset, ScheduleTable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class TrainedModel:
-    """Estimators fitted on a whole table with the cross-validated choice, and that evaluation."""
+    """The pair model fitted on a whole table with the cross-validated choice, and that evaluation."""
 
-    classifier: ScheduleClassifier
-    """The schedule classifier."""
-    regressor: SpeedupRegressor
-    """The speedup regressor."""
+    scorer: PairModel
+    """The model that picks (ranker or time-ratio regressor)."""
+    ratio: PairModel
+    """The time-ratio regressor (``scorer`` itself when the choice is the regressor)."""
     evaluation: Evaluation
-    """Held-out metrics, baselines and the choice of configuration and decision policy."""
+    """Held-out metrics, baselines, ceiling and the choice of configuration and fallback policy."""
 
     @property
     def choice(self) -> Choice:
@@ -36,22 +41,24 @@ class TrainedModel:
 def train_model(
     table: ScheduleTable,
     *,
+    noise: ScheduleTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
     progress: bool = False,
 ) -> TrainedModel:
-    """Evaluate by grouped cross-validation, then fit both estimators on every scenario of ``table``."""
+    """Evaluate by grouped cross-validation, then fit the chosen model on every row of ``table``."""
     evaluation = evaluate(
-        table, seed=seed, n_jobs=n_jobs, configs=configs, policies=policies, progress=progress
+        table, noise=noise, seed=seed, n_jobs=n_jobs, configs=configs, policies=policies, progress=progress
     )
     config = evaluation.cv.choice.config
-    return TrainedModel(
-        classifier=fit_classifier(table, config, seed=seed, n_jobs=n_jobs),
-        regressor=fit_regressor(table, seed=seed, n_jobs=n_jobs),
-        evaluation=evaluation,
+    scorer = fit_pair_model(table, config, seed=seed, n_jobs=n_jobs)
+    ratio = (
+        scorer if config == RATIO_CONFIG else fit_pair_model(table, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
     )
+    log.info("trained %s on %d rows (%s)", config.key(), len(table), evaluation.cv.choice.policy)
+    return TrainedModel(scorer=scorer, ratio=ratio, evaluation=evaluation)
 
 
 def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int) -> str:
@@ -59,19 +66,34 @@ def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDat
     import pandas as pd
     from ficco.training.registry import register
 
+    table = dataset.table
     return register(
         root,
         dataset.hardware.id,
-        classifier=trained.classifier,
-        regressor=trained.regressor,
+        scorer=trained.scorer,
+        ratio=trained.ratio,
         policy=trained.choice.policy,
         dataset_hash=dataset.hash,
         info={
             "dataset": dataset.info,
             "hardware": dataset.hardware.to_dict(),
+            "ops": sorted({s.op for s in table.scenarios}),
+            "modes": sorted(set(np.asarray(table.modes).tolist())),
             "config": trained.choice.config.to_dict(),
+            "choice_reason": choice_reason(trained.evaluation),
             "seed": seed,
             "metrics": trained.evaluation.summary,
             "software": {"pandas": pd.__version__},
         },
+    )
+
+
+def choice_reason(evaluation: Evaluation) -> str:
+    """Why the shipped objective was chosen, from the cross-validated losses, for the model card."""
+    loss = evaluation.summary["cv"]["config_loss"]
+    chosen = evaluation.cv.choice.config.key()
+    others = ", ".join(f"{k} {v:.4f}" for k, v in loss.items() if k != chosen)
+    return (
+        f"{chosen} had the lowest mean held-out serial-safe loss (training.metrics.pick_loss) under grouped "
+        f"cross-validation: {loss[chosen]:.4f}, against {others}"
     )

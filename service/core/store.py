@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import inspect
 import logging
 import threading
 import time
@@ -42,13 +41,8 @@ class Predictor(Protocol):
 
 # ADAPTER (remove once training's predictor v2 has landed: every predictor then takes ``mode``).
 def predict_fn(predictor: Predictor, mode: str) -> Callable[[Sequence[Scenario]], list[Any]]:
-    """``scenarios -> predictor.recommend(scenarios, mode=mode)``; a predictor whose ``recommend`` takes
-    no ``mode`` (before predictor v2) is called without it, so it answers as for eager execution."""
-    if "mode" in inspect.signature(predictor.recommend).parameters:
-        return functools.partial(predictor.recommend, mode=mode)
-    if mode != "eager":
-        log.debug("%s takes no mode: answering %s requests as eager", type(predictor).__name__, mode)
-    return predictor.recommend
+    """``scenarios -> predictor.recommend(scenarios, mode=mode)``."""
+    return functools.partial(predictor.recommend, mode=mode)
 
 
 class RecommendationCache:
@@ -204,7 +198,7 @@ def trained_ops(predictor: Predictor) -> tuple[str, ...]:
 
 def set_threads(predictor: Predictor, threads: int) -> None:
     """Make the fitted boosters (``booster_``) of ``predictor``'s estimators use ``threads`` threads."""
-    for name in ("classifier", "regressor"):
+    for name in ("scorer", "ratio"):
         estimator = getattr(predictor, name, None)
         if estimator is not None:
             estimator.booster_.set_param({"nthread": threads})

@@ -18,7 +18,7 @@ from ficco.features import (
 # The vector of REFERENCE, rounded, hashed. If this test fails you changed the feature vector:
 # bump FEATURE_SCHEMA_VERSION in features/vector.py and update both constants here.
 REFERENCE = Scenario(op="gemm_rs", m=16384, n=8192, k=14336, world_size=2)
-PINNED = {"fv1": "e65e06f31333114a"}
+PINNED = {"fv2": "286fa8e0e655610a"}
 
 
 def _digest(scenario: Scenario) -> str:
@@ -77,3 +77,12 @@ features.feature_vector(features.Scenario())
 
 def test_features_import_with_stdlib_and_numpy_only():
     subprocess.run([sys.executable, "-c", _ONLY_STDLIB_AND_NUMPY], check=True)
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "fill"), [(128, 256 * 132, 1.0), (128, 256 * 133, 133 / 264), (64, 256, 1 / 132)]
+)
+def test_wave_fill_counts_128x256_tiles_over_the_sms(rows, n, fill):
+    from ficco.features.vector import wave_fill
+
+    assert wave_fill(rows, n, 132) == pytest.approx(fill)

@@ -18,7 +18,9 @@ def test_help_lists_registered_commands():
 def test_version_prints_feature_schema():
     result = CliRunner().invoke(cli.app, ["version"])
     assert result.exit_code == 0
-    assert "feature schema fv1" in result.output
+    from ficco.features import FEATURE_SCHEMA_VERSION
+
+    assert f"feature schema {FEATURE_SCHEMA_VERSION}" in result.output
 
 
 def test_console_script_help_does_not_import_torch():

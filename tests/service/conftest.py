@@ -49,30 +49,33 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
         row[[SCHEDULES.index(str(c)) for c in schedules]] = sim.schedule_ms(s, schedules)
         scenarios.append(s)
         times.append(row)
+    times = np.asarray(times)
     return ScheduleTable(
         scenario_ids=np.asarray([s.key() for s in scenarios], dtype=object),
+        modes=np.asarray(["eager"] * n, dtype=object),
         families=np.asarray(["grid"] * n, dtype=object),
         scenarios=tuple(scenarios),
         X=feature_matrix(scenarios),
-        times_ms=np.asarray(times),
+        times_ms=times,
+        in_best=times <= 1.01 * np.nanmin(times, axis=1, keepdims=True),
+        async_tp_ms=np.full(n, np.nan),
     )
 
 
 def train_version(root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True) -> str:
-    """Fit a small classifier and regressor on simulated times, register them under ``root``; the version."""
-    from ficco.training.fit import TrainConfig, fit_classifier, fit_regressor
+    """Fit a small pair model on simulated times, register it under ``root``; the version."""
+    from ficco.training.fit import TrainConfig, fit_pair_model
     from ficco.training.policy import DecisionPolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
     table = sim_table(hardware_id, seed=seed)
-    classifier = fit_classifier(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
-    regressor = fit_regressor(table, seed=seed, n_jobs=1)
+    model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
     version = register(
         root,
         hardware_id,
-        classifier=classifier,
-        regressor=regressor,
+        scorer=model,
+        ratio=model,
         policy=DecisionPolicy(min_gain=0.01),
         dataset_hash=f"sim{seed:013d}",
         info={"hardware": get_hardware(hardware_id).to_dict(), "metrics": {"seed": seed}},

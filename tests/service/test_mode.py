@@ -1,5 +1,5 @@
 """The execution mode (eager, or graph: the layer runs inside a replayed CUDA graph) reaches the predictor
-(issue 15 item 4); a predictor without a ``mode`` argument still answers."""
+(issue 15 item 4)."""
 
 from __future__ import annotations
 
@@ -19,19 +19,10 @@ class _ModePredictor:
         return [SimpleNamespace(mode=mode)] * len(scenarios)
 
 
-class _OldPredictor:
-    def recommend(self, scenarios):
-        return [SimpleNamespace(mode=None)] * len(scenarios)
-
-
-def test_predict_fn_passes_the_mode_when_the_predictor_takes_one():
+def test_predict_fn_passes_the_mode():
     predictor = _ModePredictor()
     assert predict_fn(predictor, "graph")([object()])[0].mode == "graph"
     assert predictor.modes == ["graph"]
-
-
-def test_predict_fn_calls_an_old_predictor_without_mode():
-    assert predict_fn(_OldPredictor(), "graph")([object(), object()])[1].mode is None
 
 
 def test_mode_field_defaults_to_eager_and_refuses_others(client):
@@ -49,7 +40,7 @@ def test_mode_reaches_the_predictor_on_every_path(registry_root, start, monkeypa
 
     def recommend(self, scenarios, mode="eager"):
         seen.append(mode)
-        return original(self, scenarios)
+        return original(self, scenarios, mode=mode)
 
     monkeypatch.setattr(Predictor, "recommend", recommend)
     with start(registry_root, CACHE_SIZE=0) as client:

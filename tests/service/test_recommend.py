@@ -24,8 +24,9 @@ def test_recommend_returns_valid_schedule(client):
     body = response.json()
     valid = {str(s) for s in candidates(Scenario(**GOOD, hardware=get_hardware("h200x2")))}
     assert body["schedule"] in valid
-    assert set(body["probabilities"]) <= valid
-    assert sum(body["probabilities"].values()) == pytest.approx(1.0)
+    assert set(body["predicted_speedups"]) <= valid
+    assert body["predicted_speedups"]["serial/sm"] == pytest.approx(1.0)
+    assert body["mode"] == "eager"
     assert body["model_version"] == client.get("/readyz").json()["serving"]["h200x2"]
     assert body["hardware_id"] == body["requested_hardware"] == "h200x2"
     assert body["hardware_substitution"] is None

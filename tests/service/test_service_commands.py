@@ -97,7 +97,7 @@ def test_recommend_table_shows_schedule(registry_root):
         str(registry_root),
     )
     assert code == 0, out
-    assert out.startswith("schedule: ") and "probability" in out
+    assert out.startswith("schedule: ") and "predicted speedup" in out
 
 
 @pytest.mark.parametrize(

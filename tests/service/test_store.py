@@ -67,7 +67,7 @@ def test_store_profile_comes_from_card(two_hw_store):
 
 def test_store_predicts_single_threaded(two_hw_store):
     predictor = two_hw_store.served["h200x2"].predictor
-    for booster in (predictor.classifier.booster_, predictor.regressor.booster_):
+    for booster in (predictor.scorer.booster_, predictor.ratio.booster_):
         assert json.loads(booster.save_config())["learner"]["generic_param"]["nthread"] == "1"
 
 

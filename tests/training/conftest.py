@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from ficco.features import (
     Scenario,
+    Schedule,
     candidates,
     feature_matrix,
     get_hardware,
@@ -38,8 +39,8 @@ FAMILIES: dict[str, tuple[int, int, int]] = {
 """Fake dense model families: hidden size, intermediate size, attention heads (head dim 128)."""
 TOKENS = (512, 2048, 8192, 32768)
 FAST_CONFIGS = (
-    TrainConfig(max_depth=3, n_estimators=40),
-    TrainConfig(max_depth=3, n_estimators=40, weighting="cost"),
+    TrainConfig(objective="ratio", max_depth=3, n_estimators=30, learning_rate=0.3),
+    TrainConfig(objective="rank", max_depth=3, n_estimators=30, learning_rate=0.3),
 )
 """A small grid that keeps cross-validation in the tests fast."""
 
@@ -89,30 +90,53 @@ def toy_scenarios(n_grid: int, seed: int, hardware_id: str) -> list[tuple[str, S
     return out
 
 
+GRAPH_HOST_SAVING_MS = 0.004
+"""Toy graph mode: each piece of a schedule costs this much less host time than in eager mode."""
+
+
+def _modes(times: dict[str, float], world_size: int) -> dict[str, dict[str, float]]:
+    """Toy eager and graph times of every schedule (graph replays skip the per-piece host cost)."""
+    graph = {}
+    for schedule, t in times.items():
+        pieces = 1 if schedule.startswith("serial") else world_size * Schedule.parse(schedule).splits
+        graph[schedule] = max(t - GRAPH_HOST_SAVING_MS * pieces, 0.3 * t)
+    return {"eager": times, "graph": graph}
+
+
 def synthetic_frame(*, n_grid: int = 160, seed: int = 0, noise: float = 0.005, hardware_id: str = "h200x2"):
-    """A dataset in the ``harness.dataset`` row schema (one row per scenario and candidate schedule)."""
+    """A dataset in the ``harness.dataset`` row schema (one row per scenario, mode and candidate schedule);
+    ``in_best_set`` marks schedules within 1% of the mode's best, ``async_tp_ms`` is 1.1 x shard/dma."""
     rng = np.random.default_rng(seed + 1)
     rows, seen = [], set()
     for family, s in toy_scenarios(n_grid, seed, hardware_id):
         if s.key() in seen:
             continue
         seen.add(s.key())
-        times = toy_times_ms(s)
-        for schedule, t in times.items():
-            t *= float(np.exp(noise * rng.standard_normal()))
-            failed = schedule == "finer/sm/s8/chunk/hp" and s.m % 4096 == 0  # a few failures, never serial
-            rows.append({
-                "scenario_id": s.key(), "family": family, "op": s.op, "m": s.m, "n": s.n, "k": s.k,
-                "dtype": s.dtype, "world_size": s.world_size, "experts": s.experts, "top_k": s.top_k,
-                "imbalance": s.imbalance, "schedule": schedule, "mode": "eager",
-                "round_ms": [] if failed else [t] * 5, "in_best_set": False,
-                "median_ms": math.nan if failed else t, "p10_ms": math.nan if failed else 0.99 * t,
-                "p90_ms": math.nan if failed else 1.01 * t, "ok": not failed,
-                "error": "RuntimeError: out of memory" if failed else "", "backend": "sim",
-                "hardware_id": hardware_id, "gemm_alone_ms": math.nan, "nccl_comm_ms": math.nan,
-                "dma_comm_ms": math.nan, "async_tp_ms": math.nan,
-            })  # fmt: skip
+        for mode, times in _modes(toy_times_ms(s), s.world_size).items():
+            times = {k: t * float(np.exp(noise * rng.standard_normal())) for k, t in times.items()}
+            rows += _rows(family, s, mode, times, hardware_id)
     return pd.DataFrame(rows)
+
+
+def _rows(family: str, s: Scenario, mode: str, times: dict[str, float], hardware_id: str) -> list[dict]:
+    """Dataset rows of one scenario in one mode."""
+    rows = []
+    failed_schedule = "finer/sm/s8/chunk/hp" if s.m % 4096 == 0 else None  # a few failures, never serial
+    best = min(t for k, t in times.items() if k != failed_schedule)
+    for schedule, t in times.items():
+        failed = schedule == failed_schedule
+        rows.append({
+            "scenario_id": s.key(), "family": family, "op": s.op, "m": s.m, "n": s.n, "k": s.k,
+            "dtype": s.dtype, "world_size": s.world_size, "experts": s.experts, "top_k": s.top_k,
+            "imbalance": s.imbalance, "schedule": schedule, "mode": mode,
+            "round_ms": [] if failed else [t] * 5, "in_best_set": not failed and t <= 1.01 * best,
+            "median_ms": math.nan if failed else t, "p10_ms": math.nan if failed else 0.99 * t,
+            "p90_ms": math.nan if failed else 1.01 * t, "ok": not failed,
+            "error": "RuntimeError: out of memory" if failed else "", "backend": "sim",
+            "hardware_id": hardware_id, "gemm_alone_ms": math.nan, "nccl_comm_ms": math.nan,
+            "dma_comm_ms": math.nan, "async_tp_ms": 1.1 * times["shard/dma"],
+        })  # fmt: skip
+    return rows
 
 
 @pytest.fixture(scope="session")
@@ -127,11 +151,7 @@ def table(frame):
     return build_table(frame, get_hardware("h200x2"))
 
 
-FAST_POLICIES = (
-    DecisionPolicy(),
-    DecisionPolicy(speedup_weight=16.0, min_gain=0.0),
-    DecisionPolicy(min_probability=0.5, min_gain=0.02),
-)
+FAST_POLICIES = (DecisionPolicy(), DecisionPolicy(min_gain=0.0), DecisionPolicy(min_gain=0.02))
 """A small threshold grid for the tests."""
 
 
@@ -185,8 +205,11 @@ def tiny_table() -> ScheduleTable:
     scenarios = (Scenario(),) * 3
     return ScheduleTable(
         scenario_ids=np.array(["a", "b", "c"], dtype=object),
+        modes=np.array(["eager"] * 3, dtype=object),
         families=np.array(["f", "f", "g"], dtype=object),
         scenarios=scenarios,
         X=feature_matrix(scenarios),
         times_ms=times,
+        in_best=times <= 1.011 * np.nanmin(times, axis=1, keepdims=True),
+        async_tp_ms=np.array([0.6, 1.5, np.nan]),
     )

@@ -20,13 +20,18 @@ def evaluate_json(sim_dataset):
     return json.loads(result.stdout)
 
 
-def test_evaluate_json_prints_one_object_with_the_metrics(evaluate_json):
-    for key in ("top1", "within_2pct", "geomean_regret", "p95_regret", "max_regret", "captured_speedup",
-                "n_scenarios", "baselines", "never_worse_than_serial", "families_worse_than_serial",
-                "fallback", "per_family", "region_holdout"):  # fmt: skip
-        assert key in evaluate_json
+def test_evaluate_json_has_the_issue_layout(evaluate_json):
+    pickers = {"model", "always_serial", "always_shard_dma", "best_fixed", "size_heuristic"}
+    for mode in ("eager", "graph"):
+        family = evaluate_json["modes"][mode]["family_holdout"]
+        assert pickers <= set(family)
+        for metrics in family.values():
+            for key in ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret",
+                        "n_slower_than_serial_2pct"):  # fmt: skip
+                assert key in metrics
+        assert {"Llama-3.1-8B", "Qwen2.5-7B", "grid"} <= set(evaluate_json["modes"][mode]["per_family"])
+        assert "model" in evaluate_json["modes"][mode]["region_holdout"]
     assert evaluate_json["dataset"]["hardware_id"] == "h200x2"
-    assert {"Llama-3.1-8B", "Qwen2.5-7B", "grid"} <= set(evaluate_json["per_family"])
 
 
 def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json, tmp_path):
@@ -37,7 +42,8 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
     version = current_version(tmp_path, "h200x2")
     assert version is not None and f"promoted h200x2/{version}" in result.output
     card = load_predictor(tmp_path, "h200x2").card
-    assert card["metrics"]["top1"] == evaluate_json["top1"]  # same dataset + seed: same held-out metrics
+    assert card["metrics"]["modes"] == evaluate_json["modes"]  # same dataset + seed: same held-out metrics
+    assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["dataset"]["hash"] == evaluate_json["dataset"]["hash"]
     assert version.endswith(evaluate_json["dataset"]["hash"][:8])
 
@@ -47,9 +53,10 @@ def test_report_writes_markdown_and_plots(sim_dataset, tmp_path):
     result = runner.invoke(app, ["report", "--dataset", str(sim_dataset), "--out", str(out)])
     assert result.exit_code == 0, result.output
     names = {p.name for p in out.iterdir()}
-    assert {"report.md", "confusion.png", "regret_cdf.png", "map-ag_gemm.png", "map-gemm_rs.png"} <= names
+    for mode in ("eager", "graph"):
+        assert {f"confusion-{mode}.png", f"regret_cdf-{mode}.png", f"map-ag_gemm-{mode}.png"} <= names
     text = (out / "report.md").read_text()
-    assert "![confusion](confusion.png)" in text and "## Safe fallback" in text
+    assert "![regret CDF eager](regret_cdf-eager.png)" in text and "## graph mode" in text
     assert all((out / n).stat().st_size > 1000 for n in names if n.endswith(".png"))
 
 

@@ -1,42 +1,31 @@
-"""The decision policy: the speedup-weighted pick and the safe fallback to serial/sm."""
+"""The pick and the safe fallback."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from ficco.training.policy import DecisionPolicy
+from ficco.training.model import SCHEDULE_INDEX, SERIAL_INDEX
+from ficco.training.policy import DecisionPolicy, apply_policy
 
 
-def test_mask_falls_back_when_unsure_or_gain_within_noise():
-    policy = DecisionPolicy(min_probability=0.5, min_gain=0.02)
-    p = np.array([0.4, 0.9, 0.9, 0.3])
-    speedup = np.array([1.5, 1.01, 1.5, 1.0])
-    serial = np.array([False, False, False, True])
-    np.testing.assert_array_equal(policy.mask(p, speedup, serial), [True, True, False, False])
+def test_min_gain_out_of_range_names_the_value():
+    with pytest.raises(ValueError, match=r"min_gain must be None or in \[0, 1\); got 1.5"):
+        DecisionPolicy(min_gain=1.5)
 
 
-def test_default_policy_never_falls_back():
-    assert not DecisionPolicy().mask(np.array([0.01]), np.array([0.5]), np.array([False])).any()
+def test_pick_is_the_lowest_cost_and_falls_back_within_the_noise():
+    shard = SCHEDULE_INDEX["shard/dma"]
+    cost = np.full((2, 30), np.inf)
+    cost[:, SERIAL_INDEX], cost[:, shard] = 0.0, -1.0
+    log_ratio = np.zeros((2, 30))
+    log_ratio[:, shard] = [np.log(1 / 1.01), np.log(1 / 1.5)]  # predicted gains 1% and 50%
+    final, raw, fallback, speedup = apply_policy(cost, log_ratio, DecisionPolicy(min_gain=0.02))
+    assert list(raw) == [shard, shard]
+    assert list(final) == [SERIAL_INDEX, shard] and list(fallback) == [True, False]
+    np.testing.assert_allclose(speedup, [1.01, 1.5])
+    final, _, fallback, _ = apply_policy(cost, log_ratio, DecisionPolicy())
+    assert list(final) == [shard, shard] and not fallback.any()
 
 
-def test_reason_names_the_rule():
-    policy = DecisionPolicy(min_probability=0.5, min_gain=0.02)
-    assert "unsure" in policy.reason(0.4, 1.5)
-    assert "+1.0%" in policy.reason(0.9, 1.01) and "2%" in policy.reason(0.9, 1.01)
-
-
-def test_thresholds_are_validated():
-    with pytest.raises(ValueError, match=r"min_probability must be in \[0, 1\); got 1.5"):
-        DecisionPolicy(min_probability=1.5)
-    with pytest.raises(ValueError, match="min_gain must be None or in"):
-        DecisionPolicy(min_gain=-0.1)
-    with pytest.raises(ValueError, match=r"speedup_weight must be in \[0, 1000\]; got -1"):
-        DecisionPolicy(speedup_weight=-1)
-
-
-def test_pick_weighs_probabilities_by_predicted_speedup():
-    proba = np.array([[0.5, 0.4, 0.0], [0.2, 0.8, 0.0], [0.3, 0.3, 0.4]])
-    speedup = np.array([[1.0, 1.2, 9.0], [1.0, 1.0, 9.0], [1.0, 1.0, 1.0]])
-    np.testing.assert_array_equal(DecisionPolicy().pick(proba, speedup), [0, 1, 2])
-    # 0.4 * 1.2**2 = 0.576 > 0.5; equal speedups change nothing; an invalid schedule (p = 0) is never picked
-    np.testing.assert_array_equal(DecisionPolicy(speedup_weight=2.0).pick(proba, speedup), [1, 1, 2])
+def test_reason_quotes_gain_and_floor():
+    assert "+1.0%" in DecisionPolicy(min_gain=0.02).reason(1.01)

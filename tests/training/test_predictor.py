@@ -1,8 +1,6 @@
-"""Recommendations: vectorised, masked to valid schedules, with the safe fallback."""
+"""Recommendations: mode, predicted speedups, fallback, errors."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -11,71 +9,39 @@ from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
 
 
-def _predictor(trained, policy):
-    return Predictor(
-        classifier=trained.classifier,
-        regressor=trained.regressor,
-        policy=policy,
-        card={},
-        version="v1",
-        hardware_id="h200x2",
-    )
+def _predictor(trained, policy=None):
+    return Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=policy or trained.choice.policy,
+                     card={}, version="v1", hardware_id="h200x2")  # fmt: skip
 
 
-def test_recommend_probabilities_cover_only_valid_schedules(trained, table):
-    recs = _predictor(trained, DecisionPolicy()).recommend(table.scenarios)
-    assert len(recs) == len(table)
-    for scenario, rec in zip(table.scenarios, recs, strict=True):
-        valid = {str(s) for s in candidates(scenario)}
-        assert set(rec.probabilities) <= valid
-        assert sum(rec.probabilities.values()) == pytest.approx(1.0)
-        assert rec.schedule in valid
-        assert rec.schedule == max(rec.probabilities, key=rec.probabilities.get)  # speedup_weight 0
-        assert not rec.fallback and rec.fallback_reason is None
-        assert rec.predicted_speedup > 0
-        assert (rec.model_version, rec.hardware_id) == ("v1", "h200x2")
-
-
-def test_recommend_falls_back_to_serial_when_unsure(trained, table):
-    sure = _predictor(trained, DecisionPolicy()).recommend(table.scenarios)
-    unsure = _predictor(trained, DecisionPolicy(min_probability=0.999)).recommend(table.scenarios)
-    changed = [(a, b) for a, b in zip(sure, unsure, strict=True) if a.schedule != "serial/sm"]
-    assert changed
-    for a, b in changed:
-        if a.probabilities[a.schedule] < 0.999:
-            assert b.schedule == "serial/sm" and b.fallback and b.predicted_speedup == 1.0
-            assert "unsure" in b.fallback_reason
-            assert b.probabilities == a.probabilities
-
-
-def test_recommend_falls_back_when_the_gain_is_within_noise(trained, table):
-    recs = _predictor(trained, DecisionPolicy(min_gain=0.9)).recommend(table.scenarios)
-    assert all(r.schedule == "serial/sm" for r in recs)
-    assert any("noise floor" in (r.fallback_reason or "") for r in recs)
-
-
-def test_recommend_rejects_scenarios_on_other_hardware(trained):
-    other = Scenario(hardware=get_hardware("h100x2"))
-    with pytest.raises(ValueError, match="trained for hardware 'h200x2'; 1 scenario"):
-        _predictor(trained, DecisionPolicy()).recommend([Scenario(), other])
-
-
-def test_recommend_many_scenarios_at_once(trained):
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_recommend_answers_each_scenario_in_its_mode(trained, mode):
     hw = get_hardware("h200x2")
-    scenarios = [Scenario(m=2 * (64 + i), n=128 * (1 + i % 64), k=4096, hardware=hw) for i in range(3000)]
-    recs = _predictor(trained, DecisionPolicy()).recommend(scenarios)
-    assert len(recs) == 3000
-    assert dataclasses.is_dataclass(recs[0])
+    scenarios = [Scenario(m=m, n=8192, k=4096, hardware=hw) for m in (6, 1024, 32768)]
+    recs = _predictor(trained).recommend(scenarios, mode=mode)
+    for s, rec in zip(scenarios, recs, strict=True):
+        valid = {str(c) for c in candidates(s)}
+        assert rec.mode == mode and rec.schedule in valid
+        assert set(rec.predicted_speedups) == valid
+        assert rec.predicted_speedups["serial/sm"] == 1.0
+        assert rec.fallback is (rec.fallback_reason is not None)
 
 
-def test_decide_agrees_with_the_evaluation_picks(trained, table):
-    from ficco.training.crossval import apply_policy, classifier_proba, regressor_speedups
-    from ficco.training.model import schedule_indices
+def test_modes_can_pick_differently_but_never_invalidly(trained, table):
+    predictor = _predictor(trained)
+    eager = predictor.decide(table.X, ["eager"] * len(table))
+    graph = predictor.decide(table.X, ["graph"] * len(table))
+    assert not np.array_equal(eager.speedups, graph.speedups)
 
-    policy = DecisionPolicy(speedup_weight=16.0, min_probability=0.4, min_gain=0.01)
-    decision = _predictor(trained, policy).decide(table.X)
-    picks = apply_policy(
-        classifier_proba(trained.classifier, table.X), regressor_speedups(trained.regressor, table.X), policy
-    )
-    np.testing.assert_array_equal(schedule_indices(decision.schedules.tolist()), picks.final)
-    np.testing.assert_array_equal(decision.fallback, picks.fallback)
+
+def test_fallback_replaces_a_small_predicted_gain_with_serial(trained):
+    rec = _predictor(trained, DecisionPolicy(min_gain=0.99)).recommend([Scenario(m=32768)], mode="eager")[0]
+    assert rec.schedule == "serial/sm" and rec.predicted_speedup == 1.0
+    assert (rec.fallback and "noise floor" in rec.fallback_reason) or not rec.fallback
+
+
+def test_recommend_rejects_unknown_mode_and_foreign_hardware(trained):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        _predictor(trained).recommend([Scenario()], mode="compiled")
+    with pytest.raises(ValueError, match="trained for hardware 'h200x2'"):
+        _predictor(trained).recommend([Scenario(hardware=get_hardware("h100x8"))])

@@ -25,11 +25,11 @@ def _register(root, trained, *, when=WHEN, hardware_id="h200x2"):
     return registry.register(
         root,
         hardware_id,
-        classifier=trained.classifier,
-        regressor=trained.regressor,
+        scorer=trained.scorer,
+        ratio=trained.ratio,
         policy=trained.choice.policy,
         dataset_hash="0123456789abcdef",
-        info={"metrics": {"top1": trained.evaluation.summary["top1"]}, "software": {"pandas": "x"}},
+        info={"ops": ["ag_gemm", "gemm_rs"], "modes": ["eager", "graph"], "software": {"pandas": "x"}},
         created_at=when,
     )
 
@@ -38,19 +38,26 @@ def test_register_and_load_round_trip(tmp_path, trained, table):
     version = _register(tmp_path, trained)
     assert version == "20261122T120000Z-01234567"
     files = sorted(p.name for p in (tmp_path / "h200x2" / version).iterdir())
-    assert files == ["card.json", "model.ubj", "speedup.ubj"]
+    two = trained.ratio is not trained.scorer
+    assert files == ["card.json", "model.ubj", *(["ratio.ubj"] if two else [])]
     predictor = load_predictor(tmp_path, "h200x2", version)
     assert predictor.version == version and predictor.hardware_id == "h200x2"
     card = predictor.card
     assert card["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert card["dataset_hash"] == "0123456789abcdef"
-    assert card["classes"] == list(trained.classifier.classes_)
+    assert card["objective"] == trained.scorer.objective
+    assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["policy"] == trained.choice.policy.to_dict()
     assert card["created_at"] == "2026-11-22T12:00:00+00:00"
     assert {"ficco", "xgboost", "numpy", "python", "pandas"} <= set(card["software"])
-    np.testing.assert_array_equal(
-        predictor.classifier.predict_proba(table.X), trained.classifier.predict_proba(table.X)
-    )
+    again = predictor.decide(table.X, table.modes)
+    want = load_predictor(tmp_path, "h200x2", version).decide(table.X, table.modes, fast=False)
+    np.testing.assert_array_equal(again.final, want.final)
+    from ficco.training.fit import training_pairs
+
+    Z = training_pairs(table)[0]
+    np.testing.assert_array_equal(predictor.scorer.predict(Z), trained.scorer.predict(Z))
+    np.testing.assert_array_equal(predictor.ratio.predict(Z), trained.ratio.predict(Z))
 
 
 def test_register_never_overwrites_a_version(tmp_path, trained):
@@ -113,6 +120,16 @@ def test_load_rejects_a_corrupt_model_file(tmp_path, trained):
     version = _register(tmp_path, trained)
     (tmp_path / "h200x2" / version / "model.ubj").write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match=f"model h200x2/{version} under .* is corrupt"):
+        load_predictor(tmp_path, "h200x2", version)
+
+
+def test_load_rejects_files_that_do_not_belong_together(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    card_path = tmp_path / "h200x2" / version / "card.json"
+    card = json.loads(card_path.read_text())
+    card["objective"] = "rank" if card["objective"] == "ratio" else "ratio"
+    card_path.write_text(json.dumps(card))
+    with pytest.raises(ModelLoadError, match="do not belong"):
         load_predictor(tmp_path, "h200x2", version)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from ficco.training.registry import current_version, list_models
-from ficco.training.retrain import farthest_points, informative_subset
+from ficco.training.retrain import decision_margin, farthest_points, informative_subset
 from typer.testing import CliRunner
 
 from ficco.cli import app
@@ -23,10 +23,11 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
     from ficco.harness.plan import Plan
     from ficco.training.predictor import Predictor
 
-    plan = Plan(entries=tuple(zip(table.families, table.scenarios, strict=True)), settings={"tp": 2})
+    eager = table.subset(table.modes == "eager")
+    plan = Plan(entries=tuple(zip(eager.families, eager.scenarios, strict=True)), settings={"tp": 2})
     predictor = Predictor(
-        classifier=trained.classifier,
-        regressor=trained.regressor,
+        scorer=trained.scorer,
+        ratio=trained.ratio,
         policy=trained.choice.policy,
         card={},
         version="v",
@@ -35,9 +36,9 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
     subset = informative_subset(plan, 20, predictor)
     assert len(subset) == 20 and subset.settings["budget"] == 20
     keys = [s.key() for _, s in subset]
-    probability = predictor.decide(table.X).probability
-    least_sure = np.argsort(probability, kind="stable")[:10]
-    assert {table.scenario_ids[i] for i in least_sure} <= set(keys)
+    margin = np.min([decision_margin(predictor, eager.X, mode) for mode in ("eager", "graph")], axis=0)
+    least_sure = np.argsort(margin, kind="stable")[:10]
+    assert {eager.scenario_ids[i] for i in least_sure} <= set(keys)
     assert {s.op for _, s in subset} == {"ag_gemm", "gemm_rs"}
     assert informative_subset(plan, 0, predictor) is plan
 

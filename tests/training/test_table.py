@@ -1,4 +1,4 @@
-"""Dataset rows -> one row per scenario."""
+"""Dataset rows -> one row per (scenario, mode)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,29 @@ from ficco.training.table import build_table
 def test_build_table_labels_match_harness_label_table(frame, table):
     from ficco.harness.dataset import label_table
 
-    labels = label_table(frame).set_index("scenario_id")
-    assert sorted(labels.index) == sorted(table.scenario_ids)
-    best = labels.loc[list(table.scenario_ids)]
+    labels = label_table(frame).set_index(["scenario_id", "mode"])
+    keys = list(zip(table.scenario_ids, table.modes, strict=True))
+    assert sorted(labels.index) == sorted(keys)
+    best = labels.loc[keys]
     np.testing.assert_allclose(table.best_ms, best["best_ms"].to_numpy())
     np.testing.assert_allclose(table.serial_ms, best["serial_ms"].to_numpy())
     assert list(table.labels) == list(best["best_schedule"])
+    np.testing.assert_array_equal(table.in_best.sum(axis=1), best["best_set_size"].to_numpy())
+
+
+def test_build_table_has_both_modes_and_async_tp(frame, table):
+    assert set(table.modes) == {"eager", "graph"}
+    assert np.all(np.isfinite(table.async_tp_ms))
+    only = build_table(frame, get_hardware("h200x2"), modes=["graph"])
+    assert set(only.modes) == {"graph"} and len(only) == len(table) // 2
 
 
 def test_build_table_keeps_failed_rows_out(frame, table):
     failed = frame[~frame["ok"]]
     assert len(failed) > 0
-    for sid, schedule in zip(failed["scenario_id"], failed["schedule"], strict=True):
-        i = list(table.scenario_ids).index(sid)
+    keys = list(zip(table.scenario_ids, table.modes, strict=True))
+    for sid, mode, schedule in zip(failed["scenario_id"], failed["mode"], failed["schedule"], strict=True):
+        i = keys.index((sid, mode))
         assert np.isnan(table.times_ms[i, SCHEDULES.index(schedule)])
 
 
@@ -34,7 +44,7 @@ def test_build_table_drops_scenarios_without_serial(frame):
     broken.loc[(broken["scenario_id"] == first) & (broken["schedule"] == "serial/sm"), "ok"] = False
     table = build_table(broken, get_hardware("h200x2"))
     assert first not in set(table.scenario_ids)
-    assert table.dropped == {"no successful serial/sm measurement": 1}
+    assert table.dropped == {"no successful serial/sm measurement": 2}  # both modes
 
 
 def test_build_table_rejects_unknown_schedule(frame):

@@ -1,0 +1,190 @@
+"""The fast inference path: XGBoost forests compiled into flat numpy arrays, every tree walked at once.
+
+The reference path is ``xgboost.Booster.inplace_predict``; it costs a few hundred microseconds per call
+whatever the batch, which dominates a single-scenario decision (about 30 pairs). Here:
+
+1. Specialisation: a pair is (scenario features, schedule fields, mode), and a scenario is paired with at
+   most ``S`` schedules in one mode. For each (schedule, mode), every split on a schedule or mode column
+   is resolved at compile time, leaving trees over the scenario features only; identical pruned trees
+   are kept once. On the h200x2 model the 2 x 100 trees x 30 schedules (6,000 tree walks per decision)
+   become about 2,000 distinct trees per mode.
+2. Walking: the distinct trees become one array per node field, the nodes of every tree numbered so that
+   a split's two children are adjacent (right = left + 1), a leaf pointing to itself with an infinite
+   threshold. One step moves every (scenario, tree) cursor one level down::
+
+       node = left[node] + (x[scenario, feature[node]] >= threshold[node])
+
+   and after ``depth`` steps every cursor rests on its leaf (XGBoost goes right when ``x >= threshold``).
+3. Summing: for each schedule ``s`` and booster ``g``, the leaf values of the distinct trees standing
+   for its trees, summed in tree order (the same order whatever the batch size, so one scenario's answer
+   does not depend on its batch), plus the booster's base score give the margins ``[n, S, G]``.
+
+``tests/training/test_fastpath.py`` checks the picks equal the reference path's on a whole dataset;
+``benchmarks/predict_fastpath.py`` times it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Tree = tuple
+"""A tree as nested tuples: ``("leaf", value)`` or ``(feature, threshold, left, right)`` (hashable)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class FlatTrees:
+    """``U`` trees of ``M`` nodes in all, in flat arrays, walked together."""
+
+    roots: np.ndarray
+    """Node id of each tree's root, intp ``[U]``."""
+    feature: np.ndarray
+    """Split feature of each node (0 for a leaf), intp ``[M]``."""
+    threshold: np.ndarray
+    """Split threshold (go right when ``x >= threshold``; +inf for a leaf), float32 ``[M]``."""
+    left: np.ndarray
+    """Left child of each node (the right child is ``left + 1``; a leaf: itself), intp ``[M]``."""
+    value: np.ndarray
+    """Leaf value of each node (0 for a split), float64 ``[M]``."""
+    depth: int
+    """Steps that bring every cursor to a leaf (the deepest leaf's depth)."""
+
+    @classmethod
+    def from_trees(cls, trees: Sequence[Tree]) -> FlatTrees:
+        """Flatten nested-tuple trees, breadth first, each split's children in adjacent slots."""
+        feature: list[int] = []
+        threshold: list[float] = []
+        left: list[int] = []
+        value: list[float] = []
+
+        def slot() -> int:
+            feature.append(0), threshold.append(np.inf), left.append(0), value.append(0.0)
+            return len(feature) - 1
+
+        roots, depth = [], 0
+        for tree in trees:
+            queue = deque([(tree, slot(), 0)])
+            roots.append(queue[0][1])
+            while queue:
+                node, me, d = queue.popleft()
+                if node[0] == "leaf":
+                    left[me], value[me] = me, node[1]
+                    depth = max(depth, d)
+                    continue
+                child = slot()
+                slot()
+                feature[me], threshold[me], left[me] = node[0], node[1], child
+                queue += [(node[2], child, d + 1), (node[3], child + 1, d + 1)]
+        return cls(
+            roots=np.asarray(roots, dtype=np.intp),
+            feature=np.asarray(feature, dtype=np.intp),
+            threshold=np.asarray(threshold, dtype=np.float32),
+            left=np.asarray(left, dtype=np.intp),
+            value=np.asarray(value, dtype=np.float64),
+            depth=depth,
+        )
+
+    def leaves(self, X: np.ndarray, trees: np.ndarray) -> np.ndarray:
+        """Leaf values of ``trees`` (indices ``[u]``) on rows ``X`` ``[n, F]``: float64 ``[n, u]``."""
+        n, f = X.shape
+        flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1)
+        node = np.broadcast_to(self.roots[trees], (n, len(trees)))
+        left = self.left
+        if n == 1:  # one scenario: every node's outcome at once, then each step is two gathers
+            right = flat[self.feature] >= self.threshold
+            for _ in range(self.depth):
+                node = left[node] + right[node]
+            return self.value[node]
+        base = np.arange(0, n * f, f, dtype=np.intp)[:, None]
+        feature, threshold = self.feature, self.threshold
+        for _ in range(self.depth):
+            node = left[node] + (flat[base + feature[node]] >= threshold[node])
+        return self.value[node]
+
+
+def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
+    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link).
+
+    Raises ``ValueError`` for a multi-output booster or categorical splits.
+    """
+    learner = json.loads(bytes(booster.save_raw("json")))["learner"]
+    model = learner["gradient_booster"]["model"]
+    if any(g != 0 for g in model["tree_info"]):
+        raise ValueError("the fast path supports single-output boosters only; got a multi-output one")
+    if any(tree.get("categories_nodes") for tree in model["trees"]):
+        raise ValueError("the fast path does not support categorical splits")
+    return model["trees"], float(learner["learner_model_param"]["base_score"].strip("[]"))
+
+
+def prune(tree: dict[str, Any], fixed: dict[int, float], node: int = 0) -> Tree:
+    """``tree`` (XGBoost JSON) as nested tuples, with every split on a column of ``fixed`` (column ->
+    value) resolved the way XGBoost would (float32 comparison)."""
+    left = tree["left_children"][node]
+    if left == -1:
+        return ("leaf", tree["split_conditions"][node])
+    column, cut = tree["split_indices"][node], tree["split_conditions"][node]
+    right = tree["right_children"][node]
+    if column in fixed:
+        return prune(tree, fixed, right if np.float32(fixed[column]) >= np.float32(cut) else left)
+    return (column, cut, prune(tree, fixed, left), prune(tree, fixed, right))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class SpecialisedForest:
+    """``G`` boosters over pairs, specialised per (schedule, mode) into distinct trees over the scenario
+    features (module docstring). ``S`` schedules, ``G`` boosters."""
+
+    trees: FlatTrees
+    """Every distinct pruned tree of every mode."""
+    used: dict[str, np.ndarray]
+    """Per mode, the distinct trees it needs, intp ``[U_mode]``."""
+    members: dict[str, np.ndarray]
+    """Per mode, for each (schedule ``s``, booster ``g``) in turn, the positions in ``used`` of the distinct
+    trees standing for the booster's trees, flattened: intp ``[S * G * T_max]`` (a booster of fewer trees
+    is padded with a tree that is one leaf of value 0)."""
+    starts: np.ndarray
+    """Where each (schedule, booster) segment of ``members`` starts, intp ``[S * G]``."""
+    base_score: np.ndarray
+    """Each booster's base score, float64 ``[G]``."""
+    n_schedules: int
+    """``S``."""
+
+    @classmethod
+    def compile(
+        cls, boosters: Sequence[Any], descriptors: np.ndarray, modes: dict[str, np.ndarray], first: int
+    ) -> SpecialisedForest:
+        """Specialise ``boosters`` for every row of ``descriptors`` (``[S, d]``, the pair columns from
+        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``)."""
+        parsed = [booster_trees(b) for b in boosters]
+        distinct: dict[Tree, int] = {}
+        used, members = {}, {}
+        n_s, n_g = len(descriptors), len(parsed)
+        t_max = max(len(trees) for trees, _ in parsed)
+        zero = distinct.setdefault(("leaf", 0.0), 0)
+        for mode, tail in modes.items():
+            mine: dict[int, int] = {zero: 0}
+            member = np.zeros((n_s * n_g, t_max), dtype=np.intp)
+            for s, row in enumerate(descriptors):
+                fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
+                for g, (trees, _) in enumerate(parsed):
+                    keys = [distinct.setdefault(prune(t, fixed), len(distinct)) for t in trees]
+                    member[s * n_g + g, : len(keys)] = [mine.setdefault(u, len(mine)) for u in keys]
+            used[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine))
+            members[mode] = member.ravel()
+        return cls(
+            trees=FlatTrees.from_trees(list(distinct)), used=used, members=members,
+            starts=np.arange(0, n_s * n_g * t_max, t_max, dtype=np.intp),
+            base_score=np.array([base for _, base in parsed]), n_schedules=n_s,
+        )  # fmt: skip
+
+    def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
+        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` in ``mode``: float64 ``[n, S, G]``."""
+        leaves = self.trees.leaves(X, self.used[mode])
+        # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
+        out = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
+        return out.reshape(len(X), self.n_schedules, -1) + self.base_score
