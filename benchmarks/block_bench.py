@@ -285,7 +285,6 @@ def write_plan(path: Path) -> None:
     oracle = {_key_str(*k): _answer_dict(a) for k, a in table.items() if k in set(keys)}
     plan = {
         "model": source.origin,
-        "mode_aware_model": source.mode_aware,
         "dataset": str(DATASET.relative_to(REPO)),
         "planner": planner,
         "oracle": oracle,
@@ -318,10 +317,7 @@ def planner_source(plan_file: Path) -> tuple[Any, str]:
     """The local predictor, or (no xgboost here) its answers from the plan file; and which one it is."""
     try:
         source = PredictorSource.load(hardware_id=HARDWARE)
-        return (
-            source,
-            f"live {source.origin} ({'per-mode' if source.mode_aware else 'one model for both modes'})",
-        )
+        return source, f"live {source.origin}"
     except Exception as err:  # ImportError (no xgboost), ModelLoadError
         if not plan_file.exists():
             raise SystemExit(
@@ -329,10 +325,7 @@ def planner_source(plan_file: Path) -> tuple[Any, str]:
                 "write one on a CPU machine with --write-plan"
             ) from None
         plan = json.loads(plan_file.read_text())
-        modes = "per-mode" if plan["mode_aware_model"] else "one model for both modes"
-        return TableSource(
-            _plan_table(plan["planner"]), origin=plan["model"]
-        ), f"plan file ({plan['model']}, {modes})"
+        return TableSource(_plan_table(plan["planner"]), origin=plan["model"]), f"plan file ({plan['model']})"
 
 
 def oracle_answers(plan_file: Path) -> tuple[dict[tuple, Answer], list[str], str]:

@@ -8,7 +8,6 @@ one shape a planner reads, whatever the source returns; ``answer_from`` builds i
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -57,25 +56,11 @@ def answer_from(rec: Any, origin: str) -> Answer:
     )
 
 
-def _takes_mode(recommend: Callable[..., Any]) -> bool:
-    """True when ``recommend`` accepts a ``mode`` keyword (the predictor's new signature)."""
-    try:
-        return "mode" in inspect.signature(recommend).parameters
-    except (TypeError, ValueError):  # builtins without a signature
-        return False
-
-
 class PredictorSource:
-    """A local ``training.predictor.Predictor`` (``training.registry.load_predictor``).
-
-    Works with both predictor signatures: ``recommend(scenarios, mode=...)`` (models trained per execution
-    mode) and the older ``recommend(scenarios)``, whose one model answers every mode (``mode_aware`` says
-    which this predictor has).
-    """
+    """A local ``training.predictor.Predictor`` (``training.registry.load_predictor``)."""
 
     def __init__(self, predictor: Any) -> None:
         self.predictor = predictor
-        self.mode_aware = _takes_mode(predictor.recommend)
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
 
     @classmethod
@@ -91,26 +76,15 @@ class PredictorSource:
         return getattr(self.predictor, "hardware_id", None)
 
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
-        recs = (
-            self.predictor.recommend(list(scenarios), mode=mode)
-            if self.mode_aware
-            else self.predictor.recommend(list(scenarios))
-        )
+        recs = self.predictor.recommend(list(scenarios), mode=mode)
         return [answer_from(r, self.origin) for r in recs]
 
 
 class ServiceSource:
-    """The recommendation service, through a ``service.client.ServiceClient``.
-
-    The execution mode is sent when the service's request schema has a ``mode`` field; an older service
-    answers for eager execution.
-    """
+    """The recommendation service, through a ``service.client.ServiceClient``."""
 
     def __init__(self, client: Any) -> None:
-        from ficco.service import client as service_client  # the request schema the client validates with
-
         self.client = client
-        self.mode_aware = "mode" in service_client.ScenarioIn.model_fields
         self.origin = "service"
 
     @property
@@ -123,9 +97,8 @@ class ServiceSource:
         self.client.cache = type(cache)(cache.maxsize)
 
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
-        bodies = []
-        for s in scenarios:
-            body = {
+        bodies = [
+            {
                 "op": s.op,
                 "m": s.m,
                 "n": s.n,
@@ -133,10 +106,10 @@ class ServiceSource:
                 "dtype": s.dtype,
                 "world_size": s.world_size,
                 "hardware": s.hardware.id,
+                "mode": mode,
             }
-            if self.mode_aware:
-                body["mode"] = mode
-            bodies.append(body)
+            for s in scenarios
+        ]
         return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
 
 

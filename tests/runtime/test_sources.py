@@ -21,17 +21,8 @@ def _rec(schedule: str, **extra) -> SimpleNamespace:
     return SimpleNamespace(**fields, **extra)
 
 
-class OldPredictor:
-    """The current signature: ``recommend(scenarios)``."""
-
-    hardware_id, version = "h200x2", "old"
-
-    def recommend(self, scenarios):
-        return [_rec("shard/dma", probabilities={}) for _ in scenarios]
-
-
-class NewPredictor:
-    """The rewritten signature: ``recommend(scenarios, mode="eager")`` with per-mode speedups."""
+class ModePredictor:
+    """``recommend(scenarios, mode="eager")`` with per-mode answers."""
 
     hardware_id, version = "h200x2", "new"
 
@@ -44,18 +35,9 @@ class NewPredictor:
         return [_rec(schedule, mode=mode, predicted_speedups={schedule: 1.2}) for _ in scenarios]
 
 
-def test_adapter_calls_the_old_signature_without_mode():
-    source = PredictorSource(OldPredictor())
-    assert not source.mode_aware
-    answers = source.recommend(SCENARIOS, "graph")
-    assert [a.schedule for a in answers] == ["shard/dma"] * 2
-    assert answers[0].origin == "model h200x2/old"
-
-
-def test_adapter_passes_the_mode_to_the_new_signature():
-    predictor = NewPredictor()
+def test_predictor_source_passes_the_mode():
+    predictor = ModePredictor()
     source = PredictorSource(predictor)
-    assert source.mode_aware
     assert [a.schedule for a in source.recommend(SCENARIOS, "graph")] == ["finer/dma/s2/chunk"] * 2
     assert [a.schedule for a in source.recommend(SCENARIOS, "eager")] == ["shard/sm"] * 2
     assert predictor.modes == ["graph", "eager"]
@@ -82,7 +64,8 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
         bodies.append(json.loads(request.content))
         answer = {
             "schedule": "shard/dma",
-            "probabilities": {},
+            "mode": "eager",
+            "predicted_speedups": {"serial/sm": 1.0, "shard/dma": 1.4},
             "predicted_speedup": 1.4,
             "fallback": False,
             "fallback_reason": None,
@@ -108,7 +91,7 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
         "world_size": 2,
         "hardware": "h200x2",
     }
-    assert ("mode" in sent) == source.mode_aware
+    assert sent["mode"] == "eager"
     source.forget()
     assert len(source.client.cache) == 0
 
