@@ -9,6 +9,7 @@ NaN so that a schedule that forgets to move a piece cannot pass a correctness ch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ import torch.distributed as dist
 from ficco.executor.lanes import DeviceLanes, HostLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+
+log = logging.getLogger(__name__)
 
 BARRIER_TIMEOUT_MS = 120_000
 """Device barriers of the copy-engine executor give up (and trap, ending the process loudly instead of
@@ -59,6 +62,7 @@ class GroupContext:
         out = self.buffers.get(key)
         if out is None:
             out = self.buffers[key] = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            log.debug("buffer %s allocated: shape %s, %s on %s", name, tuple(shape), dtype, self.device)
         return out
 
     def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | HostLanes:
@@ -78,6 +82,7 @@ class GroupContext:
         if not self.workspace.fits(half_bytes):
             self.transports.clear()  # they view the peer memory that ensure() is about to free
             self.workspace.ensure(half_bytes)
+            log.info("peer memory grown to %.1f MiB per half on %s", half_bytes / 2**20, self.device)
         return self.workspace
 
     def p2p_group(self, high_priority: bool) -> dist.ProcessGroup:

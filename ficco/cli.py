@@ -6,9 +6,14 @@ Command modules import their heavy dependencies (torch, xgboost, fastapi) inside
 
 from __future__ import annotations
 
-import importlib
+import logging
+from typing import Annotated
 
 import typer
+
+from ficco.harness import commands as harness_commands
+from ficco.service import commands as service_commands
+from ficco.training import commands as training_commands
 
 app = typer.Typer(
     name="ficco",
@@ -22,21 +27,36 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "ficco.harness.commands",
-    "ficco.training.commands",
-    "ficco.service.commands",
-)
+COMMAND_MODULES = (harness_commands, training_commands, service_commands)
 """Modules with a ``register(app)`` function that adds their subcommands, in help order."""
+
+LOG_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
+"""Log level of the ``ficco`` loggers by the count of ``-v``: quiet, decisions, debug."""
 
 
 @app.callback()
-def main() -> None:
+def main(
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="-v: one line per decision (schedule, buffers, skips); -vv: debug.",
+        ),
+    ] = 0,
+) -> None:
     """Learned schedule predictor for compute/communication overlap on multi-GPU machines."""
+    if (
+        verbose
+    ):  # quiet by default: Python's root logger shows WARNING and above (``ficco serve`` sets its own)
+        level = LOG_LEVELS[min(verbose, len(LOG_LEVELS) - 1)]
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("ficco").setLevel(level)
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+for _module in COMMAND_MODULES:
+    _module.register(app)
 
 
 @app.command("version")

@@ -11,6 +11,7 @@ for each token count, keeps the first family of every scenario id (recording the
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_ha
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.sim import SimBackend
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKENS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Token counts per layer call (sequence x micro-batch): decode and small-batch serving (128-512) to
@@ -159,6 +162,9 @@ def plan_scenarios(
                 if len(seen) > 1:
                     continue
                 if serial_ms(s) > max_serial_ms:
+                    log.info(
+                        "scenario %s of %s left out: serial over %g ms", s.key(), config.name, max_serial_ms
+                    )
                     dropped.append(f"{config.name}:{s.key()}")
                 else:
                     entries.append((config.name, s))

@@ -16,6 +16,7 @@ one, never a half-written model.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import shutil
@@ -31,6 +32,8 @@ from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
 
 from ficco import __version__
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.ubj"
 RATIO_FILE = "ratio.ubj"
@@ -131,6 +134,7 @@ def promote(root: str | Path, hardware_id: str, version: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, hw_dir / CURRENT_FILE)
+        log.info("promoted %s/%s to current in %s", hardware_id, version, root)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -29,3 +29,17 @@ def test_console_script_help_does_not_import_torch():
         "assert not {'torch', 'xgboost', 'fastapi', 'pandas'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_verbose_counts_raise_the_ficco_log_level(monkeypatch):
+    import logging
+
+    levels = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
+    ficco_logger = logging.getLogger("ficco")
+    monkeypatch.setattr(ficco_logger, "level", ficco_logger.level)
+    for args, level in ((["-v"], logging.INFO), (["-vv"], logging.DEBUG), (["-vvv"], logging.DEBUG)):
+        assert CliRunner().invoke(cli.app, [*args, "version"]).exit_code == 0
+        assert ficco_logger.level == level
+    assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert CliRunner().invoke(cli.app, ["version"]).exit_code == 0 and len(levels) == 3  # quiet: untouched
