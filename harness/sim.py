@@ -280,6 +280,19 @@ def _host_us(c: SimConstants, dma: np.ndarray, rounds: np.ndarray, units: np.nda
     return fixed + per_round * rounds + c.host_unit_us * units
 
 
+def plan_counts(
+    w: np.ndarray, gran: np.ndarray, splits: np.ndarray, chunk: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Transfer rounds and peer GEMM units of the executor's plan (``executor.plan.make_plan``), shape
+    ``[N]`` each, for world sizes ``w``, granularity codes ``gran`` (0 serial, 1 shard, 2 finer), ``splits``
+    and ``chunk`` (grain chunk). Serial: one round, no peer unit (one GEMM over all rows); shard: ``w - 1``
+    rounds and peer units; finer: ``splits`` rounds, ``(w - 1) * splits`` peer units (grain chunk) or
+    ``w - 1`` (grain shard). tests/harness/test_sim.py ties these to ``make_plan``."""
+    rounds = np.where(gran == 0, 1, np.where(gran == 2, splits, w - 1))
+    peer_units = np.where(gran == 0, 0, np.where(chunk & (gran == 2), (w - 1) * splits, w - 1))
+    return rounds, peer_units
+
+
 def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``:
 
@@ -304,8 +317,7 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
 
     chunk = x["chunk"] > 0
     finer = x["gran"] == 2
-    rounds = np.where(finer, splits, w - 1)
-    peer_units = np.where(chunk, (w - 1) * splits, w - 1)
+    rounds, peer_units = plan_counts(w, x["gran"], splits, chunk)
     units = 1.0 + peer_units
     relief = 1.0 - hp * min(c.hp_comm_relief, 1.0)
     comm_slow = np.where(dma, c.dma_comm_slowdown, c.sm_comm_slowdown) * relief

@@ -190,3 +190,26 @@ def test_fingerprint_names_model_constants_and_hardware(h200):
 
 def test_world_size_comes_from_the_profile():
     assert SimBackend(HardwareProfile(id="x8", gpu_count=8)).world_size == 8
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+def test_sim_plan_counts_match_the_executor_plan(direction):
+    """The simulator's rounds and GEMM units are the executor's (``executor.plan.make_plan``)."""
+    from ficco.executor.plan import make_plan
+    from ficco.harness.sim import plan_counts
+
+    codes = {"serial": 0, "shard": 1, "finer": 2}
+    for w in (2, 4, 8):
+        for granularity, splits, grain in [
+            ("serial", 1, "shard"), ("shard", 1, "shard"),
+            *[("finer", s, g) for s in (2, 4, 8) for g in ("chunk", "shard")],
+        ]:  # fmt: skip
+            plan = make_plan(direction, w, granularity, splits, grain)
+            rounds, peer_units = plan_counts(
+                np.array([w]),
+                np.array([codes[granularity]]),
+                np.array([splits]),
+                np.array([grain == "chunk"]),
+            )
+            peers = [u for u in plan.units if u.offset not in (0, None)]
+            assert (int(rounds[0]), int(peer_units[0])) == (len(plan.rounds), len(peers)), (w, granularity)
