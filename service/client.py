@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 from ficco.features import Scenario
-from ficco.service.core.store import RecommendationCache
+from ficco.service.cache import RecommendationCache
 from ficco.service.schemas import (
     ModelsPublic,
     ReadyPublic,

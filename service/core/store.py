@@ -13,8 +13,7 @@ import importlib
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from ficco.service.cache import RecommendationCache
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
 from ficco.service.schemas import MODES
@@ -43,34 +43,6 @@ class Predictor(Protocol):
 def predict_fn(predictor: Predictor, mode: str) -> Callable[[Sequence[Scenario]], list[Any]]:
     """``scenarios -> predictor.recommend(scenarios, mode=mode)``."""
     return functools.partial(predictor.recommend, mode=mode)
-
-
-class RecommendationCache:
-    """A thread-safe LRU map from a scenario key to the model's answer; ``maxsize=0`` stores nothing."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any | None:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        if not self.maxsize:
-            return
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

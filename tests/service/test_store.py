@@ -9,7 +9,8 @@ import time
 
 import pytest
 from ficco.features import get_hardware
-from ficco.service.core.store import ModelStore, RecommendationCache, resolve_hardware
+from ficco.service.cache import RecommendationCache
+from ficco.service.core.store import ModelStore, resolve_hardware
 from ficco.service.errors import NoModelError, UnknownHardwareError
 from ficco.training import registry
 from ficco.training.registry import current_version, list_models, promote
