@@ -72,7 +72,8 @@ def test_dockerfile_copy_sources_exist():
 
 def test_build_context_holds_what_the_image_needs():
     packages = sorted(
-        {name.split(".")[0] for name in COMMAND_MODULES} | {"features", "ficco", "service", "training"}
+        {module.__name__.split(".")[1] for module in COMMAND_MODULES}
+        | {"features", "ficco", "service", "training"}
     )
     hw = Settings().DEFAULT_HARDWARE
     for path in ["pyproject.toml", "README.md", *packages, f"datasets/{hw}", "models"]:
