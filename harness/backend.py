@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 from ficco.features import Scenario, Schedule
 
 BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")
@@ -43,6 +45,16 @@ class Measurement:
     in_best_set: bool = False
     """Cannot be told apart from the fastest ok schedule of the same scenario and mode at the measured
     noise (``harness.labels.best_set``); set by ``harness.labels.label_result``, False when failed."""
+
+    @classmethod
+    def from_rounds(cls, schedule: str, mode: str, round_ms: Sequence[float]) -> Measurement:
+        """The measurement of ``schedule`` in ``mode`` whose per-round times are ``round_ms`` (ms, at least
+        one): median, 10th and 90th percentiles over the rounds."""
+        p10, median, p90 = np.percentile(np.asarray(round_ms, dtype=float), [10, 50, 90])
+        return cls(
+            schedule=schedule, mode=mode, median_ms=float(median), p10_ms=float(p10), p90_ms=float(p90),
+            round_ms=tuple(float(t) for t in round_ms),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -481,17 +481,7 @@ class SimBackend:
                         self.noise
                         * np.random.default_rng([self.seed, key, draw]).standard_normal(self.rounds)
                     )
-                p10, median, p90 = np.percentile(rounds, [10, 50, 90])
-                out.append(
-                    Measurement(
-                        schedule=str(schedule),
-                        mode=mode,
-                        median_ms=float(median),
-                        p10_ms=float(p10),
-                        p90_ms=float(p90),
-                        round_ms=tuple(float(t) for t in rounds),
-                    )
-                )
+                out.append(Measurement.from_rounds(str(schedule), mode, rounds))
             base = _baselines_us(constants, _encode([(scenario, Schedule())]))
             baselines[mode] = {key: float(v[0]) / 1e3 for key, v in base.items()}
         return ScenarioResult(measurements=out, baselines=baselines)
