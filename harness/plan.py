@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.sim import SimBackend
@@ -191,15 +192,13 @@ def plan_scenarios(
 def _check_args(
     tp: int, tokens: Sequence[int], grid_size: int, max_serial_ms: float, hw: HardwareProfile
 ) -> None:
-    if not (isinstance(tp, int) and 2 <= tp <= min(8, hw.gpu_count)):
-        raise ValueError(f"tp must be an int in [2, {min(8, hw.gpu_count)}] (GPUs of {hw.id}); got {tp!r}")
+    check_int("plan_scenarios", "tp", tp, 2, min(8, hw.gpu_count))  # at most the GPUs of hw
     bad = [t for t in tokens if not (isinstance(t, int) and t >= tp and t % tp == 0)]
     if not tokens or bad:
         raise ValueError(
             f"tokens must be a non-empty list of positive multiples of tp={tp}; bad: {bad or tokens}"
         )
-    if not (isinstance(grid_size, int) and 0 <= grid_size <= 100_000):
-        raise ValueError(f"grid_size must be an int in [0, 100000]; got {grid_size!r}")
+    check_int("plan_scenarios", "grid_size", grid_size, 0, 100_000)
     if not max_serial_ms > 0:
         raise ValueError(f"max_serial_ms must be > 0; got {max_serial_ms!r}")
 

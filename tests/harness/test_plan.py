@@ -72,10 +72,10 @@ def test_plan_json_round_trip(small_plan):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"tp": 4}, r"tp must be an int in \[2, 2\] \(GPUs of h200x2\); got 4"),
+        ({"tp": 4}, r"plan_scenarios.tp must be an int in \[2, 2\]; got 4"),
         ({"tokens": [1000, 1001]}, r"positive multiples of tp=2; bad: \[1001\]"),
         ({"tokens": []}, "non-empty list"),
-        ({"grid_size": -1}, r"grid_size must be an int in \[0, 100000\]; got -1"),
+        ({"grid_size": -1}, r"plan_scenarios.grid_size must be an int in \[0, 100000\]; got -1"),
         ({"max_serial_ms": 0}, "max_serial_ms must be > 0; got 0"),
     ],
 )
