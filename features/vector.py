@@ -24,7 +24,7 @@ _TILE = 128
 """Output tile edge (rows and columns) assumed when counting GEMM waves; Hopper bf16 kernels use 128-256."""
 _WAVE_TILE = (128, 256)
 """Output tile (rows, columns) of Hopper's large bf16 GEMM kernels, for the wave fill of a chunk's GEMM."""
-_FP32_SLOWDOWN = 14.8
+FP32_SLOWDOWN = 14.8
 """Plain fp32 GEMM rate below the bf16 tensor-core rate (H100/H200 datasheets: 67 vs 989 TFLOP/s)."""
 
 
@@ -35,7 +35,7 @@ def _log2(x: float) -> float:
 def roofline_gemm_us(scenario: Scenario) -> float:
     """Roofline time of the rank's GEMM work, microseconds: max(FLOPs / peak, bytes / HBM bandwidth)."""
     hw = scenario.hardware
-    peak = hw.peak_bf16_tflops * 1e12 / (_FP32_SLOWDOWN if scenario.dtype == "fp32" else 1.0)
+    peak = hw.peak_bf16_tflops * 1e12 / (FP32_SLOWDOWN if scenario.dtype == "fp32" else 1.0)
     return 1e6 * max(scenario.gemm_flops / peak, scenario.gemm_bytes / (hw.hbm_gbps * 1e9))
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, Schedule
+from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import MODES, ROUNDS, Measurement, ScenarioResult
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
 SIM_MODEL_VERSION = "sim3"
 """Changes whenever a formula of the model changes (part of the sim fingerprint)."""
 
-_FP32_SLOWDOWN = 14.8
-"""fp32 GEMM rate below bf16 (the same ratio ``features.vector`` uses)."""
 _TILE_M, _TILE_N = 128, 256
 """Output tile assumed when counting GEMM waves (Hopper bf16 cuBLAS kernels)."""
 
@@ -184,7 +183,7 @@ def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]
                 s.n,
                 s.k,
                 s.dtype_bytes,
-                hw.peak_bf16_tflops / (_FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
+                hw.peak_bf16_tflops / (FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
                 hw.hbm_gbps,
                 hw.link_gbps,
                 hw.sm_count,
