@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -589,37 +589,13 @@ def calibrate(
         r = np.concatenate(parts)
         return np.where(np.isfinite(r), r, 0.0)
 
-    fitted = constants(_levenberg_marquardt(residuals, theta0, iterations)).to_dict()
+    from scipy.optimize import least_squares
+
+    # Levenberg-Marquardt with a forward-difference Jacobian: about ``iterations`` steps of len(free) + 1
+    # residual evaluations each.
+    fit = least_squares(residuals, theta0, method="lm", max_nfev=iterations * (len(free) + 1))
+    fitted = constants(fit.x).to_dict()
     return SimConstants(**{name: float(f"{value:.4g}") for name, value in fitted.items()})
-
-
-def _levenberg_marquardt(
-    residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, iterations: int
-) -> np.ndarray:
-    """Minimise ``sum(residuals(x)**2)`` from ``x0`` (forward-difference Jacobian); returns the best x."""
-    x, r = x0.copy(), residuals(x0)
-    cost, damping = float(r @ r), 1e-3
-    for _ in range(iterations):
-        jac = np.empty((r.size, x.size))
-        for j in range(x.size):
-            step = np.zeros_like(x)
-            step[j] = 1e-5
-            jac[:, j] = (residuals(x + step) - r) / 1e-5
-        a, g = jac.T @ jac, jac.T @ r
-        while True:
-            dx = np.linalg.solve(a + damping * (np.diag(np.diag(a)) + 1e-9 * np.eye(x.size)), -g)
-            r_new = residuals(x + dx)
-            cost_new = float(r_new @ r_new)
-            if cost_new < cost:
-                break
-            damping *= 4.0
-            if damping > 1e10:
-                return x
-        improved = cost - cost_new
-        x, r, cost, damping = x + dx, r_new, cost_new, max(damping / 3.0, 1e-9)
-        if improved < 1e-10 * max(cost, 1e-12):
-            break
-    return x
 
 
 def agreement(
