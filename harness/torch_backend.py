@@ -367,17 +367,7 @@ class TorchBackend:
                 if item.error or not item.times:
                     measurements.append(_failed(schedule, mode, item.error or "not timed"))
                     continue
-                p10, median, p90 = np.percentile(item.times, [10, 50, 90])
-                measurements.append(
-                    Measurement(
-                        schedule=str(schedule),
-                        mode=mode,
-                        median_ms=float(median),
-                        p10_ms=float(p10),
-                        p90_ms=float(p90),
-                        round_ms=tuple(item.times),
-                    )
-                )
+                measurements.append(Measurement.from_rounds(str(schedule), mode, item.times))
         baselines = {
             mode: {
                 key: float(np.median(item.times)) if not item.error and item.times else math.nan
