@@ -12,11 +12,12 @@ PyTorch async-TP, and the all-gather alone, NCCL vs copy engines, from 1 MiB to 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py \
         --cpu-dry-run --out /tmp/bench-dry
 
-Writes ``OUT/executor-h200x2.json`` (``--quick``: ``executor-h200x2-quick.json``) after every shape, so an
+Writes ``OUT/executor-h200x<world size>.json`` (``--quick``: ``...-quick.json``) after every shape, so an
 interrupted run keeps what it measured, and the markdown table beside it. Per shape: every candidate
 schedule runs once on poisoned buffers and is compared with ``serial/sm`` (bf16 relative error <= 1e-2),
-then ``--warmup`` untimed and ``--reps`` timed runs (CUDA events; median of the per-run maximum over
-ranks); plus the GEMM alone, the NCCL collective alone, the copy-engine transfer alone and async-TP
+then is timed in eager mode with the dataset protocol (``--rounds`` interleaved rounds of ``--block-ms``
+blocks, ranks aligned before each; median of the per-round maximum over ranks); plus
+the GEMM alone, the NCCL collective alone, the copy-engine transfer alone and async-TP
 (``harness.torch_backend.TorchBackend`` does all of it). A schedule that fails is recorded ``ok=false``
 with its error and the run goes on. Shapes come from Llama-3.1-8B/70B, Mixtral-8x7B and Qwen2.5-72B at
 TP=2 (``datasets/model_configs``, ``features.model_config.layer_pairs``), 1k to 64k tokens, plus
@@ -38,7 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
 
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.backend import BLOCK_MS, ROUNDS  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.worker import SAFE_ENV  # noqa: E402
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -138,16 +140,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="benchmarks/executor_bench.py",
         description="Check and time every executor schedule on real layer shapes (run under torchrun).",
     )
-    p.add_argument("--out", type=Path, help="folder for executor-h200x2.json and .md (rank 0 writes)")
+    p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
     p.add_argument("--quick", action="store_true", help="smoke test: 4 small shapes and 4 all-gather sizes")
     p.add_argument(
         "--budget-s", type=float, help="seconds for measuring, from after start-up (default 420; quick 120)"
     )
-    p.add_argument("--reps", type=int, default=20, help="timed runs per schedule (>= 20)")
-    p.add_argument(
-        "--warmup", type=int, default=3, help="untimed runs per schedule, the check included (>= 1)"
-    )
-    p.add_argument("--name", default="executor-h200x2", help="file stem of the outputs")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per shape (>= {ROUNDS})")
+    p.add_argument("--block-ms", type=float, default=BLOCK_MS, help="target ms of one timed block (> 0)")
+    p.add_argument("--name", help="file stem of the outputs (default: executor-h200x<world size>)")
     p.add_argument(
         "--render", type=Path, help="only re-render the markdown of this JSON (no GPU, no torchrun)"
     )
@@ -160,10 +160,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.render is None and args.out is None:
         p.error("--out is required (unless --render)")
-    if args.reps < 20:
-        p.error(f"--reps must be >= 20 (the medians are published); got {args.reps}")
-    if args.warmup < 1:
-        p.error(f"--warmup must be >= 1; got {args.warmup}")
+    if args.rounds < ROUNDS:
+        p.error(f"--rounds must be >= {ROUNDS} (the medians are published); got {args.rounds}")
+    if not args.block_ms > 0:
+        p.error(f"--block-ms must be > 0; got {args.block_ms}")
     args.quick = args.quick or args.cpu_dry_run
     if args.budget_s is None:
         args.budget_s = 120.0 if args.quick else 420.0
@@ -212,18 +212,20 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     device = "cpu" if args.cpu_dry_run else "cuda"
-    backend = TorchBackend(device=device, warmup=args.warmup, reps=args.reps, timeout_s=60.0)
+    backend = TorchBackend(
+        device=device, modes=("eager",), rounds=args.rounds, block_ms=args.block_ms, timeout_s=60.0
+    )
     w, lead = backend.world_size, backend.rank == 0
-    name = f"{args.name}-quick" if args.quick else args.name
+    stem = args.name or f"executor-h200x{w}"
+    name = f"{stem}-quick" if args.quick else stem
     shapes = plan_shapes(args.quick, w, scale_down=32 if args.cpu_dry_run else 1)
-    calls = args.warmup + args.reps + 4  # + the baselines' share per schedule, roughly
+    calls = 2 * args.rounds + 4  # about two calls per block, plus the check and the baselines' share
     data = {
         "meta": {
             "title": f"{w} x {_device_name(device)} ({'quick' if args.quick else 'full'} run)",
             "fingerprint": backend.fingerprint(),
             "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-            "reps": args.reps,
-            "warmup": args.warmup,
+            "protocol": backend.protocol(),
             "budget_s": args.budget_s,
             "dtype": "bf16",
         },
@@ -298,12 +300,12 @@ def _bandwidth_row(backend, mib: int) -> dict:
     shard = torch.randn(rows, BANDWIDTH_WIDTH, dtype=torch.bfloat16, device=backend.device)
     row: dict = {"mbytes": mib}
     for key, kind in (("nccl_ms", "sm"), ("dma_ms", "dma")):
-        times, error = backend.time_agreed(
-            lambda kind=kind: executor.communicate("ag_gemm", shard, kind), untimed=backend.warmup
-        )
-        row[key] = statistics.median(times) if not error else None
-        if error:
-            row[f"{key}_error"] = error
+        try:
+            row[key] = statistics.median(
+                backend.time_rounds(lambda kind=kind: executor.communicate("ag_gemm", shard, kind))
+            )
+        except Exception as err:  # one size failing must not lose the others
+            row[key], row[f"{key}_error"] = None, f"{type(err).__name__}: {err}"
     executor.clear_buffers()
     if backend.rank == 0:
         _say(f"all-gather {mib:5d} MiB per GPU: NCCL {_f(row['nccl_ms'])} ms, CE {_f(row['dma_ms'])} ms")
@@ -312,7 +314,7 @@ def _bandwidth_row(backend, mib: int) -> dict:
 
 def shape_records(shape: Shape, result) -> list[dict]:
     """One JSON record per schedule of ``result`` (a ``ScenarioResult``), with the shape's baselines."""
-    b = result.baselines
+    b = result.baselines["eager"]
     common = {
         "op": shape.op,
         "m": shape.m,

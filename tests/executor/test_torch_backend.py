@@ -18,6 +18,7 @@ CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output
 
 
 def _measure_world(rank: int, world_size: int) -> dict:
+    import torch
     from ficco.harness.torch_backend import TorchBackend
 
     from ficco import executor
@@ -31,6 +32,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
         return out
 
     executor.all_gather_matmul = corrupting
+    a_shard = torch.randn(8, 16)
     try:
         backend = TorchBackend(device="cpu", modes=("eager",), rounds=3, block_ms=0.2)
         return {
@@ -40,6 +42,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "fingerprint": backend.fingerprint(),
             "identity": (backend.name, backend.rank, backend.world_size),
             "protocol": backend.protocol(),
+            "alone": backend.time_rounds(lambda: executor.communicate("ag_gemm", a_shard, "dma")),
         }
     finally:
         executor.all_gather_matmul = real
@@ -98,6 +101,11 @@ def test_torch_backend_identity_and_fingerprint(results):
     assert [r["identity"] for r in results] == [("gloo", 0, 2), ("gloo", 1, 2)]
     assert results[0]["fingerprint"]["backend"] == "gloo" and results[0]["fingerprint"]["world_size"] == 2
     assert results[0]["protocol"]["modes"] == ["eager"] and results[0]["protocol"]["rounds"] == 3
+
+
+def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):
+    assert len(results[0]["alone"]) == 3 and all(t > 0 for t in results[0]["alone"])
+    assert results[0]["alone"] == results[1]["alone"]  # each round's maximum over ranks
 
 
 @pytest.mark.parametrize(
