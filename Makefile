@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint format clean
+.PHONY: serve test test-gpu lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
+
+# On a machine with >= 2 GPUs (CUDA torch installed): every schedule eager and graph-captured, a smoke sweep.
+test-gpu:
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 $(PYTHON) -m pytest -m gpu tests/gpu
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check --fix .

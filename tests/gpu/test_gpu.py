@@ -1,0 +1,48 @@
+"""GPU tests (marker ``gpu``): skipped without at least 2 CUDA GPUs; ``make test-gpu`` runs them.
+
+Each test launches torchrun with one rank per GPU (the machine's GPU count) in the NVLink-multicast-off
+environment of ``ficco.harness.worker.SAFE_ENV`` and checks the script's output.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from ficco.harness.worker import SAFE_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(GPUS < 2, reason=f"needs >= 2 CUDA GPUs, found {GPUS}"),
+]
+
+
+def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """``args`` run from the repository root in SAFE_ENV; output captured as text."""
+    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": str(REPO)}
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(600)
+def test_every_schedule_eager_and_graph_matches_serial():
+    """All 30 schedules of both ops, eager and graph-captured with new data, against serial/sm."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={GPUS}"]
+    proc = _run([*cmd, "tests/gpu/executor_gpu_check.py"], timeout=580)
+    fails = [line for line in proc.stdout.splitlines() if " FAIL " in line]
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, "\n".join(fails) or proc.stderr[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_harness_smoke_sweep(tmp_path):
+    """``ficco bench --backend gpu`` runs a small sweep end to end."""
+    args = ["--backend", "gpu", "--grid", "4", "--tokens", "1024", "--out", str(tmp_path / "sweep")]
+    args += ["--tp", str(GPUS), "--nproc", str(GPUS)]
+    proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
