@@ -7,6 +7,7 @@ engine a transport and a one-line GEMM closure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -62,13 +63,9 @@ def all_gather_matmul(
     C [m, n], or (C, A) when ``return_gathered``.
     """
     schedule = as_schedule(schedule)
-    key = call_key("ag_gemm", a_shard, b, out, schedule, group)
-    ctx = checked_context(key)
-    if ctx is None:
-        check_matrix("a_shard", a_shard, "[m/world_size, k]")
-        ctx = get_context(group, a_shard.device)
-        check_all_gather_matmul(a_shard, b, schedule, ctx.world_size, out)
-        remember_checked(key, ctx)
+    ctx = _checked_context(
+        "ag_gemm", a_shard, b, out, schedule, group, ("a_shard", "[m/world_size, k]"), check_all_gather_matmul
+    )
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     w, m = ctx.world_size, shard_rows * ctx.world_size
@@ -123,13 +120,9 @@ def matmul_reduce_scatter(
     Tensor [m / w, n]: rank ``r`` gets ``sum over ranks of P[r*m/w : (r+1)*m/w]``.
     """
     schedule = as_schedule(schedule)
-    key = call_key("gemm_rs", a, b, out, schedule, group)
-    ctx = checked_context(key)
-    if ctx is None:
-        check_matrix("a", a, "[m, k]")
-        ctx = get_context(group, a.device)
-        check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
-        remember_checked(key, ctx)
+    ctx = _checked_context(
+        "gemm_rs", a, b, out, schedule, group, ("a", "[m, k]"), check_matmul_reduce_scatter
+    )
     a = a.contiguous()
     m, n, w = a.shape[0], b.shape[1], ctx.world_size
     shard_rows = m // w
@@ -190,6 +183,28 @@ def communicate(
     run_pipeline(plan, transport, None)
     if scattered is not None:
         _reduce_into(scattered, x.view(dest_shape)[ctx.rank], transport.received())
+
+
+def _checked_context(
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    schedule: Schedule,
+    group: dist.ProcessGroup | None,
+    a_spec: tuple[str, str],
+    check: Callable[..., None],
+) -> GroupContext:
+    """The call's group context; its arguments are checked (``a`` named and shaped as ``a_spec`` says, then
+    ``check``) only the first time this call signature is seen (``executor.checks.call_key``)."""
+    key = call_key(op, a, b, out, schedule, group)
+    ctx = checked_context(key)
+    if ctx is None:
+        check_matrix(a_spec[0], a, a_spec[1])
+        ctx = get_context(group, a.device)
+        check(a, b, schedule, ctx.world_size, out)
+        remember_checked(key, ctx)
+    return ctx
 
 
 def _all_gather_matmul_fallback(
