@@ -16,7 +16,7 @@ MODES: tuple[str, ...] = ("eager", "graph")
 where the GPU waits for it) and ``graph`` (the calls replayed from a captured CUDA graph)."""
 ROUNDS = 5
 """Interleaved rounds per scenario in the timing protocol (``harness.torch_backend``)."""
-BLOCK_MS = 0.5
+BLOCK_MS = 1.0
 """Target length of one timed block of ``serial/sm`` calls, ms: long enough that event resolution and
 launch jitter stay far below 1%, short enough that 600 scenarios x 68 items x 5 rounds fit a GPU budget."""
 

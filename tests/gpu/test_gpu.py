@@ -7,6 +7,7 @@ environment of ``ficco.harness.worker.SAFE_ENV`` and checks the script's output.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,12 @@ def test_every_schedule_eager_and_graph_matches_serial():
 
 @pytest.mark.timeout(600)
 def test_harness_smoke_sweep(tmp_path):
-    """``ficco bench --backend gpu`` runs a small sweep end to end."""
-    args = ["--backend", "gpu", "--grid", "4", "--tokens", "1024", "--out", str(tmp_path / "sweep")]
+    """``ficco bench --backend gpu`` runs a small sweep end to end (one model family, 8 scenarios)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(REPO / "datasets" / "model_configs" / "Llama-3.1-8B.json", configs)
+    args = ["--backend", "gpu", "--grid", "4", "--tokens", "1024", "--configs", str(configs)]
+    args += ["--out", str(tmp_path / "sweep")]
     args += ["--tp", str(GPUS), "--nproc", str(GPUS)]
     proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
