@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,10 @@ QUICK_SHAPES = (
 BANDWIDTH_MIB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 QUICK_BANDWIDTH_MIB = (1, 4, 64, 256)
 BANDWIDTH_WIDTH = 4096
+COPY_MIB = 256
+"""MiB per transfer in the copy-engine probes (``measure_copies``): large enough to be bandwidth-bound."""
+PUSH_STREAMS = (1, 2, 4)
+"""Streams per peer tried by the all-peers push probe (each peer's rows split evenly across them)."""
 """Columns of the all-gathered bf16 matrix in the bandwidth sweep (rows follow from the size)."""
 EST_TFLOPS, EST_LINK_GBPS = 650.0, 150.0
 """Deliberately low GEMM and NCCL rates for the run-time estimate (H200 reaches ~790 TFLOP/s, ~240 GB/s)."""
@@ -243,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     data["allgather_bandwidth"] = measure_bandwidth(
         backend, (1, 4) if args.cpu_dry_run else QUICK_BANDWIDTH_MIB if args.quick else BANDWIDTH_MIB
     )
+    data["copy_engines"] = measure_copies(backend, 4 if args.cpu_dry_run else COPY_MIB)
     _save(lead, out_json, data, start)
     spent_est, spent_real = 1e-9, 0.0
     for i, shape in enumerate(shapes):
@@ -312,6 +318,83 @@ def _bandwidth_row(backend, mib: int) -> dict:
     return row
 
 
+def measure_copies(backend, mib: int) -> dict:
+    """The machine's copy engines, measured in the same run as the NCCL rows (ms per call, GB/s of bytes
+    received per GPU):
+
+    - ``pairs``: every ordered pair alone, rank ``src`` pushing ``mib`` MiB into rank ``dst``'s peer memory
+      while the others wait (the per-pair bandwidth matrix);
+    - ``push_all``: every rank pushing ``mib`` MiB to every peer at once, each peer's rows split over
+      ``streams_per_peer`` streams, then a device barrier: the copy path's all-gather, at the lane layouts
+      ``PUSH_STREAMS`` (``mbytes`` = MiB received per GPU).
+    """
+    import executor_report as report
+    import torch
+    from ficco.executor.context import get_context
+
+    from ficco import executor
+
+    w, rank = backend.world_size, backend.rank
+    rows = mib * (1 << 20) // (BANDWIDTH_WIDTH * 2)
+    x = torch.randn(rows, BANDWIDTH_WIDTH, dtype=torch.bfloat16, device=backend.device)
+    workspace = get_context(None, x.device).get_workspace(w * x.nbytes)
+    remote = [workspace.slots(q, (w, rows, BANDWIDTH_WIDTH), x.dtype) for q in range(w)]
+    pairs = []
+    for src in range(w):
+        for dst in (q for q in range(w) if q != src):
+
+            def push(src=src, dst=dst) -> None:
+                if rank == src:
+                    remote[dst][src].copy_(x)
+
+            ms = statistics.median(backend.time_rounds(push))
+            pairs.append({"src": src, "dst": dst, "mbytes": mib, "ms": ms, "gbps": report.gbps(mib, ms)})
+    push_all = []
+    for streams in PUSH_STREAMS:
+        ms = statistics.median(backend.time_rounds(_push_all(x, remote, rank, streams, workspace.barrier)))
+        mbytes = mib * (w - 1)
+        row = {"streams_per_peer": streams, "mbytes": mbytes, "ms": ms, "gbps": report.gbps(mbytes, ms)}
+        push_all.append(row)
+    executor.clear_buffers()
+    if rank == 0:
+        for r in push_all:
+            streams = r["streams_per_peer"]
+            _say(f"push to all peers, {streams} stream(s) per peer: {_f(r['gbps'])} GB/s received")
+    return {"pairs": pairs, "push_all": push_all}
+
+
+def _push_all(x, remote: list, rank: int, streams: int, barrier: Callable[[], None]) -> Callable[[], None]:
+    """One call of the all-peers push: ``x`` [rows, width] into slot ``rank`` of every peer's ``remote``
+    [w, rows, width], each peer's rows split over ``streams`` side streams (CUDA; on the CPU the copies
+    run in order), joined into the current stream, then ``barrier``."""
+    import torch
+
+    w = len(remote)
+    copies = [  # (destination rows, source rows), one per (peer, stream)
+        (dest, source)
+        for o in range(1, w)
+        for dest, source in zip(remote[(rank + o) % w][rank].chunk(streams), x.chunk(streams), strict=True)
+    ]
+    lanes = [torch.cuda.Stream() for _ in copies] if x.is_cuda else []
+
+    def run() -> None:
+        if not x.is_cuda:
+            for dest, source in copies:
+                dest.copy_(source)
+            barrier()
+            return
+        current = torch.cuda.current_stream()
+        for lane, (dest, source) in zip(lanes, copies, strict=True):
+            lane.wait_stream(current)
+            with torch.cuda.stream(lane):
+                dest.copy_(source)
+        for lane in lanes:
+            current.wait_stream(lane)
+        barrier()
+
+    return run
+
+
 def shape_records(shape: Shape, result) -> list[dict]:
     """One JSON record per schedule of ``result`` (a ``ScenarioResult``), with the shape's baselines."""
     b = result.baselines["eager"]
@@ -369,7 +452,8 @@ def _markdown(data: dict) -> str:
     meta = {k: v for k, v in data["meta"].items() if k != "fingerprint"}
     meta.update({f"fingerprint.{k}": v for k, v in data["meta"].get("fingerprint", {}).items()})
     meta["skipped shapes (budget)"] = len(data.get("skipped_shapes", []))
-    return report.render_markdown(data["records"], data["allgather_bandwidth"], meta)
+    copies = data.get("copy_engines")
+    return report.render_markdown(data["records"], data["allgather_bandwidth"], meta, copies)
 
 
 def _save(lead: bool, path: Path, data: dict, start: float) -> None:

@@ -189,8 +189,30 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}g}"
 
 
-def render_markdown(records: list[dict], bandwidth: list[dict], meta: dict) -> str:
-    """The benchmark's markdown report: goals, all-gather bandwidth, then one row per shape."""
+def _copies_markdown(copies: dict) -> list[str]:
+    """The per-pair copy bandwidth matrix (GB/s, row = source, column = destination) and the all-peers push
+    at each streams-per-peer layout."""
+    ranks = sorted({r["src"] for r in copies["pairs"]} | {r["dst"] for r in copies["pairs"]})
+    gb = {(r["src"], r["dst"]): r["gbps"] for r in copies["pairs"]}
+    mib = copies["pairs"][0]["mbytes"] if copies["pairs"] else 0
+    title = f"## Copy engines: one pair alone, {mib:g} MiB (GB/s; row = source, column = destination)"
+    lines = ["", title, ""]
+    lines += ["| src \\ dst | " + " | ".join(map(str, ranks)) + " |", "|---" * (len(ranks) + 1) + "|"]
+    for src in ranks:
+        cells = ["-" if src == dst else _fmt(gb.get((src, dst))) for dst in ranks]
+        lines.append(f"| {src} | " + " | ".join(cells) + " |")
+    lines += ["", "## Copy engines: every rank pushes to every peer at once, then a barrier", ""]
+    lines += ["| streams per peer | MiB received per GPU | ms | GB/s received |", "|---|---|---|---|"]
+    for r in copies["push_all"]:
+        lines.append(f"| {r['streams_per_peer']} | {r['mbytes']:g} | {_fmt(r['ms'])} | {_fmt(r['gbps'])} |")
+    return lines
+
+
+def render_markdown(
+    records: list[dict], bandwidth: list[dict], meta: dict, copies: dict | None = None
+) -> str:
+    """The benchmark's markdown report: goals, all-gather bandwidth, the copy-engine probes (``copies``, as
+    ``executor_bench.measure_copies`` returns them), then one row per shape."""
     lines = [f"# Executor benchmark: {meta.get('title', 'executor')}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "title"]
     lines += ["", "## Goals", "", "| goal | value | target | met | note |", "|---|---|---|---|---|"]
@@ -206,6 +228,8 @@ def render_markdown(records: list[dict], bandwidth: list[dict], meta: dict) -> s
             f"| {r['mbytes']:g} | {_fmt(nccl)} | {_fmt(dma)} | {_fmt(gbps(r['mbytes'], nccl))} | "
             f"{_fmt(gbps(r['mbytes'], dma))} | {ratio} |"
         )
+    if copies:
+        lines += _copies_markdown(copies)
     lines += ["", "## Shapes (ms; realized = (serial - best) / (serial - max(GEMM, fastest comm)))", ""]
     lines += [
         "| op | m | n | k | layers | GEMM | NCCL | CE | serial | best | best schedule | async-TP | "

@@ -94,3 +94,23 @@ def test_render_markdown_lists_goals_bandwidth_shapes_and_failures():
         in text
     )
     assert "| ag_gemm | 1 | 64 | 32 | finer/dma/s2/chunk |" in text  # the failed schedule is listed
+
+
+def test_render_markdown_lays_out_the_copy_matrix_by_source_and_destination():
+    pairs = [
+        {"src": s, "dst": d, "mbytes": 256, "ms": 1.0, "gbps": gb}
+        for (s, d), gb in {
+            (0, 1): 300.0,
+            (1, 0): 250.0,
+            (0, 2): 123.0,
+            (2, 0): 1.0,
+            (1, 2): 2.0,
+            (2, 1): 3.0,
+        }.items()
+    ]
+    push = [{"streams_per_peer": 2, "mbytes": 512, "ms": 2.0, "gbps": 268.0}]
+    text = report.render_markdown([], [], {}, {"pairs": pairs, "push_all": push})
+    assert "| 0 | - | 300 | 123 |" in text  # row = source 0: to 1, to 2
+    assert "| 1 | 250 | - | 2 |" in text
+    assert "| 2 | 512 | 2 | 268 |" in text
+    assert "Copy engines" not in report.render_markdown([], [], {})
