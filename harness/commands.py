@@ -52,11 +52,6 @@ class BenchBackend(StrEnum):
     sim = "sim"
 
 
-def _check_range(option: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise fail(f"{option} must be in [{lo:g}, {hi:g}]; got {value:g}")
-
-
 def _hardware(value: str) -> HardwareProfile:
     """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
     from ficco.features import HardwareProfile, get_hardware
@@ -122,13 +117,13 @@ def bench(
         Path, typer.Option(help="Directory of Hugging Face config.json files, one per model family.")
     ] = REPO_ROOT / "datasets" / "model_configs",
     tp: Annotated[
-        int, typer.Option(help="Tensor-parallel degree = world size of every scenario, in [2, 8].")
+        int, typer.Option(min=2, max=8, help="Tensor-parallel degree = world size of every scenario.")
     ] = 2,
     tokens: Annotated[
         str, typer.Option(help="Comma-separated token counts per layer call, each a multiple of --tp.")
     ] = ",".join(map(str, DEFAULT_TOKENS)),
     grid: Annotated[
-        int, typer.Option(help="Log-uniform grid scenarios added between the models, in [0, 100000].")
+        int, typer.Option(min=0, max=100_000, help="Log-uniform grid scenarios added between the models.")
     ] = DEFAULT_GRID,
     max_serial_ms: Annotated[
         float,
@@ -146,8 +141,10 @@ def bench(
     remeasure: Annotated[
         int,
         typer.Option(
+            min=0,
+            max=100_000,
             help="After the sweep, measure this many finished scenarios again into noise.parquet, in a "
-            "separate process and a shuffled order (the card's noise numbers; >= 64 for a dataset)."
+            "separate process and a shuffled order (the card's noise numbers; >= 64 for a dataset).",
         ),
     ] = 0,
     nproc: Annotated[
@@ -162,28 +159,35 @@ def bench(
     ] = None,
     rounds: Annotated[
         int,
-        typer.Option(help="Interleaved rounds per scenario (gpu/gloo), in [1, 100]; >= 5 for a dataset."),
+        typer.Option(min=1, max=100, help="Interleaved rounds per scenario (gpu/gloo); >= 5 for a dataset."),
     ] = ROUNDS,
     block_ms: Annotated[
         float,
-        typer.Option(help="Target ms of one timed block of serial calls (gpu/gloo), in [0.05, 100]."),
+        typer.Option(min=0.05, max=100.0, help="Target ms of one timed block of serial calls (gpu/gloo)."),
     ] = BLOCK_MS,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
-    noise: Annotated[float, typer.Option(help="Sim only: log-normal noise on every time, in [0, 1].")] = 0.0,
+    noise: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
+    ] = 0.0,
     calibrate_from: Annotated[
         Path | None,
         typer.Option(help="Sim only: refit the model's constants to this measured dataset first."),
     ] = None,
-    limit: Annotated[int, typer.Option(help="Measure only the first N planned scenarios (0: all).")] = 0,
+    limit: Annotated[
+        int, typer.Option(min=0, max=10_000_000, help="Measure only the first N planned scenarios (0: all).")
+    ] = 0,
     flush_seconds: Annotated[
-        float, typer.Option(help="Seconds between dataset writes (what a crash can lose).")
+        float,
+        typer.Option(min=0.0, max=3600.0, help="Seconds between dataset writes (what a crash can lose)."),
     ] = 10.0,
     time_budget: Annotated[
         float,
         typer.Option(
+            min=0.0,
+            max=1e6,
             help="Minutes after which no new scenario starts (0: no limit); the dataset stays consistent "
             "and the same command with --resume continues it. The re-measure runs only once the sweep is "
-            "complete."
+            "complete.",
         ),
     ] = 0.0,
     card_only: Annotated[
@@ -198,20 +202,7 @@ def bench(
     if card_only:
         _write_card(out)
         return
-    _check_options(
-        backend,
-        tp=tp,
-        grid=grid,
-        max_serial_ms=max_serial_ms,
-        remeasure=remeasure,
-        rounds=rounds,
-        block_ms=block_ms,
-        noise=noise,
-        limit=limit,
-        flush_seconds=flush_seconds,
-        include_moe=include_moe,
-    )
-    _check_range("--time-budget", time_budget, 0.0, 1e6)
+    _check_options(backend, max_serial_ms=max_serial_ms, noise=noise, include_moe=include_moe)
     deadline = time.time() + 60 * time_budget if time_budget else None
     plan = _build_plan(
         configs,
@@ -272,31 +263,10 @@ def bench(
     _write_card(out)
 
 
-def _check_options(
-    backend: BenchBackend,
-    *,
-    tp: int,
-    grid: int,
-    max_serial_ms: float,
-    remeasure: int,
-    rounds: int,
-    block_ms: float,
-    noise: float,
-    limit: int,
-    flush_seconds: float,
-    include_moe: bool,
-) -> None:
-    """Raise a clean exit naming the first option out of its range or not allowed with ``backend``."""
-    _check_range("--tp", tp, 2, 8)
-    _check_range("--grid", grid, 0, 100_000)
+def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float, include_moe: bool) -> None:
+    """Raise a clean exit naming the first option not allowed with ``backend`` (typer checks the ranges)."""
     if not max_serial_ms > 0:
         raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
-    _check_range("--remeasure", remeasure, 0, 100_000)
-    _check_range("--rounds", rounds, 1, 100)
-    _check_range("--block-ms", block_ms, 0.05, 100.0)
-    _check_range("--noise", noise, 0.0, 1.0)
-    _check_range("--limit", limit, 0, 10_000_000)
-    _check_range("--flush-seconds", flush_seconds, 0.0, 3600.0)
     if noise and backend is not BenchBackend.sim:
         raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
     if include_moe and backend is not BenchBackend.sim:
