@@ -9,10 +9,11 @@ on the CPU the executor choice changes only the transport (CI checks every sched
     C_shard = matmul_reduce_scatter(a, b, "shard/sm/hp")              # a [m, k], b [k, n] -> [m/w, n]
 """
 
-from ficco.executor.context import clear_buffers, poison_buffers, reset, set_barrier_timeout
+from ficco.executor.context import CaptureError, clear_buffers, poison_buffers, reset, set_barrier_timeout
 from ficco.executor.ops import all_gather_matmul, communicate, matmul_reduce_scatter
 
 __all__ = [
+    "CaptureError",
     "all_gather_matmul",
     "clear_buffers",
     "communicate",

@@ -26,6 +26,21 @@ BARRIER_TIMEOUT_MS = 120_000
 hanging) after this long; ``set_barrier_timeout`` changes it for workspaces created afterwards."""
 
 
+class CaptureError(RuntimeError):
+    """A call inside CUDA graph capture needs work that capture cannot record (a peer-memory rendezvous, a
+    new NCCL group): the same call must run once eagerly first."""
+
+
+def refuse_capture(device: torch.device, what: str, needs: str) -> None:
+    """Raise :class:`CaptureError` if ``device``'s current stream is capturing a CUDA graph: ``what`` (the
+    schedule) ``needs`` (the uncapturable work) this time."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise CaptureError(
+            f"{what} cannot run inside CUDA graph capture this time: it {needs}, which capture cannot "
+            "record. Run the same call (same shapes, dtype and schedule) once eagerly before capturing it."
+        )
+
+
 @dataclass(kw_only=True, slots=True)
 class GroupContext:
     """What one process knows about one group on one device."""
@@ -75,22 +90,27 @@ class GroupContext:
             )
         return lanes
 
-    def get_workspace(self, half_bytes: int) -> Workspace:
-        """This group's peer memory, grown to ``half_bytes`` per half (collective when created or grown)."""
+    def get_workspace(self, half_bytes: int, what: str = "this call") -> Workspace:
+        """This group's peer memory, grown to ``half_bytes`` per half (collective when created or grown;
+        :class:`CaptureError` naming ``what`` if that would happen inside CUDA graph capture)."""
         if self.workspace is None:
             self.workspace = Workspace(self._make_peer_memory, self.quiesce)
         if not self.workspace.fits(half_bytes):
+            needs = f"grows the peer memory to {half_bytes / 2**20:.1f} MiB per half (a rendezvous)"
+            refuse_capture(self.device, what, needs)
             self.transports.clear()  # they view the peer memory that ensure() is about to free
             self.workspace.ensure(half_bytes)
             log.info("peer memory grown to %.1f MiB per half on %s", half_bytes / 2**20, self.device)
         return self.workspace
 
-    def p2p_group(self, high_priority: bool) -> dist.ProcessGroup:
+    def p2p_group(self, high_priority: bool, what: str = "this call") -> dist.ProcessGroup:
         """The group point-to-point pieces use: on CUDA, ``/hp`` schedules use a twin NCCL group created
-        with ``is_high_priority_stream=True`` (NCCL's internal stream then runs at high priority)."""
+        with ``is_high_priority_stream=True`` (NCCL's internal stream then runs at high priority), on first
+        use (:class:`CaptureError` naming ``what`` if that first use is inside CUDA graph capture)."""
         if not (high_priority and self.is_cuda):
             return self.group
         if self.high_priority_group is None:
+            refuse_capture(self.device, what, "creates the high-priority NCCL group")
             options = dist.ProcessGroupNCCL.Options()
             options.is_high_priority_stream = True
             self.high_priority_group = dist.new_group(

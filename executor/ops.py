@@ -246,7 +246,7 @@ def _transport(
     """
     high_priority = schedule.priority == "high"
     if schedule.executor == "dma":
-        workspace = ctx.get_workspace(_nbytes(dest_shape, source.dtype))
+        workspace = ctx.get_workspace(_nbytes(dest_shape, source.dtype), what=f"schedule {schedule}")
         dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
         keep = True
     else:
@@ -267,7 +267,7 @@ def _transport(
         )
     else:
         transport = PointToPointTransport(
-            group=ctx.p2p_group(high_priority),
+            group=ctx.p2p_group(high_priority, what=f"schedule {schedule}"),
             global_ranks=ctx.global_ranks,
             lanes=ctx.get_lanes(1, False),  # only issues NCCL work; NCCL's own stream carries the priority
             **common,

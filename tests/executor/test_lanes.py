@@ -151,3 +151,20 @@ def test_device_lanes_order_every_copy_barrier_and_gemm(cuda, direction, granula
             assert all(_before(c, barriers[0]) for c in copies), "the barrier ran before a push"
             producers = [g for g in gemms if not g[0].startswith("mm 0/")]
             assert all(_before(producers[i], copies[i]) for i in range(len(copies))), "pushed before produced"
+
+
+def test_growing_peer_memory_inside_graph_capture_names_the_schedule(monkeypatch):
+    """The first call of a shape grows the peer memory (a rendezvous): inside capture it is refused with an
+    error naming the schedule and the fix, before anything collective starts."""
+    from ficco.executor import CaptureError
+    from ficco.executor.context import GroupContext
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ctx = GroupContext(group=None, device=torch.device("cuda", 0), rank=0, world_size=2, global_ranks=[0, 1])
+    grows = r"schedule shard/dma .* grows the peer memory to 4\.0 MiB per half"
+    with pytest.raises(CaptureError, match=grows):
+        ctx.get_workspace(4 << 20, what="schedule shard/dma")
+    with pytest.raises(CaptureError, match=r"creates the high-priority NCCL group.*once eagerly"):
+        ctx.p2p_group(True, what="schedule shard/sm/hp")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert ctx.p2p_group(False) is None  # normal priority: the caller's group, nothing created
