@@ -14,27 +14,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
-import subprocess
-import sys
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from ficco.harness.backend import BLOCK_MS, ROUNDS
+from ficco.harness.launch import (
+    REPO_ROOT,
+    BenchBackend,
+    build_plan,
+    hardware_profile,
+    parse_tokens,
+    run_torchrun,
+    sweep_complete,
+)
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 from ficco.errors import fail
 
 if TYPE_CHECKING:
-    from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 BENCH_HELP = (
@@ -44,34 +46,6 @@ BENCH_HELP = (
     "plus --grid log-uniform shapes between the models. The simulated GPU time of the sweep is printed "
     "first. The sweep resumes after a crash (--resume) and ends by writing card.md and the plots."
 )
-
-
-class BenchBackend(StrEnum):
-    gpu = "gpu"
-    gloo = "gloo"
-    sim = "sim"
-
-
-def _hardware(value: str) -> HardwareProfile:
-    """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
-    from ficco.features import HardwareProfile, get_hardware
-
-    try:
-        if value.endswith(".json"):
-            return HardwareProfile.from_json(Path(value).read_text())
-        return get_hardware(value)
-    except (OSError, ValueError) as err:
-        raise fail(f"--hardware {value!r}: {err}") from None
-
-
-def _tokens(value: str) -> list[int]:
-    try:
-        tokens = [int(t) for t in value.split(",") if t.strip()]
-    except ValueError:
-        raise fail(f"--tokens must be comma-separated integers, e.g. 1024,4096; got {value!r}") from None
-    if not tokens or min(tokens) < 1:
-        raise fail(f"--tokens must hold positive integers; got {value!r}")
-    return tokens
 
 
 def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
@@ -88,14 +62,6 @@ def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
             f"got {value!r}"
         )
     return tuple(m for m in MODES if m in modes)
-
-
-def gpu_count() -> int:
-    """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
-    return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
 def bench(
@@ -196,7 +162,7 @@ def bench(
 ) -> None:
     """Measure every candidate schedule of every scenario of the plan and write the labelled dataset
     (help text: ``BENCH_HELP``)."""
-    hw = _hardware(hardware)
+    hw = hardware_profile(hardware)
     suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
     out = out or REPO_ROOT / "datasets" / f"{hw.id}{suffix}"
     if card_only:
@@ -204,11 +170,11 @@ def bench(
         return
     _check_options(backend, max_serial_ms=max_serial_ms, noise=noise, include_moe=include_moe)
     deadline = time.time() + 60 * time_budget if time_budget else None
-    plan = _build_plan(
+    plan = build_plan(
         configs,
         hw,
         tp=tp,
-        tokens=_tokens(tokens),
+        tokens=parse_tokens(tokens),
         grid=grid,
         max_serial_ms=max_serial_ms,
         include_moe=include_moe,
@@ -271,44 +237,6 @@ def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float,
         raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
     if include_moe and backend is not BenchBackend.sim:
         raise fail("--include-moe needs --backend sim: the executor runs ag_gemm and gemm_rs only")
-
-
-def _build_plan(
-    configs: Path,
-    hw: HardwareProfile,
-    *,
-    tp: int,
-    tokens: list[int],
-    grid: int,
-    max_serial_ms: float,
-    include_moe: bool,
-    seed: int,
-    limit: int,
-) -> Plan:
-    """The plan of ``configs`` (its first ``limit`` scenarios when ``limit`` > 0)."""
-    from ficco.features.model_config import load_model_configs
-    from ficco.harness.plan import plan_scenarios
-
-    try:
-        plan = plan_scenarios(
-            load_model_configs(configs),
-            tp=tp,
-            tokens=tokens,
-            grid_size=grid,
-            hardware=hw,
-            include_moe=include_moe,
-            max_serial_ms=max_serial_ms,
-            seed=seed,
-        )
-    except ValueError as err:
-        raise fail(str(err)) from None
-    for name, why in plan.settings["skipped_configs"].items():
-        typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
-    if limit:
-        plan = dataclasses.replace(plan, entries=plan.entries[:limit])
-    if not len(plan):
-        raise fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
-    return plan
 
 
 def _check_fresh_or_resume(out: Path, resume: bool) -> None:
@@ -402,125 +330,11 @@ def _run_sim(
             flush_seconds=flush_seconds,
             deadline=deadline,
         )
-        if remeasure and _sweep_complete(plan, out):  # a fresh backend, as a fresh process: other draws
+        if remeasure and sweep_complete(plan, out):  # a fresh backend, as a fresh process: other draws
             backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
             run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds, deadline=deadline)
     except ValueError as err:
         raise fail(str(err)) from None
-
-
-def torchrun_command(
-    out: Path,
-    *,
-    nproc: int,
-    device: str,
-    phase: str,
-    modes: tuple[str, ...],
-    rounds: int,
-    block_ms: float,
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None = None,
-) -> list[str]:
-    """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
-    for one ``phase`` (``sweep`` or ``noise``)."""
-    from ficco.harness.dataset import PLAN
-
-    worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
-    settings = {
-        "--phase": phase,
-        "--modes": ",".join(modes),
-        "--rounds": rounds,
-        "--block-ms": block_ms,
-        "--remeasure": remeasure,
-        "--flush-seconds": flush_seconds,
-        "--deadline": deadline or 0.0,
-    }
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        *worker,
-        *(str(x) for pair in settings.items() for x in pair),
-    ]
-
-
-def _process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
-    """Processes to launch: ``--nproc``, else the detected GPUs (gpu) or ``--tp`` (gloo); must equal tp."""
-    if backend is BenchBackend.gpu:
-        found = gpu_count()
-        nproc = nproc or found
-        if found < max(nproc, 2):
-            raise fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
-    nproc = nproc or tp
-    if nproc != tp:
-        raise fail(
-            f"--tp {tp} must equal the number of processes ({nproc}): every scenario spans the whole process "
-            f"group; pass --nproc {tp} to use {tp} of the GPUs, or --tp {nproc}"
-        )
-    return nproc
-
-
-def run_torchrun(
-    plan: Plan,
-    out: Path,
-    *,
-    backend: BenchBackend,
-    tp: int,
-    nproc: int | None,
-    modes: tuple[str, ...],
-    rounds: int,
-    block_ms: float,
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None = None,
-) -> None:
-    """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
-    then (``remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
-    from ficco.harness.dataset import PLAN, write_json_atomic
-    from ficco.harness.worker import SAFE_ENV
-
-    nproc = _process_count(backend, tp, nproc)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / PLAN, json.loads(plan.to_json()))
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
-    device = "cuda" if backend is BenchBackend.gpu else "cpu"
-    for phase in ("sweep", "noise") if remeasure else ("sweep",):
-        if phase == "noise" and not _sweep_complete(plan, out):
-            typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
-            break
-        command = torchrun_command(
-            out,
-            nproc=nproc,
-            device=device,
-            phase=phase,
-            modes=modes,
-            rounds=rounds,
-            block_ms=block_ms,
-            remeasure=remeasure,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
-        typer.echo("running: " + " ".join(command), err=True)
-        code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
-        if code != 0:
-            typer.echo(
-                f"error: torchrun ({phase}) exited with {code}; `ficco bench --resume` continues where it "
-                "stopped",
-                err=True,
-            )
-            raise typer.Exit(code)
-
-
-def _sweep_complete(plan: Plan, out: Path) -> bool:
-    """Whether every scenario of ``plan`` is in the dataset at ``out``."""
-    from ficco.harness.dataset import read_manifest
-
-    manifest = read_manifest(out)
-    return manifest is not None and {s.key() for _, s in plan} <= set(manifest["finished"])
 
 
 def _write_card(out: Path) -> None:

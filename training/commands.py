@@ -267,18 +267,12 @@ def retrain_command(
 ) -> None:
     """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
     with the current model on the new data, register it and promote it only if it is better."""
-    from ficco.features import get_hardware
-    from ficco.features.model_config import load_model_configs
-    from ficco.harness.commands import gpu_count
-    from ficco.harness.plan import plan_scenarios
+    from ficco.harness.launch import build_plan, gpu_count, hardware_profile, parse_tokens
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
-    try:
-        hw = get_hardware(hardware)
-        token_list = [int(t) for t in tokens.split(",") if t.strip()]
-    except ValueError as err:
-        raise fail(f"--hardware/--tokens: {err}") from None
+    hw = hardware_profile(hardware)
+    token_list = parse_tokens(tokens)
     if backend is RetrainBackend.auto:
         backend = RetrainBackend.gpu if gpu_count() >= 2 else RetrainBackend.sim
     tp = tp or hw.gpu_count
@@ -290,15 +284,9 @@ def retrain_command(
     except ModelLoadError as err:
         typer.echo(f"current model: none usable ({err})", err=True)
         current = None
-    try:
-        plan = plan_scenarios(
-            load_model_configs(configs), tp=tp, tokens=token_list, grid_size=grid, hardware=hw,
-            include_moe=backend is RetrainBackend.sim, seed=seed,
-        )  # fmt: skip
-    except ValueError as err:
-        raise fail(str(err)) from None
-    for name, why in plan.settings["skipped_configs"].items():
-        typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
+    plan = build_plan(
+        configs, hw, tp=tp, tokens=token_list, grid=grid, include_moe=backend is RetrainBackend.sim, seed=seed
+    )
     plan = informative_subset(plan, budget, current)
     typer.echo(f"retrain {hw.id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
     measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
@@ -337,7 +325,7 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
 
     def measure(plan: Plan, out: Path) -> None:
         from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
-        from ficco.harness.commands import BenchBackend, run_torchrun
+        from ficco.harness.launch import BenchBackend, run_torchrun
 
         run_torchrun(
             plan,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from ficco.harness.commands import register, torchrun_command
+from ficco.harness.commands import register
 from ficco.harness.dataset import load_dataset, load_noise, read_manifest
+from ficco.harness.launch import torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 from typer.testing import CliRunner
 
@@ -148,7 +149,7 @@ def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
 def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
-    monkeypatch.setattr("ficco.harness.commands.gpu_count", lambda: 0)
+    monkeypatch.setattr("ficco.harness.launch.gpu_count", lambda: 0)
     result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
     assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
 

@@ -74,7 +74,7 @@ def test_retrain_gpu_measure_launches_the_sweep_worker_on_every_gpu(tmp_path, mo
     from ficco.training.commands import _measure_gpu
 
     launched = []
-    monkeypatch.setattr("ficco.harness.commands.gpu_count", lambda: 2)
+    monkeypatch.setattr("ficco.harness.launch.gpu_count", lambda: 2)
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: launched.append(command) or _Done())
     plan = plan_scenarios([], grid_size=2, hardware=get_hardware("h200x2"))
     _measure_gpu(2)(plan, tmp_path / "ds")

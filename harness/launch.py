@@ -1,0 +1,218 @@
+"""Launching the harness, shared by ``ficco bench`` and ``ficco retrain --backend gpu``: the hardware and
+``--tokens`` options, the sweep plan of the model configs, and the torchrun job (one
+``ficco.harness.worker`` process per rank) that measures it. Everything here is called with keywords.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
+
+from ficco.errors import fail
+
+if TYPE_CHECKING:
+    from ficco.features import HardwareProfile
+    from ficco.harness.plan import Plan
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class BenchBackend(StrEnum):
+    """Where a sweep's times come from (``ficco bench --backend``)."""
+
+    gpu = "gpu"
+    gloo = "gloo"
+    sim = "sim"
+
+
+def hardware_profile(value: str) -> HardwareProfile:
+    """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
+    from ficco.features import HardwareProfile, get_hardware
+
+    try:
+        if value.endswith(".json"):
+            return HardwareProfile.from_json(Path(value).read_text())
+        return get_hardware(value)
+    except (OSError, ValueError) as err:
+        raise fail(f"--hardware {value!r}: {err}") from None
+
+
+def parse_tokens(value: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in value.split(",") if t.strip()]
+    except ValueError:
+        raise fail(f"--tokens must be comma-separated integers, e.g. 1024,4096; got {value!r}") from None
+    if not tokens or min(tokens) < 1:
+        raise fail(f"--tokens must hold positive integers; got {value!r}")
+    return tokens
+
+
+def gpu_count() -> int:
+    """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def build_plan(
+    configs: Path,
+    hw: HardwareProfile,
+    *,
+    tp: int,
+    tokens: list[int],
+    grid: int,
+    max_serial_ms: float = DEFAULT_MAX_SERIAL_MS,
+    include_moe: bool,
+    seed: int,
+    limit: int = 0,
+) -> Plan:
+    """The plan of ``configs`` at ``tp`` ranks on ``hw`` (its first ``limit`` scenarios when ``limit`` > 0);
+    model configs that do not fit are skipped with a message naming why."""
+    from ficco.features.model_config import load_model_configs
+    from ficco.harness.plan import plan_scenarios
+
+    try:
+        plan = plan_scenarios(
+            load_model_configs(configs),
+            tp=tp,
+            tokens=tokens,
+            grid_size=grid,
+            hardware=hw,
+            include_moe=include_moe,
+            max_serial_ms=max_serial_ms,
+            seed=seed,
+        )
+    except ValueError as err:
+        raise fail(str(err)) from None
+    for name, why in plan.settings["skipped_configs"].items():
+        typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
+    if limit:
+        plan = dataclasses.replace(plan, entries=plan.entries[:limit])
+    if not len(plan):
+        raise fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
+    return plan
+
+
+def torchrun_command(
+    out: Path,
+    *,
+    nproc: int,
+    device: str,
+    phase: str,
+    modes: tuple[str, ...],
+    rounds: int,
+    block_ms: float,
+    remeasure: int,
+    flush_seconds: float,
+    deadline: float | None = None,
+) -> list[str]:
+    """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
+    for one ``phase`` (``sweep`` or ``noise``)."""
+    from ficco.harness.dataset import PLAN
+
+    worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
+    settings = {
+        "--phase": phase,
+        "--modes": ",".join(modes),
+        "--rounds": rounds,
+        "--block-ms": block_ms,
+        "--remeasure": remeasure,
+        "--flush-seconds": flush_seconds,
+        "--deadline": deadline or 0.0,
+    }
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *worker,
+        *(str(x) for pair in settings.items() for x in pair),
+    ]
+
+
+def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
+    """Processes to launch: ``--nproc``, else the detected GPUs (gpu) or ``--tp`` (gloo); must equal tp."""
+    if backend is BenchBackend.gpu:
+        found = gpu_count()
+        nproc = nproc or found
+        if found < max(nproc, 2):
+            raise fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")
+    nproc = nproc or tp
+    if nproc != tp:
+        raise fail(
+            f"--tp {tp} must equal the number of processes ({nproc}): every scenario spans the whole process "
+            f"group; pass --nproc {tp} to use {tp} of the GPUs, or --tp {nproc}"
+        )
+    return nproc
+
+
+def run_torchrun(
+    plan: Plan,
+    out: Path,
+    *,
+    backend: BenchBackend,
+    tp: int,
+    nproc: int | None,
+    modes: tuple[str, ...],
+    rounds: int,
+    block_ms: float,
+    remeasure: int,
+    flush_seconds: float,
+    deadline: float | None = None,
+) -> None:
+    """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
+    then (``remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
+    from ficco.harness.dataset import PLAN, write_json_atomic
+    from ficco.harness.worker import SAFE_ENV
+
+    nproc = process_count(backend, tp, nproc)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / PLAN, json.loads(plan.to_json()))
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
+    device = "cuda" if backend is BenchBackend.gpu else "cpu"
+    for phase in ("sweep", "noise") if remeasure else ("sweep",):
+        if phase == "noise" and not sweep_complete(plan, out):
+            typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
+            break
+        command = torchrun_command(
+            out,
+            nproc=nproc,
+            device=device,
+            phase=phase,
+            modes=modes,
+            rounds=rounds,
+            block_ms=block_ms,
+            remeasure=remeasure,
+            flush_seconds=flush_seconds,
+            deadline=deadline,
+        )
+        typer.echo("running: " + " ".join(command), err=True)
+        code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
+        if code != 0:
+            typer.echo(
+                f"error: torchrun ({phase}) exited with {code}; `ficco bench --resume` continues where it "
+                "stopped",
+                err=True,
+            )
+            raise typer.Exit(code)
+
+
+def sweep_complete(plan: Plan, out: Path) -> bool:
+    """Whether every scenario of ``plan`` is in the dataset at ``out``."""
+    from ficco.harness.dataset import read_manifest
+
+    manifest = read_manifest(out)
+    return manifest is not None and {s.key() for _, s in plan} <= set(manifest["finished"])
