@@ -74,11 +74,11 @@ QUICK_SHAPES = (
 BANDWIDTH_MIB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 QUICK_BANDWIDTH_MIB = (1, 4, 64, 256)
 BANDWIDTH_WIDTH = 4096
+"""Columns of the all-gathered bf16 matrix in the bandwidth sweep (rows follow from the size)."""
 COPY_MIB = 256
 """MiB per transfer in the copy-engine probes (``measure_copies``): large enough to be bandwidth-bound."""
 PUSH_STREAMS = (1, 2, 4)
 """Streams per peer tried by the all-peers push probe (each peer's rows split evenly across them)."""
-"""Columns of the all-gathered bf16 matrix in the bandwidth sweep (rows follow from the size)."""
 EST_TFLOPS, EST_LINK_GBPS = 650.0, 150.0
 """Deliberately low GEMM and NCCL rates for the run-time estimate (H200 reaches ~790 TFLOP/s, ~240 GB/s)."""
 
