@@ -86,3 +86,39 @@ def test_wave_fill_counts_128x256_tiles_over_the_sms(rows, n, fill):
     from ficco.features.vector import wave_fill
 
     assert wave_fill(rows, n, 132) == pytest.approx(fill)
+
+
+def _random_scenarios(count: int, seed: int) -> list[Scenario]:
+    """Valid scenarios of every op, dtype and world size up to 8, with MoE fields (invalid draws skipped)."""
+    from ficco.features import DTYPES, OPS, get_hardware
+
+    rng = np.random.default_rng(seed)
+    hardware, out = get_hardware("h200x8"), []
+    while len(out) < count:
+        op, w = str(rng.choice(OPS)), int(rng.choice([2, 4, 8]))
+        moe = op in ("a2a_gemm", "gemm_a2a")
+        fields = {"op": op, "world_size": w, "dtype": str(rng.choice(DTYPES)), "hardware": hardware}
+        fields |= {d: int(2 ** rng.uniform(3, 16)) for d in ("n", "k")}
+        fields["m"] = w * int(2 ** rng.uniform(0, 14))
+        if moe:
+            experts = w * int(rng.integers(1, 17))
+            fields |= {"experts": experts, "top_k": int(rng.integers(1, min(experts, 8) + 1))}
+            fields["imbalance"] = float(rng.uniform(1.0, w))
+        try:
+            out.append(Scenario(**fields))
+        except ValueError:
+            continue
+    return out
+
+
+def test_columnwise_features_equal_the_per_scenario_ones():
+    """feature_matrix switches to column-wise numpy at COLUMNWISE_MIN scenarios: same numbers, same order."""
+    from ficco.features.vector import COLUMNWISE_MIN
+
+    scenarios = _random_scenarios(500, seed=3)
+    batch = feature_matrix(scenarios)
+    one_by_one = np.stack([feature_vector(s) for s in scenarios])
+    assert len(scenarios) >= COLUMNWISE_MIN and batch.shape == one_by_one.shape
+    np.testing.assert_allclose(batch, one_by_one, rtol=1e-12, atol=1e-12)
+    small = feature_matrix(scenarios[: COLUMNWISE_MIN - 1])
+    assert np.array_equal(small, one_by_one[: COLUMNWISE_MIN - 1])
