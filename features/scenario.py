@@ -179,6 +179,17 @@ class Scenario:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def shape_dict(self) -> dict[str, Any]:
+        """The fields of :data:`SHAPE_FIELDS` as plain values (a dataset row's scenario columns)."""
+        return {name: kind(getattr(self, name)) for name, kind in SHAPE_FIELDS.items()}
+
     @classmethod
     def from_json(cls, text: str) -> Scenario:
         return cls.from_dict(json.loads(text))
+
+
+SHAPE_FIELDS: dict[str, type] = {
+    f.name: type(f.default) for f in dataclasses.fields(Scenario) if f.name != "hardware"
+}
+"""Every field of ``Scenario`` but ``hardware``, in declaration order, with its Python type: the scenario's
+columns in a dataset (``harness.dataset``), which rebuilds a scenario from them and a hardware profile."""

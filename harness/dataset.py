@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario
+from ficco.features.scenario import SHAPE_FIELDS
 from ficco.harness.backend import BASELINE_KEYS, MODES, ScenarioResult
 
 if TYPE_CHECKING:
@@ -41,15 +42,7 @@ BACKENDS = ("gpu", "gloo", "sim")
 COLUMNS: dict[str, str] = {
     "scenario_id": "str",
     "family": "str",
-    "op": "str",
-    "m": "int",
-    "n": "int",
-    "k": "int",
-    "dtype": "str",
-    "world_size": "int",
-    "experts": "int",
-    "top_k": "int",
-    "imbalance": "float",
+    **{name: kind.__name__ for name, kind in SHAPE_FIELDS.items()},
     "schedule": "str",
     "mode": "str",
     "median_ms": "float",
@@ -64,21 +57,7 @@ COLUMNS: dict[str, str] = {
     **{key: "float" for key in BASELINE_KEYS},
 }
 """Column name -> kind (str, int, float, bool), in file order."""
-SCENARIO_COLUMNS = (
-    "scenario_id",
-    "family",
-    "op",
-    "m",
-    "n",
-    "k",
-    "dtype",
-    "world_size",
-    "experts",
-    "top_k",
-    "imbalance",
-    "hardware_id",
-    "backend",
-)
+SCENARIO_COLUMNS = ("scenario_id", "family", *SHAPE_FIELDS, "hardware_id", "backend")
 """The per-scenario columns ``label_table`` keeps."""
 
 
@@ -92,15 +71,7 @@ def result_rows(
     base = {
         "scenario_id": scenario.key(),
         "family": family,
-        "op": scenario.op,
-        "m": scenario.m,
-        "n": scenario.n,
-        "k": scenario.k,
-        "dtype": scenario.dtype,
-        "world_size": scenario.world_size,
-        "experts": scenario.experts,
-        "top_k": scenario.top_k,
-        "imbalance": float(scenario.imbalance),
+        **scenario.shape_dict(),
         "backend": backend,
         "hardware_id": scenario.hardware.id,
     }
@@ -271,15 +242,4 @@ def scenario_from_row(row: Any, hardware: HardwareProfile) -> Scenario:
     """Rebuild the ``Scenario`` of a dataset row (a Series, a namedtuple from ``itertuples`` or a dict)."""
     # A namedtuple needs getattr; a Series or dict needs [] (Series.dtype is an attribute of its own).
     get = (lambda key: getattr(row, key)) if hasattr(row, "_fields") else row.__getitem__
-    return Scenario(
-        op=str(get("op")),
-        m=int(get("m")),
-        n=int(get("n")),
-        k=int(get("k")),
-        dtype=str(get("dtype")),
-        world_size=int(get("world_size")),
-        hardware=hardware,
-        experts=int(get("experts")),
-        top_k=int(get("top_k")),
-        imbalance=float(get("imbalance")),
-    )
+    return Scenario(hardware=hardware, **{name: kind(get(name)) for name, kind in SHAPE_FIELDS.items()})
