@@ -426,7 +426,8 @@ def print_summary(data: dict) -> None:
             f"{s['op']:8s} {s['m']:<6d} {s['n']:<6d} {s['k']:<6d} {_f(s['serial_ms'])} {_f(s['best_ms'])} "
             f"{_f(s['async_tp_ms'])} {_f(report.realized_overlap(s))} {s['best_schedule']}"
         )
-    for g in report.goals(data["records"], data["allgather_bandwidth"]):
+    world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
+    for g in report.goals(data["records"], data["allgather_bandwidth"], world_size):
         met = "n/a" if g["met"] is None else ("MET" if g["met"] else "missed")
         _say(f"goal: {g['goal']}: {_f(g['value'])} (target {g['target']:g}) {met}; {g['note']}")
     if data["skipped_shapes"]:

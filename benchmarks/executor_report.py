@@ -24,6 +24,12 @@ from collections.abc import Iterable
 GOAL_CE_GBPS = 360.0
 """Copy-engine all-gather, per direction, at >= ``BIG_MBYTES`` (80% of NVLink 4's 450 GB/s)."""
 BIG_MBYTES = 256
+RATIO_MBYTES = 64
+"""Copy engines against NCCL are compared at all-gathers of at least this many MiB received per GPU."""
+GOAL_CE_OVER_NCCL = {2: 1.35}
+"""Copy-engine over NCCL all-gather bandwidth (same run, worst size >= ``RATIO_MBYTES``) by world size;
+``GOAL_CE_OVER_NCCL_MANY`` for any other."""
+GOAL_CE_OVER_NCCL_MANY = 1.1
 GOAL_REALIZED = 0.8
 """Average realized overlap on communication-heavy shapes."""
 MIN_COMM_SHARE = 0.2
@@ -146,15 +152,19 @@ def bandwidth_summary(rows: list[dict]) -> dict:
     small = [
         (r["mbytes"], _num(r.get("dma_ms")), _num(r.get("nccl_ms"))) for r in rows if lo <= r["mbytes"] <= hi
     ]
+    pairs = [(_num(r.get("nccl_ms")), _num(r.get("dma_ms"))) for r in rows if r["mbytes"] >= RATIO_MBYTES]
+    ratios = [nccl / dma for nccl, dma in pairs if nccl and dma]
     return {
+        "ce_over_nccl_min": min(ratios) if ratios else None,
         "ce_gbps_big_mean": sum(big) / len(big) if big else None,
         "ce_gbps_big_min": min(big) if big else None,
         "latency_dma_over_nccl": {mb: (d / n if d and n else None) for mb, d, n in small},
     }
 
 
-def goals(records: list[dict], bandwidth: list[dict]) -> list[dict]:
-    """The issue's goals, each ``{"goal", "value", "target", "met", "note"}`` (``met`` None: not measured)."""
+def goals(records: list[dict], bandwidth: list[dict], world_size: int = 2) -> list[dict]:
+    """The issues' goals at ``world_size`` ranks, each ``{"goal", "value", "target", "met", "note"}``
+    (``met`` None: not measured)."""
     summaries = shape_summaries(records)
     bw = bandwidth_summary(bandwidth)
     overlap = average_realized_overlap(summaries)
@@ -167,7 +177,10 @@ def goals(records: list[dict], bandwidth: list[dict]) -> list[dict]:
     big = f"copy-engine all-gather GB/s per direction, >= {BIG_MBYTES} MiB (mean)"
     heavy = f"average realized overlap, comm >= {MIN_COMM_SHARE:.0%} of GEMM"
     left_out = f"{overlap['shapes']} shapes; {overlap['undefined']} left out (ideal not 5% below serial)"
+    ratio = f"copy-engine / NCCL all-gather bandwidth, >= {RATIO_MBYTES} MiB (worst size)"
+    ratio_goal = GOAL_CE_OVER_NCCL.get(world_size, GOAL_CE_OVER_NCCL_MANY)
     return [
+        row(ratio, bw["ce_over_nccl_min"], ratio_goal, f"{world_size} ranks, same run"),
         row(big, bw["ce_gbps_big_mean"], GOAL_CE_GBPS, f"min {_fmt(bw['ce_gbps_big_min'])}"),
         row(heavy, overlap["value"], GOAL_REALIZED, left_out),
         row(
@@ -216,7 +229,7 @@ def render_markdown(
     lines = [f"# Executor benchmark: {meta.get('title', 'executor')}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "title"]
     lines += ["", "## Goals", "", "| goal | value | target | met | note |", "|---|---|---|---|---|"]
-    for g in goals(records, bandwidth):
+    for g in goals(records, bandwidth, int(meta.get("fingerprint.world_size", 2))):
         met = "n/a" if g["met"] is None else ("yes" if g["met"] else "**no**")
         lines.append(f"| {g['goal']} | {_fmt(g['value'])} | {g['target']:g} | {met} | {g['note']} |")
     lines += ["", "## All-gather alone, NCCL vs copy engines (MiB received per GPU)", ""]

@@ -81,6 +81,10 @@ def test_goals_mark_met_missed_and_unmeasured():
     goals = {g["goal"].split(",")[0]: g for g in report.goals(RECORDS, BANDWIDTH)}
     assert goals["copy-engine all-gather GB/s per direction"]["met"] is True  # ~383 GB/s
     assert goals["average realized overlap"]["met"] is False  # 0.7 < 0.8
+    ratio = goals["copy-engine / NCCL all-gather bandwidth"]
+    assert ratio["value"] == pytest.approx(1.0 / 0.7) and ratio["met"] is True  # 1.43 >= 1.35 at 2 ranks
+    at_four = {g["goal"].split(",")[0]: g for g in report.goals(RECORDS, BANDWIDTH, world_size=4)}
+    assert at_four["copy-engine / NCCL all-gather bandwidth"]["target"] == 1.1
     empty = report.goals([], [])
     assert all(g["met"] is None and g["value"] is None for g in empty)
 
