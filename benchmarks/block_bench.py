@@ -66,6 +66,9 @@ os.environ.update(SAFE_ENV)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ficco import executor  # noqa: E402
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
 from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
 from ficco.runtime import (  # noqa: E402
@@ -81,9 +84,6 @@ from ficco.runtime import (  # noqa: E402
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
-from torch import nn  # noqa: E402
-
-from ficco import executor  # noqa: E402
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""
@@ -248,6 +248,7 @@ def needed_keys(models: dict[str, ModelConfig], train: tuple, infer: tuple, seq_
 def dataset_oracle(directory: Path) -> dict[tuple, Answer]:
     """The fastest schedule of every (op, m, n, k, mode) of a measured dataset (format 1 rows are eager)."""
     import pandas as pd
+
     from ficco.harness.dataset import label_table, load_dataset
 
     try:

@@ -330,9 +330,9 @@ def measure_copies(backend, mib: int) -> dict:
     """
     import executor_report as report
     import torch
-    from ficco.executor.context import get_context
 
     from ficco import executor
+    from ficco.executor.context import get_context
 
     w, rank = backend.world_size, backend.rank
     rows = mib * (1 << 20) // (BANDWIDTH_WIDTH * 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+
 from ficco.features.schedule import Schedule
 
 DTYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

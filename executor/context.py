@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
 from ficco.executor.lanes import DeviceLanes, HostLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport

@@ -12,6 +12,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+
 from ficco.executor.checks import (
     as_schedule,
     call_key,

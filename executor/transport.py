@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
 from ficco.executor.lanes import DeviceLanes, HostLanes
 from ficco.executor.peer_memory import Workspace
 from ficco.executor.plan import Piece, Plan, Unit, shard_rows_of, sub_rows_of

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
+
 from ficco.features.scenario import MOE_OPS, OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS
 

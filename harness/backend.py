@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
 from ficco.features import Scenario, Schedule
 
 BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")

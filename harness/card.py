@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from ficco.features import Schedule
 from ficco.harness.backend import MODES
 from ficco.harness.dataset import (

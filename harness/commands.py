@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from ficco.errors import fail
 from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -30,8 +32,6 @@ from ficco.harness.launch import (
     sweep_complete,
 )
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
-
-from ficco.errors import fail
 
 if TYPE_CHECKING:
     from ficco.harness.plan import Plan

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+
 from ficco.harness.backend import Measurement, ScenarioResult
 
 MARGIN = 0.01

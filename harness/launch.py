@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 from ficco.errors import fail
+from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile

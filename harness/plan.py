@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
 from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, Schedule
 from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import MODES, ROUNDS, Measurement, ScenarioResult

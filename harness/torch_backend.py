@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
 from ficco.features import SERIAL, Scenario, Schedule
 from ficco.harness.backend import BASELINE_KEYS, BLOCK_MS, MODES, ROUNDS, Measurement, ScenarioResult
 
@@ -461,9 +462,9 @@ class _Case:
 
     def __init__(self, scenario: Scenario, device: torch.device, seed: int) -> None:
         import torch
-        from ficco.executor.checks import DTYPES
 
         from ficco import executor
+        from ficco.executor.checks import DTYPES
 
         dtype = {name: d for d, name in DTYPES.items()}[scenario.dtype]
         s, w = scenario, scenario.world_size

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(SAFE_ENV)  # before torch.distributed initialises NCCL or symmetric memory
     import torch
     import torch.distributed as dist
+
     from ficco.harness.plan import Plan
     from ficco.harness.sweep import run_noise, run_sweep
     from ficco.harness.torch_backend import TorchBackend

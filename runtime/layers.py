@@ -31,9 +31,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from ficco.runtime.overlap import OverlapOps, dtype_name
 from ficco.runtime.planner import OpRequest
-from torch import nn
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

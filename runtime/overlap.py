@@ -12,10 +12,10 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from ficco.executor.checks import DTYPES
-from ficco.runtime.planner import Direction, OpRequest, Planner
 
 from ficco import executor
+from ficco.executor.checks import DTYPES
+from ficco.runtime.planner import Direction, OpRequest, Planner
 
 # torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old name (as executor.ops).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

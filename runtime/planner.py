@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+
 from ficco.features import SERIAL, Scenario, Schedule, get_hardware
 from ficco.runtime.sources import MODES, Answer, Mode, ScheduleSource
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+
 from ficco.features import Scenario
 from ficco.service.cache import RecommendationCache
 from ficco.service.schemas import (

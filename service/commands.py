@@ -79,8 +79,9 @@ def _loaded_store(settings: ModelSettings) -> ModelStore:
 
 def _answer(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call the shared engine, turning its errors (and schema errors) into a clean exit."""
-    from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
     from pydantic import ValidationError
+
+    from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 
     try:
         return fn(*args, **kwargs)
@@ -109,6 +110,7 @@ def serve(
     settings (body limit, batch limit, reload token and polling) come from FICCO_* variables.
     """
     import uvicorn
+
     from ficco.service.core.protocol import with_header_timeout
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
 from ficco.service.core.config import Settings
 from ficco.service.core.metrics import Metrics
 from ficco.service.core.store import ModelStore, ServedModel

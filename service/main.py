@@ -19,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+
+from ficco import __version__
 from ficco.service.core.admission import BatchGate, BusyError
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
@@ -26,8 +28,6 @@ from ficco.service.core.metrics import Metrics, MetricsMiddleware
 from ficco.service.core.store import ModelStore
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score
-
-from ficco import __version__
 
 log = logging.getLogger(__name__)
 

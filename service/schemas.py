@@ -12,10 +12,11 @@ import typing
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Le, MaxLen, MinLen
-from ficco.features._validate import check_keys
-from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Op
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
+
+from ficco.features._validate import check_keys
+from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Op
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import ValidationError
+
 from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs
 from ficco.service.core.store import ServedModel, resolve_hardware
@@ -26,7 +28,6 @@ from ficco.service.schemas import (
     ScoresPublic,
     TokenScore,
 )
-from pydantic import ValidationError
 
 ESTIMATE_NOTE = (
     "serial_us is the roofline serial time of one call (features.roofline_gemm_us + roofline_comm_us), "

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.training.metrics import mean_loss, pick_loss
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask

@@ -18,13 +18,14 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from sklearn.model_selection import GroupKFold
+from tqdm import tqdm
+
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
 from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
 from ficco.training.table import ScheduleTable
-from sklearn.model_selection import GroupKFold
-from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from ficco.training.baselines import FIXED, baseline_picks
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
 from ficco.training.model import PairModel, pair_matrix
 from ficco.training.table import ScheduleTable
 

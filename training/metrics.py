@@ -16,6 +16,7 @@ For scenario ``i`` with pick time ``t_i``, best time ``b_i`` and serial/sm time 
 from __future__ import annotations
 
 import numpy as np
+
 from ficco.training.table import ScheduleTable
 
 WITHIN = 0.02

@@ -28,10 +28,11 @@ from os import PathLike
 from typing import Any, ClassVar
 
 import numpy as np
-from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SERIAL, Schedule, all_schedules
 from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
+
+from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SERIAL, Schedule, all_schedules
 
 MODES: tuple[str, ...] = ("eager", "graph")
 """Execution modes (``harness.dataset.MODES``): eager calls, or replays of a captured CUDA graph."""

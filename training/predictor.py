@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from ficco.features import FEATURE_NAMES, Scenario, feature_matrix
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (

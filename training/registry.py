@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ficco import __version__
 from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from ficco.training.model import FeatureSchemaError, PairModel, check_feature_schema
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
-
-from ficco import __version__
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ficco.training.evaluate import Evaluation
 from ficco.training.model import SCHEDULES
 from ficco.training.table import ScheduleTable

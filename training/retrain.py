@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ficco.features import feature_matrix
 from ficco.training.metrics import mean_loss, score
 from ficco.training.model import MODES

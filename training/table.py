@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from ficco.features import HardwareProfile, Scenario, feature_matrix
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 

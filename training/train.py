@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from ficco.training.crossval import Choice
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
@@ -64,6 +65,7 @@ def train_model(
 def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int) -> str:
     """Register ``trained`` under ``root`` for the dataset's hardware; return the new version."""
     import pandas as pd
+
     from ficco.training.registry import register
 
     table = dataset.table

@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ficco.features import DEFAULT_HARDWARE_ID
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ficco.features import DEFAULT_HARDWARE_ID
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"

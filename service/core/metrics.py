@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from ficco.service.core.store import ModelStore
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ficco.service.core.store import ModelStore
 
 CLIENT_CLOSED = 499
 """Status counted for a request whose client disconnected before any answer (nginx's convention)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
+
 from ficco.service.deps import SettingsDep, StoreDep
 from ficco.service.schemas import HealthPublic, ReadyPublic
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from ficco.service.deps import MetricsDep, StoreDep
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from ficco.service.deps import MetricsDep, StoreDep
 
 router = APIRouter(tags=["metrics"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from ficco.service.deps import ReloadAuth, StoreDep
 from ficco.service.schemas import (
     ErrorPublic,

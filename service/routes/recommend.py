@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
+
 from ficco.service.core.admission import BatchGate
 from ficco.service.core.config import Settings
 from ficco.service.core.store import ServedModel
@@ -24,7 +26,6 @@ from ficco.service.schemas import (
     RecommendBatchRequest,
     ScenarioIn,
 )
-from pydantic import TypeAdapter, ValidationError
 
 router = APIRouter(prefix="/v1/recommend", tags=["recommend"], responses={**BODY_ERRORS, **MODEL_ERRORS})
 

@@ -4,6 +4,7 @@ projected savings."""
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from ficco.service.deps import ServedDep, SettingsDep
 from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
 from ficco.service.schemas import ScoreBatchRequest, ScorePublic, ScoreRequest, ScoresPublic

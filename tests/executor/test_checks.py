@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ficco.executor.checks import (
     as_schedule,
     check_all_gather_matmul,

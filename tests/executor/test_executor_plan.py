@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ficco.executor.lanes import HostLanes
 from ficco.executor.plan import Piece, make_plan, shard_rows_of
 from ficco.executor.transport import PointToPointTransport

@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 import torch
+
 from ficco.executor.lanes import DeviceLanes
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import make_plan

@@ -24,10 +24,10 @@ CASES = {
 def _check_world(rank: int, world_size: int) -> dict:
     """Runs on every rank: the whole check matrix; returns what the tests assert on."""
     import torch
-    from ficco.executor.checks import DTYPES
-    from ficco.features import SERIAL, Scenario, candidates, get_hardware
 
     from ficco import executor
+    from ficco.executor.checks import DTYPES
+    from ficco.features import SERIAL, Scenario, candidates, get_hardware
 
     dtypes = {name: d for d, name in DTYPES.items()}
     report: dict = {"results": [], "gathered": [], "schedules_run": {}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ficco.executor.lanes import HostLanes
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import make_plan

@@ -6,6 +6,7 @@ import math
 
 import pytest
 from executor_world import run_world
+
 from ficco.features import Scenario, Schedule, candidates, get_hardware
 
 AG = Scenario(op="ag_gemm", m=24, n=16, k=8, dtype="fp32", world_size=2, hardware=get_hardware("h200x2"))
@@ -19,9 +20,9 @@ CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output
 
 def _measure_world(rank: int, world_size: int) -> dict:
     import torch
-    from ficco.harness.torch_backend import TorchBackend
 
     from ficco import executor
+    from ficco.harness.torch_backend import TorchBackend
 
     real = executor.all_gather_matmul
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ficco.features import get_hardware
 from ficco.features.model_config import (
     ModelConfig,

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
 
 

@@ -1,10 +1,11 @@
 """Schedule: canonical strings, validation, candidates (example-based and property-based)."""
 
 import pytest
-from ficco.features import SERIAL, Scenario, Schedule, all_schedules, candidates, get_hardware
-from ficco.features.schedule import FINER_SPLITS
 from hypothesis import given
 from hypothesis import strategies as st
+
+from ficco.features import SERIAL, Scenario, Schedule, all_schedules, candidates, get_hardware
+from ficco.features.schedule import FINER_SPLITS
 
 
 def test_all_schedules_are_distinct_and_serial_first():

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from ficco.features import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,

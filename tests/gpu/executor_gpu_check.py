@@ -20,9 +20,9 @@ os.environ.update(SAFE_ENV)  # before torch.distributed initialises NCCL
 
 import torch
 import torch.distributed as dist
-from ficco.features.schedule import all_schedules
 
 from ficco import executor
+from ficco.features.schedule import all_schedules
 
 M, N, K = 1024, 512, 256
 """Small shapes: every schedule's split divides them at up to 8 ranks."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from ficco.harness.worker import SAFE_ENV
 
 REPO = Path(__file__).resolve().parents[2]

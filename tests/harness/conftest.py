@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ficco.features import HardwareProfile, get_hardware
 from ficco.features.model_config import load_model_config
 from ficco.harness.plan import Plan, plan_scenarios

@@ -1,6 +1,7 @@
 """The dataset card: sections, noise summary, failures, simulator agreement and the per-op plots."""
 
 import pytest
+
 from ficco.harness.card import noise_summary, schedule_family, write_card
 from ficco.harness.dataset import load_dataset, load_noise
 from ficco.harness.plan import plan_scenarios

@@ -4,6 +4,7 @@ import math
 
 import pandas as pd
 import pytest
+
 from ficco.features import Scenario, candidates
 from ficco.harness.backend import Measurement, ScenarioResult
 from ficco.harness.dataset import (

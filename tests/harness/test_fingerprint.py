@@ -1,6 +1,7 @@
 """Fingerprints: parsing `nvidia-smi topo -m`, the CPU fingerprint and naming differences."""
 
 import pytest
+
 from ficco.harness.fingerprint import cpu_fingerprint, fingerprint_differences, parse_topology
 
 H200X2 = """\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID

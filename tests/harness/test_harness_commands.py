@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
 from ficco.harness.commands import register
 from ficco.harness.dataset import load_dataset, load_noise, read_manifest
 from ficco.harness.launch import torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
-from typer.testing import CliRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

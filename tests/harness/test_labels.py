@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from ficco.harness.backend import Measurement, ScenarioResult
 from ficco.harness.labels import best_set, label_result
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from ficco.features import candidates
 from ficco.features.model_config import load_model_config, load_model_configs
 from ficco.harness.plan import Plan, estimate_sweep, plan_scenarios

@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+
 from ficco.features import SERIAL, HardwareProfile, Scenario, Schedule, all_schedules, candidates
 from ficco.harness.dataset import result_rows, rows_frame, scenario_from_row
 from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from ficco.features import candidates, get_hardware
 from ficco.harness.backend import Measurement, ScenarioResult
 from ficco.harness.dataset import dataset_hash, label_table, load_dataset, load_noise, read_manifest
@@ -242,8 +243,9 @@ def test_deadline_stops_before_the_next_scenario_and_resume_completes(tmp_path, 
 
 def test_bench_time_budget_leaves_the_remeasure_for_a_resume(tmp_path, tiny_configs):
     import typer
-    from ficco.harness.commands import register
     from typer.testing import CliRunner
+
+    from ficco.harness.commands import register
 
     app = typer.Typer()
     register(app)

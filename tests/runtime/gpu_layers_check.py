@@ -24,10 +24,11 @@ os.environ.update(SAFE_ENV)  # NVLink multicast off, before torch loads NCCL
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from test_layers import _mlp_world  # noqa: E402
+
 from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear  # noqa: E402
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.training.registry import default_model_root  # noqa: E402
-from test_layers import _mlp_world  # noqa: E402
 
 SIZES = (4096, 1024, 2048, 1024)
 """Tokens, in, hidden, out of the MLP."""

@@ -35,6 +35,7 @@ def _mlp_world(
     (``tests/runtime/gpu_layers_check.py`` runs it on GPUs with larger ``sizes``)."""
     import torch
     import torch.nn.functional as F
+
     from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear
 
     T, IN, HIDDEN, OUT = sizes  # the module constants by default

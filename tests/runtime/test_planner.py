@@ -8,6 +8,7 @@ import time
 
 import pytest
 from executor_world import run_world
+
 from ficco.runtime import Answer, FixedSource, OpRequest, Planner
 from ficco.runtime import planner as planner_module
 
@@ -196,6 +197,7 @@ def test_decisions_record_their_origin():
 
 def test_graphed_call_refuses_what_it_cannot_capture():
     import torch
+
     from ficco.runtime import GraphedCall
 
     with pytest.raises(ValueError, match=r"GraphedCall\.warmup must be an int >= 1"):

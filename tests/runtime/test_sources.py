@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+
 from ficco.features import Scenario
 from ficco.runtime import FixedSource, Planner, PredictorSource, ServiceSource, TableSource
 from ficco.runtime.sources import Answer

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ficco.features import Scenario, candidates, feature_matrix, get_hardware
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from fastapi.testclient import TestClient  # noqa: E402  (after the filter: the import warns)
+
 from ficco.service.core.config import Settings  # noqa: E402
 from ficco.service.main import create_app  # noqa: E402
 

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import pytest
+
 from ficco.service.core.admission import BatchGate, BusyError
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}

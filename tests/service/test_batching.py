@@ -7,6 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from ficco.features import Scenario
 from ficco.service.core.batching import MicroBatcher, predict_split
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from ficco.service.client import ServiceClient, ServiceError
 from ficco.service.schemas import RecommendationPublic, ScorePublic
 

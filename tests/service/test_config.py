@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ficco.service.core.config import Settings
 from pydantic import ValidationError
+
+from ficco.service.core.config import Settings
 
 
 def test_settings_read_ficco_environment(monkeypatch):

@@ -9,10 +9,9 @@ import shlex
 import tomllib
 from pathlib import Path
 
+from ficco.cli import COMMAND_MODULES
 from ficco.service.commands import SERVE_COMMAND
 from ficco.service.core.config import Settings
-
-from ficco.cli import COMMAND_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 

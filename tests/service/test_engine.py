@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from ficco.service.core.store import ModelStore
 from ficco.service.engine import recommend_scenarios
 from ficco.service.schemas import ScenarioIn

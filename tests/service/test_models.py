@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+
 from ficco.training.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from ficco.service.core.store import trained_ops
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.service.core.store import trained_ops
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 MOE = {"op": "a2a_gemm", "m": 4096, "n": 2048, "k": 4096, "experts": 8, "top_k": 2}

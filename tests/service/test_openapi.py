@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from ficco.service.core.store import ModelStore
-from ficco.service.main import create_app
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from ficco.service.core.store import ModelStore
+from ficco.service.main import create_app
 
 MAX_EXAMPLES = 60
 TOKEN = "test-reload-token-0123456789"

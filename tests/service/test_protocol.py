@@ -8,6 +8,7 @@ import threading
 import time
 
 import uvicorn
+
 from ficco.service.core.protocol import with_header_timeout
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ficco.features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
 from ficco.service.schemas import ALLOWED
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.features.model_config import load_model_config
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ficco.features import Scenario, get_hardware
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.features import Scenario, get_hardware
 
 CONFIG = Path(__file__).resolve().parents[2] / "datasets" / "model_configs" / "Llama-3.1-8B.json"
 runner = CliRunner()

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from ficco.features import get_hardware
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.store import ModelStore, resolve_hardware

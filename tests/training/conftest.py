@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from ficco.features import (
     Scenario,
     Schedule,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from ficco.training.baselines import baseline_picks, fit_best_fixed, fit_size_heuristic, fixed_picks
 from ficco.training.metrics import mean_loss
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from ficco.training.registry import current_version, load_predictor
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.training.registry import current_version, load_predictor
 
 runner = CliRunner()
 

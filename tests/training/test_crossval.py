@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from ficco.training.crossval import cross_validate, cv_folds, cv_groups, region_holdout
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from ficco.training.evaluate import ceiling_picks, evaluate
 from ficco.training.table import build_table
 

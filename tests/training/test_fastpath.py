@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ficco.features import FEATURE_NAMES
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.fit import training_pairs

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from ficco.training.metrics import pick_loss, score
 from ficco.training.model import SCHEDULE_INDEX
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
 from ficco.features import Scenario, candidates, feature_matrix, get_hardware
 from ficco.training.fit import training_pairs
 from ficco.training.model import (
@@ -14,8 +17,6 @@ from ficco.training.model import (
     pair_matrix,
     valid_mask,
 )
-from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
 
 
 @pytest.fixture(scope="module")

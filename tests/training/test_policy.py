@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ficco.training.model import SCHEDULE_INDEX, SERIAL_INDEX
 from ficco.training.policy import DecisionPolicy, apply_policy
 

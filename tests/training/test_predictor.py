@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ficco.features import Scenario, candidates, get_hardware
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+
 from ficco.features import FEATURE_SCHEMA_VERSION
 from ficco.training import registry
 from ficco.training.registry import (

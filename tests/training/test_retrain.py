@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from ficco.training.registry import current_version, list_models
-from ficco.training.retrain import decision_margin, farthest_points, informative_subset
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.training.registry import current_version, list_models
+from ficco.training.retrain import decision_margin, farthest_points, informative_subset
 
 runner = CliRunner()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ficco.features import get_hardware
 from ficco.training.model import SCHEDULES
 from ficco.training.table import build_table
