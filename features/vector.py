@@ -155,8 +155,8 @@ def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
         return np.ceil(r / _TILE) * np.ceil(n / _TILE) / sm_count
 
     def fill(r: np.ndarray) -> np.ndarray:
-        waves = np.ceil(r / _WAVE_TILE[0]) * np.ceil(n / _WAVE_TILE[1]) / sm_count
-        return waves / np.ceil(waves)
+        full = np.ceil(r / _WAVE_TILE[0]) * np.ceil(n / _WAVE_TILE[1]) / sm_count
+        return full / np.ceil(full)
 
     finer = np.ones_like(rows)
     for splits in FINER_SPLITS:
