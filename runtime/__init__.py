@@ -19,7 +19,7 @@ nothing in ficco imports it.
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.layers import ColumnParallelLinear, RowParallelLinear, apply_ops
 from ficco.runtime.overlap import OverlapOps, PlannedOps
-from ficco.runtime.planner import Decision, OpKey, OpRequest, Planner
+from ficco.runtime.planner import Decision, OpKey, OpRequest, OpShape, Planner
 from ficco.runtime.sources import Answer, FixedSource, PredictorSource, ServiceSource, TableSource
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "GraphedCall",
     "OpKey",
     "OpRequest",
+    "OpShape",
     "OverlapOps",
     "PlannedOps",
     "Planner",

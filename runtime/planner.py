@@ -23,6 +23,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,9 +47,8 @@ DEFAULT_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OpKey:
-    """What a decision depends on: the op, its per-rank shape (``features.Scenario`` conventions), the
-    element type, the group size and the execution mode."""
+class OpShape:
+    """An op and its per-rank shape (``features.Scenario`` conventions), element type and group size."""
 
     op: Literal["ag_gemm", "gemm_rs"]
     m: int
@@ -56,6 +56,12 @@ class OpKey:
     k: int
     dtype: str
     world_size: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpKey(OpShape):
+    """What a decision depends on: the op's shape and the execution mode."""
+
     mode: Mode
 
     @property
@@ -80,19 +86,13 @@ class Decision:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OpRequest:
+class OpRequest(OpShape):
     """One op a layer will run, for :meth:`Planner.prepare` (and the decision table)."""
 
     layer: str
     """The layer's name, e.g. ``layers.0.attn.qkv``."""
     direction: Direction
     """``fwd``, ``bwd-input`` or ``bwd-weight``."""
-    op: Literal["ag_gemm", "gemm_rs"]
-    m: int
-    n: int
-    k: int
-    dtype: str
-    world_size: int
 
 
 class Planner:
@@ -197,9 +197,9 @@ class Planner:
 
     # Decisions --------------------------------------------------------------------------------------------
 
-    def key(self, op: str, m: int, n: int, k: int, dtype: str, world_size: int) -> OpKey:
-        """The cache key of an op in this planner's mode."""
-        return OpKey(op=op, m=m, n=n, k=k, dtype=dtype, world_size=world_size, mode=self.mode)
+    def key(self, shape: OpShape) -> OpKey:
+        """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
+        return OpKey(mode=self.mode, **{f.name: getattr(shape, f.name) for f in dataclasses.fields(OpShape)})
 
     def schedule(self, request: OpRequest) -> Schedule:
         """The schedule of ``request``'s op (decided now if new).
@@ -210,7 +210,7 @@ class Planner:
         hit = self._by_request.get(id(request))
         if hit is not None and hit[0] is request:
             return hit[1]
-        key = self.key(request.op, request.m, request.n, request.k, request.dtype, request.world_size)
+        key = self.key(request)
         decision = self.decisions.get(key)
         if decision is None:
             self._decide([key])
@@ -231,7 +231,7 @@ class Planner:
         """
         keys = []
         for r in requests:
-            key = self.key(r.op, r.m, r.n, r.k, r.dtype, r.world_size)
+            key = self.key(r)
             self.uses.setdefault((r.layer, r.direction, key), None)
             if key not in self.decisions and key not in keys:
                 keys.append(key)
