@@ -25,6 +25,7 @@ from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.launch import (
     REPO_ROOT,
     BenchBackend,
+    WorkerSettings,
     build_plan,
     hardware_profile,
     parse_tokens,
@@ -219,12 +220,14 @@ def bench(
             backend=backend,
             tp=tp,
             nproc=nproc,
-            modes=mode_list,
-            rounds=rounds,
-            block_ms=block_ms,
-            remeasure=remeasure,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
+            settings=WorkerSettings(
+                modes=mode_list,
+                rounds=rounds,
+                block_ms=block_ms,
+                remeasure=remeasure,
+                flush_seconds=flush_seconds,
+                deadline=deadline,
+            ),
         )
     _write_card(out)
 

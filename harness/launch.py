@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ficco.errors import fail
+from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 if TYPE_CHECKING:
@@ -104,32 +106,41 @@ def build_plan(
     return plan
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerSettings:
+    """What every ``ficco.harness.worker`` process of a sweep is told beside its plan (``ficco bench``'s
+    options of the same names)."""
+
+    modes: tuple[str, ...]
+    """Execution modes timed."""
+    rounds: int = ROUNDS
+    """Interleaved rounds per scenario."""
+    block_ms: float = BLOCK_MS
+    """Target ms of one timed block."""
+    remeasure: int = 0
+    """Scenarios measured again into noise.parquet once the sweep is complete."""
+    flush_seconds: float = 10.0
+    """Seconds between dataset writes."""
+    deadline: float | None = None
+    """``time.time()`` after which no scenario starts (None: no limit)."""
+
+
 def torchrun_command(
-    out: Path,
-    *,
-    nproc: int,
-    device: str,
-    phase: str,
-    modes: tuple[str, ...],
-    rounds: int,
-    block_ms: float,
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None = None,
+    out: Path, *, nproc: int, device: str, phase: str, settings: WorkerSettings
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
     for one ``phase`` (``sweep`` or ``noise``)."""
     from ficco.harness.dataset import PLAN
 
     worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
-    settings = {
+    options = {
         "--phase": phase,
-        "--modes": ",".join(modes),
-        "--rounds": rounds,
-        "--block-ms": block_ms,
-        "--remeasure": remeasure,
-        "--flush-seconds": flush_seconds,
-        "--deadline": deadline or 0.0,
+        "--modes": ",".join(settings.modes),
+        "--rounds": settings.rounds,
+        "--block-ms": settings.block_ms,
+        "--remeasure": settings.remeasure,
+        "--flush-seconds": settings.flush_seconds,
+        "--deadline": settings.deadline or 0.0,
     }
     return [
         sys.executable,
@@ -138,7 +149,7 @@ def torchrun_command(
         "--standalone",
         f"--nproc-per-node={nproc}",
         *worker,
-        *(str(x) for pair in settings.items() for x in pair),
+        *(str(x) for pair in options.items() for x in pair),
     ]
 
 
@@ -165,15 +176,10 @@ def run_torchrun(
     backend: BenchBackend,
     tp: int,
     nproc: int | None,
-    modes: tuple[str, ...],
-    rounds: int,
-    block_ms: float,
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None = None,
+    settings: WorkerSettings,
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
-    then (``remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
+    then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
     from ficco.harness.dataset import PLAN, write_json_atomic
     from ficco.harness.worker import SAFE_ENV
 
@@ -183,22 +189,11 @@ def run_torchrun(
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
-    for phase in ("sweep", "noise") if remeasure else ("sweep",):
+    for phase in ("sweep", "noise") if settings.remeasure else ("sweep",):
         if phase == "noise" and not sweep_complete(plan, out):
             typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
             break
-        command = torchrun_command(
-            out,
-            nproc=nproc,
-            device=device,
-            phase=phase,
-            modes=modes,
-            rounds=rounds,
-            block_ms=block_ms,
-            remeasure=remeasure,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
+        command = torchrun_command(out, nproc=nproc, device=device, phase=phase, settings=settings)
         typer.echo("running: " + " ".join(command), err=True)
         code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
         if code != 0:

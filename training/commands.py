@@ -324,21 +324,12 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
-        from ficco.harness.launch import BenchBackend, run_torchrun
+        from ficco.harness.backend import MODES
+        from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
-        run_torchrun(
-            plan,
-            out,
-            backend=BenchBackend.gpu,
-            tp=tp,
-            nproc=None,
-            modes=MODES,
-            rounds=ROUNDS,
-            block_ms=BLOCK_MS,
-            remeasure=0,
-            flush_seconds=10.0,
-        )
+        # The dataset protocol's defaults (rounds, block length), no re-measure.
+        settings = WorkerSettings(modes=MODES)
+        run_torchrun(plan, out, backend=BenchBackend.gpu, tp=tp, nproc=None, settings=settings)
 
     return measure
 

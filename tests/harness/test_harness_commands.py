@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ficco.harness.commands import register
 from ficco.harness.dataset import load_dataset, load_noise, read_manifest
-from ficco.harness.launch import torchrun_command
+from ficco.harness.launch import WorkerSettings, torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -178,11 +178,9 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         nproc=2,
         device="cuda",
         phase="noise",
-        modes=("eager", "graph"),
-        rounds=7,
-        block_ms=0.5,
-        remeasure=64,
-        flush_seconds=10.0,
+        settings=WorkerSettings(
+            modes=("eager", "graph"), rounds=7, block_ms=0.5, remeasure=64, flush_seconds=10.0
+        ),
     )
     assert command[:5] == [
         sys.executable,
