@@ -58,6 +58,11 @@ class OpShape:
     world_size: int
 
 
+def _shape_fields(shape: object) -> dict[str, object]:
+    """``OpShape``'s fields of ``shape`` (any object that has them, e.g. an ``OpRequest``), by name."""
+    return {f.name: getattr(shape, f.name) for f in dataclasses.fields(OpShape)}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpKey(OpShape):
     """What a decision depends on: the op's shape and the execution mode."""
@@ -199,7 +204,7 @@ class Planner:
 
     def key(self, shape: OpShape) -> OpKey:
         """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
-        return OpKey(mode=self.mode, **{f.name: getattr(shape, f.name) for f in dataclasses.fields(OpShape)})
+        return OpKey(mode=self.mode, **_shape_fields(shape))
 
     def schedule(self, request: OpRequest) -> Schedule:
         """The schedule of ``request``'s op (decided now if new).
@@ -326,15 +331,7 @@ class Planner:
         return max(0.0, self._step_deadline - time.monotonic())
 
     def _scenario(self, key: OpKey) -> Scenario:
-        return Scenario(
-            op=key.op,
-            m=key.m,
-            n=key.n,
-            k=key.k,
-            dtype=key.dtype,
-            world_size=key.world_size,
-            hardware=self.hardware,
-        )
+        return Scenario(hardware=self.hardware, **_shape_fields(key))
 
     def _agree_group(self) -> dist.ProcessGroup | None:
         """The group whose ranks must agree, or None when this process decides alone."""

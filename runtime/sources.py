@@ -131,9 +131,7 @@ class FixedSource:
             try:
                 self.schedule.check(s)
             except ValueError as err:
-                out.append(
-                    Answer(schedule=str(SERIAL), fallback=True, fallback_reason=str(err), origin=self.origin)
-                )
+                out.append(_serial(str(err), self.origin))
                 continue
             out.append(Answer(schedule=str(self.schedule), origin=self.origin))
         return out
@@ -167,12 +165,12 @@ class TableSource:
                 hit = (
                     self.on_missing(s, mode)
                     if self.on_missing is not None
-                    else Answer(
-                        schedule=str(SERIAL),
-                        fallback=True,
-                        origin=self.origin,
-                        fallback_reason=f"{s.key()} ({mode}) is not in the table",
-                    )
+                    else _serial(f"{s.key()} ({mode}) is not in the table", self.origin)
                 )
             out.append(hit)
         return out
+
+
+def _serial(reason: str, origin: str) -> Answer:
+    """The ``serial/sm`` fallback answer of a source, with the reason."""
+    return Answer(schedule=str(SERIAL), fallback=True, fallback_reason=reason, origin=origin)
