@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
 
-from ficco.harness.backend import BLOCK_MS, ROUNDS  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing  # noqa: E402 (needs the path above; imports no torch)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -217,9 +217,8 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     device = "cpu" if args.cpu_dry_run else "cuda"
-    backend = TorchBackend(
-        device=device, modes=("eager",), rounds=args.rounds, block_ms=args.block_ms, timeout_s=60.0
-    )
+    timing = Timing(rounds=args.rounds, max_rounds=args.rounds, block_ms=args.block_ms)
+    backend = TorchBackend(device=device, modes=("eager",), timing=timing, timeout_s=60.0)
     w, lead = backend.world_size, backend.rank == 0
     stem = args.name or f"executor-h200x{w}"
     name = f"{stem}-quick" if args.quick else stem

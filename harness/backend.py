@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -16,10 +17,63 @@ MODES: tuple[str, ...] = ("eager", "graph")
 """Execution modes a schedule is timed in: ``eager`` (each call launched from Python, host time included
 where the GPU waits for it) and ``graph`` (the calls replayed from a captured CUDA graph)."""
 ROUNDS = 5
-"""Interleaved rounds per scenario in the timing protocol (``harness.torch_backend``)."""
-BLOCK_MS = 1.0
-"""Target length of one timed block of ``serial/sm`` calls, ms: long enough that event resolution and
-launch jitter stay far below 1%, short enough that 600 scenarios x 68 items x 5 rounds fit a GPU budget."""
+"""Fewest interleaved rounds per scenario and mode in the timing protocol (``harness.torch_backend``)."""
+MAX_ROUNDS = 24
+"""Most interleaved rounds per scenario and mode: cheap scenarios, whose rounds are short and whose times
+spread most from round to round (small shapes), get more of them (``Timing.rounds_for``)."""
+BLOCK_MS = 0.5
+"""Target length of one timed block of ``serial/sm`` calls, ms. Graph-mode blocks are queued on the device
+behind an in-stream rank alignment, so launch jitter does not land in them and short blocks lose nothing;
+drift over seconds is what remains, which many short interleaved rounds average out better than few long
+ones (reference measurements on 2 x H200: round-to-round spread 3-13% at any block length)."""
+TIMED_MS = 250.0
+"""Timed milliseconds one scenario spends per mode: the rounds run until their total reaches this, within
+``[ROUNDS, MAX_ROUNDS]`` (a scenario of 34 items of 0.5 ms blocks gets about 15 rounds, one of 10 ms calls
+``ROUNDS``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timing:
+    """How long and how often the timing protocol (``harness.torch_backend``) times each item: blocks of
+    about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. One object carries these from
+    the command line to the worker processes, the backend, the manifest and the sweep estimate."""
+
+    rounds: int = ROUNDS
+    """Fewest interleaved rounds per scenario and mode (>= 1; a dataset uses >= 5)."""
+    max_rounds: int = MAX_ROUNDS
+    """Most rounds per scenario and mode (>= ``rounds``)."""
+    block_ms: float = BLOCK_MS
+    """Target ms of one timed block of ``serial/sm`` calls (> 0)."""
+    timed_ms: float = TIMED_MS
+    """Target timed ms per scenario and mode (>= 0; 0: always ``rounds``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "max_rounds"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"Timing.{name} must be an int >= 1; got {value!r}")
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"Timing.max_rounds must be >= rounds={self.rounds}; got {self.max_rounds!r}")
+        if not (isinstance(self.block_ms, int | float) and self.block_ms > 0):
+            raise ValueError(f"Timing.block_ms must be a number > 0; got {self.block_ms!r}")
+        if not (isinstance(self.timed_ms, int | float) and self.timed_ms >= 0):
+            raise ValueError(f"Timing.timed_ms must be a number >= 0; got {self.timed_ms!r}")
+
+    def rounds_for(self, round_ms: float) -> int:
+        """Rounds for a scenario and mode whose first round timed ``round_ms`` ms in total (its blocks):
+        ``ceil(timed_ms / round_ms)`` within ``[rounds, max_rounds]``."""
+        if not (round_ms > 0 and self.timed_ms > 0):
+            return self.rounds
+        return int(min(self.max_rounds, max(self.rounds, math.ceil(self.timed_ms / round_ms))))
+
+    def to_dict(self) -> dict:
+        """The settings as JSON-ready values (the manifest's ``protocol`` holds them)."""
+        return {
+            "rounds": self.rounds,
+            "max_rounds": self.max_rounds,
+            "block_ms": float(self.block_ms),
+            "timed_ms": float(self.timed_ms),
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

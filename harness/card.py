@@ -101,14 +101,25 @@ def _header(manifest: dict, df: pd.DataFrame, directory: Path) -> str:
 
 
 def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str:
+    queued = manifest.get("protocol", {}).get("graph_rounds") == "queued"
+    alignment = (
+        "eager blocks start from ranks aligned on the host (an all-reduce and a host synchronisation, "
+        "outside the timed region); graph-mode rounds are queued on the device behind a spin kernel, each "
+        "block after a one-element all-reduce on the stream, so the ranks start it together and no host "
+        "launch latency lands inside it"
+        if queued
+        else "the ranks aligned before each timed block (an all-reduce and a host synchronisation, outside "
+        "the timed region)"
+    )
     protocol = (
         "checked against the serial result on poisoned buffers (in graph mode: the captured graph's "
-        "replay too), then timed in interleaved rounds: every round visits every schedule, mode and "
-        "baseline in a fresh shuffled order, the ranks aligned before each timed block (an all-reduce and "
-        "a host synchronisation, outside the timed region); a block is a fixed number of calls per scenario "
-        "(about `block_ms` of serial calls) over rotating input sets, so small GEMMs do not run from L2; "
-        "a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the median "
-        "over rounds, and every round's time is kept (`round_ms`)"
+        "replay too), then timed in interleaved rounds: every round visits every schedule and baseline of "
+        f"a mode in a fresh shuffled order, the modes taking turns; {alignment}; a block is a fixed number "
+        "of calls per scenario and mode (about `block_ms` of serial calls) over rotating input sets, so "
+        "small GEMMs do not run from L2; the first round's length sets the number of rounds (about "
+        "`timed_ms` of timed work, between `rounds` and `max_rounds`: short scenarios, the noisiest, get "
+        "the most); a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the "
+        "median over rounds, and every round's time is kept (`round_ms`)"
     )
     how = {
         "gpu": "One process per GPU under torchrun; every schedule run by the executor in eager mode and "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
-from ficco.harness.backend import BLOCK_MS, ROUNDS
+from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
     BenchBackend,
@@ -126,12 +126,34 @@ def bench(
     ] = None,
     rounds: Annotated[
         int,
-        typer.Option(min=1, max=100, help="Interleaved rounds per scenario (gpu/gloo); >= 5 for a dataset."),
+        typer.Option(
+            min=1,
+            max=100,
+            help="Fewest interleaved rounds per scenario and mode (gpu/gloo); >= 5 for a dataset.",
+        ),
     ] = ROUNDS,
+    max_rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Most rounds per scenario and mode (gpu/gloo): cheap scenarios get more rounds, up to this, "
+            "while their timed work stays under --timed-ms.",
+        ),
+    ] = MAX_ROUNDS,
     block_ms: Annotated[
         float,
         typer.Option(min=0.05, max=100.0, help="Target ms of one timed block of serial calls (gpu/gloo)."),
     ] = BLOCK_MS,
+    timed_ms: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1e6,
+            help="Target timed ms per scenario and mode (gpu/gloo): sets the rounds between --rounds and "
+            "--max-rounds from the first round's length (0: always --rounds).",
+        ),
+    ] = TIMED_MS,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
     noise: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
@@ -142,6 +164,15 @@ def bench(
     ] = None,
     limit: Annotated[
         int, typer.Option(min=0, max=10_000_000, help="Measure only the first N planned scenarios (0: all).")
+    ] = 0,
+    sample: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=10_000_000,
+            help="Measure only N planned scenarios spread evenly over the plan (0: all): a quick check of "
+            "a machine or a protocol, e.g. --sample 48 --remeasure 48 for its run-to-run noise.",
+        ),
     ] = 0,
     flush_seconds: Annotated[
         float,
@@ -170,6 +201,9 @@ def bench(
         _write_card(out)
         return
     _check_options(backend, max_serial_ms=max_serial_ms, noise=noise, include_moe=include_moe)
+    if max_rounds < rounds:
+        raise fail(f"--max-rounds must be >= --rounds={rounds}; got {max_rounds}")
+    timing = Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms)
     deadline = time.time() + 60 * time_budget if time_budget else None
     plan = build_plan(
         configs,
@@ -181,6 +215,7 @@ def bench(
         include_moe=include_moe,
         seed=seed,
         limit=limit,
+        sample=sample,
     )
     _check_fresh_or_resume(out, resume)
     if resume:
@@ -189,9 +224,7 @@ def bench(
     from ficco.harness.plan import estimate_sweep
 
     mode_list = _modes(modes, backend)
-    estimate = estimate_sweep(
-        plan, hw, modes=mode_list, rounds=rounds, block_ms=block_ms, remeasure=remeasure
-    )
+    estimate = estimate_sweep(plan, hw, modes=mode_list, timing=timing, remeasure=remeasure)
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
     )
@@ -222,8 +255,7 @@ def bench(
             nproc=nproc,
             settings=WorkerSettings(
                 modes=mode_list,
-                rounds=rounds,
-                block_ms=block_ms,
+                timing=timing,
                 remeasure=remeasure,
                 flush_seconds=flush_seconds,
                 deadline=deadline,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ficco.errors import fail
-from ficco.harness.backend import BLOCK_MS, ROUNDS
+from ficco.harness.backend import Timing
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 if TYPE_CHECKING:
@@ -78,11 +78,13 @@ def build_plan(
     include_moe: bool,
     seed: int,
     limit: int = 0,
+    sample: int = 0,
 ) -> Plan:
-    """The plan of ``configs`` at ``tp`` ranks on ``hw`` (its first ``limit`` scenarios when ``limit`` > 0);
-    model configs that do not fit are skipped with a message naming why."""
+    """The plan of ``configs`` at ``tp`` ranks on ``hw`` (its first ``limit`` scenarios when ``limit`` > 0,
+    then ``sample`` of them spread evenly over it when ``sample`` > 0); model configs that do not fit are
+    skipped with a message naming why."""
     from ficco.features.model_config import load_model_configs
-    from ficco.harness.plan import plan_scenarios
+    from ficco.harness.plan import evenly_spaced, plan_scenarios
 
     try:
         plan = plan_scenarios(
@@ -101,6 +103,8 @@ def build_plan(
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     if limit:
         plan = dataclasses.replace(plan, entries=plan.entries[:limit])
+    if sample:
+        plan = dataclasses.replace(plan, entries=tuple(evenly_spaced(plan.entries, sample)))
     if not len(plan):
         raise fail("the plan is empty: check --configs, --tokens, --grid and --max-serial-ms")
     return plan
@@ -113,10 +117,8 @@ class WorkerSettings:
 
     modes: tuple[str, ...]
     """Execution modes timed."""
-    rounds: int = ROUNDS
-    """Interleaved rounds per scenario."""
-    block_ms: float = BLOCK_MS
-    """Target ms of one timed block."""
+    timing: Timing = dataclasses.field(default_factory=Timing)
+    """Block length and rounds of the timing protocol."""
     remeasure: int = 0
     """Scenarios measured again into noise.parquet once the sweep is complete."""
     flush_seconds: float = 10.0
@@ -136,8 +138,10 @@ def torchrun_command(
     options = {
         "--phase": phase,
         "--modes": ",".join(settings.modes),
-        "--rounds": settings.rounds,
-        "--block-ms": settings.block_ms,
+        "--rounds": settings.timing.rounds,
+        "--max-rounds": settings.timing.max_rounds,
+        "--block-ms": settings.timing.block_ms,
+        "--timed-ms": settings.timing.timed_ms,
         "--remeasure": settings.remeasure,
         "--flush-seconds": settings.flush_seconds,
         "--deadline": settings.deadline or 0.0,

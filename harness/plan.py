@@ -15,17 +15,18 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
 from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs
-from ficco.harness.backend import BLOCK_MS, ROUNDS
+from ficco.harness.backend import Timing
 from ficco.harness.sim import SimBackend
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_TOKENS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 """Token counts per layer call (sequence x micro-batch): decode and small-batch serving (128-512) to
@@ -47,9 +48,10 @@ GRID_FAMILY = "grid"
 UNTIMED_CALLS = 2
 """Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items
 two warm-up calls and the replay that checks the capture."""
-BLOCK_OVERHEAD_MS = 0.15
-"""Wall time per timed block beyond its calls: the rank alignment (an all-reduce and a host
-synchronisation) and reading the events."""
+BLOCK_OVERHEAD_MS = {"eager": 0.15, "graph": 0.02}
+"""Wall time per timed block beyond its calls, by mode: eager, the rank alignment on the host (an
+all-reduce and a host synchronisation) and reading the events; graph, the in-stream all-reduce of a round
+queued on the device."""
 ITEM_OVERHEAD_MS = 3.0
 """Wall time per timed item beyond its calls: the output check against serial, agreement all-reduces,
 graph capture and instantiation."""
@@ -270,22 +272,32 @@ class SweepEstimate:
         )
 
 
+def evenly_spaced(items: Sequence[T], count: int) -> list[T]:
+    """``count`` of ``items`` spread evenly over them, in order (all of them if fewer): item
+    ``floor(i * len / count)`` for ``i < count``."""
+    if count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[math.floor(i * step)] for i in range(count)]
+
+
 def estimate_sweep(
     plan: Sequence[tuple[str, Scenario]],
     hardware: HardwareProfile,
     *,
     modes: Sequence[str] = ("eager", "graph"),
-    rounds: int = ROUNDS,
-    block_ms: float = BLOCK_MS,
+    timing: Timing | None = None,
     remeasure: int = 0,
 ) -> SweepEstimate:
     """The protocol of ``harness.torch_backend`` priced with the simulator: per scenario and mode, blocks of
-    ``calls = clamp(block_ms / serial time in that mode, 1, MAX_CALLS)`` calls (plus one leading call when
-    several), ``rounds`` timed blocks per schedule and baseline, plus ``UNTIMED_CALLS`` untimed calls each
-    (check, warm-up, graph capture and its check), and the per-block, per-item and per-scenario overheads;
-    each of the ``remeasure`` scenarios adds the plan's mean cost."""
+    ``calls = clamp(timing.block_ms / serial time in that mode, 1, MAX_CALLS)`` calls (plus one leading
+    call when several, in eager mode), ``Timing.rounds_for`` the first round's length rounds of every
+    schedule (baselines: ``timing.rounds``), plus ``UNTIMED_CALLS`` untimed calls each (check, warm-up,
+    graph capture and its check), and the per-block, per-item and per-scenario overheads; each of the
+    ``remeasure`` scenarios adds the plan's mean cost."""
     from ficco.harness.torch_backend import MAX_CALLS
 
+    timing = Timing() if timing is None else timing
     sim = SimBackend(hardware, modes=tuple(modes))
     timed = overhead = 0.0
     rows = 0
@@ -296,12 +308,16 @@ def estimate_sweep(
             serial = next(
                 m.median_ms for m in result.measurements if m.mode == mode and m.schedule == "serial/sm"
             )
-            calls = min(MAX_CALLS, max(1, math.ceil(block_ms / serial)))
-            per_block = calls + (calls > 1)
+            calls = min(MAX_CALLS, max(1, math.ceil(timing.block_ms / serial)))
+            per_block = calls + (calls > 1 and mode == "eager")
             per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
-            per_call += [v for v in result.baselines[mode].values() if math.isfinite(v)]
-            timed += (rounds * per_block + UNTIMED_CALLS) * sum(per_call) / 1e3
-            overhead += len(per_call) * (rounds * BLOCK_OVERHEAD_MS + ITEM_OVERHEAD_MS) / 1e3
+            base = [v for v in result.baselines[mode].values() if math.isfinite(v)]
+            rounds = timing.rounds_for(calls * (sum(per_call) + sum(base)))
+            timed += (rounds * sum(per_call) + timing.rounds * sum(base)) * per_block / 1e3
+            timed += UNTIMED_CALLS * (sum(per_call) + sum(base)) / 1e3
+            blocks = rounds * len(per_call) + timing.rounds * len(base)
+            items = len(per_call) + len(base)
+            overhead += (blocks * BLOCK_OVERHEAD_MS[mode] + items * ITEM_OVERHEAD_MS) / 1e3
         overhead += SCENARIO_OVERHEAD_MS / 1e3
         rows += len(schedules) * len(modes)
     n = len(plan)

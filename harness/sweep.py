@@ -21,7 +21,6 @@ what it shares with the sweep is the machine and the protocol, not the moment or
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -45,7 +44,7 @@ from ficco.harness.dataset import (
 )
 from ficco.harness.fingerprint import fingerprint_differences
 from ficco.harness.labels import label_result
-from ficco.harness.plan import Plan
+from ficco.harness.plan import Plan, evenly_spaced
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -342,8 +341,4 @@ def _write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
 
 def remeasure_targets(plan_ids: Sequence[str], finished: set[str], count: int) -> list[str]:
     """``count`` finished scenario ids spread evenly over the plan order (all of them if fewer)."""
-    done = [sid for sid in plan_ids if sid in finished]
-    if count >= len(done):
-        return done
-    step = len(done) / count
-    return [done[math.floor(i * step)] for i in range(count)]
+    return evenly_spaced([sid for sid in plan_ids if sid in finished], count)

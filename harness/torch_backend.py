@@ -11,31 +11,45 @@ all-reduce). For each scenario:
    reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails);
 3. ``graph`` mode (CUDA): each schedule's block of ``calls`` calls is captured into one CUDA graph after
    two eager warm-up calls, replayed once on poisoned outputs and checked the same way;
-4. the timing protocol: ``rounds`` rounds, each visiting every (schedule, mode) item and the baselines
-   (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP) in a freshly shuffled
-   order (the same on every rank). Before each timed block the ranks are aligned (a one-element all-reduce,
-   then a host synchronisation: outside the timed region); a block is ``calls`` calls, sized once per
-   scenario so that a block of ``serial/sm`` lasts about ``block_ms``. A round's time of an item is the
-   block's per-call time, the maximum over ranks; the dataset keeps every round's time (``round_ms``).
+4. the timing protocol (``Timing``): interleaved rounds, each visiting every schedule of a mode and the
+   baselines (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP; these only
+   in the first ``timing.rounds`` rounds) in a freshly shuffled order, the same on every rank; the two
+   modes take turns. A block is ``calls`` calls, sized once per scenario and mode so that a block of
+   ``serial/sm`` lasts about ``timing.block_ms``; the first round's total time sets how many rounds the
+   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, within
+   ``[timing.rounds, timing.max_rounds]``). A round's time of an item is the block's per-call time, the
+   maximum over ranks; the dataset keeps every round's time (``round_ms``).
 
-Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around it.
+   - ``eager`` (and gloo): before each block the ranks are aligned on the host (a one-element
+     all-reduce, then a host synchronisation), so that each block starts from an idle device and the
+     host time of its calls lands in it, led by one untimed call;
+   - ``graph`` (CUDA): a whole round is queued on the device without a host synchronisation: a spin
+     kernel holds the GPU while the host queues, then per item a one-element all-reduce on the stream
+     (both GPUs leave it together: the ranks are aligned on the device, outside the timed region), the
+     start event, the replays and the end event. No host launch latency or wake-up jitter lands between
+     the events.
+
+Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around it. ``phase_seconds``
+keeps the wall time spent per phase (inputs, checks, captures, timing per mode) for the sweep's report.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import logging
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from ficco.features import SERIAL, Scenario, Schedule
-from ficco.harness.backend import BASELINE_KEYS, BLOCK_MS, MODES, ROUNDS, Measurement, ScenarioResult
+from ficco.harness.backend import BASELINE_KEYS, MODES, Measurement, ScenarioResult, Timing
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +68,9 @@ MAX_CALLS = 64
 """Most calls per timed block (small shapes)."""
 MAX_GRAPH_CALLS = 8
 """Most calls captured in one graph: a block replays it several times (capture costs host time per call)."""
+SPIN_CYCLES = 2_000_000
+"""GPU clock cycles the spin kernel holds the device at the start of a queued round (about 1 ms at the
+H200's boost clock, longer at idle clocks) while the host queues the round's first items."""
 _ERROR_CHARS = 300
 """Longest error message kept in a Measurement (one line)."""
 
@@ -70,6 +87,8 @@ class _Item:
     """Runs one timed block (eager calls, or graph replays)."""
     calls: int = 1
     """Calls one block runs (the per-call time is the block's over this)."""
+    baseline: bool = False
+    """A ``BASELINE_KEYS`` item: timed in the first ``timing.rounds`` rounds only."""
     lead: Callable[[], object] | None = None
     """Runs one untimed call right before the block (eager blocks of several calls; ``_Case.eager_lead``)."""
     error: str = ""
@@ -89,10 +108,8 @@ class TorchBackend:
         CUDA tensors on the current device (NCCL group) or CPU tensors (gloo group).
     modes : tuple of {"eager", "graph"}, default=MODES
         Execution modes to time; ``graph`` needs CUDA (on the CPU only ``eager`` is allowed).
-    rounds : int, default=ROUNDS
-        Interleaved rounds per scenario (>= 1; the dataset protocol uses >= 5).
-    block_ms : float, default=BLOCK_MS
-        Target length of a timed block of ``serial/sm`` calls, ms (> 0); blocks hold 1 to ``MAX_CALLS`` calls.
+    timing : Timing, default=Timing()
+        Block length and rounds (see the module docstring); blocks hold 1 to ``MAX_CALLS`` calls.
     timeout_s : float, default=120.0
         Device barriers of the copy-engine executor trap after this long instead of hanging (0: never).
     seed : int, default=0
@@ -103,8 +120,7 @@ class TorchBackend:
         self,
         device: Literal["cuda", "cpu"] = "cuda",
         modes: tuple[str, ...] = MODES,
-        rounds: int = ROUNDS,
-        block_ms: float = BLOCK_MS,
+        timing: Timing | None = None,
         timeout_s: float = 120.0,
         seed: int = 0,
     ) -> None:
@@ -120,10 +136,9 @@ class TorchBackend:
             raise ValueError(
                 f"TorchBackend.modes must be a non-empty subset of {list(allowed)}; got {modes!r}"
             )
-        if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1):
-            raise ValueError(f"TorchBackend.rounds must be an int >= 1; got {rounds!r}")
-        if not (isinstance(block_ms, int | float) and block_ms > 0):
-            raise ValueError(f"TorchBackend.block_ms must be a number > 0; got {block_ms!r}")
+        timing = Timing() if timing is None else timing
+        if not isinstance(timing, Timing):
+            raise ValueError(f"TorchBackend.timing must be a Timing; got {type(timing).__name__}")
         if not dist.is_initialized():
             raise ValueError("TorchBackend needs an initialised torch.distributed process group; none is")
         if device == "cuda" and not torch.cuda.is_available():
@@ -136,9 +151,10 @@ class TorchBackend:
             torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         )
         self.modes = tuple(m for m in MODES if m in modes)
-        self.rounds = rounds
-        self.block_ms = float(block_ms)
+        self.timing = timing
         self.seed = seed
+        self.phase_seconds: dict[str, float] = {}
+        """Wall seconds spent so far per phase: ``inputs``, ``checks``, ``captures``, ``timing <mode>``."""
         self._token = torch.zeros(1, device=self.device)
 
     # Backend protocol ---------------------------------------------------------------------------------
@@ -163,13 +179,16 @@ class TorchBackend:
         gc.collect()
         gc.disable()  # a collection inside a timed block would land on one schedule
         try:
-            case = _Case(scenario, self.device, self._seed(scenario))
-            checked = {str(s): self._check(case, s) for s in schedules}
-            for mode in self.modes:
-                calls = self._calls_per_block(case, mode)
-                for schedule in schedules:
-                    items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
-                items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
+            with self._phase("inputs"):
+                case = _Case(scenario, self.device, self._seed(scenario))
+            with self._phase("checks"):
+                checked = {str(s): self._check(case, s) for s in schedules}
+            with self._phase("captures"):
+                for mode in self.modes:
+                    calls = self._calls_per_block(case, mode)
+                    for schedule in schedules:
+                        items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
+                    items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
             self._time_rounds(items, self._order_seed(scenario))
             return self._result(items, schedules)
         finally:
@@ -178,16 +197,16 @@ class TorchBackend:
             gc.enable()
 
     def time_rounds(self, run: Callable[[], object], *, untimed: int = 2) -> list[float]:
-        """Per-call ms of ``run`` in each of ``rounds`` rounds (collective): ``untimed`` warm-up calls, then
-        per round the ranks aligned and one call timed (CUDA events; CPU: host clock), the maximum over
-        ranks. For timing one thing alone (e.g. a collective's bandwidth); schedules go through
-        ``measure``."""
+        """Per-call ms of ``run`` in each of ``timing.rounds`` rounds (collective): ``untimed`` warm-up
+        calls, then per round the ranks aligned and one call timed (CUDA events; CPU: host clock), the
+        maximum over ranks. For timing one thing alone (e.g. a collective's bandwidth); schedules go
+        through ``measure``."""
         import torch
 
         for _ in range(untimed):
             run()
         times = []
-        for _ in range(self.rounds):
+        for _ in range(self.timing.rounds):
             self._align()
             if self.name == "gpu":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -209,20 +228,21 @@ class TorchBackend:
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
         """One untimed pass (one round) over ``scenario``: the first scenario of a process otherwise pays
         for cuBLAS handles, NCCL connections and peer-memory rendezvous inside its timed rounds."""
-        rounds, self.rounds = self.rounds, 1
+        timing, phases = self.timing, dict(self.phase_seconds)
+        self.timing = dataclasses.replace(timing, rounds=1, max_rounds=1)
         try:
             self.measure(scenario, schedules)
         finally:
-            self.rounds = rounds
+            self.timing, self.phase_seconds = timing, phases
 
     def protocol(self) -> dict:
-        """Modes, rounds, block length and the protocol's fixed limits."""
+        """Modes, the ``Timing`` settings, and the protocol's fixed limits and version."""
         return {
             "modes": list(self.modes),
-            "rounds": self.rounds,
-            "block_ms": self.block_ms,
+            **self.timing.to_dict(),
             "max_calls": MAX_CALLS,
             "rotate_bytes": ROTATE_BYTES,
+            "graph_rounds": "queued" if self.name == "gpu" else "host-aligned",
         }
 
     def fingerprint(self) -> dict:
@@ -269,7 +289,7 @@ class TorchBackend:
             run()
         self._sync()
         per_call = self._max_over_ranks([1e3 * (time.perf_counter() - start) / 3])[0]
-        calls = int(min(MAX_CALLS, max(1, math.ceil(self.block_ms / max(per_call, 1e-6)))))
+        calls = int(min(MAX_CALLS, max(1, math.ceil(self.timing.block_ms / max(per_call, 1e-6)))))
         log.debug("%s %s: serial/sm %.3f ms per call -> %d calls", case.scenario.key(), mode, per_call, calls)
         return calls
 
@@ -282,7 +302,7 @@ class TorchBackend:
         return self._capture(item, case, lambda s: case.run(schedule, s), calls, check=True)
 
     def _baseline_item(self, case: _Case, key: str, mode: str, calls: int) -> _Item:
-        item = _Item(name=key, mode=mode)
+        item = _Item(name=key, mode=mode, baseline=True)
         run = case.baseline(key) if self.name == "gpu" or key != "async_tp_ms" else None
         if run is None:
             item.error = "not measurable here"
@@ -341,47 +361,109 @@ class TorchBackend:
     # Timing -------------------------------------------------------------------------------------------
 
     def _time_rounds(self, items: list[_Item], seed: int) -> None:
-        """Time every runnable item once per round, in a per-round shuffled order (the same on every rank);
-        each round's times are the maxima over ranks."""
+        """Time the runnable items in interleaved rounds (module docstring, step 4): per round, each mode's
+        items in a freshly shuffled order (the same on every rank), the modes taking turns; after a mode's
+        first round, ``Timing.rounds_for`` its total block time sets how many rounds it gets. Every rank
+        computes the same counts from the same maxima over ranks."""
+        rng = np.random.default_rng([seed, self.timing.rounds])
+        modes = [mode for mode in self.modes if any(item.mode == mode for item in items)]
+        wanted = dict.fromkeys(modes, self.timing.rounds)
+        r = 0
+        while todo := [mode for mode in modes if r < wanted[mode]]:
+            for mode in todo if r % 2 == 0 else todo[::-1]:
+                batch = [
+                    i
+                    for i, item in enumerate(items)
+                    if item.mode == mode and not item.error and (r < self.timing.rounds or not item.baseline)
+                ]
+                with self._phase(f"timing {mode}"):
+                    self._time_round(items, list(rng.permutation(batch)), queued=self._queued(mode))
+                if r == 0:
+                    round_ms = sum(items[i].times[-1] * items[i].calls for i in batch if items[i].times)
+                    wanted[mode] = self.timing.rounds_for(round_ms)
+            r += 1
+        log.debug("rounds per mode: %s", wanted)
+
+    def _queued(self, mode: str) -> bool:
+        """Whether ``mode``'s rounds are queued on the device (graph mode on CUDA) rather than aligned on
+        the host before every block."""
+        return mode == "graph" and self.name == "gpu"
+
+    def _time_round(self, items: list[_Item], order: list[int], *, queued: bool) -> None:
+        """One round over ``items[i]`` for ``i`` in ``order``: each item's per-call time, the maximum over
+        ranks, is appended to its ``times``; an item that raised on any rank gets the agreed error."""
+        local = np.zeros(len(items))
+        failed = np.zeros(len(items))
+        errors: dict[int, str] = {}
+        timed = self._queued_round if queued else self._aligned_round
+        for i, value in timed([(i, items[i]) for i in order], errors).items():
+            local[i] = value
+        for i in errors:
+            failed[i] = 1.0
+        merged = self._max_over_ranks([*local, *failed])
+        for i in order:
+            if merged[len(items) + i]:
+                items[i].error = self._agree(errors.get(i, ""), force=True)
+                items[i].graph = items[i].block = None
+            else:
+                items[i].times.append(merged[i])
+
+    def _aligned_round(self, batch: list[tuple[int, _Item]], errors: dict[int, str]) -> dict[int, float]:
+        """Per-call ms of each item, each block started from ranks aligned on the host (CUDA events on the
+        GPU, the host clock on the CPU); failures go to ``errors``."""
         import torch
 
-        runnable = [i for i, item in enumerate(items) if not item.error]
-        rng = np.random.default_rng([seed, self.rounds])
-        for _ in range(self.rounds):
-            local = np.zeros(len(items))
-            failed = np.zeros(len(items))
-            errors: dict[int, str] = {}
-            for i in rng.permutation(runnable):
-                item = items[i]
-                if item.error:
-                    continue
-                self._align()
-                try:
-                    if item.lead is not None:
-                        item.lead()
-                    if self.name == "gpu":
-                        start, end = (
-                            torch.cuda.Event(enable_timing=True),
-                            torch.cuda.Event(enable_timing=True),
-                        )
-                        start.record()
-                        item.block()
-                        end.record()
-                        end.synchronize()
-                        local[i] = start.elapsed_time(end) / item.calls
-                    else:
-                        t0 = time.perf_counter()
-                        item.block()
-                        local[i] = 1e3 * (time.perf_counter() - t0) / item.calls
-                except Exception as exc:
-                    failed[i], errors[i] = 1.0, f"{type(exc).__name__}: {exc}"
-            merged = self._max_over_ranks([*local, *failed])
-            for i in runnable:
-                if merged[len(items) + i] and not items[i].error:
-                    items[i].error = self._agree(errors.get(i, ""), force=True)
-                    items[i].graph = items[i].block = None
-                elif not items[i].error:
-                    items[i].times.append(merged[i])
+        times = {}
+        for i, item in batch:
+            self._align()
+            try:
+                if item.lead is not None:
+                    item.lead()
+                if self.name == "gpu":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    item.block()
+                    end.record()
+                    end.synchronize()
+                    times[i] = start.elapsed_time(end) / item.calls
+                else:
+                    t0 = time.perf_counter()
+                    item.block()
+                    times[i] = 1e3 * (time.perf_counter() - t0) / item.calls
+            except Exception as exc:
+                errors[i] = f"{type(exc).__name__}: {exc}"
+        return times
+
+    def _queued_round(self, batch: list[tuple[int, _Item]], errors: dict[int, str]) -> dict[int, float]:
+        """Per-call ms of each item, the whole round queued on the device (CUDA): a spin kernel, then per
+        item an in-stream all-reduce (every rank issues it, so the collectives stay matched even when an
+        item fails), the start event, the block and the end event; one host synchronisation at the end."""
+        import torch
+        import torch.distributed as dist
+
+        events = {}
+        torch.cuda._sleep(SPIN_CYCLES)
+        for i, item in batch:
+            dist.all_reduce(self._token)  # the ranks leave it together: aligned on the device
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            try:
+                start.record()
+                item.block()
+                end.record()
+                events[i] = (start, end, item.calls)
+            except Exception as exc:
+                errors[i] = f"{type(exc).__name__}: {exc}"
+        torch.cuda.synchronize()
+        return {i: start.elapsed_time(end) / calls for i, (start, end, calls) in events.items()}
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Adds the wall time of the ``with`` body to ``phase_seconds[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.perf_counter() - start
 
     def _result(self, items: list[_Item], schedules: list[Schedule]) -> ScenarioResult:
         """Measurements in (mode, schedule) order and the baselines of each mode."""

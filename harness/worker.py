@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
-from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
+from ficco.harness.backend import MODES, Timing
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not
@@ -28,9 +29,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--phase", choices=("sweep", "noise"), default="sweep", help="what to measure")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated execution modes to time")
-    p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds per scenario")
+    default = Timing()
+    p.add_argument("--rounds", type=int, default=default.rounds, help="fewest rounds per scenario and mode")
     p.add_argument(
-        "--block-ms", type=float, default=BLOCK_MS, help="target ms of a timed block of serial calls"
+        "--max-rounds", type=int, default=default.max_rounds, help="most rounds per scenario and mode"
+    )
+    p.add_argument(
+        "--block-ms", type=float, default=default.block_ms, help="target ms of a timed block of serial calls"
+    )
+    p.add_argument(
+        "--timed-ms", type=float, default=default.timed_ms, help="target timed ms per scenario and mode"
     )
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
@@ -77,18 +85,20 @@ def main(argv: list[str] | None = None) -> None:
             )
         modes = tuple(m for m in args.modes.split(",") if m)
         deadline = args.deadline or None
+        timing = Timing(
+            rounds=args.rounds, max_rounds=args.max_rounds, block_ms=args.block_ms, timed_ms=args.timed_ms
+        )
+        seed = 1 if args.phase == "noise" else 0  # the re-measure: other inputs and round orders
+        backend = TorchBackend(device=args.device, modes=modes, timing=timing, seed=seed)
         if args.phase == "sweep":
-            backend = TorchBackend(
-                device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms
-            )
             run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds, deadline=deadline)
-        else:  # other inputs and round orders than the sweep's
-            backend = TorchBackend(
-                device=args.device, modes=modes, rounds=args.rounds, block_ms=args.block_ms, seed=1
-            )
+        else:
             run_noise(
                 plan, backend, args.out, args.remeasure, flush_seconds=args.flush_seconds, deadline=deadline
             )
+        if dist.get_rank() == 0 and backend.phase_seconds:
+            spent = ", ".join(f"{name} {sec:.1f} s" for name, sec in sorted(backend.phase_seconds.items()))
+            print(f"{args.phase}: wall time by phase: {spent}", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from executor_world import run_world
 
 from ficco.features import Scenario, Schedule, candidates, get_hardware
+from ficco.harness.backend import Timing
 
 AG = Scenario(op="ag_gemm", m=24, n=16, k=8, dtype="fp32", world_size=2, hardware=get_hardware("h200x2"))
 RS = Scenario(op="gemm_rs", m=32, n=8, k=16, dtype="bf16", world_size=2, hardware=get_hardware("h200x2"))
@@ -35,7 +37,9 @@ def _measure_world(rank: int, world_size: int) -> dict:
     executor.all_gather_matmul = corrupting
     a_shard = torch.randn(8, 16)
     try:
-        backend = TorchBackend(device="cpu", modes=("eager",), rounds=3, block_ms=0.2)
+        backend = TorchBackend(
+            device="cpu", modes=("eager",), timing=Timing(rounds=3, max_rounds=3, block_ms=0.2)
+        )
         return {
             "ag": backend.measure(AG, [*candidates(AG), IMPOSSIBLE]),
             "rs": backend.measure(RS, candidates(RS)[:6]),
@@ -44,6 +48,10 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "identity": (backend.name, backend.rank, backend.world_size),
             "protocol": backend.protocol(),
             "alone": backend.time_rounds(lambda: executor.communicate("ag_gemm", a_shard, "dma")),
+            "sized": TorchBackend(
+                device="cpu", modes=("eager",), timing=Timing(rounds=2, max_rounds=4, timed_ms=1e6)
+            ).measure(RS, candidates(RS)[:3]),
+            "phases": sorted(backend.phase_seconds),
         }
     finally:
         executor.all_gather_matmul = real
@@ -104,6 +112,14 @@ def test_torch_backend_identity_and_fingerprint(results):
     assert results[0]["protocol"]["modes"] == ["eager"] and results[0]["protocol"]["rounds"] == 3
 
 
+def test_rounds_are_sized_by_time_and_agreed_by_every_rank(results):
+    # a tiny scenario is cheap: its schedules get max_rounds rounds (its baselines only the fewest)
+    for result in results:
+        assert [len(m.round_ms) for m in result["sized"].measurements] == [4, 4, 4]
+    assert results[0]["sized"].measurements == results[1]["sized"].measurements
+    assert results[0]["phases"] == ["captures", "checks", "inputs", "timing eager"]
+
+
 def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):
     assert len(results[0]["alone"]) == 3 and all(t > 0 for t in results[0]["alone"])
     assert results[0]["alone"] == results[1]["alone"]  # each round's maximum over ranks
@@ -113,13 +129,35 @@ def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):
     ("kwargs", "message"),
     [
         ({"device": "tpu"}, "device"),
-        ({"rounds": 0}, "rounds"),
-        ({"block_ms": 0}, "block_ms"),
+        ({"timing": {"rounds": 5}}, "TorchBackend.timing must be a Timing"),
         ({"device": "cpu", "modes": ("graph",)}, "modes"),
     ],
 )
 def test_torch_backend_rejects_bad_arguments(kwargs, message):
     from ficco.harness.torch_backend import TorchBackend
 
-    with pytest.raises(ValueError, match=f"TorchBackend.{message}"):
+    with pytest.raises(ValueError, match=message if " " in message else f"TorchBackend.{message}"):
         TorchBackend(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rounds": 0}, "Timing.rounds must be an int >= 1; got 0"),
+        ({"rounds": 5, "max_rounds": 4}, "Timing.max_rounds must be >= rounds=5; got 4"),
+        ({"block_ms": 0}, "Timing.block_ms must be a number > 0; got 0"),
+        ({"timed_ms": -1.0}, "Timing.timed_ms must be a number >= 0; got -1.0"),
+    ],
+)
+def test_timing_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Timing(**kwargs)
+
+
+def test_timing_sizes_rounds_by_time_within_bounds():
+    timing = Timing(rounds=5, max_rounds=20, timed_ms=200.0)
+    assert timing.rounds_for(100.0) == 5  # a long round: the fewest
+    assert timing.rounds_for(20.0) == 10  # ceil(200 / 20)
+    assert timing.rounds_for(19.0) == 11
+    assert timing.rounds_for(1.0) == 20  # a short round: the most
+    assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0) == 5  # sizing off

@@ -11,6 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from ficco.harness.backend import Timing
 from ficco.harness.commands import register
 from ficco.harness.dataset import load_dataset, load_noise, read_manifest
 from ficco.harness.launch import WorkerSettings, torchrun_command
@@ -179,7 +180,10 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         device="cuda",
         phase="noise",
         settings=WorkerSettings(
-            modes=("eager", "graph"), rounds=7, block_ms=0.5, remeasure=64, flush_seconds=10.0
+            modes=("eager", "graph"),
+            timing=Timing(rounds=7, max_rounds=9, block_ms=0.5, timed_ms=120.0),
+            remeasure=64,
+            flush_seconds=10.0,
         ),
     )
     assert command[:5] == [
@@ -196,11 +200,11 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         args.device,
         args.phase,
         args.modes,
-        args.rounds,
-        args.block_ms,
+        (args.rounds, args.max_rounds, args.block_ms, args.timed_ms),
         args.remeasure,
     )
-    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", 7, 0.5, 64)
+    timing = (7, 9, 0.5, 120.0)
+    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", timing, 64)
     assert SAFE_ENV == {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -234,6 +238,8 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
         "eager",
         "--rounds",
         "2",
+        "--max-rounds",
+        "3",
         "--remeasure",
         "1",
         "--out",
@@ -245,9 +251,10 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
     assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
-    assert set(df["mode"]) == {"eager"} and all(len(r) == 2 for r in df["round_ms"])
+    assert set(df["mode"]) == {"eager"} and all(len(r) == 3 for r in df["round_ms"])  # tiny: the most
     assert df.groupby("scenario_id")["in_best_set"].any().all()
     manifest = read_manifest(out)
     assert manifest["fingerprint"]["backend"] == "gloo" and manifest["protocol"]["rounds"] == 2
+    assert manifest["protocol"]["max_rounds"] == 3
     assert load_noise(out)["scenario_id"].nunique() == 1  # the second torchrun job
     assert (out / "card.md").exists()

@@ -6,6 +6,7 @@ import pytest
 
 from ficco.features import candidates
 from ficco.features.model_config import load_model_config, load_model_configs
+from ficco.harness.backend import Timing
 from ficco.harness.plan import Plan, estimate_sweep, plan_scenarios
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
@@ -89,8 +90,12 @@ def test_estimate_counts_rows_and_scales_with_repetitions(small_plan, h200):
     estimate = estimate_sweep(small_plan, h200)
     assert estimate.rows == 2 * sum(len(candidates(s)) for _, s in small_plan)  # eager and graph
     assert estimate.scenarios == len(small_plan) and estimate.remeasured == 0
-    more_rounds = estimate_sweep(small_plan, h200, rounds=10)
-    assert more_rounds.timed_s > 1.5 * estimate.timed_s and more_rounds.overhead_s > estimate.overhead_s
+    five = estimate_sweep(small_plan, h200, timing=Timing(rounds=5, max_rounds=5))
+    ten = estimate_sweep(small_plan, h200, timing=Timing(rounds=10, max_rounds=10))
+    assert ten.timed_s > 1.5 * five.timed_s and ten.overhead_s > five.overhead_s
+    # rounds sized by time: up to the most for schedules (baselines keep the fewest), never beyond
+    sized = estimate_sweep(small_plan, h200, timing=Timing(rounds=5, max_rounds=10, timed_ms=1e6))
+    assert five.timed_s < sized.timed_s < ten.timed_s
     eager = estimate_sweep(small_plan, h200, modes=("eager",))
     assert eager.rows == estimate.rows // 2 and eager.seconds < estimate.seconds
     again = estimate_sweep(small_plan, h200, remeasure=len(small_plan))
@@ -116,3 +121,22 @@ def test_plan_skips_configs_that_do_not_split_tp_ways():
     assert set(plan.settings["skipped_configs"]) == {"Phi-3-medium-4k"}
     assert "num_key_value_heads=10" in plan.settings["skipped_configs"]["Phi-3-medium-4k"]
     assert plan.families == ["Llama-3.1-8B"]
+
+
+def test_evenly_spaced_spreads_a_sample_over_the_whole_sequence():
+    from ficco.harness.plan import evenly_spaced
+
+    assert evenly_spaced(list(range(10)), 4) == [0, 2, 5, 7]
+    assert evenly_spaced(list(range(3)), 5) == [0, 1, 2]  # fewer than asked: all, in order
+    assert evenly_spaced([], 2) == []
+
+
+def test_build_plan_sample_keeps_plan_order_and_spans_families(h200):
+    from ficco.harness.launch import build_plan
+
+    full = build_plan(CONFIGS, h200, tp=2, tokens=[1024, 8192], grid=20, include_moe=False, seed=0)
+    sample = build_plan(
+        CONFIGS, h200, tp=2, tokens=[1024, 8192], grid=20, include_moe=False, seed=0, sample=8
+    )
+    assert len(sample) == 8 and list(sample) == [e for e in full if e in set(sample)]
+    assert sample[0] == full[0] and len(set(sample.families)) >= 3
