@@ -161,3 +161,13 @@ def test_timing_sizes_rounds_by_time_within_bounds():
     assert timing.rounds_for(19.0) == 11
     assert timing.rounds_for(1.0) == 20  # a short round: the most
     assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0) == 5  # sizing off
+
+
+def test_graph_blocks_replay_an_even_number_of_calls():
+    from ficco.harness.torch_backend import MAX_GRAPH_CALLS, graph_calls
+
+    assert graph_calls(1) == (1, 1)
+    for calls in (2, 5, 16, 63):
+        per_graph, replays = graph_calls(calls)
+        assert per_graph % 2 == 0 and per_graph <= MAX_GRAPH_CALLS  # the double-buffered halves alternate
+        assert calls <= per_graph * replays < calls + per_graph
