@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.tables import text_table
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -80,13 +81,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     region holdout's model line and the cross-validated choice."""
     lines = []
     for mode, result in summary["modes"].items():
-        rows = result["family_holdout"]
-        width = max(len(k) for k in rows)
+        rows = [
+            [name, *(f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _SHOWN)]
+            for name, m in result["family_holdout"].items()
+        ]
         lines.append(f"[{mode}] family holdout")
-        lines.append(" " * width + "  " + "  ".join(f"{k:>14}" for k in _SHOWN))
-        for name, m in rows.items():
-            cells = [f"{m[k]:>14.4f}" if isinstance(m[k], float) else f"{m[k]:>14}" for k in _SHOWN]
-            lines.append(f"{name:<{width}}  " + "  ".join(cells))
+        lines.append(text_table(["", *_SHOWN], rows, align="<" + ">" * len(_SHOWN), min_width=14))
         region = result["region_holdout"].get("model")
         if region:
             lines.append(

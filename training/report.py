@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ficco.tables import markdown_table
 from ficco.training.evaluate import Evaluation
 from ficco.training.model import SCHEDULES
 from ficco.training.table import ScheduleTable
@@ -116,11 +117,12 @@ def plot_schedule_map(
 
 
 def _metrics_table(rows: dict[str, dict[str, Any]]) -> str:
-    lines = ["| | " + " | ".join(_METRICS) + " |", "|---" * (len(_METRICS) + 1) + "|"]
-    for name, m in rows.items():
-        cells = [f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _METRICS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """One line per picker (or family), one column per metric."""
+    cells = [
+        [name, *(f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _METRICS)]
+        for name, m in rows.items()
+    ]
+    return markdown_table(["", *_METRICS], cells)
 
 
 def write_report(
