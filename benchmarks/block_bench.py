@@ -71,6 +71,7 @@ from torch import nn  # noqa: E402
 from ficco import executor  # noqa: E402
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
 from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
+from ficco.files import write_text_atomic  # noqa: E402
 from ficco.runtime import (  # noqa: E402
     Answer,
     ColumnParallelLinear,
@@ -717,9 +718,7 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
 def write_outputs(result: dict, path: Path) -> None:
     """The JSON, the markdown table beside it, and the plot if matplotlib is here."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
     path.with_suffix(".md").write_text(markdown(result))
     with contextlib.suppress(ImportError):
         plot(result, path.with_suffix(".png"))

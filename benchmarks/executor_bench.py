@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
 
+from ficco.files import write_text_atomic  # noqa: E402
 from ficco.harness.backend import BLOCK_MS, ROUNDS  # noqa: E402 (needs the path above; imports no torch)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402
 from ficco.tables import text_table  # noqa: E402
@@ -472,10 +473,8 @@ def _save(lead: bool, path: Path, data: dict, start: float) -> None:
         return
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
     clean = _clean(data)
-    for target, text in ((path, json.dumps(clean, indent=1)), (path.with_suffix(".md"), _markdown(clean))):
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    write_text_atomic(path, json.dumps(clean, indent=1))
+    write_text_atomic(path.with_suffix(".md"), _markdown(clean))
 
 
 def _clean(x):

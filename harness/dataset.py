@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario
 from ficco.features.scenario import SHAPE_FIELDS
+from ficco.files import write_text_atomic
 from ficco.harness.backend import BASELINE_KEYS, MODES, ScenarioResult
 
 if TYPE_CHECKING:
@@ -135,13 +135,7 @@ def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any] | None:
