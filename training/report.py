@@ -19,13 +19,12 @@ import numpy as np
 
 from ficco.tables import markdown_table
 from ficco.training.evaluate import Evaluation
+from ficco.training.metrics import REPORTED, reported_cells
 from ficco.training.model import SCHEDULES
 from ficco.training.table import ScheduleTable
 
 _KINDS = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
 """Map colours: a schedule's granularity/executor (splits, grain and priority share a colour)."""
-_METRICS = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct",
-            "n_scenarios")  # fmt: skip
 
 
 def _kind(schedule: str) -> int:
@@ -118,11 +117,7 @@ def plot_schedule_map(
 
 def _metrics_table(rows: dict[str, dict[str, Any]]) -> str:
     """One line per picker (or family), one column per metric."""
-    cells = [
-        [name, *(f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _METRICS)]
-        for name, m in rows.items()
-    ]
-    return markdown_table(["", *_METRICS], cells)
+    return markdown_table(["", *REPORTED], [[name, *reported_cells(m)] for name, m in rows.items()])
 
 
 def write_report(
