@@ -5,7 +5,7 @@ Imports with nothing but the standard library and numpy: it runs on the GPU mach
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
 from ficco.features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
-from ficco.features.schedule import SERIAL, Schedule, all_schedules, candidates
+from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_schedules, candidates
 from ficco.features.vector import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
@@ -25,6 +25,7 @@ __all__ = [
     "KNOWN_HARDWARE",
     "MOE_OPS",
     "OPS",
+    "SCHEDULE_FAMILIES",
     "SERIAL",
     "HardwareProfile",
     "Scenario",

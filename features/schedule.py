@@ -38,6 +38,8 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 GRAINS: tuple[str, ...] = get_args(Grain)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 FINER_SPLITS: tuple[int, ...] = (2, 4, 8)
+SCHEDULE_FAMILIES: tuple[str, ...] = tuple(f"{g}/{e}" for g in GRANULARITIES for e in EXECUTORS)
+"""Every ``granularity/executor`` (:attr:`Schedule.family`), serial first: what plots colour schedules by."""
 _GRAINS_OF: dict[str, tuple[str, ...]] = {
     "serial": ("whole",),
     "shard": ("shard",),
@@ -86,6 +88,12 @@ class Schedule:
     def overlapped(self) -> bool:
         """True when communication and GEMM run concurrently (everything but ``serial``)."""
         return self.granularity != "serial"
+
+    @property
+    def family(self) -> str:
+        """``granularity/executor``, one of :data:`SCHEDULE_FAMILIES`: ``finer/dma/s4/chunk`` is in
+        ``finer/dma``."""
+        return f"{self.granularity}/{self.executor}"
 
     def __str__(self) -> str:
         parts = [self.granularity, self.executor]

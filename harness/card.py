@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco.features import Schedule
+from ficco.features import SCHEDULE_FAMILIES, Schedule
 from ficco.harness.backend import MODES
 from ficco.harness.dataset import (
     PLAN,
@@ -29,17 +29,15 @@ if TYPE_CHECKING:
     import pandas as pd
 
 CARD = "card.md"
-SCHEDULE_FAMILIES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
-"""Plot colours: one per (granularity, executor)."""
 _COLORS = dict(
     zip(SCHEDULE_FAMILIES, ("#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"), strict=True)
 )
+"""Plot colours: one per schedule family (granularity/executor)."""
 
 
 def schedule_family(schedule: str) -> str:
     """``granularity/executor`` of a canonical schedule string (``finer/dma/s4/chunk`` -> ``finer/dma``)."""
-    s = Schedule.parse(schedule)
-    return f"{s.granularity}/{s.executor}"
+    return Schedule.parse(schedule).family
 
 
 def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
