@@ -43,6 +43,7 @@ GRID_M = (128, 65536)
 GRID_NK = (512, 57344)
 """Range of the grid's ``n`` and ``k``, log-uniform."""
 GRID_FAMILY = "grid"
+"""The family name of the plan's synthetic shape grid (the other families are model-config names)."""
 
 UNTIMED_CALLS = 2
 """Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items
