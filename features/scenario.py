@@ -35,11 +35,15 @@ from ficco.features.hardware import HardwareProfile, get_hardware
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
 DType = Literal["bf16", "fp16", "fp32"]
+Mode = Literal["eager", "graph"]
 
 OPS: tuple[str, ...] = get_args(Op)
 MOE_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
 DTYPES: tuple[str, ...] = get_args(DType)
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+MODES: tuple[str, ...] = get_args(Mode)
+"""Execution modes a schedule is measured and recommended in: ``eager`` (each call launched from Python)
+or ``graph`` (the calls replayed from a captured CUDA graph); the best schedule can differ."""
 MIN_WORLD_SIZE, MAX_WORLD_SIZE = 2, 8
 MAX_DIM = 1 << 20
 """Largest m, n or k accepted (2**20): far past any layer, small enough to catch unit mistakes."""

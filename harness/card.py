@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco.features import SCHEDULE_FAMILIES, Schedule
-from ficco.harness.backend import MODES
+from ficco.features import MODES, SCHEDULE_FAMILIES, Schedule
 from ficco.harness.dataset import (
     PLAN,
     dataset_hardware,

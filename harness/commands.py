@@ -51,7 +51,7 @@ BENCH_HELP = (
 
 def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
     """The execution modes of ``--modes``: a non-empty subset of ``MODES`` (gloo: ``eager`` only)."""
-    from ficco.harness.backend import MODES
+    from ficco.features import MODES
 
     if value is None:
         return ("eager",) if backend is BenchBackend.gloo else MODES

@@ -14,7 +14,8 @@ import argparse
 import os
 from pathlib import Path
 
-from ficco.harness.backend import BLOCK_MS, MODES, ROUNDS
+from ficco.features import MODES
+from ficco.harness.backend import BLOCK_MS, ROUNDS
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not

@@ -34,8 +34,8 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ficco.features import SERIAL, Scenario, Schedule, get_hardware
-from ficco.runtime.sources import MODES, Answer, Mode, ScheduleSource
+from ficco.features import MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
+from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from ficco.features import SERIAL, Scenario, Schedule
-
-Mode = Literal["eager", "graph"]
-MODES: tuple[str, ...] = ("eager", "graph")
-"""Execution modes a schedule is recommended for: eager launches, or replay from a CUDA graph."""
+from ficco.features import SERIAL, Mode, Scenario, Schedule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -322,7 +322,7 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from ficco.harness.backend import MODES
+        from ficco.features import MODES
         from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
         # The dataset protocol's defaults (rounds, block length), no re-measure.

@@ -20,11 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from ficco.features import KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
-from ficco.service.schemas import MODES
 
 log = logging.getLogger(__name__)
 
