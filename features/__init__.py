@@ -4,7 +4,7 @@ Imports with nothing but the standard library and numpy: it runs on the GPU mach
 """
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
-from ficco.features.scenario import DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
+from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
 from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_schedules, candidates
 from ficco.features.vector import (
     FEATURE_NAMES,
@@ -18,6 +18,7 @@ from ficco.features.vector import (
 
 __all__ = [
     "DEFAULT_HARDWARE_ID",
+    "DENSE_OPS",
     "DTYPES",
     "DTYPE_BYTES",
     "FEATURE_NAMES",

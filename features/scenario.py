@@ -39,6 +39,8 @@ Mode = Literal["eager", "graph"]
 
 OPS: tuple[str, ...] = get_args(Op)
 MOE_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+DENSE_OPS: tuple[str, ...] = tuple(op for op in OPS if op not in MOE_OPS)
+"""The tensor-parallel ops (``ag_gemm``, ``gemm_rs``): the ones the executor runs."""
 DTYPES: tuple[str, ...] = get_args(DType)
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 MODES: tuple[str, ...] = get_args(Mode)
