@@ -97,6 +97,7 @@ KNOWN_HARDWARE: dict[str, HardwareProfile] = {
 """Built-in profiles (datasheet figures). Measured datasets record their own fingerprint beside these."""
 
 DEFAULT_HARDWARE_ID = "h200x2"
+"""The hardware that scenarios, plans, commands and the service default to (the shipped model's)."""
 
 
 def get_hardware(hardware_id: str) -> HardwareProfile:

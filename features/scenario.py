@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from ficco.features._validate import check_choice, check_float, check_int, check_keys
-from ficco.features.hardware import HardwareProfile, get_hardware
+from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
 DType = Literal["bf16", "fp16", "fp32"]
@@ -67,7 +67,7 @@ class Scenario:
     """Element type of A, B and C."""
     world_size: int = 2
     """Ranks in the tensor/expert-parallel group, in [2, 8]."""
-    hardware: HardwareProfile = field(default_factory=lambda: get_hardware("h200x2"))
+    hardware: HardwareProfile = field(default_factory=lambda: get_hardware(DEFAULT_HARDWARE_ID))
     """The machine; ``world_size`` may not exceed its ``gpu_count``."""
     experts: int = 0
     """MoE only: experts in the layer (a multiple of ``world_size``); 0 for dense ops."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.harness.backend import BLOCK_MS, ROUNDS
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -98,7 +99,7 @@ def bench(
     ] = DEFAULT_MAX_SERIAL_MS,
     hardware: Annotated[
         str, typer.Option(help="Hardware profile id (h200x2, h100x8, ...) or a HardwareProfile JSON file.")
-    ] = "h200x2",
+    ] = DEFAULT_HARDWARE_ID,
     include_moe: Annotated[
         bool, typer.Option("--include-moe", help="Add the MoE all-to-all pairs (sim backend only).")
     ] = False,

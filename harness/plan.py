@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, HardwareProfile, Scenario, candidates, get_hardware
 from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import BLOCK_MS, ROUNDS
@@ -141,7 +141,7 @@ def plan_scenarios(
     out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad
     argument.
     """
-    hardware = hardware or get_hardware("h200x2")
+    hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
     sim = SimBackend(hardware)

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ficco.features import MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
+from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
 
@@ -135,7 +135,7 @@ class Planner:
             raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
         self.source = source
         self.mode = mode
-        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or "h200x2")
+        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or DEFAULT_HARDWARE_ID)
         self.timeout_s = float(timeout_s)
         self.group = group
         self.decisions: dict[OpKey, Decision] = {}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ficco.features import SERIAL, Mode, Scenario, Schedule
+from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, Mode, Scenario, Schedule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,7 +60,9 @@ class PredictorSource:
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
 
     @classmethod
-    def load(cls, root: str | None = None, hardware_id: str = "h200x2", version: str | None = None):
+    def load(
+        cls, root: str | None = None, hardware_id: str = DEFAULT_HARDWARE_ID, version: str | None = None
+    ):
         """Load ``hardware_id``'s current (or ``version``) model from the registry at ``root``
         (None: ``training.registry.default_model_root()``)."""
         from ficco.training.registry import default_model_root, load_predictor

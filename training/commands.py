@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.tables import text_table
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def retrain_command(
         typer.Option(
             "--hardware", help="Hardware profile id (h200x2, h100x8, ...): the machine, or the what-if."
         ),
-    ] = "h200x2",
+    ] = DEFAULT_HARDWARE_ID,
     backend: Annotated[
         RetrainBackend,
         typer.Option(
