@@ -26,11 +26,11 @@ The "split rows" of a scenario (``Scenario.rows``) are the rows the communicatio
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from ficco.features._validate import check_choice, check_float, check_int, check_keys
+from ficco.features._roundtrip import JsonRoundTrip
+from ficco.features._validate import check_choice, check_float, check_int
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
@@ -52,7 +52,7 @@ MAX_DIM = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Scenario:
+class Scenario(JsonRoundTrip):
     """One communication + GEMM pair as a runtime meets it. Shapes: see the module docstring."""
 
     op: Op = "ag_gemm"
@@ -166,32 +166,23 @@ class Scenario:
     # JSON round trip -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["hardware"] = self.hardware.to_dict()
-        return data
+        # JsonRoundTrip's by name: a zero-argument super() fails in a slots=True dataclass before Python 3.14
+        return {**JsonRoundTrip.to_dict(self), "hardware": self.hardware.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Scenario:
-        """Build from a JSON object; ``hardware`` may be a full profile object or a built-in id."""
-        check_keys("Scenario", data, (f.name for f in dataclasses.fields(cls)))
+    def _from_json_values(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``hardware`` may be a full profile object or a built-in id."""
         data = dict(data)
         hw = data.get("hardware")
         if isinstance(hw, str):
             data["hardware"] = get_hardware(hw)
         elif isinstance(hw, dict):
             data["hardware"] = HardwareProfile.from_dict(hw)
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return data
 
     def shape_dict(self) -> dict[str, Any]:
         """The fields of :data:`SHAPE_FIELDS` as plain values (a dataset row's scenario columns)."""
         return {name: kind(getattr(self, name)) for name, kind in SHAPE_FIELDS.items()}
-
-    @classmethod
-    def from_json(cls, text: str) -> Scenario:
-        return cls.from_dict(json.loads(text))
 
 
 SHAPE_FIELDS: dict[str, type] = {

@@ -18,12 +18,11 @@ Canonical string form (parses and prints back exactly)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-from ficco.features._validate import check_choice, check_keys
+from ficco.features._roundtrip import JsonRoundTrip
+from ficco.features._validate import check_choice
 
 if TYPE_CHECKING:
     from ficco.features.scenario import Scenario
@@ -49,7 +48,7 @@ _FORMS = "serial/<sm|dma>, shard/<sm|dma>[/hp] or finer/<sm|dma>/s<2|4|8>/<chunk
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Schedule:
+class Schedule(JsonRoundTrip):
     """One point of the design space. Build it directly or with :meth:`parse`."""
 
     granularity: Granularity = "serial"
@@ -140,21 +139,6 @@ class Schedule:
                 f"schedule {self} needs the split rows ({scenario.rows}) of scenario {scenario.key()} "
                 f"divisible by world_size * splits = {pieces}"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Schedule:
-        check_keys("Schedule", data, (f.name for f in dataclasses.fields(cls)))
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Schedule:
-        return cls.from_dict(json.loads(text))
 
 
 def all_schedules() -> list[Schedule]:
