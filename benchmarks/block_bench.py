@@ -71,6 +71,7 @@ from torch import nn  # noqa: E402
 from ficco import executor  # noqa: E402
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
 from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
+from ficco.files import write_text_atomic  # noqa: E402
 from ficco.runtime import (  # noqa: E402
     Answer,
     ColumnParallelLinear,
@@ -84,6 +85,7 @@ from ficco.runtime import (  # noqa: E402
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
+from ficco.tables import markdown_table  # noqa: E402
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""
@@ -716,9 +718,7 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
 def write_outputs(result: dict, path: Path) -> None:
     """The JSON, the markdown table beside it, and the plot if matplotlib is here."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
     path.with_suffix(".md").write_text(markdown(result))
     with contextlib.suppress(ImportError):
         plot(result, path.with_suffix(".png"))
@@ -726,17 +726,21 @@ def write_outputs(result: dict, path: Path) -> None:
 
 def markdown(result: dict) -> str:
     """Step times per point (ms), speedups over serial, and the summary."""
-    head = (
-        "| model | phase | tokens | comm share | serial | async-TP | shard/dma | planner | oracle | "
-        "compute only | planner (re-gather) | planner speedup: vs serial | vs async-TP | vs oracle |"
-    )
-    lines = [
-        "# Transformer block at TP=2: step time, ms (median; slowest rank)",
-        "",
-        "The last three columns are the planner's speedup: the other variant's step time over the planner's.",
-        "",
-        head,
-        "|---" * 14 + "|",
+    header = [
+        "model",
+        "phase",
+        "tokens",
+        "comm share",
+        "serial",
+        "async-TP",
+        "shard/dma",
+        "planner",
+        "oracle",
+        "compute only",
+        "planner (re-gather)",
+        "planner speedup: vs serial",
+        "vs async-TP",
+        "vs oracle",
     ]
 
     def ms(v: float | None) -> str:
@@ -745,22 +749,31 @@ def markdown(result: dict) -> str:
     def x(a: float | None, b: float | None) -> str:
         return "-" if not a or not b else f"{a / b:.2f}x"
 
+    rows = []
     for p in result["points"]:
         s, e = p["step_ms"], p["extra_ms"]
         comm = "-" if p["comm_share"] is None else f"{p['comm_share']:.0%}"
-        cells = [
-            p["model"],
-            p["phase"],
-            str(p["tokens"]),
-            comm,
-            *(ms(s.get(v)) for v in VARIANTS),
-            ms(e.get("compute_only")),
-            ms(e.get("planner_regather")),
-            x(s["serial"], s["planner"]),
-            x(s.get("async_tp"), s["planner"]),
-            x(s["oracle"], s["planner"]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(
+            [
+                p["model"],
+                p["phase"],
+                str(p["tokens"]),
+                comm,
+                *(ms(s.get(v)) for v in VARIANTS),
+                ms(e.get("compute_only")),
+                ms(e.get("planner_regather")),
+                x(s["serial"], s["planner"]),
+                x(s.get("async_tp"), s["planner"]),
+                x(s["oracle"], s["planner"]),
+            ]
+        )
+    lines = [
+        "# Transformer block at TP=2: step time, ms (median; slowest rank)",
+        "",
+        "The last three columns are the planner's speedup: the other variant's step time over the planner's.",
+        "",
+        markdown_table(header, rows),
+    ]
     summary = result.get("summary") or summarize(result["points"])
     lines += ["", "## Summary (issue 13 goals)", ""]
     lines += [f"- {k}: {json.dumps(v)}" for k, v in summary.items()]

@@ -40,8 +40,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
 
+from ficco.files import write_text_atomic  # noqa: E402
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing  # noqa: E402 (needs the path above; imports no torch)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402
+from ficco.tables import text_table  # noqa: E402
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -419,12 +421,20 @@ def print_summary(data: dict) -> None:
     """The short table at the end: per shape serial, best, async-TP and realized overlap; then the goals."""
     import executor_report as report
 
-    _say("op       m      n      k      serial   best     async-TP realized best schedule")
-    for s in report.shape_summaries(data["records"]):
-        _say(
-            f"{s['op']:8s} {s['m']:<6d} {s['n']:<6d} {s['k']:<6d} {_f(s['serial_ms'])} {_f(s['best_ms'])} "
-            f"{_f(s['async_tp_ms'])} {_f(report.realized_overlap(s))} {s['best_schedule']}"
-        )
+    header = ["op", "m", "n", "k", "serial", "best", "async-TP", "realized", "best schedule"]
+    rows = [
+        [
+            s["op"],
+            str(s["m"]),
+            str(s["n"]),
+            str(s["k"]),
+            *(_f(s[key]) for key in ("serial_ms", "best_ms", "async_tp_ms")),
+            _f(report.realized_overlap(s)),
+            str(s["best_schedule"]),
+        ]
+        for s in report.shape_summaries(data["records"])
+    ]
+    _say(text_table(header, rows))
     world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
     for g in report.goals(data["records"], data["allgather_bandwidth"], world_size):
         met = "n/a" if g["met"] is None else ("MET" if g["met"] else "missed")
@@ -462,10 +472,8 @@ def _save(lead: bool, path: Path, data: dict, start: float) -> None:
         return
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
     clean = _clean(data)
-    for target, text in ((path, json.dumps(clean, indent=1)), (path.with_suffix(".md"), _markdown(clean))):
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    write_text_atomic(path, json.dumps(clean, indent=1))
+    write_text_atomic(path.with_suffix(".md"), _markdown(clean))
 
 
 def _clean(x):
@@ -505,7 +513,7 @@ def _device_name(device: str) -> str:
 
 
 def _f(x: float | None) -> str:
-    return f"{x:<8.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a     "
+    return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a"
 
 
 def _say(text: str) -> None:

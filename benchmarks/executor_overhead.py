@@ -108,6 +108,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from ficco import executor
+    from ficco.tables import text_table
 
     cuda = args.device == "cuda"
     if cuda:
@@ -157,12 +158,11 @@ def main() -> None:
             total, own = (round(x, 1) for x in us_max.tolist())
             rows.append({"op": op, "schedule": schedule, "host_us_per_call": total, "excl_comm_us": own})
     if rank == 0:
-        print(
-            f"{'op':8} {'schedule':22} {'host us/call':>12} {'excl. comm':>10}   ({args.device}, world {w})"
-        )
-        for row in rows:
-            total, own = row["host_us_per_call"], row["excl_comm_us"]
-            print(f"{row['op']:8} {row['schedule']:22} {total:12.1f} {own:10.1f}")
+        print(f"{args.device}, world {w}")
+        cells = [
+            [r["op"], r["schedule"], f"{r['host_us_per_call']:.1f}", f"{r['excl_comm_us']:.1f}"] for r in rows
+        ]
+        print(text_table(["op", "schedule", "host us/call", "excl. comm"], cells, align="<<>>"))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"device": args.device, "world_size": w, "rows": args.rows, "width": args.width}
         meta |= {"reps": args.reps, "batch": args.batch, "torch": torch.__version__}

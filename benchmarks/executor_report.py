@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from ficco.tables import markdown_table
+
 GOAL_CE_GBPS = 360.0
 """Copy-engine all-gather, per direction, at >= ``BIG_MBYTES`` (80% of NVLink 4's 450 GB/s)."""
 BIG_MBYTES = 256
@@ -209,16 +211,21 @@ def _copies_markdown(copies: dict) -> list[str]:
     gb = {(r["src"], r["dst"]): r["gbps"] for r in copies["pairs"]}
     mib = copies["pairs"][0]["mbytes"] if copies["pairs"] else 0
     title = f"## Copy engines: one pair alone, {mib:g} MiB (GB/s; row = source, column = destination)"
-    lines = ["", title, ""]
-    lines += ["| src \\ dst | " + " | ".join(map(str, ranks)) + " |", "|---" * (len(ranks) + 1) + "|"]
-    for src in ranks:
-        cells = ["-" if src == dst else _fmt(gb.get((src, dst))) for dst in ranks]
-        lines.append(f"| {src} | " + " | ".join(cells) + " |")
-    lines += ["", "## Copy engines: every rank pushes to every peer at once, then a barrier", ""]
-    lines += ["| streams per peer | MiB received per GPU | ms | GB/s received |", "|---|---|---|---|"]
-    for r in copies["push_all"]:
-        lines.append(f"| {r['streams_per_peer']} | {r['mbytes']:g} | {_fmt(r['ms'])} | {_fmt(r['gbps'])} |")
-    return lines
+    matrix = [[src, *("-" if src == dst else _fmt(gb.get((src, dst))) for dst in ranks)] for src in ranks]
+    push = [
+        [r["streams_per_peer"], f"{r['mbytes']:g}", _fmt(r["ms"]), _fmt(r["gbps"])]
+        for r in copies["push_all"]
+    ]
+    return [
+        "",
+        title,
+        "",
+        markdown_table(["src \\ dst", *map(str, ranks)], matrix),
+        "",
+        "## Copy engines: every rank pushes to every peer at once, then a barrier",
+        "",
+        markdown_table(["streams per peer", "MiB received per GPU", "ms", "GB/s received"], push),
+    ]
 
 
 def render_markdown(
@@ -228,41 +235,76 @@ def render_markdown(
     ``executor_bench.measure_copies`` returns them), then one row per shape."""
     lines = [f"# Executor benchmark: {meta.get('title', 'executor')}", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items() if k != "title"]
-    lines += ["", "## Goals", "", "| goal | value | target | met | note |", "|---|---|---|---|---|"]
-    for g in goals(records, bandwidth, int(meta.get("fingerprint.world_size", 2))):
-        met = "n/a" if g["met"] is None else ("yes" if g["met"] else "**no**")
-        lines.append(f"| {g['goal']} | {_fmt(g['value'])} | {g['target']:g} | {met} | {g['note']} |")
-    lines += ["", "## All-gather alone, NCCL vs copy engines (MiB received per GPU)", ""]
-    lines += ["| MiB | NCCL ms | CE ms | NCCL GB/s | CE GB/s | CE / NCCL time |", "|---|---|---|---|---|---|"]
+    goal_rows = [
+        [
+            g["goal"],
+            _fmt(g["value"]),
+            f"{g['target']:g}",
+            "n/a" if g["met"] is None else ("yes" if g["met"] else "**no**"),
+            g["note"],
+        ]
+        for g in goals(records, bandwidth, int(meta.get("fingerprint.world_size", 2)))
+    ]
+    lines += ["", "## Goals", "", markdown_table(["goal", "value", "target", "met", "note"], goal_rows)]
+    bandwidth_rows = []
     for r in bandwidth:
         nccl, dma = _num(r.get("nccl_ms")), _num(r.get("dma_ms"))
-        ratio = _fmt(dma / nccl) if nccl and dma else "n/a"
-        lines.append(
-            f"| {r['mbytes']:g} | {_fmt(nccl)} | {_fmt(dma)} | {_fmt(gbps(r['mbytes'], nccl))} | "
-            f"{_fmt(gbps(r['mbytes'], dma))} | {ratio} |"
+        bandwidth_rows.append(
+            [
+                f"{r['mbytes']:g}",
+                _fmt(nccl),
+                _fmt(dma),
+                _fmt(gbps(r["mbytes"], nccl)),
+                _fmt(gbps(r["mbytes"], dma)),
+                _fmt(dma / nccl) if nccl and dma else "n/a",
+            ]
         )
+    lines += [
+        "",
+        "## All-gather alone, NCCL vs copy engines (MiB received per GPU)",
+        "",
+        markdown_table(["MiB", "NCCL ms", "CE ms", "NCCL GB/s", "CE GB/s", "CE / NCCL time"], bandwidth_rows),
+    ]
     if copies:
         lines += _copies_markdown(copies)
-    lines += ["", "## Shapes (ms; realized = (serial - best) / (serial - max(GEMM, fastest comm)))", ""]
-    lines += [
-        "| op | m | n | k | layers | GEMM | NCCL | CE | serial | best | best schedule | async-TP | "
-        "serial/best | realized | ok |",
-        "|" + "---|" * 15,
+    shape_rows = [
+        [
+            s["op"],
+            s["m"],
+            s["n"],
+            s["k"],
+            ", ".join(s["layers"]) or "-",
+            _fmt(s["gemm_alone_ms"]),
+            _fmt(s["comm_alone_ms"]),
+            _fmt(s["dma_comm_alone_ms"]),
+            _fmt(s["serial_ms"]),
+            _fmt(s["best_ms"]),
+            s["best_schedule"] or "-",
+            _fmt(s["async_tp_ms"]),
+            _fmt(s["serial_ms"] / s["best_ms"] if s["serial_ms"] and s["best_ms"] else None),
+            _fmt(realized_overlap(s), 2),
+            f"{s['n_ok']}/{s['n_schedules']}",
+        ]
+        for s in shape_summaries(records)
     ]
-    for s in shape_summaries(records):
-        speedup = s["serial_ms"] / s["best_ms"] if s["serial_ms"] and s["best_ms"] else None
-        lines.append(
-            f"| {s['op']} | {s['m']} | {s['n']} | {s['k']} | {', '.join(s['layers']) or '-'} | "
-            f"{_fmt(s['gemm_alone_ms'])} | {_fmt(s['comm_alone_ms'])} | {_fmt(s['dma_comm_alone_ms'])} | "
-            f"{_fmt(s['serial_ms'])} | {_fmt(s['best_ms'])} | {s['best_schedule'] or '-'} | "
-            f"{_fmt(s['async_tp_ms'])} | {_fmt(speedup)} | {_fmt(realized_overlap(s), 2)} | "
-            f"{s['n_ok']}/{s['n_schedules']} |"
-        )
+    shape_header = ["op", "m", "n", "k", "layers", "GEMM", "NCCL", "CE", "serial", "best", "best schedule"]
+    shape_header += ["async-TP", "serial/best", "realized", "ok"]
+    lines += [
+        "",
+        "## Shapes (ms; realized = (serial - best) / (serial - max(GEMM, fastest comm)))",
+        "",
+        markdown_table(shape_header, shape_rows),
+    ]
     failed = [r for r in records if not r.get("ok")]
     if failed:
-        lines += ["", f"## Failed schedules ({len(failed)})", ""]
-        lines += ["| op | m | n | k | schedule | error |", "|---|---|---|---|---|---|"]
-        for r in failed:
-            error = str(r.get("error", "")).replace("|", "/")
-            lines.append(f"| {r['op']} | {r['m']} | {r['n']} | {r['k']} | {r['schedule']} | {error} |")
+        failed_rows = [
+            [r["op"], r["m"], r["n"], r["k"], r["schedule"], str(r.get("error", "")).replace("|", "/")]
+            for r in failed
+        ]
+        lines += [
+            "",
+            f"## Failed schedules ({len(failed)})",
+            "",
+            markdown_table(["op", "m", "n", "k", "schedule", "error"], failed_rows),
+        ]
     return "\n".join(lines) + "\n"

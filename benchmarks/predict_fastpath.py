@@ -75,6 +75,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ficco.features import get_hardware
+    from ficco.tables import text_table
     from ficco.training.registry import load_predictor
 
     if hasattr(os, "sched_setaffinity"):
@@ -121,12 +122,10 @@ def main() -> None:
         f"model {predictor.version} ({results['objective']}, {results['trees']} trees, distinct per mode "
         f"after specialisation {results['distinct_trees']}), one core"
     )
-    print(f"{'single decision':<24}{'median us':>12}{'p90 us':>12}")
-    for name, r in results["single"].items():
-        print(f"{name:<24}{r['median_us']:>12.1f}{r['p90_us']:>12.1f}")
-    print(f"{'batch of 10,000':<24}{'best s':>12}{'median s':>12}")
-    for name, r in results["batch_10k"].items():
-        print(f"{name:<24}{r['best_s']:>12.3f}{r['median_s']:>12.3f}")
+    single = [[name, f"{r['median_us']:.1f}", f"{r['p90_us']:.1f}"] for name, r in results["single"].items()]
+    print(text_table(["single decision", "median us", "p90 us"], single, align="<>>"))
+    batch = [[name, f"{r['best_s']:.3f}", f"{r['median_s']:.3f}"] for name, r in results["batch_10k"].items()]
+    print(text_table(["batch of 10,000", "best s", "median s"], batch, align="<>>"))
     if "equality" in results:
         e = results["equality"]
         print(f"picks fast vs reference on {e['dataset']}: {e['different_picks']} of {e['rows']} rows differ")

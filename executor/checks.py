@@ -99,18 +99,24 @@ def check_world_size(world_size: int) -> None:
         raise ValueError(f"the executor needs a group of at least 2 ranks; got world_size={world_size}")
 
 
+def _check_b(b: torch.Tensor, a_name: str, a: torch.Tensor) -> None:
+    """``b [k, n]``: a matrix with ``a``'s dtype and device whose rows match ``a``'s columns (``k``)."""
+    check_matrix("b", b, "[k, n]")
+    check_like("b", b, a_name, a)
+    k = a.shape[1]
+    if b.shape[0] != k:
+        raise ValueError(
+            f"b has shape {shape_str(b.shape)}; expected [k, n] = [{k}, n] (k = {a_name}.shape[1])"
+        )
+
+
 def check_all_gather_matmul(
     a_shard: torch.Tensor, b: torch.Tensor, schedule: Schedule, world_size: int, out: torch.Tensor | None
 ) -> None:
     """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]``, ``out [m, n]``; ``m/w`` divisible by the splits."""
     check_world_size(world_size)
-    check_matrix("b", b, "[k, n]")
-    check_like("b", b, "a_shard", a_shard)
-    rows, k = a_shard.shape
-    if b.shape[0] != k:
-        raise ValueError(
-            f"b has shape {shape_str(b.shape)}; expected [k, n] = [{k}, n] (k = a_shard.shape[1])"
-        )
+    _check_b(b, "a_shard", a_shard)
+    rows = a_shard.shape[0]
     if rows == 0 or rows % schedule.splits:
         raise ValueError(
             f"a_shard has shape {shape_str(a_shard.shape)}; schedule {schedule} needs [m/world_size, k] "
@@ -124,11 +130,8 @@ def check_matmul_reduce_scatter(
 ) -> None:
     """gemm_rs: ``a [m, k]``, ``b [k, n]``, ``out [m/w, n]``; ``m`` divisible by world_size * splits."""
     check_world_size(world_size)
-    check_matrix("b", b, "[k, n]")
-    check_like("b", b, "a", a)
-    m, k = a.shape
-    if b.shape[0] != k:
-        raise ValueError(f"b has shape {shape_str(b.shape)}; expected [k, n] = [{k}, n] (k = a.shape[1])")
+    _check_b(b, "a", a)
+    m = a.shape[0]
     pieces = world_size * schedule.splits
     if m == 0 or m % pieces:
         raise ValueError(

@@ -4,8 +4,8 @@ Imports with nothing but the standard library and numpy: it runs on the GPU mach
 """
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
-from ficco.features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
-from ficco.features.schedule import SERIAL, Schedule, all_schedules, candidates
+from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
+from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_schedules, candidates
 from ficco.features.vector import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
@@ -18,15 +18,19 @@ from ficco.features.vector import (
 
 __all__ = [
     "DEFAULT_HARDWARE_ID",
+    "DENSE_OPS",
     "DTYPES",
     "DTYPE_BYTES",
     "FEATURE_NAMES",
     "FEATURE_SCHEMA_VERSION",
     "KNOWN_HARDWARE",
+    "MODES",
     "MOE_OPS",
     "OPS",
+    "SCHEDULE_FAMILIES",
     "SERIAL",
     "HardwareProfile",
+    "Mode",
     "Scenario",
     "Schedule",
     "all_schedules",

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from typing import Any
 
-from ficco.features._validate import check_float, check_int, check_keys
+from ficco.features._roundtrip import JsonRoundTrip
+from ficco.features._validate import check_float, check_int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class HardwareProfile:
+class HardwareProfile(JsonRoundTrip):
     """One multi-GPU machine (a single NVLink / Infinity Fabric domain).
 
     Rates are per GPU. ``link_gbps`` is what one GPU can send in one direction to its peers in total
@@ -46,21 +44,6 @@ class HardwareProfile:
         check_float("HardwareProfile", "hbm_gbps", self.hbm_gbps, 1.0)
         check_float("HardwareProfile", "link_gbps", self.link_gbps, 0.1)
         check_int("HardwareProfile", "sm_count", self.sm_count, 1, 1024)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
-        check_keys("HardwareProfile", data, (f.name for f in dataclasses.fields(cls)))
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> HardwareProfile:
-        return cls.from_dict(json.loads(text))
 
 
 def _h200(count: int) -> HardwareProfile:
@@ -97,6 +80,7 @@ KNOWN_HARDWARE: dict[str, HardwareProfile] = {
 """Built-in profiles (datasheet figures). Measured datasets record their own fingerprint beside these."""
 
 DEFAULT_HARDWARE_ID = "h200x2"
+"""The hardware that scenarios, plans, commands and the service default to (the shipped model's)."""
 
 
 def get_hardware(hardware_id: str) -> HardwareProfile:

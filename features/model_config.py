@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ficco.features.hardware import HardwareProfile, get_hardware
+from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
 from ficco.features.hf_families import BY_MODEL_TYPE, MULTIMODAL_TEXT, NEEDED, Family
 from ficco.features.scenario import Scenario
 
@@ -393,7 +393,7 @@ def layer_pairs(
     (KV heads must split tp ways) or ``vllm`` (fewer KV heads than ranks are replicated). Raises
     ``ValueError`` naming the model, the field and the divisibility rule when the model cannot be split.
     """
-    hardware = hardware or get_hardware("h200x2")
+    hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     c = config
     if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1 and tokens % tp == 0):
         raise ValueError(f"tokens must be a positive multiple of tp={tp}; got {tokens!r}")

@@ -26,27 +26,33 @@ The "split rows" of a scenario (``Scenario.rows``) are the rows the communicatio
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from ficco.features._validate import check_choice, check_float, check_int, check_keys
-from ficco.features.hardware import HardwareProfile, get_hardware
+from ficco.features._roundtrip import JsonRoundTrip
+from ficco.features._validate import check_choice, check_float, check_int
+from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
 DType = Literal["bf16", "fp16", "fp32"]
+Mode = Literal["eager", "graph"]
 
 OPS: tuple[str, ...] = get_args(Op)
 MOE_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+DENSE_OPS: tuple[str, ...] = tuple(op for op in OPS if op not in MOE_OPS)
+"""The tensor-parallel ops (``ag_gemm``, ``gemm_rs``): the ones the executor runs."""
 DTYPES: tuple[str, ...] = get_args(DType)
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+MODES: tuple[str, ...] = get_args(Mode)
+"""Execution modes a schedule is measured and recommended in: ``eager`` (each call launched from Python)
+or ``graph`` (the calls replayed from a captured CUDA graph); the best schedule can differ."""
 MIN_WORLD_SIZE, MAX_WORLD_SIZE = 2, 8
 MAX_DIM = 1 << 20
 """Largest m, n or k accepted (2**20): far past any layer, small enough to catch unit mistakes."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Scenario:
+class Scenario(JsonRoundTrip):
     """One communication + GEMM pair as a runtime meets it. Shapes: see the module docstring."""
 
     op: Op = "ag_gemm"
@@ -61,7 +67,7 @@ class Scenario:
     """Element type of A, B and C."""
     world_size: int = 2
     """Ranks in the tensor/expert-parallel group, in [2, 8]."""
-    hardware: HardwareProfile = field(default_factory=lambda: get_hardware("h200x2"))
+    hardware: HardwareProfile = field(default_factory=lambda: get_hardware(DEFAULT_HARDWARE_ID))
     """The machine; ``world_size`` may not exceed its ``gpu_count``."""
     experts: int = 0
     """MoE only: experts in the layer (a multiple of ``world_size``); 0 for dense ops."""
@@ -160,32 +166,23 @@ class Scenario:
     # JSON round trip -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["hardware"] = self.hardware.to_dict()
-        return data
+        # JsonRoundTrip's by name: a zero-argument super() fails in a slots=True dataclass before Python 3.14
+        return {**JsonRoundTrip.to_dict(self), "hardware": self.hardware.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Scenario:
-        """Build from a JSON object; ``hardware`` may be a full profile object or a built-in id."""
-        check_keys("Scenario", data, (f.name for f in dataclasses.fields(cls)))
+    def _from_json_values(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``hardware`` may be a full profile object or a built-in id."""
         data = dict(data)
         hw = data.get("hardware")
         if isinstance(hw, str):
             data["hardware"] = get_hardware(hw)
         elif isinstance(hw, dict):
             data["hardware"] = HardwareProfile.from_dict(hw)
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return data
 
     def shape_dict(self) -> dict[str, Any]:
         """The fields of :data:`SHAPE_FIELDS` as plain values (a dataset row's scenario columns)."""
         return {name: kind(getattr(self, name)) for name, kind in SHAPE_FIELDS.items()}
-
-    @classmethod
-    def from_json(cls, text: str) -> Scenario:
-        return cls.from_dict(json.loads(text))
 
 
 SHAPE_FIELDS: dict[str, type] = {

@@ -18,12 +18,11 @@ Canonical string form (parses and prints back exactly)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-from ficco.features._validate import check_choice, check_keys
+from ficco.features._roundtrip import JsonRoundTrip
+from ficco.features._validate import check_choice
 
 if TYPE_CHECKING:
     from ficco.features.scenario import Scenario
@@ -38,6 +37,8 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 GRAINS: tuple[str, ...] = get_args(Grain)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 FINER_SPLITS: tuple[int, ...] = (2, 4, 8)
+SCHEDULE_FAMILIES: tuple[str, ...] = tuple(f"{g}/{e}" for g in GRANULARITIES for e in EXECUTORS)
+"""Every ``granularity/executor`` (:attr:`Schedule.family`), serial first: what plots colour schedules by."""
 _GRAINS_OF: dict[str, tuple[str, ...]] = {
     "serial": ("whole",),
     "shard": ("shard",),
@@ -47,7 +48,7 @@ _FORMS = "serial/<sm|dma>, shard/<sm|dma>[/hp] or finer/<sm|dma>/s<2|4|8>/<chunk
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Schedule:
+class Schedule(JsonRoundTrip):
     """One point of the design space. Build it directly or with :meth:`parse`."""
 
     granularity: Granularity = "serial"
@@ -86,6 +87,12 @@ class Schedule:
     def overlapped(self) -> bool:
         """True when communication and GEMM run concurrently (everything but ``serial``)."""
         return self.granularity != "serial"
+
+    @property
+    def family(self) -> str:
+        """``granularity/executor``, one of :data:`SCHEDULE_FAMILIES`: ``finer/dma/s4/chunk`` is in
+        ``finer/dma``."""
+        return f"{self.granularity}/{self.executor}"
 
     def __str__(self) -> str:
         parts = [self.granularity, self.executor]
@@ -132,21 +139,6 @@ class Schedule:
                 f"schedule {self} needs the split rows ({scenario.rows}) of scenario {scenario.key()} "
                 f"divisible by world_size * splits = {pieces}"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Schedule:
-        check_keys("Schedule", data, (f.name for f in dataclasses.fields(cls)))
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Schedule:
-        return cls.from_dict(json.loads(text))
 
 
 def all_schedules() -> list[Schedule]:

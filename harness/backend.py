@@ -13,9 +13,6 @@ from ficco.features import Scenario, Schedule
 
 BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")
 """Per-scenario reference timings every ``ScenarioResult.baselines`` carries (NaN when not measured)."""
-MODES: tuple[str, ...] = ("eager", "graph")
-"""Execution modes a schedule is timed in: ``eager`` (each call launched from Python, host time included
-where the GPU waits for it) and ``graph`` (the calls replayed from a captured CUDA graph)."""
 ROUNDS = 5
 """Fewest interleaved rounds per scenario and mode in the timing protocol (``harness.torch_backend``)."""
 MAX_ROUNDS = 24
@@ -83,7 +80,7 @@ class Measurement:
     schedule: str = "serial/sm"
     """Canonical schedule string (``str(Schedule)``)."""
     mode: str = "eager"
-    """Execution mode (``MODES``)."""
+    """Execution mode (``features.MODES``)."""
     median_ms: float = float("nan")
     """Per-call time: the median over ``round_ms``; NaN if the schedule failed."""
     p10_ms: float = float("nan")
@@ -135,7 +132,7 @@ class Backend(Protocol):
     """Processes in the group (sim: the hardware profile's GPU count)."""
 
     modes: tuple[str, ...]
-    """The modes ``measure`` times every schedule in (a subset of ``MODES``, in that order)."""
+    """The modes ``measure`` times every schedule in (a subset of ``features.MODES``, in that order)."""
 
     def protocol(self) -> dict:
         """The timing protocol's settings (modes, rounds, ...), JSON-serialisable: a dataset is resumed

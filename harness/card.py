@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco.features import Schedule
-from ficco.harness.backend import MODES
+from ficco.features import MODES, SCHEDULE_FAMILIES, Schedule
 from ficco.harness.dataset import (
     PLAN,
     dataset_hardware,
@@ -23,22 +22,21 @@ from ficco.harness.dataset import (
     load_noise,
     read_manifest,
 )
+from ficco.tables import markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
 
 CARD = "card.md"
-SCHEDULE_FAMILIES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
-"""Plot colours: one per (granularity, executor)."""
 _COLORS = dict(
     zip(SCHEDULE_FAMILIES, ("#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"), strict=True)
 )
+"""Plot colours: one per schedule family (granularity/executor)."""
 
 
 def schedule_family(schedule: str) -> str:
     """``granularity/executor`` of a canonical schedule string (``finer/dma/s4/chunk`` -> ``finer/dma``)."""
-    s = Schedule.parse(schedule)
-    return f"{s.granularity}/{s.executor}"
+    return Schedule.parse(schedule).family
 
 
 def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
@@ -80,12 +78,6 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
     path = directory / CARD
     path.write_text("\n\n".join(sections) + "\n")
     return path
-
-
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _header(manifest: dict, df: pd.DataFrame, directory: Path) -> str:
@@ -147,13 +139,13 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         if shared:
             text += f" {len(shared)} scenarios occur in more than one family; each is listed under its first."
     counts = labels.drop_duplicates("scenario_id").groupby("family").size().sort_values(ascending=False)
-    text += "\n\n" + _table(["family", "scenarios"], [[f, n] for f, n in counts.items()])
+    text += "\n\n" + markdown_table(["family", "scenarios"], [[f, n] for f, n in counts.items()])
     return text
 
 
 def _fingerprint(manifest: dict) -> str:
     fp = manifest["fingerprint"]
-    return "## Fingerprint\n\n" + _table(["key", "value"], [[k, f"`{fp[k]}`"] for k in sorted(fp)])
+    return "## Fingerprint\n\n" + markdown_table(["key", "value"], [[k, f"`{fp[k]}`"] for k in sorted(fp)])
 
 
 def _size(manifest: dict, df: pd.DataFrame) -> str:
@@ -161,7 +153,7 @@ def _size(manifest: dict, df: pd.DataFrame) -> str:
     rate = len(df) / (seconds / 60) if seconds > 0 else float("nan")
     return (
         "## Size and speed\n\n"
-        + _table(
+        + markdown_table(
             ["rows", "scenarios", "ok rows", "failed rows", "sweep time (measuring)", "rows per minute"],
             [
                 [
@@ -186,7 +178,7 @@ def _failures(df: pd.DataFrame) -> str:
     rows = [[f"`{s}`", e[:120].replace("|", "/"), n] for (s, e), n in top.items()]
     return (
         f"## Failed schedules\n\n{len(failed)} of {len(df)} rows failed (never chosen as best); "
-        "most frequent:\n\n" + _table(["schedule", "error", "rows"], rows)
+        "most frequent:\n\n" + markdown_table(["schedule", "error", "rows"], rows)
     )
 
 
@@ -208,9 +200,9 @@ def _label_distribution(labels: pd.DataFrame) -> str:
         ]
         parts.append(
             f"### {mode}\n\n"
-            + _table(["best schedule", "scenarios", "share"], rows)
+            + markdown_table(["best schedule", "scenarios", "share"], rows)
             + "\n\nSpeed-up of the best schedule over `serial/sm`:\n\n"
-            + _table(["op", "scenarios", "median", "p90", "max", "serial is best"], speed)
+            + markdown_table(["op", "scenarios", "median", "p90", "max", "serial is best"], speed)
         )
     return "\n\n".join(parts)
 
@@ -232,10 +224,12 @@ def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
         "## Labels with confidence (best sets)\n\n`in_best_set`: the schedules of a scenario and mode that "
         "cannot be told apart from the fastest (`harness.labels`: a paired bootstrap over the rounds, never "
         "narrower than 1%).\n\n"
-        + _table(["mode", "scenarios", "median size", "p90 size", "one schedule alone"], sizes)
+        + markdown_table(["mode", "scenarios", "median size", "p90 size", "one schedule alone"], sizes)
         + "\n\nHigh-priority twins (`.../hp` against the same schedule at normal priority), pairs ok in "
         "both; 'differ' = one of the two leaves the best set of the pair (same test):\n\n"
-        + _table(["mode", "pairs", "differ beyond noise", "hp faster by > 1%", "hp slower by > 1%"], twins)
+        + markdown_table(
+            ["mode", "pairs", "differ beyond noise", "hp faster by > 1%", "hp slower by > 1%"], twins
+        )
     )
 
 
@@ -325,7 +319,7 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
         "## Run-to-run noise\n\nThe re-measured scenarios (`noise.parquet`) were measured again in a "
         "separate process, in a shuffled order, with other inputs and round orders. Relative differences "
         "are over every schedule ok in both runs.\n\n"
-        + _table(
+        + markdown_table(
             [
                 "mode",
                 "scenarios",
@@ -366,7 +360,7 @@ def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) ->
     text = (
         "## Simulator agreement\n\nHow often `--backend sim` picks the measured best schedule (among the "
         "schedules measured ok), exactly or within 5% of the best:\n\n"
-        + _table(["sim constants", "exact", "within 5%"], rows)
+        + markdown_table(["sim constants", "exact", "within 5%"], rows)
     )
     if noise is not None and not noise.empty:
         s = noise_summary(df[df["mode"] == "eager"], noise[noise["mode"] == "eager"])

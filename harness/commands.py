@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -51,7 +52,7 @@ BENCH_HELP = (
 
 def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
     """The execution modes of ``--modes``: a non-empty subset of ``MODES`` (gloo: ``eager`` only)."""
-    from ficco.harness.backend import MODES
+    from ficco.features import MODES
 
     if value is None:
         return ("eager",) if backend is BenchBackend.gloo else MODES
@@ -98,7 +99,7 @@ def bench(
     ] = DEFAULT_MAX_SERIAL_MS,
     hardware: Annotated[
         str, typer.Option(help="Hardware profile id (h200x2, h100x8, ...) or a HardwareProfile JSON file.")
-    ] = "h200x2",
+    ] = DEFAULT_HARDWARE_ID,
     include_moe: Annotated[
         bool, typer.Option("--include-moe", help="Add the MoE all-to-all pairs (sim backend only).")
     ] = False,

@@ -10,7 +10,7 @@ Directory layout (``ficco bench --out DIR``)::
 
 Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
 ``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule, the
-execution ``mode`` (``harness.backend.MODES``) and its timing: ``median_ms`` (per call, the median over the
+execution ``mode`` (``features.MODES``) and its timing: ``median_ms`` (per call, the median over the
 interleaved rounds), ``p10_ms``/``p90_ms`` (over the rounds), ``round_ms`` (each round's per-call time, so
 anyone can recompute the confidence), ``ok``, ``error``, ``in_best_set`` (``harness.labels``); ``backend``
 (gpu, gloo or sim) and the scenario's baselines in that mode (``harness.backend.BASELINE_KEYS``, ms).
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.features import HardwareProfile, Scenario
+from ficco.features import MODES, HardwareProfile, Scenario
 from ficco.features.scenario import SHAPE_FIELDS
-from ficco.harness.backend import BASELINE_KEYS, MODES, ScenarioResult
+from ficco.files import write_text_atomic
+from ficco.harness.backend import BASELINE_KEYS, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,13 +135,7 @@ def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any] | None:

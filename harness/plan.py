@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ficco.features import SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, HardwareProfile, Scenario, candidates, get_hardware
 from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import Timing
@@ -44,6 +44,7 @@ GRID_M = (128, 65536)
 GRID_NK = (512, 57344)
 """Range of the grid's ``n`` and ``k``, log-uniform."""
 GRID_FAMILY = "grid"
+"""The family name of the plan's synthetic shape grid (the other families are model-config names)."""
 
 UNTIMED_CALLS = 2
 """Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items
@@ -142,7 +143,7 @@ def plan_scenarios(
     out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad
     argument.
     """
-    hardware = hardware or get_hardware("h200x2")
+    hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
     sim = SimBackend(hardware)

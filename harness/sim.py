@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ficco.features import MOE_OPS, HardwareProfile, Scenario, Schedule
+from ficco.features import MODES, MOE_OPS, HardwareProfile, Scenario, Schedule
 from ficco.features.vector import FP32_SLOWDOWN
-from ficco.harness.backend import MODES, ROUNDS, Measurement, ScenarioResult
+from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -21,7 +21,6 @@ what it shares with the sweep is the machine and the protocol, not the moment or
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario, candidates
+from ficco.files import replacing
 from ficco.harness.backend import Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import (
     FORMAT,
@@ -332,11 +332,8 @@ class _NoiseSink(_Sink):
 
 def _write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
     """Write ``frame`` to ``path`` via a temporary file, fsync and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        frame.to_parquet(tmp, index=False)
 
 
 def remeasure_targets(plan_ids: Sequence[str], finished: set[str], count: int) -> list[str]:

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ficco.features import SERIAL, Scenario, Schedule
-from ficco.harness.backend import BASELINE_KEYS, MODES, Measurement, ScenarioResult, Timing
+from ficco.features import DENSE_OPS, MODES, SERIAL, Scenario, Schedule
+from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult, Timing
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 TOLERANCE: dict[str, float] = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 """Largest relative error (||C - C_serial|| / ||C_serial||) a schedule may show, per dtype."""
-EXECUTOR_OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs")
+EXECUTOR_OPS: tuple[str, ...] = DENSE_OPS
 """Ops the executor runs; the MoE ops are measured by the simulator only."""
 ROTATE_BYTES = 256 << 20
 """Input sets rotate until a block touches at least this many bytes of operands (4x the H200's 60 MB L2)."""

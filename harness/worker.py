@@ -15,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from ficco.harness.backend import MODES, Timing
+from ficco.features import MODES
+from ficco.harness.backend import Timing
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -47,6 +48,10 @@ class _Requests:
 
 class _TensorParallelLinear(nn.Module):
     """Shared parts: the weight shard, the ops, the per-token-count requests."""
+
+    _fwd_op: ClassVar[str]
+    """The forward's overlapped op; the input gradient runs the other one, on the transposed weight."""
+    _bwd_input_op: ClassVar[str]
 
     def __init__(self, weight_shape: tuple[int, int], *, ops: OverlapOps, name: str, device, dtype) -> None:
         super().__init__()
@@ -70,6 +75,10 @@ class _TensorParallelLinear(nn.Module):
             r = self._requests[key] = self._make_requests(tokens, key[1], key[2])
         return r
 
+    def _backward_follows(self, x: torch.Tensor) -> bool:
+        """Whether autograd records this call for a backward (then the input gradient's op is planned too)."""
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+
     def _planned(self, tokens: int, backward: bool) -> _Requests:
         """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
         and with ``backward`` the input gradient's op too) in one batch."""
@@ -82,7 +91,13 @@ class _TensorParallelLinear(nn.Module):
         return r
 
     def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
-        raise NotImplementedError
+        """The forward multiplies by the weight shard ``[k, n]``, the input gradient by its transpose."""
+        k, n = self.weight.shape
+        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
+        return _Requests(
+            fwd=OpRequest(direction="fwd", op=self._fwd_op, n=n, k=k, **common),
+            bwd_input=OpRequest(direction="bwd-input", op=self._bwd_input_op, n=k, k=n, **common),
+        )
 
 
 class ColumnParallelLinear(_TensorParallelLinear):
@@ -102,6 +117,8 @@ class ColumnParallelLinear(_TensorParallelLinear):
     device, dtype : optional
         Of the weight shard ``[in, out/w]``.
     """
+
+    _fwd_op, _bwd_input_op = "ag_gemm", "gemm_rs"
 
     def __init__(
         self,
@@ -123,7 +140,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
-        backward = torch.is_grad_enabled() and (x_shard.requires_grad or self.weight.requires_grad)
+        backward = self._backward_follows(x_shard)
         r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
         if backward:
             return _ColumnParallelFn.apply(x_shard, self.weight, self, r)
@@ -134,16 +151,6 @@ class ColumnParallelLinear(_TensorParallelLinear):
         cols = self.weight.shape[1]
         with torch.no_grad():
             self.weight.copy_(full[:, self.ops.rank * cols : (self.ops.rank + 1) * cols])
-
-    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
-        local_out = self.weight.shape[1]
-        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
-        return _Requests(
-            fwd=OpRequest(direction="fwd", op="ag_gemm", n=local_out, k=self.in_features, **common),
-            bwd_input=OpRequest(
-                direction="bwd-input", op="gemm_rs", n=self.in_features, k=local_out, **common
-            ),
-        )
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, keep_gathered={self.keep_gathered}"
@@ -164,6 +171,8 @@ class RowParallelLinear(_TensorParallelLinear):
         Of the weight shard ``[in/w, out]``.
     """
 
+    _fwd_op, _bwd_input_op = "gemm_rs", "ag_gemm"
+
     def __init__(
         self,
         in_features: int,
@@ -182,7 +191,7 @@ class RowParallelLinear(_TensorParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
-        backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        backward = self._backward_follows(x)
         r = self._planned(x.shape[0], backward)
         if backward:
             return _RowParallelFn.apply(x, self.weight, self, r)
@@ -193,16 +202,6 @@ class RowParallelLinear(_TensorParallelLinear):
         rows = self.weight.shape[0]
         with torch.no_grad():
             self.weight.copy_(full[self.ops.rank * rows : (self.ops.rank + 1) * rows])
-
-    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
-        local_in = self.weight.shape[0]
-        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
-        return _Requests(
-            fwd=OpRequest(direction="fwd", op="gemm_rs", n=self.out_features, k=local_in, **common),
-            bwd_input=OpRequest(
-                direction="bwd-input", op="ag_gemm", n=local_in, k=self.out_features, **common
-            ),
-        )
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}"
@@ -216,20 +215,17 @@ class _ColumnParallelFn(torch.autograd.Function):
         ops = layer.ops
         if layer.keep_gathered:
             y, x = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=True)
-            ctx.save_for_backward(x, weight)
+            _save(ctx, layer, r, x, weight)
         else:
             y = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=False)
-            ctx.save_for_backward(x_shard, weight)
-        ctx.layer, ctx.r = layer, r
+            _save(ctx, layer, r, x_shard, weight)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        layer, r = ctx.layer, ctx.r
+        layer, r, saved, weight, need_x, need_w = _saved(ctx)
         ops = layer.ops
-        saved, weight = ctx.saved_tensors
         grad_y = grad_y.contiguous()
-        need_x, need_w = ctx.needs_input_grad[:2]
         x, wait = saved, None
         if need_w and not layer.keep_gathered:
             # Started before the input gradient's op and waited for after it, so that on GPUs the gather
@@ -252,17 +248,14 @@ class _RowParallelFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, layer: RowParallelLinear, r: _Requests):
         y = layer.ops.matmul_reduce_scatter(x, weight, r.fwd)
-        ctx.save_for_backward(x, weight)
-        ctx.layer, ctx.r = layer, r
+        _save(ctx, layer, r, x, weight)
         return y
 
     @staticmethod
     def backward(ctx, grad_y_shard):
-        layer, r = ctx.layer, ctx.r
+        layer, r, x, weight, need_x, need_w = _saved(ctx)
         ops = layer.ops
-        x, weight = ctx.saved_tensors
         grad_y_shard = grad_y_shard.contiguous()
-        need_x, need_w = ctx.needs_input_grad[:2]
         grad_x = grad_w = None
         if need_w:
             grad_x, grad_y = ops.all_gather_matmul(
@@ -289,6 +282,21 @@ def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
             child.name = child.name or path
             child._requests.clear()
             child._prepared.clear()
+
+
+def _save(ctx, layer: _TensorParallelLinear, r: _Requests, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Keep what a layer's backward needs: the input its weight gradient multiplies (as the forward holds
+    it) and the weight, saved for autograd, and the layer and its requests."""
+    ctx.save_for_backward(x, weight)
+    ctx.layer, ctx.r = layer, r
+
+
+def _saved(ctx) -> tuple[_TensorParallelLinear, _Requests, torch.Tensor, torch.Tensor, bool, bool]:
+    """What :func:`_save` kept (layer, requests, input, weight), then whether the input and the weight
+    need a gradient."""
+    x, weight = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    return ctx.layer, ctx.r, x, weight, need_x, need_w
 
 
 def _weight_note(keep: bool, x_shape: torch.Size, g_shape: torch.Size) -> str:

@@ -34,8 +34,9 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from ficco.features import SERIAL, Scenario, Schedule, get_hardware
-from ficco.runtime.sources import MODES, Answer, Mode, ScheduleSource
+from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
+from ficco.runtime.sources import Answer, ScheduleSource
+from ficco.tables import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class Planner:
             raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
         self.source = source
         self.mode = mode
-        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or "h200x2")
+        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or DEFAULT_HARDWARE_ID)
         self.timeout_s = float(timeout_s)
         self.group = group
         self.decisions: dict[OpKey, Decision] = {}
@@ -375,17 +376,19 @@ class Planner:
 
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
-        lines = [
-            "| layer | direction | shape | schedule | predicted speedup | note |",
-            "|---|---|---|---|---|---|",
+        header = ["layer", "direction", "shape", "schedule", "predicted speedup", "note"]
+        rows = [
+            [
+                r["layer"],
+                r["direction"],
+                r["shape"],
+                r["schedule"],
+                "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x",
+                r["note"],
+            ]
+            for r in self.rows()
         ]
-        for r in self.rows():
-            speedup = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x"
-            lines.append(
-                f"| {r['layer']} | {r['direction']} | {r['shape']} | {r['schedule']} | {speedup} | "
-                f"{r['note']} |"
-            )
-        return "\n".join(lines)
+        return markdown_table(header, rows)
 
     def close(self) -> None:
         """Stop the worker thread (a pending answer is dropped)."""

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from ficco.features import SERIAL, Scenario, Schedule
-
-Mode = Literal["eager", "graph"]
-MODES: tuple[str, ...] = ("eager", "graph")
-"""Execution modes a schedule is recommended for: eager launches, or replay from a CUDA graph."""
+from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, Mode, Scenario, Schedule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +60,9 @@ class PredictorSource:
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
 
     @classmethod
-    def load(cls, root: str | None = None, hardware_id: str = "h200x2", version: str | None = None):
+    def load(
+        cls, root: str | None = None, hardware_id: str = DEFAULT_HARDWARE_ID, version: str | None = None
+    ):
         """Load ``hardware_id``'s current (or ``version``) model from the registry at ``root``
         (None: ``training.registry.default_model_root()``)."""
         from ficco.training.registry import default_model_root, load_predictor
@@ -113,7 +111,23 @@ class ServiceSource:
         return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
 
 
-class FixedSource:
+class _EachScenario:
+    """A source that answers one scenario at a time, the same on any hardware (``hardware_id`` None)."""
+
+    origin: str
+
+    @property
+    def hardware_id(self) -> str | None:
+        return None
+
+    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        return [self.answer(s, mode) for s in scenarios]
+
+    def answer(self, scenario: Scenario, mode: Mode) -> Answer:
+        raise NotImplementedError
+
+
+class FixedSource(_EachScenario):
     """One schedule for every scenario (baselines: ``serial/sm`` everywhere, ``shard/dma`` everywhere);
     a scenario it cannot run gets ``serial/sm`` with the reason."""
 
@@ -121,23 +135,15 @@ class FixedSource:
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.parse(schedule)
         self.origin = f"fixed {self.schedule}"
 
-    @property
-    def hardware_id(self) -> str | None:
-        return None
-
-    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
-        out = []
-        for s in scenarios:
-            try:
-                self.schedule.check(s)
-            except ValueError as err:
-                out.append(_serial(str(err), self.origin))
-                continue
-            out.append(Answer(schedule=str(self.schedule), origin=self.origin))
-        return out
+    def answer(self, scenario: Scenario, mode: Mode) -> Answer:
+        try:
+            self.schedule.check(scenario)
+        except ValueError as err:
+            return _serial(str(err), self.origin)
+        return Answer(schedule=str(self.schedule), origin=self.origin)
 
 
-class TableSource:
+class TableSource(_EachScenario):
     """Schedules looked up in a table keyed by ``(op, m, n, k, mode)`` (e.g. the per-op best of a measured
     dataset); a missing key gets ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when
     given (which returns an ``Answer``)."""
@@ -153,22 +159,13 @@ class TableSource:
         self.on_missing = on_missing
         self.origin = origin
 
-    @property
-    def hardware_id(self) -> str | None:
-        return None
-
-    def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
-        out = []
-        for s in scenarios:
-            hit = self.table.get((s.op, s.m, s.n, s.k, mode))
-            if hit is None:
-                hit = (
-                    self.on_missing(s, mode)
-                    if self.on_missing is not None
-                    else _serial(f"{s.key()} ({mode}) is not in the table", self.origin)
-                )
-            out.append(hit)
-        return out
+    def answer(self, scenario: Scenario, mode: Mode) -> Answer:
+        hit = self.table.get((scenario.op, scenario.m, scenario.n, scenario.k, mode))
+        if hit is not None:
+            return hit
+        if self.on_missing is not None:
+            return self.on_missing(scenario, mode)
+        return _serial(f"{scenario.key()} ({mode}) is not in the table", self.origin)
 
 
 def _serial(reason: str, origin: str) -> Answer:

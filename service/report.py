@@ -7,6 +7,7 @@ import io
 from typing import Any
 
 from ficco.service.schemas import RecommendationPublic, ScorePublic
+from ficco.tables import text_table
 
 PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
 """The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""
@@ -34,15 +35,6 @@ SCORE_CSV_COLUMNS = (
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned text columns separated by two spaces."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
-    ]
-    return "\n".join(lines)
 
 
 def _served_line(result: ScorePublic | RecommendationPublic) -> str:
@@ -81,7 +73,7 @@ def score_table(result: ScorePublic) -> str:
             for p in entry.pairs
         ]
         blocks.append(
-            f"\ntokens={entry.tokens}\n{_table(header, rows)}\n"
+            f"\ntokens={entry.tokens}\n{text_table(header, rows)}\n"
             f"saved {entry.saved_us_per_layer:.1f} us per layer ({100 * entry.saved_fraction:.1f}% of "
             f"{entry.serial_us_per_layer:.1f} us serial), {entry.saved_us_per_step / 1000:.3f} ms per step"
         )
@@ -136,4 +128,4 @@ def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
     ]
     ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])[:top]
     rows = [[name, f"{p:.3f}"] for name, p in ranked]
-    return "\n".join(lines) + "\n" + _table(["schedule", "predicted speedup"], rows)
+    return "\n".join(lines) + "\n" + text_table(["schedule", "predicted speedup"], rows)

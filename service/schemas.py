@@ -16,14 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from ficco.features._validate import check_keys
-from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Op
+from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
 HARDWARE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
-Mode = Literal["eager", "graph"]
-MODES: tuple[str, ...] = typing.get_args(Mode)
 MODE_DESCRIPTION = (
     "How the layer runs: eager (each kernel launched from Python) or graph (the layer runs inside a "
     "replayed CUDA graph); the best schedule can differ."

@@ -112,38 +112,46 @@ NOT_MEASURED = "not measured"
 
 def _unmeasured_score(pair: LayerPair, reason: str) -> PairScore:
     """A pair the model cannot answer: its serial time counts, no schedule and no saving are projected."""
-    s = pair.scenario
-    return PairScore(
-        name=pair.name,
-        per_layer=pair.per_layer,
-        layers=pair.layers,
-        scenario=ScenarioPublic(**_fields(pair)),
-        measured=False,
-        schedule=NOT_MEASURED,
-        predicted_speedup=None,
-        fallback=True,
-        fallback_reason=reason,
-        serial_us=roofline_gemm_us(s) + roofline_comm_us(s),
-        predicted_us=None,
-        saved_us_per_layer=None,
+    return _score(
+        pair, measured=False, schedule=NOT_MEASURED, speedup=None, fallback=True, fallback_reason=reason
     )
 
 
 def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
+    return _score(
+        pair,
+        measured=True,
+        schedule=rec.schedule,
+        speedup=rec.predicted_speedup,
+        fallback=rec.fallback,
+        fallback_reason=rec.fallback_reason,
+    )
+
+
+def _score(
+    pair: LayerPair,
+    *,
+    measured: bool,
+    schedule: str,
+    speedup: float | None,
+    fallback: bool,
+    fallback_reason: str | None,
+) -> PairScore:
+    """The pair with its answer: the roofline serial time, and with a predicted ``speedup`` the predicted
+    time and the saving per layer (None without one)."""
     s = pair.scenario
     serial_us = roofline_gemm_us(s) + roofline_comm_us(s)
-    speedup = rec.predicted_speedup
     predicted_us = serial_us / speedup if speedup else None
     return PairScore(
         name=pair.name,
         per_layer=pair.per_layer,
         layers=pair.layers,
         scenario=ScenarioPublic(**_fields(pair)),
-        measured=True,
-        schedule=rec.schedule,
+        measured=measured,
+        schedule=schedule,
         predicted_speedup=speedup,
-        fallback=rec.fallback,
-        fallback_reason=rec.fallback_reason,
+        fallback=fallback,
+        fallback_reason=fallback_reason,
         serial_us=serial_us,
         predicted_us=predicted_us,
         saved_us_per_layer=None if predicted_us is None else (serial_us - predicted_us) * pair.per_layer,

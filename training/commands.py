@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.features import DEFAULT_HARDWARE_ID
+from ficco.tables import text_table
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -50,8 +52,6 @@ JobsOption = Annotated[
         "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
     ),
 ]
-_SHOWN = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct",
-          "n_scenarios")  # fmt: skip
 
 
 class RetrainBackend(StrEnum):
@@ -78,15 +78,13 @@ def _load(dataset: Path) -> Any:
 def format_summary(summary: dict[str, Any]) -> str:
     """The evaluation summary as short text tables: per mode, every picker of the family holdout, then the
     region holdout's model line and the cross-validated choice."""
+    from ficco.training.metrics import REPORTED, reported_cells
+
     lines = []
     for mode, result in summary["modes"].items():
-        rows = result["family_holdout"]
-        width = max(len(k) for k in rows)
+        rows = [[name, *reported_cells(m)] for name, m in result["family_holdout"].items()]
         lines.append(f"[{mode}] family holdout")
-        lines.append(" " * width + "  " + "  ".join(f"{k:>14}" for k in _SHOWN))
-        for name, m in rows.items():
-            cells = [f"{m[k]:>14.4f}" if isinstance(m[k], float) else f"{m[k]:>14}" for k in _SHOWN]
-            lines.append(f"{name:<{width}}  " + "  ".join(cells))
+        lines.append(text_table(["", *REPORTED], rows, align="<" + ">" * len(REPORTED), min_width=14))
         region = result["region_holdout"].get("model")
         if region:
             lines.append(
@@ -215,7 +213,7 @@ def retrain_command(
         typer.Option(
             "--hardware", help="Hardware profile id (h200x2, h100x8, ...): the machine, or the what-if."
         ),
-    ] = "h200x2",
+    ] = DEFAULT_HARDWARE_ID,
     backend: Annotated[
         RetrainBackend,
         typer.Option(
@@ -268,6 +266,7 @@ def retrain_command(
     """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
     with the current model on the new data, register it and promote it only if it is better."""
     from ficco.harness.launch import build_plan, gpu_count, hardware_profile, parse_tokens
+    from ficco.training.metrics import REPORTED
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
@@ -302,7 +301,7 @@ def retrain_command(
         cur = outcome.current_metrics
         typer.echo(
             f"current model {current.version} on the new data: "
-            + ", ".join(f"{k} {cur[k]:.4f}" for k in _SHOWN[:5])
+            + ", ".join(f"{k} {cur[k]:.4f}" for k in REPORTED[:5])
         )
     verdict = "promoted to current" if outcome.promoted else "registered, not promoted"
     typer.echo(f"{hw.id}/{outcome.version}: {verdict} ({outcome.reason})")
@@ -324,7 +323,7 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from ficco.harness.backend import MODES
+        from ficco.features import MODES
         from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
         # The dataset protocol's defaults (rounds, block length), no re-measure.

@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 from tqdm import tqdm
 
+from ficco.harness.plan import GRID_FAMILY
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
@@ -29,8 +30,6 @@ from ficco.training.table import ScheduleTable
 
 log = logging.getLogger(__name__)
 
-GRID_FAMILY = "grid"
-"""The family name of the dataset's synthetic shape grid (not a model config)."""
 GRID_REGIONS = 4
 """Size regions the grid family is split into for cross-validation."""
 MAX_FOLDS = 8

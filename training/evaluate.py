@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from ficco.features import MODES
 from ficco.training.baselines import FIXED, baseline_picks
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import score, score_times
-from ficco.training.model import MODES, pair_costs
+from ficco.training.model import pair_costs
 from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
 from ficco.training.table import ScheduleTable
 

@@ -25,6 +25,10 @@ REGRESSION_PENALTY = 1.0
 """Extra weight of the log slowdown against serial in :func:`pick_loss`: a pick slower than serial/sm
 costs twice its regret, because the user asked for overlap to go faster, not to take a gamble."""
 
+REPORTED: tuple[str, ...] = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret",
+                             "n_slower_than_serial_2pct", "n_scenarios")  # fmt: skip
+"""The metrics that ``ficco report``'s tables and the evaluate and retrain summaries show, in this order."""
+
 
 def pick_loss(t_pick: np.ndarray, t_best: np.ndarray, t_serial: np.ndarray) -> np.ndarray:
     """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``.
@@ -77,3 +81,9 @@ def mean_loss(table: ScheduleTable, picks: np.ndarray) -> float:
     if len(table) == 0:
         return float("nan")
     return float(pick_loss(table.time_of(picks)[0], table.best_ms, table.serial_ms).mean())
+
+
+def reported_cells(metrics: dict[str, float | int]) -> list[str]:
+    """:data:`REPORTED` of one :func:`score` result as table cells: rates and regrets to 4 decimals,
+    counts as whole numbers."""
+    return [f"{metrics[k]:.4f}" if isinstance(metrics[k], float) else str(metrics[k]) for k in REPORTED]

@@ -32,10 +32,8 @@ from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SERIAL, Schedule, all_schedules
+from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, MODES, SERIAL, Schedule, all_schedules
 
-MODES: tuple[str, ...] = ("eager", "graph")
-"""Execution modes (``harness.dataset.MODES``): eager calls, or replays of a captured CUDA graph."""
 SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
 """Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
 SCHEDULE_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCHEDULES)}

@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ficco.features import FEATURE_NAMES, Scenario, feature_matrix
+from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (
     DESCRIPTORS,
-    MODES,
     SCHEDULES,
     SERIAL_INDEX,
     PairModel,

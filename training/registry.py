@@ -29,6 +29,7 @@ import numpy as np
 
 from ficco import __version__
 from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+from ficco.files import write_text_atomic
 from ficco.training.model import FeatureSchemaError, PairModel, check_feature_schema
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
@@ -126,18 +127,9 @@ def promote(root: str | Path, hardware_id: str, version: str) -> None:
             f"cannot promote {hardware_id}/{version}: no such registered version under {root}; "
             f"versions are {_versions(hw_dir)}"
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{CURRENT_FILE}-", dir=hw_dir)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private, like the version folder above
-        with os.fdopen(fd, "w") as f:
-            f.write(version + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, hw_dir / CURRENT_FILE)
-        log.info("promoted %s/%s to current in %s", hardware_id, version, root)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # world-readable, like the version folder above: a service running as another user must read it
+    write_text_atomic(hw_dir / CURRENT_FILE, version + "\n", mode=0o644)
+    log.info("promoted %s/%s to current in %s", hardware_id, version, root)
 
 
 def current_version(root: str | Path, hardware_id: str) -> str | None:

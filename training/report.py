@@ -17,18 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from ficco.features import SCHEDULE_FAMILIES, Schedule
+from ficco.tables import markdown_table
 from ficco.training.evaluate import Evaluation
+from ficco.training.metrics import REPORTED, reported_cells
 from ficco.training.model import SCHEDULES
 from ficco.training.table import ScheduleTable
 
-_KINDS = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
-"""Map colours: a schedule's granularity/executor (splits, grain and priority share a colour)."""
-_METRICS = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct",
-            "n_scenarios")  # fmt: skip
-
 
 def _kind(schedule: str) -> int:
-    return _KINDS.index("/".join(schedule.split("/")[:2]))
+    """Map colour of a schedule: its family's index (splits, grain and priority share a colour)."""
+    return SCHEDULE_FAMILIES.index(Schedule.parse(schedule).family)
 
 
 def plot_confusion(table: ScheduleTable, picks: np.ndarray, path: Path) -> None:
@@ -98,7 +97,7 @@ def plot_schedule_map(
         (axes[1], picks[rows], predicted_label),
     ):
         kinds = np.array([_kind(SCHEDULES[c]) for c in chosen])
-        for k, name in enumerate(_KINDS):
+        for k, name in enumerate(SCHEDULE_FAMILIES):
             sel = kinds == k
             if sel.any():
                 ax.scatter(nk[sel], m[sel], s=22, color=colors[k], label=name, edgecolors="none")
@@ -116,11 +115,8 @@ def plot_schedule_map(
 
 
 def _metrics_table(rows: dict[str, dict[str, Any]]) -> str:
-    lines = ["| | " + " | ".join(_METRICS) + " |", "|---" * (len(_METRICS) + 1) + "|"]
-    for name, m in rows.items():
-        cells = [f"{m[k]:.4f}" if isinstance(m[k], float) else str(m[k]) for k in _METRICS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """One line per picker (or family), one column per metric."""
+    return markdown_table(["", *REPORTED], [[name, *reported_cells(m)] for name, m in rows.items()])
 
 
 def write_report(

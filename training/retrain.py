@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ficco.features import feature_matrix
+from ficco.features import MODES, feature_matrix
 from ficco.training.metrics import mean_loss, score
-from ficco.training.model import MODES
 from ficco.training.predictor import Predictor
 from ficco.training.table import ScheduleTable, load_dataset_table
 from ficco.training.train import register_trained, train_model

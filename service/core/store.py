@@ -20,11 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from ficco.features import KNOWN_HARDWARE, HardwareProfile, Scenario, get_hardware
+from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
-from ficco.service.schemas import MODES
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +154,9 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
     return Resolution(model=best, requested=hardware_id, substitution=reason)
 
 
-DENSE_OPS = ("ag_gemm", "gemm_rs")
-"""The ops a model is taken to be trained on when its card does not list ``ops``."""
-
-
 def trained_ops(predictor: Predictor) -> tuple[str, ...]:
-    """The ops ``predictor`` has measured data for: its card's ``ops`` when present, else ``DENSE_OPS``.
+    """The ops ``predictor`` has measured data for: its card's ``ops`` when present, else
+    ``features.DENSE_OPS`` (what a model is taken to be trained on when its card does not list ``ops``).
 
     Other ops are refused, never extrapolated (a model with no MoE row has nothing to say about MoE).
     """

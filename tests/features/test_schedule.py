@@ -4,7 +4,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ficco.features import SERIAL, Scenario, Schedule, all_schedules, candidates, get_hardware
+from ficco.features import (
+    SCHEDULE_FAMILIES,
+    SERIAL,
+    Scenario,
+    Schedule,
+    all_schedules,
+    candidates,
+    get_hardware,
+)
 from ficco.features.schedule import FINER_SPLITS
 
 
@@ -130,3 +138,9 @@ def test_property_candidates_are_exactly_the_runnable_schedules(scenario):
     # serial and shard-level always run: the scenario itself guarantees rows % world_size == 0.
     assert sum(s.granularity != "finer" for s in got) == 6
     assert all(s.splits in (1, *FINER_SPLITS) for s in got)
+
+
+def test_family_is_granularity_and_executor_and_every_family_is_listed():
+    assert Schedule.parse("finer/dma/s4/chunk/hp").family == "finer/dma"
+    assert SCHEDULE_FAMILIES == ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/sm", "finer/dma")
+    assert {s.family for s in all_schedules()} == set(SCHEDULE_FAMILIES)

@@ -7,6 +7,7 @@ import contextlib
 
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 
+HW = "h200x2"
 SURROGATE_BODY = b'{"op":"\\ud800","m":4096,"n":4096,"k":4096}'
 
 
@@ -24,18 +25,27 @@ def test_lone_surrogate_in_batch_item_hardware_is_422(client):
     assert response.status_code == 422
 
 
-def test_readyz_clears_reload_error_after_rollback_to_served_version(model_root, start, damage):
+@contextlib.contextmanager
+def _corrupt_version_promoted(model_root, start, damage):
+    """A served client after a corrupt version was promoted and the reload failed; yields the client and
+    the version it still serves."""
     from ficco.training.registry import current_version, list_models, promote
 
-    hw = "h200x2"
     with start(model_root) as client:
-        served = current_version(model_root, hw)
-        other = next(c["version"] for c in list_models(model_root)[hw] if c["version"] != served)
-        damage(model_root / hw / other, "corrupt")
-        promote(model_root, hw, other)
+        served = current_version(model_root, HW)
+        other = next(c["version"] for c in list_models(model_root)[HW] if c["version"] != served)
+        damage(model_root / HW / other, "corrupt")
+        promote(model_root, HW, other)
         client.app.state.store.refresh()
+        yield client, served
+
+
+def test_readyz_clears_reload_error_after_rollback_to_served_version(model_root, start, damage):
+    from ficco.training.registry import promote
+
+    with _corrupt_version_promoted(model_root, start, damage) as (client, served):
         assert client.get("/readyz").json()["last_reload_error"] is not None
-        promote(model_root, hw, served)  # roll back to the version still serving
+        promote(model_root, HW, served)  # roll back to the version still serving
         client.app.state.store.refresh()
         assert client.get("/readyz").json()["last_reload_error"] is None
         assert "ficco_model_last_reload_failed 0.0" in client.get("/metrics").text
@@ -122,15 +132,7 @@ def test_docs_page_loads_no_assets_from_a_cdn(client):
 
 
 def test_readyz_and_models_show_no_absolute_paths(model_root, start, damage):
-    from ficco.training.registry import current_version, list_models, promote
-
-    hw = "h200x2"
-    with start(model_root) as client:
-        served = current_version(model_root, hw)
-        other = next(c["version"] for c in list_models(model_root)[hw] if c["version"] != served)
-        damage(model_root / hw / other, "corrupt")
-        promote(model_root, hw, other)
-        client.app.state.store.refresh()
+    with _corrupt_version_promoted(model_root, start, damage) as (client, _served):
         assert str(model_root) not in client.get("/readyz").text
         assert str(model_root) not in client.get("/v1/models").text
 
