@@ -4,6 +4,8 @@ Imports with nothing but the standard library and numpy: it runs on the GPU mach
 """
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
+from ficco.features.ops import OP_SPECS, OpSpec
+from ficco.features.routing import Routing
 from ficco.features.scenario import DTYPE_BYTES, DTYPES, MOE_OPS, OPS, Scenario
 from ficco.features.schedule import SERIAL, Schedule, all_schedules, candidates
 from ficco.features.vector import (
@@ -25,8 +27,11 @@ __all__ = [
     "KNOWN_HARDWARE",
     "MOE_OPS",
     "OPS",
+    "OP_SPECS",
     "SERIAL",
     "HardwareProfile",
+    "OpSpec",
+    "Routing",
     "Scenario",
     "Schedule",
     "all_schedules",
