@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ficco.executor.lanes import DeviceLanes, HostLanes
+from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 
@@ -58,7 +58,7 @@ class GroupContext:
     """Global rank of each group rank (point-to-point ops address global ranks)."""
     buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
     """Per-shape scratch buffers, keyed by (name, shape, dtype)."""
-    lanes: dict[tuple[int, bool], DeviceLanes | HostLanes] = field(default_factory=dict)
+    lanes: dict[tuple[int, bool], DeviceLanes | InlineLanes] = field(default_factory=dict)
     """Side streams, keyed by (count, high priority)."""
     workspace: Workspace | None = None
     """Peer memory for the copy-engine executor (created on first use)."""
@@ -81,13 +81,14 @@ class GroupContext:
             log.debug("buffer %s allocated: shape %s, %s on %s", name, tuple(shape), dtype, self.device)
         return out
 
-    def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | HostLanes:
-        """``count`` copy lanes plus a signal lane at the given priority (cached)."""
+    def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | InlineLanes:
+        """``count`` copy lanes plus a signal lane at the given priority (cached); ``count=0``, and every
+        count on the CPU: no side lanes, everything on the caller's stream."""
         key = (count, high_priority and self.is_cuda)
         lanes = self.lanes.get(key)
         if lanes is None:
             lanes = self.lanes[key] = (
-                DeviceLanes(self.device, count, high_priority) if self.is_cuda else HostLanes()
+                DeviceLanes(self.device, count, high_priority) if self.is_cuda and count else InlineLanes()
             )
         return lanes
 

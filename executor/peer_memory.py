@@ -52,6 +52,8 @@ class SymmetricPeerMemory:
         self._timeout_ms = timeout_ms
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
+        if 0 in shape:  # addresses nothing (an all-to-all block of no rows): no peer pointer needed
+            return torch.empty(tuple(shape), dtype=dtype, device=self._buffer.device)
         itemsize = torch.empty((), dtype=dtype).element_size()
         return self._handle.get_buffer(peer, tuple(shape), dtype, byte_offset // itemsize)
 
