@@ -10,15 +10,18 @@ NaN so that a schedule that forgets to move a piece cannot pass a correctness ch
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from ficco.executor.experts import RoutedState
 from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.features.routing import Routing
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,10 @@ class GroupContext:
     transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
     """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
     dropped with the buffers and whenever the peer memory is reallocated."""
+    routed: OrderedDict[Routing, RoutedState] = field(default_factory=OrderedDict)
+    """What the MoE ops derived from their last ``ROUTED_MAX`` routings (layouts, row segments, the
+    permutation, and the transports over them); dropped with the buffers, its transports with the peer
+    memory."""
 
     @property
     def is_cuda(self) -> bool:
@@ -101,6 +108,8 @@ class GroupContext:
             needs = f"grows the peer memory to {half_bytes / 2**20:.1f} MiB per half (a rendezvous)"
             refuse_capture(self.device, what, needs)
             self.transports.clear()  # they view the peer memory that ensure() is about to free
+            for state in self.routed.values():
+                state.transports.clear()
             self.workspace.ensure(half_bytes)
             log.info("peer memory grown to %.1f MiB per half on %s", half_bytes / 2**20, self.device)
         return self.workspace
@@ -181,6 +190,7 @@ def clear_buffers() -> None:
     for ctx in _contexts.values():
         ctx.buffers.clear()
         ctx.transports.clear()
+        ctx.routed.clear()
 
 
 def poison_buffers() -> None:

@@ -127,10 +127,14 @@ class _Transport:
         if self.plan.direction == "scatter" or unit.offset == 0:
             return _remembered(self._source_views, id(unit), lambda: self._source_rows(unit))
         if unit.offset is None:  # the whole GEMM reads every row: the own block goes into its place too
-            own_source, own_dest = self.layout.own_block()
-            kept = _remembered(self._source_views, "own", lambda: self.source[own_source])
-            _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(kept)
+            self.keep_own()
         return _remembered(self._views, id(unit), lambda: self.flat[self.split_rows(unit)])
+
+    def keep_own(self) -> None:
+        """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
+        own_source, own_dest = self.layout.own_block()
+        kept = _remembered(self._source_views, "own", lambda: self.source[own_source])
+        _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(kept)
 
     def _source_rows(self, unit: Unit) -> torch.Tensor:
         """scatter: where the unit's rows go; gather, own block: the unit's rows of ``source``."""
