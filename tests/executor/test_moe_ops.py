@@ -249,3 +249,12 @@ def test_bad_input_leaves_the_group_usable(world):
     _, reports = world
     for report in reports:
         assert dict(report["bad_inputs"])["good_call_after"] == str((8, 4))
+
+
+def test_every_op_of_the_table_has_its_executor_function():
+    from ficco import executor
+    from ficco.features import OP_SPECS
+
+    assert list(executor.OP_FUNCTIONS) == list(OP_SPECS)
+    for name, spec in OP_SPECS.items():
+        assert executor.OP_FUNCTIONS[name] is getattr(executor, spec.executor_fn), name
