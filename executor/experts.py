@@ -95,24 +95,19 @@ class RoutedState:
 
     def permutation(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(perm, inverse)`` on ``device``: ``expert_major = source_major[perm]``, ``source_major =
-        expert_major[inverse]`` (int64, made on first use; a host-to-device copy)."""
+        expert_major[inverse]`` (int64, made on first use from the blocks' segments, one ``arange`` each;
+        a host-to-device copy)."""
         found = self.permutations.get(device)
         if found is None:
-            perm = [
-                row
-                for start, stop, _e, _ in sorted(
-                    (seg for q in range(self.routing.world_size) for seg in self._block_segments(q)),
-                    key=lambda seg: seg[3],
-                )
-                for row in range(start, stop)
-            ]
-            inverse = [0] * len(perm)
-            for i, row in enumerate(perm):
-                inverse[row] = i
-            found = self.permutations[device] = (
-                torch.tensor(perm, dtype=torch.int64, device=device),
-                torch.tensor(inverse, dtype=torch.int64, device=device),
+            segments = sorted(
+                (seg for q in range(self.routing.world_size) for seg in self._block_segments(q)),
+                key=lambda seg: seg[3],
             )
+            parts = [torch.arange(start, stop, dtype=torch.int64) for start, stop, _e, _row in segments]
+            perm = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+            inverse = torch.empty_like(perm)
+            inverse[perm] = torch.arange(perm.numel(), dtype=torch.int64)
+            found = self.permutations[device] = (perm.to(device), inverse.to(device))
         return found
 
     def _block_segments(self, peer: int) -> list[Segment]:
