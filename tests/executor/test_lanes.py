@@ -200,3 +200,19 @@ def test_inline_lanes_put_every_copy_and_the_barrier_on_the_callers_stream(cuda,
     run_pipeline(plan, transport, None)
     assert next(streams) == made_before + 1, "a side stream was made"
     assert [(what, stream) for what, stream, _ in cuda.log] == [("copy", "current"), ("barrier", "current")]
+
+
+def test_making_the_routing_permutation_inside_graph_capture_names_the_schedule(monkeypatch):
+    """A routing first seen inside capture would copy its row permutation to the device: refused, naming
+    the schedule and the fix, before any work is issued."""
+    from ficco.executor import CaptureError
+    from ficco.executor.context import GroupContext
+    from ficco.executor.experts import RoutedState
+    from ficco.executor.ops import _permutation
+    from ficco.features import Routing, Schedule
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ctx = GroupContext(group=None, device=torch.device("cuda", 0), rank=0, world_size=2, global_ranks=[0, 1])
+    state = RoutedState(routing=Routing([[[1], [2]], [[3], [4]]]), rank=0)
+    with pytest.raises(CaptureError, match=r"schedule serial/dma .* row permutation .* once eagerly"):
+        _permutation(ctx, state, Schedule.parse("serial/dma"))
