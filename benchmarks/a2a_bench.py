@@ -287,6 +287,7 @@ def build_variants(
     elif args.no_batched:
         reasons["dma_batched"] = "left out (--no-batched)"
     if cuda and not args.no_batched:
+        eager["dma"]()  # the executor sizes its peer memory (a collective) before the batch views it
         try:
             built["dma_batched"] = repeat(BatchedCopies(op, x, routing))
         except Exception as err:  # no runtime support here: say why, measure the rest
