@@ -343,9 +343,7 @@ class BatchedCopies:
         row_bytes = width * itemsize
         self._batches: dict[int, tuple] = {}
         for _ in range(2):  # one pointer list per half
-            remote = [
-                self.workspace.slots(q, (layout.dest_rows[q], width), x.dtype) for q in range(ctx.world_size)
-            ]
+            remote = [self.workspace.rows(q, width, x.dtype) for q in range(ctx.world_size)]
             own_source, own_dest = layout.own_block()
             copies = [(remote[ctx.rank][own_dest], x[own_source])]
             for offset in range(1, ctx.world_size):
@@ -446,7 +444,7 @@ def _landed(ctx, kind: str, x, op: str, routing):
         return ctx.buffer("received", (rows, x.shape[1]), x.dtype)
     ctx.workspace.advance()  # back to the half the last call used
     try:
-        return ctx.workspace.slots(ctx.rank, (rows, x.shape[1]), x.dtype).clone()
+        return ctx.workspace.rows(ctx.rank, x.shape[1], x.dtype)[:rows].clone()
     finally:
         ctx.workspace.advance()
 

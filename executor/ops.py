@@ -598,23 +598,31 @@ def _transport(
     ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
     """
     high_priority = schedule.priority == "high"
+    base = None
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), dest_shape[-1]) if layout is not None else dest_shape
         workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
-        dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
+        if layout is None:
+            dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
+        else:  # the half as rows, cut to this routing's below (a view per routing would pile up there)
+            base = workspace.rows(ctx.rank, dest_shape[-1], source.dtype)
         keep = True
     else:
         keep = dest is None or bind_dest
         if dest is None:
             dest = ctx.buffer("received", dest_shape, source.dtype)
     cache = ctx.transports if cache is None else cache
-    # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
-    # (and hashing a plan's nested tuples on every call would cost more than the lookup saves).
-    key = (schedule.executor, high_priority, id(plan), "bound" if bind_dest else id(dest), id(layout), lanes)
+    # By identity: a kept transport holds its plan, layout and dest (the workspace holds ``base``), so these
+    # ids name live objects only (and hashing a plan's nested tuples on every call would cost more than the
+    # lookup saves). A destination re-bound every call is not part of the key.
+    held = base if base is not None else "bound" if bind_dest else dest
+    key = (schedule.executor, high_priority, id(plan), id(held), id(layout), lanes)
     transport = cache.get(key) if keep else None
     if transport is not None:
         transport.bind(source, dest if bind_dest else None)
         return transport
+    if base is not None:
+        dest = base[: dest_shape[0]]
     common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest, "layout": layout}
     if schedule.executor == "dma":
         transport = PeerCopyTransport(

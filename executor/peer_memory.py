@@ -171,6 +171,12 @@ class Workspace:
             view = self._views[key] = self._memory.view(peer, shape, dtype, self.parity * self.half_bytes)
         return view
 
+    def rows(self, peer: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """``peer``'s whole current half as rows of ``width`` ``dtype`` values (cached view): one view per
+        width whatever the blocks in it, for layouts that change from call to call (all-to-all routings)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return self.slots(peer, (self.half_bytes // (width * itemsize), width), dtype)
+
     def barrier(self) -> None:
         """A device (CUDA) or gloo (CPU) barrier over the group, on the current stream."""
         assert self._memory is not None

@@ -296,10 +296,9 @@ class PeerCopyTransport(_Transport):
         super().__init__(**kwargs)
         self.workspace = workspace
         width, dtype = self.dest.shape[-1], self.dest.dtype
-        self.remote = [
-            workspace.slots(q, (self.layout.dest_rows[q], width), dtype) for q in range(self.world_size)
-        ]
-        """Every rank's destination in this call's half of the peer memory, as ``[rows, width]``."""
+        self.remote = [workspace.rows(q, width, dtype) for q in range(self.world_size)]
+        """Every rank's half of the peer memory for this call, as rows of ``width`` (the layout's
+        ``remote`` ranges index them)."""
         self._gather = self.plan.direction == "gather"
         self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and self.plan.lanes == 1
         """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
