@@ -441,7 +441,7 @@ def _landed(ctx, kind: str, x, op: str, routing):
     direction = OP_SPECS[op].direction
     rows = sum(routing.received(ctx.rank)) if direction == "gather" else sum(routing.sent(ctx.rank))
     if kind == "sm":
-        return ctx.buffer("received", (rows, x.shape[1]), x.dtype)
+        return ctx.rows_buffer("received", x.shape[1], x.dtype, rows)[:rows]
     ctx.workspace.advance()  # back to the half the last call used
     try:
         return ctx.workspace.rows(ctx.rank, x.shape[1], x.dtype)[:rows].clone()

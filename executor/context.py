@@ -88,6 +88,21 @@ class GroupContext:
             log.debug("buffer %s allocated: shape %s, %s on %s", name, tuple(shape), dtype, self.device)
         return out
 
+    def rows_buffer(self, name: str, width: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """A cached uninitialised ``[capacity, width]`` tensor with ``capacity >= rows`` (a power of two,
+        allocated again, larger, when a call needs more rows): one per (name, width, dtype) for row counts
+        that change from call to call, such as the rows an all-to-all routes to this rank, so that they do
+        not pile up buffers. Callers cut it to their rows (``RoutedState.cut``)."""
+        key = (name, width, dtype)
+        out = self.buffers.get(key)
+        if out is None or out.shape[0] < rows:
+            capacity = 1 << max(rows - 1, 0).bit_length()
+            out = self.buffers[key] = torch.empty((capacity, width), dtype=dtype, device=self.device)
+            log.debug(
+                "buffer %s allocated: %d rows of %d, %s on %s", name, capacity, width, dtype, self.device
+            )
+        return out
+
     def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | InlineLanes:
         """``count`` copy lanes plus a signal lane at the given priority (cached); ``count=0``, and every
         count on the CPU: no side lanes, everything on the caller's stream."""

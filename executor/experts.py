@@ -48,9 +48,20 @@ class RoutedState:
     """Per device: (expert-major row ``i`` <- source-major row ``perm[i]``, and its inverse)."""
     transports: dict[tuple, object] = field(default_factory=dict)
     """Transports built over this routing's layouts (``executor.ops`` keys them), dropped with it."""
+    cuts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """Per (id of a buffer, rows): the buffer (held, so that its id names it) and its first rows."""
 
     def __post_init__(self) -> None:
         self.expert_rows = self.routing.expert_rows(self.rank)
+
+    def cut(self, buffer: torch.Tensor, rows: int) -> torch.Tensor:
+        """``buffer[:rows]``, the same view on every call with this routing (transports kept with the routing
+        are keyed by their destination's identity)."""
+        key = (id(buffer), rows)
+        found = self.cuts.get(key)
+        if found is None or found[0] is not buffer:
+            found = self.cuts[key] = (buffer, buffer[:rows])
+        return found[1]
 
     def layout(self, direction: str, splits: int) -> Layout:
         """The all-to-all's layout: the dispatch moves ``routing.moved``, the combine its transpose."""

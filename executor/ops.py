@@ -210,8 +210,8 @@ def all_to_all_matmul(
     experts = state.expert_rows
     if schedule.granularity == "serial" and schedule.executor == "sm":
         perm = _permutation(ctx, state, schedule)[0]
-        rows = ctx.buffer("received", (received, k), x.dtype)
-        expert_major = ctx.buffer("expert_rows", (received, k), x.dtype)
+        rows = state.cut(ctx.rows_buffer("received", k, x.dtype, received), received)
+        expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
         _all_to_all_matmul_fallback(
             x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, y
         )
@@ -219,14 +219,21 @@ def all_to_all_matmul(
     plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("gather", plan.splits)
     transport = _transport(
-        ctx, plan, schedule, source=x, dest_shape=(received, k), layout=layout, cache=state.transports
+        ctx,
+        plan,
+        schedule,
+        source=x,
+        dest_shape=(received, k),
+        layout=layout,
+        cut=state.cut,
+        cache=state.transports,
     )
     segments = state.unit_segments(plan, layout)
     weights = b.unbind(0)
 
     def consume(rows: torch.Tensor, unit: Unit) -> None:
         if unit.offset is None:  # every row, source-major: permute, then one GEMM per expert
-            expert_major = ctx.buffer("expert_rows", (received, k), x.dtype)
+            expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
             torch.index_select(rows, 0, _permutation(ctx, state, schedule)[0], out=expert_major)
             grouped_matmul(expert_major, b, experts, y)
             return
@@ -284,10 +291,11 @@ def matmul_all_to_all(
     received, n = h.shape[0], b.shape[2]
     y = out if out is not None else h.new_empty((sum(routing.sent(ctx.rank)), n))
     experts = state.expert_rows
-    staging = ctx.buffer("produced", (received, n), h.dtype)  # what the all-to-all sends, by destination
+    # what the all-to-all sends, by destination
+    staging = state.cut(ctx.rows_buffer("produced", n, h.dtype, received), received)
     if schedule.granularity == "serial" and schedule.executor == "sm":
         inverse = _permutation(ctx, state, schedule)[1]
-        expert_major = ctx.buffer("expert_out", (received, n), h.dtype)
+        expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
         layout = state.layout("scatter", 1)
         _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, expert_major, staging, y)
         return y
@@ -303,6 +311,7 @@ def matmul_all_to_all(
         dest=None if dma else y,  # sm: receive straight into the result
         bind_dest=not dma,
         layout=layout,
+        cut=state.cut,
         cache=state.transports,
     )
     segments = state.unit_segments(plan, layout)
@@ -312,7 +321,7 @@ def matmul_all_to_all(
 
     def produce(rows: torch.Tensor, unit: Unit) -> None:
         if unit.offset is None:  # every row: one GEMM per expert, then permute to source-major
-            expert_major = ctx.buffer("expert_out", (received, n), h.dtype)
+            expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
             grouped_matmul(h, b, experts, expert_major)
             torch.index_select(expert_major, 0, _permutation(ctx, state, schedule)[1], out=rows)
             return
@@ -431,7 +440,7 @@ def _communicate_all_to_all(
         )
     dest_shape = (sum(layout.recv_rows), width)
     if executor == "sm":
-        received = ctx.buffer("received", dest_shape, x.dtype)
+        received = state.cut(ctx.rows_buffer("received", width, x.dtype, dest_shape[0]), dest_shape[0])
         dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=ctx.group)
         return
     plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
@@ -444,6 +453,7 @@ def _communicate_all_to_all(
         dest_shape=dest_shape,
         layout=layout,
         lanes=lanes,
+        cut=state.cut,
         cache=state.transports,
     )
     transport.keep_own()  # on the caller's stream, beside the copy lanes when there are any
@@ -582,6 +592,7 @@ def _transport(
     bind_dest: bool = False,
     layout: Layout | None = None,
     lanes: int | None = None,
+    cut: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
     cache: dict | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
     """The schedule's transport, bound to ``source``.
@@ -589,40 +600,41 @@ def _transport(
     ``dest`` (sm): receive the pieces into it instead of a cached buffer; with ``bind_dest`` the transport
     is kept and bound to each call's ``dest`` (its views re-made when the tensor changes), without it the
     transport is built for the call and not kept (a caller's ``dest`` is new every call). ``layout``: where
-    each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``). ``lanes``: copy lanes
-    (dma; default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the
-    transport is kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
+    each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's
+    destination is a grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by
+    ``cut`` (``RoutedState.cut``: the same view every call with the routing). ``lanes``: copy lanes (dma;
+    default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the transport is
+    kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
 
     Built once per (executor, priority, plan, destination buffer, layout, lanes) and kept, so a call reuses
     its views and row ranges; the destination is this call's half of the peer memory (dma) or the cached
     ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
     """
     high_priority = schedule.priority == "high"
-    base = None
+    rows, width = dest_shape[0], dest_shape[-1]
     if schedule.executor == "dma":
-        needed = (max(layout.dest_rows), dest_shape[-1]) if layout is not None else dest_shape
+        needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
         workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
         if layout is None:
             dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
-        else:  # the half as rows, cut to this routing's below (a view per routing would pile up there)
-            base = workspace.rows(ctx.rank, dest_shape[-1], source.dtype)
+        else:
+            dest = cut(workspace.rows(ctx.rank, width, source.dtype), rows)
         keep = True
     else:
         keep = dest is None or bind_dest
-        if dest is None:
+        if dest is None and layout is None:
             dest = ctx.buffer("received", dest_shape, source.dtype)
+        elif dest is None:
+            dest = cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
     cache = ctx.transports if cache is None else cache
-    # By identity: a kept transport holds its plan, layout and dest (the workspace holds ``base``), so these
-    # ids name live objects only (and hashing a plan's nested tuples on every call would cost more than the
-    # lookup saves). A destination re-bound every call is not part of the key.
-    held = base if base is not None else "bound" if bind_dest else dest
-    key = (schedule.executor, high_priority, id(plan), id(held), id(layout), lanes)
+    # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
+    # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
+    # destination bound anew every call is not part of the key.
+    key = (schedule.executor, high_priority, id(plan), "bound" if bind_dest else id(dest), id(layout), lanes)
     transport = cache.get(key) if keep else None
     if transport is not None:
         transport.bind(source, dest if bind_dest else None)
         return transport
-    if base is not None:
-        dest = base[: dest_shape[0]]
     common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest, "layout": layout}
     if schedule.executor == "dma":
         transport = PeerCopyTransport(

@@ -111,8 +111,32 @@ def _check_world(rank: int, world_size: int) -> dict:
                 report["results"].append((label, op, dtype_name, str(schedule), errors, tuple(first.shape)))
         for op in ("a2a_gemm", "gemm_a2a"):
             report["communicate"].append((label, op, _communicated(rank, routing, args[op][0], op)))
+    report["piles"] = _state_after_many_routings(rank, world_size)
     report["bad_inputs"] = _bad_inputs(rank, world_size)
     return report
+
+
+def _state_after_many_routings(rank: int, world_size: int) -> list[tuple[int, int, int]]:
+    """(buffers, workspace views, routings kept) after each of 24 calls with a new routing every call (what
+    an eager MoE layer does): what the executor keeps must not grow with the number of routings."""
+    import torch
+
+    from ficco import executor
+    from ficco.executor.context import get_context
+    from ficco.features import Routing
+
+    executor.clear_buffers()
+    ctx = get_context(None, torch.device("cpu"))
+    seen = []
+    for step in range(24):
+        ranks = range(world_size)
+        routing = Routing([[[(3 * src + 5 * dst + step) % 7 + 1] for dst in ranks] for src in ranks])
+        x = torch.randn(sum(routing.sent(rank)), K)
+        for schedule in ("serial/sm", "shard/sm", "finer/dma/s2/chunk", "serial/dma"):
+            y = executor.all_to_all_matmul(x, torch.randn(1, K, N), routing, schedule)
+            executor.matmul_all_to_all(y, torch.randn(1, N, D), routing, schedule)
+        seen.append((len(ctx.buffers), len(ctx.workspace._views), len(ctx.routed)))
+    return seen
 
 
 def _communicated(rank, routing, x, op) -> bool:
@@ -127,15 +151,14 @@ def _communicated(rank, routing, x, op) -> bool:
     ctx = get_context(None, x.device)
     direction = OP_SPECS[op].direction
     rows = sum(routing.received(rank)) if direction == "gather" else sum(routing.sent(rank))
-    shape = (rows, x.shape[1])
     executor.communicate(op, x, "sm", routing=routing)
-    want = ctx.buffer("received", shape, x.dtype).clone()
+    want = ctx.rows_buffer("received", x.shape[1], x.dtype, rows)[:rows].clone()
     same = []
     for streams in ("auto", "current", "per_peer"):
         executor.poison_buffers()
         executor.communicate(op, x, "dma", routing=routing, streams=streams)
         ctx.workspace.advance()  # back to the half this call used
-        got = ctx.workspace.slots(rank, shape, x.dtype).clone()
+        got = ctx.workspace.rows(rank, x.shape[1], x.dtype)[:rows].clone()
         ctx.workspace.advance()
         same.append(bool(torch.equal(got, want)))
     return all(same)
@@ -242,6 +265,17 @@ def test_bad_input_raises_value_error_on_every_rank(world, call, expected):
         message = dict(report["bad_inputs"])[call]
         for part in expected:
             assert part in message, f"rank {rank} of {world_size}, {call}: {message!r} lacks {part!r}"
+
+
+@pytest.mark.slow
+def test_new_routings_every_call_pile_up_no_buffers_or_views(world):
+    from ficco.executor.experts import ROUTED_MAX
+
+    _, reports = world
+    for report in reports:
+        seen = report["piles"]
+        assert all(routed <= ROUTED_MAX for _, _, routed in seen), seen
+        assert seen[-1][:2] == seen[len(seen) // 2][:2], seen  # buffers and views stop growing
 
 
 @pytest.mark.slow
