@@ -397,22 +397,21 @@ def communicate(
     if routing is not None:
         raise ValueError(f"routing applies only to the all-to-all ops; op {op!r} takes none")
     rows, width, w = x.shape[0], x.shape[1], ctx.world_size
-    if op == "gemm_rs" and (rows == 0 or rows % w):
+    reduces = spec.collective == "reduce_scatter"
+    if reduces and (rows == 0 or rows % w):
         raise ValueError(
             f"x has shape {shape_str(x.shape)}; expected [m, n] with m a positive multiple of {w}"
         )
-    scattered = ctx.buffer("scattered", (rows // w, width), x.dtype) if op == "gemm_rs" else None
+    scattered = ctx.buffer("scattered", (rows // w, width), x.dtype) if reduces else None
     if executor == "sm":
-        if op == "ag_gemm":
+        if scattered is None:
             gathered = ctx.buffer("gathered", (w, rows, width), x.dtype)
             _all_gather_single(gathered.view(w * rows, width), x, group=ctx.group)
         else:
             _reduce_scatter_single(scattered, x, group=ctx.group)
         return
-    direction, dest_shape = (
-        ("gather", (w, rows, width)) if op == "ag_gemm" else ("scatter", (w, rows // w, width))
-    )
-    plan = make_plan(direction, w, "serial", 1, "whole")
+    dest_shape = (w, rows // w, width) if reduces else (w, rows, width)
+    plan = make_plan(spec.direction, w, "serial", 1, "whole")
     lanes = 0 if streams == "current" else None
     transport = _transport(ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape, lanes=lanes)
     run_pipeline(plan, transport, None)
