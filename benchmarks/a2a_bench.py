@@ -1,7 +1,7 @@
 r"""All-to-all alone, NCCL against the copy engines, from 64 KiB to 256 MiB per rank: where the copy
 engines catch up with NCCL (the latency-bound regime of the MoE dispatch and combine).
 
-    # 2 GPUs (under a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md
+    # 2 GPUs (estimated about a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/a2a_bench.py \
         --out benchmarks/results
     # 4 GPUs: writes OUT/a2a-h200x4.json and .md
