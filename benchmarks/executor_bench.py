@@ -99,7 +99,9 @@ class Shape:
 
     def estimate_serial_ms(self, world_size: int) -> float:
         """A pessimistic serial time: GEMM at ``EST_TFLOPS`` plus the collective at ``EST_LINK_GBPS``."""
-        width = self.k if self.op == "ag_gemm" else self.n
+        from ficco.features import OP_SPECS
+
+        width = OP_SPECS[self.op].comm_width(self.k, self.n)
         comm_bytes = (world_size - 1) / world_size * self.m * width * 2
         return 1e3 * (2 * self.m * self.n * self.k / (EST_TFLOPS * 1e12) + comm_bytes / (EST_LINK_GBPS * 1e9))
 

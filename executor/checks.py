@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import torch
 
+from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
 
 DTYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -51,12 +52,12 @@ def shape_str(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def check_matrix(name: str, t: object, expected: str) -> torch.Tensor:
-    """``t`` must be a 2-D floating tensor of a supported dtype on CPU or CUDA."""
+def check_matrix(name: str, t: object, expected: str, dim: int = 2) -> torch.Tensor:
+    """``t`` must be a ``dim``-D (default 2-D) floating tensor of a supported dtype on CPU or CUDA."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape {expected}; got {type(t).__name__}")
-    if t.dim() != 2:
-        raise ValueError(f"{name} has shape {shape_str(t.shape)}; expected a 2-D tensor {expected}")
+    if t.dim() != dim:
+        raise ValueError(f"{name} has shape {shape_str(t.shape)}; expected a {dim}-D tensor {expected}")
     if t.dtype not in DTYPES:
         raise ValueError(
             f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in DTYPES]} "
@@ -139,3 +140,53 @@ def check_matmul_reduce_scatter(
             f"of world_size * splits = {world_size} * {schedule.splits} = {pieces}"
         )
     check_out(out, (m // world_size, b.shape[1]), "[m/world_size, n]", a)
+
+
+def check_routing(routing: object, world_size: int) -> Routing:
+    """``routing`` must be a ``features.Routing`` for ``world_size`` ranks."""
+    if not isinstance(routing, Routing):
+        raise ValueError(
+            "routing must be a features.Routing (Routing(counts), counts[src][dst][e] of shape "
+            f"[w, w, experts/w]); got {type(routing).__name__}"
+        )
+    if routing.world_size != world_size:
+        raise ValueError(
+            f"routing has counts for {routing.world_size} ranks; expected the group's world_size={world_size}"
+        )
+    return routing
+
+
+def check_routed_matmul(
+    a_name: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    routing: object,
+    rank: int,
+    world_size: int,
+    out: torch.Tensor | None,
+    *,
+    dispatch: bool,
+) -> None:
+    """a2a_gemm (``dispatch``): ``x [rows routed from this rank, k]``, ``b [experts/w, k, n]``, ``out [rows
+    routed to this rank, n]``; gemm_a2a: ``h [rows routed to this rank, k]``, ``b`` alike, ``out [rows routed
+    from this rank, n]``. Any schedule runs any routing (blocks split into near-equal sub-chunks)."""
+    check_world_size(world_size)
+    routing = check_routing(routing, world_size)
+    check_matrix("b", b, "[experts/world_size, k, n]", dim=3)
+    check_like("b", b, a_name, a)
+    experts, k = routing.local_experts, a.shape[1]
+    if tuple(b.shape[:2]) != (experts, k):
+        raise ValueError(
+            f"b has shape {shape_str(b.shape)}; expected [experts/world_size, k, n] = [{experts}, {k}, n] "
+            f"(routing.local_experts = {experts}, k = {a_name}.shape[1])"
+        )
+    sent, received = sum(routing.sent(rank)), sum(routing.received(rank))
+    rows, out_rows = (sent, received) if dispatch else (received, sent)
+    if a.shape[0] != rows:
+        what = "route" if dispatch else "have its experts receive"
+        total = "routing.sent" if dispatch else "routing.received"
+        raise ValueError(
+            f"{a_name} has shape {shape_str(a.shape)}; the routing has rank {rank} {what} {rows} rows "
+            f"({total}({rank})): expected [{rows}, k]"
+        )
+    check_out(out, (out_rows, b.shape[2]), "[rows, n]", a)

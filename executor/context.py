@@ -10,15 +10,18 @@ NaN so that a schedule that forgets to move a piece cannot pass a correctness ch
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ficco.executor.lanes import DeviceLanes, HostLanes
+from ficco.executor.experts import RoutedState
+from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.features.routing import Routing
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ class GroupContext:
     """Global rank of each group rank (point-to-point ops address global ranks)."""
     buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
     """Per-shape scratch buffers, keyed by (name, shape, dtype)."""
-    lanes: dict[tuple[int, bool], DeviceLanes | HostLanes] = field(default_factory=dict)
+    lanes: dict[tuple[int, bool], DeviceLanes | InlineLanes] = field(default_factory=dict)
     """Side streams, keyed by (count, high priority)."""
     workspace: Workspace | None = None
     """Peer memory for the copy-engine executor (created on first use)."""
@@ -67,6 +70,10 @@ class GroupContext:
     transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
     """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
     dropped with the buffers and whenever the peer memory is reallocated."""
+    routed: OrderedDict[Routing, RoutedState] = field(default_factory=OrderedDict)
+    """What the MoE ops derived from their last ``ROUTED_MAX`` routings (layouts, row segments, the
+    permutation, and the transports over them); dropped with the buffers, its transports with the peer
+    memory."""
 
     @property
     def is_cuda(self) -> bool:
@@ -81,13 +88,29 @@ class GroupContext:
             log.debug("buffer %s allocated: shape %s, %s on %s", name, tuple(shape), dtype, self.device)
         return out
 
-    def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | HostLanes:
-        """``count`` copy lanes plus a signal lane at the given priority (cached)."""
+    def rows_buffer(self, name: str, width: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """A cached uninitialised ``[capacity, width]`` tensor with ``capacity >= rows`` (a power of two,
+        allocated again, larger, when a call needs more rows): one per (name, width, dtype) for row counts
+        that change from call to call, such as the rows an all-to-all routes to this rank, so that they do
+        not pile up buffers. Callers cut it to their rows (``RoutedState.cut``)."""
+        key = (name, width, dtype)
+        out = self.buffers.get(key)
+        if out is None or out.shape[0] < rows:
+            capacity = 1 << max(rows - 1, 0).bit_length()
+            out = self.buffers[key] = torch.empty((capacity, width), dtype=dtype, device=self.device)
+            log.debug(
+                "buffer %s allocated: %d rows of %d, %s on %s", name, capacity, width, dtype, self.device
+            )
+        return out
+
+    def get_lanes(self, count: int, high_priority: bool) -> DeviceLanes | InlineLanes:
+        """``count`` copy lanes plus a signal lane at the given priority (cached); ``count=0``, and every
+        count on the CPU: no side lanes, everything on the caller's stream."""
         key = (count, high_priority and self.is_cuda)
         lanes = self.lanes.get(key)
         if lanes is None:
             lanes = self.lanes[key] = (
-                DeviceLanes(self.device, count, high_priority) if self.is_cuda else HostLanes()
+                DeviceLanes(self.device, count, high_priority) if self.is_cuda and count else InlineLanes()
             )
         return lanes
 
@@ -100,6 +123,8 @@ class GroupContext:
             needs = f"grows the peer memory to {half_bytes / 2**20:.1f} MiB per half (a rendezvous)"
             refuse_capture(self.device, what, needs)
             self.transports.clear()  # they view the peer memory that ensure() is about to free
+            for state in self.routed.values():
+                state.transports.clear()
             self.workspace.ensure(half_bytes)
             log.info("peer memory grown to %.1f MiB per half on %s", half_bytes / 2**20, self.device)
         return self.workspace
@@ -180,6 +205,7 @@ def clear_buffers() -> None:
     for ctx in _contexts.values():
         ctx.buffers.clear()
         ctx.transports.clear()
+        ctx.routed.clear()
 
 
 def poison_buffers() -> None:

@@ -2,8 +2,10 @@
 
 ``DeviceLanes`` holds CUDA streams at one priority: ``copy`` lanes for the pieces (one per peer when all
 peers move at once) and one ``signal`` lane for the device barriers that publish landed pieces. Ordering is
-done with stream waits and CUDA events only, never with host synchronisation. ``HostLanes`` is the CPU
-stand-in: everything runs in program order, so every method is a no-op.
+done with stream waits and CUDA events only, never with host synchronisation. ``InlineLanes`` runs everything
+on the caller's stream, in program order, so every method is a no-op but the barrier: the CPU path, and on
+CUDA a call with nothing to overlap its copies with (``executor.communicate`` on two ranks), which then
+skips every fork, join and event.
 
 Fork and join are explicit and mirrored, over the lanes a call uses only (the signal lane only when the
 call runs barriers on it; a call with one round on one copy lane runs its barrier on that lane)::
@@ -29,20 +31,21 @@ from collections.abc import Callable, Iterable
 import torch
 
 
-class HostLanes:
-    """CPU lanes: work runs in program order, so there is nothing to fork, wait for or join."""
+class InlineLanes:
+    """No side lanes: work runs in program order on the caller's stream (CPU: in the caller's thread), so
+    there is nothing to fork, wait for or join."""
 
     capturing = False
-    """Never: CPU work is not captured into CUDA graphs."""
+    """Not tracked: with one stream there is no join that graph capture would need."""
 
     def fork(self, signal: bool) -> None:
-        """No-op: nothing runs concurrently on the CPU path."""
+        """No-op: nothing runs beside the caller's stream."""
 
     def home(self) -> None:
         """No-op: there is one stream of work."""
 
     def to_copy_lane(self, index: int) -> None:
-        """No-op: copies run in the caller's thread."""
+        """No-op: copies run on the caller's stream."""
 
     def join(self, signal: bool) -> None:
         """No-op."""
@@ -59,7 +62,8 @@ class HostLanes:
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
     ) -> None:
-        """Run ``barrier`` now (the copies before it have finished)."""
+        """Run ``barrier`` now, behind the copies issued before it (the CPU: they have finished; CUDA: stream
+        order)."""
         barrier()
 
     def wait_signal(self, key: int) -> None:

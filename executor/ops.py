@@ -1,8 +1,10 @@
-"""The public operations: all-gather -> GEMM and GEMM -> reduce-scatter under any schedule.
+"""The public operations: all-gather -> GEMM, GEMM -> reduce-scatter, and the MoE all-to-all -> expert GEMMs
+and expert GEMMs -> all-to-all, under any schedule.
 
 Each op validates its arguments (``executor.checks``), then either runs the reference (``serial/sm``:
-the collective, then one GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline
-engine a transport and a one-line GEMM closure.
+the collective, then the GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline
+engine a transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the
+ops; ``run_op`` and ``communicate`` take an op by name.
 """
 
 from __future__ import annotations
@@ -19,13 +21,24 @@ from ficco.executor.checks import (
     check_all_gather_matmul,
     check_matmul_reduce_scatter,
     check_matrix,
+    check_routed_matmul,
+    check_routing,
     check_world_size,
     shape_str,
 )
-from ficco.executor.context import GroupContext, checked_context, get_context, remember_checked
+from ficco.executor.context import (
+    GroupContext,
+    checked_context,
+    get_context,
+    refuse_capture,
+    remember_checked,
+)
+from ficco.executor.experts import RoutedState, grouped_matmul, routed_state
 from ficco.executor.pipeline import run_pipeline
-from ficco.executor.plan import Plan, Unit, make_plan
+from ficco.executor.plan import Layout, Plan, Unit, make_plan
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.features.ops import OP_SPECS
+from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
 
 # torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old names.
@@ -143,47 +156,315 @@ def matmul_reduce_scatter(
     return c
 
 
+def all_to_all_matmul(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    routing: Routing,
+    schedule: Schedule | str,
+    group: dist.ProcessGroup | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Send the routed rows of ``x`` to their experts' ranks (the MoE dispatch, an all-to-all), then run
+    each local expert's GEMM on its rows (the ``a2a_gemm`` op), as ``schedule`` says.
+
+    Parameters
+    ----------
+    x : Tensor, shape [sum(routing.sent(rank)), k]
+        The rows this rank routes (a token once per expert it goes to), by destination rank, then by the
+        destination's local expert: ``routing.counts[rank][p][e]`` rows for expert ``e`` of rank ``p``.
+        bf16, fp16 or fp32.
+    b : Tensor, shape [experts / w, k, n]
+        This rank's experts' weights (expert ``e``: ``b[e]``); same dtype and device as ``x``.
+    routing : features.Routing
+        Rows per (source rank, destination rank, local expert); the same on every rank. Uneven and empty
+        blocks are fine.
+    schedule : Schedule or str
+        Any schedule: ``serial`` (the whole all-to-all, then one GEMM per expert), ``shard`` (the GEMMs on
+        a source's rows start once they have landed, one source after another) or ``finer`` (every block
+        split again, all sources at once). Blocks split into near-equal sub-chunks, so every schedule runs
+        every routing.
+    group : ProcessGroup, optional
+        The expert-parallel group (default: the world). NCCL for CUDA tensors, gloo for CPU tensors.
+    out : Tensor, shape [sum(routing.received(rank)), n], optional
+        Where to write the result; a new tensor when omitted.
+
+    Returns
+    -------
+    Tensor [sum(routing.received(rank)), n]: by local expert, then by source rank (each expert's rows
+    contiguous, as a grouped GEMM takes them); the rows from rank ``q`` for expert ``e`` are ``x_q``'s
+    rows for (this rank, ``e``), in ``x_q``'s order, times ``b[e]``.
+
+    Unpipelined::
+
+        received = all_to_all_single(x, routing.received(rank), routing.sent(rank))  # by source rank
+        rows = received permuted to expert-major order
+        for e: out[rows of e] = rows[rows of e] @ b[e]
+    """
+    schedule = as_schedule(schedule)
+    ctx = _checked_routed_context("a2a_gemm", x, b, routing, out, schedule, group)
+    x = x.contiguous()
+    state = routed_state(ctx.routed, routing, ctx.rank)
+    k, received = x.shape[1], sum(routing.received(ctx.rank))
+    y = out if out is not None else x.new_empty((received, b.shape[2]))
+    experts = state.expert_rows
+    if schedule.granularity == "serial" and schedule.executor == "sm":
+        perm = _permutation(ctx, state, schedule)[0]
+        rows = state.cut(ctx.rows_buffer("received", k, x.dtype, received), received)
+        expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
+        _all_to_all_matmul_fallback(
+            x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, y
+        )
+        return y
+    plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
+    layout = state.layout("gather", plan.splits)
+    transport = _transport(
+        ctx,
+        plan,
+        schedule,
+        source=x,
+        dest_shape=(received, k),
+        layout=layout,
+        cut=state.cut,
+        cache=state.transports,
+    )
+    segments = state.unit_segments(plan, layout)
+    weights = b.unbind(0)
+
+    def consume(rows: torch.Tensor, unit: Unit) -> None:
+        if unit.offset is None:  # every row, source-major: permute, then one GEMM per expert
+            expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
+            torch.index_select(rows, 0, _permutation(ctx, state, schedule)[0], out=expert_major)
+            grouped_matmul(expert_major, b, experts, y)
+            return
+        for start, stop, e, row in segments[id(unit)]:
+            torch.mm(rows[start:stop], weights[e], out=y[row : row + stop - start])
+
+    run_pipeline(plan, transport, consume)
+    return y
+
+
+def matmul_all_to_all(
+    h: torch.Tensor,
+    b: torch.Tensor,
+    routing: Routing,
+    schedule: Schedule | str,
+    group: dist.ProcessGroup | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run each local expert's GEMM on its rows, then send every row back to the rank that routed it (the
+    MoE combine, an all-to-all): the ``gemm_a2a`` op, as ``schedule`` says.
+
+    Parameters
+    ----------
+    h : Tensor, shape [sum(routing.received(rank)), k]
+        The rows routed to this rank's experts, in :func:`all_to_all_matmul`'s output order (by local expert,
+        then by source rank). bf16, fp16 or fp32.
+    b : Tensor, shape [experts / w, k, n]
+        This rank's experts' weights; same dtype and device as ``h``.
+    routing : features.Routing
+        The dispatch's routing (the combine sends its rows back the other way).
+    schedule : Schedule or str
+        Any schedule: ``serial`` (one GEMM per expert, then the whole all-to-all), ``shard`` (the rows for
+        one rank computed and sent while the next rank's are computed; this rank's own rows last) or
+        ``finer`` (every block split again).
+    group : ProcessGroup, optional
+        The expert-parallel group (default: the world).
+    out : Tensor, shape [sum(routing.sent(rank)), n], optional
+        Where to write the result; a new tensor when omitted.
+
+    Returns
+    -------
+    Tensor [sum(routing.sent(rank)), n]: row ``i`` is the expert output of the dispatch's ``x[i]`` on this
+    rank (by destination rank, then its local expert, as ``x`` was).
+
+    Unpipelined::
+
+        for e: p[rows of e] = h[rows of e] @ b[e]
+        out = all_to_all_single(p permuted to source-major order, routing.sent(rank), routing.received(rank))
+    """
+    schedule = as_schedule(schedule)
+    ctx = _checked_routed_context("gemm_a2a", h, b, routing, out, schedule, group)
+    h = h.contiguous()
+    state = routed_state(ctx.routed, routing, ctx.rank)
+    received, n = h.shape[0], b.shape[2]
+    y = out if out is not None else h.new_empty((sum(routing.sent(ctx.rank)), n))
+    experts = state.expert_rows
+    # what the all-to-all sends, by destination
+    staging = state.cut(ctx.rows_buffer("produced", n, h.dtype, received), received)
+    if schedule.granularity == "serial" and schedule.executor == "sm":
+        inverse = _permutation(ctx, state, schedule)[1]
+        expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
+        layout = state.layout("scatter", 1)
+        _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, expert_major, staging, y)
+        return y
+    plan = make_plan("scatter", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
+    layout = state.layout("scatter", plan.splits)
+    dma = schedule.executor == "dma"
+    transport = _transport(
+        ctx,
+        plan,
+        schedule,
+        source=staging,
+        dest_shape=(y.shape[0], n),
+        dest=None if dma else y,  # sm: receive straight into the result
+        bind_dest=not dma,
+        layout=layout,
+        cut=state.cut,
+        cache=state.transports,
+    )
+    segments = state.unit_segments(plan, layout)
+    weights = b.unbind(0)
+    own_source, own_dest = layout.own_block()
+    own_out = y[own_dest]  # the own unit covers the whole own block: its GEMMs write here, not to staging
+
+    def produce(rows: torch.Tensor, unit: Unit) -> None:
+        if unit.offset is None:  # every row: one GEMM per expert, then permute to source-major
+            expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
+            grouped_matmul(h, b, experts, expert_major)
+            torch.index_select(expert_major, 0, _permutation(ctx, state, schedule)[1], out=rows)
+            return
+        target = own_out if unit.offset == 0 else rows
+        for start, stop, e, row in segments[id(unit)]:
+            torch.mm(h[row : row + stop - start], weights[e], out=target[start:stop])
+
+    run_pipeline(plan, transport, produce)
+    if plan.units[-1].offset is None:  # serial: the own block is in staging
+        own_out.copy_(staging[own_source])
+    if dma:  # the peers' blocks landed in peer memory
+        for part in (slice(0, own_dest.start), slice(own_dest.stop, y.shape[0])):
+            if part.stop > part.start:
+                y[part].copy_(transport.flat[part])
+    return y
+
+
+def run_op(
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    schedule: Schedule | str,
+    group: dist.ProcessGroup | None = None,
+    *,
+    routing: Routing | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The op named ``op`` (``features.OP_SPECS``: its shapes and whether it takes a ``routing``)."""
+    fn = OP_FUNCTIONS.get(op)
+    if fn is None:
+        raise ValueError(f"op must be one of {list(OP_FUNCTIONS)}; got {op!r}")
+    if OP_SPECS[op].moe:
+        return fn(a, b, routing, schedule, group, out=out)
+    if routing is not None:
+        raise ValueError(f"routing applies only to the MoE ops; op {op!r} takes none")
+    return fn(a, b, schedule, group, out=out)
+
+
 def communicate(
-    op: Literal["ag_gemm", "gemm_rs"],
+    op: str,
     x: torch.Tensor,
     executor: Literal["sm", "dma"],
     group: dist.ProcessGroup | None = None,
+    *,
+    routing: Routing | None = None,
+    streams: Literal["auto", "current", "per_peer"] = "auto",
 ) -> None:
     """Run only the collective of ``op`` (to time communication alone); the result stays internal.
 
     ``ag_gemm``: all-gather of ``x = A_shard [m/w, k]``. ``gemm_rs``: reduce-scatter of ``x = P [m, n]``
-    (the copy-engine version includes the owner's add, as NCCL's reduce-scatter does).
+    (the copy-engine version includes the owner's add, as NCCL's reduce-scatter does). ``a2a_gemm``: the
+    dispatch of ``x [sum(routing.sent(rank)), k]``; ``gemm_a2a``: the combine of ``x [sum(routing.received(
+    rank)), n]`` (the copy-engine versions include the copy of the rows a rank keeps, as NCCL's
+    ``all_to_all_single`` does).
+
+    ``streams`` (copy engines): ``per_peer``, the pieces on one side stream per peer, as a schedule's
+    ``serial/dma`` moves them; ``current``, every copy and the barrier on the caller's stream, no fork or
+    join; ``auto``, ``current`` for an all-to-all on two ranks, else ``per_peer``.
     """
+    spec = OP_SPECS.get(op)
+    if spec is None or executor not in ("sm", "dma") or streams not in ("auto", "current", "per_peer"):
+        raise ValueError(
+            f"communicate needs op in {list(OP_SPECS)}, executor in ['sm', 'dma'] and streams in ['auto', "
+            f"'current', 'per_peer']; got op={op!r}, executor={executor!r}, streams={streams!r}"
+        )
     check_matrix("x", x, "[rows, width]")
     ctx = get_context(group, x.device)
     check_world_size(ctx.world_size)
-    if op not in ("ag_gemm", "gemm_rs") or executor not in ("sm", "dma"):
-        raise ValueError(
-            "communicate needs op in ['ag_gemm', 'gemm_rs'] and executor in ['sm', 'dma']; "
-            f"got op={op!r}, executor={executor!r}"
-        )
     x = x.contiguous()
+    if spec.collective == "all_to_all":
+        _communicate_all_to_all(ctx, spec.direction, x, executor, routing, streams)
+        return
+    if routing is not None:
+        raise ValueError(f"routing applies only to the all-to-all ops; op {op!r} takes none")
     rows, width, w = x.shape[0], x.shape[1], ctx.world_size
-    if op == "gemm_rs" and (rows == 0 or rows % w):
+    reduces = spec.collective == "reduce_scatter"
+    if reduces and (rows == 0 or rows % w):
         raise ValueError(
             f"x has shape {shape_str(x.shape)}; expected [m, n] with m a positive multiple of {w}"
         )
-    scattered = ctx.buffer("scattered", (rows // w, width), x.dtype) if op == "gemm_rs" else None
+    scattered = ctx.buffer("scattered", (rows // w, width), x.dtype) if reduces else None
     if executor == "sm":
-        if op == "ag_gemm":
+        if scattered is None:
             gathered = ctx.buffer("gathered", (w, rows, width), x.dtype)
             _all_gather_single(gathered.view(w * rows, width), x, group=ctx.group)
         else:
             _reduce_scatter_single(scattered, x, group=ctx.group)
         return
-    direction, dest_shape = (
-        ("gather", (w, rows, width)) if op == "ag_gemm" else ("scatter", (w, rows // w, width))
-    )
-    plan = make_plan(direction, w, "serial", 1, "whole")
-    transport = _transport(ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape)
+    dest_shape = (w, rows // w, width) if reduces else (w, rows, width)
+    plan = make_plan(spec.direction, w, "serial", 1, "whole")
+    lanes = 0 if streams == "current" else None
+    transport = _transport(ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape, lanes=lanes)
     run_pipeline(plan, transport, None)
     if scattered is not None:
         _reduce_into(scattered, x.view(dest_shape)[ctx.rank], transport.received())
+
+
+def _communicate_all_to_all(
+    ctx: GroupContext,
+    direction: Literal["gather", "scatter"],
+    x: torch.Tensor,
+    executor: str,
+    routing: object,
+    streams: str,
+) -> None:
+    """:func:`communicate` of the dispatch (``gather``) or the combine (``scatter``) under ``routing``."""
+    check_routing(routing, ctx.world_size)
+    state = routed_state(ctx.routed, routing, ctx.rank)
+    layout = state.layout(direction, 1)
+    rows, width = sum(layout.send_rows), x.shape[1]
+    if x.shape[0] != rows:
+        raise ValueError(
+            f"x has shape {shape_str(x.shape)}; the routing has rank {ctx.rank} send {rows} rows in this "
+            f"all-to-all: expected [{rows}, width]"
+        )
+    dest_shape = (sum(layout.recv_rows), width)
+    if executor == "sm":
+        received = state.cut(ctx.rows_buffer("received", width, x.dtype, dest_shape[0]), dest_shape[0])
+        dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=ctx.group)
+        return
+    plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
+    lanes = 0 if streams == "current" or (streams == "auto" and _should_copy_on_current_stream(ctx)) else None
+    transport = _transport(
+        ctx,
+        plan,
+        _SERIAL_DMA,
+        source=x,
+        dest_shape=dest_shape,
+        layout=layout,
+        lanes=lanes,
+        cut=state.cut,
+        cache=state.transports,
+    )
+    transport.keep_own()  # on the caller's stream, beside the copy lanes when there are any
+    run_pipeline(plan, transport, None)
+
+
+def _should_copy_on_current_stream(ctx: GroupContext) -> bool:
+    """Whether the all-to-all alone (``communicate``) issues its copies on the caller's stream."""
+    # One peer: a side stream would only add a fork and a join around its one copy; with more peers,
+    # one stream per peer lets the copy engines move every peer's rows at once (benchmarks/a2a_bench.py
+    # measures both at every size).
+    return ctx.world_size == 2
 
 
 def _checked_context(
@@ -208,6 +489,29 @@ def _checked_context(
     return ctx
 
 
+def _checked_routed_context(
+    op: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    routing: Routing,
+    out: torch.Tensor | None,
+    schedule: Schedule,
+    group: dist.ProcessGroup | None,
+) -> GroupContext:
+    """:func:`_checked_context` of a MoE op: the routing is part of the call signature."""
+    key = call_key(op, a, b, out, schedule, group)
+    key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
+    ctx = checked_context(key)
+    if ctx is None:
+        dispatch = op == "a2a_gemm"
+        a_name = "x" if dispatch else "h"
+        check_matrix(a_name, a, "[rows, k]")
+        ctx = get_context(group, a.device)
+        check_routed_matmul(a_name, a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch)
+        remember_checked(key, ctx)
+    return ctx
+
+
 def _all_gather_matmul_fallback(
     a_shard: torch.Tensor,
     b: torch.Tensor,
@@ -228,43 +532,114 @@ def _matmul_reduce_scatter_fallback(
     _reduce_scatter_single(out, partial, group=group)
 
 
+def _all_to_all_matmul_fallback(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    group: dist.ProcessGroup,
+    layout: Layout,
+    perm: torch.Tensor,
+    expert_rows: tuple[int, ...],
+    received: torch.Tensor,
+    expert_major: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The reference: the collective all-to-all into ``received`` (by source rank), the permutation into
+    ``expert_major`` (by local expert), then one GEMM per local expert into ``out``."""
+    dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=group)
+    torch.index_select(received, 0, perm, out=expert_major)
+    grouped_matmul(expert_major, b, expert_rows, out)
+
+
+def _matmul_all_to_all_fallback(
+    h: torch.Tensor,
+    b: torch.Tensor,
+    group: dist.ProcessGroup,
+    layout: Layout,
+    inverse: torch.Tensor,
+    expert_rows: tuple[int, ...],
+    expert_major: torch.Tensor,
+    produced: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The reference: one GEMM per local expert into ``expert_major``, the permutation into ``produced`` (by
+    the rank each row goes back to), then the collective all-to-all into ``out``."""
+    grouped_matmul(h, b, expert_rows, expert_major)
+    torch.index_select(expert_major, 0, inverse, out=produced)
+    dist.all_to_all_single(out, produced, list(layout.recv_rows), list(layout.send_rows), group=group)
+
+
+def _permutation(
+    ctx: GroupContext, state: RoutedState, schedule: Schedule
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing's row permutation on this device (:class:`CaptureError` if it must be made inside CUDA
+    graph capture: it is a host-to-device copy)."""
+    if ctx.device not in state.permutations:
+        refuse_capture(
+            ctx.device, f"schedule {schedule}", "copies the routing's row permutation to the device"
+        )
+    return state.permutation(ctx.device)
+
+
 def _transport(
     ctx: GroupContext,
     plan: Plan,
     schedule: Schedule,
     *,
     source: torch.Tensor,
-    dest_shape: tuple[int, int, int],
+    dest_shape: tuple[int, ...],
     dest: torch.Tensor | None = None,
+    bind_dest: bool = False,
+    layout: Layout | None = None,
+    lanes: int | None = None,
+    cut: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    cache: dict | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
-    """The schedule's transport, bound to ``source``; ``dest`` (gather, p2p) receives the pieces instead of
-    a cached buffer.
+    """The schedule's transport, bound to ``source``.
 
-    Built once per (executor, priority, plan, destination buffer) and kept in ``ctx.transports``, so a call
-    reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or the
-    cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each. A
-    caller's ``dest`` is new every call: that transport is built for the call and not kept.
+    ``dest`` (sm): receive the pieces into it instead of a cached buffer; with ``bind_dest`` the transport
+    is kept and bound to each call's ``dest`` (its views re-made when the tensor changes), without it the
+    transport is built for the call and not kept (a caller's ``dest`` is new every call). ``layout``: where
+    each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's
+    destination is a grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by
+    ``cut`` (``RoutedState.cut``: the same view every call with the routing). ``lanes``: copy lanes (dma;
+    default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the transport is
+    kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
+
+    Built once per (executor, priority, plan, destination buffer, layout, lanes) and kept, so a call reuses
+    its views and row ranges; the destination is this call's half of the peer memory (dma) or the cached
+    ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
     """
     high_priority = schedule.priority == "high"
+    rows, width = dest_shape[0], dest_shape[-1]
     if schedule.executor == "dma":
-        workspace = ctx.get_workspace(_nbytes(dest_shape, source.dtype), what=f"schedule {schedule}")
-        dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
+        needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
+        workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
+        if layout is None:
+            dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
+        else:
+            dest = cut(workspace.rows(ctx.rank, width, source.dtype), rows)
         keep = True
     else:
-        keep = dest is None
-        if dest is None:
+        keep = dest is None or bind_dest
+        if dest is None and layout is None:
             dest = ctx.buffer("received", dest_shape, source.dtype)
-    # By identity: a kept transport holds its plan and dest, so these ids name live objects only (and
-    # hashing a plan's nested tuples on every call would cost more than the lookup saves).
-    key = (schedule.executor, high_priority, id(plan), id(dest))
-    transport = ctx.transports.get(key) if keep else None
+        elif dest is None:
+            dest = cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
+    cache = ctx.transports if cache is None else cache
+    # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
+    # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
+    # destination bound anew every call is not part of the key.
+    key = (schedule.executor, high_priority, id(plan), "bound" if bind_dest else id(dest), id(layout), lanes)
+    transport = cache.get(key) if keep else None
     if transport is not None:
-        transport.bind(source)
+        transport.bind(source, dest if bind_dest else None)
         return transport
-    common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest}
+    common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest, "layout": layout}
     if schedule.executor == "dma":
         transport = PeerCopyTransport(
-            workspace=workspace, lanes=ctx.get_lanes(plan.lanes, high_priority), **common
+            workspace=workspace,
+            lanes=ctx.get_lanes(plan.lanes if lanes is None else lanes, high_priority),
+            **common,
         )
     else:
         transport = PointToPointTransport(
@@ -274,7 +649,7 @@ def _transport(
             **common,
         )
     if keep:
-        ctx.transports[key] = transport
+        cache[key] = transport
     return transport
 
 
@@ -293,3 +668,11 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 _SERIAL_DMA = Schedule(granularity="serial", executor="dma")
+
+OP_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "ag_gemm": all_gather_matmul,
+    "gemm_rs": matmul_reduce_scatter,
+    "a2a_gemm": all_to_all_matmul,
+    "gemm_a2a": matmul_all_to_all,
+}
+"""The op of each name of ``features.OP_SPECS`` (its ``executor_fn``)."""

@@ -52,6 +52,8 @@ class SymmetricPeerMemory:
         self._timeout_ms = timeout_ms
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
+        if 0 in shape:  # addresses nothing (an all-to-all block of no rows): no peer pointer needed
+            return torch.empty(tuple(shape), dtype=dtype, device=self._buffer.device)
         itemsize = torch.empty((), dtype=dtype).element_size()
         return self._handle.get_buffer(peer, tuple(shape), dtype, byte_offset // itemsize)
 
@@ -168,6 +170,12 @@ class Workspace:
             assert self._memory is not None, "Workspace.ensure() must run before slots()"
             view = self._views[key] = self._memory.view(peer, shape, dtype, self.parity * self.half_bytes)
         return view
+
+    def rows(self, peer: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """``peer``'s whole current half as rows of ``width`` ``dtype`` values (cached view): one view per
+        width whatever the blocks in it, for layouts that change from call to call (all-to-all routings)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return self.slots(peer, (self.half_bytes // (width * itemsize), width), dtype)
 
     def barrier(self) -> None:
         """A device (CUDA) or gloo (CPU) barrier over the group, on the current stream."""

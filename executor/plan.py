@@ -10,6 +10,10 @@ and sends its own sub-chunk ``sub`` to rank ``(r - offset) % w``; a unit's GEMM 
 ``scatter`` (GEMM -> reduce-scatter): a unit's GEMM produces the partial rows of the shard owned by rank
 ``(r + offset) % w``; piece ``(offset, sub)`` is sent there, and the same piece arrives from
 ``(r - offset) % w``.
+
+The MoE all-to-alls use the same plans (dispatch: ``gather``, combine: ``scatter``) over blocks of
+different sizes: a :class:`Layout` says, per peer, which rows a rank sends and where the rows it receives
+land, and splits each block into ``splits`` sub-chunks of near-equal size.
 """
 
 from __future__ import annotations
@@ -118,6 +122,145 @@ def make_plan(direction: Direction, world_size: int, granularity: str, splits: i
     return Plan(
         direction=direction, world_size=world_size, splits=splits, rounds=rounds, units=units, lanes=lanes
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """Where one rank's blocks lie, per peer ``p`` (the rank itself included): the block it sends to ``p``
+    (rows of its source), the block it receives from ``p`` (rows of its destination), and where its block
+    lands in ``p``'s destination. Sub-chunk ``j`` of a block of ``n`` rows is its rows
+    ``[j * n // splits, (j + 1) * n // splits)`` (exact shards when ``splits`` divides ``n``).
+
+    Built by :meth:`shards` (the all-gather and reduce-scatter: every block one shard) or :meth:`routed`
+    (the all-to-alls: blocks of any size, zero included).
+    """
+
+    direction: Direction = "gather"
+    """The plan direction: who the rank sends a piece to and receives it from (module docstring)."""
+    rank: int = 0
+    """The rank this layout is for."""
+    splits: int = 1
+    """Sub-chunks per block."""
+    send_start: tuple[int, ...] = (0, 0)
+    """Per peer: first source row of the block sent to it."""
+    send_rows: tuple[int, ...] = (1, 1)
+    """Per peer: rows sent to it."""
+    recv_start: tuple[int, ...] = (0, 1)
+    """Per peer: first destination row of the block received from it."""
+    recv_rows: tuple[int, ...] = (1, 1)
+    """Per peer: rows received from it."""
+    remote_start: tuple[int, ...] = (0, 0)
+    """Per peer: first row of that peer's destination where the block sent to it lands."""
+    dest_rows: tuple[int, ...] = (2, 2)
+    """Per peer: rows of that peer's whole destination (its peer-memory buffer)."""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.send_rows)
+
+    @classmethod
+    def shards(cls, direction: Direction, rank: int, world_size: int, shard_rows: int, splits: int) -> Layout:
+        """The all-gather (``gather``: the own shard goes to every peer) or reduce-scatter (``scatter``: the
+        partial rows of peer ``p``'s shard go to ``p``) layout: shards of ``shard_rows`` rows, slot ``q``
+        of the destination holding what rank ``q`` sent."""
+        w, r = world_size, shard_rows
+        return cls(
+            direction=direction,
+            rank=rank,
+            splits=splits,
+            send_start=(0,) * w if direction == "gather" else tuple(p * r for p in range(w)),
+            send_rows=(r,) * w,
+            recv_start=tuple(q * r for q in range(w)),
+            recv_rows=(r,) * w,
+            remote_start=(rank * r,) * w,
+            dest_rows=(w * r,) * w,
+        )
+
+    @classmethod
+    def routed(
+        cls, direction: Direction, rank: int, moved: tuple[tuple[int, ...], ...], splits: int
+    ) -> Layout:
+        """An all-to-all: rank ``src`` sends ``moved[src][dst]`` rows to rank ``dst``; every source holds
+        its blocks in destination order, every destination its blocks in source order."""
+        w = len(moved)
+        into = [[moved[q][p] for q in range(w)] for p in range(w)]  # into[p][q]: rows p receives from q
+        return cls(
+            direction=direction,
+            rank=rank,
+            splits=splits,
+            send_start=_starts(moved[rank]),
+            send_rows=tuple(moved[rank]),
+            recv_start=_starts(into[rank]),
+            recv_rows=tuple(into[rank]),
+            remote_start=tuple(_starts(into[p])[rank] for p in range(w)),
+            dest_rows=tuple(sum(into[p]) for p in range(w)),
+        )
+
+    def peer_to(self, piece: Piece) -> int:
+        """The rank this rank sends ``piece`` to."""
+        step = -piece.offset if self.direction == "gather" else piece.offset
+        return (self.rank + step) % self.world_size
+
+    def peer_from(self, piece: Piece) -> int:
+        """The rank this rank receives ``piece`` from."""
+        step = piece.offset if self.direction == "gather" else -piece.offset
+        return (self.rank + step) % self.world_size
+
+    def _sub(self, rows: int, first: int, count: int) -> tuple[int, int]:
+        """Rows ``[start, stop)`` of sub-chunks ``first .. first + count - 1`` of a block of ``rows``."""
+        return first * rows // self.splits, (first + count) * rows // self.splits
+
+    def sent(self, piece: Piece) -> slice:
+        """Source rows sent as ``piece``."""
+        peer = self.peer_to(piece)
+        lo, hi = self._sub(self.send_rows[peer], piece.sub, 1)
+        return slice(self.send_start[peer] + lo, self.send_start[peer] + hi)
+
+    def landed(self, piece: Piece) -> slice:
+        """Destination rows where ``piece`` lands here."""
+        peer = self.peer_from(piece)
+        lo, hi = self._sub(self.recv_rows[peer], piece.sub, 1)
+        return slice(self.recv_start[peer] + lo, self.recv_start[peer] + hi)
+
+    def remote(self, piece: Piece) -> slice:
+        """Rows of the receiver's destination where this rank's ``piece`` lands."""
+        peer = self.peer_to(piece)
+        lo, hi = self._sub(self.send_rows[peer], piece.sub, 1)
+        return slice(self.remote_start[peer] + lo, self.remote_start[peer] + hi)
+
+    def own_block(self) -> tuple[slice, slice]:
+        """The rows the rank keeps: where they lie in its source and in its destination."""
+        r = self.rank
+        return (
+            slice(self.send_start[r], self.send_start[r] + self.send_rows[r]),
+            slice(self.recv_start[r], self.recv_start[r] + self.recv_rows[r]),
+        )
+
+    def block_of(self, unit: Unit) -> tuple[int, int, int]:
+        """``(peer, start, stop)``: the peer whose block ``unit``'s GEMM covers and the rows of that block
+        it covers (``[0, rows)``: the whole block). gather: the block received from the peer; scatter: the
+        block sent to it. Not for ``whole`` units (``offset`` None)."""
+        peer = (self.rank + unit.offset) % self.world_size
+        rows = self.recv_rows[peer] if self.direction == "gather" else self.send_rows[peer]
+        return (peer, *self._sub(rows, unit.first_sub, unit.n_subs))
+
+    def split_rows(self, unit: Unit) -> slice:
+        """The rows ``unit``'s GEMM covers: of the destination (gather) or of the source (scatter)."""
+        gather = self.direction == "gather"
+        if unit.offset is None:
+            return slice(0, sum(self.recv_rows if gather else self.send_rows))
+        peer, lo, hi = self.block_of(unit)
+        start = (self.recv_start if gather else self.send_start)[peer]
+        return slice(start + lo, start + hi)
+
+
+def _starts(rows: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """Running sums: where each of consecutive blocks of ``rows`` starts."""
+    out, total = [], 0
+    for n in rows:
+        out.append(total)
+        total += n
+    return tuple(out)
 
 
 def shard_rows_of(unit: Unit, *, rank: int, world_size: int, shard_rows: int, splits: int) -> slice:

@@ -10,13 +10,18 @@ Both transports speak the same verbs to the pipeline engine (``executor.pipeline
 - ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter); ``split_rows(unit)``: which
   split rows (of ``C`` for gather, of ``A`` for scatter) that GEMM covers.
 
-Buffers. gather: ``source`` is the rank's ``A_shard [R, k]``; pieces land in ``dest [w, R, k]`` (slot ``q``
-= rank ``q``'s shard). scatter: GEMMs write the partial product into ``source [m, n]``; peers' partial rows
-of this rank's shard land in ``dest [w, R, n]`` (slot ``q`` = from rank ``q``), listed by ``received()``.
+Buffers. Rows move in blocks, one per (sender, receiver) pair, which ``plan.Layout`` places. all-gather:
+``source`` is the rank's ``A_shard [R, k]``, sent whole to every peer; pieces land in ``dest [w, R, k]``
+(slot ``q`` = rank ``q``'s shard). reduce-scatter: GEMMs write the partial product into ``source [m, n]``;
+peers' partial rows of this rank's shard land in ``dest [w, R, n]`` (slot ``q`` = from rank ``q``), listed by
+``received()``. all-to-all: ``source [rows sent, width]`` holds one block per receiver, ``dest [rows
+received, width]`` one block per sender, of any sizes.
 
-Reuse. A transport is built once per (plan, buffers) and kept by ``executor.ops`` across calls: every view
-of ``dest`` and of peer memory, and every row range, is made on first use and remembered; ``bind(source)``
-hands it each call's ``source``, and views of ``source`` are remembered while the same tensor comes back.
+Reuse. A transport is built once per (plan, layout, buffers) and kept by ``executor.ops`` across calls: every
+view of ``dest`` and of peer memory, and every row range, is made on first use and remembered;
+``bind(source)`` hands it each call's ``source``, and views of ``source`` are remembered while the same
+tensor comes back (``bind(source, dest)`` likewise for a point-to-point transport receiving into the
+caller's tensor).
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from ficco.executor.lanes import DeviceLanes, HostLanes
+from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import Workspace
-from ficco.executor.plan import Piece, Plan, Unit, shard_rows_of, sub_rows_of
+from ficco.executor.plan import Layout, Piece, Plan, Unit
 
 
 class Transport(Protocol):
@@ -44,7 +49,7 @@ class Transport(Protocol):
 
 
 class _Transport:
-    """Shared bookkeeping: who sends to whom, and where each unit's rows are."""
+    """Shared bookkeeping: who sends to whom, and where each piece's and unit's rows are (``layout``)."""
 
     def __init__(
         self,
@@ -53,96 +58,98 @@ class _Transport:
         rank: int,
         source: torch.Tensor,
         dest: torch.Tensor,
-        lanes: DeviceLanes | HostLanes,
+        lanes: DeviceLanes | InlineLanes,
+        layout: Layout | None = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
         self.world_size = plan.world_size
-        self.dest = dest
+        self.layout = layout or Layout.shards(
+            plan.direction, rank, plan.world_size, dest.shape[1], plan.splits
+        )
+        """Where each peer's block lies; default: the shards of a ``[w, R, width]`` ``dest``."""
         self.lanes = lanes
-        self.shard_rows = dest.shape[1]
         self._views: dict[Hashable, torch.Tensor] = {}
-        """Views of ``dest`` and of peer memory (fixed for the transport's life)."""
+        """Views of ``dest`` and of peer memory (dropped when another ``dest`` is bound)."""
         self._source_views: dict[Hashable, torch.Tensor] = {}
         """Views of ``source`` (dropped when another tensor is bound)."""
         self._split_rows: dict[int, slice] = {}
         """Row range of each unit, keyed by ``id(unit)`` (the plan keeps its units alive, and hashing a
         frozen dataclass costs a Python call)."""
+        self._set_dest(dest)
         self.source = source
         self._source_ptr = source.data_ptr()
 
-    def bind(self, source: torch.Tensor) -> None:
-        """Use ``source`` (same shape, dtype and device as the first one) for the next call."""
+    def _set_dest(self, dest: torch.Tensor) -> None:
+        self.dest = dest
+        self.flat = dest.view(-1, dest.shape[-1])
+        """``dest`` as ``[rows, width]``: the rows the layout's destination ranges index."""
+
+    def bind(self, source: torch.Tensor, dest: torch.Tensor | None = None) -> None:
+        """Use ``source`` (same shape, dtype and device as the first one) for the next call, and ``dest``
+        (the same likewise) when given: a point-to-point transport may receive into a caller's tensor."""
         ptr = source.data_ptr()
-        if source is not self.source or ptr != self._source_ptr:
-            self.source, self._source_ptr = source, ptr
-            self._source_views.clear()
+        if dest is not None and dest is not self.dest:
+            self._set_dest(dest)
+            self._views.clear()
+            self._source_views.clear()  # cached sends and receives pair views of both
+        elif source is self.source and ptr == self._source_ptr:
+            return
+        self.source, self._source_ptr = source, ptr
+        self._source_views.clear()
 
     def peer_to(self, piece: Piece) -> int:
         """The rank this rank sends ``piece`` to."""
-        step = -piece.offset if self.plan.direction == "gather" else piece.offset
-        return (self.rank + step) % self.world_size
+        return self.layout.peer_to(piece)
 
     def peer_from(self, piece: Piece) -> int:
         """The rank this rank receives ``piece`` from."""
-        step = piece.offset if self.plan.direction == "gather" else -piece.offset
-        return (self.rank + step) % self.world_size
+        return self.layout.peer_from(piece)
 
     def outgoing(self, piece: Piece) -> torch.Tensor:
-        """The rows sent as ``piece``: the own sub-chunk (gather) or a partial of the receiver's shard
-        (scatter)."""
-        return _remembered(self._source_views, id(piece), lambda: self._outgoing(piece))
-
-    def _outgoing(self, piece: Piece) -> torch.Tensor:
-        sub = sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
-        if self.plan.direction == "gather":
-            return self.source[sub]
-        return self.source.view(self.world_size, self.shard_rows, -1)[self.peer_to(piece)][sub]
+        """The rows sent as ``piece``: the own sub-chunk (all-gather), a partial of the receiver's shard
+        (reduce-scatter), the sub-chunk of the block routed to the receiver (all-to-all)."""
+        return _remembered(self._source_views, id(piece), lambda: self.source[self.layout.sent(piece)])
 
     def incoming(self, piece: Piece) -> torch.Tensor:
-        """Where ``piece`` lands here: the sender's slot of ``dest``, rows of the sub-chunk."""
-        return _remembered(
-            self._views,
-            ("in", id(piece)),
-            lambda: self.dest[self.peer_from(piece)][
-                sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
-            ],
-        )
+        """Where ``piece`` lands here: the sender's block of ``dest``, rows of the sub-chunk."""
+        return _remembered(self._views, ("in", id(piece)), lambda: self.flat[self.layout.landed(piece)])
 
     def split_rows(self, unit: Unit) -> slice:
-        """The split rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank (``shard_rows_of``)."""
+        """The rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank: of the destination (gather:
+        for the dense ops, the rows of ``C``) or of the source (scatter: the rows of ``A``)."""
         rows = self._split_rows.get(id(unit))
         if rows is None:
-            rows = self._split_rows[id(unit)] = shard_rows_of(
-                unit,
-                rank=self.rank,
-                world_size=self.world_size,
-                shard_rows=self.shard_rows,
-                splits=self.plan.splits,
-            )
+            rows = self._split_rows[id(unit)] = self.layout.split_rows(unit)
         return rows
 
     def rows(self, unit: Unit) -> torch.Tensor:
         if self.plan.direction == "scatter" or unit.offset == 0:
             return _remembered(self._source_views, id(unit), lambda: self._source_rows(unit))
-        if unit.offset is None:  # the whole GEMM reads all of A: the own shard goes into its slot too
-            _remembered(self._views, ("slot", self.rank), lambda: self.dest[self.rank]).copy_(self.source)
-        return _remembered(
-            self._views, id(unit), lambda: self.dest.view(-1, self.dest.shape[-1])[self.split_rows(unit)]
-        )
+        if unit.offset is None:  # the whole GEMM reads every row: the own block goes into its place too
+            self.keep_own()
+        return _remembered(self._views, id(unit), lambda: self.flat[self.split_rows(unit)])
+
+    def keep_own(self) -> None:
+        """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
+        own_source, own_dest = self.layout.own_block()
+        kept = _remembered(self._source_views, "own", lambda: self.source[own_source])
+        _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(kept)
 
     def _source_rows(self, unit: Unit) -> torch.Tensor:
-        """scatter: where the unit's partial rows go; gather, own shard: the unit's rows of ``source``."""
+        """scatter: where the unit's rows go; gather, own block: the unit's rows of ``source``."""
         rows = self.split_rows(unit)
         if self.plan.direction == "scatter":
             return self.source[rows]
-        own = self.rank * self.shard_rows
-        return self.source[rows.start - own : rows.stop - own]
+        own_source, own_dest = self.layout.own_block()
+        shift = own_source.start - own_dest.start
+        return self.source[rows.start + shift : rows.stop + shift]
 
     def received(self) -> list[torch.Tensor]:
-        """scatter: the peers' partial rows of this rank's shard, ``[R, n]`` each."""
+        """scatter: what every peer sent here, its block of ``dest`` each (the dense ops: ``[R, n]``)."""
+        starts, counts = self.layout.recv_start, self.layout.recv_rows
         return [
-            _remembered(self._views, ("slot", q), lambda q=q: self.dest[q])
+            _remembered(self._views, ("slot", q), lambda q=q: self.flat[starts[q] : starts[q] + counts[q]])
             for q in range(self.world_size)
             if q != self.rank
         ]
@@ -187,45 +194,53 @@ class PointToPointTransport(_Transport):
             self.lanes.fork(signal=False)
 
     def _ops(self, pieces: tuple[Piece, ...]) -> list[dist.P2POp]:
-        """The send and receive of each piece (kept while the same ``source`` is bound)."""
+        """The send and receive of each piece (kept while the same ``source`` is bound); rows of no size
+        are neither sent nor received (both ends see the same block sizes, so they skip the same ones)."""
         ops = []
         for piece in pieces:
             tag = piece.offset * self.plan.splits + piece.sub  # the same on both ends; gloo matches by it
-            send_to = self.global_ranks[self.peer_to(piece)]
-            recv_from = self.global_ranks[self.peer_from(piece)]
-            ops.append(dist.P2POp(dist.isend, self.outgoing(piece), send_to, self.group, tag))
-            ops.append(dist.P2POp(dist.irecv, self.incoming(piece), recv_from, self.group, tag))
+            sent, received = self.outgoing(piece), self.incoming(piece)
+            if sent.numel():
+                ops.append(
+                    dist.P2POp(dist.isend, sent, self.global_ranks[self.peer_to(piece)], self.group, tag)
+                )
+            if received.numel():
+                recv_from = self.global_ranks[self.peer_from(piece)]
+                ops.append(dist.P2POp(dist.irecv, received, recv_from, self.group, tag))
         return ops
 
     def _sends_and_receives(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """Per piece: (rows sent, group rank sent to, rows received, group rank received from, tag)."""
-        return [
-            (
-                [self.outgoing(piece)],
-                self._group_ranks[self.peer_to(piece)],
-                [self.incoming(piece)],
-                self._group_ranks[self.peer_from(piece)],
-                piece.offset * self.plan.splits + piece.sub,
-            )
-            for piece in pieces
-        ]
+        """Per piece and direction: (send or recv, rows, group rank, tag); rows of no size are left out."""
+        moves = []
+        for piece in pieces:
+            tag = piece.offset * self.plan.splits + piece.sub
+            sent, received = self.outgoing(piece), self.incoming(piece)
+            if sent.numel():
+                moves.append((True, [sent], self._group_ranks[self.peer_to(piece)], tag))
+            if received.numel():
+                moves.append((False, [received], self._group_ranks[self.peer_from(piece)], tag))
+        return moves
 
     def _coalesced(self, pieces: tuple[Piece, ...]) -> list:
-        """One NCCL group of every send and receive of ``pieces``; its one work."""
+        """One NCCL group of every send and receive of ``pieces``; its one work (none if nothing moves)."""
         moves = _remembered(
             self._source_views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces)
         )
+        if not moves:
+            return []
         group, device = self.group, self.source.device
         group._start_coalescing(device)
-        for sent, send_to, received, recv_from, tag in moves:
-            group.send(sent, send_to, tag)
-            group.recv(received, recv_from, tag)
+        for is_send, rows, peer, tag in moves:
+            if is_send:
+                group.send(rows, peer, tag)
+            else:
+                group.recv(rows, peer, tag)
         return [group._end_coalescing(device)]
 
     def _batched(self, pieces: tuple[Piece, ...]) -> list:
         """``batch_isend_irecv`` of ``pieces`` (gloo); its works."""
         ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
-        return dist.batch_isend_irecv(ops)
+        return dist.batch_isend_irecv(ops) if ops else []
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         start = self._coalesced if self._coalesce else self._batched
@@ -280,8 +295,10 @@ class PeerCopyTransport(_Transport):
     def __init__(self, *, workspace: Workspace, **kwargs) -> None:
         super().__init__(**kwargs)
         self.workspace = workspace
-        shape, dtype = tuple(self.dest.shape), self.dest.dtype
-        self.remote = [workspace.slots(q, shape, dtype) for q in range(self.world_size)]
+        width, dtype = self.dest.shape[-1], self.dest.dtype
+        self.remote = [workspace.rows(q, width, dtype) for q in range(self.world_size)]
+        """Every rank's half of the peer memory for this call, as rows of ``width`` (the layout's
+        ``remote`` ranges index them)."""
         self._gather = self.plan.direction == "gather"
         self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and self.plan.lanes == 1
         """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
@@ -359,13 +376,11 @@ class PeerCopyTransport(_Transport):
             )
 
     def remote_incoming(self, piece: Piece) -> torch.Tensor:
-        """Where this rank's ``piece`` goes: the receiver's slot for this rank, rows of the sub-chunk."""
+        """Where this rank's ``piece`` goes: the receiver's block for this rank, rows of the sub-chunk."""
         return _remembered(
             self._views,
             ("remote", piece),
-            lambda: self.remote[self.peer_to(piece)][self.rank][
-                sub_rows_of(piece, shard_rows=self.shard_rows, splits=self.plan.splits)
-            ],
+            lambda: self.remote[self.peer_to(piece)][self.layout.remote(piece)],
         )
 
     def wait(self, pieces: tuple[Piece, ...]) -> None:

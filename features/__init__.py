@@ -4,6 +4,8 @@ Imports with nothing but the standard library and numpy: it runs on the GPU mach
 """
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, HardwareProfile, get_hardware
+from ficco.features.ops import OP_SPECS, OpSpec
+from ficco.features.routing import Routing
 from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
 from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_schedules, candidates
 from ficco.features.vector import (
@@ -27,10 +29,13 @@ __all__ = [
     "MODES",
     "MOE_OPS",
     "OPS",
+    "OP_SPECS",
     "SCHEDULE_FAMILIES",
     "SERIAL",
     "HardwareProfile",
     "Mode",
+    "OpSpec",
+    "Routing",
     "Scenario",
     "Schedule",
     "all_schedules",

@@ -15,9 +15,16 @@ Shape conventions (per rank; ``w`` = ``world_size``):
               ``top_k`` of ``experts`` experts, ``experts / w`` of them on each rank. Every rank sends
               ``m * top_k / w`` rows of ``k`` features to each rank (balanced routing) and then runs one GEMM
               per local expert, ``[rows_e, k] @ [k, n]``. ``imbalance`` is the busiest rank's load over the
-              mean (1.0 = balanced). Needs ``(m * top_k) % w == 0`` and ``experts % w == 0``.
+              mean (1.0 = balanced). Needs ``(m * top_k) % w == 0`` and ``experts % w == 0``. Per rank:
+              ``x [m * top_k, k]`` (the routed rows, by destination rank, then its local expert) and
+              ``b [experts / w, k, n]`` -> ``[rows routed here, n]`` (by local expert, then source rank).
 ``gemm_a2a``  expert GEMM -> MoE combine (all-to-all). The same rows as ``a2a_gemm``: per local expert
               ``[rows_e, k] @ [k, n]``, then ``m * top_k / w`` rows of ``n`` features go back to each rank.
+              Per rank: ``h [rows routed here, k]`` (by local expert, then source rank) and
+              ``b [experts / w, k, n]`` -> ``[m * top_k, n]`` (in the order of the dispatch's ``x``).
+
+Which rows go where under uneven routing is a ``features.Routing``; ``Routing.for_scenario`` is the one the
+scenario's ``imbalance`` describes. ``features.OP_SPECS`` gives each op's collective, order and shapes.
 
 The "split rows" of a scenario (``Scenario.rows``) are the rows the communication is chunked along:
 ``m`` for ``ag_gemm``/``gemm_rs``, ``m * top_k`` for the MoE ops.
@@ -32,15 +39,16 @@ from typing import Any, Literal, get_args
 from ficco.features._roundtrip import JsonRoundTrip
 from ficco.features._validate import check_choice, check_float, check_int
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
+from ficco.features.ops import OP_SPECS
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
 DType = Literal["bf16", "fp16", "fp32"]
 Mode = Literal["eager", "graph"]
 
 OPS: tuple[str, ...] = get_args(Op)
-MOE_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+MOE_OPS: tuple[str, ...] = tuple(name for name, spec in OP_SPECS.items() if spec.moe)
 DENSE_OPS: tuple[str, ...] = tuple(op for op in OPS if op not in MOE_OPS)
-"""The tensor-parallel ops (``ag_gemm``, ``gemm_rs``): the ones the executor runs."""
+"""The tensor-parallel ops (``ag_gemm``, ``gemm_rs``)."""
 DTYPES: tuple[str, ...] = get_args(DType)
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 MODES: tuple[str, ...] = get_args(Mode)
@@ -146,9 +154,14 @@ class Scenario(JsonRoundTrip):
         or ``n`` (combine).
         """
         w = self.world_size
-        width = {"ag_gemm": self.k, "gemm_rs": self.n, "a2a_gemm": self.k, "gemm_a2a": self.n}[self.op]
         load = self.imbalance if self.op in MOE_OPS else 1.0
-        return (w - 1) / w * self.rows * width * self.dtype_bytes * load
+        return (w - 1) / w * self.rows * self.comm_width * self.dtype_bytes * load
+
+    @property
+    def comm_width(self) -> int:
+        """Columns of a communicated row: ``k`` when the collective feeds the GEMM, ``n`` when the GEMM
+        feeds it (``OpSpec.comm_width``)."""
+        return OP_SPECS[self.op].comm_width(self.k, self.n)
 
     @property
     def gemm_bytes(self) -> float:

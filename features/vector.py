@@ -71,7 +71,7 @@ def feature_dict(scenario: Scenario) -> dict[str, float]:
     s, hw, w = scenario, scenario.hardware, scenario.world_size
     t_gemm, t_comm = roofline_gemm_us(s), roofline_comm_us(s)
     shard_rows = s.rows // w
-    width = s.k if s.op in ("ag_gemm", "a2a_gemm") else s.n
+    width = s.comm_width
     out = {f"op_{op}": float(s.op == op) for op in OPS}
     out |= {
         "log2_m": _log2(s.m),
@@ -138,7 +138,7 @@ def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
                 s.m, s.n, s.k, s.rows, s.world_size, s.dtype_bytes, s.gemm_flops, s.gemm_bytes, s.comm_bytes,
                 s.experts, s.top_k, s.imbalance, s.hardware.sm_count,
                 s.hardware.peak_bf16_tflops / (FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
-                s.hardware.hbm_gbps, s.hardware.link_gbps, s.k if s.op in ("ag_gemm", "a2a_gemm") else s.n,
+                s.hardware.hbm_gbps, s.hardware.link_gbps, s.comm_width,
             )
             for s in scenarios
         ],

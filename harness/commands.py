@@ -272,7 +272,10 @@ def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float,
     if noise and backend is not BenchBackend.sim:
         raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
     if include_moe and backend is not BenchBackend.sim:
-        raise fail("--include-moe needs --backend sim: the executor runs ag_gemm and gemm_rs only")
+        raise fail(
+            "--include-moe needs --backend sim: the GPU and gloo backends (harness/torch_backend.py) measure "
+            "ag_gemm and gemm_rs only so far"
+        )
 
 
 def _check_fresh_or_resume(out: Path, resume: bool) -> None:

@@ -19,7 +19,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, HardwareProfile, Scenario, candidates, get_hardware
+from ficco.features import (
+    DEFAULT_HARDWARE_ID,
+    MOE_OPS,
+    SERIAL,
+    HardwareProfile,
+    Scenario,
+    candidates,
+    get_hardware,
+)
 from ficco.features._validate import check_int
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import Timing
@@ -158,7 +166,7 @@ def plan_scenarios(
         for t in tokens:
             for pair in layer_pairs(config, tp=tp, tokens=t, dtype=dtype, hardware=hardware):
                 s = pair.scenario
-                if s.op in ("a2a_gemm", "gemm_a2a") and not include_moe:
+                if s.op in MOE_OPS and not include_moe:
                     continue
                 seen = families.setdefault(s.key(), [])
                 if config.name in seen:

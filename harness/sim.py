@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ficco.features import MODES, MOE_OPS, HardwareProfile, Scenario, Schedule
+from ficco.features import MODES, OP_SPECS, HardwareProfile, Scenario, Schedule
 from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
 
@@ -167,7 +167,6 @@ _UPPER_BOUND = {
 
 # Encoding: one row per (scenario, schedule) as parallel arrays ----------------------------------------
 
-_OP_CODE = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2, "gemm_a2a": 3}
 _GRAN_CODE = {"serial": 0, "shard": 1, "finer": 2}
 
 
@@ -176,10 +175,13 @@ def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]
     rows = []
     for s, sch in pairs:
         hw = s.hardware
-        moe = s.op in MOE_OPS
+        spec = OP_SPECS[s.op]
+        moe = spec.moe
         rows.append(
             (
-                _OP_CODE[s.op],
+                spec.comm_first,
+                spec.collective == "reduce_scatter",
+                spec.collective != "all_to_all",  # async-TP: PyTorch fuses all-gather and reduce-scatter
                 s.m * (s.top_k * s.imbalance if moe else 1.0),  # compute rows on the busiest rank
                 s.n,
                 s.k,
@@ -198,9 +200,11 @@ def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]
                 sch.priority == "high",
             )
         )
-    cols = np.array(rows, dtype=np.float64).reshape(len(rows), 17).T
+    cols = np.array(rows, dtype=np.float64).reshape(len(rows), 19).T
     names = (
-        "op",
+        "comm_first",
+        "reduces",
+        "async_tp",
         "rows",
         "n",
         "k",
@@ -308,8 +312,8 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     """
     w, splits, hp = x["w"], x["splits"], x["hp"]
     dma = x["dma"].astype(bool)
-    gather = (x["op"] == 0) | (x["op"] == 2)  # communication first: ag_gemm, a2a_gemm
-    add = np.where(x["op"] == 1, _add_us(c, x), 0.0)
+    gather = x["comm_first"] > 0
+    add = np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
     one = np.ones_like(w)
     whole = _unit_us(c, x, x["rows"], one)
     serial_dma = np.maximum(_round_us(c, x, dma, one) + whole + add, _host_us(c, dma, one, one))
@@ -389,11 +393,11 @@ def _scatter_us(
 def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The four baselines of ``harness.backend.BASELINE_KEYS`` for each row's scenario, us."""
     ones = np.ones_like(x["w"])
-    copy = _round_us(c, x, ones.astype(bool), ones) + np.where(x["op"] == 1, _add_us(c, x), 0.0)
+    copy = _round_us(c, x, ones.astype(bool), ones) + np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
     dma = np.maximum(copy, _host_us(c, ones.astype(bool), ones, 0 * ones))
     # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
     shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
-    async_tp = np.where(x["op"] < 2, _schedule_us(c, shard_dma) + c.async_tp_overhead_us, np.nan)
+    async_tp = np.where(x["async_tp"] > 0, _schedule_us(c, shard_dma) + c.async_tp_overhead_us, np.nan)
     return {
         "gemm_alone_ms": _unit_us(c, x, x["rows"], ones),
         "nccl_comm_ms": _collective_us(c, x),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ficco.executor.lanes import HostLanes
-from ficco.executor.plan import Piece, make_plan, shard_rows_of
+from ficco.executor.lanes import InlineLanes
+from ficco.executor.plan import Layout, Piece, make_plan, shard_rows_of
 from ficco.executor.transport import PointToPointTransport
 from ficco.features import all_schedules
 
@@ -94,7 +94,7 @@ def test_point_to_point_ends_agree_on_every_piece(direction):
                 rank=r,
                 source=torch.zeros(shard_rows if direction == "gather" else world_size * shard_rows, 2),
                 dest=torch.zeros(world_size, shard_rows, 2),
-                lanes=HostLanes(),
+                lanes=InlineLanes(),
             )
             for r in range(world_size)
         ]
@@ -102,3 +102,64 @@ def test_point_to_point_ends_agree_on_every_piece(direction):
             for piece in batch:
                 for r, end in enumerate(ends):
                     assert ends[end.peer_to(piece)].peer_from(piece) == r, (schedule, piece, r)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_shard_layout_is_the_shard_arithmetic(direction, world_size):
+    for schedule in all_schedules():
+        plan = _plan(direction, world_size, schedule)
+        for rank in range(world_size):
+            layout = Layout.shards(direction, rank, world_size, 16, plan.splits)
+            for unit in plan.units:
+                expected = shard_rows_of(
+                    unit, rank=rank, world_size=world_size, shard_rows=16, splits=plan.splits
+                )
+                assert layout.split_rows(unit) == expected, (schedule, rank, unit)
+
+
+ROUTED = {  # moved[src][dst]: rows each rank sends each rank in one all-to-all (zeros, odd sizes)
+    2: ((3, 5), (0, 7)),
+    4: ((2, 0, 7, 1), (3, 3, 0, 5), (1, 11, 2, 0), (0, 4, 4, 9)),
+}
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_routed_layout_units_cover_every_row_once(direction, world_size):
+    moved = ROUTED[world_size]
+    for schedule in all_schedules():
+        plan = _plan(direction, world_size, schedule)
+        for rank in range(world_size):
+            layout = Layout.routed(direction, rank, moved, plan.splits)
+            covered = sorted((layout.split_rows(u).start, layout.split_rows(u).stop) for u in plan.units)
+            edges = [0] + [stop for _, stop in covered]
+            assert [start for start, _ in covered] == edges[:-1], (schedule, rank, covered)
+            total = sum(layout.recv_rows) if direction == "gather" else sum(layout.send_rows)
+            assert edges[-1] == total, (schedule, rank)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_routed_layout_pushes_land_where_the_receiver_reads_them(direction, world_size):
+    moved = ROUTED[world_size]
+    for splits in (1, 2, 8):
+        layouts = [Layout.routed(direction, r, moved, splits) for r in range(world_size)]
+        sent_rows = {r: set() for r in range(world_size)}
+        for offset in range(1, world_size):
+            for sub in range(splits):
+                piece = Piece(offset=offset, sub=sub)
+                for r, layout in enumerate(layouts):
+                    receiver = layouts[layout.peer_to(piece)]
+                    assert receiver.peer_from(piece) == r
+                    assert layout.remote(piece) == receiver.landed(piece), (splits, piece, r)
+                    sent = layout.sent(piece)
+                    assert (
+                        sent.stop - sent.start == receiver.landed(piece).stop - receiver.landed(piece).start
+                    )
+                    sent_rows[r] |= set(range(sent.start, sent.stop))
+        for r, layout in enumerate(layouts):  # every row but the kept block is sent exactly once
+            own_source, _ = layout.own_block()
+            assert sent_rows[r] == set(range(sum(layout.send_rows))) - set(
+                range(own_source.start, own_source.stop)
+            )

@@ -65,12 +65,18 @@ def _before(first: tuple, then: tuple) -> bool:
 class FakeWorkspace:
     """Peer memory of one rank whose peers are the same process: pushes land in this rank's slots."""
 
-    def __init__(self, cuda: FakeCuda, shape: tuple[int, int, int]) -> None:
+    def __init__(self, cuda: FakeCuda, shape: tuple[int, ...]) -> None:
         self.cuda = cuda
         self.dest = torch.zeros(shape)
 
     def slots(self, peer: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        return self.dest
+        numel = 1
+        for size in shape:
+            numel *= size
+        return self.dest.view(-1)[:numel].view(shape)
+
+    def rows(self, peer: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.dest.view(-1, width)
 
     def barrier(self) -> None:
         self.cuda.op("barrier")
@@ -169,3 +175,47 @@ def test_growing_peer_memory_inside_graph_capture_names_the_schedule(monkeypatch
         ctx.p2p_group(True, what="schedule shard/sm/hp")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert ctx.p2p_group(False) is None  # normal priority: the caller's group, nothing created
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+def test_inline_lanes_put_every_copy_and_the_barrier_on_the_callers_stream(cuda, direction):
+    """``communicate``'s copy path on two ranks (``lanes=0``): the all-to-all's copies, then its barrier,
+    all on the caller's stream, in that order; no side stream is made."""
+    from ficco.executor.lanes import InlineLanes
+    from ficco.executor.plan import Layout
+
+    moved = ((3, 5), (2, 7))
+    plan = make_plan(direction, 2, "serial", 1, "whole")
+    layout = Layout.routed(direction, 0, moved, 1)
+    workspace = FakeWorkspace(cuda, (16, 3))
+    transport = PeerCopyTransport(
+        workspace=workspace,
+        plan=plan,
+        rank=0,
+        source=torch.ones(sum(layout.send_rows), 3),
+        dest=workspace.slots(0, (sum(layout.recv_rows), 3), torch.float32),
+        lanes=InlineLanes(),
+        layout=layout,
+    )
+    transport.remote_incoming = lambda piece, plain=transport.remote_incoming: LoggedCopy(cuda, plain(piece))
+    streams = FakeStream.names
+    made_before = next(streams)
+    run_pipeline(plan, transport, None)
+    assert next(streams) == made_before + 1, "a side stream was made"
+    assert [(what, stream) for what, stream, _ in cuda.log] == [("copy", "current"), ("barrier", "current")]
+
+
+def test_making_the_routing_permutation_inside_graph_capture_names_the_schedule(monkeypatch):
+    """A routing first seen inside capture would copy its row permutation to the device: refused, naming
+    the schedule and the fix, before any work is issued."""
+    from ficco.executor import CaptureError
+    from ficco.executor.context import GroupContext
+    from ficco.executor.experts import RoutedState
+    from ficco.executor.ops import _permutation
+    from ficco.features import Routing, Schedule
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ctx = GroupContext(group=None, device=torch.device("cuda", 0), rank=0, world_size=2, global_ranks=[0, 1])
+    state = RoutedState(routing=Routing([[[1], [2]], [[3], [4]]]), rank=0)
+    with pytest.raises(CaptureError, match=r"schedule serial/dma .* row permutation .* once eagerly"):
+        _permutation(ctx, state, Schedule.parse("serial/dma"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ficco.executor.lanes import HostLanes
+from ficco.executor.lanes import InlineLanes
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import make_plan
 from ficco.executor.transport import PointToPointTransport
@@ -47,7 +47,13 @@ def test_coalesced_gather_sends_the_own_rows_and_receives_every_peer(granularity
     dest = torch.zeros(world_size, shard_rows, width)
     group = RecordingGroup()
     transport = PointToPointTransport(
-        group=group, global_ranks=[0, 1, 2], plan=plan, rank=rank, source=source, dest=dest, lanes=HostLanes()
+        group=group,
+        global_ranks=[0, 1, 2],
+        plan=plan,
+        rank=rank,
+        source=source,
+        dest=dest,
+        lanes=InlineLanes(),
     )
     transport._coalesce, transport._group_ranks = True, [0, 1, 2]  # what a CUDA source selects
     seen = []

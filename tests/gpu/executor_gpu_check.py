@@ -1,16 +1,22 @@
 """Every executor schedule on CUDA against serial, eager and graph-captured; torchrun, one rank per GPU.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/gpu/executor_gpu_check.py
+    # only some ops (names of features.OP_SPECS), e.g. the MoE all-to-alls
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/gpu/executor_gpu_check.py \
+        --ops a2a_gemm,gemm_a2a
 
-For both ops and all 30 schedules: two eager warm-up calls, an eager call compared with serial/sm (bf16
-tolerance, same shape and strides), then the call captured into a ``torch.cuda.CUDAGraph`` and replayed with
-new data copied into its static inputs, compared with serial on that data. Rank 0 prints one line per
-(op, schedule, mode) ``CHECK <op> <schedule> <mode> ok|FAIL <detail>`` and ``ALL OK`` at the end; exits 1 on
-any failure.
+For every op of ``features.OP_SPECS`` (its shapes and whether it takes a routing come from the table), on
+each case of ``CASES`` (the MoE ops: a balanced routing, rank 0 taking 1.5x, and every row sent to rank 0,
+which leaves the other ranks empty blocks), every candidate schedule (all 30): two eager warm-up calls, an
+eager call compared with serial/sm (bf16 tolerance, same shape and strides), then the call captured into a
+``torch.cuda.CUDAGraph`` and replayed with new data copied into its static inputs, compared with serial on
+that data. Rank 0 prints one line per (op, case, schedule, mode) ``CHECK <op> <case> <schedule> <mode>
+ok|FAIL <detail>`` and ``ALL OK`` at the end; exits 1 on any failure.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -22,27 +28,46 @@ import torch
 import torch.distributed as dist
 
 from ficco import executor
-from ficco.features.schedule import all_schedules
+from ficco.features import OP_SPECS, Routing, Scenario, candidates, get_hardware
 
 M, N, K = 1024, 512, 256
-"""Small shapes: every schedule's split divides them at up to 8 ranks."""
+"""Small shapes: every schedule's split divides them at up to 8 ranks (dense: M rows, K the reduction of
+ag_gemm and the summed one of gemm_rs; MoE: M / 4 tokens per rank, top-2, so M / 2 routed rows)."""
 RTOL = 2e-2
 """Relative error (max abs difference over max abs of serial) allowed for bf16."""
 
 
-def _run(op: str, x: torch.Tensor, b: torch.Tensor, schedule) -> torch.Tensor:
-    """One call of ``op`` (``ag_gemm`` or ``gemm_rs``) on ``x`` and ``b``."""
-    if op == "ag_gemm":
-        return executor.all_gather_matmul(x, b, schedule)
-    return executor.matmul_reduce_scatter(x, b, schedule)
+def cases(op: str, world: int) -> list[tuple[str, Scenario]]:
+    """The (label, scenario) pairs ``op`` is checked on at ``world`` ranks."""
+    hardware = get_hardware("h200x8")
+    if not OP_SPECS[op].moe:  # gemm_rs: each rank holds its K / w slice of the reduction
+        k = K if OP_SPECS[op].comm_first else K // world
+        return [("dense", Scenario(op=op, m=M, n=N, k=k, world_size=world, hardware=hardware))]
+    return [
+        (
+            f"i{imbalance:g}",
+            Scenario(
+                op=op,
+                m=M // 4,
+                n=N,
+                k=K,
+                world_size=world,
+                experts=2 * world,
+                top_k=2,
+                imbalance=float(imbalance),
+                hardware=hardware,
+            ),
+        )
+        for imbalance in (1.0, 1.5, world)
+    ]
 
 
-def _inputs(op: str, world: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank-specific bf16 inputs: ag_gemm ``[M/w, K] x [K, N]``, gemm_rs ``[M, K/w] x [K/w, N]``."""
+def _inputs(scenario: Scenario, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-specific bf16 inputs shaped as the op's spec says (``OpSpec.shapes``)."""
     g = torch.Generator(device="cpu").manual_seed(seed * 1000 + dist.get_rank())
-    rows, red = (M // world, K) if op == "ag_gemm" else (M, K // world)
-    a = torch.randn(rows, red, generator=g).to(device, torch.bfloat16)
-    b = torch.randn(red, N, generator=g).to(device, torch.bfloat16)
+    shapes = OP_SPECS[scenario.op].shapes(scenario, dist.get_rank())
+    a = torch.randn(shapes.a, generator=g).to(device, torch.bfloat16)
+    b = torch.randn(shapes.b, generator=g).to(device, torch.bfloat16)
     return a, b
 
 
@@ -50,28 +75,35 @@ def _compare(got: torch.Tensor, want: torch.Tensor) -> str:
     """'' when ``got`` matches ``want`` in shape, strides and values (bf16 tolerance), else the reason."""
     if got.shape != want.shape or got.stride() != want.stride():
         return f"shape/stride {tuple(got.shape)}/{got.stride()} != {tuple(want.shape)}/{want.stride()}"
+    if want.numel() == 0:
+        return ""
     err = (got.float() - want.float()).abs().max().item() / max(want.float().abs().max().item(), 1e-6)
     return "" if err <= RTOL else f"relative error {err:.3g} > {RTOL}"
 
 
-def _check(op: str, schedule, world: int, device: torch.device) -> list[tuple[str, str]]:
+def _check(scenario: Scenario, schedule, device: torch.device) -> list[tuple[str, str]]:
     """[(mode, failure or '')] for eager and graph mode of one schedule."""
-    a, b = _inputs(op, world, 1, device)
-    want = _run(op, a, b, "serial/sm").clone()
+    routing = Routing.for_scenario(scenario) if OP_SPECS[scenario.op].moe else None
+
+    def run(a: torch.Tensor, b: torch.Tensor, s) -> torch.Tensor:
+        return executor.run_op(scenario.op, a, b, s, routing=routing)
+
+    a, b = _inputs(scenario, 1, device)
+    want = run(a, b, "serial/sm").clone()
     for _ in range(2):
-        _run(op, a, b, schedule)
+        run(a, b, schedule)
     torch.cuda.synchronize()
-    out = [("eager", _compare(_run(op, a, b, schedule), want))]
+    out = [("eager", _compare(run(a, b, schedule), want))]
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            static = _run(op, a, b, schedule)
-        a2, b2 = _inputs(op, world, 2, device)
+            static = run(a, b, schedule)
+        a2, b2 = _inputs(scenario, 2, device)
         a.copy_(a2)
         b.copy_(b2)
         g.replay()
         torch.cuda.synchronize()
-        want2 = _run(op, a2, b2, "serial/sm")
+        want2 = run(a2, b2, "serial/sm")
         out.append(("graph", _compare(static, want2)))
     except Exception as exc:  # report and carry on with the next schedule
         out.append(("graph", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
@@ -79,23 +111,31 @@ def _check(op: str, schedule, world: int, device: torch.device) -> list[tuple[st
     return out
 
 
-def main() -> int:
-    """Check every (op, schedule, mode); rank 0 prints the results; 0 when all passed."""
+def main(argv: list[str] | None = None) -> int:
+    """Check every (op, case, schedule, mode); rank 0 prints the results; 0 when all passed."""
+    p = argparse.ArgumentParser(prog="tests/gpu/executor_gpu_check.py", description=__doc__.splitlines()[0])
+    p.add_argument("--ops", default=",".join(OP_SPECS), help="comma-separated ops (default: every op)")
+    ops = p.parse_args(argv).ops.split(",")
+    unknown = [op for op in ops if op not in OP_SPECS]
+    if unknown:
+        p.error(f"--ops must name ops of {list(OP_SPECS)}; got {unknown}")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     world = dist.get_world_size()
     failures = 0
-    for op in ("ag_gemm", "gemm_rs"):
-        for schedule in all_schedules():
-            for mode, why in _check(op, schedule, world, device):
-                flags = torch.tensor([0 if not why else 1], device=device)
-                dist.all_reduce(flags)
-                failures += int(flags.item() > 0)
-                if dist.get_rank() == 0:
-                    status = "ok" if flags.item() == 0 else f"FAIL {why or '(another rank failed)'}"
-                    print(f"CHECK {op} {schedule} {mode} {status}", flush=True)
+    for op in ops:
+        for label, scenario in cases(op, world):
+            for schedule in candidates(scenario):
+                for mode, why in _check(scenario, schedule, device):
+                    flags = torch.tensor([0 if not why else 1], device=device)
+                    dist.all_reduce(flags)
+                    failures += int(flags.item() > 0)
+                    if dist.get_rank() == 0:
+                        status = "ok" if flags.item() == 0 else f"FAIL {why or '(another rank failed)'}"
+                        print(f"CHECK {op} {label} {schedule} {mode} {status}", flush=True)
+            executor.clear_buffers()
     if dist.get_rank() == 0:
         print("ALL OK" if failures == 0 else f"FAILED {failures}", flush=True)
     dist.destroy_process_group()

@@ -32,13 +32,25 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.timeout(600)
-def test_every_schedule_eager_and_graph_matches_serial():
-    """All 30 schedules of both ops, eager and graph-captured with new data, against serial/sm."""
+def _check_ops(ops: str) -> None:
+    """``executor_gpu_check.py --ops ops`` under torchrun passes every check."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={GPUS}"]
-    proc = _run([*cmd, "tests/gpu/executor_gpu_check.py"], timeout=580)
+    proc = _run([*cmd, "tests/gpu/executor_gpu_check.py", "--ops", ops], timeout=580)
     fails = [line for line in proc.stdout.splitlines() if " FAIL " in line]
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, "\n".join(fails) or proc.stderr[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_every_schedule_eager_and_graph_matches_serial():
+    """All 30 schedules of both dense ops, eager and graph-captured with new data, against serial/sm."""
+    _check_ops("ag_gemm,gemm_rs")
+
+
+@pytest.mark.timeout(600)
+def test_every_moe_schedule_eager_and_graph_matches_serial():
+    """All 30 schedules of the MoE dispatch and combine, balanced, uneven (1.5x) and all-to-rank-0 routing,
+    eager and graph-captured with new data, against serial/sm."""
+    _check_ops("a2a_gemm,gemm_a2a")
 
 
 @pytest.mark.timeout(600)

@@ -1,0 +1,128 @@
+"""The op table: for each op, its collective, which of collective and GEMM runs first, and the per-rank
+shapes of its operands, in one place.
+
+The executor, the harness, the simulator and the features read an op's properties from ``OP_SPECS`` instead
+of testing its name. What needs torch (the op's function, its serial reference) stays in ``executor.ops``,
+keyed by the same names. ``features.scenario`` documents the shape conventions; :meth:`OpSpec.shapes` turns
+them into numbers for one rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ficco.features.routing import Routing
+
+if TYPE_CHECKING:
+    from ficco.features.scenario import Scenario
+
+Collective = Literal["all_gather", "reduce_scatter", "all_to_all"]
+Rows = Literal["shard", "all", "sent", "received"]
+_ROWS_TEXT = {"shard": "m/w", "all": "m", "sent": "routed rows", "received": "expert rows"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpShapes:
+    """One rank's operand shapes for one scenario (rows, columns; ``b`` of a MoE op has an expert dim)."""
+
+    a: tuple[int, ...] = (1, 1)
+    """The GEMM's left operand before (comm first: the collective's input) or as the GEMM reads it."""
+    b: tuple[int, ...] = (1, 1)
+    """The weight: ``[k, n]``, or ``[experts / w, k, n]`` for the MoE ops."""
+    out: tuple[int, ...] = (1, 1)
+    """The op's result."""
+    comm: tuple[int, ...] = (1, 1)
+    """What ``executor.communicate`` moves alone: ``a`` (comm first), or the GEMM's output (GEMM first)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpSpec:
+    """One communication + GEMM op: what it moves and in which order (shapes: ``features.scenario``)."""
+
+    name: str = "ag_gemm"
+    """The op's name, as in ``Scenario.op``."""
+    collective: Collective = "all_gather"
+    """``all_gather``, ``reduce_scatter`` or ``all_to_all``."""
+    comm_first: bool = True
+    """True: the collective feeds the GEMM (the executor's ``gather`` plans); False: the GEMM feeds the
+    collective (``scatter`` plans)."""
+    moe: bool = False
+    """Routed rows, one GEMM per local expert: the op needs a :class:`Routing` and ``b`` is
+    ``[experts / w, k, n]``."""
+    executor_fn: str = "all_gather_matmul"
+    """The ``ficco.executor`` function that runs the op."""
+    a_rows: Rows = "shard"
+    """Rows of ``a`` on a rank: ``shard`` (m / w), ``all`` (m), ``sent`` (the rows the rank routes, m *
+    top_k) or ``received`` (the rows routed to the rank's experts)."""
+    out_rows: Rows = "all"
+    """Rows of the result, in the same terms."""
+
+    @property
+    def direction(self) -> Literal["gather", "scatter"]:
+        """The executor's plan direction (``executor.plan.make_plan``)."""
+        return "gather" if self.comm_first else "scatter"
+
+    def comm_width(self, k: int, n: int) -> int:
+        """Columns of a communicated row: ``k`` (the GEMM's input moves) or ``n`` (its output moves)."""
+        return k if self.comm_first else n
+
+    @property
+    def signature(self) -> str:
+        """The per-rank shapes in words, e.g. ``a [m/w, k], b [k, n] -> [m, n]``."""
+        b = "[experts/w, k, n]" if self.moe else "[k, n]"
+        return f"a [{_ROWS_TEXT[self.a_rows]}, k], b {b} -> [{_ROWS_TEXT[self.out_rows]}, n]"
+
+    def shapes(self, scenario: Scenario, rank: int = 0, routing: Routing | None = None) -> OpShapes:
+        """The operand shapes on ``rank`` (MoE: under ``routing``, default ``Routing.for_scenario``)."""
+        s = scenario
+        if self.moe and routing is None:
+            routing = Routing.for_scenario(s)
+        rows = {"shard": s.m // s.world_size, "all": s.m}
+        if routing is not None:
+            rows |= {"sent": sum(routing.sent(rank)), "received": sum(routing.received(rank))}
+        a = (rows[self.a_rows], s.k)
+        b = (s.experts // s.world_size, s.k, s.n) if self.moe else (s.k, s.n)
+        return OpShapes(a=a, b=b, out=(rows[self.out_rows], s.n), comm=(a[0], self.comm_width(s.k, s.n)))
+
+
+OP_SPECS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec(
+            name="ag_gemm",
+            collective="all_gather",
+            comm_first=True,
+            executor_fn="all_gather_matmul",
+            a_rows="shard",
+            out_rows="all",
+        ),
+        OpSpec(
+            name="gemm_rs",
+            collective="reduce_scatter",
+            comm_first=False,
+            executor_fn="matmul_reduce_scatter",
+            a_rows="all",
+            out_rows="shard",
+        ),
+        OpSpec(
+            name="a2a_gemm",
+            collective="all_to_all",
+            comm_first=True,
+            moe=True,
+            executor_fn="all_to_all_matmul",
+            a_rows="sent",
+            out_rows="received",
+        ),
+        OpSpec(
+            name="gemm_a2a",
+            collective="all_to_all",
+            comm_first=False,
+            moe=True,
+            executor_fn="matmul_all_to_all",
+            a_rows="received",
+            out_rows="sent",
+        ),
+    )
+}
+"""Every op, by name, in ``Scenario.op`` order."""
