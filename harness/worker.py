@@ -11,6 +11,7 @@ sweep); rank 0 writes the dataset. ``ficco bench`` writes the plan file and laun
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import torch.distributed as dist
 
+    from ficco import executor
     from ficco.harness.plan import Plan
     from ficco.harness.sweep import run_noise, run_sweep
     from ficco.harness.torch_backend import TorchBackend
@@ -101,6 +103,11 @@ def main(argv: list[str] | None = None) -> None:
             spent = ", ".join(f"{name} {sec:.1f} s" for name, sec in sorted(backend.phase_seconds.items()))
             print(f"{args.phase}: wall time by phase: {spent}", file=sys.stderr, flush=True)
     finally:
+        # The executor's contexts hold the process group (and its peer memory): dropped first, the group
+        # is torn down here rather than at interpreter exit, where gloo's threads, still joinable,
+        # abort the process ("terminate called without an active exception").
+        executor.reset()
+        gc.collect()
         dist.destroy_process_group()
 
 
