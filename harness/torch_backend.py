@@ -243,6 +243,7 @@ class TorchBackend:
             "modes": list(self.modes),
             **self.timing.to_dict(),
             "max_calls": MAX_CALLS,
+            "max_graph_calls": MAX_GRAPH_CALLS,
             "rotate_bytes": ROTATE_BYTES,
             "graph_rounds": "queued" if self.name == "gpu" else "host-aligned",
         }
