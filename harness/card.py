@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco.features import MODES, SCHEDULE_FAMILIES, Schedule
+from ficco.features import MODES, SCHEDULE_FAMILIES, SERIAL, Schedule
 from ficco.harness.dataset import (
     PLAN,
     dataset_hardware,
@@ -293,6 +293,53 @@ def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
     }
 
 
+NOISE_SIZE_EDGES_MS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)
+"""Serial-time edges (ms, the first run's ``serial/sm`` in that mode) of the card's noise-by-size table:
+sub-millisecond eager times are mostly host time, whose speed drifts between runs."""
+
+
+def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float]]:
+    """Run-to-run relative difference (median, p90) of the re-measured pairs in one mode (rows of one
+    mode), by the scenario's serial time in the first run (``NOISE_SIZE_EDGES_MS``); also with each
+    scenario's median shift between the runs taken out (``shifted``: what a common drift of the whole
+    scenario, e.g. the host's speed, leaves of the differences between its schedules)."""
+    keys = ["scenario_id", "schedule"]
+    both = df[[*keys, "median_ms", "ok"]].merge(
+        noise[[*keys, "median_ms", "ok"]], on=keys, suffixes=("", "_2")
+    )
+    both = both[both["ok"] & both["ok_2"]].copy()
+    log_ratio = np.log(both["median_ms_2"] / both["median_ms"])
+    both["rel"] = np.abs(np.expm1(log_ratio))
+    shift = log_ratio.groupby(both["scenario_id"]).transform("median")
+    both["shifted"] = np.abs(np.expm1(log_ratio - shift))
+    serial = df[df["schedule"] == str(SERIAL)].set_index("scenario_id")["median_ms"]
+    serial_ms = both["scenario_id"].map(serial).to_numpy()
+    both["size"] = np.searchsorted(NOISE_SIZE_EDGES_MS, serial_ms, side="right")
+    out = []
+    for size, part in both.groupby("size"):
+        out.append(
+            {
+                "size": int(size),
+                "scenarios": float(part["scenario_id"].nunique()),
+                "rel_median": float(part["rel"].median()),
+                "rel_p90": float(part["rel"].quantile(0.9)),
+                "shifted_median": float(part["shifted"].median()),
+                "shifted_p90": float(part["shifted"].quantile(0.9)),
+            }
+        )
+    return out
+
+
+def _size_label(size: int) -> str:
+    """The serial-time range of ``noise_by_size``'s bucket ``size``, e.g. ``0.1-0.3 ms``."""
+    edges = NOISE_SIZE_EDGES_MS
+    if size == 0:
+        return f"< {edges[0]:g} ms"
+    if size == len(edges):
+        return f">= {edges[-1]:g} ms"
+    return f"{edges[size - 1]:g}-{edges[size]:g} ms"
+
+
 def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
     if noise is None or noise.empty:
         return "## Run-to-run noise\n\nNot measured (run `ficco bench --resume --remeasure N`)."
@@ -333,6 +380,26 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
                 "median loss of 1st pick when changed",
             ],
             rows,
+        )
+        + "\n\nBy the scenario's serial time (first run); 'shifted': each scenario's median shift between "
+        "the runs taken out, what a drift of the whole scenario (the host's speed, in eager mode) leaves "
+        "of the differences between its schedules:\n\n"
+        + markdown_table(
+            ["mode", "serial time", "scenarios", "median rel. diff", "p90", "shifted: median", "p90"],
+            [
+                [
+                    mode,
+                    _size_label(b["size"]),
+                    int(b["scenarios"]),
+                    f"{b['rel_median']:.2%}",
+                    f"{b['rel_p90']:.2%}",
+                    f"{b['shifted_median']:.2%}",
+                    f"{b['shifted_p90']:.2%}",
+                ]
+                for mode in MODES
+                if (noise["mode"] == mode).any()
+                for b in noise_by_size(df[df["mode"] == mode], noise[noise["mode"] == mode])
+            ],
         )
     )
 

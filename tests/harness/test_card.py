@@ -102,3 +102,25 @@ def test_schedule_family(schedule, family):
 
 def test_card_counts_scenarios_per_family(sim_dataset):
     assert "| grid | 16 |" in write_card(sim_dataset).read_text()
+
+
+def test_noise_by_size_buckets_by_serial_time_and_takes_out_each_scenarios_shift():
+    import pandas as pd
+
+    from ficco.harness.card import noise_by_size
+
+    def rows(scale_small: float, scale_large: float, jitter: float) -> pd.DataFrame:
+        out = []
+        for sid, serial, scale in (("small", 0.05, scale_small), ("large", 5.0, scale_large)):
+            for i, schedule in enumerate(("serial/sm", "shard/dma", "shard/sm")):
+                t = serial * (1 + 0.1 * i) * scale * (1 + (jitter if i == 2 else 0.0))
+                out.append({"scenario_id": sid, "schedule": schedule, "median_ms": t, "ok": True})
+        return pd.DataFrame(out)
+
+    # the second run: the small scenario 20% slower as a whole (+ 5% more on one schedule), the large one equal
+    buckets = noise_by_size(rows(1.0, 1.0, 0.0), rows(1.2, 1.0, 0.05))
+    assert [b["size"] for b in buckets] == [0, 4]  # < 0.1 ms and >= 3 ms
+    small, large = buckets
+    assert small["rel_median"] == pytest.approx(0.2) and small["shifted_median"] == pytest.approx(0.0)
+    assert small["shifted_p90"] == pytest.approx(0.04, abs=1e-9)  # 0.8 of the one 5% difference
+    assert large["rel_median"] == 0.0 and large["scenarios"] == 1
