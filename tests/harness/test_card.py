@@ -117,7 +117,7 @@ def test_noise_by_size_buckets_by_serial_time_and_takes_out_each_scenarios_shift
                 out.append({"scenario_id": sid, "schedule": schedule, "median_ms": t, "ok": True})
         return pd.DataFrame(out)
 
-    # the second run: the small scenario 20% slower as a whole (+ 5% more on one schedule), the large one equal
+    # second run: the small scenario 20% slower as a whole (+5% on one schedule), the large one equal
     buckets = noise_by_size(rows(1.0, 1.0, 0.0), rows(1.2, 1.0, 0.05))
     assert [b["size"] for b in buckets] == [0, 4]  # < 0.1 ms and >= 3 ms
     small, large = buckets
