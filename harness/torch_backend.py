@@ -238,7 +238,7 @@ class TorchBackend:
             self.timing, self.phase_seconds = timing, phases
 
     def protocol(self) -> dict:
-        """Modes, the ``Timing`` settings, and the protocol's fixed limits and version."""
+        """Modes, the ``Timing`` settings, the protocol's fixed limits, and how graph rounds are aligned."""
         return {
             "modes": list(self.modes),
             **self.timing.to_dict(),
