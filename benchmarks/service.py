@@ -12,7 +12,8 @@
    (the server's cache answers); the server's CPU time per request is recorded for each phase.
 3. Batch: POST /v1/recommend/batch with 10,000 scenarios the server has not seen, timed from the first
    byte sent to the last byte received (client-side JSON encoding excluded), ``--batch-reps`` times.
-4. Isolation: single requests at 200 req/s while one client sends 10,000-scenario batches back to back.
+4. Isolation: single requests at 200 req/s while one client sends 10,000-scenario batches back to back
+   (the server answers batches in its batch worker process; ``FICCO_BATCH_PRIORITY`` sets its priority).
 
 Every request has a timeout (``REQUEST_TIMEOUT_S``) and the generator process a deadline, so a server that
 refuses connections or stalls gives errors, never a hang.
@@ -301,7 +302,9 @@ def write_results(results: dict, out: Path) -> str:
         f"({results['machine']['platform']}, Python {results['machine']['python']}); 1-minute load average "
         f"{results['machine']['load_average_1m_at_start']} at the start, "
         f"{results['machine']['load_average_1m_at_end']} at the end (other work on the machine counts).\n"
-        f"Model: `{json.dumps(results['model'])}`.\n{results['model_note']}\n\n"
+        f"Model: `{json.dumps(results['model'])}`.\n{results['model_note']}\n"
+        f"Server settings from the environment (others are the defaults): "
+        f"`{json.dumps(results['server_env'])}`.\n\n"
         f"Start-up (process start to /readyz 200): **{results['startup_s']:.2f} s** "
         f"(goal <= {GOALS['startup_s']} s)\n\n"
         f"## POST /v1/recommend, open loop, {results['duration_s']:g} s per rate\n\n"
@@ -368,6 +371,13 @@ def server_cpu_s(pid: int) -> float:
     """User + system CPU seconds the process ``pid`` (all its threads) has used (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_env() -> dict[str, str]:
+    """The ``FICCO_*`` variables the server inherits (its settings beyond the defaults), token hidden."""
+    return {
+        k: ("***" if "TOKEN" in k else v) for k, v in sorted(os.environ.items()) if k.startswith("FICCO_")
+    }
 
 
 def wait_for_quiet(max_load: float, wait_s: float) -> None:
@@ -441,6 +451,7 @@ def main() -> None:
         },
         "model": model,
         "model_note": args.model_note,
+        "server_env": server_env(),
         "startup_s": round(startup_s, 3),
         "duration_s": args.duration,
         "latency": latency,
