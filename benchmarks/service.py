@@ -12,7 +12,8 @@
    (the server's cache answers); the server's CPU time per request is recorded for each phase.
 3. Batch: POST /v1/recommend/batch with 10,000 scenarios the server has not seen, timed from the first
    byte sent to the last byte received (client-side JSON encoding excluded), ``--batch-reps`` times.
-4. Isolation: single requests at 200 req/s while one client sends 10,000-scenario batches back to back.
+4. Isolation: single requests at 200 req/s while one client sends 10,000-scenario batches back to back
+   (the server answers batches in its batch worker process; ``FICCO_BATCH_PRIORITY`` sets its priority).
 
 Every request has a timeout (``REQUEST_TIMEOUT_S``) and the generator process a deadline, so a server that
 refuses connections or stalls gives errors, never a hang.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -291,8 +293,8 @@ def write_results(results: dict, out: Path) -> str:
     rows = "\n".join(
         f"| {p['scenarios']} | {p['rate']:g} | {p['achieved_rate']:g} | {p['requests']} | "
         f"{p['p50_ms']:.2f} | {p['p90_ms']:.2f} | {p['p99_ms']:.2f} | {p['max_ms']:.2f} | {p['errors']} | "
-        f"{p['reconnects']} | "
-        f"{p['generator_late_p99_ms']:.2f} | {p['server_cpu_ms_per_request']:.2f} |"
+        f"{p['reconnects']} | {p['generator_late_p99_ms']:.2f} | {p['server_cpu_ms_per_request']:.2f} | "
+        f"{p['machine_busy_pct']:g} |"
         for p in results["latency"]
     )
     b, i = results["batch"], results["beside_batches"]
@@ -301,19 +303,22 @@ def write_results(results: dict, out: Path) -> str:
         f"({results['machine']['platform']}, Python {results['machine']['python']}); 1-minute load average "
         f"{results['machine']['load_average_1m_at_start']} at the start, "
         f"{results['machine']['load_average_1m_at_end']} at the end (other work on the machine counts).\n"
-        f"Model: `{json.dumps(results['model'])}`.\n{results['model_note']}\n\n"
+        f"Model: `{json.dumps(results['model'])}`.\n{results['model_note']}\n"
+        f"Server settings from the environment (others are the defaults): "
+        f"`{json.dumps(results['server_env'])}`.\n\n"
         f"Start-up (process start to /readyz 200): **{results['startup_s']:.2f} s** "
         f"(goal <= {GOALS['startup_s']} s)\n\n"
         f"## POST /v1/recommend, open loop, {results['duration_s']:g} s per rate\n\n"
         "| scenarios | rate req/s | achieved | requests | p50 ms | p90 ms | p99 ms | max ms | errors | "
-        "reconnects | generator late p99 ms | server CPU ms/request |\n"
-        f"|---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\n"
+        "reconnects | generator late p99 ms | server CPU ms/request | machine busy % |\n"
+        f"|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\n"
         "unseen: every scenario new to the server (the model answers each); repeated: 200 scenarios cycled "
         "(answers from the server's cache, as when every rank of a job asks for the same shapes). "
         "reconnects: keep-alive connections the server had closed while idle, replaced and the request sent "
         "again (counted in its latency). generator late: how far after its due time the load generator "
         "actually sent a request (included in the latency). server CPU: user + system time of the server "
-        "process over the phase, per request.\n\n"
+        "process over the phase, per request. machine busy: CPU time of every process on the machine (the "
+        "load generator's and other people's work included) over the phase, % of all CPUs.\n\n"
         f"## POST /v1/recommend/batch\n\n{b['size']} unseen scenarios ({b['body_mib']} MiB body), "
         f"{b['reps']} runs: "
         f"median **{b['median_s']:.3f} s**, min {b['min_s']:.3f} s, max {b['max_s']:.3f} s "
@@ -322,7 +327,9 @@ def write_results(results: dict, out: Path) -> str:
         f"one client sends {i['batch_size']}-scenario batches back to back: p50 {i['p50_ms']:.2f} ms, "
         f"p99 **{i['p99_ms']:.2f} ms**, max {i['max_ms']:.2f} ms, {i['errors']} errors "
         f"(goal p99 <= {GOALS['p99_ms_at_200_beside_batches']} ms); batches answered "
-        f"{json.dumps(i['batch_answers'])} (HTTP status: count; 429/503 = refused while busy)\n\n## Goals\n\n"
+        f"{json.dumps(i['batch_answers'])} (HTTP status: count; 429/503 = refused while busy). CPU over the "
+        f"phase: server {i['server_cpu_s']:g} s, batch worker {i['batch_worker_cpu_s']:g} s; machine "
+        f"{i['machine_busy_pct']:g}% busy (all processes, all CPUs)\n\n## Goals\n\n"
         + "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in results["goals_met"].items())
         + "\n"
     )
@@ -364,10 +371,42 @@ def isolation_phase(port: int, rate: float, duration: float, size: int, seed: in
     return {**phase, "batch_size": size, "batch_answers": answers}
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks (Linux ``/proc/stat``): what
+    every process used, other people's work included."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    total = sum(fields)  # user nice system idle iowait irq softirq steal
+    return total - fields[3] - fields[4], total
+
+
+def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Percent of all CPUs busy between two ``machine_jiffies`` readings (100 = every core busy)."""
+    return round(100 * (after[0] - before[0]) / max(1, after[1] - before[1]), 1)
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of the running child processes of ``pid`` (the server's batch workers)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += (task / "children").read_text().split()
+    total = 0.0
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):  # it exited meanwhile
+            total += server_cpu_s(int(child))
+    return total
+
+
 def server_cpu_s(pid: int) -> float:
     """User + system CPU seconds the process ``pid`` (all its threads) has used (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_env() -> dict[str, str]:
+    """The ``FICCO_*`` variables the server inherits (its settings beyond the defaults), token hidden."""
+    return {
+        k: ("***" if "TOKEN" in k else v) for k, v in sorted(os.environ.items()) if k.startswith("FICCO_")
+    }
 
 
 def wait_for_quiet(max_load: float, wait_s: float) -> None:
@@ -416,14 +455,27 @@ def main() -> None:
                     bodies = random_scenarios(count, seed=100 + i)
                 else:
                     bodies = (random_scenarios(200, seed=7) * (count // 200 + 1))[:count]
-                cpu_s = server_cpu_s(proc.pid)
+                cpu_s, machine = server_cpu_s(proc.pid), machine_jiffies()
                 phase = load_phase(port, rate, bodies)
                 cpu_ms = 1000 * (server_cpu_s(proc.pid) - cpu_s) / count
-                latency.append({"scenarios": kind, **phase, "server_cpu_ms_per_request": round(cpu_ms, 3)})
+                latency.append(
+                    {
+                        "scenarios": kind,
+                        **phase,
+                        "server_cpu_ms_per_request": round(cpu_ms, 3),
+                        "machine_busy_pct": busy_pct(machine, machine_jiffies()),
+                    }
+                )
                 print(f"{kind} rate {rate:g}: {latency[-1]}", flush=True)
         batch = batch_phase(port, args.batch_reps, 10_000, seed=5000)
         print(f"batch: {batch}", flush=True)
+        cpu_s, worker_s, machine = server_cpu_s(proc.pid), children_cpu_s(proc.pid), machine_jiffies()
         isolation = isolation_phase(port, 200, args.duration, 10_000, seed=7000)
+        isolation |= {
+            "server_cpu_s": round(server_cpu_s(proc.pid) - cpu_s, 2),
+            "batch_worker_cpu_s": round(children_cpu_s(proc.pid) - worker_s, 2),
+            "machine_busy_pct": busy_pct(machine, machine_jiffies()),
+        }
         print(f"200 req/s beside back-to-back batches: {isolation}", flush=True)
         model = model_info(port)
     finally:
@@ -441,6 +493,7 @@ def main() -> None:
         },
         "model": model,
         "model_note": args.model_note,
+        "server_env": server_env(),
         "startup_s": round(startup_s, 3),
         "duration_s": args.duration,
         "latency": latency,

@@ -2,26 +2,62 @@
 the layer's structure (gated MLP, MoE keys, latent attention, parallel attention+MLP block).
 
 One ``Family`` per architecture. A key a family does not list is refused (ficco cannot tell whether it
-changes the shapes); keys every ``PretrainedConfig`` writes (token ids, dtype, ...) are in ``COMMON_KEYS``.
+changes the shapes). Two sets hold keys beyond the families': ``PRETRAINED_CONFIG_KEYS``, the attributes of
+``transformers.PretrainedConfig`` itself, which every model's config class inherits (a config saved with
+all its values, not only the non-default ones, holds them all), and ``DECODER_KEYS``, what the decoder
+config classes read here all define (vocabulary, positions, initialisation, dropout, activation). The few
+base-class keys that would change a layer (pruned heads, cross-attention, an encoder) must keep their
+default value (``BASE_DEFAULTS``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-COMMON_KEYS: frozenset[str] = frozenset(
+PRETRAINED_CONFIG_KEYS: frozenset[str] = frozenset(
     {
-        "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
-        "auto_map", "vocab_size", "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
-        "tie_word_embeddings", "use_cache", "initializer_range", "rope_theta", "rope_scaling",
-        "rope_parameters", "attention_dropout", "hidden_act", "rms_norm_eps", "quantization_config",
-        "attn_implementation", "_attn_implementation_autoset", "output_attentions", "output_hidden_states",
-        "return_dict", "use_return_dict",
+        # metadata
+        "_name_or_path", "_commit_hash", "architectures", "model_type", "transformers_version", "auto_map",
+        "torch_dtype", "dtype", "use_bfloat16", "quantization_config", "attn_implementation",
+        "_attn_implementation", "_attn_implementation_autoset", "tokenizer_class", "prefix",
+        "finetuning_task", "problem_type", "task_specific_params", "id2label", "label2id", "num_labels",
+        # outputs and export
+        "return_dict", "use_return_dict", "output_attentions", "output_hidden_states", "torchscript",
+        "tf_legacy_loss", "chunk_size_feed_forward", "is_decoder", "tie_word_embeddings",
+        "tie_encoder_decoder", "pruned_heads", "is_encoder_decoder", "add_cross_attention",
+        "cross_attention_hidden_size",
+        # token ids
+        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        # generation defaults (older transformers wrote them into config.json)
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+        "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+        "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens",
     }
 )  # fmt: skip
-"""Keys of ``transformers.PretrainedConfig`` itself and of every decoder (metadata, positional encoding,
-norm epsilon, dropout): none changes a GEMM or collective shape. ``quantization_config`` is ignored
-because the request's ``dtype`` gives the element type."""
+"""``transformers.PretrainedConfig``'s own attributes (``configuration_utils.py``): metadata, output flags,
+token ids, generation defaults. ``quantization_config`` is ignored because the request's ``dtype`` gives
+the element type. The ones that would change a layer are checked against ``BASE_DEFAULTS``."""
+
+BASE_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "pruned_heads": ({}, "pruned attention heads change the attention projections per layer"),
+    "add_cross_attention": (False, "cross-attention adds projections to every layer"),
+    "is_encoder_decoder": (False, "an encoder-decoder model has encoder layers and cross-attention"),
+}
+"""Base-class keys that change the layer unless at their default: key -> (default, why)."""
+
+DECODER_KEYS: frozenset[str] = frozenset(
+    {
+        "vocab_size", "max_position_embeddings", "initializer_range", "use_cache", "rope_theta",
+        "rope_scaling", "rope_parameters", "attention_dropout", "hidden_act",
+    }
+)  # fmt: skip
+"""Keys every decoder config class read here defines (embedding size, positional encoding, initialisation,
+dropout, activation): none changes a GEMM or collective shape of a layer (the embedding and LM head are not
+scored)."""
 
 DENSE_KEYS = frozenset(
     {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers"}
@@ -30,6 +66,8 @@ DENSE_KEYS = frozenset(
 
 _SLIDING = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 """Local/global attention keys: they change the attention kernel, not the projections."""
+_RMS = frozenset({"rms_norm_eps"})
+"""RMSNorm's epsilon (Cohere's LayerNorm and StarCoder2's norm name theirs differently)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +77,7 @@ class Family:
     model_types: tuple[str, ...]
     """``model_type`` values read this way."""
     ignored: frozenset[str] = frozenset()
-    """Family keys that do not change a layer shape (beyond ``COMMON_KEYS``)."""
+    """Family keys that do not change a layer shape (beyond ``PRETRAINED_CONFIG_KEYS``, ``DECODER_KEYS``)."""
     shape_keys: frozenset[str] = frozenset({"head_dim"})
     """Shape keys beyond ``DENSE_KEYS`` that the reader uses."""
     gated_mlp: bool = True
@@ -56,7 +94,14 @@ class Family:
     @property
     def keys(self) -> frozenset[str]:
         """Every key this family reads or ignores."""
-        return COMMON_KEYS | DENSE_KEYS | self.shape_keys | self.ignored | {self.expert_key, self.top_k_key}
+        return (
+            PRETRAINED_CONFIG_KEYS
+            | DECODER_KEYS
+            | DENSE_KEYS
+            | self.shape_keys
+            | self.ignored
+            | {self.expert_key, self.top_k_key}
+        )
 
 
 _MOE_ROUTER = frozenset(
@@ -87,42 +132,46 @@ _GEMMA = frozenset(
 )  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
-    Family(("llama",), frozenset({"attention_bias", "mlp_bias", "pretraining_tp"})),
-    Family(("mistral",), _SLIDING),
-    Family(("mixtral",), _SLIDING | _MOE_ROUTER, expert_key="num_local_experts"),
-    Family(("qwen2",), _SLIDING | {"use_mrope"}),
+    Family(("llama",), _RMS | {"attention_bias", "mlp_bias", "pretraining_tp"}),
+    Family(("mistral",), _RMS | _SLIDING),
+    Family(("mixtral",), _RMS | _SLIDING | _MOE_ROUTER, expert_key="num_local_experts"),
+    Family(("qwen2",), _RMS | _SLIDING | {"use_mrope"}),
     Family(
         ("qwen2_moe",),
-        _SLIDING | _MOE_ROUTER | {"qkv_bias"},
+        _RMS | _SLIDING | _MOE_ROUTER | {"qkv_bias"},
         _QWEN_MOE_SHAPES | {"shared_expert_intermediate_size"},
         expert_key="num_experts",
     ),
-    Family(("qwen3",), _SLIDING | {"attention_bias"}),
+    Family(("qwen3",), _RMS | _SLIDING | {"attention_bias"}),
     Family(
         ("qwen3_moe",),
-        _SLIDING | _MOE_ROUTER | {"attention_bias"},
+        _RMS | _SLIDING | _MOE_ROUTER | {"attention_bias"},
         _QWEN_MOE_SHAPES,
         expert_key="num_experts",
     ),
-    Family(("gemma2", "gemma3_text"), _SLIDING | _GEMMA),
+    Family(("gemma2", "gemma3_text"), _RMS | _SLIDING | _GEMMA),
     Family(
         ("phi3",),
-        _SLIDING | {"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "partial_rotary_factor"},
+        _RMS
+        | _SLIDING
+        | {"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "partial_rotary_factor"}
+        | {"attention_bias"},  # phi-4's config.json writes it (false); a bias does not change a GEMM's shape
     ),
     Family(
         ("cohere",), {"logit_scale", "use_qk_norm", "layer_norm_eps", "attention_bias"}, parallel_block=True
     ),
-    Family(("internlm2",), {"bias"}),
+    Family(("internlm2",), _RMS | {"bias"}),
     Family(
         ("deepseek_v2", "deepseek_v3"),
-        _DEEPSEEK_IGNORED,
+        _RMS | _DEEPSEEK_IGNORED,
         _DEEPSEEK_SHAPES,
         expert_key="n_routed_experts",
         mla=True,
     ),
     Family(
         ("gpt_oss",),
-        _SLIDING
+        _RMS
+        | _SLIDING
         | _MOE_ROUTER
         | {"swiglu_limit", "initial_context_length", "attention_bias", "num_experts_per_tok"},
         expert_key="num_local_experts",
@@ -130,10 +179,11 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         ("granite",),
-        {"embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"}
+        _RMS
+        | {"embedding_multiplier", "logits_scaling", "residual_multiplier", "attention_multiplier"}
         | {"attention_bias", "mlp_bias"},
     ),
-    Family(("olmo2",), {"attention_bias"}),
+    Family(("olmo2",), _RMS | {"attention_bias"}),
     Family(
         ("starcoder2",),
         _SLIDING | {"use_bias", "norm_epsilon", "residual_dropout", "embedding_dropout"},

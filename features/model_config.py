@@ -33,9 +33,11 @@ before one reduce-scatter, so a layer is two pairs: ``qkv_mlp_up`` (``ag_gemm``,
 along n) and ``attn_mlp_out`` (``gemm_rs``, attention-out and down fused along k).
 
 Configs are read by ``model_type`` (``features/hf_families.py``): keys a family does not list are refused,
-an unknown ``model_type`` is refused naming what ficco needs, and a config without ``model_type`` is read
-as a Llama-style layer. ``head_dim`` is the config's when present and not null (Gemma-2, Qwen3), otherwise
-``hidden_size / num_attention_heads``; ``num_key_value_heads`` defaults to ``num_attention_heads``.
+and so are the ``PretrainedConfig`` keys that would change a layer (pruned heads, cross-attention, an
+encoder) unless at their default; an unknown ``model_type`` is refused naming what ficco needs, and a config
+without ``model_type`` is read as a Llama-style layer. ``head_dim`` is the config's when present and not
+null (Gemma-2, Qwen3), otherwise ``hidden_size / num_attention_heads``; ``num_key_value_heads`` defaults to
+``num_attention_heads``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
-from ficco.features.hf_families import BY_MODEL_TYPE, MULTIMODAL_TEXT, NEEDED, Family
+from ficco.features.hf_families import BASE_DEFAULTS, BY_MODEL_TYPE, MULTIMODAL_TEXT, NEEDED, Family
 from ficco.features.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -182,6 +184,12 @@ class ModelConfig:
                 f"model config {name!r} has unknown key(s) {unknown} for model_type {model_type!r}: ficco "
                 "cannot tell whether they change the layer shapes"
             )
+        for key, (default, why) in BASE_DEFAULTS.items():
+            if data.get(key, default) not in (default, None):
+                raise ValueError(
+                    f"model config {name!r} key {key!r} must be {default!r} (or absent); got {data[key]!r}: "
+                    f"{why}, which ficco does not score"
+                )
         return _read(name, model_type, family, data)
 
 

@@ -1,7 +1,8 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
-The lifespan loads every registered hardware's current model once (never per request) and starts the
-registry watcher that swaps in newly promoted versions. ``uvicorn ficco.service.main:app`` serves the app
+The lifespan loads every registered hardware's current model once (never per request), starts the batch
+worker processes (``service.core.batch_worker``) and the registry watcher that swaps in newly promoted
+versions, and stops the workers at shutdown. ``uvicorn ficco.service.main:app`` serves the app
 built from the environment; ``ficco serve`` builds one from its options (``create_app``).
 """
 
@@ -22,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from ficco import __version__
 from ficco.service.core.admission import BatchGate, BusyError
+from ficco.service.core.batch_worker import BatchWorkers, WorkerLostError, WorkerOptions
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Map the service's errors to status codes: 422 (one item shape), 404 with the known ids, 429, 503."""
+    """Map the service's errors to status codes: 422 (one item shape), 404 with the known ids, 429, 503
+    (no model; a batch worker lost during a job, with Retry-After)."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -60,6 +63,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _no_model(request: Request, exc: NoModelError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
 
+    @app.exception_handler(WorkerLostError)
+    async def _worker_lost(request: Request, exc: WorkerLostError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc)},
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "1"},
+        )
+
 
 DOCS_ASSETS = "/docs/assets"
 """Where /docs loads Swagger UI from: this server (the ``swagger-ui-bundle`` package), not a CDN, so the
@@ -81,6 +92,20 @@ def _install_docs(app: FastAPI) -> None:
             swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
         )
+
+
+def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
+    """What the batch workers need: the store's registry and threads, the batch settings."""
+    return WorkerOptions(
+        model_root=str(store.root),
+        cache_size=store.cache_size,
+        threads=store.threads,
+        bulk_threads=store.bulk_threads,
+        max_batch=settings.MAX_BATCH,
+        default_hardware=settings.DEFAULT_HARDWARE,
+        priority=settings.BATCH_PRIORITY,
+        log_level=settings.LOG_LEVEL,
+    )
 
 
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
@@ -106,19 +131,26 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         # The loaded models and imports stay for the process's life: out of the collector's sight, a full
-        # collection set off by a batch's 10,000 new objects takes ~20 ms instead of ~80 ms, all of it
-        # holding the GIL the event loop needs (measured).
+        # collection takes ~20 ms instead of ~80 ms, all of it holding the GIL the event loop needs
+        # (measured when batches still ran in this process).
         gc.freeze()
+        app.state.batch_workers = workers = BatchWorkers(
+            _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
+        )
+        await workers.start({hw: model.version for hw, model in store.served.items()})
         watcher = None
         if settings.RELOAD_POLL_S > 0:
             watcher = asyncio.create_task(store.watch(settings.RELOAD_POLL_S))
-        yield
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        if owns_store:
-            store.close()
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            await workers.close()
+            if owns_store:
+                store.close()
 
     app = FastAPI(
         title="ficco recommendation service",

@@ -1,17 +1,15 @@
-"""Admission of large batches: at most ``concurrency`` run at once, in worker threads, ``queue`` more wait,
-and any further batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up.
+"""Admission of large batches: at most ``concurrency`` run at once, ``queue`` more wait, and any further
+batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up.
 
-A 10,000-scenario batch is ~0.5-1 s of CPU (parsing, validation, building scenarios, prediction). Run on
-the event loop, or several at once on a 2-core machine, it stalls every single-scenario request behind
-it (measured: p99 6 ms -> 701 ms at 200 requests/s). In one worker thread the loop keeps running at
-Python's GIL switch interval (5 ms), and bounding the count keeps one core for single requests.
+The batches themselves run in the batch worker processes (``service.core.batch_worker``), one per slot;
+the gate bounds how many requests hold a body and wait for one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -27,7 +25,7 @@ class BusyError(RuntimeError):
 
 
 class BatchGate:
-    """Runs blocking batch work in threads, ``concurrency`` at a time, with ``queue`` more waiting.
+    """Runs batch jobs ``concurrency`` at a time, with ``queue`` more waiting.
 
     Use from one event loop only (the counters are not locked).
     """
@@ -40,8 +38,8 @@ class BatchGate:
         self.retry_after_s = retry_after_s
         self._slots = asyncio.Semaphore(concurrency)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread once a slot is free; ``BusyError`` at once when full."""
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` once a slot is free; ``BusyError`` at once when full."""
         if self.admitted >= self.limit:
             log.info("batch refused: %d batches running or waiting (limit %d)", self.admitted, self.limit)
             raise BusyError(
@@ -52,6 +50,6 @@ class BatchGate:
         self.admitted += 1
         try:
             async with self._slots:
-                return await asyncio.to_thread(fn, *args)
+                return await fn(*args)
         finally:
             self.admitted -= 1

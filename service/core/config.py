@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ficco.features import DEFAULT_HARDWARE_ID
+from ficco.service.core.batch_worker import Priority
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"
@@ -52,8 +53,8 @@ class ModelSettings(BaseSettings):
     """XGBoost threads per prediction. 1 suits single-scenario requests: a second thread gains nothing on
     one row and, on a busy 2-core machine, waits to be scheduled (10x the latency, measured)."""
     BATCH_THREADS: int = Field(default=1, ge=1, le=64)
-    """Threads a large batch (>= 2,048 new scenarios) is split over. 1 on a 2-core server keeps a core for
-    single requests while batches run; more cuts a lone batch's time when isolation matters less."""
+    """Threads a large list of scenarios (>= 2,048 new ones: a batch in its worker process, ``ficco score``)
+    is split over. More cuts a lone batch's time on an otherwise idle machine."""
     CACHE_SIZE: int = Field(default=4096, ge=0)
     """Recommendations remembered per loaded model (LRU, keyed by the request's scenario); 0 = off."""
     LOG_LEVEL: str = "info"
@@ -76,16 +77,22 @@ class Settings(ModelSettings):
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
     BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
-    """Batches answered at once, each in one worker thread. 1 keeps a core of a 2-core machine for single
-    requests while batches arrive back to back."""
+    """Batches answered at once, each by one batch worker process (``service.core.batch_worker``): this
+    many worker processes run beside the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""
     BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
     """The Retry-After (seconds) of a 429."""
+    BATCH_PRIORITY: Priority = "idle"
+    """CPU priority of the batch workers: ``idle`` (Linux ``SCHED_IDLE``: a batch runs only on CPU time that
+    the server and other normal-priority work leave idle, so single requests beside back-to-back batches
+    keep their latency; on a machine busy with other work batches then wait), ``low`` (``nice 19``: a
+    small share even then) or ``normal``."""
     GIL_SWITCH_INTERVAL_S: float = Field(default=0.0005, gt=0.0, le=0.1)
-    """``sys.setswitchinterval`` of the server process: how long a batch's worker thread may hold the GIL
-    before the event loop gets it. Python's 5 ms default lets each loop step of a single request wait
-    up to 5 ms behind a running batch (p50 62 ms at 200 req/s beside batches, measured; 0.2 ms: 15 ms)."""
+    """``sys.setswitchinterval`` of the server process: how long the prediction thread (micro-batched
+    single requests, ``/v1/score``) may hold the GIL before the event loop gets it. Set when batches still
+    ran in a thread of the server: Python's 5 ms default let each loop step of a single request wait up
+    to 5 ms behind a running batch (p50 62 ms at 200 req/s beside batches, measured; 0.2 ms: 15 ms)."""
     HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Seconds a connection may take to send a request's headers (after opening, or after its previous
     response) before it is closed: half-open connections do not hold the server's sockets forever."""

@@ -271,21 +271,47 @@ class ModelStore:
                 outcomes[hw] = self._load(hw, version)
             return outcomes
 
+    def serve_versions(self, versions: Mapping[str, str]) -> None:
+        """Serve exactly ``versions`` (``{hardware id: version}``, e.g. what another store serves), whatever
+        ``CURRENT`` says: load each one not served at that version, drop hardware not listed.
+
+        Raises ``NoModelError`` naming a version that fails to load (the models served before stay).
+        """
+        with self._lock:
+            for hw, version in sorted(versions.items()):
+                served = self._served.get(hw)
+                if served is not None and served.version == version:
+                    continue
+                try:
+                    model = self._build(hw, version)
+                except Exception as err:
+                    raise NoModelError(
+                        self.public_path(f"{hw} model version {version} failed to load: {err}")
+                    ) from None
+                self._served = {**self._served, hw: model}
+                log.info("serving %s model version %s", hw, version)
+            if self._served.keys() - versions.keys():
+                self._served = {hw: m for hw, m in self._served.items() if hw in versions}
+
+    def _build(self, hw: str, version: str) -> ServedModel:
+        """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises."""
+        predictor = self.registry.load_predictor(self.root, hw, version)
+        set_threads(predictor, self.threads)
+        profile = profile_of(predictor)
+        predictor.recommend([Scenario(hardware=profile)])  # answers before it serves (and warms up)
+        return ServedModel(
+            predictor=predictor,
+            profile=profile,
+            cache=RecommendationCache(self.cache_size),
+            batchers={mode: MicroBatcher(predict_fn(predictor, mode), self._executor) for mode in MODES},
+            bulk=self._bulk,
+            bulk_threads=self.bulk_threads,
+        )
+
     def _load(self, hw: str, version: str) -> str:
         """Load ``hw``'s ``version`` and swap it in; on any error keep the previous model."""
         try:
-            predictor = self.registry.load_predictor(self.root, hw, version)
-            set_threads(predictor, self.threads)
-            profile = profile_of(predictor)
-            predictor.recommend([Scenario(hardware=profile)])  # answers before it serves (and warms up)
-            model = ServedModel(
-                predictor=predictor,
-                profile=profile,
-                cache=RecommendationCache(self.cache_size),
-                batchers={mode: MicroBatcher(predict_fn(predictor, mode), self._executor) for mode in MODES},
-                bulk=self._bulk,
-                bulk_threads=self.bulk_threads,
-            )
+            model = self._build(hw, version)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
             previous = self._served.get(hw)

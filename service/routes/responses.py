@@ -23,4 +23,9 @@ BUSY_ERRORS: dict[int | str, dict[str, Any]] = {
         "model": ErrorPublic,
         "description": "Too many batches running or waiting; retry after the Retry-After header's seconds.",
     },
+    503: {
+        "model": ErrorPublic,
+        "description": "No model is loaded yet, or the batch worker process exited during this batch "
+        "(Retry-After; the next batch starts a new one).",
+    },
 }

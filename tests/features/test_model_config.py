@@ -143,9 +143,12 @@ def test_layer_pairs_errors_name_model_and_rule(name, kwargs, message):
         layer_pairs(load_model_config(CONFIGS / f"{name}.json"), **kwargs)
 
 
-# Complete config.json files as published (tests/features/configs), read by model_type.
+# Complete config.json files: tests/features/configs holds real ones (their sources in its README.md);
+# configs/from_memory the families no real file was found for, written from memory of the published files.
 HF = Path(__file__).resolve().parent / "configs"
+MEMORY = "from_memory/"
 H8 = get_hardware("h200x8")
+REAL_TYPES = {"llama", "mistral", "qwen2", "qwen3", "phi3", "deepseek_v3", "gpt_oss"}
 
 
 def _shapes(name: str, tp: int = 8, tokens: int = 8192, **kw) -> dict[str, tuple]:
@@ -153,12 +156,95 @@ def _shapes(name: str, tp: int = 8, tokens: int = 8192, **kw) -> dict[str, tuple
     return {p.name: (p.scenario.op, p.scenario.m, p.scenario.n, p.scenario.k, p.layers) for p in pairs}
 
 
-def test_every_published_config_is_read_by_its_model_type():
-    types = {c.model_type for c in load_model_configs(HF)}
+def test_every_real_config_is_read_by_its_model_type():
+    assert {c.model_type for c in load_model_configs(HF)} == REAL_TYPES
+
+
+def test_every_family_has_a_complete_config():
+    types = {c.model_type for c in load_model_configs(HF)} | {
+        c.model_type for c in load_model_configs(HF / MEMORY)
+    }
     assert types >= {
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3_text",
         "phi3", "cohere", "internlm2", "deepseek_v2", "deepseek_v3", "gpt_oss", "granite", "olmo2",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "expected"),
+    [
+        # 32 heads, 8 KV heads of 4096 / 32 = 128; MLP 14336. tp=8: a rank holds 4 query + 1 KV heads.
+        (
+            "Meta-Llama-3.1-8B-Instruct.json",
+            8,
+            {"qkv": (4 + 2) * 128, "attn_out": 4 * 128, "mlp_up": 2 * 14336 // 8, "mlp_down": 14336 // 8},
+        ),
+        # The same dimensions, in a file saved with every PretrainedConfig default (torchscript, ...).
+        (
+            "Mistral-7B-Instruct-v0.3.json",
+            8,
+            {"qkv": (4 + 2) * 128, "attn_out": 4 * 128, "mlp_up": 2 * 14336 // 8, "mlp_down": 14336 // 8},
+        ),
+        # 28 heads, 4 KV heads of 3584 / 28 = 128; MLP 18944. tp=4: 7 query + 1 KV heads.
+        (
+            "Qwen2.5-7B-Instruct.json",
+            4,
+            {"qkv": (7 + 2) * 128, "attn_out": 7 * 128, "mlp_up": 2 * 18944 // 4, "mlp_down": 18944 // 4},
+        ),
+        # 32 heads, 8 KV heads, no head_dim key: 4096 / 32 = 128; MLP 12288. tp=8: 4 + 1 heads.
+        (
+            "Qwen3-8B.json",
+            8,
+            {"qkv": (4 + 2) * 128, "attn_out": 4 * 128, "mlp_up": 2 * 12288 // 8, "mlp_down": 12288 // 8},
+        ),
+        # model_type phi3: 40 heads, 10 KV heads of 5120 / 40 = 128; MLP 17920. tp=2: 20 + 5 heads.
+        (
+            "phi-4.json",
+            2,
+            {"qkv": (20 + 2 * 5) * 128, "attn_out": 20 * 128, "mlp_up": 17920, "mlp_down": 17920 // 2},
+        ),
+    ],
+)
+def test_real_dense_configs_give_hand_computed_shapes(name, tp, expected):
+    shapes = _shapes(name, tp=tp)
+    got = {pair: shape[2] if shape[0] == "ag_gemm" else shape[3] for pair, shape in shapes.items()}
+    assert got == expected  # n of the all-gathered GEMMs, k of the reduce-scattered ones
+    assert all(shape[1] == 8192 for shape in shapes.values())
+
+
+def test_gpt_oss_120b_every_layer_is_moe_with_expert_width_from_intermediate_size():
+    # 64 heads, 8 KV heads, head_dim 64 (not 2880 / 64); 128 experts, 4 per token (experts_per_token), each
+    # 2880 wide (intermediate_size: gpt-oss has no moe_intermediate_size); 36 layers, none dense.
+    assert _shapes("gpt-oss-120b.json") == {
+        "qkv": ("ag_gemm", 8192, (8 + 2 * 1) * 64, 2880, 36),
+        "attn_out": ("gemm_rs", 8192, 2880, 8 * 64, 36),
+        "moe_dispatch": ("a2a_gemm", 8192 // 8, 2 * 2880, 2880, 36),
+        "moe_combine": ("gemm_a2a", 8192 // 8, 2880, 2880, 36),
+    }
+    c = load_model_config(HF / "gpt-oss-120b.json")
+    assert (c.num_experts, c.num_experts_per_tok, c.dense_layers) == (128, 4, 0)
+
+
+def test_unsupported_real_config_names_its_model_type_and_what_ficco_would_need():
+    with pytest.raises(
+        ValueError, match=r"model_type 'olmo3', which ficco does not read.*would need: hidden_size"
+    ):
+        load_model_config(HF / "unsupported" / "Olmo-3.1-32B-Instruct.json")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("pruned_heads", {"0": [1, 2]}, "pruned attention heads"),
+        ("add_cross_attention", True, "cross-attention adds projections"),
+        ("is_encoder_decoder", True, "encoder-decoder"),
+    ],
+)
+def test_base_class_keys_that_change_a_layer_must_keep_their_default(key, value, why):
+    data = json.loads((HF / "Mistral-7B-Instruct-v0.3.json").read_text())
+    ModelConfig.from_hf_dict("m", data)  # the file holds them all, at their defaults
+    with pytest.raises(ValueError, match=rf"key '{key}' must be .* \(or absent\); got .*{why}"):
+        ModelConfig.from_hf_dict("m", {**data, key: value})
 
 
 def test_a_folder_holding_config_json_is_one_model_named_by_the_folder():
@@ -184,7 +270,7 @@ def test_deepseek_v3_mla_shared_expert_and_dense_first_layers():
 
 def test_deepseek_v2_lite_without_q_lora_projects_the_query_directly():
     # 16/8 heads * (nope 128 + rope 64) = 384, + kv_lora 512 + rope 64 = 960; 2 shared experts of 1408.
-    shapes = _shapes("DeepSeek-V2-Lite.json")
+    shapes = _shapes(MEMORY + "DeepSeek-V2-Lite.json")
     assert shapes["qkv"][2] == 960
     assert shapes["shared_up"][2] == 2 * 2 * 1408 // 8
     assert shapes["mlp_up"][4] == 1 and shapes["moe_dispatch"][4] == 26
@@ -192,16 +278,16 @@ def test_deepseek_v2_lite_without_q_lora_projects_the_query_directly():
 
 def test_cohere_parallel_block_is_one_pair_each_way():
     # 64 heads, 64 KV heads at tp=8: QKV (8 + 16) * 128 = 3072, + gate/up 2 * 22528 / 8 = 5632.
-    assert _shapes("c4ai-command-r-v01.json") == {
+    assert _shapes(MEMORY + "c4ai-command-r-v01.json") == {
         "qkv_mlp_up": ("ag_gemm", 8192, 3072 + 5632, 8192, 40),
         "attn_mlp_out": ("gemm_rs", 8192, 8192, 1024 + 2816, 40),
     }
 
 
 def test_plain_mlp_has_half_the_up_width_of_a_gated_one():
-    plain = load_model_config(HF / "starcoder2-15b.json")
+    plain = load_model_config(HF / MEMORY / "starcoder2-15b.json")
     assert not plain.gated_mlp
-    shapes = _shapes("starcoder2-15b.json", tp=4)
+    shapes = _shapes(MEMORY + "starcoder2-15b.json", tp=4)
     assert shapes["mlp_up"][2] == 24576 // 4 == shapes["mlp_down"][3]
 
 
@@ -209,9 +295,9 @@ def test_plain_mlp_has_half_the_up_width_of_a_gated_one():
     ("name", "expected"),
     [
         ("gpt-oss-120b.json", (128, 4, 2880, 0, 0)),  # experts_per_token; expert width = intermediate_size
-        ("Qwen1.5-MoE-A2.7B.json", (60, 4, 1408, 5632, 0)),  # shared_expert_intermediate_size
-        ("Qwen3-235B-A22B.json", (128, 8, 1536, 0, 0)),
-        ("Mixtral-8x7B-Instruct-v0.1.json", (8, 2, 14336, 0, 0)),
+        (MEMORY + "Qwen1.5-MoE-A2.7B.json", (60, 4, 1408, 5632, 0)),  # shared_expert_intermediate_size
+        (MEMORY + "Qwen3-235B-A22B.json", (128, 8, 1536, 0, 0)),
+        (MEMORY + "Mixtral-8x7B-Instruct-v0.1.json", (8, 2, 14336, 0, 0)),
     ],
 )
 def test_moe_families_read_their_own_keys(name, expected):
@@ -221,12 +307,12 @@ def test_moe_families_read_their_own_keys(name, expected):
 
 
 def test_gemma3_reads_the_language_model_of_the_multimodal_config():
-    c = load_model_config(HF / "gemma-3-27b-it.json")
+    c = load_model_config(HF / MEMORY / "gemma-3-27b-it.json")
     assert (c.model_type, c.hidden_size, c.head_dim, c.num_hidden_layers) == ("gemma3_text", 5376, 128, 62)
 
 
 def test_qwen_sparse_step_and_mlp_only_layers_count_dense_layers():
-    data = json.loads((HF / "Qwen3-235B-A22B.json").read_text())
+    data = json.loads((HF / MEMORY / "Qwen3-235B-A22B.json").read_text())
     c = ModelConfig.from_hf_dict("q", {**data, "decoder_sparse_step": 2, "mlp_only_layers": [1, 2]})
     assert c.dense_layers == 94 - (47 - 1)  # layers 1, 3, 5, ... are MoE; layer 1 is listed dense
 
@@ -244,6 +330,10 @@ def test_a_key_is_ignored_per_family_not_globally():
         ValueError, match=r"unknown key\(s\) \['residual_multiplier'\] for model_type 'llama'"
     ):
         ModelConfig.from_hf_dict("l", {**data, "residual_multiplier": 0.22})
+    # RMSNorm's epsilon is a Llama key; StarCoder2's norm names its own (norm_epsilon).
+    starcoder = json.loads((HF / MEMORY / "starcoder2-15b.json").read_text())
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['rms_norm_eps'\] for model_type 'starcoder2'"):
+        ModelConfig.from_hf_dict("s", {**starcoder, "rms_norm_eps": 1e-5})
 
 
 def test_mla_config_missing_a_head_dim_names_it():

@@ -240,6 +240,8 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
         "2",
         "--max-rounds",
         "3",
+        "--timed-ms",
+        "1000000",
         "--remeasure",
         "1",
         "--out",
@@ -251,7 +253,7 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
     assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
-    assert set(df["mode"]) == {"eager"} and all(len(r) == 3 for r in df["round_ms"])  # tiny: the most
+    assert set(df["mode"]) == {"eager"} and all(len(r) == 3 for r in df["round_ms"])  # --max-rounds
     assert df.groupby("scenario_id")["in_best_set"].any().all()
     manifest = read_manifest(out)
     assert manifest["fingerprint"]["backend"] == "gloo" and manifest["protocol"]["rounds"] == 2

@@ -1,32 +1,69 @@
-"""Large batches cannot starve single requests: their parsing, validation and prediction run in a
-bounded worker (one at a time by default), and a full queue answers 429 with Retry-After (issue 15 item 5)."""
+"""Large batches cannot starve single requests: they are answered by a batch worker process at idle CPU
+priority, with the model versions the server serves; a full queue answers 429 with Retry-After; workers
+end with the server, however it ends (issue 15 item 5)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from ficco.service.core.admission import BatchGate, BusyError
+from ficco.service.core.batch_worker import WorkerOptions
+from ficco.training.registry import current_version, list_models, promote
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}
+HARDWARE = "h200x2"
+
+
+def _running(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie has ended: only its parent has not reaped it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
+    """Poll ``predicate`` until true or ``timeout_s`` passes (a generous deadline, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_gate_refuses_past_running_plus_queued():
-    release = threading.Event()
-
     async def scenario():
+        release = asyncio.Event()
+
+        async def first():
+            await release.wait()
+            return "first"
+
+        async def answer(value):
+            return value
+
         gate = BatchGate(concurrency=1, queue=1, retry_after_s=2)
-        first = asyncio.create_task(gate.run(release.wait))
-        second = asyncio.create_task(gate.run(lambda: "second"))
+        running = asyncio.create_task(gate.run(first))
+        waiting = asyncio.create_task(gate.run(answer, "second"))
         await asyncio.sleep(0.01)
         with pytest.raises(BusyError) as busy:
-            await gate.run(lambda: "third")
+            await gate.run(answer, "third")
         assert busy.value.retry_after_s == 2
         release.set()
-        assert (await first, await second) == (True, "second")
-        return await gate.run(lambda: "after")
+        assert (await running, await waiting) == ("first", "second")
+        return await gate.run(answer, "after")
 
     assert asyncio.run(scenario()) == "after"
 
@@ -43,23 +80,26 @@ def test_full_batch_queue_is_429_with_retry_after(registry_root, start):
         assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
 
 
-def test_batch_is_parsed_and_answered_off_the_event_loop(client, monkeypatch):
-    import ficco.service.routes.recommend as route
-
-    on_loop: list[bool] = []
-    original = route.recommend_scenarios
-
-    def recording(*args, **kwargs):
-        try:
-            asyncio.get_running_loop()
-            on_loop.append(True)
-        except RuntimeError:
-            on_loop.append(False)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(route, "recommend_scenarios", recording)
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_batch_is_answered_by_a_worker_process_at_idle_priority(client):
     assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD, GOOD]}).json()["count"] == 2
-    assert on_loop == [False]
+    (pid,) = client.app.state.batch_workers.pids  # it has answered: it runs at the priority it set
+    assert pid != os.getpid()
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+
+
+def test_concurrency_starts_one_worker_per_slot(registry_root, start):
+    with start(registry_root, BATCH_CONCURRENCY=2, BATCH_PRIORITY="low") as client:
+        for _ in range(2):
+            assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
+        pids = client.app.state.batch_workers.pids
+        assert len(set(pids)) == 2
+        assert _wait_for(lambda: all(os.getpriority(os.PRIO_PROCESS, pid) == 19 for pid in pids))
+
+
+def test_bad_priority_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"priority must be one of \['idle', 'low', 'normal'\]; got 'high'"):
+        WorkerOptions(priority="high")
 
 
 def test_batch_errors_keep_their_shape(client):
@@ -72,8 +112,74 @@ def test_batch_errors_keep_their_shape(client):
     assert bad_json.status_code == 422 and bad_json.json()["detail"][0]["field"] == "body"
 
 
-def test_openapi_still_documents_the_batch_body(client):
-    spec = client.get("/openapi.json").json()
-    body = spec["paths"]["/v1/recommend/batch"]["post"]["requestBody"]
-    assert body["required"] is True
-    assert "RecommendBatchRequest" in str(body)
+def test_batch_answers_with_the_served_version_across_reloads_and_current_flips(model_root, start):
+    old = current_version(model_root, HARDWARE)
+    new = next(c["version"] for c in list_models(model_root)[HARDWARE] if c["version"] != old)
+    scenarios = [GOOD, {**GOOD, "m": 128}]
+
+    def versions(client) -> tuple[set[str], str]:
+        batch = client.post("/v1/recommend/batch", json={"scenarios": scenarios})
+        single = client.post("/v1/recommend", json={**GOOD, "m": 256})
+        return {a["model_version"] for a in batch.json()["data"]}, single.json()["model_version"]
+
+    with start(model_root) as client:  # no polling: the server swaps models only when told
+        assert versions(client) == ({old}, old)
+        promote(model_root, HARDWARE, new)
+        assert versions(client) == ({old}, old)  # CURRENT flipped, the server still serves old
+        client.app.state.store.refresh()
+        assert versions(client) == ({new}, new)
+        promote(model_root, HARDWARE, old)
+        assert versions(client) == ({new}, new)
+
+
+def test_a_worker_lost_during_a_batch_is_503_then_replaced(registry_root, start):
+    with start(registry_root) as client:
+        workers, gate = client.app.state.batch_workers, client.app.state.batch_gate
+        (pid,) = workers.pids
+        assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
+        os.kill(pid, signal.SIGSTOP)  # the job waits in its socket until the worker is killed
+        answers = []
+        request = threading.Thread(
+            target=lambda: answers.append(client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}))
+        )
+        request.start()
+        assert _wait_for(lambda: gate.admitted == 1)
+        time.sleep(0.2)  # the job is written as soon as the batch is admitted
+        os.kill(pid, signal.SIGKILL)
+        request.join(timeout=60)
+        (lost,) = answers
+        assert lost.status_code == 503 and lost.headers["retry-after"] == "1"
+        assert "batch worker exited" in lost.json()["detail"]
+        assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
+        assert workers.pids != [pid]
+
+
+def test_shutdown_stops_the_workers(registry_root, start):
+    with start(registry_root) as client:
+        pids = client.app.state.batch_workers.pids
+        assert pids and all(_running(pid) for pid in pids)
+    assert not any(_running(pid) for pid in pids)
+
+
+def test_workers_exit_when_the_server_dies(registry_root, tmp_path):
+    # A server process that ends without its shutdown (os._exit, as after SIGKILL): the worker sees its
+    # socket close and exits on its own, leaving no orphan.
+    script = textwrap.dedent(
+        f"""
+        import os, warnings
+        warnings.filterwarnings("ignore")
+        from fastapi.testclient import TestClient
+        from ficco.service.core.config import Settings
+        from ficco.service.main import create_app
+
+        settings = Settings(MODEL_ROOT={str(registry_root)!r}, RELOAD_POLL_S=0)
+        client = TestClient(create_app(settings)).__enter__()
+        response = client.post("/v1/recommend/batch", json={{"scenarios": [{GOOD!r}]}})
+        print(response.status_code, *client.app.state.batch_workers.pids, flush=True)
+        os._exit(0)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    status, pid = done.stdout.split()
+    assert status == "200", done.stderr
+    assert _wait_for(lambda: not _running(int(pid)))

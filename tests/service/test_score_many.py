@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from ficco.cli import app
 
 HF = Path(__file__).resolve().parents[1] / "features" / "configs"
+MEMORY = HF / "from_memory"  # families with no real config.json at hand (see the folder's README)
 runner = CliRunner()
 
 
@@ -24,9 +25,9 @@ def _score(*args: str) -> tuple[int, str]:
 def test_score_many_files_and_a_model_folder_in_one_csv(registry_root, tmp_path):
     folder = tmp_path / "configs"
     folder.mkdir()
-    for name in ("Qwen3-8B.json", "granite-3.1-8b-instruct.json"):
-        (folder / name).write_text((HF / name).read_text())
-    args = [str(HF / "c4ai-command-r-v01.json"), str(folder), str(HF / "DeepSeek-V3")]
+    for path in (HF / "Qwen3-8B.json", MEMORY / "granite-3.1-8b-instruct.json"):
+        (folder / path.name).write_text(path.read_text())
+    args = [str(MEMORY / "c4ai-command-r-v01.json"), str(folder), str(HF / "DeepSeek-V3")]
     code, text = _score(*args, "--format", "csv", "--model-root", str(registry_root))
     assert code == 0, text
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -37,7 +38,7 @@ def test_score_many_files_and_a_model_folder_in_one_csv(registry_root, tmp_path)
 
 
 def test_score_many_json_is_the_batch_answer_and_table_has_a_block_each(registry_root, client):
-    paths = [HF / "Qwen3-8B.json", HF / "OLMo-2-1124-7B.json"]
+    paths = [HF / "Qwen3-8B.json", MEMORY / "OLMo-2-1124-7B.json"]
     code, text = _score(*map(str, paths), "--format", "json", "--model-root", str(registry_root))
     assert code == 0, text
     body = {
@@ -55,7 +56,7 @@ def test_score_many_json_is_the_batch_answer_and_table_has_a_block_each(registry
 
 
 def test_score_table_says_how_a_parallel_block_is_scored(registry_root):
-    code, table = _score(str(HF / "c4ai-command-r-v01.json"), "--model-root", str(registry_root))
+    code, table = _score(str(MEMORY / "c4ai-command-r-v01.json"), "--model-root", str(registry_root))
     assert code == 0, table
     assert "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up" in table
 
@@ -75,7 +76,7 @@ def test_score_batch_error_names_the_config_it_is_in(client):
 
 def test_score_kv_layout_option_replicates_or_refuses(registry_root, tmp_path):
     # starcoder2-15b has 4 KV heads; at tp=2 both layouts split them, so use a 1-KV-head copy.
-    data = json.loads((HF / "starcoder2-15b.json").read_text())
+    data = json.loads((MEMORY / "starcoder2-15b.json").read_text())
     path = tmp_path / "mqa.json"
     path.write_text(json.dumps({**data, "num_key_value_heads": 1}))
     code, out = _score(str(path), "--model-root", str(registry_root))

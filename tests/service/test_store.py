@@ -176,3 +176,22 @@ def test_errors_are_kept_per_hardware(model_root):
     assert store.refresh()[HARDWARE].startswith("loaded")
     assert store.last_reload_error.startswith("h100x8 version")
     assert set(store.served) == {HARDWARE}
+
+
+def test_serve_versions_loads_exactly_the_named_versions(model_root, train):
+    old, new = current_version(model_root, HARDWARE), _other(model_root)
+    train(model_root, "h100x8")
+    store = ModelStore(model_root)
+    store.serve_versions({HARDWARE: new})  # not CURRENT: the version named
+    assert {hw: m.version for hw, m in store.served.items()} == {HARDWARE: new}
+    store.serve_versions({HARDWARE: old, "h100x8": current_version(model_root, "h100x8")})
+    assert store.served[HARDWARE].version == old and set(store.served) == {HARDWARE, "h100x8"}
+    kept = store.served[HARDWARE]
+    store.serve_versions({HARDWARE: old})  # served already: kept as is; h100x8 is dropped
+    assert store.served[HARDWARE] is kept and set(store.served) == {HARDWARE}
+    with pytest.raises(
+        NoModelError, match=rf"{HARDWARE} model version nope failed to load: .*no model"
+    ) as err:
+        store.serve_versions({HARDWARE: "nope"})
+    assert str(model_root) not in str(err.value)  # the registry's location is not shown to clients
+    assert store.served[HARDWARE] is kept
