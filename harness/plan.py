@@ -146,10 +146,10 @@ def plan_scenarios(
 ) -> Plan:
     """Build the plan (see the module docstring).
 
-    ``include_moe`` adds the MoE pairs (``a2a_gemm`` / ``gemm_a2a``), which only the sim backend runs; the
-    grid holds ``ag_gemm`` and ``gemm_rs`` only. Model configs whose layers do not split ``tp`` ways are left
-    out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad
-    argument.
+    ``include_moe`` adds the MoE configs' expert-parallel pairs (``a2a_gemm`` / ``gemm_a2a``, balanced
+    routing); the grid holds ``ag_gemm`` and ``gemm_rs`` only. Model configs whose layers do not split ``tp``
+    ways are left out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError``
+    naming a bad argument.
     """
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware)

@@ -4,9 +4,10 @@ One process per rank (torchrun); ``measure`` is collective: every rank calls it 
 schedules, and ranks stay in lockstep even when a schedule fails (they agree on each outcome by an
 all-reduce). For each scenario:
 
-1. seeded random inputs, fresh per scenario and different per rank, in ``sets`` rotating copies (enough
-   that a small GEMM's operands are not served from L2 between calls, as they never are inside a layer
-   stack), and the ``serial/sm`` reference output of each set;
+1. seeded random inputs, fresh per scenario and different per rank, shaped as ``features.OP_SPECS`` says
+   (the MoE ops under ``Routing.for_scenario``: the scenario's ``imbalance``, the same on every rank), in
+   ``sets`` rotating copies (enough that a small GEMM's operands are not served from L2 between calls, as
+   they never are inside a layer stack), and the ``serial/sm`` reference output of each set;
 2. per schedule: poison the executor's buffers and the output with NaN, run once, compare with the
    reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails);
 3. ``graph`` mode (CUDA): each schedule's block of ``calls`` calls is captured into one CUDA graph after
@@ -29,6 +30,10 @@ all-reduce). For each scenario:
      start event, the replays and the end event. No host launch latency or wake-up jitter lands between
      the events.
 
+The baselines of the MoE ops: the GEMM alone is the grouped GEMM over the rank's local experts
+(``executor.grouped_matmul``), the collectives alone are the dispatch's or the combine's all-to-all
+(``executor.communicate``); PyTorch has no async-TP op for an all-to-all, so ``async_tp_ms`` is NaN.
+
 Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around it. ``phase_seconds``
 keeps the wall time spent per phase (inputs, checks, captures, timing per mode) for the sweep's report.
 """
@@ -48,7 +53,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ficco.features import DENSE_OPS, MODES, SERIAL, Scenario, Schedule
+from ficco.features import MODES, OP_SPECS, SERIAL, Routing, Scenario, Schedule
+from ficco.features.ops import OpShapes
 from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult, Timing
 
 if TYPE_CHECKING:
@@ -58,8 +64,8 @@ log = logging.getLogger(__name__)
 
 TOLERANCE: dict[str, float] = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 """Largest relative error (||C - C_serial|| / ||C_serial||) a schedule may show, per dtype."""
-EXECUTOR_OPS: tuple[str, ...] = DENSE_OPS
-"""Ops the executor runs; the MoE ops are measured by the simulator only."""
+EXECUTOR_OPS: tuple[str, ...] = tuple(OP_SPECS)
+"""Ops the executor runs: every op of ``features.OP_SPECS``, the MoE all-to-alls included."""
 ROTATE_BYTES = 256 << 20
 """Input sets rotate until a block touches at least this many bytes of operands (4x the H200's 60 MB L2)."""
 MAX_SETS = 8
@@ -182,7 +188,7 @@ class TorchBackend:
         gc.disable()  # a collection inside a timed block would land on one schedule
         try:
             with self._phase("inputs"):
-                case = _Case(scenario, self.device, self._seed(scenario))
+                case = _Case(scenario, self.device, self._seed(scenario), self.rank)
             with self._phase("checks"):
                 checked = {str(s): self._check(case, s) for s in schedules}
             with self._phase("captures"):
@@ -545,41 +551,53 @@ class _Case:
     """One scenario's tensors on this rank: rotating input sets, outputs, references, and the closures
     that run a schedule or a baseline on one set."""
 
-    def __init__(self, scenario: Scenario, device: torch.device, seed: int) -> None:
+    def __init__(self, scenario: Scenario, device: torch.device, seed: int, rank: int) -> None:
         import torch
 
         from ficco import executor
         from ficco.executor.checks import DTYPES
 
         dtype = {name: d for d, name in DTYPES.items()}[scenario.dtype]
-        s, w = scenario, scenario.world_size
+        s, spec = scenario, OP_SPECS[scenario.op]
+        self.routing = Routing.for_scenario(s) if spec.moe else None
+        """The MoE ops' routing, the same on every rank; None for the dense ops."""
+        shapes = spec.shapes(s, rank, self.routing)
         gen = torch.Generator(device=device).manual_seed(seed)
-        rows = s.m // w if s.op == "ag_gemm" else s.m
-        out_rows = s.m if s.op == "ag_gemm" else s.m // w
-        set_bytes = (rows * s.k + s.k * s.n + out_rows * s.n) * dtype.itemsize
+        # The busiest rank's set (MoE ranks hold different rows): every rank must rotate as many sets, as
+        # the baselines' checks run one collective per set.
+        set_bytes = max(_set_numel(spec.shapes(s, r, self.routing)) for r in range(s.world_size))
+        set_bytes *= dtype.itemsize
         self.scenario = s
         self.sets = int(min(MAX_SETS, max(1, math.ceil(ROTATE_BYTES / set_bytes))))
         """Rotating input sets (call ``j`` of a block uses set ``j % sets``)."""
-        self.a = [
-            torch.randn((rows, s.k), generator=gen, device=device, dtype=dtype) for _ in range(self.sets)
-        ]
+        self.a = [torch.randn(shapes.a, generator=gen, device=device, dtype=dtype) for _ in range(self.sets)]
         self.b = [
-            torch.randn((s.k, s.n), generator=gen, device=device, dtype=dtype).mul_(s.k**-0.5)
+            torch.randn(shapes.b, generator=gen, device=device, dtype=dtype).mul_(s.k**-0.5)
             for _ in range(self.sets)
         ]
-        self.outs = [torch.empty((out_rows, s.n), device=device, dtype=dtype) for _ in range(self.sets)]
-        if s.op == "ag_gemm":
-            self._op = executor.all_gather_matmul
+        self.outs = [torch.empty(shapes.out, device=device, dtype=dtype) for _ in range(self.sets)]
+        self._run_op = executor.run_op
+        # The GEMM alone and the collective alone: one reads the op's ``a``, the other what the op hands
+        # between its collective and its GEMM.
+        if s.op == "ag_gemm":  # the gathered A of the reference
             pairs = [executor.all_gather_matmul(a, b, SERIAL, return_gathered=True) for a, b in self._pairs()]
             self.references = [c for c, _ in pairs]
-            self.gemm_inputs = [g for _, g in pairs]
-            self.comm_inputs = self.a
+            between = [g for _, g in pairs]
         else:
-            self._op = executor.matmul_reduce_scatter
-            self.references = [executor.matmul_reduce_scatter(a, b, SERIAL) for a, b in self._pairs()]
-            self.gemm_inputs = self.a
-            self.comm_inputs = [torch.mm(a, b) for a, b in self._pairs()]
-        self._gemm_out = torch.empty((s.m, s.n), device=device, dtype=dtype)
+            self.references = [
+                executor.run_op(s.op, a, b, SERIAL, routing=self.routing) for a, b in self._pairs()
+            ]
+            if spec.moe:  # random rows of that shape: the experts' rows (dispatch), their outputs (combine)
+                shape = (shapes.out[0], s.k) if spec.comm_first else shapes.comm
+                between = [
+                    torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(self.sets)
+                ]
+            else:  # gemm_rs: the partial products
+                between = [torch.mm(a, b) for a, b in self._pairs()]
+        self.comm_inputs, self.gemm_inputs = (self.a, between) if spec.comm_first else (between, self.a)
+        gemm_rows = self.gemm_inputs[0].shape[0]  # m for the dense ops, the experts' rows for MoE
+        self._gemm_out = torch.empty((gemm_rows, s.n), device=device, dtype=dtype)
+        self._expert_rows = self.routing.expert_rows(rank) if self.routing is not None else ()
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         """One memory pool shared by every graph of the scenario."""
         self._next = 0
@@ -589,7 +607,7 @@ class _Case:
 
     def run(self, schedule: Schedule, s: int) -> None:
         """The op under ``schedule`` on input set ``s``, into ``outs[s]``."""
-        self._op(self.a[s], self.b[s], schedule, out=self.outs[s])
+        self._run_op(self.scenario.op, self.a[s], self.b[s], schedule, routing=self.routing, out=self.outs[s])
 
     def compare(self, s: int) -> str:
         """``""`` when ``outs[s]`` matches the serial reference within tolerance, else why not."""
@@ -616,17 +634,25 @@ class _Case:
         return item
 
     def baseline(self, key: str) -> Callable[[int], object] | None:
-        """The run-one-set closure of a ``BASELINE_KEYS`` baseline."""
+        """The run-one-set closure of a ``BASELINE_KEYS`` baseline; None where PyTorch has no such op
+        (async-TP of an all-to-all)."""
         import torch
 
         from ficco import executor
 
-        op = self.scenario.op
-        runs: dict[str, Callable[[int], object]] = {
-            "gemm_alone_ms": lambda s: torch.mm(self.gemm_inputs[s], self.b[s], out=self._gemm_out),
-            "nccl_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "sm"),
-            "dma_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "dma"),
-            "async_tp_ms": self._async_tp,
+        op, routing = self.scenario.op, self.routing
+
+        def gemm(s: int) -> None:
+            torch.mm(self.gemm_inputs[s], self.b[s], out=self._gemm_out)
+
+        def expert_gemms(s: int) -> None:
+            executor.grouped_matmul(self.gemm_inputs[s], self.b[s], self._expert_rows, out=self._gemm_out)
+
+        runs: dict[str, Callable[[int], object] | None] = {
+            "gemm_alone_ms": gemm if routing is None else expert_gemms,
+            "nccl_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "sm", routing=routing),
+            "dma_comm_ms": lambda s: executor.communicate(op, self.comm_inputs[s], "dma", routing=routing),
+            "async_tp_ms": self._async_tp if OP_SPECS[op].collective != "all_to_all" else None,
         }
         return runs[key]
 
@@ -641,6 +667,11 @@ class _Case:
             torch.ops.symm_mem.fused_all_gather_matmul(self.a[s], [self.b[s]], 0, group_name)
         else:
             torch.ops.symm_mem.fused_matmul_reduce_scatter(self.a[s], self.b[s], "sum", 0, group_name)
+
+
+def _set_numel(shapes: OpShapes) -> int:
+    """Elements of one input set on a rank: ``a``, ``b`` and the output."""
+    return sum(math.prod(shape) for shape in (shapes.a, shapes.b, shapes.out))
 
 
 def graph_calls(calls: int) -> tuple[int, int]:
@@ -664,8 +695,11 @@ def _try(fn: Callable[[], object], prefix: str = "") -> str:
 
 def _relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     """``||out - reference|| / ||reference||`` in float64, chunked over rows (bounded extra memory); NaN
-    anywhere in ``out`` gives NaN."""
+    anywhere in ``out`` gives NaN. An empty ``out`` (a MoE rank no rows are routed to) matches: 0.0."""
     import torch
+
+    if out.numel() == 0:
+        return 0.0
 
     num = torch.zeros((), dtype=torch.float64, device=out.device)
     den = torch.zeros((), dtype=torch.float64, device=out.device)

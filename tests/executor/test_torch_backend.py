@@ -1,7 +1,9 @@
-"""TorchBackend on a CPU gloo world of 2 ranks: ok rows, failed rows, baselines, lockstep between ranks."""
+"""TorchBackend on a CPU gloo world of 2 ranks: ok rows, failed rows, baselines, lockstep between ranks, for
+the dense ops and the MoE all-to-alls under uneven routing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -13,28 +15,56 @@ from ficco.harness.backend import Timing
 
 AG = Scenario(op="ag_gemm", m=24, n=16, k=8, dtype="fp32", world_size=2, hardware=get_hardware("h200x2"))
 RS = Scenario(op="gemm_rs", m=32, n=8, k=16, dtype="bf16", world_size=2, hardware=get_hardware("h200x2"))
-MOE = Scenario(
-    op="a2a_gemm", m=32, n=8, k=16, experts=4, top_k=2, world_size=2, hardware=get_hardware("h200x2")
+# rank 0 gets 48 of each rank's 64 routed rows, rank 1 the other 16
+A2A = Scenario(
+    op="a2a_gemm",
+    m=32,
+    n=8,
+    k=16,
+    experts=4,
+    top_k=2,
+    imbalance=1.5,
+    world_size=2,
+    hardware=get_hardware("h200x2"),
+)
+# imbalance = world size: every routed row goes to rank 0, rank 1's experts get none (its dispatch output
+# is empty here, its combine input and GEMM input in GEMM_A2A)
+A2A_ALL_TO_0 = dataclasses.replace(A2A, imbalance=2.0)
+GEMM_A2A = Scenario(
+    op="gemm_a2a",
+    m=24,
+    n=16,
+    k=8,
+    dtype="fp32",
+    experts=4,
+    top_k=2,
+    imbalance=2.0,
+    world_size=2,
+    hardware=get_hardware("h200x2"),
 )
 IMPOSSIBLE = Schedule.parse("finer/dma/s8/chunk")  # 24 rows do not split into 2 ranks x 8 sub-chunks
-CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output
+CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output (ag_gemm and the MoE ops)
+CORRUPTED_OPS = ("ag_gemm", "a2a_gemm", "gemm_a2a")
+
+
+def _corrupting(real):
+    def corrupting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if any(str(arg) == CORRUPTED for arg in args):
+            out.add_(1.0)
+        return out
+
+    return corrupting
 
 
 def _measure_world(rank: int, world_size: int) -> dict:
     import torch
 
     from ficco import executor
-    from ficco.harness.torch_backend import TorchBackend
+    from ficco.harness.torch_backend import TorchBackend, _Case
 
-    real = executor.all_gather_matmul
-
-    def corrupting(a_shard, b, schedule, group=None, **kwargs):
-        out = real(a_shard, b, schedule, group, **kwargs)
-        if str(schedule) == CORRUPTED:
-            out.add_(1.0)
-        return out
-
-    executor.all_gather_matmul = corrupting
+    real = dict(executor.OP_FUNCTIONS)
+    executor.OP_FUNCTIONS.update({op: _corrupting(real[op]) for op in CORRUPTED_OPS})  # what run_op calls
     a_shard = torch.randn(8, 16)
     try:
         backend = TorchBackend(
@@ -43,7 +73,13 @@ def _measure_world(rank: int, world_size: int) -> dict:
         return {
             "ag": backend.measure(AG, [*candidates(AG), IMPOSSIBLE]),
             "rs": backend.measure(RS, candidates(RS)[:6]),
-            "moe": backend.measure(MOE, candidates(MOE)[:2]),
+            "a2a": backend.measure(A2A, candidates(A2A)),
+            "gemm_a2a": backend.measure(GEMM_A2A, candidates(GEMM_A2A)),
+            "a2a_all_to_0": backend.measure(A2A_ALL_TO_0, candidates(A2A_ALL_TO_0)),
+            "async_tp": {  # what the GPU backend would time (gloo never times async-TP)
+                s.op: _Case(s, backend.device, 0, rank).baseline("async_tp_ms") is not None
+                for s in (AG, RS, A2A, GEMM_A2A)
+            },
             "fingerprint": backend.fingerprint(),
             "identity": (backend.name, backend.rank, backend.world_size),
             "protocol": backend.protocol(),
@@ -54,7 +90,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "phases": sorted(backend.phase_seconds),
         }
     finally:
-        executor.all_gather_matmul = real
+        executor.OP_FUNCTIONS.update(real)
 
 
 @pytest.fixture(scope="module")
@@ -62,21 +98,35 @@ def results() -> list[dict]:
     return run_world(2, _measure_world)
 
 
-def test_measure_times_every_good_schedule(results):
-    for key, scenario in (("ag", AG), ("rs", RS)):
-        rows = results[0][key].measurements
-        good = [m for m in rows if m.schedule not in (CORRUPTED, str(IMPOSSIBLE)) or key == "rs"]
-        assert good and all(m.ok and m.error == "" for m in good), [m for m in good if not m.ok]
-        for m in good:
-            assert 0 < m.p10_ms <= m.median_ms <= m.p90_ms, m
-            assert m.mode == "eager" and len(m.round_ms) == 3 and min(m.round_ms) <= m.median_ms, m
-        assert [m.schedule for m in rows][: len(candidates(scenario)[:6])] == [
-            str(s) for s in candidates(scenario)[:6]
-        ]
+@pytest.mark.parametrize(
+    ("key", "scenario"),
+    [("ag", AG), ("rs", RS), ("a2a", A2A), ("gemm_a2a", GEMM_A2A), ("a2a_all_to_0", A2A_ALL_TO_0)],
+)
+def test_measure_times_every_good_schedule(results, key, scenario):
+    rows = results[0][key].measurements
+    good = [m for m in rows if m.schedule not in (CORRUPTED, str(IMPOSSIBLE)) or key == "rs"]
+    assert good and all(m.ok and m.error == "" for m in good), [m for m in good if not m.ok]
+    for m in good:
+        assert 0 < m.p10_ms <= m.median_ms <= m.p90_ms, m
+        assert m.mode == "eager" and len(m.round_ms) == 3 and min(m.round_ms) <= m.median_ms, m
+    assert [m.schedule for m in rows][: len(candidates(scenario)[:6])] == [
+        str(s) for s in candidates(scenario)[:6]
+    ]
 
 
-def test_measure_records_a_wrong_result_as_failed(results):
-    row = next(m for m in results[0]["ag"].measurements if m.schedule == CORRUPTED)
+@pytest.mark.parametrize(
+    ("key", "scenario"), [("a2a", A2A), ("gemm_a2a", GEMM_A2A), ("a2a_all_to_0", A2A_ALL_TO_0)]
+)
+def test_measure_runs_every_candidate_of_a_moe_op(results, key, scenario):
+    rows = results[0][key].measurements
+    assert len(candidates(scenario)) == 30  # every schedule: 64 or 48 routed rows split 2 x 8 ways
+    assert [m.schedule for m in rows] == [str(s) for s in candidates(scenario)]
+    assert [m.schedule for m in rows if not m.ok] == [CORRUPTED]
+
+
+@pytest.mark.parametrize("key", ["ag", "a2a", "gemm_a2a"])
+def test_measure_records_a_wrong_result_as_failed(results, key):
+    row = next(m for m in results[0][key].measurements if m.schedule == CORRUPTED)
     assert not row.ok and "wrong result" in row.error and math.isnan(row.median_ms)
 
 
@@ -86,24 +136,25 @@ def test_measure_records_an_impossible_schedule_as_failed(results):
     assert "divisible by world_size * splits = 16" in row.error
 
 
-def test_measure_keeps_ranks_in_lockstep(results):
-    first, second = ([(m.schedule, m.ok, m.error, m.round_ms) for m in r["ag"].measurements] for r in results)
+@pytest.mark.parametrize("key", ["ag", "a2a", "gemm_a2a"])
+def test_measure_keeps_ranks_in_lockstep(results, key):
+    first, second = ([(m.schedule, m.ok, m.error, m.round_ms) for m in r[key].measurements] for r in results)
     assert first == second  # the same outcomes, and the same round times (each the maximum over ranks)
 
 
-def test_measure_reports_baselines(results):
-    for key in ("ag", "rs"):
-        assert set(results[0][key].baselines) == {"eager"}
-        baselines = results[0][key].baselines["eager"]
-        assert set(baselines) == {"gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"}
-        assert all(baselines[k] > 0 for k in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms")), baselines
-        assert math.isnan(baselines["async_tp_ms"])  # no async-TP on the CPU
+@pytest.mark.parametrize("key", ["ag", "rs", "a2a", "gemm_a2a", "a2a_all_to_0"])
+def test_measure_reports_baselines(results, key):
+    assert set(results[0][key].baselines) == {"eager"}
+    baselines = results[0][key].baselines["eager"]
+    assert set(baselines) == {"gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"}
+    assert all(baselines[k] > 0 for k in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms")), baselines
+    assert math.isnan(baselines["async_tp_ms"])  # no async-TP on the CPU
 
 
-def test_measure_fails_every_schedule_of_an_op_the_executor_does_not_run(results):
-    result = results[0]["moe"]
-    assert len(result.measurements) == 2
-    assert all(not m.ok and "not run by the executor" in m.error for m in result.measurements)
+def test_async_tp_baseline_only_for_the_dense_ops(results):
+    # PyTorch has no fused all-to-all + GEMM: on the GPU the MoE ops' async_tp_ms is "not measurable here"
+    for result in results:
+        assert result["async_tp"] == {"ag_gemm": True, "gemm_rs": True, "a2a_gemm": False, "gemm_a2a": False}
 
 
 def test_torch_backend_identity_and_fingerprint(results):

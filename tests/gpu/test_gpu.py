@@ -64,3 +64,23 @@ def test_harness_smoke_sweep(tmp_path):
     args += ["--tp", str(GPUS), "--nproc", str(GPUS)]
     proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_harness_smoke_sweep_include_moe(tmp_path):
+    """``ficco bench --backend gpu --include-moe`` measures a MoE layer's pairs: Mixtral-8x7B at 1k tokens
+    (QKV, attention out, the dispatch a2a_gemm and the combine gemm_a2a), every schedule ok in both modes."""
+    from ficco.harness.dataset import load_dataset
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(REPO / "datasets" / "model_configs" / "Mixtral-8x7B-v0.1.json", configs)
+    args = ["--backend", "gpu", "--include-moe", "--grid", "0", "--tokens", "1024", "--configs", str(configs)]
+    args += ["--out", str(tmp_path / "sweep"), "--tp", str(GPUS), "--nproc", str(GPUS)]
+    proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    df = load_dataset(tmp_path / "sweep")
+    moe = df[df["op"].isin(["a2a_gemm", "gemm_a2a"])]
+    assert set(moe["op"]) == {"a2a_gemm", "gemm_a2a"} and set(moe["mode"]) == {"eager", "graph"}
+    assert moe["ok"].all(), moe[~moe["ok"]][["scenario_id", "mode", "schedule", "error"]].to_string()
+    assert (moe[["gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms"]] > 0).all().all()

@@ -1,4 +1,4 @@
-"""Shared fixtures of the harness tests: the h200x2 profile, a small plan and a tiny model config."""
+"""Shared fixtures of the harness tests: the h200x2 profile, a small plan, tiny dense and MoE configs."""
 
 from __future__ import annotations
 
@@ -41,4 +41,24 @@ def tiny_configs(tmp_path) -> Path:
         "model_type": "llama",
     }
     (directory / "Tiny.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture
+def tiny_moe_configs(tmp_path) -> Path:
+    """A directory with one tiny Mixtral-style MoE model: 4 experts, 2 per token (its layer: QKV and
+    attention out, then the dispatch a2a_gemm and the combine gemm_a2a)."""
+    directory = tmp_path / "moe-configs"
+    directory.mkdir()
+    config = {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "model_type": "mixtral",
+    }
+    (directory / "TinyMoE.json").write_text(json.dumps(config))
     return directory

@@ -13,7 +13,14 @@ from typer.testing import CliRunner
 
 from ficco.harness.backend import Timing
 from ficco.harness.commands import register
-from ficco.harness.dataset import load_dataset, load_noise, read_manifest
+from ficco.harness.dataset import (
+    dataset_hardware,
+    label_table,
+    load_dataset,
+    load_noise,
+    read_manifest,
+    scenario_from_row,
+)
 from ficco.harness.launch import WorkerSettings, torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 
@@ -106,7 +113,6 @@ def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
         (["--tokens", "1025"], "tokens must be a non-empty list of positive multiples of tp=2; bad: [1025]"),
         (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; known ids are"),
         (["--backend", "gloo", "--noise", "0.1"], "--noise applies to --backend sim only"),
-        (["--backend", "gloo", "--include-moe"], "--include-moe needs --backend sim"),
     ],
 )
 def test_bench_bad_options_name_value_and_range(app, tiny_configs, tmp_path, args, message):
@@ -260,3 +266,51 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     assert manifest["protocol"]["max_rounds"] == 3
     assert load_noise(out)["scenario_id"].nunique() == 1  # the second torchrun job
     assert (out / "card.md").exists()
+
+
+@pytest.mark.slow
+def test_bench_gloo_include_moe_measures_the_moe_pairs(tiny_moe_configs, tmp_path):
+    out = tmp_path / "gloo-moe"
+    command = [
+        sys.executable,
+        "-m",
+        "ficco.cli",
+        "bench",
+        "--backend",
+        "gloo",
+        "--configs",
+        str(tiny_moe_configs),
+        "--include-moe",
+        "--tokens",
+        "128",
+        "--grid",
+        "0",
+        "--limit",
+        "4",
+        "--rounds",
+        "2",
+        "--max-rounds",
+        "2",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    df = load_dataset(out)
+    assert df.groupby("op")["scenario_id"].nunique().to_dict() == {
+        "a2a_gemm": 1,
+        "ag_gemm": 1,
+        "gemm_a2a": 1,
+        "gemm_rs": 1,
+    }
+    assert len(df) == 4 * 30 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
+    moe = df[df["op"].isin(["a2a_gemm", "gemm_a2a"])]
+    assert set(zip(moe["experts"], moe["top_k"], moe["imbalance"], strict=True)) == {(4, 2, 1.0)}
+    hardware = dataset_hardware(out)
+    assert all(scenario_from_row(row, hardware).key() == row.scenario_id for row in moe.itertuples())
+    assert (moe[["gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms"]] > 0).all().all()
+    assert moe["async_tp_ms"].isna().all()  # no async-TP for an all-to-all (nor on the CPU)
+    assert set(label_table(df)["op"]) == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"}
+    assert json.loads((out / "plan.json").read_text())["settings"]["include_moe"] is True
+    assert "MoE pairs included" in (out / "card.md").read_text()
