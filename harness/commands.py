@@ -237,7 +237,8 @@ def bench(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
     )
     typer.echo(
-        f"plan: {len(plan)} scenarios from {len(plan.families)} families ({', '.join(plan.families)}); "
+        f"plan: {len(plan)} scenarios from {len(plan.families)} "
+        f"{'family' if len(plan.families) == 1 else 'families'} ({', '.join(plan.families)}); "
         f"{len(plan.dropped)} model scenarios over {max_serial_ms} ms left out",
         err=True,
     )
