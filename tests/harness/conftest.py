@@ -27,38 +27,33 @@ def small_plan(h200) -> Plan:
     return plan_scenarios([config], tp=2, tokens=[1024, 4096], grid_size=4, hardware=h200, seed=1)
 
 
+TINY_CONFIG = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "model_type": "llama",
+}
+"""A tiny dense model (fast enough for CPU processes)."""
+
+
+def _config_folder(folder: Path, name: str, config: dict) -> Path:
+    """``folder`` (made) holding ``name``.json with ``config``."""
+    folder.mkdir()
+    (folder / f"{name}.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.fixture
 def tiny_configs(tmp_path) -> Path:
-    """A directory with one tiny dense model (fast enough for CPU processes)."""
-    directory = tmp_path / "configs"
-    directory.mkdir()
-    config = {
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 1,
-        "model_type": "llama",
-    }
-    (directory / "Tiny.json").write_text(json.dumps(config))
-    return directory
+    """A directory with one tiny dense model (``TINY_CONFIG``)."""
+    return _config_folder(tmp_path / "configs", "Tiny", TINY_CONFIG)
 
 
 @pytest.fixture
 def tiny_moe_configs(tmp_path) -> Path:
     """A directory with one tiny Mixtral-style MoE model: 4 experts, 2 per token (its layer: QKV and
     attention out, then the dispatch a2a_gemm and the combine gemm_a2a)."""
-    directory = tmp_path / "moe-configs"
-    directory.mkdir()
-    config = {
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 1,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "model_type": "mixtral",
-    }
-    (directory / "TinyMoE.json").write_text(json.dumps(config))
-    return directory
+    config = {**TINY_CONFIG, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+    return _config_folder(tmp_path / "moe-configs", "TinyMoE", config)

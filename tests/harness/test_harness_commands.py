@@ -218,6 +218,16 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
     }
 
 
+def _bench_gloo(configs: Path, out: Path, *extra: str) -> None:
+    """``ficco bench --backend gloo`` on ``configs`` (128 tokens, no grid, at least 2 rounds) into ``out``, in
+    a subprocess (it launches torchrun itself); the test fails with its output if it fails."""
+    command = [sys.executable, "-m", "ficco.cli", "bench", "--backend", "gloo", "--configs", str(configs)]
+    command += ["--tokens", "128", "--grid", "0", "--rounds", "2", *extra, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("ficco.harness.torch_backend") is None,
@@ -225,37 +235,8 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
 )
 def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     out = tmp_path / "gloo"
-    command = [
-        sys.executable,
-        "-m",
-        "ficco.cli",
-        "bench",
-        "--backend",
-        "gloo",
-        "--configs",
-        str(tiny_configs),
-        "--tokens",
-        "128",
-        "--grid",
-        "0",
-        "--limit",
-        "2",
-        "--modes",
-        "eager",
-        "--rounds",
-        "2",
-        "--max-rounds",
-        "3",
-        "--timed-ms",
-        "1000000",
-        "--remeasure",
-        "1",
-        "--out",
-        str(out),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
+    extra = ("--limit", "2", "--modes", "eager", "--max-rounds", "3", "--timed-ms", "1000000")
+    _bench_gloo(tiny_configs, out, *extra, "--remeasure", "1")
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
     assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
@@ -271,32 +252,7 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
 @pytest.mark.slow
 def test_bench_gloo_include_moe_measures_the_moe_pairs(tiny_moe_configs, tmp_path):
     out = tmp_path / "gloo-moe"
-    command = [
-        sys.executable,
-        "-m",
-        "ficco.cli",
-        "bench",
-        "--backend",
-        "gloo",
-        "--configs",
-        str(tiny_moe_configs),
-        "--include-moe",
-        "--tokens",
-        "128",
-        "--grid",
-        "0",
-        "--limit",
-        "4",
-        "--rounds",
-        "2",
-        "--max-rounds",
-        "2",
-        "--out",
-        str(out),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
+    _bench_gloo(tiny_moe_configs, out, "--include-moe", "--limit", "4", "--max-rounds", "2")
     df = load_dataset(out)
     assert df.groupby("op")["scenario_id"].nunique().to_dict() == {
         "a2a_gemm": 1,
