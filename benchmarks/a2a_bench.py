@@ -56,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -592,13 +593,8 @@ def _progress(row: dict) -> str:
 
 def _save(path: Path, data: dict) -> None:
     """Write the JSON (NaN as null) and the markdown beside it, atomically."""
-    for target, text in (
-        (path, json.dumps(data, indent=1)),
-        (path.with_suffix(".md"), render_markdown(data)),
-    ):
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    write_text_atomic(path, json.dumps(data, indent=1))
+    write_text_atomic(path.with_suffix(".md"), render_markdown(data))
 
 
 def _size(nbytes: int) -> str:
