@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -160,3 +161,19 @@ def session_client(registry_root: Path) -> Iterator[TestClient]:
 @pytest.fixture
 def client(session_client: TestClient) -> TestClient:
     return session_client
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., bool]:
+    """``wait_for(predicate, timeout_s=30.0)``: poll ``predicate`` until it holds (True) or ``timeout_s``
+    passes (False); a generous deadline, not a timing assertion."""
+
+    def wait(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.02)
+        return False
+
+    return wait

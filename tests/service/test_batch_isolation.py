@@ -33,16 +33,6 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes (a generous deadline, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_gate_refuses_past_running_plus_queued():
     async def scenario():
         release = asyncio.Event()
@@ -88,13 +78,13 @@ def test_batch_is_answered_by_a_worker_process_at_idle_priority(client):
     assert os.sched_getscheduler(pid) == os.SCHED_IDLE
 
 
-def test_concurrency_starts_one_worker_per_slot(registry_root, start):
+def test_concurrency_starts_one_worker_per_slot(registry_root, start, wait_for):
     with start(registry_root, BATCH_CONCURRENCY=2, BATCH_PRIORITY="low") as client:
         for _ in range(2):
             assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
         pids = client.app.state.batch_workers.pids
         assert len(set(pids)) == 2
-        assert _wait_for(lambda: all(os.getpriority(os.PRIO_PROCESS, pid) == 19 for pid in pids))
+        assert wait_for(lambda: all(os.getpriority(os.PRIO_PROCESS, pid) == 19 for pid in pids))
 
 
 def test_bad_priority_names_the_allowed_values():
@@ -132,7 +122,7 @@ def test_batch_answers_with_the_served_version_across_reloads_and_current_flips(
         assert versions(client) == ({new}, new)
 
 
-def test_a_worker_lost_during_a_batch_is_503_then_replaced(registry_root, start):
+def test_a_worker_lost_during_a_batch_is_503_then_replaced(registry_root, start, wait_for):
     with start(registry_root) as client:
         workers, gate = client.app.state.batch_workers, client.app.state.batch_gate
         (pid,) = workers.pids
@@ -143,7 +133,7 @@ def test_a_worker_lost_during_a_batch_is_503_then_replaced(registry_root, start)
             target=lambda: answers.append(client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}))
         )
         request.start()
-        assert _wait_for(lambda: gate.admitted == 1)
+        assert wait_for(lambda: gate.admitted == 1)
         time.sleep(0.2)  # the job is written as soon as the batch is admitted
         os.kill(pid, signal.SIGKILL)
         request.join(timeout=60)
@@ -161,7 +151,7 @@ def test_shutdown_stops_the_workers(registry_root, start):
     assert not any(_running(pid) for pid in pids)
 
 
-def test_workers_exit_when_the_server_dies(registry_root, tmp_path):
+def test_workers_exit_when_the_server_dies(registry_root, tmp_path, wait_for):
     # A server process that ends without its shutdown (os._exit, as after SIGKILL): the worker sees its
     # socket close and exits on its own, leaving no orphan.
     script = textwrap.dedent(
@@ -182,4 +172,4 @@ def test_workers_exit_when_the_server_dies(registry_root, tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     status, pid = done.stdout.split()
     assert status == "200", done.stderr
-    assert _wait_for(lambda: not _running(int(pid)))
+    assert wait_for(lambda: not _running(int(pid)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 
 import pytest
 
@@ -17,16 +16,6 @@ from ficco.training import registry
 from ficco.training.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"
-
-
-def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes (a generous deadline, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -114,19 +103,19 @@ def _other(root) -> str:
     return next(c["version"] for c in list_models(root)[HARDWARE] if c["version"] != current)
 
 
-def test_watcher_swaps_in_promoted_version(model_root, start):
+def test_watcher_swaps_in_promoted_version(model_root, start, wait_for):
     new = _other(model_root)
     with start(model_root, RELOAD_POLL_S=0.05) as client:
         promote(model_root, HARDWARE, new)
-        assert _wait_for(lambda: client.get("/readyz").json()["serving"][HARDWARE] == new)
+        assert wait_for(lambda: client.get("/readyz").json()["serving"][HARDWARE] == new, timeout_s=20.0)
 
 
-def test_watcher_does_not_retry_a_failed_version_every_poll(model_root, start, damage):
+def test_watcher_does_not_retry_a_failed_version_every_poll(model_root, start, damage, wait_for):
     old, new = current_version(model_root, HARDWARE), _other(model_root)
     damage(model_root / HARDWARE / new, "corrupt")
     with start(model_root, RELOAD_POLL_S=0.05) as client:
         promote(model_root, HARDWARE, new)
-        assert _wait_for(lambda: client.get("/readyz").json()["last_reload_error"] is not None)
+        assert wait_for(lambda: client.get("/readyz").json()["last_reload_error"] is not None, timeout_s=20.0)
         store = client.app.state.store
         assert store.refresh() == {HARDWARE: f"failed {new} earlier; not retried until CURRENT changes"}
         assert client.get("/readyz").json()["serving"] == {HARDWARE: old}
