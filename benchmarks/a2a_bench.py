@@ -89,6 +89,8 @@ VARIANTS = {
     "dma_graph": "dma captured in a CUDA graph",
 }
 """Variant -> what it runs (the JSON's ``<variant>_ms`` columns)."""
+_FAILED_CAPTURES: list = []
+"""CUDA graphs whose capture raised (see ``_graphed``)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,27 +122,16 @@ def main(argv: list[str] | None = None) -> dict | None:
         out.write_text(render_markdown(data))
         print(f"wrote {out}")
         return None
-    import torch
     import torch.distributed as dist
 
-    own_group = not dist.is_initialized()
-    if own_group:
-        if "LOCAL_RANK" not in os.environ:
-            sys.exit(
-                "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 "
-                + " ".join(sys.argv)
-            )
-        if args.cpu_dry_run:
-            dist.init_process_group("gloo")
-        else:
-            local_rank = int(os.environ["LOCAL_RANK"])
-            torch.cuda.set_device(local_rank)
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    try:
+    from ficco import executor
+
+    if not dist.is_initialized() and "LOCAL_RANK" not in os.environ:
+        sys.exit(
+            "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 " + " ".join(sys.argv)
+        )
+    with executor.process_group("cpu" if args.cpu_dry_run else "cuda"):
         return run(args)
-    finally:
-        if own_group:
-            dist.destroy_process_group()
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -471,11 +462,19 @@ def _graphed(calls: Callable[[], None]) -> Callable[[], None]:
 
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        calls()
+    try:
+        with torch.cuda.graph(graph):
+            calls()
+    except Exception:
+        # torch 2.11 aborts the process when a graph whose capture failed is destroyed (its destructor
+        # unregisters it from the RNG state a second time): such graphs live until the process ends.
+        _FAILED_CAPTURES.append(graph)
+        raise
     torch.cuda.synchronize()
-    replay = graph.replay
-    replay.graph = graph  # keep it alive with the closure
+
+    def replay() -> None:
+        graph.replay()
+
     return replay
 
 

@@ -547,8 +547,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.write_plan:
         write_plan(args.write_plan)
         return None
+    with executor.process_group("cpu" if args.cpu_smoke else "cuda") as device:
+        return run(args, device)
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict:
+    """Every point of the benchmark on ``device``; rank 0 writes the results after each point and returns
+    them (every rank returns its own copy)."""
     started = time.monotonic()
-    device = init_distributed(args.cpu_smoke)
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
     if args.cpu_smoke:
         models, train, infer, seq_len = {"tiny": CPU_SMOKE}, (32, 64), (16, 32), 16
@@ -608,8 +614,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             result["skipped"].append({"model": model, "phase": phase, "tokens": tokens})
             continue
         block, vs = blocks[model], variants[(model, phase)]
-        run = run_train_point if phase == "train" else run_inference_point
-        point = make_point(model, phase, tokens, run(block, vs, tokens, args, device, dtype))
+        measure = run_train_point if phase == "train" else run_inference_point
+        point = make_point(model, phase, tokens, measure(block, vs, tokens, args, device, dtype))
         executor.clear_buffers()
         result["points"].append(point)
         log(rank0, point_line(point))
@@ -643,19 +649,6 @@ def make_point(model: str, phase: str, tokens: int, got: dict) -> dict:
         "rel_err": got["rel_err"],
         "errors": got["errors"],
     }
-
-
-def init_distributed(cpu: bool) -> torch.device:
-    """The process group (torchrun's environment; an existing one is kept) and this rank's device."""
-    if cpu:
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    return torch.device("cuda", local_rank)
 
 
 def device_name(device: torch.device) -> str:

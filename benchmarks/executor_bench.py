@@ -193,22 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     from datetime import timedelta
 
-    import torch
-    import torch.distributed as dist
+    from ficco import executor
 
-    local_rank = int(os.environ["LOCAL_RANK"])
     # A rank stuck in a collective ends the run in minutes (what was measured is already on disk).
-    if args.cpu_dry_run:
-        dist.init_process_group("gloo", timeout=timedelta(minutes=3))
-    else:
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group(
-            "nccl", device_id=torch.device("cuda", local_rank), timeout=timedelta(minutes=3)
-        )
-    try:
+    with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timedelta(minutes=3)):
         problems = run(args)
-    finally:
-        dist.destroy_process_group()
     if args.strict and problems:
         sys.exit(f"--strict: {problems} failed schedules or missing measurements (see the markdown)")
 

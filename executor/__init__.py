@@ -13,7 +13,14 @@ on the CPU the executor choice changes only the transport (CI checks every sched
     Z = matmul_all_to_all(Y, b2, routing, "finer/sm/s2/chunk")        # b2 [experts/w, n, d] -> [rows of x, d]
 """
 
-from ficco.executor.context import CaptureError, clear_buffers, poison_buffers, reset, set_barrier_timeout
+from ficco.executor.context import (
+    CaptureError,
+    clear_buffers,
+    poison_buffers,
+    process_group,
+    reset,
+    set_barrier_timeout,
+)
 from ficco.executor.experts import grouped_matmul
 from ficco.executor.ops import (
     OP_FUNCTIONS,
@@ -36,6 +43,7 @@ __all__ = [
     "matmul_all_to_all",
     "matmul_reduce_scatter",
     "poison_buffers",
+    "process_group",
     "reset",
     "run_op",
     "set_barrier_timeout",

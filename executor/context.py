@@ -9,10 +9,14 @@ NaN so that a schedule that forgets to move a piece cannot pass a correctness ch
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -240,3 +244,38 @@ def reset() -> None:
     """Forget every context (after ``destroy_process_group``; tests start a new group per world size)."""
     _contexts.clear()
     _checked.clear()
+
+
+@contextlib.contextmanager
+def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Iterator[torch.device]:
+    """This torchrun rank's default process group and its device, for the ``with`` block.
+
+    ``device="cuda"``: NCCL bound to GPU ``LOCAL_RANK`` (made the current device); ``"cpu"``: gloo.
+    ``timeout``: how long a collective waits before the group gives up (torch's default when None). A group
+    that already exists is used and left up. Otherwise, on exit, the executor's contexts (which hold the
+    group and its peer memory) are dropped before the group is destroyed: left to interpreter exit, gloo's
+    still-joinable threads abort the process ("terminate called without an active exception").
+    """
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    here = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if device == "cuda"
+        else torch.device("cpu")
+    )
+    if device == "cuda":
+        torch.cuda.set_device(here)
+    if dist.is_initialized():
+        yield here
+        return
+    options = {} if timeout is None else {"timeout": timeout}
+    if device == "cuda":
+        dist.init_process_group("nccl", device_id=here, **options)
+    else:
+        dist.init_process_group("gloo", **options)
+    try:
+        yield here
+    finally:
+        reset()
+        gc.collect()
+        dist.destroy_process_group()

@@ -11,7 +11,6 @@ sweep); rank 0 writes the dataset. ``ficco bench`` writes the plan file and laun
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 from pathlib import Path
@@ -60,10 +59,9 @@ def pin_to_cores(local_rank: int, local_world_size: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Initialise the process group (NCCL on the local GPU, or gloo), then sweep the plan."""
+    """In this rank's process group (NCCL on the local GPU, or gloo), sweep or re-measure the plan."""
     args = parse_args(argv)
     os.environ.update(SAFE_ENV)  # before torch.distributed initialises NCCL or symmetric memory
-    import torch
     import torch.distributed as dist
 
     from ficco import executor
@@ -73,12 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     pin_to_cores(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    else:
-        dist.init_process_group("gloo")
-    try:
+    with executor.process_group(args.device):
         plan = Plan.from_json(args.plan.read_text())
         sizes = {s.world_size for _, s in plan}
         if sizes - {dist.get_world_size()}:
@@ -102,13 +95,6 @@ def main(argv: list[str] | None = None) -> None:
         if dist.get_rank() == 0 and backend.phase_seconds:
             spent = ", ".join(f"{name} {sec:.1f} s" for name, sec in sorted(backend.phase_seconds.items()))
             print(f"{args.phase}: wall time by phase: {spent}", file=sys.stderr, flush=True)
-    finally:
-        # The executor's contexts hold the process group (and its peer memory): dropped first, the group
-        # is torn down here rather than at interpreter exit, where gloo's threads, still joinable,
-        # abort the process ("terminate called without an active exception").
-        executor.reset()
-        gc.collect()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -119,26 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [op for op in ops if op not in OP_SPECS]
     if unknown:
         p.error(f"--ops must name ops of {list(OP_SPECS)}; got {unknown}")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    world = dist.get_world_size()
-    failures = 0
-    for op in ops:
-        for label, scenario in cases(op, world):
-            for schedule in candidates(scenario):
-                for mode, why in _check(scenario, schedule, device):
-                    flags = torch.tensor([0 if not why else 1], device=device)
-                    dist.all_reduce(flags)
-                    failures += int(flags.item() > 0)
-                    if dist.get_rank() == 0:
-                        status = "ok" if flags.item() == 0 else f"FAIL {why or '(another rank failed)'}"
-                        print(f"CHECK {op} {label} {schedule} {mode} {status}", flush=True)
-            executor.clear_buffers()
-    if dist.get_rank() == 0:
-        print("ALL OK" if failures == 0 else f"FAILED {failures}", flush=True)
-    dist.destroy_process_group()
+    with executor.process_group("cuda") as device:
+        world = dist.get_world_size()
+        failures = 0
+        for op in ops:
+            for label, scenario in cases(op, world):
+                for schedule in candidates(scenario):
+                    for mode, why in _check(scenario, schedule, device):
+                        flags = torch.tensor([0 if not why else 1], device=device)
+                        dist.all_reduce(flags)
+                        failures += int(flags.item() > 0)
+                        if dist.get_rank() == 0:
+                            status = "ok" if flags.item() == 0 else f"FAIL {why or '(another rank failed)'}"
+                            print(f"CHECK {op} {label} {schedule} {mode} {status}", flush=True)
+                executor.clear_buffers()
+        if dist.get_rank() == 0:
+            print("ALL OK" if failures == 0 else f"FAILED {failures}", flush=True)
     return 0 if failures == 0 else 1
 
 

@@ -54,6 +54,19 @@ def test_every_moe_schedule_eager_and_graph_matches_serial():
 
 
 @pytest.mark.timeout(600)
+def test_layers_gradients_and_graphs_match_serial():
+    """The runtime's column- and row-parallel layers under autograd (every schedule family, bf16 and fp32,
+    the gathered input kept and gathered again, the shipped model's planner) and inside CUDA graphs, against
+    the serial reference (``tests/runtime/gpu_layers_check.py``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={GPUS}"]
+    proc = _run([*cmd, "tests/runtime/gpu_layers_check.py"], timeout=580)
+    bad = [line for line in proc.stdout.splitlines() if "FAILED" in line]
+    assert proc.returncode == 0 and proc.stdout.count("all within tolerance") == GPUS, (
+        "\n".join(bad) or proc.stdout[-2000:] + proc.stderr[-4000:]
+    )
+
+
+@pytest.mark.timeout(600)
 def test_harness_smoke_sweep(tmp_path):
     """``ficco bench --backend gpu`` runs a small sweep end to end (one model family, 8 scenarios)."""
     configs = tmp_path / "configs"

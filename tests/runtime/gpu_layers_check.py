@@ -26,6 +26,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from test_layers import _mlp_world  # noqa: E402
 
+from ficco import executor  # noqa: E402
 from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear  # noqa: E402
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.training.registry import default_model_root  # noqa: E402
@@ -83,37 +84,35 @@ def graph_errors(rank: int, world_size: int) -> list[tuple[str, float]]:
 
 
 def main() -> int:
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    # the shipped model's case needs xgboost, which the GPU image may lack
-    model_root = str(default_model_root()) if importlib.util.find_spec("xgboost") else None
-    report = _mlp_world(rank, world_size, model_root, "cuda", SIZES, SCHEDULES)
-    bad = []
-    for dtype, schedule, keep, errs in report["cases"]:
-        worst = max(errs.values())
-        line = f"rank {rank} train {dtype} {schedule:24s} keep_gathered={keep!s:5s} max rel err {worst:.2e}"
-        print(line, flush=True)
-        if not worst <= TOLERANCE[dtype]:
-            bad.append(line)
-    for dtype, err in report["inference"]:
-        if not err <= TOLERANCE[dtype]:
-            bad.append(f"rank {rank} inference {dtype}: {err:.2e}")
-    if report["planner"] is not None:
-        errs, rows = report["planner"]
-        schedules = sorted({r["schedule"] for r in rows if r["schedule"] != "-"})
-        print(
-            f"rank {rank} planner (shipped model) max rel err {max(errs.values()):.2e}; schedules {schedules}"
-        )
-        if not max(errs.values()) <= TOLERANCE["bf16"]:
-            bad.append(f"rank {rank} planner: {errs}")
-    for schedule, worst in graph_errors(rank, world_size):
-        line = f"rank {rank} CUDA graph bf16 {schedule:24s} max rel err {worst:.2e}"
-        print(line, flush=True)
-        if not worst <= TOLERANCE["bf16"]:
-            bad.append(line)
-    dist.destroy_process_group()
+    with executor.process_group("cuda"):
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        # the shipped model's case needs xgboost, which the GPU image may lack
+        model_root = str(default_model_root()) if importlib.util.find_spec("xgboost") else None
+        report = _mlp_world(rank, world_size, model_root, "cuda", SIZES, SCHEDULES)
+        bad = []
+        for dtype, schedule, keep, errs in report["cases"]:
+            worst = max(errs.values())
+            line = (
+                f"rank {rank} train {dtype} {schedule:24s} keep_gathered={keep!s:5s} max rel err {worst:.2e}"
+            )
+            print(line, flush=True)
+            if not worst <= TOLERANCE[dtype]:
+                bad.append(line)
+        for dtype, err in report["inference"]:
+            if not err <= TOLERANCE[dtype]:
+                bad.append(f"rank {rank} inference {dtype}: {err:.2e}")
+        if report["planner"] is not None:
+            errs, rows = report["planner"]
+            schedules = sorted({r["schedule"] for r in rows if r["schedule"] != "-"})
+            worst = max(errs.values())
+            print(f"rank {rank} planner (shipped model) max rel err {worst:.2e}; schedules {schedules}")
+            if not worst <= TOLERANCE["bf16"]:
+                bad.append(f"rank {rank} planner: {errs}")
+        for schedule, worst in graph_errors(rank, world_size):
+            line = f"rank {rank} CUDA graph bf16 {schedule:24s} max rel err {worst:.2e}"
+            print(line, flush=True)
+            if not worst <= TOLERANCE["bf16"]:
+                bad.append(line)
     print(f"rank {rank}: {'FAILED ' + str(len(bad)) if bad else 'all within tolerance'}", flush=True)
     return 1 if bad else 0
 
