@@ -500,16 +500,17 @@ def _try(fn: Callable[[], str]) -> str:
 
 def crossovers(rows: list[dict]) -> dict[str, int | None]:
     """Per measured copy-engine variant: the smallest bytes per peer from which it is at least as fast as
-    NCCL (``dma_graph``: as ``nccl_graph``) at every larger measured size; None: slower at the largest."""
+    NCCL (``dma_graph``: as ``nccl_graph``) at every larger size where both were measured; None: slower at
+    the largest such size."""
     out = {}
     for variant in (v for v in VARIANTS if v.startswith("dma")):
-        if all(row.get(f"{variant}_ms") is None for row in rows):
-            continue
         against = "nccl_graph_ms" if variant == "dma_graph" else "nccl_ms"
+        both = [r for r in rows if r.get(f"{variant}_ms") is not None and r.get(against) is not None]
+        if not both:
+            continue
         at = None
-        for row in sorted(rows, key=lambda r: r["bytes_per_peer"], reverse=True):
-            mine, nccl = row.get(f"{variant}_ms"), row.get(against)
-            if mine is None or nccl is None or mine > nccl:
+        for row in sorted(both, key=lambda r: r["bytes_per_peer"], reverse=True):
+            if row[f"{variant}_ms"] > row[against]:
                 break
             at = row["bytes_per_peer"]
         out[variant] = at
@@ -565,20 +566,24 @@ def render_markdown(data: dict) -> str:
             + " |"
         )
     lines += ["", "## Crossover", ""]
-    for variant, at in data.get("crossover", {}).items():
+    for variant, at in crossovers(data["sizes"]).items():
         where = "never (slower at the largest size)" if at is None else f"from {_size(at)} per peer on"
         lines.append(
             f"- `{variant}` at least as fast as NCCL{' (graph)' if variant == 'dma_graph' else ''}: {where}"
         )
-    g = data.get("goal", {})
-    met = "met" if g.get("met") else "missed"
+    g = goal(data["sizes"])
+    met = "met" if g["met"] else "missed"
     lines += [
         "",
         f"Goal (dma >= NCCL at >= 1 MiB per peer, within {GOAL_BELOW}x below): **{met}**; {g.get('note')}",
     ]
-    errors = {name: why for r in data["sizes"] for name, why in r.get("errors", {}).items()}
-    if errors:
-        lines += ["", "Not measured: " + "; ".join(f"`{k}`: {v}" for k, v in sorted(errors.items()))]
+    where_not: dict[tuple[str, str], list[str]] = {}
+    for r in data["sizes"]:
+        for name, why in sorted(r.get("errors", {}).items()):
+            where_not.setdefault((name, why.splitlines()[0]), []).append(_size(r["bytes_per_peer"]))
+    if where_not:
+        lines += ["", "## Not measured", ""]
+        lines += [f"- `{name}` at {', '.join(at)} per peer: {why}" for (name, why), at in where_not.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -610,3 +615,7 @@ def _say(text: str) -> None:
 
 if __name__ == "__main__":
     main()
+    if _FAILED_CAPTURES:
+        # The results are on disk; destroying these graphs at interpreter exit would abort (see _graphed).
+        sys.stdout.flush()
+        os._exit(0)

@@ -33,11 +33,14 @@ and the JSON says how many ops came from each). Two more timings per point: ``co
 collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training,
 ``planner_regather`` (the column-parallel weight gradient gathers its input again instead of keeping it).
 
-Timing: per variant ``--warmup`` untimed steps, then ``--reps`` steps each between CUDA events (CPU:
-``perf_counter``), ranks aligned (synchronise, barrier) before the timed steps; a step's time is the
-maximum over ranks and a point's time the median. Every variant's output (and, in training, the input and
-weight gradients of its first step) is compared with ``serial``'s (relative error, ``rel_err``). Points run
-cheapest first; a point that would start after ``--budget-s`` is skipped and listed.
+Timing (``time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds in which
+every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU:
+``perf_counter``), ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the
+maximum over ranks and a point's time the median over its ``rounds x reps`` steps. Each point also keeps
+the host time to queue one step (``host_ms``): where it nears the step time, the host is the bottleneck.
+Every variant's output (and, in training, the input and weight gradients of its first step) is compared
+with ``serial``'s (relative error, ``rel_err``). Points run cheapest first; a point that would start after
+``--budget-s`` is skipped and listed.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import functools
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -396,30 +400,80 @@ def align(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], Any], *, warmup: int, reps: int, device: torch.device) -> float:
-    """Median over ``reps`` calls of the slowest rank's time per call, ms, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    align(device)
-    if device.type == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
-        ]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        times = [start.elapsed_time(end) for start, end in events]
-    else:
+Variant = tuple[Callable[[], None], Callable[[], Any]]
+"""``(activate, step)``: ``activate`` puts the variant in place (untimed), ``step`` runs one step."""
+
+
+def time_interleaved(
+    variants: dict[str, Variant], *, warmup: int, rounds: int, reps: int, device: torch.device
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Every variant's median step time and median host time to issue a step (ms), each step's time the
+    slowest rank's.
+
+    After ``warmup`` untimed steps each, the variants are timed in ``rounds`` rounds of ``reps`` steps, in
+    a new order every round (the same order on every rank: the steps are collective), so that drift lands
+    on every variant alike. A round starts with the ranks aligned; its steps are queued back to back
+    between CUDA events (CPU: ``perf_counter``); host time is the time to queue them, per step (close to
+    the step time when the host, not the GPU, is the bottleneck).
+    """
+    names = list(variants)
+    for activate, step in variants.values():
+        activate()
+        for _ in range(warmup):
+            step()
+    steps: dict[str, list[float]] = {name: [] for name in names}
+    host: dict[str, list[float]] = {name: [] for name in names}
+    order = random.Random(len(names) * 1_000 + reps)
+    for _ in range(rounds):
+        for name in order.sample(names, len(names)):
+            activate, step = variants[name]
+            activate()
+            align(device)
+            ms, issued = _timed_steps(step, reps, device)
+            steps[name] += ms
+            host[name].append(issued / reps)
+    flat = [t for name in names for t in (*steps[name], *host[name])]
+    slowest = torch.tensor(flat, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    values, width = slowest.tolist(), rounds * reps + rounds
+    times, hosts = {}, {}
+    for i, name in enumerate(names):
+        mine = values[i * width : (i + 1) * width]
+        times[name] = statistics.median(mine[: rounds * reps])
+        hosts[name] = statistics.median(mine[rounds * reps :])
+    return times, hosts
+
+
+def _timed_steps(step: Callable[[], Any], reps: int, device: torch.device) -> tuple[list[float], float]:
+    """``reps`` steps queued back to back: each one's time (ms) and the host time to queue them all (ms)."""
+    if device.type != "cuda":
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            fn()
+            step()
             times.append(1e3 * (time.perf_counter() - t0))
-    slowest = torch.tensor(times, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
+        return times, sum(times)
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
+    ]
+    t0 = time.perf_counter()
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    issued = 1e3 * (time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events], issued
+
+
+def time_ms(fn: Callable[[], Any], *, warmup: int, reps: int, device: torch.device) -> float:
+    """Median over ``reps`` calls of ``fn`` (one round) of the slowest rank's time per call, ms."""
+    times, _ = time_interleaved({"": (_nothing, fn)}, warmup=warmup, rounds=1, reps=reps, device=device)
+    return times[""]
+
+
+def _nothing() -> None:
+    pass
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -464,12 +518,15 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
             y.backward(g)
         return y
 
-    times, errors, failures, reference = {}, {}, {}, None
-    for name, (ops, keep) in variants.items():
+    def activate(ops: Any, keep: bool) -> None:
         apply_ops(block, ops)
-        maybe_prepare(ops, block.op_requests(tokens, backward=True))
         for layer in (block.qkv, block.gate_up):
             layer.keep_gathered = keep
+
+    runnable, errors, failures, reference = {}, {}, {}, None
+    for name, (ops, keep) in variants.items():
+        activate(ops, keep)
+        maybe_prepare(ops, block.op_requests(tokens, backward=True))
         try:
             y = step()
             result = [y.detach(), x.grad, *(p.grad for p in params)]
@@ -478,10 +535,13 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
             elif name != "compute_only":  # its numbers are not the block's (no collectives)
                 errors[name] = max(rel_err(a, b) for a, b in zip(result, reference, strict=True))
             del y, result
-            times[name] = time_ms(step, warmup=args.warmup, reps=args.reps, device=device)
-        except Exception as err:  # the same on every rank (a refused op, a failed capture): recorded
+            runnable[name] = (functools.partial(activate, ops, keep), step)
+        except Exception as err:  # the same on every rank (a refused op): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    return {"times": times, "rel_err": errors, "errors": failures}
+    times, host = time_interleaved(
+        runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
+    )
+    return {"times": times, "host": host, "rel_err": errors, "errors": failures}
 
 
 def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, args, device, dtype) -> dict:
@@ -494,9 +554,10 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
     def forward() -> torch.Tensor:
         return block(x)
 
-    times, errors, failures, reference = {}, {}, {}, None
+    runnable, errors, failures, reference = {}, {}, {}, None
     for name, (ops, _) in variants.items():
-        apply_ops(block, ops)
+        activate = functools.partial(apply_ops, block, ops)  # a replayed graph needs nothing; eager does
+        activate()
         maybe_prepare(ops, block.op_requests(tokens, backward=False))
         try:
             call = GraphedCall(forward) if device.type == "cuda" else forward
@@ -505,11 +566,14 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
                 reference = y
             elif name != "compute_only":
                 errors[name] = rel_err(y, reference)
-            times[name] = time_ms(call, warmup=args.warmup, reps=args.reps, device=device)
-            del call
+            runnable[name] = (activate, call)
         except Exception as err:  # the same on every rank (e.g. an op that cannot be captured): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    return {"times": times, "rel_err": errors, "errors": failures}
+    times, host = time_interleaved(
+        runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
+    )
+    runnable.clear()  # the graphs go before the next point's
+    return {"times": times, "host": host, "rel_err": errors, "errors": failures}
 
 
 # The run ----------------------------------------------------------------------------------------------------
@@ -587,6 +651,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "oracle_dataset_ops": len(keys) - len(missing),
             "oracle_pool": pool or "every candidate",
             "warmup": args.warmup,
+            "rounds": args.rounds,
             "reps": args.reps,
             "seq_len": seq_len,
             "dtype": str(dtype),
@@ -646,6 +711,7 @@ def make_point(model: str, phase: str, tokens: int, got: dict) -> dict:
         "comm_share": comm,
         "step_ms": {v: times.get(v) for v in VARIANTS},
         "extra_ms": {k: v for k, v in times.items() if k not in VARIANTS},
+        "host_ms": got["host"],
         "rel_err": got["rel_err"],
         "errors": got["errors"],
     }
@@ -731,6 +797,7 @@ def markdown(result: dict) -> str:
         "oracle",
         "compute only",
         "planner (re-gather)",
+        "host share: serial / planner",
         "planner speedup: vs serial",
         "vs async-TP",
         "vs oracle",
@@ -741,6 +808,10 @@ def markdown(result: dict) -> str:
 
     def x(a: float | None, b: float | None) -> str:
         return "-" if not a or not b else f"{a / b:.2f}x"
+
+    def share(p: dict, v: str) -> str:
+        host, step = p.get("host_ms", {}).get(v), p["step_ms"].get(v)
+        return "-" if not host or not step else f"{host / step:.0%}"
 
     rows = []
     for p in result["points"]:
@@ -755,6 +826,7 @@ def markdown(result: dict) -> str:
                 *(ms(s.get(v)) for v in VARIANTS),
                 ms(e.get("compute_only")),
                 ms(e.get("planner_regather")),
+                f"{share(p, 'serial')} / {share(p, 'planner')}",
                 x(s["serial"], s["planner"]),
                 x(s.get("async_tp"), s["planner"]),
                 x(s["oracle"], s["planner"]),
@@ -763,7 +835,9 @@ def markdown(result: dict) -> str:
     lines = [
         "# Transformer block at TP=2: step time, ms (median; slowest rank)",
         "",
-        "The last three columns are the planner's speedup: the other variant's step time over the planner's.",
+        "Host share: the host time to queue a step over the step time (near 100%: the host is the"
+        " bottleneck). The last three columns are the planner's speedup: the other variant's step time over"
+        " the planner's.",
         "",
         markdown_table(header, rows),
     ]
@@ -829,7 +903,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TRAIN_TOKENS} / {QUICK_INFER_TOKENS}")
     p.add_argument("--cpu-smoke", action="store_true", help="gloo on the CPU, a tiny block (CI)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant and point")
-    p.add_argument("--reps", type=int, default=10, help="timed steps per variant and point")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point (variants reordered)")
+    p.add_argument("--reps", type=int, default=4, help="timed steps per variant and round")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
     p.add_argument(
         "--oracle-all-candidates",
@@ -842,8 +917,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
-    if args.warmup < 1 or args.reps < 1:
-        p.error(f"--warmup and --reps must be >= 1; got {args.warmup} and {args.reps}")
+    for name in ("warmup", "rounds", "reps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
     return args
 
 

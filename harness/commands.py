@@ -110,6 +110,13 @@ def bench(
             "and expert GEMMs -> all-to-all (gemm_a2a), at balanced routing.",
         ),
     ] = False,
+    ops: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated ops to keep (default: every op; ag_gemm, gemm_rs, a2a_gemm, gemm_a2a), "
+            "e.g. a2a_gemm,gemm_a2a with --include-moe for MoE rows only."
+        ),
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the dataset in --out (skips finished scenarios).")
     ] = False,
@@ -222,6 +229,7 @@ def bench(
         max_serial_ms=max_serial_ms,
         include_moe=include_moe,
         seed=seed,
+        ops=[op.strip() for op in ops.split(",") if op.strip()] if ops else None,
         limit=limit,
         sample=sample,
     )
@@ -302,6 +310,7 @@ PLAN_OPTIONS = {
     "grid_size": "--grid",
     "hardware_id": "--hardware",
     "include_moe": "--include-moe",
+    "ops": "--ops",
     "max_serial_ms": "--max-serial-ms",
     "seed": "--seed",
     "configs": "--configs",

@@ -77,6 +77,7 @@ def build_plan(
     max_serial_ms: float = DEFAULT_MAX_SERIAL_MS,
     include_moe: bool,
     seed: int,
+    ops: list[str] | None = None,
     limit: int = 0,
     sample: int = 0,
 ) -> Plan:
@@ -96,6 +97,7 @@ def build_plan(
             include_moe=include_moe,
             max_serial_ms=max_serial_ms,
             seed=seed,
+            **({"ops": ops} if ops else {}),
         )
     except ValueError as err:
         raise fail(str(err)) from None

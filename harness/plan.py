@@ -21,7 +21,9 @@ import numpy as np
 
 from ficco.features import (
     DEFAULT_HARDWARE_ID,
+    DENSE_OPS,
     MOE_OPS,
+    OPS,
     SERIAL,
     HardwareProfile,
     Scenario,
@@ -143,16 +145,18 @@ def plan_scenarios(
     include_moe: bool = False,
     max_serial_ms: float = DEFAULT_MAX_SERIAL_MS,
     seed: int = 0,
+    ops: Sequence[str] = OPS,
 ) -> Plan:
     """Build the plan (see the module docstring).
 
     ``include_moe`` adds the MoE configs' expert-parallel pairs (``a2a_gemm`` / ``gemm_a2a``, balanced
-    routing); the grid holds ``ag_gemm`` and ``gemm_rs`` only. Model configs whose layers do not split ``tp``
+    routing); the grid holds ``ag_gemm`` and ``gemm_rs`` only. ``ops``: only scenarios of these ops (the
+    grid too; an MoE op also needs ``include_moe``). Model configs whose layers do not split ``tp``
     ways are left out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError``
     naming a bad argument.
     """
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
-    _check_args(tp, tokens, grid_size, max_serial_ms, hardware)
+    _check_args(tp, tokens, grid_size, max_serial_ms, hardware, ops)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
     sim = SimBackend(hardware)
 
@@ -166,7 +170,7 @@ def plan_scenarios(
         for t in tokens:
             for pair in layer_pairs(config, tp=tp, tokens=t, dtype=dtype, hardware=hardware):
                 s = pair.scenario
-                if s.op in MOE_OPS and not include_moe:
+                if s.op not in ops or (s.op in MOE_OPS and not include_moe):
                     continue
                 seen = families.setdefault(s.key(), [])
                 if config.name in seen:
@@ -182,9 +186,10 @@ def plan_scenarios(
                 else:
                     entries.append((config.name, s))
     kept = {s.key() for _, s in entries}
-    entries += [
-        (GRID_FAMILY, s) for s in _grid(grid_size, tp, dtype, hardware, seed, kept, serial_ms, max_serial_ms)
-    ]
+    grid_ops = [op for op in DENSE_OPS if op in ops]
+    if grid_ops:
+        grid = _grid(grid_size, grid_ops, tp, dtype, hardware, seed, kept, serial_ms, max_serial_ms)
+        entries += [(GRID_FAMILY, s) for s in grid]
     settings = {
         "tp": tp,
         "tokens": list(tokens),
@@ -192,6 +197,7 @@ def plan_scenarios(
         "hardware_id": hardware.id,
         "dtype": dtype,
         "include_moe": include_moe,
+        "ops": [op for op in OPS if op in ops],
         "max_serial_ms": max_serial_ms,
         "seed": seed,
         "configs": [c.name for c in configs],
@@ -202,7 +208,12 @@ def plan_scenarios(
 
 
 def _check_args(
-    tp: int, tokens: Sequence[int], grid_size: int, max_serial_ms: float, hw: HardwareProfile
+    tp: int,
+    tokens: Sequence[int],
+    grid_size: int,
+    max_serial_ms: float,
+    hw: HardwareProfile,
+    ops: Sequence[str],
 ) -> None:
     check_int("plan_scenarios", "tp", tp, 2, min(8, hw.gpu_count))  # at most the GPUs of hw
     bad = [t for t in tokens if not (isinstance(t, int) and t >= tp and t % tp == 0)]
@@ -213,6 +224,9 @@ def _check_args(
     check_int("plan_scenarios", "grid_size", grid_size, 0, 100_000)
     if not max_serial_ms > 0:
         raise ValueError(f"max_serial_ms must be > 0; got {max_serial_ms!r}")
+    unknown = [op for op in ops if op not in OPS]
+    if not ops or unknown:
+        raise ValueError(f"ops must be a non-empty list of {list(OPS)}; bad: {unknown or list(ops)}")
 
 
 def _round_log(rng: np.random.Generator, lo: int, hi: int, multiple: int) -> int:
@@ -223,6 +237,7 @@ def _round_log(rng: np.random.Generator, lo: int, hi: int, multiple: int) -> int
 
 def _grid(
     count: int,
+    ops: Sequence[str],
     tp: int,
     dtype: str,
     hardware: HardwareProfile,
@@ -231,8 +246,8 @@ def _grid(
     serial_ms: Callable[[Scenario], float],
     max_serial_ms: float,
 ) -> list[Scenario]:
-    """``count`` distinct seeded grid scenarios under the time cap: ``m`` a multiple of 64 * tp (every
-    finer split then divides), ``n`` and ``k`` multiples of 128."""
+    """``count`` distinct seeded grid scenarios of the dense ``ops`` under the time cap: ``m`` a multiple of
+    64 * tp (every finer split then divides), ``n`` and ``k`` multiples of 128."""
     rng = np.random.default_rng(seed)
     out: list[Scenario] = []
     taken = set(taken)
@@ -240,7 +255,7 @@ def _grid(
         if len(out) == count:
             break
         s = Scenario(
-            op=str(rng.choice(["ag_gemm", "gemm_rs"])),
+            op=str(rng.choice(list(ops))),
             m=_round_log(rng, *GRID_M, 64 * tp),
             n=_round_log(rng, *GRID_NK, 128),
             k=_round_log(rng, *GRID_NK, 128),

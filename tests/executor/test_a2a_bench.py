@@ -56,7 +56,8 @@ def test_dry_run_writes_the_json_and_the_markdown(dry_run):
     assert saved["sizes"] == result["sizes"] and saved["meta"]["op"] == result["meta"]["op"]
     markdown = path.with_suffix(".md").read_text()
     assert "| KiB per peer | nccl ms | dma ms |" in markdown and "## Crossover" in markdown
-    assert "Not measured: `dma_batched`" in markdown
+    sizes = ", ".join(f"{r['bytes_per_peer'] >> 10} KiB" for r in saved["sizes"])
+    assert f"## Not measured\n\n- `dma_batched` at {sizes} per peer: rank 0: needs CUDA" in markdown
 
 
 def test_crossover_is_where_the_copy_engines_stay_ahead_and_the_goal_reads_both_sides():
@@ -75,6 +76,8 @@ def test_crossover_is_where_the_copy_engines_stay_ahead_and_the_goal_reads_both_
     assert not bench.goal(rows)["met"]
     rows[-1]["dma_ms"] = 0.1  # slower at the largest size: no crossover
     assert bench.crossovers(rows) == {"dma": None}
+    rows[-1]["nccl_ms"] = None  # not measured there: the crossover reads the sizes where both were
+    assert bench.crossovers(rows) == {"dma": 512 << 10}
 
 
 def test_memcpy_attributes_match_the_cuda_runtime_layout():

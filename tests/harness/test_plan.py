@@ -45,6 +45,27 @@ def test_plan_moe_pairs_only_when_asked(h200):
     assert {s.op for _, s in with_moe} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"}
 
 
+def test_plan_ops_keeps_only_those_ops_grid_included(h200):
+    config = _config("Qwen3-30B-A3B")
+    moe = plan_scenarios(
+        [config],
+        tp=2,
+        tokens=[4096],
+        grid_size=10,
+        hardware=h200,
+        include_moe=True,
+        ops=["a2a_gemm", "gemm_a2a"],
+    )
+    assert {s.op for _, s in moe} == {"a2a_gemm", "gemm_a2a"} and moe.settings["ops"] == [
+        "a2a_gemm",
+        "gemm_a2a",
+    ]
+    rs = plan_scenarios([config], tp=2, tokens=[4096], grid_size=10, hardware=h200, ops=["gemm_rs"])
+    assert {s.op for _, s in rs} == {"gemm_rs"} and sum(f == "grid" for f, _ in rs) == 10
+    with pytest.raises(ValueError, match=r"ops must be a non-empty list of .*bad: \['all_reduce'\]"):
+        plan_scenarios([config], tp=2, tokens=[4096], grid_size=0, hardware=h200, ops=["all_reduce"])
+
+
 def test_plan_drops_scenarios_over_the_time_cap(h200):
     config = _config("Llama-3.1-405B")
     plan = plan_scenarios([config], tp=2, tokens=[1024, 65536], grid_size=0, hardware=h200, max_serial_ms=2.0)

@@ -21,7 +21,19 @@ def _load():
 
 
 def _smoke(rank: int, world_size: int, out: str) -> dict:
-    argv = ["--cpu-smoke", "--out", out, "--warmup", "1", "--reps", "2", "--oracle-reps", "1"]
+    argv = [
+        "--cpu-smoke",
+        "--out",
+        out,
+        "--warmup",
+        "1",
+        "--rounds",
+        "2",
+        "--reps",
+        "2",
+        "--oracle-reps",
+        "1",
+    ]
     return _load().main(argv)
 
 
@@ -42,6 +54,8 @@ def test_every_point_has_every_variant(smoke):
         assert set(p["step_ms"]) == set(bench.VARIANTS)
         assert p["step_ms"]["async_tp"] is None  # PyTorch's symmetric-memory ops need GPUs
         assert all(p["step_ms"][v] > 0 for v in ("serial", "shard_dma", "planner", "oracle"))
+        assert set(p["host_ms"]) == set(p["step_ms"]) - {"async_tp"} | set(p["extra_ms"])
+        assert all(p["host_ms"][v] > 0 for v in p["host_ms"])
         assert 0.0 <= p["comm_share"] <= 1.0
         assert p["errors"] == {}
         expected = {"shard_dma", "planner", "oracle"} | (
