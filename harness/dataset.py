@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,9 @@ MANIFEST = "manifest.json"
 NOISE = "noise.parquet"
 PLAN = "plan.json"
 BACKENDS = ("gpu", "gloo", "sim")
+HARDWARE_KEYS = ("gpu_name", "gpu_count", "interconnect", "world_size")
+"""Fingerprint keys that datasets loaded together must share (with the hardware profile); driver and
+software versions may differ."""
 
 COLUMNS: dict[str, str] = {
     "scenario_id": "str",
@@ -194,9 +198,74 @@ def dataset_hardware(path: str | Path) -> HardwareProfile:
     return HardwareProfile.from_dict(_require_manifest(path)["hardware"])
 
 
+def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The measurement rows and the re-measured rows (None if none) of one or more datasets, concatenated
+    in the order given.
+
+    One path may be a directory or a Parquet file (no re-measure), as for :func:`load_dataset`. Several
+    must be directories measured on the same hardware (:func:`check_same_hardware`) with no scenario id in
+    common; ``ValueError`` names the differing key or the shared ids otherwise.
+    """
+    import pandas as pd
+
+    if not paths:
+        raise ValueError("no dataset given; pass at least one dataset directory")
+    if len(paths) == 1:
+        path = Path(paths[0])
+        return load_dataset(path), load_noise(path) if path.is_dir() else None
+    check_same_hardware(paths)
+    frames = [load_dataset(p) for p in paths]
+    for i, frame in enumerate(frames):
+        for j in range(i):
+            shared = sorted(set(frames[j]["scenario_id"]) & set(frame["scenario_id"]))
+            if shared:
+                raise ValueError(
+                    f"{paths[j]} and {paths[i]} share {len(shared)} scenario id(s), e.g. {shared[:3]}; "
+                    "each scenario must come from one dataset"
+                )
+    noise = [n for n in map(load_noise, paths) if n is not None]
+    return (
+        pd.concat(frames, ignore_index=True),
+        pd.concat(noise, ignore_index=True) if noise else None,
+    )
+
+
+def hardware_identity(directory: str | Path) -> dict[str, Any]:
+    """What datasets loaded together must share: the fingerprint's ``HARDWARE_KEYS`` and every field of
+    the hardware profile, as ``fingerprint.<key>`` / ``hardware.<key>`` -> value (absent keys: None)."""
+    manifest = _require_manifest(directory)
+    fingerprint = manifest.get("fingerprint", {})
+    return {
+        **{f"fingerprint.{key}": fingerprint.get(key) for key in HARDWARE_KEYS},
+        **{f"hardware.{key}": value for key, value in manifest["hardware"].items()},
+    }
+
+
+def check_same_hardware(paths: Sequence[str | Path]) -> None:
+    """Raise ``ValueError`` naming every key of :func:`hardware_identity` on which a dataset of ``paths``
+    differs from the first, with both values."""
+    first = hardware_identity(paths[0])
+    for path in paths[1:]:
+        other = hardware_identity(path)
+        diffs = [
+            f"{key} {first.get(key)!r} in {paths[0]} vs {other.get(key)!r} in {path}"
+            for key in sorted(set(first) | set(other))
+            if first.get(key) != other.get(key)
+        ]
+        if diffs:
+            raise ValueError(
+                f"datasets measured on different hardware cannot be combined: {'; '.join(diffs)}"
+            )
+
+
 def dataset_hash(path: str | Path) -> str:
     """SHA-256 of the measurement rows, independent of part boundaries and row order."""
-    df = load_dataset(path).sort_values(["scenario_id", "mode", "schedule"], kind="stable")
+    return frame_hash(load_dataset(path))
+
+
+def frame_hash(df: pd.DataFrame) -> str:
+    """SHA-256 of measurement rows ``df``, independent of row order (see :func:`dataset_hash`)."""
+    df = df.sort_values(["scenario_id", "mode", "schedule"], kind="stable")
     df["round_ms"] = [" ".join(f"{t:.9g}" for t in r) for r in df["round_ms"]]
     text = df.to_csv(index=False, float_format="%.9g", lineterminator="\n")
     return hashlib.sha256(text.encode()).hexdigest()

@@ -2,6 +2,7 @@
 
     ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
+    ficco train --dataset datasets/h200x2 --dataset datasets/h200x2-moe   # dense and MoE rows together
     ficco report --dataset datasets/h200x2 --out reports/h200x2
     ficco retrain --hardware h200x2                           # GPU machine: sweep, train, promote if better
     ficco retrain --backend sim --hardware h100x8 --budget 60 # CPU: the same job on the simulator
@@ -31,9 +32,11 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DatasetOption = Annotated[
-    Path,
+    list[Path],
     typer.Option(
-        "--dataset", help="Dataset directory written by `ficco bench --out` (manifest.json + parts/)."
+        "--dataset",
+        help="Dataset directory written by `ficco bench --out` (manifest.json + parts/). Repeat it to "
+        "combine datasets of the same hardware and disjoint scenarios (e.g. dense and MoE).",
     ),
 ]
 RegistryOption = Annotated[
@@ -66,25 +69,34 @@ def _registry(path: Path | None) -> Path:
     return path or default_model_root()
 
 
-def _load(dataset: Path) -> Any:
+def _load(datasets: list[Path]) -> Any:
     from ficco.training.table import load_dataset_table
 
     try:
-        return load_dataset_table(dataset)
+        return load_dataset_table(*datasets)
     except (OSError, ValueError) as err:
-        raise fail(f"--dataset {dataset}: {err}") from None
+        raise fail(f"--dataset {' '.join(map(str, datasets))}: {err}") from None
+
+
+def pickers_table(pickers: dict[str, dict[str, Any] | None]) -> str:
+    """Picker -> metrics (None: not applicable) as a text table of ``training.metrics.REPORTED``."""
+    from ficco.training.metrics import REPORTED, reported_cells
+
+    rows = [[name, *(reported_cells(m) if m else ["n/a"] * len(REPORTED))] for name, m in pickers.items()]
+    return text_table(["", *REPORTED], rows, align="<" + ">" * len(REPORTED), min_width=14)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The evaluation summary as short text tables: per mode, every picker of the family holdout, then the
-    region holdout's model line and the cross-validated choice."""
-    from ficco.training.metrics import REPORTED, reported_cells
-
+    """The evaluation summary as short text tables: per mode, every picker of the family holdout (then of
+    its dense and MoE rows apart, when both are there), the region holdout's model line and the
+    cross-validated choice."""
     lines = []
     for mode, result in summary["modes"].items():
-        rows = [[name, *reported_cells(m)] for name, m in result["family_holdout"].items()]
         lines.append(f"[{mode}] family holdout")
-        lines.append(text_table(["", *REPORTED], rows, align="<" + ">" * len(REPORTED), min_width=14))
+        lines.append(pickers_table(result["family_holdout"]))
+        for group, pickers in result.get("family_holdout_by_op_group", {}).items():
+            lines.append(f"[{mode}] family holdout, {group} ops only")
+            lines.append(pickers_table(pickers))
         region = result["region_holdout"].get("model")
         if region:
             lines.append(
@@ -124,7 +136,7 @@ def evaluate_command(
     from ficco.training.evaluate import evaluate
 
     loaded = _load(dataset)
-    other = _load(transfer).table if transfer is not None else None
+    other = _load([transfer]).table if transfer is not None else None
     try:
         evaluation = evaluate(
             loaded.table, noise=loaded.noise, transfer=other, seed=seed, n_jobs=jobs, progress=True
@@ -201,7 +213,8 @@ def report_command(
         label = f"model {predictor.version} (may have trained on these)"
     evaluation = evaluate(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     path = write_report(
-        loaded.table, evaluation, out, title=f"ficco predictor on {loaded.path} ({loaded.hardware.id})",
+        loaded.table, evaluation, out,
+        title=f"ficco predictor on {loaded.info['path']} ({loaded.hardware.id})",
         predicted=predicted, predicted_label=label,
     )  # fmt: skip
     typer.echo(f"report: {path}")

@@ -9,7 +9,9 @@ Per execution mode, every picker is scored on held-out rows (``training.metrics`
 - ``ceiling``: the noise ceiling, the re-measure's own fastest schedules (``noise.parquet``) scored
   against the sweep, over the re-measured rows: no model can be told to do better at this noise.
 
-Splits: ``family_holdout`` (grouped cross-validation: model families and grid regions held out),
+Splits: ``family_holdout`` (grouped cross-validation: model families and grid regions held out; with
+``family_holdout_by_op_group`` beside it, the same picks scored on the dense and the MoE rows apart,
+when the table has both),
 ``region_holdout`` (train below the 75th percentile of GEMM FLOPs, test on the largest quarter, with the
 configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
 size, test on another) when a second dataset is given.
@@ -61,12 +63,15 @@ class Evaluation:
 
 
 def held_out_baselines(table: ScheduleTable, folds: np.ndarray) -> dict[str, np.ndarray]:
-    """Every pick baseline, each fold's fitted on the other folds of the same mode: name -> ``[n]``."""
+    """Every pick baseline, each fold's fitted on the other folds of the same mode and op group (dense or
+    MoE: a fixed schedule or size rule is the baseline of one kind of op): name -> ``[n]``."""
     out: dict[str, np.ndarray] = {}
-    for mode in sorted(set(table.modes)):
+    groups = table.op_groups
+    for mode, group in sorted(set(zip(table.modes, groups, strict=True))):
+        cell = (table.modes == mode) & (groups == group)
         for fold in sorted(set(folds.tolist())):
-            test = (folds == fold) & (table.modes == mode)
-            train = (folds != fold) & (table.modes == mode)
+            test = (folds == fold) & cell
+            train = (folds != fold) & cell
             if not test.any() or not train.any():
                 continue
             for name, picks in baseline_picks(table.subset(train), table.subset(test)).items():
@@ -123,6 +128,25 @@ def pickers_summary(
             out["model_on_ceiling_rows"] = score(sub, picks["model"][rows])
             regrets["ceiling"] = sub.time_of(cols)[0] / sub.best_ms - 1.0
     return out, regrets
+
+
+def by_op_group(
+    table: ScheduleTable, picks: dict[str, np.ndarray], noise: ScheduleTable | None
+) -> dict[str, dict[str, Any]]:
+    """:func:`pickers_summary` of the dense rows and of the MoE rows apart, when ``table`` has both (else
+    ``{}``): op group -> picker -> metrics, None for a picker with no score on that group (always async-TP
+    on MoE rows: PyTorch has no all-to-all pass, so the dataset has no time for it)."""
+    groups = table.op_groups
+    if len(set(groups)) < 2:
+        return {}
+    out = {
+        group: pickers_summary(
+            table.subset(groups == group), {name: p[groups == group] for name, p in picks.items()}, noise
+        )[0]
+        for group in sorted(set(groups))
+    }
+    names = dict.fromkeys(name for summary in out.values() for name in summary)
+    return {group: {name: summary.get(name) for name in names} for group, summary in out.items()}
 
 
 def fit_and_pick(
@@ -197,9 +221,11 @@ def evaluate(
         sub = table.subset(on)
         picks = {"model": cv.final[on], **{name: p[on] for name, p in baselines.items()}}
         family_holdout, regrets[mode] = pickers_summary(sub, picks, noise)
+        grouped = by_op_group(sub, picks, noise)
         fallback = cv.fallback[on]
         modes[mode] = {
             "family_holdout": family_holdout,
+            **({"family_holdout_by_op_group": grouped} if grouped else {}),
             "region_holdout": region_split.get(mode, {}),
             **({"transfer": transfer_split.get(mode, {})} if transfer_split is not None else {}),
             "per_family": per_family(sub, cv.final[on]),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ficco.features import HardwareProfile, Scenario, feature_matrix
+from ficco.features import MOE_OPS, HardwareProfile, Scenario, feature_matrix
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
@@ -63,6 +63,12 @@ class ScheduleTable:
     def serial_ms(self) -> np.ndarray:
         """Time of serial/sm, ms, ``[n]`` (always measured in a table)."""
         return self.times_ms[:, SERIAL_INDEX]
+
+    @property
+    def op_groups(self) -> np.ndarray:
+        """``"moe"`` for rows of an expert-parallel op (``features.MOE_OPS``), else ``"dense"``, str
+        ``[n]``."""
+        return np.asarray(["moe" if s.op in MOE_OPS else "dense" for s in self.scenarios], dtype=object)
 
     @property
     def labels(self) -> np.ndarray:
@@ -148,38 +154,40 @@ def build_table(
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class LoadedDataset:
-    """A dataset directory read for training: its table, hardware profile and identity."""
+    """One or more dataset directories read for training: their table, hardware profile and identity."""
 
-    path: Path
-    """The dataset directory (or Parquet file)."""
+    paths: tuple[Path, ...]
+    """The dataset directories (or one Parquet file), in the order their rows were concatenated."""
     table: ScheduleTable
     """One row per (scenario, mode)."""
     noise: ScheduleTable | None
-    """The independent re-measure (``noise.parquet``) as a table; None if the dataset has none."""
+    """The independent re-measures (``noise.parquet``) as a table; None if no dataset has one."""
     hardware: HardwareProfile
-    """The profile the dataset was measured or simulated on."""
+    """The profile the datasets were measured or simulated on."""
     hash: str
-    """Content hash of the measurement rows (``harness.dataset.dataset_hash``)."""
+    """Content hash of the measurement rows (``harness.dataset.frame_hash``)."""
     info: dict[str, Any]
-    """What the model card records about the dataset (path, hash, backends, sizes, families)."""
+    """What the model card records about the data (path(s) joined by " + ", hash, backends, sizes,
+    families)."""
 
 
-def load_dataset_table(path: str | Path) -> LoadedDataset:
-    """Read dataset directory ``path`` (``ficco bench --out``) into a :class:`LoadedDataset`.
+def load_dataset_table(*paths: str | Path) -> LoadedDataset:
+    """Read dataset directories ``paths`` (``ficco bench --out``; several: same hardware, disjoint
+    scenarios, see ``harness.dataset.load_datasets``) into one :class:`LoadedDataset`.
 
-    Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest or bad columns.
+    Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest, bad columns, differing
+    hardware or shared scenario ids.
     """
-    from ficco.harness.dataset import dataset_hardware, dataset_hash, load_dataset, load_noise
+    from ficco.harness.dataset import dataset_hardware, frame_hash, load_datasets
 
-    path = Path(path)
-    df = load_dataset(path)
-    hardware = dataset_hardware(path)
+    paths = tuple(Path(p) for p in paths)
+    df, noise_df = load_datasets(paths)
+    hardware = dataset_hardware(paths[0])
     table = build_table(df, hardware)
-    noise_df = load_noise(path) if path.is_dir() else None
     noise = None if noise_df is None or noise_df.empty else build_table(noise_df, hardware)
-    digest = dataset_hash(path)
+    digest = frame_hash(df)
     info = {
-        "path": str(path),
+        "path": " + ".join(map(str, paths)),
         "hash": digest,
         "hardware_id": hardware.id,
         "backends": sorted(set(df["backend"])),
@@ -190,4 +198,4 @@ def load_dataset_table(path: str | Path) -> LoadedDataset:
         "families": sorted(set(table.families)),
         "dropped": table.dropped,
     }
-    return LoadedDataset(path=path, table=table, noise=noise, hardware=hardware, hash=digest, info=info)
+    return LoadedDataset(paths=paths, table=table, noise=noise, hardware=hardware, hash=digest, info=info)

@@ -1,6 +1,8 @@
 """The dataset format: schema validation, loading, labels, hashing and rebuilding scenarios."""
 
+import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -13,13 +15,15 @@ from ficco.harness.dataset import (
     dataset_hash,
     label_table,
     load_dataset,
+    load_datasets,
+    load_noise,
     result_rows,
     rows_frame,
     scenario_from_row,
     validate_frame,
 )
 from ficco.harness.sim import SimBackend
-from ficco.harness.sweep import run_sweep
+from ficco.harness.sweep import run_noise, run_sweep
 
 
 def _frame(h200, times: dict[str, float | None], scenario=None) -> pd.DataFrame:
@@ -122,3 +126,38 @@ def test_scenario_from_row_accepts_series_dicts_and_tuples(h200):
     df = rows_frame(result_rows("x", s, ScenarioResult(measurements=[Measurement()]), "sim"))
     for row in (df.iloc[0], df.iloc[0].to_dict(), next(df.itertuples())):
         assert scenario_from_row(row, h200) == s
+
+
+@pytest.fixture
+def two_datasets(tmp_path, small_plan, h200):
+    """The small plan's first half (3 scenarios re-measured) and second half, as two dataset directories."""
+    half = len(small_plan) // 2
+    first = run_sweep(small_plan[:half], SimBackend(h200), tmp_path / "a", progress=False)
+    run_noise(small_plan[:half], SimBackend(h200, seed=1), first, 3, progress=False)
+    return first, run_sweep(small_plan[half:], SimBackend(h200), tmp_path / "b", progress=False)
+
+
+def test_load_datasets_concatenates_rows_and_remeasures(two_datasets):
+    a, b = two_datasets
+    df, noise = load_datasets([a, b])
+    assert df.equals(pd.concat([load_dataset(a), load_dataset(b)], ignore_index=True))
+    assert noise.equals(load_noise(a))  # b has no re-measure
+    alone, alone_noise = load_datasets([a])
+    assert alone.equals(load_dataset(a)) and alone_noise.equals(load_noise(a))
+    assert load_datasets([b])[1] is None
+
+
+def test_load_datasets_names_the_differing_hardware_key(two_datasets):
+    a, b = two_datasets
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["fingerprint"]["world_size"] = 4
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    expected = f"fingerprint.world_size 2 in {a} vs 4 in {b}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        load_datasets([a, b])
+
+
+def test_load_datasets_refuses_shared_scenarios(two_datasets):
+    a, _ = two_datasets
+    with pytest.raises(ValueError, match=re.escape(f"{a} and {a} share 6 scenario id(s), e.g. ['")):
+        load_datasets([a, a])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ficco.features import Scenario, candidates, feature_matrix, get_hardware
+from ficco.features import DENSE_OPS, MOE_OPS, Scenario, candidates, feature_matrix, get_hardware
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from fastapi.testclient import TestClient  # noqa: E402  (after the filter: the import warns)
@@ -29,8 +29,9 @@ from ficco.service.main import create_app  # noqa: E402
 HARDWARE = "h200x2"
 
 
-def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
-    """A ``training.table.ScheduleTable`` of ``n`` random dense scenarios timed by the simulator."""
+def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS):
+    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` timed by the simulator (MoE
+    ones with 8 experts, 2 per token)."""
     from ficco.harness.sim import SimBackend
     from ficco.training.model import SCHEDULES
     from ficco.training.table import ScheduleTable
@@ -40,12 +41,14 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
     rng = np.random.default_rng(seed)
     scenarios, times = [], []
     while len(scenarios) < n:
+        op = ops[int(rng.integers(len(ops)))]
         s = Scenario(
-            op=("ag_gemm", "gemm_rs")[int(rng.integers(2))],
+            op=op,
             m=2 * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
             n=int(128 * rng.integers(4, 129)),
             k=int(128 * rng.integers(4, 129)),
             hardware=hw,
+            **({"experts": 8, "top_k": 2} if op in MOE_OPS else {}),
         )
         row = np.full(len(SCHEDULES), np.nan)
         schedules = candidates(s)
@@ -65,14 +68,17 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0):
     )
 
 
-def train_version(root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True) -> str:
-    """Fit a small pair model on simulated times, register it under ``root``; the version."""
+def train_version(
+    root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True, ops: tuple[str, ...] | None = None
+) -> str:
+    """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
+    ``ops``, as the first models had), register it under ``root``; the version."""
     from ficco.training.fit import TrainConfig, fit_pair_model
     from ficco.training.policy import DecisionPolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
-    table = sim_table(hardware_id, seed=seed)
+    table = sim_table(hardware_id, seed=seed, ops=ops or DENSE_OPS)
     model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
     version = register(
         root,
@@ -81,7 +87,11 @@ def train_version(root: Path, hardware_id: str, *, seed: int = 0, promote: bool 
         ratio=model,
         policy=DecisionPolicy(min_gain=0.01),
         dataset_hash=f"sim{seed:013d}",
-        info={"hardware": get_hardware(hardware_id).to_dict(), "metrics": {"seed": seed}},
+        info={
+            "hardware": get_hardware(hardware_id).to_dict(),
+            "metrics": {"seed": seed},
+            **({"ops": sorted(ops)} if ops else {}),
+        },
     )
     if promote:
         promote_version(root, hardware_id, version)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.features import OPS
 from ficco.service.core.store import trained_ops
 
 CONFIGS = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
@@ -53,3 +54,13 @@ def test_cli_recommend_unmeasured_op_fails_clearly(registry_root):
     result = CliRunner().invoke(app, [*args, "--top-k", "2", "--model-root", str(registry_root)])
     assert result.exit_code == 2
     assert "no measured data for op 'a2a_gemm'" in result.output
+
+
+def test_a_model_trained_on_moe_ops_answers_them(tmp_path, train, start):
+    version = train(tmp_path, "h200x2", ops=OPS)
+    with start(tmp_path) as client:
+        response = client.post("/v1/recommend", json=MOE)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["model_version"] == version and body["schedule"] in body["predicted_speedups"]
+        assert client.post("/v1/recommend", json={**MOE, "op": "gemm_a2a"}).status_code == 200

@@ -30,6 +30,7 @@ from ficco.training.policy import DecisionPolicy
 from ficco.training.table import ScheduleTable
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
+MOE_CONFIGS_DIR = CONFIGS_DIR.parent / "moe_configs"
 
 FAMILIES: dict[str, tuple[int, int, int]] = {
     "toy-small": (2048, 5632, 16),
@@ -178,6 +179,28 @@ def sim_dataset(tmp_path_factory):
     return run_sweep(
         plan, SimBackend(get_hardware("h200x2"), noise=0.01), tmp_path_factory.mktemp("sim"), progress=False
     )
+
+
+@pytest.fixture(scope="session")
+def sim_moe_dataset(tmp_path_factory):
+    """A small MoE dataset directory on the simulator (h200x2, 1% noise): the dispatch and combine pairs
+    of two MoE families at 2 token counts, 4 scenarios re-measured; no scenario of ``sim_dataset``."""
+    from ficco.features import MOE_OPS
+    from ficco.features.model_config import load_model_configs
+    from ficco.harness.plan import plan_scenarios
+    from ficco.harness.sim import SimBackend
+    from ficco.harness.sweep import run_noise, run_sweep
+
+    hw = get_hardware("h200x2")
+    configs = [
+        c for c in load_model_configs(MOE_CONFIGS_DIR) if c.name in ("Mixtral-8x7B-v0.1", "Qwen3-30B-A3B")
+    ]
+    plan = plan_scenarios(
+        configs, tp=2, tokens=(2048, 8192), grid_size=0, include_moe=True, ops=MOE_OPS, seed=0
+    )
+    out = run_sweep(plan, SimBackend(hw, noise=0.01), tmp_path_factory.mktemp("sim-moe"), progress=False)
+    run_noise(plan, SimBackend(hw, noise=0.01, seed=1), out, 4, progress=False)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -46,6 +48,52 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
     assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["dataset"]["hash"] == evaluate_json["dataset"]["hash"]
     assert version.endswith(evaluate_json["dataset"]["hash"][:8])
+
+
+def test_evaluate_json_of_one_dataset_has_no_op_groups(evaluate_json):
+    assert all("family_holdout_by_op_group" not in m for m in evaluate_json["modes"].values())
+
+
+@pytest.fixture(scope="module")
+def dense_and_moe(sim_dataset, sim_moe_dataset):
+    return ["--dataset", str(sim_dataset), "--dataset", str(sim_moe_dataset)]
+
+
+def test_evaluate_two_datasets_reports_dense_and_moe_apart(dense_and_moe, sim_dataset, sim_moe_dataset):
+    result = runner.invoke(app, ["evaluate", *dense_and_moe, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["dataset"]["path"] == f"{sim_dataset} + {sim_moe_dataset}"
+    for mode in ("eager", "graph"):
+        result = summary["modes"][mode]
+        groups = result["family_holdout_by_op_group"]
+        assert set(groups) == {"dense", "moe"}
+        assert groups["moe"]["always_async_tp"] is None  # PyTorch async-TP has no all-to-all: n/a
+        assert groups["moe"]["ceiling"]["n_scenarios"] > 0  # the MoE re-measure scores its own ceiling
+        sizes = [groups[g]["model"]["n_scenarios"] for g in ("dense", "moe")]
+        assert sum(sizes) == result["family_holdout"]["model"]["n_scenarios"] and min(sizes) > 0
+        assert {"Mixtral-8x7B-v0.1", "Qwen3-30B-A3B", "Llama-3.1-8B"} <= set(result["per_family"])
+
+
+def test_train_two_datasets_serves_the_moe_ops(dense_and_moe, tmp_path):
+    result = runner.invoke(app, ["train", *dense_and_moe, "--registry", str(tmp_path), "--promote"])
+    assert result.exit_code == 0, result.output
+    assert "family holdout, moe ops only" in result.output and " n/a " in result.output
+    assert load_predictor(tmp_path, "h200x2").card["ops"] == ["a2a_gemm", "ag_gemm", "gemm_a2a", "gemm_rs"]
+    moe = ["--op", "a2a_gemm", "--m", "4096", "--n", "2048", "--k", "4096", "--experts", "8", "--top-k", "2"]
+    answer = runner.invoke(app, ["recommend", *moe, "--format", "json", "--model-root", str(tmp_path)])
+    assert answer.exit_code == 0, answer.output
+    assert json.loads(answer.stdout)["schedule"]
+
+
+def test_evaluate_refuses_datasets_of_other_hardware(sim_dataset, tmp_path):
+    other = Path(shutil.copytree(sim_dataset, tmp_path / "other"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["hardware"]["gpu_count"] = 4
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["evaluate", "--dataset", str(sim_dataset), "--dataset", str(other)])
+    assert result.exit_code == 2
+    assert f"hardware.gpu_count 2 in {sim_dataset} vs 4 in {other}" in result.output
 
 
 def test_report_writes_markdown_and_plots(sim_dataset, tmp_path):
