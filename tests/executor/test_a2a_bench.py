@@ -5,25 +5,17 @@ arithmetic; the ctypes layout of ``cudaMemcpyAttributes``."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from executor_world import run_world
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "a2a_bench.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("a2a_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import a2a_bench as bench
 
 
 def _dry_run(rank: int, world_size: int, out: str, op: str) -> dict:
-    return _load().main(["--cpu-dry-run", "--out", out, "--rounds", "5", "--op", op, "--name", f"a2a-{op}"])
+    return bench.main(["--cpu-dry-run", "--out", out, "--rounds", "5", "--op", op, "--name", f"a2a-{op}"])
 
 
 @pytest.fixture(scope="module", params=[(2, "a2a_gemm"), (4, "gemm_a2a")], ids=["w2-dispatch", "w4-combine"])
@@ -37,7 +29,6 @@ def dry_run(request, tmp_path_factory) -> tuple[int, dict, Path]:
 @pytest.mark.slow
 def test_dry_run_times_every_cpu_variant_at_every_size(dry_run):
     world_size, result, _ = dry_run
-    bench = _load()
     assert [r["bytes_per_rank"] for r in result["sizes"]] == [16 << 10, 32 << 10, 64 << 10]
     for row in result["sizes"]:
         assert row["bytes_per_peer"] == row["bytes_per_rank"] // world_size
@@ -61,7 +52,6 @@ def test_dry_run_writes_the_json_and_the_markdown(dry_run):
 
 
 def test_crossover_is_where_the_copy_engines_stay_ahead_and_the_goal_reads_both_sides():
-    bench = _load()
     rows = [
         {"bytes_per_peer": 256 << 10, "nccl_ms": 0.02, "dma_ms": 0.023},
         {"bytes_per_peer": 512 << 10, "nccl_ms": 0.03, "dma_ms": 0.029},
@@ -83,7 +73,6 @@ def test_crossover_is_where_the_copy_engines_stay_ahead_and_the_goal_reads_both_
 def test_memcpy_attributes_match_the_cuda_runtime_layout():
     """``cudaMemcpyAttributes``: srcAccessOrder (enum), srcLocHint and dstLocHint (cudaMemLocation: type,
     id), flags (unsigned int): 24 bytes."""
-    bench = _load()
     cls = bench._MemcpyAttributes
     offsets = [getattr(cls, name).offset for name in ("srcAccessOrder", "srcLocHint", "dstLocHint", "flags")]
     assert ctypes.sizeof(cls) == 24 and offsets == [0, 4, 12, 20]

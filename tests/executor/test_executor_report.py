@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "executor_report.py"
-_spec = importlib.util.spec_from_file_location("executor_report", _PATH)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from benchmarks import executor_report as report
 
 
 def _shape(op, m, gemm, nccl, dma, serial, async_tp, times):

@@ -3,21 +3,13 @@ serial reference, and the JSON, markdown and plot are written in the documented 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from executor_world import run_world
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "block_bench.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("block_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import block_bench as bench
 
 
 def _smoke(rank: int, world_size: int, out: str) -> dict:
@@ -34,7 +26,7 @@ def _smoke(rank: int, world_size: int, out: str) -> dict:
         "--oracle-reps",
         "1",
     ]
-    return _load().main(argv)
+    return bench.main(argv)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +39,6 @@ def smoke(tmp_path_factory) -> tuple[dict, Path]:
 @pytest.mark.slow
 def test_every_point_has_every_variant(smoke):
     result, _ = smoke
-    bench = _load()
     points = {(p["phase"], p["tokens"]) for p in result["points"]}
     assert points == {("train", 32), ("train", 64), ("inference", 16), ("inference", 32)}
     for p in result["points"]:
@@ -77,7 +68,7 @@ def test_decisions_cover_every_layer_and_the_oracle_says_where_it_came_from(smok
     }
     oracle = [r for r in result["decisions"]["tiny/inference/oracle"] if r["direction"] != "bwd-weight"]
     assert {r["origin"] for r in oracle} <= {"dataset", "measured"}
-    meta, bench = result["meta"], _load()
+    meta = result["meta"]
     needed = bench.needed_keys({"tiny": bench.CPU_SMOKE}, (32, 64), (16, 32), 16)
     assert meta["oracle_measured_ops"] + meta["oracle_dataset_ops"] == len(needed)
 
