@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
-from ficco.features import DEFAULT_HARDWARE_ID
+from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -229,7 +229,7 @@ def bench(
         max_serial_ms=max_serial_ms,
         include_moe=include_moe,
         seed=seed,
-        ops=[op.strip() for op in ops.split(",") if op.strip()] if ops else None,
+        ops=[op.strip() for op in ops.split(",") if op.strip()] if ops else OPS,
         limit=limit,
         sample=sample,
     )

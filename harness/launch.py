@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ficco.errors import fail
+from ficco.features import OPS
 from ficco.harness.backend import Timing
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
@@ -77,7 +79,7 @@ def build_plan(
     max_serial_ms: float = DEFAULT_MAX_SERIAL_MS,
     include_moe: bool,
     seed: int,
-    ops: list[str] | None = None,
+    ops: Sequence[str] = OPS,
     limit: int = 0,
     sample: int = 0,
 ) -> Plan:
@@ -97,7 +99,7 @@ def build_plan(
             include_moe=include_moe,
             max_serial_ms=max_serial_ms,
             seed=seed,
-            **({"ops": ops} if ops else {}),
+            ops=ops,
         )
     except ValueError as err:
         raise fail(str(err)) from None
