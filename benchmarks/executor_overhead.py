@@ -108,67 +108,91 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rank 0)")
     args = parser.parse_args()
 
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    with executor.process_group(args.device) as device:
+        rows = measure(args, device)
+        if dist.get_rank() == 0:
+            write(args, rows)
+
+
+def measure(args: argparse.Namespace, device) -> list[dict]:
+    """Per (op, schedule): the median host time per call (us) over ``args.reps // args.batch`` batches, and
+    the same without the time spent inside the communication calls (CPU only), the slowest rank's."""
     import torch
     import torch.distributed as dist
 
     from ficco import executor
+
+    cuda = device.type == "cuda"
+    w, rank = dist.get_world_size(), dist.get_rank()
+    dtype = torch.bfloat16 if cuda else torch.float32
+    gen = torch.Generator().manual_seed(rank)
+    shard = torch.randn(args.rows // w, args.width, generator=gen).to(device, dtype)
+    full = torch.randn(args.rows, args.width, generator=gen).to(device, dtype)
+    b = torch.randn(args.width, args.width, generator=gen).to(device, dtype)
+    ops = {
+        "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s),
+        "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s),
+    }
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    clock = None if cuda else clock_comm(dist, executor.ops)
+
+    rows = []
+    for op, call in ops.items():
+        for schedule in SCHEDULES:
+            for _ in range(args.warmup):
+                call(schedule)
+            per_call, excl_comm = [], []
+            for _ in range(max(1, args.reps // args.batch)):
+                sync()
+                comm_before = clock.seconds if clock else 0.0
+                start, cpu_start = time.perf_counter(), time.thread_time()
+                for _ in range(args.batch):
+                    call(schedule)
+                seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
+                per_call.append(seconds / args.batch * 1e6)
+                if clock:
+                    excl_comm.append((cpu_seconds - (clock.seconds - comm_before)) / args.batch * 1e6)
+                else:
+                    excl_comm.append(per_call[-1])
+            sync()
+            us = [statistics.median(per_call), statistics.median(excl_comm)]
+            us_max = torch.tensor(us, dtype=torch.float64, device=device)
+            dist.all_reduce(us_max, op=dist.ReduceOp.MAX)
+            total, own = (round(x, 1) for x in us_max.tolist())
+            rows.append({"op": op, "schedule": schedule, "host_us_per_call": total, "excl_comm_us": own})
+    return rows
+
+
+def write(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Print the table and write ``args.out`` (rank 0)."""
+    import torch
+    import torch.distributed as dist
+
     from ficco.tables import text_table
 
-    with executor.process_group(args.device) as device:
-        cuda = args.device == "cuda"
-        w, rank = dist.get_world_size(), dist.get_rank()
-        dtype = torch.bfloat16 if cuda else torch.float32
-        gen = torch.Generator().manual_seed(rank)
-        shard = torch.randn(args.rows // w, args.width, generator=gen).to(device, dtype)
-        full = torch.randn(args.rows, args.width, generator=gen).to(device, dtype)
-        b = torch.randn(args.width, args.width, generator=gen).to(device, dtype)
-        ops = {
-            "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s),
-            "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s),
-        }
-
-        def sync() -> None:
-            if cuda:
-                torch.cuda.synchronize()
-            dist.barrier()
-
-        clock = None if cuda else clock_comm(dist, executor.ops)
-
-        rows = []
-        for op, call in ops.items():
-            for schedule in SCHEDULES:
-                for _ in range(args.warmup):
-                    call(schedule)
-                per_call, excl_comm = [], []
-                for _ in range(max(1, args.reps // args.batch)):
-                    sync()
-                    comm_before = clock.seconds if clock else 0.0
-                    start, cpu_start = time.perf_counter(), time.thread_time()
-                    for _ in range(args.batch):
-                        call(schedule)
-                    seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
-                    per_call.append(seconds / args.batch * 1e6)
-                    if clock:
-                        excl_comm.append((cpu_seconds - (clock.seconds - comm_before)) / args.batch * 1e6)
-                    else:
-                        excl_comm.append(per_call[-1])
-                sync()
-                us = [statistics.median(per_call), statistics.median(excl_comm)]
-                us_max = torch.tensor(us, dtype=torch.float64, device=device)
-                dist.all_reduce(us_max, op=dist.ReduceOp.MAX)
-                total, own = (round(x, 1) for x in us_max.tolist())
-                rows.append({"op": op, "schedule": schedule, "host_us_per_call": total, "excl_comm_us": own})
-        if rank == 0:
-            print(f"{args.device}, world {w}")
-            cells = [
-                [r["op"], r["schedule"], f"{r['host_us_per_call']:.1f}", f"{r['excl_comm_us']:.1f}"]
-                for r in rows
-            ]
-            print(text_table(["op", "schedule", "host us/call", "excl. comm"], cells, align="<<>>"))
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            meta = {"device": args.device, "world_size": w, "rows": args.rows, "width": args.width}
-            meta |= {"reps": args.reps, "batch": args.batch, "torch": torch.__version__}
-            args.out.write_text(json.dumps({**meta, "results": rows}, indent=1) + "\n")
+    print(f"{args.device}, world {dist.get_world_size()}")
+    cells = [
+        [r["op"], r["schedule"], f"{r['host_us_per_call']:.1f}", f"{r['excl_comm_us']:.1f}"] for r in rows
+    ]
+    print(text_table(["op", "schedule", "host us/call", "excl. comm"], cells, align="<<>>"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": args.device,
+        "world_size": dist.get_world_size(),
+        "rows": args.rows,
+        "width": args.width,
+    }
+    meta |= {"reps": args.reps, "batch": args.batch, "torch": torch.__version__}
+    args.out.write_text(json.dumps({**meta, "results": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
