@@ -7,24 +7,29 @@ r"""Host-side overhead of the executor: microseconds of Python per call, per sch
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/executor_overhead.py --device cuda --out OUT/overhead-cuda.json
 
-Per (op, schedule): ``--warmup`` untimed calls, then ``--reps`` timed calls in batches of ``--batch``; each
-batch is timed with ``time.perf_counter`` from a synchronisation (CUDA: device synchronise + barrier; CPU:
-barrier) to the return of its last call, so on CUDA it measures how fast the host issues work (tiny shapes
-keep the GPU from being the bottleneck), not device time. On the CPU the gloo transfers and barriers block
-and dominate (and vary run to run by 2x on a loaded machine), so the time spent inside torch.distributed
-calls is also clocked and subtracted: ``excl_comm_us`` is the executor's own Python (plan, transport,
-views, bookkeeping, the tiny GEMMs), the part the CUDA path shares, measured in CPU time of the calling
-thread (``time.thread_time``), which leaves out the time the other rank's process holds the core. (On
-CUDA the collectives only enqueue work, so ``excl_comm_us`` equals ``host_us_per_call`` there.) Prints a
-table (median microseconds per call over batches, maximum over ranks) and writes the same rows as JSON to
-``--out``.
+Per (op, schedule): ``--warmup`` untimed calls, then ``--rounds`` batches of ``--batch`` timed calls, one
+batch of every (op, schedule) per round in a shuffled order (host-speed drift and warm-up land on no
+schedule in particular); each batch is timed with ``time.perf_counter`` from a synchronisation (CUDA: device
+synchronise + barrier; CPU: barrier) to the return of its last call, so on CUDA it measures how fast the
+host issues work (tiny shapes keep the GPU from being the bottleneck), not device time. On the CPU the gloo
+transfers and barriers block and dominate (and vary run to run by 2x on a loaded machine), so the time spent
+inside torch.distributed calls is also clocked and subtracted: ``excl_comm_us`` is the executor's own Python
+(plan, transport, views, bookkeeping, the tiny GEMMs), the part the CUDA path shares, measured in CPU time
+of the calling thread (``time.thread_time``), which leaves out the time the other rank's process holds the
+core. (On CUDA the collectives only enqueue work, so ``excl_comm_us`` equals ``host_us_per_call`` there.)
+Prints a table (median microseconds per call over batches, maximum over ranks) and writes the same rows as
+JSON to ``--out``. ``--profile CALLS`` adds, per (op, schedule), the functions where rank 0's host time goes
+(cProfile, which inflates small calls; read it for proportions), under ``profiles`` in the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
+import random
 import statistics
 import sys
 import time
@@ -48,6 +53,10 @@ SCHEDULES = (
     "finer/dma/s4/shard",
 )
 """Schedules timed for both ops (the serial/sm reference, the copy-engine path first)."""
+TRACKED_ENV = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_SYMM_MEM_", "NVSHMEM_")
+"""Environment variables recorded with the results (those that change the host path)."""
+PROFILE_TOP = 15
+"""Functions listed per (op, schedule) by ``--profile``."""
 
 
 class CommClock:
@@ -85,13 +94,16 @@ class TimedWork:
             self._clock.seconds += time.thread_time() - start
 
 
-def clock_comm(dist, ops_module) -> CommClock:
-    """Wrap the blocking torch.distributed entry points the executor uses on the CPU (gloo)."""
+def clock_comm(dist, modules) -> CommClock:
+    """Wrap the blocking torch.distributed entry points the executor uses on the CPU (gloo), as ``dist``
+    and each of ``modules`` (the executor's modules that import them by name) call them."""
     clock = CommClock()
     dist.barrier = clock.wrap(dist.barrier)
     dist.batch_isend_irecv = clock.wrap(dist.batch_isend_irecv)
-    for name in ("_all_gather_single", "_reduce_scatter_single"):
-        setattr(ops_module, name, clock.wrap(getattr(ops_module, name)))
+    for module in modules:
+        for name in ("all_gather_single", "reduce_scatter_single"):
+            if hasattr(module, name):
+                setattr(module, name, clock.wrap(getattr(module, name)))
     return clock
 
 
@@ -103,8 +115,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64, help="m: rows of the gathered A (a multiple of 8*w)")
     parser.add_argument("--width", type=int, default=64, help="n = k of the tiny GEMMs")
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls per schedule")
-    parser.add_argument("--reps", type=int, default=1000, help="timed calls per schedule")
-    parser.add_argument("--batch", type=int, default=50, help="calls between synchronisations")
+    parser.add_argument("--rounds", type=int, default=20, help="shuffled rounds, a batch per schedule each")
+    parser.add_argument("--batch", type=int, default=50, help="timed calls per batch (between syncs)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="after timing, profile CALLS calls of every schedule with cProfile (0: no profile)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rank 0)")
     args = parser.parse_args()
 
@@ -113,14 +133,20 @@ def main() -> None:
     from ficco import executor
 
     with executor.process_group(args.device) as device:
-        rows = measure(args, device)
+        rows, profiles = measure(args, device)
         if dist.get_rank() == 0:
-            write(args, rows)
+            write(args, rows, profiles)
 
 
-def measure(args: argparse.Namespace, device) -> list[dict]:
-    """Per (op, schedule): the median host time per call (us) over ``args.reps // args.batch`` batches, and
-    the same without the time spent inside the communication calls (CPU only), the slowest rank's."""
+def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
+    """Per (op, schedule): the median host time per call (us) over ``args.rounds`` rounds, and the same
+    without the time spent inside the communication calls (CPU only), the slowest rank's, and rank 0's time
+    of every round in round order; with ``args.profile``, also where rank 0's host time goes
+    (:func:`profile_calls`).
+
+    Every round times one batch of ``args.batch`` calls of every (op, schedule), in a new shuffled order
+    (the same on every rank), so that drift of the host's speed and warm-up land on no schedule in
+    particular."""
     import torch
     import torch.distributed as dist
 
@@ -137,42 +163,78 @@ def measure(args: argparse.Namespace, device) -> list[dict]:
         "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s),
         "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s),
     }
+    cases = [(op, schedule) for op in ops for schedule in SCHEDULES]
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
         dist.barrier()
 
-    clock = None if cuda else clock_comm(dist, executor.ops)
-
-    rows = []
-    for op, call in ops.items():
-        for schedule in SCHEDULES:
-            for _ in range(args.warmup):
-                call(schedule)
-            per_call, excl_comm = [], []
-            for _ in range(max(1, args.reps // args.batch)):
-                sync()
-                comm_before = clock.seconds if clock else 0.0
-                start, cpu_start = time.perf_counter(), time.thread_time()
-                for _ in range(args.batch):
-                    call(schedule)
-                seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
-                per_call.append(seconds / args.batch * 1e6)
-                if clock:
-                    excl_comm.append((cpu_seconds - (clock.seconds - comm_before)) / args.batch * 1e6)
-                else:
-                    excl_comm.append(per_call[-1])
+    clock = None if cuda else clock_comm(dist, (executor.ops, executor.transport))
+    for op, schedule in cases:
+        for _ in range(args.warmup):
+            ops[op](schedule)
+    per_call: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    excl_comm: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    order = random.Random(args.seed)
+    for _ in range(args.rounds):
+        for op, schedule in order.sample(cases, len(cases)):
+            call = ops[op]
             sync()
-            us = [statistics.median(per_call), statistics.median(excl_comm)]
-            us_max = torch.tensor(us, dtype=torch.float64, device=device)
-            dist.all_reduce(us_max, op=dist.ReduceOp.MAX)
-            total, own = (round(x, 1) for x in us_max.tolist())
-            rows.append({"op": op, "schedule": schedule, "host_us_per_call": total, "excl_comm_us": own})
-    return rows
+            comm_before = clock.seconds if clock else 0.0
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            for _ in range(args.batch):
+                call(schedule)
+            seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
+            per_call[op, schedule].append(seconds / args.batch * 1e6)
+            if clock:
+                own_seconds = cpu_seconds - (clock.seconds - comm_before)
+                excl_comm[op, schedule].append(own_seconds / args.batch * 1e6)
+            else:
+                excl_comm[op, schedule].append(per_call[op, schedule][-1])
+    sync()
+    rows = []
+    for case in cases:
+        us = [statistics.median(per_call[case]), statistics.median(excl_comm[case])]
+        us_max = torch.tensor(us, dtype=torch.float64, device=device)
+        dist.all_reduce(us_max, op=dist.ReduceOp.MAX)
+        total, own = (round(x, 1) for x in us_max.tolist())
+        row = {"op": case[0], "schedule": case[1], "host_us_per_call": total, "excl_comm_us": own}
+        rows.append(row | {"round_us": [round(x, 1) for x in per_call[case]]})
+    profiles = {}
+    if args.profile:
+        for op, schedule in cases:
+            sync()
+            profiles[f"{op} {schedule}"] = profile_calls(ops[op], schedule, args.profile)
+        sync()
+    return rows, profiles
 
 
-def write(args: argparse.Namespace, rows: list[dict]) -> None:
+def profile_calls(call, schedule: str, calls: int, top: int = PROFILE_TOP) -> dict:
+    """Where ``calls`` calls of ``call(schedule)`` spend host time, by ``cProfile``: the profiled
+    microseconds per call (cProfile's own cost inflates this, most for many small functions) and the
+    ``top`` functions by their own time (``tottime``), each in microseconds per call, with its calls per
+    call."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call(schedule)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    total = sum(entry[2] for entry in stats.values())
+    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    functions = [
+        {
+            "function": f"{Path(file).name}:{line}({name})" if line else name,
+            "own_us": round(entry[2] / calls * 1e6, 2),
+            "calls": round(entry[1] / calls, 2),
+        }
+        for (file, line, name), entry in ranked
+    ]
+    return {"profiled_us_per_call": round(total / calls * 1e6, 1), "functions": functions}
+
+
+def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
     """Print the table and write ``args.out`` (rank 0)."""
     import torch
     import torch.distributed as dist
@@ -191,8 +253,12 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
         "rows": args.rows,
         "width": args.width,
     }
-    meta |= {"reps": args.reps, "batch": args.batch, "torch": torch.__version__}
-    args.out.write_text(json.dumps({**meta, "results": rows}, indent=1) + "\n")
+    meta |= {"rounds": args.rounds, "batch": args.batch, "torch": torch.__version__}
+    meta |= {"env": {name: os.environ[name] for name in sorted(os.environ) if name.startswith(TRACKED_ENV)}}
+    args.out.write_text(json.dumps({**meta, "results": rows, "profiles": profiles}, indent=1) + "\n")
+    for case, profile in profiles.items():
+        top = ", ".join(f"{f['function']} {f['own_us']:.0f}" for f in profile["functions"][:4])
+        print(f"{case}: {profile['profiled_us_per_call']:.0f} us profiled; {top}")
 
 
 if __name__ == "__main__":

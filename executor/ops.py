@@ -36,14 +36,15 @@ from ficco.executor.context import (
 from ficco.executor.experts import RoutedState, grouped_matmul, routed_state
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
-from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
+from ficco.executor.transport import (
+    PeerCopyTransport,
+    PointToPointTransport,
+    all_gather_single,
+    reduce_scatter_single,
+)
 from ficco.features.ops import OP_SPECS
 from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
-
-# torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old names.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def all_gather_matmul(
@@ -406,9 +407,9 @@ def communicate(
     if executor == "sm":
         if scattered is None:
             gathered = ctx.buffer("gathered", (w, rows, width), x.dtype)
-            _all_gather_single(gathered.view(w * rows, width), x, group=ctx.group)
+            all_gather_single(gathered.view(w * rows, width), x, group=ctx.group)
         else:
-            _reduce_scatter_single(scattered, x, group=ctx.group)
+            reduce_scatter_single(scattered, x, group=ctx.group)
         return
     dest_shape = (w, rows // w, width) if reduces else (w, rows, width)
     plan = make_plan(spec.direction, w, "serial", 1, "whole")
@@ -520,7 +521,7 @@ def _all_gather_matmul_fallback(
     out: torch.Tensor,
 ) -> None:
     """The reference: the collective all-gather into ``gathered [m, k]``, then one GEMM into ``out``."""
-    _all_gather_single(gathered, a_shard, group=group)
+    all_gather_single(gathered, a_shard, group=group)
     torch.mm(gathered, b, out=out)
 
 
@@ -529,7 +530,7 @@ def _matmul_reduce_scatter_fallback(
 ) -> None:
     """The reference: one GEMM into ``partial [m, n]``, then the collective reduce-scatter into ``out``."""
     torch.mm(a, b, out=partial)
-    _reduce_scatter_single(out, partial, group=group)
+    reduce_scatter_single(out, partial, group=group)
 
 
 def _all_to_all_matmul_fallback(

@@ -15,10 +15,8 @@ import torch.distributed as dist
 
 from ficco import executor
 from ficco.executor.checks import DTYPES
+from ficco.executor.transport import all_gather_single
 from ficco.runtime.planner import Direction, OpRequest, Planner
-
-# torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old name (as executor.ops).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class OverlapOps(Protocol):
@@ -97,7 +95,7 @@ def start_all_gather_rows(
     so work issued in between overlaps the gather)."""
     a_shard = a_shard.contiguous()
     out = a_shard.new_empty((a_shard.shape[0] * world_size, a_shard.shape[1]))
-    work = _all_gather_single(out, a_shard, group=group, async_op=True)
+    work = all_gather_single(out, a_shard, group=group, async_op=True)
     return out, work.wait
 
 
