@@ -102,8 +102,7 @@ def clock_comm(dist, modules) -> CommClock:
     dist.batch_isend_irecv = clock.wrap(dist.batch_isend_irecv)
     for module in modules:
         for name in ("all_gather_single", "reduce_scatter_single"):
-            if hasattr(module, name):
-                setattr(module, name, clock.wrap(getattr(module, name)))
+            setattr(module, name, clock.wrap(getattr(module, name)))
     return clock
 
 
@@ -170,7 +169,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
             torch.cuda.synchronize()
         dist.barrier()
 
-    clock = None if cuda else clock_comm(dist, (executor.ops, executor.transport))
+    clock = None if cuda else clock_comm(dist, (executor.ops,))
     for op, schedule in cases:
         for _ in range(args.warmup):
             ops[op](schedule)

@@ -36,15 +36,14 @@ from ficco.executor.context import (
 from ficco.executor.experts import RoutedState, grouped_matmul, routed_state
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
-from ficco.executor.transport import (
-    PeerCopyTransport,
-    PointToPointTransport,
-    all_gather_single,
-    reduce_scatter_single,
-)
+from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 from ficco.features.ops import OP_SPECS
 from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
+
+# torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def all_gather_matmul(

@@ -36,10 +36,6 @@ from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import Workspace
 from ficco.executor.plan import Layout, Piece, Plan, Unit
 
-# torch 2.13 renamed the tensor collectives; 2.11 (the GPU image) has only the old names.
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
 
 class Transport(Protocol):
     """The verbs the pipeline engine uses (see the module docstring)."""
@@ -168,11 +164,7 @@ def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) ->
 
 
 class PointToPointTransport(_Transport):
-    """``sm``: each batch of pieces is one ``batch_isend_irecv`` (an NCCL group on CUDA, gloo on the CPU),
-    except on two ranks with whole shards (``shard``, the dense ops): there a batch swaps one block with the
-    one peer, which is an all-gather of that block into ``dest [2, R, width]`` (the own slot receives a copy
-    of what was sent, which nothing reads). One collective costs the host a quarter of a coalesced send and
-    receive (on 2 x H200: about 25 against 100 us, ``benchmarks/executor_overhead.py --profile``).
+    """``sm``: each batch of pieces is one ``batch_isend_irecv`` (an NCCL group on CUDA, gloo on the CPU).
 
     On CUDA, gather batches are issued from a copy lane forked before the first GEMM, so NCCL's stream,
     which waits for the stream current at issue time, does not wait for that GEMM. Scatter batches are
@@ -190,12 +182,6 @@ class PointToPointTransport(_Transport):
         ``batch_isend_irecv`` does for NCCL without its per-op argument checks and wrappers (tens of
         microseconds per batch); gloo does not coalesce and takes ``batch_isend_irecv``."""
         self._group_ranks = [dist.get_group_rank(group, g) for g in global_ranks] if self._coalesce else []
-        self._swap = (
-            self.world_size == 2
-            and self.plan.splits == 1
-            and self.layout == Layout.shards(self.plan.direction, self.rank, 2, self.dest.shape[1], 1)
-        )
-        """Two ranks, whole shards: each batch is one all-gather (``_swapped``)."""
         self._batches: list[list] = []
         """This call's works, one list per issued batch (gather: per round of the plan, in order)."""
         self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
@@ -256,13 +242,8 @@ class PointToPointTransport(_Transport):
         ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
         return dist.batch_isend_irecv(ops) if ops else []
 
-    def _swapped(self, pieces: tuple[Piece, ...]) -> list:
-        """Two ranks, whole shards: the one piece sent and received as one all-gather into ``dest``."""
-        (piece,) = pieces
-        return [all_gather_single(self.flat, self.outgoing(piece), group=self.group, async_op=True)]
-
     def issue(self, pieces: tuple[Piece, ...]) -> None:
-        start = self._swapped if self._swap else self._coalesced if self._coalesce else self._batched
+        start = self._coalesced if self._coalesce else self._batched
         if self._gather:
             self.lanes.to_copy_lane(0)
             try:

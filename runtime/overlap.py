@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ficco import executor
 from ficco.executor.checks import DTYPES
-from ficco.executor.transport import all_gather_single
+from ficco.executor.ops import all_gather_single
 from ficco.runtime.planner import Direction, OpRequest, Planner
 
 

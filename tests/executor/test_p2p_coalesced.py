@@ -71,37 +71,3 @@ def test_coalesced_gather_sends_the_own_rows_and_receives_every_peer(granularity
     for q in (0, 2):
         assert torch.all(dest[q] == q + 1), f"slot {q} did not receive rank {q}'s shard"
     assert len(seen) == len(plan.units)
-
-
-@pytest.mark.parametrize("direction", ["gather", "scatter"])
-def test_two_ranks_with_whole_shards_swap_each_block_with_one_all_gather(direction, monkeypatch):
-    from ficco.executor import transport as transport_module
-
-    rank, shard_rows, width = 1, 4, 3
-    plan = make_plan(direction, 2, "shard", 1, "shard")
-    source = torch.arange(shard_rows * (1 if direction == "gather" else 2) * width, dtype=torch.float32)
-    source = source.view(-1, width)
-    dest = torch.zeros(2, shard_rows, width)
-    gathers = []
-
-    def all_gather(out, sent, group, async_op):
-        gathers.append(sent.clone())
-        out.view(2, shard_rows, width)[0].fill_(7.0)  # what the peer (rank 0) sent
-        out.view(2, shard_rows, width)[rank].copy_(sent)
-        return Work()
-
-    monkeypatch.setattr(transport_module, "all_gather_single", all_gather)
-    group = RecordingGroup()
-    transport = PointToPointTransport(
-        group=group, global_ranks=[0, 1], plan=plan, rank=rank, source=source, dest=dest, lanes=InlineLanes()
-    )
-    transport._coalesce, transport._group_ranks = True, [0, 1]  # what a CUDA source selects
-    run_pipeline(plan, transport, lambda rows, unit: None)
-
-    assert group.calls == [], "a coalesced send/receive where one all-gather does"
-    assert len(gathers) == len(plan.rounds) == 1
-    peer_rows = source if direction == "gather" else source[:shard_rows]  # scatter: rank 0's rows
-    assert torch.equal(gathers[0], peer_rows), "sent rows other than the block owed to the peer"
-    assert torch.all(dest[0] == 7.0)
-    if direction == "scatter":
-        assert [t.data_ptr() for t in transport.received()] == [dest[0].data_ptr()]
