@@ -123,7 +123,8 @@ def evaluate_command(
         Path | None,
         typer.Option(
             "--transfer",
-            help="A second dataset (e.g. another world size): train on --dataset, test on this one.",
+            help="A second dataset (e.g. another world size or other families): train on --dataset, test "
+            "on this one's scenarios that --dataset does not hold.",
         ),
     ] = None,
     seed: SeedOption = 0,

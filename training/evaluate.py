@@ -181,6 +181,19 @@ def split_summary(
     return out
 
 
+def unseen(test: ScheduleTable, train: ScheduleTable) -> ScheduleTable:
+    """``test``'s rows whose scenario ``train`` does not hold (a transfer test scores scenarios the model has
+    not seen; a dataset of other families may still share shapes with the training data); raises
+    ``ValueError`` when none is left."""
+    fresh = ~np.isin(test.scenario_ids, train.scenario_ids)
+    shared = len(set(test.scenario_ids[~fresh]))
+    if not fresh.any():
+        raise ValueError(f"every scenario of the transfer dataset ({shared}) is in the training data")
+    if shared:
+        log.info("transfer: %d scenarios are in the training data too and are left out", shared)
+    return test.subset(fresh)
+
+
 def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
     """Metrics of ``picks`` on each family's rows."""
     return {
@@ -209,11 +222,10 @@ def evaluate(
     region_split = split_summary(
         table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
     )
-    transfer_split = (
-        split_summary(table, transfer, cv.choice, None, seed=seed, n_jobs=n_jobs)
-        if transfer is not None
-        else None
-    )
+    transfer_split = None
+    if transfer is not None:
+        transfer = unseen(transfer, table)
+        transfer_split = split_summary(table, transfer, cv.choice, None, seed=seed, n_jobs=n_jobs)
     modes: dict[str, Any] = {}
     regrets: dict[str, dict[str, np.ndarray]] = {}
     for mode in [m for m in MODES if m in set(table.modes)]:
