@@ -94,15 +94,13 @@ class TimedWork:
             self._clock.seconds += time.thread_time() - start
 
 
-def clock_comm(dist, modules) -> CommClock:
-    """Wrap the blocking torch.distributed entry points the executor uses on the CPU (gloo), as ``dist``
-    and each of ``modules`` (the executor's modules that import them by name) call them."""
+def clock_comm(dist, ops_module) -> CommClock:
+    """Wrap the blocking torch.distributed entry points the executor uses on the CPU (gloo)."""
     clock = CommClock()
     dist.barrier = clock.wrap(dist.barrier)
     dist.batch_isend_irecv = clock.wrap(dist.batch_isend_irecv)
-    for module in modules:
-        for name in ("all_gather_single", "reduce_scatter_single"):
-            setattr(module, name, clock.wrap(getattr(module, name)))
+    for name in ("all_gather_single", "reduce_scatter_single"):
+        setattr(ops_module, name, clock.wrap(getattr(ops_module, name)))
     return clock
 
 
@@ -169,7 +167,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
             torch.cuda.synchronize()
         dist.barrier()
 
-    clock = None if cuda else clock_comm(dist, (executor.ops,))
+    clock = None if cuda else clock_comm(dist, executor.ops)
     for op, schedule in cases:
         for _ in range(args.warmup):
             ops[op](schedule)
