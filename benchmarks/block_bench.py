@@ -27,13 +27,15 @@ CUDA graph, 128-4096 tokens). Variants, all on the same weights and inputs (``ru
 ops): ``serial`` (``serial/sm`` everywhere: NCCL collective, then GEMM), ``async_tp``
 (``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), ``shard_dma``,
 ``planner`` (the local predictor through ``runtime.Planner``, mode ``eager`` for training and ``graph``
-for inference) and ``oracle`` (per op, the fastest schedule of the measured dataset at that (op, m, n, k,
+for inference), ``verified`` (the same planner after ``runtime.verify_plan`` timed its plan in the step
+against serial variants and pinned what lost to ``serial/sm``; its verdict is the point's ``verify``; the
+variant is then timed afresh with the others) and ``oracle`` (per op, the fastest schedule of the measured dataset at that (op, m, n, k,
 mode); a shape the dataset lacks is measured here, over the schedules that win somewhere in the dataset,
 and the JSON says how many ops came from each). Two more timings per point: ``compute_only`` (the
 collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training,
 ``planner_regather`` (the column-parallel weight gradient gathers its input again instead of keeping it).
 
-Timing (``time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds in which
+Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds in which
 every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU:
 ``perf_counter``), ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the
 maximum over ranks and a point's time the median over its ``rounds x reps`` steps. Each point also keeps
@@ -51,8 +53,6 @@ import functools
 import json
 import math
 import os
-import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -86,9 +86,11 @@ from ficco.runtime import (  # noqa: E402
     RowParallelLinear,
     TableSource,
     apply_ops,
+    verify_plan,
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
+from ficco.runtime.timing import time_interleaved  # noqa: E402
 from ficco.tables import markdown_table  # noqa: E402
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
@@ -98,8 +100,10 @@ INFER_TOKENS = (128, 256, 512, 1024, 2048, 4096)
 QUICK_TRAIN_TOKENS, QUICK_INFER_TOKENS = (4096, 16384), (256, 2048)
 SEQ_LEN = 4096
 """Training packs sequences of this many tokens (causal attention within each); inference is one prompt."""
-VARIANTS = ("serial", "async_tp", "shard_dma", "planner", "oracle")
+VARIANTS = ("serial", "async_tp", "shard_dma", "planner", "verified", "oracle")
 """The ``step_ms`` keys of a point."""
+PLANNED_VARIANTS = ("planner", "verified")
+"""The variants the issue's goals are computed for: the planner alone, and after ``runtime.verify_plan``."""
 TOLERANCE = {"bf16": 2e-2, "fp32": 1e-4}
 """Largest relative error of a variant's output or gradients against ``serial`` (bf16: two roundings of
 a long reduction, in different orders)."""
@@ -391,81 +395,6 @@ def measure_missing(
 # Timing -----------------------------------------------------------------------------------------------------
 
 
-def align(device: torch.device) -> None:
-    """Every rank idle and at the same point (outside any timed region)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-Variant = tuple[Callable[[], None], Callable[[], Any]]
-"""``(activate, step)``: ``activate`` puts the variant in place (untimed), ``step`` runs one step."""
-
-
-def time_interleaved(
-    variants: dict[str, Variant], *, warmup: int, rounds: int, reps: int, device: torch.device
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Every variant's median step time and median host time to issue a step (ms), each step's time the
-    slowest rank's.
-
-    After ``warmup`` untimed steps each, the variants are timed in ``rounds`` rounds of ``reps`` steps, in
-    a new order every round (the same order on every rank: the steps are collective), so that drift lands
-    on every variant alike. A round starts with the ranks aligned; its steps are queued back to back
-    between CUDA events (CPU: ``perf_counter``); host time is the time to queue them, per step (close to
-    the step time when the host, not the GPU, is the bottleneck).
-    """
-    names = list(variants)
-    for activate, step in variants.values():
-        activate()
-        for _ in range(warmup):
-            step()
-    steps: dict[str, list[float]] = {name: [] for name in names}
-    host: dict[str, list[float]] = {name: [] for name in names}
-    order = random.Random(len(names) * 1_000 + reps)
-    for _ in range(rounds):
-        for name in order.sample(names, len(names)):
-            activate, step = variants[name]
-            activate()
-            align(device)
-            ms, issued = _timed_steps(step, reps, device)
-            steps[name] += ms
-            host[name].append(issued / reps)
-    flat = [t for name in names for t in (*steps[name], *host[name])]
-    slowest = torch.tensor(flat, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    values, width = slowest.tolist(), rounds * reps + rounds
-    times, hosts = {}, {}
-    for i, name in enumerate(names):
-        mine = values[i * width : (i + 1) * width]
-        times[name] = statistics.median(mine[: rounds * reps])
-        hosts[name] = statistics.median(mine[rounds * reps :])
-    return times, hosts
-
-
-def _timed_steps(step: Callable[[], Any], reps: int, device: torch.device) -> tuple[list[float], float]:
-    """``reps`` steps queued back to back: each one's time (ms) and the host time to queue them all (ms)."""
-    if device.type != "cuda":
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return times, sum(times)
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
-    ]
-    t0 = time.perf_counter()
-    for start, end in events:
-        start.record()
-        step()
-        end.record()
-    issued = 1e3 * (time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events], issued
-
-
 def time_ms(fn: Callable[[], Any], *, warmup: int, reps: int, device: torch.device) -> float:
     """Median over ``reps`` calls of ``fn`` (one round) of the slowest rank's time per call, ms."""
     times, _ = time_interleaved({"": (_nothing, fn)}, warmup=warmup, rounds=1, reps=reps, device=device)
@@ -523,11 +452,13 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
         for layer in (block.qkv, block.gate_up):
             layer.keep_gathered = keep
 
-    runnable, errors, failures, reference = {}, {}, {}, None
+    runnable, errors, failures, verdicts, reference = {}, {}, {}, {}, None
     for name, (ops, keep) in variants.items():
         activate(ops, keep)
         maybe_prepare(ops, block.op_requests(tokens, backward=True))
         try:
+            if name == "verified":
+                verdicts[name] = verify_plan(ops.planner, lambda: step, device=device).to_dict()
             y = step()
             result = [y.detach(), x.grad, *(p.grad for p in params)]
             if reference is None:
@@ -541,7 +472,7 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
     times, host = time_interleaved(
         runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
     )
-    return {"times": times, "host": host, "rel_err": errors, "errors": failures}
+    return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
 
 def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, args, device, dtype) -> dict:
@@ -554,13 +485,18 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
     def forward() -> torch.Tensor:
         return block(x)
 
-    runnable, errors, failures, reference = {}, {}, {}, None
+    def capture() -> Callable[[], torch.Tensor]:
+        return GraphedCall(forward) if device.type == "cuda" else forward
+
+    runnable, errors, failures, verdicts, reference = {}, {}, {}, {}, None
     for name, (ops, _) in variants.items():
         activate = functools.partial(apply_ops, block, ops)  # a replayed graph needs nothing; eager does
         activate()
         maybe_prepare(ops, block.op_requests(tokens, backward=False))
         try:
-            call = GraphedCall(forward) if device.type == "cuda" else forward
+            if name == "verified":
+                verdicts[name] = verify_plan(ops.planner, capture, device=device).to_dict()
+            call = capture()
             y = call().clone()
             if reference is None:
                 reference = y
@@ -573,7 +509,7 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
         runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
     )
     runnable.clear()  # the graphs go before the next point's
-    return {"times": times, "host": host, "rel_err": errors, "errors": failures}
+    return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
 
 # The run ----------------------------------------------------------------------------------------------------
@@ -596,6 +532,7 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
     variants["shard_dma"] = (planned(FixedSource(Schedule.parse("shard/dma"))), True)
     planner_ops = planned(sources["planner"])
     variants["planner"] = (planner_ops, True)
+    variants["verified"] = (planned(sources["planner"]), True)  # the same source, checked in place
     variants["oracle"] = (planned(TableSource(sources["oracle"], origin="oracle")), True)
     variants["compute_only"] = (ComputeOnlyOps(), True)
     if phase == "train":
@@ -684,7 +621,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         executor.clear_buffers()
         result["points"].append(point)
         log(rank0, point_line(point))
-        for v in ("planner", "oracle"):
+        for v in ("planner", "verified", "oracle"):
             result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
         if rank0:
             write_outputs(result, out)
@@ -714,6 +651,7 @@ def make_point(model: str, phase: str, tokens: int, got: dict) -> dict:
         "host_ms": got["host"],
         "rel_err": got["rel_err"],
         "errors": got["errors"],
+        "verify": got["verify"].get("verified"),
     }
 
 
@@ -741,8 +679,9 @@ def _gmean(xs: list[float]) -> float | None:
 
 
 def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
-    """The issue's goals: planner vs serial (training points with comm >= 20%), vs async-TP (all points),
-    the worst point vs serial, planner vs oracle; and the largest error against serial."""
+    """The issue's goals for the planner alone and verified (``goals``): vs serial (training points with
+    comm >= 20%), vs async-TP (all points), the worst point vs serial, vs the oracle; and the largest error
+    against serial."""
 
     def ratios(num: str, den: str, pts: list[dict]) -> list[float]:
         """``num / den`` step time at the points where both were measured."""
@@ -754,13 +693,20 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
 
     comm_heavy = [p for p in points if p["phase"] == "train" and (p["comm_share"] or 0.0) >= 0.2]
     errors = [e for p in points for e in p["rel_err"].values()]
+    goals = {
+        v: {
+            "vs_serial_comm_heavy_train": _gmean(ratios("serial", v, comm_heavy)),
+            "vs_async_tp": _gmean(ratios("async_tp", v, points)),
+            "vs_serial_min": min(ratios("serial", v, points), default=None),
+            "vs_oracle": _gmean(ratios("oracle", v, points)),
+        }
+        for v in PLANNED_VARIANTS
+    }
     return {
-        "planner_vs_serial_comm_heavy_train": _gmean(ratios("serial", "planner", comm_heavy)),
+        "goals": goals,
         "comm_heavy_train_points": len(comm_heavy),
-        "planner_vs_async_tp": _gmean(ratios("async_tp", "planner", points)),
-        "planner_vs_serial_min": min(ratios("serial", "planner", points), default=None),
-        "planner_vs_oracle": _gmean(ratios("oracle", "planner", points)),
         "speedup_vs_serial_gmean": {v: _gmean(ratios("serial", v, points)) for v in VARIANTS},
+        "verify_pinned_points": sum(1 for p in points if (p.get("verify") or {}).get("pinned")),
         "max_rel_err": max(errors, default=None),
         "rel_err_ok": all(e <= TOLERANCE[dtype_name] for e in errors),
         "failed_runs": sum(len(p.get("errors") or {}) for p in points),
@@ -794,11 +740,13 @@ def markdown(result: dict) -> str:
         "async-TP",
         "shard/dma",
         "planner",
+        "verified",
         "oracle",
         "compute only",
         "planner (re-gather)",
         "host share: serial / planner",
-        "planner speedup: vs serial",
+        "pinned by verify",
+        "speedup vs serial: planner / verified",
         "vs async-TP",
         "vs oracle",
     ]
@@ -812,6 +760,12 @@ def markdown(result: dict) -> str:
     def share(p: dict, v: str) -> str:
         host, step = p.get("host_ms", {}).get(v), p["step_ms"].get(v)
         return "-" if not host or not step else f"{host / step:.0%}"
+
+    def pinned(p: dict) -> str:
+        verdict = p.get("verify")
+        if not verdict or not verdict["times_ms"]:
+            return "-"
+        return "all" if verdict["winner"] == "serial" else str(len(verdict["pinned"]))
 
     rows = []
     for p in result["points"]:
@@ -827,17 +781,20 @@ def markdown(result: dict) -> str:
                 ms(e.get("compute_only")),
                 ms(e.get("planner_regather")),
                 f"{share(p, 'serial')} / {share(p, 'planner')}",
-                x(s["serial"], s["planner"]),
-                x(s.get("async_tp"), s["planner"]),
-                x(s["oracle"], s["planner"]),
+                pinned(p),
+                f"{x(s['serial'], s['planner'])} / {x(s['serial'], s.get('verified'))}",
+                f"{x(s.get('async_tp'), s['planner'])} / {x(s.get('async_tp'), s.get('verified'))}",
+                f"{x(s['oracle'], s['planner'])} / {x(s['oracle'], s.get('verified'))}",
             ]
         )
     lines = [
         "# Transformer block at TP=2: step time, ms (median; slowest rank)",
         "",
-        "Host share: the host time to queue a step over the step time (near 100%: the host is the"
-        " bottleneck). The last three columns are the planner's speedup: the other variant's step time over"
-        " the planner's.",
+        "Planner: the model's picks as they come; verified: the same planner after `runtime.verify_plan`"
+        " timed its plan in the step against serial variants and pinned the losing ops to serial/sm (pinned"
+        " by verify: how many keys; all: the whole plan). Host share: the host time to queue a step over the"
+        " step time (near 100%: the host is the bottleneck). The last three columns are speedups: the other"
+        " variant's step time over the planner's / the verified planner's.",
         "",
         markdown_table(header, rows),
     ]

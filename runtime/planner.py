@@ -143,6 +143,10 @@ class Planner:
         """Every (layer, direction, key it ran, or a description of a plain GEMM) seen, in order."""
         self._by_request: dict[int, tuple[OpRequest, Schedule]] = {}
         """id(request) -> (request, its schedule): the hot path's cache, dropped when a decision changes."""
+        self._overrides: dict[OpKey, Schedule] = {}
+        """Keys that run another schedule than their decision for now (``override``: in-place trials)."""
+        self._recording: set[OpKey] | None = None
+        """While ``recording()`` runs: the keys looked up."""
         self._pending: dict[OpKey, tuple[cf.Future, int]] = {}
         """Keys whose answer timed out -> (the source call, the key's index in its answers)."""
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -192,6 +196,7 @@ class Planner:
         self._pending.clear()
         forgotten = len(self.decisions)
         self.decisions.clear()
+        self._overrides.clear()
         self._by_request.clear()
         forget = getattr(self.source, "forget", None)
         if forget is not None:
@@ -222,8 +227,34 @@ class Planner:
             self._decide([key])
             decision = self.decisions[key]
         self.uses.setdefault((request.layer, request.direction, key), None)
-        self._by_request[id(request)] = (request, decision.schedule)
-        return decision.schedule
+        if self._recording is not None:
+            self._recording.add(key)
+        schedule = self._overrides.get(key, decision.schedule)
+        self._by_request[id(request)] = (request, schedule)
+        return schedule
+
+    def override(self, schedules: dict[OpKey, Schedule]) -> None:
+        """Run ``schedules[key]`` for these keys until the next ``override`` (``{}``: every decision again),
+        keeping the decisions themselves: what an in-place trial (``runtime.verify``) switches between.
+        Call it on every rank of the group, with the same mapping."""
+        self._overrides = dict(schedules)
+        self._by_request.clear()
+
+    @contextmanager
+    def recording(self) -> Iterator[set[OpKey]]:
+        """The set of keys the ops run inside the block look up (each request is looked up afresh)."""
+        self._recording = set()
+        self._by_request.clear()
+        try:
+            yield self._recording
+        finally:
+            self._recording = None
+
+    def pin(self, keys: Iterable[OpKey], reason: str) -> None:
+        """Run ``serial/sm`` for ``keys`` from now on, with ``reason`` in the log and the table (a decision
+        measured slower in place than serial). Call it on every rank of the group, with the same keys."""
+        for key in keys:
+            self._set(key, _fallback(reason, origin="verify"))
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
         """Record a step that is not a planned op (a weight gradient's GEMM) for the table."""

@@ -27,7 +27,14 @@ import torch.nn.functional as F  # noqa: E402
 from test_layers import _mlp_world  # noqa: E402
 
 from ficco import executor  # noqa: E402
-from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear  # noqa: E402
+from ficco.runtime import (  # noqa: E402
+    ColumnParallelLinear,
+    FixedSource,
+    PlannedOps,
+    Planner,
+    RowParallelLinear,
+    verify_plan,
+)
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
 from ficco.training.registry import default_model_root  # noqa: E402
 
@@ -83,6 +90,37 @@ def graph_errors(rank: int, world_size: int) -> list[tuple[str, float]]:
     return out
 
 
+def verify_check(rank: int, world_size: int) -> tuple[dict, float, bool]:
+    """``runtime.verify_plan`` on the MLP forward in graph mode (a fresh capture per variant): its verdict,
+    the relative error of a capture made after it against the full-precision reference, and whether every
+    rank reached the same verdict."""
+    tokens, d_in, hidden, d_out = 256, 1024, 2048, 1024  # small: a copy-engine plan may lose here
+    gen = torch.Generator().manual_seed(12)
+    w1 = (torch.randn(d_in, hidden, generator=gen) / d_in**0.5).cuda().bfloat16()
+    w2 = (torch.randn(hidden, d_out, generator=gen) / hidden**0.5).cuda().bfloat16()
+    x = torch.randn(tokens, d_in, generator=gen).cuda().bfloat16()
+    rows = slice(rank * tokens // world_size, (rank + 1) * tokens // world_size)
+    planner = Planner(FixedSource("finer/dma/s4/chunk"), mode="graph")
+    ops = PlannedOps(planner)
+    up = ColumnParallelLinear(d_in, hidden, ops=ops, device="cuda", dtype=torch.bfloat16)
+    down = RowParallelLinear(hidden, d_out, ops=ops, device="cuda", dtype=torch.bfloat16)
+    up.load_full_weight(w1)
+    down.load_full_weight(w2)
+    static_x = x[rows].clone()
+
+    @torch.no_grad()
+    def forward() -> torch.Tensor:
+        return down(F.gelu(up(static_x)))
+
+    verdict = verify_plan(planner, lambda: GraphedCall(forward), device=torch.device("cuda"), rounds=3)
+    graphed = GraphedCall(forward)
+    y = graphed().float()
+    full = (F.gelu(x.float() @ w1.float()) @ w2.float())[rows]
+    verdicts = [None] * world_size
+    dist.all_gather_object(verdicts, verdict.to_dict())
+    return verdict.to_dict(), float((y - full).norm() / full.norm()), all(v == verdicts[0] for v in verdicts)
+
+
 def main() -> int:
     with executor.process_group("cuda"):
         rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -113,6 +151,11 @@ def main() -> int:
             print(line, flush=True)
             if not worst <= TOLERANCE["bf16"]:
                 bad.append(line)
+        verdict, err, agreed = verify_check(rank, world_size)
+        line = f"rank {rank} verify_plan graph: {verdict}, then max rel err {err:.2e}, ranks agree {agreed}"
+        print(line, flush=True)
+        if not (err <= TOLERANCE["bf16"] and agreed and verdict["times_ms"]):
+            bad.append(line)
     print(f"rank {rank}: {'FAILED ' + str(len(bad)) if bad else 'all within tolerance'}", flush=True)
     return 1 if bad else 0
 

@@ -44,18 +44,20 @@ def test_every_point_has_every_variant(smoke):
     for p in result["points"]:
         assert set(p["step_ms"]) == set(bench.VARIANTS)
         assert p["step_ms"]["async_tp"] is None  # PyTorch's symmetric-memory ops need GPUs
-        assert all(p["step_ms"][v] > 0 for v in ("serial", "shard_dma", "planner", "oracle"))
+        assert all(p["step_ms"][v] > 0 for v in ("serial", "shard_dma", "planner", "verified", "oracle"))
         assert set(p["host_ms"]) == set(p["step_ms"]) - {"async_tp"} | set(p["extra_ms"])
         assert all(p["host_ms"][v] > 0 for v in p["host_ms"])
         assert 0.0 <= p["comm_share"] <= 1.0
         assert p["errors"] == {}
-        expected = {"shard_dma", "planner", "oracle"} | (
+        expected = {"shard_dma", "planner", "verified", "oracle"} | (
             {"planner_regather"} if p["phase"] == "train" else set()
         )
         assert set(p["rel_err"]) == expected
         assert all(e <= bench.TOLERANCE["fp32"] for e in p["rel_err"].values()), p["rel_err"]
+        assert set(p["verify"]) == {"times_ms", "winner", "pinned"}  # runtime.verify_plan's verdict
     assert result["skipped"] == []
     assert result["summary"]["rel_err_ok"]
+    assert set(result["summary"]["goals"]) == {"planner", "verified"}
 
 
 @pytest.mark.slow

@@ -1,0 +1,163 @@
+"""Check a plan in place before trusting it: the planned step against the same step with ``serial/sm``.
+
+    planner.prepare(requests)
+    verdict = verify_plan(planner, lambda: train_step, device=device)   # eager: the step itself
+    verdict = verify_plan(planner, lambda: GraphedCall(forward), device=device)   # graph: a fresh capture
+    print(verdict.table())
+
+Why. The model learned from each op timed alone. A whole step adds what no isolated measurement sees: the
+host time of everything else in the step (autograd, attention, norms), which can make the step host-bound
+so that overlap gains nothing and the executor's extra host time is paid in full, and the neighbours of
+each op on the GPU. On 2 x H200 (``benchmarks/results/block-h200x2.json``) the per-op best schedules of
+the measured dataset ran a Llama-3.1-8B training step at 2k tokens 0.73x as fast as serial (host-bound)
+and its inference step at 256 tokens 0.88x, although every one of them beat serial alone.
+
+What it does (collective: every rank of the group calls it, in the same place):
+
+1. runs the step once as planned, recording the keys it uses; the planned keys are those whose schedule
+   is not ``serial/sm``;
+2. times, interleaved (``runtime.timing.time_interleaved``, the slowest rank's time, so every rank sees
+   the same numbers and decides the same), the step as planned, the step with every planned key
+   ``serial/sm``, and (``flips``) the step with each planned key alone ``serial/sm``;
+3. the fastest of these wins if it beats the plan by more than ``margin``; the keys it runs serially are
+   pinned to ``serial/sm`` (``Planner.pin``, the times in the reason), and the others keep their schedule.
+
+Cost: ``2 + keys`` variants (``2`` without flips) x (``warmup + rounds x reps``) steps, once per set of
+shapes. The step must be safe to repeat (forward and backward without the optimizer's update). A graph-mode
+plan is checked on captures made for it, and must be captured again after a pin.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ficco.features import SERIAL
+from ficco.runtime.planner import OpKey, Planner
+from ficco.runtime.timing import Variant, time_interleaved
+from ficco.tables import markdown_table
+
+log = logging.getLogger(__name__)
+
+PLANNED, ALL_SERIAL = "planned", "serial"
+"""Names of the two whole-plan variants (a single flip is named ``serial:<shape> <mode>``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    """What :func:`verify_plan` measured and decided."""
+
+    times_ms: dict[str, float]
+    """Median step time of every variant, ms (slowest rank); empty when nothing was planned."""
+    winner: str
+    """The variant kept: ``planned``, ``serial`` or ``serial:<shape> <mode>``."""
+    pinned: tuple[OpKey, ...]
+    """Keys now pinned to ``serial/sm``."""
+
+    def speedup(self) -> float | None:
+        """The winner's speed over the all-serial step (None when it was not timed)."""
+        if ALL_SERIAL not in self.times_ms:
+            return None
+        return self.times_ms[ALL_SERIAL] / self.times_ms[self.winner]
+
+    def table(self) -> str:
+        """The variants' times as a markdown table, the winner marked."""
+        rows = [
+            [name, f"{ms:.3f}", "kept" if name == self.winner else ""] for name, ms in self.times_ms.items()
+        ]
+        return markdown_table(["variant", "step ms", ""], rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "times_ms": self.times_ms,
+            "winner": self.winner,
+            "pinned": [f"{k.shape} {k.mode}" for k in self.pinned],
+        }
+
+
+def verify_plan(
+    planner: Planner,
+    make_step: Callable[[], Callable[[], Any]],
+    *,
+    device: torch.device,
+    warmup: int = 2,
+    rounds: int = 5,
+    reps: int = 3,
+    margin: float = 0.01,
+    flips: bool = True,
+) -> Verdict:
+    """Time the planned step against serial variants and pin what loses (module docstring).
+
+    Parameters
+    ----------
+    planner : Planner
+        The planner the step's ops ask (through ``PlannedOps``); its group is the one timed over.
+    make_step : callable
+        Builds the runnable step under the planner's current schedules and returns it (a callable of no
+        arguments): eager, the step itself; graph mode, a new capture (``lambda: GraphedCall(forward)``).
+    device : torch.device
+        Where the step runs (CUDA: timed with events; CPU: with ``perf_counter``).
+    warmup, rounds, reps : int
+        Untimed steps per variant; interleaved rounds; steps per round (each >= 1, warmup >= 0).
+    margin : float
+        A variant replaces the plan only if its step is faster by more than this fraction, in [0, 1).
+    flips : bool
+        Also time each planned key alone set to ``serial/sm`` (else only the whole plan against serial).
+    """
+    _check(warmup=warmup, rounds=rounds, reps=reps, margin=margin)
+    planner.override({})
+    with planner.recording() as used:
+        planned_step = make_step()
+        planned_step()
+    keys = sorted(
+        (k for k in used if planner.decisions[k].schedule != SERIAL), key=lambda k: (k.shape, k.mode)
+    )
+    if not keys:
+        log.info("verify: every op of the step already runs serial/sm; nothing to check")
+        return Verdict(times_ms={}, winner=PLANNED, pinned=())
+    trials: dict[str, tuple[OpKey, ...]] = {PLANNED: (), ALL_SERIAL: tuple(keys)}
+    if flips and len(keys) > 1:
+        trials |= {f"serial:{k.shape} {k.mode}": (k,) for k in keys}
+    variants: dict[str, Variant] = {PLANNED: (_activate(planner, ()), planned_step)}
+    for name, serial_keys in trials.items():
+        if name != PLANNED:
+            activate = _activate(planner, serial_keys)
+            activate()
+            variants[name] = (activate, make_step())
+    try:
+        times, _ = time_interleaved(
+            variants, warmup=warmup, rounds=rounds, reps=reps, device=device, group=planner.group
+        )
+    finally:
+        planner.override({})
+    winner = min(times, key=times.__getitem__)
+    if times[winner] >= times[PLANNED] * (1.0 - margin):
+        winner = PLANNED
+    pinned = trials[winner]
+    if pinned:
+        reason = (
+            f"measured in the step: {times[winner]:.3f} ms with serial/sm here against "
+            f"{times[PLANNED]:.3f} ms as planned"
+        )
+        planner.pin(pinned, reason)
+    verdict = Verdict(times_ms=times, winner=winner, pinned=pinned)
+    log.info("verify: %s kept (%d keys pinned to serial/sm)\n%s", winner, len(pinned), verdict.table())
+    return verdict
+
+
+def _activate(planner: Planner, serial_keys: tuple[OpKey, ...]) -> Callable[[], None]:
+    """Put a variant in place: ``serial_keys`` run ``serial/sm``, every other key its decision."""
+    overrides = dict.fromkeys(serial_keys, SERIAL)
+    return lambda: planner.override(overrides)
+
+
+def _check(*, warmup: int, rounds: int, reps: int, margin: float) -> None:
+    for name, value, low in (("warmup", warmup, 0), ("rounds", rounds, 1), ("reps", reps, 1)):
+        if not (isinstance(value, int) and value >= low):
+            raise ValueError(f"verify_plan: {name} must be an int >= {low}; got {value!r}")
+    if not (isinstance(margin, int | float) and 0.0 <= margin < 1.0):
+        raise ValueError(f"verify_plan: margin must be a fraction in [0, 1); got {margin!r}")
