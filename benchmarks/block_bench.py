@@ -25,23 +25,23 @@ Input and output are token shards ``[T/2, hidden]``.
 Phases: ``train`` (forward + backward, 2k-32k tokens, eager) and ``inference`` (the forward replayed from a
 CUDA graph, 128-4096 tokens). Variants, all on the same weights and inputs (``runtime.apply_ops`` swaps the
 ops): ``serial`` (``serial/sm`` everywhere: NCCL collective, then GEMM), ``async_tp``
-(``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), ``shard_dma``,
-``planner`` (the local predictor through ``runtime.Planner``, mode ``eager`` for training and ``graph``
-for inference), ``verified`` (the same planner after ``runtime.verify_plan`` timed its plan in the step
-against serial variants and pinned what lost to ``serial/sm``; its verdict is the point's ``verify``; the
-variant is then timed afresh with the others) and ``oracle`` (per op, the fastest schedule of the measured dataset at that (op, m, n, k,
-mode); a shape the dataset lacks is measured here, over the schedules that win somewhere in the dataset,
-and the JSON says how many ops came from each). Two more timings per point: ``compute_only`` (the
-collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training,
-``planner_regather`` (the column-parallel weight gradient gathers its input again instead of keeping it).
+(``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``), ``shard_dma``, ``planner``
+(the local predictor through ``runtime.Planner``, mode ``eager`` for training and ``graph`` for inference),
+``verified`` (the same planner after ``runtime.verify_plan`` timed its plan in the step against serial
+variants and pinned what lost to ``serial/sm``; its verdict is the point's ``verify``; the variant is then
+timed afresh with the others) and ``oracle`` (per op, the fastest schedule of the measured dataset at that
+(op, m, n, k, mode); a shape the dataset lacks is measured here, over the schedules that win somewhere in the
+dataset, and the JSON says how many ops came from each). Two more timings per point: ``compute_only`` (the
+collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training, ``planner_regather`` (the
+column-parallel weight gradient gathers its input again instead of keeping it).
 
-Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds in which
-every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU:
+Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds
+in which every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU:
 ``perf_counter``), ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the
-maximum over ranks and a point's time the median over its ``rounds x reps`` steps. Each point also keeps
-the host time to queue one step (``host_ms``): where it nears the step time, the host is the bottleneck.
-Every variant's output (and, in training, the input and weight gradients of its first step) is compared
-with ``serial``'s (relative error, ``rel_err``). Points run cheapest first; a point that would start after
+maximum over ranks and a point's time the median over its ``rounds x reps`` steps. Each point also keeps the
+host time to queue one step (``host_ms``): where it nears the step time, the host is the bottleneck. Every
+variant's output (and, in training, the input and weight gradients of its first step) is compared with
+``serial``'s (relative error, ``rel_err``). Points run cheapest first; a point that would start after
 ``--budget-s`` is skipped and listed.
 """
 

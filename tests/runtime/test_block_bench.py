@@ -54,7 +54,12 @@ def test_every_point_has_every_variant(smoke):
         )
         assert set(p["rel_err"]) == expected
         assert all(e <= bench.TOLERANCE["fp32"] for e in p["rel_err"].values()), p["rel_err"]
-        assert set(p["verify"]) == {"times_ms", "winner", "pinned"}  # runtime.verify_plan's verdict
+        assert set(p["verify"]) == {
+            "times_ms",
+            "confirm_ms",
+            "winner",
+            "pinned",
+        }  # runtime.verify_plan's verdict
     assert result["skipped"] == []
     assert result["summary"]["rel_err_ok"]
     assert set(result["summary"]["goals"]) == {"planner", "verified"}

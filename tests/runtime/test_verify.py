@@ -70,6 +70,7 @@ def test_a_single_losing_decision_is_pinned_and_the_winning_one_kept():
         assert "measured in the step" in rank_out["table"]
     times = out[0]["verdict"]["times_ms"]
     assert set(times) == {PLANNED, ALL_SERIAL, *(f"serial:ag_gemm m={m} n=32 k=16 eager" for m in MIXED)}
+    assert set(out[0]["verdict"]["confirm_ms"]) == {PLANNED, "serial:ag_gemm m=64 n=32 k=16 eager"}
 
 
 @pytest.mark.slow
@@ -105,12 +106,37 @@ def test_a_gain_within_the_margin_keeps_the_plan():
     assert out[0]["schedules"] == {64: "shard/dma"}
 
 
+def _fading_world(rank: int, world_size: int) -> dict:
+    """Op 64 is fast under serial/sm for its first 7 serial calls (all of the screening: 1 warm-up + 3
+    rounds x 2 steps), slow after: the confirmation must catch the screening's lucky winner."""
+    planner = Planner(FixedSource("shard/dma"))
+    request, serial_calls = _request(64), []
+
+    def step() -> None:
+        if str(planner.schedule(request)) == "serial/sm":
+            serial_calls.append(1)
+            time.sleep((1.0 if len(serial_calls) <= 7 else 4.0) * UNIT_S)
+        else:
+            time.sleep(3.0 * UNIT_S)
+
+    verdict = verify_plan(planner, lambda: step, device=torch.device("cpu"), warmup=1, rounds=3, reps=2)
+    return {"verdict": verdict.to_dict(), "schedule": str(planner.decisions[planner.key(request)].schedule)}
+
+
+@pytest.mark.slow
+def test_a_gain_that_does_not_hold_on_fresh_timings_is_not_taken():
+    out = run_world(2, _fading_world)[0]
+    assert out["verdict"]["times_ms"][ALL_SERIAL] < out["verdict"]["times_ms"][PLANNED]  # screening: lucky
+    assert set(out["verdict"]["confirm_ms"]) == {PLANNED, ALL_SERIAL}
+    assert out["verdict"]["winner"] == PLANNED and out["schedule"] == "shard/dma"
+
+
 def test_nothing_planned_times_nothing():
     planner = Planner(FixedSource("serial/sm"))
     calls = []
     step = _step(planner, {64: (0.0, 0.0)})
     verdict = verify_plan(planner, lambda: calls.append(1) or step, device=torch.device("cpu"))
-    assert verdict.times_ms == {} and verdict.pinned == () and verdict.winner == PLANNED
+    assert verdict.times_ms == {} == verdict.confirm_ms and verdict.pinned == () and verdict.winner == PLANNED
     assert calls == [1]  # built once (to record the keys), never timed
 
 
