@@ -3,6 +3,8 @@
 # (as a .tgz, since it holds more files than a device call brings back) goes to $OUT.
 #   bash benchmarks/gpu_dataset.sh HARDWARE SECONDS [more `ficco bench` options]
 #   e.g. bash benchmarks/gpu_dataset.sh h200x2 540 --remeasure 64
+#   DATASET=datasets/h200x2-unseen bash benchmarks/gpu_dataset.sh h200x2 570 --configs datasets/unseen_configs
+# DATASET: the dataset directory (default datasets/HARDWARE).
 # SECONDS bounds the whole script: the sweep starts no scenario after SECONDS - 60 s (torchrun start,
 # the card and the archive fit in the rest). Run it again to go on where it stopped.
 set -uo pipefail
@@ -12,11 +14,11 @@ HW="$1"; SECONDS_LEFT="$2"; shift 2
 OUT="${OUT:-./.device-out}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 GPUS="$($PY -c 'import torch; print(torch.cuda.device_count())')"
-DIR="datasets/$HW"
+DIR="${DATASET:-datasets/$HW}"; NAME="$(basename "$DIR")"
 RESUME=(); [ -f "$DIR/manifest.json" ] && RESUME=(--resume)
 MINUTES="$($PY -c "print(max(($SECONDS_LEFT - 60) / 60, 0.5))")"
 echo "dataset $DIR: ${RESUME[*]:-fresh}, $GPUS GPUs, time budget $MINUTES min"
 "$PY" -m ficco.cli bench --backend gpu --hardware "$HW" --tp "$GPUS" --nproc "$GPUS" --out "$DIR" \
-    "${RESUME[@]}" --time-budget "$MINUTES" --flush-seconds 30 "$@" 2> "$OUT/dataset-$HW.err" | tail -25
-echo "bench rc=${PIPESTATUS[0]}"; tail -5 "$OUT/dataset-$HW.err"
-tar czf "$OUT/dataset-$HW.tgz" "$DIR"
+    "${RESUME[@]}" --time-budget "$MINUTES" --flush-seconds 30 "$@" 2> "$OUT/dataset-$NAME.err" | tail -25
+echo "bench rc=${PIPESTATUS[0]}"; tail -5 "$OUT/dataset-$NAME.err"
+tar czf "$OUT/dataset-$NAME.tgz" "$DIR"
