@@ -8,6 +8,9 @@ Directory layout (``ficco bench --out DIR``)::
     DIR/plan.json                  the plan the sweep ran (settings, scenarios, families sharing a scenario)
     DIR/card.md, DIR/*.png         the dataset card and its plots
 
+A manifest may list ``superseded`` schedules (schedule -> why): rows measured with an executor that no
+longer runs them; training leaves them out (``load_datasets``, ``load_repeats``).
+
 Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
 ``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule, the
 execution ``mode`` (``features.MODES``) and its timing: ``median_ms`` (per call, the median over the
@@ -200,7 +203,7 @@ def dataset_hardware(path: str | Path) -> HardwareProfile:
 
 def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The measurement rows and the re-measured rows (None if none) of one or more datasets, concatenated
-    in the order given.
+    in the order given, without the schedules a manifest lists as ``superseded``.
 
     One path may be a directory or a Parquet file (no re-measure), as for :func:`load_dataset`. Several
     must be directories measured on the same hardware (:func:`check_same_hardware`) with no scenario id in
@@ -212,22 +215,61 @@ def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
         raise ValueError("no dataset given; pass at least one dataset directory")
     if len(paths) == 1:
         path = Path(paths[0])
-        return load_dataset(path), load_noise(path) if path.is_dir() else None
+        if not path.is_dir():
+            return load_dataset(path), None
+        return _current(load_dataset(path), path), _current(load_noise(path), path)
     check_same_hardware(paths)
-    frames = [load_dataset(p) for p in paths]
+    frames = [_current(load_dataset(p), p) for p in paths]
     for i, frame in enumerate(frames):
         for j in range(i):
             shared = sorted(set(frames[j]["scenario_id"]) & set(frame["scenario_id"]))
             if shared:
                 raise ValueError(
                     f"{paths[j]} and {paths[i]} share {len(shared)} scenario id(s), e.g. {shared[:3]}; "
-                    "each scenario must come from one dataset"
+                    "each scenario must come from one dataset (a second sweep of the same scenarios is a "
+                    "repeat: load_repeats)"
                 )
-    noise = [n for n in map(load_noise, paths) if n is not None]
+    noise = [_current(n, p) for p in paths if (n := load_noise(p)) is not None]
     return (
         pd.concat(frames, ignore_index=True),
         pd.concat(noise, ignore_index=True) if noise else None,
     )
+
+
+def load_repeats(rows: pd.DataFrame, paths: Sequence[str | Path], like: str | Path) -> list[pd.DataFrame]:
+    """The rows of repeat sweeps ``paths``: independent measurements (another session, another machine
+    lease) of scenarios that ``rows`` holds, on the hardware of dataset ``like``; one frame per sweep,
+    without its ``superseded`` schedules.
+
+    Raises ``ValueError`` for a repeat of other hardware, or one holding scenarios ``rows`` lacks (a
+    repeat re-measures; it adds no scenario).
+    """
+    out = []
+    known = set(rows["scenario_id"])
+    for path in paths:
+        check_same_hardware([like, path])
+        frame = _current(load_dataset(path), path)
+        extra = sorted(set(frame["scenario_id"]) - known)
+        if extra:
+            raise ValueError(
+                f"repeat {path} holds {len(extra)} scenario id(s) the datasets do not, e.g. {extra[:3]}; a "
+                "repeat sweep only re-measures their scenarios"
+            )
+        out.append(frame)
+    return out
+
+
+def superseded(directory: str | Path) -> dict[str, str]:
+    """The schedules dataset ``directory``'s manifest marks as measured with a replaced executor -> why."""
+    return dict(_require_manifest(directory).get("superseded", {}))
+
+
+def _current(frame: pd.DataFrame | None, directory: str | Path) -> pd.DataFrame | None:
+    """``frame`` without the rows of the schedules ``directory`` lists as superseded."""
+    gone = superseded(directory)
+    if frame is None or not gone:
+        return frame
+    return frame[~frame["schedule"].isin(list(gone))].reset_index(drop=True)
 
 
 def hardware_identity(directory: str | Path) -> dict[str, Any]:

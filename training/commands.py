@@ -3,6 +3,7 @@
     ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
     ficco train --dataset datasets/h200x2 --dataset datasets/h200x2-moe   # dense and MoE rows together
+    ficco train --dataset datasets/h200x2 --repeat datasets/h200x2-swap-trial   # two sweeps' times pooled
     ficco report --dataset datasets/h200x2 --out reports/h200x2
     ficco retrain --hardware h200x2                           # GPU machine: sweep, train, promote if better
     ficco retrain --backend sim --hardware h100x8 --budget 60 # CPU: the same job on the simulator
@@ -39,6 +40,15 @@ DatasetOption = Annotated[
         "combine datasets of the same hardware and disjoint scenarios (e.g. dense and MoE).",
     ),
 ]
+RepeatOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--repeat",
+        help="An independent repeat sweep (another session) of scenarios --dataset holds; each schedule's "
+        "time becomes the geometric mean over the sweeps (eager labels of small shapes follow the host's "
+        "speed, which drifts between sessions). Repeat it for several.",
+    ),
+]
 RegistryOption = Annotated[
     Path | None,
     typer.Option(
@@ -69,13 +79,14 @@ def _registry(path: Path | None) -> Path:
     return path or default_model_root()
 
 
-def _load(datasets: list[Path]) -> Any:
+def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
     from ficco.training.table import load_dataset_table
 
     try:
-        return load_dataset_table(*datasets)
+        return load_dataset_table(*datasets, repeats=repeats or ())
     except (OSError, ValueError) as err:
-        raise fail(f"--dataset {' '.join(map(str, datasets))}: {err}") from None
+        named = " ".join([*map(str, datasets), *(f"--repeat {r}" for r in repeats or ())])
+        raise fail(f"--dataset {named}: {err}") from None
 
 
 def pickers_table(pickers: dict[str, dict[str, Any] | None]) -> str:
@@ -127,6 +138,7 @@ def evaluate_command(
             "on this one's scenarios that --dataset does not hold.",
         ),
     ] = None,
+    repeat: RepeatOption = None,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -136,7 +148,7 @@ def evaluate_command(
     async-TP) and the noise ceiling (the re-measure's picks scored against the sweep)."""
     from ficco.training.evaluate import evaluate
 
-    loaded = _load(dataset)
+    loaded = _load(dataset, repeat)
     other = _load([transfer]).table if transfer is not None else None
     try:
         evaluation = evaluate(
@@ -157,6 +169,7 @@ def train_command(
     promote: Annotated[
         bool, typer.Option("--promote", help="Make the new version the current model.")
     ] = False,
+    repeat: RepeatOption = None,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -165,7 +178,7 @@ def train_command(
     from ficco.training import registry as reg
     from ficco.training.train import register_trained, train_model
 
-    loaded = _load(dataset)
+    loaded = _load(dataset, repeat)
     root = _registry(registry)
     try:
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)

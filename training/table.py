@@ -9,6 +9,7 @@ order, so serial wins a tie).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +102,19 @@ class ScheduleTable:
 
 
 def build_table(
-    df: pd.DataFrame, hardware: HardwareProfile, modes: Sequence[str] | None = None
+    df: pd.DataFrame,
+    hardware: HardwareProfile,
+    modes: Sequence[str] | None = None,
+    repeats: Sequence[pd.DataFrame] = (),
 ) -> ScheduleTable:
     """Reshape dataset rows (one per scenario, schedule and mode, the ``harness.dataset`` schema) into a
     table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
+
+    ``repeats``: rows of independent repeat sweeps of the same scenarios (``harness.dataset.load_repeats``).
+    A schedule's time is then the geometric mean of its median over every sweep that measured it, and it is
+    in the best set if any sweep could not tell it from its fastest (or it is the pooled fastest). Eager
+    times of small shapes follow the host's speed, which drifts between sessions (``datasets/
+    h200x2-swap-trial/README.md``): one sweep's label is one draw of it, several sweeps' mean a steadier one.
 
     Rows without a successful serial/sm measurement are dropped (every metric is relative to it) and
     counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or a
@@ -114,9 +124,11 @@ def build_table(
 
     if modes is not None:
         df = df[df["mode"].isin(list(modes))]
-    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
-    ok = ok.drop_duplicates(["scenario_id", "mode", "schedule"], keep="last")  # re-measured: the latest
     keys = sorted(set(zip(df["scenario_id"], df["mode"], strict=True)))
+    ok = _pooled([_successful(frame) for frame in (df, *repeats)])
+    if repeats:  # a repeat's modes may be more than asked for
+        wanted = set(keys)
+        ok = ok[[k in wanted for k in zip(ok["scenario_id"], ok["mode"], strict=True)]]
     row_of = {key: i for i, key in enumerate(keys)}
     times = np.full((len(keys), len(SCHEDULES)), np.nan)
     in_best = np.zeros(times.shape, dtype=bool)
@@ -126,6 +138,8 @@ def build_table(
     cols = schedule_indices(ok["schedule"].tolist())
     times[rows, cols] = ok["median_ms"].to_numpy(dtype=np.float64)
     in_best[rows, cols] = ok["in_best_set"].to_numpy(dtype=bool)
+    measured = ~np.isnan(times).all(axis=1)
+    in_best[np.flatnonzero(measured), np.nanargmin(times[measured], axis=1)] = True
     keep = ~np.isnan(times[:, SERIAL_INDEX])
     if not keep.any():
         raise ValueError(
@@ -152,6 +166,27 @@ def build_table(
     )
 
 
+def _successful(df: pd.DataFrame) -> pd.DataFrame:
+    """The successful rows of one sweep, one per (scenario, mode, schedule): a scenario re-measured within
+    the sweep (a resumed run) keeps its latest row."""
+    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
+    return ok.drop_duplicates(["scenario_id", "mode", "schedule"], keep="last")
+
+
+def _pooled(sweeps: list[pd.DataFrame]) -> pd.DataFrame:
+    """One row per (scenario, mode, schedule) over ``sweeps``: geometric-mean ``median_ms``, ``in_best_set``
+    if in any sweep's best set (:func:`build_table`)."""
+    if len(sweeps) == 1:
+        return sweeps[0]
+    import pandas as pd
+
+    both = pd.concat([s[["scenario_id", "mode", "schedule", "median_ms", "in_best_set"]] for s in sweeps])
+    both = both.assign(log_ms=np.log(both["median_ms"].to_numpy(dtype=np.float64)))
+    grouped = both.groupby(["scenario_id", "mode", "schedule"], sort=False)
+    pooled = grouped.agg(log_ms=("log_ms", "mean"), in_best_set=("in_best_set", "any")).reset_index()
+    return pooled.assign(median_ms=np.exp(pooled["log_ms"]))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class LoadedDataset:
     """One or more dataset directories read for training: their table, hardware profile and identity."""
@@ -171,23 +206,29 @@ class LoadedDataset:
     families)."""
 
 
-def load_dataset_table(*paths: str | Path) -> LoadedDataset:
+def load_dataset_table(*paths: str | Path, repeats: Sequence[str | Path] = ()) -> LoadedDataset:
     """Read dataset directories ``paths`` (``ficco bench --out``; several: same hardware, disjoint
-    scenarios, see ``harness.dataset.load_datasets``) into one :class:`LoadedDataset`.
+    scenarios, see ``harness.dataset.load_datasets``) into one :class:`LoadedDataset`, with the repeat
+    sweeps ``repeats`` of their scenarios pooled into the times (:func:`build_table`).
 
     Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest, bad columns, differing
-    hardware or shared scenario ids.
+    hardware, shared scenario ids or a repeat's scenario the datasets lack.
     """
-    from ficco.harness.dataset import dataset_hardware, frame_hash, load_datasets
+    from ficco.harness.dataset import dataset_hardware, frame_hash, load_datasets, load_repeats
 
     paths = tuple(Path(p) for p in paths)
+    repeats = tuple(Path(p) for p in repeats)
     df, noise_df = load_datasets(paths)
+    repeat_dfs = load_repeats(df, repeats, like=paths[0])
     hardware = dataset_hardware(paths[0])
-    table = build_table(df, hardware)
+    table = build_table(df, hardware, repeats=repeat_dfs)
     noise = None if noise_df is None or noise_df.empty else build_table(noise_df, hardware)
     digest = frame_hash(df)
+    if repeats:
+        digest = hashlib.sha256("+".join([digest, *map(frame_hash, repeat_dfs)]).encode()).hexdigest()
     info = {
         "path": " + ".join(map(str, paths)),
+        **({"repeats": [str(p) for p in repeats]} if repeats else {}),
         "hash": digest,
         "hardware_id": hardware.id,
         "backends": sorted(set(df["backend"])),

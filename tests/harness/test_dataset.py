@@ -17,9 +17,11 @@ from ficco.harness.dataset import (
     load_dataset,
     load_datasets,
     load_noise,
+    load_repeats,
     result_rows,
     rows_frame,
     scenario_from_row,
+    superseded,
     validate_frame,
 )
 from ficco.harness.sim import SimBackend
@@ -161,3 +163,33 @@ def test_load_datasets_refuses_shared_scenarios(two_datasets):
     a, _ = two_datasets
     with pytest.raises(ValueError, match=re.escape(f"{a} and {a} share 6 scenario id(s), e.g. ['")):
         load_datasets([a, a])
+
+
+def _mark_superseded(directory, schedules: dict[str, str]) -> None:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["superseded"] = schedules
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_superseded_schedules_stay_out_of_training_rows(two_datasets):
+    a, b = two_datasets
+    _mark_superseded(a, {"shard/sm": "trial executor"})
+    assert superseded(a) == {"shard/sm": "trial executor"} and superseded(b) == {}
+    df, noise = load_datasets([a, b])
+    assert "shard/sm" not in set(df.loc[df["scenario_id"].isin(load_dataset(a)["scenario_id"]), "schedule"])
+    assert "shard/sm" in set(df["schedule"])  # b's rows keep it
+    assert "shard/sm" not in set(noise["schedule"])
+    assert "shard/sm" in set(load_dataset(a)["schedule"])  # the raw rows are all still there
+
+
+def test_load_repeats_reads_sweeps_of_known_scenarios_only(tmp_path, two_datasets, small_plan, h200):
+    a, b = two_datasets
+    half = len(small_plan) // 2
+    again = run_sweep(small_plan[:half], SimBackend(h200, seed=7), tmp_path / "again", progress=False)
+    _mark_superseded(again, {"shard/dma": "replaced"})
+    rows = load_dataset(a)
+    (repeat,) = load_repeats(rows, [again], like=a)
+    assert set(repeat["scenario_id"]) == set(rows["scenario_id"])
+    assert "shard/dma" not in set(repeat["schedule"])
+    with pytest.raises(ValueError, match=re.escape(f"repeat {b} holds 6 scenario id(s) the datasets do not")):
+        load_repeats(rows, [b], like=a)

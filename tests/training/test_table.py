@@ -60,3 +60,28 @@ def test_subset_keeps_rows_aligned(table):
     assert len(part) == int(np.sum(table.families == "grid"))
     assert set(part.families) == {"grid"}
     assert part.scenarios[0].key() == part.scenario_ids[0]
+
+
+def test_repeat_sweeps_pool_into_geometric_means_and_widen_the_best_set(frame, table):
+    """A second sweep whose times are 4x (every schedule but one) gives each time the geometric mean (2x);
+    a schedule only the repeat has is taken as measured there; best set: any sweep's, plus the fastest."""
+    repeat = frame.copy()
+    repeat["median_ms"] = repeat["median_ms"] * 4.0
+    row, col = 0, SCHEDULES.index("shard/dma")
+    sid, mode = table.scenario_ids[row], table.modes[row]
+    here = (repeat["scenario_id"] == sid) & (repeat["mode"] == mode)
+    repeat.loc[here & (repeat["schedule"] == "shard/dma"), "median_ms"] = 1e-6  # the repeat's fastest
+    repeat.loc[here & (repeat["schedule"] == "shard/dma"), "in_best_set"] = True
+    pooled = build_table(frame, get_hardware("h200x2"), repeats=[repeat])
+    assert list(pooled.scenario_ids) == list(table.scenario_ids)
+    others = np.ones(table.times_ms.shape, dtype=bool)
+    others[row, col] = False
+    np.testing.assert_allclose(pooled.times_ms[others], 2.0 * table.times_ms[others], equal_nan=True)
+    assert pooled.best[row] == col and pooled.in_best[row, col]
+    assert (pooled.in_best >= table.in_best).all()  # any sweep's best set counts
+
+
+def test_a_repeat_with_other_modes_adds_no_row(frame, table):
+    graph = build_table(frame, get_hardware("h200x2"), modes=["graph"], repeats=[frame])
+    assert set(graph.modes) == {"graph"}
+    np.testing.assert_allclose(graph.times_ms, table.subset(table.modes == "graph").times_ms, equal_nan=True)
