@@ -15,11 +15,18 @@ import numpy as np
 from ficco.features.scenario import MOE_OPS, OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS
 
-FEATURE_SCHEMA_VERSION = "fv2"
-"""fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
+FEATURE_SCHEMA_VERSION = "fv3"
+"""The schema new models are trained on.
+
+fv3 (from fv2): the same scenario vector; the model's pairs gain ``eager_host_over_gpu``, the schedule's
+eager host time over the scenario's GPU work (``features.host``, ``training.model.pair_matrix``).
+fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
 are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new: on the committed h200x2 data they lowered the
 grouped-CV loss from 0.0477 to 0.0464 (``benchmarks/feature_ablation.py``, ``reports/feature-ablation.md``),
 while dropping the duplicate size features did not help (0.0479) and stays undone."""
+FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3")
+"""The schemas this code computes, oldest first: a model of any of them loads (its pairs are built the way it
+was trained); a model of any other is refused."""
 
 _TILE = 128
 """Output tile edge (rows and columns) assumed when counting GEMM waves; Hopper bf16 kernels use 128-256."""
@@ -177,6 +184,7 @@ def _log2s(x: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "FEATURE_NAMES",
+    "FEATURE_SCHEMAS",
     "FEATURE_SCHEMA_VERSION",
     "MOE_OPS",
     "feature_dict",

@@ -6,8 +6,10 @@ whatever the batch, which dominates a single-scenario decision (about 30 pairs).
 1. Specialisation: a pair is (scenario features, schedule fields, mode), and a scenario is paired with at
    most ``S`` schedules in one mode. For each (schedule, mode), every split on a schedule or mode column
    is resolved at compile time, leaving trees over the scenario features only; identical pruned trees
-   are kept once. On the h200x2 model the 2 x 100 trees x 30 schedules (6,000 tree walks per decision)
-   become about 2,000 distinct trees per mode.
+   are kept once. A pair column that depends on the scenario and the schedule both (fv3's eager host time
+   over GPU work) becomes a column of its own per schedule beside the scenario features, computed once per
+   scenario before the walk. On the h200x2 fv2 model the 2 x 100 trees x 30 schedules (6,000 tree walks
+   per decision) become about 2,000 distinct trees per mode.
 2. Walking: the distinct trees become one array per node field, the nodes of every tree numbered so that
    a split's two children are adjacent (right = left + 1), a leaf pointing to itself with an infinite
    threshold. One step moves every (scenario, tree) cursor one level down::
@@ -121,17 +123,21 @@ def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
     return model["trees"], float(learner["learner_model_param"]["base_score"].strip("[]"))
 
 
-def prune(tree: dict[str, Any], fixed: dict[int, float], node: int = 0) -> Tree:
+def prune(tree: dict[str, Any], fixed: dict[int, float], linked: dict[int, int] | None = None,
+          node: int = 0) -> Tree:  # fmt: skip
     """``tree`` (XGBoost JSON) as nested tuples, with every split on a column of ``fixed`` (column ->
-    value) resolved the way XGBoost would (float32 comparison)."""
+    value) resolved the way XGBoost would (float32 comparison), and every split on a column of ``linked``
+    (pair column -> column of the scenario rows) moved to the column it names."""
     left = tree["left_children"][node]
     if left == -1:
         return ("leaf", tree["split_conditions"][node])
     column, cut = tree["split_indices"][node], tree["split_conditions"][node]
     right = tree["right_children"][node]
     if column in fixed:
-        return prune(tree, fixed, right if np.float32(fixed[column]) >= np.float32(cut) else left)
-    return (column, cut, prune(tree, fixed, left), prune(tree, fixed, right))
+        return prune(tree, fixed, linked, right if np.float32(fixed[column]) >= np.float32(cut) else left)
+    if linked and column in linked:
+        column = linked[column]
+    return (column, cut, prune(tree, fixed, linked, left), prune(tree, fixed, linked, right))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -156,10 +162,24 @@ class SpecialisedForest:
 
     @classmethod
     def compile(
-        cls, boosters: Sequence[Any], descriptors: np.ndarray, modes: dict[str, np.ndarray], first: int
+        cls,
+        boosters: Sequence[Any],
+        descriptors: np.ndarray,
+        modes: dict[str, np.ndarray],
+        first: int,
+        *,
+        linked: dict[str, int] | None = None,
     ) -> SpecialisedForest:
         """Specialise ``boosters`` for every row of ``descriptors`` (``[S, d]``, the pair columns from
-        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``)."""
+        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``, the pair columns from
+        ``first + d`` on).
+
+        ``linked``: per mode, one pair column past those that varies with the scenario and the schedule
+        both (fv3's ``eager_host_over_gpu`` in eager mode); its splits under schedule ``s`` read column
+        ``first + s`` of the scenario rows, which :meth:`predict` then takes as ``[n, first + S]`` in every
+        mode (the features, then that column's value for every schedule; a one-row walk reads the feature
+        of every node).
+        """
         parsed = [booster_trees(b) for b in boosters]
         distinct: dict[Tree, int] = {}
         used, members = {}, {}
@@ -169,10 +189,12 @@ class SpecialisedForest:
         for mode, tail in modes.items():
             mine: dict[int, int] = {zero: 0}
             member = np.zeros((n_s * n_g, t_max), dtype=np.intp)
+            link = (linked or {}).get(mode)
             for s, row in enumerate(descriptors):
                 fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
+                moved = None if link is None else {link: first + s}
                 for g, (trees, _) in enumerate(parsed):
-                    keys = [distinct.setdefault(prune(t, fixed), len(distinct)) for t in trees]
+                    keys = [distinct.setdefault(prune(t, fixed, moved), len(distinct)) for t in trees]
                     member[s * n_g + g, : len(keys)] = [mine.setdefault(u, len(mine)) for u in keys]
             used[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine))
             members[mode] = member.ravel()
@@ -183,7 +205,8 @@ class SpecialisedForest:
         )  # fmt: skip
 
     def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
-        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` in ``mode``: float64 ``[n, S, G]``."""
+        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` (``[n, F + S]`` when compiled with a
+        linked column, see :meth:`compile`) in ``mode``: float64 ``[n, S, G]``."""
         leaves = self.trees.leaves(X, self.used[mode])
         # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
         out = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)

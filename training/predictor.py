@@ -20,9 +20,13 @@ from typing import Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
+from ficco.features.host import host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (
     DESCRIPTORS,
+    HOST_FEATURE_NAME,
+    PAIR_FEATURE_NAMES_OF,
+    SCHEDULE_FEATURE_NAMES,
     SCHEDULES,
     SERIAL_INDEX,
     PairModel,
@@ -79,7 +83,11 @@ class Decision:
 
 class Predictor:
     """The fitted pair model (``scorer``), the time-ratio regressor (``ratio``, the same object when the
-    scorer is the regressor), the fallback policy and the model card."""
+    scorer is the regressor), the fallback policy and the model card.
+
+    Both models must share one feature schema (``PairModel.feature_schema_``, any of
+    ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained.
+    """
 
     def __init__(
         self,
@@ -97,10 +105,25 @@ class Predictor:
         self.card = card
         self.version = version
         self.hardware_id = hardware_id
+        if scorer.feature_schema_ != ratio.feature_schema_:
+            raise ValueError(
+                f"the scorer and the ratio model must share a feature schema; got {scorer.feature_schema_!r} "
+                f"and {ratio.feature_schema_!r}"
+            )
+        self.feature_schema = scorer.feature_schema_
+        """The schema of both models' pairs."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
+        tails = {m: [float(m == "graph")] for m in MODES}
+        self._host_linked = HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]
+        """fv3: eager pairs read the host column per schedule (``features.host.host_over_gpu``); graph 0."""
+        linked = None
+        if self._host_linked:
+            tails["graph"].append(0.0)
+            linked = {"eager": len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES)}
         self._fast = SpecialisedForest.compile(
-            boosters, DESCRIPTORS, {m: np.array([float(m == "graph")]) for m in MODES}, len(FEATURE_NAMES)
-        )
+            boosters, DESCRIPTORS, {m: np.array(t) for m, t in tails.items()}, len(FEATURE_NAMES),
+            linked=linked,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
@@ -109,7 +132,7 @@ class Predictor:
         self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
-        Z, (rows, cols) = pair_matrix(X, modes, valid)
+        Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema)
         out = self.scorer.predict(Z)
         ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
         cost, log_ratio = np.full(valid.shape, np.inf), np.full(valid.shape, np.nan)
@@ -124,7 +147,10 @@ class Predictor:
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
         for mode in set(modes.tolist()):
             on = modes == mode
-            margins = self._fast.predict(X[on].astype(np.float32), mode)
+            rows = X[on]
+            if self._host_linked:  # in every mode: a one-row walk reads the features of every tree's nodes
+                rows = np.hstack([rows, host_over_gpu(rows)])
+            margins = self._fast.predict(rows.astype(np.float32), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
             log_ratio[on] = margins[:, :, -1]
         return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)

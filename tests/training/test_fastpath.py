@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from ficco.features import FEATURE_NAMES
+from ficco.features.host import host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.fit import training_pairs
-from ficco.training.model import DESCRIPTORS, PairModel, pair_costs
+from ficco.training.model import DESCRIPTORS, PAIR_FEATURE_NAMES, PairModel, pair_costs
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
 
@@ -17,11 +18,16 @@ from ficco.training.predictor import Predictor
 def test_specialised_margins_match_xgboost(table, objective):
     Z, y, qid = training_pairs(table)
     model = PairModel(objective=objective, n_estimators=40, max_depth=6).fit(Z, y, qid=qid)
-    modes = {"eager": np.array([0.0]), "graph": np.array([1.0])}
-    forest = SpecialisedForest.compile([model.booster_] * 2, DESCRIPTORS, modes, len(FEATURE_NAMES))
+    host = PAIR_FEATURE_NAMES.index("eager_host_over_gpu")
+    assert host in {s for t in _split_columns(model) for s in t}  # the trees use the linked column
+    modes = {"eager": np.array([0.0]), "graph": np.array([1.0, 0.0])}
+    forest = SpecialisedForest.compile(
+        [model.booster_] * 2, DESCRIPTORS, modes, len(FEATURE_NAMES), linked={"eager": host}
+    )
     for mode in modes:
         on = table.modes == mode
-        margins = forest.predict(table.X[on].astype(np.float32), mode)
+        rows = np.hstack([table.X[on], host_over_gpu(table.X[on])])
+        margins = forest.predict(rows.astype(np.float32), mode)
         assert margins.shape == (int(on.sum()), len(DESCRIPTORS), 2)
         want = pair_costs(model, table.X[on], table.modes[on])
         sign = 1.0 if objective == "ratio" else -1.0
@@ -38,3 +44,33 @@ def test_fast_and_reference_paths_pick_the_same_on_the_whole_dataset(trained, ta
     np.testing.assert_array_equal(fast.final, reference.final)
     np.testing.assert_array_equal(fast.raw, reference.raw)
     np.testing.assert_allclose(fast.speedups, reference.speedups, rtol=1e-5)
+
+
+def _split_columns(model: PairModel) -> list[set[int]]:
+    """The pair columns each tree of ``model`` splits on."""
+    import json
+
+    trees = json.loads(bytes(model.booster_.save_raw("json")))["learner"]["gradient_booster"]["model"]
+    return [{c for c, left in zip(t["split_indices"], t["left_children"], strict=True) if left != -1}
+            for t in trees["trees"]]  # fmt: skip
+
+
+def test_fv2_model_fast_and_reference_paths_pick_the_same(table):
+    from ficco.training.registry import load_predictor
+    from tests.training.test_registry import SHIPPED, shipped_versions
+
+    predictor = load_predictor(SHIPPED, "h200x2", shipped_versions("fv2")[-1])
+    fast = predictor.decide(table.X, table.modes, fast=True)
+    reference = predictor.decide(table.X, table.modes, fast=False)
+    np.testing.assert_array_equal(fast.final, reference.final)
+    np.testing.assert_allclose(fast.speedups, reference.speedups, rtol=1e-5)
+
+
+def test_one_scenario_at_a_time_answers_as_the_batch(trained, table):
+    predictor = Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=trained.choice.policy,
+                          card={}, version="v", hardware_id="h200x2")  # fmt: skip
+    batch = predictor.decide(table.X, table.modes, fast=True)
+    for i in range(0, len(table), 7):  # the one-row walk and host column of a single decision
+        one = predictor.decide(table.X[i : i + 1], table.modes[i : i + 1], fast=True)
+        assert one.final[0] == batch.final[i]
+        np.testing.assert_array_equal(one.speedups[0], batch.speedups[i])
