@@ -106,9 +106,11 @@ def held_out_costs(
     seed: int,
     n_jobs: int,
     progress: bool,
+    masked: tuple[str, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each fold predicted by models fitted on the other folds: costs of every configuration
-    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``."""
+    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``. ``masked``: pair
+    columns every model is fitted without (``training.fit.fit_pair_model``)."""
     names = sorted(set(folds.tolist()))
     cost = np.zeros((len(configs), len(table), table.times_ms.shape[1]))
     ratio = np.zeros(table.times_ms.shape)
@@ -117,13 +119,13 @@ def held_out_costs(
             test = folds == name
             train, held = table.subset(~test), table.subset(test)
             for c, config in enumerate(configs):
-                model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs)
+                model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs, masked=masked)
                 cost[c, test] = pair_costs(model, held.X, held.modes)
                 if config == RATIO_CONFIG:
                     ratio[test] = cost[c, test]
                 bar.update()
             if RATIO_CONFIG not in configs:
-                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs, masked=masked)
                 ratio[test] = pair_costs(model, held.X, held.modes)
     return cost, ratio
 
@@ -136,8 +138,10 @@ def cross_validate(
     seed: int = 0,
     n_jobs: int = 1,
     progress: bool = False,
+    masked: tuple[str, ...] = (),
 ) -> CrossValidation:
-    """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring.
+    """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring. ``masked``:
+    pair columns every model is fitted without (a feature ablation).
 
     Raises ``ValueError`` if the table has fewer than 2 groups.
     """
@@ -148,7 +152,9 @@ def cross_validate(
             f"got {sorted(set(groups))}"
         )
     folds = cv_folds(groups)
-    cost, ratio = held_out_costs(table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress)
+    cost, ratio = held_out_costs(
+        table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress, masked=masked
+    )
     choices = [Choice(config=c, policy=p) for c in configs for p in policies]
     loss = np.stack([
         pick_loss(table.time_of(apply_policy(cost[i // len(policies)], ratio, ch.policy)[0])[0],

@@ -12,6 +12,7 @@ from ficco.training.fit import training_pairs
 from ficco.training.model import DESCRIPTORS, PAIR_FEATURE_NAMES, PairModel, pair_costs
 from ficco.training.policy import DecisionPolicy
 from ficco.training.predictor import Predictor
+from tests.training.test_fit import split_columns
 
 
 @pytest.mark.parametrize("objective", ["ratio", "rank"])
@@ -19,7 +20,7 @@ def test_specialised_margins_match_xgboost(table, objective):
     Z, y, qid = training_pairs(table)
     model = PairModel(objective=objective, n_estimators=40, max_depth=6).fit(Z, y, qid=qid)
     host = PAIR_FEATURE_NAMES.index("eager_host_over_gpu")
-    assert host in {s for t in _split_columns(model) for s in t}  # the trees use the linked column
+    assert host in split_columns(model)  # the trees use the linked column
     modes = {"eager": np.array([0.0]), "graph": np.array([1.0, 0.0])}
     forest = SpecialisedForest.compile(
         [model.booster_] * 2, DESCRIPTORS, modes, len(FEATURE_NAMES), linked={"eager": host}
@@ -44,15 +45,6 @@ def test_fast_and_reference_paths_pick_the_same_on_the_whole_dataset(trained, ta
     np.testing.assert_array_equal(fast.final, reference.final)
     np.testing.assert_array_equal(fast.raw, reference.raw)
     np.testing.assert_allclose(fast.speedups, reference.speedups, rtol=1e-5)
-
-
-def _split_columns(model: PairModel) -> list[set[int]]:
-    """The pair columns each tree of ``model`` splits on."""
-    import json
-
-    trees = json.loads(bytes(model.booster_.save_raw("json")))["learner"]["gradient_booster"]["model"]
-    return [{c for c, left in zip(t["split_indices"], t["left_children"], strict=True) if left != -1}
-            for t in trees["trees"]]  # fmt: skip
 
 
 def test_fv2_model_fast_and_reference_paths_pick_the_same(table):
