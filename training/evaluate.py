@@ -158,7 +158,7 @@ def fit_and_pick(
     ratio = cost
     if choice.config != RATIO_CONFIG:
         ratio = pair_costs(fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs), test.X, test.modes)
-    return apply_policy(cost, ratio, choice.policy)[0]
+    return apply_policy(cost, ratio, choice.policy, test.modes)[0]
 
 
 def split_summary(

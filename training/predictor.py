@@ -34,7 +34,7 @@ from ficco.training.model import (
     pair_matrix,
     valid_mask,
 )
-from ficco.training.policy import DecisionPolicy
+from ficco.training.policy import DecisionPolicy, ModePolicy
 
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
@@ -94,14 +94,15 @@ class Predictor:
         *,
         scorer: PairModel,
         ratio: PairModel,
-        policy: DecisionPolicy,
+        policy: ModePolicy | DecisionPolicy,
         card: dict[str, Any],
         version: str,
         hardware_id: str,
     ) -> None:
         self.scorer = scorer
         self.ratio = ratio
-        self.policy = policy
+        self.policy = policy if isinstance(policy, ModePolicy) else ModePolicy.uniform(policy)
+        """The fallback per mode (a :class:`DecisionPolicy` given: the same in both modes)."""
         self.card = card
         self.version = version
         self.hardware_id = hardware_id
@@ -169,7 +170,7 @@ class Predictor:
         raw = cost.argmin(axis=1)
         speedups = np.exp(-log_ratio)
         speedup = speedups[np.arange(len(raw)), raw]
-        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX)
+        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX, modes)
         final = np.where(fallback, SERIAL_INDEX, raw)
         return Decision(
             schedules=np.asarray(SCHEDULES, dtype=object)[final], final=final, raw=raw, speedup=speedup,
@@ -193,7 +194,7 @@ class Predictor:
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios))
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
-        speedups, valid = d.speedups, np.isfinite(d.speedups)
+        speedups, valid, reason = d.speedups, np.isfinite(d.speedups), self.policy.of(mode).reason
         schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
         return [
             Recommendation(
@@ -202,7 +203,7 @@ class Predictor:
                 predicted_speedups=_valid_speedups(speedups[i], valid[i]),
                 predicted_speedup=1.0 if fallback[i] else speedup[i],
                 fallback=fallback[i],
-                fallback_reason=self.policy.reason(speedup[i]) if fallback[i] else None,
+                fallback_reason=reason(speedup[i]) if fallback[i] else None,
                 model_version=self.version,
                 hardware_id=self.hardware_id,
             )

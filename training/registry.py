@@ -31,7 +31,7 @@ from ficco import __version__
 from ficco.features import FEATURE_NAMES
 from ficco.files import write_text_atomic
 from ficco.training.model import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, PairModel, check_feature_schema
-from ficco.training.policy import DecisionPolicy
+from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def register(
     *,
     scorer: PairModel,
     ratio: PairModel,
-    policy: DecisionPolicy,
+    policy: ModePolicy,
     dataset_hash: str,
     info: dict[str, Any],
     created_at: datetime | None = None,
@@ -211,7 +211,7 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         scorer = PairModel.load_model(version_dir / card["files"]["scorer"])
         same = card["files"]["ratio"] == card["files"]["scorer"]
         ratio = scorer if same else PairModel.load_model(version_dir / card["files"]["ratio"])
-        policy = DecisionPolicy(**card["policy"])
+        policy = ModePolicy.from_dict(card["policy"])
     except FeatureSchemaError as err:
         raise ModelLoadError(str(err)) from None
     except Exception as err:  # XGBoostError, OSError, ValueError, TypeError: all mean a damaged model

@@ -12,6 +12,7 @@ import pytest
 
 from ficco.features import FEATURE_SCHEMA_VERSION
 from ficco.training import registry
+from ficco.training.policy import DecisionPolicy, ModePolicy
 from ficco.training.registry import (
     ModelLoadError,
     current_version,
@@ -178,6 +179,8 @@ def test_fv2_models_still_load_and_build_fv2_pairs(table):
         assert predictor.scorer.n_features_in_ == len(PAIR_FEATURE_NAMES_OF["fv2"])
         decision = predictor.decide(table.X, table.modes, fast=False)
         assert np.isfinite(decision.speedup).all()
+        # its card's policy predates the per-mode one: one threshold for both modes
+        assert predictor.policy == ModePolicy.uniform(DecisionPolicy(**predictor.card["policy"]))
 
 
 def test_load_rejects_a_card_whose_schema_is_not_its_files(tmp_path, trained):
