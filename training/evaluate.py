@@ -14,7 +14,8 @@ Splits: ``family_holdout`` (grouped cross-validation: model families and grid re
 when the table has both),
 ``region_holdout`` (train below the 75th percentile of GEMM FLOPs, test on the largest quarter, with the
 configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
-size, test on another) when a second dataset is given.
+size, test on another's scenarios that the first does not hold; ``transfer_split`` counts both) when a
+second dataset is given.
 """
 
 from __future__ import annotations
@@ -181,17 +182,17 @@ def split_summary(
     return out
 
 
-def unseen(test: ScheduleTable, train: ScheduleTable) -> ScheduleTable:
+def unseen(test: ScheduleTable, train: ScheduleTable) -> tuple[ScheduleTable, int]:
     """``test``'s rows whose scenario ``train`` does not hold (a transfer test scores scenarios the model has
-    not seen; a dataset of other families may still share shapes with the training data); raises
-    ``ValueError`` when none is left."""
+    not seen; a dataset of other families may still share shapes with the training data), and how many of
+    ``test``'s scenarios were left out for it; raises ``ValueError`` when none is left."""
     fresh = ~np.isin(test.scenario_ids, train.scenario_ids)
     shared = len(set(test.scenario_ids[~fresh]))
     if not fresh.any():
         raise ValueError(f"every scenario of the transfer dataset ({shared}) is in the training data")
     if shared:
         log.info("transfer: %d scenarios are in the training data too and are left out", shared)
-    return test.subset(fresh)
+    return test.subset(fresh), shared
 
 
 def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -207,13 +208,15 @@ def evaluate(
     *,
     noise: ScheduleTable | None = None,
     transfer: ScheduleTable | None = None,
+    transfer_noise: ScheduleTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
     progress: bool = False,
 ) -> Evaluation:
-    """Cross-validate; score the model, the baselines and the ceiling per mode on every split."""
+    """Cross-validate; score the model, the baselines and the ceiling per mode on every split (the transfer
+    split's ceiling from ``transfer_noise``, the transfer dataset's re-measure)."""
     cv = cross_validate(
         table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
     )
@@ -222,10 +225,15 @@ def evaluate(
     region_split = split_summary(
         table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
     )
-    transfer_split = None
+    transfer_split, transfer_counts = None, None
     if transfer is not None:
-        transfer = unseen(transfer, table)
-        transfer_split = split_summary(table, transfer, cv.choice, None, seed=seed, n_jobs=n_jobs)
+        transfer, shared = unseen(transfer, table)
+        transfer_split = split_summary(table, transfer, cv.choice, transfer_noise, seed=seed, n_jobs=n_jobs)
+        transfer_counts = {
+            "n_scenarios": len(set(transfer.scenario_ids)),
+            "n_dropped_shared_with_training": shared,
+            "n_noise_scenarios": 0 if transfer_noise is None else len(set(transfer_noise.scenario_ids)),
+        }
     modes: dict[str, Any] = {}
     regrets: dict[str, dict[str, np.ndarray]] = {}
     for mode in [m for m in MODES if m in set(table.modes)]:
@@ -264,6 +272,7 @@ def evaluate(
             "seed": seed,
         },
         "region_split": "train on GEMM FLOPs below the 75th percentile, test on the largest quarter",
+        **({"transfer_split": transfer_counts} if transfer_counts is not None else {}),
     }
     return Evaluation(summary=rounded(summary), cv=cv, regrets=regrets)
 
