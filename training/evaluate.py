@@ -171,14 +171,29 @@ def split_summary(
     seed: int,
     n_jobs: int,
 ) -> dict[str, Any]:
-    """Per mode of ``test``: every picker trained on ``train`` (baselines on its rows of that mode)."""
+    """Per mode of ``test``: every picker trained on ``train`` (baselines: :func:`split_baselines`)."""
     model = fit_and_pick(train, test, choice, seed=seed, n_jobs=n_jobs)
     out = {}
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
         held = test.subset(on)
-        base = baseline_picks(train.subset(train.modes == mode), held) if (train.modes == mode).any() else {}
-        out[mode] = pickers_summary(held, {"model": model[on], **base}, noise)[0]
+        out[mode] = pickers_summary(held, {"model": model[on], **split_baselines(train, held)}, noise)[0]
+    return out
+
+
+def split_baselines(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.ndarray]:
+    """Every pick baseline of ``test``'s rows (one mode), each row's fitted on ``train``'s rows of its mode
+    and op group, as :func:`held_out_baselines` fits them per fold: name -> ``[n]``; ``{}`` when some op
+    group of ``test`` has no training rows of that mode."""
+    out: dict[str, np.ndarray] = {}
+    groups = test.op_groups
+    for group in sorted(set(groups)):
+        cell = np.isin(train.modes, test.modes) & (train.op_groups == group)
+        if not cell.any():
+            return {}
+        here = groups == group
+        for name, picks in baseline_picks(train.subset(cell), test.subset(here)).items():
+            out.setdefault(name, np.zeros(len(test), dtype=np.int64))[here] = picks
     return out
 
 

@@ -63,3 +63,22 @@ def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fa
     assert (
         "transfer_split" not in evaluate(train, configs=fast_configs[:1], policies=fast_policies[:1]).summary
     )
+
+
+def test_split_baselines_fit_each_op_group_on_its_own_rows(sim_dataset, sim_moe_dataset):
+    from ficco.training.baselines import baseline_picks
+    from ficco.training.evaluate import split_baselines
+    from ficco.training.table import load_dataset_table
+
+    both = load_dataset_table(sim_dataset, sim_moe_dataset).table
+    eager = both.subset(both.modes == "eager")
+    odd = np.arange(len(eager)) % 2 == 1
+    train, test = eager.subset(~odd), eager.subset(odd)
+    got = split_baselines(train, test)
+    for group in ("dense", "moe"):
+        here = test.op_groups == group
+        want = baseline_picks(train.subset(train.op_groups == group), test.subset(here))
+        assert want and set(got) == set(want)
+        for name, picks in want.items():
+            assert np.array_equal(got[name][here], picks), name
+    assert split_baselines(train.subset(train.op_groups == "dense"), test) == {}  # no MoE rows to fit on
