@@ -24,7 +24,7 @@ Needs only numpy (``features`` runs on the GPU image too).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -152,6 +152,11 @@ def host_us(
 
 _SCHEDULES: tuple[Schedule, ...] = tuple(all_schedules())
 """Every schedule in canonical order: the columns of :func:`host_over_gpu`."""
+_NORMAL = [replace(s, priority="normal") for s in _SCHEDULES]
+TWIN_OF: np.ndarray = np.array([_NORMAL.index(s) for s in _NORMAL])
+"""For each schedule in canonical order, the first one that launches the same (:func:`launch_counts` does
+not depend on the stream priority: a ``/hp`` schedule's twin is its normal-priority one), int ``[S]``:
+twins have equal :func:`host_over_gpu` columns, so a fast path may read one column for both."""
 _OP_COLUMNS = [FEATURE_NAMES.index(f"op_{op}") for op in OPS]
 _WORLD_SIZE, _EXPERTS = FEATURE_NAMES.index("world_size"), FEATURE_NAMES.index("experts")
 _T_GEMM, _T_COMM = FEATURE_NAMES.index("log2_t_gemm_us"), FEATURE_NAMES.index("log2_t_comm_us")

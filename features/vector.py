@@ -132,6 +132,8 @@ def feature_matrix(scenarios: Iterable[Scenario]) -> np.ndarray:
     scenarios = list(scenarios)
     if len(scenarios) >= COLUMNWISE_MIN:
         return _feature_columns(scenarios)
+    if len(scenarios) == 1:  # one decision: no stacking
+        return feature_vector(scenarios[0])[None, :]
     if not scenarios:
         return np.empty((0, len(FEATURE_NAMES)), dtype=np.float64)
     return np.stack([feature_vector(s) for s in scenarios])

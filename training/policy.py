@@ -93,8 +93,11 @@ class ModePolicy:
         """:meth:`DecisionPolicy.mask` of each row under the policy of its mode (``modes`` ``[n]``): bool
         ``[n]``."""
         modes = np.asarray(modes, dtype=object)
+        present = set(modes.tolist())
+        if len(present) == 1:  # one mode (a single decision, a request's batch): no per-mode split
+            return self.of(present.pop()).mask(speedup, picked_serial)
         out = np.zeros(len(speedup), dtype=bool)
-        for mode in set(modes.tolist()):
+        for mode in present:
             on = modes == mode
             out[on] = self.of(mode).mask(speedup[on], picked_serial[on])
         return out

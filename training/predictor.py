@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
-from ficco.features.host import host_over_gpu
+from ficco.features.host import TWIN_OF, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (
     DESCRIPTORS,
@@ -36,6 +36,8 @@ from ficco.training.model import (
 )
 from ficco.training.policy import DecisionPolicy, ModePolicy
 
+_SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
+"""``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
 prediction is faster."""
@@ -115,12 +117,14 @@ class Predictor:
         """The schema of both models' pairs."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
         tails = {m: [float(m == "graph")] for m in MODES}
-        self._host_linked = HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]
-        """fv3: eager pairs read the host column per schedule (``features.host.host_over_gpu``); graph 0."""
+        self._host_columns = None
+        """fv3: the columns of ``features.host.host_over_gpu`` that eager pairs read, one per twin (schedules
+        of equal launches share one, so their pruned trees can be shared); None before fv3."""
         linked = None
-        if self._host_linked:
-            tails["graph"].append(0.0)
-            linked = {"eager": len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES)}
+        if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
+            tails["graph"].append(0.0)  # graph mode: no host time
+            self._host_columns, column_of = np.unique(TWIN_OF, return_inverse=True)
+            linked = {"eager": (len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES), column_of)}
         self._fast = SpecialisedForest.compile(
             boosters, DESCRIPTORS, {m: np.array(t) for m, t in tails.items()}, len(FEATURE_NAMES),
             linked=linked,
@@ -146,12 +150,13 @@ class Predictor:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
-        for mode in set(modes.tolist()):
-            on = modes == mode
+        present = set(modes.tolist())
+        for mode in present:
+            on = slice(None) if len(present) == 1 else modes == mode
             rows = X[on]
-            if self._host_linked:  # in every mode: a one-row walk reads the features of every tree's nodes
-                rows = np.hstack([rows, host_over_gpu(rows)])
-            margins = self._fast.predict(rows.astype(np.float32), mode)
+            if self._host_columns is not None and mode == "eager":
+                rows = np.concatenate([rows, host_over_gpu(rows)[:, self._host_columns]], axis=1)
+            margins = self._fast.predict(rows.astype(np.float32, copy=False), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
             log_ratio[on] = margins[:, :, -1]
         return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)
@@ -164,7 +169,7 @@ class Predictor:
         modes = check_modes(modes)
         valid = valid_mask(X)
         if fast is None:
-            fast = len(X) * len(self._fast.trees.roots) <= FAST_PATH_MAX_CURSORS
+            fast = len(X) * max(len(t.roots) for t in self._fast.trees.values()) <= FAST_PATH_MAX_CURSORS
         cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
         raw = cost.argmin(axis=1)
@@ -173,7 +178,7 @@ class Predictor:
         fallback = self.policy.mask(speedup, raw == SERIAL_INDEX, modes)
         final = np.where(fallback, SERIAL_INDEX, raw)
         return Decision(
-            schedules=np.asarray(SCHEDULES, dtype=object)[final], final=final, raw=raw, speedup=speedup,
+            schedules=_SCHEDULE_NAMES[final], final=final, raw=raw, speedup=speedup,
             fallback=fallback, speedups=speedups,
         )  # fmt: skip
 

@@ -21,7 +21,15 @@ from ficco.features import (
     roofline_comm_us,
     roofline_gemm_us,
 )
-from ficco.features.host import FIT_TOLERANCE, HostCosts, LaunchCounts, host_over_gpu, host_us, launch_counts
+from ficco.features.host import (
+    FIT_TOLERANCE,
+    TWIN_OF,
+    HostCosts,
+    LaunchCounts,
+    host_over_gpu,
+    host_us,
+    launch_counts,
+)
 
 OVERHEAD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "executor-overhead-h200x2.json"
 OVERLAPPED = [s for s in all_schedules() if str(s) != "serial/sm"]
@@ -85,6 +93,15 @@ def test_prices_reproduce_the_measured_host_time_per_call():
     for row in rows:
         price = host_us(row["op"], 2, Schedule.parse(row["schedule"]))
         assert price == pytest.approx(row["host_us_per_call"], rel=FIT_TOLERANCE), row
+
+
+def test_twins_launch_the_same_for_every_op_and_world_size():
+    names = [str(s) for s in all_schedules()]
+    assert len(set(TWIN_OF.tolist())) == 16 and names[TWIN_OF[names.index("shard/dma/hp")]] == "shard/dma"
+    for op in (*DENSE_OPS, *MOE_OPS):
+        for world_size in (2, 4, 8):
+            counts = [launch_counts(op, world_size, s, 4) for s in all_schedules()]
+            assert all(counts[i] == counts[t] for i, t in enumerate(TWIN_OF))
 
 
 def test_every_launch_kind_has_a_price():
