@@ -1,105 +1,118 @@
-"""Feature ablation: held-out (grouped CV) gain of candidate feature changes, on v2 datasets.
+"""Feature ablation: what a pair column is worth under grouped cross-validation, per mode and op group.
 
-    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 \
-        --out reports/feature-ablation.json
+    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 --jobs 2 \
+        --out reports/feature-ablation-fv3.json
+    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 --dataset datasets/h200x2-moe \
+        --jobs 2 --out reports/feature-ablation-fv3-moe.json
 
-Each variant edits the feature matrix of the schedule table, keeping its width so the estimators run
-unchanged: a removed feature becomes a constant column (XGBoost never splits on a constant, so this is the
-same as dropping it); a candidate feature overwrites one of the hardware columns, which are constant
-within one hardware profile's dataset. Every variant runs the same grouped cross-validation
-(``training.crossval``) and reports the chosen configuration's mean held-out loss and per-mode geomean
-regret and best-set share.
+The shipped grouped cross-validation (``training.crossval``: the configuration grid, the fallback policies,
+model families and grid quartiles held out) runs once with every pair column (``training.model.
+PAIR_FEATURE_NAMES``) and once per ``--mask NAME`` (default: fv3's ``eager_host_over_gpu``) with that
+column held at 0 in every model it fits (``training.fit.fit_pair_model(masked=...)``: no tree splits on a
+constant column, so each is the model fitted without it). Per mode and op group: the mean serial-safe loss
+(``training.metrics.pick_loss``) of the held-out picks (each fold under the choice made on the other folds)
+and their metrics; per variant the CV loss by configuration and the choice; and against the full model, a
+bootstrap over cross-validation groups of the paired per-row loss difference (negative: the column helps).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
-SLOTS = ("hw_peak_tflops", "hw_hbm_gbps", "hw_link_gbps", "hw_sm_count")
-"""Constant columns a candidate feature may overwrite."""
-DUPLICATES = ("log2_rows", "log2_shard_rows", "log2_gemm_bytes", "log2_arith_intensity", "log2_t_gemm_us",
-              "gemm_waves")  # fmt: skip
-"""Features that (on a dense dataset) are a function of the ones kept."""
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]
+
+from benchmarks.model_study import family_bootstrap, mode_metrics  # noqa: E402 (needs the path above)
+
+DEFAULT_MASKS = ("eager_host_over_gpu",)
+"""The column fv3 adds."""
 
 
-def wave_fill(rows: float, n: int, sm_count: int, tile_m: int = 128, tile_n: int = 256) -> float:
-    """Share of the last wave of 128x256 output tiles that is busy for a ``[rows, n]`` GEMM, in (0, 1]."""
-    tiles = math.ceil(rows / tile_m) * math.ceil(n / tile_n)
-    waves = tiles / sm_count
-    return waves / math.ceil(waves)
+def cell_losses(table, picks: np.ndarray) -> dict[str, float]:
+    """Mean :func:`training.metrics.pick_loss` of ``picks`` per ``mode`` and per ``mode/op group`` (the
+    latter only when the table has both op groups)."""
+    from ficco.training.metrics import pick_loss
 
-
-def candidate_columns(table) -> dict[str, np.ndarray]:
-    """Candidate features per row: the wave fill of one chunk's GEMM at 1, 2, 4, 8 splits per shard."""
-    out = {}
-    for s in (1, 2, 4, 8):
-        out[f"chunk_wave_fill_s{s}"] = np.array([
-            wave_fill(sc.rows / (sc.world_size * s), sc.n, sc.hardware.sm_count) for sc in table.scenarios
-        ])  # fmt: skip
-    return out
-
-
-def variant(table, *, drop: tuple[str, ...] = (), add: dict[str, np.ndarray] | None = None):
-    """``table`` with ``drop`` set constant and ``add`` written over the hardware columns."""
-    from ficco.features import FEATURE_NAMES
-
-    X = table.X.copy()
-    for name in drop:
-        X[:, FEATURE_NAMES.index(name)] = 0.0
-    for slot, values in zip(SLOTS, (add or {}).values(), strict=False):
-        X[:, FEATURE_NAMES.index(slot)] = values
-    return dataclasses.replace(table, X=X)
-
-
-def run(table) -> dict:
-    """Grouped CV of the shipped grid on ``table``: loss and per-mode held-out metrics."""
-    from ficco.training.crossval import cross_validate
-    from ficco.training.metrics import score
-
-    cv = cross_validate(table)
-    out = {"config": cv.choice.config.key(), "loss": min(cv.config_loss.values())}
+    loss = pick_loss(table.time_of(picks)[0], table.best_ms, table.serial_ms)
+    out = {"all": float(loss.mean())}
+    groups = table.op_groups
     for mode in sorted(set(table.modes)):
-        on = table.modes == mode
-        m = score(table.subset(on), cv.final[on])
-        out[mode] = {k: m[k] for k in ("geomean_regret", "in_best_set", "top1", "n_slower_than_serial_2pct")}
+        out[mode] = float(loss[table.modes == mode].mean())
+        if len(set(groups)) > 1:
+            for group in sorted(set(groups)):
+                on = (table.modes == mode) & (groups == group)
+                out[f"{mode}/{group}"] = float(loss[on].mean())
     return out
+
+
+def run(table, masked: tuple[str, ...], *, n_jobs: int) -> tuple[dict, np.ndarray]:
+    """Grouped CV with ``masked`` columns held at 0: its summary and the held-out picks ``[n]``."""
+    from ficco.training.crossval import cross_validate
+
+    cv = cross_validate(table, n_jobs=n_jobs, masked=masked)
+    groups = table.op_groups
+    metrics = {"all": mode_metrics(table, cv.final)}
+    if len(set(groups)) > 1:
+        metrics |= {
+            g: mode_metrics(table.subset(groups == g), cv.final[groups == g]) for g in sorted(set(groups))
+        }
+    summary = {
+        "masked": list(masked),
+        "choice": {"config": cv.choice.config.key(), "policy": cv.choice.policy.to_dict()},
+        "config_loss": {k: round(v, 5) for k, v in cv.config_loss.items()},
+        "loss": {k: round(v, 5) for k, v in cell_losses(table, cv.final).items()},
+        "metrics": metrics,
+    }
+    return summary, cv.final
+
+
+def paired_loss(table, new: np.ndarray, old: np.ndarray) -> dict[str, dict]:
+    """Per mode, the group bootstrap of the per-row loss of ``new`` minus ``old`` picks."""
+    from ficco.training.crossval import cv_groups
+    from ficco.training.metrics import pick_loss
+
+    diff = pick_loss(table.time_of(new)[0], table.best_ms, table.serial_ms)
+    diff -= pick_loss(table.time_of(old)[0], table.best_ms, table.serial_ms)
+    groups = cv_groups(table)
+    return {
+        m: family_bootstrap(groups[table.modes == m], diff[table.modes == m])
+        for m in sorted(set(table.modes))
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dataset", type=Path, action="append", required=True)
+    parser.add_argument("--dataset", type=Path, action="append", required=True, help="repeat to combine")
+    parser.add_argument("--mask", action="append", help=f"pair column to ablate (default {DEFAULT_MASKS})")
+    parser.add_argument("--jobs", type=int, default=1, help="XGBoost threads")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    from ficco.features import FEATURE_NAMES
+    from ficco.features import FEATURE_SCHEMA_VERSION
     from ficco.training.table import load_dataset_table
 
-    results = {}
-    for path in args.dataset:
-        table = load_dataset_table(path).table
-        constant = [n for i, n in enumerate(FEATURE_NAMES) if np.ptp(table.X[:, i]) == 0]
-        wave = candidate_columns(table)
-        variants = {
-            "fv1 (all 29)": variant(table),
-            "- duplicates": variant(table, drop=DUPLICATES),
-            "+ chunk wave fill": variant(table, add=wave),
-            "- duplicates + chunk wave fill": variant(table, drop=DUPLICATES, add=wave),
-        }
-        results[str(path)] = {"constant_features": constant,
-                              "variants": {name: run(t) for name, t in variants.items()}}  # fmt: skip
-        for name, r in results[str(path)]["variants"].items():
-            modes = "  ".join(f"{m} regret {r[m]['geomean_regret']:.4f} best-set {r[m]['in_best_set']:.3f}"
-                              for m in sorted(set(table.modes)))  # fmt: skip
-            print(f"{path}  {name:<32} loss {r['loss']:.5f}  {modes}")
+    table = load_dataset_table(*args.dataset).table
+    full, full_picks = run(table, (), n_jobs=args.jobs)
+    variants = {"all columns": full}
+    for name in args.mask or DEFAULT_MASKS:
+        summary, picks = run(table, (name,), n_jobs=args.jobs)
+        summary["loss_difference_full_minus_masked"] = paired_loss(table, full_picks, picks)
+        variants[f"- {name}"] = summary
+    result = {
+        "datasets": [str(p) for p in args.dataset],
+        "feature_schema": FEATURE_SCHEMA_VERSION,
+        "variants": variants,
+    }
+    for name, summary in variants.items():
+        print(f"{name:<32} " + "  ".join(f"{k} {v:.5f}" for k, v in summary["loss"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

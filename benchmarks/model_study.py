@@ -81,10 +81,10 @@ def log_regret(table, picks: np.ndarray) -> np.ndarray:
 def held_out_picks(table, folds: np.ndarray, config, policy, *, n_jobs: int) -> np.ndarray:
     """Held-out recommended columns ``[n]`` of ``config`` under ``policy`` (``training.crossval``)."""
     from ficco.training.crossval import held_out_costs
-    from ficco.training.policy import apply_policy
+    from ficco.training.policy import ModePolicy, apply_policy
 
     cost, ratio = held_out_costs(table, folds, (config,), seed=0, n_jobs=n_jobs, progress=False)
-    return apply_policy(cost[0], ratio, policy)[0]
+    return apply_policy(cost[0], ratio, ModePolicy.uniform(policy), table.modes)[0]
 
 
 def paired(table, groups: np.ndarray, new: np.ndarray, old: np.ndarray) -> dict:

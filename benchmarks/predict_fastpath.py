@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/predict_fastpath.py                                  # models/ current h200x2
     .venv/bin/python benchmarks/predict_fastpath.py --model-root /tmp/reg --dataset datasets/h200x2
+    .venv/bin/python benchmarks/predict_fastpath.py --version 20261123T052114Z-b9f8a2fb \
+        --dataset datasets/h200x2 --dataset datasets/h200x2-moe                     # a registered version
 
 1. Single decision: ``Predictor.recommend([scenario], mode)`` (features, pairs, both forests, fallback,
    the Recommendation) on one core (the process is pinned to CPU 0, XGBoost to one thread), for
@@ -9,7 +11,8 @@
    reference path (``xgboost.Booster.inplace_predict``); median and p90 microseconds.
 2. Batch: ``recommend`` of 10,000 distinct scenarios (the predictor picks its path by batch size),
    ``--reps`` times; best and median seconds.
-3. Equality: with ``--dataset``, the fast and the reference path's picks on every (scenario, mode) row.
+3. Equality: with ``--dataset`` (repeat it to combine datasets), the fast and the reference path's picks on
+   every (scenario, mode) row.
 
 Writes ``benchmarks/results/predict-fastpath.json`` (``--out``) and prints a table. Goals: single decision
 <= 100 us, 10,000 scenarios <= 0.3 s, picks identical.
@@ -68,7 +71,8 @@ def main() -> None:
     )
     parser.add_argument("--model-root", type=Path, default=ROOT / "models")
     parser.add_argument("--hardware", default="h200x2")
-    parser.add_argument("--dataset", type=Path, default=None, help="Dataset for the equality check.")
+    parser.add_argument("--version", default=None, help="Registered version (default: the current one).")
+    parser.add_argument("--dataset", type=Path, action="append", help="Dataset(s) for the equality check.")
     parser.add_argument("--single", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "predict-fastpath.json")
@@ -80,16 +84,17 @@ def main() -> None:
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    predictor = load_predictor(args.model_root, args.hardware)
+    predictor = load_predictor(args.model_root, args.hardware, args.version)
     for model in (predictor.scorer, predictor.ratio):
         model.booster_.set_param({"nthread": 1})
     hw = get_hardware(args.hardware)
     scenarios = random_scenarios(args.single + 10_000, 0, hw)
     single, batch = scenarios[: args.single], scenarios[args.single :]
-    results: dict = {"model_version": predictor.version, "objective": predictor.scorer.objective,
+    results: dict = {"model_version": predictor.version, "feature_schema": predictor.feature_schema,
+                     "objective": predictor.scorer.objective,
                      "trees": int(predictor.scorer.n_estimators + (0 if predictor.ratio is predictor.scorer
                      else predictor.ratio.n_estimators)),
-                     "distinct_trees": {m: len(u) for m, u in predictor._fast.used.items()},
+                     "distinct_trees": {m: len(t.roots) for m, t in predictor._fast.trees.items()},
                      "single": {}, "batch_10k": {}}  # fmt: skip
     for mode in ("eager", "graph"):
         time_single(predictor, single[:50], mode, "recommend")  # warm-up
@@ -104,13 +109,13 @@ def main() -> None:
             predictor.recommend(batch, mode=mode)
             seconds.append(time.perf_counter() - start)
         results["batch_10k"][mode] = {"best_s": min(seconds), "median_s": statistics.median(seconds)}
-    if args.dataset is not None:
+    if args.dataset:
         from ficco.training.table import load_dataset_table
 
-        table = load_dataset_table(args.dataset).table
+        table = load_dataset_table(*args.dataset).table
         fast = predictor.decide(table.X, table.modes, fast=True)
         reference = predictor.decide(table.X, table.modes, fast=False)
-        results["equality"] = {"dataset": str(args.dataset), "rows": len(table),
+        results["equality"] = {"dataset": " + ".join(map(str, args.dataset)), "rows": len(table),
                                "different_picks": int(np.sum(fast.final != reference.final))}  # fmt: skip
     results["goals"] = GOALS
     results["machine"] = {"cpu": platform.processor() or platform.machine(),

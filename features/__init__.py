@@ -11,6 +11,7 @@ from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_sch
 from ficco.features.vector import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
+    FEATURE_SCHEMAS,
     feature_dict,
     feature_matrix,
     feature_vector,
@@ -24,6 +25,7 @@ __all__ = [
     "DTYPES",
     "DTYPE_BYTES",
     "FEATURE_NAMES",
+    "FEATURE_SCHEMAS",
     "FEATURE_SCHEMA_VERSION",
     "KNOWN_HARDWARE",
     "MODES",

@@ -15,11 +15,23 @@ import numpy as np
 from ficco.features.scenario import MOE_OPS, OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS
 
-FEATURE_SCHEMA_VERSION = "fv2"
-"""fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
+FEATURE_SCHEMA_VERSION = "fv3"
+"""The schema new models are trained on.
+
+fv3 (from fv2): the same scenario vector; the model's pairs gain ``eager_host_over_gpu``, the schedule's
+eager host time over the scenario's GPU work (``features.host``, ``training.model.pair_matrix``). Grouped
+CV (``benchmarks/feature_ablation.py``, ``reports/feature-ablation-fv3*.json``), mean held-out serial-safe
+loss without -> with it, and the paired difference with its 95% interval over CV groups: datasets/h200x2
+eager 0.0309 -> 0.0217 (-0.0092 [-0.0174, -0.0025]), graph 0.0180 -> 0.0178 (-0.0002 [-0.0042, +0.0040]);
+with datasets/h200x2-moe beside it eager 0.0454 -> 0.0231 (-0.022 [-0.041, -0.004]), graph 0.0205 ->
+0.0195 (-0.001 [-0.006, +0.003]).
+fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
 are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new: on the committed h200x2 data they lowered the
 grouped-CV loss from 0.0477 to 0.0464 (``benchmarks/feature_ablation.py``, ``reports/feature-ablation.md``),
 while dropping the duplicate size features did not help (0.0479) and stays undone."""
+FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3")
+"""The schemas this code computes, oldest first: a model of any of them loads (its pairs are built the way it
+was trained); a model of any other is refused."""
 
 _TILE = 128
 """Output tile edge (rows and columns) assumed when counting GEMM waves; Hopper bf16 kernels use 128-256."""
@@ -120,6 +132,8 @@ def feature_matrix(scenarios: Iterable[Scenario]) -> np.ndarray:
     scenarios = list(scenarios)
     if len(scenarios) >= COLUMNWISE_MIN:
         return _feature_columns(scenarios)
+    if len(scenarios) == 1:  # one decision: no stacking
+        return feature_vector(scenarios[0])[None, :]
     if not scenarios:
         return np.empty((0, len(FEATURE_NAMES)), dtype=np.float64)
     return np.stack([feature_vector(s) for s in scenarios])
@@ -177,6 +191,7 @@ def _log2s(x: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "FEATURE_NAMES",
+    "FEATURE_SCHEMAS",
     "FEATURE_SCHEMA_VERSION",
     "MOE_OPS",
     "feature_dict",

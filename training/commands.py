@@ -149,14 +149,17 @@ def evaluate_command(
     from ficco.training.evaluate import evaluate
 
     loaded = _load(dataset, repeat)
-    other = _load([transfer]).table if transfer is not None else None
+    other = _load([transfer]) if transfer is not None else None
     try:
         evaluation = evaluate(
-            loaded.table, noise=loaded.noise, transfer=other, seed=seed, n_jobs=jobs, progress=True
-        )
+            loaded.table, noise=loaded.noise, transfer=other.table if other else None,
+            transfer_noise=other.noise if other else None, seed=seed, n_jobs=jobs, progress=True,
+        )  # fmt: skip
     except ValueError as err:
         raise fail(str(err)) from None
     summary = {**evaluation.summary, "dataset": loaded.info}
+    if other is not None:
+        summary["transfer_dataset"] = other.info
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary, indent=1) + "\n")

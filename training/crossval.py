@@ -7,9 +7,11 @@ group of its own. At most ``MAX_FOLDS`` folds.
 
 Selection without nested refits: each configuration is fitted once per fold, which gives a held-out
 prediction of every row under every configuration. Fold ``f`` is then predicted with the configuration
-and decision policy (``training.policy``) of lowest mean loss (``training.metrics.pick_loss``) on the
-*other* folds' held-out predictions, so fold ``f``'s labels never choose how fold ``f`` is predicted. The
-model that ships uses the choice of lowest loss over all folds.
+and the decision policy of each mode (``training.policy.ModePolicy``) of lowest mean loss
+(``training.metrics.pick_loss``) on the *other* folds' held-out predictions (a mode's policy on that
+mode's rows; the configuration, one model for both modes, on all rows under those policies), so fold
+``f``'s labels never choose how fold ``f`` is predicted. The model that ships uses the choice of lowest loss
+over all folds.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 from tqdm import tqdm
 
+from ficco.features import MODES
 from ficco.harness.plan import GRID_FAMILY
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
-from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
+from ficco.training.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
 from ficco.training.table import ScheduleTable
 
 log = logging.getLogger(__name__)
@@ -74,8 +77,8 @@ class Choice:
 
     config: TrainConfig
     """How the pick model is trained."""
-    policy: DecisionPolicy
-    """When its pick falls back to serial/sm."""
+    policy: ModePolicy
+    """When its pick falls back to serial/sm, per mode."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -95,7 +98,8 @@ class CrossValidation:
     choice: Choice
     """The choice of lowest loss over all folds (what the shipped model uses)."""
     config_loss: dict[str, float]
-    """Mean held-out loss of each configuration under its best policy, keyed by ``TrainConfig.key``."""
+    """Mean held-out loss of each configuration under its best policy per mode, keyed by
+    ``TrainConfig.key``."""
 
 
 def held_out_costs(
@@ -106,9 +110,11 @@ def held_out_costs(
     seed: int,
     n_jobs: int,
     progress: bool,
+    masked: tuple[str, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each fold predicted by models fitted on the other folds: costs of every configuration
-    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``."""
+    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``. ``masked``: pair
+    columns every model is fitted without (``training.fit.fit_pair_model``)."""
     names = sorted(set(folds.tolist()))
     cost = np.zeros((len(configs), len(table), table.times_ms.shape[1]))
     ratio = np.zeros(table.times_ms.shape)
@@ -117,15 +123,45 @@ def held_out_costs(
             test = folds == name
             train, held = table.subset(~test), table.subset(test)
             for c, config in enumerate(configs):
-                model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs)
+                model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs, masked=masked)
                 cost[c, test] = pair_costs(model, held.X, held.modes)
                 if config == RATIO_CONFIG:
                     ratio[test] = cost[c, test]
                 bar.update()
             if RATIO_CONFIG not in configs:
-                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs, masked=masked)
                 ratio[test] = pair_costs(model, held.X, held.modes)
     return cost, ratio
+
+
+def _loss(table: ScheduleTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
+    """:func:`pick_loss` of each row's held-out pick under ``policy`` in every mode, ``[n]``."""
+    final = apply_policy(cost, ratio, ModePolicy.uniform(policy), table.modes)[0]
+    return pick_loss(table.time_of(final)[0], table.best_ms, table.serial_ms)
+
+
+def choose(
+    loss: np.ndarray, modes: np.ndarray, rows: np.ndarray, policies: tuple[DecisionPolicy, ...]
+) -> tuple[int, ModePolicy, np.ndarray]:
+    """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``).
+
+    ``loss`` ``[n_configs, n_policies, n]``: each row's loss under every (configuration, policy). Per
+    configuration, each mode gets the policy of lowest mean loss on that mode's rows; the configuration of
+    lowest mean loss under those policies wins (ties: the earlier configuration and policy). Returns its
+    index, the :class:`ModePolicy` (a mode without rows gets the first policy) and the mean loss of every
+    configuration ``[n_configs]``.
+    """
+    total = np.zeros(len(loss))
+    best: list[dict[str, int]] = [{} for _ in loss]
+    for mode in sorted(set(modes[rows].tolist())):
+        on = rows & (modes == mode)
+        means = loss[:, :, on].mean(axis=2)  # [n_configs, n_policies]
+        for c, p in enumerate(means.argmin(axis=1)):
+            best[c][mode] = int(p)
+            total[c] += means[c, p] * on.sum()
+    c = int(np.argmin(total))
+    policy = ModePolicy(**{m: policies[best[c].get(m, 0)] for m in MODES})
+    return c, policy, total / rows.sum()
 
 
 def cross_validate(
@@ -136,8 +172,10 @@ def cross_validate(
     seed: int = 0,
     n_jobs: int = 1,
     progress: bool = False,
+    masked: tuple[str, ...] = (),
 ) -> CrossValidation:
-    """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring.
+    """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring. ``masked``:
+    pair columns every model is fitted without (a feature ablation).
 
     Raises ``ValueError`` if the table has fewer than 2 groups.
     """
@@ -148,24 +186,23 @@ def cross_validate(
             f"got {sorted(set(groups))}"
         )
     folds = cv_folds(groups)
-    cost, ratio = held_out_costs(table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress)
-    choices = [Choice(config=c, policy=p) for c in configs for p in policies]
-    loss = np.stack([
-        pick_loss(table.time_of(apply_policy(cost[i // len(policies)], ratio, ch.policy)[0])[0],
-                  table.best_ms, table.serial_ms)
-        for i, ch in enumerate(choices)
-    ])  # fmt: skip
+    cost, ratio = held_out_costs(
+        table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress, masked=masked
+    )
+    # loss[c, p]: each row's held-out loss under configuration c with policy p in every mode
+    loss = np.stack(
+        [np.stack([_loss(table, cost[c], ratio, p) for p in policies]) for c in range(len(configs))]
+    )
     final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
     fallback = np.zeros(len(table), dtype=bool)
     for name in sorted(set(folds.tolist())):
         test = folds == name
-        i = int(np.argmin(loss[:, ~test].mean(axis=1)))
+        c, policy, _ = choose(loss, table.modes, ~test, policies)
         final[test], raw[test], fallback[test], _ = apply_policy(
-            cost[i // len(policies), test], ratio[test], choices[i].policy
+            cost[c, test], ratio[test], policy, table.modes[test]
         )
-    mean = loss.mean(axis=1)
-    choice = choices[int(np.argmin(mean))]
-    by_config = mean.reshape(len(configs), len(policies)).min(axis=1)
+    c, policy, by_config = choose(loss, table.modes, np.ones(len(table), dtype=bool), policies)
+    choice = Choice(config=configs[c], policy=policy)
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(
         "cross-validation loss by config %s; chose %s, %s", config_loss, choice.config.key(), choice.policy

@@ -14,7 +14,8 @@ Splits: ``family_holdout`` (grouped cross-validation: model families and grid re
 when the table has both),
 ``region_holdout`` (train below the 75th percentile of GEMM FLOPs, test on the largest quarter, with the
 configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
-size, test on another) when a second dataset is given.
+size, test on another's scenarios that the first does not hold; ``transfer_split`` counts both) when a
+second dataset is given.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def fit_and_pick(
     ratio = cost
     if choice.config != RATIO_CONFIG:
         ratio = pair_costs(fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs), test.X, test.modes)
-    return apply_policy(cost, ratio, choice.policy)[0]
+    return apply_policy(cost, ratio, choice.policy, test.modes)[0]
 
 
 def split_summary(
@@ -170,28 +171,43 @@ def split_summary(
     seed: int,
     n_jobs: int,
 ) -> dict[str, Any]:
-    """Per mode of ``test``: every picker trained on ``train`` (baselines on its rows of that mode)."""
+    """Per mode of ``test``: every picker trained on ``train`` (baselines: :func:`split_baselines`)."""
     model = fit_and_pick(train, test, choice, seed=seed, n_jobs=n_jobs)
     out = {}
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
         held = test.subset(on)
-        base = baseline_picks(train.subset(train.modes == mode), held) if (train.modes == mode).any() else {}
-        out[mode] = pickers_summary(held, {"model": model[on], **base}, noise)[0]
+        out[mode] = pickers_summary(held, {"model": model[on], **split_baselines(train, held)}, noise)[0]
     return out
 
 
-def unseen(test: ScheduleTable, train: ScheduleTable) -> ScheduleTable:
+def split_baselines(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.ndarray]:
+    """Every pick baseline of ``test``'s rows (one mode), each row's fitted on ``train``'s rows of its mode
+    and op group, as :func:`held_out_baselines` fits them per fold: name -> ``[n]``; ``{}`` when some op
+    group of ``test`` has no training rows of that mode."""
+    out: dict[str, np.ndarray] = {}
+    groups = test.op_groups
+    for group in sorted(set(groups)):
+        cell = np.isin(train.modes, test.modes) & (train.op_groups == group)
+        if not cell.any():
+            return {}
+        here = groups == group
+        for name, picks in baseline_picks(train.subset(cell), test.subset(here)).items():
+            out.setdefault(name, np.zeros(len(test), dtype=np.int64))[here] = picks
+    return out
+
+
+def unseen(test: ScheduleTable, train: ScheduleTable) -> tuple[ScheduleTable, int]:
     """``test``'s rows whose scenario ``train`` does not hold (a transfer test scores scenarios the model has
-    not seen; a dataset of other families may still share shapes with the training data); raises
-    ``ValueError`` when none is left."""
+    not seen; a dataset of other families may still share shapes with the training data), and how many of
+    ``test``'s scenarios were left out for it; raises ``ValueError`` when none is left."""
     fresh = ~np.isin(test.scenario_ids, train.scenario_ids)
     shared = len(set(test.scenario_ids[~fresh]))
     if not fresh.any():
         raise ValueError(f"every scenario of the transfer dataset ({shared}) is in the training data")
     if shared:
         log.info("transfer: %d scenarios are in the training data too and are left out", shared)
-    return test.subset(fresh)
+    return test.subset(fresh), shared
 
 
 def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -207,13 +223,15 @@ def evaluate(
     *,
     noise: ScheduleTable | None = None,
     transfer: ScheduleTable | None = None,
+    transfer_noise: ScheduleTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
     progress: bool = False,
 ) -> Evaluation:
-    """Cross-validate; score the model, the baselines and the ceiling per mode on every split."""
+    """Cross-validate; score the model, the baselines and the ceiling per mode on every split (the transfer
+    split's ceiling from ``transfer_noise``, the transfer dataset's re-measure)."""
     cv = cross_validate(
         table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
     )
@@ -222,10 +240,15 @@ def evaluate(
     region_split = split_summary(
         table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
     )
-    transfer_split = None
+    transfer_split, transfer_counts = None, None
     if transfer is not None:
-        transfer = unseen(transfer, table)
-        transfer_split = split_summary(table, transfer, cv.choice, None, seed=seed, n_jobs=n_jobs)
+        transfer, shared = unseen(transfer, table)
+        transfer_split = split_summary(table, transfer, cv.choice, transfer_noise, seed=seed, n_jobs=n_jobs)
+        transfer_counts = {
+            "n_scenarios": len(set(transfer.scenario_ids)),
+            "n_dropped_shared_with_training": shared,
+            "n_noise_scenarios": 0 if transfer_noise is None else len(set(transfer_noise.scenario_ids)),
+        }
     modes: dict[str, Any] = {}
     regrets: dict[str, dict[str, np.ndarray]] = {}
     for mode in [m for m in MODES if m in set(table.modes)]:
@@ -264,6 +287,7 @@ def evaluate(
             "seed": seed,
         },
         "region_split": "train on GEMM FLOPs below the 75th percentile, test on the largest quarter",
+        **({"transfer_split": transfer_counts} if transfer_counts is not None else {}),
     }
     return Evaluation(summary=rounded(summary), cv=cv, regrets=regrets)
 

@@ -6,11 +6,14 @@ whatever the batch, which dominates a single-scenario decision (about 30 pairs).
 1. Specialisation: a pair is (scenario features, schedule fields, mode), and a scenario is paired with at
    most ``S`` schedules in one mode. For each (schedule, mode), every split on a schedule or mode column
    is resolved at compile time, leaving trees over the scenario features only; identical pruned trees
-   are kept once. On the h200x2 model the 2 x 100 trees x 30 schedules (6,000 tree walks per decision)
-   become about 2,000 distinct trees per mode.
+   are kept once. A pair column that depends on the scenario and the schedule both (fv3's eager host time
+   over GPU work) becomes a column of its own per schedule beside the scenario features, computed once per
+   scenario before the walk. On the h200x2 fv2 model the 2 x 100 trees x 30 schedules (6,000 tree walks
+   per decision) become about 2,000 distinct trees per mode.
 2. Walking: the distinct trees become one array per node field, the nodes of every tree numbered so that
    a split's two children are adjacent (right = left + 1), a leaf pointing to itself with an infinite
-   threshold. One step moves every (scenario, tree) cursor one level down::
+   threshold, and a pair of children that recurs (in another tree or elsewhere) stored once. One step
+   moves every (scenario, tree) cursor one level down::
 
        node = left[node] + (x[scenario, feature[node]] >= threshold[node])
 
@@ -26,7 +29,6 @@ whatever the batch, which dominates a single-scenario decision (about 30 pairs).
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,30 +58,41 @@ class FlatTrees:
 
     @classmethod
     def from_trees(cls, trees: Sequence[Tree]) -> FlatTrees:
-        """Flatten nested-tuple trees, breadth first, each split's children in adjacent slots."""
+        """Flatten nested-tuple trees, each split's children in adjacent slots, an identical pair of child
+        subtrees stored once (the trees pruned from one tree for different schedules share most of their
+        subtrees: on the h200x2 fv3 model this halves the eager nodes a one-row walk compares)."""
         feature: list[int] = []
         threshold: list[float] = []
         left: list[int] = []
         value: list[float] = []
+        pairs: dict[tuple[Tree, Tree], tuple[int, int]] = {}
+        """(left subtree, right subtree) -> (slot of the left one, depth of the deeper one)."""
 
         def slot() -> int:
             feature.append(0), threshold.append(np.inf), left.append(0), value.append(0.0)
             return len(feature) - 1
 
+        def fill(me: int, node: Tree) -> int:
+            """Write ``node`` into slot ``me`` (its children placed); the depth of its deepest leaf."""
+            if node[0] == "leaf":
+                left[me], value[me] = me, node[1]
+                return 0
+            feature[me], threshold[me] = node[0], node[1]
+            left[me], below = place(node[2], node[3])
+            return below + 1
+
+        def place(low: Tree, high: Tree) -> tuple[int, int]:
+            found = pairs.get((low, high))
+            if found is None:
+                first = slot()
+                slot()
+                found = pairs[low, high] = (first, max(fill(first, low), fill(first + 1, high)))
+            return found
+
         roots, depth = [], 0
         for tree in trees:
-            queue = deque([(tree, slot(), 0)])
-            roots.append(queue[0][1])
-            while queue:
-                node, me, d = queue.popleft()
-                if node[0] == "leaf":
-                    left[me], value[me] = me, node[1]
-                    depth = max(depth, d)
-                    continue
-                child = slot()
-                slot()
-                feature[me], threshold[me], left[me] = node[0], node[1], child
-                queue += [(node[2], child, d + 1), (node[3], child + 1, d + 1)]
+            roots.append(slot())
+            depth = max(depth, fill(roots[-1], tree))
         return cls(
             roots=np.asarray(roots, dtype=np.intp),
             feature=np.asarray(feature, dtype=np.intp),
@@ -89,17 +102,18 @@ class FlatTrees:
             depth=depth,
         )
 
-    def leaves(self, X: np.ndarray, trees: np.ndarray) -> np.ndarray:
-        """Leaf values of ``trees`` (indices ``[u]``) on rows ``X`` ``[n, F]``: float64 ``[n, u]``."""
+    def leaves(self, X: np.ndarray) -> np.ndarray:
+        """Leaf values of every tree on rows ``X`` ``[n, F]``: float64 ``[n, U]``."""
         n, f = X.shape
         flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1)
-        node = np.broadcast_to(self.roots[trees], (n, len(trees)))
         left = self.left
         if n == 1:  # one scenario: every node's outcome at once, then each step is two gathers
-            right = flat[self.feature] >= self.threshold
+            right = np.take(flat, self.feature) >= self.threshold  # take: a third faster than flat[...]
+            node = self.roots
             for _ in range(self.depth):
                 node = left[node] + right[node]
-            return self.value[node]
+            return self.value[node][None, :]
+        node = np.broadcast_to(self.roots, (n, len(self.roots)))
         base = np.arange(0, n * f, f, dtype=np.intp)[:, None]
         feature, threshold = self.feature, self.threshold
         for _ in range(self.depth):
@@ -121,17 +135,21 @@ def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
     return model["trees"], float(learner["learner_model_param"]["base_score"].strip("[]"))
 
 
-def prune(tree: dict[str, Any], fixed: dict[int, float], node: int = 0) -> Tree:
+def prune(tree: dict[str, Any], fixed: dict[int, float], linked: dict[int, int] | None = None,
+          node: int = 0) -> Tree:  # fmt: skip
     """``tree`` (XGBoost JSON) as nested tuples, with every split on a column of ``fixed`` (column ->
-    value) resolved the way XGBoost would (float32 comparison)."""
+    value) resolved the way XGBoost would (float32 comparison), and every split on a column of ``linked``
+    (pair column -> column of the scenario rows) moved to the column it names."""
     left = tree["left_children"][node]
     if left == -1:
         return ("leaf", tree["split_conditions"][node])
     column, cut = tree["split_indices"][node], tree["split_conditions"][node]
     right = tree["right_children"][node]
     if column in fixed:
-        return prune(tree, fixed, right if np.float32(fixed[column]) >= np.float32(cut) else left)
-    return (column, cut, prune(tree, fixed, left), prune(tree, fixed, right))
+        return prune(tree, fixed, linked, right if np.float32(fixed[column]) >= np.float32(cut) else left)
+    if linked and column in linked:
+        column = linked[column]
+    return (column, cut, prune(tree, fixed, linked, left), prune(tree, fixed, linked, right))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -139,14 +157,11 @@ class SpecialisedForest:
     """``G`` boosters over pairs, specialised per (schedule, mode) into distinct trees over the scenario
     features (module docstring). ``S`` schedules, ``G`` boosters."""
 
-    trees: FlatTrees
-    """Every distinct pruned tree of every mode."""
-    used: dict[str, np.ndarray]
-    """Per mode, the distinct trees it needs, intp ``[U_mode]``."""
+    trees: dict[str, FlatTrees]
+    """Per mode, its distinct pruned trees (a mode's one-row walk reads only its own nodes)."""
     members: dict[str, np.ndarray]
-    """Per mode, for each (schedule ``s``, booster ``g``) in turn, the positions in ``used`` of the distinct
-    trees standing for the booster's trees, flattened: intp ``[S * G * T_max]`` (a booster of fewer trees
-    is padded with a tree that is one leaf of value 0)."""
+    """Per mode, for each (schedule ``s``, booster ``g``) in turn, the positions in ``trees[mode]`` of the
+    distinct trees standing for the booster's trees, in tree order, flattened: intp ``[S * sum(T_g)]``."""
     starts: np.ndarray
     """Where each (schedule, booster) segment of ``members`` starts, intp ``[S * G]``."""
     base_score: np.ndarray
@@ -156,35 +171,49 @@ class SpecialisedForest:
 
     @classmethod
     def compile(
-        cls, boosters: Sequence[Any], descriptors: np.ndarray, modes: dict[str, np.ndarray], first: int
+        cls,
+        boosters: Sequence[Any],
+        descriptors: np.ndarray,
+        modes: dict[str, np.ndarray],
+        first: int,
+        *,
+        linked: dict[str, tuple[int, Sequence[int]]] | None = None,
     ) -> SpecialisedForest:
         """Specialise ``boosters`` for every row of ``descriptors`` (``[S, d]``, the pair columns from
-        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``)."""
+        ``first`` on) beside each mode's columns (``modes``: name -> values ``[e]``, the pair columns from
+        ``first + d`` on).
+
+        ``linked``: per mode, one pair column past those that varies with the scenario and the schedule
+        both (fv3's ``eager_host_over_gpu`` in eager mode), and for each schedule ``s`` the extra scenario
+        column ``c[s]`` its value is read from: its splits under schedule ``s`` read column ``first + c[s]``
+        of the scenario rows, which :meth:`predict` then takes in that mode as ``[n, first + max(c) + 1]``
+        (the features, then the column's values; schedules of equal values may share one, and then share
+        their pruned trees).
+        """
         parsed = [booster_trees(b) for b in boosters]
-        distinct: dict[Tree, int] = {}
-        used, members = {}, {}
-        n_s, n_g = len(descriptors), len(parsed)
-        t_max = max(len(trees) for trees, _ in parsed)
-        zero = distinct.setdefault(("leaf", 0.0), 0)
+        trees, members = {}, {}
+        n_s = len(descriptors)
+        sizes = np.tile([len(booster) for booster, _ in parsed], n_s)  # trees of each (schedule, booster)
         for mode, tail in modes.items():
-            mine: dict[int, int] = {zero: 0}
-            member = np.zeros((n_s * n_g, t_max), dtype=np.intp)
+            distinct: dict[Tree, int] = {}
+            member: list[int] = []
+            link = (linked or {}).get(mode)
             for s, row in enumerate(descriptors):
                 fixed = {first + j: float(v) for j, v in enumerate([*row, *tail])}
-                for g, (trees, _) in enumerate(parsed):
-                    keys = [distinct.setdefault(prune(t, fixed), len(distinct)) for t in trees]
-                    member[s * n_g + g, : len(keys)] = [mine.setdefault(u, len(mine)) for u in keys]
-            used[mode] = np.fromiter(mine, dtype=np.intp, count=len(mine))
-            members[mode] = member.ravel()
+                moved = None if link is None else {link[0]: first + int(link[1][s])}
+                for booster, _ in parsed:
+                    member += [distinct.setdefault(prune(t, fixed, moved), len(distinct)) for t in booster]
+            trees[mode] = FlatTrees.from_trees(list(distinct))
+            members[mode] = np.asarray(member, dtype=np.intp)
         return cls(
-            trees=FlatTrees.from_trees(list(distinct)), used=used, members=members,
-            starts=np.arange(0, n_s * n_g * t_max, t_max, dtype=np.intp),
+            trees=trees, members=members, starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp),
             base_score=np.array([base for _, base in parsed]), n_schedules=n_s,
         )  # fmt: skip
 
     def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
-        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` in ``mode``: float64 ``[n, S, G]``."""
-        leaves = self.trees.leaves(X, self.used[mode])
+        """Margins of every schedule of scenario rows ``X`` ``[n, F]`` (wider in a mode with a linked column,
+        see :meth:`compile`) in ``mode``: float64 ``[n, S, G]``."""
+        leaves = self.trees[mode].leaves(X)
         # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
         out = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
         return out.reshape(len(X), self.n_schedules, -1) + self.base_score

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from ficco.training.model import PairModel, pair_matrix
+from ficco.training.model import PAIR_FEATURE_NAMES, PairModel, pair_matrix
 from ficco.training.table import ScheduleTable
 
 
@@ -65,9 +65,20 @@ def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.nda
     return Z, y, rows
 
 
-def fit_pair_model(table: ScheduleTable, config: TrainConfig, *, seed: int, n_jobs: int) -> PairModel:
-    """Fit the pair model of ``config`` on every measured pair of ``table``."""
+def fit_pair_model(
+    table: ScheduleTable, config: TrainConfig, *, seed: int, n_jobs: int, masked: tuple[str, ...] = ()
+) -> PairModel:
+    """Fit the pair model of ``config`` on every measured pair of ``table``.
+
+    ``masked``: pair columns (``training.model.PAIR_FEATURE_NAMES``) held at 0 in training. No tree splits
+    on a constant column, so the model is the one fitted without it: a feature ablation
+    (``benchmarks/feature_ablation.py``). ValueError for a name that is not a pair column.
+    """
+    unknown = sorted(set(masked) - set(PAIR_FEATURE_NAMES))
+    if unknown:
+        raise ValueError(f"masked must name pair columns {list(PAIR_FEATURE_NAMES)}; got {unknown}")
     Z, y, qid = training_pairs(table)
+    Z[:, [PAIR_FEATURE_NAMES.index(name) for name in masked]] = 0.0
     model = PairModel(
         objective=config.objective,
         n_estimators=config.n_estimators,

@@ -1,7 +1,9 @@
 """One XGBoost model over (scenario, schedule, mode) pairs, on the scikit-learn estimator API.
 
 A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
-splits, grain, priority) and the execution mode (eager or CUDA graph), see :func:`pair_matrix`. Two
+splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
+schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
+:func:`pair_matrix`. Two
 objectives, chosen by grouped cross-validation (``training.crossval``):
 
 - ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
@@ -32,7 +34,16 @@ from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION, MODES, SERIAL, Schedule, all_schedules
+from ficco.features import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    FEATURE_SCHEMAS,
+    MODES,
+    SERIAL,
+    Schedule,
+    all_schedules,
+)
+from ficco.features.host import host_over_gpu
 
 SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
 """Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
@@ -44,8 +55,17 @@ _SPLITS = np.array([Schedule.parse(s).splits for s in SCHEDULES])
 SCHEDULE_FEATURE_NAMES = ("sched_serial", "sched_shard", "sched_finer", "sched_dma", "sched_log2_splits",
                           "sched_chunk_grain", "sched_high_priority", "mode_graph")  # fmt: skip
 """The pair's columns after the scenario features: the schedule's fields, then the mode."""
-PAIR_FEATURE_NAMES: tuple[str, ...] = (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES)
-"""Column names of :func:`pair_matrix`."""
+HOST_FEATURE_NAME = "eager_host_over_gpu"
+"""fv3's last pair column: ``features.host.host_over_gpu`` of the pair's schedule in eager mode, 0 in graph
+mode (a replayed CUDA graph issues nothing from the host)."""
+PAIR_FEATURE_NAMES_OF: dict[str, tuple[str, ...]] = {
+    "fv2": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES),
+    "fv3": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES, HOST_FEATURE_NAME),
+}
+"""Column names of :func:`pair_matrix` under each feature schema of ``features.FEATURE_SCHEMAS`` (fv2 and
+fv3 share the scenario vector)."""
+PAIR_FEATURE_NAMES: tuple[str, ...] = PAIR_FEATURE_NAMES_OF[FEATURE_SCHEMA_VERSION]
+"""Column names of :func:`pair_matrix` under the schema new models are trained on."""
 
 
 def _descriptor(schedule: Schedule) -> list[float]:
@@ -70,14 +90,15 @@ class FeatureSchemaError(ValueError):
 
 
 def check_feature_schema(found: str, source: str, *, hardware_id: str | None = None) -> None:
-    """Raise :class:`FeatureSchemaError` naming both versions and the command that rebuilds the model."""
-    if found != FEATURE_SCHEMA_VERSION:
+    """Raise :class:`FeatureSchemaError` for a schema outside ``features.FEATURE_SCHEMAS``, naming it, the
+    schemas this code computes and the command that rebuilds the model."""
+    if found not in FEATURE_SCHEMAS:
         hw = hardware_id or "<hardware_id>"
         raise FeatureSchemaError(
-            f"{source} was trained on feature schema {found!r}, but this code computes feature schema "
-            f"{FEATURE_SCHEMA_VERSION!r}; its predictions would be meaningless. Rebuild it from its dataset "
-            f"with `ficco train --dataset DIR --promote`, or measure afresh with "
-            f"`ficco retrain --hardware {hw}`."
+            f"{source} was trained on feature schema {found!r}, but this code computes feature schemas "
+            f"{list(FEATURE_SCHEMAS)}; its predictions would be meaningless. Rebuild it from its dataset "
+            f"with `ficco train --dataset DIR --promote` (schema {FEATURE_SCHEMA_VERSION!r}), or measure "
+            f"afresh with `ficco retrain --hardware {hw}`."
         )
 
 
@@ -124,20 +145,24 @@ def valid_mask(X: np.ndarray) -> np.ndarray:
 
 
 def pair_matrix(
-    X: Any, modes: Sequence[str], valid: np.ndarray | None = None
+    X: Any, modes: Sequence[str], valid: np.ndarray | None = None, *, schema: str = FEATURE_SCHEMA_VERSION
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pairs of every scenario row with every valid schedule.
 
     ``X`` ``[n, F]`` scenario features, ``modes`` ``[n]``, ``valid`` bool ``[n, S]`` (default
-    :func:`valid_mask`). Returns the pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES)]`` (float32: what
-    XGBoost compares its thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
+    :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own). Returns the
+    pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]`` (float32: what XGBoost compares its
+    thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
     """
     X = check_X(X)
-    graph = (check_modes(modes) == "graph").astype(np.float64)
+    eager = check_modes(modes) == "eager"
     valid = valid_mask(X) if valid is None else valid
     rows, cols = np.nonzero(valid)
-    Z = np.hstack([X[rows], DESCRIPTORS[cols], graph[rows, None]]).astype(np.float32)
-    return Z, np.stack([rows, cols])
+    columns = [X[rows], DESCRIPTORS[cols], (~eager[rows, None]).astype(np.float64)]
+    if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[schema]:
+        host = host_over_gpu(X)[rows, cols]
+        columns.append(np.where(eager[rows], host, 0.0)[:, None])
+    return np.hstack(columns).astype(np.float32), np.stack([rows, cols])
 
 
 class PairModel(BaseEstimator):
@@ -166,8 +191,11 @@ class PairModel(BaseEstimator):
     ----------
     booster_ : xgboost.Booster
         The fitted booster; its attributes carry the parameters and the feature schema.
+    feature_schema_ : str
+        The feature schema of its pairs: ``features.FEATURE_SCHEMA_VERSION`` when fitted here, the file's
+        when loaded (any of ``features.FEATURE_SCHEMAS``).
     n_features_in_ : int
-        ``len(PAIR_FEATURE_NAMES)``.
+        ``len(PAIR_FEATURE_NAMES_OF[feature_schema_])``.
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -249,14 +277,20 @@ class PairModel(BaseEstimator):
             ficco_feature_schema=FEATURE_SCHEMA_VERSION,
         )
         self.booster_ = booster
+        self.feature_schema_ = FEATURE_SCHEMA_VERSION
         self.n_features_in_ = len(PAIR_FEATURE_NAMES)
         return self
 
     def predict(self, Z: Any) -> np.ndarray:
-        """Raw outputs of pairs ``Z``: predicted ``log(t / t_serial)`` (``ratio``) or scores (``rank``,
-        higher = faster), float64 ``[N]``."""
+        """Raw outputs of pairs ``Z`` ``[N, n_features_in_]``: predicted ``log(t / t_serial)`` (``ratio``) or
+        scores (``rank``, higher = faster), float64 ``[N]``."""
         check_is_fitted(self, "booster_")
         Z = np.asarray(Z, dtype=np.float32)
+        if Z.ndim != 2 or Z.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"Z must have {self.n_features_in_} columns (pair_matrix of feature schema "
+                f"{self.feature_schema_!r}); got shape {Z.shape}"
+            )
         if len(Z) == 0:
             return np.empty(0)
         return np.asarray(self.booster_.inplace_predict(Z), dtype=np.float64)
@@ -285,16 +319,18 @@ class PairModel(BaseEstimator):
         kind = booster.attr("ficco_estimator")
         if kind != cls.__name__:
             raise ValueError(f"{path} holds a {kind or 'foreign XGBoost'} model, not a {cls.__name__}")
-        check_feature_schema(booster.attr("ficco_feature_schema") or "<none>", str(path))
+        schema = booster.attr("ficco_feature_schema") or "<none>"
+        check_feature_schema(schema, str(path))
         estimator = cls(**json.loads(booster.attr("ficco_params")))
         estimator.booster_ = booster
-        estimator.n_features_in_ = len(PAIR_FEATURE_NAMES)
+        estimator.feature_schema_ = schema
+        estimator.n_features_in_ = len(PAIR_FEATURE_NAMES_OF[schema])
         return estimator
 
 
 def pair_costs(model: PairModel, X: np.ndarray, modes: Sequence[str]) -> np.ndarray:
     """``model.cost`` of every valid schedule of each scenario row, float64 ``[n, S]`` (+inf: invalid)."""
-    Z, (rows, cols) = pair_matrix(X, modes)
+    Z, (rows, cols) = pair_matrix(X, modes, schema=model.feature_schema_)
     out = np.full((len(X), len(SCHEDULES)), np.inf)
     out[rows, cols] = model.cost(Z)
     return out

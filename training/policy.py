@@ -6,15 +6,23 @@
    serial on small shapes), so a pick whose predicted gain over serial (from the time-ratio regressor) is
    below ``min_gain``, i.e. within measurement noise, falls back to serial/sm.
 
-``min_gain`` is chosen by cross-validation (``training.crossval``) and stored in the model card.
+``min_gain`` is chosen per execution mode (:class:`ModePolicy`) by cross-validation (``training.crossval``)
+and stored in the model card: eager picks pay the executor's host time, which the regressor's gain misses
+more often than in graph mode. On datasets/h200x2 (grouped CV, each fold's thresholds chosen on the other
+folds) one threshold per mode lowered the held-out serial-safe loss from 0.0257 to 0.0217 in eager and from
+0.0194 to 0.0178 in graph, against one threshold for both; with the MoE rows beside the dense ones, from
+0.0241 to 0.0231 (eager) and 0.0230 to 0.0195 (graph).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from ficco.features import MODES
 from ficco.training.model import SERIAL_INDEX
 
 
@@ -50,11 +58,67 @@ class DecisionPolicy:
 POLICY_GRID: tuple[DecisionPolicy, ...] = tuple(
     DecisionPolicy(min_gain=g) for g in (None, 0.0, 0.01, 0.02, 0.03, 0.05)
 )
-"""Candidates for cross-validation, the laxest first (ties in the selection go to the earlier one)."""
+"""Candidates for cross-validation in each mode, the laxest first (ties in the selection go to the earlier
+one)."""
 
 
-def apply_policy(cost: np.ndarray, log_ratio: np.ndarray, policy: DecisionPolicy) -> tuple[np.ndarray, ...]:
-    """Picks from costs ``[n, S]`` (+inf = invalid) and predicted ``log(t / t_serial)`` ``[n, S]``.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModePolicy:
+    """A :class:`DecisionPolicy` per execution mode: what a model applies to its picks."""
+
+    eager: DecisionPolicy = field(default_factory=DecisionPolicy)
+    """The fallback of eager picks."""
+    graph: DecisionPolicy = field(default_factory=DecisionPolicy)
+    """The fallback of picks replayed from CUDA graphs."""
+
+    def __post_init__(self) -> None:
+        for mode in MODES:
+            if not isinstance(getattr(self, mode), DecisionPolicy):
+                raise ValueError(
+                    f"ModePolicy.{mode} must be a DecisionPolicy; got {type(getattr(self, mode)).__name__}"
+                )
+
+    @classmethod
+    def uniform(cls, policy: DecisionPolicy) -> ModePolicy:
+        """``policy`` in every mode."""
+        return cls(eager=policy, graph=policy)
+
+    def of(self, mode: str) -> DecisionPolicy:
+        """The policy of ``mode``; ValueError naming the modes for another."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
+        return getattr(self, mode)
+
+    def mask(self, speedup: np.ndarray, picked_serial: np.ndarray, modes: Sequence[str]) -> np.ndarray:
+        """:meth:`DecisionPolicy.mask` of each row under the policy of its mode (``modes`` ``[n]``): bool
+        ``[n]``."""
+        modes = np.asarray(modes, dtype=object)
+        present = set(modes.tolist())
+        if len(present) == 1:  # one mode (a single decision, a request's batch): no per-mode split
+            return self.of(present.pop()).mask(speedup, picked_serial)
+        out = np.zeros(len(speedup), dtype=bool)
+        for mode in present:
+            on = modes == mode
+            out[on] = self.of(mode).mask(speedup[on], picked_serial[on])
+        return out
+
+    def to_dict(self) -> dict[str, dict[str, float | None]]:
+        return {mode: self.of(mode).to_dict() for mode in MODES}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModePolicy:
+        """A card's policy: ``{"eager": {"min_gain": g}, "graph": {...}}``, or a model card from before the
+        per-mode policy, ``{"min_gain": g}`` (one threshold for both modes). TypeError for another shape."""
+        if set(data) == {"min_gain"}:
+            return cls.uniform(DecisionPolicy(**data))
+        return cls(**{mode: DecisionPolicy(**value) for mode, value in data.items()})
+
+
+def apply_policy(
+    cost: np.ndarray, log_ratio: np.ndarray, policy: ModePolicy, modes: Sequence[str]
+) -> tuple[np.ndarray, ...]:
+    """Picks from costs ``[n, S]`` (+inf = invalid) and predicted ``log(t / t_serial)`` ``[n, S]`` of rows
+    in ``modes`` ``[n]``, each falling back under its mode's policy.
 
     Returns ``(final, raw, fallback, speedup)``: recommended column ``[n]``, the model's own pick ``[n]``,
     where the fallback fired (bool ``[n]``) and the raw pick's predicted speedup over serial ``[n]``.
@@ -63,5 +127,5 @@ def apply_policy(cost: np.ndarray, log_ratio: np.ndarray, policy: DecisionPolicy
     rows = np.arange(len(raw))
     speedup = np.exp(-log_ratio[rows, raw])
     speedup[raw == SERIAL_INDEX] = 1.0
-    fallback = policy.mask(speedup, raw == SERIAL_INDEX)
+    fallback = policy.mask(speedup, raw == SERIAL_INDEX, modes)
     return np.where(fallback, SERIAL_INDEX, raw), raw, fallback, speedup

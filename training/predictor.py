@@ -20,9 +20,13 @@ from typing import Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
+from ficco.features.host import TWIN_OF, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (
     DESCRIPTORS,
+    HOST_FEATURE_NAME,
+    PAIR_FEATURE_NAMES_OF,
+    SCHEDULE_FEATURE_NAMES,
     SCHEDULES,
     SERIAL_INDEX,
     PairModel,
@@ -30,8 +34,10 @@ from ficco.training.model import (
     pair_matrix,
     valid_mask,
 )
-from ficco.training.policy import DecisionPolicy
+from ficco.training.policy import DecisionPolicy, ModePolicy
 
+_SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
+"""``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
 prediction is faster."""
@@ -79,28 +85,50 @@ class Decision:
 
 class Predictor:
     """The fitted pair model (``scorer``), the time-ratio regressor (``ratio``, the same object when the
-    scorer is the regressor), the fallback policy and the model card."""
+    scorer is the regressor), the fallback policy and the model card.
+
+    Both models must share one feature schema (``PairModel.feature_schema_``, any of
+    ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained.
+    """
 
     def __init__(
         self,
         *,
         scorer: PairModel,
         ratio: PairModel,
-        policy: DecisionPolicy,
+        policy: ModePolicy | DecisionPolicy,
         card: dict[str, Any],
         version: str,
         hardware_id: str,
     ) -> None:
         self.scorer = scorer
         self.ratio = ratio
-        self.policy = policy
+        self.policy = policy if isinstance(policy, ModePolicy) else ModePolicy.uniform(policy)
+        """The fallback per mode (a :class:`DecisionPolicy` given: the same in both modes)."""
         self.card = card
         self.version = version
         self.hardware_id = hardware_id
+        if scorer.feature_schema_ != ratio.feature_schema_:
+            raise ValueError(
+                f"the scorer and the ratio model must share a feature schema; got {scorer.feature_schema_!r} "
+                f"and {ratio.feature_schema_!r}"
+            )
+        self.feature_schema = scorer.feature_schema_
+        """The schema of both models' pairs."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
+        tails = {m: [float(m == "graph")] for m in MODES}
+        self._host_columns = None
+        """fv3: the columns of ``features.host.host_over_gpu`` that eager pairs read, one per twin (schedules
+        of equal launches share one, so their pruned trees can be shared); None before fv3."""
+        linked = None
+        if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
+            tails["graph"].append(0.0)  # graph mode: no host time
+            self._host_columns, column_of = np.unique(TWIN_OF, return_inverse=True)
+            linked = {"eager": (len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES), column_of)}
         self._fast = SpecialisedForest.compile(
-            boosters, DESCRIPTORS, {m: np.array([float(m == "graph")]) for m in MODES}, len(FEATURE_NAMES)
-        )
+            boosters, DESCRIPTORS, {m: np.array(t) for m, t in tails.items()}, len(FEATURE_NAMES),
+            linked=linked,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
@@ -109,7 +137,7 @@ class Predictor:
         self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
-        Z, (rows, cols) = pair_matrix(X, modes, valid)
+        Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema)
         out = self.scorer.predict(Z)
         ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
         cost, log_ratio = np.full(valid.shape, np.inf), np.full(valid.shape, np.nan)
@@ -122,9 +150,13 @@ class Predictor:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
-        for mode in set(modes.tolist()):
-            on = modes == mode
-            margins = self._fast.predict(X[on].astype(np.float32), mode)
+        present = set(modes.tolist())
+        for mode in present:
+            on = slice(None) if len(present) == 1 else modes == mode
+            rows = X[on]
+            if self._host_columns is not None and mode == "eager":
+                rows = np.concatenate([rows, host_over_gpu(rows)[:, self._host_columns]], axis=1)
+            margins = self._fast.predict(rows.astype(np.float32, copy=False), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
             log_ratio[on] = margins[:, :, -1]
         return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)
@@ -137,16 +169,16 @@ class Predictor:
         modes = check_modes(modes)
         valid = valid_mask(X)
         if fast is None:
-            fast = len(X) * len(self._fast.trees.roots) <= FAST_PATH_MAX_CURSORS
+            fast = len(X) * max(len(t.roots) for t in self._fast.trees.values()) <= FAST_PATH_MAX_CURSORS
         cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
         raw = cost.argmin(axis=1)
         speedups = np.exp(-log_ratio)
         speedup = speedups[np.arange(len(raw)), raw]
-        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX)
+        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX, modes)
         final = np.where(fallback, SERIAL_INDEX, raw)
         return Decision(
-            schedules=np.asarray(SCHEDULES, dtype=object)[final], final=final, raw=raw, speedup=speedup,
+            schedules=_SCHEDULE_NAMES[final], final=final, raw=raw, speedup=speedup,
             fallback=fallback, speedups=speedups,
         )  # fmt: skip
 
@@ -167,7 +199,7 @@ class Predictor:
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios))
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
-        speedups, valid = d.speedups, np.isfinite(d.speedups)
+        speedups, valid, reason = d.speedups, np.isfinite(d.speedups), self.policy.of(mode).reason
         schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
         return [
             Recommendation(
@@ -176,7 +208,7 @@ class Predictor:
                 predicted_speedups=_valid_speedups(speedups[i], valid[i]),
                 predicted_speedup=1.0 if fallback[i] else speedup[i],
                 fallback=fallback[i],
-                fallback_reason=self.policy.reason(speedup[i]) if fallback[i] else None,
+                fallback_reason=reason(speedup[i]) if fallback[i] else None,
                 model_version=self.version,
                 hardware_id=self.hardware_id,
             )

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from ficco import __version__
-from ficco.features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+from ficco.features import FEATURE_NAMES
 from ficco.files import write_text_atomic
-from ficco.training.model import FeatureSchemaError, PairModel, check_feature_schema
-from ficco.training.policy import DecisionPolicy
+from ficco.training.model import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, PairModel, check_feature_schema
+from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def register(
     *,
     scorer: PairModel,
     ratio: PairModel,
-    policy: DecisionPolicy,
+    policy: ModePolicy,
     dataset_hash: str,
     info: dict[str, Any],
     created_at: datetime | None = None,
@@ -98,8 +98,9 @@ def register(
         "hardware_id": hardware_id,
         "created_at": created_at.isoformat(timespec="seconds"),
         "dataset_hash": dataset_hash,
-        "feature_schema_version": FEATURE_SCHEMA_VERSION,
+        "feature_schema_version": scorer.feature_schema_,
         "feature_names": list(FEATURE_NAMES),
+        "pair_feature_names": list(PAIR_FEATURE_NAMES_OF[scorer.feature_schema_]),
         "objective": scorer.objective,
         "policy": policy.to_dict(),
         "files": {"scorer": MODEL_FILE, "ratio": MODEL_FILE if ratio is scorer else RATIO_FILE},
@@ -180,8 +181,9 @@ def _read_card(version_dir: Path) -> dict[str, Any]:
 def load_predictor(root: str | Path, hardware_id: str, version: str | None = None) -> Predictor:
     """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`.
 
-    Raises :class:`ModelLoadError` with a message saying what to do for a missing model, a corrupt card
-    or model file, and a model trained on a feature schema other than ``features.FEATURE_SCHEMA_VERSION``.
+    A model of any schema in ``features.FEATURE_SCHEMAS`` loads (an fv2 model builds fv2 pairs). Raises
+    :class:`ModelLoadError` with a message saying what to do for a missing model, a corrupt card or model
+    file, and a model trained on a feature schema this code does not compute.
     """
     root = Path(root)
     hw_dir = root / hardware_id
@@ -209,7 +211,7 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         scorer = PairModel.load_model(version_dir / card["files"]["scorer"])
         same = card["files"]["ratio"] == card["files"]["scorer"]
         ratio = scorer if same else PairModel.load_model(version_dir / card["files"]["ratio"])
-        policy = DecisionPolicy(**card["policy"])
+        policy = ModePolicy.from_dict(card["policy"])
     except FeatureSchemaError as err:
         raise ModelLoadError(str(err)) from None
     except Exception as err:  # XGBoostError, OSError, ValueError, TypeError: all mean a damaged model
@@ -218,6 +220,13 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
             f"{source} under {root} is corrupt: {first_line}. Re-register it, or promote another version "
             f"({versions}); {_TRAIN_HINT}"
         ) from None
+    schemas = {card["feature_schema_version"], scorer.feature_schema_, ratio.feature_schema_}
+    if len(schemas) > 1:
+        raise ModelLoadError(
+            f"{source}: {CARD_FILE} says feature schema {card['feature_schema_version']!r} but its model "
+            f"files were trained on {scorer.feature_schema_!r} (scorer) and {ratio.feature_schema_!r} "
+            f"(ratio); the files do not belong together. {_TRAIN_HINT}"
+        )
     if scorer.objective != card["objective"] or ratio.objective != "ratio":
         raise ModelLoadError(
             f"{source}: {MODEL_FILE} is a {scorer.objective!r} model and the ratio file a "

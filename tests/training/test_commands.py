@@ -16,8 +16,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def evaluate_json(sim_dataset):
-    result = runner.invoke(app, ["evaluate", "--dataset", str(sim_dataset), "--json"])
+def evaluate_json(sim_dataset, sim_moe_dataset):
+    args = ["evaluate", "--dataset", str(sim_dataset), "--transfer", str(sim_moe_dataset), "--json"]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -36,6 +37,16 @@ def test_evaluate_json_has_the_issue_layout(evaluate_json):
     assert evaluate_json["dataset"]["hardware_id"] == "h200x2"
 
 
+def test_evaluate_json_says_what_the_transfer_split_scored(evaluate_json, sim_moe_dataset):
+    assert evaluate_json["transfer_dataset"]["path"] == str(sim_moe_dataset)
+    split = evaluate_json["transfer_split"]
+    assert split["n_dropped_shared_with_training"] == 0  # the MoE dataset shares no scenario
+    assert split["n_scenarios"] == evaluate_json["transfer_dataset"]["n_scenarios"]
+    assert split["n_noise_scenarios"] == 4
+    for mode in ("eager", "graph"):
+        assert evaluate_json["modes"][mode]["transfer"]["ceiling"]["n_scenarios"] == 4
+
+
 def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json, tmp_path):
     result = runner.invoke(
         app, ["train", "--dataset", str(sim_dataset), "--registry", str(tmp_path), "--promote"]
@@ -44,7 +55,9 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
     version = current_version(tmp_path, "h200x2")
     assert version is not None and f"promoted h200x2/{version}" in result.output
     card = load_predictor(tmp_path, "h200x2").card
-    assert card["metrics"]["modes"] == evaluate_json["modes"]  # same dataset + seed: same held-out metrics
+    # same dataset + seed: the same held-out metrics (training has no transfer split)
+    held_out = {m: {k: v for k, v in r.items() if k != "transfer"} for m, r in evaluate_json["modes"].items()}
+    assert card["metrics"]["modes"] == held_out
     assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["dataset"]["hash"] == evaluate_json["dataset"]["hash"]
     assert version.endswith(evaluate_json["dataset"]["hash"][:8])

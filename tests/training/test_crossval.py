@@ -38,3 +38,21 @@ def test_cross_validation_beats_always_serial(table, fast_configs, fast_policies
     assert set(cv.config_loss) == {c.key() for c in fast_configs}
     assert mean_loss(table, cv.final) < 0.5 * mean_loss(table, np.full(len(table), SERIAL_INDEX))
     assert np.all(cv.final[cv.fallback] == SERIAL_INDEX)
+
+
+def test_choose_takes_each_modes_best_policy_and_the_config_best_under_them():
+    from ficco.training.crossval import choose
+    from ficco.training.policy import DecisionPolicy
+
+    policies = (DecisionPolicy(), DecisionPolicy(min_gain=0.0), DecisionPolicy(min_gain=0.02))
+    modes = np.array(["eager", "eager", "graph", "graph"], dtype=object)
+    loss = np.ones((2, 3, 4))
+    loss[0, 2, :2] = 0.1  # config 0: eager best under min_gain 0.02, graph under none (0.5)
+    loss[0, 0, 2:] = 0.5
+    loss[1, 1, :] = 0.4  # config 1: one policy for both modes, worse than config 0's pair (0.45 > 0.3)
+    c, policy, by_config = choose(loss, modes, np.ones(4, dtype=bool), policies)
+    assert c == 0 and policy.eager == policies[2] and policy.graph == policies[0]
+    np.testing.assert_allclose(by_config, [0.3, 0.4])
+    # rows of one mode only: the other mode keeps the first (laxest) policy
+    c, policy, _ = choose(loss, modes, np.array([False, False, True, True]), policies)
+    assert policy.eager == policies[0] and c == 1  # graph alone: config 1 (0.4) beats config 0 (0.5)

@@ -46,3 +46,39 @@ def test_async_tp_counts_as_top1_when_no_slower_than_the_best(tiny_table):
     assert metrics["n_scenarios"] == 2  # the third has no async-TP time
     np.testing.assert_allclose(regret, [0.2, 0.5])
     assert metrics["top1"] == 0.0 and metrics["n_slower_than_serial_2pct"] == 1
+
+
+def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fast_configs, fast_policies):
+    ids = np.unique(table.scenario_ids)
+    train = table.subset(~np.isin(table.scenario_ids, ids[:30]))  # the transfer set: 30 fresh + the rest
+    noise = table.subset(np.isin(table.scenario_ids, ids[:10]))  # its re-measure: 10 fresh scenarios
+    ev = evaluate(
+        train, transfer=table, transfer_noise=noise, configs=fast_configs[:1], policies=fast_policies[:1]
+    )
+    assert ev.summary["transfer_split"] == {
+        "n_scenarios": 30, "n_dropped_shared_with_training": len(ids) - 30, "n_noise_scenarios": 10
+    }  # fmt: skip
+    transfer = ev.summary["modes"]["eager"]["transfer"]
+    assert transfer["model"]["n_scenarios"] == 30 and transfer["ceiling"]["n_scenarios"] == 10
+    assert (
+        "transfer_split" not in evaluate(train, configs=fast_configs[:1], policies=fast_policies[:1]).summary
+    )
+
+
+def test_split_baselines_fit_each_op_group_on_its_own_rows(sim_dataset, sim_moe_dataset):
+    from ficco.training.baselines import baseline_picks
+    from ficco.training.evaluate import split_baselines
+    from ficco.training.table import load_dataset_table
+
+    both = load_dataset_table(sim_dataset, sim_moe_dataset).table
+    eager = both.subset(both.modes == "eager")
+    odd = np.arange(len(eager)) % 2 == 1
+    train, test = eager.subset(~odd), eager.subset(odd)
+    got = split_baselines(train, test)
+    for group in ("dense", "moe"):
+        here = test.op_groups == group
+        want = baseline_picks(train.subset(train.op_groups == group), test.subset(here))
+        assert want and set(got) == set(want)
+        for name, picks in want.items():
+            assert np.array_equal(got[name][here], picks), name
+    assert split_baselines(train.subset(train.op_groups == "dense"), test) == {}  # no MoE rows to fit on

@@ -8,6 +8,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from ficco.features import Scenario, candidates, feature_matrix, get_hardware
+from ficco.features.host import host_over_gpu
 from ficco.training.fit import training_pairs
 from ficco.training.model import (
     PAIR_FEATURE_NAMES,
@@ -87,9 +88,14 @@ def test_pair_matrix_pairs_each_row_with_its_valid_schedules():
     hw = get_hardware("h200x2")
     scenarios = [Scenario(m=m, hardware=hw) for m in (6, 1024, 65536)]
     X = feature_matrix(scenarios)
-    Z, (rows, _) = pair_matrix(X, ["eager", "graph", "graph"])
+    Z, (rows, cols) = pair_matrix(X, ["eager", "graph", "graph"])
     assert Z.shape == (int(valid_mask(X).sum()), len(PAIR_FEATURE_NAMES)) and Z.dtype == np.float32
-    assert np.all(Z[rows == 0, -1] == 0) and np.all(Z[rows > 0, -1] == 1)  # mode_graph column
+    graph = Z[:, PAIR_FEATURE_NAMES.index("mode_graph")]
+    assert np.all(graph[rows == 0] == 0) and np.all(graph[rows > 0] == 1)
+    host = Z[:, PAIR_FEATURE_NAMES.index("eager_host_over_gpu")]
+    want = host_over_gpu(X)[rows, cols].astype(np.float32)
+    assert np.array_equal(host[rows == 0], want[rows == 0]) and np.all(host[rows == 0] > 0)
+    assert np.all(host[rows > 0] == 0)  # graph mode: no host time
     with pytest.raises(ValueError, match="mode must be one of \\['eager', 'graph'\\]; got 'cuda'"):
         pair_matrix(X, ["eager", "cuda", "graph"])
 

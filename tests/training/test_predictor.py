@@ -46,3 +46,15 @@ def test_recommend_rejects_unknown_mode_and_foreign_hardware(trained):
         _predictor(trained).recommend([Scenario()], mode="compiled")
     with pytest.raises(ValueError, match="trained for hardware 'h200x2'"):
         _predictor(trained).recommend([Scenario(hardware=get_hardware("h100x8"))])
+
+
+def test_each_mode_falls_back_under_its_own_policy(trained, table):
+    from ficco.training.policy import ModePolicy
+
+    policy = ModePolicy(eager=DecisionPolicy(min_gain=0.99), graph=DecisionPolicy())
+    predictor = _predictor(trained, policy)
+    eager = predictor.decide(table.X, ["eager"] * len(table))
+    graph = predictor.decide(table.X, ["graph"] * len(table))
+    assert np.all(eager.schedules == "serial/sm") and not graph.fallback.any()
+    both = predictor.decide(table.X, table.modes)  # a mixed batch: each row under its mode's policy
+    assert np.array_equal(both.fallback, np.where(table.modes == "eager", eager.fallback, graph.fallback))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ficco.features import FEATURE_SCHEMA_VERSION
 from ficco.training import registry
+from ficco.training.policy import DecisionPolicy, ModePolicy
 from ficco.training.registry import (
     ModelLoadError,
     current_version,
@@ -155,3 +157,41 @@ def test_default_model_root_honours_the_environment(monkeypatch, tmp_path):
     assert registry.default_model_root() == tmp_path
     monkeypatch.delenv("FICCO_MODEL_ROOT")
     assert registry.default_model_root().name == "models"
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "models"
+
+
+def shipped_versions(schema: str) -> list[str]:
+    """The repository's registered h200x2 versions of feature schema ``schema``."""
+    cards = sorted((SHIPPED / "h200x2").glob("*/card.json"))
+    return [c.parent.name for c in cards if json.loads(c.read_text())["feature_schema_version"] == schema]
+
+
+def test_fv2_models_still_load_and_build_fv2_pairs(table):
+    from ficco.training.model import PAIR_FEATURE_NAMES_OF
+
+    versions = shipped_versions("fv2")
+    assert versions, "the repository holds no fv2 model any more: drop fv2 from features.FEATURE_SCHEMAS"
+    for version in versions:
+        predictor = load_predictor(SHIPPED, "h200x2", version)
+        assert predictor.feature_schema == predictor.card["feature_schema_version"] == "fv2"
+        assert predictor.scorer.n_features_in_ == len(PAIR_FEATURE_NAMES_OF["fv2"])
+        decision = predictor.decide(table.X, table.modes, fast=False)
+        assert np.isfinite(decision.speedup).all()
+        # its card's policy predates the per-mode one: one threshold for both modes
+        assert predictor.policy == ModePolicy.uniform(DecisionPolicy(**predictor.card["policy"]))
+
+
+def test_load_rejects_a_card_whose_schema_is_not_its_files(tmp_path, trained):
+    version = _register(tmp_path, trained)
+    card_path = tmp_path / "h200x2" / version / "card.json"
+    card = json.loads(card_path.read_text())
+    assert card["feature_schema_version"] == FEATURE_SCHEMA_VERSION == trained.scorer.feature_schema_
+    assert card["pair_feature_names"][-1] == "eager_host_over_gpu"
+    card["feature_schema_version"] = "fv2"
+    card_path.write_text(json.dumps(card))
+    with pytest.raises(
+        ModelLoadError, match="says feature schema 'fv2' but its model files were trained on 'fv3'"
+    ):
+        load_predictor(tmp_path, "h200x2", version)

@@ -1,0 +1,193 @@
+"""The executor's host time per call: launch counts of a schedule, priced per kind, over the GPU work.
+
+An eager call of the executor is issued from Python: every GEMM, collective, NCCL send/receive group, peer
+copy, device barrier and stream event costs host time whether its GPU work is large or small. On small
+shapes that host time exceeds the GPU work, and the eager time of a schedule is bounded below by it (the
+"host floor"); replayed from a CUDA graph (``graph`` mode), none of it is paid.
+
+1. :func:`launch_counts`: what one eager call of ``schedule`` on ``op`` launches on the busiest rank, by
+   kind. The counts follow the executor's plans (``executor.plan.make_plan``: the units are the GEMMs, the
+   rounds the transfer batches, their pieces the copies) and transports (``executor.transport``: which
+   events and barriers a call records and waits for); ``tests/features/test_host.py`` checks them against
+   the executor's own plans and segments.
+2. :data:`HOST_COSTS`: microseconds of host time per launch of each kind, fitted to the executor's measured
+   host time per call (``benchmarks/executor_overhead.py`` on 2 x H200,
+   ``benchmarks/results/executor-overhead-h200x2.json``; the test checks every measured schedule is within
+   :data:`FIT_TOLERANCE` of its price).
+3. :func:`host_us` prices one call; :func:`host_over_gpu` divides the price by the scenario's roofline GPU
+   work (GEMM + communication), for every schedule at once. That ratio is the pair feature
+   ``eager_host_over_gpu`` of feature schema fv3 (0 in graph mode).
+
+Needs only numpy (``features`` runs on the GPU image too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+
+import numpy as np
+
+from ficco.features.ops import OP_SPECS
+from ficco.features.scenario import OPS
+from ficco.features.schedule import Schedule, all_schedules
+from ficco.features.vector import FEATURE_NAMES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchCounts:
+    """What one eager executor call launches from the host on one rank, by kind."""
+
+    calls: int = 1
+    """Executor calls: argument lookup, output allocation and the Python around the launches (always 1)."""
+    gemms: int = 0
+    """GEMM launches (``torch.mm``): one per GEMM unit of the plan, per local expert its rows touch (MoE)."""
+    kernels: int = 0
+    """Other torch kernels on the caller's stream: the reduce-scatter's adds, the MoE permutation, local
+    copies of the own rows."""
+    collectives: int = 0
+    """NCCL collectives (all-gather, reduce-scatter, all-to-all): ``serial/sm`` only."""
+    p2p_groups: int = 0
+    """Coalesced NCCL send/receive groups (``sm`` overlap: one per transfer batch)."""
+    peer_copies: int = 0
+    """Copies into a peer's memory on the copy engines (``dma``: one per piece)."""
+    barriers: int = 0
+    """Device barriers publishing landed pieces (``dma``)."""
+    syncs: int = 0
+    """Stream synchronisations: CUDA event records and stream waits (fork, join, landed pieces)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostCosts:
+    """Host microseconds per launch of each :class:`LaunchCounts` kind (eager, one rank)."""
+
+    calls: float = 30.0
+    """Per executor call (the reference's and the overlap engine's Python around the launches)."""
+    gemms: float = 14.5
+    """Per GEMM."""
+    kernels: float = 14.5
+    """Per other torch kernel (tied to the GEMM's price: a torch op launch each)."""
+    collectives: float = 3.0
+    """Per NCCL collective, beyond its call."""
+    p2p_groups: float = 38.5
+    """Per coalesced NCCL send/receive group."""
+    peer_copies: float = 4.5
+    """Per peer copy."""
+    barriers: float = 4.5
+    """Per device barrier (tied to the peer copy's price: on the measured schedules the two counts nearly
+    move together, so a fit cannot tell them apart)."""
+    syncs: float = 2.0
+    """Per event record or stream wait."""
+
+
+HOST_COSTS = HostCosts()
+"""Prices fitted to the 14 (op, schedule) rows of ``benchmarks/results/executor-overhead-h200x2.json``
+(``host_us_per_call``, median over rounds; 2 x H200, torch 2.11, NCCL 2.28): non-negative least squares of
+the relative error over these kinds (tied ones as one), rounded to 0.5 us; every row within 7%."""
+FIT_TOLERANCE = 0.10
+"""Largest relative error of :data:`HOST_COSTS` on a measured (op, schedule) the tests accept."""
+
+
+def sub_block_gemms(experts: int, splits: int) -> int:
+    """GEMMs over the ``splits`` sub-chunks of one block of rows spread evenly over ``experts`` local
+    experts: cutting the block at both sets of boundaries gives ``experts + splits - gcd(experts, splits)``
+    pieces (uneven blocks, rounding and empty experts aside)."""
+    return experts + splits - math.gcd(experts, splits)
+
+
+@lru_cache(maxsize=4096)
+def launch_counts(op: str, world_size: int, schedule: Schedule, local_experts: int = 1) -> LaunchCounts:
+    """Launches of one eager call of ``schedule`` on ``op`` on the busiest rank (rank 0); see the module
+    docstring. ``local_experts`` (MoE ops: ``experts / world_size``) is the GEMMs a whole block of rows
+    needs."""
+    spec = OP_SPECS[op]
+    w, peers = world_size, world_size - 1
+    e = local_experts if spec.moe else 1
+    gran, splits, chunk = schedule.granularity, schedule.splits, schedule.grain == "chunk"
+    gather = spec.direction == "gather"
+    permute = int(spec.moe and gran == "serial")  # every row between source- and expert-major order at once
+    if gran == "serial" and schedule.executor == "sm":  # the reference: the collective, a GEMM per expert
+        return LaunchCounts(gemms=e, kernels=permute, collectives=1)
+    # 1. the plan (executor.plan.make_plan): rounds of pieces, GEMM units, copy lanes
+    if gran == "serial":
+        rounds, lanes, gemms = 1, peers, e
+    elif gran == "shard":
+        rounds, lanes, gemms = peers, 1, w * e
+    else:
+        rounds, lanes, gemms = splits, peers, e + peers * (sub_block_gemms(e, splits) if chunk else e)
+    pieces = peers * (splits if gran == "finer" else 1)
+    waits = pieces if gran == "finer" else rounds  # (GEMM unit, round) pairs a gather waits for
+    sent = pieces if gran == "finer" and chunk else peers if gran != "serial" else 1  # scatter: units sending
+    kernels = permute + (peers if spec.collective == "reduce_scatter" else 0)  # the owner's adds
+    # 2. the transport (executor.transport)
+    if schedule.executor == "sm":
+        # a group per gather round or scatter unit, each waited for once; gather forks and joins a lane
+        groups = rounds if gather else sent
+        return LaunchCounts(gemms=gemms, kernels=kernels, p2p_groups=groups, syncs=groups + 4 * gather)
+    if gather:
+        on_copy_lane = rounds == 1 and lanes == 1  # its one barrier behind the copies, no signal lane
+        # fork (a record, a wait per lane), per round a copied record and a signal wait per lane it uses and
+        # a landed record, a wait per (unit, round); an eager call skips the join (the last wait orders it)
+        per_round = 0 if on_copy_lane else 2 * (1 if gran == "shard" else peers)
+        syncs = 1 + lanes + (not on_copy_lane) + rounds * (per_round + 1) + waits
+        kernels += int(gran == "serial")  # the own rows copied into their slot of the gathered rows
+        barriers = rounds
+    else:
+        # fork, a produced record per sending unit and a wait per lane it uses, join (a record and a wait
+        # per lane), one barrier
+        syncs = (1 + lanes) + sent * (1 + (peers if gran == "serial" else 1)) + 2 * lanes
+        kernels += int(spec.moe) * (1 + int(gran == "serial"))  # peers' rows out of peer memory, own rows
+        barriers = 1
+    return LaunchCounts(gemms=gemms, kernels=kernels, peer_copies=pieces, barriers=barriers, syncs=syncs)
+
+
+def host_us(
+    op: str, world_size: int, schedule: Schedule, local_experts: int = 1, costs: HostCosts = HOST_COSTS
+) -> float:
+    """Host microseconds of one eager call: :func:`launch_counts` priced by ``costs``."""
+    counts = launch_counts(op, world_size, schedule, local_experts)
+    return float(sum(getattr(counts, f.name) * getattr(costs, f.name) for f in fields(LaunchCounts)))
+
+
+_SCHEDULES: tuple[Schedule, ...] = tuple(all_schedules())
+"""Every schedule in canonical order: the columns of :func:`host_over_gpu`."""
+_NORMAL = [replace(s, priority="normal") for s in _SCHEDULES]
+TWIN_OF: np.ndarray = np.array([_NORMAL.index(s) for s in _NORMAL])
+"""For each schedule in canonical order, the first one that launches the same (:func:`launch_counts` does
+not depend on the stream priority: a ``/hp`` schedule's twin is its normal-priority one), int ``[S]``:
+twins have equal :func:`host_over_gpu` columns, so a fast path may read one column for both."""
+_OP_COLUMNS = [FEATURE_NAMES.index(f"op_{op}") for op in OPS]
+_WORLD_SIZE, _EXPERTS = FEATURE_NAMES.index("world_size"), FEATURE_NAMES.index("experts")
+_T_GEMM, _T_COMM = FEATURE_NAMES.index("log2_t_gemm_us"), FEATURE_NAMES.index("log2_t_comm_us")
+
+
+@lru_cache(maxsize=256)
+def _host_row(op: str, world_size: int, local_experts: int) -> np.ndarray:
+    """:func:`host_us` of every schedule in canonical order, float64 ``[S]`` (read-only, cached)."""
+    row = np.array([host_us(op, world_size, s, local_experts) for s in _SCHEDULES])
+    row.flags.writeable = False
+    return row
+
+
+def host_over_gpu(X: np.ndarray) -> np.ndarray:
+    """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``.
+
+    ``X`` ``[n, len(FEATURE_NAMES)]`` holds feature rows (``feature_matrix``); the op, world size and
+    experts, and the roofline GEMM and communication times are read from their columns, so whoever holds a
+    scenario's features can compute the ratio (the predictor's fast path does, per schedule). Columns are
+    the schedules in canonical order (``features.all_schedules``); one that cannot run the scenario still
+    gets its price.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    ops = np.argmax(X[:, _OP_COLUMNS], axis=1)
+    world = X[:, _WORLD_SIZE].astype(np.int64)
+    local = np.maximum(X[:, _EXPERTS].astype(np.int64) // world, 1)
+    gpu_us = np.exp2(X[:, _T_GEMM]) + np.exp2(X[:, _T_COMM])
+    if len(X) == 0:
+        return np.empty((0, len(_SCHEDULES)))
+    if len(X) == 1:  # one decision: skip the grouping
+        return (_host_row(OPS[ops[0]], int(world[0]), int(local[0])) / gpu_us[0])[None, :]
+    keys, inverse = np.unique(np.stack([ops, world, local], axis=1), axis=0, return_inverse=True)
+    rows = np.stack([_host_row(OPS[o], int(w), int(e)) for o, w, e in keys.tolist()])
+    return rows[inverse.reshape(-1)] / gpu_us[:, None]
