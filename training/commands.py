@@ -207,6 +207,7 @@ def report_command(
         ),
     ] = None,
     registry: RegistryOption = None,
+    repeat: RepeatOption = None,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -217,7 +218,7 @@ def report_command(
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.report import write_report
 
-    loaded = _load(dataset)
+    loaded = _load(dataset, repeat)
     predicted, label = None, "predicted (held out)"
     if model is not None:
         try:

@@ -132,3 +132,18 @@ def test_report_with_a_missing_model_fails_clearly(sim_dataset, tmp_path):
     result = runner.invoke(app, [*args, "--registry", str(tmp_path / "empty")])
     assert result.exit_code == 2
     assert "no model for hardware 'h200x2'" in result.output
+
+
+def test_train_with_a_repeat_sweep_records_it_and_refuses_new_scenarios(
+    sim_dataset, sim_moe_dataset, tmp_path
+):
+    root = tmp_path / "models"
+    args = ["train", "--dataset", str(sim_dataset), "--registry", str(root)]
+    result = runner.invoke(app, [*args, "--repeat", str(sim_dataset)])  # the same sweep twice pools to itself
+    assert result.exit_code == 0, result.output
+    (card_path,) = root.rglob("card.json")
+    card = json.loads(card_path.read_text())
+    assert card["dataset"]["repeats"] == [str(sim_dataset)]
+    bad = runner.invoke(app, [*args, "--repeat", str(sim_moe_dataset)])
+    assert bad.exit_code == 2
+    assert f"--repeat {sim_moe_dataset}" in bad.output and "the datasets do not" in bad.output
