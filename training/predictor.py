@@ -34,7 +34,7 @@ from ficco.training.model import (
     pair_matrix,
     valid_mask,
 )
-from ficco.training.policy import DecisionPolicy, ModePolicy
+from ficco.training.policy import ModePolicy
 
 _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
@@ -96,15 +96,15 @@ class Predictor:
         *,
         scorer: PairModel,
         ratio: PairModel,
-        policy: ModePolicy | DecisionPolicy,
+        policy: ModePolicy,
         card: dict[str, Any],
         version: str,
         hardware_id: str,
     ) -> None:
         self.scorer = scorer
         self.ratio = ratio
-        self.policy = policy if isinstance(policy, ModePolicy) else ModePolicy.uniform(policy)
-        """The fallback per mode (a :class:`DecisionPolicy` given: the same in both modes)."""
+        self.policy = policy
+        """The fallback per mode."""
         self.card = card
         self.version = version
         self.hardware_id = hardware_id

@@ -74,7 +74,7 @@ def train_version(
     """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
     ``ops``, as the first models had), register it under ``root``; the version."""
     from ficco.training.fit import TrainConfig, fit_pair_model
-    from ficco.training.policy import DecisionPolicy
+    from ficco.training.policy import DecisionPolicy, ModePolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
@@ -85,7 +85,7 @@ def train_version(
         hardware_id,
         scorer=model,
         ratio=model,
-        policy=DecisionPolicy(min_gain=0.01),
+        policy=ModePolicy.uniform(DecisionPolicy(min_gain=0.01)),
         dataset_hash=f"sim{seed:013d}",
         info={
             "hardware": get_hardware(hardware_id).to_dict(),

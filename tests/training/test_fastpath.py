@@ -10,7 +10,7 @@ from ficco.features.host import TWIN_OF, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.fit import training_pairs
 from ficco.training.model import DESCRIPTORS, PAIR_FEATURE_NAMES, PairModel, pair_costs
-from ficco.training.policy import DecisionPolicy
+from ficco.training.policy import DecisionPolicy, ModePolicy
 from ficco.training.predictor import Predictor
 from tests.training.test_fit import split_columns
 
@@ -41,7 +41,8 @@ def test_specialised_margins_match_xgboost(table, objective):
 
 
 def test_fast_and_reference_paths_pick_the_same_on_the_whole_dataset(trained, table):
-    predictor = Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=DecisionPolicy(min_gain=0.02),
+    policy = ModePolicy.uniform(DecisionPolicy(min_gain=0.02))
+    predictor = Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=policy,
                           card={}, version="v", hardware_id="h200x2")  # fmt: skip
     fast = predictor.decide(table.X, table.modes, fast=True)
     reference = predictor.decide(table.X, table.modes, fast=False)

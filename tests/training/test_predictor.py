@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ficco.features import Scenario, candidates, get_hardware
-from ficco.training.policy import DecisionPolicy
+from ficco.training.policy import DecisionPolicy, ModePolicy
 from ficco.training.predictor import Predictor
 
 
@@ -36,7 +36,8 @@ def test_modes_can_pick_differently_but_never_invalidly(trained, table):
 
 
 def test_fallback_replaces_a_small_predicted_gain_with_serial(trained):
-    rec = _predictor(trained, DecisionPolicy(min_gain=0.99)).recommend([Scenario(m=32768)], mode="eager")[0]
+    predictor = _predictor(trained, ModePolicy.uniform(DecisionPolicy(min_gain=0.99)))
+    rec = predictor.recommend([Scenario(m=32768)], mode="eager")[0]
     assert rec.schedule == "serial/sm" and rec.predicted_speedup == 1.0
     assert (rec.fallback and "noise floor" in rec.fallback_reason) or not rec.fallback
 
@@ -49,8 +50,6 @@ def test_recommend_rejects_unknown_mode_and_foreign_hardware(trained):
 
 
 def test_each_mode_falls_back_under_its_own_policy(trained, table):
-    from ficco.training.policy import ModePolicy
-
     policy = ModePolicy(eager=DecisionPolicy(min_gain=0.99), graph=DecisionPolicy())
     predictor = _predictor(trained, policy)
     eager = predictor.decide(table.X, ["eager"] * len(table))
