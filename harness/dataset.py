@@ -213,11 +213,8 @@ def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
 
     if not paths:
         raise ValueError("no dataset given; pass at least one dataset directory")
-    if len(paths) == 1:
-        path = Path(paths[0])
-        if not path.is_dir():
-            return load_dataset(path), None
-        return _current(load_dataset(path), path), _current(load_noise(path), path)
+    if len(paths) == 1 and not Path(paths[0]).is_dir():
+        return load_dataset(paths[0]), None
     check_same_hardware(paths)
     frames = [_current(load_dataset(p), p) for p in paths]
     for i, frame in enumerate(frames):
