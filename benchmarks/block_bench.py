@@ -35,10 +35,12 @@ dataset, and the JSON says how many ops came from each). Two more timings per po
 collectives left out: ``comm_share = 1 - compute_only / serial``) and, for training, ``planner_regather`` (the
 column-parallel weight gradient gathers its input again instead of keeping it).
 
-Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then ``--rounds`` rounds
-in which every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU:
-``perf_counter``), ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the
-maximum over ranks and a point's time the median over its ``rounds x reps`` steps. Each point also keeps the
+Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then rounds in which
+every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU: ``perf_counter``),
+ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the maximum over ranks
+and a point's time the median over its ``rounds x reps`` steps. A point gets ``--rounds`` rounds, or more
+for short steps, up to ``--max-rounds``: enough that every variant is timed for about ``--timed-ms`` (short,
+host-bound steps vary most from round to round). Each point also keeps the
 host time to queue one step (``host_ms``): where it nears the step time, the host is the bottleneck. Every
 variant's output (and, in training, the input and weight gradients of its first step) is compared with
 ``serial``'s (relative error, ``rel_err``). Points run cheapest first; a point that would start after
@@ -425,6 +427,17 @@ def maybe_prepare(ops: Any, requests: list) -> None:
         ops.planner.prepare(requests, timeout_s=PREPARE_TIMEOUT_S)
 
 
+def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``time_interleaved``'s settings for a point's variants, from the command line."""
+    return {
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "reps": args.reps,
+        "timed_ms": args.timed_ms,
+        "max_rounds": args.max_rounds,
+    }
+
+
 def step_context(ops: Any):
     """The planner's step (decisions frozen, bounded waits) for planned ops; nothing for the others."""
     return ops.planner.step() if isinstance(ops, PlannedOps) else contextlib.nullcontext()
@@ -469,9 +482,7 @@ def run_train_point(block: Block, variants: dict[str, Any], tokens: int, args, d
             runnable[name] = (functools.partial(activate, ops, keep), step)
         except Exception as err:  # the same on every rank (a refused op): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    times, host = time_interleaved(
-        runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
-    )
+    times, host = time_interleaved(runnable, device=device, **timing_settings(args))
     return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
 
@@ -505,9 +516,7 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
             runnable[name] = (activate, call)
         except Exception as err:  # the same on every rank (e.g. an op that cannot be captured): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    times, host = time_interleaved(
-        runnable, warmup=args.warmup, rounds=args.rounds, reps=args.reps, device=device
-    )
+    times, host = time_interleaved(runnable, device=device, **timing_settings(args))
     runnable.clear()  # the graphs go before the next point's
     return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
@@ -589,6 +598,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "oracle_pool": pool or "every candidate",
             "warmup": args.warmup,
             "rounds": args.rounds,
+            "max_rounds": args.max_rounds,
+            "timed_ms": args.timed_ms,
             "reps": args.reps,
             "seq_len": seq_len,
             "dtype": str(dtype),
@@ -862,6 +873,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant and point")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point (variants reordered)")
     p.add_argument("--reps", type=int, default=4, help="timed steps per variant and round")
+    p.add_argument(
+        "--timed-ms",
+        type=float,
+        default=300.0,
+        help="short steps get more rounds, until every variant is timed for about this long (0: --rounds only)",
+    )
+    p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
     p.add_argument(
         "--oracle-all-candidates",
@@ -877,6 +895,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("warmup", "rounds", "reps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
+    if args.max_rounds < args.rounds:
+        p.error(f"--max-rounds must be >= --rounds ({args.rounds}); got {args.max_rounds}")
+    if args.timed_ms < 0:
+        p.error(f"--timed-ms must be >= 0; got {args.timed_ms}")
     return args
 
 

@@ -17,8 +17,10 @@ inside torch.distributed calls is also clocked and subtracted: ``excl_comm_us`` 
 (plan, transport, views, bookkeeping, the tiny GEMMs), the part the CUDA path shares, measured in CPU time
 of the calling thread (``time.thread_time``), which leaves out the time the other rank's process holds the
 core. (On CUDA the collectives only enqueue work, so ``excl_comm_us`` equals ``host_us_per_call`` there.)
-Prints a table (median microseconds per call over batches, maximum over ranks) and writes the same rows as
-JSON to ``--out``. ``--profile CALLS`` adds, per (op, schedule), the functions where rank 0's host time goes
+``--primitives`` (CUDA) adds each building block of a call timed alone the same way (NCCL calls, a GEMM,
+events, stream switches, copies, the symmetric-memory barrier, graph replays of captured calls), under
+``primitives``: what a schedule's host time is made of. Prints a table (median microseconds per call over
+batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per (op, schedule), the functions where rank 0's host time goes
 (cProfile, which inflates small calls; read it for proportions), under ``profiles`` in the JSON.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -33,6 +36,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +120,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="timed calls per batch (between syncs)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' orders")
     parser.add_argument(
+        "--schedules",
+        nargs="*",
+        default=list(SCHEDULES),
+        metavar="SCHEDULE",
+        help=f"schedules timed for both ops (default: {' '.join(SCHEDULES)}; none: only --primitives)",
+    )
+    parser.add_argument(
+        "--primitives",
+        action="store_true",
+        help="also time each building block of a call alone (NCCL calls, GEMM, events, copies, barrier, "
+        "graph replays; CUDA only), under 'primitives' in the JSON",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -124,6 +141,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rank 0)")
     args = parser.parse_args()
+    if args.primitives and args.device != "cuda":
+        parser.error("--primitives needs --device cuda (the building blocks are CUDA calls)")
 
     import torch.distributed as dist
 
@@ -138,12 +157,12 @@ def main() -> None:
 def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     """Per (op, schedule): the median host time per call (us) over ``args.rounds`` rounds, and the same
     without the time spent inside the communication calls (CPU only), the slowest rank's, and rank 0's time
-    of every round in round order; with ``args.profile``, also where rank 0's host time goes
+    of every round in round order; with ``args.primitives``, the same for each building block of a call
+    (op ``primitive``, :func:`primitive_calls`); with ``args.profile``, also where rank 0's host time goes
     (:func:`profile_calls`).
 
-    Every round times one batch of ``args.batch`` calls of every (op, schedule), in a new shuffled order
-    (the same on every rank), so that drift of the host's speed and warm-up land on no schedule in
-    particular."""
+    Every round times one batch of ``args.batch`` calls of every case, in a new shuffled order (the same on
+    every rank), so that drift of the host's speed and warm-up land on no case in particular."""
     import torch
     import torch.distributed as dist
 
@@ -160,7 +179,10 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s),
         "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s),
     }
-    cases = [(op, schedule) for op in ops for schedule in SCHEDULES]
+    calls = {(op, s): functools.partial(run, s) for op, run in ops.items() for s in args.schedules}
+    if args.primitives:
+        calls |= {("primitive", name): call for name, call in primitive_calls(shard, full, b).items()}
+    cases = list(calls)
 
     def sync() -> None:
         if cuda:
@@ -168,27 +190,27 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         dist.barrier()
 
     clock = None if cuda else clock_comm(dist, executor.ops)
-    for op, schedule in cases:
+    for case in cases:
         for _ in range(args.warmup):
-            ops[op](schedule)
+            calls[case]()
     per_call: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     excl_comm: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     order = random.Random(args.seed)
     for _ in range(args.rounds):
-        for op, schedule in order.sample(cases, len(cases)):
-            call = ops[op]
+        for case in order.sample(cases, len(cases)):
+            call = calls[case]
             sync()
             comm_before = clock.seconds if clock else 0.0
             start, cpu_start = time.perf_counter(), time.thread_time()
             for _ in range(args.batch):
-                call(schedule)
+                call()
             seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
-            per_call[op, schedule].append(seconds / args.batch * 1e6)
+            per_call[case].append(seconds / args.batch * 1e6)
             if clock:
                 own_seconds = cpu_seconds - (clock.seconds - comm_before)
-                excl_comm[op, schedule].append(own_seconds / args.batch * 1e6)
+                excl_comm[case].append(own_seconds / args.batch * 1e6)
             else:
-                excl_comm[op, schedule].append(per_call[op, schedule][-1])
+                excl_comm[case].append(per_call[case][-1])
     sync()
     rows = []
     for case in cases:
@@ -200,22 +222,96 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         rows.append(row | {"round_us": [round(x, 1) for x in per_call[case]]})
     profiles = {}
     if args.profile:
-        for op, schedule in cases:
+        for case in cases:
             sync()
-            profiles[f"{op} {schedule}"] = profile_calls(ops[op], schedule, args.profile)
+            profiles[" ".join(case)] = profile_calls(calls[case], args.profile)
         sync()
     return rows, profiles
 
 
-def profile_calls(call, schedule: str, calls: int, top: int = PROFILE_TOP) -> dict:
-    """Where ``calls`` calls of ``call(schedule)`` spend host time, by ``cProfile``: the profiled
+def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
+    """The building blocks of an executor call on CUDA, each alone, on the tiny tensors of the schedule
+    cases (``shard [m/w, k]``, ``full [m, k]``, ``b [k, n]``): what a schedule's host time is made of, and
+    what a replacement would cost. Point-to-point cases move one ring step (send to rank + 1, receive from
+    rank - 1); the graph cases replay an executor call captured once (the floor of a captured call)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from ficco import executor
+
+    device = shard.device
+    w, rank = dist.get_world_size(), dist.get_rank()
+    group = dist.group.WORLD
+    to, frm = (rank + 1) % w, (rank - 1) % w
+    r = shard.shape[0]
+    gathered, out = torch.empty_like(full), torch.empty(full.shape[0], b.shape[1], device=device, dtype=b.dtype)
+    scattered, received = torch.empty(r, full.shape[1], device=device, dtype=full.dtype), torch.empty_like(shard)
+    sends = [r if q == to else 0 for q in range(w)]
+    receives = [r if q == frm else 0 for q in range(w)]
+    main, side, event = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Event()
+    memory = symm_mem.empty(full.numel(), dtype=full.dtype, device=device)
+    handle = symm_mem.rendezvous(memory, group.group_name)
+    peer_rows = handle.get_buffer(to, tuple(shard.shape), shard.dtype, 0)
+    pair = [dist.P2POp(dist.isend, shard, to), dist.P2POp(dist.irecv, received, frm)]
+
+    def coalesced_pair() -> None:
+        group._start_coalescing(device)
+        group.send([shard], to, 0)
+        group.recv([received], frm, 0)
+        group._end_coalescing(device).wait()
+
+    def batched_pair() -> None:
+        for work in dist.batch_isend_irecv(pair):
+            work.wait()
+
+    def stream_there_and_back() -> None:
+        torch.cuda.set_stream(side)
+        torch.cuda.set_stream(main)
+
+    def event_pair() -> None:
+        event.record(main)
+        side.wait_event(event)
+
+    def replay(schedule: str) -> Callable[[], None]:
+        def call() -> None:
+            executor.all_gather_matmul(shard, b, schedule, out=out)
+
+        call()
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        return graph.replay
+
+    return {
+        "nccl all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, shard),
+        "nccl reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(scattered, full),
+        "nccl all_to_all_single, ring step": lambda: dist.all_to_all_single(received, shard, receives, sends),
+        "nccl send+recv, coalesced (executor sm)": coalesced_pair,
+        "nccl batch_isend_irecv, ring step": batched_pair,
+        "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
+        "event record + stream wait": event_pair,
+        "set_stream there and back": stream_there_and_back,
+        "copy_ local": lambda: received.copy_(shard),
+        "copy_ into peer memory": lambda: peer_rows.copy_(shard),
+        "symmetric-memory barrier": lambda: handle.barrier(channel=0),
+        "graph replay: ag_gemm serial/sm": replay("serial/sm"),
+        "graph replay: ag_gemm shard/dma": replay("shard/dma"),
+        "graph replay: ag_gemm finer/sm/s4/chunk": replay("finer/sm/s4/chunk"),
+    }
+
+
+def profile_calls(call: Callable[[], object], calls: int, top: int = PROFILE_TOP) -> dict:
+    """Where ``calls`` calls of ``call()`` spend host time, by ``cProfile``: the profiled
     microseconds per call (cProfile's own cost inflates this, most for many small functions) and the
     ``top`` functions by their own time (``tottime``), each in microseconds per call, with its calls per
     call."""
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
-        call(schedule)
+        call()
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     total = sum(entry[2] for entry in stats.values())
@@ -252,7 +348,14 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
     }
     meta |= {"rounds": args.rounds, "batch": args.batch, "torch": torch.__version__}
     meta |= {"env": {name: os.environ[name] for name in sorted(os.environ) if name.startswith(TRACKED_ENV)}}
-    args.out.write_text(json.dumps({**meta, "results": rows, "profiles": profiles}, indent=1) + "\n")
+    results = [r for r in rows if r["op"] != "primitive"]
+    primitives = [
+        {"primitive": r["schedule"], "host_us_per_call": r["host_us_per_call"], "round_us": r["round_us"]}
+        for r in rows
+        if r["op"] == "primitive"
+    ]
+    body = {**meta, "results": results, "profiles": profiles} | ({"primitives": primitives} if primitives else {})
+    args.out.write_text(json.dumps(body, indent=1) + "\n")
     for case, profile in profiles.items():
         top = ", ".join(f"{f['function']} {f['own_us']:.0f}" for f in profile["functions"][:4])
         print(f"{case}: {profile['profiled_us_per_call']:.0f} us profiled; {top}")

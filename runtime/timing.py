@@ -7,6 +7,7 @@ the same variants in the same order, and every rank gets the same numbers back.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -37,15 +38,21 @@ def time_interleaved(
     reps: int,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    timed_ms: float = 0.0,
+    max_rounds: int | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Every variant's median step time and median host time to issue a step (ms), each step's time the
     slowest rank's.
 
-    After ``warmup`` untimed steps each, the variants are timed in ``rounds`` rounds of ``reps`` steps, in
-    a new order every round (the same order on every rank: the steps are collective), so that drift lands
-    on every variant alike. A round starts with the ranks aligned; its steps are queued back to back
-    between CUDA events (CPU: ``perf_counter``); host time is the time to queue them, per step (close to
+    After ``warmup`` untimed steps each, the variants are timed in at least ``rounds`` rounds of ``reps``
+    steps, in a new order every round (the same order on every rank: the steps are collective), so that
+    drift lands on every variant alike. A round starts with the ranks aligned; its steps are queued back to
+    back between CUDA events (CPU: ``perf_counter``); host time is the time to queue them, per step (close to
     the step time when the host, not the GPU, is the bottleneck).
+
+    ``timed_ms`` > 0: short steps get more rounds, so that every variant is timed for about ``timed_ms`` in
+    all (short, host-bound steps vary most from round to round): after the first round, the fastest
+    variant's step time (slowest rank) sets the count, at most ``max_rounds`` (default: ``rounds``).
     """
     names = list(variants)
     for activate, step in variants.values():
@@ -55,7 +62,8 @@ def time_interleaved(
     steps: dict[str, list[float]] = {name: [] for name in names}
     host: dict[str, list[float]] = {name: [] for name in names}
     order = random.Random(len(names) * 1_000 + reps)
-    for _ in range(rounds):
+    wanted, done = rounds, 0
+    while done < wanted:
         for name in order.sample(names, len(names)):
             activate, step = variants[name]
             activate()
@@ -63,16 +71,39 @@ def time_interleaved(
             ms, issued = _timed_steps(step, reps, device)
             steps[name] += ms
             host[name].append(issued / reps)
+        done += 1
+        if done == 1 and timed_ms > 0:
+            wanted = _rounds_for(steps, reps, timed_ms, rounds, max_rounds or rounds, device, group)
     flat = [t for name in names for t in (*steps[name], *host[name])]
-    slowest = torch.tensor(flat, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    values, width = slowest.tolist(), rounds * reps + rounds
+    values, width = _slowest(flat, device, group), done * reps + done
     times, hosts = {}, {}
     for i, name in enumerate(names):
         mine = values[i * width : (i + 1) * width]
-        times[name] = statistics.median(mine[: rounds * reps])
-        hosts[name] = statistics.median(mine[rounds * reps :])
+        times[name] = statistics.median(mine[: done * reps])
+        hosts[name] = statistics.median(mine[done * reps :])
     return times, hosts
+
+
+def _rounds_for(
+    steps: dict[str, list[float]],
+    reps: int,
+    timed_ms: float,
+    least: int,
+    most: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+) -> int:
+    """Rounds that time the fastest variant (its first round's median step, slowest rank) for about
+    ``timed_ms``, within ``[least, most]``; the same on every rank."""
+    fastest = min(_slowest([statistics.median(ms) for ms in steps.values()], device, group))
+    return max(least, min(most, math.ceil(timed_ms / (reps * max(fastest, 1e-6)))))
+
+
+def _slowest(values: list[float], device: torch.device, group: dist.ProcessGroup | None) -> list[float]:
+    """``values`` element-wise, the maximum over the ranks of ``group``."""
+    slowest = torch.tensor(values, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return slowest.tolist()
 
 
 def _timed_steps(step: Callable[[], Any], reps: int, device: torch.device) -> tuple[list[float], float]:
