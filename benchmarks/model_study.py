@@ -1,7 +1,11 @@
-"""Model study: do the MoE rows hurt the dense picks, and do per-mode fallback margins make picks safer?
+"""Model study: do the MoE rows hurt the dense picks, do per-mode fallback margins make picks safer, and
+does any change to the model or its fallback generalise better to unseen model families?
 
     .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
         --out reports/model-study-h200x2.json
+    .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
+        --repeat datasets/h200x2-swap-trial --section generalization --jobs 2 \
+        --out reports/model-study-generalization-h200x2.json
 
 1. MoE rows (``moe``): the shipped configuration and fallback policy (``--config``, ``--min-gain``) are
    held fixed, and the dense rows are held out in the same folds with and without the MoE rows in
@@ -16,6 +20,25 @@
    ``training.metrics.pick_loss``), never on the fold it is applied to. Signals: the time-ratio
    regressor's predicted ``log(t_serial / t_pick)`` (what ``training.policy`` uses, there with one margin
    for both modes), and the ranker's score of the pick minus serial/sm's.
+3. Generalisation (``generalization``): on the training data of the shipped model (dense and MoE rows,
+   ``--repeat`` sweeps pooled), the shipped ranker with its per-mode ``min_gain`` fallback (``current``)
+   against candidate changes, each with its own options (margins, widths) chosen per mode on the other
+   folds (:func:`select_options`), never on the fold they are applied to:
+
+   - ``uncertainty_fallback_serial``: ``BAGS`` time-ratio regressors beside the shipped one, each fitted
+     without a random ``BAG_DROP`` of the training folds' groups (model families, grid quartiles), so that
+     their disagreement grows where a family unlike the training ones would move the prediction; the pick
+     falls back to serial/sm when the lower bound ``mean - z * std`` of its predicted log speedup over
+     serial (over the shipped regressor and the bags) is below the margin;
+   - ``uncertainty_fallback_heuristic``: the same rule, falling back to the size heuristic's pick
+     (``training.baselines``, fitted on the training rows of the same mode and op group);
+   - ``ranker_min_child_weight_5``: the shipped ranker with ``min_child_weight`` 5 (fewer, larger leaves);
+   - ``ranker_per_mode``: one shipped ranker per execution mode, each fitted on that mode's rows.
+
+   Scored per mode on the family holdout (grouped cross-validation, ``training.crossval``; dense and MoE
+   rows apart) and on the region holdout of ``ficco evaluate`` (trained below the 75th percentile of GEMM
+   FLOPs, each candidate under the options chosen on all cross-validation folds), with a family bootstrap
+   of each candidate's paired log-regret difference to ``current`` on the dense rows.
 """
 
 from __future__ import annotations
@@ -28,12 +51,26 @@ import numpy as np
 
 BOOTSTRAP = 4000
 """Family bootstrap resamples."""
-METRICS = ("geomean_regret", "in_best_set", "max_regret", "n_slower_than_serial_2pct", "n_scenarios")
+METRICS = ("geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct", "in_best_set",
+           "n_scenarios")  # fmt: skip
 """The metrics the study reports per mode."""
 RATIO_MARGINS = (-np.inf, *np.linspace(-0.05, 0.10, 16))
 """Candidate margins on the predicted log speedup (-inf: never fall back)."""
 RANK_MARGINS = (-np.inf, *np.linspace(0.0, 1.5, 16))
 """Candidate margins on the ranker's score difference (-inf: never fall back)."""
+BAGS = 5
+"""Family-bagged time-ratio regressors per training split (section 3)."""
+BAG_DROP = 0.3
+"""Share of the training groups each bagged regressor is fitted without."""
+LCB_WIDTHS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
+"""Candidate widths ``z`` of the lower bound ``mean - z * std`` of the pick's predicted log speedup."""
+MIN_CHILD_WEIGHT = 5.0
+"""``min_child_weight`` of the regularised ranker (the shipped one: 1)."""
+SECTIONS = ("moe", "fallback", "generalization")
+"""The module docstring's sections by name, in order."""
+CANDIDATES = ("current", "uncertainty_fallback_serial", "uncertainty_fallback_heuristic",
+              "ranker_min_child_weight_5", "ranker_per_mode")  # fmt: skip
+"""Section 3's pickers, ``current`` (what ships) first."""
 
 
 def aligned_folds(groups: np.ndarray, reference: dict[str, int]) -> np.ndarray:
@@ -126,23 +163,38 @@ def moe_study(dense, both, config, policy, *, n_jobs: int) -> dict:
     }
 
 
+def margin_options(raw: np.ndarray, signal: np.ndarray, target: np.ndarray, margins) -> np.ndarray:
+    """``raw`` with ``target`` where ``signal < margin``, one row per margin: ``[len(margins), n]``."""
+    margins = np.asarray(margins, dtype=np.float64)
+    return np.where(signal[None, :] < margins[:, None], target[None, :], raw[None, :])
+
+
+def select_options(table, folds: np.ndarray, options: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Each fold's rows of each mode from the option (a row of ``options`` ``[n_options, n]``) of lowest
+    mean ``training.metrics.pick_loss`` on that mode's rows of the other folds: picks ``[n]``, and per mode
+    the option index chosen for each fold in turn and on all folds (``all``)."""
+    from ficco.training.metrics import pick_loss
+
+    loss = np.stack([pick_loss(table.time_of(p)[0], table.best_ms, table.serial_ms) for p in options])
+    final = options[0].copy()
+    chosen: dict[str, dict] = {}
+    for mode in sorted(set(table.modes)):
+        on = table.modes == mode
+        per_fold = []
+        for fold in sorted(set(folds.tolist())):
+            best = int(np.argmin(loss[:, on & (folds != fold)].mean(axis=1)))
+            final[on & (folds == fold)] = options[best, on & (folds == fold)]
+            per_fold.append(best)
+        chosen[mode] = {"folds": per_fold, "all": int(np.argmin(loss[:, on].mean(axis=1)))}
+    return final, chosen
+
+
 def margin_picks(table, folds: np.ndarray, raw: np.ndarray, signal: np.ndarray, margins) -> np.ndarray:
     """``raw`` with serial/sm where ``signal < margin``, the margin chosen per mode on the other folds."""
-    from ficco.training.metrics import pick_loss
     from ficco.training.model import SERIAL_INDEX
 
     serial = np.full(len(table), SERIAL_INDEX)
-    loss_raw, loss_serial = (
-        pick_loss(table.time_of(p)[0], table.best_ms, table.serial_ms) for p in (raw, serial)
-    )
-    final = raw.copy()
-    for mode in sorted(set(table.modes)):
-        for fold in sorted(set(folds.tolist())):
-            train = (table.modes == mode) & (folds != fold)
-            loss = [np.where(signal < m, loss_serial, loss_raw)[train].mean() for m in margins]
-            test = (table.modes == mode) & (folds == fold)
-            final[test] = np.where(signal[test] < margins[int(np.argmin(loss))], SERIAL_INDEX, raw[test])
-    return final
+    return select_options(table, folds, margin_options(raw, signal, serial, margins))[0]
 
 
 def fallback_study(dense, config, *, n_jobs: int) -> dict:
@@ -166,12 +218,147 @@ def fallback_study(dense, config, *, n_jobs: int) -> dict:
     return out
 
 
+def fit_ranker(table, *, n_jobs: int, seed: int = 0, **params):
+    """A ``training.model.PairModel`` of ``params`` fitted on every measured pair of ``table`` (the ranker
+    needs ``objective="rank"`` among them)."""
+    from ficco.training.fit import training_pairs
+    from ficco.training.model import PairModel
+
+    Z, y, qid = training_pairs(table)
+    return PairModel(random_state=seed, n_jobs=n_jobs, **params).fit(Z, y, qid=qid)
+
+
+def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Every model of section 3 fitted on ``train`` and evaluated on ``test`` (``n`` rows, ``S`` schedules):
+    ``rank`` (the shipped ranker's cost ``[n, S]``), ``log_ratio`` (the time-ratio regressor's
+    ``log(t / t_serial)`` ``[n, S]``), ``bags`` (the family-bagged regressors' ``[BAGS, n, S]``),
+    ``regularised`` and ``per_mode`` (the candidate rankers' costs ``[n, S]``) and ``heuristic`` (the size
+    heuristic's pick ``[n]``)."""
+    from ficco.training.crossval import cv_groups
+    from ficco.training.evaluate import split_baselines
+    from ficco.training.fit import RATIO_CONFIG, fit_pair_model
+    from ficco.training.model import pair_costs
+
+    def costs(model, rows=None):
+        held = test if rows is None else test.subset(rows)
+        return pair_costs(model, held.X, held.modes)
+
+    ranker = {"objective": config.objective, "max_depth": config.max_depth,
+              "n_estimators": config.n_estimators, "learning_rate": config.learning_rate}  # fmt: skip
+    groups = cv_groups(train)
+    names = np.array(sorted(set(groups)), dtype=object)
+    rng = np.random.default_rng(seed)
+    bags = []
+    for b in range(BAGS):
+        kept = names[rng.random(len(names)) >= BAG_DROP]
+        bag = train.subset(np.isin(groups, kept if len(kept) >= 2 else names[:2]))
+        bags.append(costs(fit_pair_model(bag, RATIO_CONFIG, seed=seed + 1 + b, n_jobs=n_jobs)))
+    out = {
+        "rank": costs(fit_ranker(train, n_jobs=n_jobs, **ranker)),
+        "log_ratio": costs(fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)),
+        "bags": np.stack(bags),
+        "regularised": costs(fit_ranker(train, n_jobs=n_jobs, min_child_weight=MIN_CHILD_WEIGHT, **ranker)),
+        "per_mode": np.zeros(test.times_ms.shape),
+        "heuristic": np.zeros(len(test), dtype=np.int64),
+    }
+    for mode in sorted(set(test.modes)):
+        on = test.modes == mode
+        alone = fit_ranker(train.subset(train.modes == mode), n_jobs=n_jobs, **ranker)
+        out["per_mode"][on] = costs(alone, on)
+        out["heuristic"][on] = split_baselines(train, test.subset(on))["size_heuristic"]
+    return out
+
+
+def candidate_options(pred: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """Each of :data:`CANDIDATES`' picks under every option, from :func:`split_predictions`: name ->
+    (picks ``[n_options, n]``, a label per option)."""
+    from ficco.training.model import SERIAL_INDEX
+    from ficco.training.policy import POLICY_GRID
+
+    gains = [p.min_gain for p in POLICY_GRID]
+    margins = [-np.inf if g is None else np.log1p(g) for g in gains]
+    rows = np.arange(len(pred["heuristic"]))
+    serial = np.full(len(rows), SERIAL_INDEX)
+
+    def fallback(cost: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """``training.policy``'s rule: serial/sm below ``min_gain`` of the regressor's predicted speedup."""
+        raw = cost.argmin(axis=1)
+        return margin_options(raw, -pred["log_ratio"][rows, raw], serial, margins), [
+            f"min_gain={g}" for g in gains
+        ]
+
+    raw = pred["rank"].argmin(axis=1)
+    ensemble = -np.concatenate([pred["log_ratio"][None], pred["bags"]])[:, rows, raw]  # [1 + BAGS, n]
+    mean, std = ensemble.mean(axis=0), ensemble.std(axis=0)
+    labels = [f"z={z},min_gain={g}" for z in LCB_WIDTHS for g in gains]
+
+    def bounded(target: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Falls back to ``target`` where ``mean - z * std`` is below the margin, for every (z, margin)."""
+        picks = [margin_options(raw, mean - z * std, target, margins) for z in LCB_WIDTHS]
+        return np.concatenate(picks), labels
+
+    return {
+        "current": fallback(pred["rank"]),
+        "uncertainty_fallback_serial": bounded(serial),
+        "uncertainty_fallback_heuristic": bounded(pred["heuristic"]),
+        "ranker_min_child_weight_5": fallback(pred["regularised"]),
+        "ranker_per_mode": fallback(pred["per_mode"]),
+    }
+
+
+def generalization_study(table, config, *, n_jobs: int) -> dict:
+    """Section 3 of the module docstring."""
+    from ficco.training.crossval import cv_folds, cv_groups, region_holdout
+
+    groups = cv_groups(table)
+    folds = cv_folds(groups)
+    options: dict[str, np.ndarray] = {}
+    for fold in sorted(set(folds.tolist())):
+        test = folds == fold
+        pred = split_predictions(table.subset(~test), table.subset(test), config, n_jobs=n_jobs)
+        for name, (picks, _) in candidate_options(pred).items():
+            options.setdefault(name, np.zeros((len(picks), len(table)), dtype=np.int64))[:, test] = picks
+    region = region_holdout(table)
+    held = table.subset(region)
+    region_options = candidate_options(split_predictions(table.subset(~region), held, config, n_jobs=n_jobs))
+    dense = table.op_groups == "dense"
+    out: dict[str, dict] = {"family_holdout": {}, "region_holdout": {}, "against_current": {}, "chosen": {}}
+    picks: dict[str, np.ndarray] = {}
+    for name in CANDIDATES:
+        region_picks, labels = region_options[name]
+        picks[name], chosen = select_options(table, folds, options[name])
+        out["family_holdout"][name] = {
+            group: mode_metrics(table.subset(on), picks[name][on])
+            for group, on in (("dense", dense), ("moe", ~dense))
+            if on.any()
+        }
+        on_all = np.zeros(len(held), dtype=np.int64)
+        for mode, choice in chosen.items():
+            on_all[held.modes == mode] = region_picks[choice["all"], held.modes == mode]
+        out["region_holdout"][name] = mode_metrics(held, on_all)
+        out["chosen"][name] = {
+            mode: {"folds": [labels[i] for i in c["folds"]], "all": labels[c["all"]]}
+            for mode, c in chosen.items()
+        }
+        if name != "current":
+            out["against_current"][name] = paired(
+                table.subset(dense), groups[dense], picks[name][dense], picks["current"][dense]
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dense", type=Path, required=True, help="dense dataset directory")
     parser.add_argument("--moe", type=Path, required=True, help="MoE dataset directory (same hardware)")
+    parser.add_argument(
+        "--repeat", type=Path, action="append", default=[], help="repeat sweep pooled into section 3's labels"
+    )
+    parser.add_argument(
+        "--section", action="append", choices=SECTIONS, help="repeat it (default: moe, fallback)"
+    )
     parser.add_argument("--config", default="rank,d6,n100,lr0.15", help="a TrainConfig.key of CONFIG_GRID")
     parser.add_argument("--min-gain", type=float, default=None, help="fallback threshold (default: none)")
     parser.add_argument("--jobs", type=int, default=1, help="XGBoost threads")
@@ -183,14 +370,22 @@ def main() -> None:
 
     config = {c.key(): c for c in CONFIG_GRID}[args.config]
     policy = DecisionPolicy(min_gain=args.min_gain)
-    dense = load_dataset_table(args.dense).table
-    both = load_dataset_table(args.dense, args.moe).table
-    result = {
-        "config": config.to_dict(),
-        "policy": policy.to_dict(),
-        "moe": moe_study(dense, both, config, policy, n_jobs=args.jobs),
-        "fallback": fallback_study(dense, config, n_jobs=args.jobs),
-    }
+    sections = args.section or SECTIONS[:2]
+    result = {"config": config.to_dict(), "policy": policy.to_dict()}
+    if {"moe", "fallback"} & set(sections):
+        dense = load_dataset_table(args.dense).table
+    if "moe" in sections:
+        both = load_dataset_table(args.dense, args.moe).table
+        result["moe"] = moe_study(dense, both, config, policy, n_jobs=args.jobs)
+    if "fallback" in sections:
+        result["fallback"] = fallback_study(dense, config, n_jobs=args.jobs)
+    if "generalization" in sections:
+        data = load_dataset_table(args.dense, args.moe, repeats=args.repeat)
+        info = {k: data.info[k] for k in ("path", "repeats", "hash", "n_rows_by_mode") if k in data.info}
+        result["generalization"] = {
+            "data": info, "bags": BAGS, "bag_drop": BAG_DROP, "lcb_widths": list(LCB_WIDTHS),
+            **generalization_study(data.table, config, n_jobs=args.jobs),
+        }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -36,3 +36,62 @@ def test_margin_picks_fall_back_only_below_the_margin_chosen_on_other_folds(tabl
     assert np.array_equal(picks, np.nanargmin(table.times_ms, axis=1))
     never = study.margin_picks(table, folds, raw, -signal, (-np.inf, 0.0))
     assert np.array_equal(never, raw)  # falling back where the pick is best never wins on the other folds
+
+
+def test_margin_options_replace_the_pick_below_each_margin():
+    raw, target = np.array([3, 4, 5]), np.array([0, 0, 9])
+    options = study.margin_options(raw, np.array([-0.1, 0.02, 0.5]), target, (-np.inf, 0.0, 0.05))
+    assert options.tolist() == [[3, 4, 5], [0, 4, 5], [0, 0, 5]]
+
+
+def test_select_options_chooses_per_mode_on_the_other_folds(table):
+    folds = cv_folds(cv_groups(table))
+    oracle = np.nanargmin(table.times_ms, axis=1)
+    serial = np.full(len(table), SERIAL_INDEX)
+    eager = table.modes == "eager"
+    # option 0 is the oracle in eager mode only, option 1 in graph mode only
+    options = np.stack([np.where(eager, oracle, serial), np.where(eager, serial, oracle)])
+    picks, chosen = study.select_options(table, folds, options)
+    assert np.array_equal(picks, oracle)
+    assert chosen["eager"]["all"] == 0 and chosen["graph"]["all"] == 1
+    assert set(chosen["eager"]["folds"]) == {0} and len(chosen["eager"]["folds"]) == len(set(folds.tolist()))
+
+
+def _predictions(n: int, n_schedules: int = 4) -> dict[str, np.ndarray]:
+    """Section 3's predictions for ``n`` rows: every model picks column 2, predicted 10% faster than serial
+    by the regressor and the bags on row 0; on row 1 one bag predicts it 30% slower (the ensemble's mean
+    still predicts a gain, its lower bound at z = 2 does not)."""
+    cost = np.tile(np.arange(n_schedules, dtype=np.float64), (n, 1))
+    cost[:, 2] = -1.0
+    log_ratio = np.full((n, n_schedules), np.log(1 / 1.1))
+    bags = np.repeat(log_ratio[None], study.BAGS, axis=0)
+    bags[0, 1, 2] = np.log(1 / 0.7)
+    heuristic = np.full(n, 3)
+    return {"rank": cost, "log_ratio": log_ratio, "bags": bags, "regularised": cost, "per_mode": cost,
+            "heuristic": heuristic}  # fmt: skip
+
+
+def test_candidate_options_fall_back_only_where_the_bags_disagree():
+    options = study.candidate_options(_predictions(2))
+    assert list(options) == list(study.CANDIDATES)
+    picks, labels = options["current"]
+    assert len(picks) == len(labels) and np.all(picks == 2)  # the regressor alone: 10% gain, no fallback
+    for name, target in (
+        ("uncertainty_fallback_serial", SERIAL_INDEX),
+        ("uncertainty_fallback_heuristic", 3),
+    ):
+        picks, labels = options[name]
+        wide = labels.index("z=2.0,min_gain=0.0")
+        assert picks[wide].tolist() == [2, target]  # the lower bound is below serial on row 1 only
+        assert picks[labels.index("z=0.0,min_gain=0.0")].tolist() == [2, 2]  # the mean alone: no fallback
+
+
+def test_generalization_study_current_reproduces_cross_validation(table, fast_configs):
+    from ficco.training.crossval import cross_validate
+
+    rank = next(c for c in fast_configs if c.objective == "rank")
+    out = study.generalization_study(table, rank, n_jobs=1)
+    cv = cross_validate(table, configs=(rank,))
+    assert out["family_holdout"]["current"]["dense"] == study.mode_metrics(table, cv.final)
+    assert set(out["family_holdout"]) == set(out["region_holdout"]) == set(study.CANDIDATES)
+    assert set(out["against_current"]) == set(study.CANDIDATES[1:])
