@@ -22,6 +22,7 @@ from ficco.harness.dataset import (
     load_noise,
     read_manifest,
 )
+from ficco.harness.labels import best_set, label_quantile, with_label_times
 from ficco.tables import markdown_table
 
 if TYPE_CHECKING:
@@ -109,9 +110,12 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         f"a mode in a fresh shuffled order, the modes taking turns; {alignment}; a block is a fixed number "
         "of calls per scenario and mode (about `block_ms` of serial calls) over rotating input sets, so "
         "small GEMMs do not run from L2; the first round's length sets the number of rounds (about "
-        "`timed_ms` of timed work, between `rounds` and `max_rounds`: short scenarios, the noisiest, get "
+        "`timed_ms` of timed work, 4x that in eager mode, between `rounds` and `max_rounds`: short "
+        "scenarios, the noisiest, get "
         "the most); a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the "
-        "median over rounds, and every round's time is kept (`round_ms`)"
+        "median over rounds and `p10_ms` the 10th percentile, and every round's time is kept (`round_ms`); "
+        "a schedule's time (`time_ms`, what the labels, the best sets and the noise figures below use) is "
+        "the 10th percentile in eager mode and the median in graph mode (`harness.labels.LABEL_STAT`)"
     )
     how = {
         "gpu": "One process per GPU under torchrun; every schedule run by the executor in eager mode and "
@@ -234,10 +238,10 @@ def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
 
 
 def _twin_row(df: pd.DataFrame) -> list[str]:
-    """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%]."""
-    from ficco.harness.labels import best_set
-
-    ok = df[df["ok"]]
+    """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%] (rows of
+    one mode)."""
+    ok = with_label_times(df[df["ok"]])
+    quantile = label_quantile(ok["mode"].iloc[0]) if len(ok) else 0.5
     hp = ok[ok["schedule"].str.endswith("/hp")]
     normal = ok.set_index(["scenario_id", "schedule"])
     differ = faster = slower = pairs = 0
@@ -248,8 +252,8 @@ def _twin_row(df: pd.DataFrame) -> list[str]:
         twin = normal.loc[key]
         pairs += 1
         both = np.array([list(twin["round_ms"]), list(row.round_ms)])
-        differ += not best_set(both).all()
-        ratio = row.median_ms / twin["median_ms"]
+        differ += not best_set(both, quantile=quantile).all()
+        ratio = row.time_ms / twin["time_ms"]
         faster += ratio < 0.99
         slower += ratio > 1.01
     if not pairs:
@@ -259,21 +263,21 @@ def _twin_row(df: pd.DataFrame) -> list[str]:
 
 def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
     """Run-to-run noise of the re-measured scenarios, in one mode (pass rows of one mode): relative
-    differences of the medians of every (scenario, schedule) ok in both runs (median, p90, max); the share
+    differences of the label times (``time_ms``) of every (scenario, schedule) ok in both runs (median, p90,
+    max); the share
     of scenarios whose fastest schedule in the second run lies in the first run's best set; the median
     best-set size of the first run; the share whose fastest schedule changed, with the median loss of
     keeping the first run's pick in the second."""
     keys = ["scenario_id", "schedule"]
-    both = df[[*keys, "median_ms", "ok"]].merge(
-        noise[[*keys, "median_ms", "ok"]], on=keys, suffixes=("", "_2")
-    )
+    df, noise = with_label_times(df), with_label_times(noise)
+    both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
     both = both[both["ok"] & both["ok_2"]]
-    rel = (both["median_ms_2"] - both["median_ms"]).abs() / both["median_ms"]
+    rel = (both["time_ms_2"] - both["time_ms"]).abs() / both["time_ms"]
     first = label_table(df[df["scenario_id"].isin(noise["scenario_id"])]).set_index("scenario_id")
     second = label_table(noise).set_index("scenario_id")
     common = first.index.intersection(second.index)
     changed = first.loc[common, "best_schedule"] != second.loc[common, "best_schedule"]
-    second_times = noise.set_index(keys)["median_ms"]
+    second_times = noise.set_index(keys)["time_ms"]
     loss = [
         second_times.get((sid, first.at[sid, "best_schedule"]), np.nan) / second.at[sid, "best_ms"] - 1.0
         for sid in common[changed.to_numpy()]
@@ -304,15 +308,14 @@ def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float
     scenario's median shift between the runs taken out (``shifted``: what a common drift of the whole
     scenario, e.g. the host's speed, leaves of the differences between its schedules)."""
     keys = ["scenario_id", "schedule"]
-    both = df[[*keys, "median_ms", "ok"]].merge(
-        noise[[*keys, "median_ms", "ok"]], on=keys, suffixes=("", "_2")
-    )
+    df, noise = with_label_times(df), with_label_times(noise)
+    both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
     both = both[both["ok"] & both["ok_2"]].copy()
-    log_ratio = np.log(both["median_ms_2"] / both["median_ms"])
+    log_ratio = np.log(both["time_ms_2"] / both["time_ms"])
     both["rel"] = np.abs(np.expm1(log_ratio))
     shift = log_ratio.groupby(both["scenario_id"]).transform("median")
     both["shifted"] = np.abs(np.expm1(log_ratio - shift))
-    serial = df[df["schedule"] == str(SERIAL)].set_index("scenario_id")["median_ms"]
+    serial = df[df["schedule"] == str(SERIAL)].set_index("scenario_id")["time_ms"]
     serial_ms = both["scenario_id"].map(serial).to_numpy()
     both["size"] = np.searchsorted(NOISE_SIZE_EDGES_MS, serial_ms, side="right")
     out = []

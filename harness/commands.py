@@ -166,7 +166,8 @@ def bench(
             min=0.0,
             max=1e6,
             help="Target timed ms per scenario and mode (gpu/gloo): sets the rounds between --rounds and "
-            "--max-rounds from the first round's length (0: always --rounds).",
+            "--max-rounds from the first round's length; eager mode gets 4x this, for its 10th-percentile "
+            "labels (0: always --rounds).",
         ),
     ] = TIMED_MS,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
@@ -206,13 +207,25 @@ def bench(
     card_only: Annotated[
         bool, typer.Option("--card-only", help="Only rewrite card.md and the plots of --out, then stop.")
     ] = False,
+    relabel: Annotated[
+        bool,
+        typer.Option(
+            "--relabel",
+            help="With --card-only: first recompute in_best_set of every row from its stored rounds under "
+            "the current label rule (eager: 10th percentile, graph: median) and rewrite the files that change.",
+        ),
+    ] = False,
 ) -> None:
     """Measure every candidate schedule of every scenario of the plan and write the labelled dataset
     (help text: ``BENCH_HELP``)."""
     hw = hardware_profile(hardware)
     suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
     out = out or REPO_ROOT / "datasets" / f"{hw.id}{suffix}"
+    if relabel and not card_only:
+        raise fail("--relabel goes with --card-only (it rewrites the labels of an existing dataset)")
     if card_only:
+        if relabel:
+            _relabel(out)
         _write_card(out)
         return
     _check_options(backend, max_serial_ms=max_serial_ms, noise=noise)
@@ -386,6 +399,16 @@ def _run_sim(
             run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds, deadline=deadline)
     except ValueError as err:
         raise fail(str(err)) from None
+
+
+def _relabel(out: Path) -> None:
+    from ficco.harness.dataset import relabel_dataset
+
+    try:
+        changed = relabel_dataset(out)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
 
 
 def _write_card(out: Path) -> None:

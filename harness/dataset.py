@@ -17,7 +17,9 @@ execution ``mode`` (``features.MODES``) and its timing: ``median_ms`` (per call,
 interleaved rounds), ``p10_ms``/``p90_ms`` (over the rounds), ``round_ms`` (each round's per-call time, so
 anyone can recompute the confidence), ``ok``, ``error``, ``in_best_set`` (``harness.labels``); ``backend``
 (gpu, gloo or sim) and the scenario's baselines in that mode (``harness.backend.BASELINE_KEYS``, ms).
-Times are NaN and ``round_ms`` empty where a schedule failed.
+Times are NaN and ``round_ms`` empty where a schedule failed. Loading adds ``time_ms``, the schedule's time
+that labels, training and the card use: per mode, the statistic ``harness.labels.LABEL_STAT`` names
+(eager: ``p10_ms``, graph: ``median_ms``); it is derived, never stored.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from ficco.features import MODES, HardwareProfile, Scenario
 from ficco.features.scenario import SHAPE_FIELDS
-from ficco.files import write_text_atomic
+from ficco.files import replacing, write_text_atomic
 from ficco.harness.backend import BASELINE_KEYS, ScenarioResult
+from ficco.harness.labels import relabel, with_label_times
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +143,13 @@ def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
 # Manifest -------------------------------------------------------------------------------------------------
 
 
+def write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
+    """Write dataset rows ``frame`` (their stored ``COLUMNS``; derived ones such as ``time_ms`` stay out) to
+    ``path`` via a temporary file, fsync and ``os.replace``."""
+    with replacing(path) as tmp:
+        frame[list(COLUMNS)].to_parquet(tmp, index=False)
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a part."""
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -173,27 +183,49 @@ def _require_manifest(directory: str | Path) -> dict[str, Any]:
 
 def load_dataset(path: str | Path) -> pd.DataFrame:
     """The measurement rows of a dataset directory (the parts its manifest lists, in order) or of one
-    Parquet file, schema-checked (see ``validate_frame``)."""
+    Parquet file, schema-checked (see ``validate_frame``), with their label times (``time_ms``)."""
     import pandas as pd
 
     path = Path(path)
     if path.is_file():
-        return validate_frame(pd.read_parquet(path), str(path))
+        return with_label_times(validate_frame(pd.read_parquet(path), str(path)))
     manifest = _require_manifest(path)
     frames = [
         validate_frame(pd.read_parquet(path / p["file"]), str(path / p["file"])) for p in manifest["parts"]
     ]
     if not frames:
-        return rows_frame([])
-    return pd.concat(frames, ignore_index=True)
+        return with_label_times(rows_frame([]))
+    return with_label_times(pd.concat(frames, ignore_index=True))
 
 
 def load_noise(directory: str | Path) -> pd.DataFrame | None:
-    """The re-measured rows of ``directory`` (``noise.parquet``), or None if none were taken."""
+    """The re-measured rows of ``directory`` (``noise.parquet``) with their label times, or None if none
+    were taken."""
     import pandas as pd
 
     path = Path(directory) / NOISE
-    return validate_frame(pd.read_parquet(path), str(path)) if path.exists() else None
+    return with_label_times(validate_frame(pd.read_parquet(path), str(path))) if path.exists() else None
+
+
+def relabel_dataset(directory: str | Path) -> int:
+    """Recompute ``in_best_set`` of every part and of the re-measure of dataset ``directory`` from the
+    stored rounds under the current label rule (``harness.labels.relabel``), rewriting each file that
+    changes (atomically); returns how many rows changed."""
+    import pandas as pd
+
+    directory = Path(directory)
+    files = [directory / p["file"] for p in _require_manifest(directory)["parts"]]
+    changed = 0
+    for path in [*files, directory / NOISE]:
+        if not path.exists():
+            continue
+        stored = validate_frame(pd.read_parquet(path), str(path))
+        fresh = relabel(stored)
+        flips = int((fresh["in_best_set"].to_numpy() != stored["in_best_set"].to_numpy()).sum())
+        if flips:
+            write_parquet_atomic(path, fresh)
+            changed += flips
+    return changed
 
 
 def dataset_hardware(path: str | Path) -> HardwareProfile:
@@ -303,8 +335,9 @@ def dataset_hash(path: str | Path) -> str:
 
 
 def frame_hash(df: pd.DataFrame) -> str:
-    """SHA-256 of measurement rows ``df``, independent of row order (see :func:`dataset_hash`)."""
-    df = df.sort_values(["scenario_id", "mode", "schedule"], kind="stable")
+    """SHA-256 of measurement rows ``df`` (their stored ``COLUMNS``), independent of row order (see
+    :func:`dataset_hash`)."""
+    df = df[list(COLUMNS)].sort_values(["scenario_id", "mode", "schedule"], kind="stable")
     df["round_ms"] = [" ".join(f"{t:.9g}" for t in r) for r in df["round_ms"]]
     text = df.to_csv(index=False, float_format="%.9g", lineterminator="\n")
     return hashlib.sha256(text.encode()).hexdigest()
@@ -323,15 +356,16 @@ def label_table(df: pd.DataFrame) -> pd.DataFrame:
 
     key = ["scenario_id", "mode"]
     columns = [*SCENARIO_COLUMNS, "mode", "best_schedule", "best_ms", "serial_ms", "speedup", "n_ok"]
-    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
+    df = with_label_times(df)
+    ok = df[df["ok"].astype(bool) & np.isfinite(df["time_ms"].to_numpy(dtype=float))]
     if ok.empty:
         return pd.DataFrame(columns=[*columns, "best_set_size"])
     groups = ok.groupby(key, sort=False)
-    best = ok.loc[groups["median_ms"].idxmin()]
+    best = ok.loc[groups["time_ms"].idxmin()]
     out = best[[*SCENARIO_COLUMNS, "mode"]].copy()
     out["best_schedule"] = best["schedule"].to_numpy()
-    out["best_ms"] = best["median_ms"].to_numpy()
-    serial = ok[ok["schedule"] == "serial/sm"].set_index(key)["median_ms"]
+    out["best_ms"] = best["time_ms"].to_numpy()
+    serial = ok[ok["schedule"] == "serial/sm"].set_index(key)["time_ms"]
     index = pd.MultiIndex.from_frame(out[key])
     out["serial_ms"] = serial.reindex(index).to_numpy(dtype=float)
     out["speedup"] = out["serial_ms"] / out["best_ms"]

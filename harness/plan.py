@@ -336,7 +336,7 @@ def estimate_sweep(
             per_block = calls + (calls > 1 and mode == "eager")
             per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
             base = [v for v in result.baselines[mode].values() if math.isfinite(v)]
-            rounds = timing.rounds_for(calls * (sum(per_call) + sum(base)))
+            rounds = timing.rounds_for(calls * (sum(per_call) + sum(base)), mode)
             timed += (rounds * sum(per_call) + timing.rounds * sum(base)) * per_block / 1e3
             timed += UNTIMED_CALLS * (sum(per_call) + sum(base)) / 1e3
             blocks = rounds * len(per_call) + timing.rounds * len(base)

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario, candidates
-from ficco.files import replacing
 from ficco.harness.backend import Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import (
     FORMAT,
@@ -41,6 +40,7 @@ from ficco.harness.dataset import (
     result_rows,
     rows_frame,
     write_json_atomic,
+    write_parquet_atomic,
 )
 from ficco.harness.fingerprint import fingerprint_differences
 from ficco.harness.labels import label_result
@@ -306,7 +306,7 @@ class _PartSink(_Sink):
     def _write(self) -> None:
         m = self.manifest
         name = f"parts/part-{len(m['parts']):05d}.parquet"
-        _write_parquet_atomic(self.out / name, rows_frame(self.rows))
+        write_parquet_atomic(self.out / name, rows_frame(self.rows))
         m["parts"].append({"file": name, "rows": len(self.rows), "scenarios": len(self.ids)})
         m["finished"] += self.ids
         m["rows"] += len(self.rows)
@@ -327,13 +327,7 @@ class _NoiseSink(_Sink):
         import pandas as pd
 
         self.existing = pd.concat([self.existing, rows_frame(self.rows)], ignore_index=True)
-        _write_parquet_atomic(self.out / NOISE, self.existing)
-
-
-def _write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
-    """Write ``frame`` to ``path`` via a temporary file, fsync and ``os.replace``."""
-    with replacing(path) as tmp:
-        frame.to_parquet(tmp, index=False)
+        write_parquet_atomic(self.out / NOISE, self.existing)
 
 
 def remeasure_targets(plan_ids: Sequence[str], finished: set[str], count: int) -> list[str]:

@@ -17,8 +17,8 @@ all-reduce). For each scenario:
    in the first ``timing.rounds`` rounds) in a freshly shuffled order, the same on every rank; the two
    modes take turns. A block is ``calls`` calls, sized once per scenario and mode so that a block of
    ``serial/sm`` lasts about ``timing.block_ms``; the first round's total time sets how many rounds the
-   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, within
-   ``[timing.rounds, timing.max_rounds]``). A round's time of an item is the block's per-call time, the
+   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, four times that in eager mode,
+   within ``[timing.rounds, timing.max_rounds]``). A round's time of an item is the block's per-call time, the
    maximum over ranks; the dataset keeps every round's time (``round_ms``).
 
    - ``eager`` (and gloo): before each block the ranks are aligned on the host (a one-element
@@ -390,7 +390,7 @@ class TorchBackend:
                     self._time_round(items, list(rng.permutation(batch)), queued=self._queued(mode))
                 if r == 0:
                     round_ms = sum(items[i].times[-1] * items[i].calls for i in batch if items[i].times)
-                    wanted[mode] = self.timing.rounds_for(round_ms)
+                    wanted[mode] = self.timing.rounds_for(round_ms, mode)
             r += 1
         log.debug("rounds per mode: %s", wanted)
 

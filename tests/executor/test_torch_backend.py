@@ -207,11 +207,13 @@ def test_timing_rejects_bad_settings(kwargs, message):
 
 def test_timing_sizes_rounds_by_time_within_bounds():
     timing = Timing(rounds=5, max_rounds=20, timed_ms=200.0)
-    assert timing.rounds_for(100.0) == 5  # a long round: the fewest
-    assert timing.rounds_for(20.0) == 10  # ceil(200 / 20)
-    assert timing.rounds_for(19.0) == 11
-    assert timing.rounds_for(1.0) == 20  # a short round: the most
-    assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0) == 5  # sizing off
+    assert timing.rounds_for(100.0, "graph") == 5  # a long round: the fewest
+    assert timing.rounds_for(20.0, "graph") == 10  # ceil(200 / 20)
+    assert timing.rounds_for(19.0, "graph") == 11
+    assert timing.rounds_for(1.0, "graph") == 20  # a short round: the most
+    assert timing.rounds_for(100.0, "eager") == 8  # ceil(4 x 200 / 100): eager times 4x as long
+    assert timing.rounds_for(20.0, "eager") == 20  # capped
+    assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0, "eager") == 5  # sizing off
 
 
 def test_graph_blocks_replay_an_even_number_of_calls():

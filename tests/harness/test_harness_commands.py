@@ -98,6 +98,27 @@ def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
     assert missing.exit_code == 2 and "is not a ficco dataset" in missing.output
 
 
+def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_configs, tmp_path):
+    import pandas as pd
+
+    from ficco.harness.dataset import COLUMNS, MANIFEST, load_dataset
+
+    out = tmp_path / "ds"
+    _bench(app, *_small(tiny_configs, out))
+    part = out / json.loads((out / MANIFEST).read_text())["parts"][0]["file"]
+    fresh = pd.read_parquet(part)
+    pd.DataFrame(fresh.assign(in_best_set=~fresh["in_best_set"])).to_parquet(part, index=False)  # stale
+    result = _bench(app, "--card-only", "--relabel", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert f"in_best_set changed on {len(fresh)} rows" in result.output
+    rewritten = pd.read_parquet(part)
+    assert list(rewritten.columns) == list(COLUMNS)  # the derived time_ms is not stored
+    assert rewritten["in_best_set"].tolist() == fresh["in_best_set"].tolist()
+    assert "time_ms" in load_dataset(out).columns
+    lone = _bench(app, "--relabel", "--out", out)
+    assert lone.exit_code == 2 and "--relabel goes with --card-only" in lone.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
