@@ -877,7 +877,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timed-ms",
         type=float,
         default=300.0,
-        help="short steps get more rounds, until every variant is timed for about this long (0: --rounds only)",
+        help="short steps get more rounds, until every variant is timed for about this many ms (0: --rounds)",
     )
     p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")

@@ -20,8 +20,9 @@ core. (On CUDA the collectives only enqueue work, so ``excl_comm_us`` equals ``h
 ``--primitives`` (CUDA) adds each building block of a call timed alone the same way (NCCL calls, a GEMM,
 events, stream switches, copies, the symmetric-memory barrier, graph replays of captured calls), under
 ``primitives``: what a schedule's host time is made of. Prints a table (median microseconds per call over
-batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per (op, schedule), the functions where rank 0's host time goes
-(cProfile, which inflates small calls; read it for proportions), under ``profiles`` in the JSON.
+batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
+(op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
+for proportions), under ``profiles`` in the JSON.
 """
 
 from __future__ import annotations
@@ -245,8 +246,9 @@ def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
     group = dist.group.WORLD
     to, frm = (rank + 1) % w, (rank - 1) % w
     r = shard.shape[0]
-    gathered, out = torch.empty_like(full), torch.empty(full.shape[0], b.shape[1], device=device, dtype=b.dtype)
-    scattered, received = torch.empty(r, full.shape[1], device=device, dtype=full.dtype), torch.empty_like(shard)
+    gathered, received = torch.empty_like(full), torch.empty_like(shard)
+    out = torch.empty(full.shape[0], b.shape[1], device=device, dtype=b.dtype)
+    scattered = torch.empty(r, full.shape[1], device=device, dtype=full.dtype)
     sends = [r if q == to else 0 for q in range(w)]
     receives = [r if q == frm else 0 for q in range(w)]
     main, side, event = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Event()
@@ -354,7 +356,9 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
         for r in rows
         if r["op"] == "primitive"
     ]
-    body = {**meta, "results": results, "profiles": profiles} | ({"primitives": primitives} if primitives else {})
+    body = {**meta, "results": results, "profiles": profiles}
+    if primitives:
+        body["primitives"] = primitives
     args.out.write_text(json.dumps(body, indent=1) + "\n")
     for case, profile in profiles.items():
         top = ", ".join(f"{f['function']} {f['own_us']:.0f}" for f in profile["functions"][:4])

@@ -110,7 +110,7 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         f"a mode in a fresh shuffled order, the modes taking turns; {alignment}; a block is a fixed number "
         "of calls per scenario and mode (about `block_ms` of serial calls) over rotating input sets, so "
         "small GEMMs do not run from L2; the first round's length sets the number of rounds (about "
-        "`timed_ms` of timed work, 4x that in eager mode, between `rounds` and `max_rounds`: short "
+        "`timed_ms` of timed work, 3x that in eager mode, between `rounds` and `max_rounds`: short "
         "scenarios, the noisiest, get "
         "the most); a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the "
         "median over rounds and `p10_ms` the 10th percentile, and every round's time is kept (`round_ms`); "

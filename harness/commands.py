@@ -166,7 +166,7 @@ def bench(
             min=0.0,
             max=1e6,
             help="Target timed ms per scenario and mode (gpu/gloo): sets the rounds between --rounds and "
-            "--max-rounds from the first round's length; eager mode gets 4x this, for its 10th-percentile "
+            "--max-rounds from the first round's length; eager mode gets 3x this, for its 10th-percentile "
             "labels (0: always --rounds).",
         ),
     ] = TIMED_MS,
@@ -212,7 +212,7 @@ def bench(
         typer.Option(
             "--relabel",
             help="With --card-only: first recompute in_best_set of every row from its stored rounds under "
-            "the current label rule (eager: 10th percentile, graph: median) and rewrite the files that change.",
+            "the current label rule (eager: 10th percentile, graph: median), rewriting files that change.",
         ),
     ] = False,
 ) -> None:

@@ -6,9 +6,10 @@ the measured noise.
 are the host's speed at issuing the calls for small shapes, and what disturbs the host (other threads, clock
 changes, the other rank's process) only ever adds time, in bursts that last a few rounds: on 2 x H200
 (32 scenarios measured twice, 19-96 rounds) the eager 10th percentile moved by 1.7% (median) / 7.7% (p90)
-between the two runs, the median by 2.7% / 24%. In graph mode the device runs without the host, the rounds
-spread evenly and the median is the steadiest (0.9% / 3.3% run to run on datasets/h200x2). The dataset
-keeps both statistics and every round, so a label can be recomputed under another rule (``relabel``).
+between the two runs, the median by 2.7% / 24% (59 fresh scenarios later: 3.3% / 28% against 4.9% / 36%,
+mostly shifts of a whole scenario with the host's speed). In graph mode the device runs without the host,
+the rounds spread evenly and the median is the steadiest (0.9% / 3.3% run to run on datasets/h200x2). The
+dataset keeps both statistics and every round, so a label can be recomputed under another rule (``relabel``).
 
 **The best set.** A scenario's schedules are timed in interleaved rounds (``harness.torch_backend``): round
 ``r`` of every schedule ran within the same few milliseconds, so rounds pair across schedules and drift

@@ -17,7 +17,7 @@ all-reduce). For each scenario:
    in the first ``timing.rounds`` rounds) in a freshly shuffled order, the same on every rank; the two
    modes take turns. A block is ``calls`` calls, sized once per scenario and mode so that a block of
    ``serial/sm`` lasts about ``timing.block_ms``; the first round's total time sets how many rounds the
-   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, four times that in eager mode,
+   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, three times that in eager mode,
    within ``[timing.rounds, timing.max_rounds]``). A round's time of an item is the block's per-call time, the
    maximum over ranks; the dataset keeps every round's time (``round_ms``).
 

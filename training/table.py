@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, feature_matrix
+from ficco.harness.labels import with_label_times
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
@@ -111,8 +112,9 @@ def build_table(
     table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
 
     ``repeats``: rows of independent repeat sweeps of the same scenarios (``harness.dataset.load_repeats``).
-    A schedule's time is then the geometric mean of its median over every sweep that measured it, and it is
-    in the best set if any sweep could not tell it from its fastest (or it is the pooled fastest). Eager
+    A schedule's time (its ``time_ms``: ``harness.labels.LABEL_STAT``) is then the geometric mean of it over
+    every sweep that measured it, and it is in the best set if any sweep could not tell it from its fastest
+    (or it is the pooled fastest). Eager
     times of small shapes follow the host's speed, which drifts between sessions (``datasets/
     h200x2-swap-trial/README.md``): one sweep's label is one draw of it, several sweeps' mean a steadier one.
 
@@ -136,7 +138,7 @@ def build_table(
         (row_of[k] for k in zip(ok["scenario_id"], ok["mode"], strict=True)), np.int64, len(ok)
     )
     cols = schedule_indices(ok["schedule"].tolist())
-    times[rows, cols] = ok["median_ms"].to_numpy(dtype=np.float64)
+    times[rows, cols] = ok["time_ms"].to_numpy(dtype=np.float64)
     in_best[rows, cols] = ok["in_best_set"].to_numpy(dtype=bool)
     measured = ~np.isnan(times).all(axis=1)
     in_best[np.flatnonzero(measured), np.nanargmin(times[measured], axis=1)] = True
@@ -169,22 +171,23 @@ def build_table(
 def _successful(df: pd.DataFrame) -> pd.DataFrame:
     """The successful rows of one sweep, one per (scenario, mode, schedule): a scenario re-measured within
     the sweep (a resumed run) keeps its latest row."""
-    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=np.float64))]
+    df = with_label_times(df)
+    ok = df[df["ok"].astype(bool) & np.isfinite(df["time_ms"].to_numpy(dtype=np.float64))]
     return ok.drop_duplicates(["scenario_id", "mode", "schedule"], keep="last")
 
 
 def _pooled(sweeps: list[pd.DataFrame]) -> pd.DataFrame:
-    """One row per (scenario, mode, schedule) over ``sweeps``: geometric-mean ``median_ms``, ``in_best_set``
+    """One row per (scenario, mode, schedule) over ``sweeps``: geometric-mean ``time_ms``, ``in_best_set``
     if in any sweep's best set (:func:`build_table`)."""
     if len(sweeps) == 1:
         return sweeps[0]
     import pandas as pd
 
-    both = pd.concat([s[["scenario_id", "mode", "schedule", "median_ms", "in_best_set"]] for s in sweeps])
-    both = both.assign(log_ms=np.log(both["median_ms"].to_numpy(dtype=np.float64)))
+    both = pd.concat([s[["scenario_id", "mode", "schedule", "time_ms", "in_best_set"]] for s in sweeps])
+    both = both.assign(log_ms=np.log(both["time_ms"].to_numpy(dtype=np.float64)))
     grouped = both.groupby(["scenario_id", "mode", "schedule"], sort=False)
     pooled = grouped.agg(log_ms=("log_ms", "mean"), in_best_set=("in_best_set", "any")).reset_index()
-    return pooled.assign(median_ms=np.exp(pooled["log_ms"]))
+    return pooled.assign(time_ms=np.exp(pooled["log_ms"]))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)

@@ -211,7 +211,7 @@ def test_timing_sizes_rounds_by_time_within_bounds():
     assert timing.rounds_for(20.0, "graph") == 10  # ceil(200 / 20)
     assert timing.rounds_for(19.0, "graph") == 11
     assert timing.rounds_for(1.0, "graph") == 20  # a short round: the most
-    assert timing.rounds_for(100.0, "eager") == 8  # ceil(4 x 200 / 100): eager times 4x as long
+    assert timing.rounds_for(100.0, "eager") == 6  # ceil(3 x 200 / 100): eager times 3x as long
     assert timing.rounds_for(20.0, "eager") == 20  # capped
     assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0, "eager") == 5  # sizing off
 

@@ -112,7 +112,8 @@ def test_relabel_recomputes_the_best_set_as_label_result_does():
     rows = rows_frame(result_rows("llama", scenario, ScenarioResult(measurements=measurements), "gpu"))
     relabelled = relabel(rows.assign(in_best_set=~rows["in_best_set"]).iloc[::-1])  # stale flags, any order
     expected = {(m.schedule, m.mode): m.in_best_set for m in truth.measurements}
-    got = dict(zip(zip(relabelled["schedule"], relabelled["mode"], strict=True), relabelled["in_best_set"]))
+    keys = zip(relabelled["schedule"], relabelled["mode"], strict=True)
+    got = dict(zip(keys, relabelled["in_best_set"], strict=True))
     assert got == expected
     timed = with_label_times(relabelled)
     eager = timed["mode"] == "eager"
