@@ -74,12 +74,14 @@ class Timing:
         return int(min(self.max_rounds, max(self.rounds, math.ceil(timed / round_ms))))
 
     def to_dict(self) -> dict:
-        """The settings as JSON-ready values (the manifest's ``protocol`` holds them)."""
+        """The settings as JSON-ready values, with eager mode's share of timed work (the manifest's
+        ``protocol`` holds them, so a resume under another protocol is refused)."""
         return {
             "rounds": self.rounds,
             "max_rounds": self.max_rounds,
             "block_ms": float(self.block_ms),
             "timed_ms": float(self.timed_ms),
+            "eager_timed_factor": EAGER_TIMED_FACTOR,
         }
 
 

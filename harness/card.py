@@ -95,6 +95,7 @@ def _header(manifest: dict, df: pd.DataFrame, directory: Path) -> str:
 
 def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str:
     queued = manifest.get("protocol", {}).get("graph_rounds") == "queued"
+    eager_factor = manifest.get("protocol", {}).get("eager_timed_factor", 1.0)  # 1 before it was recorded
     alignment = (
         "eager blocks start from ranks aligned on the host (an all-reduce and a host synchronisation, "
         "outside the timed region); graph-mode rounds are queued on the device behind a spin kernel, each "
@@ -110,12 +111,12 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         f"a mode in a fresh shuffled order, the modes taking turns; {alignment}; a block is a fixed number "
         "of calls per scenario and mode (about `block_ms` of serial calls) over rotating input sets, so "
         "small GEMMs do not run from L2; the first round's length sets the number of rounds (about "
-        "`timed_ms` of timed work, 3x that in eager mode, between `rounds` and `max_rounds`: short "
-        "scenarios, the noisiest, get "
-        "the most); a round's time is the block's per-call time, the maximum over ranks; `median_ms` is the "
-        "median over rounds and `p10_ms` the 10th percentile, and every round's time is kept (`round_ms`); "
-        "a schedule's time (`time_ms`, what the labels, the best sets and the noise figures below use) is "
-        "the 10th percentile in eager mode and the median in graph mode (`harness.labels.LABEL_STAT`)"
+        f"`timed_ms` of timed work, {eager_factor:g}x that in eager mode, between `rounds` and "
+        "`max_rounds`: short scenarios, the noisiest, get the most); a round's time is the block's "
+        "per-call time, the maximum over ranks; `median_ms` is the median over rounds and `p10_ms` the "
+        "10th percentile, and every round's time is kept (`round_ms`); a schedule's time (`time_ms`, what "
+        "the labels, the best sets and the noise figures below use) is the 10th percentile in eager mode "
+        "and the median in graph mode (`harness.labels.LABEL_STAT`)"
     )
     how = {
         "gpu": "One process per GPU under torchrun; every schedule run by the executor in eager mode and "
@@ -223,7 +224,7 @@ def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
         ]
         for mode, g in labels.groupby("mode", sort=False)
     ]
-    twins = [[mode, *_twin_row(g)] for mode, g in df.groupby("mode", sort=False)]
+    twins = [[mode, *_twin_row(g, mode)] for mode, g in df.groupby("mode", sort=False)]
     return (
         "## Labels with confidence (best sets)\n\n`in_best_set`: the schedules of a scenario and mode that "
         "cannot be told apart from the fastest (`harness.labels`: a paired bootstrap over the rounds, never "
@@ -237,11 +238,11 @@ def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
     )
 
 
-def _twin_row(df: pd.DataFrame) -> list[str]:
+def _twin_row(df: pd.DataFrame, mode: str) -> list[str]:
     """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%] (rows of
-    one mode)."""
+    ``mode``)."""
     ok = with_label_times(df[df["ok"]])
-    quantile = label_quantile(ok["mode"].iloc[0]) if len(ok) else 0.5
+    quantile = label_quantile(mode)
     hp = ok[ok["schedule"].str.endswith("/hp")]
     normal = ok.set_index(["scenario_id", "schedule"])
     differ = faster = slower = pairs = 0

@@ -62,8 +62,6 @@ def label_quantile(mode: str) -> float:
 
 def with_label_times(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (dataset rows) with ``time_ms``: each row's label time, its mode's ``LABEL_STAT`` column."""
-    import numpy as np
-
     time_ms = np.full(len(df), np.nan)
     for mode, column in LABEL_STAT.items():
         rows = (df["mode"] == mode).to_numpy()

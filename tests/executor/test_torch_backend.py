@@ -214,6 +214,7 @@ def test_timing_sizes_rounds_by_time_within_bounds():
     assert timing.rounds_for(100.0, "eager") == 6  # ceil(3 x 200 / 100): eager times 3x as long
     assert timing.rounds_for(20.0, "eager") == 20  # capped
     assert Timing(rounds=5, max_rounds=20, timed_ms=0).rounds_for(1.0, "eager") == 5  # sizing off
+    assert timing.to_dict()["eager_timed_factor"] == 3.0  # recorded: a resume under another factor is refused
 
 
 def test_graph_blocks_replay_an_even_number_of_calls():

@@ -87,6 +87,22 @@ def test_card_of_measured_dataset_lists_failures_and_sim_agreement(tmp_path, h20
     assert "## Simulator agreement" in card and "| default constants | 100% | 100% |" in card
 
 
+def test_card_states_the_eager_share_of_timed_work_the_dataset_was_measured_with(tmp_path, h200):
+    """The protocol paragraph follows the manifest (a dataset from before the factor was recorded: 1x)."""
+    import json
+
+    plan = plan_scenarios([], grid_size=2, hardware=h200, seed=4)
+    dataset = run_sweep(plan, MeasuredFails(h200), tmp_path / "ds", progress=False)
+    manifest_path = dataset / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    for factor, expected in ((3.0, "3x that in eager mode"), (None, "1x that in eager mode")):
+        manifest["protocol"].pop("eager_timed_factor", None)
+        if factor is not None:
+            manifest["protocol"]["eager_timed_factor"] = factor
+        manifest_path.write_text(json.dumps(manifest))
+        assert expected in write_card(dataset).read_text()
+
+
 def test_write_card_outside_a_dataset_raises(tmp_path):
     with pytest.raises(ValueError, match="is not a ficco dataset"):
         write_card(tmp_path)
