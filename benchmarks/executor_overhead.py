@@ -263,6 +263,13 @@ def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
         group.recv([received], frm, 0)
         group._end_coalescing(device).wait()
 
+    def coalesced_pair_from_side_stream() -> None:
+        torch.cuda.set_stream(side)  # where the executor's sm gather issues its groups (a copy lane)
+        try:
+            coalesced_pair()
+        finally:
+            torch.cuda.set_stream(main)
+
     def batched_pair() -> None:
         for work in dist.batch_isend_irecv(pair):
             work.wait()
@@ -292,6 +299,7 @@ def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
         "nccl reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(scattered, full),
         "nccl all_to_all_single, ring step": lambda: dist.all_to_all_single(received, shard, receives, sends),
         "nccl send+recv, coalesced (executor sm)": coalesced_pair,
+        "nccl send+recv, coalesced, from a side stream": coalesced_pair_from_side_stream,
         "nccl batch_isend_irecv, ring step": batched_pair,
         "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
         "event record + stream wait": event_pair,

@@ -160,6 +160,100 @@ def test_device_lanes_order_every_copy_barrier_and_gemm(cuda, direction, granula
             assert all(_before(producers[i], copies[i]) for i in range(len(copies))), "pushed before produced"
 
 
+class NamedCopy(LoggedCopy):
+    def __init__(self, cuda: FakeCuda, target: torch.Tensor, name: str) -> None:
+        super().__init__(cuda, target)
+        self.name = name
+
+    def copy_(self, source: torch.Tensor) -> None:
+        self.cuda.op(self.name)
+        self.target.copy_(source)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "granularity", "splits", "grain"),
+    [
+        (2, "finer", 2, "chunk"),
+        (2, "finer", 4, "shard"),
+        (3, "shard", 1, "shard"),  # two rounds on one lane
+        (3, "finer", 2, "chunk"),  # two lanes: the second waits for the barrier on the first
+    ],
+)
+def test_pulling_gather_runs_one_barrier_before_every_pull_and_no_gemm_waits_for_a_barrier(
+    cuda, world_size, granularity, splits, grain
+):
+    """Pulling: the own shard is copied into peer memory, then the call's one barrier runs (issued before
+    the first GEMM), every pull starts after it, every GEMM starts after the pulls of its pieces, and the
+    join covers every lane."""
+    shard_rows, width, rank = 4, 3, 0
+    plan = make_plan("gather", world_size, granularity, splits, grain)
+    workspace = FakeWorkspace(cuda, (world_size, shard_rows, width))
+    lanes = DeviceLanes(torch.device("cpu"), plan.lanes, high_priority=False)
+    transport = PeerCopyTransport(
+        workspace=workspace,
+        pull=True,
+        plan=plan,
+        rank=rank,
+        source=torch.ones(shard_rows, width),
+        dest=workspace.dest,
+        lanes=lanes,
+    )
+    plain_incoming, plain_keep_own = transport.incoming, transport.keep_own
+    transport.incoming = lambda piece: NamedCopy(
+        cuda, plain_incoming(piece), f"pull {piece.offset}/{piece.sub}"
+    )
+
+    def keep_own() -> None:
+        cuda.op("own")
+        plain_keep_own()
+
+    transport.keep_own = keep_own
+    for call in range(2):
+        start = len(cuda.log)
+        cuda.op("before")
+        run_pipeline(plan, transport, lambda _rows, unit: cuda.op(f"mm {unit.offset}/{unit.first_sub}"))
+        assert cuda.current.name == "current", "a lane was left current"
+        cuda.op("after")
+        log = cuda.log[start:]
+        named = {e[0]: e for e in log}
+        (barrier,) = [e for e in log if e[0] == "barrier"]
+        pulls = [e for e in log if e[0].startswith("pull")]
+        gemms = [e for e in log if e[0].startswith("mm")]
+        assert len(pulls) == sum(len(r) for r in plan.rounds), call
+        assert _before(named["own"], barrier), "the barrier ran before the own shard was in place"
+        assert log.index(barrier) < log.index(gemms[0]), "the barrier was issued after the first GEMM"
+        assert all(_before(barrier, e) and e[1] != "current" for e in pulls), "a pull started too early"
+        for unit, gemm in zip(plan.units, gemms, strict=True):
+            for piece in unit.pieces:
+                assert _before(named[f"pull {piece.offset}/{piece.sub}"], gemm), f"read before landed: {unit}"
+            assert not _before(barrier, gemm) or unit.pieces, "the own GEMM waited for the barrier"
+        assert all(_before(e, log[-1]) for e in log[1:-1]), "the join missed a lane"
+
+
+def test_pull_needs_the_all_gather_of_shards_layout(cuda):
+    """A routed (all-to-all) layout's blocks differ per receiver: it cannot be pulled from the sender's own
+    block, and saying so names the layout."""
+    from ficco.executor.plan import Layout
+    from ficco.executor.transport import pulls
+
+    plan = make_plan("gather", 2, "finer", 2, "chunk")
+    assert pulls(plan) and not pulls(make_plan("gather", 2, "shard", 1, "shard"))
+    assert not pulls(make_plan("scatter", 2, "finer", 2, "chunk"))
+    layout = Layout.routed("gather", 0, ((3, 5), (2, 7)), 2)
+    workspace = FakeWorkspace(cuda, (16, 3))
+    with pytest.raises(ValueError, match=r"pull needs an all-gather of shards.*Layout"):
+        PeerCopyTransport(
+            workspace=workspace,
+            pull=True,
+            plan=plan,
+            rank=0,
+            source=torch.ones(8, 3),
+            dest=workspace.slots(0, (9, 3), torch.float32),
+            lanes=DeviceLanes(torch.device("cpu"), plan.lanes, high_priority=False),
+            layout=layout,
+        )
+
+
 def test_growing_peer_memory_inside_graph_capture_names_the_schedule(monkeypatch):
     """The first call of a shape grows the peer memory (a rendezvous): inside capture it is refused with an
     error naming the schedule and the fix, before anything collective starts."""

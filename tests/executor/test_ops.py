@@ -166,3 +166,47 @@ def test_bad_input_leaves_the_group_usable(world):
     world_size, reports = world
     for report in reports:
         assert dict(report["bad_inputs"])["good_call_after"] == str((8 * world_size, 4))
+
+
+def _gather_both_ways(rank: int, world_size: int) -> list[tuple[str, bool, float, float]]:
+    """Runs on every rank: each copy-engine all-gather schedule as the executor picks it (pull for plans
+    of several rounds) and forced to push, each against ``serial/sm``; per schedule (name, pulled, error
+    pulling or as picked, error pushing)."""
+    import torch
+
+    from ficco import executor
+    from ficco.executor import transport
+    from ficco.executor.context import get_context
+    from ficco.executor.transport import PeerCopyTransport
+
+    gen = torch.Generator().manual_seed(7 + rank)
+    a, b = torch.randn(8 * 2, 12, generator=gen), torch.randn(12, 5, generator=gen)
+    ref = executor.all_gather_matmul(a, b, "serial/sm")
+    ctx = get_context(None, a.device)
+    default, out = transport.PULL_MIN_ROUNDS, []
+    for schedule in ("shard/dma", "finer/dma/s2/chunk", "finer/dma/s4/shard/hp", "finer/dma/s8/chunk"):
+        executor.poison_buffers()
+        picked = [_rel(executor.all_gather_matmul(a * s, b, schedule), ref * s) for s in (1, 2, 3)]
+        made = [t for t in ctx.transports.values() if isinstance(t, PeerCopyTransport)]
+        pulled = any(t.pull for t in made)
+        ctx.transports.clear()
+        transport.PULL_MIN_ROUNDS = 10**9
+        executor.poison_buffers()
+        pushed = [_rel(executor.all_gather_matmul(a * s, b, schedule), ref * s) for s in (1, 2, 3)]
+        assert not any(t.pull for t in ctx.transports.values() if isinstance(t, PeerCopyTransport))
+        transport.PULL_MIN_ROUNDS = default
+        ctx.transports.clear()
+        out.append((schedule, pulled, max(picked), max(pushed)))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_copy_engine_all_gather_pulls_plans_of_several_rounds_and_both_ways_match_serial(world_size):
+    """Shard on two ranks has one round and pushes; every plan of several rounds (finer; shard on three
+    ranks) pulls; forced to push, each gives the same result, over three calls (both halves of the
+    double buffer, on poisoned peer memory)."""
+    for rank, rows in enumerate(run_world(world_size, _gather_both_ways)):
+        for schedule, pulled, picked, pushed in rows:
+            several_rounds = schedule != "shard/dma" or world_size > 2
+            assert pulled == several_rounds, (world_size, rank, schedule)
+            assert picked <= 1e-5 and pushed <= 1e-5, (world_size, rank, schedule, picked, pushed)
