@@ -69,12 +69,6 @@ class InlineLanes:
     def wait_signal(self, key: int) -> None:
         """No-op: the barrier already returned."""
 
-    def after_signal(self, index: int, key: int) -> None:
-        """No-op: the barrier already returned."""
-
-    def wait_copied(self, lanes: Iterable[int], key: int) -> None:
-        """No-op: the copies have already run."""
-
 
 class DeviceLanes:
     """CUDA lanes at one stream priority; the per-piece events are created once and reused."""
@@ -189,17 +183,6 @@ class DeviceLanes:
         current again."""
         self.home()
         self._current.wait_event(self._landed[key])
-
-    def after_signal(self, index: int, key: int) -> None:
-        """Copy lane ``index`` waits until the barrier recorded under ``key`` has completed."""
-        self.copy[index].wait_event(self._landed[key])
-
-    def wait_copied(self, lanes: Iterable[int], key: int) -> None:
-        """The caller's stream waits for the copies of round ``key`` on ``lanes`` (:meth:`mark_copied`);
-        it is made current again."""
-        self.home()
-        for index in lanes:
-            self._current.wait_event(self._copied[key, index])
 
 
 _HIGH_PRIORITY = -1

@@ -36,7 +36,7 @@ from ficco.executor.context import (
 from ficco.executor.experts import RoutedState, grouped_matmul, routed_state
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
-from ficco.executor.transport import PeerCopyTransport, PointToPointTransport, pulls
+from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 from ficco.features.ops import OP_SPECS
 from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
@@ -605,12 +605,11 @@ def _transport(
     default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the transport is
     kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
 
-    Built once per (executor, priority, plan, destination buffer, layout, lanes, pull or push) and kept, so
-    a call reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or
-    the cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
+    Built once per (executor, priority, plan, destination buffer, layout, lanes) and kept, so a call reuses
+    its views and row ranges; the destination is this call's half of the peer memory (dma) or the cached
+    ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
     """
     high_priority = schedule.priority == "high"
-    pull = schedule.executor == "dma" and layout is None and pulls(plan)
     rows, width = dest_shape[0], dest_shape[-1]
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
@@ -630,8 +629,7 @@ def _transport(
     # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
     # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
     # destination bound anew every call is not part of the key.
-    dest_key = "bound" if bind_dest else id(dest)
-    key = (schedule.executor, high_priority, id(plan), dest_key, id(layout), lanes, pull)
+    key = (schedule.executor, high_priority, id(plan), "bound" if bind_dest else id(dest), id(layout), lanes)
     transport = cache.get(key) if keep else None
     if transport is not None:
         transport.bind(source, dest if bind_dest else None)
@@ -640,7 +638,6 @@ def _transport(
     if schedule.executor == "dma":
         transport = PeerCopyTransport(
             workspace=workspace,
-            pull=pull,
             lanes=ctx.get_lanes(plan.lanes if lanes is None else lanes, high_priority),
             **common,
         )

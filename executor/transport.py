@@ -277,24 +277,14 @@ class PointToPointTransport(_Transport):
 
 
 class PeerCopyTransport(_Transport):
-    """``dma``: copy engines move pieces through peer memory; device barriers publish them.
+    """``dma``: copy engines push pieces into the receiver's peer memory; device barriers publish them.
 
-    gather, ``pull`` (an all-gather of shards whose plan has several rounds, :func:`pulls`): ``begin``
-    copies the own shard into this rank's slot of its own ``dest`` on copy lane 0 and runs the call's one
-    barrier behind it (issued before the first GEMM, so the barrier kernel finds free SMs); past it, every
-    peer's shard lies in the peer's own slot. Round ``j`` then copies sub-chunk ``j`` of every peer's slot
-    into this rank's ``dest`` (one copy lane per peer), and each GEMM waits for its pieces' copies through
-    events alone: no barrier kernel per round queues behind the GEMMs.
-    A pulling rank writes only its own half; a peer reads it until that peer's next call passes its
-    barrier, which this rank's next-but-one write into the half waits for (the ``Workspace`` argument).
-    gather, push (one round: serial, or shard on two ranks; and the all-to-all's routed layouts, whose
-    blocks differ per receiver): round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot
-    for this rank (one copy lane per peer), then a barrier on the signal lane; once it completes, every
-    piece of round ``j`` has landed here and the GEMMs waiting for that round may start. A plan with one
-    round on one copy lane runs that barrier on the copy lane itself, right behind its copies: stream
-    order then does what the copy-to-signal event did (its pushes complete before the barrier starts), and
-    with one barrier in the call and every call's lanes joined before the next call forks them, barriers
-    still never overlap.
+    gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (one
+    copy lane per peer), then a barrier on the signal lane; once it completes, every piece of round ``j``
+    has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy lane
+    runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
+    copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
+    call and every call's lanes joined before the next call forks them, barriers still never overlap.
     scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is
     done (on the device: the host issues the pushes after the call's last GEMM, each behind an event
     recorded after its own GEMM); one barrier at the end, then the owner reduces. Every call passes at
@@ -302,7 +292,7 @@ class PeerCopyTransport(_Transport):
     ``dest`` must be this rank's current half of ``workspace``, shaped ``[w, R, width]``.
     """
 
-    def __init__(self, *, workspace: Workspace, pull: bool = False, **kwargs) -> None:
+    def __init__(self, *, workspace: Workspace, **kwargs) -> None:
         super().__init__(**kwargs)
         self.workspace = workspace
         width, dtype = self.dest.shape[-1], self.dest.dtype
@@ -310,19 +300,9 @@ class PeerCopyTransport(_Transport):
         """Every rank's half of the peer memory for this call, as rows of ``width`` (the layout's
         ``remote`` ranges index them)."""
         self._gather = self.plan.direction == "gather"
-        self.pull = pull
-        """gather: read every peer's pieces from its own slot (see the class docstring) instead of each
-        sender pushing them."""
-        if pull and not (self._gather and self.layout == self._shards_layout()):
-            raise ValueError(
-                f"pull needs an all-gather of shards (each rank's own shard at the same rows of every "
-                f"rank's dest); got a {self.plan.direction} plan with layout {self.layout}"
-            )
-        self._barrier_on_copy_lane = self._gather and (
-            pull or (len(self.plan.rounds) == 1 and self.plan.lanes == 1)
-        )
-        """gather, pulling or with one round on one lane (e.g. shard or serial on two ranks): its one
-        barrier runs on copy lane 0, so the signal lane is not used."""
+        self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and self.plan.lanes == 1
+        """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
+        that copy lane, so the signal lane is not used."""
         self._signal = self._gather and not self._barrier_on_copy_lane
         self._round_index = {id(batch): j for j, batch in enumerate(self.plan.rounds)}
         """gather: the round (and ``signal_after`` key) of each batch of ``plan.rounds``, by identity."""
@@ -331,39 +311,21 @@ class PeerCopyTransport(_Transport):
         """gather: the copy lanes each round's pieces use (the signal lane waits for these)."""
         self._lane_of = {id(p): self.plan.lane_of(p) for u in self.plan.units for p in u.pieces}
         self._lane_of |= {id(p): self.plan.lane_of(p) for batch in self.plan.rounds for p in batch}
-        self._wait_keys: dict[int, list] = {}
-        """gather: what a unit waits for (``_arrivals``), keyed by ``id(unit.pieces)``."""
+        self._wait_keys: dict[int, list[int]] = {}
+        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
         self._produced: list[tuple[Piece, ...]] = []
         """scatter: the pieces each GEMM of this call produced, in order (pushed in ``end``)."""
         self._scatter_lanes: dict[int, list[int]] = {}
         """scatter: the copy lanes a unit's pieces use, keyed by ``id(unit.pieces)``."""
-        self._waits_join = self._gather and not pull and self._round_lanes[-1] == list(range(self.plan.lanes))
+        self._waits_join = self._gather and self._round_lanes[-1] == list(range(self.plan.lanes))
         """gather: the wait for the last round (every call makes it) already orders every lane this call
         used before the caller's stream: the last landed event is recorded behind the last barrier, which
         ran behind the last copies of every lane. An eager call then skips the join's event pairs; a
-        captured one still joins each lane explicitly, as CUDA graph capture requires. (Pulling, a GEMM
-        waits for its own lane's copies only, so the lanes are always joined.)"""
-
-    def _shards_layout(self) -> Layout:
-        """The all-gather of shards layout of this plan and ``dest [w, R, width]``."""
-        return Layout.shards("gather", self.rank, self.world_size, self.dest.shape[1], self.plan.splits)
+        captured one still joins each lane explicitly, as CUDA graph capture requires."""
 
     def begin(self) -> None:
         self._produced.clear()
         self.lanes.fork(signal=self._signal)
-        if self.pull:
-            self._publish_own()
-
-    def _publish_own(self) -> None:
-        """pull: the own shard into this rank's slot of ``dest``, then the call's barrier, on copy lane 0;
-        the other copy lanes wait for that barrier. Past it, every peer's own slot holds its shard."""
-        lanes = self.lanes
-        lanes.to_copy_lane(0)
-        self.keep_own()
-        lanes.signal_after((0,), _PUBLISHED, self.workspace.barrier, on_copy_lane=True)
-        for index in range(1, self.plan.lanes):
-            lanes.after_signal(index, _PUBLISHED)
-        lanes.home()
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
         lanes = self.lanes
@@ -405,14 +367,9 @@ class PeerCopyTransport(_Transport):
         for key, pieces in zip(keys, rounds, strict=True):
             for piece in pieces:
                 lanes.to_copy_lane(self._lane_of[id(piece)])
-                if self.pull:
-                    self.incoming(piece).copy_(self.peer_outgoing(piece))
-                else:
-                    self.remote_incoming(piece).copy_(self.outgoing(piece))
-            if self.pull or not self._barrier_on_copy_lane:
+                self.remote_incoming(piece).copy_(self.outgoing(piece))
+            if not self._barrier_on_copy_lane:
                 lanes.mark_copied(self._round_lanes[key], key)
-        if self.pull:
-            return  # published in begin(); each GEMM waits for its own copies
         for key in keys:
             lanes.signal_after(
                 self._round_lanes[key], key, self.workspace.barrier, on_copy_lane=self._barrier_on_copy_lane
@@ -426,36 +383,14 @@ class PeerCopyTransport(_Transport):
             lambda: self.remote[self.peer_to(piece)][self.layout.remote(piece)],
         )
 
-    def peer_outgoing(self, piece: Piece) -> torch.Tensor:
-        """pull: where ``piece`` lies in its sender's peer memory (the sender's own slot, at the rows it
-        lands at here)."""
-        return _remembered(
-            self._views,
-            ("pull", id(piece)),
-            lambda: self.remote[self.peer_from(piece)][self.layout.landed(piece)],
-        )
-
     def wait(self, pieces: tuple[Piece, ...]) -> None:
         if not self._gather:
             return  # what lands here is published by the barrier in end()
         keys = self._wait_keys.get(id(pieces))
         if keys is None:
-            keys = self._wait_keys[id(pieces)] = self._arrivals(pieces)
-        if self.pull:
-            for key, lanes in keys:
-                self.lanes.wait_copied(lanes, key)
-        else:
-            for key in keys:
-                self.lanes.wait_signal(key)
-
-    def _arrivals(self, pieces: tuple[Piece, ...]) -> list:
-        """gather: what a GEMM on ``pieces`` waits for: the rounds they arrive in (push: each round's
-        barrier), or per round the copy lanes that carry them (pull)."""
-        rounds = sorted({self._round_of[p] for p in pieces})
-        if not self.pull:
-            return rounds
-        lanes = {j: sorted({self._lane_of[id(p)] for p in pieces if self._round_of[p] == j}) for j in rounds}
-        return [(j, lanes[j]) for j in rounds]
+            keys = self._wait_keys[id(pieces)] = sorted({self._round_of[p] for p in pieces})
+        for key in keys:
+            self.lanes.wait_signal(key)
 
     def end(self) -> None:
         if not self._gather:
@@ -467,19 +402,3 @@ class PeerCopyTransport(_Transport):
         if not self._gather:
             self.workspace.barrier()  # every push into this rank's slots has landed
         self.workspace.advance()
-
-
-PULL_MIN_ROUNDS = 2
-"""A copy-engine all-gather of shards whose plan has at least this many rounds pulls (one barrier per
-call) instead of pushing (one barrier per round). One-round plans push: the same one barrier, without the
-copy of the own shard into peer memory that pulling needs first. ``benchmarks/gather_pull.py`` measures
-both ways."""
-
-_PUBLISHED = -1
-"""The ``signal_after`` key of a pulling call's one barrier (round keys are ``0 .. rounds - 1``)."""
-
-
-def pulls(plan: Plan) -> bool:
-    """Whether the copy-engine transport of an all-gather of shards under ``plan`` pulls
-    (:data:`PULL_MIN_ROUNDS`); the all-to-all's routed layouts always push."""
-    return plan.direction == "gather" and len(plan.rounds) >= PULL_MIN_ROUNDS
