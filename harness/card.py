@@ -334,7 +334,7 @@ def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float
     return out
 
 
-def _size_label(size: int) -> str:
+def size_label(size: int) -> str:
     """The serial-time range of ``noise_by_size``'s bucket ``size``, e.g. ``0.1-0.3 ms``."""
     edges = NOISE_SIZE_EDGES_MS
     if size == 0:
@@ -393,7 +393,7 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
             [
                 [
                     mode,
-                    _size_label(b["size"]),
+                    size_label(b["size"]),
                     int(b["scenarios"]),
                     f"{b['rel_median']:.2%}",
                     f"{b['rel_p90']:.2%}",
