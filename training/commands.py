@@ -108,6 +108,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         for group, pickers in result.get("family_holdout_by_op_group", {}).items():
             lines.append(f"[{mode}] family holdout, {group} ops only")
             lines.append(pickers_table(pickers))
+        rescored = result.get("rescored", {})
+        if rescored:
+            lines.append(
+                f"[{mode}] family-holdout picks against the independent sweep ({rescored['n_rows']} rows): "
+                f"model geomean regret {rescored['model']['geomean_regret']:.4f}, the training sweep's own "
+                f"best {rescored['first_sweep_best']['geomean_regret']:.4f}, size heuristic "
+                f"{rescored['size_heuristic']['geomean_regret']:.4f}"
+            )
         region = result["region_holdout"].get("model")
         if region:
             lines.append(
@@ -138,6 +146,15 @@ def evaluate_command(
             "on this one's scenarios that --dataset does not hold.",
         ),
     ] = None,
+    rescore: Annotated[
+        Path | None,
+        typer.Option(
+            "--rescore",
+            help="An independent sweep of (some of) --dataset's scenarios, from another session and not "
+            "passed as --dataset or --repeat: the family-holdout picks are also scored against its labels, "
+            "as an independent re-measurement would score them (under 'rescored').",
+        ),
+    ] = None,
     repeat: RepeatOption = None,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
@@ -148,18 +165,24 @@ def evaluate_command(
     async-TP) and the noise ceiling (the re-measure's picks scored against the sweep)."""
     from ficco.training.evaluate import evaluate
 
+    if rescore is not None and rescore.resolve() in {p.resolve() for p in [*dataset, *(repeat or [])]}:
+        raise fail(f"--rescore {rescore} is also a --dataset or --repeat: its labels trained the model")
     loaded = _load(dataset, repeat)
     other = _load([transfer]) if transfer is not None else None
+    independent = _load([rescore]).table if rescore is not None else None
     try:
         evaluation = evaluate(
             loaded.table, noise=loaded.noise, transfer=other.table if other else None,
-            transfer_noise=other.noise if other else None, seed=seed, n_jobs=jobs, progress=True,
+            transfer_noise=other.noise if other else None, rescore=independent, seed=seed, n_jobs=jobs,
+            progress=True,
         )  # fmt: skip
     except ValueError as err:
         raise fail(str(err)) from None
     summary = {**evaluation.summary, "dataset": loaded.info}
     if other is not None:
         summary["transfer_dataset"] = other.info
+    if rescore is not None:
+        summary["rescore_dataset"] = str(rescore)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary, indent=1) + "\n")

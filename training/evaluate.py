@@ -16,6 +16,11 @@ when the table has both),
 configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
 size, test on another's scenarios that the first does not hold; ``transfer_split`` counts both) when a
 second dataset is given.
+
+``rescored`` (with a ``rescore`` table: an independent sweep of the same scenarios, another session): the
+family-holdout picks of every picker scored against that sweep's labels instead, as an independent
+re-measurement scores them, beside ``first_sweep_best`` (the training sweep's own fastest schedules, what a
+perfect fit to the training labels would pick).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ BASELINE_NOTES: dict[str, str] = {
     "async_tp_ms",
     "ceiling": "noise ceiling: the independent re-measure's fastest schedules scored against the sweep "
     "(re-measured scenarios only)",
+    "first_sweep_best": "rescored only: the training sweep's fastest schedules scored against the "
+    "independent sweep",
 }
 
 
@@ -99,13 +106,33 @@ def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | 
 def ceiling_picks(table: ScheduleTable, noise: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
     """The re-measure's fastest schedule of each of ``table``'s rows it re-measured: (rows of ``table``
     ``[n']``, schedule columns ``[n']``)."""
-    index = {(s, m): i for i, (s, m) in enumerate(zip(table.scenario_ids, table.modes, strict=True))}
+    rows, other = aligned_rows(table, noise)
+    return rows, noise.best[other]
+
+
+def aligned_rows(table: ScheduleTable, other: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
+    """The (scenario, mode) rows both tables hold: (rows of ``table`` ``[n']``, the same rows of ``other``
+    ``[n']``)."""
+    index = {(s, m): i for i, (s, m) in enumerate(zip(other.scenario_ids, other.modes, strict=True))}
     pairs = [
-        (index.get((s, m)), b) for s, m, b in zip(noise.scenario_ids, noise.modes, noise.best, strict=True)
+        (i, index.get((s, m))) for i, (s, m) in enumerate(zip(table.scenario_ids, table.modes, strict=True))
     ]
-    pairs = [(i, b) for i, b in pairs if i is not None]
-    rows = np.array([i for i, _ in pairs], dtype=np.int64)
-    return rows, np.array([b for _, b in pairs], dtype=np.int64)
+    pairs = [(i, j) for i, j in pairs if j is not None]
+    return np.array([i for i, _ in pairs], dtype=np.int64), np.array([j for _, j in pairs], dtype=np.int64)
+
+
+def rescored_summary(
+    table: ScheduleTable, picks: dict[str, np.ndarray], rescore: ScheduleTable
+) -> dict[str, Any]:
+    """Every picker's picks on ``table``'s rows (one mode) scored against ``rescore``'s labels of the same
+    (scenario, mode), and ``first_sweep_best``; ``{}`` when the tables share no row."""
+    rows, other = aligned_rows(table, rescore)
+    if not len(rows):
+        return {}
+    sub = rescore.subset(other)
+    out = {name: score(sub, p[rows]) for name, p in picks.items()}
+    out["first_sweep_best"] = score(sub, table.best[rows])
+    return out | {"n_rows": len(rows)}
 
 
 def pickers_summary(
@@ -224,6 +251,7 @@ def evaluate(
     noise: ScheduleTable | None = None,
     transfer: ScheduleTable | None = None,
     transfer_noise: ScheduleTable | None = None,
+    rescore: ScheduleTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
@@ -231,7 +259,8 @@ def evaluate(
     progress: bool = False,
 ) -> Evaluation:
     """Cross-validate; score the model, the baselines and the ceiling per mode on every split (the transfer
-    split's ceiling from ``transfer_noise``, the transfer dataset's re-measure)."""
+    split's ceiling from ``transfer_noise``, the transfer dataset's re-measure); with ``rescore``, the
+    family-holdout picks also against that independent sweep's labels (``rescored``)."""
     cv = cross_validate(
         table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
     )
@@ -263,6 +292,7 @@ def evaluate(
             **({"family_holdout_by_op_group": grouped} if grouped else {}),
             "region_holdout": region_split.get(mode, {}),
             **({"transfer": transfer_split.get(mode, {})} if transfer_split is not None else {}),
+            **({"rescored": rescored_summary(sub, picks, rescore)} if rescore is not None else {}),
             "per_family": per_family(sub, cv.final[on]),
             "fallback": {
                 "n_fallbacks": int(fallback.sum()),

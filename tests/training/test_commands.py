@@ -147,3 +147,9 @@ def test_train_with_a_repeat_sweep_records_it_and_refuses_new_scenarios(
     bad = runner.invoke(app, [*args, "--repeat", str(sim_moe_dataset)])
     assert bad.exit_code == 2
     assert f"--repeat {sim_moe_dataset}" in bad.output and "the datasets do not" in bad.output
+
+
+def test_evaluate_refuses_to_rescore_against_a_sweep_it_trains_on(sim_dataset):
+    result = runner.invoke(app, ["evaluate", "--dataset", str(sim_dataset), "--rescore", str(sim_dataset)])
+    assert result.exit_code != 0
+    assert "--rescore" in result.output and "trained the model" in result.output

@@ -82,3 +82,26 @@ def test_split_baselines_fit_each_op_group_on_its_own_rows(sim_dataset, sim_moe_
         for name, picks in want.items():
             assert np.array_equal(got[name][here], picks), name
     assert split_baselines(train.subset(train.op_groups == "dense"), test) == {}  # no MoE rows to fit on
+
+
+def test_rescore_scores_the_family_holdout_picks_against_an_independent_sweep(
+    frame, table, fast_configs, fast_policies
+):
+    """Against its own labels the rescored picks score as the family holdout does and the training sweep's
+    best has no regret; against another sweep of half the scenarios, only those rows count."""
+    from ficco.features import get_hardware
+
+    settings = {"configs": fast_configs[:1], "policies": fast_policies[:1]}
+    same = evaluate(table, rescore=table, **settings).summary["modes"]["eager"]
+    assert same["rescored"]["model"] == same["family_holdout"]["model"]
+    assert same["rescored"]["first_sweep_best"]["geomean_regret"] == 0.0
+    rng = np.random.default_rng(1)
+    half = sorted(set(frame["scenario_id"]))[::2]
+    other = frame[frame["scenario_id"].isin(half)].copy()
+    for column in ("median_ms", "p10_ms"):
+        other[column] *= np.exp(0.05 * rng.standard_normal(len(other)))
+    rescore = build_table(other, get_hardware("h200x2"))
+    result = evaluate(table, rescore=rescore, **settings).summary["modes"]["graph"]["rescored"]
+    assert result["n_rows"] == len(half) and result["model"]["n_scenarios"] == len(half)
+    assert result["first_sweep_best"]["geomean_regret"] > 0
+    assert "rescored" not in evaluate(table, **settings).summary["modes"]["graph"]
