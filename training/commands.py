@@ -110,11 +110,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(pickers_table(pickers))
         rescored = result.get("rescored", {})
         if rescored:
+            regrets = ", ".join(
+                f"{name} {rescored[name]['geomean_regret']:.4f}"
+                for name in ("model", "first_sweep_best", "size_heuristic")
+                if name in rescored
+            )
             lines.append(
-                f"[{mode}] family-holdout picks against the independent sweep ({rescored['n_rows']} rows): "
-                f"model geomean regret {rescored['model']['geomean_regret']:.4f}, the training sweep's own "
-                f"best {rescored['first_sweep_best']['geomean_regret']:.4f}, size heuristic "
-                f"{rescored['size_heuristic']['geomean_regret']:.4f}"
+                f"[{mode}] family-holdout picks against the independent sweep ({rescored['n_rows']} rows), "
+                f"geomean regret: {regrets}"
             )
         region = result["region_holdout"].get("model")
         if region:
