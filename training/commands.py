@@ -116,7 +116,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                 if name in rescored
             )
             lines.append(
-                f"[{mode}] family-holdout picks against the independent sweep ({rescored['n_rows']} rows), "
+                f"[{mode}] family-holdout picks against the independent sweep "
+                f"({rescored['model']['n_scenarios']} scenarios), "
                 f"geomean regret: {regrets}"
             )
         region = result["region_holdout"].get("model")

@@ -132,7 +132,7 @@ def rescored_summary(
     sub = rescore.subset(other)
     out = {name: score(sub, p[rows]) for name, p in picks.items()}
     out["first_sweep_best"] = score(sub, table.best[rows])
-    return out | {"n_rows": len(rows)}
+    return out
 
 
 def pickers_summary(
