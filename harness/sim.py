@@ -612,11 +612,12 @@ def agreement(
 ) -> float:
     """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
     measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
-    best (near-ties count). Eager rows only (the simulator's host terms are eager ones). NaN for a dataset
-    without labels."""
+    best (near-ties count; both are label times, ``harness.labels.with_label_times``). Eager rows only
+    (the simulator's host terms are eager ones). NaN for a dataset without labels."""
     from ficco.harness.dataset import label_table, scenario_from_row
+    from ficco.harness.labels import with_label_times
 
-    df = df[df["mode"] == "eager"]
+    df = with_label_times(df[df["mode"] == "eager"])
     labels = label_table(df).set_index("scenario_id")
     if labels.empty:
         return float("nan")
@@ -627,7 +628,7 @@ def agreement(
         scenario = scenario_from_row(next(group.itertuples()), hardware)
         pick = int(np.argmin(sim.schedule_ms(scenario, schedules)))
         if tolerance > 0:
-            hits += group["median_ms"].iloc[pick] <= labels.at[sid, "best_ms"] * (1.0 + tolerance)
+            hits += group["time_ms"].iloc[pick] <= labels.at[sid, "best_ms"] * (1.0 + tolerance)
         else:
             hits += str(schedules[pick]) == labels.at[sid, "best_schedule"]
     return hits / len(labels)

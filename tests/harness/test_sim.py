@@ -175,6 +175,17 @@ def test_calibrate_recovers_perturbed_constants(h200):
     assert agreement(df, h200, fitted) == 1.0
 
 
+def test_agreement_within_tolerance_counts_every_exact_pick(h200):
+    """The tolerance compares label times (eager: the 10th percentile), never the median against a
+    label: an exact pick is always within tolerance."""
+    scenarios = [Scenario(op=op, m=m, hardware=h200) for op in ("ag_gemm", "gemm_rs") for m in (512, 8192)]
+    df = _sim_frame(SimBackend(h200), scenarios)
+    df["p10_ms"] = df["median_ms"] * 0.9
+    exact = agreement(df, h200)
+    assert exact > 0
+    assert agreement(df, h200, tolerance=0.05) >= exact
+
+
 def test_calibrate_without_ok_rows_raises(h200):
     df = _sim_frame(SimBackend(h200), [Scenario(hardware=h200)])
     df["ok"] = False
