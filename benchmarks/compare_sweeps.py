@@ -2,13 +2,14 @@
 far their labels agree, per mode, with the card's noise arithmetic (``harness.card.noise_summary`` and
 ``noise_by_size``) applied to the second sweep as if it were the first one's re-measure.
 
-    .venv/bin/python benchmarks/compare_sweeps.py datasets/h200x2 datasets/h200x2-v3 \
-        --out benchmarks/results/compare-h200x2-v3.json
+    .venv/bin/python benchmarks/compare_sweeps.py datasets/h200x2 datasets/h200x2-v2 \
+        --out benchmarks/results/compare-h200x2-v2.json
 
 What an independent re-measurement of the first sweep would see: whether its best sets hold the other
 run's fastest schedule, how much keeping its pick would lose, and how far single times move (also with each
-scenario's common shift taken out). Only scenarios and schedules measured ok in both count. Prints a table
-and writes JSON.
+scenario's common shift taken out), and that shift by size (``shift``: the second sweep's time over the
+first's, the median scenario; in eager mode small shapes move with the host's speed, which differs between
+sessions). Only scenarios and schedules measured ok in both count. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def render(result: dict) -> str:
             f"{b['rel_p90']:.2%}",
             f"{b['shifted_median']:.2%}",
             f"{b['shifted_p90']:.2%}",
+            f"{b['shift_median']:.3f}x",
         ]
         for mode, part in result["modes"].items()
         for b in part["by_size"]
     ]
-    size_header = ["mode", "serial time", "scenarios", "rel diff median", "p90", "shifted median", "p90"]
+    size_header = [
+        "mode", "serial time", "scenarios", "rel diff median", "p90", "shifted median", "p90", "shift",
+    ]  # fmt: skip
     title = f"{result['first']} -> {result['second']}"
     return f"{title}\n{text_table(header, rows)}\n\n{text_table(size_header, by_size)}"
 

@@ -307,7 +307,9 @@ def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float
     """Run-to-run relative difference (median, p90) of the re-measured pairs in one mode (rows of one
     mode), by the scenario's serial time in the first run (``NOISE_SIZE_EDGES_MS``); also with each
     scenario's median shift between the runs taken out (``shifted``: what a common drift of the whole
-    scenario, e.g. the host's speed, leaves of the differences between its schedules)."""
+    scenario, e.g. the host's speed, leaves of the differences between its schedules), and that shift
+    itself (``shift_median``: the median over the bucket's scenarios of the second run's time over the
+    first's; two sweeps of other sessions differ by it where the host's speed sets eager times)."""
     keys = ["scenario_id", "schedule"]
     df, noise = with_label_times(df), with_label_times(noise)
     both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
@@ -319,8 +321,10 @@ def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float
     serial = df[df["schedule"] == str(SERIAL)].set_index("scenario_id")["time_ms"]
     serial_ms = both["scenario_id"].map(serial).to_numpy()
     both["size"] = np.searchsorted(NOISE_SIZE_EDGES_MS, serial_ms, side="right")
+    both["shift"] = shift
     out = []
     for size, part in both.groupby("size"):
+        scenario_shift = part.groupby("scenario_id")["shift"].first()
         out.append(
             {
                 "size": int(size),
@@ -329,6 +333,7 @@ def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float
                 "rel_p90": float(part["rel"].quantile(0.9)),
                 "shifted_median": float(part["shifted"].median()),
                 "shifted_p90": float(part["shifted"].quantile(0.9)),
+                "shift_median": float(np.exp(scenario_shift.median())),
             }
         )
     return out
@@ -387,9 +392,19 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
         )
         + "\n\nBy the scenario's serial time (first run); 'shifted': each scenario's median shift between "
         "the runs taken out, what a drift of the whole scenario (the host's speed, in eager mode) leaves "
-        "of the differences between its schedules:\n\n"
+        "of the differences between its schedules; 'shift': that drift, the second run's time over the "
+        "first's (median scenario):\n\n"
         + markdown_table(
-            ["mode", "serial time", "scenarios", "median rel. diff", "p90", "shifted: median", "p90"],
+            [
+                "mode",
+                "serial time",
+                "scenarios",
+                "median rel. diff",
+                "p90",
+                "shifted: median",
+                "p90",
+                "shift",
+            ],
             [
                 [
                     mode,
@@ -399,6 +414,7 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
                     f"{b['rel_p90']:.2%}",
                     f"{b['shifted_median']:.2%}",
                     f"{b['shifted_p90']:.2%}",
+                    f"{b['shift_median']:.3f}x",
                 ]
                 for mode in MODES
                 if (noise["mode"] == mode).any()

@@ -139,5 +139,6 @@ def test_noise_by_size_buckets_by_serial_time_and_takes_out_each_scenarios_shift
     assert [b["size"] for b in buckets] == [0, 4]  # < 0.1 ms and >= 3 ms
     small, large = buckets
     assert small["rel_median"] == pytest.approx(0.2) and small["shifted_median"] == pytest.approx(0.0)
+    assert small["shift_median"] == pytest.approx(1.2) and large["shift_median"] == pytest.approx(1.0)
     assert small["shifted_p90"] == pytest.approx(0.04, abs=1e-9)  # 0.8 of the one 5% difference
     assert large["rel_median"] == 0.0 and large["scenarios"] == 1
