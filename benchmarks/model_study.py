@@ -241,7 +241,7 @@ def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dic
 
     def costs(model, rows=None):
         held = test if rows is None else test.subset(rows)
-        return pair_costs(model, held.X, held.modes)
+        return pair_costs(model, held.X, held.modes, held.host_factor)
 
     ranker = {"objective": config.objective, "max_depth": config.max_depth,
               "n_estimators": config.n_estimators, "learning_rate": config.learning_rate}  # fmt: skip

@@ -17,6 +17,10 @@ shapes that host time exceeds the GPU work, and the eager time of a schedule is 
 3. :func:`host_us` prices one call; :func:`host_over_gpu` divides the price by the scenario's roofline GPU
    work (GEMM + communication), for every schedule at once. That ratio is the pair feature
    ``eager_host_over_gpu`` of feature schema fv3 (0 in graph mode).
+4. The host factor: machines differ in host speed (the same scenarios' eager times of small shapes moved
+   0.86x-1.39x between sessions on 2 x H200, their graph times within 1.5%). A host factor scales the
+   prices to a machine: :func:`estimate_host_factor` reads it off a sweep's host-bound eager times; a
+   model records its training data's, and a prediction may be asked for another machine's.
 
 Needs only numpy (``features`` runs on the GPU image too).
 """
@@ -170,24 +174,71 @@ def _host_row(op: str, world_size: int, local_experts: int) -> np.ndarray:
     return row
 
 
-def host_over_gpu(X: np.ndarray) -> np.ndarray:
-    """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``.
+def host_prices(X: np.ndarray) -> np.ndarray:
+    """:func:`host_us` of every schedule for each feature row, us float64 ``[n, S]``.
 
     ``X`` ``[n, len(FEATURE_NAMES)]`` holds feature rows (``feature_matrix``); the op, world size and
-    experts, and the roofline GEMM and communication times are read from their columns, so whoever holds a
-    scenario's features can compute the ratio (the predictor's fast path does, per schedule). Columns are
-    the schedules in canonical order (``features.all_schedules``); one that cannot run the scenario still
-    gets its price.
+    experts are read from their columns. Columns are the schedules in canonical order
+    (``features.all_schedules``); one that cannot run the scenario still gets its price.
     """
     X = np.asarray(X, dtype=np.float64)
+    if len(X) == 0:
+        return np.empty((0, len(_SCHEDULES)))
     ops = np.argmax(X[:, _OP_COLUMNS], axis=1)
     world = X[:, _WORLD_SIZE].astype(np.int64)
     local = np.maximum(X[:, _EXPERTS].astype(np.int64) // world, 1)
-    gpu_us = np.exp2(X[:, _T_GEMM]) + np.exp2(X[:, _T_COMM])
-    if len(X) == 0:
-        return np.empty((0, len(_SCHEDULES)))
     if len(X) == 1:  # one decision: skip the grouping
-        return (_host_row(OPS[ops[0]], int(world[0]), int(local[0])) / gpu_us[0])[None, :]
+        return _host_row(OPS[ops[0]], int(world[0]), int(local[0]))[None, :]
     keys, inverse = np.unique(np.stack([ops, world, local], axis=1), axis=0, return_inverse=True)
     rows = np.stack([_host_row(OPS[o], int(w), int(e)) for o, w, e in keys.tolist()])
-    return rows[inverse.reshape(-1)] / gpu_us[:, None]
+    return rows[inverse.reshape(-1)]
+
+
+def host_over_gpu(X: np.ndarray, host_factor: float = 1.0) -> np.ndarray:
+    """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``.
+
+    :func:`host_prices` times ``host_factor`` (this machine's host time per launch over the prices,
+    :func:`check_host_factor`) over the roofline GEMM and communication time read from ``X``'s columns, so
+    whoever holds a scenario's features can compute the ratio (the predictor's fast path does, per
+    schedule).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    gpu_us = np.exp2(X[:, _T_GEMM]) + np.exp2(X[:, _T_COMM])
+    return host_prices(X) * (host_factor / gpu_us[:, None])
+
+
+HOST_FACTOR_RANGE = (0.25, 8.0)
+"""Allowed host factors: a host 4x faster to 8x slower than the one the prices were fitted on."""
+HOST_BOUND_SHARE = 0.5
+"""An eager time counts as host-bound when the same schedule replayed from a CUDA graph (GPU work only)
+takes less than this share of it."""
+
+
+def check_host_factor(host_factor: float) -> float:
+    """``host_factor`` as a float; ValueError naming it when it is not a finite number in
+    :data:`HOST_FACTOR_RANGE`."""
+    lo, hi = HOST_FACTOR_RANGE
+    value = float(host_factor)
+    if not lo <= value <= hi:  # NaN fails too
+        raise ValueError(
+            f"host_factor must be in [{lo:g}, {hi:g}] (the host's time per launch over "
+            f"features.host.HOST_COSTS' prices; 1 = the machine they were fitted on); got {host_factor!r}"
+        )
+    return value
+
+
+def estimate_host_factor(eager_ms: np.ndarray, graph_ms: np.ndarray, prices_us: np.ndarray) -> float:
+    """A machine's host factor from a sweep: the median of eager time over :func:`host_prices` across the
+    (scenario, schedule) pairs whose eager time the host bounds (graph time below :data:`HOST_BOUND_SHARE`
+    of the eager time).
+
+    Arrays ``[n, S]`` (times in ms, prices in us) of the same scenarios; NaN where unmeasured. Returns NaN
+    when no pair is host-bound (graph mode only, or large shapes only). Eager small shapes move with the
+    host's speed between sessions (``benchmarks/results/compare-h200x2-*.json``: 0.86x to 1.39x at under
+    0.1 ms); their time over the price is that speed, measured the way the labels are.
+    """
+    eager_us, graph_us = np.asarray(eager_ms) * 1e3, np.asarray(graph_ms) * 1e3
+    prices_us = np.asarray(prices_us)
+    with np.errstate(invalid="ignore"):
+        bound = (graph_us < HOST_BOUND_SHARE * eager_us) & np.isfinite(eager_us) & (prices_us > 0)
+    return float(np.median(eager_us[bound] / prices_us[bound])) if bound.any() else float("nan")

@@ -22,7 +22,7 @@ from ficco.harness.dataset import (
     load_noise,
     read_manifest,
 )
-from ficco.harness.labels import best_set, label_quantile, with_label_times
+from ficco.harness.labels import best_set, host_factor_of, label_quantile, with_label_times
 from ficco.tables import markdown_table
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _label_distribution(labels),
         _best_sets(df, labels),
         _noise(df, noise),
+        _host_speed(df),
     ]
     if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
@@ -421,6 +422,19 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
                 for b in noise_by_size(df[df["mode"] == mode], noise[noise["mode"] == mode])
             ],
         )
+    )
+
+
+def _host_speed(df: pd.DataFrame) -> str:
+    factor = host_factor_of(df)
+    value = f"**{factor:.2f}**" if np.isfinite(factor) else "not measurable (no eager time is host-bound)"
+    return (
+        "## Host speed\n\n"
+        f"Host factor of the measuring machine: {value}: the median eager time over the executor's host "
+        "price (`features.host.estimate_host_factor`) where the host bounds the eager time (the graph "
+        "replay of the same schedule takes less than half of it). Eager times of small shapes follow it, "
+        "so their labels hold for machines of a similar factor; a model records its training data's, and "
+        "`Predictor.recommend(..., host_factor=...)` answers for another machine's."
     )
 
 

@@ -55,26 +55,33 @@ def answer_from(rec: Any, origin: str) -> Answer:
 class PredictorSource:
     """A local ``training.predictor.Predictor`` (``training.registry.load_predictor``)."""
 
-    def __init__(self, predictor: Any) -> None:
+    def __init__(self, predictor: Any, host_factor: float | None = None) -> None:
         self.predictor = predictor
+        self.host_factor = host_factor
+        """This machine's host factor (``features.host``) for eager answers; None: the model's own."""
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
 
     @classmethod
     def load(
-        cls, root: str | None = None, hardware_id: str = DEFAULT_HARDWARE_ID, version: str | None = None
+        cls,
+        root: str | None = None,
+        hardware_id: str = DEFAULT_HARDWARE_ID,
+        version: str | None = None,
+        host_factor: float | None = None,
     ):
         """Load ``hardware_id``'s current (or ``version``) model from the registry at ``root``
-        (None: ``training.registry.default_model_root()``)."""
+        (None: ``training.registry.default_model_root()``), to answer for a machine of ``host_factor``."""
         from ficco.training.registry import default_model_root, load_predictor
 
-        return cls(load_predictor(root or default_model_root(), hardware_id, version))
+        return cls(load_predictor(root or default_model_root(), hardware_id, version), host_factor)
 
     @property
     def hardware_id(self) -> str | None:
         return getattr(self.predictor, "hardware_id", None)
 
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
-        recs = self.predictor.recommend(list(scenarios), mode=mode)
+        machine = {} if self.host_factor is None else {"host_factor": self.host_factor}
+        recs = self.predictor.recommend(list(scenarios), mode=mode, **machine)
         return [answer_from(r, self.origin) for r in recs]
 
 

@@ -124,13 +124,13 @@ def held_out_costs(
             train, held = table.subset(~test), table.subset(test)
             for c, config in enumerate(configs):
                 model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs, masked=masked)
-                cost[c, test] = pair_costs(model, held.X, held.modes)
+                cost[c, test] = pair_costs(model, held.X, held.modes, held.host_factor)
                 if config == RATIO_CONFIG:
                     ratio[test] = cost[c, test]
                 bar.update()
             if RATIO_CONFIG not in configs:
                 model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs, masked=masked)
-                ratio[test] = pair_costs(model, held.X, held.modes)
+                ratio[test] = pair_costs(model, held.X, held.modes, held.host_factor)
     return cost, ratio
 
 

@@ -26,6 +26,7 @@ perfect fit to the training labels would pick).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,9 @@ BASELINE_NOTES: dict[str, str] = {
     "(re-measured scenarios only)",
     "first_sweep_best": "rescored only: the training sweep's fastest schedules scored against the "
     "independent sweep",
+    "model_at_training_host_factor": "transfer only, when the transfer dataset's machine has another host "
+    "factor (features.host): the model asked at the training data's host factor instead of the test "
+    "machine's own",
 }
 
 
@@ -178,15 +182,26 @@ def by_op_group(
 
 
 def fit_and_pick(
-    train: ScheduleTable, test: ScheduleTable, choice: Choice, *, seed: int, n_jobs: int
-) -> np.ndarray:
-    """Fit the chosen model (and the time-ratio regressor) on ``train``; recommended columns of ``test``."""
+    train: ScheduleTable,
+    test: ScheduleTable,
+    choice: Choice,
+    *,
+    seed: int,
+    n_jobs: int,
+    host_factors: Sequence[float] | None = None,
+) -> list[np.ndarray]:
+    """Fit the chosen model (and the time-ratio regressor) on ``train``; recommended columns of ``test``
+    ``[n]``, one array per host factor of ``host_factors`` (default: ``test``'s own alone)."""
     model = fit_pair_model(train, choice.config, seed=seed, n_jobs=n_jobs)
-    cost = pair_costs(model, test.X, test.modes)
-    ratio = cost
+    ratio_model = model
     if choice.config != RATIO_CONFIG:
-        ratio = pair_costs(fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs), test.X, test.modes)
-    return apply_policy(cost, ratio, choice.policy, test.modes)[0]
+        ratio_model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+    picks = []
+    for factor in host_factors or [test.host_factor]:
+        cost = pair_costs(model, test.X, test.modes, factor)
+        ratio = cost if ratio_model is model else pair_costs(ratio_model, test.X, test.modes, factor)
+        picks.append(apply_policy(cost, ratio, choice.policy, test.modes)[0])
+    return picks
 
 
 def split_summary(
@@ -198,13 +213,20 @@ def split_summary(
     seed: int,
     n_jobs: int,
 ) -> dict[str, Any]:
-    """Per mode of ``test``: every picker trained on ``train`` (baselines: :func:`split_baselines`)."""
-    model = fit_and_pick(train, test, choice, seed=seed, n_jobs=n_jobs)
+    """Per mode of ``test``: every picker trained on ``train`` (baselines: :func:`split_baselines`). When
+    the two tables' host factors differ (another machine), ``model`` predicts at ``test``'s own and
+    ``model_at_training_host_factor`` at ``train``'s: what knowing the machine's host speed is worth."""
+    factors = [test.host_factor]
+    if not np.isclose(test.host_factor, train.host_factor):
+        factors.append(train.host_factor)
+    picks = dict(zip(["model", "model_at_training_host_factor"], fit_and_pick(
+        train, test, choice, seed=seed, n_jobs=n_jobs, host_factors=factors), strict=False))  # fmt: skip
     out = {}
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
         held = test.subset(on)
-        out[mode] = pickers_summary(held, {"model": model[on], **split_baselines(train, held)}, noise)[0]
+        mine = {name: p[on] for name, p in picks.items()}
+        out[mode] = pickers_summary(held, {**mine, **split_baselines(train, held)}, noise)[0]
     return out
 
 
@@ -274,6 +296,7 @@ def evaluate(
         transfer, shared = unseen(transfer, table)
         transfer_split = split_summary(table, transfer, cv.choice, transfer_noise, seed=seed, n_jobs=n_jobs)
         transfer_counts = {
+            "host_factor": {"training": table.host_factor, "transfer": transfer.host_factor},
             "n_scenarios": len(set(transfer.scenario_ids)),
             "n_dropped_shared_with_training": shared,
             "n_noise_scenarios": 0 if transfer_noise is None else len(set(transfer_noise.scenario_ids)),

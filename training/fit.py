@@ -57,10 +57,10 @@ and 0.0286 (regressor); depth 5 gave 0.0264, a depth-6 regressor 0.0286."""
 
 
 def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every measured pair of ``table``: pair matrix ``[N, P]``, ``log(t / t_serial)`` ``[N]`` and query id
-    (the table row) ``[N]``, sorted by query."""
+    """Every measured pair of ``table`` (at its host factor): pair matrix ``[N, P]``, ``log(t / t_serial)``
+    ``[N]`` and query id (the table row) ``[N]``, sorted by query."""
     measured = np.isfinite(table.times_ms)
-    Z, (rows, cols) = pair_matrix(table.X, table.modes, valid=measured)
+    Z, (rows, cols) = pair_matrix(table.X, table.modes, valid=measured, host_factor=table.host_factor)
     y = np.log(table.times_ms[rows, cols] / table.serial_ms[rows])
     return Z, y, rows
 

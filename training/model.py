@@ -145,12 +145,18 @@ def valid_mask(X: np.ndarray) -> np.ndarray:
 
 
 def pair_matrix(
-    X: Any, modes: Sequence[str], valid: np.ndarray | None = None, *, schema: str = FEATURE_SCHEMA_VERSION
+    X: Any,
+    modes: Sequence[str],
+    valid: np.ndarray | None = None,
+    *,
+    schema: str = FEATURE_SCHEMA_VERSION,
+    host_factor: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pairs of every scenario row with every valid schedule.
 
     ``X`` ``[n, F]`` scenario features, ``modes`` ``[n]``, ``valid`` bool ``[n, S]`` (default
-    :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own). Returns the
+    :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own),
+    ``host_factor`` the machine's (``features.host.host_over_gpu``; fv3's eager pairs). Returns the
     pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]`` (float32: what XGBoost compares its
     thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
     """
@@ -160,7 +166,7 @@ def pair_matrix(
     rows, cols = np.nonzero(valid)
     columns = [X[rows], DESCRIPTORS[cols], (~eager[rows, None]).astype(np.float64)]
     if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[schema]:
-        host = host_over_gpu(X)[rows, cols]
+        host = host_over_gpu(X, host_factor)[rows, cols]
         columns.append(np.where(eager[rows], host, 0.0)[:, None])
     return np.hstack(columns).astype(np.float32), np.stack([rows, cols])
 
@@ -328,9 +334,10 @@ class PairModel(BaseEstimator):
         return estimator
 
 
-def pair_costs(model: PairModel, X: np.ndarray, modes: Sequence[str]) -> np.ndarray:
-    """``model.cost`` of every valid schedule of each scenario row, float64 ``[n, S]`` (+inf: invalid)."""
-    Z, (rows, cols) = pair_matrix(X, modes, schema=model.feature_schema_)
+def pair_costs(model: PairModel, X: np.ndarray, modes: Sequence[str], host_factor: float = 1.0) -> np.ndarray:
+    """``model.cost`` of every valid schedule of each scenario row, float64 ``[n, S]`` (+inf: invalid), on a
+    machine of ``host_factor`` (:func:`pair_matrix`)."""
+    Z, (rows, cols) = pair_matrix(X, modes, schema=model.feature_schema_, host_factor=host_factor)
     out = np.full((len(X), len(SCHEDULES)), np.inf)
     out[rows, cols] = model.cost(Z)
     return out

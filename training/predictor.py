@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
-from ficco.features.host import TWIN_OF, host_over_gpu
+from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.model import (
     DESCRIPTORS,
@@ -63,6 +63,9 @@ class Recommendation:
     """Registry version of the model that answered."""
     hardware_id: str
     """Hardware profile the model was trained for."""
+    host_factor: float
+    """The host factor the eager answer is for (``features.host``; the model's training data's unless the
+    caller gave its machine's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -115,6 +118,9 @@ class Predictor:
             )
         self.feature_schema = scorer.feature_schema_
         """The schema of both models' pairs."""
+        self.host_factor = check_host_factor(card.get("host_factor", 1.0))
+        """The host factor of the training data (``features.host``): eager answers are for a machine of
+        this host speed unless the caller names its own (models registered before it was recorded: 1)."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
         tails = {m: [float(m == "graph")] for m in MODES}
         self._host_columns = None
@@ -134,10 +140,10 @@ class Predictor:
         return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
 
     def _reference(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
-        Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema)
+        Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema, host_factor=host_factor)
         out = self.scorer.predict(Z)
         ratio = out if self.ratio is self.scorer else self.ratio.predict(Z)
         cost, log_ratio = np.full(valid.shape, np.inf), np.full(valid.shape, np.nan)
@@ -146,7 +152,7 @@ class Predictor:
         return cost, log_ratio
 
     def _fast_path(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
@@ -155,22 +161,33 @@ class Predictor:
             on = slice(None) if len(present) == 1 else modes == mode
             rows = X[on]
             if self._host_columns is not None and mode == "eager":
-                rows = np.concatenate([rows, host_over_gpu(rows)[:, self._host_columns]], axis=1)
+                host = host_over_gpu(rows, host_factor)[:, self._host_columns]
+                rows = np.concatenate([rows, host], axis=1)
             margins = self._fast.predict(rows.astype(np.float32, copy=False), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
             log_ratio[on] = margins[:, :, -1]
         return np.where(valid, cost, np.inf), np.where(valid, log_ratio, np.nan)
 
-    def decide(self, X: np.ndarray, modes: Sequence[str], *, fast: bool | None = None) -> Decision:
+    def decide(
+        self,
+        X: np.ndarray,
+        modes: Sequence[str],
+        *,
+        host_factor: float | None = None,
+        fast: bool | None = None,
+    ) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
 
-        ``fast``: True = the numpy fast path, False = XGBoost's own prediction, None = by batch size.
+        ``host_factor``: the machine's (``features.host.check_host_factor``; None: the training data's,
+        :attr:`host_factor`); it moves eager answers only. ``fast``: True = the numpy fast path, False =
+        XGBoost's own prediction, None = by batch size.
         """
         modes = check_modes(modes)
+        host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
         valid = valid_mask(X)
         if fast is None:
             fast = len(X) * max(len(t.roots) for t in self._fast.trees.values()) <= FAST_PATH_MAX_CURSORS
-        cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid)
+        cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid, host_factor)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
         raw = cost.argmin(axis=1)
         speedups = np.exp(-log_ratio)
@@ -182,10 +199,14 @@ class Predictor:
             fallback=fallback, speedups=speedups,
         )  # fmt: skip
 
-    def recommend(self, scenarios: Sequence[Scenario], mode: str = "eager") -> list[Recommendation]:
-        """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph).
+    def recommend(
+        self, scenarios: Sequence[Scenario], mode: str = "eager", *, host_factor: float | None = None
+    ) -> list[Recommendation]:
+        """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph) on a
+        machine of ``host_factor`` (:meth:`decide`).
 
-        Raises ``ValueError`` for a scenario on hardware other than the model's, or an unknown mode.
+        Raises ``ValueError`` for a scenario on hardware other than the model's, an unknown mode or a host
+        factor out of range.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
@@ -196,7 +217,8 @@ class Predictor:
                 f"on other hardware, e.g. {foreign[0]}. Load the model of that hardware (list them with "
                 "ficco.training.registry.list_models)"
             )
-        d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios))
+        host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
+        d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=host_factor)
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
         speedups, valid, reason = d.speedups, np.isfinite(d.speedups), self.policy.of(mode).reason
@@ -211,6 +233,7 @@ class Predictor:
                 fallback_reason=reason(speedup[i]) if fallback[i] else None,
                 model_version=self.version,
                 hardware_id=self.hardware_id,
+                host_factor=host_factor,
             )
             for i in range(len(scenarios))
         ]

@@ -10,6 +10,7 @@ order, so serial wins a tie).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, feature_matrix
-from ficco.harness.labels import with_label_times
+from ficco.harness.labels import host_factor_of, with_label_times
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
     import pandas as pd
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -47,6 +50,10 @@ class ScheduleTable:
     """PyTorch async-TP's time on the row's scenario and mode, ms ``[n]`` (NaN: not measured)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Scenarios of the dataset left out, by reason."""
+    host_factor: float = 1.0
+    """The measuring machine's host time per launch over ``features.host.HOST_COSTS``' prices
+    (``harness.labels.host_factor_of`` its sweep; 1 when not measurable): the scale of the eager
+    host-time pair feature of every row."""
 
     def __len__(self) -> int:
         return len(self.scenario_ids)
@@ -99,6 +106,7 @@ class ScheduleTable:
             times_ms=self.times_ms[index],
             in_best=self.in_best[index],
             async_tp_ms=self.async_tp_ms[index],
+            host_factor=self.host_factor,
         )
 
 
@@ -155,17 +163,29 @@ def build_table(
              .set_index("scenario_id").iterrows()}  # fmt: skip
     scenarios = tuple(by_id[sid] for sid, _ in kept)
     X_by_id = dict(zip(by_id, feature_matrix(by_id.values()), strict=True))
+    X = np.stack([X_by_id[sid] for sid, _ in kept])
     return ScheduleTable(
         scenario_ids=np.asarray([sid for sid, _ in kept], dtype=object),
         modes=np.asarray([mode for _, mode in kept], dtype=object),
         families=first["family"].astype(str).to_numpy(dtype=object),
         scenarios=scenarios,
-        X=np.stack([X_by_id[sid] for sid, _ in kept]),
+        X=X,
         times_ms=times[keep],
         in_best=in_best[keep],
         async_tp_ms=first["async_tp_ms"].to_numpy(dtype=np.float64),
         dropped={"no successful serial/sm measurement": int((~keep).sum())} if not keep.all() else {},
+        host_factor=_host_factor(df),
     )
+
+
+def _host_factor(df: pd.DataFrame) -> float:
+    """``harness.labels.host_factor_of`` the sweep's rows; 1.0, with a log line, when no eager time is
+    host-bound (graph rows only, large shapes only): the prices as they are."""
+    factor = host_factor_of(df)
+    if np.isfinite(factor):
+        return factor
+    log.info("no host-bound eager time to estimate the host factor from; using 1.0")
+    return 1.0
 
 
 def _successful(df: pd.DataFrame) -> pd.DataFrame:

@@ -82,6 +82,7 @@ def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDat
             "ops": sorted({s.op for s in table.scenarios}),
             "modes": sorted(set(np.asarray(table.modes).tolist())),
             "config": trained.choice.config.to_dict(),
+            "host_factor": round(table.host_factor, 4),
             "choice_reason": choice_reason(trained.evaluation),
             "seed": seed,
             "metrics": trained.evaluation.summary,

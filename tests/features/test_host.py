@@ -23,10 +23,14 @@ from ficco.features import (
 )
 from ficco.features.host import (
     FIT_TOLERANCE,
+    HOST_FACTOR_RANGE,
     TWIN_OF,
     HostCosts,
     LaunchCounts,
+    check_host_factor,
+    estimate_host_factor,
     host_over_gpu,
+    host_prices,
     host_us,
     launch_counts,
 )
@@ -141,3 +145,31 @@ def test_schema_pins_the_host_column_of_the_reference():
         round(float(ratio[names.index(s)]), 5) for s in ("serial/sm", "shard/dma", "finer/sm/s8/chunk")
     )
     assert got == PINNED_REFERENCE
+
+
+def test_host_prices_are_host_us_and_the_host_factor_scales_the_ratio():
+    scenarios = [Scenario(op="ag_gemm", m=512), Scenario(op="gemm_rs", m=65536, n=8192, k=8192)]
+    X = feature_matrix(scenarios)
+    prices = host_prices(X)
+    for row, s in zip(prices, scenarios, strict=True):
+        assert row.tolist() == [host_us(s.op, s.world_size, schedule) for schedule in all_schedules()]
+    np.testing.assert_allclose(host_over_gpu(X, 1.5), 1.5 * host_over_gpu(X))
+    np.testing.assert_allclose(host_over_gpu(X[:1], 0.5), 0.5 * host_over_gpu(X[:1]))  # the one-row path
+
+
+def test_estimate_host_factor_reads_the_host_bound_pairs_only():
+    prices = np.array([[50.0, 80.0, 120.0], [50.0, 80.0, 120.0]])  # us
+    eager = prices * 1.3e-3  # host-bound: 1.3x the prices, in ms
+    eager[1] = [2.0, 1.8, 1.7]  # a large scenario: GPU-bound
+    graph = np.array([[0.02, 0.02, 0.03], [1.9, 1.7, 1.6]])
+    assert estimate_host_factor(eager, graph, prices) == pytest.approx(1.3)
+    eager[0, 2] = np.nan  # unmeasured pairs are left out
+    assert estimate_host_factor(eager, graph, prices) == pytest.approx(1.3)
+    assert np.isnan(estimate_host_factor(eager[1:], graph[1:], prices[1:]))  # nothing host-bound
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), HOST_FACTOR_RANGE[1] * 2])
+def test_check_host_factor_names_the_value_and_the_range(bad):
+    with pytest.raises(ValueError, match=r"host_factor must be in \[0.25, 8\].*got"):
+        check_host_factor(bad)
+    assert check_host_factor(1) == 1.0

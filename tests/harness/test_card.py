@@ -1,5 +1,6 @@
 """The dataset card: sections, noise summary, failures, simulator agreement and the per-op plots."""
 
+import numpy as np
 import pytest
 
 from ficco.harness.card import noise_summary, schedule_family, write_card
@@ -33,6 +34,7 @@ def test_write_card_has_every_section_and_a_png_per_op(sim_dataset):
         "## Labels",
         "## Labels with confidence (best sets)",
         "## Run-to-run noise",
+        "## Host speed",
         "## Best schedule over the (m, n*k) plane",
     ):
         assert heading in card
@@ -142,3 +144,25 @@ def test_noise_by_size_buckets_by_serial_time_and_takes_out_each_scenarios_shift
     assert small["shift_median"] == pytest.approx(1.2) and large["shift_median"] == pytest.approx(1.0)
     assert small["shifted_p90"] == pytest.approx(0.04, abs=1e-9)  # 0.8 of the one 5% difference
     assert large["rel_median"] == 0.0 and large["scenarios"] == 1
+
+
+def test_host_factor_of_a_dataset_reads_its_host_bound_eager_times():
+    """Eager times 1.4x the executor's host price where the graph replay is far faster give 1.4; a large
+    scenario's GPU-bound times do not count; a dataset without host-bound times has none."""
+    import pandas as pd
+
+    from ficco.features import Schedule
+    from ficco.features.host import host_us
+    from ficco.harness.labels import host_factor_of
+
+    rows = []
+    for sid, op, bound in (("small", "ag_gemm", True), ("large", "gemm_rs", False)):
+        for schedule in ("serial/sm", "shard/dma", "finer/dma/s2/chunk"):
+            price_ms = host_us(op, 2, Schedule.parse(schedule)) * 1e-3
+            eager = 1.4 * price_ms if bound else 5.0
+            for mode, t in (("eager", eager), ("graph", 0.1 * eager if bound else 4.9)):
+                rows.append({"scenario_id": sid, "op": op, "world_size": 2, "experts": 1, "ok": True,
+                             "schedule": schedule, "mode": mode, "median_ms": t, "p10_ms": t})  # fmt: skip
+    df = pd.DataFrame(rows)
+    assert host_factor_of(df) == pytest.approx(1.4)
+    assert np.isnan(host_factor_of(df[df["scenario_id"] == "large"]))

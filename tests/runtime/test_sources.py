@@ -28,10 +28,11 @@ class ModePredictor:
     hardware_id, version = "h200x2", "new"
 
     def __init__(self):
-        self.modes = []
+        self.modes, self.machines = [], []
 
-    def recommend(self, scenarios, mode="eager"):
+    def recommend(self, scenarios, mode="eager", **machine):
         self.modes.append(mode)
+        self.machines.append(machine)
         schedule = "finer/dma/s2/chunk" if mode == "graph" else "shard/sm"
         return [_rec(schedule, mode=mode, predicted_speedups={schedule: 1.2}) for _ in scenarios]
 
@@ -42,6 +43,13 @@ def test_predictor_source_passes_the_mode():
     assert [a.schedule for a in source.recommend(SCENARIOS, "graph")] == ["finer/dma/s2/chunk"] * 2
     assert [a.schedule for a in source.recommend(SCENARIOS, "eager")] == ["shard/sm"] * 2
     assert predictor.modes == ["graph", "eager"]
+    assert predictor.machines == [{}, {}]  # no host factor given: the model's own
+
+
+def test_predictor_source_passes_this_machines_host_factor():
+    predictor = ModePredictor()
+    PredictorSource(predictor, host_factor=1.4).recommend(SCENARIOS, "eager")
+    assert predictor.machines == [{"host_factor": 1.4}]
 
 
 def test_shipped_model_answers_through_the_planner():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ficco.training.evaluate import ceiling_picks, evaluate
@@ -52,14 +54,19 @@ def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fa
     ids = np.unique(table.scenario_ids)
     train = table.subset(~np.isin(table.scenario_ids, ids[:30]))  # the transfer set: 30 fresh + the rest
     noise = table.subset(np.isin(table.scenario_ids, ids[:10]))  # its re-measure: 10 fresh scenarios
+    other_host = dataclasses.replace(table, host_factor=2.0)  # measured on a machine of a slower host
     ev = evaluate(
-        train, transfer=table, transfer_noise=noise, configs=fast_configs[:1], policies=fast_policies[:1]
+        train, transfer=other_host, transfer_noise=noise, configs=fast_configs[:1], policies=fast_policies[:1]
     )
     assert ev.summary["transfer_split"] == {
-        "n_scenarios": 30, "n_dropped_shared_with_training": len(ids) - 30, "n_noise_scenarios": 10
+        "host_factor": {"training": train.host_factor, "transfer": 2.0},
+        "n_scenarios": 30, "n_dropped_shared_with_training": len(ids) - 30, "n_noise_scenarios": 10,
     }  # fmt: skip
     transfer = ev.summary["modes"]["eager"]["transfer"]
     assert transfer["model"]["n_scenarios"] == 30 and transfer["ceiling"]["n_scenarios"] == 10
+    assert transfer["model_at_training_host_factor"]["n_scenarios"] == 30
+    same_host = evaluate(train, transfer=table, configs=fast_configs[:1], policies=fast_policies[:1])
+    assert "model_at_training_host_factor" not in same_host.summary["modes"]["eager"]["transfer"]
     assert (
         "transfer_split" not in evaluate(train, configs=fast_configs[:1], policies=fast_policies[:1]).summary
     )

@@ -57,3 +57,34 @@ def test_each_mode_falls_back_under_its_own_policy(trained, table):
     assert np.all(eager.schedules == "serial/sm") and not graph.fallback.any()
     both = predictor.decide(table.X, table.modes)  # a mixed batch: each row under its mode's policy
     assert np.array_equal(both.fallback, np.where(table.modes == "eager", eager.fallback, graph.fallback))
+
+
+def test_a_slower_host_moves_eager_answers_toward_fewer_launches_and_leaves_graph_alone(trained, table):
+    """The host factor scales the eager host-time pair column only; the default is the model card's."""
+    from ficco.features.host import host_prices
+
+    predictor = Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=trained.choice.policy,
+                          card={"host_factor": 1.25}, version="v1", hardware_id="h200x2")  # fmt: skip
+    assert predictor.host_factor == 1.25
+    rows = table.subset(table.modes == "eager")
+    default = predictor.decide(rows.X, rows.modes)
+    same = predictor.decide(rows.X, rows.modes, host_factor=1.25)
+    np.testing.assert_array_equal(default.final, same.final)
+    slow = predictor.decide(rows.X, rows.modes, host_factor=8.0)
+    fast = predictor.decide(rows.X, rows.modes, host_factor=8.0, fast=True)
+    reference = predictor.decide(rows.X, rows.modes, host_factor=8.0, fast=False)
+    np.testing.assert_array_equal(fast.final, reference.final)
+    np.testing.assert_allclose(fast.speedups, reference.speedups, rtol=1e-5)
+    prices = host_prices(rows.X)
+    picked = lambda d: prices[np.arange(len(rows)), d.raw]  # noqa: E731
+    assert (slow.raw != default.raw).any() and picked(slow).mean() < picked(default).mean()
+    graph = table.subset(table.modes == "graph")
+    np.testing.assert_array_equal(
+        predictor.decide(graph.X, graph.modes, host_factor=8.0).speedups,
+        predictor.decide(graph.X, graph.modes).speedups,
+    )
+    rec = predictor.recommend([Scenario(m=1024)], mode="eager", host_factor=2.0)[0]
+    assert rec.host_factor == 2.0
+    assert predictor.recommend([Scenario(m=1024)], mode="eager")[0].host_factor == 1.25
+    with pytest.raises(ValueError, match="host_factor must be in"):
+        predictor.decide(rows.X, rows.modes, host_factor=0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,18 @@ def test_a_repeat_with_other_modes_adds_no_row(frame, table):
     graph = build_table(frame, get_hardware("h200x2"), modes=["graph"], repeats=[frame])
     assert set(graph.modes) == {"graph"}
     np.testing.assert_allclose(graph.times_ms, table.subset(table.modes == "graph").times_ms, equal_nan=True)
+
+
+def test_the_table_carries_its_machines_host_factor_and_subsets_keep_it(frame, table):
+    """The sweep's own host factor (``harness.labels.host_factor_of``); 1.0 where no eager time is
+    host-bound (the toy frame as it is, graph rows alone)."""
+    from ficco.harness.labels import host_factor_of
+
+    hw = get_hardware("h200x2")
+    fast_graphs = frame.copy()
+    graph = fast_graphs["mode"] == "graph"
+    fast_graphs.loc[graph, ["median_ms", "p10_ms"]] *= 0.1  # every eager time host-bound now
+    factor = build_table(fast_graphs, hw).host_factor
+    assert factor == pytest.approx(host_factor_of(fast_graphs)) and np.isfinite(factor) and factor != 1.0
+    assert table.host_factor == 1.0 and build_table(frame[graph], hw).host_factor == 1.0
+    assert dataclasses.replace(table, host_factor=1.7).subset(np.arange(3)).host_factor == 1.7
