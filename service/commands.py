@@ -43,6 +43,10 @@ class RecommendFormat(StrEnum):
 _MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
 _MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
 _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
+_HOST_FACTOR_HELP = (
+    "Eager mode: this machine's host factor, in [0.25, 8] (the 'Host speed' of a dataset card measured on "
+    "it; default: the model's training data's)."
+)
 
 
 def _settings(*, server: bool = False, **overrides: Any) -> Any:
@@ -171,6 +175,7 @@ def score(
             help="KV heads fewer than tp ranks: megatron (refuse, the default) or vllm (replicate)."
         ),
     ] = "megatron",
+    host_factor: Annotated[float | None, typer.Option(help=_HOST_FACTOR_HELP)] = None,
 ) -> None:
     """Score model configs offline (as POST /v1/score, or /v1/score/batch for several): each layer's pairs,
     schedules and projected savings."""
@@ -193,6 +198,7 @@ def score(
         hardware=hardware,
         mode=mode,
         kv_layout=kv_layout,
+        host_factor=host_factor,
     )
     result = _answer(
         score_models, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
@@ -221,6 +227,7 @@ def recommend(
     ] = RecommendFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
     mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
+    host_factor: Annotated[float | None, typer.Option(help=_HOST_FACTOR_HELP)] = None,
 ) -> None:
     """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
     from ficco.service.engine import recommend_scenarios
@@ -241,6 +248,7 @@ def recommend(
         top_k=top_k,
         imbalance=imbalance,
         mode=mode,
+        host_factor=host_factor,
     )
     served = _loaded_store(settings).served
     rec = _answer(recommend_scenarios, served, [item], default_hardware=settings.DEFAULT_HARDWARE)[0]

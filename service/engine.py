@@ -20,7 +20,7 @@ from ficco.service.schemas import RecommendationPublic, ScenarioIn
 
 def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int]) -> Scenario:
     """``item`` as a ``features.Scenario`` on the answering model's profile; InvalidFieldsError if invalid."""
-    values = item.model_dump(exclude={"hardware", "mode"})
+    values = item.model_dump(exclude={"hardware", "mode", "host_factor"})
     try:
         return Scenario(hardware=model.profile, **values)
     except ValueError as err:
@@ -41,6 +41,7 @@ def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
         fallback_reason=rec.fallback_reason,
         model_version=rec.model_version,
         hardware_id=rec.hardware_id,
+        host_factor=rec.host_factor,
         requested_hardware=resolution.requested,
         hardware_substitution=resolution.substitution,
     )
@@ -74,7 +75,7 @@ def _plan(
     locs: Sequence[Sequence[str | int]] | None,
 ) -> tuple[list[RecommendationPublic | None], dict[tuple[str, str], list[_Miss]]]:
     """Resolve each item's model and look it up in that model's cache: (answers so far, misses by
-    (model, mode)).
+    (model, mode, host factor)).
 
     Raises ``InvalidFieldsError`` (every invalid item, and every item whose op the answering model has
     no measured data for), ``UnknownHardwareError`` (the first item no model
@@ -83,7 +84,7 @@ def _plan(
     locs = locs if locs is not None else [["body"]] * len(items)
     resolved: dict[tuple[str, int], Resolution] = {}
     answers: list[RecommendationPublic | None] = [None] * len(items)
-    misses: dict[tuple[str, str], list[_Miss]] = {}
+    misses: dict[tuple[str, str, float | None], list[_Miss]] = {}
     errors: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         hardware = item.hardware or default_hardware
@@ -108,7 +109,7 @@ def _plan(
                 field_error([*locs[i], "op"], item.op, unmeasured, "not_measured", str(list(model.ops)))
             )
             continue
-        misses.setdefault((model.profile.id, item.mode), []).append(
+        misses.setdefault((model.profile.id, item.mode, item.host_factor), []).append(
             _Miss(index=i, key=key, resolution=resolution, scenario=scenario)
         )
     if errors:
@@ -137,9 +138,9 @@ def recommend_scenarios(
     the rest go to each model in one vectorised call (split over threads when large). Raises as ``_plan``.
     """
     answers, misses = _plan(served, items, default_hardware, locs)
-    for (_, mode), pending in misses.items():
+    for (_, mode, host_factor), pending in misses.items():
         model = pending[0].resolution.model
-        _fill(answers, pending, model.recommend_many([m.scenario for m in pending], mode))
+        _fill(answers, pending, model.recommend_many([m.scenario for m in pending], mode, host_factor))
     return answers  # type: ignore[return-value]  # every None was filled
 
 
@@ -147,9 +148,14 @@ async def recommend_scenario(
     served: Mapping[str, ServedModel], item: ScenarioIn, *, default_hardware: str
 ) -> RecommendationPublic:
     """Answer one request's scenario, through the answering model's micro-batcher (same answer as
-    ``recommend_scenarios``; concurrent requests share prediction calls)."""
+    ``recommend_scenarios``; concurrent requests share prediction calls); one that names a host factor is
+    answered on its own (one decision, tens of microseconds)."""
     answers, misses = _plan(served, [item], default_hardware, None)
     for (miss,) in misses.values():
-        batcher = miss.resolution.model.batchers[item.mode]
-        _fill(answers, [miss], [await batcher.recommend(miss.scenario)])
+        model = miss.resolution.model
+        if item.host_factor is None:
+            rec = await model.batchers[item.mode].recommend(miss.scenario)
+        else:
+            (rec,) = model.recommend_many([miss.scenario], item.mode, item.host_factor)
+        _fill(answers, [miss], [rec])
     return answers[0]  # type: ignore[return-value]  # filled above

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from ficco.features._validate import check_keys
+from ficco.features.host import HOST_FACTOR_RANGE
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
 
 MAX_EXPERTS = 1024
@@ -25,6 +26,12 @@ HARDWARE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MODE_DESCRIPTION = (
     "How the layer runs: eager (each kernel launched from Python) or graph (the layer runs inside a "
     "replayed CUDA graph); the best schedule can differ."
+)
+HostFactor = Annotated[float, Field(ge=HOST_FACTOR_RANGE[0], le=HOST_FACTOR_RANGE[1])]
+HOST_FACTOR_DESCRIPTION = (
+    "Eager mode: this machine's host time per launch over the executor's host prices (features.host; a "
+    "dataset card's 'Host speed' gives a measured machine's); null = the model's training data's. A slower "
+    "host moves small shapes toward schedules of fewer launches."
 )
 
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
@@ -70,6 +77,7 @@ class ScenarioIn(_Request):
         description="MoE only: busiest / mean load.",
     )
     mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
+    host_factor: HostFactor | None = Field(default=None, description=HOST_FACTOR_DESCRIPTION)
 
     def cache_key(self) -> tuple:
         """The fields that decide a model's answer (the hardware picks the model, so it is not included)."""
@@ -84,6 +92,7 @@ class ScenarioIn(_Request):
             self.top_k,
             self.imbalance,
             self.mode,
+            self.host_factor,
         )
 
 
@@ -101,6 +110,11 @@ class RecommendationPublic(BaseModel):
     fallback_reason: str | None = Field(description="Why the fallback fired.")
     model_version: str = Field(description="Version of the model that answered.")
     hardware_id: str = Field(description="Hardware profile of the model that answered.")
+    host_factor: float | None = Field(
+        default=None,
+        description="The host factor the answer is for (the model's training data's unless the request "
+        "named one); null from servers that predate it.",
+    )
     requested_hardware: str = Field(description="Hardware id the request named (or the server default).")
     hardware_substitution: str | None = Field(
         description="Null when the requested hardware's own model answered; else the profile used and why."
@@ -138,6 +152,7 @@ class _ScoreSettings(_Request):
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
     hardware: HardwareId | None = Field(default=None, description="Hardware id; null = the server default.")
     mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
+    host_factor: HostFactor | None = Field(default=None, description=HOST_FACTOR_DESCRIPTION)
     kv_layout: KvLayout = Field(default="megatron", description=KV_LAYOUT_DESCRIPTION)
 
 

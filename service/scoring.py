@@ -99,9 +99,9 @@ def _fields(pair: LayerPair) -> dict[str, object]:
     return fields
 
 
-def _item(pair: LayerPair, hardware: str, mode: str) -> ScenarioIn:
+def _item(pair: LayerPair, hardware: str, mode: str, host_factor: float | None) -> ScenarioIn:
     try:
-        return ScenarioIn(**_fields(pair), hardware=hardware, mode=mode)
+        return ScenarioIn(**_fields(pair), hardware=hardware, mode=mode, host_factor=host_factor)
     except ValidationError as err:
         raise InvalidFieldsError([field_error(["body", "config"], pair.name, str(err))]) from None
 
@@ -186,7 +186,7 @@ def score_model(
     per_tokens = _pairs(config, request, resolution.model)
     model = resolution.model
     measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
-    items: list[ScenarioIn] = [_item(pair, hardware, request.mode) for pair in measured]
+    items = [_item(pair, hardware, request.mode, request.host_factor) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
 
     def pair_score(pair: LayerPair) -> PairScore:

@@ -35,13 +35,19 @@ class Predictor(Protocol):
     hardware_id: str
     card: dict
 
-    def recommend(self, scenarios: Sequence[Scenario], mode: str = "eager") -> list[Any]: ...
+    def recommend(
+        self, scenarios: Sequence[Scenario], mode: str = "eager", *, host_factor: float | None = None
+    ) -> list[Any]: ...
 
 
 # ADAPTER (remove once training's predictor v2 has landed: every predictor then takes ``mode``).
-def predict_fn(predictor: Predictor, mode: str) -> Callable[[Sequence[Scenario]], list[Any]]:
-    """``scenarios -> predictor.recommend(scenarios, mode=mode)``."""
-    return functools.partial(predictor.recommend, mode=mode)
+def predict_fn(
+    predictor: Predictor, mode: str, host_factor: float | None = None
+) -> Callable[[Sequence[Scenario]], list[Any]]:
+    """``scenarios -> predictor.recommend(scenarios, mode=mode)``, with ``host_factor=`` when one is given
+    (None: the model's own)."""
+    machine = {} if host_factor is None else {"host_factor": host_factor}
+    return functools.partial(predictor.recommend, mode=mode, **machine)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,10 +84,13 @@ class ServedModel:
             return None
         return f"no measured data for op {op!r} on {self.profile.id}; measured ops: {list(self.ops)}"
 
-    def recommend_many(self, scenarios: Sequence[Scenario], mode: str) -> list[Any]:
-        """The predictor's answers for ``scenarios`` run in ``mode``; a large list is split over
-        ``bulk_threads`` threads."""
-        return predict_split(predict_fn(self.predictor, mode), scenarios, self.bulk, parts=self.bulk_threads)
+    def recommend_many(
+        self, scenarios: Sequence[Scenario], mode: str, host_factor: float | None = None
+    ) -> list[Any]:
+        """The predictor's answers for ``scenarios`` run in ``mode`` on a machine of ``host_factor`` (None:
+        the model's own); a large list is split over ``bulk_threads`` threads."""
+        predict = predict_fn(self.predictor, mode, host_factor)
+        return predict_split(predict, scenarios, self.bulk, parts=self.bulk_threads)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -79,3 +79,49 @@ def test_cli_mode_option_is_checked(registry_root):
     assert CliRunner().invoke(app, [*args, "--mode", "graph"]).exit_code == 0
     bad = CliRunner().invoke(app, [*args, "--mode", "compiled"])
     assert bad.exit_code == 2 and "mode" in bad.output
+
+
+def test_predict_fn_passes_a_host_factor_only_when_given():
+    seen = []
+
+    class _Predictor:
+        def recommend(self, scenarios, mode="eager", **machine):
+            seen.append(machine)
+            return []
+
+    predict_fn(_Predictor(), "eager")([])
+    predict_fn(_Predictor(), "eager", 1.5)([])
+    assert seen == [{}, {"host_factor": 1.5}]
+
+
+def test_host_factor_reaches_the_predictor_and_keys_the_cache(registry_root, start, monkeypatch):
+    """A request's host factor is the one its answer is for, on the single, batch and score paths; answers
+    for other factors are cached apart; out of range is refused naming the field and the range."""
+    from ficco.training.predictor import Predictor
+
+    seen: list[float | None] = []
+    original = Predictor.recommend
+
+    def recommend(self, scenarios, mode="eager", *, host_factor=None):
+        seen.append(host_factor)
+        return original(self, scenarios, mode=mode, host_factor=host_factor)
+
+    monkeypatch.setattr(Predictor, "recommend", recommend)
+    with start(registry_root) as client:
+        own = client.post("/v1/recommend", json=GOOD).json()["host_factor"]
+        seen.clear()
+        slow = client.post("/v1/recommend", json={**GOOD, "host_factor": 4.0}).json()
+        again = client.post("/v1/recommend", json={**GOOD, "host_factor": 4.0}).json()
+        batch = client.post("/v1/recommend/batch", json={"scenarios": [{**GOOD, "host_factor": 2.0}]}).json()
+        config = {
+            "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        }  # fmt: skip
+        client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [4096], "host_factor": 3.0})
+        bad = client.post("/v1/recommend", json={**GOOD, "host_factor": 0})
+    assert slow["host_factor"] == again["host_factor"] == 4.0 and own != 4.0
+    assert batch["data"][0]["host_factor"] == 2.0  # answered in the batch worker process
+    assert seen == [4.0, 3.0]  # the repeat came from the cache
+    assert bad.status_code == 422
+    detail = bad.json()["detail"][0]
+    assert detail["loc"][-1] == "host_factor" and "0.25" in str(detail)

@@ -82,6 +82,17 @@ def test_recommend_json_equals_api(client, registry_root):
     assert json.loads(out) == api
 
 
+def test_recommend_for_another_machines_host_factor(client, registry_root):
+    args = ["recommend", "--op", "ag_gemm", "--m", "512", "--n", "4096", "--k", "4096", "--format", "json"]
+    code, out = _run(*args, "--host-factor", "2.5", "--model-root", str(registry_root))
+    assert code == 0, out
+    body = {"op": "ag_gemm", "m": 512, "n": 4096, "k": 4096, "host_factor": 2.5}
+    assert json.loads(out) == client.post("/v1/recommend", json=body).json()
+    assert json.loads(out)["host_factor"] == 2.5
+    code, out = _run(*args, "--host-factor", "20", "--model-root", str(registry_root))
+    assert code == 2 and "host_factor" in out
+
+
 def test_recommend_table_shows_schedule(registry_root):
     code, out = _run(
         "recommend",
