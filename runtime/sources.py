@@ -88,8 +88,10 @@ class PredictorSource:
 class ServiceSource:
     """The recommendation service, through a ``service.client.ServiceClient``."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, host_factor: float | None = None) -> None:
         self.client = client
+        self.host_factor = host_factor
+        """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
         self.origin = "service"
 
     @property
@@ -112,6 +114,7 @@ class ServiceSource:
                 "world_size": s.world_size,
                 "hardware": s.hardware.id,
                 "mode": mode,
+                **({} if self.host_factor is None else {"host_factor": self.host_factor}),
             }
             for s in scenarios
         ]

@@ -254,7 +254,8 @@ def report_command(
             )
         except ModelLoadError as err:
             raise fail(str(err)) from None
-        predicted = predictor.decide(loaded.table.X, loaded.table.modes).final
+        table = loaded.table  # the model asked for the host of the machine that measured the dataset
+        predicted = predictor.decide(table.X, table.modes, host_factor=table.host_factor).final
         label = f"model {predictor.version} (may have trained on these)"
     evaluation = evaluate(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     path = write_report(

@@ -101,11 +101,12 @@ def compare(
     """Whether the new model beats ``current`` on ``table``: (better, reason, current's metrics).
 
     The new model's number is its held-out loss (grouped cross-validation); the current model's is its
-    loss on the same scenarios, which it has not seen unless they were in its own dataset.
+    loss on the same scenarios, which it has not seen unless they were in its own dataset, asked at the
+    host factor of the machine that measured them (the table's).
     """
     if current is None:
         return True, "no usable current model", None
-    picks = current.decide(table.X, table.modes).final
+    picks = current.decide(table.X, table.modes, host_factor=table.host_factor).final
     current_loss = mean_loss(table, picks)
     metrics = score(table, picks)
     better = new_loss < current_loss

@@ -100,9 +100,12 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
         "world_size": 2,
         "hardware": "h200x2",
     }
-    assert sent["mode"] == "eager"
+    assert sent["mode"] == "eager" and sent.get("host_factor") is None
     source.forget()
     assert len(source.client.cache) == 0
+    client = ServiceClient("http://ficco.test", transport=httpx.MockTransport(handler), retries=0)
+    ServiceSource(client, host_factor=1.6).recommend(SCENARIOS, "eager")
+    assert [item["host_factor"] for item in bodies[-1]["scenarios"]] == [1.6, 1.6]
 
 
 def test_service_down_runs_serial_with_the_reason():

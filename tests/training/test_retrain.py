@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from ficco.cli import app
 from ficco.training.registry import current_version, list_models
-from ficco.training.retrain import decision_margin, farthest_points, informative_subset
+from ficco.training.retrain import compare, decision_margin, farthest_points, informative_subset
 
 runner = CliRunner()
 
@@ -87,3 +87,19 @@ def test_retrain_gpu_measure_launches_the_sweep_worker_on_every_gpu(tmp_path, mo
 
 class _Done:
     returncode = 0
+
+
+def test_compare_asks_the_current_model_at_the_new_machines_host_factor(table):
+    """The current model is scored on the new sweep as it would answer on that machine."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    seen = []
+
+    class _Current:
+        def decide(self, X, modes, *, host_factor=None):
+            seen.append(host_factor)
+            return SimpleNamespace(final=np.zeros(len(X), dtype=np.int64))  # always serial/sm
+
+    better, reason, metrics = compare(dataclasses.replace(table, host_factor=1.7), 0.0, _Current())
+    assert seen == [1.7] and better and "current model's" in reason and metrics["n_scenarios"] > 0
