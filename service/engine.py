@@ -73,7 +73,7 @@ def _plan(
     items: Sequence[ScenarioIn],
     default_hardware: str,
     locs: Sequence[Sequence[str | int]] | None,
-) -> tuple[list[RecommendationPublic | None], dict[tuple[str, str], list[_Miss]]]:
+) -> tuple[list[RecommendationPublic | None], dict[tuple[str, str, float | None], list[_Miss]]]:
     """Resolve each item's model and look it up in that model's cache: (answers so far, misses by
     (model, mode, host factor)).
 
