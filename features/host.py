@@ -174,6 +174,13 @@ def _host_row(op: str, world_size: int, local_experts: int) -> np.ndarray:
     return row
 
 
+def op_prices(op: str, world_size: int, experts: int = 0) -> np.ndarray:
+    """:func:`host_us` of every schedule in canonical order for ``op`` on ``world_size`` ranks with
+    ``experts`` experts in all (MoE ops; each rank's share is the GEMMs a whole block of rows needs), float64
+    ``[S]`` (read-only, cached)."""
+    return _host_row(op, world_size, max(experts // world_size, 1))
+
+
 def host_prices(X: np.ndarray) -> np.ndarray:
     """:func:`host_us` of every schedule for each feature row, us float64 ``[n, S]``.
 
@@ -186,11 +193,11 @@ def host_prices(X: np.ndarray) -> np.ndarray:
         return np.empty((0, len(_SCHEDULES)))
     ops = np.argmax(X[:, _OP_COLUMNS], axis=1)
     world = X[:, _WORLD_SIZE].astype(np.int64)
-    local = np.maximum(X[:, _EXPERTS].astype(np.int64) // world, 1)
+    experts = X[:, _EXPERTS].astype(np.int64)
     if len(X) == 1:  # one decision: skip the grouping
-        return _host_row(OPS[ops[0]], int(world[0]), int(local[0]))[None, :]
-    keys, inverse = np.unique(np.stack([ops, world, local], axis=1), axis=0, return_inverse=True)
-    rows = np.stack([_host_row(OPS[o], int(w), int(e)) for o, w, e in keys.tolist()])
+        return op_prices(OPS[ops[0]], int(world[0]), int(experts[0]))[None, :]
+    keys, inverse = np.unique(np.stack([ops, world, experts], axis=1), axis=0, return_inverse=True)
+    rows = np.stack([op_prices(OPS[o], int(w), int(e)) for o, w, e in keys.tolist()])
     return rows[inverse.reshape(-1)]
 
 

@@ -165,8 +165,8 @@ def host_factor_of(df: pd.DataFrame) -> float:
     """The measuring machine's host factor (``features.host.estimate_host_factor``) from dataset rows: the
     eager and graph times of each (scenario, schedule) measured ok in both modes against its host price;
     NaN when no eager time is host-bound."""
-    from ficco.features import Schedule
-    from ficco.features.host import estimate_host_factor, host_us
+    from ficco.features import all_schedules
+    from ficco.features.host import estimate_host_factor, op_prices
 
     timed = with_label_times(df[df["ok"].astype(bool)])
     keys = ["scenario_id", "schedule", "op", "world_size", "experts"]
@@ -174,11 +174,11 @@ def host_factor_of(df: pd.DataFrame) -> float:
         timed[timed["mode"] == "graph"][["scenario_id", "schedule", "time_ms"]],
         on=["scenario_id", "schedule"], suffixes=("_eager", "_graph"),
     )  # fmt: skip
-    prices: dict[tuple, float] = {}
-    for key in pairs[["op", "world_size", "experts", "schedule"]].drop_duplicates().itertuples(index=False):
-        op, world, experts, schedule = key
-        local = max(int(experts) // int(world), 1)
-        prices[tuple(key)] = host_us(op, int(world), Schedule.parse(schedule), local)
-    price = np.array([prices[k] for k in zip(pairs["op"], pairs["world_size"], pairs["experts"],
-                                              pairs["schedule"], strict=True)])  # fmt: skip
+    column = {str(s): i for i, s in enumerate(all_schedules())}
+    price = np.array([
+        op_prices(op, int(world), int(experts))[column[schedule]]
+        for op, world, experts, schedule in zip(
+            pairs["op"], pairs["world_size"], pairs["experts"], pairs["schedule"], strict=True
+        )
+    ])  # fmt: skip
     return estimate_host_factor(pairs["time_ms_eager"].to_numpy(), pairs["time_ms_graph"].to_numpy(), price)

@@ -84,6 +84,8 @@ class Decision:
     """Where serial/sm replaced ``raw``, bool ``[n]``."""
     speedups: np.ndarray
     """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
+    host_factor: float
+    """The host factor the eager rows were answered for (``features.host``)."""
 
 
 class Predictor:
@@ -196,7 +198,7 @@ class Predictor:
         final = np.where(fallback, SERIAL_INDEX, raw)
         return Decision(
             schedules=_SCHEDULE_NAMES[final], final=final, raw=raw, speedup=speedup,
-            fallback=fallback, speedups=speedups,
+            fallback=fallback, speedups=speedups, host_factor=host_factor,
         )  # fmt: skip
 
     def recommend(
@@ -217,7 +219,6 @@ class Predictor:
                 f"on other hardware, e.g. {foreign[0]}. Load the model of that hardware (list them with "
                 "ficco.training.registry.list_models)"
             )
-        host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=host_factor)
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
@@ -233,7 +234,7 @@ class Predictor:
                 fallback_reason=reason(speedup[i]) if fallback[i] else None,
                 model_version=self.version,
                 hardware_id=self.hardware_id,
-                host_factor=host_factor,
+                host_factor=d.host_factor,
             )
             for i in range(len(scenarios))
         ]
