@@ -22,7 +22,9 @@ events, stream switches, copies, the symmetric-memory barrier, graph replays of 
 ``primitives``: what a schedule's host time is made of. Prints a table (median microseconds per call over
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
-for proportions), under ``profiles`` in the JSON.
+for proportions), under ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
+(``harness.affinity``: none, share, core) after the warm-up; run the script several times per policy to
+see how much a fresh process's host time moves with where the kernel put it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from ficco.harness.affinity import PIN_POLICIES, placement_for_rank  # noqa: E402 (imports no torch)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -140,6 +143,12 @@ def main() -> None:
         metavar="CALLS",
         help="after timing, profile CALLS calls of every schedule with cProfile (0: no profile)",
     )
+    parser.add_argument(
+        "--pin",
+        choices=PIN_POLICIES,
+        default="none",
+        help="where each rank's threads run (harness.affinity), applied after the warm-up",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rank 0)")
     args = parser.parse_args()
     if args.primitives and args.device != "cuda":
@@ -194,6 +203,12 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     for case in cases:
         for _ in range(args.warmup):
             calls[case]()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    placement = placement_for_rank(
+        args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), device.index if cuda else None
+    )
+    placement.apply()
+    print(f"rank {rank}: placement {placement.describe()}", flush=True)
     per_call: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     excl_comm: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     order = random.Random(args.seed)
@@ -356,7 +371,7 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
         "rows": args.rows,
         "width": args.width,
     }
-    meta |= {"rounds": args.rounds, "batch": args.batch, "torch": torch.__version__}
+    meta |= {"rounds": args.rounds, "batch": args.batch, "pin": args.pin, "torch": torch.__version__}
     meta |= {"env": {name: os.environ[name] for name in sorted(os.environ) if name.startswith(TRACKED_ENV)}}
     results = [r for r in rows if r["op"] != "primitive"]
     primitives = [

@@ -23,6 +23,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
+from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -170,6 +171,14 @@ def bench(
             "labels (0: always --rounds).",
         ),
     ] = TIMED_MS,
+    pin: Annotated[
+        PinPolicy,
+        typer.Option(
+            help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
+            "share (each rank an equal share of the CPUs) or core (the rank's main thread alone on one "
+            "physical core, near its GPU, the other threads on the rest of its share).",
+        ),
+    ] = DEFAULT_PIN,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
     noise: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
@@ -289,6 +298,7 @@ def bench(
                 remeasure=remeasure,
                 flush_seconds=flush_seconds,
                 deadline=deadline,
+                pin=pin.value,
             ),
         )
     _write_card(out)

@@ -21,6 +21,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import OPS
+from ficco.harness.affinity import DEFAULT_PIN
 from ficco.harness.backend import Timing
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
@@ -129,6 +130,8 @@ class WorkerSettings:
     """Seconds between dataset writes."""
     deadline: float | None = None
     """``time.time()`` after which no scenario starts (None: no limit)."""
+    pin: str = DEFAULT_PIN
+    """Where each rank's threads run (``harness.affinity.PIN_POLICIES``)."""
 
 
 def torchrun_command(
@@ -149,6 +152,7 @@ def torchrun_command(
         "--remeasure": settings.remeasure,
         "--flush-seconds": settings.flush_seconds,
         "--deadline": settings.deadline or 0.0,
+        "--pin": settings.pin,
     }
     return [
         sys.executable,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario, candidates
-from ficco.harness.backend import Backend, Measurement, ScenarioResult
+from ficco.harness.backend import PROTOCOL_BEFORE, Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import (
     FORMAT,
     MANIFEST,
@@ -165,10 +165,11 @@ def _open_manifest(
             for d in fingerprint_differences(manifest["fingerprint"], fingerprint)
             if same_seed or not d.startswith("seed:")
         ]
+        recorded = PROTOCOL_BEFORE | manifest["protocol"]
         diff += [
-            f"protocol {key}: dataset {manifest['protocol'].get(key)!r}, now {value!r}"
+            f"protocol {key}: dataset {recorded.get(key)!r}, now {value!r}"
             for key, value in protocol.items()
-            if manifest["protocol"].get(key) != value
+            if recorded.get(key) != value
         ]
         if diff:
             raise FingerprintMismatch(

@@ -55,6 +55,7 @@ import numpy as np
 
 from ficco.features import MODES, OP_SPECS, SERIAL, Routing, Scenario, Schedule
 from ficco.features.ops import OpShapes
+from ficco.harness.affinity import Placement
 from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult, Timing
 
 if TYPE_CHECKING:
@@ -123,6 +124,9 @@ class TorchBackend:
         Device barriers of the copy-engine executor trap after this long instead of hanging (0: never).
     seed : int, default=0
         Added to each scenario's seed, to draw other inputs and other round orders.
+    placement : harness.affinity.Placement, optional
+        Where this rank's threads run; applied before each scenario's timed rounds (after its checks and
+        captures, which may start threads). Default: left to the kernel (policy ``none``).
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class TorchBackend:
         timing: Timing | None = None,
         timeout_s: float = 120.0,
         seed: int = 0,
+        placement: Placement | None = None,
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -162,6 +167,7 @@ class TorchBackend:
         self.modes = tuple(m for m in MODES if m in modes)
         self.timing = timing
         self.seed = seed
+        self.placement = placement or Placement("none", ())
         self.phase_seconds: dict[str, float] = {}
         """Wall seconds spent so far per phase: ``inputs``, ``checks``, ``captures``, ``timing <mode>``."""
         self._token = torch.zeros(1, device=self.device)
@@ -198,6 +204,7 @@ class TorchBackend:
                     for schedule in schedules:
                         items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
                     items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
+            self.placement.apply()
             self._time_rounds(items, self._order_seed(scenario))
             return self._result(items, schedules)
         finally:
@@ -245,7 +252,8 @@ class TorchBackend:
             self.timing, self.phase_seconds = timing, phases
 
     def protocol(self) -> dict:
-        """Modes, the ``Timing`` settings, the protocol's fixed limits, and how graph rounds are aligned."""
+        """Modes, the ``Timing`` settings, the protocol's fixed limits, how graph rounds are aligned, and the
+        CPU placement policy of the ranks' threads (``pin``)."""
         return {
             "modes": list(self.modes),
             **self.timing.to_dict(),
@@ -253,6 +261,7 @@ class TorchBackend:
             "max_graph_calls": MAX_GRAPH_CALLS,
             "rotate_bytes": ROTATE_BYTES,
             "graph_rounds": "queued" if self.name == "gpu" else "host-aligned",
+            "pin": self.placement.policy,
         }
 
     def fingerprint(self) -> dict:

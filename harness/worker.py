@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ficco.features import MODES
+from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_for_rank
 from ficco.harness.backend import Timing
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -44,18 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
+    p.add_argument(
+        "--pin",
+        choices=PIN_POLICIES,
+        default=DEFAULT_PIN,
+        help="where the rank's threads run (harness.affinity)",
+    )
     return p.parse_args(argv)
-
-
-def pin_to_cores(local_rank: int, local_world_size: int) -> list[int]:
-    """Give this rank its own equal share of the CPU cores it may run on (returned), so that the ranks'
-    Python threads, whose speed is the eager mode's host time, do not move between or share cores."""
-    cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // max(local_world_size, 1)
-    if share >= 1:
-        cores = cores[local_rank * share : (local_rank + 1) * share]
-        os.sched_setaffinity(0, cores)
-    return cores
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     from ficco.harness.torch_backend import TorchBackend
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    pin_to_cores(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    gpu = local_rank if args.device == "cuda" else None  # executor.process_group's device
+    placement = placement_for_rank(args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), gpu)
+    placement.confine()
+    print(f"rank {local_rank}: CPU placement {placement.describe()}", file=sys.stderr, flush=True)
     with executor.process_group(args.device):
         plan = Plan.from_json(args.plan.read_text())
         sizes = {s.world_size for _, s in plan}
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             rounds=args.rounds, max_rounds=args.max_rounds, block_ms=args.block_ms, timed_ms=args.timed_ms
         )
         seed = 1 if args.phase == "noise" else 0  # the re-measure: other inputs and round orders
-        backend = TorchBackend(device=args.device, modes=modes, timing=timing, seed=seed)
+        backend = TorchBackend(device=args.device, modes=modes, timing=timing, seed=seed, placement=placement)
         if args.phase == "sweep":
             run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds, deadline=deadline)
         else:

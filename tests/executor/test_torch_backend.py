@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 import pytest
@@ -61,12 +62,21 @@ def _measure_world(rank: int, world_size: int) -> dict:
     import torch
 
     from ficco import executor
+    from ficco.harness.affinity import placement_for_rank
     from ficco.harness.torch_backend import TorchBackend, _Case
 
     real = dict(executor.OP_FUNCTIONS)
     executor.OP_FUNCTIONS.update({op: _corrupting(real[op]) for op in CORRUPTED_OPS})  # what run_op calls
     a_shard = torch.randn(8, 16)
+    before = os.sched_getaffinity(0)
+    placement = placement_for_rank("core", rank, world_size, None)
     try:
+        pinned = TorchBackend(
+            device="cpu",
+            modes=("eager",),
+            timing=Timing(rounds=2, max_rounds=4, timed_ms=1e6),
+            placement=placement,
+        )
         backend = TorchBackend(
             device="cpu", modes=("eager",), timing=Timing(rounds=3, max_rounds=3, block_ms=0.2)
         )
@@ -84,13 +94,13 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "identity": (backend.name, backend.rank, backend.world_size),
             "protocol": backend.protocol(),
             "alone": backend.time_rounds(lambda: executor.communicate("ag_gemm", a_shard, "dma")),
-            "sized": TorchBackend(
-                device="cpu", modes=("eager",), timing=Timing(rounds=2, max_rounds=4, timed_ms=1e6)
-            ).measure(RS, candidates(RS)[:3]),
+            "sized": pinned.measure(RS, candidates(RS)[:3]),
+            "pinned": (pinned.protocol()["pin"], placement.main, sorted(os.sched_getaffinity(0))),
             "phases": sorted(backend.phase_seconds),
         }
     finally:
         executor.OP_FUNCTIONS.update(real)
+        os.sched_setaffinity(0, before)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +179,14 @@ def test_rounds_are_sized_by_time_and_agreed_by_every_rank(results):
         assert [len(m.round_ms) for m in result["sized"].measurements] == [4, 4, 4]
     assert results[0]["sized"].measurements == results[1]["sized"].measurements
     assert results[0]["phases"] == ["captures", "checks", "inputs", "timing eager"]
+
+
+def test_a_placement_pins_the_main_thread_before_timing_and_is_recorded(results):
+    for result in results:
+        policy, main, affinity = result["pinned"]
+        assert policy == "core" and len(main) == 1 and affinity == list(main)
+    assert results[0]["pinned"][1] != results[1]["pinned"][1] or len(os.sched_getaffinity(0)) == 1
+    assert results[0]["protocol"]["pin"] == "none"  # a backend built without a placement
 
 
 def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):

@@ -211,6 +211,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
             timing=Timing(rounds=7, max_rounds=9, block_ms=0.5, timed_ms=120.0),
             remeasure=64,
             flush_seconds=10.0,
+            pin="core",
         ),
     )
     assert command[:5] == [
@@ -229,9 +230,10 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         args.modes,
         (args.rounds, args.max_rounds, args.block_ms, args.timed_ms),
         args.remeasure,
+        args.pin,
     )
     timing = (7, 9, 0.5, 120.0)
-    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", timing, 64)
+    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", timing, 64, "core")
     assert SAFE_ENV == {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -127,6 +127,25 @@ def test_resume_on_another_fingerprint_is_refused_naming_keys(tmp_path, small_pl
         run_sweep(small_plan, SimBackend(h200, seed=7), tmp_path / "ds", progress=False)
 
 
+class PinnedSim(SimBackend):
+    """The sim backend, claiming a CPU placement policy in its protocol (as ``TorchBackend`` records it)."""
+
+    def __init__(self, hardware, pin, **kwargs):
+        super().__init__(hardware, **kwargs)
+        self.pin = pin
+
+    def protocol(self):
+        return super().protocol() | {"pin": self.pin}
+
+
+def test_resume_of_a_dataset_from_before_the_pin_setting_counts_it_as_share(tmp_path, small_plan, h200):
+    out = run_sweep(small_plan[:2], SimBackend(h200), tmp_path / "ds", progress=False)
+    assert "pin" not in read_manifest(out)["protocol"]  # as every dataset measured before the setting
+    run_sweep(small_plan[:3], PinnedSim(h200, "share"), out, progress=False)
+    with pytest.raises(FingerprintMismatch, match="protocol pin: dataset 'share', now 'core'"):
+        run_sweep(small_plan, PinnedSim(h200, "core"), out, progress=False)
+
+
 def test_resume_with_another_hardware_profile_is_refused(tmp_path, h200):
     run_sweep(
         plan_scenarios([], grid_size=2, hardware=h200), SimBackend(h200), tmp_path / "ds", progress=False

@@ -1,0 +1,98 @@
+"""CPU placement of a rank's threads: cpulists, SMT cores from sysfs, the per-rank plan, applying it."""
+
+import os
+import threading
+
+import pytest
+
+from ficco.harness.affinity import Placement, parse_cpulist, physical_cores, plan_placement
+
+
+def test_parse_cpulist_ranges_and_singles():
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("5") == [5]
+
+
+@pytest.mark.parametrize("text", ["a-3", "4-2", "1-x"])
+def test_parse_cpulist_names_the_bad_entry(text):
+    with pytest.raises(ValueError, match="cpulist"):
+        parse_cpulist(text)
+
+
+def _fake_sysfs(tmp_path, siblings: dict[int, str]):
+    for cpu, text in siblings.items():
+        topo = tmp_path / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "thread_siblings_list").write_text(text + "\n")
+    return tmp_path
+
+
+def test_physical_cores_groups_smt_siblings(tmp_path):
+    sys_cpu = _fake_sysfs(tmp_path, {0: "0,4", 1: "1,5", 4: "0,4", 5: "1,5"})
+    assert physical_cores([0, 1, 4, 5], sys_cpu) == [(0, 4), (1, 5)]
+
+
+def test_physical_cores_keep_only_allowed_siblings_and_unknown_cpus_alone(tmp_path):
+    sys_cpu = _fake_sysfs(tmp_path, {0: "0,4"})
+    assert physical_cores([0, 7], sys_cpu) == [(0,), (7,)]
+
+
+CORES = [(0, 8), (1, 9), (2, 10), (3, 11), (4, 12), (5, 13), (6, 14), (7, 15)]
+CPUS = sorted(c for core in CORES for c in core)
+
+
+def test_share_gives_ranks_disjoint_whole_cores():
+    plans = [plan_placement("share", r, 2, CPUS, CORES) for r in range(2)]
+    assert plans[0].threads == (0, 1, 2, 3, 8, 9, 10, 11)
+    assert plans[1].threads == (4, 5, 6, 7, 12, 13, 14, 15)
+    assert not plans[0].main
+
+
+def test_core_gives_the_main_thread_a_core_of_its_own_preferring_gpu_local_cpus():
+    placement = plan_placement("core", 1, 2, CPUS, CORES, local={6, 7, 14, 15})
+    assert placement.main == (6,)
+    assert placement.gpu_local is True
+    assert 6 not in placement.threads and 14 not in placement.threads  # the sibling stays idle
+    assert set(placement.threads) == {4, 5, 7, 12, 13, 15}
+
+
+def test_core_without_locality_takes_the_first_core_and_reports_unknown():
+    placement = plan_placement("core", 0, 2, CPUS, CORES)
+    assert placement.main == (0,)
+    assert placement.gpu_local is None
+    assert "main thread on CPU 0" in placement.describe()
+
+
+def test_more_ranks_than_cores():
+    cores = [(0,), (1,)]
+    placement = plan_placement("core", 2, 3, [0, 1], cores)
+    assert placement.main == (0,)
+    assert placement.threads == (1,)
+    assert plan_placement("share", 2, 3, [0, 1], cores).threads == (0, 1)
+
+
+def test_bad_policy_and_rank_are_named():
+    with pytest.raises(ValueError, match="'fast'"):
+        plan_placement("fast", 0, 1, CPUS, CORES)
+    with pytest.raises(ValueError, match=r"local rank 2 is outside 0\.\.1"):
+        plan_placement("share", 2, 2, CPUS, CORES)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
+def test_apply_pins_the_main_thread_and_moves_the_others():
+    before = os.sched_getaffinity(0)
+    cpus = sorted(before)
+    main, rest = cpus[:1], cpus[1:] or cpus[:1]
+    stop = threading.Event()
+    seen: list[set[int]] = []
+    helper = threading.Thread(target=lambda: (stop.wait(), seen.append(os.sched_getaffinity(0))))
+    helper.start()
+    try:
+        moved = Placement("core", tuple(rest), main=tuple(main)).apply()
+        assert os.sched_getaffinity(0) == set(main)
+    finally:
+        stop.set()
+        helper.join()
+        os.sched_setaffinity(0, before)
+    assert moved >= 1
+    assert seen == [set(rest)]
