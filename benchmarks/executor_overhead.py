@@ -22,7 +22,8 @@ events, stream switches, copies, the symmetric-memory barrier, graph replays of 
 ``primitives``: what a schedule's host time is made of. Prints a table (median microseconds per call over
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
-for proportions), under ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
+for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
+``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
 (``harness.affinity``: none, share, core) after the warm-up; run the script several times per policy to
 see how much a fresh process's host time moves with where the kernel put it.
 """
@@ -141,7 +142,14 @@ def main() -> None:
         type=int,
         default=0,
         metavar="CALLS",
-        help="after timing, profile CALLS calls of every schedule with cProfile (0: no profile)",
+        help="after timing, profile CALLS calls of every schedule (0: no profile)",
+    )
+    parser.add_argument(
+        "--profiler",
+        choices=("cprofile", "torch"),
+        default="cprofile",
+        help="--profile's tool: cProfile (Python functions) or torch.profiler (the host time of torch's "
+        "ops and of c10d's calls, e.g. nccl:send, below Python)",
     )
     parser.add_argument(
         "--pin",
@@ -240,7 +248,8 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     if args.profile:
         for case in cases:
             sync()
-            profiles[" ".join(case)] = profile_calls(calls[case], args.profile)
+            profile = torch_profile_calls if args.profiler == "torch" else profile_calls
+            profiles[" ".join(case)] = profile(calls[case], args.profile)
         sync()
     return rows, profiles
 
@@ -350,6 +359,29 @@ def profile_calls(call: Callable[[], object], calls: int, top: int = PROFILE_TOP
         for (file, line, name), entry in ranked
     ]
     return {"profiled_us_per_call": round(total / calls * 1e6, 1), "functions": functions}
+
+
+def torch_profile_calls(call: Callable[[], object], calls: int, top: int = PROFILE_TOP) -> dict:
+    """:func:`profile_calls` by ``torch.profiler`` (CPU activity): the ``top`` torch ops and c10d calls by
+    their own host time (``self_cpu_time_total``), in microseconds per call, with their calls per call;
+    ``profiled_us_per_call`` is the wall time of the profiled calls (the profiler's cost included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+    seconds = time.perf_counter() - start
+    ranked = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    functions = [
+        {
+            "function": e.key,
+            "own_us": round(e.self_cpu_time_total / calls, 2),
+            "calls": round(e.count / calls, 2),
+        }
+        for e in ranked
+    ]
+    return {"profiled_us_per_call": round(seconds / calls * 1e6, 1), "functions": functions}
 
 
 def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:

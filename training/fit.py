@@ -19,8 +19,9 @@ from ficco.training.table import ScheduleTable
 class TrainConfig:
     """Hyper-parameters of the pair model."""
 
-    objective: Literal["ratio", "rank"] = "ratio"
-    """``ratio`` (XGBRegressor of log(t / t_serial)) or ``rank`` (XGBRanker, rank:pairwise)."""
+    objective: Literal["ratio", "rank", "ndcg"] = "ratio"
+    """``ratio`` (XGBRegressor of log(t / t_serial)), ``rank`` (XGBRanker, rank:pairwise) or ``ndcg``
+    (XGBRanker, rank:ndcg on graded relevance): ``training.model``."""
     max_depth: int = 6
     """Depth of each tree, in [1, 16]."""
     n_estimators: int = 150
@@ -45,15 +46,16 @@ RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=4, n_estimators=60, lear
 """The time-ratio regressor: a candidate pick model, and the fallback's source of predicted gain."""
 CONFIG_GRID: tuple[TrainConfig, ...] = (
     RATIO_CONFIG,
-    TrainConfig(objective="rank", max_depth=4, n_estimators=100, learning_rate=0.2),
-    TrainConfig(objective="rank", max_depth=6, n_estimators=100, learning_rate=0.15),
+    TrainConfig(objective="ndcg", max_depth=4, n_estimators=100, learning_rate=0.2),
+    TrainConfig(objective="ndcg", max_depth=6, n_estimators=100, learning_rate=0.15),
 )
 """Candidates for cross-validation, the regressor first (ties in the selection go to it: it alone also
 gives the fallback its time ratio). Sizes from a sweep on the committed h200x2 data (reports/
 predictor-v2-cv.md): for each objective the best held-out loss among depth 4-6 and 60-150 rounds, and no
-more than 100 trees, which keeps the fast path's single decision near 100 us. The deeper ranker came with the
-protocol-v3 labels (2026-11-23, grouped CV on datasets/h200x2): held-out loss 0.0223 against 0.0269 (depth 4)
-and 0.0286 (regressor); depth 5 gave 0.0264, a depth-6 regressor 0.0286."""
+more than 100 trees, which keeps the fast path's single decision near 100 us. The rankers are trained on
+``rank:ndcg`` with graded relevance since 2026-11-23 (grouped CV on datasets/h200x2 + h200x2-moe, mean
+held-out loss): depth 4 0.0184 and depth 6 0.0190, against 0.0244 and 0.0218 for the same rankers on
+``rank:pairwise`` and 0.0262 for the regressor; a depth-6, 60-round one gave 0.0188."""
 
 
 def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

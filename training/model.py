@@ -8,8 +8,14 @@ objectives, chosen by grouped cross-validation (``training.crossval``):
 
 - ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
   the prediction itself is the time ratio the safe fallback needs;
-- ``rank``: ``XGBRanker`` (``rank:pairwise``) with one query per (scenario, mode); the pick is the highest
-  score, and a ``ratio`` model beside it supplies the time ratio.
+- ``rank``: ``XGBRanker`` (``rank:pairwise``) with one query per (scenario, mode), relevance
+  ``-log(t / t_serial)``; the pick is the highest score, and a ``ratio`` model beside it supplies the time
+  ratio;
+- ``ndcg``: the same ranker trained on ``rank:ndcg`` (LambdaMART, pairs from the top of each query) with
+  graded relevance: :func:`relevance_grades`, one grade per ``RELEVANCE_STEP`` (1%) of slowdown behind the
+  query's fastest schedule. Schedules within 1% of each other, which the measurement cannot order (the best
+  set's floor, ``harness.labels``), share a grade, so their measured order is not learned as if it were
+  real, and the loss weighs the top of the order, where the pick is.
 
 Both save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
 never pickle.
@@ -83,6 +89,27 @@ def _descriptor(schedule: Schedule) -> list[float]:
 
 DESCRIPTORS = np.array([_descriptor(Schedule.parse(s)) for s in SCHEDULES])
 """Schedule descriptors in canonical order, float64 ``[S, 7]``."""
+
+
+OBJECTIVES = ("ratio", "rank", "ndcg")
+"""The pair model's objectives (module docstring); every one but ``ratio`` ranks within a query."""
+RELEVANCE_STEP = 0.01
+"""Slowdown behind the query's fastest schedule per relevance grade of the ``ndcg`` objective, in
+``log(t / t_best)`` (about 1%): the best set's floor (``harness.labels``), below which two schedules'
+order is measurement noise."""
+MAX_GRADE = 31
+"""The fastest schedule's grade: XGBoost's NDCG with exponential gain takes grades up to 31."""
+
+
+def relevance_grades(y: np.ndarray, qid: np.ndarray) -> np.ndarray:
+    """``ndcg`` relevance of pairs ``y = log(t / t_serial)`` ``[N]`` in queries ``qid`` ``[N]``:
+    ``MAX_GRADE`` minus whole ``RELEVANCE_STEP``s of slowdown behind the query's fastest, at least 0,
+    float64 ``[N]`` (31: within 1% of the fastest; 0: 31% or more behind it)."""
+    _, query = np.unique(qid, return_inverse=True)
+    fastest = np.full(query.max() + 1 if len(query) else 0, np.inf)
+    np.minimum.at(fastest, query, y)
+    behind = np.floor((y - fastest[query]) / RELEVANCE_STEP + 1e-9)
+    return MAX_GRADE - np.minimum(behind, MAX_GRADE)
 
 
 class FeatureSchemaError(ValueError):
@@ -177,7 +204,8 @@ class PairModel(BaseEstimator):
     Parameters
     ----------
     objective : {"ratio", "rank"}, default="ratio"
-        ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``).
+        ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``);
+        ``ndcg``: ``XGBRanker`` (``rank:ndcg``) on :func:`relevance_grades`.
     n_estimators : int, default=150
         Boosting rounds. The fast path (``training.fastpath``) walks every tree, so fewer is faster.
     max_depth : int, default=6
@@ -205,7 +233,7 @@ class PairModel(BaseEstimator):
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
-        "objective": [StrOptions({"ratio", "rank"})],
+        "objective": [StrOptions(set(OBJECTIVES))],
         "n_estimators": [Interval(Integral, 1, 5000, closed="both")],
         "max_depth": [Interval(Integral, 1, 16, closed="both")],
         "learning_rate": [Interval(Real, 0.0, 1.0, closed="right")],
@@ -253,14 +281,16 @@ class PairModel(BaseEstimator):
         }
         if self.objective == "rank":
             return xgb.XGBRanker(objective="rank:pairwise", **common)
+        if self.objective == "ndcg":
+            return xgb.XGBRanker(objective="rank:ndcg", lambdarank_pair_method="topk", **common)
         return xgb.XGBRegressor(objective="reg:squarederror", **common)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Z: Any, y: Any, *, qid: Any = None) -> PairModel:
         """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``.
 
-        ``qid`` ``[N]`` (int, sorted ascending) names the (scenario, mode) query of each pair; ``rank``
-        needs it (pairs are compared only within a query), ``ratio`` ignores it.
+        ``qid`` ``[N]`` (int, sorted ascending) names the (scenario, mode) query of each pair; the rankers
+        need it (pairs are compared only within a query), ``ratio`` ignores it.
         """
         Z = np.asarray(Z, dtype=np.float32)
         y = np.asarray(y, dtype=np.float64)
@@ -269,10 +299,12 @@ class PairModel(BaseEstimator):
         if y.shape != (len(Z),) or not np.all(np.isfinite(y)):
             raise ValueError(f"y must be {len(Z)} finite log time ratios; got shape {y.shape}")
         model = self._xgb()
-        if self.objective == "rank":
+        if self.objective != "ratio":
             if qid is None or len(qid) != len(Z) or np.any(np.diff(qid) < 0):
-                raise ValueError("objective='rank' needs qid: one sorted query id per pair")
-            model.fit(Z, -y, qid=np.asarray(qid))  # relevance: faster is better
+                raise ValueError(f"objective={self.objective!r} needs qid: one sorted query id per pair")
+            qid = np.asarray(qid)
+            relevance = -y if self.objective == "rank" else relevance_grades(y, qid)  # faster is better
+            model.fit(Z, relevance, qid=qid)
         else:
             model.fit(Z, y)
         booster = model.get_booster()

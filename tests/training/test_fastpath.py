@@ -9,13 +9,13 @@ from ficco.features import FEATURE_NAMES
 from ficco.features.host import TWIN_OF, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.fit import training_pairs
-from ficco.training.model import DESCRIPTORS, PAIR_FEATURE_NAMES, PairModel, pair_costs
+from ficco.training.model import DESCRIPTORS, OBJECTIVES, PAIR_FEATURE_NAMES, PairModel, pair_costs
 from ficco.training.policy import DecisionPolicy, ModePolicy
 from ficco.training.predictor import Predictor
 from tests.training.test_fit import split_columns
 
 
-@pytest.mark.parametrize("objective", ["ratio", "rank"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
 def test_specialised_margins_match_xgboost(table, objective):
     Z, y, qid = training_pairs(table)
     model = PairModel(objective=objective, n_estimators=40, max_depth=6).fit(Z, y, qid=qid)

@@ -11,11 +11,14 @@ from ficco.features import Scenario, candidates, feature_matrix, get_hardware
 from ficco.features.host import host_over_gpu
 from ficco.training.fit import training_pairs
 from ficco.training.model import (
+    OBJECTIVES,
     PAIR_FEATURE_NAMES,
+    RELEVANCE_STEP,
     SCHEDULES,
     FeatureSchemaError,
     PairModel,
     pair_matrix,
+    relevance_grades,
     valid_mask,
 )
 
@@ -25,7 +28,7 @@ def pairs(table):
     return training_pairs(table)
 
 
-@pytest.mark.parametrize("objective", ["ratio", "rank"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
 def test_fit_returns_self_and_learns_the_order(pairs, objective):
     Z, y, qid = pairs
     model = PairModel(objective=objective, n_estimators=30, max_depth=3)
@@ -55,10 +58,37 @@ def test_fit_validates_parameters_the_sklearn_way(pairs, params, message):
         PairModel(**params).fit(Z, y, qid=qid)
 
 
-def test_rank_needs_sorted_query_ids(pairs):
+@pytest.mark.parametrize("objective", ["rank", "ndcg"])
+def test_rankers_need_sorted_query_ids(pairs, objective):
     Z, y, _ = pairs
-    with pytest.raises(ValueError, match="needs qid"):
-        PairModel(objective="rank").fit(Z, y)
+    with pytest.raises(ValueError, match=f"objective='{objective}' needs qid"):
+        PairModel(objective=objective).fit(Z, y)
+
+
+def test_relevance_grades_one_per_percent_behind_the_fastest_of_each_query():
+    y = np.log([1.0, 1.005, 1.011, 1.5, 0.8, 0.8 * 1.025])  # two queries; log(t / t_serial)
+    qid = np.array([0, 0, 0, 0, 3, 3])
+    grades = relevance_grades(y, qid)
+    assert grades.tolist() == [31, 31, 30, 0, 31, 29]  # within 1%: a tie; 1.5x behind: the floor
+
+
+def test_ndcg_does_not_learn_the_order_within_a_grade(pairs):
+    # reorder the times inside every 1% grade of every query (what noise does): the ndcg model is the same
+    # model, while the pairwise ranker, which learns every measured order, changes
+    Z, y, qid = pairs
+    _, query = np.unique(qid, return_inverse=True)
+    fastest = np.full(query.max() + 1, np.inf)
+    np.minimum.at(fastest, query, y)
+    step = np.floor((y - fastest[query]) / RELEVANCE_STEP + 1e-9)
+    shuffled = fastest[query] + RELEVANCE_STEP * (step + np.random.default_rng(0).uniform(0.05, 0.95, len(y)))
+    shuffled[y == fastest[query]] = y[y == fastest[query]]  # each query's fastest stays its fastest
+    np.testing.assert_array_equal(relevance_grades(shuffled, qid), relevance_grades(y, qid))
+    for objective, same in (("ndcg", True), ("rank", False)):
+        a, b = (
+            PairModel(objective=objective, n_estimators=20, max_depth=3).fit(Z, t, qid=qid)
+            for t in (y, shuffled)
+        )
+        assert np.array_equal(a.predict(Z), b.predict(Z)) is same, objective
 
 
 def test_clone_and_get_params_round_trip():
