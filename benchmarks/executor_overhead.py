@@ -36,7 +36,6 @@ import functools
 import json
 import os
 import pstats
-import random
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from ficco.harness.affinity import PIN_POLICIES, placement_for_rank  # noqa: E402 (imports no torch)
+from ficco.harness.host_speed import time_host_calls  # noqa: E402
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -208,34 +208,24 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         dist.barrier()
 
     clock = None if cuda else clock_comm(dist, executor.ops)
-    for case in cases:
-        for _ in range(args.warmup):
-            calls[case]()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     placement = placement_for_rank(
         args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), device.index if cuda else None
     )
-    placement.apply()
-    print(f"rank {rank}: placement {placement.describe()}", flush=True)
-    per_call: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
-    excl_comm: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
-    order = random.Random(args.seed)
-    for _ in range(args.rounds):
-        for case in order.sample(cases, len(cases)):
-            call = calls[case]
-            sync()
-            comm_before = clock.seconds if clock else 0.0
-            start, cpu_start = time.perf_counter(), time.thread_time()
-            for _ in range(args.batch):
-                call()
-            seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
-            per_call[case].append(seconds / args.batch * 1e6)
-            if clock:
-                own_seconds = cpu_seconds - (clock.seconds - comm_before)
-                excl_comm[case].append(own_seconds / args.batch * 1e6)
-            else:
-                excl_comm[case].append(per_call[case][-1])
-    sync()
+    print(f"rank {rank}: placement {placement.describe()} (after the warm-up)", flush=True)
+    clocks = [time.perf_counter]
+    if clock:  # CPU time of this thread outside the communication calls
+        clocks.append(lambda: time.thread_time() - clock.seconds)
+    timed = time_host_calls(
+        calls,
+        rounds=args.rounds,
+        batch=args.batch,
+        warmup=args.warmup,
+        seed=args.seed,
+        sync=sync,
+        clocks=clocks,
+    )
+    per_call, excl_comm = timed[0], timed[-1]
     rows = []
     for case in cases:
         us = [statistics.median(per_call[case]), statistics.median(excl_comm[case])]

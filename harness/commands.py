@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -431,6 +432,47 @@ def _write_card(out: Path) -> None:
     typer.echo(f"dataset card: {path}")
 
 
+def host_factor(
+    backend: Annotated[
+        BenchBackend,
+        typer.Option(
+            help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes (checks "
+            "the command; the factor then means nothing). sim has no host to measure."
+        ),
+    ] = BenchBackend.gpu,
+    nproc: Annotated[
+        int | None, typer.Option(min=2, help="Processes (default: the detected GPUs; gloo: 2).")
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=3, max=1000, help="Shuffled rounds, a batch of every case each.")
+    ] = 10,
+    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per timed batch.")] = 50,
+    pin: Annotated[
+        PinPolicy, typer.Option(help="Where each rank's threads run, as in `ficco bench --pin`.")
+    ] = (DEFAULT_PIN),
+    out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
+) -> None:
+    """Measure this machine's host factor in seconds: the executor's host time per eager call of tiny shapes
+    over its price (harness/host_speed.py), the value `--host-factor` of `ficco recommend` and `ficco score`,
+    and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card gives the same
+    figure from minutes of GPU time ("Host speed")."""
+    from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
+
+    if backend is BenchBackend.sim:
+        raise fail("--backend sim has no host to measure; use gpu (or gloo, to check the command)")
+    count = nproc or (gpu_count() if backend is BenchBackend.gpu else 2)
+    count = process_count(backend, count, count)
+    device = "cuda" if backend is BenchBackend.gpu else "cpu"
+    command = [*torchrun_prefix(count), "-m", "ficco.harness.host_speed", "--device", device]
+    command += ["--rounds", str(rounds), "--batch", str(batch), "--pin", pin.value]
+    command += ["--out", str(out)] if out is not None else []
+    typer.echo("running: " + " ".join(command), err=True)
+    code = subprocess.run(command, env=launch_env(), cwd=REPO_ROOT, check=False).returncode
+    if code:
+        raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``ficco bench`` to ``app``."""
+    """Add ``ficco bench`` and ``ficco host-factor`` to ``app``."""
     app.command("bench", help=BENCH_HELP)(bench)
+    app.command("host-factor")(host_factor)

@@ -154,15 +154,20 @@ def torchrun_command(
         "--deadline": settings.deadline or 0.0,
         "--pin": settings.pin,
     }
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        *worker,
-        *(str(x) for pair in options.items() for x in pair),
-    ]
+    return [*torchrun_prefix(nproc), *worker, *(str(x) for pair in options.items() for x in pair)]
+
+
+def torchrun_prefix(nproc: int) -> list[str]:
+    """``python -m torch.distributed.run`` on this machine, ``nproc`` processes (append the module)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
+def launch_env() -> dict[str, str]:
+    """The environment of a torchrun job: this one, NVLink multicast off, and this checkout importable."""
+    from ficco.harness.worker import SAFE_ENV
+
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
 
 
 def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
@@ -193,13 +198,11 @@ def run_torchrun(
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
     from ficco.harness.dataset import PLAN, write_json_atomic
-    from ficco.harness.worker import SAFE_ENV
 
     nproc = process_count(backend, tp, nproc)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / PLAN, json.loads(plan.to_json()))
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
+    env = launch_env()
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
     for phase in ("sweep", "noise") if settings.remeasure else ("sweep",):
         if phase == "noise" and not sweep_complete(plan, out):

@@ -1,0 +1,244 @@
+r"""This machine's host speed in seconds: the executor's host time per eager call, over its price.
+
+A model answers eager-mode questions for a machine of a given host factor (``features.host``). A sweep gives
+a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
+takes minutes of GPU time; this measures it directly. Tiny shapes make the GPU work negligible, so an eager
+call's wall time is the host's time to issue it: each (op, schedule) of :data:`CASES` is called in
+interleaved, shuffled rounds of ``batch`` calls (:func:`time_host_calls`, the loop
+``benchmarks/executor_overhead.py`` times with), and the factor is the median over cases of the measured
+microseconds per call (the slowest rank's) over :func:`features.host.host_us`. The prices are fitted to the
+same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
+reads about 1.
+
+    torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_speed --out host.json   # or:
+    ficco host-factor                                                                      # all local GPUs
+
+Inside a running job (a process group already up), :func:`measure_host_factor` does the same in about a
+second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ficco.features import Schedule
+from ficco.features.host import HOST_FACTOR_RANGE, host_us
+from ficco.files import write_text_atomic
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+CASES: tuple[tuple[str, str], ...] = tuple(
+    (op, schedule)
+    for op in ("ag_gemm", "gemm_rs")
+    for schedule in (
+        "serial/sm",
+        "serial/dma",
+        "shard/sm",
+        "shard/dma",
+        "finer/dma/s4/chunk",
+        "finer/dma/s4/shard",
+    )
+)
+"""(op, schedule) pairs timed: the reference, both transports at shard granularity and the finer copy-engine
+schedules, the launches the eager labels of small shapes are made of."""
+CPU_DEVICE = "CPU (gloo)"
+"""``HostSpeed.device`` of a gloo measurement."""
+ROWS, WIDTH = 64, 64
+"""Tiny GEMMs: ``A [ROWS, WIDTH]`` gathered or reduced, ``B [WIDTH, WIDTH]``: microseconds of GPU work."""
+
+
+def time_host_calls(
+    calls: dict[Hashable, Callable[[], object]],
+    *,
+    rounds: int,
+    batch: int,
+    warmup: int,
+    seed: int,
+    sync: Callable[[], None],
+    clocks: Sequence[Callable[[], float]] = (time.perf_counter,),
+    after_warmup: Callable[[], object] | None = None,
+) -> list[dict[Hashable, list[float]]]:
+    """Microseconds per call of each of ``calls``, per round, by each of ``clocks``.
+
+    ``warmup`` untimed calls of each, then ``rounds`` rounds that each time one batch of ``batch`` calls of
+    every case, in an order shuffled anew every round (the same on every rank for the same ``seed``), so
+    that drift of the host's speed and warm-up land on no case in particular. A batch starts after
+    ``sync()`` (CUDA: device synchronise and a barrier) and ends when its last call returns: on CUDA it
+    measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
+    (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
+    ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
+    which moves the threads the warm-up started: NCCL starts some on first use)."""
+    cases = list(calls)
+    for case in cases:
+        for _ in range(warmup):
+            calls[case]()
+    if after_warmup is not None:
+        after_warmup()
+    out: list[dict[Hashable, list[float]]] = [{case: [] for case in cases} for _ in clocks]
+    order = random.Random(seed)
+    for _ in range(rounds):
+        for case in order.sample(cases, len(cases)):
+            call = calls[case]
+            sync()
+            start = [clock() for clock in clocks]
+            for _ in range(batch):
+                call()
+            for times, clock, begun in zip(out, clocks, start, strict=True):
+                times[case].append((clock() - begun) / batch * 1e6)
+    sync()
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostCase:
+    """One timed (op, schedule): its host microseconds per call and its price."""
+
+    op: str
+    schedule: str
+    measured_us: float
+    """Median over rounds of the slowest rank's microseconds per call."""
+    priced_us: float
+    """``features.host.host_us`` of the call."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostSpeed:
+    """A machine's measured host speed."""
+
+    factor: float
+    """Median over cases of ``measured_us / priced_us``: the host factor to give the predictor."""
+    cases: tuple[HostCase, ...]
+    world_size: int
+    device: str
+
+    def to_dict(self) -> dict:
+        return {
+            "factor": self.factor,
+            "world_size": self.world_size,
+            "device": self.device,
+            "cases": [asdict(c) for c in self.cases],
+        }
+
+    def summary(self) -> str:
+        """Lines for a terminal: every case, then the factor and how to use it."""
+        from ficco.tables import text_table
+
+        cells = [
+            [
+                c.op,
+                c.schedule,
+                f"{c.measured_us:.1f}",
+                f"{c.priced_us:.1f}",
+                f"{c.measured_us / c.priced_us:.2f}",
+            ]
+            for c in self.cases
+        ]
+        table = text_table(["op", "schedule", "host us/call", "priced us", "ratio"], cells, align="<<>>>")
+        head = f"{table}\nhost factor {self.factor:.2f} on {self.world_size} x {self.device}"
+        if self.device == CPU_DEVICE:
+            return f"{head}: the CPU transfers' time, not a GPU machine's host speed (a check of the command)"
+        lo, hi = HOST_FACTOR_RANGE
+        if not lo <= self.factor <= hi:
+            return f"{head}: outside the range {lo}-{hi} the predictor accepts (eager answers do not hold)"
+        return (
+            f"{head}: pass --host-factor {self.factor:.2f} to `ficco recommend` / `ficco score`, "
+            f"host_factor={self.factor:.2f} to the service or runtime.PredictorSource"
+        )
+
+
+def measure_host_factor(
+    group: dist.ProcessGroup | None = None,
+    *,
+    rounds: int = 10,
+    batch: int = 50,
+    warmup: int = 20,
+    seed: int = 0,
+    after_warmup: Callable[[], object] | None = None,
+) -> HostSpeed:
+    """Time :data:`CASES` on this process group's devices (collective: every rank calls it) and return the
+    host factor (``after_warmup``: see :func:`time_host_calls`). Needs an initialised process group of >= 2
+    ranks (NCCL on CUDA; gloo runs, but its times are the CPU transfers', not a GPU machine's host
+    speed)."""
+    import torch
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    cuda = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    gen = torch.Generator().manual_seed(rank)
+    shard, full, b = (
+        torch.randn(*shape, generator=gen).to(device, dtype)
+        for shape in ((ROWS // w, WIDTH), (ROWS, WIDTH), (WIDTH, WIDTH))
+    )
+    ops = {
+        "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
+        "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
+    }
+    calls = {(op, s): (lambda op=op, s=s: ops[op](s)) for op, s in CASES}
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier(group)
+
+    (times,) = time_host_calls(
+        calls, rounds=rounds, batch=batch, warmup=warmup, seed=seed, sync=sync, after_warmup=after_warmup
+    )
+    slowest = torch.tensor([statistics.median(times[case]) for case in CASES], dtype=torch.float64).to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    cases = tuple(
+        HostCase(op=op, schedule=s, measured_us=round(us, 2), priced_us=host_us(op, w, Schedule.parse(s)))
+        for (op, s), us in zip(CASES, slowest.cpu().tolist(), strict=True)
+    )
+    factor = statistics.median(c.measured_us / c.priced_us for c in cases)
+    name = torch.cuda.get_device_name(device) if cuda else CPU_DEVICE
+    return HostSpeed(factor=round(factor, 3), cases=cases, world_size=w, device=name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
+    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_for_rank
+    from ficco.harness.worker import SAFE_ENV
+
+    p = argparse.ArgumentParser(
+        prog="python -m ficco.harness.host_speed", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
+    p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
+    p.add_argument("--batch", type=int, default=50, help="calls per timed batch")
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
+    p.add_argument("--out", type=Path, help="JSON file to write (rank 0)")
+    args = p.parse_args(argv)
+    os.environ.update(SAFE_ENV)
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    gpu = local_rank if args.device == "cuda" else None
+    placement = placement_for_rank(args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), gpu)
+    placement.confine()
+    with executor.process_group(args.device):
+        speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)
+        if dist.get_rank() == 0:
+            print(speed.summary(), flush=True)
+            if args.out is not None:
+                write_text_atomic(args.out, json.dumps(speed.to_dict(), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
