@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The host side of a GPU machine, in one device call (about 5 minutes on 2 x H200, never more than 9); results go to $OUT.
+#   bash benchmarks/host_probe.sh [HARDWARE]        e.g. bash benchmarks/host_probe.sh h200x2
+# 1. benchmarks/host_placement.py: host time per executor call over fresh torchrun jobs, per CPU placement
+#    policy (none, share, core; harness.affinity): which policy a fresh process reproduces best;
+# 2. benchmarks/executor_overhead.py --primitives --profiler torch: each schedule's host time, its building
+#    blocks alone, and where torch.profiler sees the host time go (c10d's NCCL calls included);
+# 3. ficco host-factor under the share and core policies: the host factor in seconds, to hold against the
+#    factor a sweep of the same session reads off its eager times (its card's "Host speed").
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-./.device-out}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+GPUS="$($PY -c 'import torch; print(torch.cuda.device_count())')"
+[ "$GPUS" -ge 2 ] || { echo "error: $GPUS CUDA devices; this needs at least 2"; exit 2; }
+HW="${1:-h200x$GPUS}"
+nproc; nvidia-smi topo -m | head -$((GPUS + 2))
+timeout 300 "$PY" benchmarks/host_placement.py --jobs 3 --out "$OUT/host-placement-$HW.json" 2>&1 | tail -30
+timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" benchmarks/executor_overhead.py \
+    --device cuda --primitives --profile 200 --profiler torch --out "$OUT/executor-overhead-$HW-primitives.json" \
+    2>&1 | grep -v Warn | tail -45
+for pin in share core; do
+    timeout 60 "$PY" -m ficco.cli host-factor --pin "$pin" --out "$OUT/host-factor-$HW-$pin.json" 2>&1 | tail -1
+done
