@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import json
 import os
 import pstats
@@ -45,8 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from ficco.harness.affinity import PIN_POLICIES, placement_for_rank  # noqa: E402 (imports no torch)
-from ficco.harness.host_speed import time_host_calls  # noqa: E402
+from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
+from ficco.harness.host_speed import executor_calls, time_host_calls, tiny_operands  # noqa: E402
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -187,17 +186,9 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     from ficco import executor
 
     cuda = device.type == "cuda"
-    w, rank = dist.get_world_size(), dist.get_rank()
-    dtype = torch.bfloat16 if cuda else torch.float32
-    gen = torch.Generator().manual_seed(rank)
-    shard = torch.randn(args.rows // w, args.width, generator=gen).to(device, dtype)
-    full = torch.randn(args.rows, args.width, generator=gen).to(device, dtype)
-    b = torch.randn(args.width, args.width, generator=gen).to(device, dtype)
-    ops = {
-        "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s),
-        "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s),
-    }
-    calls = {(op, s): functools.partial(run, s) for op, run in ops.items() for s in args.schedules}
+    rank = dist.get_rank()
+    shard, full, b = tiny_operands(args.rows, args.width)
+    calls = executor_calls([(op, s) for op in ("ag_gemm", "gemm_rs") for s in args.schedules], shard, full, b)
     if args.primitives:
         calls |= {("primitive", name): call for name, call in primitive_calls(shard, full, b).items()}
     cases = list(calls)
@@ -208,10 +199,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         dist.barrier()
 
     clock = None if cuda else clock_comm(dist, executor.ops)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    placement = placement_for_rank(
-        args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), device.index if cuda else None
-    )
+    placement = placement_from_env(args.pin, cuda)
     print(f"rank {rank}: placement {placement.describe()} (after the warm-up)", flush=True)
     clocks = [time.perf_counter]
     if clock:  # CPU time of this thread outside the communication calls

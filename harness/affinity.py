@@ -3,9 +3,10 @@
 Eager-mode times of small shapes are the host's time to issue the executor's work, so they follow the
 speed of the core the rank's Python thread runs on. Within one process that speed is steady (schedules
 timed in interleaved rounds keep their order), but between two processes on the same machine it moved by
-up to 15% (`datasets/h200x2-unseen-v3`'s re-measure, eager, below 0.1 ms): the kernel placed the main
-thread anew each time, beside or away from the process's busy helper threads (NCCL's proxy, the watchdog)
-and the other rank's, on a hardware thread whose sibling was busy or idle.
+up to 15% (`datasets/h200x2-unseen-v3`'s re-measure, eager, below 0.1 ms). A likely cause, not yet
+measured (``benchmarks/host_placement.py`` measures it): the kernel places the main thread anew in every
+process, beside or away from the process's helper threads (NCCL's proxy, the watchdog) and the other
+rank's, on a hardware thread whose SMT sibling is busy or idle.
 
 Policies (``PIN_POLICIES``):
 
@@ -146,7 +147,7 @@ class Placement:
         return moved
 
     def describe(self) -> str:
-        """One line for logs and the dataset card."""
+        """One line for logs."""
         if self.policy == "none":
             return "none (the kernel places every thread)"
         where = {True: ", local to the GPU", False: ", not local to the GPU", None: ""}[self.gpu_local]
@@ -223,3 +224,11 @@ def placement_for_rank(
     cpus = sorted(os.sched_getaffinity(0))
     local = gpu_local_cpus(device_index) if device_index is not None else None
     return plan_placement(policy, local_rank, local_world_size, cpus, physical_cores(cpus), local)
+
+
+def placement_from_env(policy: str, cuda: bool) -> Placement:
+    """:func:`placement_for_rank` of this torchrun process: its ``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``, on
+    the GPU of its local rank when ``cuda`` (the device ``executor.process_group`` gives it)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return placement_for_rank(policy, local_rank, local_world_size, local_rank if cuda else None)

@@ -449,7 +449,7 @@ def host_factor(
     batch: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per timed batch.")] = 50,
     pin: Annotated[
         PinPolicy, typer.Option(help="Where each rank's threads run, as in `ficco bench --pin`.")
-    ] = (DEFAULT_PIN),
+    ] = DEFAULT_PIN,
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Measure this machine's host factor in seconds: the executor's host time per eager call of tiny shapes

@@ -20,6 +20,7 @@ second.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -36,6 +37,7 @@ from ficco.features.host import HOST_FACTOR_RANGE, host_us
 from ficco.files import write_text_atomic
 
 if TYPE_CHECKING:
+    import torch
     import torch.distributed as dist
 
 CASES: tuple[tuple[str, str], ...] = tuple(
@@ -157,6 +159,42 @@ class HostSpeed:
         )
 
 
+def tiny_operands(
+    rows: int, width: int, group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's ``A_shard [rows / w, width]``, ``A [rows, width]`` and ``B [width, width]`` (random,
+    seeded by the rank), on the group's device (CUDA for NCCL: bf16; else the CPU: fp32)."""
+    import torch
+    import torch.distributed as dist
+
+    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    cuda = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    gen = torch.Generator().manual_seed(rank)
+    shapes = ((rows // w, width), (rows, width), (width, width))
+    dtype = torch.bfloat16 if cuda else torch.float32
+    shard, full, b = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in shapes)
+    return shard, full, b
+
+
+def executor_calls(
+    cases: Sequence[tuple[str, str]],
+    shard: torch.Tensor,
+    full: torch.Tensor,
+    b: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+) -> dict[tuple[str, str], Callable[[], object]]:
+    """One executor call per (op, schedule) of ``cases`` (``ag_gemm`` gathers ``shard``, ``gemm_rs``
+    reduces ``full @ b``), keyed by the case."""
+    from ficco import executor
+
+    ops = {
+        "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
+        "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
+    }
+    return {(op, s): functools.partial(ops[op], s) for op, s in cases}
+
+
 def measure_host_factor(
     group: dist.ProcessGroup | None = None,
     *,
@@ -173,22 +211,10 @@ def measure_host_factor(
     import torch
     import torch.distributed as dist
 
-    from ficco import executor
-
-    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    w = dist.get_world_size(group)
     cuda = dist.get_backend(group) == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    gen = torch.Generator().manual_seed(rank)
-    shard, full, b = (
-        torch.randn(*shape, generator=gen).to(device, dtype)
-        for shape in ((ROWS // w, WIDTH), (ROWS, WIDTH), (WIDTH, WIDTH))
-    )
-    ops = {
-        "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
-        "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
-    }
-    calls = {(op, s): (lambda op=op, s=s: ops[op](s)) for op, s in CASES}
+    calls = executor_calls(CASES, *tiny_operands(ROWS, WIDTH, group), group)
 
     def sync() -> None:
         if cuda:
@@ -211,7 +237,7 @@ def measure_host_factor(
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
-    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_for_rank
+    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
     from ficco.harness.worker import SAFE_ENV
 
     p = argparse.ArgumentParser(
@@ -228,9 +254,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from ficco import executor
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = local_rank if args.device == "cuda" else None
-    placement = placement_for_rank(args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), gpu)
+    placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
         speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)

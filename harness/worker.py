@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ficco.features import MODES
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_for_rank
+from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.harness.backend import Timing
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -65,11 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     from ficco.harness.sweep import run_noise, run_sweep
     from ficco.harness.torch_backend import TorchBackend
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = local_rank if args.device == "cuda" else None  # executor.process_group's device
-    placement = placement_for_rank(args.pin, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), gpu)
+    placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
-    print(f"rank {local_rank}: CPU placement {placement.describe()}", file=sys.stderr, flush=True)
+    rank = os.environ.get("LOCAL_RANK", "0")
+    print(f"rank {rank}: CPU placement {placement.describe()}", file=sys.stderr, flush=True)
     with executor.process_group(args.device):
         plan = Plan.from_json(args.plan.read_text())
         sizes = {s.world_size for _, s in plan}

@@ -268,7 +268,7 @@ def test_bench_time_budget_leaves_the_remeasure_for_a_resume(tmp_path, tiny_conf
 
     app = typer.Typer()
     register(app)
-    args = ["--backend", "sim", "--configs", tiny_configs, "--tokens", "1024", "--grid", "3"]
+    args = ["bench", "--backend", "sim", "--configs", tiny_configs, "--tokens", "1024", "--grid", "3"]
     args += ["--out", tmp_path / "ds", "--remeasure", "2", "--time-budget", "0.000001"]
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
