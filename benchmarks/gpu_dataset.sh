@@ -8,12 +8,8 @@
 # SECONDS bounds the whole script: the sweep starts no scenario after SECONDS - 60 s (torchrun start,
 # the card and the archive fit in the rest). Run it again to go on where it stopped.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_env.sh"
 HW="$1"; SECONDS_LEFT="$2"; shift 2
-OUT="${OUT:-./.device-out}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-GPUS="$($PY -c 'import torch; print(torch.cuda.device_count())')"
 DIR="${DATASET:-datasets/$HW}"; NAME="$(basename "$DIR")"
 RESUME=(); [ -f "$DIR/manifest.json" ] && RESUME=(--resume)
 MINUTES="$($PY -c "print(max(($SECONDS_LEFT - 60) / 60, 0.5))")"

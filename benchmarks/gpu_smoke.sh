@@ -2,11 +2,7 @@
 # One call on a GPU machine (>= 2 GPUs, ~3 min): every schedule eager + graph vs serial, then host overhead.
 #   bash benchmarks/gpu_smoke.sh        # results under $OUT (default ./.device-out)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-./.device-out}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-GPUS="$($PY -c 'import torch; print(torch.cuda.device_count())')"
+source "$(dirname "$0")/device_env.sh"
 RUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS")
 timeout 150 "${RUN[@]}" tests/gpu/executor_gpu_check.py > "$OUT/gpu-check.txt" 2> "$OUT/gpu-check.err"
 echo "gpu check rc=$? ($(grep -c ' ok$' "$OUT/gpu-check.txt") ok, $(grep -c ' FAIL ' "$OUT/gpu-check.txt") failed)"

@@ -8,11 +8,7 @@
 # 3. ficco host-factor under the share and core policies: the host factor in seconds, to hold against the
 #    factor a sweep of the same session reads off its eager times (its card's "Host speed").
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-./.device-out}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-GPUS="$($PY -c 'import torch; print(torch.cuda.device_count())')"
+source "$(dirname "$0")/device_env.sh"
 [ "$GPUS" -ge 2 ] || { echo "error: $GPUS CUDA devices; this needs at least 2"; exit 2; }
 HW="${1:-h200x$GPUS}"
 nproc; nvidia-smi topo -m | head -$((GPUS + 2))
