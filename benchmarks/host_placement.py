@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from ficco.harness.affinity import PIN_POLICIES  # noqa: E402 (needs the path above)
+from ficco.harness.launch import torchrun_prefix  # noqa: E402
 from ficco.tables import text_table  # noqa: E402
 
 SCHEDULES = ("serial/sm", "shard/dma", "shard/sm", "finer/dma/s4/chunk")
@@ -37,9 +38,8 @@ SCHEDULES = ("serial/sm", "shard/dma", "shard/sm", "finer/dma/s4/chunk")
 def run_job(policy: str, nproc: int, args: argparse.Namespace, out: Path) -> dict:
     """One fresh torchrun job of ``executor_overhead.py`` on ``nproc`` GPUs under ``policy``; its JSON."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        str(REPO / "benchmarks" / "executor_overhead.py"), "--device", "cuda", "--pin", policy,
-        "--rounds", str(args.rounds), "--batch", str(args.batch), "--out", str(out),
+        *torchrun_prefix(nproc), str(REPO / "benchmarks" / "executor_overhead.py"), "--device", "cuda",
+        "--pin", policy, "--rounds", str(args.rounds), "--batch", str(args.batch), "--out", str(out),
         "--schedules", *args.schedules,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.job_timeout)
