@@ -212,9 +212,10 @@ def measure_host_factor(
     import torch.distributed as dist
 
     w = dist.get_world_size(group)
-    cuda = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    calls = executor_calls(CASES, *tiny_operands(ROWS, WIDTH, group), group)
+    operands = tiny_operands(ROWS, WIDTH, group)
+    device = operands[0].device  # the group's, as tiny_operands chose it
+    cuda = device.type == "cuda"
+    calls = executor_calls(CASES, *operands, group)
 
     def sync() -> None:
         if cuda:
