@@ -4,7 +4,7 @@
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 RUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS")
-timeout 150 "${RUN[@]}" tests/gpu/executor_gpu_check.py > "$OUT/gpu-check.txt" 2> "$OUT/gpu-check.err"
+timeout 200 "${RUN[@]}" tests/gpu/executor_gpu_check.py > "$OUT/gpu-check.txt" 2> "$OUT/gpu-check.err"
 echo "gpu check rc=$? ($(grep -c ' ok$' "$OUT/gpu-check.txt") ok, $(grep -c ' FAIL ' "$OUT/gpu-check.txt") failed)"
 grep ' FAIL ' "$OUT/gpu-check.txt" | head -20
 tail -1 "$OUT/gpu-check.txt"

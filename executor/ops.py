@@ -3,8 +3,10 @@ and expert GEMMs -> all-to-all, under any schedule.
 
 Each op validates its arguments (``executor.checks``), then either runs the reference (``serial/sm``:
 the collective, then the GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline
-engine a transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the
-ops; ``run_op`` and ``communicate`` take an op by name.
+engine a transport and a short GEMM closure. A schedule's resource knobs (``/cta<N>``: the ``sm`` pieces on a
+capped twin communicator; ``/carve<N>``: the pipelined GEMMs leave SMs free; ``executor.resources``) apply to
+every op. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops; ``run_op`` and
+``communicate`` take an op by name.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def all_gather_matmul(
         def consume(rows: torch.Tensor, unit: Unit) -> None:
             torch.mm(rows, b, out=c[transport.split_rows(unit)])
 
-        run_pipeline(plan, transport, consume)
+        with ctx.carveout(schedule.carveout):
+            run_pipeline(plan, transport, consume)
         if gathered is not None:
             slots = gathered.view(w, shard_rows, k)
             if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
@@ -151,7 +154,8 @@ def matmul_reduce_scatter(
     def produce(rows: torch.Tensor, unit: Unit) -> None:
         torch.mm(a[transport.split_rows(unit)], b, out=rows)
 
-    run_pipeline(plan, transport, produce)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, produce)
     _reduce_into(c, partial.view(w, shard_rows, n)[ctx.rank], transport.received())
     return c
 
@@ -240,7 +244,8 @@ def all_to_all_matmul(
         for start, stop, e, row in segments[id(unit)]:
             torch.mm(rows[start:stop], weights[e], out=y[row : row + stop - start])
 
-    run_pipeline(plan, transport, consume)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, consume)
     return y
 
 
@@ -329,7 +334,8 @@ def matmul_all_to_all(
         for start, stop, e, row in segments[id(unit)]:
             torch.mm(h[row : row + stop - start], weights[e], out=target[start:stop])
 
-    run_pipeline(plan, transport, produce)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, produce)
     if plan.units[-1].offset is None:  # serial: the own block is in staging
         own_out.copy_(staging[own_source])
     if dma:  # the peers' blocks landed in peer memory
@@ -605,9 +611,9 @@ def _transport(
     default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the transport is
     kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
 
-    Built once per (executor, priority, plan, destination buffer, layout, lanes) and kept, so a call reuses
-    its views and row ranges; the destination is this call's half of the peer memory (dma) or the cached
-    ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
+    Built once per (executor, priority, CTA cap, plan, destination buffer, layout, lanes) and kept, so a call
+    reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or the
+    cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
@@ -629,7 +635,15 @@ def _transport(
     # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
     # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
     # destination bound anew every call is not part of the key.
-    key = (schedule.executor, high_priority, id(plan), "bound" if bind_dest else id(dest), id(layout), lanes)
+    key = (
+        schedule.executor,
+        high_priority,
+        schedule.ctas,
+        id(plan),
+        "bound" if bind_dest else id(dest),
+        id(layout),
+        lanes,
+    )
     transport = cache.get(key) if keep else None
     if transport is not None:
         transport.bind(source, dest if bind_dest else None)
@@ -643,7 +657,7 @@ def _transport(
         )
     else:
         transport = PointToPointTransport(
-            group=ctx.p2p_group(high_priority, what=f"schedule {schedule}"),
+            group=ctx.p2p_group(high_priority, schedule.ctas, what=f"schedule {schedule}"),
             global_ranks=ctx.global_ranks,
             lanes=ctx.get_lanes(1, False),  # only issues NCCL work; NCCL's own stream carries the priority
             **common,

@@ -7,7 +7,16 @@ from ficco.features.hardware import DEFAULT_HARDWARE_ID, KNOWN_HARDWARE, Hardwar
 from ficco.features.ops import OP_SPECS, OpSpec
 from ficco.features.routing import Routing
 from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
-from ficco.features.schedule import SCHEDULE_FAMILIES, SERIAL, Schedule, all_schedules, candidates
+from ficco.features.schedule import (
+    CTA_CAPS,
+    SCHEDULE_FAMILIES,
+    SERIAL,
+    SM_CARVEOUTS,
+    Schedule,
+    all_schedules,
+    candidates,
+    knob_variants,
+)
 from ficco.features.vector import (
     FEATURE_NAMES,
     FEATURE_SCHEMA_VERSION,
@@ -20,6 +29,7 @@ from ficco.features.vector import (
 )
 
 __all__ = [
+    "CTA_CAPS",
     "DEFAULT_HARDWARE_ID",
     "DENSE_OPS",
     "DTYPES",
@@ -34,6 +44,7 @@ __all__ = [
     "OP_SPECS",
     "SCHEDULE_FAMILIES",
     "SERIAL",
+    "SM_CARVEOUTS",
     "HardwareProfile",
     "Mode",
     "OpSpec",
@@ -46,6 +57,7 @@ __all__ = [
     "feature_matrix",
     "feature_vector",
     "get_hardware",
+    "knob_variants",
     "roofline_comm_us",
     "roofline_gemm_us",
 ]

@@ -135,7 +135,12 @@ def schedule_indices(schedules: Sequence[str]) -> np.ndarray:
     for i, text in enumerate(schedules):
         index = SCHEDULE_INDEX.get(text)
         if index is None:
-            Schedule.parse(text)  # raises the error naming the string and the allowed forms
+            if Schedule.parse(text).knobs:  # parse raises the error naming the string and the allowed forms
+                raise ValueError(
+                    f"schedule {text!r} carries a resource knob (/cta<N> or /carve<N>), which the model's "
+                    "design space leaves out until benchmarks/resource_knobs.py shows it changes the best "
+                    "schedule"
+                )
             raise ValueError(f"schedule {text!r} is not in the design space {list(SCHEDULES)}")
         out[i] = index
     return out

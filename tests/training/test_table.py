@@ -103,3 +103,13 @@ def test_the_table_carries_its_machines_host_factor_and_subsets_keep_it(frame, t
     assert factor == pytest.approx(host_factor_of(fast_graphs)) and np.isfinite(factor) and factor != 1.0
     assert table.host_factor == 1.0 and build_table(frame[graph], hw).host_factor == 1.0
     assert dataclasses.replace(table, host_factor=1.7).subset(np.arange(3)).host_factor == 1.7
+
+
+def test_schedule_columns_refuse_knob_schedules_and_unknown_ones_by_name():
+    from ficco.training.model import schedule_indices
+
+    assert list(schedule_indices(["serial/sm", SCHEDULES[-1]])) == [0, len(SCHEDULES) - 1]
+    with pytest.raises(ValueError, match=r"'shard/sm/cta8' carries a resource knob .*/resource_knobs\.py"):
+        schedule_indices(["shard/sm", "shard/sm/cta8"])
+    with pytest.raises(ValueError, match=r"unknown schedule 'ring/sm'"):
+        schedule_indices(["ring/sm"])
