@@ -1,7 +1,7 @@
 r"""The seeds' SM resource knobs, measured: does a CTA cap on NCCL (``/cta<N>``) or an SM carve-out for the
 GEMMs (``/carve<N>``) ever change the best schedule?
 
-    # 2 GPUs (about 3 minutes on 2 x H200): writes OUT/knobs-h200x2.json and .md
+    # 2 GPUs (estimated 3-4 minutes on 2 x H200, not yet run there): writes OUT/knobs-h200x2.json and .md
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/resource_knobs.py \
         --out benchmarks/results
     # re-render the markdown from a finished JSON (no GPU)
