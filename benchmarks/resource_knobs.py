@@ -269,10 +269,17 @@ def _knob_rows(shape: dict, knob: str) -> list[dict]:
 def measure_probes(backend) -> dict:
     """Whether each knob acts (CUDA): the GEMM alone per BLAS setting and carve-out (``gemm``), and the
     ``sm`` pieces' point-to-point exchange per CTA cap (``p2p``); ms per call, median over rounds."""
-    out: dict = {"gemm": [gemm_probe(backend, *shape) for shape in GEMM_PROBES]}
-    out["p2p"] = [p2p_probe(backend, mib) for mib in P2P_MIB]
-    if backend.rank == 0:
-        for row in out["gemm"] + out["p2p"]:
+    out: dict = {"gemm": [], "p2p": [], "errors": []}
+    probes = [("gemm", gemm_probe, shape) for shape in GEMM_PROBES]
+    probes += [("p2p", p2p_probe, (mib,)) for mib in P2P_MIB]
+    for kind, probe, args in probes:
+        try:
+            row = probe(backend, *args)
+        except Exception as err:  # every rank fails alike (same settings); the schedules still run
+            out["errors"].append(f"{kind} {args}: {type(err).__name__}: {err}".splitlines()[0])
+            continue
+        out[kind].append(row)
+        if backend.rank == 0:
             _say(", ".join(f"{key} {_f(v) if key.endswith('_ms') else v}" for key, v in row.items()))
     return out
 
@@ -373,6 +380,8 @@ def render_markdown(data: dict) -> str:
         lines.append("|---" * (len(keys) + 1) + "|")
         for r in probes["p2p"]:
             lines.append(f"| {r['mib_per_peer']} | " + " | ".join(_f(r[key]) for key in keys) + " |")
+    if probes.get("errors"):
+        lines += ["", "Probes that failed:", ""] + [f"- {e}" for e in probes["errors"]]
     lines += [
         "",
         "## Per shape",

@@ -72,3 +72,18 @@ def test_dry_run_checks_and_times_every_schedule_and_knob_variant(tmp_path):
     assert set(saved["verdict"]) == {"ctas", "carveout"} and saved["verdict"] == data["verdict"]
     markdown = (tmp_path / "knobs.md").read_text()
     assert "## Verdict" in markdown and "| SM carve-out for the GEMMs (/carve<N>) | eager | 2 |" in markdown
+
+
+def test_a_failing_probe_is_recorded_and_the_others_still_run(monkeypatch):
+    class Backend:
+        rank = 1  # not the lead: nothing printed
+
+    def gemm_probe(backend, m, n, k):
+        raise RuntimeError(f"cuBLASLt refused {m}x{n}x{k}\nsecond line")
+
+    monkeypatch.setattr(bench, "gemm_probe", gemm_probe)
+    monkeypatch.setattr(bench, "p2p_probe", lambda backend, mib: {"mib_per_peer": mib, "ctadefault_ms": 0.1})
+    probes = bench.measure_probes(Backend())
+    assert probes["gemm"] == [] and [r["mib_per_peer"] for r in probes["p2p"]] == list(bench.P2P_MIB)
+    assert probes["errors"][0] == "gemm (4096, 4096, 4096): RuntimeError: cuBLASLt refused 4096x4096x4096"
+    assert len(probes["errors"]) == len(bench.GEMM_PROBES)
