@@ -69,15 +69,18 @@ def with_label_times(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(time_ms=time_ms)
 
 
-def relabel(df: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
+def relabel(df: pd.DataFrame, *, seed: int = 0, alpha: float = ALPHA) -> pd.DataFrame:
     """``df`` (dataset rows) with ``in_best_set`` recomputed from ``round_ms`` under the current rule, per
     (scenario, mode), as ``label_result`` sets it at measuring time (failed rows stay out of the set); the
-    rows keep their order, under a fresh index."""
+    rows keep their order, under a fresh index. ``alpha``: the bootstrap level (``best_set``; a study of the
+    rule may try others)."""
     out = df.reset_index(drop=True)
     flags = np.zeros(len(out), dtype=bool)
     for (_, mode), group in out.groupby(["scenario_id", "mode"], sort=False):
         rounds = _round_matrix_of(group["round_ms"].tolist(), group["ok"].astype(bool).tolist())
-        flags[group.index.to_numpy()] = best_set(rounds, quantile=label_quantile(mode), seed=seed)
+        flags[group.index.to_numpy()] = best_set(
+            rounds, quantile=label_quantile(mode), alpha=alpha, seed=seed
+        )
     out["in_best_set"] = flags
     return out
 
