@@ -25,12 +25,13 @@ def nccl_options(high_priority: bool, ctas: int | None) -> dist.ProcessGroup.Opt
 
 
 class SMCarveout:
-    """``with carveout:`` the cuBLAS GEMMs issued inside target ``SMs - sms`` SMs of ``device``.
+    """``with carveout:`` the GEMMs issued inside target ``SMs - sms`` SMs of ``device``.
 
-    torch applies its SM carve-out (``torch._C._set_sm_carveout_experimental``) on the cuBLASLt path only
-    (the SM-count target of the matmul descriptor), so inside the block cuBLASLt is also the preferred BLAS
-    library; both settings are restored on exit. The settings are read when a GEMM is issued, so a GEMM
-    captured into a CUDA graph keeps the carve-out it was captured with. Reusable, not reentrant.
+    torch sets its SM carve-out (``torch._C._set_sm_carveout_experimental``) as the SM-count target of the
+    cuBLASLt matmul descriptor (and of its CUTLASS grouped GEMMs); its cuBLAS path does not read it. Inside
+    the block cuBLASLt is therefore also the preferred BLAS library; both settings are restored on exit.
+    They are read when a GEMM is issued, so a GEMM captured into a CUDA graph keeps the carve-out it was
+    captured with. Reusable, not reentrant.
     """
 
     def __init__(self, device: torch.device, sms: int) -> None:
