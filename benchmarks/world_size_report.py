@@ -78,17 +78,15 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, configs: tuple | None = None) -> dict:
+def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1) -> dict:
     """The report's numbers for ``loaded`` (``training.table.LoadedDataset``, one per world size):
-    ``datasets``, ``best_schedules``, ``overlap`` and ``transfer`` (see the module docstring); ``configs``:
-    the training configurations cross-validated (default: ``training.fit.CONFIG_GRID``)."""
+    ``datasets``, ``best_schedules``, ``overlap`` and ``transfer`` (see the module docstring)."""
     from ficco.training.crossval import cross_validate
     from ficco.training.evaluate import held_out_baselines, rounded, split_summary, unseen
     from ficco.training.metrics import score
 
-    kwargs = {"seed": seed, "n_jobs": n_jobs, **({"configs": configs} if configs else {})}
     names = [_label(d) for d in loaded]
-    cvs = [cross_validate(d.table, **kwargs) for d in loaded]
+    cvs = [cross_validate(d.table, seed=seed, n_jobs=n_jobs) for d in loaded]
     transfer: dict[str, dict] = {}
     for train, cv, train_name in zip(loaded, cvs, names, strict=True):
         row: dict = {}
