@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = [_world_size(d) for d in loaded]
     if len(set(sizes)) != len(sizes):
         sys.exit(f"error: the datasets must have distinct world sizes; got {sizes} for {args.datasets}")
-    summary = world_size_summary(loaded, seed=args.seed, n_jobs=args.jobs)
+    summary = world_size_summary(loaded, seed=args.seed, n_jobs=args.jobs, progress=True)
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / "world-size.json", json.dumps(summary, indent=1) + "\n")
     plot_best_family(summary, args.out / "best-family.png")
@@ -78,19 +78,25 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1) -> dict:
+def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress: bool = False) -> dict:
     """The report's numbers for ``loaded`` (``training.table.LoadedDataset``, one per world size):
-    ``datasets``, ``best_schedules``, ``overlap`` and ``transfer`` (see the module docstring)."""
+    ``datasets``, ``best_schedules``, ``overlap`` and ``transfer`` (see the module docstring); ``progress``:
+    a bar per cross-validation."""
     from ficco.training.crossval import cross_validate
     from ficco.training.evaluate import held_out_baselines, rounded, split_summary, unseen
     from ficco.training.metrics import score
 
     names = [_label(d) for d in loaded]
-    cvs = [cross_validate(d.table, seed=seed, n_jobs=n_jobs) for d in loaded]
+    cvs = []
+    for d, name in zip(loaded, names, strict=True):
+        print(f"{name}: cross-validating on {d.info['n_scenarios']} scenarios", flush=True)
+        cvs.append(cross_validate(d.table, seed=seed, n_jobs=n_jobs, progress=progress))
     transfer: dict[str, dict] = {}
     for train, cv, train_name in zip(loaded, cvs, names, strict=True):
         row: dict = {}
         for test, test_name in zip(loaded, names, strict=True):
+            if test is not train:
+                print(f"trained on {train_name}, picking for {test_name}", flush=True)
             if test is train:
                 baseline = held_out_baselines(train.table, cv.folds)["size_heuristic"]
                 row[test_name] = {
