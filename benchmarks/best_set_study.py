@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for pair in args.pairs:
         first, second, name = _runs(pair)
+        print(f"{name}: best sets at {len(args.alphas)} levels", flush=True)
         results[name] = study(first, second, args.alphas)
     print(text_table(HEADER, _rows(results)))
     if args.out is not None:
