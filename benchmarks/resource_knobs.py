@@ -289,20 +289,15 @@ def gemm_probe(backend, m: int, n: int, k: int) -> dict:
     carve-out of ``CARVEOUTS``: ``{m, n, k, <setting>_ms}``."""
     import torch
 
-    from ficco.executor.resources import SMCarveout
+    from ficco.executor.resources import SMCarveout, blas_library
 
     a = torch.randn(m, k, device=backend.device, dtype=torch.bfloat16)
     b = torch.randn(k, n, device=backend.device, dtype=torch.bfloat16)
     c = torch.empty(m, n, device=backend.device, dtype=torch.bfloat16)
     row: dict = {"m": m, "n": n, "k": k}
     for library in ("cublas", "cublaslt"):
-
-        def plain(library=library) -> None:
-            saved = torch.backends.cuda.preferred_blas_library(library)
-            torch.mm(a, b, out=c)
-            torch.backends.cuda.preferred_blas_library(saved)
-
-        row[f"{library}_ms"] = statistics.median(backend.time_rounds(plain))
+        with blas_library(library):
+            row[f"{library}_ms"] = statistics.median(backend.time_rounds(lambda: torch.mm(a, b, out=c)))
     for sms in CARVEOUTS:
         carve = SMCarveout(backend.device, sms)
 

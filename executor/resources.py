@@ -10,6 +10,9 @@ On the CPU (gloo) neither has anything to act on; the executor runs those schedu
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -22,6 +25,18 @@ def nccl_options(high_priority: bool, ctas: int | None) -> dist.ProcessGroup.Opt
     if ctas is not None:
         options.config.max_ctas = ctas
     return options
+
+
+@contextlib.contextmanager
+def blas_library(name: str) -> Iterator[None]:
+    """``with blas_library("cublaslt"):`` the GEMMs issued inside prefer that BLAS library
+    (``torch.backends.cuda.preferred_blas_library``); the previous preference is restored on exit."""
+    saved = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(saved)
 
 
 class SMCarveout:
