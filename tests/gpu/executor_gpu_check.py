@@ -7,13 +7,13 @@
 
 For every op of ``features.OP_SPECS`` (its shapes and whether it takes a routing come from the table), on
 each case of ``CASES`` (the MoE ops: a balanced routing, rank 0 taking 1.5x, and every row sent to rank 0,
-which leaves the other ranks empty blocks), every candidate schedule (all 30) and the knob variants of
-``KNOBBED`` (``/cta4``, ``/carve32``): two eager warm-up calls, an
-eager call compared with serial/sm (bf16 tolerance, same shape and strides), then the call captured into a
-``torch.cuda.CUDAGraph`` and replayed with new data copied into its static inputs, compared with serial on
-that data; after a knob variant, torch's SM carve-out and preferred BLAS library must be back as they were.
-Rank 0 prints one line per (op, case, schedule, mode) ``CHECK <op> <case> <schedule> <mode>
-ok|FAIL <detail>`` and ``ALL OK`` at the end; exits 1 on any failure.
+which leaves the other ranks empty blocks), every candidate schedule (all 30) and the knob variants
+(``/cta4``, ``/carve32``) of ``KNOBBED``: two eager warm-up calls, an eager call compared with serial/sm
+(bf16 tolerance, same shape and strides), then the call captured into a ``torch.cuda.CUDAGraph`` and
+replayed with new data copied into its static inputs, compared with serial on that data; after the eager
+calls, torch's SM carve-out and preferred BLAS library must be back as they were. Rank 0 prints one line per
+(op, case, schedule, mode) ``CHECK <op> <case> <schedule> <mode> ok|FAIL <detail>`` and ``ALL OK`` at the
+end; exits 1 on any failure.
 """
 
 from __future__ import annotations
