@@ -182,7 +182,9 @@ def render_markdown(summary: dict) -> str:
     if simulated:
         lines += [
             f"**Simulated:** {', '.join(sorted(simulated))} come from the analytic model of "
-            "`harness/sim.py`; no hardware was used for them and their numbers are not measurements.",
+            "`harness/sim.py`; no hardware was used for them and their numbers are not measurements. Its "
+            "constants were fitted to 2 x H200 measurements, so at any other world size its transfer times "
+            "are an extrapolation.",
             "",
         ]
     lines += ["## Datasets", ""]
