@@ -212,6 +212,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         seed=args.seed,
         sync=sync,
         clocks=clocks,
+        after_warmup=placement.apply,
     )
     per_call, excl_comm = timed[0], timed[-1]
     rows = []
