@@ -42,7 +42,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+import executor_report  # noqa: E402 (needs the path above)
 
 from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing  # noqa: E402
@@ -218,7 +220,7 @@ def verdict(shapes: list[dict]) -> dict:
                 "shapes": len(mine),
                 "changes_best": changed,
                 "share": changed / len(mine),
-                "geomean_gain": math.exp(statistics.fmean(math.log(g) for g in gains)),
+                "geomean_gain": executor_report.geomean(gains),
                 "max_gain": max(gains),
             }
         kept = any(v["share"] >= KEEP_SHARE for v in per_mode.values())

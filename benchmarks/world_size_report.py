@@ -149,8 +149,8 @@ def overlap(loaded) -> dict[str, dict[str, Any]]:
             row["best_ms"] = float(b)
         out[mode] = {
             "n_scenarios": int(on.sum()),
-            "speedup_vs_serial": _geomean(serial / best),
-            "speedup_vs_async_tp": _geomean(async_tp[measured] / best[measured]) if measured.any() else None,
+            "speedup_vs_serial": executor_report.geomean((serial / best).tolist()),
+            "speedup_vs_async_tp": executor_report.geomean((async_tp[measured] / best[measured]).tolist()),
             "realized_overlap_comm_heavy": executor_report.average_realized_overlap(rows),
         }
     return out
@@ -371,10 +371,6 @@ def _modes(table):
     from ficco.features import MODES
 
     return [(m, table.modes == m) for m in MODES if m in set(table.modes)]
-
-
-def _geomean(values: np.ndarray) -> float:
-    return float(np.exp(np.mean(np.log(values))))
 
 
 def _value(x) -> float | None:
