@@ -452,10 +452,10 @@ def host_factor(
     ] = DEFAULT_PIN,
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
-    """Measure this machine's host factor in seconds: the executor's host time per eager call of tiny shapes
-    over its price (harness/host_speed.py), the value `--host-factor` of `ficco recommend` and `ficco score`,
-    and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card gives the same
-    figure from minutes of GPU time ("Host speed")."""
+    """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny
+    shapes over its price (harness/host_speed.py), the value `--host-factor` of `ficco recommend` and
+    `ficco score`, and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card
+    gives the same figure from minutes of GPU time ("Host speed")."""
     from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
 
     if backend is BenchBackend.sim:

@@ -1,4 +1,5 @@
-r"""This machine's host speed in seconds: the executor's host time per eager call, over its price.
+r"""This machine's host speed, measured within seconds: the executor's host time per eager call over its price
+(a host factor, no unit).
 
 A model answers eager-mode questions for a machine of a given host factor (``features.host``). A sweep gives
 a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
