@@ -55,6 +55,13 @@ def main(
         logging.getLogger("ficco").setLevel(level)
 
 
+def _one_line_summary(command: typer.models.CommandInfo) -> str | None:
+    """The first paragraph of a command's help (its ``help=`` or docstring) on one line: the command list of
+    ``ficco --help`` keeps a docstring's hard line breaks, which land mid-sentence in its narrow column."""
+    text = command.help or (command.callback.__doc__ if command.callback else None)
+    return " ".join(text.split("\n\n")[0].split()) if text else None
+
+
 for _module in COMMAND_MODULES:
     _module.register(app)
 
@@ -66,6 +73,10 @@ def version() -> None:
     from ficco.features import FEATURE_SCHEMA_VERSION
 
     typer.echo(f"ficco {__version__} (feature schema {FEATURE_SCHEMA_VERSION})")
+
+
+for _command in app.registered_commands:
+    _command.short_help = _command.short_help or _one_line_summary(_command)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,9 @@ def test_verbose_counts_raise_the_ficco_log_level(monkeypatch):
         assert ficco_logger.level == level
     assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
     assert CliRunner().invoke(cli.app, ["version"]).exit_code == 0 and len(levels) == 3  # quiet: untouched
+
+
+def test_command_summaries_are_their_first_paragraph_on_one_line():
+    for command in cli.app.registered_commands:
+        first = (command.help or command.callback.__doc__).split("\n\n")[0]
+        assert command.short_help == " ".join(first.split()), command.name
