@@ -125,7 +125,8 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         "gloo": "One CPU process per rank under torchrun (gloo); the executor's CPU path (eager only), "
         f"{protocol}",
         "sim": "The analytic model of `harness/sim.py` (GEMM roofline, transfer and contention terms "
-        "calibrated on 2 x H200 measurements); no hardware was used",
+        "calibrated on 2 x H200 measurements, the change of transfer bandwidth with the number of peers "
+        "on one all-gather benchmark at 2 and 4 ranks); no hardware was used",
     }[manifest["backend"]]
     text = f"## How it was measured\n\n{how}."
     if "protocol" in manifest:

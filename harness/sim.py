@@ -8,9 +8,12 @@ than the measured one gives a what-if answer:
 - **GEMM**: roofline ``max(FLOPs / (peak * eff), bytes / (HBM * hbm_eff)) + launch``, where ``eff`` falls
   for GEMMs too small to fill the SMs (waves of 128x256 tiles) and for short K loops; a GEMM split into
   ``c`` kernels pays the roofline of each plus ``split_loss * (1 - 1/c)``.
-- **Transfer**: ``latency + bytes / bandwidth``: NCCL collectives (``serial/sm``, a latency per ring
-  step), NCCL point-to-point rounds (pipelined ``sm``) and copy-engine rounds (``dma``). Copy engines are
-  latency-bound at small sizes and faster than NCCL at large ones.
+- **Transfer**: ``latency + bytes / bandwidth``: NCCL collectives (``serial/sm``), NCCL point-to-point
+  rounds (pipelined ``sm``) and copy-engine rounds (``dma``). Copy engines are latency-bound at small sizes
+  and, at 2 ranks, faster than NCCL at large ones. The bandwidth of a transfer that reaches every peer at
+  once (collectives, ``serial`` and ``finer`` rounds) changes with the number of peers, up for NCCL and
+  down for the copy engines, as one benchmark measured it at 2 and 4 ranks; beyond 4 ranks that is an
+  extrapolation.
 - **Contention**: while a transfer is in flight the GEMM runs ``1 + gemm_slowdown`` times slower and the
   transfer ``1 + comm_slowdown`` times slower; NCCL kernels compete for SMs, copy engines barely do.
   ``/hp`` relieves the transfer and costs the GEMM a little more.
@@ -44,7 +47,7 @@ from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
 if TYPE_CHECKING:
     import pandas as pd
 
-SIM_MODEL_VERSION = "sim3"
+SIM_MODEL_VERSION = "sim4"
 """Changes whenever a formula of the model changes (part of the sim fingerprint)."""
 
 _TILE_M, _TILE_N = 128, 256
@@ -85,7 +88,9 @@ class SimConstants:
     """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines.
     'Decomposition loss' table (1.04-1.16 for the large shapes) and the 'finer s2' / 'finer s4' columns."""
     nccl_latency_us: float = 53.3
-    """Latency of one NCCL collective ring step. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB (0.06-0.13 ms)."""
+    """Latency of one NCCL collective, at any world size. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB
+    (0.06-0.13 ms); the 4-rank all-gather of ``sim_reference.WORLD_SIZE_TABLE`` took about as long at 1-4 MiB
+    (0.086 ms) as the 2-rank one (0.071-0.081 ms), so it does not grow by a step per peer."""
     nccl_bw_frac: float = 0.513
     """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``. 'NCCL AG' / 'NCCL RS'
     at 64-256 MB (about 230 GB/s of 450)."""
@@ -101,6 +106,18 @@ class SimConstants:
     about 300 GB/s at 64 MB and 370 GB/s at 256 MB with the latency ('CE pull' / 'CE push alone'; one
     direction alone reaches 388 GB/s at 1 GB). Every collective is bidirectional, so the model uses
     only this curve."""
+    nccl_peer_gain: float = 0.181
+    """How NCCL's bandwidth (collectives, and point-to-point rounds that reach every peer at once) grows with
+    the peers a transfer reaches: the 2-rank bandwidth times ``peers ** nccl_peer_gain``. Fitted to
+    ``sim_reference.WORLD_SIZE_TABLE`` (the same all-gather benchmark at 2 and 4 ranks: NCCL 1.19-1.20x faster
+    at 4 ranks at 64 and 256 MiB received per GPU), least squares of the log time ratio at both sizes with
+    the other constants held; one 4-rank machine, so 8-rank figures extrapolate."""
+    ce_peer_loss: float = 0.569
+    """How the copy engines' bandwidth falls with the peers a transfer reaches (``serial/dma`` and
+    ``finer/dma`` rounds push to every peer at once, ``shard`` rounds to one): the 2-rank bandwidth times
+    ``peers ** -ce_peer_loss``. Fitted the same way: 0.56x the 2-rank bandwidth at 4 ranks in
+    ``WORLD_SIZE_TABLE`` (1.249 against 0.705 ms for 256 MiB received per GPU); the same caveat. (Both
+    world-size constants are positive, as ``calibrate`` fits every constant's logarithm.)"""
     sm_gemm_slowdown: float = 1.02
     """GEMM slowdown while NCCL kernels run beside it. Smoke sweep (1); the reference 'C3 NCCL % of ideal'
     column (21-71% of the ideal overlap, against 81-88% for copy engines) agrees in direction."""
@@ -246,18 +263,29 @@ def _unit_us(c: SimConstants, x: dict[str, np.ndarray], rows: np.ndarray, units:
     return _gemm_us(c, x, rows) * (1.0 + c.split_loss * (1.0 - 1.0 / units)) + c.gemm_launch_us
 
 
+def _bandwidth(c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """Bytes per us one rank receives through NCCL (``dma`` false) or the copy engines (``dma`` true) when a
+    transfer reaches ``peers`` peers at once (``nccl_peer_gain``, ``ce_peer_loss``)."""
+    frac = np.where(dma, c.ce_bw_frac, c.nccl_bw_frac)
+    exponent = np.where(dma, -c.ce_peer_loss, c.nccl_peer_gain)
+    return frac * x["link"] * 1e3 * peers**exponent
+
+
 def _collective_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     """One NCCL collective (all-gather / reduce-scatter / all-to-all) of the scenario's volume: a latency
-    per ring step plus the volume at NCCL's bandwidth."""
-    return (x["w"] - 1.0) * c.nccl_latency_us + x["vol"] / (c.nccl_bw_frac * x["link"] * 1e3)
+    plus the volume at NCCL's bandwidth with every peer reached."""
+    nccl = np.zeros_like(x["w"], dtype=bool)
+    return c.nccl_latency_us + x["vol"] / _bandwidth(c, x, nccl, x["w"] - 1.0)
 
 
-def _round_us(c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, rounds: np.ndarray) -> np.ndarray:
-    """One of ``rounds`` equal transfer rounds of the executor's pipeline: point-to-point NCCL (``sm``) or
-    copy engines (``dma``), a latency plus the round's bytes at the transport's bandwidth."""
+def _round_us(
+    c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, rounds: np.ndarray, peers: np.ndarray
+) -> np.ndarray:
+    """One of ``rounds`` equal transfer rounds of the executor's pipeline, each reaching ``peers`` peers at
+    once: point-to-point NCCL (``sm``) or copy engines (``dma``), a latency plus the round's bytes at the
+    transport's bandwidth."""
     latency = np.where(dma, c.ce_latency_us, c.p2p_latency_us)
-    bandwidth = np.where(dma, c.ce_bw_frac, c.nccl_bw_frac) * x["link"] * 1e3  # bytes per us
-    return latency + x["vol"] / rounds / bandwidth
+    return latency + x["vol"] / rounds / _bandwidth(c, x, dma, peers)
 
 
 def _add_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
@@ -286,15 +314,17 @@ def _host_us(c: SimConstants, dma: np.ndarray, rounds: np.ndarray, units: np.nda
 
 def plan_counts(
     w: np.ndarray, gran: np.ndarray, splits: np.ndarray, chunk: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Transfer rounds and peer GEMM units of the executor's plan (``executor.plan.make_plan``), shape
-    ``[N]`` each, for world sizes ``w``, granularity codes ``gran`` (0 serial, 1 shard, 2 finer), ``splits``
-    and ``chunk`` (grain chunk). Serial: one round, no peer unit (one GEMM over all rows); shard: ``w - 1``
-    rounds and peer units; finer: ``splits`` rounds, ``(w - 1) * splits`` peer units (grain chunk) or
-    ``w - 1`` (grain shard). tests/harness/test_sim.py ties these to ``make_plan``."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Transfer rounds, peer GEMM units and the peers each round reaches of the executor's plan
+    (``executor.plan.make_plan``), shape ``[N]`` each, for world sizes ``w``, granularity codes ``gran``
+    (0 serial, 1 shard, 2 finer), ``splits`` and ``chunk`` (grain chunk). Serial: one round to every peer,
+    no peer unit (one GEMM over all rows); shard: ``w - 1`` rounds of one peer each and as many peer units;
+    finer: ``splits`` rounds to every peer, ``(w - 1) * splits`` peer units (grain chunk) or ``w - 1`` (grain
+    shard). tests/harness/test_sim.py ties these to ``make_plan``."""
     rounds = np.where(gran == 0, 1, np.where(gran == 2, splits, w - 1))
     peer_units = np.where(gran == 0, 0, np.where(chunk & (gran == 2), (w - 1) * splits, w - 1))
-    return rounds, peer_units
+    round_peers = np.where(gran == 1, 1, w - 1)
+    return rounds, peer_units, round_peers
 
 
 def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
@@ -316,17 +346,17 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     add = np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
     one = np.ones_like(w)
     whole = _unit_us(c, x, x["rows"], one)
-    serial_dma = np.maximum(_round_us(c, x, dma, one) + whole + add, _host_us(c, dma, one, one))
+    serial_dma = np.maximum(_round_us(c, x, dma, one, w - 1.0) + whole + add, _host_us(c, dma, one, one))
     serial = np.where(dma, serial_dma, _collective_us(c, x) + whole)
 
     chunk = x["chunk"] > 0
     finer = x["gran"] == 2
-    rounds, peer_units = plan_counts(w, x["gran"], splits, chunk)
+    rounds, peer_units, round_peers = plan_counts(w, x["gran"], splits, chunk)
     units = 1.0 + peer_units
     relief = 1.0 - hp * min(c.hp_comm_relief, 1.0)
     comm_slow = np.where(dma, c.dma_comm_slowdown, c.sm_comm_slowdown) * relief
     gemm_slow = np.where(dma, c.dma_gemm_slowdown, c.sm_gemm_slowdown) * (1.0 + hp * c.hp_gemm_penalty)
-    round_time = _round_us(c, x, dma, rounds) * (1.0 + comm_slow)
+    round_time = _round_us(c, x, dma, rounds, round_peers) * (1.0 + comm_slow)
     own = _unit_us(c, x, x["rows"] / w, units)
     peer = _unit_us(c, x, x["rows"] / np.where(chunk, w * splits, w), units) + c.chunk_sync_us
     # Rounds a peer unit's pieces take: 1 (shard granularity, finer chunk) or all of them (finer shard).
@@ -393,8 +423,9 @@ def _scatter_us(
 def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The four baselines of ``harness.backend.BASELINE_KEYS`` for each row's scenario, us."""
     ones = np.ones_like(x["w"])
-    copy = _round_us(c, x, ones.astype(bool), ones) + np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
-    dma = np.maximum(copy, _host_us(c, ones.astype(bool), ones, 0 * ones))
+    copy_engines = ones.astype(bool)
+    copy = _round_us(c, x, copy_engines, ones, x["w"] - 1.0) + np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
+    dma = np.maximum(copy, _host_us(c, copy_engines, ones, 0 * ones))
     # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
     shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
     async_tp = np.where(x["async_tp"] > 0, _schedule_us(c, shard_dma) + c.async_tp_overhead_us, np.nan)

@@ -61,6 +61,18 @@ RS_TABLE = {  # 'GEMM -> reduce-scatter': GEMM, NCCL RS, CE push alone, serial, 
     (1024, 4096, 4096): (0.05, 0.08, 0.08, 0.10, 0.45, 0.18),
 }
 
+WORLD_SIZE_TABLE = {  # all-gather alone, (ranks, MiB received per GPU): (NCCL ms, copy engines ms)
+    (2, 64): (0.294, 0.199),
+    (2, 256): (1.048, 0.705),
+    (4, 64): (0.247, 0.356),
+    (4, 256): (0.874, 1.249),
+}
+"""The one benchmark run at two world sizes: ``benchmarks/executor_bench.py --quick``, NCCL's all-gather
+against the executor's copy-engine all-gather (``serial/dma``'s transfer: every peer at once). 2 ranks:
+``benchmarks/results/executor-h200x2-quick.json``; 4 ranks: the 4 x H200 section of the reference file (a
+different machine). ``sim.SimConstants.nccl_peer_gain`` and ``ce_peer_loss`` are fitted to the ratios of
+its 4-rank to its 2-rank times; the smaller sizes of that run are host-bound and left out."""
+
 
 def _rows(table: str, op: str, shape: tuple[int, int, int], times: dict[str, float], baselines: dict) -> list:
     """Rows of one measured shape; with no ``times`` a single GEMM-only row (``ok=False``: no schedule)."""

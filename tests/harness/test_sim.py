@@ -16,7 +16,7 @@ from ficco.features import (
 )
 from ficco.harness.dataset import result_rows, rows_frame, scenario_from_row
 from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate
-from ficco.harness.sim_reference import reference_frame
+from ficco.harness.sim_reference import WORLD_SIZE_TABLE, reference_frame
 
 
 def _serial_ms(sim, **shape) -> float:
@@ -233,7 +233,7 @@ def test_sim_plan_counts_match_the_executor_plan(direction):
             *[("finer", s, g) for s in (2, 4, 8) for g in ("chunk", "shard")],
         ]:  # fmt: skip
             plan = make_plan(direction, w, granularity, splits, grain)
-            rounds, peer_units = plan_counts(
+            rounds, peer_units, round_peers = plan_counts(
                 np.array([w]),
                 np.array([codes[granularity]]),
                 np.array([splits]),
@@ -241,3 +241,23 @@ def test_sim_plan_counts_match_the_executor_plan(direction):
             )
             peers = [u for u in plan.units if u.offset not in (0, None)]
             assert (int(rounds[0]), int(peer_units[0])) == (len(plan.rounds), len(peers)), (w, granularity)
+            reached = {len({piece.offset for piece in pieces}) for pieces in plan.rounds}
+            assert reached == {int(round_peers[0])}, (w, granularity, splits)
+
+
+def test_world_size_terms_reproduce_the_two_and_four_rank_all_gather_benchmark():
+    """NCCL's and the copy engines' all-gather bandwidth at 4 ranks over that at 2 ranks, at the benchmark's
+    64 and 256 MiB received per GPU: the simulator's ratio within 5% of the measured one."""
+
+    def rates(w: int, mib: int) -> np.ndarray:  # GB/s received per GPU: NCCL, copy engines
+        hardware = HardwareProfile(id=f"x{w}", gpu_count=w)
+        k = 2048
+        m = round(mib * 2**20 / ((w - 1) / w * k * 2) / w) * w  # (w-1)/w * m * k * 2 bytes ~ mib MiB
+        s = Scenario(m=m, k=k, world_size=w, hardware=hardware)
+        base = SimBackend(hardware).baselines_ms(s)
+        return s.comm_bytes / np.array([base["nccl_comm_ms"], base["dma_comm_ms"]]) / 1e6
+
+    for mib in (64, 256):
+        measured = np.divide(WORLD_SIZE_TABLE[2, mib], WORLD_SIZE_TABLE[4, mib])  # time ratio = rate ratio
+        simulated = rates(4, mib) / rates(2, mib)
+        np.testing.assert_allclose(simulated, measured, rtol=0.05, err_msg=f"{mib} MiB")
