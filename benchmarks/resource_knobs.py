@@ -4,6 +4,9 @@ GEMMs (``/carve<N>``) ever change the best schedule?
     # 2 GPUs (estimated 3-4 minutes on 2 x H200, not yet run there): writes OUT/knobs-h200x2.json and .md
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/resource_knobs.py \
         --out benchmarks/results
+    # the probes alone on one GPU (the GEMM probes need no peer): writes OUT/knobs-probes-h200x1.json and .md
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/resource_knobs.py \
+        --probes-only --name knobs-probes-h200x1 --out benchmarks/results
     # re-render the markdown from a finished JSON (no GPU)
     python3 benchmarks/resource_knobs.py --render benchmarks/results/knobs-h200x2.json
     # plumbing check without a GPU (gloo, tiny shapes, eager only; the knobs have nothing to act on there)
@@ -15,6 +18,8 @@ keeps what it measured):
 
 1. **Does each knob act at all** (CUDA only; ``probes``): the GEMM alone under cuBLAS (torch's default), under
    cuBLASLt, and under cuBLASLt with each carve-out of ``CARVEOUTS`` (``executor.resources.SMCarveout``); the
+   same GEMM beside an SM-bound kernel on another stream (an elementwise add over ``ADD_MIB``, standing in
+   for a communication kernel that needs SMs), without and with each carve-out: what a carve-out is for; the
    point-to-point exchange the ``sm`` pieces make (every rank sends ``P2P_MIB`` to every peer) on the
    default communicator and on each capped twin of ``CTAS``. Per call, median over interleaved rounds.
 2. **The schedules** (``shapes``): per shape of ``SHAPES``, every candidate schedule and the knob variants of
@@ -37,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +87,8 @@ P2P_MIB = (4, 64)
 """MiB each rank sends each peer in the point-to-point probe."""
 GEMM_PROBES = ((4096, 4096, 4096), (8192, 8192, 8192))
 """(m, n, k) of the GEMM-alone probe, bf16."""
+ADD_MIB = 256
+"""MiB of each operand of the elementwise add that runs beside the GEMM in the carve-out probe."""
 PLAIN_SCHEDULES = 34
 """Items of a dataset scenario (30 schedules and 4 baselines): the timed work is scaled from it."""
 KEEP_SHARE = 0.10
@@ -98,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=420.0, help="skip the shapes that would start later")
     p.add_argument("--rounds", type=int, default=5, help="fewest interleaved rounds per shape and mode")
     p.add_argument("--cpu-dry-run", action="store_true", help="gloo on the CPU, tiny shapes, eager only")
+    p.add_argument(
+        "--probes-only", action="store_true", help="the probes alone (one GPU: no point-to-point probe)"
+    )
     p.add_argument("--render", type=Path, default=None, help="re-render the markdown of a finished JSON")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.budget_s <= 0:
@@ -155,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
         args.out.mkdir(parents=True, exist_ok=True)
         _say(f"writing {path} and {path.with_suffix('.md')}")
     _save(lead, path, data, start)
-    for op, m, n, k in DRY_RUN_SHAPES if cpu else SHAPES:
+    for op, m, n, k in () if args.probes_only else DRY_RUN_SHAPES if cpu else SHAPES:
         if backend.agree(time.perf_counter() - start > args.budget_s):
             data["skipped_shapes"].append({"op": op, "m": m, "n": n, "k": k})
             continue
@@ -273,7 +284,7 @@ def measure_probes(backend) -> dict:
     ``sm`` pieces' point-to-point exchange per CTA cap (``p2p``); ms per call, median over rounds."""
     out: dict = {"gemm": [], "p2p": [], "errors": []}
     probes = [("gemm", gemm_probe, shape) for shape in GEMM_PROBES]
-    probes += [("p2p", p2p_probe, (mib,)) for mib in P2P_MIB]
+    probes += [("p2p", p2p_probe, (mib,)) for mib in P2P_MIB if backend.world_size > 1]
     for kind, probe, args in probes:
         try:
             row = probe(backend, *args)
@@ -288,26 +299,53 @@ def measure_probes(backend) -> dict:
 
 def gemm_probe(backend, m: int, n: int, k: int) -> dict:
     """``C [m, n] = A [m, k] @ B [k, n]`` (bf16) alone under cuBLAS, cuBLASLt, and cuBLASLt with each
-    carve-out of ``CARVEOUTS``: ``{m, n, k, <setting>_ms}``."""
+    carve-out of ``CARVEOUTS`` (``<setting>_ms``); the elementwise add of ``ADD_MIB`` alone (``add_ms``); the
+    GEMM under cuBLASLt and the add on a side stream at once, from the first launch until both end, without
+    and with each carve-out (``beside_add_<setting>_ms``): ``{m, n, k, ...}``."""
     import torch
 
     from ficco.executor.resources import SMCarveout, blas_library
 
-    a = torch.randn(m, k, device=backend.device, dtype=torch.bfloat16)
-    b = torch.randn(k, n, device=backend.device, dtype=torch.bfloat16)
-    c = torch.empty(m, n, device=backend.device, dtype=torch.bfloat16)
+    device = backend.device
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    x, y = (torch.randn(ADD_MIB << 19, device=device, dtype=torch.bfloat16) for _ in range(2))
+    z = torch.empty_like(x)
+    side = torch.cuda.Stream(device)
+
+    def add() -> None:
+        torch.add(x, y, out=z)
+
+    def beside_add(gemm) -> Callable[[], None]:
+        def both() -> None:
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                add()
+            gemm()
+            torch.cuda.current_stream(device).wait_stream(side)
+
+        return both
+
+    def mm() -> None:
+        torch.mm(a, b, out=c)
+
     row: dict = {"m": m, "n": n, "k": k}
     for library in ("cublas", "cublaslt"):
         with blas_library(library):
-            row[f"{library}_ms"] = statistics.median(backend.time_rounds(lambda: torch.mm(a, b, out=c)))
+            row[f"{library}_ms"] = statistics.median(backend.time_rounds(mm))
+    row["add_ms"] = statistics.median(backend.time_rounds(add))
+    with blas_library("cublaslt"):
+        row["beside_add_cublaslt_ms"] = statistics.median(backend.time_rounds(beside_add(mm)))
     for sms in CARVEOUTS:
-        carve = SMCarveout(backend.device, sms)
+        carve = SMCarveout(device, sms)
 
         def carved(carve=carve) -> None:
             with carve:
-                torch.mm(a, b, out=c)
+                mm()
 
         row[f"carve{sms}_ms"] = statistics.median(backend.time_rounds(carved))
+        row[f"beside_add_carve{sms}_ms"] = statistics.median(backend.time_rounds(beside_add(carved)))
     return row
 
 
@@ -362,7 +400,16 @@ def render_markdown(data: dict) -> str:
     probes = data.get("probes") or {}
     if probes.get("gemm"):
         keys = [key for key in probes["gemm"][0] if key.endswith("_ms")]
-        lines += ["", "## GEMM alone (ms per call)", "", "| m x n x k | " + " | ".join(keys) + " |"]
+        lines += [
+            "",
+            "## GEMM probes (ms per call)",
+            "",
+            f"`beside_add_*`: the GEMM and an elementwise add of {ADD_MIB} MiB operands on another stream at "
+            "once, until both end (`add_ms`: the add alone); a carve-out pays off there when it beats "
+            "`beside_add_cublaslt_ms`.",
+            "",
+            "| m x n x k | " + " | ".join(keys) + " |",
+        ]
         lines.append("|---" * (len(keys) + 1) + "|")
         for r in probes["gemm"]:
             lines.append(f"| {r['m']}x{r['n']}x{r['k']} | " + " | ".join(_f(r[key]) for key in keys) + " |")

@@ -77,6 +77,7 @@ def test_dry_run_checks_and_times_every_schedule_and_knob_variant(tmp_path):
 def test_a_failing_probe_is_recorded_and_the_others_still_run(monkeypatch):
     class Backend:
         rank = 1  # not the lead: nothing printed
+        world_size = 2
 
     def gemm_probe(backend, m, n, k):
         raise RuntimeError(f"cuBLASLt refused {m}x{n}x{k}\nsecond line")
@@ -87,3 +88,13 @@ def test_a_failing_probe_is_recorded_and_the_others_still_run(monkeypatch):
     assert probes["gemm"] == [] and [r["mib_per_peer"] for r in probes["p2p"]] == list(bench.P2P_MIB)
     assert probes["errors"][0] == "gemm (4096, 4096, 4096): RuntimeError: cuBLASLt refused 4096x4096x4096"
     assert len(probes["errors"]) == len(bench.GEMM_PROBES)
+
+
+def test_one_rank_runs_the_gemm_probes_alone(monkeypatch):
+    class Backend:
+        rank, world_size = 1, 1
+
+    monkeypatch.setattr(bench, "gemm_probe", lambda backend, m, n, k: {"m": m, "n": n, "k": k, "add_ms": 0.5})
+    monkeypatch.setattr(bench, "p2p_probe", lambda backend, mib: pytest.fail("no peer to exchange with"))
+    probes = bench.measure_probes(Backend())
+    assert [r["m"] for r in probes["gemm"]] == [m for m, _, _ in bench.GEMM_PROBES] and probes["p2p"] == []
