@@ -39,6 +39,16 @@ does any change to the model or its fallback generalise better to unseen model f
    rows apart) and on the region holdout of ``ficco evaluate`` (trained below the 75th percentile of GEMM
    FLOPs, each candidate under the options chosen on all cross-validation folds), with a family bootstrap
    of each candidate's paired log-regret difference to ``current`` on the dense rows.
+4. More families (``families``; ``--families DIR``, repeated, datasets of model families the training data
+   lacks): does training on more measured families help on yet other unseen ones? For every ordered pair
+   (A, B) of those datasets, the shipped configuration trained on the training data alone and on it plus
+   A's scenarios, both scored per mode on B's scenarios that neither training set holds (each dataset's
+   pairs at its own host factor, ``training.fit.training_pairs``).
+
+    .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
+        --section families --families datasets/h200x2-unseen-v3 --families datasets/h200x2-heldout-v3 \
+        --families datasets/h200x2-unseen --families datasets/h200x2-heldout \
+        --out reports/model-study-families-h200x2.json
 """
 
 from __future__ import annotations
@@ -66,7 +76,7 @@ LCB_WIDTHS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 """Candidate widths ``z`` of the lower bound ``mean - z * std`` of the pick's predicted log speedup."""
 MIN_CHILD_WEIGHT = 5.0
 """``min_child_weight`` of the regularised ranker (the shipped one: 1)."""
-SECTIONS = ("moe", "fallback", "generalization")
+SECTIONS = ("moe", "fallback", "generalization", "families")
 """The module docstring's sections by name, in order."""
 CANDIDATES = ("current", "uncertainty_fallback_serial", "uncertainty_fallback_heuristic",
               "ranker_min_child_weight_5", "ranker_per_mode")  # fmt: skip
@@ -228,6 +238,63 @@ def fit_ranker(table, *, n_jobs: int, seed: int = 0, **params):
     return PairModel(random_state=seed, n_jobs=n_jobs, **params).fit(Z, y, qid=qid)
 
 
+def fit_on(tables, config, *, n_jobs: int, seed: int = 0):
+    """``config``'s ``training.model.PairModel`` fitted on every measured pair of all ``tables``, each
+    table's pairs at its own host factor (``training.fit.training_pairs``), one query per table row."""
+    from ficco.training.fit import training_pairs
+    from ficco.training.model import PairModel
+
+    parts = [training_pairs(table) for table in tables]
+    offsets = np.cumsum([0, *(len(table) for table in tables[:-1])])
+    model = PairModel(
+        objective=config.objective,
+        n_estimators=config.n_estimators,
+        max_depth=config.max_depth,
+        learning_rate=config.learning_rate,
+        random_state=seed,
+        n_jobs=n_jobs,
+    )
+    return model.fit(
+        np.concatenate([Z for Z, _, _ in parts]),
+        np.concatenate([y for _, y, _ in parts]),
+        qid=np.concatenate([q + o for (_, _, q), o in zip(parts, offsets, strict=True)]),
+    )
+
+
+def families_study(base, extra: dict[str, object], config, *, n_jobs: int) -> dict:
+    """Section 4: ``extra`` maps a dataset name to its table; per ordered pair (added, tested), the metrics
+    of the model trained on ``base`` alone and on ``base`` plus ``added``'s fresh scenarios, on ``tested``'s
+    scenarios that neither holds (``skipped`` where none is left: the same families measured twice)."""
+    from ficco.training.evaluate import unseen
+    from ficco.training.model import pair_costs
+
+    def fresh(table, *others):
+        for other in others:
+            table = unseen(table, other)[0]
+        return table
+
+    def metrics(model, test) -> dict:
+        picks = np.argmin(pair_costs(model, test.X, test.modes, test.host_factor), axis=1)
+        return mode_metrics(test, picks)
+
+    alone = fit_on([base], config, n_jobs=n_jobs)
+    out = {}
+    for added, table in extra.items():
+        added_rows = fresh(table, base)
+        model = fit_on([base, added_rows], config, n_jobs=n_jobs)
+        for tested, other in extra.items():
+            if tested == added:
+                continue
+            try:
+                test = fresh(other, base, added_rows)
+            except ValueError as err:  # the same families measured twice: nothing unseen is left
+                out[f"+{added} -> {tested}"] = {"skipped": str(err)}
+                continue
+            pair = f"+{added} -> {tested}"
+            out[pair] = {"base": metrics(alone, test), "base_plus_added": metrics(model, test)}
+    return out
+
+
 def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Every model of section 3 fitted on ``train`` and evaluated on ``test`` (``n`` rows, ``S`` schedules):
     ``rank`` (the shipped ranker's cost ``[n, S]``), ``log_ratio`` (the time-ratio regressor's
@@ -359,7 +426,10 @@ def main() -> None:
     parser.add_argument(
         "--section", action="append", choices=SECTIONS, help="repeat it (default: moe, fallback)"
     )
-    parser.add_argument("--config", default="rank,d6,n100,lr0.15", help="a TrainConfig.key of CONFIG_GRID")
+    parser.add_argument(
+        "--families", type=Path, action="append", default=[], help="section 4: a dataset of other families"
+    )
+    parser.add_argument("--config", default=None, help="a TrainConfig.key of CONFIG_GRID (default: its last)")
     parser.add_argument("--min-gain", type=float, default=None, help="fallback threshold (default: none)")
     parser.add_argument("--jobs", type=int, default=1, help="XGBoost threads")
     parser.add_argument("--out", type=Path, required=True)
@@ -368,7 +438,10 @@ def main() -> None:
     from ficco.training.policy import DecisionPolicy
     from ficco.training.table import load_dataset_table
 
-    config = {c.key(): c for c in CONFIG_GRID}[args.config]
+    configs = {c.key(): c for c in CONFIG_GRID}
+    if args.config is not None and args.config not in configs:
+        parser.error(f"--config must be one of {list(configs)}; got {args.config!r}")
+    config = configs[args.config or CONFIG_GRID[-1].key()]
     policy = DecisionPolicy(min_gain=args.min_gain)
     sections = args.section or SECTIONS[:2]
     result = {"config": config.to_dict(), "policy": policy.to_dict()}
@@ -386,6 +459,12 @@ def main() -> None:
             "data": info, "bags": BAGS, "bag_drop": BAG_DROP, "lcb_widths": list(LCB_WIDTHS),
             **generalization_study(data.table, config, n_jobs=args.jobs),
         }  # fmt: skip
+    if "families" in sections:
+        if len(args.families) < 2:
+            parser.error(f"--section families needs --families at least twice; got {len(args.families)}")
+        base = load_dataset_table(args.dense, args.moe).table
+        extra = {path.name: load_dataset_table(path).table for path in args.families}
+        result["families"] = families_study(base, extra, config, n_jobs=args.jobs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
