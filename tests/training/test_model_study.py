@@ -95,3 +95,23 @@ def test_generalization_study_current_reproduces_cross_validation(table, fast_co
     assert out["family_holdout"]["current"]["dense"] == study.mode_metrics(table, cv.final)
     assert set(out["family_holdout"]) == set(out["region_holdout"]) == set(study.CANDIDATES)
     assert set(out["against_current"]) == set(study.CANDIDATES[1:])
+
+
+def test_fit_on_one_table_is_the_shipped_fit_and_each_table_keeps_its_host_factor(table, fast_configs):
+    import dataclasses
+
+    from ficco.training.fit import fit_pair_model
+    from ficco.training.model import pair_costs
+
+    rank = next(c for c in fast_configs if c.objective == "rank")
+    alone = study.fit_on([table], rank, n_jobs=1)
+    shipped = fit_pair_model(table, rank, seed=0, n_jobs=1)
+    np.testing.assert_array_equal(
+        pair_costs(alone, table.X, table.modes), pair_costs(shipped, table.X, table.modes)
+    )
+    slow_host = dataclasses.replace(table, host_factor=4 * table.host_factor)
+    both = study.fit_on([table, slow_host], rank, n_jobs=1)
+    doubled = study.fit_on([table, table], rank, n_jobs=1)
+    assert not np.array_equal(
+        pair_costs(both, table.X, table.modes), pair_costs(doubled, table.X, table.modes)
+    )
