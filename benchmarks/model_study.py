@@ -242,19 +242,10 @@ def fit_on(tables, config, *, n_jobs: int, seed: int = 0):
     """``config``'s ``training.model.PairModel`` fitted on every measured pair of all ``tables``, each
     table's pairs at its own host factor (``training.fit.training_pairs``), one query per table row."""
     from ficco.training.fit import training_pairs
-    from ficco.training.model import PairModel
 
     parts = [training_pairs(table) for table in tables]
     offsets = np.cumsum([0, *(len(table) for table in tables[:-1])])
-    model = PairModel(
-        objective=config.objective,
-        n_estimators=config.n_estimators,
-        max_depth=config.max_depth,
-        learning_rate=config.learning_rate,
-        random_state=seed,
-        n_jobs=n_jobs,
-    )
-    return model.fit(
+    return config.estimator(seed=seed, n_jobs=n_jobs).fit(
         np.concatenate([Z for Z, _, _ in parts]),
         np.concatenate([y for _, y, _ in parts]),
         qid=np.concatenate([q + o for (_, _, q), o in zip(parts, offsets, strict=True)]),

@@ -37,6 +37,17 @@ class TrainConfig:
             "learning_rate": self.learning_rate,
         }
 
+    def estimator(self, *, seed: int, n_jobs: int) -> PairModel:
+        """An unfitted ``training.model.PairModel`` of these hyper-parameters."""
+        return PairModel(
+            objective=self.objective,
+            n_estimators=self.n_estimators,
+            max_depth=self.max_depth,
+            learning_rate=self.learning_rate,
+            random_state=seed,
+            n_jobs=n_jobs,
+        )
+
     def key(self) -> str:
         """A short name for logs and the card, e.g. ``ratio,d6,n150,lr0.1``."""
         return f"{self.objective},d{self.max_depth},n{self.n_estimators},lr{self.learning_rate:g}"
@@ -82,12 +93,4 @@ def fit_pair_model(
         raise ValueError(f"masked must name pair columns {list(PAIR_FEATURE_NAMES)}; got {unknown}")
     Z, y, qid = training_pairs(table)
     Z[:, [PAIR_FEATURE_NAMES.index(name) for name in masked]] = 0.0
-    model = PairModel(
-        objective=config.objective,
-        n_estimators=config.n_estimators,
-        max_depth=config.max_depth,
-        learning_rate=config.learning_rate,
-        random_state=seed,
-        n_jobs=n_jobs,
-    )
-    return model.fit(Z, y, qid=qid)
+    return config.estimator(seed=seed, n_jobs=n_jobs).fit(Z, y, qid=qid)
