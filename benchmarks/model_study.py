@@ -276,12 +276,12 @@ def families_study(base, extra: dict[str, object], config, *, n_jobs: int) -> di
         for tested, other in extra.items():
             if tested == added:
                 continue
+            pair = f"+{added} -> {tested}"
             try:
                 test = fresh(other, base, added_rows)
             except ValueError as err:  # the same families measured twice: nothing unseen is left
-                out[f"+{added} -> {tested}"] = {"skipped": str(err)}
+                out[pair] = {"skipped": str(err)}
                 continue
-            pair = f"+{added} -> {tested}"
             out[pair] = {"base": metrics(alone, test), "base_plus_added": metrics(model, test)}
     return out
 
