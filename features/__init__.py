@@ -10,6 +10,8 @@ from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_O
 from ficco.features.schedule import (
     CTA_CAPS,
     SCHEDULE_FAMILIES,
+    SCHEDULE_INDEX,
+    SCHEDULES,
     SERIAL,
     SM_CARVEOUTS,
     Schedule,
@@ -42,7 +44,9 @@ __all__ = [
     "MOE_OPS",
     "OPS",
     "OP_SPECS",
+    "SCHEDULES",
     "SCHEDULE_FAMILIES",
+    "SCHEDULE_INDEX",
     "SERIAL",
     "SM_CARVEOUTS",
     "HardwareProfile",

@@ -232,6 +232,10 @@ def knob_variants(
 
 SERIAL = Schedule(granularity="serial", executor="sm")
 """The baseline every recommendation is measured against: NCCL collective, then the GEMM."""
+SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
+"""Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
+SCHEDULE_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCHEDULES)}
+"""The column of each schedule string in :data:`SCHEDULES`."""
 
 
 def candidates(scenario: Scenario) -> list[Schedule]:

@@ -168,7 +168,7 @@ def host_factor_of(df: pd.DataFrame) -> float:
     """The measuring machine's host factor (``features.host.estimate_host_factor``) from dataset rows: the
     eager and graph times of each (scenario, schedule) measured ok in both modes against its host price;
     NaN when no eager time is host-bound."""
-    from ficco.features import all_schedules
+    from ficco.features import SCHEDULE_INDEX
     from ficco.features.host import estimate_host_factor, op_prices
 
     timed = with_label_times(df[df["ok"].astype(bool)])
@@ -177,9 +177,8 @@ def host_factor_of(df: pd.DataFrame) -> float:
         timed[timed["mode"] == "graph"][["scenario_id", "schedule", "time_ms"]],
         on=["scenario_id", "schedule"], suffixes=("_eager", "_graph"),
     )  # fmt: skip
-    column = {str(s): i for i, s in enumerate(all_schedules())}
     price = np.array([
-        op_prices(op, int(world), int(experts))[column[schedule]]
+        op_prices(op, int(world), int(experts))[SCHEDULE_INDEX[schedule]]
         for op, world, experts, schedule in zip(
             pairs["op"], pairs["world_size"], pairs["experts"], pairs["schedule"], strict=True
         )

@@ -45,15 +45,13 @@ from ficco.features import (
     FEATURE_SCHEMA_VERSION,
     FEATURE_SCHEMAS,
     MODES,
+    SCHEDULE_INDEX,
+    SCHEDULES,
     SERIAL,
     Schedule,
-    all_schedules,
 )
 from ficco.features.host import host_over_gpu
 
-SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
-"""Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
-SCHEDULE_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCHEDULES)}
 SERIAL_INDEX = SCHEDULE_INDEX[str(SERIAL)]
 
 _MAX_FINER_SPLITS = FEATURE_NAMES.index("max_finer_splits")
