@@ -399,31 +399,17 @@ def render_markdown(data: dict) -> str:
             )
     probes = data.get("probes") or {}
     if probes.get("gemm"):
-        keys = [key for key in probes["gemm"][0] if key.endswith("_ms")]
-        lines += [
-            "",
-            "## GEMM probes (ms per call)",
-            "",
+        lines += _probe_table(
+            "GEMM probes",
             f"`beside_add_*`: the GEMM and an elementwise add of {ADD_MIB} MiB operands on another stream at "
             "once, until both end (`add_ms`: the add alone); a carve-out pays off there when it beats "
             "`beside_add_cublaslt_ms`.",
-            "",
-            "| m x n x k | " + " | ".join(keys) + " |",
-        ]
-        lines.append("|---" * (len(keys) + 1) + "|")
-        for r in probes["gemm"]:
-            lines.append(f"| {r['m']}x{r['n']}x{r['k']} | " + " | ".join(_f(r[key]) for key in keys) + " |")
+            "m x n x k",
+            [(f"{r['m']}x{r['n']}x{r['k']}", r) for r in probes["gemm"]],
+        )
     if probes.get("p2p"):
-        keys = [key for key in probes["p2p"][0] if key.endswith("_ms")]
-        lines += [
-            "",
-            "## Point-to-point exchange alone (ms per call)",
-            "",
-            "| MiB per peer | " + " | ".join(keys) + " |",
-        ]
-        lines.append("|---" * (len(keys) + 1) + "|")
-        for r in probes["p2p"]:
-            lines.append(f"| {r['mib_per_peer']} | " + " | ".join(_f(r[key]) for key in keys) + " |")
+        rows = [(str(r["mib_per_peer"]), r) for r in probes["p2p"]]
+        lines += _probe_table("Point-to-point exchange alone", "", "MiB per peer", rows)
     if probes.get("errors"):
         lines += ["", "Probes that failed:", ""] + [f"- {e}" for e in probes["errors"]]
     lines += [
@@ -453,6 +439,16 @@ def render_markdown(data: dict) -> str:
     if data.get("skipped_shapes"):
         lines += ["", f"{len(data['skipped_shapes'])} shapes skipped for the budget."]
     return "\n".join(lines) + "\n"
+
+
+def _probe_table(title: str, note: str, first: str, rows: list[tuple[str, dict]]) -> list[str]:
+    """Markdown lines of one probe's table: a ``## title (ms per call)`` heading, ``note`` (if any), then a
+    row per ``(first column, probe row)`` with every ``*_ms`` key of the first probe row as a column."""
+    keys = [key for key in rows[0][1] if key.endswith("_ms")]
+    lines = ["", f"## {title} (ms per call)", "", *([note, ""] if note else [])]
+    lines += ["| " + " | ".join([first, *keys]) + " |", "|---" * (len(keys) + 1) + "|"]
+    lines += ["| " + " | ".join([name, *(_f(r[key]) for key in keys)]) + " |" for name, r in rows]
+    return lines
 
 
 def _label(round_ms, mode: str) -> float:
