@@ -95,8 +95,6 @@ def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress
     for train, cv, train_name in zip(loaded, cvs, names, strict=True):
         row: dict = {}
         for test, test_name in zip(loaded, names, strict=True):
-            if test is not train:
-                print(f"trained on {train_name}, picking for {test_name}", flush=True)
             if test is train:
                 baseline = held_out_baselines(train.table, cv.folds)["size_heuristic"]
                 row[test_name] = {
@@ -107,6 +105,7 @@ def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress
                     for mode, on in _modes(train.table)
                 }
                 continue
+            print(f"trained on {train_name}, picking for {test_name}", flush=True)
             fresh, _ = unseen(test.table, train.table)
             split = split_summary(train.table, fresh, cv.choice, test.noise, seed=seed, n_jobs=n_jobs)
             row[test_name] = {mode: {p: s[p] for p in PICKERS if p in s} for mode, s in split.items()}
