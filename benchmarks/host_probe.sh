@@ -5,8 +5,8 @@
 #    policy (none, share, core; harness.affinity): which policy a fresh process reproduces best;
 # 2. benchmarks/executor_overhead.py --primitives --profiler torch: each schedule's host time, its building
 #    blocks alone, and where torch.profiler sees the host time go (c10d's NCCL calls included);
-# 3. ficco host-factor under the share and core policies: the host factor in seconds, to hold against the
-#    factor a sweep of the same session reads off its eager times (its card's "Host speed").
+# 3. ficco host-factor under the share and core policies: the host factor, measured within seconds, to hold
+#    against the factor a sweep of the same session reads off its eager times (its card's "Host speed").
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 [ "$GPUS" -ge 2 ] || { echo "error: $GPUS CUDA devices; this needs at least 2"; exit 2; }
