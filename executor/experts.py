@@ -1,20 +1,31 @@
 """The expert side of the MoE ops: where each (source rank, local expert) block of rows lies, and the
-grouped GEMM.
+expert GEMMs over a block.
 
 Two row orders meet on a rank (``features.routing``). The all-to-all moves rows *source-major*: the block
 from (dispatch) or to (combine) rank ``q`` holds, in local-expert order, ``counts[q][rank][e]`` rows for
 expert ``e``. The experts work *expert-major*: expert ``e``'s rows from every source, contiguous, sources in
-rank order. A pipelined GEMM covers part of one source's block, so it runs one ``torch.mm`` per expert it
-touches, reading source-major rows and writing expert-major ones (dispatch) or the reverse (combine): no
-permutation. The serial reference runs one ``torch.mm`` per expert over all of its rows, so it permutes the
-whole source-major buffer first (dispatch) or after (combine), with one ``index_select``, as a runtime's
-token permutation does.
+rank order. A pipelined GEMM covers part of one source's block; the serial reference covers every row, so
+it permutes the whole source-major buffer first (dispatch) or after (combine), with one ``index_select``, as
+a runtime's token permutation does.
+
+The GEMMs over a block (:class:`ExpertGemms`) run one of two ways:
+
+- ``loop``: one ``torch.mm`` per expert the block touches, reading source-major rows and writing
+  expert-major ones (dispatch) or the reverse (combine): no copy, one launch per expert;
+- ``grouped``: one ``torch._grouped_mm`` over the block (CUTLASS grouped GEMM on Hopper), whose output is
+  a new tensor in the block's row order: the dispatch copies it to its expert-major rows with one
+  ``index_copy_``, the combine first gathers its rows with one ``index_select`` and copies the product out.
+
+``grouped`` runs where torch's grouped GEMM takes the operands (:func:`grouped_eligible`) and the block
+touches at least :data:`GROUPED_MIN_GEMMS` experts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache, lru_cache
 
 import torch
 
@@ -27,6 +38,141 @@ local expert ``expert`` and sit at ``expert_row ..`` in the expert-major order."
 
 ROUTED_MAX = 8
 """Routings whose derived state a group context keeps at most (least recently used dropped first)."""
+GROUPED_MIN_GEMMS = 8
+"""Fewest expert GEMMs (non-empty segments) a block needs to run them as one grouped GEMM rather than a loop.
+On one H200 (``benchmarks/grouped_gemm.py --units``, ``benchmarks/results/grouped-units-h200.md``: the
+blocks of 96 calls, four MoE families x two ops x 256-16k tokens x four schedules at two ranks), 8 left
+each call's expert GEMMs a geomean 1.005x (eager) / 1.017x (graph) the time of every block its faster way
+(worst 1.12x / 1.24x) and cut them 1.88x / 1.23x against the loop (worst 0.90x / 0.81x: 256-row GEMMs at
+16k tokens, where cuBLAS beats the grouped kernel and its row copies); every threshold from 5 to 16 picks
+the same there (those blocks hold at most 4 or at least 16 GEMMs); 1, 2, 4 or 32 do worse."""
+
+
+def grouped_eligible(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` takes ``a [rows, k] @ b [experts, k, n]`` here: bf16, ``k`` and ``n``
+    multiples of 8 (16-byte rows), contiguous ``b``, on a GPU of compute capability >= 9.0 (the CUTLASS
+    kernels) or on the CPU (torch's reference kernel, which the CPU tests run)."""
+    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16 or a.shape[1] % 8 or b.shape[2] % 8:
+        return False
+    if not b.is_contiguous() or a.stride(1) != 1:
+        return False
+    if a.device.type == "cuda":
+        return _hopper_on(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    return a.device.type == "cpu"
+
+
+@cache
+def _hopper_on(index: int) -> bool:
+    """Whether CUDA device ``index`` has compute capability >= 9.0."""
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertGemms:
+    """The expert GEMMs over one block of rows: its segments, and the grouped form's index tensors.
+
+    Row ``i`` of the block belongs to the segment ``(start, stop, e, row)`` with ``start <= i < stop`` and
+    sits at ``row + i - start`` in the expert-major order; segments are in expert order and cover the block.
+    """
+
+    segments: tuple[Segment, ...]
+    """The block's non-empty segments."""
+    experts: int
+    """Local experts (the grouped GEMM's groups, most of them empty for a small block)."""
+    aligned: bool = field(init=False)
+    """Every row already in expert-major order (a whole expert-major buffer): no row index."""
+    _tensors: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    """Per device: (``offs``, int32 ``[experts]``, each expert's cumulative row end in the block; ``index``,
+    int64 ``[rows]``, each row's expert-major row, or None when aligned)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aligned", all(start == row for start, _stop, _e, row in self.segments))
+
+    @classmethod
+    @lru_cache(maxsize=64)
+    def whole(cls, group_rows: tuple[int, ...]) -> ExpertGemms:
+        """Every row of an expert-major buffer of ``group_rows[e]`` rows per expert (kept per ``group_rows``,
+        so that its device tensors are made once)."""
+        segments, start = [], 0
+        for e, rows in enumerate(group_rows):
+            if rows:
+                segments.append((start, start + rows, e, start))
+            start += rows
+        return cls(tuple(segments), len(group_rows))
+
+    @property
+    def rows(self) -> int:
+        return self.segments[-1][1] if self.segments else 0
+
+    def grouped(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Whether these GEMMs of ``a @ b[e]`` run as one grouped GEMM (module docstring)."""
+        return len(self.segments) >= GROUPED_MIN_GEMMS and grouped_eligible(a, b)
+
+    def ready(self, device: torch.device) -> bool:
+        """Whether the grouped form's tensors are on ``device`` (making them is a host-to-device copy)."""
+        return device in self._tensors
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(offs, index)`` on ``device`` (class docstring), made on first use."""
+        found = self._tensors.get(device)
+        if found is None:
+            ends, row_ends = [0] * self.experts, 0
+            for _start, stop, e, _row in self.segments:
+                ends[e] = stop
+            for e in range(self.experts):  # empty experts end where the one before ends
+                row_ends = ends[e] = max(ends[e], row_ends)
+            offs = torch.tensor(ends, dtype=torch.int32)
+            index = None
+            if not self.aligned:
+                parts = [torch.arange(row, row + stop - start) for start, stop, _e, row in self.segments]
+                index = torch.cat(parts).to(device)
+            found = self._tensors[device] = (offs.to(device), index)
+        return found
+
+    def dispatch(
+        self,
+        rows: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor,
+        weights: Sequence[torch.Tensor] | None = None,
+        grouped: bool | None = None,
+    ) -> None:
+        """``out[expert-major rows] = rows @ b[e]`` per segment.
+
+        ``rows [block rows, k]`` in block order, ``b [experts, k, n]``, ``out [expert-major rows, n]``;
+        ``weights``: ``b.unbind(0)`` when the caller has it (the loop indexes it); ``grouped`` forces the way
+        (default: :meth:`grouped`).
+        """
+        if self.grouped(rows, b) if grouped is None else grouped:
+            offs, index = self.tensors(rows.device)
+            product = torch._grouped_mm(rows[: self.rows], b, offs=offs)
+            if index is None:
+                out[: self.rows].copy_(product)
+            else:
+                out.index_copy_(0, index, product)
+            return
+        weights = b.unbind(0) if weights is None else weights
+        for start, stop, e, row in self.segments:
+            torch.mm(rows[start:stop], weights[e], out=out[row : row + stop - start])
+
+    def combine(
+        self,
+        h: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor,
+        weights: Sequence[torch.Tensor] | None = None,
+        grouped: bool | None = None,
+    ) -> None:
+        """``out[block rows] = h[expert-major rows] @ b[e]`` per segment: ``h [expert-major rows, k]``, ``out
+        [block rows, n]`` in block order; ``weights`` and ``grouped`` as in :meth:`dispatch`."""
+        if self.grouped(h, b) if grouped is None else grouped:
+            offs, index = self.tensors(h.device)
+            a = h[: self.rows] if index is None else h.index_select(0, index)
+            out[: self.rows].copy_(torch._grouped_mm(a, b, offs=offs))
+            return
+        weights = b.unbind(0) if weights is None else weights
+        for start, stop, e, row in self.segments:
+            torch.mm(h[row : row + stop - start], weights[e], out=out[start:stop])
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,8 +187,8 @@ class RoutedState:
     """Rows of each local expert (over every source)."""
     layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
     """Per (direction, splits): the all-to-all's blocks (dispatch: ``gather``, combine: ``scatter``)."""
-    segments: dict[tuple[int, int], tuple[Plan, dict[int, list[Segment]]]] = field(default_factory=dict)
-    """Per (id of plan, id of layout): the plan (held, so that its id names it) and each unit's segments,
+    gemms: dict[tuple[int, int], tuple[Plan, dict[int, ExpertGemms]]] = field(default_factory=dict)
+    """Per (id of plan, id of layout): the plan (held, so that its id names it) and each unit's expert GEMMs,
     by ``id(unit)``."""
     permutations: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """Per device: (expert-major row ``i`` <- source-major row ``perm[i]``, and its inverse)."""
@@ -74,16 +220,19 @@ class RoutedState:
             layout = self.layouts[key] = Layout.routed(direction, self.rank, moved, splits)
         return layout
 
-    def unit_segments(self, plan: Plan, layout: Layout) -> dict[int, list[Segment]]:
-        """Each unit's segments, by ``id(unit)`` (the plan keeps its units alive; ``whole`` units have none:
-        they take the permutation)."""
+    def unit_gemms(self, plan: Plan, layout: Layout) -> dict[int, ExpertGemms]:
+        """Each unit's expert GEMMs, by ``id(unit)`` (the plan keeps its units alive); a ``whole`` unit's
+        cover the expert-major buffer the permutation makes."""
         key = (id(plan), id(layout))
-        found = self.segments.get(key)
+        found = self.gemms.get(key)
         if found is None:
-            found = self.segments[key] = (
+            whole = ExpertGemms.whole(self.expert_rows)
+            found = self.gemms[key] = (
                 plan,
                 {
-                    id(unit): [] if unit.offset is None else self._segments(*layout.block_of(unit))
+                    id(unit): whole
+                    if unit.offset is None
+                    else ExpertGemms(tuple(self._segments(*layout.block_of(unit))), len(self.expert_rows))
                     for unit in plan.units
                 },
             )
@@ -145,8 +294,9 @@ def routed_state(states: OrderedDict, routing: Routing, rank: int) -> RoutedStat
 def grouped_matmul(
     a: torch.Tensor, b: torch.Tensor, group_rows: tuple[int, ...] | list[int], out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``out[rows of group e] = a[rows of group e] @ b[e]``: one ``torch.mm`` per non-empty group, over
-    consecutive row ranges of ``group_rows[e]`` rows (the MoE ops' expert GEMM; the GEMM alone).
+    """``out[rows of group e] = a[rows of group e] @ b[e]`` over consecutive row ranges of ``group_rows[e]``
+    rows (the MoE ops' expert GEMM; the GEMM alone): one grouped GEMM or one ``torch.mm`` per non-empty group,
+    as :class:`ExpertGemms` chooses.
 
     Parameters
     ----------
@@ -155,12 +305,20 @@ def grouped_matmul(
     group_rows : sequence of int
         Rows of each group, in order.
     out : Tensor, shape [sum(group_rows), n], optional
+        Where to write; without it, the grouped GEMM's own output is returned (no copy).
+
+    The grouped form's first call for a ``group_rows`` on a device copies its offsets to the device, which
+    CUDA graph capture cannot record (:class:`~ficco.executor.context.CaptureError`): call it once eagerly.
     """
+    gemms = ExpertGemms.whole(tuple(group_rows))
+    if gemms.grouped(a, b):
+        if not gemms.ready(a.device):
+            from ficco.executor.context import refuse_capture  # context imports this module
+
+            refuse_capture(a.device, "grouped_matmul", "copies the groups' row offsets to the device")
+        product = torch._grouped_mm(a, b, offs=gemms.tensors(a.device)[0])
+        return product if out is None else out.copy_(product)
     if out is None:
         out = a.new_empty((a.shape[0], b.shape[2]))
-    start = 0
-    for e, rows in enumerate(group_rows):
-        if rows:
-            torch.mm(a[start : start + rows], b[e], out=out[start : start + rows])
-        start += rows
+    gemms.dispatch(a, b, out, grouped=False)
     return out

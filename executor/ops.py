@@ -35,7 +35,7 @@ from ficco.executor.context import (
     refuse_capture,
     remember_checked,
 )
-from ficco.executor.experts import RoutedState, grouped_matmul, routed_state
+from ficco.executor.experts import ExpertGemms, RoutedState, grouped_matmul, routed_state
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
@@ -184,7 +184,7 @@ def all_to_all_matmul(
         Rows per (source rank, destination rank, local expert); the same on every rank. Uneven and empty
         blocks are fine.
     schedule : Schedule or str
-        Any schedule: ``serial`` (the whole all-to-all, then one GEMM per expert), ``shard`` (the GEMMs on
+        Any schedule: ``serial`` (the whole all-to-all, then the experts' GEMMs), ``shard`` (the GEMMs on
         a source's rows start once they have landed, one source after another) or ``finer`` (every block
         split again, all sources at once). Blocks split into near-equal sub-chunks, so every schedule runs
         every routing.
@@ -210,16 +210,16 @@ def all_to_all_matmul(
     x = x.contiguous()
     state = routed_state(ctx.routed, routing, ctx.rank)
     k, received = x.shape[1], sum(routing.received(ctx.rank))
-    y = out if out is not None else x.new_empty((received, b.shape[2]))
     experts = state.expert_rows
     if schedule.granularity == "serial" and schedule.executor == "sm":
         perm = _permutation(ctx, state, schedule)[0]
+        _expert_gemms(ctx, state, schedule, x, b)
         rows = state.cut(ctx.rows_buffer("received", k, x.dtype, received), received)
         expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
-        _all_to_all_matmul_fallback(
-            x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, y
+        return _all_to_all_matmul_fallback(
+            x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, out
         )
-        return y
+    y = out if out is not None else x.new_empty((received, b.shape[2]))
     plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("gather", plan.splits)
     transport = _transport(
@@ -232,17 +232,15 @@ def all_to_all_matmul(
         cut=state.cut,
         cache=state.transports,
     )
-    segments = state.unit_segments(plan, layout)
+    gemms = _expert_gemms(ctx, state, schedule, x, b, plan, layout)
     weights = b.unbind(0)
 
     def consume(rows: torch.Tensor, unit: Unit) -> None:
-        if unit.offset is None:  # every row, source-major: permute, then one GEMM per expert
+        if unit.offset is None:  # every row, source-major: permute, then the experts' GEMMs
             expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
             torch.index_select(rows, 0, _permutation(ctx, state, schedule)[0], out=expert_major)
-            grouped_matmul(expert_major, b, experts, y)
-            return
-        for start, stop, e, row in segments[id(unit)]:
-            torch.mm(rows[start:stop], weights[e], out=y[row : row + stop - start])
+            rows = expert_major
+        gemms[id(unit)].dispatch(rows, b, y, weights)
 
     with ctx.carveout(schedule.carveout):
         run_pipeline(plan, transport, consume)
@@ -271,7 +269,7 @@ def matmul_all_to_all(
     routing : features.Routing
         The dispatch's routing (the combine sends its rows back the other way).
     schedule : Schedule or str
-        Any schedule: ``serial`` (one GEMM per expert, then the whole all-to-all), ``shard`` (the rows for
+        Any schedule: ``serial`` (the experts' GEMMs, then the whole all-to-all), ``shard`` (the rows for
         one rank computed and sent while the next rank's are computed; this rank's own rows last) or
         ``finer`` (every block split again).
     group : ProcessGroup, optional
@@ -300,9 +298,9 @@ def matmul_all_to_all(
     staging = state.cut(ctx.rows_buffer("produced", n, h.dtype, received), received)
     if schedule.granularity == "serial" and schedule.executor == "sm":
         inverse = _permutation(ctx, state, schedule)[1]
-        expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
+        _expert_gemms(ctx, state, schedule, h, b)
         layout = state.layout("scatter", 1)
-        _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, expert_major, staging, y)
+        _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, staging, y)
         return y
     plan = make_plan("scatter", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("scatter", plan.splits)
@@ -319,20 +317,17 @@ def matmul_all_to_all(
         cut=state.cut,
         cache=state.transports,
     )
-    segments = state.unit_segments(plan, layout)
+    gemms = _expert_gemms(ctx, state, schedule, h, b, plan, layout)
     weights = b.unbind(0)
     own_source, own_dest = layout.own_block()
     own_out = y[own_dest]  # the own unit covers the whole own block: its GEMMs write here, not to staging
 
     def produce(rows: torch.Tensor, unit: Unit) -> None:
-        if unit.offset is None:  # every row: one GEMM per expert, then permute to source-major
-            expert_major = state.cut(ctx.rows_buffer("expert_out", n, h.dtype, received), received)
-            grouped_matmul(h, b, experts, expert_major)
+        if unit.offset is None:  # every row: the experts' GEMMs, then permute to source-major
+            expert_major = grouped_matmul(h, b, experts)
             torch.index_select(expert_major, 0, _permutation(ctx, state, schedule)[1], out=rows)
             return
-        target = own_out if unit.offset == 0 else rows
-        for start, stop, e, row in segments[id(unit)]:
-            torch.mm(h[row : row + stop - start], weights[e], out=target[start:stop])
+        gemms[id(unit)].combine(h, b, own_out if unit.offset == 0 else rows, weights)
 
     with ctx.carveout(schedule.carveout):
         run_pipeline(plan, transport, produce)
@@ -547,13 +542,14 @@ def _all_to_all_matmul_fallback(
     expert_rows: tuple[int, ...],
     received: torch.Tensor,
     expert_major: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
+    out: torch.Tensor | None,
+) -> torch.Tensor:
     """The reference: the collective all-to-all into ``received`` (by source rank), the permutation into
-    ``expert_major`` (by local expert), then one GEMM per local expert into ``out``."""
+    ``expert_major`` (by local expert), then the local experts' GEMMs into ``out`` (:func:`grouped_matmul`).
+    Returns ``out``, or the grouped GEMM's own output where ``out`` is None."""
     dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=group)
     torch.index_select(received, 0, perm, out=expert_major)
-    grouped_matmul(expert_major, b, expert_rows, out)
+    return grouped_matmul(expert_major, b, expert_rows, out)
 
 
 def _matmul_all_to_all_fallback(
@@ -563,15 +559,36 @@ def _matmul_all_to_all_fallback(
     layout: Layout,
     inverse: torch.Tensor,
     expert_rows: tuple[int, ...],
-    expert_major: torch.Tensor,
     produced: torch.Tensor,
     out: torch.Tensor,
 ) -> None:
-    """The reference: one GEMM per local expert into ``expert_major``, the permutation into ``produced`` (by
+    """The reference: the local experts' GEMMs (:func:`grouped_matmul`), the permutation into ``produced`` (by
     the rank each row goes back to), then the collective all-to-all into ``out``."""
-    grouped_matmul(h, b, expert_rows, expert_major)
+    expert_major = grouped_matmul(h, b, expert_rows)
     torch.index_select(expert_major, 0, inverse, out=produced)
     dist.all_to_all_single(out, produced, list(layout.recv_rows), list(layout.send_rows), group=group)
+
+
+def _expert_gemms(
+    ctx: GroupContext,
+    state: RoutedState,
+    schedule: Schedule,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    plan: Plan | None = None,
+    layout: Layout | None = None,
+) -> dict[int, ExpertGemms]:
+    """Each unit's expert GEMMs of ``plan`` over ``layout`` (none without a plan: the reference), with the
+    grouped ones' tensors on this device, the whole buffer's included (:class:`CaptureError` naming
+    ``schedule`` if they must be made inside CUDA graph capture: a host-to-device copy)."""
+    units = state.unit_gemms(plan, layout) if plan is not None else {}
+    for gemms in (*units.values(), ExpertGemms.whole(state.expert_rows)):
+        if gemms.grouped(a, b) and not gemms.ready(ctx.device):
+            refuse_capture(
+                ctx.device, f"schedule {schedule}", "copies the expert GEMMs' row offsets to the device"
+            )
+            gemms.tensors(ctx.device)
+    return units
 
 
 def _permutation(

@@ -36,9 +36,10 @@ it whole-scenario shifts of the host's speed, which more rounds do not remove); 
 0.45 and 1.3 s per scenario. 3x rather than 4x keeps a full 614-scenario sweep with its re-measure inside 25
 minutes (``estimate_sweep``: 22.9 min; 25.9 at 4x). Graph mode's median is steady at 250 ms (0.9% / 3.3%)."""
 
-PROTOCOL_BEFORE: dict[str, object] = {"pin": "share"}
+PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop"}
 """Protocol settings that a dataset's manifest did not record before they became settings, as those
-datasets were measured (every rank's threads on an equal share of the CPUs): a resume compares with these."""
+datasets were measured (every rank's threads on an equal share of the CPUs; one ``torch.mm`` per expert in
+the MoE ops): a resume compares with these."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -252,8 +252,11 @@ class TorchBackend:
             self.timing, self.phase_seconds = timing, phases
 
     def protocol(self) -> dict:
-        """Modes, the ``Timing`` settings, the protocol's fixed limits, how graph rounds are aligned, and the
-        CPU placement policy of the ranks' threads (``pin``)."""
+        """Modes, the ``Timing`` settings, the protocol's fixed limits, how graph rounds are aligned, the CPU
+        placement policy of the ranks' threads (``pin``) and how the MoE ops run their expert GEMMs
+        (``expert_gemms``: grouped from ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs a block)."""
+        from ficco.executor.experts import GROUPED_MIN_GEMMS
+
         return {
             "modes": list(self.modes),
             **self.timing.to_dict(),
@@ -262,6 +265,7 @@ class TorchBackend:
             "rotate_bytes": ROTATE_BYTES,
             "graph_rounds": "queued" if self.name == "gpu" else "host-aligned",
             "pin": self.placement.policy,
+            "expert_gemms": f"grouped from {GROUPED_MIN_GEMMS}",
         }
 
     def fingerprint(self) -> dict:

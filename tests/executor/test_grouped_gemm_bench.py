@@ -20,3 +20,28 @@ def test_dry_run_checks_and_times_every_variant(tmp_path):
         assert set(case["error"]) == set(bench.VARIANTS) and case["ok"]
         assert all(case[f"{v}_eager_ms"] > 0 and case[f"{v}_host_us"] > 0 for v in bench.VARIANTS)
     assert "| tiny | a2a_gemm | 16 |" in (tmp_path / "g.md").read_text()
+
+
+def test_units_dry_run_checks_every_block_of_every_schedule(tmp_path):
+    data = bench.main(["--cpu-dry-run", "--units", "--rounds", "1", "--out", str(tmp_path), "--name", "u"])
+    cases = json.loads((tmp_path / "u.json").read_text())["cases"]
+    assert cases == data["cases"] and data["meta"]["kind"] == "units"
+    for op in ("a2a_gemm", "gemm_a2a"):
+        for schedule in bench.UNIT_SCHEDULES:
+            blocks = [c for c in cases if (c["op"], c["schedule"]) == (op, schedule)]
+            units = bench.executor_units(op, 8, 4, 2, schedule)
+            assert [c["segments"] for c in blocks] == [len(u.segments) for u in units] and blocks
+    assert all(c["ok"] and set(c["error"]) == set(bench.UNIT_VARIANTS) for c in cases)
+    assert "| eager | never |" in (tmp_path / "u.md").read_text()
+
+
+def test_thresholds_are_priced_per_call_over_its_blocks():
+    def block(schedule, segments, loop, grouped):
+        return {"family": "f", "op": "a2a_gemm", "tokens": 1, "schedule": schedule, "segments": segments,
+                "loop_eager_ms": loop, "grouped_eager_ms": grouped}  # fmt: skip
+
+    cases = [block("s", 2, 1.0, 2.0), block("s", 16, 4.0, 1.0), block("t", 16, 2.0, 1.0)]
+    rows = {r["threshold"]: r for r in bench.threshold_rows(cases, ["eager"])}
+    assert rows[8]["over_best_geomean"] == 1.0 and rows[8]["calls"] == 2
+    assert rows[1]["over_best_max"] == 1.5  # call s: 2 + 1 against its best 1 + 1
+    assert rows[10**9]["loop_over_rule_geomean"] == 1.0 and rows[8]["loop_over_rule_min"] == 2.0

@@ -53,17 +53,18 @@ def _combine_reference(routing, hs, bs, rank):
     return torch.cat(parts)
 
 
-def _inputs(routing, dtype, rank_count, seed):
-    """Every rank's dispatch input, combine input and weights (the same on every rank)."""
+def _inputs(routing, dtype, rank_count, seed, dims=(K, N, D)):
+    """Every rank's dispatch input, combine input and weights (the same on every rank); ``dims``: k, n, d."""
     import torch
 
+    k, n, d = dims
     xs, hs, b1, b2 = [], [], [], []
     for q in range(rank_count):
         gen = torch.Generator().manual_seed(seed + q)
-        xs.append(torch.randn(sum(routing.sent(q)), K, generator=gen).to(dtype))
-        hs.append(torch.randn(sum(routing.received(q)), N, generator=gen).to(dtype))
-        b1.append(torch.randn(routing.local_experts, K, N, generator=gen).to(dtype))
-        b2.append(torch.randn(routing.local_experts, N, D, generator=gen).to(dtype))
+        xs.append(torch.randn(sum(routing.sent(q)), k, generator=gen).to(dtype))
+        hs.append(torch.randn(sum(routing.received(q)), n, generator=gen).to(dtype))
+        b1.append(torch.randn(routing.local_experts, k, n, generator=gen).to(dtype))
+        b2.append(torch.randn(routing.local_experts, n, d, generator=gen).to(dtype))
     return xs, hs, b1, b2
 
 
@@ -201,6 +202,63 @@ def _bad_inputs(rank: int, world_size: int) -> list[tuple[str, str]]:
     y = executor.all_to_all_matmul(x, b, routing, "finer/dma/s2/chunk")
     out.append(("good_call_after", str(tuple(y.shape))))
     return out
+
+
+GROUPED_DIMS = (16, 24, 8)
+"""k, n, d of the grouped world: multiples of 8, as ``torch._grouped_mm`` needs (``grouped_eligible``)."""
+
+
+def _grouped_world(rank: int, world_size: int) -> dict:
+    """Runs on every rank: every schedule of both ops in bf16 with every block's GEMMs grouped
+    (``GROUPED_MIN_GEMMS`` = 1), on a balanced and a ragged routing (empty experts and blocks), with and
+    without ``out``; counts the grouped GEMMs run (``torch._grouped_mm`` wrapped)."""
+    import torch
+
+    from ficco import executor
+    from ficco.executor import experts as expert_module
+    from ficco.features import Routing, all_schedules
+
+    expert_module.GROUPED_MIN_GEMMS = 1
+    calls = {"grouped": 0}
+    grouped_mm = torch._grouped_mm
+
+    def counting(*args, **kwargs):
+        calls["grouped"] += 1
+        return grouped_mm(*args, **kwargs)
+
+    torch._grouped_mm = counting
+    w = world_size
+    routings = {
+        "balanced": Routing.synthetic(tokens=8 * w, top_k=2, experts=4 * w, world_size=w),
+        "ragged": Routing(RAGGED[world_size]),
+    }
+    results = []
+    for label, routing in routings.items():
+        xs, hs, b1, b2 = _inputs(routing, torch.bfloat16, world_size, seed=7, dims=GROUPED_DIMS)
+        want = {
+            "a2a_gemm": _dispatch_reference(routing, xs, b1, rank),
+            "gemm_a2a": _combine_reference(routing, hs, b2, rank),
+        }
+        args = {"a2a_gemm": (xs[rank], b1[rank]), "gemm_a2a": (hs[rank], b2[rank])}
+        for op, (a, b) in args.items():
+            for schedule in all_schedules():
+                executor.poison_buffers()
+                got = executor.run_op(op, a, b, schedule, routing=routing)
+                into = torch.full_like(got, float("nan"))
+                executor.run_op(op, a, b, schedule, routing=routing, out=into)
+                results.append((label, op, str(schedule), _rel(got, want[op]), _rel(into, want[op])))
+    torch._grouped_mm = grouped_mm
+    return {"results": results, "grouped_calls": calls["grouped"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_grouped_expert_gemms_match_the_reference_under_every_schedule(world_size):
+    for report in run_world(world_size, _grouped_world):
+        bad = [r for r in report["results"] if max(r[3:]) > TOLERANCE["bf16"]]
+        assert not bad, f"world {world_size}: grouped schedules differing from the reference: {bad[:5]}"
+        assert len(report["results"]) == 2 * 2 * 30
+        assert report["grouped_calls"] >= len(report["results"])  # at least one grouped GEMM per call
 
 
 def _rel(x, ref) -> float:

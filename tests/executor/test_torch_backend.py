@@ -189,6 +189,12 @@ def test_a_placement_pins_the_main_thread_before_timing_and_is_recorded(results)
     assert results[0]["protocol"]["pin"] == "none"  # a backend built without a placement
 
 
+def test_the_protocol_records_how_the_moe_ops_run_their_expert_gemms(results):
+    from ficco.executor.experts import GROUPED_MIN_GEMMS
+
+    assert results[0]["protocol"]["expert_gemms"] == f"grouped from {GROUPED_MIN_GEMMS}"
+
+
 def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):
     assert len(results[0]["alone"]) == 3 and all(t > 0 for t in results[0]["alone"])
     assert results[0]["alone"] == results[1]["alone"]  # each round's maximum over ranks

@@ -83,9 +83,9 @@ def test_moe_gemms_are_the_executors_segments_on_balanced_routing(op, experts, w
     local = experts // world_size
     for schedule in OVERLAPPED:
         plan = _plan(op, world_size, schedule)
-        segments = state.unit_segments(plan, state.layout(OP_SPECS[op].direction, plan.splits))
+        gemms = state.unit_gemms(plan, state.layout(OP_SPECS[op].direction, plan.splits))
         # a whole unit (serial) runs one GEMM per expert over every row
-        want = sum(local if unit.offset is None else len(segments[id(unit)]) for unit in plan.units)
+        want = sum(len(gemms[id(unit)].segments) for unit in plan.units)
         assert launch_counts(op, world_size, schedule, local).gemms == want, schedule
 
 

@@ -6,8 +6,9 @@
         --ops a2a_gemm,gemm_a2a
 
 For every op of ``features.OP_SPECS`` (its shapes and whether it takes a routing come from the table), on
-each case of ``CASES`` (the MoE ops: a balanced routing, rank 0 taking 1.5x, and every row sent to rank 0,
-which leaves the other ranks empty blocks), every candidate schedule (all 30) and the knob variants
+each case of ``cases`` (the MoE ops, 2 local experts: a balanced routing, rank 0 taking 1.5x, and every row
+sent to rank 0, which leaves the other ranks empty blocks; and 16 local experts, balanced, whose blocks of
+>= ``GROUPED_MIN_GEMMS`` expert GEMMs run grouped), every candidate schedule (all 30) and the knob variants
 (``/cta4``, ``/carve32``) of ``KNOBBED``: two eager warm-up calls, an eager call compared with serial/sm
 (bf16 tolerance, same shape and strides), then the call captured into a ``torch.cuda.CUDAGraph`` and
 replayed with new data copied into its static inputs, compared with serial on that data; after the eager
@@ -47,23 +48,22 @@ def cases(op: str, world: int) -> list[tuple[str, Scenario]]:
     if not OP_SPECS[op].moe:  # gemm_rs: each rank holds its K / w slice of the reduction
         k = K if OP_SPECS[op].comm_first else K // world
         return [("dense", Scenario(op=op, m=M, n=N, k=k, world_size=world, hardware=hardware))]
-    return [
-        (
-            f"i{imbalance:g}",
-            Scenario(
-                op=op,
-                m=M // 4,
-                n=N,
-                k=K,
-                world_size=world,
-                experts=2 * world,
-                top_k=2,
-                imbalance=float(imbalance),
-                hardware=hardware,
-            ),
+
+    def moe(imbalance: float, local_experts: int) -> Scenario:
+        return Scenario(
+            op=op,
+            m=M // 4,
+            n=N,
+            k=K,
+            world_size=world,
+            experts=local_experts * world,
+            top_k=2,
+            imbalance=imbalance,
+            hardware=hardware,
         )
-        for imbalance in (1.0, 1.5, world)
-    ]
+
+    # 2 local experts: every block a loop of torch.mm; 16: the blocks of >= GROUPED_MIN_GEMMS grouped
+    return [(f"i{i:g}", moe(float(i), 2)) for i in (1.0, 1.5, world)] + [("e16", moe(1.0, 16))]
 
 
 def _inputs(scenario: Scenario, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -127,23 +127,33 @@ def test_resume_on_another_fingerprint_is_refused_naming_keys(tmp_path, small_pl
         run_sweep(small_plan, SimBackend(h200, seed=7), tmp_path / "ds", progress=False)
 
 
-class PinnedSim(SimBackend):
-    """The sim backend, claiming a CPU placement policy in its protocol (as ``TorchBackend`` records it)."""
+class ProtocolSim(SimBackend):
+    """The sim backend, claiming more protocol settings (as ``TorchBackend`` records them: ``pin``,
+    ``expert_gemms``)."""
 
-    def __init__(self, hardware, pin, **kwargs):
+    def __init__(self, hardware, settings, **kwargs):
         super().__init__(hardware, **kwargs)
-        self.pin = pin
+        self.settings = settings
 
     def protocol(self):
-        return super().protocol() | {"pin": self.pin}
+        return super().protocol() | self.settings
 
 
 def test_resume_of_a_dataset_from_before_the_pin_setting_counts_it_as_share(tmp_path, small_plan, h200):
     out = run_sweep(small_plan[:2], SimBackend(h200), tmp_path / "ds", progress=False)
     assert "pin" not in read_manifest(out)["protocol"]  # as every dataset measured before the setting
-    run_sweep(small_plan[:3], PinnedSim(h200, "share"), out, progress=False)
+    run_sweep(small_plan[:3], ProtocolSim(h200, {"pin": "share"}), out, progress=False)
     with pytest.raises(FingerprintMismatch, match="protocol pin: dataset 'share', now 'core'"):
-        run_sweep(small_plan, PinnedSim(h200, "core"), out, progress=False)
+        run_sweep(small_plan, ProtocolSim(h200, {"pin": "core"}), out, progress=False)
+
+
+def test_a_dataset_from_before_grouped_expert_gemms_is_not_resumed_with_them(tmp_path, small_plan, h200):
+    out = run_sweep(small_plan[:2], SimBackend(h200), tmp_path / "ds", progress=False)
+    run_sweep(small_plan[:3], ProtocolSim(h200, {"expert_gemms": "loop"}), out, progress=False)
+    with pytest.raises(
+        FingerprintMismatch, match="protocol expert_gemms: dataset 'loop', now 'grouped from 8'"
+    ):
+        run_sweep(small_plan, ProtocolSim(h200, {"expert_gemms": "grouped from 8"}), out, progress=False)
 
 
 def test_resume_with_another_hardware_profile_is_refused(tmp_path, h200):
