@@ -121,17 +121,16 @@ def make_variants(a, b, rows: list[int]) -> dict[str, Callable[[], object]]:
     }
 
 
-def executor_units(op: str, tokens: int, experts: int, top_k: int, schedule: str) -> list:
-    """Rank 0's blocks of expert GEMMs (``executor.experts.ExpertGemms``) of one call of ``schedule`` on
-    ``op`` under the balanced routing of ``tokens`` tokens, in the plan's unit order."""
+def executor_units(op: str, routing, schedule: str, rank: int = 0) -> list:
+    """``rank``'s blocks of expert GEMMs (``executor.experts.ExpertGemms``) of one call of ``schedule`` on
+    ``op`` under ``routing`` (a ``features.Routing``), in the plan's unit order."""
     from ficco.executor.experts import RoutedState
     from ficco.executor.plan import make_plan
-    from ficco.features import OP_SPECS, Routing, Schedule
+    from ficco.features import OP_SPECS, Schedule
 
-    routing = Routing.synthetic(tokens=tokens, top_k=top_k, experts=experts, world_size=WORLD_SIZE)
     s, direction = Schedule.parse(schedule), OP_SPECS[op].direction
-    plan = make_plan(direction, WORLD_SIZE, s.granularity, s.splits, s.grain)
-    state = RoutedState(routing=routing, rank=0)
+    plan = make_plan(direction, routing.world_size, s.granularity, s.splits, s.grain)
+    state = RoutedState(routing=routing, rank=rank)
     gemms = state.unit_gemms(plan, state.layout(direction, plan.splits))
     return [gemms[id(unit)] for unit in plan.units]
 
@@ -281,15 +280,20 @@ def _gemm_case(head: dict, b, gen, top_k: int, *, cuda: bool, rounds: int, seed:
 
 
 def _unit_cases(head: dict, b, gen, top_k: int, *, cuda: bool, rounds: int, seed: int):
-    """Every block of rank 0's plan of each of ``UNIT_SCHEDULES`` under ``UNIT_VARIANTS``: one record each
-    (yielded as measured)."""
+    """Every block of rank 0's plan of each of ``UNIT_SCHEDULES`` under ``UNIT_VARIANTS``, the routing
+    balanced: one record each (yielded as measured)."""
     import torch
+
+    from ficco.features import Routing
 
     op, k, n = head["op"], head["k"], head["n"]
     tokens, experts = head["tokens"], len(b) * WORLD_SIZE
     received = sum(expert_rows(tokens, experts, top_k))
+    routing = Routing.synthetic(
+        tokens=tokens // WORLD_SIZE, top_k=top_k, experts=experts, world_size=WORLD_SIZE
+    )
     for schedule in UNIT_SCHEDULES:
-        for unit, gemms in enumerate(executor_units(op, tokens // WORLD_SIZE, experts, top_k, schedule)):
+        for unit, gemms in enumerate(executor_units(op, routing, schedule)):
             if op == "a2a_gemm":  # the block's rows in, every expert-major row out
                 a = torch.randn(gemms.rows, k, device=b.device, dtype=b.dtype, generator=gen)
                 out = torch.empty(received, n, device=b.device, dtype=b.dtype)

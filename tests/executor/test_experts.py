@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks import grouped_gemm as bench
 from ficco.executor import experts
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
-from ficco.executor.plan import make_plan
 from ficco.features import Routing
 
 
@@ -36,14 +36,11 @@ def test_blocks_of_at_least_the_threshold_with_eligible_operands_are_grouped():
     assert not grouped_eligible(a, b.transpose(1, 2).contiguous().transpose(1, 2))  # b not contiguous
 
 
-def _blocks(direction: str, routing: Routing, rank: int) -> list[ExpertGemms]:
-    state = RoutedState(routing=routing, rank=rank)
-    out = [ExpertGemms.whole(state.expert_rows)]
-    for granularity, splits in (("serial", 1), ("shard", 1), ("finer", 2), ("finer", 4)):
-        plan = make_plan(direction, routing.world_size, granularity, splits, "chunk")
-        gemms = state.unit_gemms(plan, state.layout(direction, plan.splits))
-        out += [gemms[id(unit)] for unit in plan.units]
-    return out
+def _blocks(op: str, routing: Routing, rank: int) -> list[ExpertGemms]:
+    """The whole expert-major buffer's block, then every block of every plan shape of ``rank``."""
+    schedules = ("serial/dma", "shard/dma", "finer/dma/s2/chunk", "finer/dma/s4/chunk")
+    blocks = [ExpertGemms.whole(RoutedState(routing=routing, rank=rank).expert_rows)]
+    return blocks + [g for s in schedules for g in bench.executor_units(op, routing, s, rank)]
 
 
 ROUTINGS = {
@@ -61,9 +58,9 @@ def test_grouped_blocks_write_what_the_loop_writes(label):
     b = torch.randn(routing.local_experts, k, n, generator=gen).bfloat16()
     for rank in range(routing.world_size):
         received = sum(routing.received(rank))
-        for direction in ("gather", "scatter"):
-            for gemms in _blocks(direction, routing, rank):
-                if direction == "gather":
+        for op in ("a2a_gemm", "gemm_a2a"):
+            for gemms in _blocks(op, routing, rank):
+                if op == "a2a_gemm":
                     a = torch.randn(gemms.rows, k, generator=gen).bfloat16()
                     out, run = torch.full((received, n), float("nan")).bfloat16(), gemms.dispatch
                 else:
@@ -73,7 +70,7 @@ def test_grouped_blocks_write_what_the_loop_writes(label):
                 want = out.clone()
                 out.fill_(float("nan"))
                 run(a, b, out, grouped=True)
-                assert torch.equal(out.isnan(), want.isnan()), (label, rank, direction, gemms)  # same rows
+                assert torch.equal(out.isnan(), want.isnan()), (label, rank, op, gemms)  # same rows
                 assert torch.allclose(
                     out.float().nan_to_num(), want.float().nan_to_num(), rtol=1e-2, atol=1e-2
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import grouped_gemm as bench
+from ficco.features import Routing
 
 
 def test_expert_rows_spread_every_routed_row_over_the_local_experts():
@@ -29,7 +30,9 @@ def test_units_dry_run_checks_every_block_of_every_schedule(tmp_path):
     for op in ("a2a_gemm", "gemm_a2a"):
         for schedule in bench.UNIT_SCHEDULES:
             blocks = [c for c in cases if (c["op"], c["schedule"]) == (op, schedule)]
-            units = bench.executor_units(op, 8, 4, 2, schedule)
+            units = bench.executor_units(
+                op, Routing.synthetic(tokens=8, top_k=2, experts=4, world_size=2), schedule
+            )
             assert [c["segments"] for c in blocks] == [len(u.segments) for u in units] and blocks
     assert all(c["ok"] and set(c["error"]) == set(bench.UNIT_VARIANTS) for c in cases)
     assert "| eager | never |" in (tmp_path / "u.md").read_text()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks import grouped_gemm as bench
 from ficco.executor.context import CaptureError
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
-from ficco.executor.plan import make_plan
 from ficco.features import Routing
 
 pytestmark = [
@@ -23,15 +23,12 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
-def _blocks(direction: str, routing: Routing) -> list[ExpertGemms]:
-    """Rank 0's blocks under shard and finer s4 plans (the whole buffer first)."""
-    state = RoutedState(routing=routing, rank=0)
-    blocks = [ExpertGemms.whole(state.expert_rows)]
-    for granularity, splits in (("shard", 1), ("finer", 4)):
-        plan = make_plan(direction, routing.world_size, granularity, splits, "chunk")
-        gemms = state.unit_gemms(plan, state.layout(direction, plan.splits))
-        blocks += [gemms[id(unit)] for unit in plan.units]
-    return blocks
+def _blocks(op: str, routing: Routing) -> list[ExpertGemms]:
+    """Rank 0's whole expert-major buffer's block, then its blocks under shard and finer s4."""
+    blocks = [ExpertGemms.whole(RoutedState(routing=routing, rank=0).expert_rows)]
+    return blocks + [
+        g for s in ("shard/dma", "finer/dma/s4/chunk") for g in bench.executor_units(op, routing, s)
+    ]
 
 
 ROUTINGS = {
@@ -47,8 +44,7 @@ def test_grouped_blocks_match_the_loop_eager_and_replayed(op, label):
     gen = torch.Generator(device="cuda").manual_seed(0)
     received = sum(routing.received(0))
     b = torch.randn(routing.local_experts, K, N, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5
-    direction = "gather" if op == "a2a_gemm" else "scatter"
-    for index, gemms in enumerate(_blocks(direction, routing)):
+    for index, gemms in enumerate(_blocks(op, routing)):
         if op == "a2a_gemm":  # the block's rows as a view at an offset, as the executor's buffers hold them
             store = torch.randn(gemms.rows + 8, K, device="cuda", dtype=torch.bfloat16, generator=gen)
             a, out = store[8:], torch.empty(received, N, device="cuda", dtype=torch.bfloat16)
