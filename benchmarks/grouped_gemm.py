@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     gpu = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
     kind = "units" if args.units else "gemm"
-    stem = args.name or (f"grouped-{kind}-" + (gpu.split()[-1].lower() if cuda else "cpu"))
+    stem = args.name or f"grouped-{kind}-{gpu_tag(gpu) if cuda else 'cpu'}"
     path = args.out / f"{stem}.json"
     data: dict = {
         "meta": {
@@ -265,6 +266,12 @@ def run(args: argparse.Namespace) -> dict:
                 del b
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return data
+
+
+def gpu_tag(name: str) -> str:
+    """The model in a GPU's name, for file names: ``NVIDIA H100 80GB HBM3`` -> ``h100``."""
+    model = re.search(r"\b[A-Z]\d{3}\b", name)
+    return (model.group(0) if model else name.split()[-1]).lower()
 
 
 def _gemm_case(head: dict, b, gen, top_k: int, *, cuda: bool, rounds: int, seed: int) -> list[dict]:

@@ -48,3 +48,7 @@ def test_thresholds_are_priced_per_call_over_its_blocks():
     assert rows[8]["over_best_geomean"] == 1.0 and rows[8]["calls"] == 2
     assert rows[1]["over_best_max"] == 1.5  # call s: 2 + 1 against its best 1 + 1
     assert rows[10**9]["loop_over_rule_geomean"] == 1.0 and rows[8]["loop_over_rule_min"] == 2.0
+
+
+def test_file_names_carry_the_gpu_model():
+    assert bench.gpu_tag("NVIDIA H100 80GB HBM3") == "h100" and bench.gpu_tag("NVIDIA H200") == "h200"
