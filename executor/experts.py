@@ -46,7 +46,7 @@ each call's expert GEMMs a geomean 1.005x (eager) / 1.017x (graph) the time of e
 (worst 1.12x / 1.24x) and cut them 1.88x / 1.23x against the loop (worst 0.90x / 0.81x: 256-row GEMMs at
 16k tokens, where cuBLAS beats the grouped kernel and its row copies); every threshold from 5 to 16 picks
 the same there (those blocks hold at most 4 or at least 16 GEMMs); 1, 2, 4 or 32 do worse. On one H100
-(``grouped-units-h100.md``), the same: 1.003x / 1.013x the blocks' best, 2.30x / 1.24x faster than the loop."""
+(``grouped-units-h100.md``), the same: 1.003x / 1.013x the blocks' best, 2.30x / 1.24x the loop's speed."""
 
 
 def grouped_eligible(a: torch.Tensor, b: torch.Tensor) -> bool:
