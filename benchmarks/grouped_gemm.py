@@ -295,10 +295,10 @@ def _unit_cases(head: dict, b, gen, top_k: int, *, cuda: bool, rounds: int, seed
 
     op, k, n = head["op"], head["k"], head["n"]
     tokens, experts = head["tokens"], len(b) * WORLD_SIZE
-    received = sum(expert_rows(tokens, experts, top_k))
     routing = Routing.synthetic(
         tokens=tokens // WORLD_SIZE, top_k=top_k, experts=experts, world_size=WORLD_SIZE
     )
+    received = sum(routing.received(0))
     for schedule in UNIT_SCHEDULES:
         for unit, gemms in enumerate(executor_units(op, routing, schedule)):
             if op == "a2a_gemm":  # the block's rows in, every expert-major row out

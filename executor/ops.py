@@ -583,7 +583,7 @@ def _expert_gemms(
     ``schedule`` if they must be made inside CUDA graph capture: a host-to-device copy)."""
     units = state.unit_gemms(plan, layout) if plan is not None else {}
     for gemms in (*units.values(), ExpertGemms.whole(state.expert_rows)):
-        if gemms.grouped(a, b) and not gemms.ready(ctx.device):
+        if not gemms.ready(ctx.device) and gemms.grouped(a, b):  # once made, no check on the hot path
             refuse_capture(
                 ctx.device, f"schedule {schedule}", "copies the expert GEMMs' row offsets to the device"
             )
