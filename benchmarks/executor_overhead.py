@@ -6,6 +6,8 @@ r"""Host-side overhead of the executor: microseconds of Python per call, per sch
     # CUDA (2 GPUs): host time to issue one call (perf_counter; the GPU is synchronised every --batch calls)
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/executor_overhead.py --device cuda --out OUT/overhead-cuda.json
+    # CUDA, one GPU, no torchrun: rank 0 of a pretend 2-rank world (--loopback, below)
+    python3 benchmarks/executor_overhead.py --device cuda --loopback --out OUT/overhead-loopback.json
 
 Per (op, schedule): ``--warmup`` untimed calls, then ``--rounds`` batches of ``--batch`` timed calls, one
 batch of every (op, schedule) per round in a shuffled order (host-speed drift and warm-up land on no
@@ -26,11 +28,29 @@ for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch
 ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
 (``harness.affinity``: none, share, core) after the warm-up; run the script several times per policy to
 see how much a fresh process's host time moves with where the kernel put it.
+
+``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
+of a world of ``--world-size`` ranks on torch's fake process group, whose collectives and point-to-point
+calls return at once and move nothing, and the copy-engine executor's peer memory is one local buffer per
+rank on this GPU, its device barrier a one-element add (one kernel launch, as the real barrier is). What it
+times is the executor's own host path on a real GPU: planning, transports, views, events, stream switches,
+the copies' and GEMMs' launches, without NCCL's host cost (the ``sm`` schedules' NCCL calls cost nothing
+here; ``--primitives`` on two GPUs prices them) and with no result to check; ``--primitives`` then times
+the blocks that need no peer. For finding and cutting host time when only one GPU is at hand; never a
+substitute for the 2-GPU figures. ``--knockout`` (loopback, dense ops) also times every case with one kind
+of launch made a no-op at a time (:data:`KNOCKOUTS`: GEMMs, barriers, CUDA events, stream switches), in the
+same shuffled rounds; ``knockout_us``, the median over rounds of the round's drop, is what that kind costs
+inside a call, Python around it included.
+
+``--ops`` adds the MoE ops (``a2a_gemm``, ``gemm_a2a``) on a balanced routing of ``--tokens`` tokens per
+rank to ``--top-k`` of ``--experts`` experts; ``--grouped-min`` sets the block size from which expert GEMMs
+run as one grouped GEMM (``executor.experts.GROUPED_MIN_GEMMS``; a large value times the ``torch.mm`` loop).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import os
@@ -38,14 +58,16 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from unittest import mock
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from ficco.features import OP_SPECS  # noqa: E402 (imports no torch)
 from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
-from ficco.harness.host_speed import executor_calls, time_host_calls, tiny_operands  # noqa: E402
+from ficco.harness.host_speed import executor_calls, routed_calls, time_host_calls, tiny_operands  # noqa: E402
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -61,6 +83,15 @@ SCHEDULES = (
     "finer/dma/s4/shard",
 )
 """Schedules timed for both ops (the serial/sm reference, the copy-engine path first)."""
+DENSE_OPS = ("ag_gemm", "gemm_rs")
+"""The tensor-parallel ops (the MoE ops take a routing)."""
+KNOCKOUTS = {
+    "gemms": ("torch.mm",),
+    "barriers": (),  # LoopbackPeerMemory.barrier, patched by knockout_patches
+    "events": ("torch.cuda.Event.record", "torch.cuda.Stream.wait_event"),
+    "stream switches": ("torch.cuda.set_stream",),
+}
+"""``--knockout``: the kinds of launch made no-ops one at a time, by the callables replaced."""
 TRACKED_ENV = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 """Environment variables recorded with the results (those that change the host path)."""
 PROFILE_TOP = 15
@@ -107,6 +138,7 @@ def clock_comm(dist, ops_module) -> CommClock:
     clock = CommClock()
     dist.barrier = clock.wrap(dist.barrier)
     dist.batch_isend_irecv = clock.wrap(dist.batch_isend_irecv)
+    dist.all_to_all_single = clock.wrap(dist.all_to_all_single)
     for name in ("all_gather_single", "reduce_scatter_single"):
         setattr(ops_module, name, clock.wrap(getattr(ops_module, name)))
     return clock
@@ -129,6 +161,30 @@ def main() -> None:
         default=list(SCHEDULES),
         metavar="SCHEDULE",
         help=f"schedules timed for both ops (default: {' '.join(SCHEDULES)}; none: only --primitives)",
+    )
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        default=list(DENSE_OPS),
+        choices=list(OP_SPECS),
+        help="ops timed (default: the dense ones; the MoE ops route --tokens x --top-k rows over --experts)",
+    )
+    parser.add_argument("--experts", type=int, default=128, help="MoE ops: experts over all ranks")
+    parser.add_argument("--top-k", type=int, default=8, help="MoE ops: experts per token")
+    parser.add_argument("--tokens", type=int, default=256, help="MoE ops: tokens per rank (balanced routing)")
+    parser.add_argument(
+        "--grouped-min",
+        type=int,
+        default=None,
+        metavar="N",
+        help="MoE ops: run blocks of >= N expert GEMMs as one grouped GEMM (executor.experts."
+        "GROUPED_MIN_GEMMS; default: the executor's; a large N times the loop of torch.mm)",
+    )
+    parser.add_argument(
+        "--knockout",
+        action="store_true",
+        help="--loopback, dense ops: also time every case with one kind of launch made a no-op at a time "
+        "(GEMMs, barriers, events, stream switches): what each kind costs inside a call",
     )
     parser.add_argument(
         "--primitives",
@@ -156,19 +212,116 @@ def main() -> None:
         default="none",
         help="where each rank's threads run (harness.affinity), applied after the warm-up",
     )
+    parser.add_argument(
+        "--loopback",
+        action="store_true",
+        help="one process on one GPU, rank 0 of a pretend world (fake process group, local peer memory): "
+        "the executor's own host path without NCCL's cost, no result to check; run without torchrun",
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=2, help="--loopback: ranks of the pretend world (2, 4 or 8)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rank 0)")
     args = parser.parse_args()
     if args.primitives and args.device != "cuda":
         parser.error("--primitives needs --device cuda (the building blocks are CUDA calls)")
+    if args.loopback and args.pin != "none":
+        parser.error("--loopback runs one process: --pin does not apply")
+    if args.world_size not in (2, 4, 8):
+        parser.error(f"--world-size must be one of [2, 4, 8]; got {args.world_size}")
+    if args.knockout and not args.loopback:
+        parser.error("--knockout needs --loopback (it makes launches no-ops, so no result is right)")
+    if args.grouped_min is not None and args.grouped_min < 1:
+        parser.error(f"--grouped-min must be >= 1; got {args.grouped_min}")
 
     import torch.distributed as dist
 
     from ficco import executor
 
-    with executor.process_group(args.device) as device:
+    if args.loopback:
+        world = loopback_world(args.world_size, args.device)
+    else:
+        world = executor.process_group(args.device)
+    with world as device:
         rows, profiles = measure(args, device)
         if dist.get_rank() == 0:
             write(args, rows, profiles)
+
+
+def moe_routing(args: argparse.Namespace, world_size: int):
+    """The MoE ops' balanced routing: ``args.tokens`` tokens per rank to ``args.top_k`` of ``args.experts``
+    experts (``features.Routing.synthetic``)."""
+    from ficco.features.routing import Routing
+
+    routing = {"tokens": args.tokens, "top_k": args.top_k, "experts": args.experts}
+    return Routing.synthetic(**routing, world_size=world_size)
+
+
+@contextlib.contextmanager
+def knockout_patches(kind: str) -> Iterator[None]:
+    """``--knockout``: the launches of ``kind`` (:data:`KNOCKOUTS`) do nothing inside the block."""
+
+    def skip(*args, **kwargs) -> None:
+        return None
+
+    with contextlib.ExitStack() as stack:
+        for target in KNOCKOUTS[kind]:
+            stack.enter_context(mock.patch(target, skip))
+        if kind == "barriers":
+            stack.enter_context(mock.patch.object(LoopbackPeerMemory, "barrier", skip))
+        yield
+
+
+class LoopbackPeerMemory:
+    """``--loopback``'s peer memory (``executor.peer_memory.PeerMemory``): one local buffer of ``nbytes`` per
+    rank of the pretend world on ``device``, so a copy "into a peer" is a copy on this GPU; the barrier is one
+    add on a one-element tensor, a kernel launch on the current stream like symmetric memory's barrier."""
+
+    def __init__(self, nbytes: int, world_size: int, device) -> None:
+        import torch
+
+        self._buffers = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(world_size)]
+        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def view(self, peer: int, shape: Sequence[int], dtype, byte_offset: int):
+        numel = 1
+        for size in shape:
+            numel *= size
+        raw = self._buffers[peer][byte_offset : byte_offset + numel * dtype.itemsize]
+        return raw.view(dtype).view(tuple(shape))
+
+    def barrier(self) -> None:
+        self._flag.add_(1)
+
+    def local_bytes(self):
+        return self._buffers[0]
+
+
+@contextlib.contextmanager
+def loopback_world(world_size: int, device_type: str) -> Iterator[object]:
+    """``--loopback``: this process as rank 0 of ``world_size`` ranks on torch's fake process group, on GPU 0
+    (``device_type`` "cuda") or the CPU, the executor's peer memory :class:`LoopbackPeerMemory`; yields the
+    device."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    from ficco.executor import context
+
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+    def make(ctx, nbytes: int) -> LoopbackPeerMemory:
+        return LoopbackPeerMemory(nbytes, ctx.world_size, ctx.device)
+
+    try:
+        with mock.patch.object(context.GroupContext, "_make_peer_memory", make):
+            yield device
+    finally:
+        context.reset()
+        dist.destroy_process_group()
 
 
 def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
@@ -184,14 +337,24 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     import torch.distributed as dist
 
     from ficco import executor
+    from ficco.executor import experts
 
     cuda = device.type == "cuda"
     rank = dist.get_rank()
-    shard, full, b = tiny_operands(args.rows, args.width)
-    calls = executor_calls([(op, s) for op in ("ag_gemm", "gemm_rs") for s in args.schedules], shard, full, b)
+    if args.grouped_min is not None:
+        experts.GROUPED_MIN_GEMMS = args.grouped_min
+    shard, full, b = tiny_operands(args.rows, args.width, device=device)
+    dense = [(op, s) for op in args.ops if op in DENSE_OPS for s in args.schedules]
+    calls = executor_calls(dense, shard, full, b)
+    moe = [(op, s) for op in args.ops if op not in DENSE_OPS for s in args.schedules]
+    if moe:
+        calls |= routed_calls(moe, moe_routing(args, dist.get_world_size()), args.width, device)
     if args.primitives:
-        calls |= {("primitive", name): call for name, call in primitive_calls(shard, full, b).items()}
+        primitives = primitive_calls(shard, full, b, peers=not args.loopback)
+        calls |= {("primitive", name): call for name, call in primitives.items()}
     cases = list(calls)
+    if args.knockout:  # the same call with one kind of launch knocked out, in the same shuffled rounds
+        calls |= {(*case, kind): calls[case] for case in dense for kind in KNOCKOUTS}
 
     def sync() -> None:
         if cuda:
@@ -213,6 +376,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         sync=sync,
         clocks=clocks,
         after_warmup=placement.apply,
+        around=lambda case: knockout_patches(case[2]) if len(case) == 3 else contextlib.nullcontext(),
     )
     per_call, excl_comm = timed[0], timed[-1]
     rows = []
@@ -223,6 +387,10 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         total, own = (round(x, 1) for x in us_max.tolist())
         row = {"op": case[0], "schedule": case[1], "host_us_per_call": total, "excl_comm_us": own}
         rows.append(row | {"round_us": [round(x, 1) for x in per_call[case]]})
+        if args.knockout and case in dense:  # rank 0's: the ranks of a loopback world are one process
+            base = per_call[case]
+            saved = {k: [x - y for x, y in zip(base, per_call[(*case, k)], strict=True)] for k in KNOCKOUTS}
+            rows[-1]["knockout_us"] = {k: round(statistics.median(saved[k]), 1) for k in KNOCKOUTS}
     profiles = {}
     if args.profile:
         for case in cases:
@@ -233,28 +401,66 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
     return rows, profiles
 
 
-def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
+def primitive_calls(shard, full, b, *, peers: bool = True) -> dict[str, Callable[[], object]]:
     """The building blocks of an executor call on CUDA, each alone, on the tiny tensors of the schedule
     cases (``shard [m/w, k]``, ``full [m, k]``, ``b [k, n]``): what a schedule's host time is made of, and
     what a replacement would cost. Point-to-point cases move one ring step (send to rank + 1, receive from
-    rank - 1); the graph cases replay an executor call captured once (the floor of a captured call)."""
+    rank - 1); the graph cases replay an executor call captured once (the floor of a captured call).
+    ``peers=False`` (``--loopback``): only the blocks that need no other rank (no NCCL call, no symmetric
+    memory)."""
     import torch
-    import torch.distributed as dist
-    import torch.distributed._symmetric_memory as symm_mem
 
     from ficco import executor
 
     device = shard.device
+    r = shard.shape[0]
+    received = torch.empty_like(shard)
+    out = torch.empty(full.shape[0], b.shape[1], device=device, dtype=b.dtype)
+    main, side, event = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Event()
+
+    def stream_there_and_back() -> None:
+        torch.cuda.set_stream(side)
+        torch.cuda.set_stream(main)
+
+    def event_pair() -> None:
+        event.record(main)
+        side.wait_event(event)
+
+    def replay(schedule: str) -> Callable[[], None]:
+        def call() -> None:
+            executor.all_gather_matmul(shard, b, schedule, out=out)
+
+        call()
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        return graph.replay
+
+    local = {
+        "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
+        "event record + stream wait": event_pair,
+        "set_stream there and back": stream_there_and_back,
+        "copy_ local": lambda: received.copy_(shard),
+    }
+    replays = {
+        "graph replay: ag_gemm serial/sm": replay("serial/sm"),
+        "graph replay: ag_gemm shard/dma": replay("shard/dma"),
+        "graph replay: ag_gemm finer/sm/s4/chunk": replay("finer/sm/s4/chunk"),
+    }
+    if not peers:
+        return local | replays
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
     w, rank = dist.get_world_size(), dist.get_rank()
     group = dist.group.WORLD
     to, frm = (rank + 1) % w, (rank - 1) % w
-    r = shard.shape[0]
-    gathered, received = torch.empty_like(full), torch.empty_like(shard)
-    out = torch.empty(full.shape[0], b.shape[1], device=device, dtype=b.dtype)
+    gathered = torch.empty_like(full)
     scattered = torch.empty(r, full.shape[1], device=device, dtype=full.dtype)
     sends = [r if q == to else 0 for q in range(w)]
     receives = [r if q == frm else 0 for q in range(w)]
-    main, side, event = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Event()
     memory = symm_mem.empty(full.numel(), dtype=full.dtype, device=device)
     handle = symm_mem.rendezvous(memory, group.group_name)
     peer_rows = handle.get_buffer(to, tuple(shard.shape), shard.dtype, 0)
@@ -277,26 +483,6 @@ def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
         for work in dist.batch_isend_irecv(pair):
             work.wait()
 
-    def stream_there_and_back() -> None:
-        torch.cuda.set_stream(side)
-        torch.cuda.set_stream(main)
-
-    def event_pair() -> None:
-        event.record(main)
-        side.wait_event(event)
-
-    def replay(schedule: str) -> Callable[[], None]:
-        def call() -> None:
-            executor.all_gather_matmul(shard, b, schedule, out=out)
-
-        call()
-        call()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        return graph.replay
-
     return {
         "nccl all_gather_into_tensor": lambda: dist.all_gather_into_tensor(gathered, shard),
         "nccl reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(scattered, full),
@@ -304,15 +490,10 @@ def primitive_calls(shard, full, b) -> dict[str, Callable[[], object]]:
         "nccl send+recv, coalesced (executor sm)": coalesced_pair,
         "nccl send+recv, coalesced, from a side stream": coalesced_pair_from_side_stream,
         "nccl batch_isend_irecv, ring step": batched_pair,
-        "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
-        "event record + stream wait": event_pair,
-        "set_stream there and back": stream_there_and_back,
-        "copy_ local": lambda: received.copy_(shard),
+        **local,
         "copy_ into peer memory": lambda: peer_rows.copy_(shard),
         "symmetric-memory barrier": lambda: handle.barrier(channel=0),
-        "graph replay: ag_gemm serial/sm": replay("serial/sm"),
-        "graph replay: ag_gemm shard/dma": replay("shard/dma"),
-        "graph replay: ag_gemm finer/sm/s4/chunk": replay("finer/sm/s4/chunk"),
+        **replays,
     }
 
 
@@ -370,19 +551,30 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
 
     from ficco.tables import text_table
 
-    print(f"{args.device}, world {dist.get_world_size()}")
+    pretend = " (loopback: one process, fake process group, no NCCL cost, no result)" if args.loopback else ""
+    print(f"{args.device}, world {dist.get_world_size()}{pretend}")
+    kinds = list(KNOCKOUTS) if args.knockout else []
     cells = [
-        [r["op"], r["schedule"], f"{r['host_us_per_call']:.1f}", f"{r['excl_comm_us']:.1f}"] for r in rows
+        [r["op"], r["schedule"], f"{r['host_us_per_call']:.1f}", f"{r['excl_comm_us']:.1f}"]
+        + [f"{r['knockout_us'][k]:.1f}" if "knockout_us" in r else "" for k in kinds]
+        for r in rows
     ]
-    print(text_table(["op", "schedule", "host us/call", "excl. comm"], cells, align="<<>>"))
+    head = ["op", "schedule", "host us/call", "excl. comm", *(f"- {k}" for k in kinds)]
+    print(text_table(head, cells, align="<<" + ">" * (len(head) - 2)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": args.device,
+        "loopback": args.loopback,
         "world_size": dist.get_world_size(),
         "rows": args.rows,
         "width": args.width,
     }
     meta |= {"rounds": args.rounds, "batch": args.batch, "pin": args.pin, "torch": torch.__version__}
+    if any(op not in DENSE_OPS for op in args.ops):
+        from ficco.executor import experts
+
+        meta["moe"] = {"experts": args.experts, "top_k": args.top_k, "tokens": args.tokens}
+        meta["moe"]["grouped_min_gemms"] = experts.GROUPED_MIN_GEMMS
     meta |= {"env": {name: os.environ[name] for name in sorted(os.environ) if name.startswith(TRACKED_ENV)}}
     results = [r for r in rows if r["op"] != "primitive"]
     primitives = [

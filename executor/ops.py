@@ -233,7 +233,7 @@ def all_to_all_matmul(
         cache=state.transports,
     )
     gemms = _expert_gemms(ctx, state, schedule, x, b, plan, layout)
-    weights = b.unbind(0)
+    weights = _loop_weights(gemms, b, ctx.device)
 
     def consume(rows: torch.Tensor, unit: Unit) -> None:
         if unit.offset is None:  # every row, source-major: permute, then the experts' GEMMs
@@ -318,7 +318,7 @@ def matmul_all_to_all(
         cache=state.transports,
     )
     gemms = _expert_gemms(ctx, state, schedule, h, b, plan, layout)
-    weights = b.unbind(0)
+    weights = _loop_weights(gemms, b, ctx.device)
     own_source, own_dest = layout.own_block()
     own_out = y[own_dest]  # the own unit covers the whole own block: its GEMMs write here, not to staging
 
@@ -589,6 +589,17 @@ def _expert_gemms(
             )
             gemms.tensors(ctx.device)
     return units
+
+
+def _loop_weights(
+    gemms: dict[int, ExpertGemms], b: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, ...] | None:
+    """``b.unbind(0)`` (``[k, n]`` per local expert) once per call for the blocks that loop over their
+    experts, or None when every block has its grouped tensors (unbinding a hundred experts costs tens of
+    microseconds of host time; a block that loops after all unbinds ``b`` itself)."""
+    if all(unit.ready(device) for unit in gemms.values()):
+        return None
+    return b.unbind(0)
 
 
 def _permutation(

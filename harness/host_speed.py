@@ -21,6 +21,7 @@ second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -40,6 +41,8 @@ from ficco.files import write_text_atomic
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+
+    from ficco.features.routing import Routing
 
 CASES: tuple[tuple[str, str], ...] = tuple(
     (op, schedule)
@@ -71,6 +74,7 @@ def time_host_calls(
     sync: Callable[[], None],
     clocks: Sequence[Callable[[], float]] = (time.perf_counter,),
     after_warmup: Callable[[], object] | None = None,
+    around: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
 ) -> list[dict[Hashable, list[float]]]:
     """Microseconds per call of each of ``calls``, per round, by each of ``clocks``.
 
@@ -81,11 +85,15 @@ def time_host_calls(
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
     ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use)."""
+    which moves the threads the warm-up started: NCCL starts some on first use). ``around(case)``: a context
+    each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
+    after its timing."""
     cases = list(calls)
+    around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
-        for _ in range(warmup):
-            calls[case]()
+        with around(case):
+            for _ in range(warmup):
+                calls[case]()
     if after_warmup is not None:
         after_warmup()
     out: list[dict[Hashable, list[float]]] = [{case: [] for case in cases} for _ in clocks]
@@ -93,12 +101,13 @@ def time_host_calls(
     for _ in range(rounds):
         for case in order.sample(cases, len(cases)):
             call = calls[case]
-            sync()
-            start = [clock() for clock in clocks]
-            for _ in range(batch):
-                call()
-            for times, clock, begun in zip(out, clocks, start, strict=True):
-                times[case].append((clock() - begun) / batch * 1e6)
+            with around(case):
+                sync()
+                start = [clock() for clock in clocks]
+                for _ in range(batch):
+                    call()
+                for times, clock, begun in zip(out, clocks, start, strict=True):
+                    times[case].append((clock() - begun) / batch * 1e6)
     sync()
     return out
 
@@ -161,19 +170,21 @@ class HostSpeed:
 
 
 def tiny_operands(
-    rows: int, width: int, group: dist.ProcessGroup | None = None
+    rows: int, width: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's ``A_shard [rows / w, width]``, ``A [rows, width]`` and ``B [width, width]`` (random,
-    seeded by the rank), on the group's device (CUDA for NCCL: bf16; else the CPU: fp32)."""
+    seeded by the rank), on ``device`` (default: the group's, the current GPU for NCCL, else the CPU);
+    bf16 on CUDA, fp32 on the CPU."""
     import torch
     import torch.distributed as dist
 
     w, rank = dist.get_world_size(group), dist.get_rank(group)
-    cuda = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if device is None:
+        cuda = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     gen = torch.Generator().manual_seed(rank)
     shapes = ((rows // w, width), (rows, width), (width, width))
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shard, full, b = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in shapes)
     return shard, full, b
 
@@ -192,6 +203,38 @@ def executor_calls(
     ops = {
         "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
         "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
+    }
+    return {(op, s): functools.partial(ops[op], s) for op, s in cases}
+
+
+def routed_calls(
+    cases: Sequence[tuple[str, str]],
+    routing: Routing,
+    width: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> dict[tuple[str, str], Callable[[], object]]:
+    """One executor call per (MoE op, schedule) of ``cases`` under ``routing`` (a ``features.Routing``), on
+    random ``width``-wide rows and ``[local experts, width, width]`` weights on ``device`` (bf16 on CUDA,
+    fp32 on the CPU; seeded by the rank), keyed by the case: ``a2a_gemm`` dispatches this rank's routed
+    rows, ``gemm_a2a`` combines the rows its experts received."""
+    import torch
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    rank = dist.get_rank(group)
+    gen = torch.Generator().manual_seed(rank)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def rows(count: int, *shape: int) -> torch.Tensor:
+        return torch.randn(count, *shape, generator=gen).to(device, dtype)
+
+    x, h = rows(sum(routing.sent(rank)), width), rows(sum(routing.received(rank)), width)
+    b = rows(routing.local_experts, width, width)
+    ops = {
+        "a2a_gemm": lambda s: executor.all_to_all_matmul(x, b, routing, s, group),
+        "gemm_a2a": lambda s: executor.matmul_all_to_all(h, b, routing, s, group),
     }
     return {(op, s): functools.partial(ops[op], s) for op, s in cases}
 

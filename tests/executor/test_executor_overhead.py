@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 from executor_world import run_world
 
@@ -31,3 +33,41 @@ def test_pin_share_confines_each_rank_to_its_share_and_every_case_is_timed(tmp_p
     assert cases == {(op, s) for op in ("ag_gemm", "gemm_rs") for s in ("serial/sm", "shard/dma")}
     assert all(r["host_us_per_call"] > 0 and len(r["round_us"]) == 2 for r in data["results"])
     assert data["pin"] == "share"
+
+
+def _overhead(*args: str) -> subprocess.CompletedProcess:
+    """``benchmarks/executor_overhead.py ARGS`` in a new interpreter (``--loopback`` makes its own group)."""
+    script = Path(executor_overhead.__file__)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_loopback_times_every_case_of_a_pretend_world_on_local_peer_memory(tmp_path):
+    out = tmp_path / "loopback.json"
+    ops, schedules = ["ag_gemm", "gemm_rs", "gemm_a2a"], ["serial/sm", "shard/sm", "finer/dma/s4/chunk"]
+    done = _overhead("--device", "cpu", "--loopback", "--world-size", "4", "--ops", *ops, "--experts", "8",
+                     "--tokens", "16", "--grouped-min", "3", "--knockout", "--schedules", *schedules,
+                     "--rounds", "2", "--batch", "2", "--warmup", "1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "world 4 (loopback" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["loopback"] is True and data["world_size"] == 4
+    assert data["moe"] == {"experts": 8, "top_k": 8, "tokens": 16, "grouped_min_gemms": 3}
+    rows = {(r["op"], r["schedule"]): r for r in data["results"]}
+    assert set(rows) == {(op, s) for op in ops for s in schedules}
+    assert all(r["host_us_per_call"] > 0 for r in rows.values())
+    # the knockouts time the dense ops only (a no-op grouped GEMM returns nothing the MoE ops could use)
+    knocked = {case for case, r in rows.items() if "knockout_us" in r}
+    assert knocked == {(op, s) for op in ("ag_gemm", "gemm_rs") for s in schedules}
+    assert set(rows["ag_gemm", "serial/sm"]["knockout_us"]) == set(executor_overhead.KNOCKOUTS)
+
+
+def test_knockout_needs_the_loopback_world():
+    done = _overhead("--device", "cpu", "--knockout", "--out", "unused.json")
+    assert done.returncode == 2
+    assert "--knockout needs --loopback" in done.stderr
+
+
+def test_loopback_refuses_placing_threads_of_its_one_process():
+    done = _overhead("--device", "cpu", "--loopback", "--pin", "share", "--out", "unused.json")
+    assert done.returncode == 2
+    assert "--loopback runs one process: --pin does not apply" in done.stderr

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks import grouped_gemm as bench
-from ficco.executor import experts
+from ficco.executor import experts, ops
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
 from ficco.features import Routing
 
@@ -87,3 +87,12 @@ def test_grouped_matmul_returns_its_output_or_writes_out(rows):
     assert grouped_matmul(a, b, rows, out) is out
     for got in (grouped_matmul(a, b, list(rows)), out):
         assert torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_weights_are_unbound_only_for_a_call_with_a_block_that_loops():
+    cpu, b = torch.device("cpu"), torch.randn(3, 8, 8)
+    grouped, looping = ExpertGemms.whole((2, 1, 3)), ExpertGemms(((0, 2, 0, 0), (2, 4, 1, 2)), 3)
+    grouped.tensors(cpu)  # a grouped block's tensors are made before its first call
+    assert ops._loop_weights({1: grouped}, b, cpu) is None
+    weights = ops._loop_weights({1: grouped, 2: looping}, b, cpu)
+    assert len(weights) == 3 and all(torch.equal(w, b[e]) for e, w in enumerate(weights))
