@@ -30,17 +30,17 @@ for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch
 see how much a fresh process's host time moves with where the kernel put it.
 
 ``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
-of a world of ``--world-size`` ranks on torch's fake process group, whose collectives and point-to-point
-calls return at once and move nothing, and the copy-engine executor's peer memory is one local buffer per
-rank on this GPU, its device barrier a one-element add (one kernel launch, as the real barrier is). What it
-times is the executor's own host path on a real GPU: planning, transports, views, events, stream switches,
-the copies' and GEMMs' launches, without NCCL's host cost (the ``sm`` schedules' NCCL calls cost nothing
-here; ``--primitives`` on two GPUs prices them) and with no result to check; ``--primitives`` then times
-the blocks that need no peer. For finding and cutting host time when only one GPU is at hand; never a
-substitute for the 2-GPU figures. ``--knockout`` (loopback, dense ops) also times every case with one kind
-of launch made a no-op at a time (:data:`KNOCKOUTS`: GEMMs, barriers, CUDA events, stream switches), in the
-same shuffled rounds; ``knockout_us``, the median over rounds of the round's drop, is what that kind costs
-inside a call, Python around it included.
+of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
+and point-to-point calls return at once and move nothing, and the copy-engine executor's peer memory one
+local buffer per rank on this GPU, its device barrier a one-element add (one kernel launch, as the real
+barrier is). What it times is the executor's own host path on a real GPU: planning, transports, views,
+events, stream switches, the copies' and GEMMs' launches, without NCCL's host cost (the ``sm`` schedules'
+NCCL calls cost nothing here; ``--primitives`` on two GPUs prices them) and with no result to check;
+``--primitives`` then times the blocks that need no peer. For finding and cutting host time when only one
+GPU is at hand; never a substitute for the 2-GPU figures. ``--knockout`` (loopback, dense ops) also times
+every case with one kind of launch made a no-op at a time (:data:`KNOCKOUTS`: GEMMs, barriers, CUDA events,
+stream switches), in the same shuffled rounds; ``knockout_us``, the median over rounds of the round's drop,
+is what that kind costs inside a call, Python around it included.
 
 ``--ops`` adds the MoE ops (``a2a_gemm``, ``gemm_a2a``) on a balanced routing of ``--tokens`` tokens per
 rank to ``--top-k`` of ``--experts`` experts; ``--grouped-min`` sets the block size from which expert GEMMs
@@ -58,7 +58,7 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -87,7 +87,7 @@ DENSE_OPS = ("ag_gemm", "gemm_rs")
 """The tensor-parallel ops (the MoE ops take a routing)."""
 KNOCKOUTS = {
     "gemms": ("torch.mm",),
-    "barriers": (),  # LoopbackPeerMemory.barrier, patched by knockout_patches
+    "barriers": (),  # harness.loopback.LoopbackPeerMemory.barrier, patched by knockout_patches
     "events": ("torch.cuda.Event.record", "torch.cuda.Stream.wait_event"),
     "stream switches": ("torch.cuda.set_stream",),
 }
@@ -239,6 +239,8 @@ def main() -> None:
     from ficco import executor
 
     if args.loopback:
+        from ficco.harness.loopback import loopback_world
+
         world = loopback_world(args.world_size, args.device)
     else:
         world = executor.process_group(args.device)
@@ -261,6 +263,8 @@ def moe_routing(args: argparse.Namespace, world_size: int):
 def knockout_patches(kind: str) -> Iterator[None]:
     """``--knockout``: the launches of ``kind`` (:data:`KNOCKOUTS`) do nothing inside the block."""
 
+    from ficco.harness.loopback import LoopbackPeerMemory
+
     def skip(*args, **kwargs) -> None:
         return None
 
@@ -270,58 +274,6 @@ def knockout_patches(kind: str) -> Iterator[None]:
         if kind == "barriers":
             stack.enter_context(mock.patch.object(LoopbackPeerMemory, "barrier", skip))
         yield
-
-
-class LoopbackPeerMemory:
-    """``--loopback``'s peer memory (``executor.peer_memory.PeerMemory``): one local buffer of ``nbytes`` per
-    rank of the pretend world on ``device``, so a copy "into a peer" is a copy on this GPU; the barrier is one
-    add on a one-element tensor, a kernel launch on the current stream like symmetric memory's barrier."""
-
-    def __init__(self, nbytes: int, world_size: int, device) -> None:
-        import torch
-
-        self._buffers = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(world_size)]
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
-
-    def view(self, peer: int, shape: Sequence[int], dtype, byte_offset: int):
-        numel = 1
-        for size in shape:
-            numel *= size
-        raw = self._buffers[peer][byte_offset : byte_offset + numel * dtype.itemsize]
-        return raw.view(dtype).view(tuple(shape))
-
-    def barrier(self) -> None:
-        self._flag.add_(1)
-
-    def local_bytes(self):
-        return self._buffers[0]
-
-
-@contextlib.contextmanager
-def loopback_world(world_size: int, device_type: str) -> Iterator[object]:
-    """``--loopback``: this process as rank 0 of ``world_size`` ranks on torch's fake process group, on GPU 0
-    (``device_type`` "cuda") or the CPU, the executor's peer memory :class:`LoopbackPeerMemory`; yields the
-    device."""
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    from ficco.executor import context
-
-    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-
-    def make(ctx, nbytes: int) -> LoopbackPeerMemory:
-        return LoopbackPeerMemory(nbytes, ctx.world_size, ctx.device)
-
-    try:
-        with mock.patch.object(context.GroupContext, "_make_peer_memory", make):
-            yield device
-    finally:
-        context.reset()
-        dist.destroy_process_group()
 
 
 def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
