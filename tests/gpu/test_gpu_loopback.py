@@ -88,3 +88,74 @@ def test_every_schedule_replays_what_it_wrote_eagerly_in_a_loopback_world(world)
                 failures += [f"{label}: {why}" for why in _failures(op, scenario, world, device)]
                 executor.clear_buffers()
     assert not failures, f"{len(failures)} failures, e.g. {failures[:5]}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_training_step_of_the_layers_replays_from_cuda_graphs(world):
+    """An MLP of the runtime layers (column-parallel up, row-parallel down), forward and backward with the
+    gradients zeroed inside the step, captured by ``runtime.GraphedCall``: each replay leaves the weight and
+    input gradients the eager step left (copy-engine schedules, whose zero peers make the step deterministic
+    in a loopback world)."""
+    import torch.nn.functional as F
+
+    from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear
+    from ficco.runtime.graphs import GraphedCall
+
+    tokens, d_in, hidden, d_out = 512, 256, 512, 256
+    failures = []
+    with loopback_world(world) as device:
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        for schedule in ("serial/dma", "shard/dma", "finer/dma/s2/chunk", "finer/dma/s4/shard/hp"):
+            planner = Planner(FixedSource(schedule), mode="graph", hardware=f"h200x{world}")
+            ops = PlannedOps(planner)
+            layer = {"ops": ops, "device": device, "dtype": torch.bfloat16}
+            up = ColumnParallelLinear(d_in, hidden, name="up", **layer)
+            down = RowParallelLinear(hidden, d_out, name="down", **layer)
+            x = torch.randn(tokens // world, d_in, device="cuda", dtype=torch.bfloat16, generator=gen)
+            x.requires_grad_()
+            grad_y = torch.randn(tokens // world, d_out, device="cuda", dtype=torch.bfloat16, generator=gen)
+            leaves = [up.weight, down.weight, x]
+
+            def step(up=up, down=down, x=x, grad_y=grad_y, leaves=leaves) -> None:
+                for leaf in leaves:
+                    if leaf.grad is not None:
+                        leaf.grad.zero_()
+                down(F.gelu(up(x))).backward(grad_y)
+
+            step()
+            eager = [leaf.grad.clone() for leaf in leaves]
+            assert {str(d.schedule) for d in planner.decisions.values()} == {schedule}  # no fallback
+            graphed = GraphedCall(step)
+            for replay in range(2):  # both captures
+                for leaf in leaves:
+                    leaf.grad.fill_(float("nan"))
+                graphed()
+                torch.cuda.synchronize()
+                for name, leaf, want in zip(("up.weight", "down.weight", "x"), leaves, eager, strict=True):
+                    why = _same(leaf.grad, want)
+                    if why:
+                        failures.append(f"{schedule} replay {replay} grad of {name}: {why}")
+            del graphed
+            executor.clear_buffers()
+    assert not failures, failures
+
+
+def test_the_block_benchmarks_graphed_training_step_runs_every_variant():
+    """``benchmarks/block_bench.py``'s ``train_graph`` phase on the tiny block in a loopback world of 2: every
+    variant of the phase is captured, replayed and timed. The numbers are not the block's (no peer sends
+    anything): this runs the code path on a GPU."""
+    import argparse
+
+    from benchmarks import block_bench as bench
+    from ficco.runtime import FixedSource
+
+    args = argparse.Namespace(warmup=1, rounds=2, reps=2, timed_ms=0.0, max_rounds=2)
+    with loopback_world(2) as device:
+        ops = bench.ShapeOnlyOps(2, 0)
+        block = bench.Block(bench.CPU_SMOKE, ops, seq_len=16, device=device, dtype=torch.bfloat16)
+        sources = {"planner": FixedSource("finer/dma/s2/chunk"), "oracle": {}, "timeout_s": 1.0}
+        variants = bench.make_variants("train_graph", sources, device)
+        got = bench.run_train_point(block, variants, 64, args, device, torch.bfloat16, graphed=True)
+    assert not {"async_tp", "verified"} & set(variants)
+    assert got["errors"] == {}
+    assert set(got["times"]) == set(variants) and all(ms > 0 for ms in got["times"].values())
