@@ -363,6 +363,7 @@ def primitive_calls(shard, full, b, *, peers: bool = True) -> dict[str, Callable
     import torch
 
     from ficco import executor
+    from ficco.executor.lanes import DeviceLanes
 
     device = shard.device
     r = shard.shape[0]
@@ -390,11 +391,14 @@ def primitive_calls(shard, full, b, *, peers: bool = True) -> dict[str, Callable
             call()
         return graph.replay
 
+    lanes = DeviceLanes(device, 1, False)
     local = {
         "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
         "event record + stream wait": event_pair,
         "set_stream there and back": stream_there_and_back,
         "copy_ local": lambda: received.copy_(shard),
+        "torch.cuda.current_stream()": torch.cuda.current_stream,
+        "the lanes' caller stream (kept by id)": lanes.caller_stream,
     }
     replays = {
         "graph replay: ag_gemm serial/sm": replay("serial/sm"),

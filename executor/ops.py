@@ -156,7 +156,7 @@ def matmul_reduce_scatter(
 
     with ctx.carveout(schedule.carveout):
         run_pipeline(plan, transport, produce)
-    _reduce_into(c, partial.view(w, shard_rows, n)[ctx.rank], transport.received())
+    _reduce_into(c, transport.own_rows(), transport.received())
     return c
 
 

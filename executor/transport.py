@@ -130,11 +130,14 @@ class _Transport:
             self.keep_own()
         return _remembered(self._views, id(unit), lambda: self.flat[self.split_rows(unit)])
 
+    def own_rows(self) -> torch.Tensor:
+        """The rows of ``source`` this rank sends itself (scatter: its own partial of its shard)."""
+        return _remembered(self._source_views, "own", lambda: self.source[self.layout.own_block()[0]])
+
     def keep_own(self) -> None:
         """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
-        own_source, own_dest = self.layout.own_block()
-        kept = _remembered(self._source_views, "own", lambda: self.source[own_source])
-        _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(kept)
+        own_dest = self.layout.own_block()[1]
+        _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(self.own_rows())
 
     def _source_rows(self, unit: Unit) -> torch.Tensor:
         """scatter: where the unit's rows go; gather, own block: the unit's rows of ``source``."""

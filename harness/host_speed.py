@@ -182,11 +182,18 @@ def tiny_operands(
     if device is None:
         cuda = dist.get_backend(group) == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    randn = _seeded_randn(rank, device)
+    return randn(rows // w, width), randn(rows, width), randn(width, width)
+
+
+def _seeded_randn(rank: int, device: torch.device) -> Callable[..., torch.Tensor]:
+    """``randn(*shape)``: random tensors from a generator seeded by ``rank``, on ``device``, bf16 on CUDA and
+    fp32 on the CPU (the operands of the host-time cases)."""
+    import torch
+
     gen = torch.Generator().manual_seed(rank)
-    shapes = ((rows // w, width), (rows, width), (width, width))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shard, full, b = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in shapes)
-    return shard, full, b
+    return lambda *shape: torch.randn(*shape, generator=gen).to(device, dtype)
 
 
 def executor_calls(
@@ -218,20 +225,14 @@ def routed_calls(
     random ``width``-wide rows and ``[local experts, width, width]`` weights on ``device`` (bf16 on CUDA,
     fp32 on the CPU; seeded by the rank), keyed by the case: ``a2a_gemm`` dispatches this rank's routed
     rows, ``gemm_a2a`` combines the rows its experts received."""
-    import torch
     import torch.distributed as dist
 
     from ficco import executor
 
     rank = dist.get_rank(group)
-    gen = torch.Generator().manual_seed(rank)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-
-    def rows(count: int, *shape: int) -> torch.Tensor:
-        return torch.randn(count, *shape, generator=gen).to(device, dtype)
-
-    x, h = rows(sum(routing.sent(rank)), width), rows(sum(routing.received(rank)), width)
-    b = rows(routing.local_experts, width, width)
+    randn = _seeded_randn(rank, device)
+    x, h = randn(sum(routing.sent(rank)), width), randn(sum(routing.received(rank)), width)
+    b = randn(routing.local_experts, width, width)
     ops = {
         "a2a_gemm": lambda s: executor.all_to_all_matmul(x, b, routing, s, group),
         "gemm_a2a": lambda s: executor.matmul_all_to_all(h, b, routing, s, group),

@@ -54,6 +54,8 @@ class LoopbackPeerMemory:
 def loopback_world(world_size: int, device_type: str = "cuda") -> Iterator[torch.device]:
     """This process as rank 0 of ``world_size`` ranks (module docstring), on GPU 0 (``device_type``
     "cuda") or the CPU; yields the device. ValueError if a process group is already initialised."""
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"loopback_world's device_type must be 'cuda' or 'cpu'; got {device_type!r}")
     if dist.is_initialized():
         raise ValueError("loopback_world needs no process group initialised; one is (destroy it first)")
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
