@@ -5,8 +5,10 @@ captures of 4 and 8 ranks run on a machine with one GPU. Every op, case and sche
 (``executor_gpu_check``: all 30 schedules; the MoE ops on their four routings, grouped expert GEMMs
 included) runs three times eagerly, then is captured into a CUDA graph and replayed, which must write what
 the eager call wrote (same inputs and output; the fake transfers leave the same bytes behind both times).
-The copy-engine schedules of the dense ops must also give serial's answer for peers that hold zeros. What
-the peers would have sent is not checked here: that is the 2-GPU check's. Skipped without a CUDA GPU."""
+The copy-engine schedules of the dense ops must also give serial's answer for peers that hold zeros. Then
+captured training steps: the runtime layers' (gradients as eager) and the block benchmark's ``train_graph``
+phase (every variant runs). What the peers would have sent is not checked here: that is the 2-GPU check's.
+Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 
