@@ -24,8 +24,8 @@ Input and output are token shards ``[T/2, hidden]``.
 
 Phases (:data:`PHASES`): ``inference`` (the forward replayed from a CUDA graph, 128-4096 tokens), ``train``
 (forward + backward, eager, 2k-32k tokens) and ``train_graph`` (forward + backward replayed from CUDA graphs,
-the gradients zeroed inside the step, 2k-8k tokens, without async-TP and ``verified``: how runtimes that
-capture whole training steps run, where the host no longer bounds small steps). Variants, all on the same
+the gradients zeroed inside the step, 2k-8k tokens, without async-TP: how runtimes that capture whole
+training steps run, where the host no longer bounds small steps). Variants, all on the same
 weights and inputs (``runtime.apply_ops`` swaps the ops): ``serial`` (``serial/sm`` everywhere: NCCL
 collective, then GEMM), ``async_tp`` (``torch.ops.symm_mem.fused_all_gather_matmul`` /
 ``fused_matmul_reduce_scatter``), ``shard_dma``, ``planner`` (the local predictor through ``runtime.Planner``,
@@ -610,9 +610,8 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
     def planned(source: Any) -> PlannedOps:
         return PlannedOps(Planner(source, mode=mode, hardware=HARDWARE, timeout_s=sources["timeout_s"]))
 
-    # A captured training step runs neither async-TP (its fused ops' backward under capture is untested) nor
-    # verify_plan (its captures of the step with serial keys broke capture in a one-GPU loopback check,
-    # tests/gpu/test_gpu_loopback.py): a capture that fails leaves the variants after it a broken CUDA state.
+    # A captured training step runs no async-TP (its fused ops' backward under capture is untested): a capture
+    # that fails leaves the variants after it a broken CUDA state.
     captured_training = PHASES[phase].graphed and PHASES[phase].backward
     variants = {"serial": (planned(FixedSource(SERIAL)), True)}
     if device.type == "cuda" and not captured_training:
@@ -620,8 +619,7 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
     variants["shard_dma"] = (planned(FixedSource(Schedule.parse("shard/dma"))), True)
     planner_ops = planned(sources["planner"])
     variants["planner"] = (planner_ops, True)
-    if not captured_training:
-        variants["verified"] = (planned(sources["planner"]), True)  # the same source, checked in place
+    variants["verified"] = (planned(sources["planner"]), True)  # the same source, checked in place
     variants["oracle"] = (planned(TableSource(sources["oracle"], origin="oracle")), True)
     variants["compute_only"] = (ComputeOnlyOps(), True)
     if phase == "train":

@@ -1,12 +1,14 @@
-"""Replay a forward from CUDA graphs (inference, decode): decide and warm up eagerly, then capture.
+"""Replay a forward, or a whole training step, from CUDA graphs: decide and warm up eagerly, then capture.
 
     step = GraphedCall(lambda: block(static_x))     # two eager calls, then the capture
     static_x.copy_(next_x)
     y = step()                                      # one replay; y is valid until the next replay
 
-Before capturing, ``warmup`` eager calls (default 2) let the planner decide every op's schedule (no
-planner call reaches the network during a capture: an op first seen there runs ``serial/sm``) and let the
-executor allocate its buffers, side streams and peer memory, which a capture cannot do.
+Before capturing, ``warmup`` eager calls (default 2, on a side stream) let the planner decide every op's
+schedule (no planner call reaches the network during a capture: an op first seen there runs ``serial/sm``)
+and let the executor allocate its buffers, side streams and peer memory, which a capture cannot do. A
+training step (forward and backward) captures too when it zeroes its gradients in place instead of dropping
+them (``benchmarks/block_bench.py``'s ``train_graph`` phase) and returns its output detached.
 
 Two captures, replayed in turn: the copy-engine executor double-buffers its peer memory, call ``n`` using
 half ``n % 2``, and a half is safe to overwrite only two calls later. A capture freezes each call's half, so
@@ -48,8 +50,15 @@ class GraphedCall:
             )
         if not torch.cuda.is_available():
             raise ValueError("GraphedCall needs CUDA: CUDA graphs capture GPU work only")
-        for _ in range(warmup):
-            fn()
+        # Warm up on a side stream, as PyTorch's whole-network capture does: a training step's gradient
+        # accumulators take the stream they are first used on, and one left on the default stream breaks the
+        # capture of a backward that reaches it.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.graphs: list[torch.cuda.CUDAGraph] = []
