@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.render is not None:
         data = json.loads(args.render.read_text())
         out = args.render.with_suffix(".md")
-        out.write_text(render_markdown(data))
+        write_text_atomic(out, render_markdown(data))
         print(f"wrote {out}")
         return None
     import torch.distributed as dist

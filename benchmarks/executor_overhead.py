@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from ficco.features import OP_SPECS  # noqa: E402 (imports no torch)
+from ficco.files import write_text_atomic  # noqa: E402 (imports no torch)
 from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
 from ficco.harness.host_speed import executor_calls, routed_calls, time_host_calls, tiny_operands  # noqa: E402
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
@@ -541,7 +542,7 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
     body = {**meta, "results": results, "profiles": profiles}
     if primitives:
         body["primitives"] = primitives
-    args.out.write_text(json.dumps(body, indent=1) + "\n")
+    write_text_atomic(args.out, json.dumps(body, indent=1) + "\n")
     for case, profile in profiles.items():
         top = ", ".join(f"{f['function']} {f['own_us']:.0f}" for f in profile["functions"][:4])
         print(f"{case}: {profile['profiled_us_per_call']:.0f} us profiled; {top}")
