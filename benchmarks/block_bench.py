@@ -708,8 +708,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         result["points"].append(point)
         log(rank0, point_line(point))
         for v in ("planner", "verified", "oracle"):
-            if v in vs:
-                result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
+            result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
         if rank0:
             write_outputs(result, out)
     result["summary"] = summarize(result["points"], dtype_name="fp32" if args.cpu_smoke else "bf16")

@@ -93,14 +93,16 @@ class DeviceLanes:
         """Whether the caller's stream was capturing a CUDA graph at ``fork``."""
         self._done = [torch.cuda.Event() for _ in range(count + 1)]  # per copy lane, then the signal lane
         self._with_signal = [*self.copy, self.signal]
-        self._device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self._device_index = device.index
+        """The lanes' device (None: the current device)."""
         self._callers: dict[int, torch.cuda.Stream] = {}
         """The caller streams seen, by stream id (:meth:`caller_stream`)."""
 
     def caller_stream(self) -> torch.cuda.Stream:
         """The current stream of the lanes' device: ``torch.cuda.current_stream()`` without building a new
         ``Stream`` object every call (a few microseconds of host time): the one made for its id before."""
-        stream_id, device_index, device_type = torch._C._cuda_getCurrentStream(self._device_index)
+        index = self._device_index if self._device_index is not None else torch.cuda.current_device()
+        stream_id, device_index, device_type = torch._C._cuda_getCurrentStream(index)
         stream = self._callers.get(stream_id)
         if stream is None:
             stream = self._callers[stream_id] = torch.cuda.Stream(

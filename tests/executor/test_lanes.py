@@ -100,6 +100,7 @@ def cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: fake.current)
+    monkeypatch.setattr(DeviceLanes, "caller_stream", lambda self: fake.current)
     monkeypatch.setattr(torch.cuda, "set_stream", fake.set_stream)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return fake
