@@ -27,7 +27,8 @@ test: $(VENV)/.test-installed
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
 
-# On a machine with >= 2 GPUs (CUDA torch installed): every schedule eager and graph-captured, a smoke sweep.
+# On a machine with CUDA GPUs (CUDA torch installed): with >= 2, every schedule eager and graph-captured against
+# serial and a smoke sweep; with one, the expert GEMMs and the loopback worlds of 2, 4 and 8 ranks.
 test-gpu:
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 $(PYTHON) -m pytest -m gpu tests/gpu
 
