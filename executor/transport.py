@@ -136,8 +136,8 @@ class _Transport:
 
     def keep_own(self) -> None:
         """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
-        own_dest = self.layout.own_block()[1]
-        _remembered(self._views, ("slot", self.rank), lambda: self.flat[own_dest]).copy_(self.own_rows())
+        slot = _remembered(self._views, ("slot", self.rank), lambda: self.flat[self.layout.own_block()[1]])
+        slot.copy_(self.own_rows())
 
     def _source_rows(self, unit: Unit) -> torch.Tensor:
         """scatter: where the unit's rows go; gather, own block: the unit's rows of ``source``."""
