@@ -21,13 +21,16 @@ of the calling thread (``time.thread_time``), which leaves out the time the othe
 core. (On CUDA the collectives only enqueue work, so ``excl_comm_us`` equals ``host_us_per_call`` there.)
 ``--primitives`` (CUDA) adds each building block of a call timed alone the same way (NCCL calls, a GEMM,
 events, stream switches, copies, the symmetric-memory barrier, graph replays of captured calls), under
-``primitives``: what a schedule's host time is made of. Prints a table (median microseconds per call over
+``primitives``: what a schedule's host time is made of; two references beside them, a fixed piece of pure
+Python and a torch op on the CPU, tell the interpreter's and the dispatcher's speed from the CUDA launch
+path's when a process's host time moves. Prints a table (median microseconds per call over
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
 for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
 ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
 (``harness.affinity``: none, share, core) after the warm-up; run the script several times per policy to
-see how much a fresh process's host time moves with where the kernel put it.
+see how much a fresh process's host time moves with where the kernel put it (``benchmarks/host_placement.py``
+does; the JSON's ``address_space`` says whether the process ran with its address-space layout randomised).
 
 ``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
 of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
@@ -68,7 +71,13 @@ sys.path[:0] = [str(REPO)]
 from ficco.features import OP_SPECS  # noqa: E402 (imports no torch)
 from ficco.files import write_text_atomic  # noqa: E402 (imports no torch)
 from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
-from ficco.harness.host_speed import executor_calls, routed_calls, time_host_calls, tiny_operands  # noqa: E402
+from ficco.harness.host_speed import (  # noqa: E402
+    executor_calls,
+    python_work,
+    routed_calls,
+    time_host_calls,
+    tiny_operands,
+)
 from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -96,6 +105,8 @@ KNOCKOUTS = {
 TRACKED_ENV = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 """Environment variables recorded with the results (those that change the host path)."""
 PROFILE_TOP = 15
+ADDR_NO_RANDOMIZE = 0x0040000
+"""Linux personality flag: no address-space layout randomisation (``<linux/personality.h>``)."""
 """Functions listed per (op, schedule) by ``--profile``."""
 
 
@@ -211,7 +222,8 @@ def main() -> None:
         "--pin",
         choices=PIN_POLICIES,
         default="none",
-        help="where each rank's threads run (harness.affinity), applied after the warm-up",
+        help="where each rank's threads run (harness.affinity), applied after the warm-up (--loopback: the "
+        "one process as local rank 0 of 1)",
     )
     parser.add_argument(
         "--loopback",
@@ -226,8 +238,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.primitives and args.device != "cuda":
         parser.error("--primitives needs --device cuda (the building blocks are CUDA calls)")
-    if args.loopback and args.pin != "none":
-        parser.error("--loopback runs one process: --pin does not apply")
     if args.world_size not in (2, 4, 8):
         parser.error(f"--world-size must be one of [2, 4, 8]; got {args.world_size}")
     if args.knockout and not args.loopback:
@@ -325,8 +335,10 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         sync=sync,
         clocks=clocks,
         after_warmup=placement.apply,
+        settle=placement.settle,
         around=lambda case: knockout_patches(case[2]) if len(case) == 3 else contextlib.nullcontext(),
     )
+    print(f"rank {rank}: placement after the rounds: {placement.describe()}", flush=True)
     per_call, excl_comm = timed[0], timed[-1]
     rows = []
     for case in cases:
@@ -389,7 +401,10 @@ def primitive_calls(shard, full, b, *, peers: bool = True) -> dict[str, Callable
         return graph.replay
 
     lanes = DeviceLanes(device, 1, False)
+    on_cpu = torch.zeros(8)
     local = {
+        "python only: dict updates (the interpreter's speed)": python_work,
+        "torch add_ on 8 CPU floats (the dispatcher's speed)": lambda: on_cpu.add_(1.0),
         "torch.mm(out=)": lambda: torch.mm(full, b, out=out),
         "event record + stream wait": event_pair,
         "set_stream there and back": stream_there_and_back,
@@ -497,6 +512,17 @@ def torch_profile_calls(call: Callable[[], object], calls: int, top: int = PROFI
     return {"profiled_us_per_call": round(seconds / calls * 1e6, 1), "functions": functions}
 
 
+def address_space_layout() -> str:
+    """``"fixed"`` when this process runs without address-space layout randomisation (Linux personality
+    flag ``ADDR_NO_RANDOMIZE``, as ``setarch -R`` sets it), ``"random"`` otherwise, ``"unknown"`` where
+    ``/proc`` does not say."""
+    try:
+        flags = int(Path("/proc/self/personality").read_text(), 16)
+    except (OSError, ValueError):
+        return "unknown"
+    return "fixed" if flags & ADDR_NO_RANDOMIZE else "random"
+
+
 def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
     """Print the table and write ``args.out`` (rank 0)."""
     import torch
@@ -529,6 +555,7 @@ def write(args: argparse.Namespace, rows: list[dict], profiles: dict) -> None:
         meta["moe"] = {"experts": args.experts, "top_k": args.top_k, "tokens": args.tokens}
         meta["moe"]["grouped_min_gemms"] = experts.GROUPED_MIN_GEMMS
     meta |= {"env": {name: os.environ[name] for name in sorted(os.environ) if name.startswith(TRACKED_ENV)}}
+    meta["address_space"] = address_space_layout()
     results = [r for r in rows if r["op"] != "primitive"]
     primitives = [
         {"primitive": r["schedule"], "host_us_per_call": r["host_us_per_call"], "round_us": r["round_us"]}

@@ -1,15 +1,24 @@
-r"""How much a fresh process's host time per executor call moves with where its threads run.
+r"""How much a fresh process's host time per executor call moves with where its threads and memory lie.
 
     python3 benchmarks/host_placement.py --jobs 4 --out OUT/host-placement-h200x2.json   # on 2+ GPUs
+    # one GPU: each job one process, rank 0 of a pretend 2-rank world (no NCCL cost), with the references
+    python3 benchmarks/host_placement.py --loopback --primitives --layouts random fixed \
+        --jobs 4 --out OUT/host-placement-loopback-h200.json
 
 Eager-mode labels of small shapes are host time, and two processes on the same machine measured it up to
-15% apart (`harness.affinity`). This runs ``benchmarks/executor_overhead.py`` as ``--jobs`` fresh
-torchrun jobs per CPU placement policy (``--policies``, interleaved: job ``j`` of every policy runs before
-job ``j + 1`` of any, in a shuffled order), then reports, per policy and (op, schedule), the median host
-microseconds per call over jobs and the spread between jobs (slowest job over fastest, and the
-coefficient of variation). The policy with the smallest spread is the one whose labels another process
-reproduces. Writes the per-job results, the machine's CPU topology (``lscpu``, ``nvidia-smi topo -m``)
-and the summary to ``--out``; prints the summary table.
+15% apart (`harness.affinity`; a one-GPU loopback benchmark moved up to 1.5x between processes, even pinned
+with ``taskset``). This runs ``benchmarks/executor_overhead.py`` as ``--jobs`` fresh jobs (torchrun, or
+with ``--loopback`` one plain process on one GPU) per CPU placement policy (``--policies``) and address-space
+layout (``--layouts``: ``random``, the kernel's default; ``fixed``, the job run under ``setarch -R``, so that
+every process lays its heap, libraries and stacks out alike), interleaved: job ``j`` of every (policy,
+layout) runs before job ``j + 1`` of any, in a shuffled order. Per (policy, layout, op, schedule) it
+reports the median host microseconds per call over jobs and the spread between jobs (slowest job over
+fastest, and the coefficient of variation); with ``--primitives`` also for each building block, the pure
+Python and CPU-dispatch references included. The (policy, layout) with the smallest spread is the one whose
+labels another process reproduces. A second table puts the spread of the executor's calls beside the
+references': if dividing each job's calls by its pure-Python reference takes the spread away, the
+interpreter's speed moved (the machine), not the launch path. Writes the per-job results, the machine's CPU
+topology (``lscpu``, ``nvidia-smi topo -m``) and both summaries to ``--out``; prints the tables.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,26 +38,57 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from ficco.harness.affinity import PIN_POLICIES  # noqa: E402 (needs the path above)
+from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
+from ficco.harness.affinity import PIN_POLICIES  # noqa: E402
 from ficco.harness.launch import torchrun_prefix  # noqa: E402
 from ficco.tables import text_table  # noqa: E402
 
 SCHEDULES = ("serial/sm", "shard/dma", "shard/sm", "finer/dma/s4/chunk")
 """Schedules timed in every job, for both ops (the two extremes of host work, and the common pick)."""
+LAYOUTS = ("random", "fixed")
+"""Address-space layouts a job runs under: the kernel's randomised one, or none (``setarch -R``)."""
+PYTHON_REFERENCE = "python only: dict updates (the interpreter's speed)"
+"""The pure-Python primitive of ``executor_overhead.primitive_calls``: each job's interpreter speed."""
 
 
-def run_job(policy: str, nproc: int, args: argparse.Namespace, out: Path) -> dict:
-    """One fresh torchrun job of ``executor_overhead.py`` on ``nproc`` GPUs under ``policy``; its JSON."""
+def job_command(policy: str, layout: str, out: Path, args: argparse.Namespace) -> list[str]:
+    """The command of one fresh job of ``executor_overhead.py`` under ``policy`` and ``layout``, writing
+    ``out``: torchrun on every GPU, or with ``args.loopback`` one process on one device."""
+    if args.loopback:
+        start = [sys.executable]
+        world = ["--loopback", "--world-size", str(args.world_size)]
+    else:
+        start, world = torchrun_prefix(args.nproc), []
     command = [
-        *torchrun_prefix(nproc), str(REPO / "benchmarks" / "executor_overhead.py"), "--device", "cuda",
+        *start, str(REPO / "benchmarks" / "executor_overhead.py"), *world, "--device", args.device,
         "--pin", policy, "--rounds", str(args.rounds), "--batch", str(args.batch), "--out", str(out),
-        "--schedules", *args.schedules,
+        "--schedules", *args.schedules, *(["--primitives"] if args.primitives else []),
     ]  # fmt: skip
+    return [*FIXED_LAYOUT, *command] if layout == "fixed" else command
+
+
+FIXED_LAYOUT = ["setarch", platform.machine(), "-R"]
+"""Runs a command with address-space layout randomisation off (util-linux ``setarch``; its children inherit
+it, torchrun's ranks included)."""
+
+
+def fixed_layout_refused() -> str | None:
+    """Why jobs cannot run under :data:`FIXED_LAYOUT` here (``setarch`` missing, or the kernel or a
+    container's seccomp profile refusing the personality flag), or None when they can."""
+    if shutil.which(FIXED_LAYOUT[0]) is None:
+        return f"{FIXED_LAYOUT[0]} is not on PATH (util-linux)"
+    done = subprocess.run([*FIXED_LAYOUT, "true"], capture_output=True, text=True)
+    return f"{' '.join(FIXED_LAYOUT)} failed: {done.stderr.strip()}" if done.returncode else None
+
+
+def run_job(policy: str, layout: str, args: argparse.Namespace, out: Path) -> dict:
+    """One fresh job (:func:`job_command`); its JSON, with the placement lines it printed."""
+    command = job_command(policy, layout, out, args)
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.job_timeout)
     if done.returncode:
-        raise RuntimeError(f"job ({policy}) exited with {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"job ({policy}, {layout}) exited with {done.returncode}:\n{done.stderr[-3000:]}")
     placements = [line for line in done.stdout.splitlines() if "placement" in line]
-    return json.loads(out.read_text()) | {"placements": placements}
+    return json.loads(out.read_text()) | {"placements": placements, "layout": layout}
 
 
 def topology() -> dict[str, str]:
@@ -60,75 +102,170 @@ def topology() -> dict[str, str]:
     return found
 
 
+def job_cases(job: dict) -> dict[tuple[str, str], float]:
+    """Host us per call of every case one job timed: (op, schedule), and ("primitive", name) for its
+    primitives."""
+    cases = {(row["op"], row["schedule"]): row["host_us_per_call"] for row in job["results"]}
+    primitives = job.get("primitives", [])
+    return cases | {("primitive", row["primitive"]): row["host_us_per_call"] for row in primitives}
+
+
+def spread_cv(us: list[float]) -> tuple[float, float]:
+    """Slowest over fastest of ``us``, and its coefficient of variation (population)."""
+    mean = statistics.fmean(us)
+    return max(us) / min(us), statistics.pstdev(us) / mean if mean else 0.0
+
+
 def summarize(jobs: list[dict]) -> list[dict]:
-    """Per (policy, op, schedule): the jobs' host us per call, their median, spread and CV."""
-    per: dict[tuple[str, str, str], list[float]] = {}
+    """Per (policy, layout, op, schedule): the jobs' host us per call, their median, spread and CV (a job
+    without a layout ran under the kernel's, ``random``)."""
+    per: dict[tuple[str, str, str, str], list[float]] = {}
     for job in jobs:
-        for row in job["results"]:
-            per.setdefault((job["pin"], row["op"], row["schedule"]), []).append(row["host_us_per_call"])
+        for (op, schedule), us in job_cases(job).items():
+            per.setdefault((job["pin"], job.get("layout", "random"), op, schedule), []).append(us)
     rows = []
-    for (policy, op, schedule), us in per.items():
-        mean = statistics.fmean(us)
+    for (policy, layout, op, schedule), us in per.items():
+        spread, cv = spread_cv(us)
         rows.append(
             {
                 "policy": policy,
+                "layout": layout,
                 "op": op,
                 "schedule": schedule,
                 "jobs_us": us,
                 "median_us": round(statistics.median(us), 1),
-                "spread": round(max(us) / min(us), 3),
-                "cv": round(statistics.pstdev(us) / mean, 4) if mean else 0.0,
+                "spread": round(spread, 3),
+                "cv": round(cv, 4),
             }
         )
     return rows
+
+
+def drift(jobs: list[dict]) -> list[dict]:
+    """Per (policy, layout): the median over executor cases (not primitives) of the spread between jobs,
+    the pure-Python reference's own spread, and the cases' median spread once each job's times are divided
+    by its reference (what is left when the interpreter's speed is taken out). Empty without the
+    reference (jobs run without ``--primitives``)."""
+    per: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
+    for job in jobs:
+        per.setdefault((job["pin"], job.get("layout", "random")), []).append(job_cases(job))
+    rows = []
+    for (policy, layout), cases in per.items():
+        reference = [c.get(("primitive", PYTHON_REFERENCE)) for c in cases]
+        if None in reference:
+            return []
+        calls = [key for key in cases[0] if key[0] != "primitive"]
+        raw = [spread_cv([c[key] for c in cases])[0] for key in calls]
+        scaled = [spread_cv([c[key] / r for c, r in zip(cases, reference, strict=True)])[0] for key in calls]
+        rows.append(
+            {
+                "policy": policy,
+                "layout": layout,
+                "jobs": len(cases),
+                "calls_spread": round(statistics.median(raw), 3),
+                "python_spread": round(spread_cv(reference)[0], 3),
+                "calls_over_python_spread": round(statistics.median(scaled), 3),
+            }
+        )
+    return rows
+
+
+def write(args: argparse.Namespace, jobs: list[dict], machine: dict) -> tuple[list[dict], list[dict]]:
+    """Both summaries of ``jobs`` so far, written with them and ``machine`` to ``args.out`` (atomically,
+    after every job: a run cut short keeps the jobs it finished)."""
+    summary, by_placement = summarize(jobs), drift(jobs)
+    body = machine | {"summary": summary, "drift": by_placement, "jobs": jobs}
+    write_text_atomic(args.out, json.dumps(body, indent=1) + "\n")
+    return summary, by_placement
+
+
+def print_tables(summary: list[dict], by_placement: list[dict]) -> None:
+    """The per-case table and, with the references, the drift table."""
+    cells = [
+        [r["op"], r["schedule"], r["policy"], r["layout"], f"{r['median_us']:.1f}", f"{r['spread']:.3f}",
+         f"{r['cv']:.3f}"]
+        for r in sorted(summary, key=lambda r: (r["op"], r["schedule"], r["policy"], r["layout"]))
+    ]  # fmt: skip
+    head = ["op", "schedule", "policy", "layout", "median us", "slowest/fastest", "CV"]
+    print(text_table(head, cells, align="<<<<>>>"))
+    if by_placement:
+        head = ["policy", "layout", "jobs", "calls: slowest/fastest", "python ref", "calls / python ref"]
+        cells = [
+            [r["policy"], r["layout"], str(r["jobs"]), f"{r['calls_spread']:.3f}",
+             f"{r['python_spread']:.3f}", f"{r['calls_over_python_spread']:.3f}"]
+            for r in by_placement
+        ]  # fmt: skip
+        print(text_table(head, cells, align="<<>>>>"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--jobs", type=int, default=4, help="fresh torchrun jobs per policy")
+    parser.add_argument("--jobs", type=int, default=4, help="fresh jobs per (policy, layout)")
     parser.add_argument(
         "--policies", nargs="+", choices=PIN_POLICIES, default=list(PIN_POLICIES), help="placements compared"
     )
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=LAYOUTS,
+        default=["random"],
+        help="address-space layouts compared: random (the kernel's default), fixed (setarch -R)",
+    )
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), help="schedules timed per job")
+    parser.add_argument(
+        "--primitives",
+        action="store_true",
+        help="jobs also time the building blocks and the pure-Python and CPU-dispatch references (CUDA)",
+    )
+    parser.add_argument(
+        "--loopback",
+        action="store_true",
+        help="each job one process on one GPU, rank 0 of a pretend world (executor_overhead --loopback)",
+    )
+    parser.add_argument("--world-size", type=int, default=2, help="--loopback: ranks of the pretend world")
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: checks the --loopback jobs on gloo"
+    )
     parser.add_argument("--rounds", type=int, default=10, help="shuffled rounds per job")
     parser.add_argument("--batch", type=int, default=50, help="calls per timed batch")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the policies' order per job")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the placements' order per job")
     parser.add_argument("--job-timeout", type=float, default=180.0, help="seconds before a job is killed")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args()
     if args.jobs < 2:
         parser.error(f"--jobs {args.jobs}: need at least 2 jobs per policy to see a spread")
+    if args.device == "cpu" and not args.loopback:
+        parser.error("--device cpu needs --loopback (the torchrun jobs time GPUs)")
+    if args.primitives and args.device != "cuda":
+        parser.error("--primitives needs --device cuda (the building blocks are CUDA calls)")
+    if "fixed" in args.layouts and (refused := fixed_layout_refused()):
+        parser.error(f"--layouts fixed cannot run here: {refused}")
 
     import torch
 
-    nproc = torch.cuda.device_count()
-    if nproc < 2:
-        sys.exit(f"error: {nproc} CUDA devices; this needs at least 2")
+    args.nproc = torch.cuda.device_count()
+    needed = 1 if args.loopback else 2
+    if args.device == "cuda" and args.nproc < needed:
+        sys.exit(f"error: {args.nproc} CUDA devices; this needs at least {needed}")
+    env = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("NCCL_", "TORCH_", "NVSHMEM_"))}
+    world = args.world_size if args.loopback else args.nproc
+    machine = {"world_size": world, "loopback": args.loopback, "torch": torch.__version__, "env": env}
+    machine["topology"] = topology()
+    placements = [(policy, layout) for policy in args.policies for layout in args.layouts]
     order = random.Random(args.seed)
-    jobs = []
+    jobs: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         for j in range(args.jobs):
-            for policy in order.sample(args.policies, len(args.policies)):
-                job = run_job(policy, nproc, args, Path(scratch) / f"{policy}-{j}.json")
+            for policy, layout in order.sample(placements, len(placements)):
+                job = run_job(policy, layout, args, Path(scratch) / f"{policy}-{layout}-{j}.json")
                 jobs.append(job | {"job": j})
-                print(f"job {j} {policy}: " + ", ".join(
+                summary, by_placement = write(args, jobs, machine)
+                print(f"job {j} {policy} {layout}: " + ", ".join(
                     f"{r['op']} {r['schedule']} {r['host_us_per_call']}" for r in job["results"]
                 ), flush=True)  # fmt: skip
-    summary = summarize(jobs)
-    env = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("NCCL_", "TORCH_", "NVSHMEM_"))}
-    body = {"world_size": nproc, "torch": torch.__version__, "env": env, "topology": topology()}
-    body |= {"summary": summary, "jobs": jobs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(body, indent=1) + "\n")
-    cells = [
-        [r["op"], r["schedule"], r["policy"], f"{r['median_us']:.1f}", f"{r['spread']:.3f}", f"{r['cv']:.3f}"]
-        for r in sorted(summary, key=lambda r: (r["op"], r["schedule"], r["policy"]))
-    ]
-    print(
-        text_table(["op", "schedule", "policy", "median us", "slowest/fastest", "CV"], cells, align="<<<>>>")
-    )
+    print_tables(summary, by_placement)
 
 
 if __name__ == "__main__":

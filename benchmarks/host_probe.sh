@@ -2,10 +2,10 @@
 # The host side of a GPU machine, in one device call (about 5 minutes on 2 x H200, never more than 9); results go to $OUT.
 #   bash benchmarks/host_probe.sh [HARDWARE]        e.g. bash benchmarks/host_probe.sh h200x2
 # 1. benchmarks/host_placement.py: host time per executor call over fresh torchrun jobs, per CPU placement
-#    policy (none, share, core; harness.affinity): which policy a fresh process reproduces best;
+#    policy (none, share, core, seek; harness.affinity): which policy a fresh process reproduces best;
 # 2. benchmarks/executor_overhead.py --primitives --profiler torch: each schedule's host time, its building
 #    blocks alone, and where torch.profiler sees the host time go (c10d's NCCL calls included);
-# 3. ficco host-factor under the share and core policies: the host factor, measured within seconds, to hold
+# 3. ficco host-factor under the share, core and seek policies: the host factor, measured within seconds, to hold
 #    against the factor a sweep of the same session reads off its eager times (its card's "Host speed").
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -16,6 +16,6 @@ timeout 300 "$PY" benchmarks/host_placement.py --jobs 3 --out "$OUT/host-placeme
 timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" benchmarks/executor_overhead.py \
     --device cuda --primitives --profile 200 --profiler torch --out "$OUT/executor-overhead-$HW-primitives.json" \
     2>&1 | grep -v Warn | tail -45
-for pin in share core; do
+for pin in share core seek; do
     timeout 60 "$PY" -m ficco.cli host-factor --pin "$pin" --out "$OUT/host-factor-$HW-$pin.json" 2>&1 | tail -1
 done

@@ -176,8 +176,10 @@ def bench(
         PinPolicy,
         typer.Option(
             help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
-            "share (each rank an equal share of the CPUs) or core (the rank's main thread alone on one "
-            "physical core, near its GPU, the other threads on the rest of its share).",
+            "share (each rank an equal share of the CPUs), core (the rank's main thread alone on one "
+            "physical core, near its GPU, the other threads on the rest of its share) or seek (as core, and "
+            "before each eager block the main thread moves off a core running at half speed; the GPU "
+            "machines' CPUs flip into such states one at a time).",
         ),
     ] = DEFAULT_PIN,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,

@@ -64,6 +64,17 @@ ROWS, WIDTH = 64, 64
 """Tiny GEMMs: ``A [ROWS, WIDTH]`` gathered or reduced, ``B [WIDTH, WIDTH]``: microseconds of GPU work."""
 
 
+def python_work() -> int:
+    """A fixed piece of pure Python (64 dict updates, no torch; about 3-5 us on the GPU machines' hosts): a
+    reference for the interpreter's own speed, beside which the executor's calls show whether a process's
+    host time moved with the machine (``benchmarks/executor_overhead.py --primitives``,
+    ``benchmarks/host_states.py``)."""
+    counts: dict[int, int] = {}
+    for i in range(64):
+        counts[i & 7] = counts.get(i & 7, 0) + i
+    return counts[7]
+
+
 def time_host_calls(
     calls: dict[Hashable, Callable[[], object]],
     *,
@@ -74,6 +85,7 @@ def time_host_calls(
     sync: Callable[[], None],
     clocks: Sequence[Callable[[], float]] = (time.perf_counter,),
     after_warmup: Callable[[], object] | None = None,
+    settle: Callable[[], object] | None = None,
     around: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
 ) -> list[dict[Hashable, list[float]]]:
     """Microseconds per call of each of ``calls``, per round, by each of ``clocks``.
@@ -85,7 +97,9 @@ def time_host_calls(
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
     ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use). ``around(case)``: a context
+    which moves the threads the warm-up started: NCCL starts some on first use); ``settle`` before each timed
+    batch's ``sync()`` (e.g. ``harness.affinity.Placement.settle``, which under ``seek`` moves the main thread
+    off a core in its slow state). ``around(case)``: a context
     each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
     after its timing."""
     cases = list(calls)
@@ -102,6 +116,8 @@ def time_host_calls(
         for case in order.sample(cases, len(cases)):
             call = calls[case]
             with around(case):
+                if settle is not None:
+                    settle()
                 sync()
                 start = [clock() for clock in clocks]
                 for _ in range(batch):
@@ -248,11 +264,12 @@ def measure_host_factor(
     warmup: int = 20,
     seed: int = 0,
     after_warmup: Callable[[], object] | None = None,
+    settle: Callable[[], object] | None = None,
 ) -> HostSpeed:
     """Time :data:`CASES` on this process group's devices (collective: every rank calls it) and return the
-    host factor (``after_warmup``: see :func:`time_host_calls`). Needs an initialised process group of >= 2
-    ranks (NCCL on CUDA; gloo runs, but its times are the CPU transfers', not a GPU machine's host
-    speed)."""
+    host factor (``after_warmup``, ``settle``: see :func:`time_host_calls`). Needs an initialised process
+    group of >= 2 ranks (NCCL on CUDA; gloo runs, but its times are the CPU transfers', not a GPU machine's
+    host speed)."""
     import torch
     import torch.distributed as dist
 
@@ -268,7 +285,14 @@ def measure_host_factor(
         dist.barrier(group)
 
     (times,) = time_host_calls(
-        calls, rounds=rounds, batch=batch, warmup=warmup, seed=seed, sync=sync, after_warmup=after_warmup
+        calls,
+        rounds=rounds,
+        batch=batch,
+        warmup=warmup,
+        seed=seed,
+        sync=sync,
+        after_warmup=after_warmup,
+        settle=settle,
     )
     slowest = torch.tensor([statistics.median(times[case]) for case in CASES], dtype=torch.float64).to(device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -303,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
-        speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)
+        speed = measure_host_factor(
+            rounds=args.rounds, batch=args.batch, after_warmup=placement.apply, settle=placement.settle
+        )
         if dist.get_rank() == 0:
             print(speed.summary(), flush=True)
             if args.out is not None:

@@ -23,7 +23,8 @@ all-reduce). For each scenario:
 
    - ``eager`` (and gloo): before each block the ranks are aligned on the host (a one-element
      all-reduce, then a host synchronisation), so that each block starts from an idle device and the
-     host time of its calls lands in it, led by one untimed call;
+     host time of its calls lands in it, led by one untimed call; under ``--pin seek`` each rank first
+     moves its main thread off a CPU in its slow state (``harness.affinity.Seeker``);
    - ``graph`` (CUDA): a whole round is queued on the device without a host synchronisation: a spin
      kernel holds the GPU while the host queues, then per item a one-element all-reduce on the stream
      (both GPUs leave it together: the ranks are aligned on the device, outside the timed region), the
@@ -206,6 +207,7 @@ class TorchBackend:
                     items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
             self.placement.apply()
             self._time_rounds(items, self._order_seed(scenario))
+            log.debug("placement after %s: %s", scenario.key(), self.placement.describe())
             return self._result(items, schedules)
         finally:
             items.clear()  # graphs go before the buffers they replay into
@@ -438,6 +440,7 @@ class TorchBackend:
 
         times = {}
         for i, item in batch:
+            self.placement.settle()
             self._align()
             try:
                 if item.lead is not None:

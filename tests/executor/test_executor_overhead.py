@@ -67,7 +67,11 @@ def test_knockout_needs_the_loopback_world():
     assert "--knockout needs --loopback" in done.stderr
 
 
-def test_loopback_refuses_placing_threads_of_its_one_process():
-    done = _overhead("--device", "cpu", "--loopback", "--pin", "share", "--out", "unused.json")
-    assert done.returncode == 2
-    assert "--loopback runs one process: --pin does not apply" in done.stderr
+def test_loopback_places_its_one_process_and_records_its_address_space_layout(tmp_path):
+    out = tmp_path / "pinned.json"
+    done = _overhead("--device", "cpu", "--loopback", "--pin", "core", "--schedules", "serial/sm", "--rounds",
+                     "2", "--batch", "2", "--warmup", "1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "placement core: main thread on CPU" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["pin"] == "core" and data["address_space"] in {"random", "fixed"}

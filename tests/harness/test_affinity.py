@@ -1,11 +1,20 @@
-"""CPU placement of a rank's threads: cpulists, SMT cores from sysfs, the per-rank plan, applying it."""
+"""CPU placement of a rank's threads: cpulists, SMT cores from sysfs, the per-rank plan, applying it, and
+``seek`` moving the main thread off cores in their slow state."""
 
 import os
 import threading
 
 import pytest
 
-from ficco.harness.affinity import Placement, parse_cpulist, physical_cores, plan_placement
+from ficco.harness import affinity
+from ficco.harness.affinity import (
+    SLOW_FACTOR,
+    Placement,
+    Seeker,
+    parse_cpulist,
+    physical_cores,
+    plan_placement,
+)
 
 
 def test_parse_cpulist_ranges_and_singles():
@@ -96,3 +105,75 @@ def test_apply_pins_the_main_thread_and_moves_the_others():
         os.sched_setaffinity(0, before)
     assert moved >= 1
     assert seen == [set(rest)]
+
+
+def test_seek_starts_as_core_and_may_move_over_the_whole_share():
+    placement = plan_placement("seek", 1, 2, CPUS, CORES, local={6, 7, 14, 15})
+    assert placement.policy == "seek" and placement.main == (6,) and placement.gpu_local is True
+    assert placement.seeker.cores == ((6, 14), (4, 12), (5, 13), (7, 15))  # the GPU-local core first
+    assert "seek: main thread on whichever of CPUs 4-7 runs" in placement.describe()
+    assert plan_placement("seek", 2, 3, [0, 1], [(0,), (1,)]).seeker.cores == ((0,),)  # no share: its core
+
+
+class _Host:
+    """A fake host: each core's probe time, and where the seeker pinned the main thread."""
+
+    def __init__(self, monkeypatch, seeker: Seeker, us: dict[int, float]):
+        self.us, self.pinned = us, []
+        monkeypatch.setattr(affinity, "probe_us", lambda: self.us[seeker.cores[seeker.at][0]])
+        monkeypatch.setattr(
+            affinity, "_pin_main", lambda main, others: self.pinned.append((main, others)) or 0
+        )
+
+
+def test_the_first_settle_probes_every_core_and_stays_on_the_fastest(monkeypatch):
+    seeker = Seeker(cores=((0,), (1,), (2,)))
+    host = _Host(monkeypatch, seeker, {0: 8.0, 1: 4.0, 2: 4.4})
+    assert seeker.settle() is True
+    assert seeker.at == 1 and seeker.fastest_us == 4.0
+    assert host.pinned[-1] == ((1,), (0, 2))  # the other threads off the main thread's core
+    assert seeker.moves == 0  # probing at the start is not a move
+
+
+def test_settle_moves_off_a_core_that_turned_slow_and_counts_it(monkeypatch):
+    seeker = Seeker(cores=((0,), (1,), (2,)))
+    host = _Host(monkeypatch, seeker, {0: 4.0, 1: 4.1, 2: 4.2})
+    seeker.settle()
+    assert seeker.at == 0
+    host.us[0] = 4.0 * SLOW_FACTOR * 1.1  # core 0 slows down: the next core that is not slow is taken
+    host.us[1] = 8.0
+    assert seeker.settle() is True
+    assert seeker.at == 2 and seeker.moves == 2 and seeker.slow == 0
+    host.us[2] = 4.0 * SLOW_FACTOR * 0.99  # within the tolerance: stays
+    assert seeker.settle() is True and seeker.at == 2 and seeker.moves == 2
+
+
+def test_settle_tries_each_core_once_and_says_when_all_are_slow(monkeypatch):
+    seeker = Seeker(cores=((0,), (1,)))
+    host = _Host(monkeypatch, seeker, {0: 4.0, 1: 4.0})
+    seeker.settle()
+    host.us.update({0: 9.0, 1: 9.0})
+    assert seeker.settle() is False
+    assert seeker.slow == 1 and seeker.moves == 1
+    assert "1 found every core slow" in seeker.describe()
+
+
+def test_other_policies_settle_without_probing(monkeypatch):
+    monkeypatch.setattr(affinity, "probe_us", lambda: pytest.fail("probed"))
+    for policy in ("none", "share", "core"):
+        assert plan_placement(policy, 0, 2, CPUS, CORES).settle() is True
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
+def test_seek_on_this_machine_leaves_the_main_thread_on_one_cpu_of_the_share():
+    before = os.sched_getaffinity(0)
+    placement = plan_placement("seek", 0, 1, sorted(before), [(c,) for c in sorted(before)])
+    try:
+        placement.apply()
+        assert placement.settle() in (True, False)
+        placement.settle()
+        now = os.sched_getaffinity(0)
+        assert len(now) == 1 and now <= set(placement.cpus)
+        assert placement.seeker.fastest_us < 1e3
+    finally:
+        os.sched_setaffinity(0, before)
