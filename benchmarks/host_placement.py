@@ -82,13 +82,41 @@ def fixed_layout_refused() -> str | None:
 
 
 def run_job(policy: str, layout: str, args: argparse.Namespace, out: Path) -> dict:
-    """One fresh job (:func:`job_command`); its JSON, with the placement lines it printed."""
-    command = job_command(policy, layout, out, args)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.job_timeout)
-    if done.returncode:
-        raise RuntimeError(f"job ({policy}, {layout}) exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    placements = [line for line in done.stdout.splitlines() if "placement" in line]
-    return json.loads(out.read_text()) | {"placements": placements, "layout": layout}
+    """One fresh job (:func:`job_command`); its JSON, with the placement lines it printed. With
+    ``args.processes`` > 1 (``--loopback``), that many loopback processes at once, each as local rank ``i``
+    of ``args.processes`` (disjoint CPU shares, as torchrun's ranks get), and each case's time the slowest
+    process's (as a round's time is the slowest rank's)."""
+    ranks = range(args.processes if args.loopback else 1)
+    outs = [out.with_suffix(f".rank{i}.json") for i in ranks]
+    running = [
+        subprocess.Popen(
+            job_command(policy, layout, path, args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ | {"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(len(outs))},
+        )
+        for i, path in zip(ranks, outs, strict=True)
+    ]
+    placements = []
+    for process in running:
+        stdout, stderr = process.communicate(timeout=args.job_timeout)
+        if process.returncode:
+            failed = f"job ({policy}, {layout}) exited with {process.returncode}"
+            raise RuntimeError(f"{failed}:\n{stderr[-3000:]}")
+        placements += [line for line in stdout.splitlines() if "placement" in line]
+    bodies = [json.loads(path.read_text()) for path in outs]
+    return slowest(bodies) | {"placements": placements, "layout": layout, "processes": len(outs)}
+
+
+def slowest(bodies: list[dict]) -> dict:
+    """The first process's JSON with each case's host us per call the largest over ``bodies`` (results
+    and primitives, matched by position: every process timed the same cases)."""
+    merged = bodies[0]
+    for key in ("results", "primitives"):
+        for rows in zip(*(body.get(key, []) for body in bodies), strict=True):
+            rows[0]["host_us_per_call"] = max(row["host_us_per_call"] for row in rows)
+    return merged
 
 
 def topology() -> dict[str, str]:
@@ -226,6 +254,13 @@ def main() -> None:
     )
     parser.add_argument("--world-size", type=int, default=2, help="--loopback: ranks of the pretend world")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="--loopback: processes per job at once, each a local rank with its own CPU share (as the ranks "
+        "of a sweep on that many GPUs compete for the host); a case's time is the slowest process's",
+    )
+    parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: checks the --loopback jobs on gloo"
     )
     parser.add_argument("--rounds", type=int, default=10, help="shuffled rounds per job")
@@ -236,6 +271,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 2:
         parser.error(f"--jobs {args.jobs}: need at least 2 jobs per policy to see a spread")
+    if not 1 <= args.processes <= 8 or (args.processes > 1 and not args.loopback):
+        parser.error(f"--processes must be 1 to 8, above 1 with --loopback only; got {args.processes}")
     if args.device == "cpu" and not args.loopback:
         parser.error("--device cpu needs --loopback (the torchrun jobs time GPUs)")
     if args.primitives and args.device != "cuda":

@@ -51,10 +51,11 @@ class PinPolicy(StrEnum):
 PIN_POLICIES = tuple(policy.value for policy in PinPolicy)
 DEFAULT_PIN = PinPolicy.seek
 """The harness's policy (``ficco bench --pin``, ``ficco host-factor --pin``). Every GPU dataset committed
-before ``seek`` was measured under ``share`` (its manifest says so; a resume asks for that policy): on one
-H200, six fresh processes per policy timed the executor's host path with a slowest-over-fastest spread of
-1.12-1.23x (CV 5-8%) under ``seek`` against 1.72-1.87x (CV 21-25%) with no placement and 1.74-1.82x under
-``core`` (``benchmarks/results/host-placement-seek-loopback-h200.json``)."""
+before ``seek`` was measured under ``share`` (its manifest says so; a resume asks for that policy). On one
+H200, six fresh jobs per policy of two processes at once (local ranks 0 and 1 of 2, each case the slower
+one's) timed the executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) under
+``seek`` against 1.66-1.89x (CV 20-24%) under ``share`` and 1.76-2.06x under ``core``
+(``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``)."""
 SLOW_FACTOR = 1.3
 """``seek``: the main thread's core counts as slow when a probe takes more than this times the fastest
 probe the process has seen (the slow state is about 2x; CPUs in their usual state differ by up to 10%)."""

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.host_placement import PYTHON_REFERENCE, drift, fixed_layout_refused, job_command, summarize
+from benchmarks.host_placement import (
+    PYTHON_REFERENCE,
+    drift,
+    fixed_layout_refused,
+    job_command,
+    slowest,
+    summarize,
+)
 
 
 def _job(pin: str, us: float, layout: str | None = None, python_us: float | None = None) -> dict:
@@ -77,3 +84,11 @@ def test_setarch_turns_address_space_randomisation_off_for_the_job():
     setarch = command[: command.index("-R") + 1]
     personality = subprocess.run([*setarch, "cat", "/proc/self/personality"], capture_output=True, text=True)
     assert int(personality.stdout, 16) & 0x0040000  # ADDR_NO_RANDOMIZE
+
+
+def test_a_job_of_several_processes_takes_each_cases_slowest_process():
+    bodies = [_job("seek", 60.0, python_us=3.0), _job("seek", 75.0, python_us=2.5), _job("seek", 70.0)]
+    bodies[2]["primitives"] = [{"primitive": PYTHON_REFERENCE, "host_us_per_call": 2.8}]
+    merged = slowest(bodies)
+    assert merged["results"][0]["host_us_per_call"] == 75.0
+    assert merged["primitives"][0]["host_us_per_call"] == 3.0
