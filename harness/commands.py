@@ -24,7 +24,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
+from ficco.harness.affinity import DEFAULT_PIN, HOST_FACTOR_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -450,8 +450,12 @@ def host_factor(
     ] = 10,
     batch: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per timed batch.")] = 50,
     pin: Annotated[
-        PinPolicy, typer.Option(help="Where each rank's threads run, as in `ficco bench --pin`.")
-    ] = DEFAULT_PIN,
+        PinPolicy,
+        typer.Option(
+            help="Where each rank's threads run, as in `ficco bench --pin`. Default share: a runtime's "
+            "process stays on its CPUs, slow spells included, and that is the host a model is asked about."
+        ),
+    ] = HOST_FACTOR_PIN,
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny

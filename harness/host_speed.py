@@ -307,7 +307,7 @@ def measure_host_factor(
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
-    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+    from ficco.harness.affinity import HOST_FACTOR_PIN, PIN_POLICIES, placement_from_env
     from ficco.harness.worker import SAFE_ENV
 
     p = argparse.ArgumentParser(
@@ -316,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
     p.add_argument("--batch", type=int, default=50, help="calls per timed batch")
-    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
+    p.add_argument(
+        "--pin", choices=PIN_POLICIES, default=HOST_FACTOR_PIN, help="where the rank's threads run"
+    )
     p.add_argument("--out", type=Path, help="JSON file to write (rank 0)")
     args = p.parse_args(argv)
     os.environ.update(SAFE_ENV)
