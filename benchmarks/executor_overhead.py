@@ -223,7 +223,7 @@ def main() -> None:
         choices=PIN_POLICIES,
         default="none",
         help="where each rank's threads run (harness.affinity), applied after the warm-up (--loopback: the "
-        "one process as local rank 0 of 1)",
+        "process as local rank LOCAL_RANK of LOCAL_WORLD_SIZE, 0 of 1 when unset)",
     )
     parser.add_argument(
         "--loopback",

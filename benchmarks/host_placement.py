@@ -86,17 +86,20 @@ def run_job(policy: str, layout: str, args: argparse.Namespace, out: Path) -> di
     ``args.processes`` > 1 (``--loopback``), that many loopback processes at once, each as local rank ``i``
     of ``args.processes`` (disjoint CPU shares, as torchrun's ranks get), and each case's time the slowest
     process's (as a round's time is the slowest rank's)."""
-    ranks = range(args.processes if args.loopback else 1)
-    outs = [out.with_suffix(f".rank{i}.json") for i in ranks]
+    count = args.processes if args.loopback else 1  # torchrun sets its ranks' LOCAL_RANK itself
+    ranks = [
+        {"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(count)} if args.loopback else {} for i in range(count)
+    ]
+    outs = [out.with_suffix(f".rank{i}.json") for i in range(count)]
     running = [
         subprocess.Popen(
             job_command(policy, layout, path, args),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=os.environ | {"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(len(outs))},
+            env=os.environ | rank,
         )
-        for i, path in zip(ranks, outs, strict=True)
+        for rank, path in zip(ranks, outs, strict=True)
     ]
     placements = []
     for process in running:
