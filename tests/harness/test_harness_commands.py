@@ -241,7 +241,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
     }
 
 
-def _bench_gloo(configs: Path, out: Path, *extra: str) -> None:
+def _bench_gloo(configs: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     """``ficco bench --backend gloo`` on ``configs`` (128 tokens, no grid, at least 2 rounds) into ``out``, in
     a subprocess (it launches torchrun itself); the test fails with its output if it fails."""
     command = [sys.executable, "-m", "ficco.cli", "bench", "--backend", "gloo", "--configs", str(configs)]
@@ -249,6 +249,7 @@ def _bench_gloo(configs: Path, out: Path, *extra: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 @pytest.mark.slow
@@ -259,7 +260,7 @@ def _bench_gloo(configs: Path, out: Path, *extra: str) -> None:
 def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     out = tmp_path / "gloo"
     extra = ("--limit", "2", "--modes", "eager", "--max-rounds", "3", "--timed-ms", "1000000")
-    _bench_gloo(tiny_configs, out, *extra, "--remeasure", "1")
+    done = _bench_gloo(tiny_configs, out, *extra, "--remeasure", "1")
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
     assert len(df) == 60 and df["ok"].all(), df[~df["ok"]][["schedule", "error"]].to_string()
@@ -268,6 +269,8 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     manifest = read_manifest(out)
     assert manifest["fingerprint"]["backend"] == "gloo" and manifest["protocol"]["rounds"] == 2
     assert manifest["protocol"]["max_rounds"] == 3
+    assert manifest["protocol"]["pin"] == "seek"  # the default: each rank's main thread kept off slow cores
+    assert "seek: main thread on whichever of CPUs" in done.stderr and " settles, " in done.stderr
     assert load_noise(out)["scenario_id"].nunique() == 1  # the second torchrun job
     assert (out / "card.md").exists()
 
