@@ -27,10 +27,11 @@ path's when a process's host time moves. Prints a table (median microseconds per
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
 for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
-``profiles`` in the JSON. ``--pin`` places each rank's threads on the host
-(``harness.affinity``: none, share, core) after the warm-up; run the script several times per policy to
-see how much a fresh process's host time moves with where the kernel put it (``benchmarks/host_placement.py``
-does; the JSON's ``address_space`` says whether the process ran with its address-space layout randomised).
+``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.affinity``: none,
+share, core, seek) after the warm-up, ``seek`` also before every batch; run the script several times per
+policy to see how much a fresh process's host time moves with where the kernel put it
+(``benchmarks/host_placement.py`` does; the JSON's ``address_space`` says whether the process ran with its
+address-space layout randomised).
 
 ``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
 of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
@@ -105,9 +106,9 @@ KNOCKOUTS = {
 TRACKED_ENV = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 """Environment variables recorded with the results (those that change the host path)."""
 PROFILE_TOP = 15
+"""Functions listed per (op, schedule) by ``--profile``."""
 ADDR_NO_RANDOMIZE = 0x0040000
 """Linux personality flag: no address-space layout randomisation (``<linux/personality.h>``)."""
-"""Functions listed per (op, schedule) by ``--profile``."""
 
 
 class CommClock:

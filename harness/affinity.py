@@ -50,11 +50,11 @@ class PinPolicy(StrEnum):
 
 PIN_POLICIES = tuple(policy.value for policy in PinPolicy)
 DEFAULT_PIN = PinPolicy.seek
-"""The harness's policy (``ficco bench --pin``). Every GPU dataset committed
-before ``seek`` was measured under ``share`` (its manifest says so; a resume asks for that policy). On one
-H200, six fresh jobs per policy of two processes at once (local ranks 0 and 1 of 2, each case the slower
-one's) timed the executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) under
-``seek`` against 1.66-1.89x (CV 20-24%) under ``share`` and 1.76-2.06x under ``core``
+"""The harness's policy (``ficco bench --pin``). Every GPU dataset committed before ``seek`` was measured
+under ``share`` (its manifest says so; a resume asks for that policy). On one H200, six fresh jobs per
+policy of two processes at once (local ranks 0 and 1 of 2, each case the slower one's) timed the
+executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) under ``seek`` against
+1.66-1.89x (CV 20-24%) under ``share`` and 1.76-2.06x under ``core``
 (``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``)."""
 HOST_FACTOR_PIN = PinPolicy.share
 """``ficco host-factor``'s policy: a runtime's process does not seek, so the host factor a model is asked at

@@ -97,11 +97,10 @@ def time_host_calls(
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
     ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use); ``settle`` before each timed
-    batch's ``sync()`` (e.g. ``harness.affinity.Placement.settle``, which under ``seek`` moves the main thread
-    off a core in its slow state). ``around(case)``: a context
-    each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
-    after its timing."""
+    which moves the threads the warm-up started: NCCL starts some on first use); ``settle`` runs before each
+    timed batch's ``sync()`` (e.g. ``harness.affinity.Placement.settle``, which under ``seek`` moves the main
+    thread off a core in its slow state). ``around(case)``: a context each of the case's batches runs in
+    (warm-up included), entered before the batch's ``sync()`` and left after its timing."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
