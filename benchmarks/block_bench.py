@@ -40,7 +40,9 @@ gathers its input again instead of keeping it).
 
 Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then rounds in which
 every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU: ``perf_counter``),
-ranks aligned (synchronise, barrier) before each variant's steps; a step's time is the maximum over ranks
+ranks aligned (synchronise, barrier) before each variant's steps, and under ``--pin seek`` (the default, as
+in ``ficco bench``) each rank's main thread first moved off a CPU in its slow state (``harness.affinity``);
+a step's time is the maximum over ranks
 and a point's time the median over its ``rounds x reps`` steps. A point gets ``--rounds`` rounds, or more
 for short steps, up to ``--max-rounds``: enough that every variant is timed for about ``--timed-ms`` (short,
 host-bound steps vary most from round to round). Each point also keeps the
@@ -82,6 +84,7 @@ from ficco import executor  # noqa: E402
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
 from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
 from ficco.files import write_text_atomic  # noqa: E402
+from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env  # noqa: E402
 from ficco.runtime import (  # noqa: E402
     Answer,
     ColumnParallelLinear,
@@ -487,6 +490,7 @@ def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
         "reps": args.reps,
         "timed_ms": args.timed_ms,
         "max_rounds": args.max_rounds,
+        "settle": args.settle,
     }
 
 
@@ -635,8 +639,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.write_plan:
         write_plan(args.write_plan)
         return None
-    with executor.process_group("cpu" if args.cpu_smoke else "cuda") as device:
-        return run(args, device)
+    cuda = not args.cpu_smoke
+    placement = placement_from_env(args.pin, cuda)
+    placement.confine()
+    args.settle = placement.settle  # before each variant's timed steps (runtime.timing.time_interleaved)
+    with executor.process_group("cuda" if cuda else "cpu") as device:
+        placement.apply()
+        try:
+            return run(args, device)
+        finally:
+            log(dist.get_rank() == 0, f"CPU placement: {placement.describe()}")
 
 
 def run(args: argparse.Namespace, device: torch.device) -> dict:
@@ -678,6 +690,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "max_rounds": args.max_rounds,
             "timed_ms": args.timed_ms,
             "reps": args.reps,
+            "pin": args.pin,
             "seq_len": seq_len,
             "dtype": str(dtype),
             "world_size": dist.get_world_size(),
@@ -963,6 +976,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
+    p.add_argument(
+        "--pin",
+        choices=PIN_POLICIES,
+        default=DEFAULT_PIN,
+        help="where each rank's threads run (harness.affinity; seek: before each variant's timed steps the "
+        "main thread moves off a CPU in its slow state, as ficco bench does)",
+    )
     p.add_argument(
         "--oracle-all-candidates",
         action="store_true",

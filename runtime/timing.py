@@ -40,6 +40,7 @@ def time_interleaved(
     group: dist.ProcessGroup | None = None,
     timed_ms: float = 0.0,
     max_rounds: int | None = None,
+    settle: Callable[[], object] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Every variant's median step time and median host time to issue a step (ms), each step's time the
     slowest rank's.
@@ -53,6 +54,10 @@ def time_interleaved(
     ``timed_ms`` > 0: short steps get more rounds, so that every variant is timed for about ``timed_ms`` in
     all (short, host-bound steps vary most from round to round): after the first round, the fastest
     variant's step time (slowest rank) sets the count, at most ``max_rounds`` (default: ``rounds``).
+
+    ``settle`` runs before each variant's ranks are aligned (a benchmark passes
+    ``harness.affinity.Placement.settle``, which under ``seek`` moves the main thread off a CPU in its slow
+    state; a runtime timing its own job leaves its threads where they are).
     """
     names = list(variants)
     for activate, step in variants.values():
@@ -67,6 +72,8 @@ def time_interleaved(
         for name in order.sample(names, len(names)):
             activate, step = variants[name]
             activate()
+            if settle is not None:
+                settle()
             align(device, group)
             ms, issued = _timed_steps(step, reps, device)
             steps[name] += ms
