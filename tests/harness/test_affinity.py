@@ -8,6 +8,8 @@ import pytest
 
 from ficco.harness import affinity
 from ficco.harness.affinity import (
+    SEEK_PASSES,
+    SEEK_PAUSE_S,
     SLOW_FACTOR,
     Placement,
     Seeker,
@@ -148,14 +150,20 @@ def test_settle_moves_off_a_core_that_turned_slow_and_counts_it(monkeypatch):
     assert seeker.settle() is True and seeker.at == 2 and seeker.moves == 2
 
 
-def test_settle_tries_each_core_once_and_says_when_all_are_slow(monkeypatch):
+def test_settle_waits_out_a_pass_of_slow_cores_and_says_when_they_stay_slow(monkeypatch):
     seeker = Seeker(cores=((0,), (1,)))
     host = _Host(monkeypatch, seeker, {0: 4.0, 1: 4.0})
     seeker.settle()
+    pauses = []
+    monkeypatch.setattr(affinity.time, "sleep", pauses.append)
     host.us.update({0: 9.0, 1: 9.0})
     assert seeker.settle() is False
-    assert seeker.slow == 1 and seeker.moves == 1
+    assert seeker.slow == 1 and seeker.moves == SEEK_PASSES  # one move per pass over the two cores
+    assert pauses == [SEEK_PAUSE_S] * (SEEK_PASSES - 1)
     assert "1 found every core slow" in seeker.describe()
+    slow_then_fast = iter([9.0, 9.0, 4.1])  # a pass of slow cores, a pause, then the first core is back
+    monkeypatch.setattr(affinity, "probe_us", lambda: next(slow_then_fast))
+    assert seeker.settle() is True and seeker.slow == 1 and len(pauses) == SEEK_PASSES
 
 
 def test_other_policies_settle_without_probing(monkeypatch):
