@@ -55,7 +55,10 @@ under ``share`` (its manifest says so; a resume asks for that policy). On one H2
 policy of two processes at once (local ranks 0 and 1 of 2, each case the slower one's) timed the
 executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) under ``seek`` against
 1.66-1.89x (CV 20-24%) under ``share`` and 1.76-2.06x under ``core``
-(``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``)."""
+(``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``).
+On an H100 machine whose CPUs were slow most of the time, ``share`` measured the slow state steadily
+(1.04-1.28x) and ``seek`` the usual speed, 25-40% faster (1.04-1.50x; ``-loopback2-h100-{a,b}``): the
+labels then describe the host's usual speed, which is what the host factor scales."""
 HOST_FACTOR_PIN = PinPolicy.share
 """``ficco host-factor``'s policy: a runtime's process does not seek, so the host factor a model is asked at
 is what a process that stays on its CPUs gets, slow spells included (labels measured under ``seek`` give
