@@ -55,7 +55,9 @@ under ``share`` (its manifest says so; a resume asks for that policy). On one H2
 policy of two processes at once (local ranks 0 and 1 of 2, each case the slower one's) timed the
 executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) under ``seek`` against
 1.66-1.89x (CV 20-24%) under ``share`` and 1.76-2.06x under ``core``
-(``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``).
+(``benchmarks/results/host-placement-seek-loopback2-h200.json``; one process per job: ``-loopback-h200``);
+on another H200 machine 1.17-1.31x against 1.41-1.63x (``-loopback2-h200-b``), the rest a drift of the whole
+machine's speed.
 On an H100 machine whose CPUs were slow most of the time, ``share`` measured the slow state steadily
 (1.04-1.28x) and ``seek`` the usual speed, 25-40% faster (1.04-1.50x; ``-loopback2-h100-{a,b}``): the
 labels then describe the host's usual speed, which is what the host factor scales."""
@@ -70,8 +72,9 @@ probe the process has seen (the slow state is about 2x; CPUs in their usual stat
 PROBE_CALLS = 16
 """``seek``: :func:`harness.host_speed.python_work` calls per probe batch (about 60 us)."""
 PROBE_BATCHES = 3
-"""``seek``: a probe is the fastest of this many batches (an interrupt in one does not count as a slow
-state; a slow state lasts far longer than a probe)."""
+"""``seek``: a probe that finds a core slow is confirmed as the fastest of this many batches before the main
+thread moves (an interrupt in one batch is not a slow state; a slow state lasts far longer than a probe).
+A core found fast after one batch is not probed again: the check costs one batch per block."""
 SEEK_PASSES = 4
 """``seek``: passes over the share's cores before a block is timed where it stands (between passes a pause of
 :data:`SEEK_PAUSE_S`: at most ``(SEEK_PASSES - 1) * SEEK_PAUSE_S`` of waiting per block, plus the probes)."""
@@ -137,11 +140,11 @@ def gpu_local_cpus(device_index: int, sys_pci: Path = SYS_PCI) -> set[int] | Non
     return set(cpus) if cpus else None
 
 
-def probe_us() -> float:
+def probe_us(batches: int = 1) -> float:
     """The interpreter's speed on the calling thread now: microseconds per :func:`python_work` call, the
-    fastest of :data:`PROBE_BATCHES` batches of :data:`PROBE_CALLS` calls."""
+    fastest of ``batches`` batches of :data:`PROBE_CALLS` calls."""
     best = math.inf
-    for _ in range(PROBE_BATCHES):
+    for _ in range(batches):
         start = time.perf_counter()
         for _ in range(PROBE_CALLS):
             python_work()
@@ -193,7 +196,7 @@ class Seeker:
             for at in range(len(self.cores)):
                 self.at = at
                 self.place()
-                probes.append(probe_us())
+                probes.append(probe_us(PROBE_BATCHES))
             self.at = min(range(len(probes)), key=probes.__getitem__)
             self.fastest_us = probes[self.at]
             self.place()
@@ -207,6 +210,8 @@ class Seeker:
                     self.place()
                     self.moves += 1
                 us = probe_us()
+                if us > SLOW_FACTOR * self.fastest_us:  # slow, or an interrupt: confirm before moving
+                    us = min(us, probe_us(PROBE_BATCHES))
                 self.fastest_us = min(self.fastest_us, us)
                 if us <= SLOW_FACTOR * self.fastest_us:
                     return True

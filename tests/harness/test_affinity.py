@@ -122,7 +122,13 @@ class _Host:
 
     def __init__(self, monkeypatch, seeker: Seeker, us: dict[int, float]):
         self.us, self.pinned = us, []
-        monkeypatch.setattr(affinity, "probe_us", lambda: self.us[seeker.cores[seeker.at][0]])
+        self.probes = []
+
+        def probe(batches: int = 1) -> float:
+            self.probes.append(batches)
+            return self.us[seeker.cores[seeker.at][0]]
+
+        monkeypatch.setattr(affinity, "probe_us", probe)
         monkeypatch.setattr(
             affinity, "_pin_main", lambda main, others: self.pinned.append((main, others)) or 0
         )
@@ -150,6 +156,18 @@ def test_settle_moves_off_a_core_that_turned_slow_and_counts_it(monkeypatch):
     assert seeker.settle() is True and seeker.at == 2 and seeker.moves == 2
 
 
+def test_a_core_found_fast_costs_one_batch_and_a_slow_one_is_confirmed_before_moving(monkeypatch):
+    seeker = Seeker(cores=((0,), (1,)))
+    host = _Host(monkeypatch, seeker, {0: 4.0, 1: 4.2})
+    seeker.settle()
+    host.probes.clear()
+    assert seeker.settle() is True and host.probes == [1]  # the usual path: one batch
+    host.us[0] = 8.0
+    host.probes.clear()
+    assert seeker.settle() is True and seeker.at == 1
+    assert host.probes == [1, affinity.PROBE_BATCHES, 1]  # slow, confirmed, moved, fast
+
+
 def test_settle_waits_out_a_pass_of_slow_cores_and_says_when_they_stay_slow(monkeypatch):
     seeker = Seeker(cores=((0,), (1,)))
     host = _Host(monkeypatch, seeker, {0: 4.0, 1: 4.0})
@@ -161,13 +179,13 @@ def test_settle_waits_out_a_pass_of_slow_cores_and_says_when_they_stay_slow(monk
     assert seeker.slow == 1 and seeker.moves == SEEK_PASSES  # one move per pass over the two cores
     assert pauses == [SEEK_PAUSE_S] * (SEEK_PASSES - 1)
     assert "1 found every core slow" in seeker.describe()
-    slow_then_fast = iter([9.0, 9.0, 4.1])  # a pass of slow cores, a pause, then the first core is back
-    monkeypatch.setattr(affinity, "probe_us", lambda: next(slow_then_fast))
+    slow_then_fast = iter([9.0, 9.0, 9.0, 9.0, 4.1])  # a pass of slow cores (each confirmed), a pause, back
+    monkeypatch.setattr(affinity, "probe_us", lambda batches=1: next(slow_then_fast))
     assert seeker.settle() is True and seeker.slow == 1 and len(pauses) == SEEK_PASSES
 
 
 def test_other_policies_settle_without_probing(monkeypatch):
-    monkeypatch.setattr(affinity, "probe_us", lambda: pytest.fail("probed"))
+    monkeypatch.setattr(affinity, "probe_us", lambda batches=1: pytest.fail("probed"))
     for policy in ("none", "share", "core"):
         assert plan_placement(policy, 0, 2, CPUS, CORES).settle() is True
 
