@@ -79,8 +79,8 @@ SEEK_PASSES = 4
 """``seek``: passes over the share's cores before a block is timed where it stands (between passes a pause of
 :data:`SEEK_PAUSE_S`: at most ``(SEEK_PASSES - 1) * SEEK_PAUSE_S`` of waiting per block, plus the probes)."""
 SEEK_PAUSE_S = 0.003
-"""``seek``: seconds to wait when every core of the share probed slow (half of the slow spells sampled on
-the GPU machines' CPUs lasted under 2 ms)."""
+"""``seek``: seconds to wait when every core of the share probed slow (on most CPUs sampled on the GPU
+machines the median slow spell lasted 0-2 ms, ``benchmarks/results/host-states-*.json``)."""
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_PCI = Path("/sys/bus/pci/devices")
 
