@@ -9,7 +9,10 @@ What an independent re-measurement of the first sweep would see: whether its bes
 run's fastest schedule, how much keeping its pick would lose, and how far single times move (also with each
 scenario's common shift taken out), and that shift by size (``shift``: the second sweep's time over the
 first's, the median scenario; in eager mode small shapes move with the host's speed, which differs between
-sessions). Only scenarios and schedules measured ok in both count. Prints a table and writes JSON.
+sessions). Only scenarios and schedules measured ok in both count. Each sweep's timing protocol (its
+manifest's, with ``harness.backend.PROTOCOL_BEFORE`` for what older manifests lack) goes into the JSON, and
+where the two differ (e.g. ``pin``: ``share`` against ``seek``, which times eager blocks at the host's usual
+speed) the printout says so, since the eager shift then includes that. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import json
 from pathlib import Path
 
 from ficco.features import MODES
+from ficco.harness.backend import PROTOCOL_BEFORE
 from ficco.harness.card import noise_by_size, noise_summary, size_label
-from ficco.harness.dataset import load_dataset
+from ficco.harness.dataset import load_dataset, read_manifest
 from ficco.harness.labels import LABEL_STAT
 from ficco.tables import text_table
 
@@ -34,12 +38,27 @@ def compare(first: Path, second: Path) -> dict:
         raise SystemExit(f"{first} and {second} share no scenario_id: nothing to compare")
     a, b = a[a["scenario_id"].isin(common)], b[b["scenario_id"].isin(common)]
     out = {"first": str(first), "second": str(second), "label_stat": LABEL_STAT, "modes": {}}
+    out["protocols"] = {"first": protocol_of(first), "second": protocol_of(second)}
     for mode in MODES:
         am, bm = a[a["mode"] == mode], b[b["mode"] == mode]
         if am.empty or bm.empty:
             continue
         out["modes"][mode] = {"summary": noise_summary(am, bm), "by_size": noise_by_size(am, bm)}
     return out
+
+
+def protocol_of(sweep: Path) -> dict:
+    """The timing protocol ``sweep``'s manifest records, older manifests completed with
+    ``PROTOCOL_BEFORE`` (empty for a sweep without a manifest)."""
+    manifest = read_manifest(sweep)
+    return PROTOCOL_BEFORE | manifest["protocol"] if manifest and "protocol" in manifest else {}
+
+
+def protocol_changes(result: dict) -> list[str]:
+    """``key: first -> second`` for every protocol setting the two sweeps of ``result`` differ in."""
+    first, second = result["protocols"]["first"], result["protocols"]["second"]
+    return [f"{key}: {first.get(key)} -> {second.get(key)}" for key in sorted(set(first) | set(second))
+            if first.get(key) != second.get(key)]  # fmt: skip
 
 
 def render(result: dict) -> str:
@@ -86,6 +105,8 @@ def render(result: dict) -> str:
         "mode", "serial time", "scenarios", "rel diff median", "p90", "shifted median", "p90", "shift",
     ]  # fmt: skip
     title = f"{result['first']} -> {result['second']}"
+    if changes := protocol_changes(result):
+        title += f"\nthe sweeps' protocols differ ({'; '.join(changes)}): the shifts include that"
     return f"{title}\n{text_table(header, rows)}\n\n{text_table(size_header, by_size)}"
 
 

@@ -1,6 +1,7 @@
 """benchmarks/compare_sweeps.py: two sweeps of one plan compared with the card's noise arithmetic."""
 
 import json
+import shutil
 
 import pytest
 
@@ -43,3 +44,16 @@ def test_an_independent_sweep_differs_and_is_written(sweeps, tmp_path, capsys):
 def test_sweeps_without_a_common_scenario_are_refused(sweeps):
     with pytest.raises(SystemExit, match="share no scenario_id"):
         compare_sweeps.compare(sweeps / "a", sweeps / "c")
+
+
+def test_a_sweep_under_another_pin_policy_is_named(sweeps, tmp_path, capsys):
+    seek = tmp_path / "b-seek"
+    shutil.copytree(sweeps / "b", seek)
+    manifest = json.loads((seek / "manifest.json").read_text())
+    manifest["protocol"]["pin"] = "seek"
+    (seek / "manifest.json").write_text(json.dumps(manifest))
+    result = compare_sweeps.compare(sweeps / "a", seek)
+    assert result["protocols"]["first"]["pin"] == "share"  # a manifest without it: the protocol before
+    assert compare_sweeps.protocol_changes(result) == ["pin: share -> seek"]
+    assert "protocols differ (pin: share -> seek)" in compare_sweeps.render(result)
+    assert compare_sweeps.protocol_changes(compare_sweeps.compare(sweeps / "a", sweeps / "b")) == []
