@@ -59,7 +59,7 @@ executor's host path with a slowest-over-fastest spread of 1.08-1.13x (CV 3-5%) 
 on another H200 machine 1.17-1.31x against 1.41-1.63x (``-loopback2-h200-b``), the rest a drift of the whole
 machine's speed.
 On an H100 machine whose CPUs were slow most of the time, ``share`` measured the slow state steadily
-(1.04-1.28x) and ``seek`` the usual speed, 25-40% faster (1.04-1.50x; ``-loopback2-h100-{a,b}``): the
+(1.04-1.28x) and ``seek`` the usual speed, 22-35% faster (1.04-1.50x; ``-loopback2-h100-{a,b}``): the
 labels then describe the host's usual speed, which is what the host factor scales."""
 HOST_FACTOR_PIN = PinPolicy.share
 """``ficco host-factor``'s policy: a runtime's process does not seek, so the host factor a model is asked at
