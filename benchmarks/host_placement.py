@@ -141,6 +141,12 @@ def job_cases(job: dict) -> dict[tuple[str, str], float]:
     return cases | {("primitive", row["primitive"]): row["host_us_per_call"] for row in primitives}
 
 
+def placement_of(job: dict) -> tuple[str, str]:
+    """The (policy, layout) a job ran under (a job from before the layouts ran under the kernel's,
+    ``random``)."""
+    return job["pin"], job.get("layout", "random")
+
+
 def spread_cv(us: list[float]) -> tuple[float, float]:
     """Slowest over fastest of ``us``, and its coefficient of variation (population)."""
     mean = statistics.fmean(us)
@@ -148,12 +154,12 @@ def spread_cv(us: list[float]) -> tuple[float, float]:
 
 
 def summarize(jobs: list[dict]) -> list[dict]:
-    """Per (policy, layout, op, schedule): the jobs' host us per call, their median, spread and CV (a job
-    without a layout ran under the kernel's, ``random``)."""
+    """Per (policy, layout, op, schedule) (:func:`placement_of`): the jobs' host us per call, their median,
+    spread and CV."""
     per: dict[tuple[str, str, str, str], list[float]] = {}
     for job in jobs:
         for (op, schedule), us in job_cases(job).items():
-            per.setdefault((job["pin"], job.get("layout", "random"), op, schedule), []).append(us)
+            per.setdefault((*placement_of(job), op, schedule), []).append(us)
     rows = []
     for (policy, layout, op, schedule), us in per.items():
         spread, cv = spread_cv(us)
@@ -179,7 +185,7 @@ def drift(jobs: list[dict]) -> list[dict]:
     reference (jobs run without ``--primitives``)."""
     per: dict[tuple[str, str], list[dict[tuple[str, str], float]]] = {}
     for job in jobs:
-        per.setdefault((job["pin"], job.get("layout", "random")), []).append(job_cases(job))
+        per.setdefault(placement_of(job), []).append(job_cases(job))
     rows = []
     for (policy, layout), cases in per.items():
         reference = [c.get(("primitive", PYTHON_REFERENCE)) for c in cases]
