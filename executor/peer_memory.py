@@ -13,6 +13,7 @@ buffering), grown on demand, never allocated on the hot path once large enough.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import uuid
@@ -83,18 +84,22 @@ class HostPeerMemory:
             os.unlink(paths[rank])  # the mappings outlive the name
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        numel = 1
-        for size in shape:
-            numel *= size
-        raw = self._maps[peer][byte_offset : byte_offset + numel * itemsize]
-        return raw.view(dtype).view(tuple(shape))
+        return byte_view(self._maps[peer], shape, dtype, byte_offset)
 
     def barrier(self) -> None:
         dist.barrier(group=self._group)
 
     def local_bytes(self) -> torch.Tensor:
         return self._maps[dist.get_rank(self._group)]
+
+
+def byte_view(
+    buffer: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, byte_offset: int
+) -> torch.Tensor:
+    """A ``shape``/``dtype`` view of the uint8 ``buffer`` starting at ``byte_offset`` (the peer memories that
+    are plain byte tensors: :class:`HostPeerMemory`, ``harness.loopback.LoopbackPeerMemory``)."""
+    raw = buffer[byte_offset : byte_offset + math.prod(shape) * dtype.itemsize]
+    return raw.view(dtype).view(tuple(shape))
 
 
 def _shared_folder(nbytes: int) -> str:

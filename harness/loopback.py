@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor import context
+from ficco.executor.peer_memory import byte_view
 
 
 class LoopbackPeerMemory:
@@ -37,11 +38,7 @@ class LoopbackPeerMemory:
         self._flag = torch.zeros(1, dtype=torch.int32, device=device)
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= size
-        raw = self._buffers[peer][byte_offset : byte_offset + numel * dtype.itemsize]
-        return raw.view(dtype).view(tuple(shape))
+        return byte_view(self._buffers[peer], shape, dtype, byte_offset)
 
     def barrier(self) -> None:
         self._flag.add_(1)
