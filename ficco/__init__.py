@@ -11,6 +11,10 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "features" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))
+_ROOT = Path(__file__).resolve().parent.parent
+CHECKOUT: Path | None = (
+    _ROOT if (_ROOT / "pyproject.toml").is_file() and (_ROOT / "features" / "__init__.py").is_file() else None
+)
+"""The source checkout this package runs from (an editable install included), or None when installed."""
+if CHECKOUT is not None:
+    __path__.append(str(CHECKOUT))

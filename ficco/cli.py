@@ -1,16 +1,20 @@
 """The ``ficco`` command line: one app, each part of the project registers its own subcommands.
 
 Command modules import their heavy dependencies (torch, xgboost, fastapi) inside the commands, so
-``ficco --help`` stays fast and works with only the core installed.
+``ficco --help`` stays fast and works with only the core installed. Each command first checks the extra it
+needs (``ficco.extras``): a missing one is one ``error:`` line naming the ``pip install`` to run, exit 1.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
+from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
 from ficco.service import commands as service_commands
 from ficco.training import commands as training_commands
@@ -75,8 +79,30 @@ def version() -> None:
     typer.echo(f"ficco {__version__} (feature schema {FEATURE_SCHEMA_VERSION})")
 
 
+def _needing_extras(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` of command ``name``, first checking its extra (``ficco.extras.require``) and turning an
+    optional module missing later into the same one line (exit status 1) instead of a traceback."""
+
+    @functools.wraps(callback)  # typer reads the options from the wrapped signature
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            require(name)
+            return callback(*args, **kwargs)
+        except MissingExtraError as err:
+            message = str(err)
+        except ModuleNotFoundError as err:
+            message = missing_message(name, (err.name or "").partition(".")[0])
+            if message is None:
+                raise
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(1)
+
+    return run
+
+
 for _command in app.registered_commands:
     _command.short_help = _command.short_help or _one_line_summary(_command)
+    _command.callback = _needing_extras(_command.name or _command.callback.__name__, _command.callback)
 
 
 if __name__ == "__main__":

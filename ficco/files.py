@@ -1,4 +1,11 @@
-"""Files that readers see whole: written beside their place, flushed to disk, then renamed over it.
+"""Where ficco's files live, and files that readers see whole.
+
+Roots: the shipped data (the model registry in ``models/``, the model configs in ``datasets/``) lies in the
+checkout, or, installed, inside the package, where it is read-only; what ficco writes (models it trains,
+datasets it measures, retrain runs) goes to ``$FICCO_MODEL_ROOT`` or the checkout, else to the user's data
+directory (``$XDG_DATA_HOME/ficco``, by default ``~/.local/share/ficco``), never into site-packages.
+
+Atomic files: written beside their place, flushed to disk, then renamed over it.
 
 A reader (or a crash at any moment) finds the old file or the new one, never a part of one: the dataset's
 manifest and plan while a sweep runs, the registry's ``CURRENT``, the benchmarks' results::
@@ -12,9 +19,63 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ficco import CHECKOUT
+
+SHIPPED = CHECKOUT or Path(__file__).resolve().parent
+"""Where the shipped ``models/`` (the registry) and ``datasets/`` (model configs) lie: the checkout, or the
+installed ``ficco`` package (read-only: site-packages may belong to root, and an upgrade replaces it)."""
+SHIPPED_MODELS = SHIPPED / "models"
+"""The shipped model registry."""
+MODEL_ROOT_ENV = "FICCO_MODEL_ROOT"
+"""The variable naming the model registry to read and write."""
+
+
+def user_data_dir() -> Path:
+    """``$XDG_DATA_HOME/ficco``, by default ``~/.local/share/ficco``: what an installed ficco writes."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "ficco"
+
+
+def work_root() -> Path:
+    """The folder commands write their outputs under by default (``datasets/<hardware>`` of ``bench``,
+    ``runs/retrain/`` of ``retrain``): the checkout, else :func:`user_data_dir`."""
+    return CHECKOUT or user_data_dir()
+
+
+def model_root() -> Path:
+    """The registry answers come from: ``$FICCO_MODEL_ROOT``; else the checkout's ``models/``; else the
+    user's registry (``user_data_dir()/models``) once ``train`` or ``retrain`` has written one, else the
+    shipped one."""
+    if os.environ.get(MODEL_ROOT_ENV):
+        return Path(os.environ[MODEL_ROOT_ENV])
+    user = user_data_dir() / "models"
+    return SHIPPED_MODELS if CHECKOUT or not user.is_dir() else user
+
+
+def writable_model_root() -> Path:
+    """The registry ``train`` and ``retrain`` write to: ``$FICCO_MODEL_ROOT``; else the checkout's
+    ``models/``; else the user's registry, made on first use as a copy of the shipped one (its models stay
+    the answers for their hardware until a better one is promoted beside them)."""
+    if os.environ.get(MODEL_ROOT_ENV) or CHECKOUT:
+        return model_root()
+    user = user_data_dir() / "models"
+    if not user.is_dir():
+        user.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".models-", dir=user.parent))
+        try:
+            shutil.copytree(SHIPPED_MODELS, tmp, dirs_exist_ok=True)
+            tmp.chmod(0o755)
+            os.replace(tmp, user)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not user.is_dir():  # else another process made it first
+                raise
+    return user
 
 
 @contextmanager

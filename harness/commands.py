@@ -24,6 +24,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
+from ficco.files import work_root
 from ficco.harness.affinity import DEFAULT_PIN, HOST_FACTOR_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
@@ -82,7 +83,7 @@ def bench(
         Path | None,
         typer.Option(
             help="Dataset directory. Default: datasets/<hardware> (gpu), datasets/<hardware>-sim, "
-            "datasets/<hardware>-gloo."
+            "datasets/<hardware>-gloo, in the checkout (installed: in ~/.local/share/ficco)."
         ),
     ] = None,
     configs: Annotated[
@@ -232,7 +233,7 @@ def bench(
     (help text: ``BENCH_HELP``)."""
     hw = hardware_profile(hardware)
     suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
-    out = out or REPO_ROOT / "datasets" / f"{hw.id}{suffix}"
+    out = out or work_root() / "datasets" / f"{hw.id}{suffix}"
     if relabel and not card_only:
         raise fail("--relabel goes with --card-only (it rewrites the labels of an existing dataset)")
     if card_only:

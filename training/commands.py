@@ -24,6 +24,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID
+from ficco.files import work_root
 from ficco.tables import text_table
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ RegistryOption = Annotated[
     Path | None,
     typer.Option(
         "--registry",
-        help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ at the repository root.",
+        help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ of the checkout, else "
+        "(installed) ~/.local/share/ficco/models, made from the shipped one.",
     ),
 ]
 SeedOption = Annotated[
@@ -73,10 +75,12 @@ class RetrainBackend(StrEnum):
     sim = "sim"
 
 
-def _registry(path: Path | None) -> Path:
-    from ficco.training.registry import default_model_root
+def _registry(path: Path | None, *, write: bool = False) -> Path:
+    """``--registry``, else the default one to read (``ficco.files.model_root``) or, for ``write``, the one
+    to register into (``ficco.files.writable_model_root``: never an installed package's)."""
+    from ficco.files import model_root, writable_model_root
 
-    return path or default_model_root()
+    return path or (writable_model_root() if write else model_root())
 
 
 def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
@@ -209,7 +213,7 @@ def train_command(
     from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset, repeat)
-    root = _registry(registry)
+    root = _registry(registry, write=True)
     try:
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     except ValueError as err:
@@ -292,7 +296,9 @@ def retrain_command(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="Dataset directory to write. Default: runs/retrain/<hardware>-<backend>-<UTC time>."
+            "--out",
+            help="Dataset directory to write. Default: runs/retrain/<hardware>-<backend>-<UTC time> in "
+            "the checkout (installed: in ~/.local/share/ficco).",
         ),
     ] = None,
     registry: RegistryOption = None,
@@ -334,9 +340,9 @@ def retrain_command(
     if backend is RetrainBackend.auto:
         backend = RetrainBackend.gpu if gpu_count() >= 2 else RetrainBackend.sim
     tp = tp or hw.gpu_count
-    root = _registry(registry)
+    root = _registry(registry, write=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = out or REPO_ROOT / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"
+    out = out or work_root() / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"
     try:
         current = load_predictor(root, hw.id)
     except ModelLoadError as err:

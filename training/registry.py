@@ -29,7 +29,7 @@ import numpy as np
 
 from ficco import __version__
 from ficco.features import FEATURE_NAMES
-from ficco.files import write_text_atomic
+from ficco.files import model_root, write_text_atomic
 from ficco.training.model import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, PairModel, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
@@ -48,8 +48,9 @@ class ModelLoadError(RuntimeError):
 
 
 def default_model_root() -> Path:
-    """``$FICCO_MODEL_ROOT`` if set, else ``models/`` at the repository root."""
-    return Path(os.environ.get("FICCO_MODEL_ROOT") or Path(__file__).resolve().parent.parent / "models")
+    """The registry answers come from (``ficco.files.model_root``): ``$FICCO_MODEL_ROOT``, else the
+    checkout's ``models/``, else the user's registry or the shipped one of an installed ficco."""
+    return model_root()
 
 
 def _versions(hw_dir: Path) -> list[str]:
