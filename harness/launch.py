@@ -163,10 +163,12 @@ def torchrun_prefix(nproc: int) -> list[str]:
 
 
 def launch_env() -> dict[str, str]:
-    """The environment of a torchrun job: this one, NVLink multicast off, and this checkout importable."""
+    """The environment of a torchrun job: this one, NVLink multicast off, and a checkout importable (an
+    installed ficco is importable as it is)."""
+    from ficco import CHECKOUT
     from ficco.harness.worker import SAFE_ENV
 
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(CHECKOUT or ""), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, **SAFE_ENV, "PYTHONPATH": path}
 
 

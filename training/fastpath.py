@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+CHUNK_CURSORS = 1_000_000
+"""Most (row, tree) cursors walked at once: a batch of 10,000 scenarios over 2,000 distinct trees walks in
+chunks of 500 rows (about 30 MB of cursors and leaf values each)."""
 Tree = tuple
 """A tree as nested tuples: ``("leaf", value)`` or ``(feature, threshold, left, right)`` (hashable)."""
 
@@ -213,7 +216,11 @@ class SpecialisedForest:
     def predict(self, X: np.ndarray, mode: str) -> np.ndarray:
         """Margins of every schedule of scenario rows ``X`` ``[n, F]`` (wider in a mode with a linked column,
         see :meth:`compile`) in ``mode``: float64 ``[n, S, G]``."""
-        leaves = self.trees[mode].leaves(X)
-        # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
-        out = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
+        trees = self.trees[mode]
+        out = np.empty((len(X), len(self.starts)))
+        step = max(1, CHUNK_CURSORS // len(trees.roots))
+        for first in range(0, len(X), step):  # rows apart: the same sums in the same order, bounded memory
+            leaves = trees.leaves(X[first : first + step])
+            # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
+            out[first : first + step] = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
         return out.reshape(len(X), self.n_schedules, -1) + self.base_score

@@ -1,10 +1,8 @@
 """One XGBoost model over (scenario, schedule, mode) pairs, on the scikit-learn estimator API.
 
-A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
-splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
-:func:`pair_matrix`. Two
-objectives, chosen by grouped cross-validation (``training.crossval``):
+A pair is the scenario's feature vector, the schedule's fields and the mode (``training.pairs``, whose
+names this module also exports for the training code). The objectives, chosen by grouped cross-validation
+(``training.crossval``):
 
 - ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
   the prediction itself is the time ratio the safe fallback needs;
@@ -18,13 +16,7 @@ objectives, chosen by grouped cross-validation (``training.crossval``):
   real, and the loss weighs the top of the order, where the pick is.
 
 Both save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
-never pickle.
-
->>> from ficco.features import Scenario, feature_matrix
->>> X = feature_matrix([Scenario(m=2**i) for i in range(10, 17)])
->>> Z, rows = pair_matrix(X, ["eager"] * len(X))
->>> Z.shape[1] == len(PAIR_FEATURE_NAMES)
-True
+never pickle. ``training.booster`` reads those files with numpy alone, for answering without XGBoost.
 """
 
 from __future__ import annotations
@@ -40,54 +32,46 @@ from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ficco.features import (
-    FEATURE_NAMES,
-    FEATURE_SCHEMA_VERSION,
-    FEATURE_SCHEMAS,
-    MODES,
-    SCHEDULE_INDEX,
-    SCHEDULES,
-    SERIAL,
-    Schedule,
+from ficco.features import FEATURE_SCHEMA_VERSION, SCHEDULE_INDEX, SCHEDULES
+from ficco.training.pairs import (
+    DESCRIPTORS,
+    HOST_FEATURE_NAME,
+    PAIR_FEATURE_NAMES,
+    PAIR_FEATURE_NAMES_OF,
+    SCHEDULE_FEATURE_NAMES,
+    SERIAL_INDEX,
+    FeatureSchemaError,
+    check_feature_schema,
+    check_modes,
+    check_X,
+    pair_matrix,
+    schedule_indices,
+    valid_mask,
 )
-from ficco.features.host import host_over_gpu
 
-SERIAL_INDEX = SCHEDULE_INDEX[str(SERIAL)]
-
-_MAX_FINER_SPLITS = FEATURE_NAMES.index("max_finer_splits")
-_SPLITS = np.array([Schedule.parse(s).splits for s in SCHEDULES])
-SCHEDULE_FEATURE_NAMES = ("sched_serial", "sched_shard", "sched_finer", "sched_dma", "sched_log2_splits",
-                          "sched_chunk_grain", "sched_high_priority", "mode_graph")  # fmt: skip
-"""The pair's columns after the scenario features: the schedule's fields, then the mode."""
-HOST_FEATURE_NAME = "eager_host_over_gpu"
-"""fv3's last pair column: ``features.host.host_over_gpu`` of the pair's schedule in eager mode, 0 in graph
-mode (a replayed CUDA graph issues nothing from the host)."""
-PAIR_FEATURE_NAMES_OF: dict[str, tuple[str, ...]] = {
-    "fv2": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES),
-    "fv3": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES, HOST_FEATURE_NAME),
-}
-"""Column names of :func:`pair_matrix` under each feature schema of ``features.FEATURE_SCHEMAS`` (fv2 and
-fv3 share the scenario vector)."""
-PAIR_FEATURE_NAMES: tuple[str, ...] = PAIR_FEATURE_NAMES_OF[FEATURE_SCHEMA_VERSION]
-"""Column names of :func:`pair_matrix` under the schema new models are trained on."""
-
-
-def _descriptor(schedule: Schedule) -> list[float]:
-    """One schedule as the first 7 of ``SCHEDULE_FEATURE_NAMES``."""
-    return [
-        float(schedule.granularity == "serial"),
-        float(schedule.granularity == "shard"),
-        float(schedule.granularity == "finer"),
-        float(schedule.executor == "dma"),
-        float(np.log2(schedule.splits)),
-        float(schedule.grain == "chunk"),
-        float(schedule.priority == "high"),
-    ]
-
-
-DESCRIPTORS = np.array([_descriptor(Schedule.parse(s)) for s in SCHEDULES])
-"""Schedule descriptors in canonical order, float64 ``[S, 7]``."""
-
+__all__ = [  # the pair names are training.pairs'; the training code imports them from here too
+    "DESCRIPTORS",
+    "HOST_FEATURE_NAME",
+    "MAX_GRADE",
+    "OBJECTIVES",
+    "PAIR_FEATURE_NAMES",
+    "PAIR_FEATURE_NAMES_OF",
+    "RELEVANCE_STEP",
+    "SCHEDULES",
+    "SCHEDULE_FEATURE_NAMES",
+    "SCHEDULE_INDEX",
+    "SERIAL_INDEX",
+    "FeatureSchemaError",
+    "PairModel",
+    "check_X",
+    "check_feature_schema",
+    "check_modes",
+    "pair_costs",
+    "pair_matrix",
+    "relevance_grades",
+    "schedule_indices",
+    "valid_mask",
+]
 
 OBJECTIVES = ("ratio", "rank", "ndcg")
 """The pair model's objectives (module docstring); every one but ``ratio`` ranks within a query."""
@@ -108,97 +92,6 @@ def relevance_grades(y: np.ndarray, qid: np.ndarray) -> np.ndarray:
     np.minimum.at(fastest, query, y)
     behind = np.floor((y - fastest[query]) / RELEVANCE_STEP + 1e-9)
     return MAX_GRADE - np.minimum(behind, MAX_GRADE)
-
-
-class FeatureSchemaError(ValueError):
-    """A model was trained on a feature schema other than the one this code computes."""
-
-
-def check_feature_schema(found: str, source: str, *, hardware_id: str | None = None) -> None:
-    """Raise :class:`FeatureSchemaError` for a schema outside ``features.FEATURE_SCHEMAS``, naming it, the
-    schemas this code computes and the command that rebuilds the model."""
-    if found not in FEATURE_SCHEMAS:
-        hw = hardware_id or "<hardware_id>"
-        raise FeatureSchemaError(
-            f"{source} was trained on feature schema {found!r}, but this code computes feature schemas "
-            f"{list(FEATURE_SCHEMAS)}; its predictions would be meaningless. Rebuild it from its dataset "
-            f"with `ficco train --dataset DIR --promote` (schema {FEATURE_SCHEMA_VERSION!r}), or measure "
-            f"afresh with `ficco retrain --hardware {hw}`."
-        )
-
-
-def schedule_indices(schedules: Sequence[str]) -> np.ndarray:
-    """Canonical column index of each schedule string, int ``[len(schedules)]``; ValueError if unknown."""
-    out = np.empty(len(schedules), dtype=np.int64)
-    for i, text in enumerate(schedules):
-        index = SCHEDULE_INDEX.get(text)
-        if index is None:
-            if Schedule.parse(text).knobs:  # parse raises the error naming the string and the allowed forms
-                raise ValueError(
-                    f"schedule {text!r} carries a resource knob (/cta<N> or /carve<N>), which the model's "
-                    "design space leaves out until benchmarks/resource_knobs.py shows it changes the best "
-                    "schedule"
-                )
-            raise ValueError(f"schedule {text!r} is not in the design space {list(SCHEDULES)}")
-        out[i] = index
-    return out
-
-
-def check_modes(modes: Sequence[str]) -> np.ndarray:
-    """``modes`` as a str array ``[n]``; ValueError naming the first unknown mode and the allowed ones."""
-    out = np.asarray(modes, dtype=object)
-    unknown = sorted(set(out.tolist()) - set(MODES))
-    if unknown:
-        raise ValueError(f"mode must be one of {list(MODES)}; got {unknown[0]!r}")
-    return out
-
-
-def check_X(X: Any) -> np.ndarray:
-    """``X`` as float64 ``[n, len(FEATURE_NAMES)]``; ValueError naming the expected and found shape."""
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[1] != len(FEATURE_NAMES):
-        raise ValueError(
-            f"X must be a 2-D array with {len(FEATURE_NAMES)} columns (features.FEATURE_NAMES, schema "
-            f"{FEATURE_SCHEMA_VERSION}); got shape {X.shape}"
-        )
-    return X
-
-
-def valid_mask(X: np.ndarray) -> np.ndarray:
-    """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order).
-
-    A schedule needs the split rows divisible by ``world_size * splits`` (:meth:`Schedule.check`).
-    Serial and shard (splits 1) always run; the finer splits 2, 4, 8 divide one another, so ``finer/sN``
-    runs exactly when ``N <= max_finer_splits``.
-    """
-    return _SPLITS[None, :] <= check_X(X)[:, _MAX_FINER_SPLITS, None]
-
-
-def pair_matrix(
-    X: Any,
-    modes: Sequence[str],
-    valid: np.ndarray | None = None,
-    *,
-    schema: str = FEATURE_SCHEMA_VERSION,
-    host_factor: float = 1.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs of every scenario row with every valid schedule.
-
-    ``X`` ``[n, F]`` scenario features, ``modes`` ``[n]``, ``valid`` bool ``[n, S]`` (default
-    :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own),
-    ``host_factor`` the machine's (``features.host.host_over_gpu``; fv3's eager pairs). Returns the
-    pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]`` (float32: what XGBoost compares its
-    thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
-    """
-    X = check_X(X)
-    eager = check_modes(modes) == "eager"
-    valid = valid_mask(X) if valid is None else valid
-    rows, cols = np.nonzero(valid)
-    columns = [X[rows], DESCRIPTORS[cols], (~eager[rows, None]).astype(np.float64)]
-    if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[schema]:
-        host = host_over_gpu(X, host_factor)[rows, cols]
-        columns.append(np.where(eager[rows], host, 0.0)[:, None])
-    return np.hstack(columns).astype(np.float32), np.stack([rows, cols])
 
 
 class PairModel(BaseEstimator):

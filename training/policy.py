@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ficco.features import MODES
-from ficco.training.model import SERIAL_INDEX
+from ficco.training.pairs import SERIAL_INDEX
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,32 +15,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
 from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
+from ficco.training.booster import NumpyBooster
 from ficco.training.fastpath import SpecialisedForest
-from ficco.training.model import (
+from ficco.training.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
     PAIR_FEATURE_NAMES_OF,
     SCHEDULE_FEATURE_NAMES,
     SCHEDULES,
     SERIAL_INDEX,
-    PairModel,
     check_modes,
     pair_matrix,
     valid_mask,
 )
 from ficco.training.policy import ModePolicy
 
+if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
+    from ficco.training.model import PairModel
+
 _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
-prediction is faster."""
+prediction is faster (a model read without XGBoost, ``training.booster``, always takes the fast path)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,7 +191,8 @@ class Predictor:
         host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
         valid = valid_mask(X)
         if fast is None:
-            fast = len(X) * max(len(t.roots) for t in self._fast.trees.values()) <= FAST_PATH_MAX_CURSORS
+            cursors = len(X) * max(len(t.roots) for t in self._fast.trees.values())
+            fast = cursors <= FAST_PATH_MAX_CURSORS or isinstance(self.scorer.booster_, NumpyBooster)
         cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid, host_factor)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
         raw = cost.argmin(axis=1)

@@ -23,16 +23,20 @@ import shutil
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ficco import __version__
 from ficco.features import FEATURE_NAMES
 from ficco.files import model_root, write_text_atomic
-from ficco.training.model import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, PairModel, check_feature_schema
+from ficco.training.booster import load_pair_model
+from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
+
+if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
+    from ficco.training.model import PairModel
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +213,9 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
     source = f"model {hardware_id}/{version}"
     try:
         check_feature_schema(card["feature_schema_version"], source, hardware_id=hardware_id)
-        scorer = PairModel.load_model(version_dir / card["files"]["scorer"])
+        scorer = load_pair_model(version_dir / card["files"]["scorer"])
         same = card["files"]["ratio"] == card["files"]["scorer"]
-        ratio = scorer if same else PairModel.load_model(version_dir / card["files"]["ratio"])
+        ratio = scorer if same else load_pair_model(version_dir / card["files"]["ratio"])
         policy = ModePolicy.from_dict(card["policy"])
     except FeatureSchemaError as err:
         raise ModelLoadError(str(err)) from None

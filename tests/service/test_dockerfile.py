@@ -1,8 +1,8 @@
-"""The Dockerfile, read statically (no Docker engine here): sources exist, the command, no torch, non-root."""
+"""The Dockerfile, read statically: sources exist, the command, no torch, non-root. ``make image`` builds and
+runs it where a container engine exists; tests/ficco/test_packaging.py builds the wheel from its context."""
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import shlex
@@ -12,6 +12,7 @@ from pathlib import Path
 from ficco.cli import COMMAND_MODULES
 from ficco.service.commands import SERVE_COMMAND
 from ficco.service.core.config import Settings
+from tests.conftest import dockerignore_rules, in_context
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,20 +38,9 @@ def _stages() -> list[list[tuple[str, str]]]:
     return stages
 
 
-def _dockerignore() -> tuple[list[str], list[str]]:
-    """(excluded patterns, re-included paths) of .dockerignore."""
-    lines = [x.strip() for x in (ROOT / ".dockerignore").read_text().splitlines()]
-    lines = [x for x in lines if x and not x.startswith("#")]
-    return [x for x in lines if not x.startswith("!")], [x[1:] for x in lines if x.startswith("!")]
-
-
 def _in_context(path: str) -> bool:
     """Whether ``path`` (relative to the repo) is in the build context under .dockerignore's rules."""
-    excluded, included = _dockerignore()
-    parts = Path(path).parts
-    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    ignored = any(fnmatch.fnmatch(p, pattern) for pattern in excluded for p in prefixes)
-    return not ignored or any(p == inc or p.startswith(inc + "/") for inc in included for p in [path])
+    return in_context(dockerignore_rules(ROOT / ".dockerignore"), path)
 
 
 def test_dockerfile_is_multi_stage_slim_python():
@@ -70,25 +60,23 @@ def test_dockerfile_copy_sources_exist():
 
 
 def test_build_context_holds_what_the_image_needs():
-    packages = sorted(
-        {module.__name__.split(".")[1] for module in COMMAND_MODULES}
-        | {"features", "ficco", "service", "training"}
-    )
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    code = {d for d in setuptools["package-dir"].values() if (ROOT / d / "__init__.py").is_file()}
+    packages = code | {module.__name__.split(".")[1] for module in COMMAND_MODULES}
     hw = Settings().DEFAULT_HARDWARE
-    for path in ["pyproject.toml", "README.md", *packages, f"datasets/{hw}", "models"]:
+    for path in ["pyproject.toml", "README.md", *sorted(packages), f"models/{hw}/CURRENT"]:
         assert _in_context(path), f"{path} is excluded from the build context by .dockerignore"
-    for path in ["pyproject.toml", "README.md", *packages]:
         assert (ROOT / path).exists(), f"{path} is needed by the image but missing from the repository"
-    assert not _in_context(".venv") and not _in_context("tests")
+    for pattern in setuptools["package-data"]["ficco.datasets"]:
+        assert _in_context(f"datasets/{pattern.split('/')[0]}"), pattern
+    assert not _in_context(".venv") and not _in_context("tests") and not _in_context(f"datasets/{hw}")
+    assert not _in_context("features/__pycache__/vector.cpython-311.pyc")
 
 
-def test_build_has_a_default_model_or_the_dataset_to_train_it():
+def test_the_wheel_ships_the_default_model():
     hw = Settings().DEFAULT_HARDWARE
-    shipped_model = (ROOT / "models" / hw / "CURRENT").is_file()
-    shipped_dataset = (ROOT / "datasets" / hw / "manifest.json").is_file()
-    assert shipped_model or shipped_dataset, (
-        f"the image's builder needs models/{hw}/CURRENT or datasets/{hw}/manifest.json in the repository"
-    )
+    current = (ROOT / "models" / hw / "CURRENT").read_text().strip()
+    assert (ROOT / "models" / hw / current / "card.json").is_file(), f"models/{hw}/CURRENT names {current}"
 
 
 def test_dockerfile_runs_documented_command_as_non_root_with_healthcheck():
