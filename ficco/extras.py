@@ -65,3 +65,12 @@ def require(command: str) -> None:
     for module in COMMAND_EXTRAS.get(command, (None, ()))[1]:
         if importlib.util.find_spec(module) is None:
             raise MissingExtraError(missing_message(command, module))
+
+
+def require_modules(modules: tuple[str, ...]) -> None:
+    """Raise ``ModuleNotFoundError`` for the first of ``modules`` not installed, before work that would need
+    it starts elsewhere (the ranks of a torchrun job): the command then gives its one line (``ficco.cli``)
+    instead of every rank crashing."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)

@@ -199,7 +199,10 @@ def run_torchrun(
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
+    from ficco.extras import DATA_MODULES, require_modules
     from ficco.harness.dataset import PLAN, write_json_atomic
+
+    require_modules(("torch", *DATA_MODULES))  # what every rank imports: one line here, not a crash per rank
 
     nproc = process_count(backend, tp, nproc)
     out.mkdir(parents=True, exist_ok=True)
