@@ -51,11 +51,11 @@ def _run(*command: object, cwd: Path, env: dict[str, str] | None = None, check: 
     return done
 
 
-INSTALLED = ("core", "service")
-"""Extras pip installs for real (resolved from the index, files from pip's cache): the light ones. The heavy
-ones (train: 0.7 GB, executor: 1.5 GB with torch; 85 s and 154 s to install on 2 busy cores) see the
-distributions their requirements name, transitively, linked from this environment instead: the same check
-that what they declare is enough, in seconds. FICCO_PACKAGING_INSTALL_ALL=1 installs every extra."""
+INSTALLED = ("core",)
+"""Extras pip installs for real, resolved from the index (files from pip's cache). The others (service:
+0.3 GB, train: 0.7 GB, executor: 1.5 GB with torch; 50 s, 85 s and 154 s to install on 2 busy cores) see
+the distributions their requirements name, transitively, linked from this environment instead: the same
+check that what they declare is enough, in seconds. FICCO_PACKAGING_INSTALL_ALL=1 installs every extra."""
 
 
 def _required(requirements: list[str], extras: set[str]) -> list[Requirement]:
@@ -229,11 +229,31 @@ def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path
     _assert_one_line(train, "train")
 
 
+def _small_dataset(source: Path, dest: Path, *, every: int) -> Path:
+    """Every ``every``-th scenario of the one-part dataset ``source``, as a dataset in ``dest`` (training on
+    a quarter of datasets/h200x2-sim takes a quarter of the time)."""
+    import pandas as pd
+
+    manifest = json.loads((source / "manifest.json").read_text())
+    (part,) = manifest["parts"]
+    frame = pd.read_parquet(source / part["file"])
+    keep = sorted(frame["scenario_id"].unique())[::every]
+    frame = frame[frame["scenario_id"].isin(keep)]
+    (dest / "parts").mkdir(parents=True)
+    frame.to_parquet(dest / part["file"], index=False)
+    (dest / "plan.json").write_bytes((source / "plan.json").read_bytes())
+    finished = [s for s in manifest["finished"] if s in set(keep)]
+    part = {**part, "rows": len(frame), "scenarios": len(keep)}
+    manifest = {**manifest, "parts": [part], "rows": len(frame), "finished": finished}
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
 def test_train_extra_registers_into_the_user_registry_not_site_packages(venv, tmp_path, user_env):
     bin_dir = venv("train")
     shipped = _site(bin_dir, tmp_path, user_env) / "models"
     before = _tree_hash(shipped)
-    dataset = REPO_ROOT / "datasets" / "h200x2-sim"
+    dataset = _small_dataset(REPO_ROOT / "datasets" / "h200x2-sim", tmp_path / "small", every=4)
     _run(bin_dir / "ficco", "train", "--dataset", dataset, "--promote", cwd=tmp_path, env=user_env)
     assert _tree_hash(shipped) == before, "train --promote wrote into the installed package"
     user = Path(user_env["XDG_DATA_HOME"]) / "ficco" / "models" / "h200x2"

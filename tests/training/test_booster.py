@@ -34,15 +34,18 @@ def _scenarios(count: int) -> np.ndarray:
     )  # fmt: skip
 
 
+def _load_without(module: str):
+    """The shipped current model, loaded as if ``module`` were not installed."""
+    with pytest.MonkeyPatch.context() as patch:
+        find_spec = importlib.util.find_spec
+        patch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == module else find_spec(n, *a))
+        return load_predictor(SHIPPED_MODELS, "h200x2")
+
+
 @pytest.fixture(scope="module")
 def both():
     """The shipped current model loaded with XGBoost, and with numpy alone."""
-    with_xgboost = load_predictor(SHIPPED_MODELS, "h200x2")
-    with pytest.MonkeyPatch.context() as patch:
-        find_spec = importlib.util.find_spec
-        patch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "xgboost" else find_spec(n, *a))
-        numpy_only = load_predictor(SHIPPED_MODELS, "h200x2")
-    return with_xgboost, numpy_only
+    return load_predictor(SHIPPED_MODELS, "h200x2"), _load_without("xgboost")
 
 
 def test_ubjson_reads_the_document_xgboost_writes():
@@ -103,3 +106,15 @@ def test_malformed_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match="OtherOne1 model, not a PairModel"):
         SavedPairModel(NumpyBooster.load(tmp_path / "other.ubj"), "other.ubj")
     assert booster_module.load_pair_model(CURRENT / "model.ubj").objective
+
+
+def test_without_scikit_learn_xgboost_still_predicts_the_large_batches(both):
+    """``ficco[service]``: XGBoost without scikit-learn; the same answers as the trained PairModel's."""
+    with_xgboost, _ = both
+    service = _load_without("sklearn")
+    assert isinstance(service.scorer, SavedPairModel) and isinstance(service.scorer.booster_, xgb.Booster)
+    X = _scenarios(200)
+    for fast in (True, False):
+        a, b = (p.decide(X, ["eager"] * len(X), fast=fast) for p in (with_xgboost, service))
+        np.testing.assert_array_equal(a.final, b.final)
+        np.testing.assert_array_equal(a.speedups, b.speedups)
