@@ -24,7 +24,6 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.files import work_root
 from ficco.harness.affinity import DEFAULT_PIN, HOST_FACTOR_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
@@ -233,6 +232,8 @@ def bench(
     (help text: ``BENCH_HELP``)."""
     hw = hardware_profile(hardware)
     suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
+    from ficco.files import work_root
+
     out = out or work_root() / "datasets" / f"{hw.id}{suffix}"
     if relabel and not card_only:
         raise fail("--relabel goes with --card-only (it rewrites the labels of an existing dataset)")

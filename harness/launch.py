@@ -188,6 +188,14 @@ def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
     return nproc
 
 
+def _require_rank_modules() -> None:
+    """Fail here, with the one line of ``ficco.cli``, when a module every rank imports is missing, instead
+    of every rank crashing and the sweep advising ``--resume``."""
+    from ficco.extras import DATA_MODULES, require_modules
+
+    require_modules(("torch", *DATA_MODULES))
+
+
 def run_torchrun(
     plan: Plan,
     out: Path,
@@ -199,12 +207,10 @@ def run_torchrun(
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
-    from ficco.extras import DATA_MODULES, require_modules
     from ficco.harness.dataset import PLAN, write_json_atomic
 
-    require_modules(("torch", *DATA_MODULES))  # what every rank imports: one line here, not a crash per rank
-
     nproc = process_count(backend, tp, nproc)
+    _require_rank_modules()
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / PLAN, json.loads(plan.to_json()))
     env = launch_env()

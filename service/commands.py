@@ -41,10 +41,7 @@ class RecommendFormat(StrEnum):
 
 
 _MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
-_MODEL_ROOT_HELP = (
-    "Model registry root (default: $FICCO_MODEL_ROOT, else models/ of the checkout, else (installed) the one "
-    "`ficco train` wrote in ~/.local/share/ficco/models or the shipped one)."
-)
+_MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
 _HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
 _HOST_FACTOR_HELP = (
     "Eager mode: this machine's host factor, in [0.25, 8] (the 'Host speed' of a dataset card measured on "
