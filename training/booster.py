@@ -160,6 +160,10 @@ class SavedPairModel:
         self.feature_schema_ = schema
         self.n_features_in_ = len(PAIR_FEATURE_NAMES_OF[schema])
 
+    def set_threads(self, threads: int) -> None:
+        """Predict on ``threads`` CPU threads from now on (XGBoost's ``nthread``; the numpy walk has one)."""
+        self.booster_.set_param({"nthread": threads})
+
     def predict(self, Z: Any) -> np.ndarray:
         """Raw outputs of pairs ``Z`` ``[N, n_features_in_]`` (``PairModel.predict``), float64 ``[N]``."""
         Z = np.asarray(Z, dtype=np.float32)

@@ -75,12 +75,12 @@ class RetrainBackend(StrEnum):
     sim = "sim"
 
 
-def _registry(path: Path | None, *, write: bool = False) -> Path:
-    """``--registry``, else the default one to read (``ficco.files.model_root``) or, for ``write``, the one
-    to register into (``ficco.files.writable_model_root``: never an installed package's)."""
-    from ficco.files import model_root, writable_model_root
+def _registry(path: Path | None) -> Path:
+    """``--registry``, else the registry the training commands read and write
+    (``ficco.files.writable_model_root``: never an installed package's)."""
+    from ficco.files import writable_model_root
 
-    return path or (writable_model_root() if write else model_root())
+    return path or writable_model_root()
 
 
 def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
@@ -213,7 +213,7 @@ def train_command(
     from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset, repeat)
-    root = _registry(registry, write=True)
+    root = _registry(registry)
     try:
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     except ValueError as err:
@@ -340,7 +340,7 @@ def retrain_command(
     if backend is RetrainBackend.auto:
         backend = RetrainBackend.gpu if gpu_count() >= 2 else RetrainBackend.sim
     tp = tp or hw.gpu_count
-    root = _registry(registry, write=True)
+    root = _registry(registry)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = out or work_root() / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"
     try:

@@ -1,8 +1,10 @@
 """One XGBoost model over (scenario, schedule, mode) pairs, on the scikit-learn estimator API.
 
-A pair is the scenario's feature vector, the schedule's fields and the mode (``training.pairs``, whose
-names this module also exports for the training code). The objectives, chosen by grouped cross-validation
-(``training.crossval``):
+A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
+splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
+schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
+:func:`pair_matrix`. Two
+objectives, chosen by grouped cross-validation (``training.crossval``):
 
 - ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
   the prediction itself is the time ratio the safe fallback needs;
@@ -16,7 +18,13 @@ names this module also exports for the training code). The objectives, chosen by
   real, and the loss weighs the top of the order, where the pick is.
 
 Both save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
-never pickle. ``training.booster`` reads those files with numpy alone, for answering without XGBoost.
+never pickle.
+
+>>> from ficco.features import Scenario, feature_matrix
+>>> X = feature_matrix([Scenario(m=2**i) for i in range(10, 17)])
+>>> Z, rows = pair_matrix(X, ["eager"] * len(X))
+>>> Z.shape[1] == len(PAIR_FEATURE_NAMES)
+True
 """
 
 from __future__ import annotations

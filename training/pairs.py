@@ -4,13 +4,7 @@ A pair is the scenario's feature vector, a short description of the schedule (gr
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
 schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
 :func:`pair_matrix`. Training (``training.model``, scikit-learn and XGBoost) and answering
-(``training.predictor``, numpy) both build their pairs here.
-
->>> from ficco.features import Scenario, feature_matrix
->>> X = feature_matrix([Scenario(m=2**i) for i in range(10, 17)])
->>> Z, rows = pair_matrix(X, ["eager"] * len(X))
->>> Z.shape[1] == len(PAIR_FEATURE_NAMES)
-True
+(``training.predictor``, numpy) both build their pairs here; ``training.model`` exports these names too.
 """
 
 from __future__ import annotations
