@@ -49,7 +49,7 @@ def work_root() -> Path:
 
 def model_root() -> Path:
     """The registry answers come from: ``$FICCO_MODEL_ROOT``; else the checkout's ``models/``; else the
-    user's registry (``user_data_dir()/models``) once ``train`` or ``retrain`` has written one, else the
+    user's registry (``user_data_dir()/models``) once a training command has made one, else the
     shipped one."""
     if os.environ.get(MODEL_ROOT_ENV):
         return Path(os.environ[MODEL_ROOT_ENV])
