@@ -153,7 +153,11 @@ class ColumnParallelLinear(_TensorParallelLinear):
         # keep_gathered: the op returns the gathered input, which its autograd keeps for the weight
         # gradient; otherwise the backward gathers it again beside the input gradient's op
         _, (y,) = self.ops.all_gather_matmul(
-            x_shard, [self.weight], r.fwd, r.bwd_input, return_gathered=backward and self.keep_gathered
+            x_shard,
+            [self.weight],
+            r.fwd,
+            r.bwd_input if backward else None,
+            return_gathered=backward and self.keep_gathered,
         )
         return y
 
@@ -206,8 +210,9 @@ class RowParallelLinear(_TensorParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
-        r = self._planned(x.shape[0], self._backward_follows(x))
-        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd, r.bwd_input)
+        backward = self._backward_follows(x)
+        r = self._planned(x.shape[0], backward)
+        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd, r.bwd_input if backward else None)
 
     def _weight_gemm(self, tokens: int) -> str:
         k = self.weight.shape[0]
