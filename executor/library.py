@@ -128,18 +128,21 @@ def all_gather_matmul(
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
     group = _resolve_process_group(group_name)
     w = group.size()
-    rows, lead = _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
+    flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
+    rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
     key = ("ag_gemm", schedule, w, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
     key += tuple(b.shape for b in bs)
     run = _resolved.get(key)
     if run is None:
         run = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, w, check_all_gather_matmul)
     out = _run_all_gather_matmul(rows, tuple(bs), run, group, return_gathered=return_a)
-    cs, gathered = out if return_a else (out, None)
+    cs, gathered = out if return_a else (out, a_shard.new_empty(0))
+    if flat:
+        return gathered, cs
     full = (lead[0] * w, *lead[1:])
     cs = [c.view(*full, c.shape[1]).movedim(0, gather_dim) for c in cs]
-    if gathered is None:
-        return a_shard.new_empty(0), cs
+    if not return_a:
+        return gathered, cs
     return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
 
 
@@ -214,12 +217,15 @@ def matmul_reduce_scatter(
     _check_reduce_op(reduce_op)
     group = _resolve_process_group(group_name)
     w = group.size()
-    rows, lead = _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
+    flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
+    rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
     key = ("gemm_rs", schedule, w, scatter_dim, a.shape, a.dtype, a.device, b.shape)
     run = _resolved.get(key)
     if run is None:
         run = _resolve(key, "gemm_rs", rows, b, schedule, w, check_matmul_reduce_scatter)
     c = _run_matmul_reduce_scatter(rows, b, run, group)
+    if flat:
+        return c
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
 
 
