@@ -162,7 +162,6 @@ def _all_gather_matmul_setup(ctx, inputs, output) -> None:
     ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
     ctx.group_name, ctx.return_a = group_name, return_a
     ctx.schedules = (backward_schedule or schedule, schedule)
-    ctx.n_bs = len(bs)
     # the weights' gradients multiply the gathered input: kept when the forward returned it, else gathered
     # again in the backward from the shard
     ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
@@ -179,13 +178,18 @@ def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
         gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
     grads = list(grad_cs)
     grad_shard = None
-    if need_a:
+    if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
         live = [(g, b) for g, b in zip(grads, bs, strict=True) if g is not None]
-        g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
-        b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
-        grad_shard = torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
-        if ctx.return_a and grad_a is not None and grad_a.numel():
-            grad_shard = grad_shard + _reduce_scatter(grad_a, "sum", dim, group_name)
+        parts = []
+        if live:
+            g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
+            b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
+            parts.append(
+                torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
+            )
+        if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
+            parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
+        grad_shard = sum(parts[1:], parts[0]) if parts else None
     grad_bs = None
     if need_b:
         k = gathered.shape[-1]
