@@ -11,8 +11,14 @@ on the CPU the executor choice changes only the transport (CI checks every sched
     # MoE: x [rows routed from this rank, k], b [experts/w, k, n] -> Y [rows routed to this rank, n]
     Y = all_to_all_matmul(x, b, routing, "shard/dma")
     Z = matmul_all_to_all(Y, b2, routing, "finer/sm/s2/chunk")        # b2 [experts/w, n, d] -> [rows of x, d]
+
+All four are PyTorch custom ops too (``executor.library``, registered on import):
+``torch.ops.ficco.all_gather_matmul``, ``matmul_reduce_scatter``, ``all_to_all_matmul`` and
+``matmul_all_to_all``, with fake implementations and autograd, for torch.compile, CUDA graphs and DTensor
+plans.
 """
 
+from ficco.executor import library
 from ficco.executor.context import (
     CaptureError,
     clear_buffers,
@@ -40,6 +46,7 @@ __all__ = [
     "clear_buffers",
     "communicate",
     "grouped_matmul",
+    "library",
     "matmul_all_to_all",
     "matmul_reduce_scatter",
     "poison_buffers",

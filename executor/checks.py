@@ -35,10 +35,16 @@ _parse_schedule = lru_cache(maxsize=256)(Schedule.parse)
 
 def call_key(op: str, a: object, b: object, out: object, schedule: Schedule, group: object) -> tuple | None:
     """Everything the checks of one call look at (None when ``a``, ``b`` or ``out`` is not a tensor, which
-    only the full checks can explain): calls with equal keys pass or fail the checks alike."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    only the full checks can explain; ``b`` may be a tuple of tensors, the weights of one all-gather): calls
+    with equal keys pass or fail the checks alike."""
+    if not isinstance(a, torch.Tensor):
         return None
-    key = (op, group, schedule, a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
+    if isinstance(b, torch.Tensor):
+        key = (op, group, schedule, a.shape, a.dtype, a.device, b.shape, b.dtype, b.device)
+    elif isinstance(b, tuple) and b and all(isinstance(t, torch.Tensor) for t in b):
+        key = (op, group, schedule, a.shape, a.dtype, a.device, *((t.shape, t.dtype, t.device) for t in b))
+    else:
+        return None
     if a.is_cuda:
         key += (torch.cuda.current_device(),)
     if out is not None:
@@ -112,11 +118,23 @@ def _check_b(b: torch.Tensor, a_name: str, a: torch.Tensor) -> None:
 
 
 def check_all_gather_matmul(
-    a_shard: torch.Tensor, b: torch.Tensor, schedule: Schedule, world_size: int, out: torch.Tensor | None
+    a_shard: torch.Tensor,
+    b: torch.Tensor | tuple[torch.Tensor, ...],
+    schedule: Schedule,
+    world_size: int,
+    out: torch.Tensor | None,
 ) -> None:
-    """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]``, ``out [m, n]``; ``m/w`` divisible by the splits."""
+    """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]`` (or a non-empty tuple of them, each its own ``n``),
+    ``out [m, n]`` (a single ``b`` only); ``m/w`` divisible by the splits."""
     check_world_size(world_size)
-    _check_b(b, "a_shard", a_shard)
+    bs = b if isinstance(b, tuple) else (b,)
+    if not bs:
+        raise ValueError("b must be a tensor [k, n] or a non-empty tuple of them; got an empty tuple")
+    if out is not None and len(bs) > 1:
+        raise ValueError(f"out applies to a single b; got {len(bs)} weights (each gets a new output)")
+    for one in bs:
+        _check_b(one, "a_shard", a_shard)
+    b = bs[0]
     rows = a_shard.shape[0]
     if rows == 0 or rows % schedule.splits:
         raise ValueError(

@@ -11,7 +11,7 @@ every op. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops; `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -50,21 +50,22 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 
 def all_gather_matmul(
     a_shard: torch.Tensor,
-    b: torch.Tensor,
+    b: torch.Tensor | Sequence[torch.Tensor],
     schedule: Schedule | str,
     group: dist.ProcessGroup | None = None,
     *,
     return_gathered: bool = False,
     out: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
     """All-gather the row shards of A, then ``C = A @ b`` (the ``ag_gemm`` op), as ``schedule`` says.
 
     Parameters
     ----------
     a_shard : Tensor, shape [m / w, k]
         This rank's rows of A (rank ``r`` holds rows ``[r*m/w, (r+1)*m/w)``); bf16, fp16 or fp32.
-    b : Tensor, shape [k, n]
-        This rank's weight; same dtype and device as ``a_shard``.
+    b : Tensor, shape [k, n], or a sequence of them
+        This rank's weight; same dtype and device as ``a_shard``. A sequence (q/k/v, gate/up): one gather,
+        and each piece of A that arrives is multiplied by every weight (each its own ``n``).
     schedule : Schedule or str
         Any schedule of ``features.candidates()`` for the scenario; ``m / w`` must divide by its splits.
     group : ProcessGroup, optional
@@ -72,31 +73,41 @@ def all_gather_matmul(
     return_gathered : bool, default=False
         Also return the gathered ``A [m, k]`` (a new tensor).
     out : Tensor, shape [m, n], optional
-        Where to write C; a new tensor when omitted.
+        Where to write C (a single ``b`` only); a new tensor when omitted.
 
     Returns
     -------
-    C [m, n], or (C, A) when ``return_gathered``.
+    C [m, n] (a list of them for a sequence of weights), or (C, A) when ``return_gathered``.
     """
     schedule = as_schedule(schedule)
+    bs = (b,) if isinstance(b, torch.Tensor) else tuple(b)
     ctx = _checked_context(
-        "ag_gemm", a_shard, b, out, schedule, group, ("a_shard", "[m/world_size, k]"), check_all_gather_matmul
+        "ag_gemm",
+        a_shard,
+        bs if len(bs) > 1 else b,
+        out,
+        schedule,
+        group,
+        ("a_shard", "[m/world_size, k]"),
+        check_all_gather_matmul,
     )
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     w, m = ctx.world_size, shard_rows * ctx.world_size
-    c = out if out is not None else a_shard.new_empty((m, b.shape[1]))
+    cs = [out] if out is not None else [a_shard.new_empty((m, one.shape[1])) for one in bs]
     gathered = a_shard.new_empty((m, k)) if return_gathered else None
     if schedule.granularity == "serial" and schedule.executor == "sm":
         dest = gathered if gathered is not None else ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype)
-        _all_gather_matmul_fallback(a_shard, b, ctx.group, dest.view(m, k), c)
+        _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs)
     else:
         plan = make_plan("gather", w, schedule.granularity, schedule.splits, schedule.grain)
         dest = gathered.view(w, shard_rows, k) if gathered is not None else None
         transport = _transport(ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest)
 
         def consume(rows: torch.Tensor, unit: Unit) -> None:
-            torch.mm(rows, b, out=c[transport.split_rows(unit)])
+            block = transport.split_rows(unit)
+            for one, c in zip(bs, cs, strict=True):
+                torch.mm(rows, one, out=c[block])
 
         with ctx.carveout(schedule.carveout):
             run_pipeline(plan, transport, consume)
@@ -106,6 +117,7 @@ def all_gather_matmul(
                 for q in range(w):
                     slots[q].copy_(transport.dest[q])
             slots[ctx.rank].copy_(a_shard)
+    c = cs[0] if isinstance(b, torch.Tensor) else cs
     return (c, gathered) if return_gathered else c
 
 
@@ -515,14 +527,16 @@ def _checked_routed_context(
 
 def _all_gather_matmul_fallback(
     a_shard: torch.Tensor,
-    b: torch.Tensor,
+    bs: Sequence[torch.Tensor],
     group: dist.ProcessGroup,
     gathered: torch.Tensor,
-    out: torch.Tensor,
+    outs: Sequence[torch.Tensor],
 ) -> None:
-    """The reference: the collective all-gather into ``gathered [m, k]``, then one GEMM into ``out``."""
+    """The reference: the collective all-gather into ``gathered [m, k]``, then one GEMM per weight of
+    ``bs`` into its ``outs``."""
     all_gather_single(gathered, a_shard, group=group)
-    torch.mm(gathered, b, out=out)
+    for b, out in zip(bs, outs, strict=True):
+        torch.mm(gathered, b, out=out)
 
 
 def _matmul_reduce_scatter_fallback(

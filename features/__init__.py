@@ -15,9 +15,11 @@ from ficco.features.schedule import (
     SERIAL,
     SM_CARVEOUTS,
     Schedule,
+    ScheduleTable,
     all_schedules,
     candidates,
     knob_variants,
+    schedule_table,
 )
 from ficco.features.vector import (
     FEATURE_NAMES,
@@ -55,6 +57,7 @@ __all__ = [
     "Routing",
     "Scenario",
     "Schedule",
+    "ScheduleTable",
     "all_schedules",
     "candidates",
     "feature_dict",
@@ -64,4 +67,5 @@ __all__ = [
     "knob_variants",
     "roofline_comm_us",
     "roofline_gemm_us",
+    "schedule_table",
 ]

@@ -27,8 +27,10 @@ plus, on overlapped schedules only, the resource knobs before ``/hp``: ``/cta<N>
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, get_args
 
 from ficco.features._roundtrip import JsonRoundTrip
@@ -161,7 +163,7 @@ class Schedule(JsonRoundTrip):
                 parts = parts[:-1]
             knobs = {"ctas": None, "carveout": None}
             for name, prefix in (("carveout", "carve"), ("ctas", "cta")):  # the string's order, reversed
-                field = parts[-1]
+                field = parts[-1] if parts else ""
                 if field.startswith(prefix) and field[len(prefix) :].isdigit():
                     knobs[name] = int(field[len(prefix) :])
                     parts = parts[:-1]
@@ -248,3 +250,67 @@ def candidates(scenario: Scenario) -> list[Schedule]:
             continue
         out.append(schedule)
     return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleTable:
+    """Schedules by token count, for an op whose row count changes from call to call (dynamic shapes).
+
+    String form ``"M0:SCHED0;M1:SCHED1;..."``: ``SCHED_i`` runs for ``M_i <= m < M_{i+1}``, where ``m`` is
+    the op's gathered (all-gather -> GEMM) or full (GEMM -> reduce-scatter) row count; ``M0`` is 0 and the
+    bounds increase. A plain schedule string is the table of one entry (``"shard/dma"`` means
+    ``"0:shard/dma"``). Parse with :func:`schedule_table` (cached), look up with :meth:`at` (a bisect).
+    """
+
+    bounds: tuple[int, ...] = (0,)
+    """Smallest ``m`` of each entry: starts at 0, strictly increasing."""
+    schedules: tuple[Schedule, ...] = (Schedule(),)
+    """The schedule of each entry (as many as ``bounds``)."""
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.schedules) or not self.bounds:
+            raise ValueError(
+                f"ScheduleTable needs one schedule per bound; got {len(self.bounds)} bounds and "
+                f"{len(self.schedules)} schedules"
+            )
+        if self.bounds[0] != 0 or any(b >= c for b, c in zip(self.bounds, self.bounds[1:], strict=False)):
+            raise ValueError(
+                f"ScheduleTable.bounds must start at 0 and increase strictly; got {list(self.bounds)}"
+            )
+
+    def at(self, m: int) -> Schedule:
+        """The schedule of an op of ``m`` rows (>= 0)."""
+        return self.schedules[bisect_right(self.bounds, m) - 1]
+
+    def __str__(self) -> str:
+        if len(self.schedules) == 1:
+            return str(self.schedules[0])
+        return ";".join(f"{b}:{s}" for b, s in zip(self.bounds, self.schedules, strict=True))
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduleTable:
+        """Parse a schedule string or a table string; ValueError naming the bad entry and the forms."""
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"a schedule table must be a non-empty string {_TABLE_FORM}; got {text!r}")
+        if ":" not in text:
+            return cls(schedules=(Schedule.parse(text),))
+        bounds, schedules = [], []
+        for entry in text.split(";"):
+            bound, sep, schedule = entry.partition(":")
+            if not (sep and bound.isdigit()):
+                raise ValueError(f"schedule table {text!r}: bad entry {entry!r}; expected {_TABLE_FORM}")
+            bounds.append(int(bound))
+            schedules.append(Schedule.parse(schedule))
+        try:
+            return cls(bounds=tuple(bounds), schedules=tuple(schedules))
+        except ValueError as err:
+            raise ValueError(f"schedule table {text!r}: {err}") from None
+
+
+_TABLE_FORM = "'SCHEDULE' or 'M0:SCHEDULE0;M1:SCHEDULE1;...' with M0 = 0 < M1 < ..."
+
+
+@lru_cache(maxsize=1024)
+def schedule_table(text: str) -> ScheduleTable:
+    """:meth:`ScheduleTable.parse`, cached: the one parser of schedule and table strings an op is given."""
+    return ScheduleTable.parse(text)

@@ -1,0 +1,518 @@
+"""The executor's ops as PyTorch custom ops (``torch.ops.ficco``): what torch.compile, CUDA graphs and
+DTensor plans call, with fake (meta) implementations for tracing and autograd registered.
+
+They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``
+(names, argument order and semantics), plus the schedule::
+
+    torch.ops.ficco.all_gather_matmul(
+        Tensor a_shard, Tensor[] bs, int gather_dim, str group_name, str schedule,
+        bool return_a=False, str backward_schedule="") -> (Tensor, Tensor[])
+    torch.ops.ficco.matmul_reduce_scatter(
+        Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name, str schedule,
+        str backward_schedule="") -> Tensor
+
+- ``all_gather_matmul`` gathers ``a_shard`` along ``gather_dim`` over the c10d group named ``group_name``
+  (``torch.distributed.distributed_c10d._resolve_process_group``) and returns ``(A, [A @ b for b in bs])``:
+  the gathered A when ``return_a``, else an empty tensor. One gather feeds every weight (q/k/v, gate/up).
+  ``a_shard`` may be N-D: ``[batch, seq/w, hidden]`` with ``gather_dim=1`` (sequence parallel, as
+  torchtitan lays it out) or ``[tokens/w, hidden]`` with ``gather_dim=0``; as PyTorch's op does, the gather
+  dim is moved to the front, the rest flattened into rows, and the outputs moved back (``A [batch, seq,
+  hidden]``, ``C_i [batch, seq, n_i]``). ``b`` is ``[hidden, n_i]`` (``nn.Linear.weight.t()``).
+- ``matmul_reduce_scatter`` computes ``a @ b`` and reduce-scatters it along ``scatter_dim``
+  (``a [batch, seq, k] -> [batch, seq/w, n]``); ``reduce_op`` is ``"sum"``.
+- ``schedule`` is one schedule string (``"serial/sm"``, ``"shard/dma"``, ``"finer/dma/s2/chunk"``:
+  ``features.Schedule``) or a token-range table ``"M0:SCHED0;M1:SCHED1;..."`` (``features.ScheduleTable``:
+  ``SCHED_i`` for ``M >= M_i``, ``M0 = 0``) where ``M`` is the gathered (all-gather) or full
+  (reduce-scatter) row count, batch included; the op resolves it at run time with a bisect, no host round
+  trip. ``backward_schedule`` is what the gradient's op runs (the other op of the pair, same ``M``);
+  empty: ``schedule``.
+- The MoE pair, with the executor's arguments (``features.Routing.counts`` flattened to ``int[]``)::
+
+      torch.ops.ficco.all_to_all_matmul(Tensor x, Tensor b, int[] counts, str group_name, str schedule,
+                                        str backward_schedule="") -> Tensor
+      torch.ops.ficco.matmul_all_to_all(Tensor h, Tensor b, int[] counts, str group_name, str schedule,
+                                        str backward_schedule="") -> Tensor
+
+  (dispatch then expert GEMMs, ``b [experts/w, k, n]``; expert GEMMs then combine). A table's ``M`` is
+  the rows routed over the whole group. Each one's input gradient is the other op on ``b^T``; the experts'
+  weight gradients multiply the dispatched rows (dispatched again in the backward).
+- Autograd: the input gradient of ``all_gather_matmul`` is ``matmul_reduce_scatter`` of the output
+  gradients against ``b^T`` (one op for all weights), the weights' gradients ``A^T @ grad_C`` (the gathered
+  A kept when ``return_a``, else gathered again beside that op); the input gradient of
+  ``matmul_reduce_scatter`` is ``all_gather_matmul`` of the output gradient against ``b^T``, whose gathered
+  gradient also gives ``grad_b = a^T @ grad``. This is Megatron-LM's sequence-parallel pair, which
+  ``runtime.layers`` runs through these ops.
+
+Bad input never breaks a step: a schedule that cannot run at a shape (its splits do not divide the rows)
+runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
+each op ran at each shape, against what it was asked, is in :func:`run_report` (the planner's table shows
+it). The per-call work beyond the executor is one dict lookup (the resolved schedule of this call's
+signature).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from ficco.executor.checks import DTYPES, check_all_gather_matmul, check_matmul_reduce_scatter, shape_str
+from ficco.executor.context import get_context
+from ficco.executor.experts import routed_state
+from ficco.executor.ops import all_gather_matmul as _run_all_gather_matmul
+from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
+from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
+from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
+from ficco.features.routing import Routing
+from ficco.features.schedule import SERIAL, Schedule, schedule_table
+
+# torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names.
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+REDUCE_OPS: tuple[str, ...] = ("sum",)
+"""``reduce_op`` values ``matmul_reduce_scatter`` takes (the executor sums)."""
+
+
+class ScheduleFallbackWarning(RuntimeWarning):
+    """A ficco op ran ``serial/sm`` instead of the schedule it was given (the message says why)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpRun:
+    """What one op ran at one shape (``features.Scenario`` conventions), against what it was asked."""
+
+    op: str
+    """``ag_gemm`` (all_gather_matmul) or ``gemm_rs`` (matmul_reduce_scatter)."""
+    m: int
+    """Gathered (ag_gemm) or full (gemm_rs) rows, batch included."""
+    n: int
+    """Output columns (the weights' together for several weights)."""
+    k: int
+    """Reduction size."""
+    dtype: str
+    """``bf16``, ``fp16`` or ``fp32``."""
+    world_size: int
+    """Ranks in the group."""
+    asked: str
+    """The schedule or table string the op was given."""
+    ran: str
+    """The schedule that ran."""
+    reason: str | None = None
+    """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
+
+
+_resolved: dict[tuple, Schedule] = {}
+"""This call signature's schedule: the hot path's one lookup."""
+_runs: dict[tuple, OpRun] = {}
+"""(op, m, n, k, dtype, world_size, asked) -> what ran, in first-run order."""
+
+
+def run_report() -> list[OpRun]:
+    """Every (op, shape, schedule asked) run in this process so far, with what ran, in first-run order."""
+    return list(_runs.values())
+
+
+def ran(op: str, m: int, n: int, k: int, dtype: str, world_size: int, asked: str) -> OpRun | None:
+    """What ``op`` ran at this shape when asked ``asked``; None when it has not run so."""
+    return _runs.get((op, m, n, k, dtype, world_size, asked))
+
+
+def clear_run_report() -> None:
+    """Forget what ran (and the resolved schedules: the next call of each signature decides again)."""
+    _runs.clear()
+    _resolved.clear()
+
+
+# all_gather_matmul ------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ficco::all_gather_matmul", mutates_args=())
+def all_gather_matmul(
+    a_shard: torch.Tensor,
+    bs: list[torch.Tensor],
+    gather_dim: int,
+    group_name: str,
+    schedule: str,
+    return_a: bool = False,
+    backward_schedule: str = "",
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
+    group = _resolve_process_group(group_name)
+    w = group.size()
+    flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
+    rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
+    key = ("ag_gemm", schedule, w, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
+    key += tuple(b.shape for b in bs)
+    run = _resolved.get(key)
+    if run is None:
+        run = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, w, check_all_gather_matmul)
+    out = _run_all_gather_matmul(rows, tuple(bs), run, group, return_gathered=return_a)
+    cs, gathered = out if return_a else (out, a_shard.new_empty(0))
+    if flat:
+        return gathered, cs
+    full = (lead[0] * w, *lead[1:])
+    cs = [c.view(*full, c.shape[1]).movedim(0, gather_dim) for c in cs]
+    if not return_a:
+        return gathered, cs
+    return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
+
+
+@all_gather_matmul.register_fake
+def _(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule=""):
+    w = _resolve_process_group(group_name).size()
+    gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
+    x = a_shard.movedim(gather_dim, 0)
+    full = (x.shape[0] * w, *x.shape[1:-1])
+    cs = [a_shard.new_empty((*full, b.shape[1])).movedim(0, gather_dim) for b in bs]
+    a = a_shard.new_empty((*full, x.shape[-1])).movedim(0, gather_dim) if return_a else a_shard.new_empty(0)
+    return a, cs
+
+
+def _all_gather_matmul_setup(ctx, inputs, output) -> None:
+    a_shard, bs, gather_dim, group_name, schedule, return_a, backward_schedule = inputs
+    ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
+    ctx.group_name, ctx.return_a = group_name, return_a
+    ctx.schedules = (backward_schedule or schedule, schedule)
+    # the weights' gradients multiply the gathered input: kept when the forward returned it, else gathered
+    # again in the backward from the shard
+    ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
+
+
+def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
+    saved, *bs = ctx.saved_tensors
+    dim, group_name = ctx.gather_dim, ctx.group_name
+    need_a, need_bs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # a bool, a bool per weight
+    need_b = any(need_bs)
+    gathered = saved
+    if need_b and not ctx.return_a:  # started before the input gradient's op, waited for after it
+        shard = saved.movedim(dim, 0).contiguous()
+        gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
+    grads = list(grad_cs)
+    grad_shard = None
+    if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
+        live = [(g, b) for g, b in zip(grads, bs, strict=True) if g is not None]
+        parts = []
+        if live:
+            g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
+            b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
+            parts.append(
+                torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
+            )
+        if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
+            parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
+        grad_shard = sum(parts[1:], parts[0]) if parts else None
+    grad_bs = None
+    if need_b:
+        k = gathered.shape[-1]
+        a_rows = gathered.movedim(dim, 0).reshape(-1, k)
+        grad_bs = [
+            a_rows.t() @ g.movedim(dim, 0).reshape(-1, g.shape[-1]) if g is not None and need else None
+            for g, need in zip(grads, need_bs, strict=True)
+        ]
+    return _grads(ctx, grad_shard, grad_bs)
+
+
+all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_all_gather_matmul_setup)
+
+
+# matmul_reduce_scatter --------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("ficco::matmul_reduce_scatter", mutates_args=())
+def matmul_reduce_scatter(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """See the module docstring; ``a @ b`` reduce-scattered along ``scatter_dim``."""
+    _check_reduce_op(reduce_op)
+    group = _resolve_process_group(group_name)
+    w = group.size()
+    flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
+    rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
+    key = ("gemm_rs", schedule, w, scatter_dim, a.shape, a.dtype, a.device, b.shape)
+    run = _resolved.get(key)
+    if run is None:
+        run = _resolve(key, "gemm_rs", rows, b, schedule, w, check_matmul_reduce_scatter)
+    c = _run_matmul_reduce_scatter(rows, b, run, group)
+    if flat:
+        return c
+    return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
+
+
+@matmul_reduce_scatter.register_fake
+def _(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
+    _check_reduce_op(reduce_op)
+    w = _resolve_process_group(group_name).size()
+    scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
+    x = a.movedim(scatter_dim, 0)
+    return a.new_empty((x.shape[0] // w, *x.shape[1:-1], b.shape[1])).movedim(0, scatter_dim)
+
+
+def _matmul_reduce_scatter_setup(ctx, inputs, output) -> None:
+    a, b, _reduce_op, scatter_dim, group_name, schedule, backward_schedule = inputs
+    ctx.scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
+    ctx.group_name = group_name
+    ctx.schedules = (backward_schedule or schedule, schedule)
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_reduce_scatter_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    dim = ctx.scatter_dim
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_a or need_b):
+        return _grads(ctx, None, None)
+    gathered, (grad_a,) = torch.ops.ficco.all_gather_matmul(
+        grad.contiguous(), [b.t()], dim, ctx.group_name, ctx.schedules[0], need_b, ctx.schedules[1]
+    )
+    grad_b = None
+    if need_b:
+        a_rows = a.movedim(dim, 0).reshape(-1, a.shape[-1])
+        grad_b = a_rows.t() @ gathered.movedim(dim, 0).reshape(-1, gathered.shape[-1])
+    return _grads(ctx, grad_a if need_a else None, grad_b)
+
+
+matmul_reduce_scatter.register_autograd(
+    _matmul_reduce_scatter_backward, setup_context=_matmul_reduce_scatter_setup
+)
+
+
+# The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
+
+
+@torch.library.custom_op("ficco::all_to_all_matmul", mutates_args=())
+def all_to_all_matmul(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    counts: list[int],
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """``executor.all_to_all_matmul``: the rows of ``x`` sent to their experts' ranks, times each local
+    expert's ``b[e]`` (``b [experts/w, k, n]``); ``counts`` is ``features.Routing.counts`` flattened
+    (``[w * w * experts/w]``: rows rank ``src`` routes to local expert ``e`` of rank ``dst``)."""
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    run = _resolve_routed("a2a_gemm", routing, x, b, schedule)
+    return _run_all_to_all_matmul(x, b, routing, run, group)
+
+
+@all_to_all_matmul.register_fake
+def _(x, b, counts, group_name, schedule, backward_schedule=""):
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
+
+
+@torch.library.custom_op("ficco::matmul_all_to_all", mutates_args=())
+def matmul_all_to_all(
+    h: torch.Tensor,
+    b: torch.Tensor,
+    counts: list[int],
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """``executor.matmul_all_to_all``: each local expert's GEMM on its rows of ``h`` (in
+    ``all_to_all_matmul``'s output order), every row sent back to the rank that routed it."""
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    run = _resolve_routed("gemm_a2a", routing, h, b, schedule)
+    return _run_matmul_all_to_all(h, b, routing, run, group)
+
+
+@matmul_all_to_all.register_fake
+def _(h, b, counts, group_name, schedule, backward_schedule=""):
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    return h.new_empty((sum(routing.sent(group.rank())), b.shape[2]))
+
+
+def _routed_setup(ctx, inputs, output) -> None:
+    a, b, counts, group_name, schedule, backward_schedule = inputs
+    ctx.counts, ctx.group_name = counts, group_name
+    ctx.schedules = (backward_schedule or schedule, schedule)
+    ctx.save_for_backward(a, b)
+
+
+def _all_to_all_matmul_backward(ctx, grad):
+    """``Y = experts(dispatch(x))``: ``grad_x`` is the combine of ``grad @ b[e]^T`` (the other op);
+    ``grad_b[e]`` is the dispatched rows of expert ``e``, transposed, times their gradient."""
+    x, b = ctx.saved_tensors
+    need_x, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad = grad.contiguous()
+    grad_x = grad_b = None
+    if need_x:
+        b_t = b.transpose(1, 2).contiguous()
+        grad_x = torch.ops.ficco.matmul_all_to_all(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
+    if need_b:
+        grad_b = _expert_weight_grads(_dispatched(x, ctx.counts, ctx.group_name), grad, ctx)
+    return _grads(ctx, grad_x, grad_b)
+
+
+def _matmul_all_to_all_backward(ctx, grad):
+    """``Z = combine(experts(h))``: ``grad_h`` is the dispatch of ``grad`` times ``b[e]^T`` (the other op);
+    ``grad_b[e]`` is ``h``'s rows of expert ``e``, transposed, times the dispatched gradient's."""
+    h, b = ctx.saved_tensors
+    need_h, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad = grad.contiguous()
+    grad_h = grad_b = None
+    if need_h:
+        b_t = b.transpose(1, 2).contiguous()
+        grad_h = torch.ops.ficco.all_to_all_matmul(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
+    if need_b:
+        grad_b = _expert_weight_grads(h, _dispatched(grad, ctx.counts, ctx.group_name), ctx)
+    return _grads(ctx, grad_h, grad_b)
+
+
+all_to_all_matmul.register_autograd(_all_to_all_matmul_backward, setup_context=_routed_setup)
+matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_routed_setup)
+
+
+@lru_cache(maxsize=256)
+def _routing(counts: tuple[int, ...], world_size: int) -> Routing:
+    """The ``features.Routing`` of flattened counts (ValueError naming the length when it is no
+    ``[w, w, experts/w]``)."""
+    per_pair, rest = divmod(len(counts), world_size * world_size)
+    if rest or not per_pair:
+        raise ValueError(
+            f"counts must hold world_size * world_size * experts/world_size ints (Routing.counts flattened); "
+            f"got {len(counts)} for world_size={world_size}"
+        )
+    it = iter(counts)
+    return Routing(
+        counts=tuple(
+            tuple(tuple(next(it) for _ in range(per_pair)) for _ in range(world_size))
+            for _ in range(world_size)
+        )
+    )
+
+
+def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor, asked: str) -> Schedule:
+    """The schedule an MoE op runs: the table's pick at ``m``, the rows routed over the whole group (every
+    schedule runs every routing, so there is no fallback to take), recorded in :func:`run_report`."""
+    m = sum(sum(routing.moved[src]) for src in range(routing.world_size))
+    n, k, w = b.shape[2], b.shape[1], routing.world_size
+    key = (op, m, n, k, DTYPES.get(a.dtype, str(a.dtype)), w, asked)
+    run = _runs.get(key)
+    if run is None:
+        pick = schedule_table(asked).at(m)
+        run = _runs[key] = OpRun(op=op, m=m, n=n, k=k, dtype=key[4], world_size=w, asked=asked, ran=str(pick))
+    return schedule_table(run.ran).schedules[0]
+
+
+def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Tensor:
+    """The rows the dispatch of ``x`` brings to this rank's experts, by local expert then source rank
+    (``all_to_all_matmul``'s output order): an all-to-all, then the routing's permutation."""
+    group = _resolve_process_group(group_name)
+    ctx = get_context(group, x.device)
+    state = routed_state(ctx.routed, _routing(tuple(counts), group.size()), ctx.rank)
+    layout = state.layout("gather", 1)
+    received = funcol.all_to_all_single(x, list(layout.recv_rows), list(layout.send_rows), group_name)
+    return received.index_select(0, state.permutation(x.device)[0])
+
+
+def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
+    """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
+    group = _resolve_process_group(ctx.group_name)
+    routing = _routing(tuple(ctx.counts), group.size())
+    out, start = [], 0
+    for size in routing.expert_rows(group.rank()):
+        out.append(rows[start : start + size].t() @ grad[start : start + size])
+        start += size
+    return torch.stack(out)
+
+
+# Shared parts -----------------------------------------------------------------------------------------------
+
+
+def _grads(ctx, grad_a, grad_b) -> tuple:
+    """The gradients of an op's two tensor arguments, then None for each other argument of the call (the
+    dispatcher leaves out trailing arguments equal to their defaults; ``needs_input_grad`` has one entry per
+    argument it kept)."""
+    return (grad_a, grad_b) + (None,) * (len(ctx.needs_input_grad) - 2)
+
+
+def _front_rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x`` with ``dim`` moved to the front and the rest but the last dim flattened into rows: ``[rows,
+    features]`` (a copy only when that is not a view), and the leading shape the rows came from."""
+    dim = _check_dim("gather_dim/scatter_dim", dim, x.dim())
+    moved = x.movedim(dim, 0)
+    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape[:-1])
+
+
+def _resolve(
+    key: tuple,
+    op: str,
+    rows: torch.Tensor,
+    b: torch.Tensor | tuple[torch.Tensor, ...],
+    asked: str,
+    w: int,
+    check,
+) -> Schedule:
+    """The schedule a call signature runs (kept under ``key``): the table's pick at this row count, or
+    ``serial/sm`` with one warning when the executor's checks refuse it (any rank refuses alike: they look at
+    shapes only). Errors that serial would raise too are the caller's, and raised."""
+    m = rows.shape[0] * w if op == "ag_gemm" else rows.shape[0]
+    pick = schedule_table(asked).at(m)
+    check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
+    reason = None
+    try:
+        check(rows, b, pick, w, None)
+    except ValueError as err:
+        reason = str(err)
+    run = pick if reason is None else SERIAL
+    bs = b if isinstance(b, tuple) else (b,)
+    n, k = sum(t.shape[1] for t in bs), rows.shape[1]
+    dtype = DTYPES[rows.dtype]
+    if reason is not None:
+        name = "all_gather_matmul" if op == "ag_gemm" else "matmul_reduce_scatter"
+        warnings.warn(
+            f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(rows.shape)}): "
+            f"schedule {pick} cannot run at this shape, running {SERIAL} instead: {reason}",
+            ScheduleFallbackWarning,
+            stacklevel=3,
+        )
+    _runs.setdefault(
+        (op, m, n, k, dtype, w, asked),
+        OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
+    )
+    _resolved[key] = run
+    return run
+
+
+def _check_dim(name: str, dim: int, ndim: int) -> int:
+    """``dim`` normalised to ``[0, ndim)``; ValueError naming it and the allowed range otherwise."""
+    if not (isinstance(dim, int) and -ndim <= dim < ndim) or ndim < 2:
+        raise ValueError(f"{name} must be an int in [{-ndim}, {ndim}) of a tensor of >= 2 dims; got {dim!r}")
+    return dim % ndim
+
+
+def _check_reduce_op(reduce_op: str) -> None:
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce_op must be one of {list(REDUCE_OPS)}; got {reduce_op!r}")
+
+
+__all__ = [
+    "REDUCE_OPS",
+    "OpRun",
+    "ScheduleFallbackWarning",
+    "all_gather_matmul",
+    "all_to_all_matmul",
+    "clear_run_report",
+    "matmul_all_to_all",
+    "matmul_reduce_scatter",
+    "ran",
+    "run_report",
+]

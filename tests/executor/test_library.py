@@ -1,0 +1,209 @@
+"""The executor's ops as PyTorch custom ops (``executor.library``), on gloo worlds of 2 and 4 ranks:
+``torch.library.opcheck`` (schema, fake implementation, autograd registration, AOT dispatch with dynamic
+shapes) for every op over gather/scatter dims, several weights and schedule tables; values and gradients
+against plain autograd on the full tensors for a schedule of every family; a schedule that cannot run at a
+shape runs serial with one warning and is reported."""
+
+from __future__ import annotations
+
+import pytest
+from executor_world import run_world
+
+FAMILIES = ["serial/sm", "serial/dma", "shard/sm", "shard/dma/hp", "finer/sm/s2/chunk", "finer/dma/s2/shard"]
+TABLE = "0:serial/sm;16:finer/dma/s2/chunk;64:shard/sm"
+
+
+def _ops_world(rank: int, world_size: int) -> dict:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from ficco.executor import library
+
+    group = dist.group.WORLD.group_name
+    ag, rs = torch.ops.ficco.all_gather_matmul, torch.ops.ficco.matmul_reduce_scatter
+    gen = torch.Generator().manual_seed(5)  # the same full tensors on every rank
+    batch, seq, k, n1, n2 = 2, 4 * world_size, 12, 4, 3
+    x = torch.randn(batch, seq, k, generator=gen)
+    b1, b2 = torch.randn(k, n1, generator=gen), torch.randn(k, n2, generator=gen)
+    g1, g2 = torch.randn(batch, seq, n1, generator=gen), torch.randn(batch, seq, n2, generator=gen)
+    s = seq // world_size
+    mine = slice(rank * s, (rank + 1) * s)
+    ks = slice(rank * k // world_size, (rank + 1) * k // world_size)
+    out: dict = {"errors": {}, "opchecks": 0}
+
+    def err(got, want):
+        return float((got - want).norm() / want.norm())
+
+    # opcheck (world of 2: it compiles, so once is enough): every op, gather dims 0 and 1 (N-D), several
+    # weights, the gathered input, a table
+    shard = x[:, mine].contiguous()
+    for args in (
+        []
+        if world_size > 2
+        else [
+            (shard, [b1, b2], 1, group, "shard/dma", True),
+            (shard, [b1], 1, group, TABLE, False, "finer/sm/s2/shard"),
+            (x[0, mine].contiguous(), [b1], 0, group, "finer/sm/s2/chunk", True),
+        ]
+    ):
+        torch.library.opcheck(ag.default, args)
+        out["opchecks"] += 1
+    rs_cases = [(x, b1, "sum", 1, group, "shard/sm"), (x[0], b2, "sum", 0, group, TABLE, "shard/dma")]
+    for args in [] if world_size > 2 else rs_cases:
+        torch.library.opcheck(rs.default, args)
+        out["opchecks"] += 1
+
+    # values and gradients against autograd on the full tensors
+    for schedule in FAMILIES:
+        for return_a in (True, False):
+            xs = shard.clone().requires_grad_()
+            w1, w2 = b1.clone().requires_grad_(), b2.clone().requires_grad_()
+            a, (c1, c2) = ag(xs, [w1, w2], 1, group, schedule, return_a)
+            loss = (c1 * g1).sum() + (c2 * g2).sum() + ((a * x).sum() if return_a else 0)
+            loss.backward()
+            ref = [t.clone().requires_grad_() for t in (x, b1, b2)]
+            ((ref[0] @ ref[1]) * g1).sum().add(((ref[0] @ ref[2]) * g2).sum()).add(
+                (ref[0] * x).sum() * return_a
+            ).backward()
+            out["errors"][("ag", schedule, return_a)] = {
+                "c1": err(c1, x @ b1),
+                "c2": err(c2, x @ b2),
+                # every rank's loss holds the whole product (the same weights on every rank): the
+                # reduce-scatter of the input gradient adds world_size copies
+                "x": err(xs.grad, world_size * ref[0].grad[:, mine]),
+                "b1": err(w1.grad, ref[1].grad),
+                "b2": err(w2.grad, ref[2].grad),
+                "a": err(a, x) if return_a else float(a.numel()),
+            }
+        # GEMM -> reduce-scatter of this rank's slice of k: the sum over ranks is x @ b1
+        xa, wb = x[..., ks].clone().requires_grad_(), b1[ks].clone().requires_grad_()
+        y = rs(xa, wb, "sum", 1, group, schedule)
+        (y * g1[:, mine]).sum().backward()
+        ref = [t.clone().requires_grad_() for t in (x, b1)]
+        ((ref[0] @ ref[1]) * g1).sum().backward()
+        out["errors"][("rs", schedule)] = {
+            "y": err(y, (x @ b1)[:, mine]),
+            "x": err(xa.grad, ref[0].grad[..., ks]),
+            "b": err(wb.grad, ref[1].grad[ks]),
+        }
+
+    # a schedule that cannot run at this shape: serial, one warning, reported
+    odd = torch.randn(3, k, generator=gen)  # 3 rows per rank: s8 cannot split them
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            ag(odd, [b1], 0, group, "finer/dma/s8/chunk")
+    fallbacks = [w for w in caught if issubclass(w.category, library.ScheduleFallbackWarning)]
+    out["warnings"] = [str(w.message) for w in fallbacks]
+    out["fallback"] = library.ran("ag_gemm", 3 * world_size, n1, k, "fp32", world_size, "finer/dma/s8/chunk")
+    # a mistake serial cannot run either is the caller's, and raised
+    try:
+        ag(odd, [torch.randn(k + 1, n1)], 0, group, "shard/sm")
+    except ValueError as exc:
+        out["refused"] = str(exc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def worlds() -> dict[int, list[dict]]:
+    return {w: run_world(w, _ops_world) for w in (2, 4)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_opcheck_passes_for_every_op(worlds, world_size):
+    assert all(report["opchecks"] == (5 if world_size == 2 else 0) for report in worlds[world_size])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_values_and_gradients_match_autograd_for_every_family(worlds, world_size):
+    for rank, report in enumerate(worlds[world_size]):
+        assert len(report["errors"]) == len(FAMILIES) * 3
+        for case, errs in report["errors"].items():
+            bad = {k: e for k, e in errs.items() if not e <= 1e-5}
+            assert not bad, f"rank {rank} {case}: relative errors {bad}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_schedule_that_cannot_run_runs_serial_with_one_warning(worlds, world_size):
+    for report in worlds[world_size]:
+        (message,) = report["warnings"]
+        assert "ficco.all_gather_matmul (ag_gemm m=" in message
+        assert "schedule finer/dma/s8/chunk cannot run at this shape, running serial/sm" in message
+        assert "multiple of splits=8" in message
+        run = report["fallback"]
+        assert run.ran == "serial/sm" and run.asked == "finer/dma/s8/chunk" and "splits=8" in run.reason
+        assert "b has shape [13, 4]; expected [k, n] = [12, n]" in report["refused"]
+
+
+MOE_SCHEDULES = ["serial/sm", "shard/dma", "finer/sm/s2/chunk", "0:serial/dma;16:finer/dma/s2/shard"]
+
+
+def _moe_world(rank: int, world_size: int) -> dict:
+    """The MoE pair on an uneven routing (empty blocks included): opcheck, and dispatch -> tanh -> combine
+    against autograd on every rank's tensors in one process."""
+    import torch
+    import torch.distributed as dist
+
+    from ficco.features import Routing
+
+    group = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(3)  # the same tensors on every rank
+    experts, k, n = 2, 6, 5
+    counts = torch.randint(0, 4, (world_size, world_size, experts), generator=gen).tolist()
+    routing, flat = Routing(counts=counts), [c for row in counts for pair in row for c in pair]
+    xs = [torch.randn(sum(routing.sent(q)), k, generator=gen) for q in range(world_size)]
+    bs = [torch.randn(experts, k, n, generator=gen) for _ in range(world_size)]
+    b2s = [torch.randn(experts, n, k, generator=gen) for _ in range(world_size)]
+
+    # the reference: every routed block through its expert's two GEMMs, back in x's row order
+    ref = [t.clone().requires_grad_() for t in (*xs, *bs, *b2s)]
+    rx, rb, rb2 = ref[:world_size], ref[world_size : 2 * world_size], ref[2 * world_size :]
+    loss = 0
+    for q in range(world_size):
+        blocks, start = [], 0
+        for p in range(world_size):
+            for e in range(experts):
+                rows = rx[q][start : start + counts[q][p][e]]
+                blocks.append(torch.tanh(rows @ rb[p][e]) @ rb2[p][e])
+                start += counts[q][p][e]
+        loss = loss + (torch.cat(blocks) ** 2).sum()
+    loss.backward()
+
+    out: dict = {"errors": {}}
+    for schedule in MOE_SCHEDULES:
+        x, b, b2 = (t[rank].clone().requires_grad_() for t in (xs, bs, b2s))
+        y = torch.ops.ficco.all_to_all_matmul(x, b, flat, group, schedule)
+        z = torch.ops.ficco.matmul_all_to_all(torch.tanh(y), b2, flat, group, schedule)
+        (z * z).sum().backward()
+        out["errors"][schedule] = {
+            name: float((got - want.grad).norm() / want.grad.norm())
+            for name, got, want in (
+                ("x", x.grad, rx[rank]),
+                ("b", b.grad, rb[rank]),
+                ("b2", b2.grad, rb2[rank]),
+            )
+        }
+    if world_size == 2:
+        torch.library.opcheck(
+            torch.ops.ficco.all_to_all_matmul.default, (xs[rank], bs[rank], flat, group, "shard/sm")
+        )
+        y = torch.ops.ficco.all_to_all_matmul(xs[rank], bs[rank], flat, group, "serial/sm")
+        torch.library.opcheck(
+            torch.ops.ficco.matmul_all_to_all.default, (y, b2s[rank], flat, group, "finer/dma/s2/shard")
+        )
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_moe_ops_pass_opcheck_and_match_autograd(world_size):
+    for rank, report in enumerate(run_world(world_size, _moe_world)):
+        assert list(report["errors"]) == MOE_SCHEDULES
+        for schedule, errs in report["errors"].items():
+            bad = {k: e for k, e in errs.items() if not e <= 1e-5}
+            assert not bad, f"rank {rank} {schedule}: relative gradient errors {bad}"

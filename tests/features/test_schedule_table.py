@@ -1,0 +1,42 @@
+"""features.ScheduleTable: the token-range tables the ficco ops take as their schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from ficco.features import Schedule, ScheduleTable, schedule_table
+
+
+def test_table_picks_the_entry_of_each_row_count():
+    table = schedule_table("0:serial/sm;1024:shard/dma;8192:finer/dma/s4/chunk")
+    assert [str(table.at(m)) for m in (0, 1023, 1024, 8191, 8192, 10**7)] == [
+        "serial/sm",
+        "serial/sm",
+        "shard/dma",
+        "shard/dma",
+        "finer/dma/s4/chunk",
+        "finer/dma/s4/chunk",
+    ]
+    assert str(table) == "0:serial/sm;1024:shard/dma;8192:finer/dma/s4/chunk"
+
+
+def test_a_plain_schedule_is_a_table_of_one_entry():
+    table = schedule_table("shard/sm/hp")
+    assert table == ScheduleTable(bounds=(0,), schedules=(Schedule.parse("shard/sm/hp"),))
+    assert str(table) == "shard/sm/hp" and str(table.at(12345)) == "shard/sm/hp"
+    assert schedule_table("shard/sm/hp") is table  # parsed once
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("16:serial/sm", r"bounds must start at 0 and increase strictly; got \[16\]"),
+        ("0:serial/sm;64:shard/sm;64:shard/dma", r"got \[0, 64, 64\]"),
+        ("0:serial/sm;x:shard/sm", "bad entry 'x:shard/sm'"),
+        ("0:serial/sm;64:shard/nccl", "unknown schedule 'shard/nccl'"),
+        ("", "must be a non-empty string"),
+    ],
+)
+def test_bad_tables_are_refused_naming_the_entry(text, message):
+    with pytest.raises(ValueError, match=message):
+        schedule_table(text)
