@@ -178,6 +178,9 @@ def _all_gather_matmul_setup(ctx, inputs, output) -> None:
     ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
     ctx.group_name, ctx.return_a = group_name, return_a
     ctx.schedules = (backward_schedule or schedule, schedule)
+    # an output nothing used gets None, not zeros: a gathered A kept only for the weights' gradients must not
+    # cost a reduce-scatter of zeros
+    ctx.set_materialize_grads(False)
     # the weights' gradients multiply the gathered input: kept when the forward returned it, else gathered
     # again in the backward from the shard
     ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
@@ -192,7 +195,7 @@ def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
     if need_b and not ctx.return_a:  # started before the input gradient's op, waited for after it
         shard = saved.movedim(dim, 0).contiguous()
         gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
-    grads = list(grad_cs)
+    grads = list(grad_cs) if grad_cs is not None else [None] * len(bs)
     grad_shard = None
     if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
         live = [(g, b) for g, b in zip(grads, bs, strict=True) if g is not None]

@@ -207,3 +207,37 @@ def test_moe_ops_pass_opcheck_and_match_autograd(world_size):
         for schedule, errs in report["errors"].items():
             bad = {k: e for k, e in errs.items() if not e <= 1e-5}
             assert not bad, f"rank {rank} {schedule}: relative gradient errors {bad}"
+
+
+def test_a_gathered_input_nothing_uses_costs_no_reduce_scatter_in_the_backward():
+    """``return_a`` keeps the gathered A for the weights' gradients; when nothing downstream uses it, its
+    gradient is None (not materialised zeros), so the backward runs no reduce-scatter of it, eager or
+    compiled (a loopback world of 2 on the CPU: one process, no peers)."""
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    from ficco.executor import library
+    from ficco.harness.loopback import loopback_world
+
+    calls = []
+    real = library._reduce_scatter
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    with loopback_world(2, "cpu"), mock.patch.object(library, "_reduce_scatter", counted):
+        group = dist.group.WORLD.group_name
+        a = torch.randn(4, 8, requires_grad=True)
+        b = torch.randn(8, 6, requires_grad=True)
+
+        def step(a, b):
+            _, (c,) = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, "serial/sm", True)
+            return c
+
+        step(a, b).sum().backward()
+        torch.compile(step, backend="aot_eager", fullgraph=True)(a, b).sum().backward()
+        torch._dynamo.reset()
+    assert calls == []
