@@ -2,15 +2,15 @@ r"""All-to-all alone, NCCL against the copy engines, from 64 KiB to 256 MiB per 
 engines catch up with NCCL (the latency-bound regime of the MoE dispatch and combine).
 
     # 2 GPUs (estimated about a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.a2a_bench \
         --out benchmarks/results
     # 4 GPUs: writes OUT/a2a-h200x4.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 4 -m benchmarks.a2a_bench \
         --out benchmarks/results
     # re-render the markdown from a finished JSON (no GPU)
-    python3 benchmarks/a2a_bench.py --render benchmarks/results/a2a-h200x2.json
+    python3 -m benchmarks.a2a_bench --render benchmarks/results/a2a-h200x2.json
     # plumbing check without a GPU (gloo, 16 to 64 KiB per rank; what CI runs)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.a2a_bench \
         --cpu-dry-run --out /tmp/a2a-dry
 
 What runs: the MoE dispatch's all-to-all (``executor.communicate("a2a_gemm", ...)``; ``--op gemm_a2a`` for
@@ -53,11 +53,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from ficco.files import write_text_atomic
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)

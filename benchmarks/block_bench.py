@@ -2,19 +2,19 @@ r"""End-to-end transformer block at TP=2 with sequence parallelism: ficco's plan
 PyTorch async-TP, always ``shard/dma`` and the per-op oracle, in training and CUDA-graph inference.
 
     # the full run on 2 GPUs (<= 5 minutes on 2 x H200); writes OUT/block-h200x2.{json,md,png}
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench \
         --out benchmarks/results
     # a quicker run: 2 token counts per phase
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --quick \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench --quick \
         --out OUT
     # plumbing check without a GPU (gloo, a tiny block; what CI runs)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --cpu-smoke \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench --cpu-smoke \
         --out /tmp/block-smoke
     # on a CPU machine with xgboost and pandas: the planner's and the dataset oracle's answers for every op
     # the run needs, for a GPU machine that lacks them (the run reads it when it cannot ask them itself)
-    python3 benchmarks/block_bench.py --write-plan benchmarks/results/block-plan-h200x2.json
+    python3 -m benchmarks.block_bench --write-plan benchmarks/results/block-plan-h200x2.json
     # re-render the markdown and the plot from a finished JSON (needs matplotlib for the plot)
-    python3 benchmarks/block_bench.py --render benchmarks/results/block-h200x2.json
+    python3 -m benchmarks.block_bench --render benchmarks/results/block-h200x2.json
 
 The block (Llama-3.1-8B and -70B shapes, bf16): RMSNorm -> QKV (column-parallel, all-gather -> GEMM) ->
 causal ``scaled_dot_product_attention`` on the real heads (grouped-query; training packs sequences of
@@ -60,32 +60,29 @@ import functools
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from benchmarks import REPO
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
-from ficco import executor  # noqa: E402
-from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
-from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
-from ficco.files import write_text_atomic  # noqa: E402
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env  # noqa: E402
-from ficco.runtime import (  # noqa: E402
+from ficco import executor
+from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
+from ficco.features.model_config import ModelConfig, load_model_config
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+from ficco.runtime import (
     Answer,
     ColumnParallelLinear,
     FixedSource,
@@ -97,10 +94,10 @@ from ficco.runtime import (  # noqa: E402
     apply_ops,
     verify_plan,
 )
-from ficco.runtime.graphs import GraphedCall  # noqa: E402
-from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
-from ficco.runtime.timing import time_interleaved  # noqa: E402
-from ficco.tables import markdown_table  # noqa: E402
+from ficco.runtime.graphs import GraphedCall
+from ficco.runtime.overlap import start_all_gather_rows
+from ficco.runtime.timing import time_interleaved
+from ficco.tables import markdown_table
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""

@@ -2,14 +2,14 @@ r"""Executor benchmark on 2 GPUs: every ag_gemm / gemm_rs schedule checked and t
 PyTorch async-TP, and the all-gather alone, NCCL vs copy engines, from 1 MiB to 1 GiB per GPU.
 
     # smoke test, about a minute: a few small shapes, every schedule, correctness + timing
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py --quick \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench --quick \
         --out OUT
     # the full run (budgeted to finish within 8 minutes on 2 x H200)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py --out OUT
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench --out OUT
     # re-render the markdown table from a finished JSON (no GPU)
-    python3 benchmarks/executor_bench.py --render benchmarks/results/executor-h200x2.json
+    python3 -m benchmarks.executor_bench --render benchmarks/results/executor-h200x2.json
     # plumbing check without a GPU: gloo, the quick shapes scaled down 32x
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench \
         --cpu-dry-run --out /tmp/bench-dry
 
 Writes ``OUT/executor-h200x<world size>.json`` (``--quick``: ``...-quick.json``) after every shape, so an
@@ -37,13 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
-
-from ficco.files import write_text_atomic  # noqa: E402
-from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing  # noqa: E402 (needs the path above; imports no torch)
-from ficco.harness.worker import SAFE_ENV  # noqa: E402
-from ficco.tables import text_table  # noqa: E402
+from benchmarks import REPO
+from ficco.files import write_text_atomic
+from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
+from ficco.harness.worker import SAFE_ENV
+from ficco.tables import text_table
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -146,7 +144,7 @@ def plan_shapes(quick: bool, world_size: int, scale_down: int = 1) -> list[Shape
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="benchmarks/executor_bench.py",
+        prog="python -m benchmarks.executor_bench",
         description="Check and time every executor schedule on real layer shapes (run under torchrun).",
     )
     p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")

@@ -7,7 +7,7 @@ r"""Host-side overhead of the executor: microseconds of Python per call, per sch
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/executor_overhead.py --device cuda --out OUT/overhead-cuda.json
     # CUDA, one GPU, no torchrun: rank 0 of a pretend 2-rank world (--loopback, below)
-    python3 benchmarks/executor_overhead.py --device cuda --loopback --out OUT/overhead-loopback.json
+    python3 -m benchmarks.executor_overhead --device cuda --loopback --out OUT/overhead-loopback.json
 
 Per (op, schedule): ``--warmup`` untimed calls, then ``--rounds`` batches of ``--batch`` timed calls, one
 batch of every (op, schedule) per round in a shuffled order (host-speed drift and warm-up land on no
@@ -30,8 +30,8 @@ for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch
 ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.affinity``: none,
 share, core, seek) after the warm-up, ``seek`` also before every batch; run the script several times per
 policy to see how much a fresh process's host time moves with where the kernel put it
-(``benchmarks/host_placement.py`` does; the JSON's ``address_space`` says whether the process ran with its
-address-space layout randomised).
+(``benchmarks.studies.host.host_placement`` does; the JSON's ``address_space`` says whether the process
+ran with its address-space layout randomised).
 
 ``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
 of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
@@ -60,26 +60,22 @@ import json
 import os
 import pstats
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.features import OP_SPECS  # noqa: E402 (imports no torch)
-from ficco.files import write_text_atomic  # noqa: E402 (imports no torch)
-from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
-from ficco.harness.host_speed import (  # noqa: E402
+from ficco.features import OP_SPECS
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import PIN_POLICIES, placement_from_env
+from ficco.harness.host_speed import (
     executor_calls,
     python_work,
     routed_calls,
     time_host_calls,
     tiny_operands,
 )
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)

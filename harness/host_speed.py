@@ -68,7 +68,7 @@ def python_work() -> int:
     """A fixed piece of pure Python (64 dict updates, no torch; about 3-5 us on the GPU machines' hosts): a
     reference for the interpreter's own speed, beside which the executor's calls show whether a process's
     host time moved with the machine (``benchmarks/executor_overhead.py --primitives``,
-    ``benchmarks/host_states.py``)."""
+    ``benchmarks/studies/host/host_states.py``)."""
     counts: dict[int, int] = {}
     for i in range(64):
         counts[i & 7] = counts.get(i & 7, 0) + i

@@ -86,7 +86,7 @@ def fit_pair_model(
 
     ``masked``: pair columns (``training.model.PAIR_FEATURE_NAMES``) held at 0 in training. No tree splits
     on a constant column, so the model is the one fitted without it: a feature ablation
-    (``benchmarks/feature_ablation.py``). ValueError for a name that is not a pair column.
+    (``benchmarks/studies/feature_ablation.py``). ValueError for a name that is not a pair column.
     """
     unknown = sorted(set(masked) - set(PAIR_FEATURE_NAMES))
     if unknown:

@@ -1,7 +1,7 @@
 """How wide must a best set be for an independent run's fastest schedule to land in it? The label rule's
 bootstrap level (``harness.labels.ALPHA``) swept over measured re-runs, per mode (no GPU).
 
-    .venv/bin/python benchmarks/best_set_study.py datasets/h200x2 datasets/h200x2-moe \
+    .venv/bin/python -m benchmarks.studies.best_set_study datasets/h200x2 datasets/h200x2-moe \
         datasets/h200x2-unseen-v3 datasets/h200x2:datasets/h200x2-v2 \
         --out benchmarks/results/best-set-study-h200x2.json
 
@@ -36,7 +36,9 @@ best set holds <= 3 schedules."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/best_set_study.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.best_set_study", description=__doc__.splitlines()[0]
+    )
     p.add_argument("pairs", nargs="+", help="DATASET (against its noise.parquet) or FIRST:SECOND")
     p.add_argument("--alphas", default=",".join(map(str, ALPHAS)), help="comma-separated levels in (0, 1)")
     p.add_argument("--out", type=Path, default=None, help="JSON to write (markdown beside it)")

@@ -2,7 +2,7 @@
 far their labels agree, per mode, with the card's noise arithmetic (``harness.card.noise_summary`` and
 ``noise_by_size``) applied to the second sweep as if it were the first one's re-measure.
 
-    .venv/bin/python benchmarks/compare_sweeps.py datasets/h200x2 datasets/h200x2-v2 \
+    .venv/bin/python -m benchmarks.studies.compare_sweeps datasets/h200x2 datasets/h200x2-v2 \
         --out benchmarks/results/compare-h200x2-v2.json
 
 What an independent re-measurement of the first sweep would see: whether its best sets hold the other

@@ -1,6 +1,6 @@
 r"""Does an eager executor call cost the larger of its host time and its device time, or their sum?
 
-    python3 benchmarks/eager_vs_graph.py --out OUT/eager-vs-graph-loopback-h200.json      # one GPU
+    python3 -m benchmarks.studies.eager_vs_graph --out OUT/eager-vs-graph-loopback-h200.json      # one GPU
 
 In an eager call the host issues the work while the GPU runs what it already has, so a call should take
 about the larger of the two; anything in the executor that makes the host wait for the device (a
@@ -23,12 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.affinity import placement_for_rank  # noqa: E402
-from ficco.tables import text_table  # noqa: E402
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import placement_for_rank
+from ficco.tables import text_table
 
 CASES: tuple[tuple[str, int, int, int], ...] = (
     ("gemm_rs", 768, 23936, 768),

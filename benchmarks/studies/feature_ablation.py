@@ -1,9 +1,9 @@
 """Feature ablation: what a pair column is worth under grouped cross-validation, per mode and op group.
 
-    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 --jobs 2 \
+    .venv/bin/python -m benchmarks.studies.feature_ablation --dataset datasets/h200x2 --jobs 2 \
         --out reports/feature-ablation-fv3.json
-    .venv/bin/python benchmarks/feature_ablation.py --dataset datasets/h200x2 --dataset datasets/h200x2-moe \
-        --jobs 2 --out reports/feature-ablation-fv3-moe.json
+    .venv/bin/python -m benchmarks.studies.feature_ablation --dataset datasets/h200x2 \
+        --dataset datasets/h200x2-moe --jobs 2 --out reports/feature-ablation-fv3-moe.json
 
 The shipped grouped cross-validation (``training.crossval``: the configuration grid, the fallback policies,
 model families and grid quartiles held out) runs once with every pair column (``training.model.
@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from benchmarks.model_study import family_bootstrap, mode_metrics  # noqa: E402 (needs the path above)
+from benchmarks.studies.model_study import family_bootstrap, mode_metrics
 
 DEFAULT_MASKS = ("eager_host_over_gpu",)
 """The column fv3 adds."""

@@ -1,7 +1,7 @@
 r"""How far a lone GEMM's time moves between input draws and between processes: the floor of graph-mode noise.
 
-    python3 benchmarks/gemm_noise.py --out OUT/gemm-noise-a.json      # one GPU; run it twice, then:
-    python3 benchmarks/gemm_noise.py --compare OUT/gemm-noise-a.json OUT/gemm-noise-b.json
+    python3 -m benchmarks.studies.gemm_noise --out OUT/gemm-noise-a.json      # one GPU; run it twice, then:
+    python3 -m benchmarks.studies.gemm_noise --compare OUT/gemm-noise-a.json OUT/gemm-noise-b.json
 
 In ``datasets/h200x2``'s re-measure (another process, other inputs) the GEMM alone, one cuBLAS call replayed
 from a CUDA graph, moved by a median 1.06% (p90 3.9%) in graph mode, about as much as the schedules did
@@ -20,14 +20,10 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.tables import text_table  # noqa: E402
+from ficco.files import write_text_atomic
+from ficco.tables import text_table
 
 SHAPES: tuple[tuple[int, int, int], ...] = (
     (1024, 4096, 6144),

@@ -3,9 +3,9 @@ r"""The MoE ops' expert GEMM on one GPU: one ``torch.mm`` per local expert (the 
 the expert shapes of the MoE families of ``datasets/moe_configs`` at expert parallelism 2.
 
     # one GPU (about a minute on an H200): writes OUT/grouped-gemm-h200.json and .md
-    python3 benchmarks/grouped_gemm.py --out benchmarks/results
+    python3 -m benchmarks.studies.grouped_gemm --out benchmarks/results
     # plumbing check on the CPU (tiny shapes; torch's CPU fallback of _grouped_mm)
-    python3 benchmarks/grouped_gemm.py --cpu-dry-run --out /tmp/grouped-dry
+    python3 -m benchmarks.studies.grouped_gemm --cpu-dry-run --out /tmp/grouped-dry
 
 Per case (family, op, tokens): ``E = experts / 2`` local experts get ``tokens * top_k / 2`` routed rows,
 spread evenly; ``A [rows, k] @ B[e] [k, n]`` per expert. Variants (``VARIANTS``):
@@ -28,7 +28,7 @@ against the loop, eagerly and after a CUDA graph replay. The report prices every
 ``GROUPED_MIN_GEMMS`` (``THRESHOLDS``) on these calls: the executor's rule is read off it.
 
     # one GPU (about 4 minutes on an H200): writes OUT/grouped-units-h200.json and .md
-    python3 benchmarks/grouped_gemm.py --units --out benchmarks/results
+    python3 -m benchmarks.studies.grouped_gemm --units --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -44,10 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
+from ficco.files import write_text_atomic
 
 FAMILIES = {  # name: (experts, top_k, (n, k) of the dispatch's GEMM, (n, k) of the combine's)
     "Mixtral-8x7B": (8, 2, (28672, 4096), (4096, 14336)),
@@ -76,7 +73,9 @@ TOLERANCE = 2e-2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/grouped_gemm.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.grouped_gemm", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder of the JSON and .md")
     p.add_argument("--name", default=None, help="file stem (default: grouped-gemm-<gpu>)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per case and mode, >= 1")

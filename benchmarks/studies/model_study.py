@@ -1,9 +1,9 @@
 """Model study: do the MoE rows hurt the dense picks, do per-mode fallback margins make picks safer, and
 does any change to the model or its fallback generalise better to unseen model families?
 
-    .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
+    .venv/bin/python -m benchmarks.studies.model_study --dense datasets/h200x2 --moe datasets/h200x2-moe \
         --out reports/model-study-h200x2.json
-    .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
+    .venv/bin/python -m benchmarks.studies.model_study --dense datasets/h200x2 --moe datasets/h200x2-moe \
         --repeat datasets/h200x2-swap-trial --section generalization --jobs 2 \
         --out reports/model-study-generalization-h200x2.json
 
@@ -45,7 +45,7 @@ does any change to the model or its fallback generalise better to unseen model f
    A's scenarios, both scored per mode on B's scenarios that neither training set holds (each dataset's
    pairs at its own host factor, ``training.fit.training_pairs``).
 
-    .venv/bin/python benchmarks/model_study.py --dense datasets/h200x2 --moe datasets/h200x2-moe \
+    .venv/bin/python -m benchmarks.studies.model_study --dense datasets/h200x2 --moe datasets/h200x2-moe \
         --section families --families datasets/h200x2-unseen-v3 --families datasets/h200x2-heldout-v3 \
         --families datasets/h200x2-unseen --families datasets/h200x2-heldout \
         --out reports/model-study-families-h200x2.json

@@ -2,15 +2,15 @@ r"""The seeds' SM resource knobs, measured: does a CTA cap on NCCL (``/cta<N>``)
 GEMMs (``/carve<N>``) ever change the best schedule?
 
     # 2 GPUs (estimated 3-4 minutes on 2 x H200, not yet run there): writes OUT/knobs-h200x2.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/resource_knobs.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.studies.resource_knobs \
         --out benchmarks/results
     # the probes alone on one GPU (the GEMM probes need no peer): writes OUT/knobs-probes-h200x1.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/resource_knobs.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m benchmarks.studies.resource_knobs \
         --probes-only --name knobs-probes-h200x1 --out benchmarks/results
     # re-render the markdown from a finished JSON (no GPU)
-    python3 benchmarks/resource_knobs.py --render benchmarks/results/knobs-h200x2.json
+    python3 -m benchmarks.studies.resource_knobs --render benchmarks/results/knobs-h200x2.json
     # plumbing check without a GPU (gloo, tiny shapes, eager only; the knobs have nothing to act on there)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/resource_knobs.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.studies.resource_knobs \
         --cpu-dry-run --out /tmp/knobs-dry
 
 What runs, in one job (rank 0 rewrites the JSON and the markdown after every step, so an interrupted run
@@ -47,15 +47,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-
-import executor_report  # noqa: E402 (needs the path above)
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing  # noqa: E402
-from ficco.harness.labels import best_set, label_quantile  # noqa: E402
-from ficco.harness.worker import SAFE_ENV  # noqa: E402
+from benchmarks import executor_report
+from ficco.files import write_text_atomic
+from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
+from ficco.harness.labels import best_set, label_quantile
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -99,7 +95,7 @@ KNOBS = {"ctas": "CTA cap on NCCL (/cta<N>)", "carveout": "SM carve-out for the 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="benchmarks/resource_knobs.py", description=__doc__.splitlines()[0].lstrip('r"')
+        prog="python -m benchmarks.studies.resource_knobs", description=__doc__.splitlines()[0].lstrip('r"')
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder of the JSON and .md")
     p.add_argument("--name", default=None, help="file stem (default: knobs-h200x<world size>)")

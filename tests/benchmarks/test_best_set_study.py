@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import best_set_study
+from benchmarks.studies import best_set_study
 
 
 def test_lower_levels_give_wider_sets_and_never_less_coverage(sim_moe_dataset, tmp_path):

@@ -1,11 +1,11 @@
-"""benchmarks/compare_sweeps.py: two sweeps of one plan compared with the card's noise arithmetic."""
+"""benchmarks/studies/compare_sweeps.py: two sweeps of one plan compared with the card's noise arithmetic."""
 
 import json
 import shutil
 
 import pytest
 
-from benchmarks import compare_sweeps
+from benchmarks.studies import compare_sweeps
 from ficco.features import get_hardware
 from ficco.harness.plan import plan_scenarios
 from ficco.harness.sim import SimBackend

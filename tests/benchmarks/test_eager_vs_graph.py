@@ -1,4 +1,4 @@
-"""benchmarks/eager_vs_graph.py times on a GPU; without one it says so, and it names bad arguments."""
+"""benchmarks/studies/eager_vs_graph.py times on a GPU; without one it says so, and it names bad arguments."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "eager_vs_graph.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "benchmarks.studies.eager_vs_graph", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def test_bad_block_sizes_are_named():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from executor_world import run_world
 
-from benchmarks import executor_overhead
+from benchmarks import REPO, executor_overhead
 from ficco.harness.affinity import placement_from_env
 
 
@@ -36,9 +36,10 @@ def test_pin_share_confines_each_rank_to_its_share_and_every_case_is_timed(tmp_p
 
 
 def _overhead(*args: str) -> subprocess.CompletedProcess:
-    """``benchmarks/executor_overhead.py ARGS`` in a new interpreter (``--loopback`` makes its own group)."""
-    script = Path(executor_overhead.__file__)
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    """``python -m benchmarks.executor_overhead ARGS`` in a new interpreter (``--loopback`` makes its own
+    group)."""
+    command = [sys.executable, "-m", "benchmarks.executor_overhead", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_loopback_times_every_case_of_a_pretend_world_on_local_peer_memory(tmp_path):

@@ -1,10 +1,10 @@
-"""benchmarks/feature_ablation.py: losses per mode, the paired difference, a masked run."""
+"""benchmarks/studies/feature_ablation.py: losses per mode, the paired difference, a masked run."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import feature_ablation as ablation
+from benchmarks.studies import feature_ablation as ablation
 from ficco.training.metrics import pick_loss
 
 

@@ -1,8 +1,8 @@
-"""benchmarks/gemm_noise.py's tables: the spread between input draws per shape, and two runs side by side."""
+"""benchmarks.studies.gemm_noise's tables: the spread between input draws per shape, two runs side by side."""
 
 from __future__ import annotations
 
-from benchmarks.gemm_noise import SHAPES, by_shape, compare
+from benchmarks.studies.gemm_noise import SHAPES, by_shape, compare
 
 
 def _run(scale: float) -> dict:

@@ -1,10 +1,10 @@
-"""benchmarks/grouped_gemm.py: the routed rows per expert, and its CPU dry run writing every variant."""
+"""benchmarks.studies.grouped_gemm: the routed rows per expert, its CPU dry run writing every variant."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import grouped_gemm as bench
+from benchmarks.studies import grouped_gemm as bench
 from ficco.features import Routing
 
 

@@ -1,6 +1,6 @@
-"""benchmarks/host_placement.py: its jobs' commands (loopback, a fixed address-space layout), the summary
-per (policy, layout, op, schedule) of the jobs' host times, their median, spread and coefficient of
-variation, and the drift table that divides each job's times by its pure-Python reference."""
+"""benchmarks.studies.host.host_placement: its jobs' commands (loopback, a fixed address-space layout),
+the summary per (policy, layout, op, schedule) of the jobs' host times, their median, spread and
+coefficient of variation, and the drift table that divides each job's times by its pure-Python reference."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from benchmarks.host_placement import (
+from benchmarks.studies.host.host_placement import (
     PYTHON_REFERENCE,
     drift,
     fixed_layout_refused,

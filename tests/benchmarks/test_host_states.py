@@ -1,11 +1,11 @@
-"""benchmarks/host_states.py: slow spells, the fast state, bins and whether CPUs slow down together."""
+"""benchmarks.studies.host.host_states: slow spells, the fast state, bins, whether CPUs slow together."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks.host_states import binned, json_bins, spells_ms, summarize, together
+from benchmarks.studies.host.host_states import binned, json_bins, spells_ms, summarize, together
 
 
 def _series(us: list[float], step_s: float = 0.001) -> np.ndarray:

@@ -1,10 +1,10 @@
-"""benchmarks/model_study.py: the aligned folds, the family bootstrap and the per-mode fallback margins."""
+"""benchmarks.studies.model_study: the aligned folds, the family bootstrap, per-mode fallback margins."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import model_study as study
+from benchmarks.studies import model_study as study
 from ficco.training.crossval import cv_folds, cv_groups
 from ficco.training.model import SERIAL_INDEX
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from executor_world import run_world
 
-from benchmarks import resource_knobs as bench
+from benchmarks.studies import resource_knobs as bench
 
 
 def _shape(times: dict[str, float], mode: str = "graph", rounds: int = 20, noise: float = 0.002) -> dict:

@@ -1,8 +1,8 @@
 r"""How much a fresh process's host time per executor call moves with where its threads and memory lie.
 
-    python3 benchmarks/host_placement.py --jobs 4 --out OUT/host-placement-h200x2.json   # on 2+ GPUs
+    python3 -m benchmarks.studies.host.host_placement --jobs 4 --out OUT/host-placement-h200x2.json  # 2+ GPUs
     # one GPU: each job one process, rank 0 of a pretend 2-rank world (no NCCL cost), with the references
-    python3 benchmarks/host_placement.py --loopback --primitives --layouts random fixed \
+    python3 -m benchmarks.studies.host.host_placement --loopback --primitives --layouts random fixed \
         --jobs 4 --out OUT/host-placement-loopback-h200.json
 
 Eager-mode labels of small shapes are host time, and two processes on the same machine measured it up to
@@ -35,13 +35,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.affinity import PIN_POLICIES  # noqa: E402
-from ficco.harness.launch import torchrun_prefix  # noqa: E402
-from ficco.tables import text_table  # noqa: E402
+from benchmarks import REPO
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import PIN_POLICIES
+from ficco.harness.launch import torchrun_prefix
+from ficco.tables import text_table
 
 SCHEDULES = ("serial/sm", "shard/dma", "shard/sm", "finer/dma/s4/chunk")
 """Schedules timed in every job, for both ops (the two extremes of host work, and the common pick)."""
@@ -60,7 +58,7 @@ def job_command(policy: str, layout: str, out: Path, args: argparse.Namespace) -
     else:
         start, world = torchrun_prefix(args.nproc), []
     command = [
-        *start, str(REPO / "benchmarks" / "executor_overhead.py"), *world, "--device", args.device,
+        *start, "-m", "benchmarks.executor_overhead", *world, "--device", args.device,
         "--pin", policy, "--rounds", str(args.rounds), "--batch", str(args.batch), "--out", str(out),
         "--schedules", *args.schedules, *(["--primitives"] if args.primitives else []),
     ]  # fmt: skip
@@ -98,6 +96,7 @@ def run_job(policy: str, layout: str, args: argparse.Namespace, out: Path) -> di
             stderr=subprocess.PIPE,
             text=True,
             env=os.environ | rank,
+            cwd=REPO,
         )
         for rank, path in zip(ranks, outs, strict=True)
     ]

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The host side of a GPU machine, in one device call (about 5 minutes on 2 x H200, never more than 9); results go to $OUT.
-#   bash benchmarks/host_probe.sh [HARDWARE]        e.g. bash benchmarks/host_probe.sh h200x2
-# 1. benchmarks/host_placement.py: host time per executor call over fresh torchrun jobs, per CPU placement
+#   bash benchmarks/studies/host/host_probe.sh [HARDWARE]        e.g. bash benchmarks/studies/host/host_probe.sh h200x2
+# 1. benchmarks.studies.host.host_placement: host time per executor call over fresh torchrun jobs, per CPU placement
 #    policy (share, what the committed datasets used; core; seek, the harness's default; harness.affinity):
 #    which policy a fresh process reproduces best, with the pure-Python reference beside the calls;
-# 2. benchmarks/executor_overhead.py --primitives --profiler torch: each schedule's host time, its building
+# 2. benchmarks.executor_overhead --primitives --profiler torch: each schedule's host time, its building
 #    blocks alone, and where torch.profiler sees the host time go (c10d's NCCL calls included);
 # 3. ficco host-factor under the share, core and seek policies: the host factor, measured within seconds, to hold
 #    against the factor a sweep of the same session reads off its eager times (its card's "Host speed").
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/../../device_env.sh"
 [ "$GPUS" -ge 2 ] || { echo "error: $GPUS CUDA devices; this needs at least 2"; exit 2; }
 HW="${1:-h200x$GPUS}"
 nproc; nvidia-smi topo -m | head -$((GPUS + 2))
-timeout 300 "$PY" benchmarks/host_placement.py --jobs 3 --policies share core seek --primitives \
+timeout 300 "$PY" -m benchmarks.studies.host.host_placement --jobs 3 --policies share core seek --primitives \
     --out "$OUT/host-placement-$HW.json" 2>&1 | grep -v "^primitive" | tail -30
-timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" benchmarks/executor_overhead.py \
+timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" -m benchmarks.executor_overhead \
     --device cuda --primitives --profile 200 --profiler torch --out "$OUT/executor-overhead-$HW-primitives.json" \
     2>&1 | grep -v Warn | tail -45
 for pin in share core seek; do

@@ -1,7 +1,7 @@
 r"""The host's speed over time: whether it flips between states, for how long, and on which CPUs at once.
 
-    python3 benchmarks/host_states.py --out OUT/host-states-h200.json        # any machine, no GPU needed
-    python3 benchmarks/host_states.py --render OUT/host-states-h200.json     # the plot beside it (matplotlib)
+    python3 -m benchmarks.studies.host.host_states --out OUT/host-states-h200.json  # no GPU needed
+    python3 -m benchmarks.studies.host.host_states --render OUT/host-states-h200.json  # its plot
 
 On one H200 machine, fresh processes timed the executor's host path up to 1.8x apart within two minutes,
 and a fixed piece of pure Python moved with it, 4.2-4.5 us per call in some rounds and 7-9 us in others,
@@ -31,12 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.host_speed import python_work  # noqa: E402
-from ficco.tables import text_table  # noqa: E402
+from benchmarks import REPO
+from ficco.files import write_text_atomic
+from ficco.harness.host_speed import python_work
+from ficco.tables import text_table
 
 BIN_MS = 10.0
 """Width of the bins the series are kept and compared in, ms."""
@@ -85,9 +83,9 @@ def run_phase(cpus: list[int], seconds: float, batch: int, scratch: Path) -> dic
     workers = {}
     for cpu in cpus:
         out = scratch / f"cpu{cpu}-{start:.3f}.npy"
-        command = [sys.executable, __file__, "--worker", str(cpu), "--start", repr(start),
+        command = [sys.executable, "-m", __spec__.name, "--worker", str(cpu), "--start", repr(start),
                    "--stop", repr(stop), "--batch", str(batch), "--out", str(out)]  # fmt: skip
-        workers[cpu] = (subprocess.Popen(command), out)
+        workers[cpu] = (subprocess.Popen(command, cwd=REPO), out)
     series = {}
     for cpu, (process, out) in workers.items():
         if process.wait(timeout=seconds + 60):
