@@ -55,6 +55,7 @@ from pathlib import Path
 
 from ficco.files import write_text_atomic
 from ficco.harness.worker import SAFE_ENV
+from ficco.rounds import interleaved_rounds
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -185,7 +186,6 @@ def run(args: argparse.Namespace) -> dict:
 
 def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
     """One size: every variant checked, then timed in interleaved rounds; one JSON row."""
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -208,12 +208,11 @@ def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
 
     times: dict[str, list[float]] = {v: [] for v in variants}
     host: dict[str, list[float]] = {v: [] for v in variants}
-    rng = np.random.default_rng([bytes_per_rank, args.rounds])
-    names = list(variants)
-    for _ in range(args.rounds):
+
+    def run_round(order: list[str]) -> None:
         local = []
-        for i in rng.permutation(len(names)):
-            call = variants[names[i]]
+        for name in order:
+            call = variants[name]
             align()
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -229,12 +228,14 @@ def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
                 call()
                 issued = time.perf_counter() - t0
                 ms = 1e3 * issued
-            local.append((names[i], ms / CALLS, 1e3 * issued / CALLS))
+            local.append((name, ms / CALLS, 1e3 * issued / CALLS))
         flat = torch.tensor([v for _, ms, hs in local for v in (ms, hs)], dtype=torch.float64, device=device)
         dist.all_reduce(flat, op=dist.ReduceOp.MAX)
         for j, (variant, _, _) in enumerate(local):
             times[variant].append(flat[2 * j].item())
             host[variant].append(flat[2 * j + 1].item())
+
+    interleaved_rounds(list(variants), run_round, rounds=args.rounds, seed=[bytes_per_rank, args.rounds])
     row: dict = {"bytes_per_rank": bytes_per_rank, "bytes_per_peer": rows_per_peer * WIDTH * 2}
     for variant in VARIANTS:
         row[f"{variant}_ms"] = statistics.median(times[variant]) if times.get(variant) else None

@@ -40,9 +40,8 @@ gathers its input again instead of keeping it).
 
 Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then rounds in which
 every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU: ``perf_counter``),
-ranks aligned (synchronise, barrier) before each variant's steps, and under ``--pin seek`` (the default, as
-in ``ficco bench``) each rank's main thread first moved off a CPU in its slow state (``harness.affinity``);
-a step's time is the maximum over ranks
+ranks aligned (synchronise, barrier) before each variant's steps, each rank's threads on its share of the
+CPUs (``--pin``, as in ``ficco bench``); a step's time is the maximum over ranks
 and a point's time the median over its ``rounds x reps`` steps. A point gets ``--rounds`` rounds, or more
 for short steps, up to ``--max-rounds``: enough that every variant is timed for about ``--timed-ms`` (short,
 host-bound steps vary most from round to round). Each point also keeps the
@@ -487,7 +486,6 @@ def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
         "reps": args.reps,
         "timed_ms": args.timed_ms,
         "max_rounds": args.max_rounds,
-        "settle": args.settle,
     }
 
 
@@ -639,7 +637,6 @@ def main(argv: list[str] | None = None) -> dict | None:
     cuda = not args.cpu_smoke
     placement = placement_from_env(args.pin, cuda)
     placement.confine()
-    args.settle = placement.settle  # before each variant's timed steps (runtime.timing.time_interleaved)
     with executor.process_group("cuda" if cuda else "cpu") as device:
         placement.apply()
         try:
@@ -977,8 +974,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pin",
         choices=PIN_POLICIES,
         default=DEFAULT_PIN,
-        help="where each rank's threads run (harness.affinity; seek: before each variant's timed steps the "
-        "main thread moves off a CPU in its slow state, as ficco bench does)",
+        help="where each rank's threads run (harness.affinity), as ficco bench places them",
     )
     p.add_argument(
         "--oracle-all-candidates",

@@ -29,6 +29,7 @@ from functools import cache, lru_cache
 
 import torch
 
+from ficco.executor.capture import refuse_capture
 from ficco.executor.plan import Layout, Plan
 from ficco.features.routing import Routing
 
@@ -309,13 +310,11 @@ def grouped_matmul(
         Where to write; without it, the grouped GEMM's own output is returned (no copy).
 
     The grouped form's first call for a ``group_rows`` on a device copies its offsets to the device, which
-    CUDA graph capture cannot record (:class:`~ficco.executor.context.CaptureError`): call it once eagerly.
+    CUDA graph capture cannot record (:class:`~ficco.executor.capture.CaptureError`): call it once eagerly.
     """
     gemms = ExpertGemms.whole(tuple(group_rows))
     if gemms.grouped(a, b):
         if not gemms.ready(a.device):
-            from ficco.executor.context import refuse_capture  # context imports this module
-
             refuse_capture(a.device, "grouped_matmul", "copies the groups' row offsets to the device")
         product = torch._grouped_mm(a, b, offs=gemms.tensors(a.device)[0])
         return product if out is None else out.copy_(product)

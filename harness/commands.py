@@ -24,7 +24,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.harness.affinity import DEFAULT_PIN, HOST_FACTOR_PIN, PinPolicy
+from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -176,10 +176,8 @@ def bench(
         PinPolicy,
         typer.Option(
             help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
-            "share (each rank an equal share of the CPUs), core (the rank's main thread alone on one "
-            "physical core, near its GPU, the other threads on the rest of its share) or seek (as core, and "
-            "before each eager block the main thread moves off a core running at half speed; the GPU "
-            "machines' CPUs flip into such states one at a time).",
+            "share (each rank an equal, disjoint share of the CPUs' physical cores; every committed "
+            "dataset was measured so).",
         ),
     ] = DEFAULT_PIN,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
@@ -453,9 +451,9 @@ def host_factor(
         PinPolicy,
         typer.Option(
             help="Where each rank's threads run, as in `ficco bench --pin`. Default share: a runtime's "
-            "process stays on its CPUs, slow spells included, and that is the host a model is asked about."
+            "process stays on its CPUs, and that is the host a model is asked about."
         ),
-    ] = HOST_FACTOR_PIN,
+    ] = DEFAULT_PIN,
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny

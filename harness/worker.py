@@ -93,9 +93,6 @@ def main(argv: list[str] | None = None) -> None:
         if dist.get_rank() == 0 and backend.phase_seconds:
             spent = ", ".join(f"{name} {sec:.1f} s" for name, sec in sorted(backend.phase_seconds.items()))
             print(f"{args.phase}: wall time by phase: {spent}", file=sys.stderr, flush=True)
-        if placement.seeker is not None:  # what seek did on this rank (moves off slow cores)
-            done = f"rank {rank}: {args.phase}: CPU placement {placement.describe()}"
-            print(done, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ of two (``harness.loopback``: no peer, copies into local buffers, NCCL calls tha
 op, shape of :data:`CASES` and schedule of ``--schedules``: ``eager_us``, a block of ``--calls`` calls timed
 between CUDA events from an idle device; ``host_us``, the host's time to issue that block; ``graph_us``, the
 same calls captured into one CUDA graph and replayed (device time alone). Rounds (``--rounds``) interleave
-the three; each is the median over rounds, per call. The main thread is kept off CPUs in their slow state
-(``harness.affinity`` ``seek``), so the host times are the host's usual ones. Prints a table with
+the three; each is the median over rounds, per call. The results committed beside it were measured with the
+main thread kept off CPUs in their slow state (a placement policy the harness no longer has; see
+``docs/protocol.md``); this runs under ``share``. Prints a table with
 ``max(host, graph)`` and ``host + graph`` beside ``eager`` and writes the rows to ``--out``.
 """
 
@@ -53,7 +54,7 @@ def operands(op: str, m: int, n: int, k: int, device):
     return lambda schedule: executor.matmul_reduce_scatter(a, b, schedule, out=out)
 
 
-def time_case(call, calls: int, rounds: int, settle) -> dict[str, float]:
+def time_case(call, calls: int, rounds: int) -> dict[str, float]:
     """Median eager, host and graph microseconds per call over ``rounds`` (module docstring)."""
     import torch
 
@@ -67,7 +68,6 @@ def time_case(call, calls: int, rounds: int, settle) -> dict[str, float]:
     eager, host, replay = [], [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(rounds):
-        settle()
         torch.cuda.synchronize()
         start.record()
         begun = time.perf_counter()
@@ -107,14 +107,14 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("error: this needs a CUDA GPU")
-    placement = placement_for_rank("seek", 0, 1, 0)
+    placement = placement_for_rank("share", 0, 1, 0)
     placement.apply()
     rows = []
     with loopback_world(2) as device:
         for op, m, n, k in CASES:
             call = operands(op, m, n, k, device)
             for schedule in args.schedules:
-                got = time_case(lambda c=call, s=schedule: c(s), args.calls, args.rounds, placement.settle)
+                got = time_case(lambda c=call, s=schedule: c(s), args.calls, args.rounds)
                 rows.append({"op": op, "shape": [m, n, k], "schedule": schedule, **got})
                 executor.clear_buffers()
     body = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls,

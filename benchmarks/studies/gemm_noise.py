@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 from pathlib import Path
 
 from ficco.files import write_text_atomic
+from ficco.rounds import interleaved_rounds
 from ficco.tables import text_table
 
 SHAPES: tuple[tuple[int, int, int], ...] = (
@@ -65,9 +65,8 @@ def measure(seeds: list[int], rounds: int) -> dict:
             key = f"{m}x{n}x{k}/seed{seed}"
             blocks[key], calls[key] = (graph, (a, b, out)), count
     times: dict[str, list[float]] = {key: [] for key in blocks}
-    order = random.Random(0)
-    for _ in range(rounds):
-        keys = order.sample(list(blocks), len(blocks))
+
+    def run_round(keys: list[str]) -> None:
         events = []
         torch.cuda._sleep(2_000_000)  # the GPU busy while the host queues the round
         for key in keys:
@@ -79,6 +78,8 @@ def measure(seeds: list[int], rounds: int) -> dict:
         torch.cuda.synchronize()
         for key, start, end in events:
             times[key].append(start.elapsed_time(end) / calls[key])
+
+    interleaved_rounds(list(blocks), run_round, rounds=rounds, seed=0)
     return {
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,

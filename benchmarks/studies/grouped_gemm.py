@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from ficco.files import write_text_atomic
+from ficco.rounds import interleaved_rounds
 
 FAMILIES = {  # name: (experts, top_k, (n, k) of the dispatch's GEMM, (n, k) of the combine's)
     "Mixtral-8x7B": (8, 2, (28672, 4096), (4096, 14336)),
@@ -193,9 +194,9 @@ def time_case(variants: dict[str, Callable[[], object]], *, cuda: bool, rounds: 
             calls[f"{name}_graph"] = graph.replay
     times: dict[str, list[float]] = {key: [] for key in calls}
     host: dict[str, list[float]] = {key: [] for key in calls if key.endswith("_eager")}
-    rng = np.random.default_rng(seed)
-    for _ in range(rounds):
-        for key in rng.permutation(list(calls)):
+
+    def run_round(order: list[str]) -> None:
+        for key in order:
             run = calls[key]
             run()  # warm (and, first time round, compile or allocate)
             if cuda:
@@ -214,6 +215,8 @@ def time_case(variants: dict[str, Callable[[], object]], *, cuda: bool, rounds: 
                 times[key].append(1e3 * issued / CALLS)
             if key in host:
                 host[key].append(1e6 * issued / CALLS)
+
+    interleaved_rounds(list(calls), run_round, rounds=rounds, seed=seed)
     out = {f"{key}_ms": statistics.median(v) for key, v in times.items()}
     out |= {f"{key.removesuffix('_eager')}_host_us": statistics.median(v) for key, v in host.items()}
     return out

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from executor_world import run_world
 
@@ -70,9 +69,9 @@ def test_knockout_needs_the_loopback_world():
 
 def test_loopback_places_its_one_process_and_records_its_address_space_layout(tmp_path):
     out = tmp_path / "pinned.json"
-    done = _overhead("--device", "cpu", "--loopback", "--pin", "core", "--schedules", "serial/sm", "--rounds",
-                     "2", "--batch", "2", "--warmup", "1", "--out", str(out))  # fmt: skip
+    done = _overhead("--device", "cpu", "--loopback", "--pin", "share", "--schedules", "serial/sm",
+                     "--rounds", "2", "--batch", "2", "--warmup", "1", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "placement core: main thread on CPU" in done.stdout
+    assert "placement share: every thread on CPUs" in done.stdout
     data = json.loads(out.read_text())
-    assert data["pin"] == "core" and data["address_space"] in {"random", "fixed"}
+    assert data["pin"] == "share" and data["address_space"] in {"random", "fixed"}

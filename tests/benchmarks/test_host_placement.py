@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from benchmarks.studies.host.host_placement import (
     PYTHON_REFERENCE,
     drift,

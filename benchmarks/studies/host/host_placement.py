@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from benchmarks import REPO
 from ficco.files import write_text_atomic
 from ficco.harness.affinity import PIN_POLICIES
 from ficco.harness.launch import torchrun_prefix
+from ficco.rounds import interleaved_rounds
 from ficco.tables import text_table
 
 SCHEDULES = ("serial/sm", "shard/dma", "shard/sm", "finer/dma/s4/chunk")
@@ -299,18 +299,21 @@ def main() -> None:
     machine = {"world_size": world, "loopback": args.loopback, "torch": torch.__version__, "env": env}
     machine["topology"] = topology()
     placements = [(policy, layout) for policy in args.policies for layout in args.layouts]
-    order = random.Random(args.seed)
     jobs: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
-        for j in range(args.jobs):
-            for policy, layout in order.sample(placements, len(placements)):
+
+        def run_round(order: list[tuple[str, str]]) -> None:
+            j = len(jobs) // len(placements)
+            for policy, layout in order:
                 job = run_job(policy, layout, args, Path(scratch) / f"{policy}-{layout}-{j}.json")
                 jobs.append(job | {"job": j})
-                summary, by_placement = write(args, jobs, machine)
                 print(f"job {j} {policy} {layout}: " + ", ".join(
                     f"{r['op']} {r['schedule']} {r['host_us_per_call']}" for r in job["results"]
                 ), flush=True)  # fmt: skip
-    print_tables(summary, by_placement)
+                write(args, jobs, machine)
+
+        interleaved_rounds(placements, run_round, rounds=args.jobs, seed=args.seed)
+    print_tables(*write(args, jobs, machine))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import REPO
+from benchmarks.executor_overhead import python_work
 from ficco.files import write_text_atomic
-from ficco.harness.host_speed import python_work
 from ficco.tables import text_table
 
 BIN_MS = 10.0
