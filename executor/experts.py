@@ -41,7 +41,7 @@ ROUTED_MAX = 8
 """Routings whose derived state a group context keeps at most (least recently used dropped first)."""
 GROUPED_MIN_GEMMS = 8
 """Fewest expert GEMMs (non-empty segments) a block needs to run them as one grouped GEMM rather than a loop.
-On one H200 (``benchmarks/studies/grouped_gemm.py --units``, ``benchmarks/results/grouped-units-h200.md``: the
+On one H200 (``benchmarks.studies.grouped_gemm --units``, ``benchmarks/results/grouped-units-h200.md``: the
 blocks of 96 calls, four MoE families x two ops x 256-16k tokens x four schedules at two ranks), 8 left
 each call's expert GEMMs a geomean 1.005x (eager) / 1.017x (graph) the time of every block its faster way
 (worst 1.12x / 1.24x) and cut them 1.88x / 1.23x against the loop (worst 0.90x / 0.81x: 256-row GEMMs at
