@@ -313,7 +313,8 @@ def dataset_oracle(directory: Path) -> dict[tuple, Answer]:
     """The fastest schedule of every (op, m, n, k, mode) of a measured dataset (format 1 rows are eager)."""
     import pandas as pd
 
-    from ficco.harness.dataset import label_table, load_dataset
+    from ficco.features.dataset import load_dataset
+    from ficco.harness.dataset import label_table
 
     try:
         df = load_dataset(directory)
@@ -970,12 +971,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
-    p.add_argument(
-        "--pin",
-        choices=PIN_POLICIES,
-        default=DEFAULT_PIN,
-        help="where each rank's threads run (harness.affinity), as ficco bench places them",
-    )
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where each rank's threads run")
     p.add_argument(
         "--oracle-all-candidates",
         action="store_true",

@@ -157,7 +157,7 @@ def scenario_shapes(loaded) -> dict[tuple[str, str], dict]:
     """Per (scenario id, mode) of ``loaded``'s dataset: the record ``executor_report`` reads (``serial_ms``,
     ``gemm_alone_ms``, ``comm_alone_ms``: NCCL's collective alone, ``dma_comm_alone_ms``), None where a
     baseline was not measured."""
-    from ficco.harness.dataset import load_dataset
+    from ficco.features.dataset import load_dataset
 
     frame = load_dataset(loaded.paths[0])
     serial = frame[frame["schedule"] == "serial/sm"].drop_duplicates(["scenario_id", "mode"])

@@ -17,6 +17,7 @@ import json
 import logging
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -315,7 +316,7 @@ def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float)
 
 def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     """Refuse to add to an existing dataset unless ``--resume`` was given."""
-    from ficco.harness.dataset import read_manifest
+    from ficco.features.dataset import read_manifest
 
     try:
         existing = read_manifest(out)
@@ -350,7 +351,7 @@ def _option_value(value: Any) -> str:
 def _check_same_plan_settings(out: Path, plan: Plan) -> None:
     """Refuse ``--resume`` whose plan settings differ from the dataset's ``plan.json`` (the card would
     then contradict its own table); the message names each differing option with both values."""
-    from ficco.harness.dataset import PLAN
+    from ficco.features.dataset import PLAN
 
     path = out / PLAN
     if not path.is_file():
@@ -385,7 +386,7 @@ def _run_sim(
     deadline: float | None,
 ) -> None:
     """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
-    from ficco.harness.dataset import dataset_hardware, load_dataset
+    from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep
 
@@ -412,24 +413,24 @@ def _run_sim(
         raise fail(str(err)) from None
 
 
+def _or_fail(call: Callable[[Path], Any], out: Path) -> Any:
+    """``call(out)``, its ``ValueError`` as one ``error:`` line."""
+    try:
+        return call(out)
+    except ValueError as err:
+        raise fail(str(err)) from None
+
+
 def _relabel(out: Path) -> None:
     from ficco.harness.dataset import relabel_dataset
 
-    try:
-        changed = relabel_dataset(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
+    typer.echo(f"relabelled {out}: in_best_set changed on {_or_fail(relabel_dataset, out)} rows")
 
 
 def _write_card(out: Path) -> None:
     from ficco.harness.card import write_card
 
-    try:
-        path = write_card(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    typer.echo(f"dataset card: {path}")
+    typer.echo(f"dataset card: {_or_fail(write_card, out)}")
 
 
 def host_factor(

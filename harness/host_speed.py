@@ -44,18 +44,8 @@ if TYPE_CHECKING:
 
     from ficco.features.routing import Routing
 
-CASES: tuple[tuple[str, str], ...] = tuple(
-    (op, schedule)
-    for op in ("ag_gemm", "gemm_rs")
-    for schedule in (
-        "serial/sm",
-        "serial/dma",
-        "shard/sm",
-        "shard/dma",
-        "finer/dma/s4/chunk",
-        "finer/dma/s4/shard",
-    )
-)
+SCHEDULES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/dma/s4/chunk", "finer/dma/s4/shard")
+CASES: tuple[tuple[str, str], ...] = tuple((op, s) for op in ("ag_gemm", "gemm_rs") for s in SCHEDULES)
 """(op, schedule) pairs timed: the reference, both transports at shard granularity and the finer copy-engine
 schedules, the launches the eager labels of small shapes are made of."""
 CPU_DEVICE = "CPU (gloo)"

@@ -54,9 +54,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ficco.features import MODES, OP_SPECS, SERIAL, Routing, Scenario, Schedule
+from ficco.features.dataset import BASELINE_KEYS
 from ficco.features.ops import OpShapes
 from ficco.harness.affinity import Placement
-from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult, Timing
+from ficco.harness.backend import Measurement, ScenarioResult, Timing
 from ficco.rounds import interleaved_rounds
 
 if TYPE_CHECKING:
@@ -76,9 +77,7 @@ MAX_CALLS = 64
 """Most calls per timed block (small shapes)."""
 MAX_GRAPH_CALLS = 2
 """Most calls captured in one graph: a block replays it several times. Graph-mode rounds are queued on the
-device, where back-to-back replays of a two-call graph cost no more than one long graph. Capturing costs
-mostly per graph, not per call (2 x H200: 0.42 s of captures per scenario with 8-call graphs, 0.37 s with
-2-call graphs)."""
+device, where back-to-back replays of a two-call graph cost no more than one long graph."""
 SPIN_CYCLES = 2_000_000
 """GPU clock cycles the spin kernel holds the device at the start of a queued round (about 1 ms at the
 H200's boost clock, longer at idle clocks) while the host queues the round's first items."""

@@ -45,12 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
-    p.add_argument(
-        "--pin",
-        choices=PIN_POLICIES,
-        default=DEFAULT_PIN,
-        help="where the rank's threads run (harness.affinity)",
-    )
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
     return p.parse_args(argv)
 
 

@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 
 from ficco.features import MODES
+from ficco.features.dataset import load_dataset, load_noise
 from ficco.files import write_text_atomic
 from ficco.harness.card import noise_summary
-from ficco.harness.dataset import load_dataset, load_noise
 from ficco.harness.labels import ALPHA, relabel
 from ficco.tables import markdown_table, text_table
 

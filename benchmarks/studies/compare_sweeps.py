@@ -22,10 +22,9 @@ import json
 from pathlib import Path
 
 from ficco.features import MODES
+from ficco.features.dataset import LABEL_STAT, load_dataset, read_manifest
 from ficco.harness.backend import PROTOCOL_BEFORE
 from ficco.harness.card import noise_by_size, noise_summary, size_label
-from ficco.harness.dataset import load_dataset, read_manifest
-from ficco.harness.labels import LABEL_STAT
 from ficco.tables import text_table
 
 

@@ -48,9 +48,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import executor_report
+from ficco.features.dataset import label_quantile
 from ficco.files import write_text_atomic
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
-from ficco.harness.labels import best_set, label_quantile
+from ficco.harness.labels import best_set
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.

@@ -11,16 +11,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ficco.harness.backend import Timing
-from ficco.harness.commands import register
-from ficco.harness.dataset import (
+from ficco.features.dataset import (
     dataset_hardware,
-    label_table,
     load_dataset,
     load_noise,
     read_manifest,
     scenario_from_row,
 )
+from ficco.harness.backend import Timing
+from ficco.harness.commands import register
+from ficco.harness.dataset import label_table
 from ficco.harness.launch import WorkerSettings, torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 
@@ -101,7 +101,7 @@ def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
 def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_configs, tmp_path):
     import pandas as pd
 
-    from ficco.harness.dataset import COLUMNS, MANIFEST, load_dataset
+    from ficco.features.dataset import COLUMNS, MANIFEST, load_dataset
 
     out = tmp_path / "ds"
     _bench(app, *_small(tiny_configs, out))

@@ -91,9 +91,9 @@ def test_a_repeat_with_other_modes_adds_no_row(frame, table):
 
 
 def test_the_table_carries_its_machines_host_factor_and_subsets_keep_it(frame, table):
-    """The sweep's own host factor (``harness.labels.host_factor_of``); 1.0 where no eager time is
+    """The sweep's own host factor (``features.dataset.host_factor_of``); 1.0 where no eager time is
     host-bound (the toy frame as it is, graph rows alone)."""
-    from ficco.harness.labels import host_factor_of
+    from ficco.features.dataset import host_factor_of
 
     hw = get_hardware("h200x2")
     fast_graphs = frame.copy()
