@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import rerender, say
 from ficco.files import write_text_atomic
 from ficco.harness.worker import SAFE_ENV
 from ficco.rounds import interleaved_rounds
@@ -115,10 +116,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     """Run the benchmark (under torchrun, or inside an initialised group); rank 0's result, else None."""
     args = parse_args(argv)
     if args.render is not None:
-        data = json.loads(args.render.read_text())
-        out = args.render.with_suffix(".md")
-        write_text_atomic(out, render_markdown(data))
-        print(f"wrote {out}")
+        rerender(args.render, render_markdown)
         return None
     import torch.distributed as dist
 
@@ -164,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     out_json = args.out / f"{name}.json"
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        _say(f"{len(sizes)} sizes, {lo >> 10} KiB to {hi >> 10} KiB per rank; writing {out_json}")
+        say(f"{len(sizes)} sizes, {lo >> 10} KiB to {hi >> 10} KiB per rank; writing {out_json}")
     start = time.perf_counter()
     for bytes_per_rank in sorted(sizes, reverse=True):
         row = measure_size(args, bytes_per_rank, device)
@@ -174,13 +172,13 @@ def run(args: argparse.Namespace) -> dict:
         data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
         if rank == 0:
             _save(out_json, data)
-            _say(_progress(row))
+            say(_progress(row))
     if rank == 0:
         for variant, at in data["crossover"].items():
             where = "never" if at is None else f"from {_size(at)} per peer on"
-            _say(f"crossover: {variant} at least as fast as NCCL {where}")
+            say(f"crossover: {variant} at least as fast as NCCL {where}")
         g = data["goal"]
-        _say(f"goal (dma >= NCCL at >= 1 MiB per peer, <= {GOAL_BELOW}x below): {g['met']}; {g['note']}")
+        say(f"goal (dma >= NCCL at >= 1 MiB per peer, <= {GOAL_BELOW}x below): {g['met']}; {g['note']}")
     return data
 
 
@@ -605,10 +603,6 @@ def _size(nbytes: int) -> str:
 
 def _f(x: float | None) -> str:
     return f"{x:.4g}" if isinstance(x, float) and math.isfinite(x) else "n/a"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":

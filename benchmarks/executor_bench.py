@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import REPO
+from benchmarks import REPO, rerender, say
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.harness.worker import SAFE_ENV
@@ -180,10 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.render is not None:
-        data = json.loads(args.render.read_text())
-        out = args.render.with_suffix(".md")
-        out.write_text(_markdown(data))
-        print(f"wrote {out}")
+        rerender(args.render, _markdown)
         return
     if "LOCAL_RANK" not in os.environ:
         sys.exit(
@@ -232,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
     if lead:
         args.out.mkdir(parents=True, exist_ok=True)
         est = sum(s.estimate_s(w, 30, calls) for s in shapes)
-        _say(f"{len(shapes)} shapes planned, estimated {est:.0f} s (budget {args.budget_s:.0f} s)")
-        _say(f"writing {out_json} and {out_json.with_suffix('.md')}")
+        say(f"{len(shapes)} shapes planned, estimated {est:.0f} s (budget {args.budget_s:.0f} s)")
+        say(f"writing {out_json} and {out_json.with_suffix('.md')}")
 
     data["allgather_bandwidth"] = measure_bandwidth(
         backend, (1, 4) if args.cpu_dry_run else QUICK_BANDWIDTH_MIB if args.quick else BANDWIDTH_MIB
@@ -256,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         spent_est += shape.estimate_s(w, 30, calls)
         _save(lead, out_json, data, start)
         if lead:
-            _say(f"[{i + 1}/{len(shapes)} {time.perf_counter() - start:4.0f} s] {_progress(shape, result)}")
+            say(f"[{i + 1}/{len(shapes)} {time.perf_counter() - start:4.0f} s] {_progress(shape, result)}")
     data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
     _save(lead, out_json, data, start)
     if lead:
@@ -304,7 +301,7 @@ def _bandwidth_row(backend, mib: int) -> dict:
             row[key], row[f"{key}_error"] = None, f"{type(err).__name__}: {err}"
     executor.clear_buffers()
     if backend.rank == 0:
-        _say(f"all-gather {mib:5d} MiB per GPU: NCCL {_f(row['nccl_ms'])} ms, CE {_f(row['dma_ms'])} ms")
+        say(f"all-gather {mib:5d} MiB per GPU: NCCL {_f(row['nccl_ms'])} ms, CE {_f(row['dma_ms'])} ms")
     return row
 
 
@@ -349,7 +346,7 @@ def measure_copies(backend, mib: int) -> dict:
     if rank == 0:
         for r in push_all:
             streams = r["streams_per_peer"]
-            _say(f"push to all peers, {streams} stream(s) per peer: {_f(r['gbps'])} GB/s received")
+            say(f"push to all peers, {streams} stream(s) per peer: {_f(r['gbps'])} GB/s received")
     return {"pairs": pairs, "push_all": push_all}
 
 
@@ -423,14 +420,14 @@ def print_summary(data: dict) -> None:
         ]
         for s in report.shape_summaries(data["records"])
     ]
-    _say(text_table(header, rows))
+    say(text_table(header, rows))
     world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
     for g in report.goals(data["records"], data["allgather_bandwidth"], world_size):
         met = "n/a" if g["met"] is None else ("MET" if g["met"] else "missed")
-        _say(f"goal: {g['goal']}: {_f(g['value'])} (target {g['target']:g}) {met}; {g['note']}")
+        say(f"goal: {g['goal']}: {_f(g['value'])} (target {g['target']:g}) {met}; {g['note']}")
     if data["skipped_shapes"]:
-        _say(f"{len(data['skipped_shapes'])} shapes skipped for the budget")
-    _say(f"wall time {data['meta'].get('wall_s')} s")
+        say(f"{len(data['skipped_shapes'])} shapes skipped for the budget")
+    say(f"wall time {data['meta'].get('wall_s')} s")
 
 
 def _progress(shape: Shape, result) -> str:
@@ -503,10 +500,6 @@ def _device_name(device: str) -> str:
 
 def _f(x: float | None) -> str:
     return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import executor_report
+from benchmarks import executor_report, rerender, say
 from ficco.features.dataset import label_quantile
 from ficco.files import write_text_atomic
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
@@ -116,9 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.render is not None:
-        data = json.loads(args.render.read_text())
-        write_text_atomic(args.render.with_suffix(".md"), render_markdown(data))
-        print(f"wrote {args.render.with_suffix('.md')}")
+        rerender(args.render, render_markdown)
         return None
     if "LOCAL_RANK" not in os.environ and not _initialised():
         sys.exit(
@@ -161,7 +159,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     if lead:
         args.out.mkdir(parents=True, exist_ok=True)
-        _say(f"writing {path} and {path.with_suffix('.md')}")
+        say(f"writing {path} and {path.with_suffix('.md')}")
     _save(lead, path, data, start)
     for op, m, n, k in () if args.probes_only else DRY_RUN_SHAPES if cpu else SHAPES:
         if backend.agree(time.perf_counter() - start > args.budget_s):
@@ -171,12 +169,12 @@ def run(args: argparse.Namespace) -> dict:
         data["verdict"] = verdict(data["shapes"])
         _save(lead, path, data, start)
         if lead:
-            _say(f"[{time.perf_counter() - start:4.0f} s] {_progress(data['shapes'][-1])}")
+            say(f"[{time.perf_counter() - start:4.0f} s] {_progress(data['shapes'][-1])}")
     data["verdict"] = verdict(data["shapes"])
     data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
     _save(lead, path, data, start)
     if lead:
-        _say(render_markdown(data))
+        say(render_markdown(data))
     return data
 
 
@@ -290,7 +288,7 @@ def measure_probes(backend) -> dict:
             continue
         out[kind].append(row)
         if backend.rank == 0:
-            _say(", ".join(f"{key} {_f(v) if key.endswith('_ms') else v}" for key, v in row.items()))
+            say(", ".join(f"{key} {_f(v) if key.endswith('_ms') else v}" for key, v in row.items()))
     return out
 
 
@@ -480,10 +478,6 @@ def _device_name() -> str:
 
 def _f(x) -> str:
     return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":
