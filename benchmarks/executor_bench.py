@@ -315,9 +315,9 @@ def measure_copies(backend, mib: int) -> dict:
       ``streams_per_peer`` streams, then a device barrier: the copy path's all-gather, at the lane layouts
       ``PUSH_STREAMS`` (``mbytes`` = MiB received per GPU).
     """
-    import executor_report as report
     import torch
 
+    from benchmarks import executor_report as report
     from ficco import executor
     from ficco.executor.context import get_context
 
@@ -405,7 +405,7 @@ def shape_records(shape: Shape, result) -> list[dict]:
 
 def print_summary(data: dict) -> None:
     """The short table at the end: per shape serial, best, async-TP and realized overlap; then the goals."""
-    import executor_report as report
+    from benchmarks import executor_report as report
 
     header = ["op", "m", "n", "k", "serial", "best", "async-TP", "realized", "best schedule"]
     rows = [
@@ -443,7 +443,7 @@ def _progress(shape: Shape, result) -> str:
 
 
 def _markdown(data: dict) -> str:
-    import executor_report as report
+    from benchmarks import executor_report as report
 
     meta = {k: v for k, v in data["meta"].items() if k != "fingerprint"}
     meta.update({f"fingerprint.{k}": v for k, v in data["meta"].get("fingerprint", {}).items()})

@@ -109,7 +109,7 @@ def test_schedule_columns_refuse_knob_schedules_and_unknown_ones_by_name():
     from ficco.training.model import schedule_indices
 
     assert list(schedule_indices(["serial/sm", SCHEDULES[-1]])) == [0, len(SCHEDULES) - 1]
-    with pytest.raises(ValueError, match=r"'shard/sm/cta8' carries a resource knob .*studies\.resource_knobs"):
+    with pytest.raises(ValueError, match=r"'shard/sm/cta8' carries a resource knob .*\.resource_knobs"):
         schedule_indices(["shard/sm", "shard/sm/cta8"])
     with pytest.raises(ValueError, match=r"unknown schedule 'ring/sm'"):
         schedule_indices(["ring/sm"])
