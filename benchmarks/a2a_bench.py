@@ -2,15 +2,15 @@ r"""All-to-all alone, NCCL against the copy engines, from 64 KiB to 256 MiB per 
 engines catch up with NCCL (the latency-bound regime of the MoE dispatch and combine).
 
     # 2 GPUs (estimated about a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.a2a_bench \
         --out benchmarks/results
     # 4 GPUs: writes OUT/a2a-h200x4.json and .md
-    python3 -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 4 -m benchmarks.a2a_bench \
         --out benchmarks/results
     # re-render the markdown from a finished JSON (no GPU)
-    python3 benchmarks/a2a_bench.py --render benchmarks/results/a2a-h200x2.json
+    python3 -m benchmarks.a2a_bench --render benchmarks/results/a2a-h200x2.json
     # plumbing check without a GPU (gloo, 16 to 64 KiB per rank; what CI runs)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/a2a_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.a2a_bench \
         --cpu-dry-run --out /tmp/a2a-dry
 
 What runs: the MoE dispatch's all-to-all (``executor.communicate("a2a_gemm", ...)``; ``--op gemm_a2a`` for
@@ -53,11 +53,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.files import write_text_atomic  # noqa: E402 (needs the path above)
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from benchmarks import rerender, say
+from ficco.files import write_text_atomic
+from ficco.harness.worker import SAFE_ENV
+from ficco.rounds import interleaved_rounds
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -117,10 +116,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     """Run the benchmark (under torchrun, or inside an initialised group); rank 0's result, else None."""
     args = parse_args(argv)
     if args.render is not None:
-        data = json.loads(args.render.read_text())
-        out = args.render.with_suffix(".md")
-        write_text_atomic(out, render_markdown(data))
-        print(f"wrote {out}")
+        rerender(args.render, render_markdown)
         return None
     import torch.distributed as dist
 
@@ -166,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     out_json = args.out / f"{name}.json"
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        _say(f"{len(sizes)} sizes, {lo >> 10} KiB to {hi >> 10} KiB per rank; writing {out_json}")
+        say(f"{len(sizes)} sizes, {lo >> 10} KiB to {hi >> 10} KiB per rank; writing {out_json}")
     start = time.perf_counter()
     for bytes_per_rank in sorted(sizes, reverse=True):
         row = measure_size(args, bytes_per_rank, device)
@@ -176,19 +172,18 @@ def run(args: argparse.Namespace) -> dict:
         data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
         if rank == 0:
             _save(out_json, data)
-            _say(_progress(row))
+            say(_progress(row))
     if rank == 0:
         for variant, at in data["crossover"].items():
             where = "never" if at is None else f"from {_size(at)} per peer on"
-            _say(f"crossover: {variant} at least as fast as NCCL {where}")
+            say(f"crossover: {variant} at least as fast as NCCL {where}")
         g = data["goal"]
-        _say(f"goal (dma >= NCCL at >= 1 MiB per peer, <= {GOAL_BELOW}x below): {g['met']}; {g['note']}")
+        say(f"goal (dma >= NCCL at >= 1 MiB per peer, <= {GOAL_BELOW}x below): {g['met']}; {g['note']}")
     return data
 
 
 def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
     """One size: every variant checked, then timed in interleaved rounds; one JSON row."""
-    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -211,12 +206,11 @@ def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
 
     times: dict[str, list[float]] = {v: [] for v in variants}
     host: dict[str, list[float]] = {v: [] for v in variants}
-    rng = np.random.default_rng([bytes_per_rank, args.rounds])
-    names = list(variants)
-    for _ in range(args.rounds):
+
+    def run_round(order: list[str]) -> None:
         local = []
-        for i in rng.permutation(len(names)):
-            call = variants[names[i]]
+        for name in order:
+            call = variants[name]
             align()
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -232,12 +226,14 @@ def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
                 call()
                 issued = time.perf_counter() - t0
                 ms = 1e3 * issued
-            local.append((names[i], ms / CALLS, 1e3 * issued / CALLS))
+            local.append((name, ms / CALLS, 1e3 * issued / CALLS))
         flat = torch.tensor([v for _, ms, hs in local for v in (ms, hs)], dtype=torch.float64, device=device)
         dist.all_reduce(flat, op=dist.ReduceOp.MAX)
         for j, (variant, _, _) in enumerate(local):
             times[variant].append(flat[2 * j].item())
             host[variant].append(flat[2 * j + 1].item())
+
+    interleaved_rounds(list(variants), run_round, rounds=args.rounds, seed=[bytes_per_rank, args.rounds])
     row: dict = {"bytes_per_rank": bytes_per_rank, "bytes_per_peer": rows_per_peer * WIDTH * 2}
     for variant in VARIANTS:
         row[f"{variant}_ms"] = statistics.median(times[variant]) if times.get(variant) else None
@@ -607,10 +603,6 @@ def _size(nbytes: int) -> str:
 
 def _f(x: float | None) -> str:
     return f"{x:.4g}" if isinstance(x, float) and math.isfinite(x) else "n/a"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,19 @@ r"""End-to-end transformer block at TP=2 with sequence parallelism: ficco's plan
 PyTorch async-TP, always ``shard/dma`` and the per-op oracle, in training and CUDA-graph inference.
 
     # the full run on 2 GPUs (<= 5 minutes on 2 x H200); writes OUT/block-h200x2.{json,md,png}
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench \
         --out benchmarks/results
     # a quicker run: 2 token counts per phase
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --quick \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench --quick \
         --out OUT
     # plumbing check without a GPU (gloo, a tiny block; what CI runs)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/block_bench.py --cpu-smoke \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.block_bench --cpu-smoke \
         --out /tmp/block-smoke
     # on a CPU machine with xgboost and pandas: the planner's and the dataset oracle's answers for every op
     # the run needs, for a GPU machine that lacks them (the run reads it when it cannot ask them itself)
-    python3 benchmarks/block_bench.py --write-plan benchmarks/results/block-plan-h200x2.json
+    python3 -m benchmarks.block_bench --write-plan benchmarks/results/block-plan-h200x2.json
     # re-render the markdown and the plot from a finished JSON (needs matplotlib for the plot)
-    python3 benchmarks/block_bench.py --render benchmarks/results/block-h200x2.json
+    python3 -m benchmarks.block_bench --render benchmarks/results/block-h200x2.json
 
 The block (Llama-3.1-8B and -70B shapes, bf16): RMSNorm -> QKV (column-parallel, all-gather -> GEMM) ->
 causal ``scaled_dot_product_attention`` on the real heads (grouped-query; training packs sequences of
@@ -40,9 +40,8 @@ gathers its input again instead of keeping it).
 
 Timing (``runtime.timing.time_interleaved``): per variant ``--warmup`` untimed steps, then rounds in which
 every variant, in a new order each round, runs ``--reps`` steps between CUDA events (CPU: ``perf_counter``),
-ranks aligned (synchronise, barrier) before each variant's steps, and under ``--pin seek`` (the default, as
-in ``ficco bench``) each rank's main thread first moved off a CPU in its slow state (``harness.affinity``);
-a step's time is the maximum over ranks
+ranks aligned (synchronise, barrier) before each variant's steps, each rank's threads on its share of the
+CPUs (``--pin``, as in ``ficco bench``); a step's time is the maximum over ranks
 and a point's time the median over its ``rounds x reps`` steps. A point gets ``--rounds`` rounds, or more
 for short steps, up to ``--max-rounds``: enough that every variant is timed for about ``--timed-ms`` (short,
 host-bound steps vary most from round to round). Each point also keeps the
@@ -60,32 +59,29 @@ import functools
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from benchmarks import REPO
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
-from ficco import executor  # noqa: E402
-from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware  # noqa: E402
-from ficco.features.model_config import ModelConfig, load_model_config  # noqa: E402
-from ficco.files import write_text_atomic  # noqa: E402
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env  # noqa: E402
-from ficco.runtime import (  # noqa: E402
+from ficco import executor
+from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
+from ficco.features.model_config import ModelConfig, load_model_config
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+from ficco.runtime import (
     Answer,
     ColumnParallelLinear,
     FixedSource,
@@ -97,10 +93,10 @@ from ficco.runtime import (  # noqa: E402
     apply_ops,
     verify_plan,
 )
-from ficco.runtime.graphs import GraphedCall  # noqa: E402
-from ficco.runtime.overlap import DifferentiableOps, start_all_gather_rows  # noqa: E402
-from ficco.runtime.timing import time_interleaved  # noqa: E402
-from ficco.tables import markdown_table  # noqa: E402
+from ficco.runtime.graphs import GraphedCall
+from ficco.runtime.overlap import DifferentiableOps, start_all_gather_rows
+from ficco.runtime.timing import time_interleaved
+from ficco.tables import markdown_table
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose block is measured."""
@@ -317,7 +313,8 @@ def dataset_oracle(directory: Path) -> dict[tuple, Answer]:
     """The fastest schedule of every (op, m, n, k, mode) of a measured dataset (format 1 rows are eager)."""
     import pandas as pd
 
-    from ficco.harness.dataset import label_table, load_dataset
+    from ficco.features.dataset import load_dataset
+    from ficco.harness.dataset import label_table
 
     try:
         df = load_dataset(directory)
@@ -490,7 +487,6 @@ def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
         "reps": args.reps,
         "timed_ms": args.timed_ms,
         "max_rounds": args.max_rounds,
-        "settle": args.settle,
     }
 
 
@@ -642,7 +638,6 @@ def main(argv: list[str] | None = None) -> dict | None:
     cuda = not args.cpu_smoke
     placement = placement_from_env(args.pin, cuda)
     placement.confine()
-    args.settle = placement.settle  # before each variant's timed steps (runtime.timing.time_interleaved)
     with executor.process_group("cuda" if cuda else "cpu") as device:
         placement.apply()
         try:
@@ -976,13 +971,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
-    p.add_argument(
-        "--pin",
-        choices=PIN_POLICIES,
-        default=DEFAULT_PIN,
-        help="where each rank's threads run (harness.affinity; seek: before each variant's timed steps the "
-        "main thread moves off a CPU in its slow state, as ficco bench does)",
-    )
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where each rank's threads run")
     p.add_argument(
         "--oracle-all-candidates",
         action="store_true",

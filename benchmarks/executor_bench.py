@@ -2,14 +2,14 @@ r"""Executor benchmark on 2 GPUs: every ag_gemm / gemm_rs schedule checked and t
 PyTorch async-TP, and the all-gather alone, NCCL vs copy engines, from 1 MiB to 1 GiB per GPU.
 
     # smoke test, about a minute: a few small shapes, every schedule, correctness + timing
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py --quick \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench --quick \
         --out OUT
     # the full run (budgeted to finish within 8 minutes on 2 x H200)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py --out OUT
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench --out OUT
     # re-render the markdown table from a finished JSON (no GPU)
-    python3 benchmarks/executor_bench.py --render benchmarks/results/executor-h200x2.json
+    python3 -m benchmarks.executor_bench --render benchmarks/results/executor-h200x2.json
     # plumbing check without a GPU: gloo, the quick shapes scaled down 32x
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/executor_bench.py \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.executor_bench \
         --cpu-dry-run --out /tmp/bench-dry
 
 Writes ``OUT/executor-h200x<world size>.json`` (``--quick``: ``...-quick.json``) after every shape, so an
@@ -37,13 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # executor/, features/, harness/, executor_report
-
-from ficco.files import write_text_atomic  # noqa: E402
-from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing  # noqa: E402 (needs the path above; imports no torch)
-from ficco.harness.worker import SAFE_ENV  # noqa: E402
-from ficco.tables import text_table  # noqa: E402
+from benchmarks import REPO, rerender, say
+from ficco.files import write_text_atomic
+from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
+from ficco.harness.worker import SAFE_ENV
+from ficco.tables import text_table
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -146,7 +144,7 @@ def plan_shapes(quick: bool, world_size: int, scale_down: int = 1) -> list[Shape
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="benchmarks/executor_bench.py",
+        prog="python -m benchmarks.executor_bench",
         description="Check and time every executor schedule on real layer shapes (run under torchrun).",
     )
     p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
@@ -182,10 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.render is not None:
-        data = json.loads(args.render.read_text())
-        out = args.render.with_suffix(".md")
-        out.write_text(_markdown(data))
-        print(f"wrote {out}")
+        rerender(args.render, _markdown)
         return
     if "LOCAL_RANK" not in os.environ:
         sys.exit(
@@ -234,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
     if lead:
         args.out.mkdir(parents=True, exist_ok=True)
         est = sum(s.estimate_s(w, 30, calls) for s in shapes)
-        _say(f"{len(shapes)} shapes planned, estimated {est:.0f} s (budget {args.budget_s:.0f} s)")
-        _say(f"writing {out_json} and {out_json.with_suffix('.md')}")
+        say(f"{len(shapes)} shapes planned, estimated {est:.0f} s (budget {args.budget_s:.0f} s)")
+        say(f"writing {out_json} and {out_json.with_suffix('.md')}")
 
     data["allgather_bandwidth"] = measure_bandwidth(
         backend, (1, 4) if args.cpu_dry_run else QUICK_BANDWIDTH_MIB if args.quick else BANDWIDTH_MIB
@@ -258,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         spent_est += shape.estimate_s(w, 30, calls)
         _save(lead, out_json, data, start)
         if lead:
-            _say(f"[{i + 1}/{len(shapes)} {time.perf_counter() - start:4.0f} s] {_progress(shape, result)}")
+            say(f"[{i + 1}/{len(shapes)} {time.perf_counter() - start:4.0f} s] {_progress(shape, result)}")
     data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
     _save(lead, out_json, data, start)
     if lead:
@@ -306,7 +301,7 @@ def _bandwidth_row(backend, mib: int) -> dict:
             row[key], row[f"{key}_error"] = None, f"{type(err).__name__}: {err}"
     executor.clear_buffers()
     if backend.rank == 0:
-        _say(f"all-gather {mib:5d} MiB per GPU: NCCL {_f(row['nccl_ms'])} ms, CE {_f(row['dma_ms'])} ms")
+        say(f"all-gather {mib:5d} MiB per GPU: NCCL {_f(row['nccl_ms'])} ms, CE {_f(row['dma_ms'])} ms")
     return row
 
 
@@ -320,9 +315,9 @@ def measure_copies(backend, mib: int) -> dict:
       ``streams_per_peer`` streams, then a device barrier: the copy path's all-gather, at the lane layouts
       ``PUSH_STREAMS`` (``mbytes`` = MiB received per GPU).
     """
-    import executor_report as report
     import torch
 
+    from benchmarks import executor_report as report
     from ficco import executor
     from ficco.executor.context import get_context
 
@@ -351,7 +346,7 @@ def measure_copies(backend, mib: int) -> dict:
     if rank == 0:
         for r in push_all:
             streams = r["streams_per_peer"]
-            _say(f"push to all peers, {streams} stream(s) per peer: {_f(r['gbps'])} GB/s received")
+            say(f"push to all peers, {streams} stream(s) per peer: {_f(r['gbps'])} GB/s received")
     return {"pairs": pairs, "push_all": push_all}
 
 
@@ -410,7 +405,7 @@ def shape_records(shape: Shape, result) -> list[dict]:
 
 def print_summary(data: dict) -> None:
     """The short table at the end: per shape serial, best, async-TP and realized overlap; then the goals."""
-    import executor_report as report
+    from benchmarks import executor_report as report
 
     header = ["op", "m", "n", "k", "serial", "best", "async-TP", "realized", "best schedule"]
     rows = [
@@ -425,14 +420,14 @@ def print_summary(data: dict) -> None:
         ]
         for s in report.shape_summaries(data["records"])
     ]
-    _say(text_table(header, rows))
+    say(text_table(header, rows))
     world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
     for g in report.goals(data["records"], data["allgather_bandwidth"], world_size):
         met = "n/a" if g["met"] is None else ("MET" if g["met"] else "missed")
-        _say(f"goal: {g['goal']}: {_f(g['value'])} (target {g['target']:g}) {met}; {g['note']}")
+        say(f"goal: {g['goal']}: {_f(g['value'])} (target {g['target']:g}) {met}; {g['note']}")
     if data["skipped_shapes"]:
-        _say(f"{len(data['skipped_shapes'])} shapes skipped for the budget")
-    _say(f"wall time {data['meta'].get('wall_s')} s")
+        say(f"{len(data['skipped_shapes'])} shapes skipped for the budget")
+    say(f"wall time {data['meta'].get('wall_s')} s")
 
 
 def _progress(shape: Shape, result) -> str:
@@ -448,7 +443,7 @@ def _progress(shape: Shape, result) -> str:
 
 
 def _markdown(data: dict) -> str:
-    import executor_report as report
+    from benchmarks import executor_report as report
 
     meta = {k: v for k, v in data["meta"].items() if k != "fingerprint"}
     meta.update({f"fingerprint.{k}": v for k, v in data["meta"].get("fingerprint", {}).items()})
@@ -505,10 +500,6 @@ def _device_name(device: str) -> str:
 
 def _f(x: float | None) -> str:
     return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "n/a"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ r"""Host-side overhead of the executor: microseconds of Python per call, per sch
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/executor_overhead.py --device cuda --out OUT/overhead-cuda.json
     # CUDA, one GPU, no torchrun: rank 0 of a pretend 2-rank world (--loopback, below)
-    python3 benchmarks/executor_overhead.py --device cuda --loopback --out OUT/overhead-loopback.json
+    python3 -m benchmarks.executor_overhead --device cuda --loopback --out OUT/overhead-loopback.json
 
 Per (op, schedule): ``--warmup`` untimed calls, then ``--rounds`` batches of ``--batch`` timed calls, one
 batch of every (op, schedule) per round in a shuffled order (host-speed drift and warm-up land on no
@@ -28,10 +28,9 @@ batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
 for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
 ``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.affinity``: none,
-share, core, seek) after the warm-up, ``seek`` also before every batch; run the script several times per
-policy to see how much a fresh process's host time moves with where the kernel put it
-(``benchmarks/host_placement.py`` does; the JSON's ``address_space`` says whether the process ran with its
-address-space layout randomised).
+share) after the warm-up; run the script several times per policy to see how much a fresh process's host
+time moves with where the kernel put it (``benchmarks.studies.host.host_placement`` does; the JSON's
+``address_space`` says whether the process ran with its address-space layout randomised).
 
 ``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
 of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
@@ -60,26 +59,21 @@ import json
 import os
 import pstats
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from ficco.features import OP_SPECS  # noqa: E402 (imports no torch)
-from ficco.files import write_text_atomic  # noqa: E402 (imports no torch)
-from ficco.harness.affinity import PIN_POLICIES, placement_from_env  # noqa: E402 (imports no torch)
-from ficco.harness.host_speed import (  # noqa: E402
+from ficco.features import OP_SPECS
+from ficco.files import write_text_atomic
+from ficco.harness.affinity import PIN_POLICIES, placement_from_env
+from ficco.harness.host_speed import (
     executor_calls,
-    python_work,
     routed_calls,
     time_host_calls,
     tiny_operands,
 )
-from ficco.harness.worker import SAFE_ENV  # noqa: E402 (needs the path above; imports no torch)
+from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -144,6 +138,17 @@ class TimedWork:
             return self._work.wait()
         finally:
             self._clock.seconds += time.thread_time() - start
+
+
+def python_work() -> int:
+    """A fixed piece of pure Python (64 dict updates, no torch; about 3-5 us on the GPU machines' hosts): a
+    reference for the interpreter's own speed, beside which the executor's calls show whether a process's
+    host time moved with the machine (``--primitives``; ``benchmarks.studies.host.host_states`` samples it
+    on every CPU)."""
+    counts: dict[int, int] = {}
+    for i in range(64):
+        counts[i & 7] = counts.get(i & 7, 0) + i
+    return counts[7]
 
 
 def clock_comm(dist, ops_module) -> CommClock:
@@ -336,7 +341,6 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         sync=sync,
         clocks=clocks,
         after_warmup=placement.apply,
-        settle=placement.settle,
         around=lambda case: knockout_patches(case[2]) if len(case) == 3 else contextlib.nullcontext(),
     )
     print(f"rank {rank}: placement after the rounds: {placement.describe()}", flush=True)

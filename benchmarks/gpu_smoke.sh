@@ -8,5 +8,5 @@ timeout 200 "${RUN[@]}" tests/gpu/executor_gpu_check.py > "$OUT/gpu-check.txt" 2
 echo "gpu check rc=$? ($(grep -c ' ok$' "$OUT/gpu-check.txt") ok, $(grep -c ' FAIL ' "$OUT/gpu-check.txt") failed)"
 grep ' FAIL ' "$OUT/gpu-check.txt" | head -20
 tail -1 "$OUT/gpu-check.txt"
-timeout 90 "${RUN[@]}" benchmarks/executor_overhead.py --device cuda \
+timeout 90 "${RUN[@]}" -m benchmarks.executor_overhead --device cuda \
     --out "$OUT/executor-overhead-h200x${GPUS}.json" 2> "$OUT/overhead.err" | tail -20

@@ -1,8 +1,8 @@
 """Predictor fast-path benchmark: one scenario's decision, a batch of 10,000, and picks against the reference.
 
-    .venv/bin/python benchmarks/predict_fastpath.py                                  # models/ current h200x2
-    .venv/bin/python benchmarks/predict_fastpath.py --model-root /tmp/reg --dataset datasets/h200x2
-    .venv/bin/python benchmarks/predict_fastpath.py --version 20261123T052114Z-b9f8a2fb \
+    .venv/bin/python -m benchmarks.predict_fastpath                                  # models/ current h200x2
+    .venv/bin/python -m benchmarks.predict_fastpath --model-root /tmp/reg --dataset datasets/h200x2
+    .venv/bin/python -m benchmarks.predict_fastpath --version 20261123T052114Z-b9f8a2fb \
         --dataset datasets/h200x2 --dataset datasets/h200x2-moe                     # a registered version
 
 1. Single decision: ``Predictor.recommend([scenario], mode)`` (features, pairs, both forests, fallback,
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import REPO
+
 GOALS = {"single_us": 100.0, "batch_10k_s": 0.3}
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_scenarios(count: int, seed: int, hardware) -> list:
@@ -69,13 +70,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model-root", type=Path, default=ROOT / "models")
+    parser.add_argument("--model-root", type=Path, default=REPO / "models")
     parser.add_argument("--hardware", default="h200x2")
     parser.add_argument("--version", default=None, help="Registered version (default: the current one).")
     parser.add_argument("--dataset", type=Path, action="append", help="Dataset(s) for the equality check.")
     parser.add_argument("--single", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "predict-fastpath.json")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "predict-fastpath.json")
     args = parser.parse_args()
 
     from ficco.features import get_hardware

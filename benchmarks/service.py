@@ -1,8 +1,8 @@
 """Service benchmark: /v1/recommend latency under open-loop load, batch throughput, start-up time.
 
-    .venv/bin/python benchmarks/service.py                          # the models/ registry, default settings
-    .venv/bin/python benchmarks/service.py --model-root /tmp/models --duration 10 --rates 100,300,500
-    .venv/bin/python benchmarks/service.py --quiet-load 1.0      # wait for a quiet machine first
+    .venv/bin/python -m benchmarks.service                          # the models/ registry, default settings
+    .venv/bin/python -m benchmarks.service --model-root /tmp/models --duration 10 --rates 100,300,500
+    .venv/bin/python -m benchmarks.service --quiet-load 1.0      # wait for a quiet machine first
 
 1. Start-up: ``ficco serve`` in a subprocess; time from process start to the first 200 from /readyz.
 2. Latency: a separate process sends POST /v1/recommend at fixed rates (open loop: request ``i`` is due
@@ -45,12 +45,13 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import REPO
+
 GOALS = {"p99_ms_at_500": 10.0, "p99_ms_at_200_beside_batches": 25.0, "batch_10k_s": 1.0, "startup_s": 3.0}
 REQUEST_TIMEOUT_S = 10.0
 """Longest wait for one request (connect + answer), seconds; a request past it counts as an error."""
 GENERATOR_START_S = 30.0
 """Margin for the load generator process to start (spawn, imports) and to exit, seconds."""
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_scenarios(count: int, seed: int) -> list[dict]:
@@ -89,7 +90,7 @@ def start_server(model_root: Path, port: int, log: Path) -> tuple[subprocess.Pop
     proc = subprocess.Popen(
         [sys.executable, "-m", "ficco.cli", "serve", "--port", str(port)],
         env=env,
-        cwd=ROOT,
+        cwd=REPO,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
@@ -421,13 +422,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model-root", type=Path, default=ROOT / "models", help="model registry to serve")
+    parser.add_argument("--model-root", type=Path, default=REPO / "models", help="model registry to serve")
     parser.add_argument("--rates", default="100,300,500", help="comma-separated request rates, req/s")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
     parser.add_argument("--batch-reps", type=int, default=5, help="timed 10,000-scenario batches")
     parser.add_argument("--model-note", default="", help="how the served model was made (recorded)")
     parser.add_argument(
-        "--out", type=Path, default=ROOT / "benchmarks/results/service-cpu", help="results stem"
+        "--out", type=Path, default=REPO / "benchmarks/results/service-cpu", help="results stem"
     )
     parser.add_argument(
         "--quiet-load",

@@ -2,9 +2,9 @@ r"""World-size report: how the best schedule, the achievable overlap and the mod
 number of GPUs, from one dataset per world size (no GPU needed).
 
     # measured datasets (each from `ficco bench --hardware h200x<w> --tp <w>`)
-    .venv/bin/python benchmarks/world_size_report.py datasets/h200x2 datasets/h200x4 --out reports/world-size
+    .venv/bin/python -m benchmarks.world_size_report datasets/h200x2 datasets/h200x4 --out reports/world-size
     # the simulated what-if (harness/sim.py, no hardware; the report says so on every line that shows it)
-    .venv/bin/python benchmarks/world_size_report.py datasets/h200x2-sim datasets/h200x4-sim \
+    .venv/bin/python -m benchmarks.world_size_report datasets/h200x2-sim datasets/h200x4-sim \
         datasets/h200x8-sim --out reports/world-size-sim
 
 Writes ``OUT/world-size.json``, ``OUT/report.md`` and three plots (``best-family.png``,
@@ -34,21 +34,19 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-
-import executor_report  # noqa: E402 (needs the path above)
-
-from ficco.features import SCHEDULE_FAMILIES, Schedule  # noqa: E402
-from ficco.files import write_text_atomic  # noqa: E402
-from ficco.tables import markdown_table  # noqa: E402
+from benchmarks import executor_report
+from ficco.features import SCHEDULE_FAMILIES, Schedule
+from ficco.files import write_text_atomic
+from ficco.tables import markdown_table
 
 PICKERS = ("model", "size_heuristic")
 """The pickers of the transfer matrix."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/world_size_report.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.world_size_report", description=__doc__.splitlines()[0]
+    )
     p.add_argument("datasets", nargs="+", type=Path, help="one dataset directory per world size")
     p.add_argument("--out", type=Path, required=True, help="folder of world-size.json, report.md and plots")
     p.add_argument("--seed", type=int, default=0, help="XGBoost seed")
@@ -159,7 +157,7 @@ def scenario_shapes(loaded) -> dict[tuple[str, str], dict]:
     """Per (scenario id, mode) of ``loaded``'s dataset: the record ``executor_report`` reads (``serial_ms``,
     ``gemm_alone_ms``, ``comm_alone_ms``: NCCL's collective alone, ``dma_comm_alone_ms``), None where a
     baseline was not measured."""
-    from ficco.harness.dataset import load_dataset
+    from ficco.features.dataset import load_dataset
 
     frame = load_dataset(loaded.paths[0])
     serial = frame[frame["schedule"] == "serial/sm"].drop_duplicates(["scenario_id", "mode"])

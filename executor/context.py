@@ -21,6 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ficco.executor.capture import CaptureError as CaptureError  # re-exported: ficco.executor.CaptureError
+from ficco.executor.capture import refuse_capture as refuse_capture
 from ficco.executor.experts import RoutedState
 from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
@@ -33,21 +35,6 @@ log = logging.getLogger(__name__)
 BARRIER_TIMEOUT_MS = 120_000
 """Device barriers of the copy-engine executor give up (and trap, ending the process loudly instead of
 hanging) after this long; ``set_barrier_timeout`` changes it for workspaces created afterwards."""
-
-
-class CaptureError(RuntimeError):
-    """A call inside CUDA graph capture needs work that capture cannot record (a peer-memory rendezvous, a
-    new NCCL group): the same call must run once eagerly first."""
-
-
-def refuse_capture(device: torch.device, what: str, needs: str) -> None:
-    """Raise :class:`CaptureError` if ``device``'s current stream is capturing a CUDA graph: ``what`` (the
-    schedule) ``needs`` (the uncapturable work) this time."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise CaptureError(
-            f"{what} cannot run inside CUDA graph capture this time: it {needs}, which capture cannot "
-            "record. Run the same call (same shapes, dtype and schedule) once eagerly before capturing it."
-        )
 
 
 @dataclass(kw_only=True, slots=True)

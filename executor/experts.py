@@ -29,6 +29,7 @@ from functools import cache, lru_cache
 
 import torch
 
+from ficco.executor.capture import refuse_capture
 from ficco.executor.plan import Layout, Plan
 from ficco.features.routing import Routing
 
@@ -39,14 +40,9 @@ local expert ``expert`` and sit at ``expert_row ..`` in the expert-major order."
 ROUTED_MAX = 8
 """Routings whose derived state a group context keeps at most (least recently used dropped first)."""
 GROUPED_MIN_GEMMS = 8
-"""Fewest expert GEMMs (non-empty segments) a block needs to run them as one grouped GEMM rather than a loop.
-On one H200 (``benchmarks/grouped_gemm.py --units``, ``benchmarks/results/grouped-units-h200.md``: the
-blocks of 96 calls, four MoE families x two ops x 256-16k tokens x four schedules at two ranks), 8 left
-each call's expert GEMMs a geomean 1.005x (eager) / 1.017x (graph) the time of every block its faster way
-(worst 1.12x / 1.24x) and cut them 1.88x / 1.23x against the loop (worst 0.90x / 0.81x: 256-row GEMMs at
-16k tokens, where cuBLAS beats the grouped kernel and its row copies); every threshold from 5 to 16 picks
-the same there (those blocks hold at most 4 or at least 16 GEMMs); 1, 2, 4 or 32 do worse. On one H100
-(``grouped-units-h100.md``), the same: 1.003x / 1.013x the blocks' best, 2.30x / 1.24x the loop's speed."""
+"""Fewest expert GEMMs (non-empty segments) a block needs to run them as one grouped GEMM rather than a loop:
+the threshold that came closest to each block's faster way on H200 and H100
+(``benchmarks.studies.grouped_gemm --units``, ``benchmarks/results/grouped-units-h{200,100}.md``)."""
 
 
 def grouped_eligible(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -309,13 +305,11 @@ def grouped_matmul(
         Where to write; without it, the grouped GEMM's own output is returned (no copy).
 
     The grouped form's first call for a ``group_rows`` on a device copies its offsets to the device, which
-    CUDA graph capture cannot record (:class:`~ficco.executor.context.CaptureError`): call it once eagerly.
+    CUDA graph capture cannot record (:class:`~ficco.executor.capture.CaptureError`): call it once eagerly.
     """
     gemms = ExpertGemms.whole(tuple(group_rows))
     if gemms.grouped(a, b):
         if not gemms.ready(a.device):
-            from ficco.executor.context import refuse_capture  # context imports this module
-
             refuse_capture(a.device, "grouped_matmul", "copies the groups' row offsets to the device")
         product = torch._grouped_mm(a, b, offs=gemms.tensors(a.device)[0])
         return product if out is None else out.copy_(product)

@@ -11,16 +11,15 @@ shapes that host time exceeds the GPU work, and the eager time of a schedule is 
    events and barriers a call records and waits for); ``tests/features/test_host.py`` checks them against
    the executor's own plans and segments.
 2. :data:`HOST_COSTS`: microseconds of host time per launch of each kind, fitted to the executor's measured
-   host time per call (``benchmarks/executor_overhead.py`` on 2 x H200,
+   host time per call (``benchmarks.executor_overhead`` on 2 x H200,
    ``benchmarks/results/executor-overhead-h200x2.json``; the test checks every measured schedule is within
    :data:`FIT_TOLERANCE` of its price).
 3. :func:`host_us` prices one call; :func:`host_over_gpu` divides the price by the scenario's roofline GPU
    work (GEMM + communication), for every schedule at once. That ratio is the pair feature
    ``eager_host_over_gpu`` of feature schema fv3 (0 in graph mode).
-4. The host factor: machines differ in host speed (the same scenarios' eager times of small shapes moved
-   0.86x-1.39x between sessions on 2 x H200, their graph times within 1.5%). A host factor scales the
-   prices to a machine: :func:`estimate_host_factor` reads it off a sweep's host-bound eager times; a
-   model records its training data's, and a prediction may be asked for another machine's.
+4. The host factor: machines differ in host speed, and eager times of small shapes with it. A host factor
+   scales the prices to a machine: :func:`estimate_host_factor` reads it off a sweep's host-bound eager
+   times; a model records its training data's, and a prediction may be asked for another machine's.
 
 Needs only numpy (``features`` runs on the GPU image too).
 """
@@ -244,8 +243,7 @@ def estimate_host_factor(eager_ms: np.ndarray, graph_ms: np.ndarray, prices_us: 
 
     Arrays ``[n, S]`` (times in ms, prices in us) of the same scenarios; NaN where unmeasured. Returns NaN
     when no pair is host-bound (graph mode only, or large shapes only). Eager small shapes move with the
-    host's speed between sessions (``benchmarks/results/compare-h200x2-*.json``: 0.86x to 1.39x at under
-    0.1 ms); their time over the price is that speed, measured the way the labels are.
+    host's speed; their time over the price is that speed, measured the way the labels are.
     """
     eager_us, graph_us = np.asarray(eager_ms) * 1e3, np.asarray(graph_ms) * 1e3
     prices_us = np.asarray(prices_us)

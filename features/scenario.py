@@ -202,4 +202,4 @@ SHAPE_FIELDS: dict[str, type] = {
     f.name: type(f.default) for f in dataclasses.fields(Scenario) if f.name != "hardware"
 }
 """Every field of ``Scenario`` but ``hardware``, in declaration order, with its Python type: the scenario's
-columns in a dataset (``harness.dataset``), which rebuilds a scenario from them and a hardware profile."""
+columns in a dataset (``features.dataset``), which rebuilds a scenario from them and a hardware profile."""

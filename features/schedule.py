@@ -21,7 +21,7 @@ plus, on overlapped schedules only, the resource knobs before ``/hp``: ``/cta<N>
   ConCCL's compute-unit partitioning); ``/carve<N>``: the GEMMs leave ``N`` SMs free for the communication
   (cuBLASLt's SM-count target, torch's ``_set_sm_carveout_experimental``; the occupancy shaping of Cui and
   Pericas). These knobs are outside the design space the datasets and models cover (:func:`all_schedules`):
-  :func:`knob_variants` lists them for ``benchmarks/resource_knobs.py``, which measures whether they ever
+  :func:`knob_variants` lists them for ``benchmarks.studies.resource_knobs``, which measures whether they ever
   change the best schedule.
 """
 

@@ -19,16 +19,10 @@ FEATURE_SCHEMA_VERSION = "fv3"
 """The schema new models are trained on.
 
 fv3 (from fv2): the same scenario vector; the model's pairs gain ``eager_host_over_gpu``, the schedule's
-eager host time over the scenario's GPU work (``features.host``, ``training.model.pair_matrix``). Grouped
-CV (``benchmarks/feature_ablation.py``, ``reports/feature-ablation-fv3*.json``), mean held-out serial-safe
-loss without -> with it, and the paired difference with its 95% interval over CV groups: datasets/h200x2
-eager 0.0309 -> 0.0217 (-0.0092 [-0.0174, -0.0025]), graph 0.0180 -> 0.0178 (-0.0002 [-0.0042, +0.0040]);
-with datasets/h200x2-moe beside it eager 0.0454 -> 0.0231 (-0.022 [-0.041, -0.004]), graph 0.0205 ->
-0.0195 (-0.001 [-0.006, +0.003]).
+eager host time over the scenario's GPU work (``features.host``, ``training.model.pair_matrix``).
 fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
-are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new: on the committed h200x2 data they lowered the
-grouped-CV loss from 0.0477 to 0.0464 (``benchmarks/feature_ablation.py``, ``reports/feature-ablation.md``),
-while dropping the duplicate size features did not help (0.0479) and stays undone."""
+are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new. What each change did to the grouped-CV loss:
+``benchmarks.studies.feature_ablation`` and ``reports/feature-ablation*.json``."""
 FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3")
 """The schemas this code computes, oldest first: a model of any of them loads (its pairs are built the way it
 was trained); a model of any other is refused."""

@@ -11,8 +11,6 @@ import numpy as np
 
 from ficco.features import Scenario, Schedule
 
-BASELINE_KEYS: tuple[str, ...] = ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms")
-"""Per-scenario reference timings every ``ScenarioResult.baselines`` carries (NaN when not measured)."""
 ROUNDS = 5
 """Fewest interleaved rounds per scenario and mode in the timing protocol (``harness.torch_backend``)."""
 MAX_ROUNDS = 96
@@ -29,12 +27,8 @@ TIMED_MS = 250.0
 ``ROUNDS``); eager mode gets ``EAGER_TIMED_FACTOR`` times as much."""
 EAGER_TIMED_FACTOR = 3.0
 """Eager mode's timed work over graph mode's. Eager labels are a low quantile over rounds
-(``harness.labels.LABEL_STAT``), which needs many rounds: on 2 x H200, 32 scenarios measured twice, the
-eager 10th percentile moved by 4.7% (median) / 28% (p90) between the runs at 250 ms (5-9 rounds for most
-scenarios) and by 1.7% / 7.7% at 1000 ms (up to 96 rounds; 64 fresh scenarios later: 3.3% / 28%, most of
-it whole-scenario shifts of the host's speed, which more rounds do not remove); the sweep's eager timing took
-0.45 and 1.3 s per scenario. 3x rather than 4x keeps a full 614-scenario sweep with its re-measure inside 25
-minutes (``estimate_sweep``: 22.9 min; 25.9 at 4x). Graph mode's median is steady at 250 ms (0.9% / 3.3%)."""
+(``features.dataset.LABEL_STAT``), which needs many rounds to be steady; 3x rather than 4x keeps a full
+614-scenario sweep with its re-measure inside 25 minutes (``estimate_sweep``)."""
 
 PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop"}
 """Protocol settings that a dataset's manifest did not record before they became settings, as those

@@ -13,16 +13,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ficco.features import MODES, SCHEDULE_FAMILIES, SERIAL, Schedule
-from ficco.harness.dataset import (
+from ficco.features.dataset import (
     PLAN,
     dataset_hardware,
     dataset_hash,
-    label_table,
+    host_factor_of,
+    label_quantile,
     load_dataset,
     load_noise,
     read_manifest,
+    with_label_times,
 )
-from ficco.harness.labels import best_set, host_factor_of, label_quantile, with_label_times
+from ficco.harness.dataset import label_table
+from ficco.harness.labels import best_set
 from ficco.tables import markdown_table
 
 if TYPE_CHECKING:

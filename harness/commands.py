@@ -17,6 +17,7 @@ import json
 import logging
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,7 +25,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.harness.affinity import DEFAULT_PIN, HOST_FACTOR_PIN, PinPolicy
+from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -176,10 +177,8 @@ def bench(
         PinPolicy,
         typer.Option(
             help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
-            "share (each rank an equal share of the CPUs), core (the rank's main thread alone on one "
-            "physical core, near its GPU, the other threads on the rest of its share) or seek (as core, and "
-            "before each eager block the main thread moves off a core running at half speed; the GPU "
-            "machines' CPUs flip into such states one at a time).",
+            "share (each rank an equal, disjoint share of the CPUs' physical cores; every committed "
+            "dataset was measured so).",
         ),
     ] = DEFAULT_PIN,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
@@ -319,7 +318,7 @@ def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float)
 
 def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     """Refuse to add to an existing dataset unless ``--resume`` was given."""
-    from ficco.harness.dataset import read_manifest
+    from ficco.features.dataset import read_manifest
 
     try:
         existing = read_manifest(out)
@@ -354,7 +353,7 @@ def _option_value(value: Any) -> str:
 def _check_same_plan_settings(out: Path, plan: Plan) -> None:
     """Refuse ``--resume`` whose plan settings differ from the dataset's ``plan.json`` (the card would
     then contradict its own table); the message names each differing option with both values."""
-    from ficco.harness.dataset import PLAN
+    from ficco.features.dataset import PLAN
 
     path = out / PLAN
     if not path.is_file():
@@ -389,7 +388,7 @@ def _run_sim(
     deadline: float | None,
 ) -> None:
     """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
-    from ficco.harness.dataset import dataset_hardware, load_dataset
+    from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep
 
@@ -416,24 +415,24 @@ def _run_sim(
         raise fail(str(err)) from None
 
 
+def _or_fail(call: Callable[[Path], Any], out: Path) -> Any:
+    """``call(out)``, its ``ValueError`` as one ``error:`` line."""
+    try:
+        return call(out)
+    except ValueError as err:
+        raise fail(str(err)) from None
+
+
 def _relabel(out: Path) -> None:
     from ficco.harness.dataset import relabel_dataset
 
-    try:
-        changed = relabel_dataset(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
+    typer.echo(f"relabelled {out}: in_best_set changed on {_or_fail(relabel_dataset, out)} rows")
 
 
 def _write_card(out: Path) -> None:
     from ficco.harness.card import write_card
 
-    try:
-        path = write_card(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    typer.echo(f"dataset card: {path}")
+    typer.echo(f"dataset card: {_or_fail(write_card, out)}")
 
 
 def host_factor(
@@ -455,9 +454,9 @@ def host_factor(
         PinPolicy,
         typer.Option(
             help="Where each rank's threads run, as in `ficco bench --pin`. Default share: a runtime's "
-            "process stays on its CPUs, slow spells included, and that is the host a model is asked about."
+            "process stays on its CPUs, and that is the host a model is asked about."
         ),
-    ] = HOST_FACTOR_PIN,
+    ] = DEFAULT_PIN,
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny

@@ -1,74 +1,31 @@
-"""The dataset format: one Parquet row per (scenario, schedule, mode), append-only parts and a manifest.
-
-Directory layout (``ficco bench --out DIR``)::
-
-    DIR/manifest.json              hardware profile, fingerprint, protocol, finished scenario ids, parts
-    DIR/parts/part-00000.parquet   append-only; a part not listed in the manifest is ignored
-    DIR/noise.parquet              the independent re-measure (another process, another order), same columns
-    DIR/plan.json                  the plan the sweep ran (settings, scenarios, families sharing a scenario)
-    DIR/card.md, DIR/*.png         the dataset card and its plots
-
-A manifest may list ``superseded`` schedules (schedule -> why): rows measured with an executor that no
-longer runs them; training leaves them out (``load_datasets``, ``load_repeats``).
-
-Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
-``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule, the
-execution ``mode`` (``features.MODES``) and its timing: ``median_ms`` (per call, the median over the
-interleaved rounds), ``p10_ms``/``p90_ms`` (over the rounds), ``round_ms`` (each round's per-call time, so
-anyone can recompute the confidence), ``ok``, ``error``, ``in_best_set`` (``harness.labels``); ``backend``
-(gpu, gloo or sim) and the scenario's baselines in that mode (``harness.backend.BASELINE_KEYS``, ms).
-Times are NaN and ``round_ms`` empty where a schedule failed. Loading adds ``time_ms``, the schedule's time
-that labels, training and the card use: per mode, the statistic ``harness.labels.LABEL_STAT`` names
-(eager: ``p10_ms``, graph: ``median_ms``); it is derived, never stored.
+"""Writing datasets (``ficco bench``): a measured scenario's rows, atomic writes of parts and manifests,
+relabelling a stored dataset, and the per-scenario label table of the card. The format itself (columns,
+manifest, label times, reading) is :mod:`ficco.features.dataset`'s, which training reads with too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.features import MODES, HardwareProfile, Scenario
-from ficco.features.scenario import SHAPE_FIELDS
+from ficco.features import Scenario
+from ficco.features.dataset import (
+    BACKENDS,
+    BASELINE_KEYS,
+    COLUMNS,
+    NOISE,
+    SCENARIO_COLUMNS,
+    require_manifest,
+    validate_frame,
+    with_label_times,
+)
 from ficco.files import replacing, write_text_atomic
-from ficco.harness.backend import BASELINE_KEYS, ScenarioResult
-from ficco.harness.labels import relabel, with_label_times
+from ficco.harness.backend import ScenarioResult
+from ficco.harness.labels import relabel
 
 if TYPE_CHECKING:
     import pandas as pd
-
-FORMAT = "ficco-dataset/2"
-"""Manifest format tag; a different one is refused."""
-MANIFEST = "manifest.json"
-NOISE = "noise.parquet"
-PLAN = "plan.json"
-BACKENDS = ("gpu", "gloo", "sim")
-HARDWARE_KEYS = ("gpu_name", "gpu_count", "interconnect", "world_size")
-"""Fingerprint keys that datasets loaded together must share (with the hardware profile); driver and
-software versions may differ."""
-
-COLUMNS: dict[str, str] = {
-    "scenario_id": "str",
-    "family": "str",
-    **{name: kind.__name__ for name, kind in SHAPE_FIELDS.items()},
-    "schedule": "str",
-    "mode": "str",
-    "median_ms": "float",
-    "p10_ms": "float",
-    "p90_ms": "float",
-    "round_ms": "list",
-    "ok": "bool",
-    "error": "str",
-    "in_best_set": "bool",
-    "backend": "str",
-    "hardware_id": "str",
-    **{key: "float" for key in BASELINE_KEYS},
-}
-"""Column name -> kind (str, int, float, bool), in file order."""
-SCENARIO_COLUMNS = ("scenario_id", "family", *SHAPE_FIELDS, "hardware_id", "backend")
-"""The per-scenario columns ``label_table`` keeps."""
 
 
 def result_rows(
@@ -104,42 +61,6 @@ def result_rows(
     ]
 
 
-def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """A DataFrame with exactly ``COLUMNS``, in order, with their dtypes (an empty list is fine)."""
-    import pandas as pd
-
-    kinds = {"str": "object", "int": "int64", "float": "float64", "bool": "bool", "list": "object"}
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    return frame.astype({name: kinds[kind] for name, kind in COLUMNS.items()})
-
-
-def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
-    """Check ``df`` has every column of ``COLUMNS`` with the right kind and known backends; return it.
-
-    Raises ``ValueError`` naming ``source``, the missing columns or the columns of the wrong dtype.
-    """
-    from pandas.api import types
-
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{source} is missing column(s) {missing}; a dataset has {list(COLUMNS)}")
-    checks = {
-        "str": lambda s: types.is_string_dtype(s) or types.is_object_dtype(s),
-        "int": types.is_integer_dtype,
-        "float": types.is_float_dtype,
-        "bool": types.is_bool_dtype,
-        "list": types.is_object_dtype,
-    }
-    bad = [f"{c} ({df[c].dtype}, expected {kind})" for c, kind in COLUMNS.items() if not checks[kind](df[c])]
-    if bad:
-        raise ValueError(f"{source} has column(s) of the wrong dtype: {', '.join(bad)}")
-    for column, allowed in (("backend", BACKENDS), ("mode", MODES)):
-        unknown = sorted(set(df[column]) - set(allowed))
-        if unknown:
-            raise ValueError(f"{source} has unknown {column} value(s) {unknown}; allowed: {list(allowed)}")
-    return df
-
-
 # Manifest -------------------------------------------------------------------------------------------------
 
 
@@ -155,56 +76,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any] | None:
-    """The manifest of dataset ``directory``, or None if it has none; raise ``ValueError`` if unreadable."""
-    path = Path(directory) / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} has format {manifest.get('format')!r}; this ficco reads {FORMAT!r}")
-    return manifest
-
-
-def _require_manifest(directory: str | Path) -> dict[str, Any]:
-    manifest = read_manifest(directory)
-    if manifest is None:
-        raise ValueError(
-            f"{directory} is not a ficco dataset: it has no {MANIFEST} (run `ficco bench --out`)"
-        )
-    return manifest
-
-
 # Loading ----------------------------------------------------------------------------------------------------
-
-
-def load_dataset(path: str | Path) -> pd.DataFrame:
-    """The measurement rows of a dataset directory (the parts its manifest lists, in order) or of one
-    Parquet file, schema-checked (see ``validate_frame``), with their label times (``time_ms``)."""
-    import pandas as pd
-
-    path = Path(path)
-    if path.is_file():
-        return with_label_times(validate_frame(pd.read_parquet(path), str(path)))
-    manifest = _require_manifest(path)
-    frames = [
-        validate_frame(pd.read_parquet(path / p["file"]), str(path / p["file"])) for p in manifest["parts"]
-    ]
-    if not frames:
-        return with_label_times(rows_frame([]))
-    return with_label_times(pd.concat(frames, ignore_index=True))
-
-
-def load_noise(directory: str | Path) -> pd.DataFrame | None:
-    """The re-measured rows of ``directory`` (``noise.parquet``) with their label times, or None if none
-    were taken."""
-    import pandas as pd
-
-    path = Path(directory) / NOISE
-    return with_label_times(validate_frame(pd.read_parquet(path), str(path))) if path.exists() else None
 
 
 def relabel_dataset(directory: str | Path) -> int:
@@ -214,7 +86,7 @@ def relabel_dataset(directory: str | Path) -> int:
     import pandas as pd
 
     directory = Path(directory)
-    files = [directory / p["file"] for p in _require_manifest(directory)["parts"]]
+    files = [directory / p["file"] for p in require_manifest(directory)["parts"]]
     changed = 0
     for path in [*files, directory / NOISE]:
         if not path.exists():
@@ -226,121 +98,6 @@ def relabel_dataset(directory: str | Path) -> int:
             write_parquet_atomic(path, fresh)
             changed += flips
     return changed
-
-
-def dataset_hardware(path: str | Path) -> HardwareProfile:
-    """The hardware profile a dataset directory was measured or simulated on (from its manifest)."""
-    return HardwareProfile.from_dict(_require_manifest(path)["hardware"])
-
-
-def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The measurement rows and the re-measured rows (None if none) of one or more datasets, concatenated
-    in the order given, without the schedules a manifest lists as ``superseded``.
-
-    One path may be a directory or a Parquet file (no re-measure), as for :func:`load_dataset`. Several
-    must be directories measured on the same hardware (:func:`check_same_hardware`) with no scenario id in
-    common; ``ValueError`` names the differing key or the shared ids otherwise.
-    """
-    import pandas as pd
-
-    if not paths:
-        raise ValueError("no dataset given; pass at least one dataset directory")
-    if len(paths) == 1 and not Path(paths[0]).is_dir():
-        return load_dataset(paths[0]), None
-    check_same_hardware(paths)
-    frames = [_current(load_dataset(p), p) for p in paths]
-    for i, frame in enumerate(frames):
-        for j in range(i):
-            shared = sorted(set(frames[j]["scenario_id"]) & set(frame["scenario_id"]))
-            if shared:
-                raise ValueError(
-                    f"{paths[j]} and {paths[i]} share {len(shared)} scenario id(s), e.g. {shared[:3]}; "
-                    "each scenario must come from one dataset (a second sweep of the same scenarios is a "
-                    "repeat: load_repeats)"
-                )
-    noise = [_current(n, p) for p in paths if (n := load_noise(p)) is not None]
-    return (
-        pd.concat(frames, ignore_index=True),
-        pd.concat(noise, ignore_index=True) if noise else None,
-    )
-
-
-def load_repeats(rows: pd.DataFrame, paths: Sequence[str | Path], like: str | Path) -> list[pd.DataFrame]:
-    """The rows of repeat sweeps ``paths``: independent measurements (another session, another machine
-    lease) of scenarios that ``rows`` holds, on the hardware of dataset ``like``; one frame per sweep,
-    without its ``superseded`` schedules.
-
-    Raises ``ValueError`` for a repeat of other hardware, or one holding scenarios ``rows`` lacks (a
-    repeat re-measures; it adds no scenario).
-    """
-    out = []
-    known = set(rows["scenario_id"])
-    for path in paths:
-        check_same_hardware([like, path])
-        frame = _current(load_dataset(path), path)
-        extra = sorted(set(frame["scenario_id"]) - known)
-        if extra:
-            raise ValueError(
-                f"repeat {path} holds {len(extra)} scenario id(s) the datasets do not, e.g. {extra[:3]}; a "
-                "repeat sweep only re-measures their scenarios"
-            )
-        out.append(frame)
-    return out
-
-
-def superseded(directory: str | Path) -> dict[str, str]:
-    """The schedules dataset ``directory``'s manifest marks as measured with a replaced executor -> why."""
-    return dict(_require_manifest(directory).get("superseded", {}))
-
-
-def _current(frame: pd.DataFrame | None, directory: str | Path) -> pd.DataFrame | None:
-    """``frame`` without the rows of the schedules ``directory`` lists as superseded."""
-    gone = superseded(directory)
-    if frame is None or not gone:
-        return frame
-    return frame[~frame["schedule"].isin(list(gone))].reset_index(drop=True)
-
-
-def hardware_identity(directory: str | Path) -> dict[str, Any]:
-    """What datasets loaded together must share: the fingerprint's ``HARDWARE_KEYS`` and every field of
-    the hardware profile, as ``fingerprint.<key>`` / ``hardware.<key>`` -> value (absent keys: None)."""
-    manifest = _require_manifest(directory)
-    fingerprint = manifest.get("fingerprint", {})
-    return {
-        **{f"fingerprint.{key}": fingerprint.get(key) for key in HARDWARE_KEYS},
-        **{f"hardware.{key}": value for key, value in manifest["hardware"].items()},
-    }
-
-
-def check_same_hardware(paths: Sequence[str | Path]) -> None:
-    """Raise ``ValueError`` naming every key of :func:`hardware_identity` on which a dataset of ``paths``
-    differs from the first, with both values."""
-    first = hardware_identity(paths[0])
-    for path in paths[1:]:
-        other = hardware_identity(path)
-        diffs = [
-            f"{key} {first.get(key)!r} in {paths[0]} vs {other.get(key)!r} in {path}"
-            for key in sorted(set(first) | set(other))
-            if first.get(key) != other.get(key)
-        ]
-        if diffs:
-            raise ValueError(
-                f"datasets measured on different hardware cannot be combined: {'; '.join(diffs)}"
-            )
-
-
-def dataset_hash(path: str | Path) -> str:
-    """SHA-256 of the measurement rows, independent of part boundaries and row order."""
-    return frame_hash(load_dataset(path))
-
-
-def frame_hash(df: pd.DataFrame) -> str:
-    """SHA-256 of measurement rows ``df`` (their stored ``COLUMNS``), independent of row order (see
-    :func:`dataset_hash`)."""
-    df = df[list(COLUMNS)].sort_values(["scenario_id", "mode", "schedule"], kind="stable")
-    df["round_ms"] = [" ".join(f"{t:.9g}" for t in r) for r in df["round_ms"]]
-    text = df.to_csv(index=False, float_format="%.9g", lineterminator="\n")
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def label_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -372,10 +129,3 @@ def label_table(df: pd.DataFrame) -> pd.DataFrame:
     out["n_ok"] = groups.size().reindex(index).to_numpy(dtype="int64")
     out["best_set_size"] = groups["in_best_set"].sum().reindex(index).to_numpy(dtype="int64")
     return out.reset_index(drop=True)
-
-
-def scenario_from_row(row: Any, hardware: HardwareProfile) -> Scenario:
-    """Rebuild the ``Scenario`` of a dataset row (a Series, a namedtuple from ``itertuples`` or a dict)."""
-    # A namedtuple needs getattr; a Series or dict needs [] (Series.dtype is an attribute of its own).
-    get = (lambda key: getattr(row, key)) if hasattr(row, "_fields") else row.__getitem__
-    return Scenario(hardware=hardware, **{name: kind(get(name)) for name, kind in SHAPE_FIELDS.items()})

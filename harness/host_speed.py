@@ -25,7 +25,6 @@ import contextlib
 import functools
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING
 from ficco.features import Schedule
 from ficco.features.host import HOST_FACTOR_RANGE, host_us
 from ficco.files import write_text_atomic
+from ficco.rounds import interleaved_rounds
 
 if TYPE_CHECKING:
     import torch
@@ -44,35 +44,14 @@ if TYPE_CHECKING:
 
     from ficco.features.routing import Routing
 
-CASES: tuple[tuple[str, str], ...] = tuple(
-    (op, schedule)
-    for op in ("ag_gemm", "gemm_rs")
-    for schedule in (
-        "serial/sm",
-        "serial/dma",
-        "shard/sm",
-        "shard/dma",
-        "finer/dma/s4/chunk",
-        "finer/dma/s4/shard",
-    )
-)
+SCHEDULES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/dma/s4/chunk", "finer/dma/s4/shard")
+CASES: tuple[tuple[str, str], ...] = tuple((op, s) for op in ("ag_gemm", "gemm_rs") for s in SCHEDULES)
 """(op, schedule) pairs timed: the reference, both transports at shard granularity and the finer copy-engine
 schedules, the launches the eager labels of small shapes are made of."""
 CPU_DEVICE = "CPU (gloo)"
 """``HostSpeed.device`` of a gloo measurement."""
 ROWS, WIDTH = 64, 64
 """Tiny GEMMs: ``A [ROWS, WIDTH]`` gathered or reduced, ``B [WIDTH, WIDTH]``: microseconds of GPU work."""
-
-
-def python_work() -> int:
-    """A fixed piece of pure Python (64 dict updates, no torch; about 3-5 us on the GPU machines' hosts): a
-    reference for the interpreter's own speed, beside which the executor's calls show whether a process's
-    host time moved with the machine (``benchmarks/executor_overhead.py --primitives``,
-    ``benchmarks/host_states.py``)."""
-    counts: dict[int, int] = {}
-    for i in range(64):
-        counts[i & 7] = counts.get(i & 7, 0) + i
-    return counts[7]
 
 
 def time_host_calls(
@@ -85,7 +64,6 @@ def time_host_calls(
     sync: Callable[[], None],
     clocks: Sequence[Callable[[], float]] = (time.perf_counter,),
     after_warmup: Callable[[], object] | None = None,
-    settle: Callable[[], object] | None = None,
     around: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
 ) -> list[dict[Hashable, list[float]]]:
     """Microseconds per call of each of ``calls``, per round, by each of ``clocks``.
@@ -97,10 +75,9 @@ def time_host_calls(
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
     ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use); ``settle`` runs before each
-    timed batch's ``sync()`` (e.g. ``harness.affinity.Placement.settle``, which under ``seek`` moves the main
-    thread off a core in its slow state). ``around(case)``: a context each of the case's batches runs in
-    (warm-up included), entered before the batch's ``sync()`` and left after its timing."""
+    which moves the threads the warm-up started: NCCL starts some on first use). ``around(case)``: a context
+    each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
+    after its timing."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
@@ -110,19 +87,19 @@ def time_host_calls(
     if after_warmup is not None:
         after_warmup()
     out: list[dict[Hashable, list[float]]] = [{case: [] for case in cases} for _ in clocks]
-    order = random.Random(seed)
-    for _ in range(rounds):
-        for case in order.sample(cases, len(cases)):
+
+    def run_round(order: list[Hashable]) -> None:
+        for case in order:
             call = calls[case]
             with around(case):
-                if settle is not None:
-                    settle()
                 sync()
                 start = [clock() for clock in clocks]
                 for _ in range(batch):
                     call()
                 for times, clock, begun in zip(out, clocks, start, strict=True):
                     times[case].append((clock() - begun) / batch * 1e6)
+
+    interleaved_rounds(cases, run_round, rounds=rounds, seed=seed)
     sync()
     return out
 
@@ -263,10 +240,9 @@ def measure_host_factor(
     warmup: int = 20,
     seed: int = 0,
     after_warmup: Callable[[], object] | None = None,
-    settle: Callable[[], object] | None = None,
 ) -> HostSpeed:
     """Time :data:`CASES` on this process group's devices (collective: every rank calls it) and return the
-    host factor (``after_warmup``, ``settle``: see :func:`time_host_calls`). Needs an initialised process
+    host factor (``after_warmup``: see :func:`time_host_calls`). Needs an initialised process
     group of >= 2 ranks (NCCL on CUDA; gloo runs, but its times are the CPU transfers', not a GPU machine's
     host speed)."""
     import torch
@@ -291,7 +267,6 @@ def measure_host_factor(
         seed=seed,
         sync=sync,
         after_warmup=after_warmup,
-        settle=settle,
     )
     slowest = torch.tensor([statistics.median(times[case]) for case in CASES], dtype=torch.float64).to(device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -306,7 +281,7 @@ def measure_host_factor(
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
-    from ficco.harness.affinity import HOST_FACTOR_PIN, PIN_POLICIES, placement_from_env
+    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
     from ficco.harness.worker import SAFE_ENV
 
     p = argparse.ArgumentParser(
@@ -315,9 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
     p.add_argument("--batch", type=int, default=50, help="calls per timed batch")
-    p.add_argument(
-        "--pin", choices=PIN_POLICIES, default=HOST_FACTOR_PIN, help="where the rank's threads run"
-    )
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
     p.add_argument("--out", type=Path, help="JSON file to write (rank 0)")
     args = p.parse_args(argv)
     os.environ.update(SAFE_ENV)
@@ -328,9 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
-        speed = measure_host_factor(
-            rounds=args.rounds, batch=args.batch, after_warmup=placement.apply, settle=placement.settle
-        )
+        speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)
         if dist.get_rank() == 0:
             print(speed.summary(), flush=True)
             if args.out is not None:

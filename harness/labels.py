@@ -2,14 +2,10 @@
 the measured noise.
 
 **A schedule's time** (its label, ``time_ms``) is a statistic over its interleaved rounds, chosen per mode
-(``LABEL_STAT``): the median in ``graph`` mode, the 10th percentile in ``eager`` mode. Eager per-call times
-are the host's speed at issuing the calls for small shapes, and what disturbs the host (other threads, clock
-changes, the other rank's process) only ever adds time, in bursts that last a few rounds: on 2 x H200
-(32 scenarios measured twice, 19-96 rounds) the eager 10th percentile moved by 1.7% (median) / 7.7% (p90)
-between the two runs, the median by 2.7% / 24% (59 fresh scenarios later: 3.3% / 28% against 4.9% / 36%,
-mostly shifts of a whole scenario with the host's speed). In graph mode the device runs without the host,
-the rounds spread evenly and the median is the steadiest (0.9% / 3.3% run to run on datasets/h200x2). The
-dataset keeps both statistics and every round, so a label can be recomputed under another rule (``relabel``).
+(``features.dataset.LABEL_STAT``): the median in ``graph`` mode, where the device runs without the host and
+the rounds spread evenly; the 10th percentile in ``eager`` mode, where per-call times of small shapes are the
+host's speed at issuing the calls, and what disturbs the host only ever adds time. The dataset keeps both
+statistics and every round, so a label can be recomputed under another rule (``relabel``).
 
 **The best set.** A scenario's schedules are timed in interleaved rounds (``harness.torch_backend``): round
 ``r`` of every schedule ran within the same few milliseconds, so rounds pair across schedules and drift
@@ -34,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ficco.features.dataset import label_quantile
 from ficco.harness.backend import ScenarioResult
 
 if TYPE_CHECKING:
@@ -46,27 +43,6 @@ ALPHA = 0.05
 more than ``MARGIN`` in at least 95% of the resamples."""
 RESAMPLES = 1000
 """Paired bootstrap resamples of the rounds."""
-LABEL_STAT: dict[str, str] = {"eager": "p10_ms", "graph": "median_ms"}
-"""Per mode, the dataset column that is a schedule's time (see the module docstring)."""
-QUANTILE: dict[str, float] = {"p10_ms": 0.10, "median_ms": 0.50}
-"""The quantile over rounds each label column holds (``Measurement.from_rounds``)."""
-
-
-def label_quantile(mode: str) -> float:
-    """The quantile over rounds that is a schedule's time in ``mode`` (``LABEL_STAT``)."""
-    try:
-        return QUANTILE[LABEL_STAT[mode]]
-    except KeyError:
-        raise ValueError(f"mode must be one of {list(LABEL_STAT)}; got {mode!r}") from None
-
-
-def with_label_times(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (dataset rows) with ``time_ms``: each row's label time, its mode's ``LABEL_STAT`` column."""
-    time_ms = np.full(len(df), np.nan)
-    for mode, column in LABEL_STAT.items():
-        rows = (df["mode"] == mode).to_numpy()
-        time_ms[rows] = df.loc[rows, column].to_numpy(dtype=float)
-    return df.assign(time_ms=time_ms)
 
 
 def relabel(df: pd.DataFrame, *, seed: int = 0, alpha: float = ALPHA) -> pd.DataFrame:
@@ -162,25 +138,3 @@ def _round_matrix_of(round_ms: Sequence[Sequence[float]], ok: Sequence[bool]) ->
         if good and len(r) == width:
             out[i] = r
     return out
-
-
-def host_factor_of(df: pd.DataFrame) -> float:
-    """The measuring machine's host factor (``features.host.estimate_host_factor``) from dataset rows: the
-    eager and graph times of each (scenario, schedule) measured ok in both modes against its host price;
-    NaN when no eager time is host-bound."""
-    from ficco.features import SCHEDULE_INDEX
-    from ficco.features.host import estimate_host_factor, op_prices
-
-    timed = with_label_times(df[df["ok"].astype(bool)])
-    keys = ["scenario_id", "schedule", "op", "world_size", "experts"]
-    pairs = timed[timed["mode"] == "eager"][[*keys, "time_ms"]].merge(
-        timed[timed["mode"] == "graph"][["scenario_id", "schedule", "time_ms"]],
-        on=["scenario_id", "schedule"], suffixes=("_eager", "_graph"),
-    )  # fmt: skip
-    price = np.array([
-        op_prices(op, int(world), int(experts))[SCHEDULE_INDEX[schedule]]
-        for op, world, experts, schedule in zip(
-            pairs["op"], pairs["world_size"], pairs["experts"], pairs["schedule"], strict=True
-        )
-    ])  # fmt: skip
-    return estimate_host_factor(pairs["time_ms_eager"].to_numpy(), pairs["time_ms_graph"].to_numpy(), price)

@@ -139,7 +139,7 @@ def torchrun_command(
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
     for one ``phase`` (``sweep`` or ``noise``)."""
-    from ficco.harness.dataset import PLAN
+    from ficco.features.dataset import PLAN
 
     worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
     options = {
@@ -207,7 +207,8 @@ def run_torchrun(
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
-    from ficco.harness.dataset import PLAN, write_json_atomic
+    from ficco.features.dataset import PLAN
+    from ficco.harness.dataset import write_json_atomic
 
     nproc = process_count(backend, tp, nproc)
     _require_rank_modules()
@@ -233,7 +234,7 @@ def run_torchrun(
 
 def sweep_complete(plan: Plan, out: Path) -> bool:
     """Whether every scenario of ``plan`` is in the dataset at ``out``."""
-    from ficco.harness.dataset import read_manifest
+    from ficco.features.dataset import read_manifest
 
     manifest = read_manifest(out)
     return manifest is not None and {s.key() for _, s in plan} <= set(manifest["finished"])

@@ -60,8 +60,8 @@ class SimConstants:
 
     Two sources. (1) Executor-only constants (the ``host_*`` ones, ``p2p_latency_us`` and the NCCL
     contention pair) come from :func:`calibrate` on a 60-scenario smoke sweep of this project's executor
-    on 2 x H200 (NV18, PyTorch 2.11, NCCL 2.28.9; 2026-11-22, the first 60 scenarios of the default plan;
-    not committed): the reference probes did not run the executor's pipeline. (2) Every other constant
+    on 2 x H200 (the first 60 scenarios of the default plan): the reference probes did not run the
+    executor's pipeline. (2) Every other constant
     comes from :func:`calibrate` on ``sim_reference.reference_frame()`` (the tables of
     ``shared/reference/h200x2-measurements.md``) with (1) held fixed; table names below are its sections.
     Rounded to 3 digits. The defaults reproduce the reference times with a median error of about 6% and
@@ -421,7 +421,7 @@ def _scatter_us(
 
 
 def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The four baselines of ``harness.backend.BASELINE_KEYS`` for each row's scenario, us."""
+    """The four baselines of ``features.dataset.BASELINE_KEYS`` for each row's scenario, us."""
     ones = np.ones_like(x["w"])
     copy_engines = ones.astype(bool)
     copy = _round_us(c, x, copy_engines, ones, x["w"] - 1.0) + np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
@@ -578,7 +578,7 @@ def calibrate(
     NCCL contention in a copy-engine-only dataset) where they were. Returns the fitted constants (4
     significant digits).
     """
-    from ficco.harness.dataset import scenario_from_row
+    from ficco.features.dataset import scenario_from_row
 
     df = df[df["mode"] == "eager"]  # the host terms are fitted to eager calls
     ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
@@ -648,10 +648,10 @@ def agreement(
 ) -> float:
     """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
     measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
-    best (near-ties count; both are label times, ``harness.labels.with_label_times``). Eager rows only
+    best (near-ties count; both are label times, ``features.dataset.with_label_times``). Eager rows only
     (the simulator's host terms are eager ones). NaN for a dataset without labels."""
-    from ficco.harness.dataset import label_table, scenario_from_row
-    from ficco.harness.labels import with_label_times
+    from ficco.features.dataset import scenario_from_row, with_label_times
+    from ficco.harness.dataset import label_table
 
     df = with_label_times(df[df["mode"] == "eager"])
     labels = label_table(df).set_index("scenario_id")

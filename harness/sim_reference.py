@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ficco.features import Scenario, get_hardware
+from ficco.features.dataset import rows_frame
 from ficco.harness.backend import Measurement, ScenarioResult
-from ficco.harness.dataset import result_rows, rows_frame
+from ficco.harness.dataset import result_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,7 +89,7 @@ def _rows(table: str, op: str, shape: tuple[int, int, int], times: dict[str, flo
 
 
 def reference_frame() -> pd.DataFrame:
-    """Every reference measurement as dataset rows (``harness.dataset.COLUMNS``), hardware ``h200x2``."""
+    """Every reference measurement as dataset rows (``features.dataset.COLUMNS``), hardware ``h200x2``."""
     rows = []
     for shape, (gemm, nccl, serial) in AG_TABLE.items():
         rows += _rows(

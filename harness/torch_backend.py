@@ -23,8 +23,7 @@ all-reduce). For each scenario:
 
    - ``eager`` (and gloo): before each block the ranks are aligned on the host (a one-element
      all-reduce, then a host synchronisation), so that each block starts from an idle device and the
-     host time of its calls lands in it, led by one untimed call; under ``--pin seek`` each rank first
-     moves its main thread off a CPU in its slow state (``harness.affinity.Seeker``);
+     host time of its calls lands in it, led by one untimed call;
    - ``graph`` (CUDA): a whole round is queued on the device without a host synchronisation: a spin
      kernel holds the GPU while the host queues, then per item a one-element all-reduce on the stream
      (both GPUs leave it together: the ranks are aligned on the device, outside the timed region), the
@@ -55,9 +54,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ficco.features import MODES, OP_SPECS, SERIAL, Routing, Scenario, Schedule
+from ficco.features.dataset import BASELINE_KEYS
 from ficco.features.ops import OpShapes
 from ficco.harness.affinity import Placement
-from ficco.harness.backend import BASELINE_KEYS, Measurement, ScenarioResult, Timing
+from ficco.harness.backend import Measurement, ScenarioResult, Timing
+from ficco.rounds import interleaved_rounds
 
 if TYPE_CHECKING:
     import torch
@@ -76,9 +77,7 @@ MAX_CALLS = 64
 """Most calls per timed block (small shapes)."""
 MAX_GRAPH_CALLS = 2
 """Most calls captured in one graph: a block replays it several times. Graph-mode rounds are queued on the
-device, where back-to-back replays of a two-call graph cost no more than one long graph. Capturing costs
-mostly per graph, not per call (2 x H200: 0.42 s of captures per scenario with 8-call graphs, 0.37 s with
-2-call graphs)."""
+device, where back-to-back replays of a two-call graph cost no more than one long graph."""
 SPIN_CYCLES = 2_000_000
 """GPU clock cycles the spin kernel holds the device at the start of a queued round (about 1 ms at the
 H200's boost clock, longer at idle clocks) while the host queues the round's first items."""
@@ -386,27 +385,40 @@ class TorchBackend:
     # Timing -------------------------------------------------------------------------------------------
 
     def _time_rounds(self, items: list[_Item], seed: int) -> None:
-        """Time the runnable items in interleaved rounds (module docstring, step 4): per round, each mode's
-        items in a freshly shuffled order (the same on every rank), the modes taking turns; after a mode's
-        first round, ``Timing.rounds_for`` its total block time sets how many rounds it gets. Every rank
-        computes the same counts from the same maxima over ranks."""
-        rng = np.random.default_rng([seed, self.timing.rounds])
+        """Time the runnable items in interleaved rounds (module docstring, step 4;
+        :func:`ficco.rounds.interleaved_rounds`): per round, each mode's items in a freshly shuffled order
+        (the same on every rank), the modes taking turns; after a mode's first round, ``Timing.rounds_for``
+        its total block time sets how many rounds it gets. Every rank computes the same counts from the same
+        maxima over ranks."""
         modes = [mode for mode in self.modes if any(item.mode == mode for item in items)]
         wanted = dict.fromkeys(modes, self.timing.rounds)
-        r = 0
-        while todo := [mode for mode in modes if r < wanted[mode]]:
-            for mode in todo if r % 2 == 0 else todo[::-1]:
+        done = 0
+
+        def run_round(order: list[int]) -> None:
+            nonlocal done
+            todo = [mode for mode in modes if done < wanted[mode]]
+            for mode in todo if done % 2 == 0 else todo[::-1]:
                 batch = [
                     i
-                    for i, item in enumerate(items)
-                    if item.mode == mode and not item.error and (r < self.timing.rounds or not item.baseline)
+                    for i in order
+                    if items[i].mode == mode
+                    and not items[i].error
+                    and (done < self.timing.rounds or not items[i].baseline)
                 ]
                 with self._phase(f"timing {mode}"):
-                    self._time_round(items, list(rng.permutation(batch)), queued=self._queued(mode))
-                if r == 0:
+                    self._time_round(items, batch, queued=self._queued(mode))
+                if done == 0:
                     round_ms = sum(items[i].times[-1] * items[i].calls for i in batch if items[i].times)
                     wanted[mode] = self.timing.rounds_for(round_ms, mode)
-            r += 1
+            done += 1
+
+        interleaved_rounds(
+            range(len(items)),
+            run_round,
+            rounds=self.timing.rounds,
+            seed=[seed, self.timing.rounds],
+            more_rounds=lambda: max(wanted.values()),
+        )
         log.debug("rounds per mode: %s", wanted)
 
     def _queued(self, mode: str) -> bool:
@@ -440,7 +452,6 @@ class TorchBackend:
 
         times = {}
         for i, item in batch:
-            self.placement.settle()
             self._align()
             try:
                 if item.lead is not None:

@@ -45,12 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
-    p.add_argument(
-        "--pin",
-        choices=PIN_POLICIES,
-        default=DEFAULT_PIN,
-        help="where the rank's threads run (harness.affinity)",
-    )
+    p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
     return p.parse_args(argv)
 
 
@@ -93,9 +88,6 @@ def main(argv: list[str] | None = None) -> None:
         if dist.get_rank() == 0 and backend.phase_seconds:
             spent = ", ".join(f"{name} {sec:.1f} s" for name, sec in sorted(backend.phase_seconds.items()))
             print(f"{args.phase}: wall time by phase: {spent}", file=sys.stderr, flush=True)
-        if placement.seeker is not None:  # what seek did on this rank (moves off slow cores)
-            done = f"rank {rank}: {args.phase}: CPU placement {placement.describe()}"
-            print(done, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

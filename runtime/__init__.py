@@ -17,8 +17,8 @@ and a planner that asks a local model or the service once per shape.
     verify_plan(planner, lambda: step, device=x_shard.device)     # the plan against serial in place
     print(planner.table())                                        # schedules, speedups, what was pinned
 
-Layering: imports ``features``, ``executor``, ``training`` (the predictor) and ``service`` (its client);
-nothing in ficco imports it.
+Layering: imports ``features``, ``executor`` and ``training`` (the predictor); ``ServiceSource`` takes a
+``service.client.ServiceClient`` built by the caller. Nothing in ficco imports it.
 """
 
 from ficco.runtime.graphs import GraphedCall

@@ -1,14 +1,14 @@
 """Timing whole steps on a process group: interleaved rounds, ranks aligned, the slowest rank's time.
 
 Used where a runtime compares variants of the same step in place (``runtime.verify``) and by the
-end-to-end block benchmark (``benchmarks/block_bench.py``). Collective: every rank of the group calls it with
-the same variants in the same order, and every rank gets the same numbers back.
+end-to-end block benchmark (``benchmarks/block_bench.py``); the rounds are
+:func:`ficco.rounds.interleaved_rounds`'s. Collective: every rank of the group calls it with the same
+variants in the same order, and every rank gets the same numbers back.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ficco.rounds import interleaved_rounds
 
 Variant = tuple[Callable[[], None], Callable[[], Any]]
 """``(activate, step)``: ``activate`` puts the variant in place (untimed), ``step`` runs one step."""
@@ -40,7 +42,6 @@ def time_interleaved(
     group: dist.ProcessGroup | None = None,
     timed_ms: float = 0.0,
     max_rounds: int | None = None,
-    settle: Callable[[], object] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Every variant's median step time and median host time to issue a step (ms), each step's time the
     slowest rank's.
@@ -54,10 +55,6 @@ def time_interleaved(
     ``timed_ms`` > 0: short steps get more rounds, so that every variant is timed for about ``timed_ms`` in
     all (short, host-bound steps vary most from round to round): after the first round, the fastest
     variant's step time (slowest rank) sets the count, at most ``max_rounds`` (default: ``rounds``).
-
-    ``settle`` runs before each variant's ranks are aligned (a benchmark passes
-    ``harness.affinity.Placement.settle``, which under ``seek`` moves the main thread off a CPU in its slow
-    state; a runtime timing its own job leaves its threads where they are).
     """
     names = list(variants)
     for activate, step in variants.values():
@@ -66,21 +63,26 @@ def time_interleaved(
             step()
     steps: dict[str, list[float]] = {name: [] for name in names}
     host: dict[str, list[float]] = {name: [] for name in names}
-    order = random.Random(len(names) * 1_000 + reps)
-    wanted, done = rounds, 0
-    while done < wanted:
-        for name in order.sample(names, len(names)):
+
+    def run_round(order: list[str]) -> None:
+        for name in order:
             activate, step = variants[name]
             activate()
-            if settle is not None:
-                settle()
             align(device, group)
             ms, issued = _timed_steps(step, reps, device)
             steps[name] += ms
             host[name].append(issued / reps)
-        done += 1
-        if done == 1 and timed_ms > 0:
-            wanted = _rounds_for(steps, reps, timed_ms, rounds, max_rounds or rounds, device, group)
+
+    def more_rounds() -> int:
+        return _rounds_for(steps, reps, timed_ms, rounds, max_rounds or rounds, device, group)
+
+    done = interleaved_rounds(
+        names,
+        run_round,
+        rounds=rounds,
+        seed=[len(names), reps],
+        more_rounds=more_rounds if timed_ms > 0 else None,
+    )
     flat = [t for name in names for t in (*steps[name], *host[name])]
     values, width = _slowest(flat, device, group), done * reps + done
     times, hosts = {}, {}

@@ -8,9 +8,8 @@
 Why. The model learned from each op timed alone. A whole step adds what no isolated measurement sees: the
 host time of everything else in the step (autograd, attention, norms), which can make the step host-bound
 so that overlap gains nothing and the executor's extra host time is paid in full, and the neighbours of
-each op on the GPU. On 2 x H200 (``benchmarks/results/block-h200x2.json``) the per-op best schedules of
-the measured dataset ran a Llama-3.1-8B training step at 2k tokens 0.73x as fast as serial (host-bound)
-and its inference step at 256 tokens 0.88x, although every one of them beat serial alone.
+each op on the GPU: per-op best schedules can make a host-bound step slower than serial although each of
+them beat serial alone (``benchmarks/results/block-h200x2.json``).
 
 What it does (collective: every rank of the group calls it, in the same place):
 
@@ -20,11 +19,9 @@ What it does (collective: every rank of the group calls it, in the same place):
    the same numbers and decides the same), the step as planned, the step with every planned key
    ``serial/sm``, and (``flips``) the step with each planned key alone ``serial/sm``;
 3. the fastest of these, if it beats the plan by more than ``margin``, is timed again against the plan
-   alone (``2 x rounds`` fresh rounds): the fastest of many noisy medians is biased low (on 2 x H200 an
-   eager training step's median moves by 1-2% between timings, and the best of nine single flips beat
-   the plan by 2.4% in one timing and lost by 2.4% in the next), so only a gain that holds on fresh
-   measurements counts. If it holds, the keys the variant runs serially are pinned to ``serial/sm``
-   (``Planner.pin``, the times in the reason), and the others keep their schedule.
+   alone (``2 x rounds`` fresh rounds): the fastest of many noisy medians is biased low, so only a gain
+   that holds on fresh measurements counts. If it holds, the keys the variant runs serially are pinned to
+   ``serial/sm`` (``Planner.pin``, the times in the reason), and the others keep their schedule.
 
 Cost: ``2 + keys`` variants (``2`` without flips) x (``warmup + rounds x reps``) steps, plus ``2 x 2 x rounds
 x reps`` when a variant is confirmed, once per set of shapes. The step must be safe to repeat (forward and

@@ -26,6 +26,7 @@ from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.files import work_root
 from ficco.tables import text_table
+from ficco.training.results import results_command
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -399,8 +400,9 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``train``, ``evaluate``, ``report`` and ``retrain`` to ``app``."""
+    """Add ``train``, ``evaluate``, ``report``, ``results`` and ``retrain`` to ``app``."""
     app.command("train")(train_command)
     app.command("evaluate")(evaluate_command)
     app.command("report")(report_command)
+    app.command("results")(results_command)
     app.command("retrain")(retrain_command)

@@ -61,13 +61,8 @@ CONFIG_GRID: tuple[TrainConfig, ...] = (
 )
 """Candidates for cross-validation, the regressor first (ties in the selection go to it: it alone also
 gives the fallback its time ratio). The ranker (no more than 100 trees, which keeps the fast path's single
-decision near 100 us) is trained on ``rank:ndcg`` with graded relevance since 2026-11-23. Grouped CV on
-datasets/h200x2 + h200x2-moe, mean held-out loss: 0.0190 at depth 6, against 0.0218 for the same ranker on
-``rank:pairwise`` (the previous choice) and 0.0262 for the regressor. Depths 4 (0.0184) and 8 (0.0175) lie
-within the loss's standard error (about 0.001) of depth 6, and on the four sets of unseen families
-(datasets/h200x2-unseen, -unseen-v3, -heldout, -heldout-v3) both did worse than depth 6 (mean geomean
-regret, eager / graph: depth 4 1.53% / 1.19%, depth 8 1.56% / 1.11%, depth 6 1.43% / 0.91%; the pairwise
-ranker 1.46% / 1.00%), so the grid keeps depth 6 alone: that choice looked at those sets."""
+decision near 100 us) is trained on ``rank:ndcg`` with graded relevance; why these settings:
+``docs/results.md`` (predictor)."""
 
 
 def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,7 +81,7 @@ def fit_pair_model(
 
     ``masked``: pair columns (``training.model.PAIR_FEATURE_NAMES``) held at 0 in training. No tree splits
     on a constant column, so the model is the one fitted without it: a feature ablation
-    (``benchmarks/feature_ablation.py``). ValueError for a name that is not a pair column.
+    (``benchmarks.studies.feature_ablation``). ValueError for a name that is not a pair column.
     """
     unknown = sorted(set(masked) - set(PAIR_FEATURE_NAMES))
     if unknown:

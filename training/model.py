@@ -3,8 +3,8 @@
 A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
 schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
-:func:`pair_matrix`. Two
-objectives, chosen by grouped cross-validation (``training.crossval``):
+:func:`pair_matrix`. Three
+objectives, chosen by grouped cross-validation (``training.crossval``); the shipped model is ``ndcg``:
 
 - ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
   the prediction itself is the time ratio the safe fallback needs;
@@ -17,7 +17,7 @@ objectives, chosen by grouped cross-validation (``training.crossval``):
   set's floor, ``harness.labels``), share a grade, so their measured order is not learned as if it were
   real, and the loss weighs the top of the order, where the pick is.
 
-Both save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
+All save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
 never pickle.
 
 >>> from ficco.features import Scenario, feature_matrix
@@ -107,7 +107,7 @@ class PairModel(BaseEstimator):
 
     Parameters
     ----------
-    objective : {"ratio", "rank"}, default="ratio"
+    objective : {"ratio", "rank", "ndcg"}, default="ratio"
         ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``);
         ``ndcg``: ``XGBRanker`` (``rank:ndcg``) on :func:`relevance_grades`.
     n_estimators : int, default=150
@@ -241,6 +241,11 @@ class PairModel(BaseEstimator):
         """Lower is faster, float64 ``[N]``: the predicted log ratio, or the negated rank score."""
         out = self.predict(Z)
         return out if self.objective == "ratio" else -out
+
+    def set_threads(self, threads: int) -> None:
+        """Predict on ``threads`` CPU threads from now on (XGBoost's ``nthread``)."""
+        check_is_fitted(self, "booster_")
+        self.booster_.set_param({"nthread": threads})
 
     def save_model(self, path: str | PathLike) -> None:
         """Write the fitted booster (with its attributes) in XGBoost's format; ``.ubj`` gives UBJSON."""

@@ -89,8 +89,8 @@ def schedule_indices(schedules: Sequence[str]) -> np.ndarray:
             if Schedule.parse(text).knobs:  # parse raises the error naming the string and the allowed forms
                 raise ValueError(
                     f"schedule {text!r} carries a resource knob (/cta<N> or /carve<N>), which the model's "
-                    "design space leaves out until benchmarks/resource_knobs.py shows it changes the best "
-                    "schedule"
+                    "design space leaves out until benchmarks.studies.resource_knobs shows it changes the "
+                    "best schedule"
                 )
             raise ValueError(f"schedule {text!r} is not in the design space {list(SCHEDULES)}")
         out[i] = index

@@ -128,7 +128,7 @@ def retrain(
     log: Callable[[str], None] = print,
 ) -> RetrainOutcome:
     """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``."""
-    from ficco.harness.dataset import read_manifest
+    from ficco.features.dataset import read_manifest
     from ficco.training.registry import promote
 
     out = Path(out_dir)

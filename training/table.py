@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import MOE_OPS, HardwareProfile, Scenario, feature_matrix
-from ficco.harness.labels import host_factor_of, with_label_times
+from ficco.features.dataset import (
+    dataset_hardware,
+    frame_hash,
+    host_factor_of,
+    load_datasets,
+    load_repeats,
+    scenario_from_row,
+    with_label_times,
+)
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
@@ -52,7 +60,7 @@ class ScheduleTable:
     """Scenarios of the dataset left out, by reason."""
     host_factor: float = 1.0
     """The measuring machine's host time per launch over ``features.host.HOST_COSTS``' prices
-    (``harness.labels.host_factor_of`` its sweep; 1 when not measurable): the scale of the eager
+    (``features.dataset.host_factor_of`` its sweep; 1 when not measurable): the scale of the eager
     host-time pair feature of every row."""
 
     def __len__(self) -> int:
@@ -116,11 +124,11 @@ def build_table(
     modes: Sequence[str] | None = None,
     repeats: Sequence[pd.DataFrame] = (),
 ) -> ScheduleTable:
-    """Reshape dataset rows (one per scenario, schedule and mode, the ``harness.dataset`` schema) into a
+    """Reshape dataset rows (one per scenario, schedule and mode, the ``features.dataset`` schema) into a
     table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
 
-    ``repeats``: rows of independent repeat sweeps of the same scenarios (``harness.dataset.load_repeats``).
-    A schedule's time (its ``time_ms``: ``harness.labels.LABEL_STAT``) is then the geometric mean of it over
+    ``repeats``: rows of independent repeat sweeps of the same scenarios (``features.dataset.load_repeats``).
+    A schedule's time (its ``time_ms``: ``features.dataset.LABEL_STAT``) is then the geometric mean of it over
     every sweep that measured it, and it is in the best set if any sweep could not tell it from its fastest
     (or it is the pooled fastest). Eager
     times of small shapes follow the host's speed, which drifts between sessions (``datasets/
@@ -130,8 +138,6 @@ def build_table(
     counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or a
     dataset left with no row.
     """
-    from ficco.harness.dataset import scenario_from_row
-
     if modes is not None:
         df = df[df["mode"].isin(list(modes))]
     keys = sorted(set(zip(df["scenario_id"], df["mode"], strict=True)))
@@ -179,7 +185,7 @@ def build_table(
 
 
 def _host_factor(df: pd.DataFrame) -> float:
-    """``harness.labels.host_factor_of`` the sweep's rows; 1.0, with a log line, when no eager time is
+    """``features.dataset.host_factor_of`` the sweep's rows; 1.0, with a log line, when no eager time is
     host-bound (graph rows only, large shapes only): the prices as they are."""
     factor = host_factor_of(df)
     if np.isfinite(factor):
@@ -223,7 +229,7 @@ class LoadedDataset:
     hardware: HardwareProfile
     """The profile the datasets were measured or simulated on."""
     hash: str
-    """Content hash of the measurement rows (``harness.dataset.frame_hash``)."""
+    """Content hash of the measurement rows (``features.dataset.frame_hash``)."""
     info: dict[str, Any]
     """What the model card records about the data (path(s) joined by " + ", hash, backends, sizes,
     families)."""
@@ -231,14 +237,12 @@ class LoadedDataset:
 
 def load_dataset_table(*paths: str | Path, repeats: Sequence[str | Path] = ()) -> LoadedDataset:
     """Read dataset directories ``paths`` (``ficco bench --out``; several: same hardware, disjoint
-    scenarios, see ``harness.dataset.load_datasets``) into one :class:`LoadedDataset`, with the repeat
+    scenarios, see ``features.dataset.load_datasets``) into one :class:`LoadedDataset`, with the repeat
     sweeps ``repeats`` of their scenarios pooled into the times (:func:`build_table`).
 
-    Raises ``ValueError`` (from ``harness.dataset``) naming a missing manifest, bad columns, differing
+    Raises ``ValueError`` (from ``features.dataset``) naming a missing manifest, bad columns, differing
     hardware, shared scenario ids or a repeat's scenario the datasets lack.
     """
-    from ficco.harness.dataset import dataset_hardware, frame_hash, load_datasets, load_repeats
-
     paths = tuple(Path(p) for p in paths)
     repeats = tuple(Path(p) for p in repeats)
     df, noise_df = load_datasets(paths)

@@ -13,7 +13,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,16 +38,6 @@ class Predictor(Protocol):
     def recommend(
         self, scenarios: Sequence[Scenario], mode: str = "eager", *, host_factor: float | None = None
     ) -> list[Any]: ...
-
-
-# ADAPTER (remove once training's predictor v2 has landed: every predictor then takes ``mode``).
-def predict_fn(
-    predictor: Predictor, mode: str, host_factor: float | None = None
-) -> Callable[[Sequence[Scenario]], list[Any]]:
-    """``scenarios -> predictor.recommend(scenarios, mode=mode)``, with ``host_factor=`` when one is given
-    (None: the model's own)."""
-    machine = {} if host_factor is None else {"host_factor": host_factor}
-    return functools.partial(predictor.recommend, mode=mode, **machine)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +79,7 @@ class ServedModel:
     ) -> list[Any]:
         """The predictor's answers for ``scenarios`` run in ``mode`` on a machine of ``host_factor`` (None:
         the model's own); a large list is split over ``bulk_threads`` threads."""
-        predict = predict_fn(self.predictor, mode, host_factor)
+        predict = functools.partial(self.predictor.recommend, mode=mode, host_factor=host_factor)
         return predict_split(predict, scenarios, self.bulk, parts=self.bulk_threads)
 
 
@@ -174,11 +164,11 @@ def trained_ops(predictor: Predictor) -> tuple[str, ...]:
 
 
 def set_threads(predictor: Predictor, threads: int) -> None:
-    """Make the fitted boosters (``booster_``) of ``predictor``'s estimators use ``threads`` threads."""
+    """Make ``predictor``'s estimators (``training.model.PairModel``) predict on ``threads`` threads."""
     for name in ("scorer", "ratio"):
         estimator = getattr(predictor, name, None)
         if estimator is not None:
-            estimator.booster_.set_param({"nthread": threads})
+            estimator.set_threads(threads)
 
 
 def profile_of(predictor: Predictor) -> HardwareProfile:
@@ -312,7 +302,10 @@ class ModelStore:
             predictor=predictor,
             profile=profile,
             cache=RecommendationCache(self.cache_size),
-            batchers={mode: MicroBatcher(predict_fn(predictor, mode), self._executor) for mode in MODES},
+            batchers={
+                mode: MicroBatcher(functools.partial(predictor.recommend, mode=mode), self._executor)
+                for mode in MODES
+            },
             bulk=self._bulk,
             bulk_threads=self.bulk_threads,
         )

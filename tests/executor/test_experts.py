@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import grouped_gemm as bench
+from benchmarks.studies import grouped_gemm as bench
 from ficco.executor import experts, ops
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
 from ficco.features import Routing

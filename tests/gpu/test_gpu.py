@@ -84,7 +84,7 @@ def test_harness_smoke_sweep(tmp_path):
 def test_harness_smoke_sweep_include_moe(tmp_path):
     """``ficco bench --backend gpu --include-moe`` measures a MoE layer's pairs: Mixtral-8x7B at 1k tokens
     (QKV, attention out, the dispatch a2a_gemm and the combine gemm_a2a), every schedule ok in both modes."""
-    from ficco.harness.dataset import load_dataset
+    from ficco.features.dataset import load_dataset
 
     configs = tmp_path / "configs"
     configs.mkdir()

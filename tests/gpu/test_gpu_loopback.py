@@ -151,7 +151,7 @@ def test_the_block_benchmarks_graphed_training_step_runs_every_variant():
     from benchmarks import block_bench as bench
     from ficco.runtime import FixedSource
 
-    args = argparse.Namespace(warmup=1, rounds=2, reps=2, timed_ms=0.0, max_rounds=2, settle=None)
+    args = argparse.Namespace(warmup=1, rounds=2, reps=2, timed_ms=0.0, max_rounds=2)
     with loopback_world(2) as device:
         ops = bench.ShapeOnlyOps(2, 0)
         block = bench.Block(bench.CPU_SMOKE, ops, seq_len=16, device=device, dtype=torch.bfloat16)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from ficco.features.dataset import load_dataset, load_noise
 from ficco.harness.card import noise_summary, schedule_family, write_card
-from ficco.harness.dataset import load_dataset, load_noise
 from ficco.harness.plan import plan_scenarios
 from ficco.harness.sim import SimBackend
 from ficco.harness.sweep import run_noise, run_sweep
@@ -152,8 +152,8 @@ def test_host_factor_of_a_dataset_reads_its_host_bound_eager_times():
     import pandas as pd
 
     from ficco.features import Schedule
+    from ficco.features.dataset import host_factor_of
     from ficco.features.host import host_us
-    from ficco.harness.labels import host_factor_of
 
     rows = []
     for sid, op, bound in (("small", "ag_gemm", True), ("large", "gemm_rs", False)):

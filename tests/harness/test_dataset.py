@@ -8,22 +8,21 @@ import pandas as pd
 import pytest
 
 from ficco.features import Scenario, candidates
-from ficco.harness.backend import Measurement, ScenarioResult
-from ficco.harness.dataset import (
+from ficco.features.dataset import (
     COLUMNS,
     dataset_hardware,
     dataset_hash,
-    label_table,
     load_dataset,
     load_datasets,
     load_noise,
     load_repeats,
-    result_rows,
     rows_frame,
     scenario_from_row,
     superseded,
     validate_frame,
 )
+from ficco.harness.backend import Measurement, ScenarioResult
+from ficco.harness.dataset import label_table, result_rows
 from ficco.harness.sim import SimBackend
 from ficco.harness.sweep import run_noise, run_sweep
 

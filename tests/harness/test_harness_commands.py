@@ -11,16 +11,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ficco.harness.backend import Timing
-from ficco.harness.commands import register
-from ficco.harness.dataset import (
+from ficco.features.dataset import (
     dataset_hardware,
-    label_table,
     load_dataset,
     load_noise,
     read_manifest,
     scenario_from_row,
 )
+from ficco.harness.backend import Timing
+from ficco.harness.commands import register
+from ficco.harness.dataset import label_table
 from ficco.harness.launch import WorkerSettings, torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 
@@ -101,7 +101,7 @@ def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
 def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_configs, tmp_path):
     import pandas as pd
 
-    from ficco.harness.dataset import COLUMNS, MANIFEST, load_dataset
+    from ficco.features.dataset import COLUMNS, MANIFEST, load_dataset
 
     out = tmp_path / "ds"
     _bench(app, *_small(tiny_configs, out))
@@ -211,7 +211,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
             timing=Timing(rounds=7, max_rounds=9, block_ms=0.5, timed_ms=120.0),
             remeasure=64,
             flush_seconds=10.0,
-            pin="core",
+            pin="none",
         ),
     )
     assert command[:5] == [
@@ -233,7 +233,7 @@ def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
         args.pin,
     )
     timing = (7, 9, 0.5, 120.0)
-    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", timing, 64, "core")
+    assert got == (tmp_path / "plan.json", tmp_path, "cuda", "noise", "eager,graph", timing, 64, "none")
     assert SAFE_ENV == {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -269,8 +269,8 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     manifest = read_manifest(out)
     assert manifest["fingerprint"]["backend"] == "gloo" and manifest["protocol"]["rounds"] == 2
     assert manifest["protocol"]["max_rounds"] == 3
-    assert manifest["protocol"]["pin"] == "seek"  # the default: each rank's main thread kept off slow cores
-    assert "seek: main thread on whichever of CPUs" in done.stderr and " settles, " in done.stderr
+    assert manifest["protocol"]["pin"] == "share"  # the default: the placement the committed datasets had
+    assert "CPU placement share: every thread on CPUs" in done.stderr
     assert load_noise(out)["scenario_id"].nunique() == 1  # the second torchrun job
     assert (out / "card.md").exists()
 

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from ficco.features.dataset import label_quantile, with_label_times
 from ficco.harness.backend import Measurement, ScenarioResult
-from ficco.harness.labels import best_set, label_quantile, label_result, relabel, with_label_times
+from ficco.harness.labels import best_set, label_result, relabel
 
 
 def test_best_set_keeps_ties_within_the_floor_and_drops_clear_losers():
@@ -99,7 +100,8 @@ def test_eager_labels_take_the_10th_percentile_and_graph_the_median():
 
 def test_relabel_recomputes_the_best_set_as_label_result_does():
     from ficco.features import Scenario
-    from ficco.harness.dataset import result_rows, rows_frame
+    from ficco.features.dataset import rows_frame
+    from ficco.harness.dataset import result_rows
 
     rng = np.random.default_rng(1)
     scenario = Scenario(op="ag_gemm", m=1024, n=1024, k=1024)

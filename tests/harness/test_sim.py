@@ -14,7 +14,8 @@ from ficco.features import (
     candidates,
     knob_variants,
 )
-from ficco.harness.dataset import result_rows, rows_frame, scenario_from_row
+from ficco.features.dataset import rows_frame, scenario_from_row
+from ficco.harness.dataset import result_rows
 from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate
 from ficco.harness.sim_reference import WORLD_SIZE_TABLE, reference_frame
 

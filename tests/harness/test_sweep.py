@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from ficco.features import candidates, get_hardware
+from ficco.features.dataset import dataset_hash, load_dataset, load_noise, read_manifest
 from ficco.harness.backend import Measurement, ScenarioResult
-from ficco.harness.dataset import dataset_hash, label_table, load_dataset, load_noise, read_manifest
+from ficco.harness.dataset import label_table
 from ficco.harness.plan import plan_scenarios
 from ficco.harness.sim import SimBackend
 from ficco.harness.sweep import FingerprintMismatch, remeasure_targets, run_noise, run_sweep

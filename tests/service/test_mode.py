@@ -3,26 +3,7 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from ficco.service.core.store import predict_fn
-
 GOOD = {"op": "ag_gemm", "m": 4096, "n": 4096, "k": 4096}
-
-
-class _ModePredictor:
-    def __init__(self) -> None:
-        self.modes: list[str] = []
-
-    def recommend(self, scenarios, mode="eager"):
-        self.modes.append(mode)
-        return [SimpleNamespace(mode=mode)] * len(scenarios)
-
-
-def test_predict_fn_passes_the_mode():
-    predictor = _ModePredictor()
-    assert predict_fn(predictor, "graph")([object()])[0].mode == "graph"
-    assert predictor.modes == ["graph"]
 
 
 def test_mode_field_defaults_to_eager_and_refuses_others(client):
@@ -38,9 +19,9 @@ def test_mode_reaches_the_predictor_on_every_path(registry_root, start, monkeypa
     seen: list[str] = []
     original = Predictor.recommend
 
-    def recommend(self, scenarios, mode="eager"):
+    def recommend(self, scenarios, mode="eager", *, host_factor=None):
         seen.append(mode)
-        return original(self, scenarios, mode=mode)
+        return original(self, scenarios, mode=mode, host_factor=host_factor)
 
     monkeypatch.setattr(Predictor, "recommend", recommend)
     with start(registry_root, CACHE_SIZE=0) as client:
@@ -79,19 +60,6 @@ def test_cli_mode_option_is_checked(registry_root):
     assert CliRunner().invoke(app, [*args, "--mode", "graph"]).exit_code == 0
     bad = CliRunner().invoke(app, [*args, "--mode", "compiled"])
     assert bad.exit_code == 2 and "mode" in bad.output
-
-
-def test_predict_fn_passes_a_host_factor_only_when_given():
-    seen = []
-
-    class _Predictor:
-        def recommend(self, scenarios, mode="eager", **machine):
-            seen.append(machine)
-            return []
-
-    predict_fn(_Predictor(), "eager")([])
-    predict_fn(_Predictor(), "eager", 1.5)([])
-    assert seen == [{}, {"host_factor": 1.5}]
 
 
 def test_host_factor_reaches_the_predictor_and_keys_the_cache(registry_root, start, monkeypatch):

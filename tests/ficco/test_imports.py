@@ -1,0 +1,106 @@
+"""No import circle: neither between ficco's packages nor between the modules of one package.
+
+Every ``import`` in the source counts, those inside functions too, except the ones under
+``if TYPE_CHECKING:`` (annotations only, never run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("features", "executor", "harness", "training", "service", "runtime", "ficco", "benchmarks")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but what lies under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The repository modules ``name`` imports (``ficco.<package>`` read as ``<package>``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base])
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        for target in targets:
+            head, _, rest = target.strip(".").partition(".")
+            if head == "ficco" and rest.split(".")[0] in PACKAGES:
+                target = rest
+            if target in modules and target != name:
+                found.add(target)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            if component:
+                out.append(sorted([node, *component]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert _cycles(_graph()) == []
+
+
+def _package(module: str) -> str:
+    """The layer a module belongs to: its package, but ``ficco.cli`` (the command line, on top of every
+    package) apart from ``ficco``'s helpers (files, tables, rounds, errors: below every package)."""
+    return module if module == "ficco.cli" else module.split(".")[0]
+
+
+def test_no_package_imports_itself_round_a_circle():
+    packages: dict[str, set[str]] = {}
+    for name, targets in _graph().items():
+        mine = _package(name)
+        packages.setdefault(mine, set()).update(_package(t) for t in targets if _package(t) != mine)
+    assert _cycles(packages) == []
