@@ -2,9 +2,9 @@ r"""Host time per op: the eager executor's call against the same op as ``torch.o
 and inside a ``torch.compile(fullgraph=True)`` graph.
 
     # one GPU, no torchrun: rank 0 of a pretend 2-rank world (harness.loopback)
-    python3 benchmarks/compiled_overhead.py --out OUT/compiled-overhead.json
+    python3 -m benchmarks.compiled_overhead --out OUT/compiled-overhead.json
     # plumbing check on the CPU (the loopback world's CPU mode; the numbers are the CPU's, not a GPU's)
-    python3 benchmarks/compiled_overhead.py --device cpu --batch 20 --rounds 3 --out /tmp/overhead.json
+    python3 -m benchmarks.compiled_overhead --device cpu --batch 20 --rounds 3 --out /tmp/overhead.json
 
 Variants per (op, schedule), all on the same tensors: ``executor`` (``ficco.executor.all_gather_matmul`` /
 ``matmul_reduce_scatter``), ``custom_op`` (``torch.ops.ficco.*``, eager: the dispatcher, the schedule-string
@@ -24,19 +24,15 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from ficco import executor  # noqa: E402
-from ficco.harness.loopback import loopback_world  # noqa: E402
-from ficco.tables import markdown_table  # noqa: E402
+from ficco import executor
+from ficco.harness.loopback import loopback_world
+from ficco.tables import markdown_table
 
 SCHEDULES = ("serial/sm", "shard/dma", "finer/dma/s2/chunk", "finer/sm/s4/shard")
 VARIANTS = ("executor", "custom_op", "compiled")
