@@ -52,6 +52,21 @@ def hardware_profile(value: str) -> HardwareProfile:
         raise fail(f"--hardware {value!r}: {err}") from None
 
 
+def check_tp(tp: int, hw: HardwareProfile) -> int:
+    """``tp`` when it is a world size ``hw`` can run (2 to its GPU count, at most 8); otherwise a clean exit
+    naming the hardware's GPU count."""
+    from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
+
+    top = min(MAX_WORLD_SIZE, hw.gpu_count)
+    if not MIN_WORLD_SIZE <= tp <= top:
+        allowed = f"{top}" if top == MIN_WORLD_SIZE else f"an int in [{MIN_WORLD_SIZE}, {top}]"
+        raise fail(
+            f"--tp must be {allowed}: --hardware {hw.id} has gpu_count={hw.gpu_count}; got {tp}. Name a "
+            "profile of more GPUs with --hardware (e.g. h200x8) to plan larger world sizes"
+        )
+    return tp
+
+
 def parse_tokens(value: str) -> list[int]:
     try:
         tokens = [int(t) for t in value.split(",") if t.strip()]

@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from ficco.features._validate import check_keys
 from ficco.features.host import HOST_FACTOR_RANGE
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
+from ficco.training.provenance import ModelBackend
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
@@ -32,6 +33,15 @@ HOST_FACTOR_DESCRIPTION = (
     "Eager mode: this machine's host time per launch over the executor's host prices (features.host; a "
     "dataset card's 'Host speed' gives a measured machine's); null = the model's training data's. A slower "
     "host moves small shapes toward schedules of fewer launches."
+)
+
+PICK_REASON_DESCRIPTION = (
+    "Why schedule is not the one of highest predicted speedup: the fallback, a tie within the model's "
+    "noise band, or the model's ranker ordering it first against the regressor's speedups; null when it is."
+)
+MODEL_BACKEND_DESCRIPTION = (
+    "measured: the model was trained on GPU measurements only; simulated: on simulated rows (registered "
+    "apart as <hardware>-sim, answering only when asked for by that id). See docs/models.md."
 )
 
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
@@ -108,8 +118,12 @@ class RecommendationPublic(BaseModel):
     predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
     fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")
     fallback_reason: str | None = Field(description="Why the fallback fired.")
+    pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
     model_version: str = Field(description="Version of the model that answered.")
     hardware_id: str = Field(description="Hardware profile of the model that answered.")
+    model_backend: ModelBackend | None = Field(
+        default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
+    )
     host_factor: float | None = Field(
         default=None,
         description="The host factor the answer is for (the model's training data's unless the request "
@@ -206,6 +220,7 @@ class PairScore(BaseModel):
     predicted_speedup: float | None
     fallback: bool
     fallback_reason: str | None
+    pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
     serial_us: float = Field(
         description="Estimated serial time of one call, microseconds (see serial_time_estimate)."
     )
@@ -232,6 +247,9 @@ class ScorePublic(BaseModel):
     mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
     model_version: str
     hardware_id: str
+    model_backend: ModelBackend | None = Field(
+        default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
+    )
     requested_hardware: str
     hardware_substitution: str | None
     serial_time_estimate: Literal["roofline"] = Field(
