@@ -108,7 +108,11 @@ def bench(
         typer.Option(help="Leave out model scenarios whose simulated serial time exceeds this (ms, > 0)."),
     ] = DEFAULT_MAX_SERIAL_MS,
     hardware: Annotated[
-        str, typer.Option(help="Hardware profile id (h200x2, h100x8, ...) or a HardwareProfile JSON file.")
+        str,
+        typer.Option(
+            help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
+            "HardwareProfile JSON file, which registers its id for every command."
+        ),
     ] = DEFAULT_HARDWARE_ID,
     include_moe: Annotated[
         bool,

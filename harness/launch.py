@@ -40,14 +40,23 @@ class BenchBackend(StrEnum):
     sim = "sim"
 
 
-def hardware_profile(value: str) -> HardwareProfile:
-    """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
-    from ficco.features import HardwareProfile, get_hardware
+def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProfile:
+    """A built-in profile id, a custom one registered under the model registry ``root`` (default:
+    ``training.registry.default_model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if
+    hardware), which registers its id there for the other commands."""
+    from ficco.features import HardwareProfile
+    from ficco.features.hardware import KNOWN_HARDWARE, find_hardware, register_profile
 
     try:
+        if value in KNOWN_HARDWARE:
+            return KNOWN_HARDWARE[value]
+        if root is None:
+            from ficco.training.registry import default_model_root
+
+            root = default_model_root()
         if value.endswith(".json"):
-            return HardwareProfile.from_json(Path(value).read_text())
-        return get_hardware(value)
+            return register_profile(root, HardwareProfile.from_json(Path(value).read_text()))
+        return find_hardware(value, root)
     except (OSError, ValueError) as err:
         raise fail(f"--hardware {value!r}: {err}") from None
 

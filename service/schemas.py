@@ -44,6 +44,13 @@ MODEL_BACKEND_DESCRIPTION = (
     "apart as <hardware>-sim, answering only when asked for by that id). See docs/models.md."
 )
 
+WORLD_SIZE_RULE = (
+    f"[{MIN_WORLD_SIZE}, {MAX_WORLD_SIZE}] bounds every hardware profile; a hardware's model answers only "
+    "the world sizes it was trained at (its card's world_sizes in GET /v1/models; 2 for the shipped "
+    "h200x2 model), and another gets a 422 whose 'allowed' names that hardware's."
+)
+WORLD_SIZE_DESCRIPTION = "Ranks in the tensor/expert-parallel group. " + WORLD_SIZE_RULE
+
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
 WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
 HardwareId = Annotated[str, Field(pattern=HARDWARE_PATTERN)]
@@ -69,7 +76,7 @@ class ScenarioIn(_Request):
     n: Dim = Field(description="Output features of the GEMM on one rank.")
     k: Dim = Field(description="Reduction dimension of the GEMM on one rank.")
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
-    world_size: WorldSize = Field(default=2, description="Ranks in the tensor/expert-parallel group.")
+    world_size: WorldSize = Field(default=2, description=WORLD_SIZE_DESCRIPTION)
     hardware: HardwareId | None = Field(
         default=None, description="Hardware id (e.g. h200x2); null = the server's default hardware."
     )
@@ -159,7 +166,7 @@ MAX_SCORE_CONFIGS = 64
 class _ScoreSettings(_Request):
     """How the model configs of a score request are split and run."""
 
-    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size).")
+    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size). " + WORLD_SIZE_RULE)
     tokens: list[Dim] = Field(
         min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
     )

@@ -271,7 +271,9 @@ def retrain_command(
     hardware: Annotated[
         str,
         typer.Option(
-            "--hardware", help="Hardware profile id (h200x2, h100x8, ...): the machine, or the what-if."
+            "--hardware",
+            help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
+            "HardwareProfile JSON file (registers its id): the machine, or the what-if.",
         ),
     ] = DEFAULT_HARDWARE_ID,
     backend: Annotated[
@@ -335,11 +337,11 @@ def retrain_command(
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
-    hw = hardware_profile(hardware)
+    root = _registry(registry)
+    hw = hardware_profile(hardware, root)
     token_list = parse_tokens(tokens)
     backend = _retrain_backend(backend, hw)
     tp = check_tp(tp or hw.gpu_count, hw)
-    root = _registry(registry)
     model_id = registry_id(hw.id, SIMULATED if backend is RetrainBackend.sim else MEASURED)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = out or REPO_ROOT / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"

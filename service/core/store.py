@@ -158,7 +158,7 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
     base = registry_id(hardware_id, MEASURED)
     sim = registry_id(hardware_id, SIMULATED)
     return (
-        f"no measured model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
+        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
         f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {base} "
         f"--tp {world_size}` on a machine of those GPUs, or ask a simulated model explicitly: `ficco retrain "
         f"--backend sim --hardware {base} --tp {world_size}`, then hardware {sim!r} (its answers say "
@@ -182,11 +182,8 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
     known = sorted(set(KNOWN_HARDWARE) | set(served))
     requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED))
     if requested is None:
-        raise UnknownHardwareError(
-            f"unknown hardware id {hardware_id!r}; known ids are {known} "
-            f"(models are loaded for {sorted(served)})",
-            known,
-        )
+        why = f"unknown hardware id {hardware_id!r} (known ids are {known}; a custom profile needs a model)"
+        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
     if is_sim_id(hardware_id):
         why = f"no simulated model of {requested.id} is registered"
         raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)

@@ -122,7 +122,9 @@ def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_con
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--tp", "9"], "Invalid value for '--tp': Input should be less than or equal to 8"),
+        (["--tp", "9"], "--tp must be 2: --hardware h200x2 has gpu_count=2; got 9"),
+        (["--tp", "3"], "--tp must be 2: --hardware h200x2 has gpu_count=2; got 3"),
+        (["--hardware", "h200x8", "--tp", "9"], "--tp must be an int in [2, 8]: --hardware h200x8 has"),
         (["--rounds", "0"], "Invalid value for '--rounds': Input should be greater than or equal to 1"),
         (["--block-ms", "0.01"], "Invalid value for '--block-ms': Input should be greater than or equal"),
         (["--modes", "lazy"], "--modes must be comma-separated values of ['eager', 'graph']"),
@@ -132,7 +134,7 @@ def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_con
         (["--noise", "1.5"], "Invalid value for '--noise': Input should be less than or equal to 1"),
         (["--tokens", "1k"], "--tokens must be comma-separated integers"),
         (["--tokens", "1025"], "tokens must be a non-empty list of positive multiples of tp=2; bad: [1025]"),
-        (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; known ids are"),
+        (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; built-in ids are"),
         (["--backend", "gloo", "--noise", "0.1"], "--noise applies to --backend sim only"),
     ],
 )

@@ -133,7 +133,7 @@ def test_recommend_other_die_without_model_is_404(client):
     assert response.status_code == 404
     detail = response.json()["detail"]
     assert (
-        "no measured model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
+        "no model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
     )
     assert "pairs served: (h200x2, 2)." in detail and "hardware 'mi300xx8-sim'" in detail
 
@@ -209,7 +209,9 @@ def test_recommend_batch_names_every_bad_item(client):
 def test_recommend_batch_unknown_hardware_names_item(client):
     response = client.post("/v1/recommend/batch", json={"scenarios": [GOOD, {**GOOD, "hardware": "tpu"}]})
     assert response.status_code == 404
-    assert response.json()["detail"].startswith("scenarios.1: unknown hardware id 'tpu'")
+    assert response.json()["detail"].startswith(
+        "scenarios.1: no model answers hardware 'tpu' at world_size=2: unknown hardware id 'tpu'"
+    )
 
 
 def test_default_limits_fit_a_full_batch():
