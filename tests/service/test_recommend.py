@@ -132,9 +132,7 @@ def test_recommend_other_die_without_model_is_404(client):
     response = client.post("/v1/recommend", json={**GOOD, "hardware": "mi300xx8"})
     assert response.status_code == 404
     detail = response.json()["detail"]
-    assert (
-        "no model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
-    )
+    assert "no model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
     assert "pairs served: (h200x2, 2)." in detail and "hardware 'mi300xx8-sim'" in detail
 
 
