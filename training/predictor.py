@@ -35,7 +35,7 @@ from ficco.training.model import (
     valid_mask,
 )
 from ficco.training.policy import ModePolicy
-from ficco.training.provenance import ModelBackend, model_backend
+from ficco.training.provenance import MEASURED, ModelBackend, model_backend, registry_id
 
 _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
@@ -219,12 +219,16 @@ class Predictor:
         """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph) on a
         machine of ``host_factor`` (:meth:`decide`).
 
-        Raises ``ValueError`` for a scenario on hardware other than the model's, an unknown mode or a host
-        factor out of range.
+        Raises ``ValueError`` for a scenario on hardware other than the model's (a simulated model,
+        ``<id>-sim``, also answers scenarios on ``<id>``), an unknown mode or a host factor out of range.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
-        foreign = [s.key() for s in scenarios if s.hardware.id != self.hardware_id]
+        own = {
+            self.hardware_id,
+            registry_id(self.hardware_id, MEASURED),
+        }  # a simulated model: its hardware's too
+        foreign = [s.key() for s in scenarios if s.hardware.id not in own]
         if foreign:
             raise ValueError(
                 f"this model was trained for hardware {self.hardware_id!r}; {len(foreign)} scenario(s) are "

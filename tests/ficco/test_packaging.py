@@ -86,7 +86,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_installed_wheel_recommends_from_any_directory(installed, tmp_path):
     args = ["recommend", "--op", "ag_gemm", "--m", "16384", "--n", "14336", "--k", "4096"]
     out = _run(installed / "ficco", *args, cwd=tmp_path, env=_env())
-    assert "schedule:" in out and "(h200x2)" in out
+    assert "schedule:" in out and "(h200x2, measured)" in out
     where = "import ficco.training.registry as r; print(r.__file__, r.default_model_root())"
     module, root = _run(installed / "python", "-c", where, cwd=tmp_path, env=_env()).split()
     assert Path(module).is_relative_to(installed.parent) and Path(root) == Path(module).parents[1] / "models"

@@ -157,7 +157,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     CLI, the HTTP service, the Python predictor and the runtime sources all mark simulated."""
     from fastapi.testclient import TestClient
 
-    from ficco.features import HardwareProfile, Scenario
+    from ficco.features import HardwareProfile, Scenario, get_hardware
     from ficco.runtime.sources import PredictorSource
     from ficco.service.core.config import Settings
     from ficco.service.main import create_app
@@ -213,5 +213,6 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     predictor = load_predictor(shipped_copy, "h200x2-sim")
     on_it = Scenario(hardware=HardwareProfile.from_dict(card["hardware"]))
     assert predictor.recommend([on_it])[0].model_backend == "simulated"
-    (answer,) = PredictorSource.load(str(shipped_copy), "h200x2-sim").recommend([on_it], "eager")
+    on_the_machine = Scenario(hardware=get_hardware("h200x2"))  # what a runtime on that machine builds
+    (answer,) = PredictorSource.load(str(shipped_copy), "h200x2-sim").recommend([on_the_machine], "eager")
     assert answer.model_backend == "simulated" and answer.origin.endswith("(simulated)")
