@@ -46,7 +46,13 @@ def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProf
     hardware), which registers its id there for the other commands."""
     from ficco.features import HardwareProfile
     from ficco.features.hardware import KNOWN_HARDWARE, find_hardware, register_profile
+    from ficco.training.provenance import MEASURED, is_sim_id, registry_id
 
+    if is_sim_id(value):
+        raise fail(
+            f"--hardware {value!r} is the registry id of simulated models; name the hardware itself, "
+            f"--hardware {registry_id(value, MEASURED)} (with --backend sim for a simulated sweep)"
+        )
     try:
         if value in KNOWN_HARDWARE:
             return KNOWN_HARDWARE[value]

@@ -37,7 +37,7 @@ from ficco.files import write_text_atomic
 from ficco.training.model import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, PairModel, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
-from ficco.training.provenance import backend_of_id, model_backend, registry_id
+from ficco.training.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +219,11 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
     versions = _versions(hw_dir)
     if not versions:
         known = sorted(list_models(root))
+        base = registry_id(hardware_id, MEASURED)
+        retrain = "--backend sim " if is_sim_id(hardware_id) else ""
         raise ModelLoadError(
             f"no model for hardware {hardware_id!r} under {root} (models exist for {known}); {_TRAIN_HINT} "
-            f"on a dataset of that hardware, or `ficco retrain --hardware {hardware_id}`"
+            f"on a dataset of that hardware, or `ficco retrain {retrain}--hardware {base}`"
         )
     if version is None:
         version = current_version(root, hardware_id)

@@ -68,3 +68,15 @@ def test_promote_refuses_a_simulated_card_under_a_measured_id(tmp_path, trained)
     with pytest.raises(ValueError, match="cannot promote a simulated model under 'h200x2'"):
         registry.promote(tmp_path, "h200x2", "99990101T000000Z-copied")
     assert registry.current_version(tmp_path, "h200x2") == measured
+
+
+def test_commands_name_the_hardware_not_its_sim_id(tmp_path):
+    from typer.testing import CliRunner
+
+    from ficco.cli import app
+
+    result = CliRunner().invoke(app, ["retrain", "--hardware", "h200x2-sim", "--registry", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "name the hardware itself, --hardware h200x2 (with --backend sim" in result.output
+    with pytest.raises(registry.ModelLoadError, match="`ficco retrain --backend sim --hardware h200x2`"):
+        registry.load_predictor(tmp_path, "h200x2-sim")
