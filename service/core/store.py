@@ -152,18 +152,33 @@ def measured_world_sizes(card: Mapping[str, Any], profile: HardwareProfile) -> t
 
 def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, world_size: int, why: str) -> str:
     """One line for a (hardware, world size) no served model answers: ``why``, the measured (hardware,
-    world size) pairs served, and the two ways forward (measure it, or ask a simulated model by its id)."""
+    world size) pairs served, and the two ways forward (measure it, or ask a simulated model by its id),
+    on a profile of the same GPU with enough GPUs when ``hardware_id`` has too few."""
     pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
     listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
-    base = registry_id(hardware_id, MEASURED)
-    sim = registry_id(hardware_id, SIMULATED)
+    base = _profile_for(registry_id(hardware_id, MEASURED), served)
+    target = base.id if base is not None else registry_id(hardware_id, MEASURED)
+    if base is not None and world_size > base.gpu_count:
+        why += f"; world_size={world_size} needs more GPUs than {base.id}'s gpu_count={base.gpu_count}"
+        bigger = sorted(
+            (p.gpu_count, p.id)
+            for p in KNOWN_HARDWARE.values()
+            if p.gpu_name == base.gpu_name and p.gpu_count >= world_size
+        )
+        target = bigger[0][1] if bigger else "<a profile of enough GPUs>"
     return (
         f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
-        f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {base} "
+        f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {target} "
         f"--tp {world_size}` on a machine of those GPUs, or ask a simulated model explicitly: `ficco retrain "
-        f"--backend sim --hardware {base} --tp {world_size}`, then hardware {sim!r} (its answers say "
-        "model_backend=simulated)"
+        f"--backend sim --hardware {target} --tp {world_size}`, then hardware "
+        f"{registry_id(target, SIMULATED)!r} (its answers say model_backend=simulated)"
     )
+
+
+def _profile_for(hardware_id: str, served: Mapping[str, ServedModel]) -> HardwareProfile | None:
+    """The profile of a (measured) hardware id: a served model's, else the built-in one, else None."""
+    model = served.get(hardware_id)
+    return model.profile if model is not None else KNOWN_HARDWARE.get(hardware_id)
 
 
 def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
