@@ -113,14 +113,8 @@ def compare(
         return True, "no usable current model", None
     current_backend = getattr(current, "backend", backend)
     if current_backend != backend:
-        return (
-            False,
-            (
-                f"the new data is {backend} and the current model {current_backend}: models are compared on "
-                f"rows of their own kind only"
-            ),
-            None,
-        )
+        why = f"the new data is {backend} and the current model {current_backend}: models are compared on "
+        return False, why + "rows of their own kind only", None
     picks = current.decide(table.X, table.modes, host_factor=table.host_factor).final
     current_loss = mean_loss(table, picks)
     metrics = score(table, picks)
