@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ficco.features._roundtrip import JsonRoundTrip
 from ficco.features._validate import check_float, check_int
@@ -91,3 +92,53 @@ def get_hardware(hardware_id: str) -> HardwareProfile:
         raise ValueError(
             f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}"
         ) from None
+
+
+PROFILE_FILE = "hardware.json"
+"""A custom profile registered under a registry root: ``<root>/<hardware_id>/hardware.json``."""
+
+
+def registered_profile(root: str | Path, hardware_id: str) -> HardwareProfile | None:
+    """The custom profile registered as ``hardware_id`` under ``root`` (``register_profile``), or None."""
+    path = Path(root) / hardware_id / PROFILE_FILE
+    if not path.is_file():
+        return None
+    return HardwareProfile.from_json(path.read_text())
+
+
+def register_profile(root: str | Path, profile: HardwareProfile) -> HardwareProfile:
+    """Record a custom ``profile`` under ``root`` so that its id names it in every command; return it.
+
+    A built-in id is not recorded (a what-if of it, with other figures, is used as given but not by id).
+    ValueError when the id is already registered with other figures.
+    """
+    from ficco.files import write_text_atomic
+
+    if profile.id in KNOWN_HARDWARE:
+        return profile
+    existing = registered_profile(root, profile.id)
+    if existing is not None and existing != profile:
+        raise ValueError(
+            f"hardware id {profile.id!r} is registered under {root} with other figures ({existing}); give "
+            f"this profile another id, or remove {Path(root) / profile.id / PROFILE_FILE}"
+        )
+    if existing is None:
+        path = Path(root) / profile.id / PROFILE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, profile.to_json() + "\n", mode=0o644)
+    return profile
+
+
+def find_hardware(hardware_id: str, root: str | Path) -> HardwareProfile:
+    """The built-in profile ``hardware_id``, else the custom one registered under ``root``; ValueError
+    naming both kinds of known ids otherwise."""
+    if hardware_id in KNOWN_HARDWARE:
+        return KNOWN_HARDWARE[hardware_id]
+    custom = registered_profile(root, hardware_id)
+    if custom is not None:
+        return custom
+    registered = sorted(p.parent.name for p in Path(root).glob(f"*/{PROFILE_FILE}"))
+    raise ValueError(
+        f"unknown hardware id {hardware_id!r}; built-in ids are {sorted(KNOWN_HARDWARE)}, custom ones "
+        f"registered under {root} are {registered} (a profile JSON file given as --hardware registers its id)"
+    )

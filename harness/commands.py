@@ -18,6 +18,7 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -32,6 +33,7 @@ from ficco.harness.launch import (
     BenchBackend,
     WorkerSettings,
     build_plan,
+    check_tp,
     hardware_profile,
     parse_tokens,
     run_torchrun,
@@ -90,7 +92,11 @@ def bench(
         Path, typer.Option(help="Directory of Hugging Face config.json files, one per model family.")
     ] = REPO_ROOT / "datasets" / "model_configs",
     tp: Annotated[
-        int, typer.Option(min=2, max=8, help="Tensor-parallel degree = world size of every scenario.")
+        int,
+        typer.Option(
+            help="Tensor-parallel degree = world size of every scenario: 2 to the --hardware's GPU count "
+            "(at most 8)."
+        ),
     ] = 2,
     tokens: Annotated[
         str, typer.Option(help="Comma-separated token counts per layer call, each a multiple of --tp.")
@@ -103,7 +109,11 @@ def bench(
         typer.Option(help="Leave out model scenarios whose simulated serial time exceeds this (ms, > 0)."),
     ] = DEFAULT_MAX_SERIAL_MS,
     hardware: Annotated[
-        str, typer.Option(help="Hardware profile id (h200x2, h100x8, ...) or a HardwareProfile JSON file.")
+        str,
+        typer.Option(
+            help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
+            "HardwareProfile JSON file, which registers its id for every command."
+        ),
     ] = DEFAULT_HARDWARE_ID,
     include_moe: Annotated[
         bool,
@@ -242,6 +252,7 @@ def bench(
         _write_card(out)
         return
     _check_options(backend, max_serial_ms=max_serial_ms, noise=noise)
+    check_tp(tp, hw)
     if max_rounds < rounds:
         raise fail(f"--max-rounds must be >= --rounds={rounds}; got {max_rounds}")
     timing = Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms)
@@ -435,14 +446,21 @@ def _write_card(out: Path) -> None:
     typer.echo(f"dataset card: {_or_fail(write_card, out)}")
 
 
+class HostBackend(StrEnum):
+    """The ``BenchBackend`` values that have a host to measure (the simulator has none)."""
+
+    gpu = BenchBackend.gpu.value
+    gloo = BenchBackend.gloo.value
+
+
 def host_factor(
     backend: Annotated[
-        BenchBackend,
+        HostBackend,
         typer.Option(
             help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes (checks "
-            "the command; the factor then means nothing). sim has no host to measure."
+            "the command; the factor then means nothing)."
         ),
-    ] = BenchBackend.gpu,
+    ] = HostBackend.gpu,
     nproc: Annotated[
         int | None, typer.Option(min=2, help="Processes (default: the detected GPUs; gloo: 2).")
     ] = None,
@@ -465,11 +483,10 @@ def host_factor(
     gives the same figure from minutes of GPU time ("Host speed")."""
     from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
 
-    if backend is BenchBackend.sim:
-        raise fail("--backend sim has no host to measure; use gpu (or gloo, to check the command)")
-    count = nproc or (gpu_count() if backend is BenchBackend.gpu else 2)
-    count = process_count(backend, count, count)
-    device = "cuda" if backend is BenchBackend.gpu else "cpu"
+    bench_backend = BenchBackend(backend.value)
+    count = nproc or (gpu_count() if bench_backend is BenchBackend.gpu else 2)
+    count = process_count(bench_backend, count, count)
+    device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
     command = [*torchrun_prefix(count), "-m", "ficco.harness.host_speed", "--device", device]
     command += ["--rounds", str(rounds), "--batch", str(batch), "--pin", pin.value]
     command += ["--out", str(out)] if out is not None else []

@@ -40,16 +40,46 @@ class BenchBackend(StrEnum):
     sim = "sim"
 
 
-def hardware_profile(value: str) -> HardwareProfile:
-    """A built-in profile id, or a JSON file holding a ``HardwareProfile`` (what-if hardware)."""
-    from ficco.features import HardwareProfile, get_hardware
+def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProfile:
+    """A built-in profile id, a custom one registered under the model registry ``root`` (default:
+    ``training.registry.default_model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if
+    hardware), which registers its id there for the other commands."""
+    from ficco.features import HardwareProfile
+    from ficco.features.hardware import KNOWN_HARDWARE, find_hardware, register_profile
+    from ficco.training.provenance import MEASURED, is_sim_id, registry_id
 
+    if is_sim_id(value):
+        raise fail(
+            f"--hardware {value!r} is the registry id of simulated models; name the hardware itself, "
+            f"--hardware {registry_id(value, MEASURED)} (with --backend sim for a simulated sweep)"
+        )
     try:
+        if value in KNOWN_HARDWARE:
+            return KNOWN_HARDWARE[value]
+        if root is None:
+            from ficco.training.registry import default_model_root
+
+            root = default_model_root()
         if value.endswith(".json"):
-            return HardwareProfile.from_json(Path(value).read_text())
-        return get_hardware(value)
+            return register_profile(root, HardwareProfile.from_json(Path(value).read_text()))
+        return find_hardware(value, root)
     except (OSError, ValueError) as err:
         raise fail(f"--hardware {value!r}: {err}") from None
+
+
+def check_tp(tp: int, hw: HardwareProfile) -> int:
+    """``tp`` when it is a world size ``hw`` can run (2 to its GPU count, at most 8); otherwise a clean exit
+    naming the hardware's GPU count."""
+    from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
+
+    top = min(MAX_WORLD_SIZE, hw.gpu_count)
+    if not MIN_WORLD_SIZE <= tp <= top:
+        allowed = f"{top}" if top == MIN_WORLD_SIZE else f"an int in [{MIN_WORLD_SIZE}, {top}]"
+        raise fail(
+            f"--tp must be {allowed}: --hardware {hw.id} has gpu_count={hw.gpu_count}; got {tp}. Name a "
+            "profile of more GPUs with --hardware (e.g. h200x8) to plan larger world sizes"
+        )
+    return tp
 
 
 def parse_tokens(value: str) -> list[int]:

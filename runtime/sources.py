@@ -29,6 +29,9 @@ class Answer:
     """Why the source fell back; None otherwise."""
     origin: str = ""
     """Who answered, e.g. ``model h200x2/20261122T054236Z-dbd58aaf`` or ``service http://...``."""
+    model_backend: str | None = None
+    """``measured`` or ``simulated``: what the answering model was trained on (``training.provenance``);
+    None for a source without a model (fixed schedules, tables) or a server that does not say."""
 
 
 class ScheduleSource(Protocol):
@@ -49,6 +52,7 @@ def answer_from(rec: Any, origin: str) -> Answer:
         fallback=bool(rec.fallback),
         fallback_reason=rec.fallback_reason,
         origin=origin,
+        model_backend=getattr(rec, "model_backend", None),
     )
 
 
@@ -60,6 +64,8 @@ class PredictorSource:
         self.host_factor = host_factor
         """This machine's host factor (``features.host``) for eager answers; None: the model's own."""
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
+        if getattr(predictor, "backend", None):
+            self.origin += f" ({predictor.backend})"
 
     @classmethod
     def load(

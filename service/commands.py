@@ -42,7 +42,10 @@ class RecommendFormat(StrEnum):
 
 _MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
 _MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
-_HARDWARE_HELP = "Hardware id, e.g. h200x2 (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
+_HARDWARE_HELP = (
+    "Hardware id, e.g. h200x2, h200x2-sim (its simulated model), a custom id registered before, or a "
+    "HardwareProfile JSON file (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
+)
 _HOST_FACTOR_HELP = (
     "Eager mode: this machine's host factor, in [0.25, 8] (the 'Host speed' of a dataset card measured on "
     "it; default: the model's training data's)."
@@ -59,6 +62,16 @@ def _settings(*, server: bool = False, **overrides: Any) -> Any:
         return load_settings(Settings if server else ModelSettings, **overrides)
     except SettingsError as err:
         raise fail(str(err)) from None
+
+
+def _hardware_id(value: str | None, settings: ModelSettings) -> str | None:
+    """``--hardware`` as the id a request names: a HardwareProfile JSON file becomes its id (registered
+    under the model root, as ``ficco bench`` and ``ficco retrain`` do); an id stays as given."""
+    if value is None or not value.endswith(".json"):
+        return value
+    from ficco.harness.launch import hardware_profile
+
+    return hardware_profile(value, settings.MODEL_ROOT).id
 
 
 def _loaded_store(settings: ModelSettings) -> ModelStore:
@@ -160,7 +173,10 @@ def score(
             help="Hugging Face config.json files, model folders holding one, or folders of them.",
         ),
     ],
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree, 2..8.")] = 2,
+    tp: Annotated[
+        int,
+        typer.Option(help="Tensor-parallel degree: a world size the hardware's model was trained at (2..8)."),
+    ] = 2,
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
     dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
     hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
@@ -195,7 +211,7 @@ def score(
         tp=tp,
         tokens=counts,
         dtype=dtype,
-        hardware=hardware,
+        hardware=_hardware_id(hardware, settings),
         mode=mode,
         kv_layout=kv_layout,
         host_factor=host_factor,
@@ -217,7 +233,13 @@ def recommend(
     n: Annotated[int, typer.Option(help="Output features of the GEMM on one rank.")],
     k: Annotated[int, typer.Option(help="Reduction dimension of the GEMM on one rank.")],
     dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
-    world_size: Annotated[int, typer.Option(help="Ranks in the tensor/expert-parallel group, 2..8.")] = 2,
+    world_size: Annotated[
+        int,
+        typer.Option(
+            help="Ranks in the tensor/expert-parallel group: a world size the hardware's model was trained "
+            "at (2..8)."
+        ),
+    ] = 2,
     hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
     experts: Annotated[int, typer.Option(help="MoE ops only: experts in the layer.")] = 0,
     top_k: Annotated[int, typer.Option(help="MoE ops only: experts per token.")] = 0,
@@ -243,7 +265,7 @@ def recommend(
         k=k,
         dtype=dtype,
         world_size=world_size,
-        hardware=hardware,
+        hardware=_hardware_id(hardware, settings),
         experts=experts,
         top_k=top_k,
         imbalance=imbalance,

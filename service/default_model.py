@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 def ensure_default_model(settings: Settings) -> str:
     """Return the current version of the default hardware's model, training and promoting one if none.
 
-    Raises ``FileNotFoundError`` when training is needed and the shipped dataset is missing.
+    Raises ``FileNotFoundError`` when training is needed and the shipped dataset is missing, and
+    ``ValueError`` when it is of other hardware or holds rows that were not measured on GPUs.
     """
     from ficco.training.registry import current_version, promote
 
@@ -33,6 +34,7 @@ def ensure_default_model(settings: Settings) -> str:
             f"the registry {root} has no current {hw} model and the shipped dataset {dataset} is missing "
             f"(no manifest.json); set FICCO_MODEL_ROOT to a registry with a model, or FICCO_DATASET_ROOT"
         )
+    from ficco.training.provenance import MEASURED, rows_backend
     from ficco.training.table import load_dataset_table
     from ficco.training.train import register_trained, train_model
 
@@ -41,8 +43,13 @@ def ensure_default_model(settings: Settings) -> str:
     loaded = load_dataset_table(dataset)
     if loaded.hardware.id != hw:
         raise ValueError(f"the shipped dataset {dataset} was measured on {loaded.hardware.id!r}, not {hw!r}")
+    if rows_backend(loaded.info["backends"]) != MEASURED:
+        raise ValueError(
+            f"the shipped dataset {dataset} holds rows of backends {loaded.info['backends']}, not GPU "
+            f"measurements only; the default {hw} model is trained on measured rows (docs/models.md)"
+        )
     trained = train_model(loaded.table, seed=0, progress=True)
-    version = register_trained(root, trained, loaded, seed=0)
+    _, version = register_trained(root, trained, loaded, seed=0)
     promote(root, hw, version)
     log.info(
         "trained, registered and promoted %s version %s in %.1f s", hw, version, time.perf_counter() - start

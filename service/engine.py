@@ -39,8 +39,10 @@ def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
         predicted_speedup=rec.predicted_speedup,
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,
+        pick_reason=rec.pick_reason,
         model_version=rec.model_version,
         hardware_id=rec.hardware_id,
+        model_backend=rec.model_backend,
         host_factor=rec.host_factor,
         requested_hardware=resolution.requested,
         hardware_substitution=resolution.substitution,
@@ -77,8 +79,8 @@ def _plan(
     """Resolve each item's model and look it up in that model's cache: (answers so far, misses by
     (model, mode, host factor)).
 
-    Raises ``InvalidFieldsError`` (every invalid item, and every item whose op the answering model has
-    no measured data for), ``UnknownHardwareError`` (the first item no model
+    Raises ``InvalidFieldsError`` (every invalid item, and every item whose op or world size the
+    answering model has no data for), ``UnknownHardwareError`` (the first item no model
     can answer) or ``NoModelError``.
     """
     locs = locs if locs is not None else [["body"]] * len(items)
@@ -97,6 +99,13 @@ def _plan(
         key = (hardware, *item.cache_key())
         answers[i] = model.cache.get(key)
         if answers[i] is not None:
+            continue
+        unserved = model.unserved_world_size(item.world_size, served)
+        if unserved is not None:
+            allowed = f"one of {list(model.world_sizes)} on {model.profile.id}"
+            errors.append(
+                field_error([*locs[i], "world_size"], item.world_size, unserved, "not_measured", allowed)
+            )
             continue
         try:
             scenario = build_scenario(item, model, locs[i])

@@ -6,8 +6,9 @@ import csv
 import io
 from typing import Any
 
-from ficco.service.schemas import RecommendationPublic, ScorePublic
+from ficco.service.schemas import PairScore, RecommendationPublic, ScorePublic
 from ficco.tables import text_table
+from ficco.training.provenance import SIMULATED
 
 PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
 """The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""
@@ -27,6 +28,7 @@ SCORE_CSV_COLUMNS = (
     "schedule",
     "predicted_speedup",
     "fallback",
+    "pick_reason",
     "serial_us",
     "predicted_us",
     "saved_us_per_layer",
@@ -38,7 +40,10 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def _served_line(result: ScorePublic | RecommendationPublic) -> str:
-    line = f"model version {result.model_version} ({result.hardware_id})"
+    backend = result.model_backend or "measured or simulated: the server does not say"
+    line = f"model version {result.model_version} ({result.hardware_id}, {backend})"
+    if result.model_backend == SIMULATED:
+        line += "\nnote: this model was trained on simulated times, not GPU measurements"
     if result.hardware_substitution:
         line += f"\nnote: {result.hardware_substitution}"
     return line
@@ -77,7 +82,19 @@ def score_table(result: ScorePublic) -> str:
             f"saved {entry.saved_us_per_layer:.1f} us per layer ({100 * entry.saved_fraction:.1f}% of "
             f"{entry.serial_us_per_layer:.1f} us serial), {entry.saved_us_per_step / 1000:.3f} ms per step"
         )
+        blocks += [f"note: {p.name}: {p.schedule} {_pick_note(p)}" for p in entry.pairs if _pick_note(p)]
     return "\n".join(blocks)
+
+
+def _pick_note(pair: PairScore) -> str | None:
+    """Why a pair's schedule is not the fastest predicted, or why a saving is negative; None if neither."""
+    if pair.fallback and pair.measured:
+        return f"is the fallback: {pair.fallback_reason}"
+    if pair.pick_reason:
+        saving = (pair.saved_us_per_layer or 0.0) < 0
+        kept = " over serial/sm (a negative saving)" if saving else ""
+        return f"is kept{kept}: {pair.pick_reason}"
+    return None
 
 
 def score_csv(results: ScorePublic | list[ScorePublic]) -> str:
@@ -111,6 +128,7 @@ def _score_rows(writer: Any, result: ScorePublic) -> None:
                     p.schedule,
                     p.predicted_speedup,
                     p.fallback,
+                    p.pick_reason,
                     p.serial_us,
                     p.predicted_us,
                     p.saved_us_per_layer,
@@ -119,13 +137,20 @@ def _score_rows(writer: Any, result: ScorePublic) -> None:
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
-    """The schedule, speedup and fallback, then the ``top`` schedules of highest predicted speedup."""
+    """The schedule, speedup, fallback and why the pick is not the fastest predicted (if it is not), then
+    the ``top`` schedules of highest predicted speedup, with the pick added (and marked) when it is not
+    among them."""
     lines = [
         f"schedule: {rec.schedule}",
         f"predicted speedup over serial: {_num(rec.predicted_speedup, 3)}",
         f"fallback: {'yes: ' + (rec.fallback_reason or '') if rec.fallback else 'no'}",
-        _served_line(rec),
     ]
-    ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])[:top]
-    rows = [[name, f"{p:.3f}"] for name, p in ranked]
+    if rec.pick_reason and not rec.fallback:
+        lines.append(f"why not the fastest predicted: {rec.pick_reason}")
+    lines.append(_served_line(rec))
+    ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])
+    shown = ranked[:top]
+    if rec.schedule not in dict(shown) and rec.schedule in rec.predicted_speedups:
+        shown.append((rec.schedule, rec.predicted_speedups[rec.schedule]))
+    rows = [[name + (" (pick)" if name == rec.schedule else ""), f"{p:.3f}"] for name, p in shown]
     return "\n".join(lines) + "\n" + text_table(["schedule", "predicted speedup"], rows)

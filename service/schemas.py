@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from ficco.features._validate import check_keys
 from ficco.features.host import HOST_FACTOR_RANGE
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
+from ficco.training.provenance import ModelBackend
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
@@ -33,6 +34,22 @@ HOST_FACTOR_DESCRIPTION = (
     "dataset card's 'Host speed' gives a measured machine's); null = the model's training data's. A slower "
     "host moves small shapes toward schedules of fewer launches."
 )
+
+PICK_REASON_DESCRIPTION = (
+    "Why schedule is not the one of highest predicted speedup: the fallback, a tie within the model's "
+    "noise band, or the model's ranker ordering it first against the regressor's speedups; null when it is."
+)
+MODEL_BACKEND_DESCRIPTION = (
+    "measured: the model was trained on GPU measurements only; simulated: on simulated rows (registered "
+    "apart as <hardware>-sim, answering only when asked for by that id). See docs/models.md."
+)
+
+WORLD_SIZE_RULE = (
+    f"[{MIN_WORLD_SIZE}, {MAX_WORLD_SIZE}] bounds every hardware profile; a hardware's model answers only "
+    "the world sizes it was trained at (its card's world_sizes in GET /v1/models; 2 for the shipped "
+    "h200x2 model), and another gets a 422 whose 'allowed' names that hardware's."
+)
+WORLD_SIZE_DESCRIPTION = "Ranks in the tensor/expert-parallel group. " + WORLD_SIZE_RULE
 
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
 WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
@@ -59,7 +76,7 @@ class ScenarioIn(_Request):
     n: Dim = Field(description="Output features of the GEMM on one rank.")
     k: Dim = Field(description="Reduction dimension of the GEMM on one rank.")
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
-    world_size: WorldSize = Field(default=2, description="Ranks in the tensor/expert-parallel group.")
+    world_size: WorldSize = Field(default=2, description=WORLD_SIZE_DESCRIPTION)
     hardware: HardwareId | None = Field(
         default=None, description="Hardware id (e.g. h200x2); null = the server's default hardware."
     )
@@ -108,8 +125,12 @@ class RecommendationPublic(BaseModel):
     predicted_speedup: float | None = Field(description="Predicted serial time / recommended time, if known.")
     fallback: bool = Field(description="True when the safe fallback (serial) replaced the model's choice.")
     fallback_reason: str | None = Field(description="Why the fallback fired.")
+    pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
     model_version: str = Field(description="Version of the model that answered.")
     hardware_id: str = Field(description="Hardware profile of the model that answered.")
+    model_backend: ModelBackend | None = Field(
+        default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
+    )
     host_factor: float | None = Field(
         default=None,
         description="The host factor the answer is for (the model's training data's unless the request "
@@ -145,7 +166,7 @@ MAX_SCORE_CONFIGS = 64
 class _ScoreSettings(_Request):
     """How the model configs of a score request are split and run."""
 
-    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size).")
+    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size). " + WORLD_SIZE_RULE)
     tokens: list[Dim] = Field(
         min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
     )
@@ -206,6 +227,7 @@ class PairScore(BaseModel):
     predicted_speedup: float | None
     fallback: bool
     fallback_reason: str | None
+    pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
     serial_us: float = Field(
         description="Estimated serial time of one call, microseconds (see serial_time_estimate)."
     )
@@ -232,6 +254,9 @@ class ScorePublic(BaseModel):
     mode: Mode = Field(default="eager", description=MODE_DESCRIPTION)
     model_version: str
     hardware_id: str
+    model_backend: ModelBackend | None = Field(
+        default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
+    )
     requested_hardware: str
     hardware_substitution: str | None
     serial_time_estimate: Literal["roofline"] = Field(

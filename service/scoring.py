@@ -125,6 +125,7 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
         speedup=rec.predicted_speedup,
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,
+        pick_reason=rec.pick_reason,
     )
 
 
@@ -136,6 +137,7 @@ def _score(
     speedup: float | None,
     fallback: bool,
     fallback_reason: str | None,
+    pick_reason: str | None = None,
 ) -> PairScore:
     """The pair with its answer: the roofline serial time, and with a predicted ``speedup`` the predicted
     time and the saving per layer (None without one)."""
@@ -152,6 +154,7 @@ def _score(
         predicted_speedup=speedup,
         fallback=fallback,
         fallback_reason=fallback_reason,
+        pick_reason=pick_reason,
         serial_us=serial_us,
         predicted_us=predicted_us,
         saved_us_per_layer=None if predicted_us is None else (serial_us - predicted_us) * pair.per_layer,
@@ -183,8 +186,12 @@ def score_model(
     hardware = request.hardware or default_hardware
     config = parse_config(request)
     resolution = resolve_hardware(served, hardware, request.tp)
-    per_tokens = _pairs(config, request, resolution.model)
     model = resolution.model
+    unserved = model.unserved_world_size(request.tp, served)
+    if unserved is not None:
+        allowed = f"one of {list(model.world_sizes)} on {model.profile.id}"
+        raise InvalidFieldsError([field_error(["body", "tp"], request.tp, unserved, "not_measured", allowed)])
+    per_tokens = _pairs(config, request, model)
     measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
     items = [_item(pair, hardware, request.mode, request.host_factor) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
@@ -205,6 +212,7 @@ def score_model(
         mode=request.mode,
         model_version=resolution.model.version,
         hardware_id=resolution.model.profile.id,
+        model_backend=resolution.model.backend,
         requested_hardware=resolution.requested,
         hardware_substitution=resolution.substitution,
         serial_time_estimate="roofline",

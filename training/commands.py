@@ -211,6 +211,7 @@ def train_command(
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from ficco.training import registry as reg
+    from ficco.training.provenance import backend_of_id
     from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset, repeat)
@@ -220,11 +221,11 @@ def train_command(
     except ValueError as err:
         raise fail(str(err)) from None
     typer.echo(format_summary(trained.evaluation.summary))
-    version = register_trained(root, trained, loaded, seed=seed)
-    typer.echo(f"registered {loaded.hardware.id}/{version} under {root}")
+    model_id, version = register_trained(root, trained, loaded, seed=seed)
+    typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
     if promote:
-        reg.promote(root, loaded.hardware.id, version)
-        typer.echo(f"promoted {loaded.hardware.id}/{version} to current")
+        reg.promote(root, model_id, version)
+        typer.echo(f"promoted {model_id}/{version} to current")
 
 
 def report_command(
@@ -275,15 +276,19 @@ def retrain_command(
     hardware: Annotated[
         str,
         typer.Option(
-            "--hardware", help="Hardware profile id (h200x2, h100x8, ...): the machine, or the what-if."
+            "--hardware",
+            help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
+            "HardwareProfile JSON file (registers its id): the machine, or the what-if.",
         ),
     ] = DEFAULT_HARDWARE_ID,
     backend: Annotated[
         RetrainBackend,
         typer.Option(
             "--backend",
-            help="gpu: sweep this machine's GPUs through torchrun; sim: the analytic model of --hardware; "
-            "auto: gpu when nvidia-smi lists >= 2 GPUs, else sim.",
+            help="gpu: sweep this machine's GPUs through torchrun (a measured model, registered under "
+            "--hardware); sim: the analytic model of --hardware (a simulated model, registered apart under "
+            "<hardware>-sim, never over a measured one); auto: gpu, and without GPUs a stop that names "
+            "--backend sim.",
         ),
     ] = RetrainBackend.auto,
     budget: Annotated[
@@ -309,7 +314,9 @@ def retrain_command(
     ] = REPO_ROOT / "datasets" / "model_configs",
     tp: Annotated[
         int | None,
-        typer.Option("--tp", help="World size of every scenario, in [2, 8]. Default: the GPU count."),
+        typer.Option(
+            "--tp", help="World size of every scenario, 2 to --hardware's GPU count. Default: the GPU count."
+        ),
     ] = None,
     tokens: Annotated[
         str,
@@ -331,21 +338,22 @@ def retrain_command(
 ) -> None:
     """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
     with the current model on the new data, register it and promote it only if it is better."""
-    from ficco.harness.launch import build_plan, gpu_count, hardware_profile, parse_tokens
+    from ficco.harness.launch import build_plan, check_tp, hardware_profile, parse_tokens
     from ficco.training.metrics import REPORTED
+    from ficco.training.provenance import MEASURED, SIMULATED, backend_of_id, registry_id
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
-    hw = hardware_profile(hardware)
-    token_list = parse_tokens(tokens)
-    if backend is RetrainBackend.auto:
-        backend = RetrainBackend.gpu if gpu_count() >= 2 else RetrainBackend.sim
-    tp = tp or hw.gpu_count
     root = _registry(registry)
+    hw = hardware_profile(hardware, root)
+    token_list = parse_tokens(tokens)
+    backend = _retrain_backend(backend, hw)
+    tp = check_tp(tp or hw.gpu_count, hw)
+    model_id = registry_id(hw.id, SIMULATED if backend is RetrainBackend.sim else MEASURED)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = out or work_root() / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"
     try:
-        current = load_predictor(root, hw.id)
+        current = load_predictor(root, model_id)
     except ModelLoadError as err:
         typer.echo(f"current model: none usable ({err})", err=True)
         current = None
@@ -353,7 +361,7 @@ def retrain_command(
         configs, hw, tp=tp, tokens=token_list, grid=grid, include_moe=backend is RetrainBackend.sim, seed=seed
     )
     plan = informative_subset(plan, budget, current)
-    typer.echo(f"retrain {hw.id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
+    typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
     measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
     try:
         outcome = retrain(
@@ -370,7 +378,31 @@ def retrain_command(
             + ", ".join(f"{k} {cur[k]:.4f}" for k in REPORTED[:5])
         )
     verdict = "promoted to current" if outcome.promoted else "registered, not promoted"
-    typer.echo(f"{hw.id}/{outcome.version}: {verdict} ({outcome.reason})")
+    kind = backend_of_id(outcome.model_id)
+    typer.echo(f"{outcome.model_id}/{outcome.version} ({kind} model): {verdict} ({outcome.reason})")
+    if kind == SIMULATED:
+        typer.echo(
+            f"a simulated model answers only when asked for by its id, e.g. `ficco recommend --hardware "
+            f"{outcome.model_id} ...`; the measured model of {hw.id} is untouched"
+        )
+
+
+def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBackend:
+    """``gpu`` or ``sim``: ``auto`` is ``gpu``; ``gpu`` on a machine of fewer than 2 GPUs stops with one line
+    (a measured model is only ever trained on measurements, and a simulated one only when asked for)."""
+    from ficco.harness.launch import gpu_count
+    from ficco.training.provenance import SIMULATED, registry_id
+
+    if backend is RetrainBackend.sim:
+        return backend
+    found = gpu_count()
+    if found < 2:
+        raise fail(
+            f"retrain measures on GPUs and nvidia-smi lists {found} here: run it on a machine with "
+            f"{hw.id}'s GPUs, or pass --backend sim to train a simulated model (registered apart as "
+            f"{registry_id(hw.id, SIMULATED)}; the measured {hw.id} model stays)"
+        )
+    return RetrainBackend.gpu
 
 
 def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[[Plan, Path], None]:

@@ -35,6 +35,7 @@ from ficco.training.pairs import (
     valid_mask,
 )
 from ficco.training.policy import ModePolicy
+from ficco.training.provenance import MEASURED, ModelBackend, model_backend, registry_id
 
 if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
     from ficco.training.model import PairModel
@@ -62,10 +63,15 @@ class Recommendation:
     """True when the model's own pick was replaced by serial/sm."""
     fallback_reason: str | None
     """Why the fallback fired; None otherwise."""
+    pick_reason: str | None
+    """Why ``schedule`` is not the schedule of highest predicted speedup (the fallback, a tie within the
+    model's noise band, or the ranker's order against the regressor's speedups); None when it is."""
     model_version: str
     """Registry version of the model that answered."""
     hardware_id: str
-    """Hardware profile the model was trained for."""
+    """Hardware profile the model was trained for (``<id>-sim`` for a simulated model)."""
+    model_backend: ModelBackend
+    """``measured`` (trained on GPU measurements only) or ``simulated`` (``training.provenance``)."""
     host_factor: float
     """The host factor the eager answer is for (``features.host``; the model's training data's unless the
     caller gave its machine's)."""
@@ -116,6 +122,10 @@ class Predictor:
         self.card = card
         self.version = version
         self.hardware_id = hardware_id
+        self.backend: ModelBackend = model_backend(card)
+        """Whether the model was trained on measured or simulated rows (``training.provenance``)."""
+        self.noise_band = {mode: noise_band(card, mode) for mode in MODES}
+        """Per mode, the relative gap in predicted speedup within which two schedules count as a tie."""
         if scorer.feature_schema_ != ratio.feature_schema_:
             raise ValueError(
                 f"the scorer and the ratio model must share a feature schema; got {scorer.feature_schema_!r} "
@@ -142,7 +152,9 @@ class Predictor:
         )  # fmt: skip
 
     def __repr__(self) -> str:
-        return f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r})"
+        return (
+            f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r}, backend={self.backend!r})"
+        )
 
     def _reference(
         self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
@@ -211,12 +223,16 @@ class Predictor:
         """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph) on a
         machine of ``host_factor`` (:meth:`decide`).
 
-        Raises ``ValueError`` for a scenario on hardware other than the model's, an unknown mode or a host
-        factor out of range.
+        Raises ``ValueError`` for a scenario on hardware other than the model's (a simulated model,
+        ``<id>-sim``, also answers scenarios on ``<id>``), an unknown mode or a host factor out of range.
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
-        foreign = [s.key() for s in scenarios if s.hardware.id != self.hardware_id]
+        own = {
+            self.hardware_id,
+            registry_id(self.hardware_id, MEASURED),
+        }  # a simulated model: its hardware's too
+        foreign = [s.key() for s in scenarios if s.hardware.id not in own]
         if foreign:
             raise ValueError(
                 f"this model was trained for hardware {self.hardware_id!r}; {len(foreign)} scenario(s) are "
@@ -228,6 +244,10 @@ class Predictor:
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
         speedups, valid, reason = d.speedups, np.isfinite(d.speedups), self.policy.of(mode).reason
         schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
+        top = np.where(valid, speedups, -np.inf).argmax(axis=1)
+        rows = np.arange(len(scenarios))
+        behind = (speedups[rows, top] > speedups[rows, d.final]).tolist()
+        fallback_reasons = [reason(speedup[i]) if fallback[i] else None for i in range(len(scenarios))]
         return [
             Recommendation(
                 schedule=schedules[i],
@@ -235,13 +255,51 @@ class Predictor:
                 predicted_speedups=_valid_speedups(speedups[i], valid[i]),
                 predicted_speedup=1.0 if fallback[i] else speedup[i],
                 fallback=fallback[i],
-                fallback_reason=reason(speedup[i]) if fallback[i] else None,
+                fallback_reason=fallback_reasons[i],
+                pick_reason=(
+                    (
+                        fallback_reasons[i]
+                        or self._ranking_reason(speedups[i], int(d.final[i]), int(top[i]), mode)
+                    )
+                    if behind[i]
+                    else None
+                ),
                 model_version=self.version,
                 hardware_id=self.hardware_id,
+                model_backend=self.backend,
                 host_factor=d.host_factor,
             )
             for i in range(len(scenarios))
         ]
+
+    def _ranking_reason(self, speedups: np.ndarray, pick: int, top: int, mode: str) -> str:
+        """Why the model's pick (column ``pick``) is not the column ``top`` of highest predicted speedup in
+        one scenario's row ``speedups`` ``[S]`` (nor serial/sm, when that is predicted faster too): each
+        gap within the noise band is a tie, and the ranker's order decides."""
+        band = self.noise_band[mode]
+        gaps = []
+        for other in dict.fromkeys([top, SERIAL_INDEX]):
+            gap = float(speedups[other] / speedups[pick] - 1.0)
+            if gap > 0:
+                where = "within the noise band: a tie" if gap <= band else "beyond the noise band"
+                gaps.append(f"{SCHEDULES[other]} is predicted {gap:.2%} faster ({where})")
+        return (
+            f"{'; '.join(gaps)}. The model's noise band is {band:.2%} in {mode} mode (the run-to-run spread "
+            "of its training measurements); the speedups are its time-ratio regressor's, and its "
+            f"{self.scorer.objective} ranker, which picks (it had the lower held-out loss under "
+            f"cross-validation), orders {SCHEDULES[pick]} first"
+        )
+
+
+def noise_band(card: dict[str, Any], mode: str) -> float:
+    """A model's noise band in ``mode``, from its card: the geometric-mean regret of the noise ceiling
+    (the re-measured picks scored against the sweep, ``training.evaluate``), i.e. how far apart two
+    measurements of the same best schedule typically are; 0 when the card has no ceiling."""
+    try:
+        band = card["metrics"]["modes"][mode]["family_holdout"]["ceiling"]["geomean_regret"]
+        return max(0.0, float(band))
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def _valid_speedups(speedups: np.ndarray, valid: np.ndarray) -> dict[str, float]:

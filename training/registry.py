@@ -8,6 +8,10 @@ Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_R
                                                  family included), fallback policy, ops, modes, software
     <root>/<hardware_id>/CURRENT                 the current version, one line
 
+Models trained on simulated rows live under ``<hardware_id>-sim`` (``training.provenance``): ``register``
+refuses a simulated model under a measured id (and the reverse), and ``promote`` checks the card again, so a
+simulated model never becomes the current model of measured hardware.
+
 A version (``<UTC time>-<dataset hash[:8]>``) is written into a temporary directory and renamed into
 place, and ``CURRENT`` is replaced with ``os.replace``: a crash leaves either the old state or the new
 one, never a half-written model.
@@ -34,6 +38,7 @@ from ficco.training.booster import load_pair_model
 from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
+from ficco.training.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 
 if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
     from ficco.training.model import PairModel
@@ -87,8 +92,12 @@ def register(
     ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
     the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
     files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
-    when the picker is the time-ratio regressor (one file then).
+    when the picker is the time-ratio regressor (one file then). The card's ``model_backend`` (given in
+    ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
+    (``training.provenance``): ValueError otherwise.
     """
+    backend = model_backend(info)
+    _check_backend(hardware_id, backend, "register")
     created_at = created_at or datetime.now(UTC)
     hw_dir = Path(root) / hardware_id
     hw_dir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +110,7 @@ def register(
         **info,
         "version": version,
         "hardware_id": hardware_id,
+        "model_backend": backend,
         "created_at": created_at.isoformat(timespec="seconds"),
         "dataset_hash": dataset_hash,
         "feature_schema_version": scorer.feature_schema_,
@@ -125,14 +135,33 @@ def register(
     return version
 
 
+def _check_backend(hardware_id: str, backend: str, action: str) -> None:
+    """ValueError when a model of ``backend`` does not belong under ``hardware_id``."""
+    expected = backend_of_id(hardware_id)
+    if backend != expected:
+        raise ValueError(
+            f"cannot {action} a {backend} model under {hardware_id!r}: that id holds {expected} models only; "
+            f"{backend} models of this hardware belong under {registry_id(hardware_id, backend)!r}"
+        )
+
+
 def promote(root: str | Path, hardware_id: str, version: str) -> None:
-    """Make ``version`` the current model of ``hardware_id`` (atomic: write a temp file, then os.replace)."""
+    """Make ``version`` the current model of ``hardware_id`` (atomic: write a temp file, then os.replace).
+
+    ValueError for a version not registered there, or whose card's backend is not ``hardware_id``'s (a
+    simulated model never becomes the current model of measured hardware).
+    """
     hw_dir = Path(root) / hardware_id
     if not (hw_dir / version / CARD_FILE).is_file():
         raise ValueError(
             f"cannot promote {hardware_id}/{version}: no such registered version under {root}; "
             f"versions are {_versions(hw_dir)}"
         )
+    try:
+        card = _read_card(hw_dir / version)
+    except ModelLoadError as err:
+        raise ValueError(f"cannot promote {hardware_id}/{version}: {err}") from None
+    _check_backend(hardware_id, model_backend(card), "promote")
     # world-readable, like the version folder above: a service running as another user must read it
     write_text_atomic(hw_dir / CURRENT_FILE, version + "\n", mode=0o644)
     log.info("promoted %s/%s to current in %s", hardware_id, version, root)
@@ -195,9 +224,11 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
     versions = _versions(hw_dir)
     if not versions:
         known = sorted(list_models(root))
+        base = registry_id(hardware_id, MEASURED)
+        retrain = "--backend sim " if is_sim_id(hardware_id) else ""
         raise ModelLoadError(
             f"no model for hardware {hardware_id!r} under {root} (models exist for {known}); {_TRAIN_HINT} "
-            f"on a dataset of that hardware, or `ficco retrain --hardware {hardware_id}`"
+            f"on a dataset of that hardware, or `ficco retrain {retrain}--hardware {base}`"
         )
     if version is None:
         version = current_version(root, hardware_id)

@@ -24,6 +24,7 @@ import numpy as np
 from ficco.features import MODES, feature_matrix
 from ficco.training.metrics import mean_loss, score
 from ficco.training.predictor import Predictor
+from ficco.training.provenance import MEASURED, ModelBackend, rows_backend
 from ficco.training.table import ScheduleTable, load_dataset_table
 from ficco.training.train import register_trained, train_model
 
@@ -83,6 +84,8 @@ class RetrainOutcome:
 
     dataset: Path
     """The dataset directory it measured."""
+    model_id: str
+    """The registry id it registered under: the hardware id, or ``<id>-sim`` for simulated rows."""
     version: str
     """The version it registered."""
     promoted: bool
@@ -96,16 +99,22 @@ class RetrainOutcome:
 
 
 def compare(
-    table: ScheduleTable, new_loss: float, current: Predictor | None
+    table: ScheduleTable, new_loss: float, current: Predictor | None, backend: ModelBackend = MEASURED
 ) -> tuple[bool, str, dict[str, Any] | None]:
     """Whether the new model beats ``current`` on ``table``: (better, reason, current's metrics).
 
     The new model's number is its held-out loss (grouped cross-validation); the current model's is its
     loss on the same scenarios, which it has not seen unless they were in its own dataset, asked at the
-    host factor of the machine that measured them (the table's).
+    host factor of the machine that measured them (the table's). ``backend`` is the new rows' kind
+    (``training.provenance``): a current model of the other kind is not compared with (never better: a
+    simulated model does not replace a measured one, and simulated rows do not judge a measured model).
     """
     if current is None:
         return True, "no usable current model", None
+    current_backend = getattr(current, "backend", backend)
+    if current_backend != backend:
+        why = f"the new data is {backend} and the current model {current_backend}: models are compared on "
+        return False, why + "rows of their own kind only", None
     picks = current.decide(table.X, table.modes, host_factor=table.host_factor).final
     current_loss = mean_loss(table, picks)
     metrics = score(table, picks)
@@ -127,7 +136,11 @@ def retrain(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> RetrainOutcome:
-    """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``."""
+    """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``.
+
+    Measured rows register under the hardware id, simulated ones under ``<id>-sim``
+    (``training.train.register_trained``); ``current`` must be the current model of that registry id.
+    """
     from ficco.features.dataset import read_manifest
     from ficco.training.registry import promote
 
@@ -138,12 +151,14 @@ def retrain(
     log(f"dataset {out}: {len(dataset.table)} scenarios, hash {dataset.hash[:12]}")
     trained = train_model(dataset.table, noise=dataset.noise, seed=seed, n_jobs=n_jobs, progress=progress)
     new_loss = mean_loss(dataset.table, trained.evaluation.cv.final)
-    better, reason, current_metrics = compare(dataset.table, new_loss, current)
-    version = register_trained(registry, trained, dataset, seed=seed)
+    backend = rows_backend(dataset.info["backends"])
+    better, reason, current_metrics = compare(dataset.table, new_loss, current, backend)
+    model_id, version = register_trained(registry, trained, dataset, seed=seed)
     if better:
-        promote(registry, dataset.hardware.id, version)
+        promote(registry, model_id, version)
     return RetrainOutcome(
         dataset=out,
+        model_id=model_id,
         version=version,
         promoted=better,
         reason=reason,

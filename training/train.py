@@ -18,6 +18,7 @@ from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.model import PairModel
 from ficco.training.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.provenance import registry_id, rows_backend
 from ficco.training.table import LoadedDataset, ScheduleTable
 
 log = logging.getLogger(__name__)
@@ -62,23 +63,37 @@ def train_model(
     return TrainedModel(scorer=scorer, ratio=ratio, evaluation=evaluation)
 
 
-def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int) -> str:
-    """Register ``trained`` under ``root`` for the dataset's hardware; return the new version."""
+def register_trained(
+    root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int
+) -> tuple[str, str]:
+    """Register ``trained`` under ``root``; return ``(registry id, version)``.
+
+    The registry id is the dataset's hardware id when every row was measured on GPUs, else that id with
+    ``-sim`` (``training.provenance``): a model of simulated rows is registered apart, with its profile
+    renamed to that id, so it answers only when asked for by it.
+    """
+    import dataclasses
+
     import pandas as pd
 
     from ficco.training.registry import register
 
     table = dataset.table
-    return register(
+    backend = rows_backend(dataset.info["backends"])
+    model_id = registry_id(dataset.hardware.id, backend)
+    hardware = dataclasses.replace(dataset.hardware, id=model_id)
+    version = register(
         root,
-        dataset.hardware.id,
+        model_id,
         scorer=trained.scorer,
         ratio=trained.ratio,
         policy=trained.choice.policy,
         dataset_hash=dataset.hash,
         info={
             "dataset": dataset.info,
-            "hardware": dataset.hardware.to_dict(),
+            "model_backend": backend,
+            "hardware": hardware.to_dict(),
+            "world_sizes": sorted({s.world_size for s in table.scenarios}),
             "ops": sorted({s.op for s in table.scenarios}),
             "modes": sorted(set(np.asarray(table.modes).tolist())),
             "config": trained.choice.config.to_dict(),
@@ -89,6 +104,7 @@ def register_trained(root: str | Path, trained: TrainedModel, dataset: LoadedDat
             "software": {"pandas": pd.__version__},
         },
     )
+    return model_id, version
 
 
 def choice_reason(evaluation: Evaluation) -> str:

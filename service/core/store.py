@@ -21,9 +21,18 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
+from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.batching import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.training.provenance import (
+    MEASURED,
+    SIMULATED,
+    ModelBackend,
+    is_sim_id,
+    model_backend,
+    registry_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +73,31 @@ class ServedModel:
         return self.predictor.version
 
     @property
+    def backend(self) -> ModelBackend:
+        """``measured`` or ``simulated`` (``training.provenance``), from the model's card."""
+        return model_backend(self.predictor.card)
+
+    @property
     def ops(self) -> tuple[str, ...]:
         """The ops this model has measured data for (``trained_ops``)."""
         return trained_ops(self.predictor)
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """The world sizes this model was trained at (``measured_world_sizes``)."""
+        return measured_world_sizes(self.predictor.card, self.profile)
+
+    def unserved_world_size(self, world_size: int, served: Mapping[str, ServedModel]) -> str | None:
+        """None when this model was trained at ``world_size``; else the one line saying what is served
+        and the ways forward (``missing_model_line``)."""
+        if world_size in self.world_sizes:
+            return None
+        return missing_model_line(
+            served,
+            self.profile.id,
+            world_size,
+            f"the {self.profile.id} model was trained at world_size {list(self.world_sizes)} only",
+        )
 
     def unmeasured(self, op: str) -> str | None:
         """None when this model has measured data for ``op``; else the message saying it has not."""
@@ -100,36 +131,78 @@ def _same_die(a: HardwareProfile, b: HardwareProfile) -> bool:
     return a.sm_count == b.sm_count and a.peak_bf16_tflops == b.peak_bf16_tflops
 
 
+def measured_world_sizes(card: Mapping[str, Any], profile: HardwareProfile) -> tuple[int, ...]:
+    """The world sizes a model was trained at: its card's ``world_sizes``; for cards from before that
+    field, every world size its hardware runs (2 to its GPU count, at most ``MAX_WORLD_SIZE``)."""
+    recorded = card.get("world_sizes")
+    if recorded:
+        return tuple(int(w) for w in recorded)
+    return tuple(range(MIN_WORLD_SIZE, min(MAX_WORLD_SIZE, profile.gpu_count) + 1))
+
+
+def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, world_size: int, why: str) -> str:
+    """One line for a (hardware, world size) no served model answers: ``why``, the measured (hardware,
+    world size) pairs served, and the two ways forward (measure it, or ask a simulated model by its id),
+    on a profile of the same GPU with enough GPUs when ``hardware_id`` has too few."""
+    pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
+    listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
+    base = _profile_for(registry_id(hardware_id, MEASURED), served)
+    target = base.id if base is not None else registry_id(hardware_id, MEASURED)
+    if base is not None and world_size > base.gpu_count:
+        why += f"; world_size={world_size} needs more GPUs than {base.id}'s gpu_count={base.gpu_count}"
+        bigger = sorted(
+            (p.gpu_count, p.id)
+            for p in KNOWN_HARDWARE.values()
+            if p.gpu_name == base.gpu_name and p.gpu_count >= world_size
+        )
+        target = bigger[0][1] if bigger else "<a profile of enough GPUs>"
+    return (
+        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
+        f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {target} "
+        f"--tp {world_size}` on a machine of those GPUs, or ask a simulated model explicitly: `ficco retrain "
+        f"--backend sim --hardware {target} --tp {world_size}`, then hardware "
+        f"{registry_id(target, SIMULATED)!r} (its answers say model_backend=simulated)"
+    )
+
+
+def _profile_for(hardware_id: str, served: Mapping[str, ServedModel]) -> HardwareProfile | None:
+    """The profile of a (measured) hardware id: a served model's, else the built-in one, else None."""
+    model = served.get(hardware_id)
+    return model.profile if model is not None else KNOWN_HARDWARE.get(hardware_id)
+
+
 def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
     """Pick the model that answers ``hardware_id`` at ``world_size``.
 
-    Its own model if loaded; otherwise a loaded model of a profile with the same compute die and at least
-    ``world_size`` GPUs (same GPU name first, then the closest GPU count), with the reason. Raises
-    ``UnknownHardwareError`` when no model fits and ``NoModelError`` when none is loaded.
+    Its own model if loaded; otherwise a loaded measured model of a profile with the same compute die,
+    trained at ``world_size`` (same GPU name first, then the closest GPU count), with the reason; a
+    simulated model answers only its own id. Raises ``UnknownHardwareError`` when no model fits and
+    ``NoModelError`` when none is loaded. Whether the own model was trained at ``world_size`` is the
+    caller's check (``ServedModel.unserved_world_size``), an error of that field.
     """
     if hardware_id in served:
         return Resolution(model=served[hardware_id], requested=hardware_id, substitution=None)
     if not served:
         raise NoModelError("no model is loaded yet; GET /readyz shows the last load error")
     known = sorted(set(KNOWN_HARDWARE) | set(served))
-    requested = KNOWN_HARDWARE.get(hardware_id)
+    requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED))
     if requested is None:
-        raise UnknownHardwareError(
-            f"unknown hardware id {hardware_id!r}; known ids are {known} "
-            f"(models are loaded for {sorted(served)})",
-            known,
-        )
+        why = f"unknown hardware id {hardware_id!r} (known ids are {known}; a custom profile needs a model)"
+        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
+    if is_sim_id(hardware_id):
+        why = f"no simulated model of {requested.id} is registered"
+        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
     fits = [
-        m for m in served.values() if _same_die(m.profile, requested) and m.profile.gpu_count >= world_size
+        m
+        for m in served.values()
+        if m.backend == MEASURED and _same_die(m.profile, requested) and world_size in m.world_sizes
     ]
     if not fits:
-        raise UnknownHardwareError(
-            f"no model is loaded for hardware {hardware_id!r}, and no loaded model's profile has the "
-            "same GPU "
-            f"({requested.sm_count} SMs, {requested.peak_bf16_tflops:g} bf16 TFLOP/s) with at least "
-            f"world_size={world_size} GPUs; models are loaded for {sorted(served)}",
-            known,
+        why = (
+            f"no model is loaded for it, and no loaded measured model has the same GPU ({requested.sm_count} "
+            f"SMs, {requested.peak_bf16_tflops:g} bf16 TFLOP/s) and was trained at world_size={world_size}"
         )
+        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
     best = min(
         fits,
         key=lambda m: (

@@ -122,7 +122,9 @@ def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_con
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--tp", "9"], "Invalid value for '--tp': Input should be less than or equal to 8"),
+        (["--tp", "9"], "--tp must be 2: --hardware h200x2 has gpu_count=2; got 9"),
+        (["--tp", "3"], "--tp must be 2: --hardware h200x2 has gpu_count=2; got 3"),
+        (["--hardware", "h200x8", "--tp", "9"], "--tp must be an int in [2, 8]: --hardware h200x8 has"),
         (["--rounds", "0"], "Invalid value for '--rounds': Input should be greater than or equal to 1"),
         (["--block-ms", "0.01"], "Invalid value for '--block-ms': Input should be greater than or equal"),
         (["--modes", "lazy"], "--modes must be comma-separated values of ['eager', 'graph']"),
@@ -132,7 +134,7 @@ def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_con
         (["--noise", "1.5"], "Invalid value for '--noise': Input should be less than or equal to 1"),
         (["--tokens", "1k"], "--tokens must be comma-separated integers"),
         (["--tokens", "1025"], "tokens must be a non-empty list of positive multiples of tp=2; bad: [1025]"),
-        (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; known ids are"),
+        (["--hardware", "tpu"], "--hardware 'tpu': unknown hardware id 'tpu'; built-in ids are"),
         (["--backend", "gloo", "--noise", "0.1"], "--noise applies to --backend sim only"),
     ],
 )
@@ -149,7 +151,12 @@ def test_bench_bad_configs_directory_is_named(app, tmp_path):
     assert f"no model configs (*.json or */config.json) in {tmp_path}" in result.output
 
 
-def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path):
+def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path, monkeypatch):
+    """A profile JSON is registered once under the model root; its id then names it in every command."""
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parents[2] / "models", tmp_path / "models")  # the shipped model
+    monkeypatch.setenv("FICCO_MODEL_ROOT", str(tmp_path / "models"))
     _bench(app, *_small(tiny_configs, tmp_path / "measured"))
     profile = {
         "id": "future2",
@@ -174,6 +181,33 @@ def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp
     assert result.exit_code == 0, result.output
     assert "sim constants calibrated on" in result.output
     assert set(load_dataset(tmp_path / "what-if")["hardware_id"]) == {"future2"}
+    assert json.loads((tmp_path / "models" / "future2" / "hardware.json").read_text()) == profile
+
+    by_id = _bench(app, *_small(tiny_configs, tmp_path / "by-id"), "--hardware", "future2")
+    assert by_id.exit_code == 0, by_id.output
+    assert set(load_dataset(tmp_path / "by-id")["hardware_id"]) == {"future2"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**profile, "link_gbps": 100.0}))
+    clash = _bench(app, *_small(tiny_configs, tmp_path / "clash"), "--hardware", other)
+    assert clash.exit_code == 2 and "'future2' is registered under" in clash.output
+
+    from ficco.cli import app as ficco
+
+    scenario = ["--op", "ag_gemm", "--m", "4096", "--n", "4096", "--k", "4096"]
+    for hardware in (path, "future2"):  # no model of it yet: the one line, the id resolved from the file
+        answer = CliRunner().invoke(ficco, ["recommend", *scenario, "--hardware", str(hardware)])
+        assert answer.exit_code == 2
+        assert "no model answers hardware 'future2' at world_size=2" in answer.output
+        assert "pairs served: (h200x2, 2)." in answer.output
+        assert "`ficco retrain --backend sim --hardware future2 --tp 2`" in answer.output
+
+
+def test_host_factor_does_not_offer_the_simulator(app):
+    from ficco.cli import app as ficco
+
+    assert "sim" not in CliRunner().invoke(ficco, ["host-factor", "--help"]).output.split("--backend")[1][:60]
+    refused = CliRunner().invoke(ficco, ["host-factor", "--backend", "sim"], env={"COLUMNS": "200"})
+    assert refused.exit_code == 2 and "'sim' is not one of 'gpu', 'gloo'" in refused.output
 
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")

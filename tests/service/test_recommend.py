@@ -85,11 +85,18 @@ def test_recommend_indivisible_m_is_422_at_m(client):
     assert "divisible by world_size=2" in error["msg"]
 
 
-def test_recommend_world_size_over_gpu_count_is_422(client):
+def test_recommend_world_size_the_model_lacks_is_422_with_the_served_pairs(client):
+    """A world size the hardware's model was not trained at: one line with the measured (hardware, world
+    size) pairs served and both ways forward; ``allowed`` is the hardware's, not the schema's [2, 8]."""
     error = _one_error(
         client.post("/v1/recommend", json={**GOOD, "world_size": 4, "hardware": "h200x2"}), "world_size"
     )
-    assert "gpu_count=2" in error["msg"]
+    assert error["allowed"] == "one of [2] on h200x2"
+    assert "\n" not in error["msg"] and "pairs served: (h200x2, 2)." in error["msg"]
+    assert "world_size=4 needs more GPUs than h200x2's gpu_count=2" in error["msg"]
+    assert "`ficco retrain --hardware h200x4 --tp 4`" in error["msg"]  # runnable: a profile of 4 such GPUs
+    sim = "`ficco retrain --backend sim --hardware h200x4 --tp 4`, then hardware 'h200x4-sim'"
+    assert sim in error["msg"]
 
 
 def test_recommend_moe_rules_are_422(client):
@@ -124,7 +131,9 @@ def test_recommend_unknown_hardware_is_404_with_known_ids(client):
 def test_recommend_other_die_without_model_is_404(client):
     response = client.post("/v1/recommend", json={**GOOD, "hardware": "mi300xx8"})
     assert response.status_code == 404
-    assert "no model is loaded for hardware 'mi300xx8'" in response.json()["detail"]
+    detail = response.json()["detail"]
+    assert "no model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
+    assert "pairs served: (h200x2, 2)." in detail and "hardware 'mi300xx8-sim'" in detail
 
 
 def test_recommend_same_die_hardware_is_substituted_and_says_why(client):
@@ -140,7 +149,10 @@ def test_recommend_same_die_hardware_is_substituted_and_says_why(client):
 def test_recommend_substitution_needs_enough_gpus(client):
     response = client.post("/v1/recommend", json={**GOOD, "hardware": "h200x8", "world_size": 8})
     assert response.status_code == 404
-    assert "at least world_size=8 GPUs" in response.json()["detail"]
+    assert (
+        "was trained at world_size=8; measured (hardware, world size) pairs served: (h200x2, 2)."
+        in (response.json()["detail"])
+    )
 
 
 def test_recommend_body_over_limit_is_413(client):
@@ -195,7 +207,9 @@ def test_recommend_batch_names_every_bad_item(client):
 def test_recommend_batch_unknown_hardware_names_item(client):
     response = client.post("/v1/recommend/batch", json={"scenarios": [GOOD, {**GOOD, "hardware": "tpu"}]})
     assert response.status_code == 404
-    assert response.json()["detail"].startswith("scenarios.1: unknown hardware id 'tpu'")
+    assert response.json()["detail"].startswith(
+        "scenarios.1: no model answers hardware 'tpu' at world_size=2: unknown hardware id 'tpu'"
+    )
 
 
 def test_default_limits_fit_a_full_batch():

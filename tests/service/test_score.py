@@ -93,6 +93,9 @@ def test_score_tp_over_gpu_count_is_422_at_tp(client):
     )
     assert response.status_code == 422
     assert {e["field"] for e in response.json()["detail"]} == {"tp"}
+    (error,) = response.json()["detail"]
+    assert error["allowed"] == "one of [2] on h200x2"  # the hardware's, not the schema's [2, 8]
+    assert "pairs served: (h200x2, 2)." in error["msg"] and "`ficco retrain --backend sim" in error["msg"]
 
 
 def test_score_schema_errors_name_fields(client):

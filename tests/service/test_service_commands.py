@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,8 @@ def test_serve_prepare_only_without_dataset_exits_2(tmp_path, monkeypatch):
 
 
 def test_serve_prepare_only_trains_default_model_from_dataset(tmp_path, monkeypatch, caplog):
+    """The default model is trained from a measured dataset only: simulated rows are refused first (the
+    second dataset stands in for GPU measurements: the simulator's times under the gpu backend's name)."""
     from ficco.harness.sim import SimBackend
     from ficco.harness.sweep import run_sweep
     from ficco.training import train
@@ -174,7 +177,16 @@ def test_serve_prepare_only_trains_default_model_from_dataset(tmp_path, monkeypa
             hardware=hw,
         )
         plan[s.key()] = ("grid", s)
-    run_sweep(list(plan.values()), SimBackend(hw), tmp_path / "datasets" / HARDWARE, progress=False)
+    dataset = tmp_path / "datasets" / HARDWARE
+    run_sweep(list(plan.values()), SimBackend(hw), dataset, progress=False)
+    monkeypatch.setenv("FICCO_DATASET_ROOT", str(tmp_path / "datasets"))
+    code, out = _run("serve", "--prepare-only", "--model-root", str(tmp_path / "models"))
+    assert code == 2 and "holds rows of backends ['sim'], not GPU measurements only" in out
+    assert current_version(tmp_path / "models", HARDWARE) is None
+    shutil.rmtree(dataset)
+    run_sweep(
+        list(plan.values()), type("Measured", (SimBackend,), {"name": "gpu"})(hw), dataset, progress=False
+    )
     fast = train.train_model
     monkeypatch.setattr(  # the orchestration is under test, not the (slow) full cross-validation grid
         train,

@@ -52,9 +52,12 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
         app, ["train", "--dataset", str(sim_dataset), "--registry", str(tmp_path), "--promote"]
     )
     assert result.exit_code == 0, result.output
-    version = current_version(tmp_path, "h200x2")
-    assert version is not None and f"promoted h200x2/{version}" in result.output
-    card = load_predictor(tmp_path, "h200x2").card
+    # simulated rows: registered apart as h200x2-sim, the measured id untouched
+    version = current_version(tmp_path, "h200x2-sim")
+    assert version is not None and f"promoted h200x2-sim/{version}" in result.output
+    assert "(simulated model)" in result.output and current_version(tmp_path, "h200x2") is None
+    card = load_predictor(tmp_path, "h200x2-sim").card
+    assert card["model_backend"] == "simulated" and card["dataset"]["backends"] == ["sim"]
     # same dataset + seed: the same held-out metrics (training has no transfer split)
     held_out = {m: {k: v for k, v in r.items() if k != "transfer"} for m, r in evaluate_json["modes"].items()}
     assert card["metrics"]["modes"] == held_out
@@ -92,11 +95,17 @@ def test_train_two_datasets_serves_the_moe_ops(dense_and_moe, tmp_path):
     result = runner.invoke(app, ["train", *dense_and_moe, "--registry", str(tmp_path), "--promote"])
     assert result.exit_code == 0, result.output
     assert "family holdout, moe ops only" in result.output and " n/a " in result.output
-    assert load_predictor(tmp_path, "h200x2").card["ops"] == ["a2a_gemm", "ag_gemm", "gemm_a2a", "gemm_rs"]
+    assert load_predictor(tmp_path, "h200x2-sim").card["ops"] == [
+        "a2a_gemm",
+        "ag_gemm",
+        "gemm_a2a",
+        "gemm_rs",
+    ]
     moe = ["--op", "a2a_gemm", "--m", "4096", "--n", "2048", "--k", "4096", "--experts", "8", "--top-k", "2"]
+    moe += ["--hardware", "h200x2-sim"]
     answer = runner.invoke(app, ["recommend", *moe, "--format", "json", "--model-root", str(tmp_path)])
     assert answer.exit_code == 0, answer.output
-    assert json.loads(answer.stdout)["schedule"]
+    assert json.loads(answer.stdout)["schedule"] and json.loads(answer.stdout)["model_backend"] == "simulated"
 
 
 def test_evaluate_refuses_datasets_of_other_hardware(sim_dataset, tmp_path):

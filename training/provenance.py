@@ -1,0 +1,62 @@
+"""Measured or simulated: where a model's training rows came from, and the registry id that follows.
+
+A model is *measured* when every row it was trained on came from GPUs (``ficco bench`` / ``ficco
+retrain`` with ``--backend gpu``); any row of the simulator (``sim``) or of CPU processes (``gloo``, whose
+times mean nothing) makes it *simulated*. A simulated model is registered apart, under its hardware id
+with ``SIM_SUFFIX`` (``h200x2-sim``), so that it is never promoted over, nor served in place of, the
+measured model of that hardware; it answers only when asked for by that id, and every answer says which
+kind of model gave it (``model_backend``).
+
+This module is the one home of the rule: the registry, the trainer, the predictor, the service and the
+commands all read it from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+ModelBackend = Literal["measured", "simulated"]
+"""What a model was trained on: rows measured on GPUs, or (some) simulated rows."""
+MEASURED: ModelBackend = "measured"
+SIMULATED: ModelBackend = "simulated"
+SIM_SUFFIX = "-sim"
+"""Appended to a hardware id to name the registry entry of its simulated models (``h200x2-sim``)."""
+MEASURED_ROW_BACKENDS = frozenset({"gpu"})
+"""Dataset row backends (``harness.dataset``'s ``backend`` column) that count as measured."""
+
+
+def rows_backend(backends: Iterable[str]) -> ModelBackend:
+    """``measured`` when every row backend (a dataset's ``backend`` column values) is measured, else
+    ``simulated`` (also for no rows at all: nothing was measured)."""
+    found = set(backends)
+    return MEASURED if found and found <= MEASURED_ROW_BACKENDS else SIMULATED
+
+
+def model_backend(card: Mapping[str, Any]) -> ModelBackend:
+    """A model card's backend: its ``model_backend`` field; for cards from before that field, the backends
+    of its dataset's rows (``dataset.backends``); a card with neither is from the first, GPU-measured
+    models and counts as measured."""
+    recorded = card.get("model_backend")
+    if recorded in (MEASURED, SIMULATED):
+        return recorded
+    backends = (card.get("dataset") or {}).get("backends")
+    return MEASURED if backends is None else rows_backend(backends)
+
+
+def is_sim_id(registry_id: str) -> bool:
+    """Whether a registry id names simulated models (``h200x2-sim``)."""
+    return registry_id.endswith(SIM_SUFFIX)
+
+
+def registry_id(hardware_id: str, backend: ModelBackend) -> str:
+    """Where models of ``hardware_id`` trained on ``backend`` rows are registered: the hardware id itself
+    (measured) or it with ``SIM_SUFFIX`` (simulated)."""
+    if is_sim_id(hardware_id):
+        hardware_id = hardware_id[: -len(SIM_SUFFIX)]
+    return hardware_id + (SIM_SUFFIX if backend == SIMULATED else "")
+
+
+def backend_of_id(registry_id_: str) -> ModelBackend:
+    """The backend the models under ``registry_id_`` must have."""
+    return SIMULATED if is_sim_id(registry_id_) else MEASURED
