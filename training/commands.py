@@ -1,4 +1,5 @@
-"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain``.
+"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain`` (and ``ficco export``, from
+``training.export_command``).
 
     ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
@@ -25,6 +26,7 @@ import typer
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.tables import text_table
+from ficco.training.export_command import export_command
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -398,3 +400,4 @@ def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate_command)
     app.command("report")(report_command)
     app.command("retrain")(retrain_command)
+    app.command("export")(export_command)
