@@ -1,4 +1,4 @@
-"""``ficco export``: a model's picks as tables runtimes load (``runtime.schedule_table``), and drop-in
+"""``ficco export``: a model's picks as tables runtimes load (``features.schedule_table``), and drop-in
 artifacts for runtimes that can only choose between serial and PyTorch async-TP.
 
     ficco export --hardware h200x2 --config datasets/model_configs --tp 2 --out tables/
@@ -38,9 +38,8 @@ from typing import Any
 import numpy as np
 
 from ficco.features import MODES, Scenario, feature_matrix, get_hardware, roofline_comm_us, roofline_gemm_us
-from ficco.runtime.schedule_table import (
+from ficco.features.schedule_table import (
     BEST_SET_FLOOR,
-    FINGERPRINT_KEYS,
     FORMAT,
     FORMAT_VERSION,
     Entry,
@@ -102,25 +101,11 @@ def grid_description(world_size: int, per_octave: int = PER_OCTAVE, max_tokens: 
 
 
 def training_fingerprint(card: dict[str, Any]) -> dict[str, Any]:
-    """The measured machine's :data:`FINGERPRINT_KEYS` from the model's training datasets' manifests (they
-    must agree), or from the card's hardware profile when no manifest is readable here (logged)."""
-    from ficco.harness.dataset import read_manifest
-
-    found = []
-    for path in str(card.get("dataset", {}).get("path", "")).split(" + "):
-        manifest = read_manifest(path) if path and Path(path).is_dir() else None
-        if manifest and manifest.get("fingerprint"):
-            found.append({k: manifest["fingerprint"].get(k) for k in FINGERPRINT_KEYS})
-    distinct = {hardware_fingerprint(f) for f in found}
-    if len(distinct) > 1:
-        raise ExportRefused(f"the model's training datasets were measured on different machines: {found}")
-    if found:
-        return found[0]
-    hw = card["hardware"]
-    log.warning("no training dataset manifest readable here; fingerprint from the card's hardware profile")
+    """The :data:`FINGERPRINT_KEYS` of the machine the model's data come from, from its card: ``gpu`` for
+    GPU measurements (``sim`` otherwise), its GPU name and count."""
     backend = "gpu" if card.get("dataset", {}).get("backends") == ["gpu"] else "sim"
-    return {"backend": backend, "gpu_name": hw["gpu_name"], "gpu_count": hw["gpu_count"],
-            "interconnect": None}  # fmt: skip
+    hw = card["hardware"]
+    return {"backend": backend, "gpu_name": hw["gpu_name"], "gpu_count": int(hw["gpu_count"])}
 
 
 def check_measured(card: dict[str, Any], world_size: int, *, allow_simulated: bool) -> bool:
@@ -178,6 +163,16 @@ def config_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str, hardware_
                 s = pair.scenario
                 shapes.setdefault((s.op, s.n, s.k, s.experts, s.top_k), None)
     return list(shapes)
+
+
+GRID_SIZES: tuple[int, ...] = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 12288, 14336, 16384)
+"""Per-rank n and k of :func:`grid_shapes`: common hidden and projection widths."""
+
+
+def grid_shapes() -> list[Shape]:
+    """The dense shape grid a table is built for when no model config is given: both tensor-parallel ops
+    at every (n, k) of :data:`GRID_SIZES`."""
+    return [(op, n, k, 0, 0) for op in ("ag_gemm", "gemm_rs") for n in GRID_SIZES for k in GRID_SIZES]
 
 
 def dataset_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str) -> list[Shape]:

@@ -34,9 +34,11 @@ FORMAT = "ficco-schedule-table"
 """The ``format`` field of every table file."""
 FORMAT_VERSION = 1
 """The ``format_version`` this code writes and reads."""
-FINGERPRINT_KEYS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count", "interconnect")
-"""What a table's timings depend on that a machine can report about itself (``harness.fingerprint``):
-driver, CUDA and torch versions are left out, so an upgrade does not orphan a table."""
+FINGERPRINT_KEYS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count")
+"""What a table's timings depend on that both a model card and a machine can state (``harness.fingerprint``
+reads them with ``nvidia-smi``): measured on GPUs or simulated, the GPU model (an NVLink H200 and a PCIe
+``H200 NVL`` differ here) and how many. Driver, CUDA and torch versions are left out, so an upgrade does not
+orphan a table."""
 BEST_SET_FLOOR = 0.01
 """A margin below this (1%) cannot be told from noise (the best set's floor, ``harness.labels``)."""
 
