@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,6 +60,9 @@ PER_OCTAVE = 16
 most 1/16 (6.25%) of the smaller."""
 FINE_BELOW = 64
 """Below this many tokens (decode batches) the grid holds every multiple of the world size."""
+FINE_STEP = 64
+"""Where two neighbouring grid points get different picks, the model is asked at every multiple of this
+many tokens between them (of ``lcm(FINE_STEP, world_size)``), so a breakpoint sits within it of the change."""
 MAX_TOKENS = 65536
 """The grid's last token count: the largest of the datasets; a lookup above it gets the last range."""
 FORMATS = ("tables", "vllm", "autoheuristic")
@@ -90,8 +94,11 @@ def grid_description(world_size: int, per_octave: int = PER_OCTAVE, max_tokens: 
         "points_per_octave": per_octave,
         "max_tokens": max_tokens,
         "n_points": len(token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens)),
+        "refined_to": math.lcm(FINE_STEP, world_size),
         "rule": f"every multiple of {world_size} tokens below {FINE_BELOW}, then {per_octave} points per "
-        f"doubling (steps of 1/{per_octave} of the octave's start) up to {max_tokens}; a lookup of m returns "
+        f"doubling (steps of 1/{per_octave} of the octave's start, at least {world_size}) up to "
+        f"{max_tokens}, and every multiple of {math.lcm(FINE_STEP, world_size)} tokens between two points "
+        "whose picks differ; a lookup of m returns "
         "the range of the largest breakpoint <= m: the model's pick at every grid point, and between grid "
         f"points the pick at the grid point below (above {max_tokens}: the last range)",
     }
@@ -262,16 +269,35 @@ def build_schedule_table(
     factor = predictor.host_factor if host_factor is None else host_factor
     grid = token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens)
     hw = predictor.hardware_id
-    per_shape = [grid_scenarios(s, grid, world_size=world_size, dtype=dtype, hardware_id=hw) for s in shapes]
-    scenarios = [sc for scs, _ in per_shape for sc in scs]
-    decision = predictor.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=factor)
-    entries, at = {}, 0
-    for shape, (_, ms) in zip(shapes, per_shape, strict=True):
+
+    def decide(points: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(token counts it can run, picks, speedups) of every shape at its ``points``, in one batch."""
+        per_shape = [grid_scenarios(s, g, world_size=world_size, dtype=dtype, hardware_id=hw)
+                     for s, g in zip(shapes, points, strict=True)]  # fmt: skip
+        scenarios = [sc for scs, _ in per_shape for sc in scs]
+        if not scenarios:
+            return [(ms, ms, np.empty((0, len(SCHEDULES)))) for _, ms in per_shape]
+        d = predictor.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=factor)
+        bounds = np.cumsum([0] + [len(ms) for _, ms in per_shape])
+        return [(ms, d.final[a:b], d.speedups[a:b]) for (_, ms), a, b in
+                zip(per_shape, bounds[:-1], bounds[1:], strict=True)]  # fmt: skip
+
+    # 1. every shape on the coarse grid; 2. every fine step inside each interval whose ends differ
+    coarse = decide([grid] * len(shapes))
+    fine_step = math.lcm(FINE_STEP, world_size)
+    refine = []
+    for ms, final, _ in coarse:
+        changed = np.flatnonzero(final[1:] != final[:-1])
+        inside = [np.arange((ms[i] // fine_step + 1) * fine_step, ms[i + 1], fine_step) for i in changed]
+        refine.append(np.concatenate([np.empty(0, dtype=np.int64), *inside]).astype(np.int64))
+    fine = decide(refine)
+    entries = {}
+    for shape, (ms, final, speedups), (ms2, final2, speedups2) in zip(shapes, coarse, fine, strict=True):
         if not len(ms):
             continue
-        rows = slice(at, at + len(ms))
-        at += len(ms)
-        entry = entry_of(shape, ms, decision.final[rows], decision.speedups[rows])
+        order = np.argsort(np.r_[ms, ms2], kind="stable")
+        merged = (np.r_[ms, ms2][order], np.r_[final, final2][order], np.r_[speedups, speedups2][order])
+        entry = entry_of(shape, *merged)
         entries[entry.key] = entry
     fields = training_fingerprint(card)
     header = {
