@@ -15,14 +15,24 @@ import json
 import threading
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Request, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ficco.service.deps import ServedDep
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
+from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
 
-router = APIRouter(prefix="/v1/tables", tags=["tables"])
+TABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The table (format features.schedule_table), with its ETag."},
+    304: {"description": "Not modified: If-None-Match names the current ETag."},
+    **BODY_ERRORS,
+    **MODEL_ERRORS,
+}
+MAX_SHAPES = 1024
+"""Most shapes one POST may list."""
+
+router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=TABLE_RESPONSES)
 
 _LOCK = threading.Lock()
 
@@ -36,7 +46,9 @@ class TableRequest(BaseModel):
     mode: Literal["eager", "graph"] = Field("graph", description="Execution mode.")
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Element type.")
     config: dict[str, Any] | None = Field(None, description="A Hugging Face config.json: its layers' shapes.")
-    shapes: list[str] | None = Field(None, description="op:n:k (dense) or op:n:k:experts:top_k (MoE) shapes.")
+    shapes: list[str] | None = Field(
+        None, max_length=MAX_SHAPES, description="op:n:k (dense) or op:n:k:experts:top_k (MoE) shapes."
+    )
     allow_simulated: bool = Field(False, description="Serve a table the model cannot back, marked simulated.")
 
 
@@ -65,7 +77,7 @@ def _shapes(body: TableRequest, hardware_id: str) -> list:
             config = ModelConfig.from_hf_dict(str(body.config.get("_name_or_path", "posted")), body.config)
             pairs = layer_pairs(config, tp=body.tp, tokens=body.tp * 64, dtype=body.dtype,
                                 hardware=get_hardware(hardware_id))  # fmt: skip
-        except ValueError as err:
+        except (ValueError, KeyError, TypeError) as err:
             raise InvalidFieldsError(
                 [field_error(["body", "config"], "<config>", str(err), allowed="a config ficco reads")]
             ) from None
@@ -134,12 +146,12 @@ def _answer(
     return JSONResponse(table, headers=headers)
 
 
-@router.get("/{hardware_id}", responses={304: {"description": "Not modified (If-None-Match matched)."}})
+@router.get("/{hardware_id}")
 def read_table(
     request: Request,
     served: ServedDep,
     hardware_id: str,
-    tp: int = 2,
+    tp: Annotated[int, Query(ge=2, le=8, description="World size (tensor-parallel degree).")] = 2,
     mode: Literal["eager", "graph"] = "graph",
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16",
     allow_simulated: bool = False,
@@ -152,7 +164,7 @@ def read_table(
     return _answer(request, served, hardware_id, body, grid_shapes(), if_none_match)
 
 
-@router.post("/{hardware_id}", responses={304: {"description": "Not modified (If-None-Match matched)."}})
+@router.post("/{hardware_id}")
 def create_table(
     request: Request,
     served: ServedDep,
