@@ -36,7 +36,7 @@ and PyTorch async-TP (the dataset's ``async_tp_ms``). Each is a boolean per scen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -226,7 +226,7 @@ def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.
 MIN_GAINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
 """Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (the decision policy's
 grid, ``training.policy.POLICY_GRID``, without "never fall back"), chosen by grouped cross-validation."""
-_INNER_FOLDS = 4
+_INNER_FOLDS = 3
 """Folds of :class:`AsyncTPModel`'s choice of ``min_gain`` (model families held out)."""
 
 
@@ -248,11 +248,12 @@ def _fit_regressor(table: ScheduleTable, *, seed: int, n_jobs: int) -> Any:
 
 @dataclass(kw_only=True, slots=True)
 class AsyncTPModel:
-    """ficco's model of the serial-or-async-TP choice: an XGBoost regressor of ``log(t_async_tp /
-    t_serial)`` (the pair model's time-ratio configuration, ``training.fit.RATIO_CONFIG``), and the least
-    predicted gain that leaves serial, ``min_gain_`` (of :data:`MIN_GAINS`, lowest held-out
-    ``training.metrics.pick_loss`` under grouped cross-validation over the training rows' model families,
-    as the pick model's own fallback threshold is chosen)."""
+    """ficco's model of the serial-or-async-TP choice: one XGBoost regressor of ``log(t_async_tp /
+    t_serial)`` over both execution modes (the mode is a feature, as in the pair model; the pair model's
+    time-ratio configuration, ``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that
+    leaves serial, ``min_gain_`` (of :data:`MIN_GAINS`, lowest held-out ``training.metrics.pick_loss``
+    under grouped cross-validation over the training rows' model families, as the pick model's fallback
+    threshold is chosen)."""
 
     seed: int = 0
     """XGBoost seed."""
@@ -260,8 +261,9 @@ class AsyncTPModel:
     """XGBoost threads."""
     regressor_: Any = None
     """The fitted regressor (None before :meth:`fit`)."""
-    min_gain_: float = 0.0
-    """Async-TP runs where its predicted speedup over serial is at least ``1 + min_gain_``."""
+    min_gain_: dict[str, float] = field(default_factory=dict)
+    """Per mode: async-TP runs where its predicted speedup over serial is at least ``1 + min_gain_``
+    (a mode without training rows: 0)."""
 
     def fit(self, table: ScheduleTable) -> AsyncTPModel:
         """Learn from ``table``'s rows that measured async-TP; ValueError when none did."""
@@ -272,6 +274,7 @@ class AsyncTPModel:
             raise ValueError("no row of the table measured PyTorch async-TP (async_tp_ms); nothing to fit")
         sub = table.subset(has)
         groups = cv_groups(sub)
+        self.min_gain_ = {}
         if len(set(groups)) >= 2:
             folds = cv_folds(groups, _INNER_FOLDS)
             log_ratio = np.zeros(len(sub))
@@ -280,9 +283,12 @@ class AsyncTPModel:
                 inner = _fit_regressor(sub.subset(~held), seed=self.seed, n_jobs=self.n_jobs)
                 rows = async_tp_matrix(sub.X[held], sub.modes[held], sub.host_factor)
                 log_ratio[held] = inner.predict(rows)
-            picked = [np.where(-log_ratio >= np.log1p(g), sub.async_tp_ms, sub.serial_ms) for g in MIN_GAINS]
-            losses = [pick_loss(t, sub.best_ms, sub.serial_ms).mean() for t in picked]
-            self.min_gain_ = MIN_GAINS[int(np.argmin(losses))]
+            for mode in sorted(set(sub.modes.tolist())):
+                on = sub.modes == mode
+                picked = [np.where(-log_ratio[on] >= np.log1p(g), sub.async_tp_ms[on], sub.serial_ms[on])
+                          for g in MIN_GAINS]  # fmt: skip
+                losses = [pick_loss(t, sub.best_ms[on], sub.serial_ms[on]).mean() for t in picked]
+                self.min_gain_[mode] = MIN_GAINS[int(np.argmin(losses))]
         self.regressor_ = _fit_regressor(sub, seed=self.seed, n_jobs=self.n_jobs)
         return self
 
@@ -294,9 +300,14 @@ class AsyncTPModel:
             return np.empty(0)
         return np.asarray(self.regressor_.predict(async_tp_matrix(X, modes, host_factor)), dtype=np.float64)
 
+    def gain_of(self, modes: np.ndarray) -> np.ndarray:
+        """``min_gain_`` of each row's mode, ``[n]``."""
+        return np.array([self.min_gain_.get(m, 0.0) for m in np.asarray(modes).tolist()], dtype=np.float64)
+
     def fuse_rows(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
-        """True where async-TP's predicted speedup over serial reaches ``1 + min_gain_``, bool ``[n]``."""
-        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(self.min_gain_)
+        """True where async-TP's predicted speedup over serial reaches ``1 + min_gain_`` of the row's mode,
+        bool ``[n]``."""
+        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(self.gain_of(modes))
 
     def fuse(self, table: ScheduleTable) -> np.ndarray:
         """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""

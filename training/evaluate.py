@@ -63,8 +63,8 @@ BASELINE_NOTES: dict[str, str] = {
     "pytorch_autoheuristic": "PyTorch PR #176943's fuse/no-fuse tree (m*n > 403M never; m*n <= 14M only if "
     "m*k > 26M; else fuse), fused = PyTorch async-TP, else serial",
     "ficco_async_tp_threshold": "ficco's model restricted to serial or PyTorch async-TP: a regressor of "
-    "log(async_tp_ms / serial) fitted on the training folds, async-TP where it predicts a gain of at least "
-    "min_gain (chosen by grouped CV within the training folds)",
+    "log(async_tp_ms / serial) fitted on the training folds (both modes), async-TP where it predicts a gain "
+    "of at least its mode's min_gain (chosen by grouped CV within the training folds)",
     "oracle_serial_or_async_tp": "per scenario the faster of serial/sm and PyTorch async-TP: the best any "
     "serial-or-async-TP rule can do",
     "model_on_async_tp_rows": "the model's picks scored on the rows that measured async-TP (those the peer "
@@ -133,17 +133,13 @@ def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | 
 
 
 def held_out_peer_rules(table: ScheduleTable, folds: np.ndarray, *, seed: int) -> dict[str, np.ndarray]:
-    """Every peer rule on every row, ficco's fitted per fold on the other folds' rows of the same mode (as
-    :func:`held_out_baselines` fits the baselines): name -> bool ``[n]``, True = async-TP."""
+    """Every peer rule on every row, ficco's fitted per fold on the other folds' rows (both modes: the mode
+    is one of its features): name -> bool ``[n]``, True = async-TP."""
     out = {name: np.zeros(len(table), dtype=bool) for name in PEER_RULES}
-    for mode in sorted(set(table.modes)):
-        for fold in sorted(set(folds.tolist())):
-            test = (folds == fold) & (table.modes == mode)
-            train = (folds != fold) & (table.modes == mode)
-            if not test.any() or not train.any():
-                continue
-            for name, fused in serial_or_async_tp(table.subset(train), table.subset(test), seed=seed).items():
-                out[name][test] = fused
+    for fold in sorted(set(folds.tolist())):
+        test = folds == fold
+        for name, fused in serial_or_async_tp(table.subset(~test), table.subset(test), seed=seed).items():
+            out[name][test] = fused
     return out
 
 
@@ -277,12 +273,13 @@ def split_summary(
     picks = dict(zip(["model", "model_at_training_host_factor"], fit_and_pick(
         train, test, choice, seed=seed, n_jobs=n_jobs, host_factors=factors), strict=False))  # fmt: skip
     out = {}
+    peers = serial_or_async_tp(train, test, seed=seed)
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
         held = test.subset(on)
         mine = {name: p[on] for name, p in picks.items()}
-        peers = serial_or_async_tp(train.subset(train.modes == mode), held, seed=seed)
-        out[mode] = pickers_summary(held, {**mine, **split_baselines(train, held)}, noise, peers)[0]
+        theirs = {name: fused[on] for name, fused in peers.items()}
+        out[mode] = pickers_summary(held, {**mine, **split_baselines(train, held)}, noise, theirs)[0]
     return out
 
 

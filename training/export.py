@@ -347,7 +347,7 @@ def fuse_ranges(model: Any, shapes: Sequence[Shape], *, world_size: int, mode: s
         scs, ms = grid_scenarios(shape, grid, world_size=world_size, dtype=dtype, hardware_id=hardware_id)
         X = feature_matrix(scs)
         ratio = model.predict_log_ratio(X, np.full(len(ms), mode, dtype=object), host_factor)
-        on = -ratio >= np.log1p(model.min_gain_)
+        on = -ratio >= np.log1p(model.min_gain_.get(mode, 0.0))
         change = np.flatnonzero(np.r_[True, on[1:] != on[:-1]])
         key = shape[:3]
         starts[key], fuse[key] = ms[change].tolist(), on[change].tolist()
@@ -412,9 +412,9 @@ def should_fuse(op: str, m: int, n: int, k: int) -> bool:
 '''
 
 
-def fit_async_tp_models(card: dict[str, Any], *, seed: int = 0) -> tuple[dict[str, Any], Any]:
-    """``training.baselines.AsyncTPModel`` per mode, fitted on the model's training datasets (read from the
-    card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's), and
+def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> tuple[Any, Any]:
+    """``training.baselines.AsyncTPModel`` (both modes), fitted on the model's training datasets (read from
+    the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's), and
     their table."""
     from ficco.training.baselines import AsyncTPModel
     from ficco.training.table import load_dataset_table
@@ -433,7 +433,7 @@ def fit_async_tp_models(card: dict[str, Any], *, seed: int = 0) -> tuple[dict[st
             "changed since the model was trained"
         )
     table = loaded.table
-    return {m: AsyncTPModel(seed=seed).fit(table.subset(table.modes == m)) for m in MODES}, table
+    return AsyncTPModel(seed=seed).fit(table), table
 
 
 def score_fuse_rule(
@@ -494,11 +494,10 @@ def export(
     card = predictor.card
     simulated = check_measured(card, world_size, allow_simulated=allow_simulated)
     factor = predictor.host_factor if host_factor is None else host_factor
-    models, _ = fit_async_tp_models(card)
+    model, _ = fit_async_tp_model(card)
     fields = training_fingerprint(card)
     written = []
     for mode in modes:
-        model = models[mode]
         ranges = fuse_ranges(model, shapes, world_size=world_size, mode=mode, dtype=dtype,
                              hardware_id=predictor.hardware_id, host_factor=factor)  # fmt: skip
         header = {
@@ -512,7 +511,7 @@ def export(
             "fingerprint": hardware_fingerprint(fields),
             "fingerprint_fields": fields,
             "simulated": simulated,
-            "model": {**model_header(predictor, factor), "async_tp_min_gain": model.min_gain_},
+            "model": {**model_header(predictor, factor), "async_tp_min_gain": model.min_gain_.get(mode, 0.0)},
             "datasets": datasets_header(card),
             "grid": grid_description(world_size),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -525,7 +524,7 @@ def export(
                                     hardware_id=predictor.hardware_id)[0]
                 for key in ranges.grid
             }  # fmt: skip
-            thresholds = vllm_thresholds(ranges, scenarios_of, model.min_gain_)
+            thresholds = vllm_thresholds(ranges, scenarios_of, model.min_gain_.get(mode, 0.0))
 
             def fuse_of(s: Scenario, thresholds=thresholds) -> bool | None:
                 from ficco.training.baselines import rule_hidden_size
