@@ -85,4 +85,10 @@ def test_ficco_async_tp_threshold_learns_where_async_tp_wins(table):
     agree = np.mean(rules["ficco_async_tp_threshold"][has] == oracle[has])
     assert agree > 0.8, agree
     model = AsyncTPModel().fit(train)
-    assert model.min_gain_ in (0.0, 0.01, 0.02, 0.03, 0.05)
+    assert set(model.min_gain_) == set(train.modes) and set(model.min_gain_.values()) <= {
+        0.0,
+        0.01,
+        0.02,
+        0.03,
+        0.05,
+    }
