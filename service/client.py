@@ -39,6 +39,8 @@ from ficco.service.schemas import (
 
 log = logging.getLogger(__name__)
 
+TABLE_TIMEOUT_S = 120.0
+"""Longest one attempt of :meth:`ServiceClient.fetch_table` waits, seconds (start-up, not a step)."""
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 """Answers worth asking again: overload, or the server (or a proxy in front of it) failing."""
 
@@ -184,6 +186,7 @@ class ServiceClient:
         config: dict[str, Any] | None = None,
         shapes: Sequence[str] | None = None,
         cache_dir: str | Path | None = None,
+        timeout_s: float = TABLE_TIMEOUT_S,
     ) -> ScheduleTableFile:
         """The served model's schedule table for one (tp, mode, dtype): ``GET /v1/tables/{hardware_id}``
         (the shape grid), or ``POST`` with a Hugging Face ``config`` or ``shapes`` (``op:n:k``).
@@ -191,7 +194,8 @@ class ServiceClient:
         With ``cache_dir`` the table is kept on disk under its hardware fingerprint
         (``<cache_dir>/<hardware_id>/<fingerprint>/<table file>``) with its ETag; a later fetch sends
         ``If-None-Match`` and a 304 reads the file back. When the service cannot be reached, a cached
-        table is used (with a warning); otherwise ``ServiceError``.
+        table is used (with a warning); otherwise ``ServiceError``. ``timeout_s`` bounds each attempt
+        (the server builds a table it has not built for this model version before, which takes seconds).
         """
         request = {"tp": tp, "mode": mode, "dtype": dtype}
         posted = config is not None or shapes is not None
@@ -206,9 +210,9 @@ class ServiceClient:
         path = f"/v1/tables/{hardware_id}"
         try:
             if posted:
-                response = self._send("POST", path, request, headers=headers)
+                response = self._send("POST", path, request, headers=headers, timeout_s=timeout_s)
             else:
-                response = self._send("GET", path, headers=headers, params=request)
+                response = self._send("GET", path, headers=headers, params=request, timeout_s=timeout_s)
         except ServiceError as err:
             if cached is None or err.status_code is not None:
                 raise
@@ -239,7 +243,7 @@ class ServiceClient:
 
     def _send(
         self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None,
-        params: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None, timeout_s: float | None = None,
     ) -> httpx.Response:  # fmt: skip
         """Send with retries; return a 2xx or 3xx answer or raise ``ServiceError``."""
         last, retry_after = "", None
@@ -248,7 +252,10 @@ class ServiceClient:
                 self._sleep(self._wait_s(attempt, retry_after))
             retry_after = None
             try:
-                response = self._http.request(method, path, json=body, headers=headers, params=params)
+                timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+                response = self._http.request(
+                    method, path, json=body, headers=headers, params=params, timeout=timeout
+                )
             except httpx.TransportError as err:
                 last = f"{type(err).__name__}: {err}"
                 continue
