@@ -153,6 +153,32 @@ def datasets_header(card: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"path": data.get("path"), "hash": data.get("hash", card.get("dataset_hash"))}]
 
 
+def export_header(
+    predictor: Any, fmt: str, *, world_size: int, mode: str, dtype: str, host_factor: float, simulated: bool,
+    grid: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The header every export file carries: format, device, (world size, mode, dtype), the hardware
+    fingerprint, whether simulated, the model, its training datasets, the grid and the time."""
+    card = predictor.card
+    fields = training_fingerprint(card)
+    return {
+        "format": fmt,
+        "format_version": FORMAT_VERSION,
+        "hardware_id": predictor.hardware_id,
+        "device_name": card["hardware"]["gpu_name"],
+        "world_size": world_size,
+        "mode": mode,
+        "dtype": dtype,
+        "fingerprint": hardware_fingerprint(fields),
+        "fingerprint_fields": fields,
+        "simulated": simulated,
+        "model": model_header(predictor, host_factor),
+        "datasets": datasets_header(card),
+        "grid": grid,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
 # Shapes ---------------------------------------------------------------------------------------------
 
 
@@ -299,23 +325,9 @@ def build_schedule_table(
         merged = (np.r_[ms, ms2][order], np.r_[final, final2][order], np.r_[speedups, speedups2][order])
         entry = entry_of(shape, *merged)
         entries[entry.key] = entry
-    fields = training_fingerprint(card)
-    header = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "hardware_id": predictor.hardware_id,
-        "device_name": card["hardware"]["gpu_name"],
-        "world_size": world_size,
-        "mode": mode,
-        "dtype": dtype,
-        "fingerprint": hardware_fingerprint(fields),
-        "fingerprint_fields": fields,
-        "simulated": simulated,
-        "model": model_header(predictor, factor),
-        "datasets": datasets_header(card),
-        "grid": grid_description(world_size, per_octave, max_tokens),
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    grid_text = grid_description(world_size, per_octave, max_tokens)
+    header = export_header(predictor, FORMAT, world_size=world_size, mode=mode, dtype=dtype,
+                           host_factor=factor, simulated=simulated, grid=grid_text)  # fmt: skip
     return ScheduleTableFile(header=header, entries=entries)
 
 
@@ -468,6 +480,59 @@ def score_fuse_rule(
     return out
 
 
+def write_vllm(model: Any, ranges: FuseRanges, header: dict[str, Any], out: Path, score_on: Sequence) -> Path:
+    """The vLLM thresholds file of one (tp, mode, dtype) (module docstring), evaluated on ``score_on``."""
+    from ficco.training.baselines import rule_hidden_size
+
+    w, mode, dtype, hw = header["world_size"], header["mode"], header["dtype"], header["hardware_id"]
+    scenarios_of = {key: grid_scenarios((*key, 0, 0), ranges.grid[key], world_size=w, dtype=dtype,
+                                        hardware_id=hw)[0] for key in ranges.grid}  # fmt: skip
+    thresholds = vllm_thresholds(ranges, scenarios_of, model.min_gain_.get(mode, 0.0))
+
+    def fuse_of(s: Scenario) -> bool | None:
+        hidden = rule_hidden_size(s)
+        if hidden not in thresholds:
+            return None
+        return thresholds[hidden] is not None and s.m >= thresholds[hidden]
+
+    header["evaluation"] = score_fuse_rule(fuse_of, score_on, world_size=w, mode=mode, dtype=dtype,
+                                           training=header["datasets"][0]["path"])  # fmt: skip
+    header["replaces"] = (
+        "SP_MIN_HIDDEN_SIZE and SP_MIN_PER_GPU_SIZE_MB of vllm/compilation/passes/fusion/"
+        "sequence_parallelism.py: get_sequence_parallelism_threshold(hidden_size, tp_size, "
+        "element_size) returns thresholds[hidden_size] for this device, tp and dtype (null: off)"
+    )
+    rows = [{"hidden_size": h, "tp": w, "dtype": dtype, "min_tokens": t} for h, t in thresholds.items()]
+    path = out / f"op=sp_async_tp,{artifact_name(header)}.json"
+    path.write_text(json.dumps({**header, "thresholds": rows}, indent=1) + "\n")
+    return path
+
+
+def write_autoheuristic(ranges: FuseRanges, header: dict[str, Any], out: Path, score_on: Sequence) -> Path:
+    """The ``should_fuse`` module of one (tp, mode, dtype) (module docstring), evaluated on ``score_on``."""
+
+    def fuse_of(s: Scenario) -> bool | None:
+        key = (s.op, s.n, s.k)
+        if key not in ranges.starts:
+            return None
+        return ranges.fuse[key][max(0, bisect.bisect_right(ranges.starts[key], s.m) - 1)]
+
+    header["evaluation"] = score_fuse_rule(
+        fuse_of, score_on, world_size=header["world_size"], mode=header["mode"], dtype=header["dtype"],
+        training=header["datasets"][0]["path"],
+    )  # fmt: skip
+    name = f"async_tp_fuse,{artifact_name(header)}".replace("=", "_").replace(",", "__")
+    path = out / f"{name}.py"
+    path.write_text(autoheuristic_module(ranges, header))
+    return path
+
+
+def artifact_name(header: dict[str, Any]) -> str:
+    """``device_name=...,tp=...,mode=...,dtype=...`` of a header, as table files are named."""
+    return (f"device_name={device_name(header['device_name'])},tp={header['world_size']},"
+            f"mode={header['mode']},dtype={header['dtype']}")  # fmt: skip
+
+
 def export(
     predictor: Any,
     *,
@@ -491,76 +556,21 @@ def export(
                                  host_factor=host_factor, allow_simulated=allow_simulated).write(out)
             for mode in modes
         ]  # fmt: skip
-    card = predictor.card
-    simulated = check_measured(card, world_size, allow_simulated=allow_simulated)
+    simulated = check_measured(predictor.card, world_size, allow_simulated=allow_simulated)
     factor = predictor.host_factor if host_factor is None else host_factor
-    model, _ = fit_async_tp_model(card)
-    fields = training_fingerprint(card)
+    model, _ = fit_async_tp_model(predictor.card)
+    out.mkdir(parents=True, exist_ok=True)
     written = []
     for mode in modes:
         ranges = fuse_ranges(model, shapes, world_size=world_size, mode=mode, dtype=dtype,
                              hardware_id=predictor.hardware_id, host_factor=factor)  # fmt: skip
-        header = {
-            "format": f"ficco-{fmt}",
-            "format_version": FORMAT_VERSION,
-            "hardware_id": predictor.hardware_id,
-            "device_name": card["hardware"]["gpu_name"],
-            "world_size": world_size,
-            "mode": mode,
-            "dtype": dtype,
-            "fingerprint": hardware_fingerprint(fields),
-            "fingerprint_fields": fields,
-            "simulated": simulated,
-            "model": {**model_header(predictor, factor), "async_tp_min_gain": model.min_gain_.get(mode, 0.0)},
-            "datasets": datasets_header(card),
-            "grid": grid_description(world_size),
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        training = str(card.get("dataset", {}).get("path", ""))
-        name = f"device_name={device_name(header['device_name'])},tp={world_size},mode={mode},dtype={dtype}"
+        header = export_header(
+            predictor, f"ficco-{fmt}", world_size=world_size, mode=mode, dtype=dtype, host_factor=factor,
+            simulated=simulated, grid=grid_description(world_size),
+        )  # fmt: skip
+        header["model"]["async_tp_min_gain"] = model.min_gain_.get(mode, 0.0)
         if fmt == "vllm":
-            scenarios_of = {
-                key: grid_scenarios((*key, 0, 0), ranges.grid[key], world_size=world_size, dtype=dtype,
-                                    hardware_id=predictor.hardware_id)[0]
-                for key in ranges.grid
-            }  # fmt: skip
-            thresholds = vllm_thresholds(ranges, scenarios_of, model.min_gain_.get(mode, 0.0))
-
-            def fuse_of(s: Scenario, thresholds=thresholds) -> bool | None:
-                from ficco.training.baselines import rule_hidden_size
-
-                hidden = rule_hidden_size(s)
-                if hidden not in thresholds:
-                    return None
-                floor = thresholds[hidden]
-                return floor is not None and s.m >= floor
-
-            header["evaluation"] = score_fuse_rule(fuse_of, score_on, world_size=world_size, mode=mode,
-                                                   dtype=dtype, training=training)  # fmt: skip
-            header["replaces"] = (
-                "SP_MIN_HIDDEN_SIZE and SP_MIN_PER_GPU_SIZE_MB of vllm/compilation/passes/fusion/"
-                "sequence_parallelism.py: get_sequence_parallelism_threshold(hidden_size, tp_size, "
-                "element_size) returns thresholds[hidden_size] for this device, tp and dtype (null: off)"
-            )
-            body = {**header, "thresholds": [
-                {"hidden_size": h, "tp": world_size, "dtype": dtype, "min_tokens": t}
-                for h, t in thresholds.items()
-            ]}  # fmt: skip
-            path = out / f"op=sp_async_tp,{name}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(body, indent=1) + "\n")
+            written.append(write_vllm(model, ranges, header, out, score_on))
         else:
-
-            def fuse_of(s: Scenario, ranges=ranges) -> bool | None:
-                key = (s.op, s.n, s.k)
-                if key not in ranges.starts:
-                    return None
-                return ranges.fuse[key][max(0, bisect.bisect_right(ranges.starts[key], s.m) - 1)]
-
-            header["evaluation"] = score_fuse_rule(fuse_of, score_on, world_size=world_size, mode=mode,
-                                                   dtype=dtype, training=training)  # fmt: skip
-            path = out / f"async_tp_fuse,{name}.py".replace("=", "_").replace(",", "__")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(autoheuristic_module(ranges, header))
-        written.append(path)
+            written.append(write_autoheuristic(ranges, header, out, score_on))
     return written
