@@ -8,11 +8,17 @@ one shape a planner reads, whatever the source returns; ``answer_from`` builds i
 
 from __future__ import annotations
 
+import bisect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, Mode, Scenario, Schedule
+from ficco.features.schedule_table import ScheduleTableFile
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,24 +98,50 @@ class PredictorSource:
 
 
 class ServiceSource:
-    """The recommendation service, through a ``service.client.ServiceClient``."""
+    """The recommendation service, through a ``service.client.ServiceClient``.
 
-    def __init__(self, client: Any, host_factor: float | None = None) -> None:
+    With ``tables=True`` it asks no shape at all: at the first decision of a (world size, mode, dtype) it
+    fetches the served model's schedule table once (``ServiceClient.fetch_table``: the shape grid, or the
+    layers of ``config``; cached on disk under ``cache_dir`` by fingerprint and revalidated by ETag) and
+    answers every shape from it (:class:`TableSource`); a shape the table lacks gets ``serial/sm`` with the
+    reason. ``machine`` is checked against the table's fingerprint as :meth:`TableSource.load` does.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        host_factor: float | None = None,
+        *,
+        tables: bool = False,
+        config: dict[str, Any] | None = None,
+        cache_dir: str | Path | None = None,
+        machine: dict[str, Any] | Literal["auto"] | None = "auto",
+    ) -> None:
         self.client = client
         self.host_factor = host_factor
         """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
-        self.origin = "service"
+        self.tables = tables
+        self.config = config
+        self.cache_dir = cache_dir
+        self.machine = machine
+        self._tables: dict[tuple[str, int, str, str], TableSource] = {}
+        """(hardware id, world size, mode, dtype) -> the fetched table's source."""
+        self.origin = "service tables" if tables else "service"
 
     @property
     def hardware_id(self) -> str | None:
         return None
 
     def forget(self) -> None:
-        """Drop the client's answer cache (the planner's refresh: the service may serve a new model)."""
+        """Drop the client's answer cache and the fetched tables (the planner's refresh: the service may
+        serve a new model; a table is fetched again, a 304 when its ETag still holds)."""
         cache = self.client.cache
         self.client.cache = type(cache)(cache.maxsize)
+        self._tables.clear()
 
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
+        if self.tables:
+            return [self._table_of(s, mode).answer(s, mode) for s in scenarios]
         bodies = [
             {
                 "op": s.op,
@@ -125,6 +157,22 @@ class ServiceSource:
             for s in scenarios
         ]
         return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
+
+    def _table_of(self, scenario: Scenario, mode: Mode) -> TableSource:
+        """The table source of ``scenario``'s (hardware, world size, dtype) in ``mode``, fetched once."""
+        key = (scenario.hardware.id, scenario.world_size, mode, scenario.dtype)
+        found = self._tables.get(key)
+        if found is None:
+            table = self.client.fetch_table(
+                key[0], tp=key[1], mode=mode, dtype=key[3], config=self.config, cache_dir=self.cache_dir
+            )
+            from ficco.features.schedule_table import machine_fingerprint
+
+            here = machine_fingerprint(table.world_size) if self.machine == "auto" else self.machine
+            if here is not None:
+                table.check_machine(here, f"the service's table for {key}")
+            found = self._tables[key] = TableSource(tables=[table], origin=table.origin)
+        return found
 
 
 class _EachScenario:
@@ -160,25 +208,82 @@ class FixedSource(_EachScenario):
 
 
 class TableSource(_EachScenario):
-    """Schedules looked up in a table keyed by ``(op, m, n, k, mode)`` (e.g. the per-op best of a measured
-    dataset); a missing key gets ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when
-    given (which returns an ``Answer``)."""
+    """Schedules looked up in tables: exported schedule tables (``features.schedule_table``, what
+    ``ficco export`` writes; :meth:`load`), and/or a dict keyed by ``(op, m, n, k, mode)`` (e.g. the per-op
+    best of a measured dataset), which wins where both hold a shape. A scenario in neither gets
+    ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when given (which returns an
+    ``Answer``).
+
+    An exported table answers ``m`` with the range of its largest breakpoint ``<= m``: exactly the model's
+    pick at the export's token grid. One decision is a dict lookup and a bisection
+    (``benchmarks/table_lookup.py`` times it).
+    """
 
     def __init__(
         self,
-        table: dict[tuple[str, int, int, int, str], Answer],
+        table: dict[tuple[str, int, int, int, str], Answer] | None = None,
         *,
+        tables: Sequence[ScheduleTableFile] = (),
         on_missing: Callable[[Scenario, Mode], Answer] | None = None,
         origin: str = "table",
     ) -> None:
-        self.table = table
+        self.table = table or {}
+        self.tables = tuple(tables)
         self.on_missing = on_missing
         self.origin = origin
+        self._ranges: dict[tuple, tuple[list[int], list[Answer]]] = {}
+        """(op, n, k, experts, top_k, world_size, mode, dtype) -> (breakpoints, one answer per range)."""
+        for t in self.tables:
+            for (op, n, k, experts, top_k), entry in t.entries.items():
+                answers = [
+                    Answer(schedule=r.schedule, predicted_speedup=r.predicted_speedup, origin=t.origin)
+                    for r in entry.ranges
+                ]
+                key = (op, n, k, experts, top_k, t.world_size, t.mode, t.dtype)
+                self._ranges[key] = (list(entry.breakpoints), answers)
+
+    @classmethod
+    def load(
+        cls,
+        *paths: str | Path,
+        machine: dict[str, Any] | Literal["auto"] | None = "auto",
+        on_missing: Callable[[Scenario, Mode], Answer] | None = None,
+    ) -> TableSource:
+        """The exported tables in ``paths`` (files or directories).
+
+        ``machine``: the loading machine's fingerprint fields (``features.schedule_table.FINGERPRINT_KEYS``);
+        ``"auto"`` reads them from this machine's GPUs (nothing is checked without CUDA, and the log says
+        so); None checks nothing. A table of another fingerprint raises ``FingerprintMismatch`` naming
+        both fingerprints.
+        """
+        from ficco.features.schedule_table import machine_fingerprint, table_paths
+
+        tables = []
+        for path in table_paths(paths):
+            t = ScheduleTableFile.read(path)
+            here = machine_fingerprint(t.world_size) if machine == "auto" else machine
+            if here is not None:
+                t.check_machine(here, str(path))
+            elif machine == "auto":
+                log.warning("%s: no CUDA device here, fingerprint %s not checked", path, t.fingerprint)
+            tables.append(t)
+        origins = sorted({t.origin for t in tables})
+        return cls(tables=tables, on_missing=on_missing, origin=", ".join(origins))
+
+    @property
+    def hardware_id(self) -> str | None:
+        ids = {t.header.get("hardware_id") for t in self.tables}
+        return ids.pop() if len(ids) == 1 else None
 
     def answer(self, scenario: Scenario, mode: Mode) -> Answer:
         hit = self.table.get((scenario.op, scenario.m, scenario.n, scenario.k, mode))
         if hit is not None:
             return hit
+        s = scenario
+        found = self._ranges.get((s.op, s.n, s.k, s.experts, s.top_k, s.world_size, mode, s.dtype))
+        if found is not None:
+            breakpoints, answers = found
+            return answers[max(0, bisect.bisect_right(breakpoints, s.m) - 1)]
         if self.on_missing is not None:
             return self.on_missing(scenario, mode)
         return _serial(f"{scenario.key()} ({mode}) is not in the table", self.origin)

@@ -15,13 +15,18 @@ detail at once. Answers are the service's own schemas, so they are typed and val
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from ficco.features import Scenario
+from ficco.features.schedule_table import ScheduleTableFile
 from ficco.service.cache import RecommendationCache
 from ficco.service.schemas import (
     ModelsPublic,
@@ -32,6 +37,10 @@ from ficco.service.schemas import (
     ScorePublic,
 )
 
+log = logging.getLogger(__name__)
+
+TABLE_TIMEOUT_S = 120.0
+"""Longest one attempt of :meth:`ServiceClient.fetch_table` waits, seconds (start-up, not a step)."""
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 """Answers worth asking again: overload, or the server (or a proxy in front of it) failing."""
 
@@ -167,6 +176,57 @@ class ServiceClient:
         }
         return ScorePublic.model_validate(self._request("POST", "/v1/score", body))
 
+    def fetch_table(
+        self,
+        hardware_id: str,
+        *,
+        tp: int,
+        mode: str,
+        dtype: str = "bf16",
+        config: dict[str, Any] | None = None,
+        shapes: Sequence[str] | None = None,
+        cache_dir: str | Path | None = None,
+        timeout_s: float = TABLE_TIMEOUT_S,
+    ) -> ScheduleTableFile:
+        """The served model's schedule table for one (tp, mode, dtype): ``GET /v1/tables/{hardware_id}``
+        (the shape grid), or ``POST`` with a Hugging Face ``config`` or ``shapes`` (``op:n:k``).
+
+        With ``cache_dir`` the table is kept on disk under its hardware fingerprint
+        (``<cache_dir>/<hardware_id>/<fingerprint>/<table file>``) with its ETag; a later fetch sends
+        ``If-None-Match`` and a 304 reads the file back. When the service cannot be reached, a cached
+        table is used (with a warning); otherwise ``ServiceError``. ``timeout_s`` bounds each attempt
+        (the server builds a table it has not built for this model version before, which takes seconds).
+        """
+        request = {"tp": tp, "mode": mode, "dtype": dtype}
+        posted = config is not None or shapes is not None
+        if posted:
+            request |= {"config": config, "shapes": list(shapes) if shapes is not None else None}
+        index = None
+        if cache_dir is not None:
+            digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
+            index = Path(cache_dir) / hardware_id / f"request-{digest}.json"
+        cached = json.loads(index.read_text()) if index is not None and index.exists() else None
+        headers = {"If-None-Match": cached["etag"]} if cached else None
+        path = f"/v1/tables/{hardware_id}"
+        try:
+            if posted:
+                response = self._send("POST", path, request, headers=headers, timeout_s=timeout_s)
+            else:
+                response = self._send("GET", path, headers=headers, params=request, timeout_s=timeout_s)
+        except ServiceError as err:
+            if cached is None or err.status_code is not None:
+                raise
+            log.warning("table service unreachable (%s); using the cached table %s", err, cached["path"])
+            return ScheduleTableFile.read(index.parent / cached["path"])
+        if response.status_code == 304 and cached is not None:
+            return ScheduleTableFile.read(index.parent / cached["path"])
+        table = ScheduleTableFile.from_dict(response.json(), f"{path} ({request})")
+        if index is not None:
+            written = table.write(index.parent / table.fingerprint.replace(":", "-"))
+            relative = str(written.relative_to(index.parent))
+            index.write_text(json.dumps({"etag": response.headers.get("etag"), "path": relative}))
+        return table
+
     def models(self) -> ModelsPublic:
         """Registered models and the versions being served."""
         return ModelsPublic.model_validate(self._request("GET", "/v1/models"))
@@ -179,13 +239,23 @@ class ServiceClient:
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         """Send with retries; return the decoded JSON of a 2xx answer or raise ``ServiceError``."""
+        return self._send(method, path, body).json()
+
+    def _send(
+        self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None, timeout_s: float | None = None,
+    ) -> httpx.Response:  # fmt: skip
+        """Send with retries; return a 2xx or 3xx answer or raise ``ServiceError``."""
         last, retry_after = "", None
         for attempt in range(self.retries + 1):
             if attempt:
                 self._sleep(self._wait_s(attempt, retry_after))
             retry_after = None
             try:
-                response = self._http.request(method, path, json=body)
+                timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+                response = self._http.request(
+                    method, path, json=body, headers=headers, params=params, timeout=timeout
+                )
             except httpx.TransportError as err:
                 last = f"{type(err).__name__}: {err}"
                 continue
@@ -200,7 +270,7 @@ class ServiceClient:
                     status_code=response.status_code,
                     detail=detail,
                 )
-            return response.json()
+            return response
         raise ServiceError(f"{method} {path} failed after {self.retries + 1} attempts; last: {last}")
 
     def _wait_s(self, attempt: int, retry_after: str | None) -> float:

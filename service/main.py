@@ -29,7 +29,7 @@ from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 from ficco.service.core.store import ModelStore
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
-from ficco.service.routes import health, metrics, models, recommend, score
+from ficco.service.routes import health, metrics, models, recommend, score, tables
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = Metrics()
-    for module in (recommend, score, models, health, metrics):
+    for module in (recommend, score, models, health, metrics, tables):
         app.include_router(module.router)
     _install_error_handlers(app)
     _install_docs(app)

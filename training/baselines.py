@@ -16,15 +16,33 @@
       else:                                            best shard schedule
 
 A fixed schedule that cannot run a scenario (finer splits the rows do not divide) falls back to serial/sm.
+
+The peer rules choose between the two things a runtime with only PyTorch's fused ops can run: serial/sm
+and PyTorch async-TP (the dataset's ``async_tp_ms``). Each is a boolean per scenario, True = async-TP
+(:func:`serial_or_async_tp`), scored in ``training.evaluate`` on the rows that measured async-TP:
+
+- ``vllm_sp_rule``: vLLM's sequence-parallelism threshold (``vllm/compilation/passes/fusion/
+  sequence_parallelism.py``, ``get_sequence_parallelism_threshold`` and ``is_applicable_for_range``): off
+  below ``SP_MIN_HIDDEN_SIZE`` hidden size on the GPU's compute capability, else on from
+  ``min_tokens = SP_MIN_PER_GPU_SIZE_MB * tp * MiB // (hidden * elem_bytes)`` tokens. The hidden size is the
+  GEMM's ``k`` for an all-gather (the gathered activations) and ``n`` for a reduce-scatter.
+- ``pytorch_autoheuristic``: the fuse/no-fuse tree of PyTorch PR #176943 (opt-in, not merged): ``m*n`` over
+  403M never fuses; ``m*n`` up to 14M fuses only when ``m*k`` exceeds 26M; otherwise it fuses.
+- ``ficco_async_tp_threshold``: ficco's model restricted to the same two choices, a drop-in for such a
+  runtime: a regressor of ``log(t_async_tp / t_serial)`` on the scenario features and the mode
+  (:class:`AsyncTPModel`, the pair model's time-ratio configuration), async-TP where it predicts a gain.
+- ``oracle_serial_or_async_tp``: the faster of the two per scenario, what any such rule can reach at best.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ficco.features import roofline_comm_us, roofline_gemm_us
+from ficco.features import DTYPE_BYTES, HardwareProfile, Scenario, roofline_comm_us, roofline_gemm_us
+from ficco.features.host import host_over_gpu
 from ficco.training.metrics import mean_loss, pick_loss
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
 from ficco.training.table import ScheduleTable
@@ -125,3 +143,188 @@ def baseline_picks(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.nd
     picks["best_fixed"] = fixed_picks(test, fit_best_fixed(train))
     picks["size_heuristic"] = fit_size_heuristic(train).picks(test)
     return picks
+
+
+# The peer rules: serial or PyTorch async-TP -------------------------------------------------------------
+
+SP_MIN_HIDDEN_SIZE: dict[int, int] = {90: 8192, 100: 8192}
+"""vLLM's smallest hidden size for sequence parallelism + async-TP, per compute capability (sm90 Hopper,
+sm100 Blackwell); a capability it does not list never gets them."""
+SP_MIN_PER_GPU_SIZE_MB: dict[int, float] = {90: 8, 100: 32}
+"""vLLM's smallest activation size per GPU, MiB, per compute capability: ``min_tokens`` scales it by tp."""
+MIB = 1024 * 1024
+CAPABILITY_OF_GPU: dict[str, int] = {"H100": 90, "H200": 90, "H800": 90, "H20": 90, "B200": 100, "GB200": 100}
+"""Compute capability (major * 10 + minor) by the GPU model in ``HardwareProfile.gpu_name``."""
+AUTOHEURISTIC_NEVER_MN = 403e6
+"""PR #176943's tree: ``m * n`` above this never fuses (the output is so large communication dominates)."""
+AUTOHEURISTIC_SMALL_MN = 14e6
+"""PR #176943's tree: ``m * n`` up to this fuses only when ``m * k`` exceeds ``AUTOHEURISTIC_SMALL_MK``."""
+AUTOHEURISTIC_SMALL_MK = 26e6
+"""PR #176943's tree: the ``m * k`` a small-output GEMM needs to fuse."""
+PEER_RULES: tuple[str, ...] = (
+    "vllm_sp_rule", "pytorch_autoheuristic", "ficco_async_tp_threshold", "oracle_serial_or_async_tp",
+)  # fmt: skip
+"""The serial-or-async-TP pickers :func:`serial_or_async_tp` returns, in report order."""
+
+
+def compute_capability(hardware: HardwareProfile) -> int | None:
+    """``hardware``'s GPU compute capability as vLLM keys it (90 for H100/H200), None when unknown."""
+    for model, capability in CAPABILITY_OF_GPU.items():
+        if model in hardware.gpu_name.split():
+            return capability
+    return None
+
+
+def rule_hidden_size(scenario: Scenario) -> int:
+    """The hidden size vLLM's rule reads for ``scenario``'s GEMM: ``k`` for an all-gather (the gathered
+    activations are ``[m, k]``), ``n`` for a reduce-scatter (the scattered output is ``[m, n]``)."""
+    return scenario.k if scenario.op == "ag_gemm" else scenario.n
+
+
+def vllm_sp_min_tokens(hidden: int, tp: int, elem_bytes: int, capability: int | None) -> int | None:
+    """vLLM's ``get_sequence_parallelism_threshold``: the fewest tokens that get sequence parallelism and
+    async-TP, or None when they are off (capability unlisted or ``hidden`` below its minimum)."""
+    if capability not in SP_MIN_HIDDEN_SIZE or hidden < SP_MIN_HIDDEN_SIZE[capability]:
+        return None
+    return int(SP_MIN_PER_GPU_SIZE_MB[capability] * tp * MIB) // (hidden * elem_bytes)
+
+
+def vllm_sp_rule(scenarios: tuple[Scenario, ...]) -> np.ndarray:
+    """vLLM's rule on each scenario: True where it runs async-TP (``m >= min_tokens``), bool ``[n]``."""
+    out = np.zeros(len(scenarios), dtype=bool)
+    for i, s in enumerate(scenarios):
+        floor = vllm_sp_min_tokens(rule_hidden_size(s), s.world_size, DTYPE_BYTES[s.dtype],
+                                   compute_capability(s.hardware))  # fmt: skip
+        out[i] = floor is not None and s.m >= floor
+    return out
+
+
+def autoheuristic_fuse(m: int, n: int, k: int) -> bool:
+    """PyTorch PR #176943's fuse/no-fuse tree on a GEMM of ``m`` (gathered) rows, ``n`` columns and
+    reduction ``k``: True = fuse (async-TP)."""
+    if m * n > AUTOHEURISTIC_NEVER_MN:
+        return False
+    if m * n <= AUTOHEURISTIC_SMALL_MN:
+        return m * k > AUTOHEURISTIC_SMALL_MK
+    return True
+
+
+def pytorch_autoheuristic(scenarios: tuple[Scenario, ...]) -> np.ndarray:
+    """:func:`autoheuristic_fuse` of each scenario, bool ``[n]``."""
+    return np.array([autoheuristic_fuse(s.m, s.n, s.k) for s in scenarios], dtype=bool)
+
+
+def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
+    """:class:`AsyncTPModel`'s inputs: the scenario features ``X`` ``[n, F]``, whether the row is replayed
+    from a CUDA graph, and the eager host time of a shard schedule over the GPU work (0 in graph mode),
+    float32 ``[n, F + 2]``."""
+    graph = (np.asarray(modes) == "graph").astype(np.float64)
+    host = host_over_gpu(X, host_factor)[:, SCHEDULE_INDEX["shard/sm"]] * (1.0 - graph)
+    return np.column_stack([X, graph, host]).astype(np.float32)
+
+
+MIN_GAINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
+"""Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (the decision policy's
+grid, ``training.policy.POLICY_GRID``, without "never fall back"), chosen by grouped cross-validation."""
+_INNER_FOLDS = 3
+"""Folds of :class:`AsyncTPModel`'s choice of ``min_gain`` (model families held out)."""
+
+
+def _fit_regressor(table: ScheduleTable, *, seed: int, n_jobs: int) -> Any:
+    """XGBoost regressor of ``log(t_async_tp / t_serial)`` on :func:`async_tp_matrix` of ``table``'s rows
+    (all measured async-TP), with the pair model's time-ratio hyper-parameters."""
+    import xgboost as xgb
+
+    from ficco.training.fit import RATIO_CONFIG as c
+
+    model = xgb.XGBRegressor(
+        n_estimators=c.n_estimators, max_depth=c.max_depth, learning_rate=c.learning_rate,
+        random_state=seed, n_jobs=n_jobs, tree_method="hist", verbosity=0,
+    )  # fmt: skip
+    y = np.log(table.async_tp_ms / table.serial_ms)
+    model.fit(async_tp_matrix(table.X, table.modes, table.host_factor), y)
+    return model
+
+
+@dataclass(kw_only=True, slots=True)
+class AsyncTPModel:
+    """ficco's model of the serial-or-async-TP choice: one XGBoost regressor of ``log(t_async_tp /
+    t_serial)`` over both execution modes (the mode is a feature, as in the pair model; the pair model's
+    time-ratio configuration, ``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that
+    leaves serial, ``min_gain_`` (of :data:`MIN_GAINS`, lowest held-out ``training.metrics.pick_loss``
+    under grouped cross-validation over the training rows' model families, as the pick model's fallback
+    threshold is chosen)."""
+
+    seed: int = 0
+    """XGBoost seed."""
+    n_jobs: int = 1
+    """XGBoost threads."""
+    regressor_: Any = None
+    """The fitted regressor (None before :meth:`fit`)."""
+    min_gain_: dict[str, float] = field(default_factory=dict)
+    """Per mode: async-TP runs where its predicted speedup over serial is at least ``1 + min_gain_``
+    (a mode without training rows: 0)."""
+
+    def fit(self, table: ScheduleTable) -> AsyncTPModel:
+        """Learn from ``table``'s rows that measured async-TP; ValueError when none did."""
+        from ficco.training.crossval import cv_folds, cv_groups
+
+        has = np.isfinite(table.async_tp_ms)
+        if not has.any():
+            raise ValueError("no row of the table measured PyTorch async-TP (async_tp_ms); nothing to fit")
+        sub = table.subset(has)
+        groups = cv_groups(sub)
+        self.min_gain_ = {}
+        if len(set(groups)) >= 2:
+            folds = cv_folds(groups, _INNER_FOLDS)
+            log_ratio = np.zeros(len(sub))
+            for fold in sorted(set(folds.tolist())):
+                held = folds == fold
+                inner = _fit_regressor(sub.subset(~held), seed=self.seed, n_jobs=self.n_jobs)
+                rows = async_tp_matrix(sub.X[held], sub.modes[held], sub.host_factor)
+                log_ratio[held] = inner.predict(rows)
+            for mode in sorted(set(sub.modes.tolist())):
+                on = sub.modes == mode
+                picked = [np.where(-log_ratio[on] >= np.log1p(g), sub.async_tp_ms[on], sub.serial_ms[on])
+                          for g in MIN_GAINS]  # fmt: skip
+                losses = [pick_loss(t, sub.best_ms[on], sub.serial_ms[on]).mean() for t in picked]
+                self.min_gain_[mode] = MIN_GAINS[int(np.argmin(losses))]
+        self.regressor_ = _fit_regressor(sub, seed=self.seed, n_jobs=self.n_jobs)
+        return self
+
+    def predict_log_ratio(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
+        """Predicted ``log(t_async_tp / t_serial)`` of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``."""
+        if self.regressor_ is None:
+            raise ValueError("AsyncTPModel is not fitted; call fit(table) first")
+        if not len(X):
+            return np.empty(0)
+        return np.asarray(self.regressor_.predict(async_tp_matrix(X, modes, host_factor)), dtype=np.float64)
+
+    def gain_of(self, modes: np.ndarray) -> np.ndarray:
+        """``min_gain_`` of each row's mode, ``[n]``."""
+        return np.array([self.min_gain_.get(m, 0.0) for m in np.asarray(modes).tolist()], dtype=np.float64)
+
+    def fuse_rows(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
+        """True where async-TP's predicted speedup over serial reaches ``1 + min_gain_`` of the row's mode,
+        bool ``[n]``."""
+        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(self.gain_of(modes))
+
+    def fuse(self, table: ScheduleTable) -> np.ndarray:
+        """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""
+        return self.fuse_rows(table.X, table.modes, table.host_factor)
+
+
+def serial_or_async_tp(train: ScheduleTable, test: ScheduleTable, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Every peer rule (:data:`PEER_RULES`) on ``test``'s rows, ficco's fitted on ``train``: name -> bool
+    ``[n_test]``, True = async-TP. The oracle reads ``test``'s own times (False where async-TP was not
+    measured); ficco's rule is serial everywhere when ``train`` measured no async-TP."""
+    has_train = np.isfinite(train.async_tp_ms).any()
+    ficco = AsyncTPModel(seed=seed).fit(train).fuse(test) if has_train else np.zeros(len(test), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        oracle = test.async_tp_ms < test.serial_ms
+    return {
+        "vllm_sp_rule": vllm_sp_rule(test.scenarios),
+        "pytorch_autoheuristic": pytorch_autoheuristic(test.scenarios),
+        "ficco_async_tp_threshold": ficco,
+        "oracle_serial_or_async_tp": oracle,
+    }

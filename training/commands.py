@@ -1,4 +1,5 @@
-"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain``.
+"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain`` (and ``ficco export``, from
+``training.export_command``).
 
     ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
@@ -26,6 +27,7 @@ from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.files import work_root
 from ficco.tables import text_table
+from ficco.training.export_command import export_command
 from ficco.training.results import results_command
 
 if TYPE_CHECKING:
@@ -438,3 +440,4 @@ def register(app: typer.Typer) -> None:
     app.command("report")(report_command)
     app.command("results")(results_command)
     app.command("retrain")(retrain_command)
+    app.command("export")(export_command)

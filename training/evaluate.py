@@ -6,6 +6,10 @@ Per execution mode, every picker is scored on held-out rows (``training.metrics`
 - baselines (``training.baselines``; those that need fitting are fitted on the same training folds, on
   that mode's rows): ``always_serial``, ``always_shard_dma``, ``always_shard_sm``, ``best_fixed``,
   ``size_heuristic``, and ``always_async_tp`` (PyTorch's async-TP, from the ``async_tp_ms`` column);
+- the peer rules, each choosing serial/sm or PyTorch async-TP (``training.baselines.PEER_RULES``: vLLM's
+  sequence-parallelism threshold, PyTorch's learned fuse tree, ficco's model restricted to those two
+  choices, fitted like the baselines, and the per-scenario faster of the two), scored on the rows that
+  measured async-TP, beside ``model_on_async_tp_rows`` (the model's picks on the same rows);
 - ``ceiling``: the noise ceiling, the re-measure's own fastest schedules (``noise.parquet``) scored
   against the sweep, over the re-measured rows: no model can be told to do better at this noise.
 
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ficco.features import MODES
-from ficco.training.baselines import FIXED, baseline_picks
+from ficco.training.baselines import FIXED, PEER_RULES, baseline_picks, serial_or_async_tp
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import score, score_times
@@ -52,6 +56,19 @@ BASELINE_NOTES: dict[str, str] = {
     "folds (training/baselines.py)",
     "always_async_tp": "PyTorch async-TP (torch.compile's micro-pipeline pass) on every pair: the dataset's "
     "async_tp_ms",
+    "vllm_sp_rule": "vLLM's sequence-parallelism rule "
+    "(vllm/compilation/passes/fusion/sequence_parallelism.py): serial below hidden 8192 on Hopper and "
+    "below SP_MIN_PER_GPU_SIZE_MB * tp * MiB / (hidden * elem_bytes) "
+    "tokens, PyTorch async-TP above; hidden = k (all-gather) or n (reduce-scatter)",
+    "pytorch_autoheuristic": "PyTorch PR #176943's fuse/no-fuse tree (m*n > 403M never; m*n <= 14M only if "
+    "m*k > 26M; else fuse), fused = PyTorch async-TP, else serial",
+    "ficco_async_tp_threshold": "ficco's model restricted to serial or PyTorch async-TP: a regressor of "
+    "log(async_tp_ms / serial) fitted on the training folds (both modes), async-TP where it predicts a gain "
+    "of at least its mode's min_gain (chosen by grouped CV within the training folds)",
+    "oracle_serial_or_async_tp": "per scenario the faster of serial/sm and PyTorch async-TP: the best any "
+    "serial-or-async-TP rule can do",
+    "model_on_async_tp_rows": "the model's picks scored on the rows that measured async-TP (those the peer "
+    "rules are scored on)",
     "ceiling": "noise ceiling: the independent re-measure's fastest schedules scored against the sweep "
     "(re-measured scenarios only)",
     "first_sweep_best": "rescored only: the training sweep's fastest schedules scored against the "
@@ -91,8 +108,11 @@ def held_out_baselines(table: ScheduleTable, folds: np.ndarray) -> dict[str, np.
     return out
 
 
-def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | None:
-    """Metrics and regrets ``[n']`` of always PyTorch async-TP over the rows that measured it (None if none).
+def serial_or_async_tp_score(
+    table: ScheduleTable, fused: np.ndarray
+) -> tuple[dict[str, Any], np.ndarray] | None:
+    """Metrics and regrets ``[n']`` of choosing PyTorch async-TP where ``fused`` (bool ``[n]``) and serial/sm
+    elsewhere, over the rows that measured async-TP (None if none).
 
     A time counts as top1 when it is no slower than the best schedule, and as in the best set when it is no
     slower than the slowest schedule of the best set.
@@ -101,10 +121,26 @@ def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | 
     if not has.any():
         return None
     sub = table.subset(has)
-    t = sub.async_tp_ms
+    t = np.where(fused[has], sub.async_tp_ms, sub.serial_ms)
     best_set_edge = np.nanmax(np.where(sub.in_best, sub.times_ms, np.nan), axis=1, initial=0.0)
     edge = np.maximum(best_set_edge, sub.best_ms)
     return score_times(sub, t, top1=t <= sub.best_ms, in_best=t <= edge), t / sub.best_ms - 1.0
+
+
+def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | None:
+    """:func:`serial_or_async_tp_score` of always PyTorch async-TP."""
+    return serial_or_async_tp_score(table, np.ones(len(table), dtype=bool))
+
+
+def held_out_peer_rules(table: ScheduleTable, folds: np.ndarray, *, seed: int) -> dict[str, np.ndarray]:
+    """Every peer rule on every row, ficco's fitted per fold on the other folds' rows (both modes: the mode
+    is one of its features): name -> bool ``[n]``, True = async-TP."""
+    out = {name: np.zeros(len(table), dtype=bool) for name in PEER_RULES}
+    for fold in sorted(set(folds.tolist())):
+        test = folds == fold
+        for name, fused in serial_or_async_tp(table.subset(~test), table.subset(test), seed=seed).items():
+            out[name][test] = fused
+    return out
 
 
 def ceiling_picks(table: ScheduleTable, noise: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
@@ -140,9 +176,13 @@ def rescored_summary(
 
 
 def pickers_summary(
-    table: ScheduleTable, picks: dict[str, np.ndarray], noise: ScheduleTable | None
+    table: ScheduleTable,
+    picks: dict[str, np.ndarray],
+    noise: ScheduleTable | None,
+    peers: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Metrics of every picker (``model``, baselines, ``always_async_tp``, ``ceiling``) on ``table``, and
+    """Metrics of every picker (``model``, baselines, ``always_async_tp``, the serial-or-async-TP ``peers``
+    (name -> bool ``[n]``, True = async-TP) with ``model_on_async_tp_rows``, ``ceiling``) on ``table``, and
     their regrets ``t / t_best - 1``."""
     out: dict[str, Any] = {}
     regrets: dict[str, np.ndarray] = {}
@@ -152,6 +192,11 @@ def pickers_summary(
     async_tp = async_tp_score(table)
     if async_tp is not None:
         out["always_async_tp"], regrets["always_async_tp"] = async_tp
+        for name, fused in (peers or {}).items():
+            out[name], regrets[name] = serial_or_async_tp_score(table, fused)
+        if peers:
+            has = np.isfinite(table.async_tp_ms)
+            out["model_on_async_tp_rows"] = score(table.subset(has), picks["model"][has])
     if noise is not None:
         rows, cols = ceiling_picks(table, noise)
         if len(rows):
@@ -163,7 +208,10 @@ def pickers_summary(
 
 
 def by_op_group(
-    table: ScheduleTable, picks: dict[str, np.ndarray], noise: ScheduleTable | None
+    table: ScheduleTable,
+    picks: dict[str, np.ndarray],
+    noise: ScheduleTable | None,
+    peers: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`pickers_summary` of the dense rows and of the MoE rows apart, when ``table`` has both (else
     ``{}``): op group -> picker -> metrics, None for a picker with no score on that group (always async-TP
@@ -173,7 +221,10 @@ def by_op_group(
         return {}
     out = {
         group: pickers_summary(
-            table.subset(groups == group), {name: p[groups == group] for name, p in picks.items()}, noise
+            table.subset(groups == group),
+            {name: p[groups == group] for name, p in picks.items()},
+            noise,
+            {name: f[groups == group] for name, f in (peers or {}).items()},
         )[0]
         for group in sorted(set(groups))
     }
@@ -222,11 +273,13 @@ def split_summary(
     picks = dict(zip(["model", "model_at_training_host_factor"], fit_and_pick(
         train, test, choice, seed=seed, n_jobs=n_jobs, host_factors=factors), strict=False))  # fmt: skip
     out = {}
+    peers = serial_or_async_tp(train, test, seed=seed)
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
         held = test.subset(on)
         mine = {name: p[on] for name, p in picks.items()}
-        out[mode] = pickers_summary(held, {**mine, **split_baselines(train, held)}, noise)[0]
+        theirs = {name: fused[on] for name, fused in peers.items()}
+        out[mode] = pickers_summary(held, {**mine, **split_baselines(train, held)}, noise, theirs)[0]
     return out
 
 
@@ -287,6 +340,7 @@ def evaluate(
         table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
     )
     baselines = held_out_baselines(table, cv.folds)
+    peers = held_out_peer_rules(table, cv.folds, seed=seed)
     region = region_holdout(table)
     region_split = split_summary(
         table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
@@ -307,8 +361,9 @@ def evaluate(
         on = table.modes == mode
         sub = table.subset(on)
         picks = {"model": cv.final[on], **{name: p[on] for name, p in baselines.items()}}
-        family_holdout, regrets[mode] = pickers_summary(sub, picks, noise)
-        grouped = by_op_group(sub, picks, noise)
+        mine = {name: fused[on] for name, fused in peers.items()}
+        family_holdout, regrets[mode] = pickers_summary(sub, picks, noise, mine)
+        grouped = by_op_group(sub, picks, noise, mine)
         fallback = cv.fallback[on]
         modes[mode] = {
             "family_holdout": family_holdout,

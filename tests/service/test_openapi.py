@@ -38,6 +38,7 @@ def test_api_never_answers_5xx(api_schema):
         "POST /v1/recommend", "POST /v1/recommend/batch", "POST /v1/score", "POST /v1/score/batch",
         "GET /v1/models",
         "POST /v1/models/reload", "GET /healthz", "GET /readyz", "GET /metrics",
+        "GET /v1/tables/{hardware_id}", "POST /v1/tables/{hardware_id}",
     }  # fmt: skip
     for operation in operations:
 

@@ -44,3 +44,51 @@ def test_baseline_picks_names(table):
     }
     assert all(len(p) == 10 for p in picks.values())
     assert np.all(picks["always_serial"] == SERIAL_INDEX)
+
+
+def test_vllm_sp_rule_matches_vllms_threshold_formula():
+    from ficco.features import Scenario, get_hardware
+    from ficco.training.baselines import vllm_sp_min_tokens, vllm_sp_rule
+
+    # vLLM: min_token_num = SP_MIN_PER_GPU_SIZE_MB * tp * MiB // (hidden * elem_bytes), None below 8192
+    assert vllm_sp_min_tokens(8192, 2, 2, 90) == 8 * 2 * 1024 * 1024 // (8192 * 2) == 1024
+    assert vllm_sp_min_tokens(8192, 4, 2, 100) == 32 * 4 * 1024 * 1024 // (8192 * 2)
+    assert vllm_sp_min_tokens(4096, 2, 2, 90) is None and vllm_sp_min_tokens(8192, 2, 2, 80) is None
+    hw = get_hardware("h200x2")
+    # hidden size: k of the all-gather's GEMM, n of the reduce-scatter's
+    cases = [
+        Scenario(op="ag_gemm", m=1024, n=4096, k=8192, hardware=hw),  # at the threshold: on
+        Scenario(op="ag_gemm", m=1022, n=4096, k=8192, hardware=hw),  # below: off
+        Scenario(op="gemm_rs", m=4096, n=4096, k=8192, hardware=hw),  # hidden = n = 4096: off
+        Scenario(op="gemm_rs", m=4096, n=8192, k=4096, hardware=hw),  # hidden = n = 8192: on
+    ]
+    assert vllm_sp_rule(tuple(cases)).tolist() == [True, False, False, True]
+
+
+def test_pytorch_autoheuristic_follows_the_tree():
+    from ficco.training.baselines import autoheuristic_fuse
+
+    assert not autoheuristic_fuse(65536, 8192, 8192)  # m*n = 537M > 403M: never
+    assert autoheuristic_fuse(8192, 8192, 128)  # m*n = 67M: medium output, fuse
+    assert not autoheuristic_fuse(1024, 8192, 16)  # m*n = 8.4M <= 14M and m*k small: no
+    assert autoheuristic_fuse(1024, 8192, 32768)  # m*n small but m*k = 33.5M > 26M: fuse
+
+
+def test_ficco_async_tp_threshold_learns_where_async_tp_wins(table):
+    from ficco.training.baselines import PEER_RULES, AsyncTPModel, serial_or_async_tp
+
+    train, test = table.subset(np.arange(len(table)) % 2 == 0), table.subset(np.arange(len(table)) % 2 == 1)
+    rules = serial_or_async_tp(train, test)
+    assert list(rules) == list(PEER_RULES) and all(len(v) == len(test) for v in rules.values())
+    oracle = rules["oracle_serial_or_async_tp"]
+    has = np.isfinite(test.async_tp_ms)
+    agree = np.mean(rules["ficco_async_tp_threshold"][has] == oracle[has])
+    assert agree > 0.8, agree
+    model = AsyncTPModel().fit(train)
+    assert set(model.min_gain_) == set(train.modes) and set(model.min_gain_.values()) <= {
+        0.0,
+        0.01,
+        0.02,
+        0.03,
+        0.05,
+    }

@@ -112,3 +112,16 @@ def test_rescore_scores_the_family_holdout_picks_against_an_independent_sweep(
     assert result["model"]["n_scenarios"] == result["first_sweep_best"]["n_scenarios"] == len(half)
     assert result["first_sweep_best"]["geomean_regret"] > 0
     assert "rescored" not in evaluate(table, **settings).summary["modes"]["graph"]
+
+
+def test_peer_rules_are_scored_on_the_async_tp_rows_beside_the_model(trained):
+    for mode, summary in trained.evaluation.summary["modes"].items():
+        family = summary["family_holdout"]
+        n = family["always_async_tp"]["n_scenarios"]
+        for name in ("vllm_sp_rule", "pytorch_autoheuristic", "ficco_async_tp_threshold",
+                     "oracle_serial_or_async_tp", "model_on_async_tp_rows"):  # fmt: skip
+            assert family[name]["n_scenarios"] == n, (mode, name)
+        oracle = family["oracle_serial_or_async_tp"]
+        assert oracle["n_slower_than_serial_2pct"] == 0
+        for name in ("vllm_sp_rule", "pytorch_autoheuristic", "ficco_async_tp_threshold"):
+            assert family[name]["geomean_regret"] >= oracle["geomean_regret"] - 1e-12

@@ -1,0 +1,126 @@
+"""How fast a runtime decides from an exported schedule table, and how often the table gives the model's pick.
+
+    python benchmarks/table_lookup.py                                   # every committed h200x2 dataset
+    python benchmarks/table_lookup.py --dataset datasets/h200x2 --out /tmp/table-lookup.json
+
+Exports the promoted h200x2 model's tables (``ficco export``, both modes) for every (op, n, k) of the
+datasets, then, per dataset and mode:
+
+- agreement: the share of the dataset's (scenario, mode) rows where ``TableSource``'s answer is the model's
+  own pick (``Predictor.decide`` at the scenario's exact token count);
+- lookup time: ``TableSource.answer(scenario, mode)`` over every row, ``--repeats`` passes, the median
+  pass's time per decision in microseconds (one Python call: a dict lookup and a bisection), beside
+  ``PredictorSource.recommend`` of one scenario (the model asked per shape) for scale.
+
+Prints a table and writes JSON (default ``benchmarks/results/table-lookup.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ficco.runtime.sources import PredictorSource, TableSource
+from ficco.tables import text_table
+from ficco.training.export import dataset_shapes, export
+from ficco.training.registry import load_predictor
+from ficco.training.table import load_dataset_table
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATASETS = sorted(p for p in (REPO / "datasets").glob("h200x2*") if (p / "manifest.json").exists())
+
+
+def per_decision_us(source: TableSource, rows: list, repeats: int) -> float:
+    """Median over ``repeats`` passes of one pass's time over ``rows`` ((scenario, mode)), us per decision."""
+    answer = source.answer
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for scenario, mode in rows:
+            answer(scenario, mode)
+        times.append((time.perf_counter() - start) / len(rows) * 1e6)
+    return statistics.median(times)
+
+
+def model_per_decision_us(predictor, rows: list, n: int = 200) -> float:
+    """Median time of ``PredictorSource.recommend`` of one scenario over ``n`` rows, us."""
+    source = PredictorSource(predictor)
+    times = []
+    for scenario, mode in rows[:n]:
+        start = time.perf_counter()
+        source.recommend([scenario], mode)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", type=Path, action="append", help="Dataset directory (repeatable).")
+    parser.add_argument("--models", type=Path, default=REPO / "models")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "table-lookup.json")
+    args = parser.parse_args()
+    datasets = args.dataset or DEFAULT_DATASETS
+    predictor = load_predictor(args.models, "h200x2")
+    shapes = sorted({s for d in datasets for s in dataset_shapes([d], tp=2, dtype="bf16")})
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        paths = export(predictor, out=tmp, shapes=shapes, world_size=2)
+        export_s = time.perf_counter() - start
+        source = TableSource.load(tmp, machine=None)
+        sizes = {p.name: p.stat().st_size for p in paths}
+        header = source.tables[0].header
+    results = []
+    for dataset in datasets:
+        table = load_dataset_table(dataset).table
+        model = predictor.decide(table.X, table.modes).schedules
+        for mode in sorted(set(table.modes)):
+            on = table.modes == mode
+            rows = [(s, mode) for s, m in zip(table.scenarios, table.modes, strict=True) if m == mode]
+            looked_up = np.asarray([source.answer(s, m).schedule for s, m in rows], dtype=object)
+            results.append({
+                "dataset": dataset.name,
+                "mode": mode,
+                "n_rows": len(rows),
+                "agreement": float(np.mean(looked_up == model[on])),
+                "lookup_us": per_decision_us(source, rows, args.repeats),
+                "model_us": model_per_decision_us(predictor, rows),
+            })  # fmt: skip
+    n_breakpoints = [len(e.breakpoints) for t in source.tables for e in t.entries.values()]
+    summary = {
+        "model": f"{predictor.hardware_id}/{predictor.version}",
+        "n_shapes": len(shapes),
+        "export_s": round(export_s, 1),
+        "files": sizes,
+        "grid": header["grid"],
+        "mean_breakpoints_per_shape": float(np.mean(n_breakpoints)),
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "results": results,
+    }
+    rows = [[r["dataset"], r["mode"], str(r["n_rows"]), f"{r['agreement']:.2%}", f"{r['lookup_us']:.2f}",
+             f"{r['model_us']:.0f}"] for r in results]  # fmt: skip
+    print(
+        text_table(
+            ["dataset", "mode", "rows", "table = model", "lookup us", "model us"], rows, align="<<>>>>"
+        )
+    )
+    print(f"{len(shapes)} shapes exported in {export_s:.0f} s; {summary['mean_breakpoints_per_shape']:.1f} "
+          "breakpoints per shape")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""``ficco export``: schedule tables and drop-in artifacts from a registered model (``training.export``).
+
+    ficco export --hardware h200x2 --config datasets/model_configs --out tables/
+    ficco export --hardware h200x2 --dataset datasets/h200x2-unseen --mode graph --out tables/
+    ficco export --hardware h200x2 --config datasets/unseen_configs --format vllm \\
+        --score-on datasets/h200x2-unseen --out tables/
+    ficco export --hardware h200x2 --shape ag_gemm:14336:4096 --format autoheuristic --out tables/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ficco.errors import fail
+from ficco.features import DEFAULT_HARDWARE_ID, MODES
+
+
+def _shape(text: str) -> tuple[str, int, int, int, int]:
+    """``op:n:k`` or ``op:n:k:experts:top_k`` as an export shape; BadParameter naming the forms."""
+    parts = text.split(":")
+    try:
+        if len(parts) in (3, 5):
+            numbers = [int(p) for p in parts[1:]] + [0, 0][: 5 - len(parts)]
+            return (parts[0], *numbers)  # type: ignore[return-value]
+    except ValueError:
+        pass
+    raise typer.BadParameter(
+        f"--shape must be op:n:k or op:n:k:experts:top_k (e.g. ag_gemm:14336:4096); got {text!r}"
+    )
+
+
+def export_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory the files are written to.")],
+    hardware: Annotated[
+        str, typer.Option("--hardware", help="Hardware id of the model.")
+    ] = DEFAULT_HARDWARE_ID,
+    version: Annotated[
+        str | None, typer.Option("--version", help="Model version (default: the promoted one).")
+    ] = None,
+    registry: Annotated[
+        Path | None,
+        typer.Option("--registry", help="Model registry root (default: $FICCO_MODEL_ROOT or models/)."),
+    ] = None,
+    config: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--config", help="Hugging Face config.json, or a directory of them: their layers' shapes."
+        ),
+    ] = None,
+    dataset: Annotated[
+        list[Path] | None, typer.Option("--dataset", help="A dataset directory: its scenarios' (op, n, k).")
+    ] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", help="op:n:k (dense) or op:n:k:experts:top_k (MoE).")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", min=2, max=8, help="World size (tensor-parallel degree).")] = 2,
+    mode: Annotated[
+        list[str] | None, typer.Option("--mode", help=f"Execution mode(s) {list(MODES)} (default: both).")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    fmt: Annotated[
+        str, typer.Option("--format", help="tables (schedule tables), vllm (SP thresholds) or autoheuristic.")
+    ] = "tables",
+    host_factor: Annotated[
+        float | None,
+        typer.Option(
+            "--host-factor", help="This machine's host factor for eager tables (default: the model's)."
+        ),
+    ] = None,
+    allow_simulated: Annotated[
+        bool,
+        typer.Option(
+            "--allow-simulated",
+            help="Export for a model of simulated data or another world size; files are marked simulated.",
+        ),
+    ] = False,
+    score_on: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--score-on", help="vllm/autoheuristic: datasets their header's evaluation scores them on."
+        ),
+    ] = None,
+) -> None:
+    """Write a model's schedule tables (per world size, mode and dtype: token breakpoints of every (op, n, k))
+    or drop-in thresholds for vLLM / PyTorch's async-TP pass, for runtimes to load at start-up."""
+    from ficco.training.export import ExportRefused, config_shapes, dataset_shapes, export
+    from ficco.training.registry import ModelLoadError, default_model_root, load_predictor
+
+    try:
+        predictor = load_predictor(registry or default_model_root(), hardware, version)
+    except ModelLoadError as err:
+        raise fail(f"cannot export for hardware {hardware!r}: {err}") from None
+    shapes = list(dict.fromkeys([
+        *(config_shapes(config, tp=tp, dtype=dtype, hardware_id=hardware) if config else []),
+        *(dataset_shapes(dataset, tp=tp, dtype=dtype) if dataset else []),
+        *(_shape(s) for s in shape or []),
+    ]))  # fmt: skip
+    try:
+        paths = export(
+            predictor, out=out, shapes=shapes, world_size=tp, modes=mode or list(MODES), dtype=dtype, fmt=fmt,
+            host_factor=host_factor, allow_simulated=allow_simulated, score_on=score_on or [],
+        )  # fmt: skip
+    except (ExportRefused, ValueError) as err:
+        raise fail(str(err)) from None
+    for path in paths:
+        typer.echo(str(path))
