@@ -270,7 +270,7 @@ def _part_metadata(shard: ShardDir) -> dict[str, Any]:
     return {
         "fingerprint": shard.manifest["fingerprint"],
         "plan_hash": shard.shard["plan_hash"],
-        "code_version": sorted({r["code_version"] for r in read_runs(shard.directory)}),
+        "code_version": ", ".join(sorted({r["code_version"] for r in read_runs(shard.directory)})),
         "shard": shard.label,
     }
 
@@ -287,16 +287,17 @@ def _gathered_noise(shards: Sequence[ShardDir]) -> pd.DataFrame | None:
 
 def merged_plan(shards: Sequence[ShardDir]) -> dict[str, Any]:
     """The whole plan's ``plan.json`` from its shards' parts: entries back in plan order (by the positions
-    each shard records), the families sharing a scenario united, ``settings`` without the shard."""
+    each shard records), the families sharing a scenario united, ``settings`` without the shard (its
+    ``estimated_minutes`` the shards' sum)."""
     placed: dict[int, list] = {}
     shared: dict[str, list[str]] = {}
     for shard in shards:
         for position, entry in zip(shard.shard["positions"], shard.plan["entries"], strict=True):
             placed.setdefault(position, entry)
         shared.update(shard.plan["shared"])
-    settings = {
-        k: v for k, v in shards[0].plan["settings"].items() if k not in ("shard", "estimated_minutes")
-    }
+    settings = {k: v for k, v in shards[0].plan["settings"].items() if k != "shard"}
+    estimated = sum(s.shard["estimated_seconds"] for s in shards)
+    settings["estimated_minutes"] = round(estimated / 60, 2)
     return {
         "settings": settings,
         "entries": [placed[p] for p in sorted(placed)],
