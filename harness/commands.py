@@ -440,14 +440,13 @@ FLEET_OPTIONS = (
 def forwarded_options(ctx: typer.Context) -> list[str]:
     """The options of this ``ficco bench`` that each shard's command repeats: those given on the command
     line or in the environment, less ``FLEET_OPTIONS``, paths made absolute."""
-    import click
-
     argv: list[str] = []
     for param in ctx.command.params:
         name = param.name
-        if not isinstance(param, click.Option) or name in FLEET_OPTIONS:
+        if param.param_type_name != "option" or name in FLEET_OPTIONS:
             continue
-        if ctx.get_parameter_source(name) in (None, click.core.ParameterSource.DEFAULT):
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name == "DEFAULT":
             continue
         value = ctx.params[name]
         if param.is_flag:

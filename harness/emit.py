@@ -52,7 +52,6 @@ def slurm_script(
     backend: str,
     world_size: int,
     share_nodes: bool,
-    max_retries: int,
     name: str,
 ) -> str:
     """The ``sbatch`` job array script running ``command`` (``ficco bench`` with ``--out``, no
@@ -73,9 +72,8 @@ def slurm_script(
         "#!/bin/bash",
         f"# ficco bench, {shards} shards: one array task per shard (written by `ficco bench --emit slurm`).",
         "# Submit: sbatch " + shlex.quote(str(out / SHARDS_DIR / SCRIPT[Engine.slurm])),
-        f"# A task re-run (scontrol requeue, or sbatch --array=I) resumes its shard; {max_retries} "
-        "requeues are",
-        "# a reasonable budget. After every task has finished:",
+        "# A task run again (scontrol requeue JOBID_I; --requeue lets Slurm requeue a preempted one)",
+        "# resumes its shard. After every task has finished:",
         f"#   {gather_command(out)}",
         *(f"#SBATCH {d}" for d in directives),
         "set -euo pipefail",
@@ -163,7 +161,6 @@ def write_job(
         "backend": backend,
         "world_size": world_size,
         "share_nodes": share_nodes,
-        "max_retries": max_retries,
         "name": name,
     }
     path = out / SHARDS_DIR / SCRIPT[engine]
@@ -172,5 +169,7 @@ def write_job(
         path.write_text(slurm_script(command, **common))
         path.chmod(0o755)
     else:
-        path.write_text(json.dumps(k8s_job(command, image=image, **common), indent=2) + "\n")
+        path.write_text(
+            json.dumps(k8s_job(command, image=image, max_retries=max_retries, **common), indent=2) + "\n"
+        )
     return path
