@@ -112,10 +112,9 @@ def run_on_ray(
     shared = backend == "gpu" and share_nodes and max(node_gpus) >= 2 * world_size
     env = {"FICCO_RAY_JOB": ray.get_runtime_context().get_job_id(), "FICCO_SHARED_NODE": str(int(shared))}
     task = ray.remote(run_shard)
-    groups, pending = [], {}
+    pending = {}
     for index in range(shards):
         group = placement_group([bundle], strategy="STRICT_PACK", name=f"ficco-shard-{index}-of-{shards}")
-        groups.append(group)
         options: dict[str, Any] = {
             "num_cpus": bundle.get("CPU", 0),
             "num_gpus": bundle.get("GPU", 0),
@@ -124,23 +123,24 @@ def run_on_ray(
             "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
         }
         shard = Shard(index, shards)
-        pending[task.options(**options).remote(list(argv), shard, out, env)] = shard
+        pending[task.options(**options).remote(list(argv), shard, out, env)] = (shard, group)
     failed: dict[str, str] = {}
-    bar = tqdm(total=scenarios, desc=f"{shards} shards", unit="scenario")
+    bar = tqdm(total=scenarios, desc=f"{shards} shards", unit="scenario", mininterval=5.0)
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
             for ref in done:
-                shard = pending.pop(ref)
+                shard, group = pending.pop(ref)
+                remove_placement_group(group)  # its resources go to a shard still waiting
                 try:
                     ray.get(ref)
                 except Exception as err:  # retries exhausted: report it, let the other shards finish
                     failed[str(shard)] = str(err).strip().splitlines()[-1]
-            bar.n = _finished(out, shards)
-            bar.set_postfix(running=len(pending), failed=len(failed), refresh=True)
+            bar.set_postfix(running=len(pending), failed=len(failed), refresh=False)
+            bar.update(_finished(out, shards) - bar.n)
     finally:
         bar.close()
-        for group in groups:
+        for _, group in pending.values():  # interrupted: give back what is still held
             remove_placement_group(group)
     if failed:
         lines = "\n  ".join(f"shard {s}: {why}" for s, why in failed.items())
