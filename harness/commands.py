@@ -323,6 +323,8 @@ def bench(
     )
     mode_list = _modes(modes, backend)
     if ray is not None or emit is not None:
+        if shard is not None:
+            raise fail("--shard runs one shard here; --ray and --emit run every shard (drop --shard)")
         _run_fleet(
             ctx, plan, out.resolve(), ray=ray, emit=emit, shards=shards, share_nodes=share_nodes,
             max_retries=max_retries, image=image, backend=backend, tp=tp,
