@@ -478,6 +478,8 @@ def _run_fleet(
     import sys
 
     argv = forwarded_options(ctx)
+    if backend is BenchBackend.gpu and "--nproc" not in argv:  # a shard's node may hold more GPUs than --tp
+        argv += ["--nproc", str(tp)]
     fleet = {
         "backend": backend.value,
         "world_size": tp,

@@ -77,6 +77,11 @@ def slurm_script(
         f"#   {gather_command(out)}",
         *(f"#SBATCH {d}" for d in directives),
         "set -euo pipefail",
+        *(
+            ["export FICCO_SHARED_NODE=1  # --share-nodes: the dataset card notes the co-tenancy"]
+            if share_nodes
+            else []
+        ),
         ': "${SLURM_ARRAY_TASK_ID:?run this script as a job array task (sbatch), or set it by hand}"',
         shlex.join(command),
     ]
@@ -110,7 +115,14 @@ def k8s_job(
                 "name": "bench",
                 "image": image,
                 "command": list(command),
-                "env": [{"name": SHARD_COUNT_ENV, "value": str(shards)}],
+                "env": [
+                    {"name": SHARD_COUNT_ENV, "value": str(shards)},
+                    *(
+                        [{"name": "FICCO_SHARED_NODE", "value": "1"}]
+                        if share_nodes and backend == "gpu"
+                        else []
+                    ),
+                ],
                 "resources": resources,
                 "volumeMounts": [{"name": "datasets", "mountPath": str(out)}],
             }

@@ -203,10 +203,12 @@ def test_emit_slurm_gpu_holds_whole_nodes_unless_shared(configs, tmp_path):
     bench("--configs", configs, "--out", tmp_path / "a", "--emit", "slurm", "--shards", "3", "--tp", "2")
     text = (tmp_path / "a" / "shards" / "bench.sbatch").read_text()
     assert "#SBATCH --gres=gpu:2" in text and "#SBATCH --exclusive" in text
+    assert "--nproc 2 --out" in text and "FICCO_SHARED_NODE" not in text  # 2 of the node's GPUs
     bench(
         *("--configs", configs, "--out", tmp_path / "b", "--emit", "slurm", "--shards", "3", "--share-nodes")
     )
-    assert "--exclusive" not in (tmp_path / "b" / "shards" / "bench.sbatch").read_text()
+    shared = (tmp_path / "b" / "shards" / "bench.sbatch").read_text()
+    assert "--exclusive" not in shared and "export FICCO_SHARED_NODE=1" in shared
 
 
 def test_emit_k8s_manifest_parses_as_an_indexed_job(configs, tmp_path):
@@ -233,3 +235,12 @@ def test_emit_needs_a_shard_count(configs, tmp_path):
         app, ["bench", "--configs", str(configs), "--out", str(tmp_path), "--emit", "k8s"]
     )
     assert result.exit_code != 0 and "--shards N" in result.output
+
+
+def test_a_card_of_shards_that_shared_a_node_says_so(configs, tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "0/2")
+    monkeypatch.setenv("FICCO_SHARED_NODE", "1")  # as --share-nodes sets it for GPU shards
+    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "1/2")
+    assert gather(out, "--out", out).exit_code == 0
+    assert "**Co-tenancy:**" in (out / "card.md").read_text()
