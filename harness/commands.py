@@ -6,6 +6,10 @@
     ficco bench --backend sim --out /tmp/sim --include-moe    # no GPU: the analytic model
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
     ficco bench --card-only --out datasets/h200x2             # rewrite card.md and the plots
+    ficco bench --tp 8 --out /shared/h100x8 --shard 2/16      # one shard (docs/fleet.md)
+    ficco bench --tp 8 --out /shared/h100x8 --ray auto        # every shard on Ray, then gathered
+    ficco bench --tp 8 --out /shared/h100x8 --emit slurm --shards 16   # a job array script
+    ficco dataset gather /shared/h100x8/shards --out /shared/h100x8    # the shards into one dataset
 
 Heavy imports (torch, pandas, matplotlib) happen inside the command.
 """
