@@ -72,7 +72,7 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _noise(df, noise),
         _host_speed(df),
     ]
-    if "gathered" in manifest:  # a dataset of shards (``ficco dataset gather``)
+    if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
         from ficco.harness.gather import shards_section
 
         sections.insert(3, shards_section(manifest))
