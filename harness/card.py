@@ -75,6 +75,10 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _noise(df, noise),
         _host_speed(df),
     ]
+    if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
+        from ficco.harness.gather import shards_section
+
+        sections.insert(3, shards_section(manifest))
     if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
     sections.append(

@@ -6,6 +6,10 @@
     ficco bench --backend sim --out /tmp/sim --include-moe    # no GPU: the analytic model
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
     ficco bench --card-only --out datasets/h200x2             # rewrite card.md and the plots
+    ficco bench --tp 8 --out /shared/h100x8 --shard 2/16      # one shard (docs/fleet.md)
+    ficco bench --tp 8 --out /shared/h100x8 --ray auto        # every shard on Ray, then gathered
+    ficco bench --tp 8 --out /shared/h100x8 --emit slurm --shards 16   # a job array script
+    ficco dataset gather /shared/h100x8/shards --out /shared/h100x8    # the shards into one dataset
 
 Heavy imports (torch, pandas, matplotlib) happen inside the command.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,6 +33,7 @@ from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
+from ficco.harness.emit import Engine
 from ficco.harness.launch import (
     REPO_ROOT,
     BenchBackend,
@@ -42,7 +48,9 @@ from ficco.harness.launch import (
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 if TYPE_CHECKING:
+    from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
+    from ficco.harness.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,7 @@ def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
 
 
 def bench(
+    ctx: typer.Context,
     backend: Annotated[
         BenchBackend,
         typer.Option(
@@ -225,6 +234,64 @@ def bench(
             "complete.",
         ),
     ] = 0.0,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure only shard I/N of the plan (0 <= I < N; balanced by estimated GPU time) into "
+            "OUT/shards/shard-I-of-N, resuming it if started; default: from SLURM_ARRAY_TASK_ID and "
+            "SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX and FICCO_SHARD_COUNT, when set. "
+            "`ficco dataset gather OUT/shards --out OUT` unions the shards.",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ADDRESS",
+            help="Run every shard as a Ray task on the cluster at ADDRESS (auto: the running one; local: "
+            "start one here), each in a placement group of one node, retried and resumed when it fails, "
+            "then gather them into --out (needs ficco\\[fleet]).",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
+    emit: Annotated[
+        Engine | None,
+        typer.Option(
+            help="Write the job that runs the shards on a cluster scheduler into OUT/shards/ (slurm: a job "
+            "array script; k8s: an indexed Job manifest) and print the gather command to run after.",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
+    shards: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=100_000,
+            help="Shards of --ray and --emit (0: --ray, one per node that fits; --emit needs a count).",
+            rich_help_panel="Fleet",
+        ),
+    ] = 0,
+    share_nodes: Annotated[
+        bool,
+        typer.Option(
+            "--share-nodes",
+            help="Let shards of --ray/--emit share a GPU node (--tp GPUs each) instead of holding it whole: "
+            "faster, but co-tenants share NVLink and host, which disturbs overlap timing (the card says so).",
+            rich_help_panel="Fleet",
+        ),
+    ] = False,
+    max_retries: Annotated[
+        int,
+        typer.Option(
+            min=0, max=100, help="Retries of a failed shard (--ray, --emit k8s).", rich_help_panel="Fleet"
+        ),
+    ] = 3,
+    image: Annotated[
+        str,
+        typer.Option(
+            help="Container image of --emit k8s (ficco with a CUDA torch).", rich_help_panel="Fleet"
+        ),
+    ] = "ficco-bench:latest",
     card_only: Annotated[
         bool, typer.Option("--card-only", help="Only rewrite card.md and the plots of --out, then stop.")
     ] = False,
@@ -270,13 +337,24 @@ def bench(
         limit=limit,
         sample=sample,
     )
+    mode_list = _modes(modes, backend)
+    if ray is not None or emit is not None:
+        if shard is not None:
+            raise fail("--shard runs one shard here; --ray and --emit run every shard (drop --shard)")
+        _run_fleet(
+            ctx, plan, out.resolve(), ray=ray, emit=emit, shards=shards, share_nodes=share_nodes,
+            max_retries=max_retries, image=image, backend=backend, tp=tp,
+        )  # fmt: skip
+        return
+    part = _shard(shard)
+    if part is not None:
+        plan, out, resume, remeasure = _shard_run(plan, part, out, hw, mode_list, timing, remeasure)
     _check_fresh_or_resume(out, resume)
     if resume:
         _check_same_plan_settings(out, plan)
 
     from ficco.harness.plan import estimate_sweep
 
-    mode_list = _modes(modes, backend)
     estimate = estimate_sweep(plan, hw, modes=mode_list, timing=timing, remeasure=remeasure)
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
@@ -316,7 +394,144 @@ def bench(
                 pin=pin.value,
             ),
         )
-    _write_card(out)
+    if part is None:
+        _write_card(out)
+    else:
+        from ficco.harness.emit import gather_command
+
+        typer.echo(f"shard {part}: {out}; once every shard is done: {gather_command(out.parents[1])}")
+
+
+def _shard(value: str | None) -> Shard | None:
+    """The shard of ``--shard``, else of the job array environment (``harness.shards.shard_from_env``)."""
+    import os
+
+    from ficco.harness.shards import Shard, shard_from_env
+
+    try:
+        return Shard.parse(value) if value is not None else shard_from_env(os.environ)
+    except ValueError as err:
+        raise fail(f"--shard: {err}") from None
+
+
+def _shard_run(
+    plan: Plan,
+    part: Shard,
+    out: Path,
+    hw: HardwareProfile,
+    modes: tuple[str, ...],
+    timing: Timing,
+    remeasure: int,
+) -> tuple[Plan, Path, bool, int]:
+    """``(plan, out, resume, remeasure)`` of shard ``part``: its part of the plan, its directory (always
+    resumed; refused if it holds another plan's shard), its share of the re-measure; records the run."""
+    from ficco.harness.dataset import PLAN, read_manifest
+    from ficco.harness.plan import scenario_seconds
+    from ficco.harness.shards import plan_hash, record_run, shard_dir, shard_plan
+
+    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=modes, timing=timing))
+    directory = shard_dir(out, part)
+    if (directory / PLAN).is_file():
+        before = json.loads((directory / PLAN).read_text())["settings"].get("shard", {})
+        if before.get("plan_hash") != plan_hash(sub):
+            raise fail(
+                f"{directory} holds shard {part} of another plan (hash {str(before.get('plan_hash'))[:16]}, "
+                f"this one {plan_hash(sub)[:16]}): run it with the options it was started with, or choose "
+                "another --out"
+            )
+    try:
+        manifest = read_manifest(directory)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    record_run(directory, finished_before=0 if manifest is None else len(manifest["finished"]))
+    typer.echo(f"shard {part}: {len(sub)} of {len(plan)} scenarios into {directory}", err=True)
+    return sub, directory, True, math.ceil(remeasure / part.count)
+
+
+FLEET_OPTIONS = (
+    "shard", "ray", "emit", "shards", "share_nodes", "max_retries", "image", "out", "resume", "card_only",
+    "relabel",
+)  # fmt: skip
+"""``ficco bench`` options that a shard's own command does not repeat (the fleet sets them)."""
+
+
+def forwarded_options(ctx: typer.Context) -> list[str]:
+    """The options of this ``ficco bench`` that each shard's command repeats: those given on the command
+    line or in the environment, less ``FLEET_OPTIONS``, paths made absolute."""
+    argv: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if param.param_type_name != "option" or name in FLEET_OPTIONS:
+            continue
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name == "DEFAULT":
+            continue
+        value = ctx.params[name]
+        if param.is_flag:
+            argv += [param.opts[0]] if value else []
+            continue
+        if isinstance(value, Path) or (name == "hardware" and str(value).endswith(".json")):
+            value = Path(value).resolve()
+        argv += [param.opts[0], str(getattr(value, "value", value))]
+    return argv
+
+
+def _run_fleet(
+    ctx: typer.Context,
+    plan: Plan,
+    out: Path,
+    *,
+    ray: str | None,
+    emit: Engine | None,
+    shards: int,
+    share_nodes: bool,
+    max_retries: int,
+    image: str,
+    backend: BenchBackend,
+    tp: int,
+) -> None:
+    """``--emit``: write the scheduler's job; ``--ray``: run the shards on Ray and gather them."""
+    import sys
+
+    argv = forwarded_options(ctx)
+    if backend is BenchBackend.gpu and "--nproc" not in argv:  # a shard's node may hold more GPUs than --tp
+        argv += ["--nproc", str(tp)]
+    fleet = {
+        "backend": backend.value,
+        "world_size": tp,
+        "share_nodes": share_nodes,
+        "max_retries": max_retries,
+    }
+    if emit is not None:
+        from ficco.harness.emit import Engine, gather_command, write_job
+
+        if ray is not None or shards < 1:
+            raise fail("--emit writes a job for --shards N shards (N >= 1), without --ray")
+        head = [sys.executable, "-m", "ficco.cli"] if emit is Engine.slurm else ["ficco"]
+        command = [*head, "bench", *argv, "--out", str(out)]
+        path = write_job(
+            emit, command, out=out, shards=shards, hardware_id=plan.settings["hardware_id"], image=image,
+            **fleet,
+        )  # fmt: skip
+        typer.echo(f"wrote {path} ({shards} shards of {len(plan)} scenarios)")
+        typer.echo(f"after every shard has finished: {gather_command(out)}")
+        return
+    try:
+        from ficco.harness import fleet as ray_fleet
+        from ficco.harness.gather import gather
+    except ImportError as err:
+        raise fail(f"--ray needs Ray: pip install 'ficco[fleet]' ({err})") from None
+    try:
+        ray_fleet.connect(ray)
+        count = shards or ray_fleet.default_shards(backend.value, tp, share_nodes)
+        typer.echo(f"ray: {count} shards of {len(plan)} scenarios", err=True)
+        dirs = ray_fleet.run_on_ray(ray, argv=argv, out=out, shards=count, scenarios=len(plan), **fleet)
+        done = gather(dirs, out)
+    except (ValueError, RuntimeError) as err:
+        raise fail(str(err)) from None
+    typer.echo(
+        f"gathered {done.shards} shards into {out}: {done.rows} rows, content hash {done.rows_hash[:16]}"
+    )
 
 
 def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float) -> None:
@@ -496,7 +711,45 @@ def host_factor(
         raise typer.Exit(code)
 
 
+def gather_command(
+    parts: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Shard directories (`ficco bench --shard I/N` writes OUT/shards/shard-I-of-N), or folders "
+            "holding them (OUT or OUT/shards)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Directory of the gathered dataset (new).")],
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial", help="Gather even when shards are missing or unfinished (the card says so)."
+        ),
+    ] = False,
+) -> None:
+    """Union the shards of one sweep into one dataset: refuses shards of different fingerprints, protocols
+    or plans (naming the keys that differ) and missing or unfinished shards, keeps each row once, and
+    writes the dataset, its card (shards, machines, GPU time) and the content hash of its rows."""
+    from ficco.harness.gather import gather
+
+    try:
+        done = gather(parts, out, partial=partial)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    typer.echo(
+        f"gathered {done.shards} shards into {done.out}: {done.rows} rows, content hash {done.rows_hash}"
+        + (f"; {done.duplicates} duplicate rows dropped" if done.duplicates else "")
+    )
+    if done.missing_shards or done.unfinished:
+        typer.echo(
+            f"incomplete: missing shards {done.missing_shards}, unfinished {done.unfinished}", err=True
+        )
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``ficco bench`` and ``ficco host-factor`` to ``app``."""
+    """Add ``ficco bench``, ``ficco host-factor`` and ``ficco dataset gather`` to ``app``."""
     app.command("bench", help=BENCH_HELP)(bench)
     app.command("host-factor")(host_factor)
+    dataset = typer.Typer(help="Work on measured datasets: gather the shards of a sweep into one.")
+    dataset.command("gather")(gather_command)
+    app.add_typer(dataset, name="dataset")

@@ -27,6 +27,9 @@ from ficco.harness.labels import relabel
 if TYPE_CHECKING:
     import pandas as pd
 
+PART_METADATA_KEY = "ficco"
+"""Key of a part's Parquet key-value metadata (fingerprint, plan hash, code version, shard)."""
+
 
 def result_rows(
     family: str, scenario: Scenario, result: ScenarioResult, backend: str
@@ -64,11 +67,28 @@ def result_rows(
 # Manifest -------------------------------------------------------------------------------------------------
 
 
-def write_parquet_atomic(path: Path, frame: pd.DataFrame) -> None:
+def write_parquet_atomic(path: Path, frame: pd.DataFrame, metadata: dict[str, Any] | None = None) -> None:
     """Write dataset rows ``frame`` (their stored ``COLUMNS``; derived ones such as ``time_ms`` stay out) to
-    ``path`` via a temporary file, fsync and ``os.replace``."""
+    ``path`` via a temporary file, fsync and ``os.replace``; ``metadata`` (JSON-serialisable) goes into the
+    file's key-value metadata under ``PART_METADATA_KEY`` (read back by :func:`part_metadata`)."""
     with replacing(path) as tmp:
-        frame[list(COLUMNS)].to_parquet(tmp, index=False)
+        if metadata is None:
+            frame[list(COLUMNS)].to_parquet(tmp, index=False)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(frame[list(COLUMNS)], preserve_index=False)
+        extra = {PART_METADATA_KEY.encode(): json.dumps(metadata, sort_keys=True).encode()}
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **extra}), tmp)
+
+
+def part_metadata(path: str | Path) -> dict[str, Any] | None:
+    """The ``metadata`` a part was written with (:func:`write_parquet_atomic`), or None if none."""
+    import pyarrow.parquet as pq
+
+    raw = (pq.read_schema(path).metadata or {}).get(PART_METADATA_KEY.encode())
+    return None if raw is None else json.loads(raw)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -319,34 +319,63 @@ def estimate_sweep(
     schedule (baselines: ``timing.rounds``), plus ``UNTIMED_CALLS`` untimed calls each (check, warm-up,
     graph capture and its check), and the per-block, per-item and per-scenario overheads; each of the
     ``remeasure`` scenarios adds the plan's mean cost."""
-    from ficco.harness.torch_backend import MAX_CALLS
-
     timing = Timing() if timing is None else timing
-    sim = SimBackend(hardware, modes=tuple(modes))
-    timed = overhead = 0.0
-    rows = 0
-    for _, scenario in plan:
-        schedules = candidates(scenario)
-        result = sim.measure(scenario, schedules)
-        for mode in modes:
-            serial = next(
-                m.median_ms for m in result.measurements if m.mode == mode and m.schedule == "serial/sm"
-            )
-            calls = min(MAX_CALLS, max(1, math.ceil(timing.block_ms / serial)))
-            per_block = calls + (calls > 1 and mode == "eager")
-            per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
-            base = [v for v in result.baselines[mode].values() if math.isfinite(v)]
-            rounds = timing.rounds_for(calls * (sum(per_call) + sum(base)), mode)
-            timed += (rounds * sum(per_call) + timing.rounds * sum(base)) * per_block / 1e3
-            timed += UNTIMED_CALLS * (sum(per_call) + sum(base)) / 1e3
-            blocks = rounds * len(per_call) + timing.rounds * len(base)
-            items = len(per_call) + len(base)
-            overhead += (blocks * BLOCK_OVERHEAD_MS[mode] + items * ITEM_OVERHEAD_MS) / 1e3
-        overhead += SCENARIO_OVERHEAD_MS / 1e3
-        rows += len(schedules) * len(modes)
+    costs = [_scenario_cost(sim, s, modes, timing) for sim, s in _priced(plan, hardware, modes)]
+    timed = sum(c[0] for c in costs)
+    overhead = sum(c[1] for c in costs)
+    rows = sum(c[2] for c in costs)
     n = len(plan)
     again = min(remeasure, n)
     scale = 1.0 + again / n if n else 1.0
     return SweepEstimate(
         scenarios=n, remeasured=again, rows=rows, timed_s=timed * scale, overhead_s=overhead * scale
     )
+
+
+def scenario_seconds(
+    plan: Sequence[tuple[str, Scenario]],
+    hardware: HardwareProfile,
+    *,
+    modes: Sequence[str] = ("eager", "graph"),
+    timing: Timing | None = None,
+) -> list[float]:
+    """The simulated GPU seconds of each scenario of ``plan`` under the protocol (``estimate_sweep``'s
+    terms, one scenario at a time): what ``harness.shards`` balances the shards of a sweep by."""
+    timing = Timing() if timing is None else timing
+    return [sum(_scenario_cost(sim, s, modes, timing)[:2]) for sim, s in _priced(plan, hardware, modes)]
+
+
+def _priced(
+    plan: Sequence[tuple[str, Scenario]], hardware: HardwareProfile, modes: Sequence[str]
+) -> Iterator[tuple[SimBackend, Scenario]]:
+    """``(simulator, scenario)`` for each scenario of ``plan``: one simulator of ``hardware`` for all."""
+    sim = SimBackend(hardware, modes=tuple(modes))
+    return ((sim, scenario) for _, scenario in plan)
+
+
+def _scenario_cost(
+    sim: SimBackend, scenario: Scenario, modes: Sequence[str], timing: Timing
+) -> tuple[float, float, int]:
+    """``(timed seconds, overhead seconds, rows)`` of one scenario under the protocol (see
+    ``estimate_sweep``)."""
+    from ficco.harness.torch_backend import MAX_CALLS
+
+    schedules = candidates(scenario)
+    result = sim.measure(scenario, schedules)
+    timed = overhead = 0.0
+    for mode in modes:
+        serial = next(
+            m.median_ms for m in result.measurements if m.mode == mode and m.schedule == "serial/sm"
+        )
+        calls = min(MAX_CALLS, max(1, math.ceil(timing.block_ms / serial)))
+        per_block = calls + (calls > 1 and mode == "eager")
+        per_call = [m.median_ms for m in result.measurements if m.mode == mode and m.ok]
+        base = [v for v in result.baselines[mode].values() if math.isfinite(v)]
+        rounds = timing.rounds_for(calls * (sum(per_call) + sum(base)), mode)
+        timed += (rounds * sum(per_call) + timing.rounds * sum(base)) * per_block / 1e3
+        timed += UNTIMED_CALLS * (sum(per_call) + sum(base)) / 1e3
+        blocks = rounds * len(per_call) + timing.rounds * len(base)
+        items = len(per_call) + len(base)
+        overhead += (blocks * BLOCK_OVERHEAD_MS[mode] + items * ITEM_OVERHEAD_MS) / 1e3
+    overhead += SCENARIO_OVERHEAD_MS / 1e3
+    return timed, overhead, len(schedules) * len(modes)

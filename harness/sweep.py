@@ -35,6 +35,7 @@ from ficco.harness.dataset import result_rows, write_json_atomic, write_parquet_
 from ficco.harness.fingerprint import fingerprint_differences
 from ficco.harness.labels import label_result
 from ficco.harness.plan import Plan, evenly_spaced
+from ficco.harness.shards import provenance
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +74,8 @@ def run_sweep(
     finished = set(manifest["finished"])
     todo = [(f, s) for f, s in unique if s.key() not in finished]
     _log(writer, f"{out}: {len(unique) - len(todo)} of {len(unique)} scenarios already measured")
-    sink = _PartSink(out, manifest, writer, flush_seconds)
+    metadata = provenance(plan, manifest["fingerprint"]) if writer else None
+    sink = _PartSink(out, manifest, writer, flush_seconds, metadata)
     _measure_all(todo, backend, sink, progress and writer, len(unique), "bench", deadline)
     sink.flush()
     return out
@@ -288,16 +290,19 @@ class _Sink:
 
 
 class _PartSink(_Sink):
-    """Each flush: a new part, then the manifest listing it (see the module docstring)."""
+    """Each flush: a new part (with the sweep's ``harness.shards.provenance`` in its metadata), then the
+    manifest listing it (see the module docstring)."""
 
-    def __init__(self, out: Path, manifest: dict, writer: bool, flush_seconds: float) -> None:
+    def __init__(
+        self, out: Path, manifest: dict, writer: bool, flush_seconds: float, metadata: dict | None
+    ) -> None:
         super().__init__(out, writer, flush_seconds, manifest["rows"])
-        self.manifest = manifest
+        self.manifest, self.metadata = manifest, metadata
 
     def _write(self) -> None:
         m = self.manifest
         name = f"parts/part-{len(m['parts']):05d}.parquet"
-        write_parquet_atomic(self.out / name, rows_frame(self.rows))
+        write_parquet_atomic(self.out / name, rows_frame(self.rows), self.metadata)
         m["parts"].append({"file": name, "rows": len(self.rows), "scenarios": len(self.ids)})
         m["finished"] += self.ids
         m["rows"] += len(self.rows)

@@ -1,0 +1,187 @@
+"""``ficco bench --emit slurm|k8s``: the job that runs a sweep's shards on a cluster scheduler.
+
+- **slurm**: a job array script, one array task per shard, each on one node with the sweep's GPUs
+  (``--gres=gpu:W``; ``--exclusive`` unless ``--share-nodes``: co-tenancy disturbs overlap timing). A task
+  reads its shard from ``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT`` (``harness.shards``).
+- **k8s**: an indexed Job (``completionMode: Indexed``), one pod per shard reading ``JOB_COMPLETION_INDEX``
+  and ``FICCO_SHARD_COUNT``; a per-index retry budget (``backoffLimitPerIndex``), ``nvidia.com/gpu: W``,
+  and a pod anti-affinity on the host name (one shard per node) unless ``--share-nodes``. The output
+  folder is a PersistentVolumeClaim mounted at the same path as ``--out``, so the gather command works
+  wherever that volume is mounted. Written as JSON, which ``kubectl apply -f`` reads.
+
+A shard that stops (preemption, a node failure) resumes where it stopped when the scheduler reruns it.
+After every shard is done, ``gather_command`` unions them into the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ficco.harness.shards import SHARD_COUNT_ENV, SHARDS_DIR
+
+
+class Engine(StrEnum):
+    """Cluster schedulers ``--emit`` writes a job for."""
+
+    slurm = "slurm"
+    k8s = "k8s"
+
+
+SCRIPT = {Engine.slurm: "bench.sbatch", Engine.k8s: "bench-job.json"}
+"""File name of the emitted job, in ``OUT/shards/``."""
+K8S_PVC = "ficco-datasets"
+"""Default PersistentVolumeClaim holding ``--out`` in the Kubernetes Job."""
+
+
+def gather_command(out: Path) -> str:
+    """The command that unions the shards of ``--out out`` into the dataset at ``out``."""
+    return shlex.join(["ficco", "dataset", "gather", str(out / SHARDS_DIR), "--out", str(out)])
+
+
+def slurm_script(
+    command: Sequence[str],
+    *,
+    out: Path,
+    shards: int,
+    backend: str,
+    world_size: int,
+    share_nodes: bool,
+    name: str,
+) -> str:
+    """The ``sbatch`` job array script running ``command`` (``ficco bench`` with ``--out``, no
+    ``--shard``) once per shard."""
+    gpu = backend == "gpu"
+    directives = [
+        f"--job-name={name}",
+        f"--array=0-{shards - 1}",
+        "--nodes=1",
+        "--ntasks=1",
+        *([f"--gres=gpu:{world_size}"] if gpu else []),
+        f"--cpus-per-task={max(world_size, 2) if backend != 'sim' else 1}",
+        *(["--exclusive"] if gpu and not share_nodes else []),
+        "--requeue",
+        f"--output={out / SHARDS_DIR}/slurm-%A_%a.log",
+    ]
+    lines = [
+        "#!/bin/bash",
+        f"# ficco bench, {shards} shards: one array task per shard (written by `ficco bench --emit slurm`).",
+        "# Submit: sbatch " + shlex.quote(str(out / SHARDS_DIR / SCRIPT[Engine.slurm])),
+        "# A task run again (scontrol requeue JOBID_I; --requeue lets Slurm requeue a preempted one)",
+        "# resumes its shard. After every task has finished:",
+        f"#   {gather_command(out)}",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -euo pipefail",
+        *(
+            ["export FICCO_SHARED_NODE=1  # --share-nodes: the dataset card notes the co-tenancy"]
+            if share_nodes
+            else []
+        ),
+        ': "${SLURM_ARRAY_TASK_ID:?run this script as a job array task (sbatch), or set it by hand}"',
+        shlex.join(command),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def k8s_job(
+    command: Sequence[str],
+    *,
+    out: Path,
+    shards: int,
+    backend: str,
+    world_size: int,
+    share_nodes: bool,
+    max_retries: int,
+    name: str,
+    image: str,
+    claim: str = K8S_PVC,
+) -> dict[str, Any]:
+    """The ``batch/v1`` indexed Job running ``command`` (``ficco bench`` with ``--out``) once per shard."""
+    labels = {"app.kubernetes.io/name": "ficco-bench", "ficco/sweep": name}
+    resources = (
+        {"limits": {"nvidia.com/gpu": str(world_size)}}
+        if backend == "gpu"
+        else {"requests": {"cpu": str(world_size if backend == "gloo" else 1)}}
+    )
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "bench",
+                "image": image,
+                "command": list(command),
+                "env": [
+                    {"name": SHARD_COUNT_ENV, "value": str(shards)},
+                    *(
+                        [{"name": "FICCO_SHARED_NODE", "value": "1"}]
+                        if share_nodes and backend == "gpu"
+                        else []
+                    ),
+                ],
+                "resources": resources,
+                "volumeMounts": [{"name": "datasets", "mountPath": str(out)}],
+            }
+        ],
+        "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": claim}}],
+    }
+    if not share_nodes:
+        term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
+        pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": shards,
+            "parallelism": shards,
+            "backoffLimitPerIndex": max_retries,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def job_name(hardware_id: str, backend: str) -> str:
+    """A DNS-1123 job name for a sweep of ``hardware_id`` on ``backend`` (``ficco-bench-h100x8``)."""
+    suffix = "" if backend == "gpu" else f"-{backend}"
+    return re.sub(r"[^a-z0-9-]+", "-", f"ficco-bench-{hardware_id}{suffix}".lower()).strip("-")[:63]
+
+
+def write_job(
+    engine: Engine,
+    command: Sequence[str],
+    *,
+    out: Path,
+    shards: int,
+    backend: str,
+    world_size: int,
+    share_nodes: bool,
+    max_retries: int,
+    hardware_id: str,
+    image: str,
+) -> Path:
+    """Write the ``engine`` job of the sweep into ``OUT/shards/`` (see the module docstring); return it."""
+    name = job_name(hardware_id, backend)
+    common = {
+        "out": out,
+        "shards": shards,
+        "backend": backend,
+        "world_size": world_size,
+        "share_nodes": share_nodes,
+        "name": name,
+    }
+    path = out / SHARDS_DIR / SCRIPT[engine]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if engine is Engine.slurm:
+        path.write_text(slurm_script(command, **common))
+        path.chmod(0o755)
+    else:
+        path.write_text(
+            json.dumps(k8s_job(command, image=image, max_retries=max_retries, **common), indent=2) + "\n"
+        )
+    return path

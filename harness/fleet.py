@@ -1,0 +1,185 @@
+"""``ficco bench --ray ADDRESS``: the shards of a sweep as Ray tasks, one placement group each, then gathered.
+
+Each shard (``harness.shards``) is one task that runs ``ficco bench ... --shard I/N`` in a subprocess, the
+usual sweep with one process per GPU under torchrun (gloo: per CPU rank; sim: in that process), inside a
+placement group of one bundle packed on one node (``STRICT_PACK``): ``{"GPU": W}`` (by default ``{"GPU":
+G}``, the node's every GPU, so that no other shard shares its NVLink and host; ``--share-nodes`` packs
+shards W GPUs apart and the card says so), ``{"CPU": W}`` for gloo and ``{"CPU": 1}`` for sim. A task whose
+worker dies (a preempted node, a killed process) is retried by Ray (``max_retries``), and one whose sweep
+exits non-zero too (``retry_exceptions``); the retry resumes the shard from its dataset directory, so the
+output folder must be on storage every node sees. A progress bar counts finished scenarios over all shards
+(read from the shards' manifests), and the finished shards are gathered into ``--out``
+(``harness.gather``).
+
+Ray is an optional dependency (``pip install 'ficco[fleet]'``).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ficco.harness.dataset import read_manifest
+from ficco.harness.shards import Shard, shard_dir
+
+POLL_SECONDS = 1.0
+"""Seconds between progress updates while shards run."""
+LOG = "bench.log"
+"""File of a shard directory collecting the output of every run of the shard under Ray."""
+
+
+class ShardFailed(RuntimeError):
+    """A shard's sweep process exited non-zero or was killed (Ray retries the task)."""
+
+
+def shard_bundle(
+    backend: str, world_size: int, *, share_nodes: bool, node_gpus: Sequence[float]
+) -> dict[str, float]:
+    """The one bundle a shard's placement group holds: ``{"GPU": ...}`` (gpu; the whole node unless
+    ``share_nodes``), ``{"CPU": world_size}`` (gloo) or ``{"CPU": 1}`` (sim). ``node_gpus``: the GPUs of
+    each alive node of the cluster. ``ValueError`` names why no node fits."""
+    if backend == "sim":
+        return {"CPU": 1}
+    if backend == "gloo":
+        return {"CPU": float(world_size)}
+    sizes = sorted({int(g) for g in node_gpus if g >= world_size})
+    if not sizes:
+        raise ValueError(
+            f"no node of the Ray cluster has {world_size} GPUs (--tp {world_size}); nodes have "
+            f"{sorted(int(g) for g in node_gpus)} GPUs"
+        )
+    if share_nodes:
+        return {"CPU": 1, "GPU": float(world_size)}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"the cluster's GPU nodes differ in size ({sizes} GPUs): a node of each size is another "
+            "machine (another fingerprint); run one sweep per node type"
+        )
+    return {"CPU": 1, "GPU": float(sizes[0])}
+
+
+def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str]) -> int:
+    """The Ray task of one shard: ``ficco bench *argv --out out --shard I/N`` in a subprocess, its output
+    appended to the shard's ``LOG``; returns the scenarios the shard has finished. Raises ``ShardFailed``
+    when the subprocess fails."""
+    from ficco.harness.launch import REPO_ROOT, launch_env
+
+    directory = shard_dir(out, shard)
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "ficco.cli", "bench", *argv, "--out", str(out), "--shard", str(shard)]
+    with open(directory / LOG, "a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        code = subprocess.run(
+            command, env={**launch_env(), **env}, cwd=REPO_ROOT, stdout=log, stderr=log, check=False
+        ).returncode
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        raise ShardFailed(f"shard {shard} {how}; its output: {directory / LOG}")
+    manifest = read_manifest(directory)
+    return 0 if manifest is None else len(manifest["finished"])
+
+
+def run_on_ray(
+    address: str,
+    *,
+    argv: Sequence[str],
+    out: Path,
+    shards: int,
+    backend: str,
+    world_size: int,
+    share_nodes: bool,
+    max_retries: int,
+    scenarios: int,
+) -> list[Path]:
+    """Run ``shards`` shards of the sweep ``argv`` (``ficco bench`` options, without ``--out`` and
+    ``--shard``) as Ray tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
+    one here; else a Ray address), with a progress bar over the plan's ``scenarios``; returns the shard
+    directories. Raises ``RuntimeError`` naming the shards that failed after their retries."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from tqdm import tqdm
+
+    connect(address)
+    node_gpus = [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
+    bundle = shard_bundle(backend, world_size, share_nodes=share_nodes, node_gpus=node_gpus)
+    shared = backend == "gpu" and share_nodes and max(node_gpus) >= 2 * world_size
+    env = {"FICCO_RAY_JOB": ray.get_runtime_context().get_job_id(), "FICCO_SHARED_NODE": str(int(shared))}
+    task = ray.remote(run_shard)
+    pending = {}
+    for index in range(shards):
+        group = placement_group([bundle], strategy="STRICT_PACK", name=f"ficco-shard-{index}-of-{shards}")
+        options: dict[str, Any] = {
+            "num_cpus": bundle.get("CPU", 0),
+            "num_gpus": bundle.get("GPU", 0),
+            "max_retries": max_retries,
+            "retry_exceptions": [ShardFailed],
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+        }
+        shard = Shard(index, shards)
+        pending[task.options(**options).remote(list(argv), shard, out, env)] = (shard, group)
+    failed: dict[str, str] = {}
+    bar = tqdm(total=scenarios, desc=f"{shards} shards", unit="scenario", mininterval=5.0)
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_SECONDS)
+            for ref in done:
+                shard, group = pending.pop(ref)
+                remove_placement_group(group)  # its resources go to a shard still waiting
+                try:
+                    ray.get(ref)
+                except Exception as err:  # retries exhausted: report it, let the other shards finish
+                    failed[str(shard)] = str(err).strip().splitlines()[-1]
+            bar.set_postfix(running=len(pending), failed=len(failed), refresh=False)
+            bar.update(_finished(out, shards) - bar.n)
+    finally:
+        bar.close()
+        for _, group in pending.values():  # interrupted: give back what is still held
+            remove_placement_group(group)
+    if failed:
+        lines = "\n  ".join(f"shard {s}: {why}" for s, why in failed.items())
+        raise RuntimeError(
+            f"{len(failed)} of {shards} shards failed after {max_retries} retries:\n  {lines}\nThe same "
+            "command resumes them (finished shards are skipped)"
+        )
+    return [shard_dir(out, Shard(i, shards)) for i in range(shards)]
+
+
+def _finished(out: Path, shards: int) -> int:
+    """Scenarios finished over every shard of ``out`` (from their manifests)."""
+    total = 0
+    for index in range(shards):
+        manifest = read_manifest(shard_dir(out, Shard(index, shards)))
+        total += 0 if manifest is None else len(manifest["finished"])
+    return total
+
+
+def default_shards(backend: str, world_size: int, share_nodes: bool) -> int:
+    """Shards when ``--shards`` is not given: one per GPU node (``share_nodes``: per ``world_size`` GPUs of
+    the cluster) for gpu, one per ``world_size`` CPUs for gloo and one per CPU for sim (Ray connected)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    if backend == "gpu":
+        gpus = [r.get("GPU", 0.0) for r in nodes]
+        if share_nodes:
+            return max(1, sum(int(g // world_size) for g in gpus))
+        return max(1, sum(g >= world_size for g in gpus))
+    cpus = sum(r.get("CPU", 0.0) for r in nodes)
+    return max(1, math.floor(cpus / (world_size if backend == "gloo" else 1)))
+
+
+def connect(address: str) -> None:
+    """Connect to (``auto``, an address) or start (``local``) the Ray cluster of ``--ray`` once."""
+    import ray
+
+    if not ray.is_initialized():
+        started = time.perf_counter()
+        ray.init(address=None if address == "local" else address)
+        print(f"ray: connected in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
