@@ -425,7 +425,7 @@ def _shard_run(
 ) -> tuple[Plan, Path, bool, int]:
     """``(plan, out, resume, remeasure)`` of shard ``part``: its part of the plan, its directory (always
     resumed; refused if it holds another plan's shard), its share of the re-measure; records the run."""
-    from ficco.harness.dataset import PLAN, read_manifest
+    from ficco.features.dataset import PLAN, read_manifest
     from ficco.harness.plan import scenario_seconds
     from ficco.harness.shards import plan_hash, record_run, shard_dir, shard_plan
 

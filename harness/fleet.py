@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ficco.harness.dataset import read_manifest
+from ficco.features.dataset import read_manifest
 from ficco.harness.shards import Shard, shard_dir
 
 POLL_SECONDS = 1.0

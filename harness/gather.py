@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ficco.harness.dataset import (
+from ficco.features.dataset import (
     FORMAT,
     MANIFEST,
     NOISE,
@@ -30,9 +30,8 @@ from ficco.harness.dataset import (
     load_dataset,
     load_noise,
     read_manifest,
-    write_json_atomic,
-    write_parquet_atomic,
 )
+from ficco.harness.dataset import write_json_atomic, write_parquet_atomic
 from ficco.harness.shards import SHARDS_DIR, code_version, read_runs
 
 if TYPE_CHECKING:

@@ -210,7 +210,7 @@ def grid_shapes() -> list[Shape]:
 
 def dataset_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str) -> list[Shape]:
     """Every (op, n, k, experts, top_k) of the datasets in ``paths`` at world size ``tp`` and ``dtype``."""
-    from ficco.harness.dataset import load_datasets
+    from ficco.features.dataset import load_datasets
 
     df, _ = load_datasets([Path(p) for p in paths])
     df = df[(df["world_size"] == tp) & (df["dtype"] == dtype)]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ficco.cli import app
 from ficco.features import candidates
-from ficco.harness.dataset import dataset_hash, load_dataset, read_manifest
+from ficco.features.dataset import dataset_hash, load_dataset, read_manifest
 from ficco.harness.fleet import shard_bundle
 from ficco.harness.plan import Plan
 from ficco.harness.shards import read_runs

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ficco.cli import app
-from ficco.harness.dataset import dataset_hash, load_dataset, part_metadata, read_manifest
+from ficco.features.dataset import dataset_hash, load_dataset, read_manifest
+from ficco.harness.dataset import part_metadata
 from ficco.harness.shards import Shard, assign, read_runs, shard_from_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
