@@ -662,25 +662,31 @@ def _fused_reduce_scatter_site(node: torch.fx.Node) -> _Site:
 
 
 class FiccoPass(CustomGraphPass):
-    """The Inductor pass :func:`enable` installs (the module docstring says what it rewrites)."""
+    """The Inductor pass :func:`enable` installs (the module docstring says what it rewrites); its
+    :attr:`report` fills as graphs compile. The parameters are :func:`enable`'s."""
 
     def __init__(
         self,
-        schedules: _FunctionSchedules | _PlannerSchedules,
+        schedules: Any,
         *,
+        mode: Mode = "eager",
+        hardware: str | None = None,
         token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
-        report: CompileReport | None = None,
+        timeout_s: float = DECIDE_TIMEOUT_S,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
         points = tuple(token_points)
-        if (
-            not points
-            or any(not isinstance(p, int) or p < 1 for p in points)
-            or list(points) != sorted(set(points))
-        ):
+        valid = all(isinstance(p, int) and p >= 1 for p in points) and list(points) == sorted(set(points))
+        if not (points and valid):
             raise ValueError(f"token_points must be increasing positive ints; got {list(token_points)!r}")
-        self.schedules = schedules
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
+        self.schedules = _schedules_of(schedules, mode, hardware, float(timeout_s))
         self.token_points = points
-        self.report = report if report is not None else CompileReport()
+        from torch._dynamo.utils import counters
+
+        self.report = CompileReport(_cache_hits_at_start=counters["inductor"]["fxgraph_cache_hit"])
 
     def uuid(self) -> bytes | None:
         """Keys the FX graph cache on this file, the schedule source and the token points; None (no cache)
@@ -843,12 +849,9 @@ def enable(
     CompileReport
         Filled as graphs compile: what was rewritten, what was left and why.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
-    ficco_pass = FiccoPass(_schedules_of(schedules, mode, hardware, timeout_s), token_points=token_points)
-    from torch._dynamo.utils import counters
-
-    ficco_pass.report._cache_hits_at_start = counters["inductor"]["fxgraph_cache_hit"]
+    ficco_pass = FiccoPass(
+        schedules, mode=mode, hardware=hardware, token_points=token_points, timeout_s=timeout_s
+    )
     others = [p for p in _installed() if not isinstance(p, FiccoPass)]
     inductor_config.post_grad_custom_post_pass = ficco_pass if not others else (*others, ficco_pass)
     return ficco_pass.report
