@@ -249,6 +249,29 @@ def test_the_graph_cache_keys_on_what_decides_the_schedules():
     assert FiccoPass(FixedSource("shard/dma")).uuid() is None
 
 
+def test_a_graph_from_the_cache_was_rewritten_with_the_same_schedules(world, tmp_path, monkeypatch):
+    """Compiled once, the graph comes from Inductor's cache while the schedule source is the same (the
+    report counts it as a cache hit); another schedule makes another key, and the pass runs again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    def fn(x, w):
+        return all_gather(x, 0, world) @ w
+
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    seen = []
+    for schedule in ("shard/dma", "shard/dma", "serial/sm"):
+        torch._dynamo.reset()
+        report = ficco_compile.enable(schedule)
+        try:
+            torch.compile(fn)(x, w)
+        finally:
+            ficco_compile.disable()
+        seen.append((report.graphs, report.cache_hits, [r.schedule for r in report.rewritten], str(report)))
+    assert seen[0][:3] == (1, 0, ["shard/dma"])
+    assert seen[1][:3] == (0, 1, []) and "1 more loaded from the graph cache" in seen[1][3]
+    assert seen[2][:3] == (1, 0, ["serial/sm"])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
