@@ -220,12 +220,23 @@ def _biased_users(node: torch.fx.Node) -> list[torch.fx.Node]:
     return out
 
 
+def _reads_as_input(matmul: _Matmul, node: torch.fx.Node) -> bool:
+    """True when ``node`` is ``matmul``'s input (its ``A``, directly or through the reshape before the
+    ``mm``), not its weight."""
+    if len(matmul.nodes) == 1:
+        return matmul.nodes[0].args[0] is node
+    reshape, mm, _ = matmul.nodes
+    return mm.args[0] is reshape and reshape.args[0] is node
+
+
 def _all_gather_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     """One site per gather whose result feeds matmuls (all of them in one op); the matmuls it cannot take
     (a bias, fp8, a weight computed from the gathered input) are skipped beside it."""
     out: list[Site | Skipped] = []
     for ag in find_all_gather_patterns(graph):
-        matmuls = _find_consumer_matmuls(ag.res_node)
+        # PyTorch's finder also returns matmuls that take the gathered tensor as their weight (a backward's
+        # weight gradient): not an input gathered for a matmul, so not a site
+        matmuls = [mm for mm in _find_consumer_matmuls(ag.res_node) if _reads_as_input(mm, ag.res_node)]
         biased = _biased_users(ag.res_node)
         if not matmuls and not biased:
             continue  # the gathered tensor feeds no matmul: not a tensor-parallel input

@@ -10,6 +10,8 @@ with eager.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,6 +100,22 @@ def test_the_gathered_input_is_returned_when_something_else_reads_it(world):
     FiccoPass("shard/sm")(gm.graph)
     ag = next(n for n in gm.graph.nodes if n.target is FICCO_AG)
     assert ag.kwargs == {"return_a": True} and ag.args[2] == 0
+
+
+def test_a_gathered_weight_operand_is_not_a_site(world):
+    """A backward's weight gradient multiplies by the gathered input (``grad^T @ A``): not an input
+    gathered for a matmul, so neither rewritten nor reported, and no warning."""
+
+    def fn(x, grad):
+        return grad.t() @ all_gather(x, 0, world)
+
+    gm = _trace(fn, torch.randn(8, 16), torch.randn(16, 12))
+    ficco_pass = FiccoPass("shard/dma")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ficco_pass(gm.graph)
+    assert FICCO_AG not in _targets(gm)
+    assert not ficco_pass.report.rewritten and not ficco_pass.report.left
 
 
 def _bias(group):
