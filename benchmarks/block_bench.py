@@ -98,7 +98,7 @@ from ficco.runtime import (  # noqa: E402
     verify_plan,
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
-from ficco.runtime.overlap import start_all_gather_rows  # noqa: E402
+from ficco.runtime.overlap import DifferentiableOps, start_all_gather_rows  # noqa: E402
 from ficco.runtime.timing import time_interleaved  # noqa: E402
 from ficco.tables import markdown_table  # noqa: E402
 
@@ -228,7 +228,7 @@ class Block(nn.Module):
 
 
 class AsyncTPOps:
-    """PyTorch's async-TP ops behind the runtime's ``OverlapOps`` interface (the same layers and autograd)."""
+    """PyTorch's async-TP ops as the runtime's ``ForwardOps`` (``DifferentiableOps`` adds the autograd)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         import torch.distributed._symmetric_memory  # noqa: F401 (registers torch.ops.symm_mem)
@@ -619,13 +619,13 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
     captured_training = PHASES[phase].graphed and PHASES[phase].backward
     variants = {"serial": (planned(FixedSource(SERIAL)), True)}
     if device.type == "cuda" and not captured_training:
-        variants["async_tp"] = (AsyncTPOps(), True)
+        variants["async_tp"] = (DifferentiableOps(AsyncTPOps()), True)
     variants["shard_dma"] = (planned(FixedSource(Schedule.parse("shard/dma"))), True)
     planner_ops = planned(sources["planner"])
     variants["planner"] = (planner_ops, True)
     variants["verified"] = (planned(sources["planner"]), True)  # the same source, checked in place
     variants["oracle"] = (planned(TableSource(sources["oracle"], origin="oracle")), True)
-    variants["compute_only"] = (ComputeOnlyOps(), True)
+    variants["compute_only"] = (DifferentiableOps(ComputeOnlyOps()), True)
     if phase == "train":
         variants["planner_regather"] = (planner_ops, False)
     return variants

@@ -23,7 +23,7 @@ nothing in ficco imports it.
 
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.layers import ColumnParallelLinear, RowParallelLinear, apply_ops
-from ficco.runtime.overlap import OverlapOps, PlannedOps
+from ficco.runtime.overlap import DifferentiableOps, OverlapOps, PlannedOps
 from ficco.runtime.planner import Decision, OpKey, OpRequest, OpShape, Planner
 from ficco.runtime.sources import Answer, FixedSource, PredictorSource, ServiceSource, TableSource
 from ficco.runtime.verify import Verdict, verify_plan
@@ -32,6 +32,7 @@ __all__ = [
     "Answer",
     "ColumnParallelLinear",
     "Decision",
+    "DifferentiableOps",
     "FixedSource",
     "GraphedCall",
     "OpKey",

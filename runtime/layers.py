@@ -18,7 +18,9 @@ Their backward passes are each other's op (Megatron-LM's "sequence parallel" der
             grad_W_r     = x^T @ all_gather(grad_y_shard)   (the gathered grad_y of the line above)
 
 Each of the four overlapped ops runs its own schedule (``ops``: a ``runtime.overlap.PlannedOps`` asks the
-planner per shape). Weights are stored ``[in, out]``-major (``W_r`` above, the executor's ``b``), not
+planner per shape and runs ``torch.ops.ficco.all_gather_matmul`` / ``matmul_reduce_scatter``, whose
+registered autograd is this derivation: ``executor.library``). The layers hold no autograd code of their
+XX
 ``nn.Linear``'s ``[out, in]``; no bias (Llama-style blocks have none). Inputs are 2-D (tokens, features).
 
 CUDA graphs: a call does no host synchronisation once its shapes were decided; run two eager calls before
@@ -87,8 +89,14 @@ class _TensorParallelLinear(nn.Module):
             prepare = getattr(self.ops, "prepare", None)
             if prepare is not None:
                 prepare([r.fwd, r.bwd_input] if backward else [r.fwd])
+            if backward:
+                self.ops.note(self.name, "bwd-weight", self._weight_gemm(tokens))
             self._prepared.add((id(r), backward))
         return r
+
+    def _weight_gemm(self, tokens: int) -> str:
+        """The weight gradient's GEMM at ``tokens`` (a plain GEMM, shown in the decision table)."""
+        raise NotImplementedError
 
     def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
         """The forward multiplies by the weight shard ``[k, n]``, the input gradient by its transpose."""
@@ -142,9 +150,20 @@ class ColumnParallelLinear(_TensorParallelLinear):
         _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
         backward = self._backward_follows(x_shard)
         r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
-        if backward:
-            return _ColumnParallelFn.apply(x_shard, self.weight, self, r)
-        return self.ops.all_gather_matmul(x_shard, self.weight, r.fwd, return_gathered=False)
+        # keep_gathered: the op returns the gathered input, which its autograd keeps for the weight
+        # gradient; otherwise the backward gathers it again beside the input gradient's op
+        _, (y,) = self.ops.all_gather_matmul(
+            x_shard,
+            [self.weight],
+            r.fwd,
+            r.bwd_input if backward else None,
+            return_gathered=backward and self.keep_gathered,
+        )
+        return y
+
+    def _weight_gemm(self, tokens: int) -> str:
+        how = "kept gathered input" if self.keep_gathered else "input gathered again (all-gather)"
+        return f"gemm [{self.in_features}, {tokens}] @ [{tokens}, {self.weight.shape[1]}], {how}"
 
     def load_full_weight(self, full: torch.Tensor) -> None:
         """Copy this rank's column block of the full weight ``[in, out]``."""
@@ -193,9 +212,11 @@ class RowParallelLinear(_TensorParallelLinear):
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
         backward = self._backward_follows(x)
         r = self._planned(x.shape[0], backward)
-        if backward:
-            return _RowParallelFn.apply(x, self.weight, self, r)
-        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd)
+        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd, r.bwd_input if backward else None)
+
+    def _weight_gemm(self, tokens: int) -> str:
+        k = self.weight.shape[0]
+        return f"gemm [{k}, {tokens}] @ gathered grad [{tokens}, {self.out_features}] of bwd-input"
 
     def load_full_weight(self, full: torch.Tensor) -> None:
         """Copy this rank's row block of the full weight ``[in, out]``."""
@@ -207,72 +228,6 @@ class RowParallelLinear(_TensorParallelLinear):
         return f"in={self.in_features}, out={self.out_features}"
 
 
-class _ColumnParallelFn(torch.autograd.Function):
-    """Forward all-gather -> GEMM; backward GEMM -> reduce-scatter (input) and a GEMM (weight)."""
-
-    @staticmethod
-    def forward(ctx, x_shard, weight, layer: ColumnParallelLinear, r: _Requests):
-        ops = layer.ops
-        if layer.keep_gathered:
-            y, x = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=True)
-            _save(ctx, layer, r, x, weight)
-        else:
-            y = ops.all_gather_matmul(x_shard, weight, r.fwd, return_gathered=False)
-            _save(ctx, layer, r, x_shard, weight)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        layer, r, saved, weight, need_x, need_w = _saved(ctx)
-        ops = layer.ops
-        grad_y = grad_y.contiguous()
-        x, wait = saved, None
-        if need_w and not layer.keep_gathered:
-            # Started before the input gradient's op and waited for after it, so that on GPUs the gather
-            # runs beside that op's GEMMs.
-            x, wait = ops.start_all_gather(saved)
-        grad_x = ops.matmul_reduce_scatter(grad_y, weight.t(), r.bwd_input) if need_x else None
-        grad_w = None
-        if need_w:
-            if wait is not None:
-                wait()
-            ops.note(layer.name, "bwd-weight", _weight_note(layer.keep_gathered, x.shape, grad_y.shape))
-            grad_w = x.t() @ grad_y
-        return grad_x, grad_w, None, None
-
-
-class _RowParallelFn(torch.autograd.Function):
-    """Forward GEMM -> reduce-scatter; backward all-gather -> GEMM (input), whose gathered ``grad_y`` also
-    feeds the weight's GEMM."""
-
-    @staticmethod
-    def forward(ctx, x, weight, layer: RowParallelLinear, r: _Requests):
-        y = layer.ops.matmul_reduce_scatter(x, weight, r.fwd)
-        _save(ctx, layer, r, x, weight)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y_shard):
-        layer, r, x, weight, need_x, need_w = _saved(ctx)
-        ops = layer.ops
-        grad_y_shard = grad_y_shard.contiguous()
-        grad_x = grad_w = None
-        if need_w:
-            grad_x, grad_y = ops.all_gather_matmul(
-                grad_y_shard, weight.t(), r.bwd_input, return_gathered=True
-            )
-            ops.note(
-                layer.name,
-                "bwd-weight",
-                f"gemm [{x.shape[1]}, {x.shape[0]}] @ gathered grad "
-                f"[{grad_y.shape[0]}, {grad_y.shape[1]}] of bwd-input",
-            )
-            grad_w = x.t() @ grad_y
-        elif need_x:
-            grad_x = ops.all_gather_matmul(grad_y_shard, weight.t(), r.bwd_input, return_gathered=False)
-        return (grad_x if need_x else None), grad_w, None, None
-
-
 def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
     """Give every tensor-parallel layer under ``module`` the ops ``ops`` (e.g. another planner, or another
     implementation such as PyTorch async-TP), and name unnamed layers by their module path."""
@@ -282,26 +237,6 @@ def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
             child.name = child.name or path
             child._requests.clear()
             child._prepared.clear()
-
-
-def _save(ctx, layer: _TensorParallelLinear, r: _Requests, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """Keep what a layer's backward needs: the input its weight gradient multiplies (as the forward holds
-    it) and the weight, saved for autograd, and the layer and its requests."""
-    ctx.save_for_backward(x, weight)
-    ctx.layer, ctx.r = layer, r
-
-
-def _saved(ctx) -> tuple[_TensorParallelLinear, _Requests, torch.Tensor, torch.Tensor, bool, bool]:
-    """What :func:`_save` kept (layer, requests, input, weight), then whether the input and the weight
-    need a gradient."""
-    x, weight = ctx.saved_tensors
-    need_x, need_w = ctx.needs_input_grad[:2]
-    return ctx.layer, ctx.r, x, weight, need_x, need_w
-
-
-def _weight_note(keep: bool, x_shape: torch.Size, g_shape: torch.Size) -> str:
-    how = "kept gathered input" if keep else "input gathered again (all-gather)"
-    return f"gemm [{x_shape[1]}, {x_shape[0]}] @ [{g_shape[0]}, {g_shape[1]}], {how}"
 
 
 def _check_divides(what: str, value: int, world_size: int) -> None:

@@ -1,8 +1,10 @@
 """The two overlapped ops the layers call, behind one small interface.
 
-``PlannedOps`` runs them with ficco's executor under the planner's schedule; a benchmark or a runtime can
-pass anything else with the same methods (``OverlapOps``), e.g. PyTorch's async-TP ops, and the layers and
-their autograd stay the same.
+``PlannedOps`` runs them as ``torch.ops.ficco`` custom ops (``executor.library``) under the planner's
+schedules: their autograd is registered on the ops, so the layers' forward and backward trace into one
+graph under ``torch.compile``. Any other implementation with the same methods (``OverlapOps``) may stand in;
+one that computes only the forward values (``ForwardOps``, e.g. PyTorch's async-TP ops, which have no
+autograd) gets the same backward derivation through :class:`DifferentiableOps`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from ficco import executor
+from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
 from ficco.executor.checks import DTYPES
 from ficco.executor.ops import all_gather_single
 from ficco.runtime.planner import Direction, OpRequest, Planner
 
 
 class OverlapOps(Protocol):
-    """all-gather -> GEMM and GEMM -> reduce-scatter over one tensor-parallel group."""
+    """all-gather -> GEMM and GEMM -> reduce-scatter over one tensor-parallel group, differentiable (their
+    backward runs the other op of the pair under ``backward_request``'s schedule)."""
 
     world_size: int
     """Ranks in the group."""
@@ -28,19 +31,22 @@ class OverlapOps(Protocol):
     """This process's rank in the group."""
 
     def all_gather_matmul(
-        self, a_shard: torch.Tensor, b: torch.Tensor, request: OpRequest, *, return_gathered: bool
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``A @ b`` with ``A [m, k]`` gathered from the row shards ``a_shard [m/w, k]``; with
-        ``return_gathered`` also ``A``."""
+        self,
+        a_shard: torch.Tensor,
+        bs: list[torch.Tensor],
+        request: OpRequest,
+        backward_request: OpRequest | None,
+        *,
+        return_gathered: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(A, [A @ b for b in bs])`` with ``A [m, k]`` gathered from the row shards ``a_shard [m/w, k]``
+        (``A`` an empty tensor unless ``return_gathered``)."""
         ...
 
-    def matmul_reduce_scatter(self, a: torch.Tensor, b: torch.Tensor, request: OpRequest) -> torch.Tensor:
+    def matmul_reduce_scatter(
+        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest, backward_request: OpRequest | None
+    ) -> torch.Tensor:
         """This rank's rows ``[m/w, n]`` of the sum over ranks of ``a [m, k] @ b [k, n]``."""
-        ...
-
-    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Start gathering the row shards ``a_shard [m/w, k]`` into ``[m, k]`` (plain collective); returns
-        the destination and ``wait()``, after which the caller's stream sees it (no host wait on GPUs)."""
         ...
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
@@ -49,7 +55,7 @@ class OverlapOps(Protocol):
 
 
 class PlannedOps:
-    """The executor's ops under the schedules ``planner`` decides.
+    """The ficco ops under the schedules ``planner`` decides.
 
     Parameters
     ----------
@@ -64,20 +70,34 @@ class PlannedOps:
             raise ValueError("PlannedOps: the planner agrees over another group than the one given")
         self.planner = planner
         self.group = group
+        self.group_name = (group if group is not None else dist.group.WORLD).group_name
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
 
     def all_gather_matmul(
-        self, a_shard: torch.Tensor, b: torch.Tensor, request: OpRequest, *, return_gathered: bool
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        schedule = self.planner.schedule(request)
-        return executor.all_gather_matmul(a_shard, b, schedule, self.group, return_gathered=return_gathered)
+        self,
+        a_shard: torch.Tensor,
+        bs: list[torch.Tensor],
+        request: OpRequest,
+        backward_request: OpRequest | None,
+        *,
+        return_gathered: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        schedule, backward = self.schedules(request, backward_request)
+        return torch.ops.ficco.all_gather_matmul(
+            a_shard, bs, 0, self.group_name, schedule, return_gathered, backward
+        )
 
-    def matmul_reduce_scatter(self, a: torch.Tensor, b: torch.Tensor, request: OpRequest) -> torch.Tensor:
-        return executor.matmul_reduce_scatter(a, b, self.planner.schedule(request), self.group)
+    def matmul_reduce_scatter(
+        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest, backward_request: OpRequest | None
+    ) -> torch.Tensor:
+        schedule, backward = self.schedules(request, backward_request)
+        return torch.ops.ficco.matmul_reduce_scatter(a, b, "sum", 0, self.group_name, schedule, backward)
 
-    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
-        return start_all_gather_rows(a_shard, self.group, self.world_size)
+    def schedules(self, request: OpRequest, backward_request: OpRequest | None) -> tuple[str, str]:
+        """The schedule strings of an op and of its backward's op ("" when it has none)."""
+        backward = "" if backward_request is None else str(self.planner.schedule(backward_request))
+        return str(self.planner.schedule(request)), backward
 
     def note(self, layer: str, direction: Direction, what: str) -> None:
         self.planner.note(layer, direction, what)
@@ -85,6 +105,114 @@ class PlannedOps:
     def prepare(self, requests: list[OpRequest]) -> None:
         """Decide ``requests`` in one batch (a layer's first call at a shape)."""
         self.planner.prepare(requests)
+
+
+class ForwardOps(Protocol):
+    """The forward values of the pair alone, on 2-D row shards (no autograd): what :class:`DifferentiableOps`
+    wraps."""
+
+    world_size: int
+    rank: int
+
+    def all_gather_matmul(
+        self, a_shard: torch.Tensor, b: torch.Tensor, request: OpRequest | None, *, return_gathered: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``A @ b`` with ``A [m, k]`` gathered from ``a_shard [m/w, k]``; with ``return_gathered`` also A."""
+        ...
+
+    def matmul_reduce_scatter(
+        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest | None
+    ) -> torch.Tensor:
+        """This rank's rows ``[m/w, n]`` of the sum over ranks of ``a [m, k] @ b [k, n]``."""
+        ...
+
+    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Start gathering ``a_shard [m/w, k]`` into ``[m, k]``; returns it and ``wait()``."""
+        ...
+
+
+class DifferentiableOps:
+    """:class:`OverlapOps` over forward-only ops (``ForwardOps``), with the backward the ficco ops register
+    (``executor.library``: each op's input gradient is the other op on the transposed weight; the weight
+    gradient multiplies the gathered input, kept or gathered again beside that op). For implementations
+    other than ficco's, such as PyTorch's async-TP ops in ``benchmarks/block_bench.py``."""
+
+    def __init__(self, ops: ForwardOps) -> None:
+        self.ops = ops
+        self.world_size, self.rank = ops.world_size, ops.rank
+
+    def all_gather_matmul(self, a_shard, bs, request, backward_request, *, return_gathered):
+        (b,) = bs
+        if not (torch.is_grad_enabled() and (a_shard.requires_grad or b.requires_grad)):
+            out = self.ops.all_gather_matmul(a_shard, b, request, return_gathered=return_gathered)
+            return (out[1], [out[0]]) if return_gathered else (a_shard.new_empty(0), [out])
+        y, a = _ColumnFn.apply(a_shard, b, self.ops, request, backward_request, return_gathered)
+        return a, [y]
+
+    def matmul_reduce_scatter(self, a, b, request, backward_request):
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            return self.ops.matmul_reduce_scatter(a, b, request)
+        return _RowFn.apply(a, b, self.ops, request, backward_request)
+
+    def note(self, layer: str, direction: Direction, what: str) -> None:
+        note = getattr(self.ops, "note", None)
+        if note is not None:
+            note(layer, direction, what)
+
+
+class _ColumnFn(torch.autograd.Function):
+    """all-gather -> GEMM forward; backward GEMM -> reduce-scatter (input) and a GEMM (weight)."""
+
+    @staticmethod
+    def forward(ctx, a_shard, b, ops, request, backward_request, keep):
+        if keep:
+            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=True)
+        else:
+            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=False), a_shard.new_empty(0)
+        ctx.save_for_backward(a if keep else a_shard, b)
+        ctx.ops, ctx.backward_request, ctx.keep = ops, backward_request, keep
+        ctx.mark_non_differentiable(a)
+        return y, a
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_a):
+        saved, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        grad_y = grad_y.contiguous()
+        a, wait = saved, None
+        if need_b and not ctx.keep:  # started before the input gradient's op, waited for after it
+            a, wait = ctx.ops.start_all_gather(saved)
+        grad_a = ctx.ops.matmul_reduce_scatter(grad_y, b.t(), ctx.backward_request) if need_a else None
+        grad_b = None
+        if need_b:
+            if wait is not None:
+                wait()
+            grad_b = a.t() @ grad_y
+        return grad_a, grad_b, None, None, None, None
+
+
+class _RowFn(torch.autograd.Function):
+    """GEMM -> reduce-scatter forward; backward all-gather -> GEMM (input), whose gathered gradient also
+    feeds the weight's GEMM."""
+
+    @staticmethod
+    def forward(ctx, a, b, ops, request, backward_request):
+        ctx.save_for_backward(a, b)
+        ctx.ops, ctx.backward_request = ops, backward_request
+        return ops.matmul_reduce_scatter(a, b, request)
+
+    @staticmethod
+    def backward(ctx, grad_shard):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        grad_shard = grad_shard.contiguous()
+        if not need_b:
+            grad_a = ctx.ops.all_gather_matmul(grad_shard, b.t(), ctx.backward_request, return_gathered=False)
+            return (grad_a if need_a else None), None, None, None, None
+        grad_a, grad = ctx.ops.all_gather_matmul(
+            grad_shard, b.t(), ctx.backward_request, return_gathered=True
+        )
+        return (grad_a if need_a else None), a.t() @ grad, None, None, None
 
 
 def start_all_gather_rows(

@@ -5,7 +5,7 @@
         with planner.step():              # decisions frozen for the step; late answers land between steps
             loss = model(batch).sum()
             loss.backward()
-    print(planner.table())                # layer, direction, shape, schedule, predicted speedup
+    print(planner.table())                # layer, direction, shape, schedule, what ran, predicted speedup
 
 Rules it keeps:
 
@@ -13,7 +13,8 @@ Rules it keeps:
    effect between steps only: a model or service swap never changes a schedule inside a step.
 2. **Bounded waits.** Inside a step the planner waits for its source at most ``timeout_s`` in total
    (outside a step, per call). A source that is late, raises, or answers with its own fallback gives
-   ``serial/sm``, and the log says why. A late answer is not lost: it is picked up at the next step's start.
+   ``serial/sm``, and the log says why; after a swap or refresh, such a key keeps the last plan's schedule
+   instead. A late answer is not lost: it is picked up at the next step's start.
 3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
    same schedule even if only one rank's network failed (a differing schedule would hang the collective).
 4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
@@ -34,6 +35,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from ficco.executor import library
 from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
@@ -89,6 +91,9 @@ class Decision:
     """Who decided (the source's origin, or ``planner`` for a fallback of the planner's own)."""
     pending: bool = False
     """True while the source's answer is still outstanding (it timed out; checked at the next step)."""
+    kept: str | None = None
+    """Set when this is the last plan's decision, kept because the source failed after a swap or refresh
+    (why it failed); None otherwise."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,6 +158,8 @@ class Planner:
         self._in_step = False
         self._step_deadline: float | None = None
         self._swap_to: ScheduleSource | None = None
+        self._last_plan: dict[OpKey, Decision] = {}
+        """The source's decisions before the last swap or refresh: what runs where the new source fails."""
 
     # Steps and swaps -----------------------------------------------------------------------------------
 
@@ -195,6 +202,7 @@ class Planner:
             future.cancel()
         self._pending.clear()
         forgotten = len(self.decisions)
+        self._last_plan.update((k, d) for k, d in self.decisions.items() if d.reason is None)
         self.decisions.clear()
         self._overrides.clear()
         self._by_request.clear()
@@ -292,7 +300,15 @@ class Planner:
         if group is not None:
             decisions = _broadcast(decisions, group)
         for key, decision in zip(keys, decisions, strict=True):
-            self._set(key, decision)
+            self._set(key, self._keep_last_plan(key, decision))
+
+    def _keep_last_plan(self, key: OpKey, decision: Decision) -> Decision:
+        """``decision``, or the last plan's decision for ``key`` where the source failed to give one (every
+        rank holds the same last plan, so the ranks still agree)."""
+        last = self._last_plan.get(key)
+        if decision.reason is None or last is None:
+            return decision
+        return replace(last, pending=decision.pending, kept=decision.reason)
 
     def _ask(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> list[Decision]:
         """The source's decisions for ``keys``, waiting at most what is left of the bound."""
@@ -338,12 +354,20 @@ class Planner:
             updates = _broadcast(updates, group)
         for key, decision in updates.items():
             self._pending.pop(key, None)
-            self._set(key, decision)
+            self._set(key, self._keep_last_plan(key, decision))
 
     def _set(self, key: OpKey, decision: Decision) -> None:
         self.decisions[key] = decision
         self._by_request.clear()
-        if decision.reason is None:
+        if decision.kept is not None:
+            log.warning(
+                "planner: %s %s -> %s, kept from the last plan because %s",
+                key.shape,
+                key.mode,
+                decision.schedule,
+                decision.kept,
+            )
+        elif decision.reason is None:
             log.info(
                 "planner: %s %s -> %s (predicted %.2fx, %s)",
                 key.shape,
@@ -388,18 +412,25 @@ class Planner:
                         "predicted_speedup": None,
                         "note": "",
                         "origin": "",
+                        "ran": "-",
                     }
                 )
                 continue
             d = self.decisions.get(key)
+            schedule = str(self._overrides.get(key, d.schedule)) if d else None
+            run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule) if d else None
+            notes = [d.reason or (d.kept and f"kept from the last plan: {d.kept}") or ""] if d else []
+            if run is not None and run.reason is not None:
+                notes.append(f"ran {run.ran}: {run.reason}")
             out.append(
                 {
                     "layer": layer,
                     "direction": direction,
                     "shape": key.shape,
                     "schedule": str(d.schedule) if d else "(not decided)",
+                    "ran": run.ran if run is not None else "(not run)",
                     "predicted_speedup": d.predicted_speedup if d else None,
-                    "note": (d.reason or "") if d else "",
+                    "note": "; ".join(n for n in notes if n),
                     "origin": d.origin if d else "",
                 }
             )
@@ -407,13 +438,14 @@ class Planner:
 
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
-        header = ["layer", "direction", "shape", "schedule", "predicted speedup", "note"]
+        header = ["layer", "direction", "shape", "schedule", "ran", "predicted speedup", "note"]
         rows = [
             [
                 r["layer"],
                 r["direction"],
                 r["shape"],
                 r["schedule"],
+                r["ran"],
                 "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x",
                 r["note"],
             ]

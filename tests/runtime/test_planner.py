@@ -160,12 +160,25 @@ def test_table_lists_layers_directions_and_speedups():
     planner.schedule(_request(64, op="gemm_rs", layer="mlp.up", direction="bwd-input"))
     planner.note("mlp.up", "bwd-weight", "gemm [16, 64] @ [64, 32], kept gathered input")
     table = planner.table().splitlines()
-    assert table[0] == "| layer | direction | shape | schedule | predicted speedup | note |"
-    assert table[2] == "| mlp.up | fwd | ag_gemm m=64 n=32 k=16 | shard/dma | 1.30x |  |"
-    assert table[3].startswith("| mlp.up | bwd-input | gemm_rs m=64 n=32 k=16 | shard/dma | 1.30x")
+    assert table[0] == "| layer | direction | shape | schedule | ran | predicted speedup | note |"
+    assert table[2] == "| mlp.up | fwd | ag_gemm m=64 n=32 k=16 | shard/dma | (not run) | 1.30x |  |"
+    assert table[3].startswith("| mlp.up | bwd-input | gemm_rs m=64 n=32 k=16 | shard/dma | (not run) |")
     assert table[4].startswith(
-        "| mlp.up | bwd-weight | gemm [16, 64] @ [64, 32], kept gathered input | - | -"
+        "| mlp.up | bwd-weight | gemm [16, 64] @ [64, 32], kept gathered input | - | - | -"
     )
+
+
+def test_a_source_that_fails_after_a_refresh_keeps_the_last_plan():
+    source = CountingSource("finer/dma/s2/chunk")
+    planner = Planner(source)
+    assert str(planner.schedule(_request(64))) == "finer/dma/s2/chunk"
+    source.error = RuntimeError("service down")
+    planner.refresh()
+    decision_schedule = planner.schedule(_request(64))
+    assert str(decision_schedule) == "finer/dma/s2/chunk"  # not serial/sm: the step keeps running the plan
+    (row,) = planner.rows()
+    assert row["note"] == "kept from the last plan: the source failed: RuntimeError: service down"
+    assert str(planner.schedule(_request(128))) == "serial/sm"  # a new shape has no last plan
 
 
 def test_bad_settings_are_refused():

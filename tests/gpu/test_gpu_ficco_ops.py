@@ -1,0 +1,139 @@
+"""One-GPU tests (marker ``gpu``) of the ``torch.ops.ficco`` custom ops in a loopback world
+(``harness.loopback``: this process is rank 0, peers hold zeros, collectives move nothing):
+
+- a training step of the runtime layers compiled with ``torch.compile(fullgraph=True)`` (Inductor), then
+  captured into CUDA graphs (``runtime.GraphedCall``), leaves the eager step's gradients on every replay;
+- what ran is what the profiler saw: a ``dma`` schedule issues device-to-device copies (the copy engines) and
+  is reported as run; a ``dma`` schedule that cannot run at its shape runs ``serial/sm`` (no copy, one
+  warning) and the op's report and the planner's table say so.
+
+Skipped without a CUDA GPU. ``python3 -m pytest -m gpu tests/gpu/test_gpu_ficco_ops.py``
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from ficco import executor
+from ficco.harness.loopback import loopback_world
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_compiled_and_graph_captured_step_gives_the_eager_gradients(world):
+    import torch.nn.functional as F
+
+    from ficco.runtime import ColumnParallelLinear, FixedSource, PlannedOps, Planner, RowParallelLinear
+    from ficco.runtime.graphs import GraphedCall
+
+    tokens, d_in, hidden, d_out = 512, 256, 512, 256
+    failures = []
+    with loopback_world(world) as device:
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        for schedule in ("serial/dma", "shard/dma", "finer/dma/s2/chunk"):
+            for keep in (True, False):
+                ops = PlannedOps(Planner(FixedSource(schedule), mode="graph", hardware=f"h200x{world}"))
+                layer = {"ops": ops, "device": device, "dtype": torch.bfloat16}
+                up = ColumnParallelLinear(d_in, hidden, name="up", keep_gathered=keep, **layer)
+                down = RowParallelLinear(hidden, d_out, name="down", **layer)
+                x = torch.randn(tokens // world, d_in, device="cuda", dtype=torch.bfloat16, generator=gen)
+                x.requires_grad_()
+                grad_y = torch.randn(
+                    tokens // world, d_out, device="cuda", dtype=torch.bfloat16, generator=gen
+                )
+                leaves = [up.weight, down.weight, x]
+
+                def forward(x, up=up, down=down):
+                    return down(F.gelu(up(x)))
+
+                compiled = torch.compile(forward, fullgraph=True)
+
+                def step(fn, x=x, grad_y=grad_y, leaves=leaves) -> None:
+                    for leaf in leaves:
+                        if leaf.grad is not None:
+                            leaf.grad.zero_()
+                    fn(x).backward(grad_y)
+
+                step(forward)
+                step(forward)
+                eager = [leaf.grad.clone() for leaf in leaves]
+                names = ("up.weight", "down.weight", "x")
+                step(compiled)
+                for name, leaf, want in zip(names, leaves, eager, strict=True):
+                    if not torch.allclose(leaf.grad, want, rtol=1e-2, atol=1e-2):
+                        failures.append(f"{schedule} keep={keep} compiled grad of {name} differs")
+                graphed = GraphedCall(lambda compiled=compiled, step=step: step(compiled))
+                for replay in range(2):  # both captures
+                    for leaf in leaves:
+                        leaf.grad.fill_(float("nan"))
+                    graphed()
+                    torch.cuda.synchronize()
+                    for name, leaf, want in zip(names, leaves, eager, strict=True):
+                        if not torch.allclose(leaf.grad, want, rtol=1e-2, atol=1e-2):
+                            failures.append(f"{schedule} keep={keep} replay {replay} grad of {name} differs")
+                del graphed
+                torch._dynamo.reset()
+                executor.clear_buffers()
+    assert not failures, failures
+
+
+def _copies(fn) -> int:
+    """Device-to-device copies (the copy engines' work) the profiler sees while ``fn`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "Memcpy" in e.name and "DtoD" in e.name)
+
+
+def test_what_ran_is_what_the_profiler_saw():
+    import torch.distributed as dist
+
+    from ficco.executor import library
+    from ficco.runtime import FixedSource, PlannedOps, Planner
+    from ficco.runtime.planner import OpRequest
+
+    with loopback_world(2) as device:
+        group = dist.group.WORLD.group_name
+        b = torch.randn(256, 256, device=device, dtype=torch.bfloat16)
+        good = torch.randn(128, 256, device=device, dtype=torch.bfloat16)  # 128 rows per rank
+        odd = torch.randn(12, 256, device=device, dtype=torch.bfloat16)  # 12 rows: s8 cannot split them
+
+        def ag(a, schedule):
+            return lambda: torch.ops.ficco.all_gather_matmul(a, [b], 0, group, schedule)
+
+        for _ in range(2):  # plan and allocate before profiling
+            ag(good, "shard/dma")()
+            ag(good, "serial/sm")()
+        assert _copies(ag(good, "shard/dma")) >= 1  # the peer's shard moved by a copy engine
+        assert _copies(ag(good, "serial/sm")) == 0  # NCCL's all-gather (a fake one here): no copy
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ag(odd, "finer/dma/s8/chunk")()
+            copies = _copies(ag(odd, "finer/dma/s8/chunk"))
+        assert copies == 0  # it ran serial/sm
+        fallbacks = [w for w in caught if issubclass(w.category, library.ScheduleFallbackWarning)]
+        assert len(fallbacks) == 1
+        assert "finer/dma/s8/chunk cannot run at this shape" in str(fallbacks[0].message)
+        run = library.ran("ag_gemm", 24, 256, 256, "bf16", 2, "finer/dma/s8/chunk")
+        assert run.ran == "serial/sm" and "splits=8" in run.reason
+        assert library.ran("ag_gemm", 256, 256, 256, "bf16", 2, "shard/dma").ran == "shard/dma"
+
+        # the planner's table: what its pick ran as
+        planner = Planner(FixedSource("shard/dma"), hardware="h200x2")
+        ops = PlannedOps(planner)
+        request = OpRequest(
+            layer="qkv", direction="fwd", op="ag_gemm", m=256, n=256, k=256, dtype="bf16", world_size=2
+        )
+        ops.all_gather_matmul(good, [b], request, None, return_gathered=False)
+        (row,) = planner.rows()
+        assert (row["schedule"], row["ran"]) == ("shard/dma", "shard/dma"), row
