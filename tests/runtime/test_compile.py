@@ -30,7 +30,7 @@ C10D = ("all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor")
 all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 LLAMA_LAYERS = 2
-"""Blocks of the compiled debug Llama (``tests/runtime/llama_tp.LlamaArgs``)."""
+"""Blocks of the compiled debug Llama (``tests/runtime/llama_debug.LlamaArgs``)."""
 
 
 @pytest.fixture
@@ -326,18 +326,20 @@ def test_enable_installs_beside_other_passes_and_disable_removes_only_it():
 def _compiled_world(rank: int, world_size: int) -> dict:
     """The debug Llama under torchtitan's plan, compiled (forward and backward) after enable() with a
     planner, against eager; then a dynamic-shape function at two token counts."""
+    import llama_debug as llama
+    import torch.distributed.tensor.parallel as torch_styles
     from torch._inductor import config
     from torch.distributed.device_mesh import init_device_mesh
 
     from ficco.executor import library
     from ficco.runtime import Answer, TableSource
-    from tests.runtime.llama_tp import LlamaArgs, Transformer, apply_tp
 
     config.fx_graph_cache = False  # the pass must run here, not be skipped by a cached graph
     torch.manual_seed(0)
-    model = Transformer(LlamaArgs())
-    apply_tp(model, init_device_mesh("cpu", (world_size,)))
-    tokens = torch.randint(0, LlamaArgs.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    args = llama.LlamaArgs()
+    model = llama.Transformer(args)
+    llama.apply_tp(model, init_device_mesh("cpu", (world_size,)), torch_styles)  # PyTorch's own styles
+    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
 
     def pick(scenario, mode) -> Answer:  # a schedule of each family, by op
         return Answer(schedule="shard/dma" if scenario.op == "ag_gemm" else "finer/sm/s2/chunk")
