@@ -24,7 +24,8 @@ token-range table (``features.ScheduleTable``, ``"0:serial/sm;91:shard/dma"``), 
 call with a bisect (no host round trip, safe in a CUDA graph).
 
 What was left, with the reason (``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
-``unsupported group``, ``shared output``, ``reduce op``), is in the report beside what was rewritten
+``unsupported group``, ``shared output``, ``reduce op``, ``no pattern``: a collective that reaches a matmul
+only in a form PyTorch's patterns do not match), is in the report beside what was rewritten
 (``runtime.compile_report``); when a graph has a group's matmuls but none was rewritten, the pass warns (no
 silent no-op).
 

@@ -20,6 +20,7 @@ Reason = Literal[
     "unsupported group",
     "shared output",
     "reduce op",
+    "no pattern",
 ]
 """Why a collective beside a matmul was left as it was."""
 

@@ -99,8 +99,17 @@ class _Refused(Exception):
 
 def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     """Every rewrite the pass can make in ``graph`` and every collective beside a matmul it leaves: PyTorch's
-    fused ops first, then all-gather -> matmuls, then matmul -> reduce-scatter."""
-    return _fused_op_sites(graph) + _all_gather_sites(graph) + _reduce_scatter_sites(graph)
+    fused ops first, then all-gather -> matmuls, then matmul -> reduce-scatter, then the collectives that
+    reach a matmul in a form PyTorch's patterns do not match."""
+    all_gathers = find_all_gather_patterns(graph)
+    reduce_scatters = find_reduce_scatter_patterns(graph)
+    matched = {ag.ag_node for ag in all_gathers} | {rs.reduce_scatter_node for rs in reduce_scatters}
+    return (
+        _fused_op_sites(graph)
+        + _all_gather_sites(all_gathers)
+        + _reduce_scatter_sites(reduce_scatters)
+        + _unmatched(graph, matched)
+    )
 
 
 # Shared checks ----------------------------------------------------------------------------------------------
@@ -229,11 +238,11 @@ def _reads_as_input(matmul: _Matmul, node: torch.fx.Node) -> bool:
     return mm.args[0] is reshape and reshape.args[0] is node
 
 
-def _all_gather_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
+def _all_gather_sites(all_gathers: list[_AllGatherMatch]) -> list[Site | Skipped]:
     """One site per gather whose result feeds matmuls (all of them in one op); the matmuls it cannot take
     (a bias, fp8, a weight computed from the gathered input) are skipped beside it."""
     out: list[Site | Skipped] = []
-    for ag in find_all_gather_patterns(graph):
+    for ag in all_gathers:
         # PyTorch's finder also returns matmuls that take the gathered tensor as their weight (a backward's
         # weight gradient): not an input gathered for a matmul, so not a site
         matmuls = [mm for mm in _find_consumer_matmuls(ag.res_node) if _reads_as_input(mm, ag.res_node)]
@@ -315,10 +324,10 @@ def _is_addmm(node: torch.fx.Node) -> bool:
     return node.target is aten.addmm.default
 
 
-def _reduce_scatter_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
+def _reduce_scatter_sites(reduce_scatters: list[_ReduceScatterMatch]) -> list[Site | Skipped]:
     """One site per reduce-scatter of a matmul's output."""
     out: list[Site | Skipped] = []
-    for rs in find_reduce_scatter_patterns(graph):
+    for rs in reduce_scatters:
         matmul = _find_producer_matmul(rs.input_node)
         if matmul is None:
             if _is_addmm(rs.input_node):
@@ -455,3 +464,80 @@ def _fused_reduce_scatter_site(node: torch.fx.Node) -> Site:
         dtype=_dtype_name(a),
         apply=apply,
     )
+
+
+# Collectives no pattern matched ---------------------------------------------------------------------------
+
+_C10D = torch.ops._c10d_functional
+_MATMULS = (aten.mm.default, aten.addmm.default, aten._scaled_mm.default, aten.bmm.default)
+_PASS_THROUGH = (
+    _C10D.wait_tensor.default,
+    aten.reshape.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.view.dtype,
+    aten.cat.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.slice.Tensor,
+    aten.clone.default,
+    aten._to_copy.default,
+    operator.getitem,
+)
+"""Ops that move, reshape or convert a collective's data without computing on it: a matmul reached through
+them reads the gathered input (or produces the reduced product). A transpose is not among them: a matmul of
+the gathered input's transpose is a weight gradient, not a tensor-parallel input."""
+_HOPS = 8
+
+
+def _unmatched(graph: torch.fx.Graph, matched: set[torch.fx.Node]) -> list[Skipped]:
+    """The all-gathers whose data reaches a matmul's input, and the reduce-scatters whose data comes from a
+    matmul's output, through data-moving ops only, that PyTorch's patterns did not match (what async-TP
+    would miss too): skipped as ``no pattern``, so that a pass that found nothing says so."""
+    out = []
+    for node in graph.nodes:
+        if node in matched:
+            continue
+        if node.target is _C10D.all_gather_into_tensor.default:
+            op: Op = "ag_gemm"
+            mm = _reach(node, lambda n: list(n.users), lambda mm, prev: _matmul_input(mm) is prev)
+        elif node.target is _C10D.reduce_scatter_tensor.default:
+            op = "gemm_rs"
+            mm = _reach(node, lambda n: n.all_input_nodes[:1], lambda mm, prev: True)
+        else:
+            continue
+        if mm is not None:
+            group = node.kwargs.get("group_name", node.args[-1])
+            detail = f"{node.name} reaches {mm.name} ({mm.target}) in a form PyTorch's patterns do not match"
+            why = _Refused("no pattern", detail)
+            out.append(why.skipped(op, (_module_name(mm),), group))
+    return out
+
+
+def _matmul_input(mm: torch.fx.Node) -> Any:
+    """A matmul node's input operand (``addmm``'s second argument, after the bias)."""
+    return mm.args[1] if mm.target is aten.addmm.default else mm.args[0]
+
+
+def _reach(
+    start: torch.fx.Node,
+    step: Callable[[torch.fx.Node], list[torch.fx.Node]],
+    is_input: Callable[[torch.fx.Node, torch.fx.Node], bool],
+) -> torch.fx.Node | None:
+    """The first matmul reached from ``start`` within ``_HOPS`` steps through data-moving ops (``step``
+    gives a node's next nodes; ``is_input(matmul, previous)`` says whether the path enters it as its
+    input), or None."""
+    frontier, seen = [start], {start}
+    for _ in range(_HOPS):
+        ahead = []
+        for node in frontier:
+            for nxt in step(node):
+                if nxt in seen:
+                    continue
+                seen.add(nxt)
+                if nxt.target in _MATMULS and is_input(nxt, node):
+                    return nxt
+                if nxt.target in _PASS_THROUGH:
+                    ahead.append(nxt)
+        frontier = ahead
+    return None

@@ -42,13 +42,13 @@ def world():
         yield dist.group.WORLD.group_name
 
 
-def _trace(fn, *args) -> torch.fx.GraphModule:
+def _trace(fn, *args, tracing_mode: str = "fake") -> torch.fx.GraphModule:
     """``fn``'s graph as Inductor's post-grad passes see it (decomposed, views as reshapes)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.fx_passes.post_grad import view_to_reshape
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode=tracing_mode)(*args)
     view_to_reshape(gm)
     return gm
 
@@ -178,6 +178,21 @@ def test_what_it_cannot_run_is_left_with_the_reason_and_a_warning(world, case, r
     assert [x.reason for x in ficco_pass.report.left] == [reason]
     assert not ficco_pass.report.rewritten
     assert f"| left | {reason}:" in ficco_pass.report.table()
+
+
+def test_a_gather_that_reaches_a_matmul_in_a_form_no_pattern_matches_is_reported(world):
+    """Traced symbolically, the gather's size is read beside its wait (``sym_size``), which PyTorch's
+    all-gather patterns do not allow: async-TP would miss it too. The pass says so instead of nothing."""
+
+    def fn(x, w):
+        return F.linear(all_gather(x, 1, world), w)
+
+    gm = _trace(fn, torch.randn(2, 8, 16), torch.randn(12, 16), tracing_mode="symbolic")
+    ficco_pass = FiccoPass("shard/dma")
+    with pytest.warns(RuntimeWarning, match="none was rewritten: no pattern"):
+        ficco_pass(gm.graph)
+    (left,) = ficco_pass.report.left
+    assert (left.op, left.reason) == ("ag_gemm", "no pattern") and "all_gather_into_tensor" in left.detail
 
 
 def test_a_group_outside_the_executors_sizes_is_left():
