@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -132,9 +133,17 @@ def _schedules_of(
 
 def _code_key(fn: Callable) -> str | None:
     """What a plain function's answers depend on: its name, code and constants; None for anything whose
-    answers may depend on state (a closure, a bound method, a callable object)."""
+    answers may depend on state (a closure, a bound method, a callable object, global data it reads such as
+    a module-level table)."""
     code = getattr(fn, "__code__", None)
     if code is None or getattr(fn, "__closure__", None) or hasattr(fn, "__self__"):
+        return None
+    stateless = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+    if any(
+        not isinstance(fn.__globals__.get(name), stateless)
+        for name in code.co_names
+        if name in fn.__globals__
+    ):
         return None
     digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
     return f"function {fn.__module__}.{fn.__qualname__} {digest}"

@@ -29,6 +29,8 @@ C10D = ("all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor")
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names
 all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+TABLE = {"ag_gemm": "shard/dma", "gemm_rs": "serial/sm"}
+"""Global data a schedule function may read (its answers then depend on state)."""
 LLAMA_LAYERS = 2
 """Blocks of the compiled debug Llama (``tests/runtime/llama_debug.LlamaArgs``)."""
 
@@ -267,6 +269,9 @@ def test_the_graph_cache_keys_on_what_decides_the_schedules():
     def plain(op, m, n, k, dtype, world_size):
         return "shard/dma"
 
+    def reads_a_table(op, m, n, k, dtype, world_size):
+        return TABLE[op]
+
     offset = 1
 
     def closure(op, m, n, k, dtype, world_size):
@@ -278,6 +283,7 @@ def test_the_graph_cache_keys_on_what_decides_the_schedules():
     assert FiccoPass("shard/dma", token_points=(64, 128)).uuid() != keys["shard/dma"]
     # answers that may depend on state, or a collective decision: the cache is bypassed
     assert FiccoPass(closure).uuid() is None
+    assert FiccoPass(reads_a_table).uuid() is None
     assert FiccoPass(Planner(FixedSource("shard/dma"))).uuid() is None
     assert FiccoPass(FixedSource("shard/dma")).uuid() is None
 
