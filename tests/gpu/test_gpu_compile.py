@@ -136,8 +136,11 @@ def test_a_compiled_training_step_replays_the_eager_gradients(world):
 def test_inductors_own_cuda_graphs_run_the_ficco_ops():
     """``torch.compile(mode="reduce-overhead")``: Inductor records the compiled block into its CUDA graph
     trees after warm-up runs; the replays give the warm-up's answer."""
+    from torch._dynamo.utils import counters
+
     import ficco.runtime.compile as ficco_compile
 
+    skips = counters["inductor"]["cudagraph_skips"]
     with loopback_world(2):
         torch._dynamo.reset()
         report = ficco_compile.enable("shard/dma", mode="graph")
@@ -150,5 +153,6 @@ def test_inductors_own_cuda_graphs_run_the_ficco_ops():
             ficco_compile.disable()
             executor.clear_buffers()
     assert len(report.rewritten) == 2
+    assert counters["inductor"]["cudagraph_skips"] == skips, "Inductor ran the block without CUDA graphs"
     for i, out in enumerate(outs[1:], 1):
         assert _error(out, outs[0]) <= RTOL, f"call {i}"
