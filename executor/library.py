@@ -128,18 +128,21 @@ def all_gather_matmul(
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
     group = _resolve_process_group(group_name)
     w = group.size()
-    rows, lead = _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
+    flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
+    rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
     key = ("ag_gemm", schedule, w, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
     key += tuple(b.shape for b in bs)
     run = _resolved.get(key)
     if run is None:
         run = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, w, check_all_gather_matmul)
     out = _run_all_gather_matmul(rows, tuple(bs), run, group, return_gathered=return_a)
-    cs, gathered = out if return_a else (out, None)
+    cs, gathered = out if return_a else (out, a_shard.new_empty(0))
+    if flat:
+        return gathered, cs
     full = (lead[0] * w, *lead[1:])
     cs = [c.view(*full, c.shape[1]).movedim(0, gather_dim) for c in cs]
-    if gathered is None:
-        return a_shard.new_empty(0), cs
+    if not return_a:
+        return gathered, cs
     return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
 
 
@@ -159,7 +162,6 @@ def _all_gather_matmul_setup(ctx, inputs, output) -> None:
     ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
     ctx.group_name, ctx.return_a = group_name, return_a
     ctx.schedules = (backward_schedule or schedule, schedule)
-    ctx.n_bs = len(bs)
     # the weights' gradients multiply the gathered input: kept when the forward returned it, else gathered
     # again in the backward from the shard
     ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
@@ -176,13 +178,18 @@ def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
         gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
     grads = list(grad_cs)
     grad_shard = None
-    if need_a:
+    if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
         live = [(g, b) for g, b in zip(grads, bs, strict=True) if g is not None]
-        g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
-        b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
-        grad_shard = torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
-        if ctx.return_a and grad_a is not None and grad_a.numel():
-            grad_shard = grad_shard + _reduce_scatter(grad_a, "sum", dim, group_name)
+        parts = []
+        if live:
+            g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
+            b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
+            parts.append(
+                torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
+            )
+        if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
+            parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
+        grad_shard = sum(parts[1:], parts[0]) if parts else None
     grad_bs = None
     if need_b:
         k = gathered.shape[-1]
@@ -214,12 +221,15 @@ def matmul_reduce_scatter(
     _check_reduce_op(reduce_op)
     group = _resolve_process_group(group_name)
     w = group.size()
-    rows, lead = _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
+    flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
+    rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
     key = ("gemm_rs", schedule, w, scatter_dim, a.shape, a.dtype, a.device, b.shape)
     run = _resolved.get(key)
     if run is None:
         run = _resolve(key, "gemm_rs", rows, b, schedule, w, check_matmul_reduce_scatter)
     c = _run_matmul_reduce_scatter(rows, b, run, group)
+    if flat:
+        return c
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
 
 

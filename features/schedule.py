@@ -163,7 +163,7 @@ class Schedule(JsonRoundTrip):
                 parts = parts[:-1]
             knobs = {"ctas": None, "carveout": None}
             for name, prefix in (("carveout", "carve"), ("ctas", "cta")):  # the string's order, reversed
-                field = parts[-1]
+                field = parts[-1] if parts else ""
                 if field.startswith(prefix) and field[len(prefix) :].isdigit():
                     knobs[name] = int(field[len(prefix) :])
                     parts = parts[:-1]

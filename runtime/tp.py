@@ -85,17 +85,27 @@ class _State:
     kind: str
     """``colwise`` or ``rowwise``."""
     mesh: DeviceMesh
+    """The tensor-parallel mesh (one dimension)."""
     group_name: str
+    """Its c10d group's name, as the ficco ops take it."""
     world_size: int
     input_layout: Placement
     output_layout: Placement
     use_local_output: bool
     schedules: Schedules | None
+    """The style's schedule source; None: the process default."""
     name: str = ""
+    """The module's path (``name_modules``), shown in the planner's table."""
     requests: dict[tuple, tuple[OpRequest, OpRequest]] = field(default_factory=dict)
+    """(op, m, n, k, dtype) -> the op's request and its backward's (a planner's)."""
+    prepared: set[tuple] = field(default_factory=set)
+    """(request key, backward) pairs the planner has decided."""
 
-    def schedule_strings(self, op: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[str, str]:
-        """The schedule strings of an op at this shape and of its backward's op (the other of the pair)."""
+    def schedule_strings(
+        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool
+    ) -> tuple[str, str]:
+        """The schedule strings of an op at this shape and, with ``backward``, of its backward's op (the
+        other of the pair; "" without)."""
         source = self.schedules if self.schedules is not None else _default[0]
         if source is None:
             _warn_serial_once()
@@ -111,8 +121,10 @@ class _State:
                 OpRequest(direction="fwd", op=op, n=n, k=k, **common),
                 OpRequest(direction="bwd-input", op=back, n=k, k=n, **common),
             )
-            source.prepare(list(pair))
-        return str(source.schedule(pair[0])), str(source.schedule(pair[1]))
+        if (key, backward) not in self.prepared:  # decided in one batch once, a lookup afterwards
+            source.prepare(list(pair) if backward else pair[:1])
+            self.prepared.add((key, backward))
+        return str(source.schedule(pair[0])), str(source.schedule(pair[1])) if backward else ""
 
 
 _warned: list[bool] = [False]
@@ -269,7 +281,8 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if isinstance(layout, Shard):  # sequence-parallel input: gathered by the op itself
             dim = layout.dim % local.dim()
             m = local.numel() // local.shape[-1] * state.world_size
-            fwd, bwd = state.schedule_strings("ag_gemm", m, weight.shape[0], weight.shape[1], local.dtype)
+            backward = _backward_follows(local, weight)
+            fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
             _, (y,) = torch.ops.ficco.all_gather_matmul(
                 local, [weight.t()], dim, state.group_name, fwd, False, bwd
             )
@@ -288,8 +301,8 @@ def _fused_all_gather_matmul(gather: _Gather) -> dict[int, torch.Tensor]:
     shard = gather.shard
     m = shard.numel() // shard.shape[-1] * state.world_size
     n = sum(w.shape[1] for w in weights)
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype)
-    keep = torch.is_grad_enabled() and (shard.requires_grad or any(w.requires_grad for w in weights))
+    keep = _backward_follows(shard, *weights)
+    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, keep)
     _, outs = torch.ops.ficco.all_gather_matmul(shard, weights, gather.dim, state.group_name, fwd, keep, bwd)
     return {id(c): y for c, y in zip(gather.consumers, outs, strict=True)}
 
@@ -300,11 +313,17 @@ def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight.to_local()  # [out, in/w]
     dim = state.output_layout.dim % local.dim()
     m = local.numel() // local.shape[-1]
-    fwd, bwd = state.schedule_strings("gemm_rs", m, weight.shape[0], weight.shape[1], local.dtype)
+    backward = _backward_follows(local, weight)
+    fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, local.dtype, backward)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
     if self.bias is not None:
         y = y + self.bias.to_local()
     return _output(state, y, Shard(dim))
+
+
+def _backward_follows(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records this call for a backward (then the gradient's op is planned too)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _output(state: _State, y: torch.Tensor, layout: Placement) -> torch.Tensor:

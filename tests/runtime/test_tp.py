@@ -76,6 +76,15 @@ def _tp_world(rank: int, world_size: int) -> dict:
         out["cases"][schedule] = {"loss": loss_error, "grads": errors, "counts": counts}
         if planner is not None:
             out["planner_rows"] = planner.rows()
+    # inference (no autograd: the fused op keeps no gathered input, the planner decides no backward op)
+    with torch.no_grad():
+        ref_logits = copy.deepcopy(base)
+        llama.apply_tp(ref_logits, mesh, torch_styles)
+        model = copy.deepcopy(base)
+        ficco_styles.set_default_schedules("finer/sm/s2/chunk")
+        llama.apply_tp(model, mesh, ficco_styles)
+        want, got = ref_logits(tokens), model(tokens)
+        out["inference"] = float((got - want).norm() / want.norm())
     ficco_styles.set_default_schedules(None)
     return out
 
@@ -116,3 +125,9 @@ def test_planner_table_names_each_layer_and_what_ran(worlds):
     layers = {r["layer"] for r in rows}
     assert {"layers.0.attention.wq", "layers.1.feed_forward.w2", "output"} <= layers, layers
     assert all(r["ran"] == "finer/dma/s2/chunk" for r in rows if r["direction"] == "fwd"), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_inference_logits_match_pytorch_styles(worlds, world_size):
+    assert all(report["inference"] <= TOLERANCE for report in worlds[world_size])
