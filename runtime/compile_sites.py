@@ -60,6 +60,8 @@ class Site:
     dtype: str
     apply: Callable[[str], None]
     """Rewrites the graph with the schedule (or table) string."""
+    replaces: frozenset[torch.fx.Node] = frozenset()
+    """The matmul nodes it replaces."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,12 +106,19 @@ def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     all_gathers = find_all_gather_patterns(graph)
     reduce_scatters = find_reduce_scatter_patterns(graph)
     matched = {ag.ag_node for ag in all_gathers} | {rs.reduce_scatter_node for rs in reduce_scatters}
-    return (
-        _fused_op_sites(graph)
-        + _all_gather_sites(all_gathers)
-        + _reduce_scatter_sites(reduce_scatters)
-        + _unmatched(graph, matched)
-    )
+    gathers = _all_gather_sites(all_gathers)
+    taken = {n for site in gathers if isinstance(site, Site) for n in site.replaces}
+    scatters = [_not_taken(site, taken) for site in _reduce_scatter_sites(reduce_scatters)]
+    return _fused_op_sites(graph) + gathers + scatters + _unmatched(graph, matched)
+
+
+def _not_taken(site: Site | Skipped, taken: set[torch.fx.Node]) -> Site | Skipped:
+    """A reduce-scatter site whose matmul an all-gather site replaces (gathered input, scattered output) is
+    left: one op takes the matmul, the gather's, as PyTorch's pass prefers."""
+    if isinstance(site, Skipped) or not (site.replaces & taken):
+        return site
+    why = _Refused("layout", "its matmul's input is gathered too, and the all_gather_matmul takes the matmul")
+    return why.skipped(site.op, site.layers, site.group)
 
 
 # Shared checks ----------------------------------------------------------------------------------------------
@@ -312,6 +321,7 @@ def _all_gather_site(ag: _AllGatherMatch, matmuls: list[_Matmul], layers: tuple[
         k=_static(gathered.shape[-1], "k"),
         dtype=_dtype_name(gathered),
         apply=apply,
+        replaces=frozenset(n for mm in matmuls for n in mm.nodes),
     )
 
 
@@ -381,6 +391,7 @@ def _reduce_scatter_site(rs: _ReduceScatterMatch, matmul: _Matmul, layers: tuple
         k=_static(a.shape[-1], "k"),
         dtype=_dtype_name(a),
         apply=apply,
+        replaces=frozenset(matmul.nodes),
     )
 
 

@@ -104,6 +104,18 @@ def test_the_gathered_input_is_returned_when_something_else_reads_it(world):
     assert ag.kwargs == {"return_a": True} and ag.args[2] == 0
 
 
+def test_a_matmul_between_a_gather_and_a_scatter_goes_to_the_gather(world):
+    def fn(x, w):
+        return reduce_scatter(all_gather(x, 0, world) @ w, "sum", 0, world)
+
+    gm = _trace(fn, torch.randn(8, 16), torch.randn(16, 12))
+    ficco_pass = FiccoPass("shard/dma")
+    ficco_pass(gm.graph)
+    assert [r.op for r in ficco_pass.report.rewritten] == ["ag_gemm"]
+    assert [(x.op, x.reason) for x in ficco_pass.report.left] == [("gemm_rs", "layout")]
+    assert _targets(gm).count(FICCO_AG) == 1 and torch.ops.aten.mm.default not in _targets(gm)
+
+
 def test_a_gathered_weight_operand_is_not_a_site(world):
     """A backward's weight gradient multiplies by the gathered input (``grad^T @ A``): not an input
     gathered for a matmul, so neither rewritten nor reported, and no warning."""
