@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ficco.runtime.planner import Direction
 from ficco.tables import markdown_table
+
+if TYPE_CHECKING:
+    from ficco.executor.library import OpRun
 
 Op = Literal["ag_gemm", "gemm_rs"]
 """``ag_gemm`` (``torch.ops.ficco.all_gather_matmul``) or ``gemm_rs`` (``ficco.matmul_reduce_scatter``)."""
@@ -86,8 +89,22 @@ class CompileReport:
 
         return counters["inductor"]["fxgraph_cache_hit"] - self.cache_hits_at_start
 
+    def ran(self, rewrite: Rewrite) -> list[OpRun]:
+        """What ``rewrite``'s op ran in this process so far (``executor.library.run_report``), one entry per
+        token count it ran at: the schedule (or the table's entry), or ``serial/sm`` with the reason where
+        that could not run at the shape."""
+        from ficco.executor.library import run_report
+
+        key = (rewrite.op, sum(rewrite.n), rewrite.k, rewrite.dtype, rewrite.world_size, rewrite.schedule)
+        return [
+            r
+            for r in run_report()
+            if (r.op, r.n, r.k, r.dtype, r.world_size, r.asked) == key and rewrite.m in (None, r.m)
+        ]
+
     def rows(self) -> list[dict[str, Any]]:
-        """One row per rewrite, then one per op left (the columns of :meth:`table`)."""
+        """One row per rewrite, then one per op left (the columns of :meth:`table`); ``ran`` says what each
+        rewritten op ran so far in this process."""
         rows = []
         for r in self.rewritten:
             shape = f"m={'dyn' if r.m is None else r.m} n={'+'.join(map(str, r.n))} k={r.k} {r.dtype}"
@@ -99,6 +116,7 @@ class CompileReport:
                     "layers": ",".join(r.layers),
                     "shape": f"{shape} w={r.world_size}",
                     "schedule": r.schedule,
+                    "ran": _ran_text(self.ran(r), r.m is None),
                     "note": r.note or f"rewritten ({r.found})",
                 }
             )
@@ -111,6 +129,7 @@ class CompileReport:
                     "layers": ",".join(x.layers),
                     "shape": "",
                     "schedule": "left",
+                    "ran": "",
                     "note": f"{x.reason}: {x.detail}",
                 }
             )
@@ -118,7 +137,7 @@ class CompileReport:
 
     def table(self) -> str:
         """The report as a markdown table."""
-        header = ["graph", "direction", "op", "layers", "shape", "schedule", "note"]
+        header = ["graph", "direction", "op", "layers", "shape", "schedule", "ran", "note"]
         return markdown_table(header, [[r[h] for h in header] for r in self.rows()])
 
     def __str__(self) -> str:
@@ -128,3 +147,15 @@ class CompileReport:
             f"{len(self.rewritten) - ag} matmul_reduce_scatter), {len(self.left)} left, in {self.graphs} "
             f"graphs ({self.cache_hits} more loaded from the graph cache)"
         )
+
+
+def _ran_text(runs: list[OpRun], dynamic: bool) -> str:
+    """``shard/dma``; per token count for a table (``m=32: serial/sm, m=256: shard/dma``); a fallback with
+    its reason; ``-`` before the op ran."""
+    if not runs:
+        return "-"
+    parts = []
+    for r in runs:
+        text = r.ran if r.reason is None else f"{r.ran} ({r.reason})"
+        parts.append(f"m={r.m}: {text}" if dynamic else text)
+    return ", ".join(parts)
