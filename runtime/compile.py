@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch._inductor import config as inductor_config
+from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
@@ -341,6 +342,11 @@ def enable(
         schedules, mode=mode, hardware=hardware, token_points=token_points, timeout_s=timeout_s
     )
     others = [p for p in _installed() if not isinstance(p, FiccoPass)]
+    if others and not hasattr(custom_graph_pass, "get_custom_graph_passes"):
+        raise ValueError(
+            f"torch {torch.__version__} takes one post_grad_custom_post_pass and {others[0]!r} is installed; "
+            "remove it (newer torch versions run several)"
+        )
     inductor_config.post_grad_custom_post_pass = ficco_pass if not others else (*others, ficco_pass)
     return ficco_pass.report
 
