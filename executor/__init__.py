@@ -12,9 +12,10 @@ on the CPU the executor choice changes only the transport (CI checks every sched
     Y = all_to_all_matmul(x, b, routing, "shard/dma")
     Z = matmul_all_to_all(Y, b2, routing, "finer/sm/s2/chunk")        # b2 [experts/w, n, d] -> [rows of x, d]
 
-The dense pair are PyTorch custom ops too (``executor.library``, registered on import):
-``torch.ops.ficco.all_gather_matmul`` and ``torch.ops.ficco.matmul_reduce_scatter``, with fake
-implementations and autograd, for torch.compile, CUDA graphs and DTensor plans.
+All four are PyTorch custom ops too (``executor.library``, registered on import):
+``torch.ops.ficco.all_gather_matmul``, ``matmul_reduce_scatter``, ``all_to_all_matmul`` and
+``matmul_all_to_all``, with fake implementations and autograd, for torch.compile, CUDA graphs and DTensor
+plans.
 """
 
 from ficco.executor import library

@@ -26,6 +26,16 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
   (reduce-scatter) row count, batch included; the op resolves it at run time with a bisect, no host round
   trip. ``backward_schedule`` is what the gradient's op runs (the other op of the pair, same ``M``);
   empty: ``schedule``.
+- The MoE pair, with the executor's arguments (``features.Routing.counts`` flattened to ``int[]``)::
+
+      torch.ops.ficco.all_to_all_matmul(Tensor x, Tensor b, int[] counts, str group_name, str schedule,
+                                        str backward_schedule="") -> Tensor
+      torch.ops.ficco.matmul_all_to_all(Tensor h, Tensor b, int[] counts, str group_name, str schedule,
+                                        str backward_schedule="") -> Tensor
+
+  (dispatch then expert GEMMs, ``b [experts/w, k, n]``; expert GEMMs then combine). A table's ``M`` is
+  the rows routed over the whole group. Each one's input gradient is the other op on ``b^T``; the experts'
+  weight gradients multiply the dispatched rows (dispatched again in the backward).
 - Autograd: the input gradient of ``all_gather_matmul`` is ``matmul_reduce_scatter`` of the output
   gradients against ``b^T`` (one op for all weights), the weights' gradients ``A^T @ grad_C`` (the gathered
   A kept when ``return_a``, else gathered again beside that op); the input gradient of
@@ -44,14 +54,20 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ficco.executor.checks import DTYPES, check_all_gather_matmul, check_matmul_reduce_scatter, shape_str
+from ficco.executor.context import get_context
+from ficco.executor.experts import routed_state
 from ficco.executor.ops import all_gather_matmul as _run_all_gather_matmul
+from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
+from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
 from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
+from ficco.features.routing import Routing
 from ficco.features.schedule import SERIAL, Schedule, schedule_table
 
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names.
@@ -271,6 +287,153 @@ matmul_reduce_scatter.register_autograd(
 )
 
 
+# The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
+
+
+@torch.library.custom_op("ficco::all_to_all_matmul", mutates_args=())
+def all_to_all_matmul(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    counts: list[int],
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """``executor.all_to_all_matmul``: the rows of ``x`` sent to their experts' ranks, times each local
+    expert's ``b[e]`` (``b [experts/w, k, n]``); ``counts`` is ``features.Routing.counts`` flattened
+    (``[w * w * experts/w]``: rows rank ``src`` routes to local expert ``e`` of rank ``dst``)."""
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    run = _resolve_routed("a2a_gemm", routing, x, b, schedule)
+    return _run_all_to_all_matmul(x, b, routing, run, group)
+
+
+@all_to_all_matmul.register_fake
+def _(x, b, counts, group_name, schedule, backward_schedule=""):
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
+
+
+@torch.library.custom_op("ficco::matmul_all_to_all", mutates_args=())
+def matmul_all_to_all(
+    h: torch.Tensor,
+    b: torch.Tensor,
+    counts: list[int],
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """``executor.matmul_all_to_all``: each local expert's GEMM on its rows of ``h`` (in
+    ``all_to_all_matmul``'s output order), every row sent back to the rank that routed it."""
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    run = _resolve_routed("gemm_a2a", routing, h, b, schedule)
+    return _run_matmul_all_to_all(h, b, routing, run, group)
+
+
+@matmul_all_to_all.register_fake
+def _(h, b, counts, group_name, schedule, backward_schedule=""):
+    group = _resolve_process_group(group_name)
+    routing = _routing(tuple(counts), group.size())
+    return h.new_empty((sum(routing.sent(group.rank())), b.shape[2]))
+
+
+def _routed_setup(ctx, inputs, output) -> None:
+    a, b, counts, group_name, schedule, backward_schedule = inputs
+    ctx.counts, ctx.group_name = counts, group_name
+    ctx.schedules = (backward_schedule or schedule, schedule)
+    ctx.save_for_backward(a, b)
+
+
+def _all_to_all_matmul_backward(ctx, grad):
+    """``Y = experts(dispatch(x))``: ``grad_x`` is the combine of ``grad @ b[e]^T`` (the other op);
+    ``grad_b[e]`` is the dispatched rows of expert ``e``, transposed, times their gradient."""
+    x, b = ctx.saved_tensors
+    need_x, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad = grad.contiguous()
+    grad_x = grad_b = None
+    if need_x:
+        b_t = b.transpose(1, 2).contiguous()
+        grad_x = torch.ops.ficco.matmul_all_to_all(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
+    if need_b:
+        grad_b = _expert_weight_grads(_dispatched(x, ctx.counts, ctx.group_name), grad, ctx)
+    return _grads(ctx, grad_x, grad_b)
+
+
+def _matmul_all_to_all_backward(ctx, grad):
+    """``Z = combine(experts(h))``: ``grad_h`` is the dispatch of ``grad`` times ``b[e]^T`` (the other op);
+    ``grad_b[e]`` is ``h``'s rows of expert ``e``, transposed, times the dispatched gradient's."""
+    h, b = ctx.saved_tensors
+    need_h, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad = grad.contiguous()
+    grad_h = grad_b = None
+    if need_h:
+        b_t = b.transpose(1, 2).contiguous()
+        grad_h = torch.ops.ficco.all_to_all_matmul(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
+    if need_b:
+        grad_b = _expert_weight_grads(h, _dispatched(grad, ctx.counts, ctx.group_name), ctx)
+    return _grads(ctx, grad_h, grad_b)
+
+
+all_to_all_matmul.register_autograd(_all_to_all_matmul_backward, setup_context=_routed_setup)
+matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_routed_setup)
+
+
+@lru_cache(maxsize=256)
+def _routing(counts: tuple[int, ...], world_size: int) -> Routing:
+    """The ``features.Routing`` of flattened counts (ValueError naming the length when it is no
+    ``[w, w, experts/w]``)."""
+    per_pair, rest = divmod(len(counts), world_size * world_size)
+    if rest or not per_pair:
+        raise ValueError(
+            f"counts must hold world_size * world_size * experts/world_size ints (Routing.counts flattened); "
+            f"got {len(counts)} for world_size={world_size}"
+        )
+    it = iter(counts)
+    return Routing(
+        counts=tuple(
+            tuple(tuple(next(it) for _ in range(per_pair)) for _ in range(world_size))
+            for _ in range(world_size)
+        )
+    )
+
+
+def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor, asked: str) -> Schedule:
+    """The schedule an MoE op runs: the table's pick at ``m``, the rows routed over the whole group (every
+    schedule runs every routing, so there is no fallback to take), recorded in :func:`run_report`."""
+    m = sum(sum(routing.moved[src]) for src in range(routing.world_size))
+    n, k, w = b.shape[2], b.shape[1], routing.world_size
+    key = (op, m, n, k, DTYPES.get(a.dtype, str(a.dtype)), w, asked)
+    run = _runs.get(key)
+    if run is None:
+        pick = schedule_table(asked).at(m)
+        run = _runs[key] = OpRun(op=op, m=m, n=n, k=k, dtype=key[4], world_size=w, asked=asked, ran=str(pick))
+    return schedule_table(run.ran).schedules[0]
+
+
+def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Tensor:
+    """The rows the dispatch of ``x`` brings to this rank's experts, by local expert then source rank
+    (``all_to_all_matmul``'s output order): an all-to-all, then the routing's permutation."""
+    group = _resolve_process_group(group_name)
+    ctx = get_context(group, x.device)
+    state = routed_state(ctx.routed, _routing(tuple(counts), group.size()), ctx.rank)
+    layout = state.layout("gather", 1)
+    received = funcol.all_to_all_single(x, list(layout.recv_rows), list(layout.send_rows), group_name)
+    return received.index_select(0, state.permutation(x.device)[0])
+
+
+def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
+    """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
+    group = _resolve_process_group(ctx.group_name)
+    routing = _routing(tuple(ctx.counts), group.size())
+    out, start = [], 0
+    for size in routing.expert_rows(group.rank()):
+        out.append(rows[start : start + size].t() @ grad[start : start + size])
+        start += size
+    return torch.stack(out)
+
+
 # Shared parts -----------------------------------------------------------------------------------------------
 
 
@@ -346,7 +509,9 @@ __all__ = [
     "OpRun",
     "ScheduleFallbackWarning",
     "all_gather_matmul",
+    "all_to_all_matmul",
     "clear_run_report",
+    "matmul_all_to_all",
     "matmul_reduce_scatter",
     "ran",
     "run_report",
