@@ -32,7 +32,7 @@ reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce
 TABLE = {"ag_gemm": "shard/dma", "gemm_rs": "serial/sm"}
 """Global data a schedule function may read (its answers then depend on state)."""
 LLAMA_LAYERS = 2
-"""Blocks of the compiled debug Llama (``tests/runtime/llama_debug.LlamaArgs``)."""
+"""Blocks of the compiled debug Llama (``benchmarks.llama.LlamaArgs``)."""
 
 
 @pytest.fixture
@@ -359,11 +359,11 @@ def test_enable_installs_beside_other_passes_and_disable_removes_only_it():
 def _compiled_world(rank: int, world_size: int) -> dict:
     """The debug Llama under torchtitan's plan, compiled (forward and backward) after enable() with a
     planner, against eager; then a dynamic-shape function at two token counts."""
-    import llama_debug as llama
     import torch.distributed.tensor.parallel as torch_styles
     from torch._inductor import config
     from torch.distributed.device_mesh import init_device_mesh
 
+    from benchmarks import llama
     from ficco.executor import library
     from ficco.runtime import Answer, TableSource
 

@@ -1,4 +1,4 @@
-"""``ficco.runtime.tp`` against PyTorch's parallel styles: a Llama 3 at debug size (``llama_debug``:
+"""``ficco.runtime.tp`` against PyTorch's parallel styles: a Llama 3 at debug size (``benchmarks/llama.py``:
 torchtitan's module names and ``apply_tp``) parallelized once with PyTorch's styles and once with ficco's,
 on gloo worlds of 2 and 4 ranks: the loss and every parameter gradient agree (fp32, 1e-5 relative) for a
 schedule of every family, a token-range table and a planner; each block runs four ficco ops (q/k/v as one,
@@ -25,7 +25,6 @@ TOLERANCE = 1e-5
 def _tp_world(rank: int, world_size: int) -> dict:
     import copy
 
-    import llama_debug as llama
     import torch
     import torch.distributed.tensor.parallel as torch_styles
     import torch.nn.functional as F
@@ -33,6 +32,7 @@ def _tp_world(rank: int, world_size: int) -> dict:
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from benchmarks import llama
     from ficco.runtime import FixedSource, Planner
     from ficco.runtime import tp as ficco_styles
 

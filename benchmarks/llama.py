@@ -1,10 +1,16 @@
-"""A Llama 3 at debug size with torchtitan's module names, and torchtitan's tensor-parallel plan (``apply_tp``
-of ``torchtitan/models/llama3/infra/parallelize.py``) over a module of parallel styles: PyTorch's
+"""torchtitan's Llama 3 with its module names, and torchtitan's tensor-parallel plan (``apply_tp`` of
+``torchtitan/models/llama3/infra/parallelize.py``) over a module of parallel styles: PyTorch's
 (``torch.distributed.tensor.parallel``) or ficco's (``ficco.runtime.tp``), the one switch a torchtitan user
 makes. torchtitan itself is not a dependency: its 0.3.0 release no longer plans Llama with ParallelStyles and
 pulls in datasets, wandb and tensorboard; the model and plan here follow its module names and plan line by
 line (``tok_embeddings``, ``layers.<i>.attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``, ``norm``,
-``output``)."""
+``output``).
+
+Sizes: :class:`LlamaArgs` defaults to a debug model (what the tests parallelize on gloo);
+:meth:`LlamaArgs.from_config` takes a model's shapes (``datasets/model_configs/Llama-3.1-8B.json``).
+:class:`TransformerBlocks` is the decoder layers alone, on sequence-parallel shards ``[batch, seq/w, dim]``
+(what ``benchmarks/runtimes.py`` times), parallelized by :func:`apply_block_tp`, the per-layer half of
+:func:`apply_tp`."""
 
 from __future__ import annotations
 
@@ -16,10 +22,12 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import parallelize_module
 
+from ficco.features.model_config import ModelConfig
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LlamaArgs:
-    """torchtitan's ``TransformerModelArgs`` at debug size (GQA: 8 heads, 4 KV heads)."""
+    """torchtitan's ``TransformerModelArgs``; the defaults are a debug size (GQA: 8 heads, 4 KV heads)."""
 
     dim: int = 32
     n_layers: int = 2
@@ -30,6 +38,25 @@ class LlamaArgs:
     max_seq_len: int = 64
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, n_layers: int, max_seq_len: int) -> LlamaArgs:
+        """A model's layer shapes (``features.model_config``) with ``n_layers`` layers and rotary
+        frequencies for ``max_seq_len`` tokens; ValueError when its head size is not ``dim / n_heads`` (the
+        Llama layout this model assumes)."""
+        if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+            raise ValueError(
+                f"{cfg.name}: head_dim * num_attention_heads must equal hidden_size for a Llama; got "
+                f"{cfg.head_dim} * {cfg.num_attention_heads} != {cfg.hidden_size}"
+            )
+        return cls(
+            dim=cfg.hidden_size,
+            n_layers=n_layers,
+            n_heads=cfg.num_attention_heads,
+            n_kv_heads=cfg.num_key_value_heads,
+            hidden_dim=cfg.intermediate_size,
+            max_seq_len=max_seq_len,
+        )
 
 
 def precompute_freqs_cis(dim: int, end: int, theta: float) -> torch.Tensor:
@@ -121,6 +148,57 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
+class TransformerBlocks(nn.Module):
+    """The decoder layers of :class:`Transformer` alone (``layers.<i>``, same names), on this rank's
+    sequence shard: ``h [batch, seq/w, dim] -> [batch, seq/w, dim]`` under :func:`apply_block_tp` on ``w``
+    ranks (``tp_degree``), or the whole sequence unparallelized (``tp_degree=1``)."""
+
+    def __init__(self, args: LlamaArgs, tp_degree: int = 1) -> None:
+        super().__init__()
+        self.tp_degree = tp_degree
+        self.register_buffer(
+            "freqs_cis", precompute_freqs_cis(args.dim // args.n_heads, args.max_seq_len, args.rope_theta)
+        )
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        freqs_cis = self.freqs_cis[: h.shape[1] * self.tp_degree]
+        for layer in self.layers.values():
+            h = layer(h, freqs_cis)
+        return h
+
+
+def apply_block_tp(block: TransformerBlock, tp_mesh, styles) -> None:
+    """torchtitan's plan of one decoder layer (sequence parallel: ``Shard(1)`` between the layers) over
+    ``styles`` (a module with ``ColwiseParallel``, ``RowwiseParallel``, ``PrepareModuleInput`` and
+    ``SequenceParallel``)."""
+    rowwise_parallel, colwise_parallel, prepare_module_input = (
+        styles.RowwiseParallel,
+        styles.ColwiseParallel,
+        styles.PrepareModuleInput,
+    )
+    layer_plan = {
+        "attention_norm": styles.SequenceParallel(),
+        "attention": prepare_module_input(
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+        ),
+        "attention.wq": colwise_parallel(),
+        "attention.wk": colwise_parallel(),
+        "attention.wv": colwise_parallel(),
+        "attention.wo": rowwise_parallel(output_layouts=Shard(1)),
+        "ffn_norm": styles.SequenceParallel(),
+        "feed_forward": prepare_module_input(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+        ),
+        "feed_forward.w1": colwise_parallel(),
+        "feed_forward.w2": rowwise_parallel(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise_parallel(),
+    }
+    parallelize_module(module=block, device_mesh=tp_mesh, parallelize_plan=layer_plan)
+
+
 def apply_tp(model: Transformer, tp_mesh, styles, loss_parallel: bool = False) -> None:
     """torchtitan's ``apply_tp`` (no float8), over ``styles``: a module with ``ColwiseParallel``,
     ``RowwiseParallel``, ``PrepareModuleInput`` and ``SequenceParallel``."""
@@ -137,29 +215,5 @@ def apply_tp(model: Transformer, tp_mesh, styles, loss_parallel: bool = False) -
             ),
         },
     )
-    rowwise_parallel, colwise_parallel, prepare_module_input = (
-        styles.RowwiseParallel,
-        styles.ColwiseParallel,
-        styles.PrepareModuleInput,
-    )
     for transformer_block in model.layers.values():
-        layer_plan = {
-            "attention_norm": styles.SequenceParallel(),
-            "attention": prepare_module_input(
-                input_layouts=(Shard(1), None),
-                desired_input_layouts=(Replicate(), None),
-            ),
-            "attention.wq": colwise_parallel(),
-            "attention.wk": colwise_parallel(),
-            "attention.wv": colwise_parallel(),
-            "attention.wo": rowwise_parallel(output_layouts=Shard(1)),
-            "ffn_norm": styles.SequenceParallel(),
-            "feed_forward": prepare_module_input(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate(),),
-            ),
-            "feed_forward.w1": colwise_parallel(),
-            "feed_forward.w2": rowwise_parallel(output_layouts=Shard(1)),
-            "feed_forward.w3": colwise_parallel(),
-        }
-        parallelize_module(module=transformer_block, device_mesh=tp_mesh, parallelize_plan=layer_plan)
+        apply_block_tp(transformer_block, tp_mesh, styles)
