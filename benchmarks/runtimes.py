@@ -327,7 +327,7 @@ def profiled_calls(step: Callable[[], Any]) -> dict[str, int]:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    if ProfilerActivity.CUDA in torch.profiler.supported_activities() and torch.cuda.is_available():
+    if torch.cuda.is_available():
         torch.cuda.synchronize()
     return dict(Counter(e.name for e in prof.events() if PROFILED.match(e.name)))
 
@@ -687,9 +687,9 @@ def markdown(result: dict) -> str:
         lines += ["**CPU (gloo), a debug-size Llama: a check of the plumbing, not a GPU result.**", ""]
     if meta.get("loopback"):
         lines += [
-            "**Loopback world: one GPU as rank 0 of a pretend world of 2. No communication is measured (every"
-            " collective returns at once) and no peer's data arrives: these times show the plumbing and the"
-            " host time, not overlap results; the errors against serial are not checks.**",
+            "**Loopback world: one process (one GPU) as rank 0 of a pretend world of 2. No communication is"
+            " measured (every collective returns at once) and no peer's data arrives: these times show the"
+            " plumbing and the host time, not overlap results; the errors against serial are not checks.**",
             "",
         ]
     lines += [
