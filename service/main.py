@@ -14,6 +14,7 @@ import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +28,7 @@ from ficco.service.core.batch_worker import BatchWorkers, WorkerLostError, Worke
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
+from ficco.service.core.offload import add_batch_components
 from ficco.service.core.store import ModelStore
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score
@@ -92,6 +94,19 @@ def _install_docs(app: FastAPI) -> None:
             swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
         )
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """The OpenAPI document with the schemas that only the batch bodies refer to (``add_batch_components``:
+    FastAPI does not read those bodies, so it does not list their parts)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_batch_components(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
@@ -167,6 +182,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         app.include_router(module.router)
     _install_error_handlers(app)
     _install_docs(app)
+    _install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: times 413s too
     return app

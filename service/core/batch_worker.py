@@ -1,5 +1,5 @@
-"""The batch worker: separate processes that answer ``POST /v1/recommend/batch`` bodies at a lower CPU
-priority than the process serving single requests.
+"""The batch worker: separate processes that answer ``POST /v1/recommend/batch`` and ``POST
+/v1/score/batch`` bodies at a lower CPU priority than the process serving single requests.
 
 A 10,000-scenario batch is ~0.3-0.6 s of CPU (parsing, validation, prediction, serialisation). In a thread
 of the serving process it shares the GIL with the event loop, and on a 2-core machine the cores too:
@@ -13,7 +13,8 @@ worker only on CPU time that the server, and anything else at normal priority, l
 The two talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the bytes); no
 Python objects cross, only JSON and the HTTP bodies::
 
-    job:     {"versions": {hardware id: version}}   then the request body as received
+    job:     {"kind": "recommend" | "score", "versions": {hardware id: version}}
+             then the request body as received
     answer:  {"ok": true}                           then the response body
          or  {"error": kind, ...}                   then an empty frame
 
@@ -50,6 +51,8 @@ from typing import Any, Literal, NoReturn
 log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
+JobKind = Literal["recommend", "score"]
+"""What a job's body is: a ``/v1/recommend/batch`` or a ``/v1/score/batch`` request (``batch.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""
@@ -180,7 +183,7 @@ def lower_priority(priority: str) -> str:
 
 def serve(sock: socket.socket, options: WorkerOptions) -> None:
     """The worker's loop: answer jobs from ``sock`` one at a time until the server closes it."""
-    from ficco.service.batch import answer_batch
+    from ficco.service.batch import JOBS
     from ficco.service.core.store import ModelStore
     from ficco.service.errors import NoModelError
 
@@ -203,7 +206,7 @@ def serve(sock: socket.socket, options: WorkerOptions) -> None:
             body = _recv_frame(sock)
             try:
                 store.serve_versions(job["versions"])
-                payload = answer_batch(
+                payload = JOBS[job["kind"]](
                     body, store.served, max_batch=options.max_batch, default_hardware=options.default_hardware
                 )
                 reply = {"ok": True}
@@ -269,8 +272,8 @@ class BatchWorker:
         self._reader, self._writer = await asyncio.open_connection(sock=server_end, limit=READ_BUFFER)
         log.info("batch worker %d started (priority %s)", self.process.pid, self.options.priority)
 
-    async def answer(self, body: bytes, versions: Mapping[str, str]) -> bytes:
-        """The worker's answer (response bytes) to a batch ``body`` with the models ``versions``.
+    async def answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
+        """The worker's answer (response bytes) to a batch ``body`` of ``kind`` with the models ``versions``.
 
         Raises the batch's own errors as the server's exceptions (``raise_error``), and
         ``WorkerLostError`` when the worker dies during the job; a dead worker is replaced first.
@@ -280,7 +283,7 @@ class BatchWorker:
             await self.start(versions)
         assert self._reader is not None and self._writer is not None
         try:
-            for data in (json.dumps({"versions": dict(versions)}).encode(), body):
+            for data in (json.dumps({"kind": kind, "versions": dict(versions)}).encode(), body):
                 self._writer.write(_LENGTH.pack(len(data)))
                 self._writer.write(data)
             await self._writer.drain()
@@ -338,10 +341,10 @@ class BatchWorkers:
         for worker in self.workers:
             await worker.start(versions)
 
-    async def answer(self, body: bytes, versions: Mapping[str, str]) -> bytes:
+    async def answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
         """``BatchWorker.answer`` on the next idle worker."""
         worker = await self._idle.get()
-        job = asyncio.ensure_future(worker.answer(body, versions))
+        job = asyncio.ensure_future(worker.answer(kind, body, versions))
         job.add_done_callback(lambda done: self._release(worker, done))
         return await asyncio.shield(job)
 
