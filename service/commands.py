@@ -115,7 +115,7 @@ def serve(
     """
     import uvicorn
 
-    from ficco.service.core.protocol import with_header_timeout
+    from ficco.service.core.protocol import with_header_limits
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
@@ -129,7 +129,8 @@ def serve(
         return
     uvicorn.run(
         create_app(settings),
-        http=with_header_timeout(settings.HEADER_TIMEOUT_S),
+        http=with_header_limits(settings.HEADER_TIMEOUT_S, settings.MAX_HEADER_BYTES),
+        h11_max_incomplete_event_size=settings.MAX_HEADER_BYTES,
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),

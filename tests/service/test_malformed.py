@@ -71,8 +71,9 @@ def test_lone_surrogate_in_a_config_is_answered(client, where):
 
 @pytest.mark.parametrize(
     ("content_type", "json_"),
-    [("application/json", True), ("application/json; charset=utf-8", True), ("application/vnd.api+json", True),
-     ("text/plain; charset=json", False), ("text/json", False), ("application/jsonx", False), ("", False),
+    [("application/json", True), ("application/json; charset=utf-8", True),
+     ("application/vnd.api+json", True), ("text/plain; charset=json", False), ("text/json", False),
+     ("application/jsonx", False), ("", False),
      ("multipart/form-data; boundary=json", False), ("application/x-www-form-urlencoded", False)],
 )  # fmt: skip
 def test_only_json_media_types_are_read(client, content_type, json_):
