@@ -1,9 +1,11 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
-The lifespan loads every registered hardware's current model once (never per request), starts the batch
-worker processes (``service.core.batch_worker``) and the registry watcher that swaps in newly promoted
-versions, and stops the workers at shutdown. ``uvicorn ficco.service.main:app`` serves the app
-built from the environment; ``ficco serve`` builds one from its options (``create_app``).
+The lifespan loads every registered hardware's current model once (never per request), from a private
+snapshot of the registry's files (``ModelStore``'s ``snapshot``, removed at shutdown), starts the batch
+worker processes (``service.core.batch_worker``, loading from the same snapshot) and the registry watcher
+that swaps in newly promoted versions, and stops the workers at shutdown. ``uvicorn
+ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one from its
+options (``create_app``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import asyncio
 import contextlib
 import gc
 import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, status
@@ -110,9 +115,10 @@ def _install_openapi(app: FastAPI) -> None:
 
 
 def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
-    """What the batch workers need: the store's registry and threads, the batch settings."""
+    """What the batch workers need: the registry the store loads from (its snapshot: the bytes it serves),
+    its threads, the batch settings."""
     return WorkerOptions(
-        model_root=str(store.root),
+        model_root=str(store.loads_from),
         cache_size=store.cache_size,
         threads=store.threads,
         bulk_threads=store.bulk_threads,
@@ -128,11 +134,13 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     caller then owns it and closes it)."""
     settings = settings or load_settings(Settings)
     owns_store = store is None
+    snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-")) if owns_store else None
     store = store or ModelStore(
         settings.MODEL_ROOT,
         cache_size=settings.CACHE_SIZE,
         threads=settings.PREDICT_THREADS,
         bulk_threads=settings.BATCH_THREADS,
+        snapshot=snapshot,
     )
 
     @contextlib.asynccontextmanager
@@ -143,16 +151,18 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             queue=settings.BATCH_QUEUE,
             retry_after_s=settings.BATCH_RETRY_AFTER_S,
         )
+        # The workers start first, with the versions CURRENT names (copied into the store's snapshot),
+        # and load and warm up in their own processes while this one loads the same versions.
+        app.state.batch_workers = workers = BatchWorkers(
+            _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
+        )
+        await workers.start(await asyncio.to_thread(store.current_versions))
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         # The loaded models and imports stay for the process's life: out of the collector's sight, a full
         # collection takes ~20 ms instead of ~80 ms, all of it holding the GIL the event loop needs
         # (measured when batches still ran in this process).
         gc.freeze()
-        app.state.batch_workers = workers = BatchWorkers(
-            _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
-        )
-        await workers.start({hw: model.version for hw, model in store.served.items()})
         watcher = None
         if settings.RELOAD_POLL_S > 0:
             watcher = asyncio.create_task(store.watch(settings.RELOAD_POLL_S))
@@ -166,6 +176,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             await workers.close()
             if owns_store:
                 store.close()
+                shutil.rmtree(snapshot, ignore_errors=True)
 
     app = FastAPI(
         title="ficco recommendation service",

@@ -317,8 +317,13 @@ class HealthPublic(BaseModel):
 
 
 class ReadyPublic(BaseModel):
-    ready: bool = Field(description="True when at least one model is loaded.")
+    ready: bool = Field(description="True when a model is loaded and every batch worker is warm.")
     serving: dict[str, str] = Field(description="hardware id -> version being served.")
+    batch_workers_ready: bool = Field(
+        default=True,
+        description="True when every batch worker process has loaded its models and answered a warm-up "
+        "batch (batches sent before wait for it).",
+    )
     default_hardware: str
     last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")
 

@@ -11,7 +11,11 @@ worker only on CPU time that the server, and anything else at normal priority, l
     worker (SCHED_IDLE):              | parse, validate, predict, serialise |
 
 The two talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the bytes); no
-Python objects cross, only JSON and the HTTP bodies::
+Python objects cross, only JSON and the HTTP bodies. A worker's first frame says it is ready: it has
+loaded its models and answered one batch of each kind with each (``warm_up``; a cold worker took 2.3-2.6
+s over its first 10,000-scenario batch), and ``/readyz`` waits for it::
+
+    ready:   {"ready": true, "serving": {hardware id: version}}
 
     job:     {"kind": "recommend" | "score", "versions": {hardware id: version}}
              then the request body as received
@@ -197,10 +201,11 @@ def serve(sock: socket.socket, options: WorkerOptions) -> None:
         store.serve_versions(options.versions)
     except NoModelError as err:
         log.error("%s; the next batch tries again", err)
-    log.info(
-        "batch worker %d ready, serving %s", os.getpid(), {hw: m.version for hw, m in store.served.items()}
-    )
+    warm_up(store, options)
+    serving = {hw: m.version for hw, m in store.served.items()}
+    log.info("batch worker %d ready, serving %s", os.getpid(), serving)
     try:
+        _send_frame(sock, json.dumps({"ready": True, "serving": serving}).encode())
         while True:
             job = json.loads(_recv_frame(sock))
             body = _recv_frame(sock)
@@ -216,6 +221,49 @@ def serve(sock: socket.socket, options: WorkerOptions) -> None:
             _send_frame(sock, payload)
     except (EOFError, OSError) as err:  # the server closed its end: it stopped or exited
         log.info("batch worker %d: the server closed the connection (%s); exiting", os.getpid(), err)
+
+
+WARM_UP_SCENARIOS = 2_500
+"""Scenarios of the warm-up batch per model: past the size a batch is split over threads at (2,048)."""
+WARM_UP_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+}
+"""The model config of the warm-up score batch (Llama-3.1-8B's shapes)."""
+
+
+def warm_up(store: Any, options: WorkerOptions) -> None:
+    """Answer one recommend batch (``WARM_UP_SCENARIOS`` distinct dense scenarios) and one score batch
+    (``WARM_UP_CONFIG``) with each served model of ``store`` and drop the answers: the first real batch
+    then finds every import done, every code path compiled and the thread pools started. A failure is
+    logged, never raised (the worker still serves)."""
+    from ficco.service.batch import JOBS
+
+    for hw, model in store.served.items():
+        ops = [op for op in ("ag_gemm", "gemm_rs") if model.unmeasured(op) is None]
+        size = model.profile.gpu_count
+        jobs = {"score": {"configs": [{"config": WARM_UP_CONFIG}], "tp": 2, "tokens": [4096], "hardware": hw}}
+        if ops:
+            jobs["recommend"] = {
+                "scenarios": [
+                    {"op": ops[i % len(ops)], "m": size * (i + 1), "n": 4096, "k": 4096, "hardware": hw}
+                    for i in range(WARM_UP_SCENARIOS)
+                ]
+            }
+        for kind, body in jobs.items():
+            try:
+                JOBS[kind](
+                    json.dumps(body).encode(),
+                    store.served,
+                    max_batch=max(options.max_batch, WARM_UP_SCENARIOS),
+                    default_hardware=options.default_hardware,
+                )
+            except Exception as err:  # a model that cannot answer this still serves what it can
+                log.warning("warm-up %s batch with the %s model failed: %s", kind, hw, err)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,6 +302,24 @@ class BatchWorker:
         self.process: subprocess.Popen | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._ready: asyncio.Future | None = None
+        """Reads the worker's ready frame; done once it has loaded and warmed up."""
+
+    async def serving(self) -> dict[str, str]:
+        """``{hardware id: version}`` the worker loaded at start, once it is ready (waits for it)."""
+        assert self._ready is not None, "start the worker first"
+        return json.loads(await asyncio.shield(self._ready))["serving"]
+
+    @property
+    def ready(self) -> bool:
+        """True once the running worker has said it is ready (loaded and warmed up)."""
+        done = self._ready is not None and self._ready.done() and not self._ready.cancelled()
+        return (
+            done
+            and self._ready.exception() is None
+            and self.process is not None
+            and self.process.poll() is None
+        )
 
     async def start(self, versions: Mapping[str, str]) -> None:
         """Start the process (it loads ``versions`` at once, at its lower priority; this does not wait)."""
@@ -270,6 +336,8 @@ class BatchWorker:
         finally:
             worker_end.close()
         self._reader, self._writer = await asyncio.open_connection(sock=server_end, limit=READ_BUFFER)
+        self._ready = asyncio.ensure_future(_read_frame(self._reader))
+        self._ready.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
         log.info("batch worker %d started (priority %s)", self.process.pid, self.options.priority)
 
     async def answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
@@ -281,8 +349,9 @@ class BatchWorker:
         if self.process is None or self.process.poll() is not None:
             await self.stop()
             await self.start(versions)
-        assert self._reader is not None and self._writer is not None
+        assert self._reader is not None and self._writer is not None and self._ready is not None
         try:
+            await asyncio.shield(self._ready)  # the ready frame comes first (the job waits for the warm-up)
             for data in (json.dumps({"kind": kind, "versions": dict(versions)}).encode(), body):
                 self._writer.write(_LENGTH.pack(len(data)))
                 self._writer.write(data)
@@ -306,7 +375,9 @@ class BatchWorker:
             self._writer.close()
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
-        self._reader = self._writer = None
+        if self._ready is not None:
+            self._ready.cancel()
+        self._reader = self._writer = self._ready = None
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
@@ -330,6 +401,11 @@ class BatchWorkers:
         self._idle: asyncio.Queue[BatchWorker] = asyncio.Queue()
         for worker in self.workers:
             self._idle.put_nowait(worker)
+
+    @property
+    def ready(self) -> bool:
+        """True when every worker has loaded its models and warmed up (``BatchWorker.ready``)."""
+        return all(worker.ready for worker in self.workers)
 
     @property
     def pids(self) -> list[int]:
