@@ -90,6 +90,10 @@ class WorkerOptions:
     """Level of the worker's log lines (``FICCO_LOG_LEVEL``); they go to the server's stderr."""
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     """``{hardware id: version}`` to load at start (the server's models then); each job names its own."""
+    warm_up_first: bool = False
+    """Load and warm up at the server's priority, then lower it: for the workers started with the server
+    (nothing is served yet, and at ``idle`` a machine busy with other work would hold ``/readyz`` back),
+    not for one replaced while single requests are being served."""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -171,17 +175,23 @@ def raise_error(reply: Mapping[str, Any]) -> NoReturn:
 
 
 def lower_priority(priority: str) -> str:
-    """Lower the calling process's CPU priority to ``priority`` (see ``PRIORITIES``) before it starts any
-    thread (threads inherit it); returns what was applied."""
+    """Lower the CPU priority of every thread of this process to ``priority`` (see ``PRIORITIES``; Linux
+    sets it per thread, and threads started later inherit their starter's); returns what was applied."""
     if priority == "normal":
         return "normal"
+    tasks = Path("/proc/self/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
     if priority == "idle" and hasattr(os, "sched_setscheduler"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            for tid in tids:
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             return "SCHED_IDLE"
         except OSError as err:
             log.warning("SCHED_IDLE refused (%s); using nice 19", err)
-    os.nice(19 - os.nice(0))
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
     return "nice 19"
 
 
@@ -202,6 +212,8 @@ def serve(sock: socket.socket, options: WorkerOptions) -> None:
     except NoModelError as err:
         log.error("%s; the next batch tries again", err)
     warm_up(store, options)
+    if options.warm_up_first:
+        log.info("batch worker %d now at priority %s", os.getpid(), lower_priority(options.priority))
     serving = {hw: m.version for hw, m in store.served.items()}
     log.info("batch worker %d ready, serving %s", os.getpid(), serving)
     try:
@@ -273,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", required=True, help="WorkerOptions as a JSON object")
     args = parser.parse_args(argv)
     options = WorkerOptions(**json.loads(args.options))
-    applied = lower_priority(options.priority)
+    applied = "normal, until warm" if options.warm_up_first else lower_priority(options.priority)
     logging.basicConfig(
         level=options.log_level.upper(), format="%(levelname)s:     %(name)s (batch worker): %(message)s"
     )
@@ -321,10 +333,12 @@ class BatchWorker:
             and self.process.poll() is None
         )
 
-    async def start(self, versions: Mapping[str, str]) -> None:
-        """Start the process (it loads ``versions`` at once, at its lower priority; this does not wait)."""
+    async def start(self, versions: Mapping[str, str], *, warm_up_first: bool = False) -> None:
+        """Start the process (it loads ``versions`` at once, at its lower priority unless
+        ``warm_up_first``: see ``WorkerOptions``); this does not wait."""
         server_end, worker_end = socket.socketpair()
-        options = json.dumps(dataclasses.asdict(dataclasses.replace(self.options, versions=dict(versions))))
+        chosen = dataclasses.replace(self.options, versions=dict(versions), warm_up_first=warm_up_first)
+        options = json.dumps(dataclasses.asdict(chosen))
         command = [sys.executable, "-m", __name__, "--fd", str(worker_end.fileno()), "--options", options]
         try:
             self.process = subprocess.Popen(
@@ -413,9 +427,10 @@ class BatchWorkers:
         return [w.process.pid for w in self.workers if w.process is not None and w.process.poll() is None]
 
     async def start(self, versions: Mapping[str, str]) -> None:
-        """Start every worker with the models ``versions`` (``{hardware id: version}``)."""
+        """Start every worker with the models ``versions`` (``{hardware id: version}``), warming up before
+        it lowers its priority (the server is starting: nothing is served yet)."""
         for worker in self.workers:
-            await worker.start(versions)
+            await worker.start(versions, warm_up_first=True)
 
     async def answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
         """``BatchWorker.answer`` on the next idle worker."""
