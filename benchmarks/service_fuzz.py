@@ -63,7 +63,7 @@ def main() -> None:
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"http://127.0.0.1:{port}/openapi.json",
         "--checks", "all", "--max-examples", str(args.max_examples), "--seed", str(args.seed),
-        "--workers", "1", "--suppress-health-check", "all", "--no-color", "--request-timeout", "30",
+        "--workers", "1", "--continue-on-failure", "--suppress-health-check", "all", "--no-color", "--request-timeout", "30",
         "--report", "har", "--report-har-path", str(har),
     ]  # fmt: skip
     start = time.perf_counter()
