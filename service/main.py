@@ -134,13 +134,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     caller then owns it and closes it)."""
     settings = settings or load_settings(Settings)
     owns_store = store is None
-    snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-")) if owns_store else None
     store = store or ModelStore(
         settings.MODEL_ROOT,
         cache_size=settings.CACHE_SIZE,
         threads=settings.PREDICT_THREADS,
         bulk_threads=settings.BATCH_THREADS,
-        snapshot=snapshot,
     )
 
     @contextlib.asynccontextmanager
@@ -151,6 +149,8 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             queue=settings.BATCH_QUEUE,
             retry_after_s=settings.BATCH_RETRY_AFTER_S,
         )
+        if owns_store:  # a private copy of each version it loads, for the workers (ModelStore.snapshot)
+            store.snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-"))
         # The workers start first, with the versions CURRENT names (copied into the store's snapshot),
         # and load and warm up in their own processes while this one loads the same versions.
         app.state.batch_workers = workers = BatchWorkers(
@@ -176,7 +176,8 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             await workers.close()
             if owns_store:
                 store.close()
-                shutil.rmtree(snapshot, ignore_errors=True)
+                if store.snapshot is not None:
+                    shutil.rmtree(store.snapshot, ignore_errors=True)
 
     app = FastAPI(
         title="ficco recommendation service",

@@ -340,7 +340,8 @@ class ModelStore:
         return versions
 
     def _snapshot(self, hw: str, version: str) -> None:
-        """Copy ``hw``'s ``version`` into the snapshot unless it is there (copied whole, then renamed)."""
+        """Copy ``hw``'s ``version`` into the snapshot (whole, then renamed into place) unless it was copied
+        and has not failed to load since; a served version's copy is never replaced."""
         assert self.snapshot is not None
         if (hw, version) in self._copied:
             return
@@ -378,7 +379,8 @@ class ModelStore:
             model = self._build(hw, version)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
-            self._copied.discard((hw, version))  # a retry copies the registry's files again
+            if self._served.get(hw) is None or self._served[hw].version != version:
+                self._copied.discard((hw, version))  # a retry copies the registry's files again
             previous = self._served.get(hw)
             keep = f"; still serving {previous.version}" if previous else "; no model serves it"
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
