@@ -221,9 +221,10 @@ def test_a_worker_restarted_after_the_model_file_is_damaged_serves_what_the_serv
         workers = client.app.state.batch_workers
         assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
         damage(model_root / HARDWARE / served, "corrupt")  # the served version's file, in place
-        (pid,) = workers.pids
+        (worker,) = workers.workers
+        pid = worker.process.pid
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: not _running(pid))
+        assert wait_for(lambda: worker.process.poll() is not None)  # as the next batch sees it
         batch = client.post("/v1/recommend/batch", json={"scenarios": [GOOD]})
         assert batch.status_code == 200, batch.text
         assert batch.json()["data"][0]["model_version"] == served
