@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,8 @@ def main() -> None:
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"http://127.0.0.1:{port}/openapi.json",
         "--checks", "all", "--max-examples", str(args.max_examples), "--seed", str(args.seed),
-        "--workers", "1", "--continue-on-failure", "--suppress-health-check", "all", "--no-color", "--request-timeout", "30",
+        "--workers", "1", "--continue-on-failure", "--suppress-health-check", "all", "--no-color",
+        "--request-timeout", "30",
         "--report", "har", "--report-har-path", str(har),
     ]  # fmt: skip
     start = time.perf_counter()
@@ -74,6 +76,7 @@ def main() -> None:
         proc.wait(timeout=30)
     elapsed = time.perf_counter() - start
     by_operation = statuses(har)
+    shutil.rmtree(work, ignore_errors=True)
     total = sum((c for c in by_operation.values()), collections.Counter())
     server_errors = {op: {s: n for s, n in c.items() if s.startswith("5")} for op, c in by_operation.items()}
     server_errors = {op: c for op, c in server_errors.items() if c}

@@ -178,7 +178,10 @@ def test_workers_exit_when_the_server_dies(registry_root, tmp_path, wait_for):
         os._exit(0)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the dead server leaves its model snapshot there
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
     status, pid = done.stdout.split()
     assert status == "200", done.stderr
     assert wait_for(lambda: not _running(int(pid)))
