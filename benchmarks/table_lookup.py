@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import REPO
 from ficco.runtime.sources import PredictorSource, TableSource
 from ficco.tables import text_table
 from ficco.training.export import dataset_shapes, export
 from ficco.training.registry import load_predictor
 from ficco.training.table import load_dataset_table
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASETS = sorted(p for p in (REPO / "datasets").glob("h200x2*") if (p / "manifest.json").exists())
 
 
