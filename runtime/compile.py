@@ -1,0 +1,378 @@
+"""torch.compile runs ficco's schedules, model code unchanged: an Inductor pass that rewrites what PyTorch's
+micro-pipeline TP pass (async-TP) rewrites into ficco's ops.
+
+    import ficco.runtime.compile
+
+    report = ficco.runtime.compile.enable(planner)      # or a ScheduleSource, "shard/dma", a function
+    model = torch.compile(model)                        # a DTensor tensor-parallel plan, e.g. torchtitan's
+    model(tokens).sum().backward()                      # compiles; each rewrite logs one line
+    print(report.table())                               # what was rewritten, what was left and why
+
+The pass (:class:`FiccoPass`, on ``torch._inductor.config.post_grad_custom_post_pass``) runs on every graph
+Inductor compiles (forward, backward, inference) and rewrites, on a tensor-parallel group of 2 to 8 ranks
+(``runtime.compile_sites`` has the patterns, PyTorch's own):
+
+- all-gather -> wait -> one or more matmuls of the gathered input into ``torch.ops.ficco.all_gather_matmul``
+  (matmuls that share one gather, ``wq/wk/wv`` or ``w1/w3``, become one op with several weights);
+- matmul -> reduce-scatter into ``torch.ops.ficco.matmul_reduce_scatter``;
+- PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
+  pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
+
+Each op gets its schedule at compile time. A static token count (the op's ``m``: gathered rows, batch
+included) is decided once; a dynamic one is decided at each of ``token_points`` and the op gets a
+token-range table (``features.ScheduleTable``, ``"0:serial/sm;91:shard/dma"``), whose entry it picks per
+call with a bisect (no host round trip, safe in a CUDA graph).
+
+What was left, with the reason (``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
+``unsupported group``, ``shared output``, ``reduce op``, ``no pattern``: a collective that reaches a matmul
+only in a form PyTorch's patterns do not match), is in the report beside what was rewritten
+(``runtime.compile_report``); when a graph has a group's matmuls but none was rewritten, the pass warns (no
+silent no-op).
+
+Graph cache: the pass's ``uuid`` keys Inductor's FX graph cache on the pass's files, the schedule source (a
+fixed schedule, a plain function's code) and the token points, so a cached graph got the same schedules
+when it was first compiled; the report lists only the graphs compiled in this process
+(:attr:`CompileReport.cache_hits` counts the others). A planner or a ``ScheduleSource`` decides
+collectively (rank 0 asks, every rank of the group agrees), so with one the pass bypasses the cache: a rank
+that found a graph cached while another compiled it would leave the other waiting in that agreement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import custom_graph_pass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from ficco.executor.checks import as_schedule
+from ficco.features import MODES, SERIAL, Mode, Schedule, ScheduleTable
+from ficco.runtime.compile_report import CompileReport, Left, Rewrite
+from ficco.runtime.compile_sites import Site, Skipped, find_sites
+from ficco.runtime.planner import Direction, OpRequest, Planner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
+"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling. The table
+switches schedule at the geometric mean of two neighbouring points that decided differently."""
+DECIDE_TIMEOUT_S = 60.0
+"""Longest the pass waits for a planner's source per graph, seconds: compile time affords more than a step,
+and an answer that comes later cannot change a compiled graph."""
+ScheduleFn = Callable[[str, int, int, int, str, int], "Schedule | str"]
+"""``(op, m, n, k, dtype, world_size) -> schedule``, ``features.Scenario`` conventions."""
+_FILES = tuple(str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py"))
+
+
+# Schedule sources -------------------------------------------------------------------------------------------
+
+
+class _FunctionSchedules:
+    """Schedules from ``fn(op, m, n, k, dtype, world_size)``, asked on each rank (it must be
+    deterministic); ``uuid`` says what its answers depend on (None: unknown, no graph cache)."""
+
+    def __init__(self, fn: ScheduleFn, uuid: str | None) -> None:
+        self.fn = fn
+        self.uuid = uuid
+
+    def decide(self, requests: Sequence[OpRequest]) -> list[tuple[Schedule, str]]:
+        out = []
+        for r in requests:
+            try:
+                out.append((as_schedule(self.fn(r.op, r.m, r.n, r.k, r.dtype, r.world_size)), ""))
+            except Exception as err:  # a bad answer costs the overlap, not the compile
+                out.append((SERIAL, f"the schedule function failed: {type(err).__name__}: {err}"))
+        return out
+
+
+class _PlannerSchedules:
+    """Schedules from a ``Planner``: rank 0 of its group asks the source once per graph and every rank
+    agrees (a collective at compile time: every rank compiles the same graph)."""
+
+    uuid = None
+
+    def __init__(self, planner: Planner, timeout_s: float) -> None:
+        self.planner = planner
+        self.timeout_s = timeout_s
+
+    def decide(self, requests: Sequence[OpRequest]) -> list[tuple[Schedule, str]]:
+        self.planner.prepare(requests, timeout_s=self.timeout_s)
+        return [
+            (self.planner.schedule(r), self.planner.decisions[self.planner.key(r)].reason or "")
+            for r in requests
+        ]
+
+
+def _schedules_of(
+    schedules: Any, mode: Mode, hardware: str | None, timeout_s: float
+) -> _FunctionSchedules | _PlannerSchedules:
+    """The pass's view of what :func:`enable` was given (its docstring lists the forms)."""
+    if isinstance(schedules, Planner):
+        return _PlannerSchedules(schedules, timeout_s)
+    if hasattr(schedules, "recommend"):
+        return _PlannerSchedules(Planner(schedules, mode=mode, hardware=hardware), timeout_s)
+    if isinstance(schedules, Schedule | str):
+        fixed = as_schedule(schedules)  # a bad string is the caller's mistake: raised now
+        return _FunctionSchedules(lambda *_: fixed, uuid=f"fixed {fixed}")
+    if callable(schedules):
+        return _FunctionSchedules(schedules, uuid=_code_key(schedules))
+    raise ValueError(
+        "schedules must be a runtime.Planner, a ScheduleSource (PredictorSource, ServiceSource, TableSource, "
+        "FixedSource), a schedule string or features.Schedule, or a function (op, m, n, k, dtype, "
+        f"world_size) -> schedule; got {type(schedules).__name__}"
+    )
+
+
+def _code_key(fn: Callable) -> str | None:
+    """What a plain function's answers depend on: its name, code and constants; None for anything whose
+    answers may depend on state (a closure, a bound method, a callable object, global data it reads such as
+    a module-level table)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__closure__", None) or hasattr(fn, "__self__"):
+        return None
+    stateless = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+    if any(
+        not isinstance(fn.__globals__.get(name), stateless)
+        for name in code.co_names
+        if name in fn.__globals__
+    ):
+        return None
+    digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
+    return f"function {fn.__module__}.{fn.__qualname__} {digest}"
+
+
+def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
+    """One schedule string, or a token-range table that switches at the geometric mean of two neighbouring
+    ``points`` that decided differently."""
+    bounds, picks = [0], [schedules[0]]
+    for lo, hi, schedule in zip(points, points[1:], schedules[1:], strict=False):
+        if schedule != picks[-1]:
+            bounds.append(max(bounds[-1] + 1, round(math.sqrt(lo * hi))))
+            picks.append(schedule)
+    return str(ScheduleTable(bounds=tuple(bounds), schedules=tuple(picks)))
+
+
+# The pass ---------------------------------------------------------------------------------------------------
+
+
+class FiccoPass(CustomGraphPass):
+    """The Inductor pass :func:`enable` installs (the module docstring says what it rewrites); its
+    :attr:`report` fills as graphs compile. The parameters are :func:`enable`'s."""
+
+    def __init__(
+        self,
+        schedules: Any,
+        *,
+        mode: Mode = "eager",
+        hardware: str | None = None,
+        token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
+        timeout_s: float = DECIDE_TIMEOUT_S,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
+        points = tuple(token_points)
+        valid = all(isinstance(p, int) and p >= 1 for p in points) and list(points) == sorted(set(points))
+        if not (points and valid):
+            raise ValueError(f"token_points must be increasing positive ints; got {list(token_points)!r}")
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
+        self.schedules = _schedules_of(schedules, mode, hardware, float(timeout_s))
+        self.token_points = points
+        from torch._dynamo.utils import counters
+
+        self.report = CompileReport(cache_hits_at_start=counters["inductor"]["fxgraph_cache_hit"])
+
+    def uuid(self) -> bytes | None:
+        """Keys the FX graph cache on the pass's files, the schedule source and the token points; None (no
+        cache) for a source decided collectively or whose answers may depend on state."""
+        if self.schedules.uuid is None:
+            return None
+        return get_hash_for_files(_FILES, f"{self.schedules.uuid} points={self.token_points}")
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        index = self.report.graphs
+        self.report.graphs += 1
+        direction: Direction = "bwd-input" if _is_backward(graph) else "fwd"
+        found = find_sites(graph)
+        sites = [s for s in found if isinstance(s, Site)]
+        left = [s.left(index, direction) for s in found if isinstance(s, Skipped)]
+        rewritten = []
+        for site, (schedule, note) in zip(sites, self._decide(sites, direction), strict=True):
+            site.apply(schedule)
+            rewritten.append(_rewrite(site, index, direction, schedule, note))
+        if sites:
+            graph.lint()
+        self.report.rewritten += rewritten
+        self.report.left += left
+        _warn_unrewritten(index, direction, rewritten, left)
+
+    def _decide(self, sites: list[Site], direction: Direction) -> list[tuple[str, str]]:
+        """Each site's schedule string (a table for a dynamic token count) and note, asked in one batch."""
+        requests, spans = [], []
+        for site in sites:
+            w = site.world_size
+            points = (
+                [int(site.m)]
+                if is_concrete_int(site.m)
+                else sorted({-(-p // w) * w for p in self.token_points})  # rows divide among the ranks
+            )
+            spans.append((len(requests), points))
+            requests += [
+                OpRequest(
+                    op=site.op,
+                    m=m,
+                    n=sum(site.n),
+                    k=site.k,
+                    dtype=site.dtype,
+                    world_size=w,
+                    layer=",".join(site.layers),
+                    direction=direction,
+                )
+                for m in points
+            ]
+        answers = self.schedules.decide(requests) if requests else []
+        out = []
+        for start, points in spans:
+            picks = answers[start : start + len(points)]
+            notes = sorted({note for _, note in picks if note})
+            out.append((_table(points, [s for s, _ in picks]), "; ".join(notes)))
+        return out
+
+
+def _rewrite(site: Site, index: int, direction: Direction, schedule: str, note: str) -> Rewrite:
+    """The report's entry of a rewrite made, logged in one line."""
+    m = int(site.m) if is_concrete_int(site.m) else None
+    log.info(
+        "ficco.runtime.compile: graph %d (%s) %s %s on group %s (w=%d): m=%s n=%s k=%d %s -> %s%s",
+        index,
+        direction,
+        site.op,
+        ",".join(site.layers),
+        site.group,
+        site.world_size,
+        "dyn" if m is None else m,
+        "+".join(map(str, site.n)),
+        site.k,
+        site.dtype,
+        schedule,
+        f" ({note})" if note else "",
+    )
+    return Rewrite(
+        op=site.op,
+        graph=index,
+        direction=direction,
+        layers=site.layers,
+        found=site.found,
+        group=site.group,
+        world_size=site.world_size,
+        m=m,
+        n=site.n,
+        k=site.k,
+        dtype=site.dtype,
+        schedule=schedule,
+        note=note,
+    )
+
+
+def _is_backward(graph: torch.fx.Graph) -> bool:
+    """A backward graph takes the output gradients (AOTAutograd names them ``tangents_*``)."""
+    return any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes)
+
+
+def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left: list[Left]) -> None:
+    """Warn for each group whose matmuls the graph has but none of which was rewritten."""
+    done = {r.group for r in rewritten}
+    for group in sorted({x.group for x in left} - done):
+        reasons = sorted({f"{x.reason} ({x.detail})" for x in left if x.group == group})
+        message = (
+            f"ficco.runtime.compile: graph {index} ({direction}) has all-gather/reduce-scatter matmuls on "
+            f"group {group!r} but none was rewritten: {'; '.join(reasons)}"
+        )
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+# Installing -------------------------------------------------------------------------------------------------
+
+
+def enable(
+    schedules: Any,
+    *,
+    mode: Mode = "eager",
+    hardware: str | None = None,
+    token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
+    timeout_s: float = DECIDE_TIMEOUT_S,
+) -> CompileReport:
+    """Install :class:`FiccoPass` on ``torch._inductor.config.post_grad_custom_post_pass`` for every later
+    ``torch.compile`` (beside the passes already there; a previous ficco pass is replaced).
+
+    Parameters
+    ----------
+    schedules : Planner, ScheduleSource, Schedule, str or callable
+        Where each op's schedule comes from: a ``runtime.Planner`` (its mode, hardware and group); a
+        ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``, ``TableSource``, ``FixedSource``),
+        behind a planner of ``mode`` and ``hardware``; one schedule for every op (``"shard/dma"``); or a
+        function ``(op, m, n, k, dtype, world_size) -> schedule`` (``features.Scenario`` conventions, ``n``
+        summed over the weights of one gather), asked on every rank.
+    mode : {"eager", "graph"}, default="eager"
+        The execution mode a bare ``ScheduleSource`` is asked about (``graph`` for CUDA graphs, e.g.
+        ``torch.compile(mode="reduce-overhead")``).
+    hardware : str, optional
+        Hardware id a bare ``ScheduleSource`` is asked about (default: the source's own, else ``h200x2``).
+    token_points : sequence of int, default=DEFAULT_TOKEN_POINTS
+        Token counts, increasing, at which a dynamic-shape op is decided.
+    timeout_s : float, default=DECIDE_TIMEOUT_S
+        Longest a planner's source is waited for per graph, seconds.
+
+    Returns
+    -------
+    CompileReport
+        Filled as graphs compile: what was rewritten, what was left and why.
+    """
+    ficco_pass = FiccoPass(
+        schedules, mode=mode, hardware=hardware, token_points=token_points, timeout_s=timeout_s
+    )
+    others = [p for p in _installed() if not isinstance(p, FiccoPass)]
+    if others and not hasattr(custom_graph_pass, "get_custom_graph_passes"):
+        raise ValueError(
+            f"torch {torch.__version__} takes one post_grad_custom_post_pass and {others[0]!r} is installed; "
+            "remove it (newer torch versions run several)"
+        )
+    inductor_config.post_grad_custom_post_pass = ficco_pass if not others else (*others, ficco_pass)
+    return ficco_pass.report
+
+
+def disable() -> None:
+    """Remove the ficco pass (other custom passes stay)."""
+    others = [p for p in _installed() if not isinstance(p, FiccoPass)]
+    inductor_config.post_grad_custom_post_pass = (
+        None if not others else others[0] if len(others) == 1 else tuple(others)
+    )
+
+
+def _installed() -> list:
+    current = inductor_config.post_grad_custom_post_pass
+    if current is None:
+        return []
+    return list(current) if isinstance(current, list | tuple) else [current]
+
+
+__all__ = [
+    "DECIDE_TIMEOUT_S",
+    "DEFAULT_TOKEN_POINTS",
+    "CompileReport",
+    "FiccoPass",
+    "Left",
+    "Rewrite",
+    "disable",
+    "enable",
+]
