@@ -1,7 +1,7 @@
 """How fast a runtime decides from an exported schedule table, and how often the table gives the model's pick.
 
-    python benchmarks/table_lookup.py                                   # every committed h200x2 dataset
-    python benchmarks/table_lookup.py --dataset datasets/h200x2 --out /tmp/table-lookup.json
+    python -m benchmarks.table_lookup                                   # every committed h200x2 dataset
+    python -m benchmarks.table_lookup --dataset datasets/h200x2 --out /tmp/table-lookup.json
 
 Exports the promoted h200x2 model's tables (``ficco export``, both modes) for every (op, n, k) of the
 datasets, then, per dataset and mode:
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import REPO
 from ficco.runtime.sources import PredictorSource, TableSource
 from ficco.tables import text_table
 from ficco.training.export import dataset_shapes, export
 from ficco.training.registry import load_predictor
 from ficco.training.table import load_dataset_table
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASETS = sorted(p for p in (REPO / "datasets").glob("h200x2*") if (p / "manifest.json").exists())
 
 

@@ -34,8 +34,9 @@ along n) and ``attn_mlp_out`` (``gemm_rs``, attention-out and down fused along k
 
 Configs are read by ``model_type`` (``features/hf_families.py``): keys a family does not list are refused,
 and so are the ``PretrainedConfig`` keys that would change a layer (pruned heads, cross-attention, an
-encoder) unless at their default; an unknown ``model_type`` is refused naming what ficco needs, and a config
-without ``model_type`` is read as a Llama-style layer. ``head_dim`` is the config's when present and not
+encoder) unless at their default; an unknown ``model_type`` is refused naming what ficco needs, and so is a
+config without ``model_type`` (reading it as one family would score another family's file wrongly, or
+refuse it with that family's errors). ``head_dim`` is the config's when present and not
 null (Gemma-2, Qwen3), otherwise ``hidden_size / num_attention_heads``; ``num_key_value_heads`` defaults to
 ``num_attention_heads``.
 """
@@ -158,7 +159,14 @@ class ModelConfig:
         ``ValueError`` naming a missing, bad or unknown key, or an unknown ``model_type`` (and ``name``)."""
         if not isinstance(data, dict):
             raise ValueError(f"model config {name!r} must be a JSON object; got {type(data).__name__}")
-        model_type = data.get("model_type") or "llama"
+        model_type = data.get("model_type")
+        known = sorted([*BY_MODEL_TYPE, *MULTIMODAL_TEXT])
+        if not (isinstance(model_type, str) and model_type):
+            raise ValueError(
+                f"model config {name!r} has no 'model_type' (got {model_type!r}); ficco reads a config by "
+                f"its model_type, one of {known}. Hugging Face config.json files carry it; add it (e.g. "
+                "'llama' for Llama-style layers)"
+            )
         if model_type in MULTIMODAL_TEXT:
             inner = data.get(MULTIMODAL_TEXT[model_type])
             if not isinstance(inner, dict):
@@ -172,7 +180,6 @@ class ModelConfig:
             return cls.from_hf_dict(name, inner)
         family = BY_MODEL_TYPE.get(model_type)
         if family is None:
-            known = sorted([*BY_MODEL_TYPE, *MULTIMODAL_TEXT])
             raise ValueError(
                 f"model config {name!r} has model_type {model_type!r}, which ficco does not read (it reads "
                 f"{known}). To score it ficco would need: {NEEDED}. If its layers are Llama-style, set "

@@ -1,24 +1,36 @@
-"""Answering a ``POST /v1/recommend/batch`` body: raw JSON bytes in, the JSON answer's bytes out.
+"""Answering a batch body: raw JSON bytes in, the JSON answer's bytes out.
 
-:func:`answer_batch` is the whole job, blocking and CPU-bound (~0.3-0.6 s for 10,000 scenarios on one
-core): it parses and validates the body, answers through ``engine.recommend_scenarios`` (so a batch
-gives the same answers as one request per scenario) and serialises the answer. The server runs it in
-its batch worker process (``service.core.batch_worker``), never in the process that serves single
-requests.
+:func:`answer_batch` (``POST /v1/recommend/batch``) and :func:`answer_score_batch` (``POST
+/v1/score/batch``) are the whole jobs, blocking and CPU-bound (~0.3-0.6 s for 10,000 scenarios, or 64
+model configs at 32 token counts, on one core): they parse and validate the body, answer through
+``engine.recommend_scenarios`` / ``scoring.score_models`` (so a batch gives the same answers as one
+request per item) and serialise the answer. The server runs them in its batch worker processes
+(``service.core.batch_worker``, ``JOBS``), never in the process that serves single requests.
+
+Any body is refused with a 422 naming what is wrong, whatever its shape or depth: bad JSON, JSON
+nested deeper than the parser's recursion allows, a top level or a list that is another type.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ficco.service.core.store import ServedModel
 from ficco.service.engine import recommend_scenarios
 from ficco.service.errors import InvalidFieldsError, field_error
-from ficco.service.schemas import RecommendationPublic, RecommendBatchRequest, ScenarioIn
+from ficco.service.schemas import (
+    RecommendationPublic,
+    RecommendBatchRequest,
+    ScenarioIn,
+    ScoreBatchRequest,
+    ScoresPublic,
+)
+from ficco.service.scoring import score_models
 
 CHUNK = 500
 """Scenarios validated, and answers serialised, per native call, so that error locations are offset
@@ -26,6 +38,8 @@ per chunk and no single call holds the interpreter for the whole batch."""
 
 _SCENARIOS = TypeAdapter(list[ScenarioIn])
 _ANSWERS = TypeAdapter(list[RecommendationPublic])
+_SCORES = TypeAdapter(ScoresPublic)
+M = TypeVar("M", bound=BaseModel)
 
 
 def _body_errors(err: ValidationError, *prefix: str | int) -> RequestValidationError:
@@ -33,19 +47,32 @@ def _body_errors(err: ValidationError, *prefix: str | int) -> RequestValidationE
     return RequestValidationError([{**e, "loc": ("body", *prefix, *e["loc"])} for e in err.errors()])
 
 
-def _parse(body: bytes) -> list[ScenarioIn]:
-    """The batch body's scenarios, validated ``CHUNK`` at a time; ``RequestValidationError`` if bad."""
+def read_json(body: bytes) -> Any:
+    """The parsed ``body``; ``RequestValidationError`` (``json_invalid``) for bytes that are not UTF-8,
+    not JSON, or nested deeper than the parser's recursion limit allows."""
     try:
-        data = json.loads(body)
-    except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
-        position, reason = getattr(err, "pos", None), getattr(err, "msg", str(err))
+        return json.loads(body)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, not UTF-8; too deep
+        position = getattr(err, "pos", None)
+        reason = "nested too deeply" if isinstance(err, RecursionError) else getattr(err, "msg", str(err))
         error = {"loc": ("body", position), "input": None, "msg": reason, "type": "json_invalid"}
         raise RequestValidationError([{**error, "ctx": {"error": reason}}]) from None
-    if not (isinstance(data, dict) and data.keys() == {"scenarios"} and data["scenarios"]):
-        try:  # a wrong shape or an empty list: the schema's own error
-            RecommendBatchRequest.model_validate(data)
-        except ValidationError as err:
-            raise _body_errors(err) from None
+
+
+def _validate(model: type[M], data: Any) -> M:
+    """``model`` validated from ``data``; ``RequestValidationError`` located in the body if invalid."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise _body_errors(err) from None
+
+
+def _parse(body: bytes) -> list[ScenarioIn]:
+    """The batch body's scenarios, validated ``CHUNK`` at a time; ``RequestValidationError`` if bad."""
+    data = read_json(body)
+    shaped = isinstance(data, dict) and data.keys() == {"scenarios"} and isinstance(data["scenarios"], list)
+    if not (shaped and data["scenarios"]):  # a wrong shape or an empty list: the schema's own error
+        _validate(RecommendBatchRequest, data)
     items, errors = data["scenarios"], []
     scenarios: list[ScenarioIn] = []
     for start in range(0, len(items), CHUNK):
@@ -90,3 +117,20 @@ def answer_batch(
         )
     locs = [["body", "scenarios", i] for i in range(count)]
     return _dump(recommend_scenarios(served, scenarios, default_hardware=default_hardware, locs=locs))
+
+
+def answer_score_batch(
+    body: bytes, served: Mapping[str, ServedModel], *, max_batch: int, default_hardware: str
+) -> bytes:
+    """The JSON answer (``ScoresPublic``: one item per config, scored or refused) to a ``POST
+    /v1/score/batch`` body; blocking, CPU-bound. ``max_batch`` is unused (the schema bounds the configs).
+
+    Raises ``RequestValidationError`` (bad JSON or fields shared by every config) and the engine's errors
+    that concern every config (unknown hardware, no model).
+    """
+    request = _validate(ScoreBatchRequest, read_json(body))
+    return _SCORES.dump_json(score_models(served, request, default_hardware=default_hardware))
+
+
+JOBS = {"recommend": answer_batch, "score": answer_score_batch}
+"""The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``."""

@@ -128,7 +128,7 @@ def serve(
     """
     import uvicorn
 
-    from ficco.service.core.protocol import with_header_timeout
+    from ficco.service.core.protocol import with_header_limits
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
@@ -142,7 +142,8 @@ def serve(
         return
     uvicorn.run(
         create_app(settings),
-        http=with_header_timeout(settings.HEADER_TIMEOUT_S),
+        http=with_header_limits(settings.HEADER_TIMEOUT_S, settings.MAX_HEADER_BYTES),
+        h11_max_incomplete_event_size=settings.MAX_HEADER_BYTES,
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),
@@ -150,19 +151,61 @@ def serve(
     )
 
 
-def _read_configs(paths: list[Path]) -> list[dict[str, Any]]:
-    """``{"name", "config"}`` of every config the paths name (files, model folders holding config.json,
-    folders of both), in the order given; exits naming an unreadable one."""
-    from ficco.features.model_config import config_name, config_paths
-
-    out = []
+def _read_config(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; ``ValueError`` saying what is wrong (for bad JSON: line, column and
+    reason)."""
     try:
-        for path in paths:
-            for file in config_paths(path):
-                out.append({"name": config_name(file), "config": json.loads(file.read_text())})
-    except (OSError, ValueError) as err:
-        raise fail(f"cannot read model config: {err}") from None
-    return out
+        data = json.loads(file.read_bytes())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    except (OSError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"cannot read it: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"must hold a JSON object (a config.json); got a JSON {type(data).__name__}")
+    return data
+
+
+def _where(field: str, index: int) -> str:
+    """``field`` of config ``index``'s error as a prefix for its file's line: ``""`` for the config itself,
+    ``"num_hidden_layers: "`` within it, ``"tokens.1: "`` for a shared setting."""
+    inner = field.removeprefix(f"configs.{index}.config").removeprefix(".")
+    return f"{inner}: " if inner else ""
+
+
+def _score_files(
+    paths: list[Path], request: Any, store: ModelStore, default_hardware: str
+) -> tuple[Any, list[str]]:
+    """Score every config file ``paths`` name (files, model folders holding config.json, folders of both)
+    with ``request``'s settings (a ``ScoreSettings``); return the batch answer (one item per file, in
+    order: unreadable files are refused items too) and one ``<file>: <reason>`` line per refused file."""
+    from ficco.features.model_config import config_name, config_paths
+    from ficco.service.errors import field_error
+    from ficco.service.schemas import NamedConfig
+    from ficco.service.scoring import failed_item, score_item, scores
+
+    settings = request.model_dump()
+    items, problems = [], []
+    for path in paths:
+        try:
+            files = config_paths(path)
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        for file in files:
+            index, name = len(items), config_name(file)
+            try:
+                named = NamedConfig.model_construct(config=_read_config(file), name=name)
+            except ValueError as err:
+                item = failed_item(
+                    index, name, [field_error(["body", "configs", index, "config"], None, str(err))]
+                )
+            else:
+                item = _answer(
+                    score_item, store.served, settings, named, index, default_hardware=default_hardware
+                )
+            items.append(item)
+            problems += [f"{file}: {_where(e.field, index)}{e.msg}" for e in item.errors or []]
+    return scores(items), problems
 
 
 def score(
@@ -194,20 +237,21 @@ def score(
     host_factor: Annotated[float | None, typer.Option(help=_HOST_FACTOR_HELP)] = None,
 ) -> None:
     """Score model configs offline (as POST /v1/score, or /v1/score/batch for several): each layer's pairs,
-    schedules and projected savings."""
-    from ficco.service.report import score_csv, score_table
-    from ficco.service.schemas import ScoreBatchRequest
-    from ficco.service.scoring import score_models
+    schedules and projected savings.
 
-    named = _read_configs(configs)
+    Every readable, valid config is scored; each refused one (bad JSON: its line, column and reason; a
+    config ficco cannot read or split) gets an ``error:`` line on stderr, and the exit status is then 1.
+    """
+    from ficco.service.report import score_csv, score_table
+    from ficco.service.schemas import ScoreSettings
+
     try:
         counts = [int(t) for t in tokens.split(",") if t.strip()]
     except ValueError as err:
         raise fail(f"--tokens must be comma-separated ints; got {tokens!r}: {err}") from None
     settings = _settings(MODEL_ROOT=model_root)
     request = _answer(
-        ScoreBatchRequest,
-        configs=named,
+        ScoreSettings,
         tp=tp,
         tokens=counts,
         dtype=dtype,
@@ -216,15 +260,20 @@ def score(
         kv_layout=kv_layout,
         host_factor=host_factor,
     )
-    result = _answer(
-        score_models, _loaded_store(settings).served, request, default_hardware=settings.DEFAULT_HARDWARE
-    )
+    result, problems = _score_files(configs, request, _loaded_store(settings), settings.DEFAULT_HARDWARE)
+    scored = [item.result for item in result.data if item.result is not None]
     if output_format is ScoreFormat.json:
-        typer.echo((result.data[0] if result.count == 1 else result).model_dump_json(indent=2))
+        one = result.count == 1 and not problems
+        typer.echo((scored[0] if one else result).model_dump_json(indent=2))
     elif output_format is ScoreFormat.csv:
-        typer.echo(score_csv(result.data), nl=False)
-    else:
-        typer.echo("\n\n".join(score_table(r) for r in result.data))
+        typer.echo(score_csv(scored), nl=False)
+    elif scored:
+        typer.echo("\n\n".join(score_table(r) for r in scored))
+    for problem in problems:
+        typer.echo(f"error: {problem}", err=True)
+    if problems:
+        typer.echo(f"scored {result.count - result.failed} of {result.count} configs", err=True)
+        raise typer.Exit(1)
 
 
 def recommend(

@@ -57,7 +57,10 @@ def short_input(value: Any) -> Any:
         return value if math.isfinite(value) else str(value)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except (RecursionError, ValueError):  # nested too deeply to print, or a circular reference
+        text = f"<a {type(value).__name__} nested too deeply to show>"
     text = encodable(text)
     return text if len(text) <= MAX_INPUT_CHARS else text[:MAX_INPUT_CHARS] + "..."
 
@@ -76,7 +79,7 @@ def field_error(
         "loc": loc,
         "field": ".".join(names) or "body",
         "input": short_input(value),
-        "msg": re.sub(r"^Value error, ", "", msg),
+        "msg": encodable(re.sub(r"^Value error, ", "", msg)),
         "type": type_,
         "allowed": allowed or ALLOWED.get(name),
     }

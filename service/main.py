@@ -1,9 +1,11 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
-The lifespan loads every registered hardware's current model once (never per request), starts the batch
-worker processes (``service.core.batch_worker``) and the registry watcher that swaps in newly promoted
-versions, and stops the workers at shutdown. ``uvicorn ficco.service.main:app`` serves the app
-built from the environment; ``ficco serve`` builds one from its options (``create_app``).
+The lifespan loads every registered hardware's current model once (never per request), from a private
+snapshot of the registry's files (``ModelStore``'s ``snapshot``, removed at shutdown), starts the batch
+worker processes (``service.core.batch_worker``, loading from the same snapshot) and the registry watcher
+that swaps in newly promoted versions, and stops the workers at shutdown. ``uvicorn
+ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one from its
+options (``create_app``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +33,7 @@ from ficco.service.core.batch_worker import BatchWorkers, WorkerLostError, Worke
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
+from ficco.service.core.offload import add_batch_components
 from ficco.service.core.store import ModelStore
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score, tables
@@ -94,10 +101,24 @@ def _install_docs(app: FastAPI) -> None:
         )
 
 
+def _install_openapi(app: FastAPI) -> None:
+    """The OpenAPI document with the schemas that only the batch bodies refer to (``add_batch_components``:
+    FastAPI does not read those bodies, so it does not list their parts)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_batch_components(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
-    """What the batch workers need: the store's registry and threads, the batch settings."""
+    """What the batch workers need: the registry the store loads from (its snapshot: the bytes it serves),
+    its threads, the batch settings."""
     return WorkerOptions(
-        model_root=str(store.root),
+        model_root=str(store.loads_from),
         cache_size=store.cache_size,
         threads=store.threads,
         bulk_threads=store.bulk_threads,
@@ -128,16 +149,20 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             queue=settings.BATCH_QUEUE,
             retry_after_s=settings.BATCH_RETRY_AFTER_S,
         )
+        if owns_store:  # a private copy of each version it loads, for the workers (ModelStore.snapshot)
+            store.snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-"))
+        # The workers start first, with the versions CURRENT names (copied into the store's snapshot),
+        # and load and warm up in their own processes while this one loads the same versions.
+        app.state.batch_workers = workers = BatchWorkers(
+            _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
+        )
+        await workers.start(await asyncio.to_thread(store.current_versions))
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         # The loaded models and imports stay for the process's life: out of the collector's sight, a full
         # collection takes ~20 ms instead of ~80 ms, all of it holding the GIL the event loop needs
         # (measured when batches still ran in this process).
         gc.freeze()
-        app.state.batch_workers = workers = BatchWorkers(
-            _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
-        )
-        await workers.start({hw: model.version for hw, model in store.served.items()})
         watcher = None
         if settings.RELOAD_POLL_S > 0:
             watcher = asyncio.create_task(store.watch(settings.RELOAD_POLL_S))
@@ -151,6 +176,8 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             await workers.close()
             if owns_store:
                 store.close()
+                if store.snapshot is not None:
+                    shutil.rmtree(store.snapshot, ignore_errors=True)
 
     app = FastAPI(
         title="ficco recommendation service",
@@ -167,6 +194,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         app.include_router(module.router)
     _install_error_handlers(app)
     _install_docs(app)
+    _install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: times 413s too
     return app

@@ -153,6 +153,29 @@ class RecommendationsPublic(BaseModel):
     count: int
 
 
+# Errors: every 4xx body
+class FieldErrorPublic(BaseModel):
+    loc: list[str | int] = Field(description="Where the bad value is, e.g. ['body', 'scenarios', 3, 'op'].")
+    field: str = Field(description="The same as a dotted path without 'body', e.g. 'scenarios.3.op'.")
+    input: Any = Field(description="The bad value (long values are shortened).")
+    msg: str
+    type: str
+    allowed: str | None = Field(description="What the field accepts.")
+
+
+class ValidationErrorPublic(BaseModel):
+    detail: list[FieldErrorPublic]
+
+
+class ErrorPublic(BaseModel):
+    detail: str
+
+
+class UnknownHardwarePublic(BaseModel):
+    detail: str
+    known_ids: list[str]
+
+
 # Score: a Hugging Face model config -> its layers' pairs, schedules and projected savings
 KvLayout = Literal["megatron", "vllm"]
 KV_LAYOUT_DESCRIPTION = (
@@ -163,7 +186,7 @@ MAX_SCORE_CONFIGS = 64
 """Most model configs in one POST /v1/score/batch."""
 
 
-class _ScoreSettings(_Request):
+class ScoreSettings(_Request):
     """How the model configs of a score request are split and run."""
 
     tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size). " + WORLD_SIZE_RULE)
@@ -184,11 +207,11 @@ class NamedConfig(_Request):
     )
 
 
-class ScoreRequest(NamedConfig, _ScoreSettings):
+class ScoreRequest(NamedConfig, ScoreSettings):
     """One model config and how to split it."""
 
 
-class ScoreBatchRequest(_ScoreSettings):
+class ScoreBatchRequest(ScoreSettings):
     configs: list[NamedConfig] = Field(
         min_length=1, max_length=MAX_SCORE_CONFIGS, description="The model configs, each scored alike."
     )
@@ -267,9 +290,20 @@ class ScorePublic(BaseModel):
     count: int
 
 
+class ScoreItemPublic(BaseModel):
+    index: int = Field(description="Position of the config in the request's configs (or the files given).")
+    name: str = Field(description="The model's name: the request's, else _name_or_path, else 'model'.")
+    status: Literal["ok", "error"] = Field(description="ok: scored (result); error: refused (errors).")
+    result: ScorePublic | None = Field(description="The config's answer, as POST /v1/score gives it.")
+    errors: list[FieldErrorPublic] | None = Field(
+        description="Why the config was refused, located in the request (e.g. configs.3.config)."
+    )
+
+
 class ScoresPublic(BaseModel):
-    data: list[ScorePublic] = Field(description="One answer per config, in the request's order.")
+    data: list[ScoreItemPublic] = Field(description="One item per config, in the request's order.")
     count: int
+    failed: int = Field(description="Items whose status is error.")
 
 
 # Models: what the registry holds and what is being served
@@ -308,33 +342,15 @@ class HealthPublic(BaseModel):
 
 
 class ReadyPublic(BaseModel):
-    ready: bool = Field(description="True when at least one model is loaded.")
+    ready: bool = Field(description="True when a model is loaded and every batch worker is warm.")
     serving: dict[str, str] = Field(description="hardware id -> version being served.")
+    batch_workers_ready: bool = Field(
+        default=True,
+        description="True when every batch worker process has loaded its models and answered a warm-up "
+        "batch (batches sent before wait for it).",
+    )
     default_hardware: str
     last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")
-
-
-# Errors: every 4xx body
-class FieldErrorPublic(BaseModel):
-    loc: list[str | int] = Field(description="Where the bad value is, e.g. ['body', 'scenarios', 3, 'op'].")
-    field: str = Field(description="The same as a dotted path without 'body', e.g. 'scenarios.3.op'.")
-    input: Any = Field(description="The bad value (long values are shortened).")
-    msg: str
-    type: str
-    allowed: str | None = Field(description="What the field accepts.")
-
-
-class ValidationErrorPublic(BaseModel):
-    detail: list[FieldErrorPublic]
-
-
-class ErrorPublic(BaseModel):
-    detail: str
-
-
-class UnknownHardwarePublic(BaseModel):
-    detail: str
-    known_ids: list[str]
 
 
 def _num(value: float) -> str:

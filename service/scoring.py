@@ -9,6 +9,7 @@ bandwidth), so savings are projections, not measurements; the answer says so.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -16,13 +17,15 @@ from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs
 from ficco.service.core.store import ServedModel, resolve_hardware
 from ficco.service.engine import recommend_scenarios
-from ficco.service.errors import InvalidFieldsError, field_error
+from ficco.service.errors import InvalidFieldsError, encodable, field_error
 from ficco.service.schemas import (
+    NamedConfig,
     PairScore,
     RecommendationPublic,
     ScenarioIn,
     ScenarioPublic,
     ScoreBatchRequest,
+    ScoreItemPublic,
     ScorePublic,
     ScoreRequest,
     ScoresPublic,
@@ -40,11 +43,17 @@ MAX_LAYERS = 10_000
 """Most ``num_hidden_layers`` accepted (the largest models have ~130)."""
 
 
+def model_name(named: NamedConfig) -> str:
+    """The name a config is answered under: the request's, else its ``_name_or_path``, else ``model``;
+    lone surrogates (valid JSON escapes that UTF-8 cannot encode) escaped (``errors.encodable``)."""
+    name = named.name or named.config.get("_name_or_path") or "model"
+    return encodable(str(name))
+
+
 def parse_config(request: ScoreRequest) -> ModelConfig:
     """The request's Hugging Face config as a ``ModelConfig``; InvalidFieldsError at ``config`` if bad."""
-    name = request.name or request.config.get("_name_or_path") or "model"
     try:
-        config = ModelConfig.from_hf_dict(str(name), request.config)
+        config = ModelConfig.from_hf_dict(model_name(request), request.config)
     except (ValueError, KeyError, TypeError) as err:
         raise InvalidFieldsError([field_error(["body", "config"], request.config, str(err))]) from None
     if config.num_hidden_layers > MAX_LAYERS:
@@ -222,27 +231,56 @@ def score_model(
     )
 
 
+def score_item(
+    served: Mapping[str, ServedModel],
+    settings: Mapping[str, Any],
+    named: NamedConfig,
+    index: int,
+    *,
+    default_hardware: str,
+) -> ScoreItemPublic:
+    """Config ``index`` of a batch scored with the batch's ``settings`` (``ScoreSettings`` fields): status
+    ``ok`` with ``score_model``'s answer, or ``error`` with its ``InvalidFieldsError`` items, located at
+    ``body.configs.<index>``. Other errors (unknown hardware, no model) concern every config and are
+    raised."""
+    one = ScoreRequest.model_construct(**settings, config=named.config, name=named.name)
+    try:
+        result = score_model(served, one, default_hardware=default_hardware)
+    except InvalidFieldsError as err:
+        return failed_item(index, model_name(one), [_in_batch(e, index) for e in err.errors])
+    return ScoreItemPublic(index=index, name=result.model, status="ok", result=result, errors=None)
+
+
+def failed_item(index: int, name: str, errors: list[dict[str, Any]]) -> ScoreItemPublic:
+    """A refused config of a batch: ``errors`` are ``errors.field_error`` items."""
+    return ScoreItemPublic.model_validate(
+        {"index": index, "name": name, "status": "error", "result": None, "errors": errors}
+    )
+
+
+def scores(items: list[ScoreItemPublic]) -> ScoresPublic:
+    """The batch answer of ``items``, with the count of refused ones."""
+    failed = sum(item.status == "error" for item in items)
+    return ScoresPublic(data=items, count=len(items), failed=failed)
+
+
 def score_models(
     served: Mapping[str, ServedModel], request: ScoreBatchRequest, *, default_hardware: str
 ) -> ScoresPublic:
-    """Score every config of ``request`` alike (``score_model`` each); errors are located at
-    ``body.configs.<i>`` and gathered over all configs into one ``InvalidFieldsError``."""
+    """Score every config of ``request`` alike (``score_item`` each): one item per config, scored or
+    refused with its reasons, so one bad config does not stop the others."""
     settings = request.model_dump(exclude={"configs"})
-    data, errors = [], []
-    for i, named in enumerate(request.configs):
-        one = ScoreRequest.model_construct(**settings, config=named.config, name=named.name)
-        try:
-            data.append(score_model(served, one, default_hardware=default_hardware))
-        except InvalidFieldsError as err:
-            errors += [_in_batch(e, i) for e in err.errors]
-    if errors:
-        raise InvalidFieldsError(errors)
-    return ScoresPublic(data=data, count=len(data))
+    return scores(
+        [
+            score_item(served, settings, named, i, default_hardware=default_hardware)
+            for i, named in enumerate(request.configs)
+        ]
+    )
 
 
-def _in_batch(error: dict[str, object], i: int) -> dict[str, object]:
+def _in_batch(error: dict[str, Any], i: int) -> dict[str, Any]:
     """A one-config error moved to config ``i`` of a batch (``body.config`` -> ``body.configs.i.config``)."""
-    loc = list(error["loc"])  # type: ignore[call-overload]
+    loc = list(error["loc"])
     if loc[:2] != ["body", "config"]:
         return error
     loc = ["body", "configs", i, *loc[1:]]

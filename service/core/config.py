@@ -96,6 +96,9 @@ class Settings(ModelSettings):
     HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Seconds a connection may take to send a request's headers (after opening, or after its previous
     response) before it is closed: half-open connections do not hold the server's sockets forever."""
+    MAX_HEADER_BYTES: int = Field(default=16384, ge=1024, le=1 << 20)
+    """Longest request line and headers, bytes (h11's default); longer ones get 431 and the connection
+    is closed, so headers cannot fill the server's memory."""
     ACCESS_LOG: bool = False
     """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
     endpoint and status, and a line per request is a write system call on every request."""

@@ -11,6 +11,8 @@ import asyncio
 import functools
 import importlib
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -265,6 +267,11 @@ class ModelStore:
     predictor; ``bulk_threads`` the threads a large batch is split over. ``registry`` is a module with
     ``list_models(root)``, ``current_version(root, hw)`` and ``load_predictor(root, hw, version)``
     (default: ``training.registry``).
+
+    ``snapshot``: a directory each version's files are copied into before the version is loaded from
+    the copy (a registry of its own, ``<snapshot>/<hw>/<version>/``). The server's batch workers load
+    from it (``loads_from``), so a worker started later serves the very bytes this store serves, even
+    after the registry's files were changed or damaged in place.
     """
 
     def __init__(
@@ -275,8 +282,12 @@ class ModelStore:
         threads: int = 1,
         bulk_threads: int = 2,
         registry: ModuleType | Any | None = None,
+        snapshot: Path | None = None,
     ) -> None:
         self.root = Path(root)
+        self.snapshot = None if snapshot is None else Path(snapshot)
+        self._copied: set[tuple[str, str]] = set()
+        """(hardware id, version) copied into the snapshot and not failed to load since."""
         self.cache_size = cache_size
         self.threads = threads
         self.bulk_threads = bulk_threads
@@ -327,7 +338,7 @@ class ModelStore:
                 try:
                     version = self.registry.current_version(self.root, hw)
                 except Exception as err:
-                    outcomes[hw] = f"failed: cannot read its CURRENT: {err}"
+                    outcomes[hw] = self.public_path(f"failed: cannot read its CURRENT: {err}")
                     self._record_error(hw, f"{hw}: cannot read CURRENT under {self.root}: {err}")
                     continue
                 if version is None:
@@ -365,9 +376,54 @@ class ModelStore:
             if self._served.keys() - versions.keys():
                 self._served = {hw: m for hw, m in self._served.items() if hw in versions}
 
+    @property
+    def loads_from(self) -> Path:
+        """The registry the models are loaded from: the snapshot when there is one, else ``root``."""
+        return self.root if self.snapshot is None else self.snapshot
+
+    def current_versions(self) -> dict[str, str]:
+        """``{hardware id: version}`` that ``CURRENT`` names now, each copied into the snapshot if there is
+        one (what a batch worker started now loads while this store loads the same); unreadable entries
+        are left out (``refresh`` reports them)."""
+        versions = {}
+        with self._lock:
+            try:
+                hardware_ids = self.registry.list_models(self.root)
+            except Exception:
+                return {}
+            for hw in sorted(hardware_ids):
+                try:
+                    version = self.registry.current_version(self.root, hw)
+                    if version is not None and self.snapshot is not None:
+                        self._snapshot(hw, version)
+                except Exception:
+                    continue
+                if version is not None:
+                    versions[hw] = version
+        return versions
+
+    def _snapshot(self, hw: str, version: str) -> None:
+        """Copy ``hw``'s ``version`` into the snapshot (whole, then renamed into place) unless it was copied
+        and has not failed to load since; a served version's copy is never replaced."""
+        assert self.snapshot is not None
+        if (hw, version) in self._copied:
+            return
+        target = self.snapshot / hw / version
+        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=self.snapshot))
+        try:
+            shutil.copytree(self.root / hw / version, staging, dirs_exist_ok=True)
+            target.parent.mkdir(exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)  # a copy whose load failed (never a served one)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._copied.add((hw, version))
+
     def _build(self, hw: str, version: str) -> ServedModel:
         """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises."""
-        predictor = self.registry.load_predictor(self.root, hw, version)
+        if self.snapshot is not None:
+            self._snapshot(hw, version)
+        predictor = self.registry.load_predictor(self.loads_from, hw, version)
         set_threads(predictor, self.threads)
         profile = profile_of(predictor)
         predictor.recommend([Scenario(hardware=profile)])  # answers before it serves (and warms up)
@@ -389,10 +445,12 @@ class ModelStore:
             model = self._build(hw, version)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
+            if self._served.get(hw) is None or self._served[hw].version != version:
+                self._copied.discard((hw, version))  # a retry copies the registry's files again
             previous = self._served.get(hw)
             keep = f"; still serving {previous.version}" if previous else "; no model serves it"
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
-            return f"failed {version}: {err}"
+            return self.public_path(f"failed {version}: {err}")
         self._served = {**self._served, hw: model}  # the atomic swap
         self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
@@ -411,11 +469,22 @@ class ModelStore:
     def public_path(self, text: str) -> str:
         """``text`` with the registry's absolute location replaced by ``$FICCO_MODEL_ROOT`` (shown to any
         client, it would tell them the server's file layout)."""
-        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len)[
-            ::-1
-        ]:
+        roots = {
+            str(p)
+            for root in (self.root, self.snapshot)
+            if root
+            for p in (root.resolve(), root.absolute(), root)
+        }
+        for root in sorted(roots, key=len, reverse=True):
             text = text.replace(root, "$FICCO_MODEL_ROOT")
         return text
+
+    def public_card(self, card: dict[str, Any]) -> dict[str, Any]:
+        """``card`` (a model card, or the registry's ``{"version", "error"}`` for one it cannot read) with
+        ``public_path`` applied to its error."""
+        if isinstance(card.get("error"), str):
+            return {**card, "error": self.public_path(card["error"])}
+        return card
 
     def close(self) -> None:
         """Stop the prediction threads once the predictions in flight finish."""

@@ -30,7 +30,7 @@ def read_models(store: StoreDep) -> ModelsPublic:
                 version=card["version"],
                 current=card["version"] == current,
                 serving=card["version"] == serving,
-                card=card,
+                card=store.public_card(card),
             )
             for card in registered.get(hw, [])
         ]

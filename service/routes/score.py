@@ -1,14 +1,19 @@
 """POST /v1/score and /v1/score/batch: Hugging Face model configs -> their layers' pairs, schedules and
-projected savings."""
+projected savings.
+
+A batch is answered by a batch worker process behind the batch gate, as ``/v1/recommend/batch`` is
+(``service.core.offload``): one item per config, scored or refused with its reasons.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
 
+from ficco.service.core.offload import answer_in_worker, batch_body
 from ficco.service.deps import ServedDep, SettingsDep
-from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
+from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
 from ficco.service.schemas import ScoreBatchRequest, ScorePublic, ScoreRequest, ScoresPublic
-from ficco.service.scoring import score_model, score_models
+from ficco.service.scoring import score_model
 
 router = APIRouter(prefix="/v1/score", tags=["score"], responses={**BODY_ERRORS, **MODEL_ERRORS})
 
@@ -19,7 +24,17 @@ def score(body: ScoreRequest, served: ServedDep, settings: SettingsDep) -> Score
     return score_model(served, body, default_hardware=settings.DEFAULT_HARDWARE)
 
 
-@router.post("/batch", response_model=ScoresPublic)
-def score_batch(body: ScoreBatchRequest, served: ServedDep, settings: SettingsDep) -> ScoresPublic:
-    """Score many model configs alike (the same tp, tokens, dtype, mode and KV layout), in one call."""
-    return score_models(served, body, default_hardware=settings.DEFAULT_HARDWARE)
+@router.post(
+    "/batch",
+    response_model=ScoresPublic,
+    responses=BUSY_ERRORS,
+    openapi_extra={"requestBody": batch_body(ScoreBatchRequest)},
+)
+async def score_batch(request: Request, served: ServedDep) -> Response:
+    """Score many model configs alike (the same tp, tokens, dtype, mode and KV layout), in one call: one
+    item per config, ``ok`` with its answer or ``error`` with why, so one bad config stops no other.
+
+    Batches are admitted as for POST /v1/recommend/batch (FICCO_BATCH_CONCURRENCY, FICCO_BATCH_QUEUE;
+    beyond that 429 with a Retry-After header).
+    """
+    return await answer_in_worker(request, "score", served)

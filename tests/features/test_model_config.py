@@ -346,3 +346,12 @@ def test_mla_config_missing_a_head_dim_names_it():
 def test_bad_kv_layout_names_the_allowed_values():
     with pytest.raises(ValueError, match=r"kv_layout must be one of \['megatron', 'vllm'\]; got 'tgi'"):
         _shapes("Meta-Llama-3.1-8B-Instruct.json", kv_layout="tgi")
+
+
+@pytest.mark.parametrize("model_type", [None, "", 5])
+def test_config_without_model_type_is_refused_with_that_reason(model_type):
+    data = {k: v for k, v in LLAMA_8B.items() if k != "model_type"}
+    if model_type is not None:
+        data["model_type"] = model_type
+    with pytest.raises(ValueError, match=r"model config 'x' has no 'model_type'.*one of \[.*'llama'"):
+        ModelConfig.from_hf_dict("x", data)

@@ -378,7 +378,7 @@ def _compiled_world(rank: int, world_size: int) -> dict:
         return Answer(schedule="shard/dma" if scenario.op == "ag_gemm" else "finer/sm/s2/chunk")
 
     out = {}
-    planner = Planner(TableSource({}, on_missing=pick), hardware="h200x2")
+    planner = Planner(TableSource({}, on_missing=pick), hardware=f"h200x{world_size}")
     report = ficco_compile.enable(planner)
     try:
         eager = model(tokens)

@@ -25,12 +25,19 @@ HARDWARE = "h200x2"
 
 
 def _running(pid: int) -> bool:
-    """True while process ``pid`` runs (a zombie has ended: only its parent has not reaped it yet)."""
+    """True while any thread of process ``pid`` runs (a zombie has ended: only its parent has not reaped it
+    yet; a killed process whose leader is a zombie may still have threads exiting, and cannot be reaped)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except FileNotFoundError:
         return False
-    return state not in ("Z", "X")
+    states = []
+    for task in tasks:
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            continue
+    return any(state not in ("Z", "X") for state in states)
 
 
 def test_gate_refuses_past_running_plus_queued():
@@ -75,7 +82,9 @@ def test_batch_is_answered_by_a_worker_process_at_idle_priority(client):
     assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD, GOOD]}).json()["count"] == 2
     (pid,) = client.app.state.batch_workers.pids  # it has answered: it runs at the priority it set
     assert pid != os.getpid()
-    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    threads = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    assert len(threads) > 1  # it warmed up at normal priority, then lowered every thread's
+    assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_IDLE}
 
 
 def test_concurrency_starts_one_worker_per_slot(registry_root, start, wait_for):
@@ -169,7 +178,72 @@ def test_workers_exit_when_the_server_dies(registry_root, tmp_path, wait_for):
         os._exit(0)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the dead server leaves its model snapshot there
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
     status, pid = done.stdout.split()
     assert status == "200", done.stderr
     assert wait_for(lambda: not _running(int(pid)))
+
+
+def test_a_worker_is_ready_once_it_has_loaded_and_warmed_up(registry_root):
+    from ficco.service.core.batch_worker import BatchWorker
+
+    version = current_version(registry_root, HARDWARE)
+
+    async def scenario():
+        worker = BatchWorker(WorkerOptions(model_root=str(registry_root), priority="normal"))
+        await worker.start({HARDWARE: version})
+        try:
+            assert not worker.ready  # a process just started has not loaded anything yet
+            assert await asyncio.wait_for(worker.serving(), 120) == {HARDWARE: version}
+            assert worker.ready
+        finally:
+            await worker.stop()
+        assert not worker.ready
+
+    asyncio.run(scenario())
+
+
+def test_readyz_waits_for_the_batch_workers(client, monkeypatch, wait_for):
+    from ficco.service.core.batch_worker import BatchWorker
+
+    assert wait_for(lambda: client.get("/readyz").status_code == 200)
+    monkeypatch.setattr(BatchWorker, "ready", property(lambda self: False))
+    cold = client.get("/readyz")
+    assert cold.status_code == 503
+    assert cold.json()["batch_workers_ready"] is False and cold.json()["serving"]
+
+
+def test_a_worker_restarted_after_the_model_file_is_damaged_serves_what_the_server_serves(
+    model_root, start, damage, wait_for
+):
+    served = current_version(model_root, HARDWARE)
+    with start(model_root) as client:
+        workers = client.app.state.batch_workers
+        assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
+        damage(model_root / HARDWARE / served, "corrupt")  # the served version's file, in place
+        (worker,) = workers.workers
+        pid = worker.process.pid
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: worker.process.poll() is not None)  # as the next batch sees it
+        batch = client.post("/v1/recommend/batch", json={"scenarios": [GOOD]})
+        assert batch.status_code == 200, batch.text
+        assert batch.json()["data"][0]["model_version"] == served
+        assert workers.pids != [pid]
+        single = client.post("/v1/recommend", json=GOOD).json()
+        assert single["model_version"] == served
+
+
+def test_models_with_an_unreadable_card_show_no_absolute_path(model_root, start):
+    other = next(
+        c["version"]
+        for c in list_models(model_root)[HARDWARE]
+        if c["version"] != current_version(model_root, HARDWARE)
+    )
+    (model_root / HARDWARE / other / "card.json").write_text("{not json")
+    with start(model_root) as client:
+        text = client.get("/v1/models").text
+        assert "is corrupt" in text and "$FICCO_MODEL_ROOT" in text
+        assert str(model_root) not in text and "ficco-models-" not in text

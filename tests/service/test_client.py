@@ -121,6 +121,7 @@ def test_client_validates_before_sending(client, waits):
 
 def test_client_score_models_ready(client, waits):
     config = {
+        "model_type": "llama",
         "hidden_size": 1024,
         "intermediate_size": 4096,
         "num_attention_heads": 8,

@@ -9,14 +9,15 @@ def test_read_health_ok(client):
     assert client.get("/healthz").json() == {"status": "ok"}
 
 
-def test_read_ready_names_served_model(client, registry_root):
+def test_read_ready_names_served_model(client, registry_root, wait_for):
     from ficco.training.registry import current_version
 
+    assert wait_for(lambda: client.get("/readyz").status_code == 200)  # once the batch worker is warm
     response = client.get("/readyz")
-    assert response.status_code == 200
     assert response.json() == {
         "ready": True,
         "serving": {HARDWARE: current_version(registry_root, HARDWARE)},
+        "batch_workers_ready": True,
         "default_hardware": HARDWARE,
         "last_reload_error": None,
     }

@@ -67,7 +67,7 @@ def test_reload_swaps_in_promoted_version(model_root, start):
 
 
 @pytest.mark.parametrize("how", ["corrupt", "schema"])
-def test_reload_bad_model_keeps_previous_and_shows_error(model_root, start, caplog, damage, how):
+def test_reload_bad_model_keeps_previous_and_shows_error(model_root, start, caplog, damage, how, wait_for):
     old, new = current_version(model_root, HARDWARE), _other_version(model_root)
     damage(model_root / HARDWARE / new, how)
     with start(model_root, RELOAD_TOKEN=TOKEN) as client, caplog.at_level(logging.ERROR):
@@ -75,8 +75,8 @@ def test_reload_bad_model_keeps_previous_and_shows_error(model_root, start, capl
         response = client.post("/v1/models/reload", headers=AUTH)
         assert response.status_code == 200
         assert response.json()["outcomes"][HARDWARE].startswith(f"failed {new}")
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)  # the batch worker warmed up
         ready = client.get("/readyz")
-        assert ready.status_code == 200
         assert ready.json()["ready"] is True
         assert ready.json()["serving"] == {HARDWARE: old}
         assert f"{HARDWARE} version {new} failed to load" in ready.json()["last_reload_error"]
@@ -87,7 +87,7 @@ def test_reload_bad_model_keeps_previous_and_shows_error(model_root, start, capl
     assert any(f"version {new} failed to load" in r.getMessage() for r in caplog.records)
 
 
-def test_reload_after_fix_clears_error(model_root, start, damage):
+def test_reload_after_fix_clears_error(model_root, start, damage, wait_for):
     new = _other_version(model_root)
     card = (model_root / HARDWARE / new / "card.json").read_text()
     damage(model_root / HARDWARE / new, "schema")
@@ -98,9 +98,11 @@ def test_reload_after_fix_clears_error(model_root, start, damage):
         (model_root / HARDWARE / new / "card.json").write_text(card)
         assert json.loads(card)["version"] == new
         client.post("/v1/models/reload", headers=AUTH)
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)
         assert client.get("/readyz").json() | {"default_hardware": None} == {
             "ready": True,
             "serving": {HARDWARE: new},
+            "batch_workers_ready": True,
             "default_hardware": None,
             "last_reload_error": None,
         }

@@ -56,10 +56,10 @@ def test_score_table_and_csv_show_every_pair(registry_root):
     assert {r["tokens"] for r in rows} == {"4096", "8192"}
 
 
-def test_score_bad_tokens_exit_2_naming_field(registry_root):
+def test_score_bad_tokens_exit_1_naming_file_and_field(registry_root):
     code, out = _run("score", str(CONFIG), "--tokens", "4096,4097", "--model-root", str(registry_root))
-    assert code == 2
-    assert "tokens.1" in out and "multiple of tp=2" in out
+    assert code == 1
+    assert f"{CONFIG}: tokens.1:" in out and "multiple of tp=2" in out
 
 
 def test_recommend_json_equals_api(client, registry_root):

@@ -1,0 +1,76 @@
+"""Handing a batch request to the batch worker processes (``service.core.batch_worker``): its content
+type checked, its body passed on as received, behind the app's ``BatchGate`` (``service.core.admission``:
+429 with Retry-After when full).
+
+The worker parses, validates, answers and serialises the body, so a batch costs the serving process
+only the bytes it reads and writes.
+"""
+
+from __future__ import annotations
+
+import email.message
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+
+from ficco.service.core.admission import BatchGate
+from ficco.service.core.batch_worker import BatchWorkers, JobKind
+
+
+def is_json(content_type: str | None) -> bool:
+    """True for ``application/json`` and ``application/<anything>+json`` (parameters aside), the media
+    types FastAPI reads as JSON; False for any other, e.g. ``text/plain; charset=json``, which a browser
+    sends cross-origin without asking first."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+BATCH_BODIES: list[type[Any]] = []
+"""The pydantic models given to ``batch_body``: their ``$defs`` go into the OpenAPI document's components
+(``add_batch_components``)."""
+
+
+def _json_schema(schema: type[Any]) -> dict[str, Any]:
+    return schema.model_json_schema(ref_template="#/components/schemas/{model}")
+
+
+def batch_body(schema: type[Any]) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of a batch route whose body is ``schema`` (a pydantic model), read by
+    the worker rather than by FastAPI; its ``$defs`` refer to the document's components."""
+    BATCH_BODIES.append(schema)
+    document = _json_schema(schema)
+    return {
+        "required": True,
+        "content": {"application/json": {"schema": {k: v for k, v in document.items() if k != "$defs"}}},
+    }
+
+
+def add_batch_components(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` (an OpenAPI document) with the batch bodies' ``$defs`` that it lacks added to its
+    components (e.g. ``NamedConfig``, which only ``/v1/score/batch``'s body holds)."""
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+    for schema in BATCH_BODIES:
+        for name, definition in _json_schema(schema).get("$defs", {}).items():
+            components.setdefault(name, definition)
+    return document
+
+
+async def answer_in_worker(request: Request, kind: JobKind, served: Mapping[str, Any]) -> Response:
+    """The batch worker's answer to ``request``'s body, a job of ``kind``, with the models ``served``
+    (the versions single requests are answered with); 422 for a body that is not sent as JSON."""
+    body = await request.body()
+    if not is_json(request.headers.get("content-type")):
+        raise RequestValidationError([{"loc": ("body",), "input": body, "msg": "", "type": "content_type"}])
+    gate: BatchGate = request.app.state.batch_gate
+    workers: BatchWorkers = request.app.state.batch_workers
+    versions = {hw: model.version for hw, model in served.items()}
+    answer = await gate.run(workers.answer, kind, body, versions)
+    return Response(answer, media_type="application/json")
