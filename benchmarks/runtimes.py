@@ -17,10 +17,10 @@ The model: ``--layers`` decoder layers of torchtitan's Llama 3 (``benchmarks/lla
 names) at Llama-3.1-8B and -70B shapes (``datasets/model_configs``), bf16, parallelized by torchtitan's
 per-layer plan (sequence parallel: ``Shard(1)`` on ``[batch, seq, dim]`` between the layers) on a TP group
 of 2. T tokens are ``--batch`` sequences (default 2, causal attention within each); this rank's input is its
-sequence shard ``[batch, T/(2 batch), dim]``. With a batch of 1 the all-gathers in front of q/k/v and w1/w3
-are not found by PyTorch's pattern finders, which ficco's compile pass uses (the debug Llama on gloo: only
-the two reduce-scatters per layer rewritten, nothing reported left), so neither compiled variant would
-overlap them.
+sequence shard ``[batch, T/(2 batch), dim]``. With a batch of 1 the gathered input reaches q/k/v and w1/w3
+through two reshapes (``[2, T/2, dim] -> [1, T, dim] -> [T, dim]``), and PyTorch's pattern finder, which
+both compiled variants use, finds the all-gather but no matmul behind it: neither pass overlaps those
+gathers (the debug Llama on gloo: only the two reduce-scatters per layer rewritten, nothing reported left).
 
 Phases: ``train`` (forward + backward, eager: how torchtitan trains) and ``inference`` (the forward replayed
 from a CUDA graph, ``runtime.GraphedCall``; CPU: eager). Variants, on the same weights and inputs:
@@ -38,9 +38,8 @@ from a CUDA graph, ``runtime.GraphedCall``; CPU: eager). Variants, on the same w
 The compiled variants compile per point, the token count static, as a torchtitan job compiles its
 sequence length (``--shapes static``, the default). ``--shapes dynamic`` compiles once per model and phase
 with the token count dynamic (``torch._dynamo.mark_dynamic``; ficco's pass bakes a token-range table into
-each op); there PyTorch's pattern finders, which both passes use, miss the all-gathers of the
-sequence-parallel layout (``[1, T/2, dim]`` gathered along dim 1): on the CPU run only the reduce-scatters
-are rewritten, and the compile report says so.
+each op); there the all-gathers' matmuls are not found either (on the CPU run only the reduce-scatters are
+rewritten; the compile report lists what was).
 
 Before timing, every variant's output (training: also the input gradient and every parameter's gradient
 shard) is compared with ``serial``'s (relative Frobenius error, the largest over tensors and ranks), and one
