@@ -32,7 +32,7 @@ from a CUDA graph, ``runtime.GraphedCall``; CPU: eager). Variants, on the same w
   over the local model (``PredictorSource.load(hardware_id=...)``; mode ``eager`` for training, ``graph``
   for inference).
 - ``ficco_compile``: PyTorch's styles, compiled after ``ficco.runtime.compile.enable(planner)``.
-- ``vllm_rule``: vLLM's rule (``training.baselines.vllm_sp_rule``): async-TP from its token threshold on,
+- ``vllm_rule``: vLLM's rule (``training.peer_rules.vllm_sp_rule``): async-TP from its token threshold on,
   serial below. It runs one of those two steps, so it is not timed again: its time is that variant's.
 
 The compiled variants compile per point, the token count static, as a torchtitan job compiles its
@@ -93,7 +93,7 @@ from ficco.runtime import tp as ficco_styles
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.timing import time_interleaved
 from ficco.tables import markdown_table
-from ficco.training.baselines import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
+from ficco.training.peer_rules import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose layers are measured."""
@@ -419,9 +419,11 @@ def hardware_id(device: torch.device, world_size: int) -> str:
 
 def planner_source(hardware: str) -> tuple[PredictorSource, str]:
     """The local model of ``hardware``, else the shipped ``h200x2`` model (and which one it is)."""
+    from ficco.training.registry import ModelLoadError
+
     try:
         source = PredictorSource.load(hardware_id=hardware)
-    except Exception:  # ModelLoadError: no model for this hardware in the registry
+    except ModelLoadError:  # no model for this hardware in the registry
         source = PredictorSource.load(hardware_id="h200x2")
     return source, source.hardware_id or "h200x2"
 

@@ -372,7 +372,7 @@ def vllm_thresholds(ranges: FuseRanges, scenarios_of: dict[tuple[str, int, int],
     """Per hidden size (``k`` of an all-gather, ``n`` of a reduce-scatter), the fewest grid tokens from
     which the roofline-weighted mean predicted log ratio of the hidden size's GEMMs stays below
     ``-log(1 + min_gain)`` (async-TP predicted faster) up to the grid's end; None: not at the grid's end."""
-    from ficco.training.baselines import rule_hidden_size
+    from ficco.training.peer_rules import rule_hidden_size
 
     by_hidden: dict[int, list[tuple[str, int, int]]] = {}
     for key, scs in scenarios_of.items():
@@ -454,8 +454,8 @@ def score_fuse_rule(
     """The serial-or-async-TP metrics (``training.evaluate.serial_or_async_tp_score``) of ``fuse_of``
     (scenario -> bool, or None where it has no answer: serial) beside vLLM's rule and the oracle, on each
     dataset of ``paths`` (rows of ``world_size``, ``mode`` and ``dtype`` that measured async-TP)."""
-    from ficco.training.baselines import vllm_sp_rule
     from ficco.training.evaluate import serial_or_async_tp_score
+    from ficco.training.peer_rules import vllm_sp_rule
     from ficco.training.table import load_dataset_table
 
     out = {}
@@ -482,7 +482,7 @@ def score_fuse_rule(
 
 def write_vllm(model: Any, ranges: FuseRanges, header: dict[str, Any], out: Path, score_on: Sequence) -> Path:
     """The vLLM thresholds file of one (tp, mode, dtype) (module docstring), evaluated on ``score_on``."""
-    from ficco.training.baselines import rule_hidden_size
+    from ficco.training.peer_rules import rule_hidden_size
 
     w, mode, dtype, hw = header["world_size"], header["mode"], header["dtype"], header["hardware_id"]
     scenarios_of = {key: grid_scenarios((*key, 0, 0), ranges.grid[key], world_size=w, dtype=dtype,

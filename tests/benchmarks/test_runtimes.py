@@ -131,3 +131,34 @@ def test_summary_takes_the_faster_ficco_variant_per_job_over_comm_heavy_points()
     assert bench.summarize(points, "bf16", loopback=True)["goals_met"]["gradients"] is None
     points[0]["rel_err"]["ficco_compile"] = 0.5
     assert bench.summarize(points, "bf16")["goals_met"]["gradients"] is False
+
+
+@pytest.mark.parametrize(
+    ("hardware", "dim", "tokens", "runs"),
+    [
+        ("h200x2", 8192, 512, "serial"),  # Llama-3.1-70B: vLLM's threshold on sm90 at TP=2 is 1024 tokens
+        ("h200x2", 8192, 1024, "async_tp"),
+        ("h100x2", 8192, 16384, "async_tp"),
+        ("h200x2", 4096, 16384, "serial"),  # Llama-3.1-8B: below vLLM's smallest hidden size
+        ("cpu", 8192, 16384, "serial"),
+    ],
+)
+def test_vllm_rule_runs_async_tp_from_its_token_threshold(hardware, dim, tokens, runs):
+    import types
+
+    ctx = types.SimpleNamespace(hardware=hardware, world_size=2)
+    assert bench.vllm_choice(dim, tokens, ctx) == runs
+
+
+def test_hardware_id_comes_from_the_gpu_name(monkeypatch):
+    import torch
+
+    cuda = torch.device("cuda", 0)
+    for name, world, want in [
+        ("NVIDIA H200", 2, "h200x2"),
+        ("NVIDIA H100 80GB HBM3", 2, "h100x2"),
+        ("NVIDIA A100-SXM4-80GB", 2, "a100-sxm4-80gbx2"),
+    ]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        assert bench.hardware_id(cuda, world) == want
+    assert bench.hardware_id(torch.device("cpu"), 2) == "cpu"

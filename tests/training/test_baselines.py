@@ -48,7 +48,7 @@ def test_baseline_picks_names(table):
 
 def test_vllm_sp_rule_matches_vllms_threshold_formula():
     from ficco.features import Scenario, get_hardware
-    from ficco.training.baselines import vllm_sp_min_tokens, vllm_sp_rule
+    from ficco.training.peer_rules import vllm_sp_min_tokens, vllm_sp_rule
 
     # vLLM: min_token_num = SP_MIN_PER_GPU_SIZE_MB * tp * MiB // (hidden * elem_bytes), None below 8192
     assert vllm_sp_min_tokens(8192, 2, 2, 90) == 8 * 2 * 1024 * 1024 // (8192 * 2) == 1024
@@ -66,7 +66,7 @@ def test_vllm_sp_rule_matches_vllms_threshold_formula():
 
 
 def test_pytorch_autoheuristic_follows_the_tree():
-    from ficco.training.baselines import autoheuristic_fuse
+    from ficco.training.peer_rules import autoheuristic_fuse
 
     assert not autoheuristic_fuse(65536, 8192, 8192)  # m*n = 537M > 403M: never
     assert autoheuristic_fuse(8192, 8192, 128)  # m*n = 67M: medium output, fuse
