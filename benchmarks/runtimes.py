@@ -123,8 +123,6 @@ PHASES = {
 VARIANTS = ("serial", "async_tp", "ficco_eager", "ficco_compile", "vllm_rule")
 """The ``step_ms`` keys of a point."""
 FICCO_VARIANTS = ("ficco_eager", "ficco_compile")
-TIMED = ("serial", "async_tp", "ficco_eager", "ficco_compile", "comm_only")
-"""What is timed in a point's rounds (``vllm_rule`` runs one of these; ``comm_only`` sets the comm share)."""
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 """Largest relative error of a variant's output and gradients against ``serial``: fp32 as the parallel
 styles' tests (``tests/runtime/test_tp.py``), bf16 as the GPU tests of the ops and the compile pass."""
@@ -495,7 +493,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "max_rounds": args.max_rounds,
         },
     )
-    torch._dynamo.config.recompile_limit = 64  # --shapes static: an entry per token count and variant
+    # --shapes static: a cache entry per token count and compiled variant (torch < 2.7: cache_size_limit)
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, 64)
     meta = {
         "hardware": hardware,
         "device": device_name(device),
