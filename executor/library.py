@@ -68,7 +68,7 @@ from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
 from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
-from ficco.features.schedule import SERIAL, Schedule, schedule_table
+from ficco.features.schedule import SERIAL, Schedule, parse_schedule_table
 
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names.
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
@@ -410,9 +410,9 @@ def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor,
     key = (op, m, n, k, DTYPES.get(a.dtype, str(a.dtype)), w, asked)
     run = _runs.get(key)
     if run is None:
-        pick = schedule_table(asked).at(m)
+        pick = parse_schedule_table(asked).at(m)
         run = _runs[key] = OpRun(op=op, m=m, n=n, k=k, dtype=key[4], world_size=w, asked=asked, ran=str(pick))
-    return schedule_table(run.ran).schedules[0]
+    return parse_schedule_table(run.ran).schedules[0]
 
 
 def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Tensor:
@@ -468,7 +468,7 @@ def _resolve(
     ``serial/sm`` with one warning when the executor's checks refuse it (any rank refuses alike: they look at
     shapes only). Errors that serial would raise too are the caller's, and raised."""
     m = rows.shape[0] * w if op == "ag_gemm" else rows.shape[0]
-    pick = schedule_table(asked).at(m)
+    pick = parse_schedule_table(asked).at(m)
     check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:
