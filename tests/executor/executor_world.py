@@ -64,3 +64,13 @@ def _rank_main(rank: int, world_size: int, store: str, results: mp.Queue, fn: Ca
         results.put((rank, True, value))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
+
+
+def assert_every_rank_refused(world: tuple[int, list[dict]], call: str, expected: list[str]) -> None:
+    """Each rank's report of a world (``report["bad_inputs"]``: (call, message) pairs) gives ``call`` a
+    message holding every part of ``expected``."""
+    world_size, reports = world
+    for rank, report in enumerate(reports):
+        message = dict(report["bad_inputs"])[call]
+        for part in expected:
+            assert part in message, f"rank {rank} of {world_size}, {call}: {message!r} lacks {part!r}"
