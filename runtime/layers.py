@@ -20,7 +20,7 @@ Their backward passes are each other's op (Megatron-LM's "sequence parallel" der
 Each of the four overlapped ops runs its own schedule (``ops``: a ``runtime.overlap.PlannedOps`` asks the
 planner per shape and runs ``torch.ops.ficco.all_gather_matmul`` / ``matmul_reduce_scatter``, whose
 registered autograd is this derivation: ``executor.library``). The layers hold no autograd code of their
-XX
+own. Weights are stored ``[in, out]``-major (``W_r`` above, the executor's ``b``), not
 ``nn.Linear``'s ``[out, in]``; no bias (Llama-style blocks have none). Inputs are 2-D (tokens, features).
 
 CUDA graphs: a call does no host synchronisation once its shapes were decided; run two eager calls before
