@@ -160,6 +160,7 @@ class _LinearStyle:
         self.schedules = schedules
 
     def _runs_ficco(self, module: nn.Module) -> bool:
+        """Whether ``module`` gets ficco's forward (else PyTorch's style applies)."""
         return isinstance(module, nn.Linear)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
