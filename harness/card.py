@@ -358,77 +358,58 @@ def size_label(size: int) -> str:
     return f"{edges[size - 1]:g}-{edges[size]:g} ms"
 
 
+_NOISE_COLUMNS = (
+    ("scenarios", "scenarios", int),
+    ("schedule pairs", "pairs", int),
+    ("median rel. diff", "rel_diff_median", ".2%"),
+    ("p90 rel. diff", "rel_diff_p90", ".2%"),
+    ("max rel. diff", "rel_diff_max", ".1%"),
+    ("2nd run's fastest in 1st run's best set", "second_best_in_first_set", ".0%"),
+    ("median best-set size", "best_set_size_median", ".0f"),
+    ("fastest changed", "best_changed", ".0%"),
+    ("median loss of 1st pick when changed", "loss_when_changed_median", ".2%"),
+)
+"""The noise table's columns after the mode: (header, ``noise_summary`` key, format spec or function)."""
+_NOISE_BY_SIZE_COLUMNS = (
+    ("serial time", "size", size_label),
+    ("scenarios", "scenarios", int),
+    ("median rel. diff", "rel_median", ".2%"),
+    ("p90", "rel_p90", ".2%"),
+    ("shifted: median", "shifted_median", ".2%"),
+    ("p90", "shifted_p90", ".2%"),
+    ("shift", "shift_median", lambda shift: f"{shift:.3f}x"),
+)
+"""The same for the table by serial time (``noise_by_size``)."""
+
+
+def _noise_table(columns: tuple, rows: list[tuple[str, dict[str, float]]]) -> str:
+    """The markdown table of ``(mode, values)`` rows: the mode, then each column's value of ``values``."""
+
+    def cell(value: float, fmt) -> object:
+        return fmt(value) if callable(fmt) else format(value, fmt)
+
+    return markdown_table(
+        ["mode", *(header for header, _, _ in columns)],
+        [[mode, *(cell(values[key], fmt) for _, key, fmt in columns)] for mode, values in rows],
+    )
+
+
 def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
     if noise is None or noise.empty:
         return "## Run-to-run noise\n\nNot measured (run `ficco bench --resume --remeasure N`)."
-    rows = []
-    for mode in MODES:
-        if not (noise["mode"] == mode).any():
-            continue
-        s = noise_summary(df[df["mode"] == mode], noise[noise["mode"] == mode])
-        rows.append(
-            [
-                mode,
-                int(s["scenarios"]),
-                int(s["pairs"]),
-                f"{s['rel_diff_median']:.2%}",
-                f"{s['rel_diff_p90']:.2%}",
-                f"{s['rel_diff_max']:.1%}",
-                f"{s['second_best_in_first_set']:.0%}",
-                f"{s['best_set_size_median']:.0f}",
-                f"{s['best_changed']:.0%}",
-                f"{s['loss_when_changed_median']:.2%}",
-            ]
-        )
+    runs = {m: (df[df["mode"] == m], noise[noise["mode"] == m]) for m in MODES if (noise["mode"] == m).any()}
     return (
         "## Run-to-run noise\n\nThe re-measured scenarios (`noise.parquet`) were measured again in a "
         "separate process, in a shuffled order, with other inputs and round orders. Relative differences "
         "are over every schedule ok in both runs.\n\n"
-        + markdown_table(
-            [
-                "mode",
-                "scenarios",
-                "schedule pairs",
-                "median rel. diff",
-                "p90 rel. diff",
-                "max rel. diff",
-                "2nd run's fastest in 1st run's best set",
-                "median best-set size",
-                "fastest changed",
-                "median loss of 1st pick when changed",
-            ],
-            rows,
-        )
+        + _noise_table(_NOISE_COLUMNS, [(mode, noise_summary(*both)) for mode, both in runs.items()])
         + "\n\nBy the scenario's serial time (first run); 'shifted': each scenario's median shift between "
         "the runs taken out, what a drift of the whole scenario (the host's speed, in eager mode) leaves "
         "of the differences between its schedules; 'shift': that drift, the second run's time over the "
         "first's (median scenario):\n\n"
-        + markdown_table(
-            [
-                "mode",
-                "serial time",
-                "scenarios",
-                "median rel. diff",
-                "p90",
-                "shifted: median",
-                "p90",
-                "shift",
-            ],
-            [
-                [
-                    mode,
-                    size_label(b["size"]),
-                    int(b["scenarios"]),
-                    f"{b['rel_median']:.2%}",
-                    f"{b['rel_p90']:.2%}",
-                    f"{b['shifted_median']:.2%}",
-                    f"{b['shifted_p90']:.2%}",
-                    f"{b['shift_median']:.3f}x",
-                ]
-                for mode in MODES
-                if (noise["mode"] == mode).any()
-                for b in noise_by_size(df[df["mode"] == mode], noise[noise["mode"] == mode])
-            ],
+        + _noise_table(
+            _NOISE_BY_SIZE_COLUMNS,
+            [(mode, b) for mode, both in runs.items() for b in noise_by_size(*both)],
         )
     )
 

@@ -81,6 +81,24 @@ class Shard:
             raise ValueError(f"a shard is I/N with 0 <= I < N, e.g. 0/4; got {text!r}{why}") from None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardedSweep:
+    """A sweep run as shards on a cluster (``ficco bench --emit`` / ``--ray``): what its jobs need."""
+
+    out: Path
+    """The dataset folder (``--out``); the shards measure into its ``SHARDS_DIR``."""
+    shards: int
+    """How many shards."""
+    backend: str
+    """``gpu``, ``gloo`` or ``sim``."""
+    world_size: int
+    """GPUs (gloo: CPU ranks) of one shard's sweep (``--tp``)."""
+    share_nodes: bool
+    """Shards may share a node (``--share-nodes``); else each holds a whole node (gpu)."""
+    max_retries: int
+    """Runs of a failed shard beyond its first."""
+
+
 def shard_from_env(env: Mapping[str, str]) -> Shard | None:
     """The shard of a Slurm job array task (``SLURM_ARRAY_TASK_ID`` less ``SLURM_ARRAY_TASK_MIN``, of
     ``SLURM_ARRAY_TASK_COUNT``) or of a Kubernetes indexed Job pod (``JOB_COMPLETION_INDEX`` of
