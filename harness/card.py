@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -76,8 +76,6 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _host_speed(df),
     ]
     if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
-        from ficco.harness.gather import shards_section
-
         sections.insert(3, shards_section(manifest))
     if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
@@ -496,3 +494,53 @@ def _plot_best(labels: pd.DataFrame, op: str, mode: str, directory: Path) -> Pat
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def shards_section(manifest: dict[str, Any]) -> str:
+    """The card's "Shards" section of a gathered dataset: its shards, the machines and runs of each,
+    the sweep time and GPU time, co-tenancy and what is missing."""
+    g = manifest["gathered"]
+    shards = g["shards"]
+    machines = sorted({m for s in shards for m in s["machines"]})
+    seconds = sum(s["seconds"] for s in shards)
+    world = manifest["fingerprint"].get("world_size", 1)
+    if manifest["backend"] == "gpu":
+        hours = seconds / 3600
+        time = f"{hours:.2f} h of sweep time on {world} GPUs each: {hours * world:.2f} GPU-hours"
+    elif manifest["backend"] == "sim":
+        time = f"{seconds:.1f} s of CPU time (simulated: no GPU was used)"
+    else:
+        time = f"{seconds / 60:.1f} min of sweep time on {world} CPU processes each (gloo: no GPU was used)"
+    text = (
+        f"## Shards\n\nGathered (`ficco dataset gather`) from {len(shards)} of {g['shard_count']} shards of "
+        f"plan `{g['plan_hash'][:16]}`, measured on {len(machines)} machine(s) "
+        f"({', '.join(f'`{m}`' for m in machines) or 'unrecorded'}; ids hash the host, naming none); {time}. "
+        f"Content hash of the rows: `{g['rows_hash'][:16]}`."
+    )
+    if g["duplicates_dropped"]:
+        text += f" {g['duplicates_dropped']} rows held by two shard directories were kept once."
+    if g["missing_shards"] or g["unfinished"]:
+        text += (
+            f" **Incomplete:** missing shards {g['missing_shards']}, unfinished {g['unfinished']} "
+            "(gathered with --partial)."
+        )
+    if any(r["shared_node"] for s in shards for r in s["runs"]):
+        text += (
+            " **Co-tenancy:** some shards ran beside others on one node (`--share-nodes`): their NVLink and "
+            "host were shared, which disturbs overlap timing."
+        )
+    rows = [
+        [
+            s["shard"],
+            s["scenarios"],
+            s["rows"],
+            f"{s['seconds']:.0f}",
+            f"{s['estimated_seconds']:.0f}",
+            ", ".join(sorted({r["engine"] for r in s["runs"]})) or "-",
+            len(s["runs"]),
+            ", ".join(s["machines"]) or "-",
+        ]
+        for s in shards
+    ]
+    header = ["shard", "scenarios", "rows", "sweep s", "estimated GPU s", "engine", "runs", "machines"]
+    return text + "\n\n" + markdown_table(header, rows)

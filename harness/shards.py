@@ -183,13 +183,15 @@ def shard_dir(out: Path, shard: Shard) -> Path:
 def code_version() -> str:
     """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty`` with uncommitted changes) in a git
     checkout."""
-    from ficco import __version__
-    from ficco.harness.launch import REPO_ROOT
+    from ficco import CHECKOUT, __version__
+
+    if CHECKOUT is None:  # an installed ficco: no git checkout to read
+        return __version__
 
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(
-                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20, check=True
+                ["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, timeout=20, check=True
             )
         except (OSError, subprocess.SubprocessError):
             return None
