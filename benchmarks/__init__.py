@@ -2,8 +2,12 @@
 under ``benchmarks.studies`` (host studies under ``benchmarks.studies.host``)."""
 
 import json
+import os
+import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from ficco.files import write_text_atomic
 
@@ -22,3 +26,25 @@ def rerender(path: Path, render: Callable[[dict], str]) -> Path:
     write_text_atomic(out, render(json.loads(path.read_text())))
     say(f"wrote {out}")
     return out
+
+
+def torchrun_main(
+    args: Any, run: Callable[[Any], Any], render: Callable[[dict], str], *, timeout: timedelta | None = None
+) -> Any:
+    """The ``main`` of a tool timed under torchrun: with ``--render``, only :func:`rerender`; else exit
+    naming the torchrun command unless this process is a torchrun rank (or inside an initialised group),
+    then ``run(args)`` in the rank's process group (gloo with ``--cpu-dry-run``; ``timeout`` per
+    collective) and return its result (None after a render)."""
+    if args.render is not None:
+        rerender(args.render, render)
+        return None
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    if "LOCAL_RANK" not in os.environ and not dist.is_initialized():
+        sys.exit(
+            "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 " + " ".join(sys.argv)
+        )
+    with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timeout):
+        return run(args)

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import rerender, say
+from benchmarks import say, torchrun_main
 from ficco.files import write_text_atomic
 from ficco.harness.worker import SAFE_ENV
 from ficco.rounds import interleaved_rounds
@@ -114,20 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict | None:
     """Run the benchmark (under torchrun, or inside an initialised group); rank 0's result, else None."""
-    args = parse_args(argv)
-    if args.render is not None:
-        rerender(args.render, render_markdown)
-        return None
-    import torch.distributed as dist
-
-    from ficco import executor
-
-    if not dist.is_initialized() and "LOCAL_RANK" not in os.environ:
-        sys.exit(
-            "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 " + " ".join(sys.argv)
-        )
-    with executor.process_group("cpu" if args.cpu_dry_run else "cuda"):
-        return run(args)
+    return torchrun_main(parse_args(argv), run, render_markdown)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -35,9 +35,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import REPO, rerender, say
+from benchmarks import REPO, say, torchrun_main
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.harness.worker import SAFE_ENV
@@ -179,20 +180,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.render is not None:
-        rerender(args.render, _markdown)
-        return
-    if "LOCAL_RANK" not in os.environ:
-        sys.exit(
-            "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 " + " ".join(sys.argv)
-        )
-    from datetime import timedelta
-
-    from ficco import executor
-
     # A rank stuck in a collective ends the run in minutes (what was measured is already on disk).
-    with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timedelta(minutes=3)):
-        problems = run(args)
+    problems = torchrun_main(args, run, _markdown, timeout=timedelta(minutes=3))
     if args.strict and problems:
         sys.exit(f"--strict: {problems} failed schedules or missing measurements (see the markdown)")
 

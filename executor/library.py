@@ -68,7 +68,7 @@ from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
 from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
-from ficco.features.schedule import SERIAL, Schedule, schedule_table
+from ficco.features.schedule import SERIAL, Schedule, parse_schedule_table
 
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names.
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
@@ -305,16 +305,14 @@ def all_to_all_matmul(
     """``executor.all_to_all_matmul``: the rows of ``x`` sent to their experts' ranks, times each local
     expert's ``b[e]`` (``b [experts/w, k, n]``); ``counts`` is ``features.Routing.counts`` flattened
     (``[w * w * experts/w]``: rows rank ``src`` routes to local expert ``e`` of rank ``dst``)."""
-    group = _resolve_process_group(group_name)
-    routing = _routing(tuple(counts), group.size())
+    group, routing = _group_routing(counts, group_name)
     run = _resolve_routed("a2a_gemm", routing, x, b, schedule)
     return _run_all_to_all_matmul(x, b, routing, run, group)
 
 
 @all_to_all_matmul.register_fake
 def _(x, b, counts, group_name, schedule, backward_schedule=""):
-    group = _resolve_process_group(group_name)
-    routing = _routing(tuple(counts), group.size())
+    group, routing = _group_routing(counts, group_name)
     return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
 
 
@@ -329,16 +327,14 @@ def matmul_all_to_all(
 ) -> torch.Tensor:
     """``executor.matmul_all_to_all``: each local expert's GEMM on its rows of ``h`` (in
     ``all_to_all_matmul``'s output order), every row sent back to the rank that routed it."""
-    group = _resolve_process_group(group_name)
-    routing = _routing(tuple(counts), group.size())
+    group, routing = _group_routing(counts, group_name)
     run = _resolve_routed("gemm_a2a", routing, h, b, schedule)
     return _run_matmul_all_to_all(h, b, routing, run, group)
 
 
 @matmul_all_to_all.register_fake
 def _(h, b, counts, group_name, schedule, backward_schedule=""):
-    group = _resolve_process_group(group_name)
-    routing = _routing(tuple(counts), group.size())
+    group, routing = _group_routing(counts, group_name)
     return h.new_empty((sum(routing.sent(group.rank())), b.shape[2]))
 
 
@@ -352,35 +348,43 @@ def _routed_setup(ctx, inputs, output) -> None:
 def _all_to_all_matmul_backward(ctx, grad):
     """``Y = experts(dispatch(x))``: ``grad_x`` is the combine of ``grad @ b[e]^T`` (the other op);
     ``grad_b[e]`` is the dispatched rows of expert ``e``, transposed, times their gradient."""
-    x, b = ctx.saved_tensors
-    need_x, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad = grad.contiguous()
-    grad_x = grad_b = None
-    if need_x:
-        b_t = b.transpose(1, 2).contiguous()
-        grad_x = torch.ops.ficco.matmul_all_to_all(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
-    if need_b:
-        grad_b = _expert_weight_grads(_dispatched(x, ctx.counts, ctx.group_name), grad, ctx)
-    return _grads(ctx, grad_x, grad_b)
+    return _routed_backward(ctx, grad, torch.ops.ficco.matmul_all_to_all, dispatch_input=True)
 
 
 def _matmul_all_to_all_backward(ctx, grad):
     """``Z = combine(experts(h))``: ``grad_h`` is the dispatch of ``grad`` times ``b[e]^T`` (the other op);
     ``grad_b[e]`` is ``h``'s rows of expert ``e``, transposed, times the dispatched gradient's."""
-    h, b = ctx.saved_tensors
-    need_h, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    return _routed_backward(ctx, grad, torch.ops.ficco.all_to_all_matmul, dispatch_input=False)
+
+
+def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) -> tuple:
+    """The gradients of an MoE op's ``(a, b)``: ``grad_a`` is the ``other`` op of the pair on ``grad`` and
+    the transposed weights; ``grad_b[e]`` is expert ``e``'s rows of ``a`` times its rows of ``grad``, once
+    the dispatch brought the one on the routing ranks to the experts (``dispatch_input``: ``a``, else
+    ``grad``)."""
+    a, b = ctx.saved_tensors
     grad = grad.contiguous()
-    grad_h = grad_b = None
-    if need_h:
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
         b_t = b.transpose(1, 2).contiguous()
-        grad_h = torch.ops.ficco.all_to_all_matmul(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
-    if need_b:
-        grad_b = _expert_weight_grads(h, _dispatched(grad, ctx.counts, ctx.group_name), ctx)
-    return _grads(ctx, grad_h, grad_b)
+        grad_a = other(grad, b_t, ctx.counts, ctx.group_name, *ctx.schedules)
+    if ctx.needs_input_grad[1]:
+        if dispatch_input:
+            a = _dispatched(a, ctx.counts, ctx.group_name)
+        else:
+            grad = _dispatched(grad, ctx.counts, ctx.group_name)
+        grad_b = _expert_weight_grads(a, grad, ctx)
+    return _grads(ctx, grad_a, grad_b)
 
 
 all_to_all_matmul.register_autograd(_all_to_all_matmul_backward, setup_context=_routed_setup)
 matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_routed_setup)
+
+
+def _group_routing(counts: list[int], group_name: str) -> tuple[torch.distributed.ProcessGroup, Routing]:
+    """The group ``group_name`` names and the ``features.Routing`` of the flattened ``counts`` over it."""
+    group = _resolve_process_group(group_name)
+    return group, _routing(tuple(counts), group.size())
 
 
 @lru_cache(maxsize=256)
@@ -410,17 +414,17 @@ def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor,
     key = (op, m, n, k, DTYPES.get(a.dtype, str(a.dtype)), w, asked)
     run = _runs.get(key)
     if run is None:
-        pick = schedule_table(asked).at(m)
+        pick = parse_schedule_table(asked).at(m)
         run = _runs[key] = OpRun(op=op, m=m, n=n, k=k, dtype=key[4], world_size=w, asked=asked, ran=str(pick))
-    return schedule_table(run.ran).schedules[0]
+    return parse_schedule_table(run.ran).schedules[0]
 
 
 def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Tensor:
     """The rows the dispatch of ``x`` brings to this rank's experts, by local expert then source rank
     (``all_to_all_matmul``'s output order): an all-to-all, then the routing's permutation."""
-    group = _resolve_process_group(group_name)
+    group, routing = _group_routing(counts, group_name)
     ctx = get_context(group, x.device)
-    state = routed_state(ctx.routed, _routing(tuple(counts), group.size()), ctx.rank)
+    state = routed_state(ctx.routed, routing, ctx.rank)
     layout = state.layout("gather", 1)
     received = funcol.all_to_all_single(x, list(layout.recv_rows), list(layout.send_rows), group_name)
     return received.index_select(0, state.permutation(x.device)[0])
@@ -428,8 +432,7 @@ def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Te
 
 def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
     """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
-    group = _resolve_process_group(ctx.group_name)
-    routing = _routing(tuple(ctx.counts), group.size())
+    group, routing = _group_routing(ctx.counts, ctx.group_name)
     out, start = [], 0
     for size in routing.expert_rows(group.rank()):
         out.append(rows[start : start + size].t() @ grad[start : start + size])
@@ -468,7 +471,7 @@ def _resolve(
     ``serial/sm`` with one warning when the executor's checks refuse it (any rank refuses alike: they look at
     shapes only). Errors that serial would raise too are the caller's, and raised."""
     m = rows.shape[0] * w if op == "ag_gemm" else rows.shape[0]
-    pick = schedule_table(asked).at(m)
+    pick = parse_schedule_table(asked).at(m)
     check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:

@@ -19,7 +19,7 @@ from ficco.features.schedule import (
     all_schedules,
     candidates,
     knob_variants,
-    schedule_table,
+    parse_schedule_table,
 )
 from ficco.features.vector import (
     FEATURE_NAMES,
@@ -65,7 +65,7 @@ __all__ = [
     "feature_vector",
     "get_hardware",
     "knob_variants",
+    "parse_schedule_table",
     "roofline_comm_us",
     "roofline_gemm_us",
-    "schedule_table",
 ]

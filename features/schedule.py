@@ -259,7 +259,7 @@ class ScheduleTable:
     String form ``"M0:SCHED0;M1:SCHED1;..."``: ``SCHED_i`` runs for ``M_i <= m < M_{i+1}``, where ``m`` is
     the op's gathered (all-gather -> GEMM) or full (GEMM -> reduce-scatter) row count; ``M0`` is 0 and the
     bounds increase. A plain schedule string is the table of one entry (``"shard/dma"`` means
-    ``"0:shard/dma"``). Parse with :func:`schedule_table` (cached), look up with :meth:`at` (a bisect).
+    ``"0:shard/dma"``). Parse with :func:`parse_schedule_table` (cached), look up with :meth:`at` (a bisect).
     """
 
     bounds: tuple[int, ...] = (0,)
@@ -311,6 +311,6 @@ _TABLE_FORM = "'SCHEDULE' or 'M0:SCHEDULE0;M1:SCHEDULE1;...' with M0 = 0 < M1 < 
 
 
 @lru_cache(maxsize=1024)
-def schedule_table(text: str) -> ScheduleTable:
+def parse_schedule_table(text: str) -> ScheduleTable:
     """:meth:`ScheduleTable.parse`, cached: the one parser of schedule and table strings an op is given."""
     return ScheduleTable.parse(text)

@@ -64,19 +64,6 @@ def hardware_fingerprint(fields: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def machine_fingerprint(world_size: int) -> dict[str, Any] | None:
-    """This machine's :data:`FINGERPRINT_KEYS` (``harness.fingerprint.gpu_fingerprint``), or None without a
-    CUDA device (then nothing can be checked)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    from ficco.harness.fingerprint import gpu_fingerprint
-
-    found = gpu_fingerprint(world_size)
-    return {k: found.get(k) for k in FINGERPRINT_KEYS}
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Range:
     """What the model picks from one breakpoint up to the next."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -76,8 +76,6 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
         _host_speed(df),
     ]
     if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
-        from ficco.harness.gather import shards_section
-
         sections.insert(3, shards_section(manifest))
     if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
@@ -358,77 +356,58 @@ def size_label(size: int) -> str:
     return f"{edges[size - 1]:g}-{edges[size]:g} ms"
 
 
+_NOISE_COLUMNS = (
+    ("scenarios", "scenarios", int),
+    ("schedule pairs", "pairs", int),
+    ("median rel. diff", "rel_diff_median", ".2%"),
+    ("p90 rel. diff", "rel_diff_p90", ".2%"),
+    ("max rel. diff", "rel_diff_max", ".1%"),
+    ("2nd run's fastest in 1st run's best set", "second_best_in_first_set", ".0%"),
+    ("median best-set size", "best_set_size_median", ".0f"),
+    ("fastest changed", "best_changed", ".0%"),
+    ("median loss of 1st pick when changed", "loss_when_changed_median", ".2%"),
+)
+"""The noise table's columns after the mode: (header, ``noise_summary`` key, format spec or function)."""
+_NOISE_BY_SIZE_COLUMNS = (
+    ("serial time", "size", size_label),
+    ("scenarios", "scenarios", int),
+    ("median rel. diff", "rel_median", ".2%"),
+    ("p90", "rel_p90", ".2%"),
+    ("shifted: median", "shifted_median", ".2%"),
+    ("p90", "shifted_p90", ".2%"),
+    ("shift", "shift_median", lambda shift: f"{shift:.3f}x"),
+)
+"""The same for the table by serial time (``noise_by_size``)."""
+
+
+def _noise_table(columns: tuple, rows: list[tuple[str, dict[str, float]]]) -> str:
+    """The markdown table of ``(mode, values)`` rows: the mode, then each column's value of ``values``."""
+
+    def cell(value: float, fmt) -> object:
+        return fmt(value) if callable(fmt) else format(value, fmt)
+
+    return markdown_table(
+        ["mode", *(header for header, _, _ in columns)],
+        [[mode, *(cell(values[key], fmt) for _, key, fmt in columns)] for mode, values in rows],
+    )
+
+
 def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
     if noise is None or noise.empty:
         return "## Run-to-run noise\n\nNot measured (run `ficco bench --resume --remeasure N`)."
-    rows = []
-    for mode in MODES:
-        if not (noise["mode"] == mode).any():
-            continue
-        s = noise_summary(df[df["mode"] == mode], noise[noise["mode"] == mode])
-        rows.append(
-            [
-                mode,
-                int(s["scenarios"]),
-                int(s["pairs"]),
-                f"{s['rel_diff_median']:.2%}",
-                f"{s['rel_diff_p90']:.2%}",
-                f"{s['rel_diff_max']:.1%}",
-                f"{s['second_best_in_first_set']:.0%}",
-                f"{s['best_set_size_median']:.0f}",
-                f"{s['best_changed']:.0%}",
-                f"{s['loss_when_changed_median']:.2%}",
-            ]
-        )
+    runs = {m: (df[df["mode"] == m], noise[noise["mode"] == m]) for m in MODES if (noise["mode"] == m).any()}
     return (
         "## Run-to-run noise\n\nThe re-measured scenarios (`noise.parquet`) were measured again in a "
         "separate process, in a shuffled order, with other inputs and round orders. Relative differences "
         "are over every schedule ok in both runs.\n\n"
-        + markdown_table(
-            [
-                "mode",
-                "scenarios",
-                "schedule pairs",
-                "median rel. diff",
-                "p90 rel. diff",
-                "max rel. diff",
-                "2nd run's fastest in 1st run's best set",
-                "median best-set size",
-                "fastest changed",
-                "median loss of 1st pick when changed",
-            ],
-            rows,
-        )
+        + _noise_table(_NOISE_COLUMNS, [(mode, noise_summary(*both)) for mode, both in runs.items()])
         + "\n\nBy the scenario's serial time (first run); 'shifted': each scenario's median shift between "
         "the runs taken out, what a drift of the whole scenario (the host's speed, in eager mode) leaves "
         "of the differences between its schedules; 'shift': that drift, the second run's time over the "
         "first's (median scenario):\n\n"
-        + markdown_table(
-            [
-                "mode",
-                "serial time",
-                "scenarios",
-                "median rel. diff",
-                "p90",
-                "shifted: median",
-                "p90",
-                "shift",
-            ],
-            [
-                [
-                    mode,
-                    size_label(b["size"]),
-                    int(b["scenarios"]),
-                    f"{b['rel_median']:.2%}",
-                    f"{b['rel_p90']:.2%}",
-                    f"{b['shifted_median']:.2%}",
-                    f"{b['shifted_p90']:.2%}",
-                    f"{b['shift_median']:.3f}x",
-                ]
-                for mode in MODES
-                if (noise["mode"] == mode).any()
-                for b in noise_by_size(df[df["mode"] == mode], noise[noise["mode"] == mode])
-            ],
+        + _noise_table(
+            _NOISE_BY_SIZE_COLUMNS,
+            [(mode, b) for mode, both in runs.items() for b in noise_by_size(*both)],
         )
     )
 
@@ -515,3 +494,53 @@ def _plot_best(labels: pd.DataFrame, op: str, mode: str, directory: Path) -> Pat
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def shards_section(manifest: dict[str, Any]) -> str:
+    """The card's "Shards" section of a gathered dataset: its shards, the machines and runs of each,
+    the sweep time and GPU time, co-tenancy and what is missing."""
+    g = manifest["gathered"]
+    shards = g["shards"]
+    machines = sorted({m for s in shards for m in s["machines"]})
+    seconds = sum(s["seconds"] for s in shards)
+    world = manifest["fingerprint"].get("world_size", 1)
+    if manifest["backend"] == "gpu":
+        hours = seconds / 3600
+        time = f"{hours:.2f} h of sweep time on {world} GPUs each: {hours * world:.2f} GPU-hours"
+    elif manifest["backend"] == "sim":
+        time = f"{seconds:.1f} s of CPU time (simulated: no GPU was used)"
+    else:
+        time = f"{seconds / 60:.1f} min of sweep time on {world} CPU processes each (gloo: no GPU was used)"
+    text = (
+        f"## Shards\n\nGathered (`ficco dataset gather`) from {len(shards)} of {g['shard_count']} shards of "
+        f"plan `{g['plan_hash'][:16]}`, measured on {len(machines)} machine(s) "
+        f"({', '.join(f'`{m}`' for m in machines) or 'unrecorded'}; ids hash the host, naming none); {time}. "
+        f"Content hash of the rows: `{g['rows_hash'][:16]}`."
+    )
+    if g["duplicates_dropped"]:
+        text += f" {g['duplicates_dropped']} rows held by two shard directories were kept once."
+    if g["missing_shards"] or g["unfinished"]:
+        text += (
+            f" **Incomplete:** missing shards {g['missing_shards']}, unfinished {g['unfinished']} "
+            "(gathered with --partial)."
+        )
+    if any(r["shared_node"] for s in shards for r in s["runs"]):
+        text += (
+            " **Co-tenancy:** some shards ran beside others on one node (`--share-nodes`): their NVLink and "
+            "host were shared, which disturbs overlap timing."
+        )
+    rows = [
+        [
+            s["shard"],
+            s["scenarios"],
+            s["rows"],
+            f"{s['seconds']:.0f}",
+            f"{s['estimated_seconds']:.0f}",
+            ", ".join(sorted({r["engine"] for r in s["runs"]})) or "-",
+            len(s["runs"]),
+            ", ".join(s["machines"]) or "-",
+        ]
+        for s in shards
+    ]
+    header = ["shard", "scenarios", "rows", "sweep s", "estimated GPU s", "engine", "runs", "machines"]
+    return text + "\n\n" + markdown_table(header, rows)

@@ -496,12 +496,9 @@ def _run_fleet(
     argv = forwarded_options(ctx)
     if backend is BenchBackend.gpu and "--nproc" not in argv:  # a shard's node may hold more GPUs than --tp
         argv += ["--nproc", str(tp)]
-    fleet = {
-        "backend": backend.value,
-        "world_size": tp,
-        "share_nodes": share_nodes,
-        "max_retries": max_retries,
-    }
+    from ficco.harness.shards import ShardedSweep
+
+    fleet = {"out": out, "backend": backend.value, "world_size": tp, "share_nodes": share_nodes}
     if emit is not None:
         from ficco.harness.emit import Engine, gather_command, write_job
 
@@ -509,10 +506,8 @@ def _run_fleet(
             raise fail("--emit writes a job for --shards N shards (N >= 1), without --ray")
         head = [sys.executable, "-m", "ficco.cli"] if emit is Engine.slurm else ["ficco"]
         command = [*head, "bench", *argv, "--out", str(out)]
-        path = write_job(
-            emit, command, out=out, shards=shards, hardware_id=plan.settings["hardware_id"], image=image,
-            **fleet,
-        )  # fmt: skip
+        sweep = ShardedSweep(shards=shards, max_retries=max_retries, **fleet)
+        path = write_job(emit, command, sweep, hardware_id=plan.settings["hardware_id"], image=image)
         typer.echo(f"wrote {path} ({shards} shards of {len(plan)} scenarios)")
         typer.echo(f"after every shard has finished: {gather_command(out)}")
         return
@@ -525,7 +520,8 @@ def _run_fleet(
         ray_fleet.connect(ray)
         count = shards or ray_fleet.default_shards(backend.value, tp, share_nodes)
         typer.echo(f"ray: {count} shards of {len(plan)} scenarios", err=True)
-        dirs = ray_fleet.run_on_ray(ray, argv=argv, out=out, shards=count, scenarios=len(plan), **fleet)
+        sweep = ShardedSweep(shards=count, max_retries=max_retries, **fleet)
+        dirs = ray_fleet.run_on_ray(ray, sweep, argv=argv, scenarios=len(plan))
         done = gather(dirs, out)
     except (ValueError, RuntimeError) as err:
         raise fail(str(err)) from None

@@ -23,7 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ficco.harness.shards import SHARD_COUNT_ENV, SHARDS_DIR
+from ficco.harness.shards import SHARD_COUNT_ENV, SHARDS_DIR, ShardedSweep
 
 
 class Engine(StrEnum):
@@ -44,33 +44,26 @@ def gather_command(out: Path) -> str:
     return shlex.join(["ficco", "dataset", "gather", str(out / SHARDS_DIR), "--out", str(out)])
 
 
-def slurm_script(
-    command: Sequence[str],
-    *,
-    out: Path,
-    shards: int,
-    backend: str,
-    world_size: int,
-    share_nodes: bool,
-    name: str,
-) -> str:
+def slurm_script(command: Sequence[str], sweep: ShardedSweep, *, name: str) -> str:
     """The ``sbatch`` job array script running ``command`` (``ficco bench`` with ``--out``, no
-    ``--shard``) once per shard."""
-    gpu = backend == "gpu"
+    ``--shard``) once per shard of ``sweep``."""
+    out = sweep.out
+    gpu = sweep.backend == "gpu"
     directives = [
         f"--job-name={name}",
-        f"--array=0-{shards - 1}",
+        f"--array=0-{sweep.shards - 1}",
         "--nodes=1",
         "--ntasks=1",
-        *([f"--gres=gpu:{world_size}"] if gpu else []),
-        f"--cpus-per-task={max(world_size, 2) if backend != 'sim' else 1}",
-        *(["--exclusive"] if gpu and not share_nodes else []),
+        *([f"--gres=gpu:{sweep.world_size}"] if gpu else []),
+        f"--cpus-per-task={max(sweep.world_size, 2) if sweep.backend != 'sim' else 1}",
+        *(["--exclusive"] if gpu and not sweep.share_nodes else []),
         "--requeue",
         f"--output={out / SHARDS_DIR}/slurm-%A_%a.log",
     ]
     lines = [
         "#!/bin/bash",
-        f"# ficco bench, {shards} shards: one array task per shard (written by `ficco bench --emit slurm`).",
+        f"# ficco bench, {sweep.shards} shards: one array task per shard "
+        "(written by `ficco bench --emit slurm`).",
         "# Submit: sbatch " + shlex.quote(str(out / SHARDS_DIR / SCRIPT[Engine.slurm])),
         "# A task run again (scontrol requeue JOBID_I; --requeue lets Slurm requeue a preempted one)",
         "# resumes its shard. After every task has finished:",
@@ -79,7 +72,7 @@ def slurm_script(
         "set -euo pipefail",
         *(
             ["export FICCO_SHARED_NODE=1  # --share-nodes: the dataset card notes the co-tenancy"]
-            if share_nodes
+            if sweep.share_nodes
             else []
         ),
         ': "${SLURM_ARRAY_TASK_ID:?run this script as a job array task (sbatch), or set it by hand}"',
@@ -89,24 +82,15 @@ def slurm_script(
 
 
 def k8s_job(
-    command: Sequence[str],
-    *,
-    out: Path,
-    shards: int,
-    backend: str,
-    world_size: int,
-    share_nodes: bool,
-    max_retries: int,
-    name: str,
-    image: str,
-    claim: str = K8S_PVC,
+    command: Sequence[str], sweep: ShardedSweep, *, name: str, image: str, claim: str = K8S_PVC
 ) -> dict[str, Any]:
-    """The ``batch/v1`` indexed Job running ``command`` (``ficco bench`` with ``--out``) once per shard."""
+    """The ``batch/v1`` indexed Job running ``command`` (``ficco bench`` with ``--out``) once per shard of
+    ``sweep``."""
     labels = {"app.kubernetes.io/name": "ficco-bench", "ficco/sweep": name}
     resources = (
-        {"limits": {"nvidia.com/gpu": str(world_size)}}
-        if backend == "gpu"
-        else {"requests": {"cpu": str(world_size if backend == "gloo" else 1)}}
+        {"limits": {"nvidia.com/gpu": str(sweep.world_size)}}
+        if sweep.backend == "gpu"
+        else {"requests": {"cpu": str(sweep.world_size if sweep.backend == "gloo" else 1)}}
     )
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -116,20 +100,20 @@ def k8s_job(
                 "image": image,
                 "command": list(command),
                 "env": [
-                    {"name": SHARD_COUNT_ENV, "value": str(shards)},
+                    {"name": SHARD_COUNT_ENV, "value": str(sweep.shards)},
                     *(
                         [{"name": "FICCO_SHARED_NODE", "value": "1"}]
-                        if share_nodes and backend == "gpu"
+                        if sweep.share_nodes and sweep.backend == "gpu"
                         else []
                     ),
                 ],
                 "resources": resources,
-                "volumeMounts": [{"name": "datasets", "mountPath": str(out)}],
+                "volumeMounts": [{"name": "datasets", "mountPath": str(sweep.out)}],
             }
         ],
         "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": claim}}],
     }
-    if not share_nodes:
+    if not sweep.share_nodes:
         term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
         pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     return {
@@ -138,9 +122,9 @@ def k8s_job(
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "completionMode": "Indexed",
-            "completions": shards,
-            "parallelism": shards,
-            "backoffLimitPerIndex": max_retries,
+            "completions": sweep.shards,
+            "parallelism": sweep.shards,
+            "backoffLimitPerIndex": sweep.max_retries,
             "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
@@ -153,35 +137,15 @@ def job_name(hardware_id: str, backend: str) -> str:
 
 
 def write_job(
-    engine: Engine,
-    command: Sequence[str],
-    *,
-    out: Path,
-    shards: int,
-    backend: str,
-    world_size: int,
-    share_nodes: bool,
-    max_retries: int,
-    hardware_id: str,
-    image: str,
+    engine: Engine, command: Sequence[str], sweep: ShardedSweep, *, hardware_id: str, image: str
 ) -> Path:
-    """Write the ``engine`` job of the sweep into ``OUT/shards/`` (see the module docstring); return it."""
-    name = job_name(hardware_id, backend)
-    common = {
-        "out": out,
-        "shards": shards,
-        "backend": backend,
-        "world_size": world_size,
-        "share_nodes": share_nodes,
-        "name": name,
-    }
-    path = out / SHARDS_DIR / SCRIPT[engine]
+    """Write the ``engine`` job of ``sweep`` into ``OUT/shards/`` (see the module docstring); return it."""
+    name = job_name(hardware_id, sweep.backend)
+    path = sweep.out / SHARDS_DIR / SCRIPT[engine]
     path.parent.mkdir(parents=True, exist_ok=True)
     if engine is Engine.slurm:
-        path.write_text(slurm_script(command, **common))
+        path.write_text(slurm_script(command, sweep, name=name))
         path.chmod(0o755)
     else:
-        path.write_text(
-            json.dumps(k8s_job(command, image=image, max_retries=max_retries, **common), indent=2) + "\n"
-        )
+        path.write_text(json.dumps(k8s_job(command, sweep, name=name, image=image), indent=2) + "\n")
     return path

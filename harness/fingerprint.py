@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU = re.compile(r"GPU\d+")
@@ -101,3 +102,16 @@ def fingerprint_differences(recorded: dict, current: dict) -> list[str]:
         for key in keys
         if recorded.get(key) != current.get(key)
     ]
+
+
+def machine_fingerprint(world_size: int) -> dict[str, Any] | None:
+    """This machine's ``features.schedule_table.FINGERPRINT_KEYS`` (:func:`gpu_fingerprint`), or None
+    without a CUDA device (then nothing can be checked)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from ficco.features.schedule_table import FINGERPRINT_KEYS
+
+    found = gpu_fingerprint(world_size)
+    return {k: found.get(k) for k in FINGERPRINT_KEYS}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ficco.features.dataset import read_manifest
-from ficco.harness.shards import Shard, shard_dir
+from ficco.harness.shards import Shard, ShardedSweep, shard_dir
 
 POLL_SECONDS = 1.0
 """Seconds between progress updates while shards run."""
@@ -85,20 +85,9 @@ def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str])
     return 0 if manifest is None else len(manifest["finished"])
 
 
-def run_on_ray(
-    address: str,
-    *,
-    argv: Sequence[str],
-    out: Path,
-    shards: int,
-    backend: str,
-    world_size: int,
-    share_nodes: bool,
-    max_retries: int,
-    scenarios: int,
-) -> list[Path]:
-    """Run ``shards`` shards of the sweep ``argv`` (``ficco bench`` options, without ``--out`` and
-    ``--shard``) as Ray tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
+def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenarios: int) -> list[Path]:
+    """Run the shards of ``sweep``, the sweep ``argv`` (``ficco bench`` options, without ``--out`` and
+    ``--shard``), as Ray tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
     one here; else a Ray address), with a progress bar over the plan's ``scenarios``; returns the shard
     directories. Raises ``RuntimeError`` naming the shards that failed after their retries."""
     import ray
@@ -106,10 +95,12 @@ def run_on_ray(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from tqdm import tqdm
 
+    out, shards, world_size = sweep.out, sweep.shards, sweep.world_size
+
     connect(address)
     node_gpus = [n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"]]
-    bundle = shard_bundle(backend, world_size, share_nodes=share_nodes, node_gpus=node_gpus)
-    shared = backend == "gpu" and share_nodes and max(node_gpus) >= 2 * world_size
+    bundle = shard_bundle(sweep.backend, world_size, share_nodes=sweep.share_nodes, node_gpus=node_gpus)
+    shared = sweep.backend == "gpu" and sweep.share_nodes and max(node_gpus) >= 2 * world_size
     env = {"FICCO_RAY_JOB": ray.get_runtime_context().get_job_id(), "FICCO_SHARED_NODE": str(int(shared))}
     task = ray.remote(run_shard)
     pending = {}
@@ -118,7 +109,7 @@ def run_on_ray(
         options: dict[str, Any] = {
             "num_cpus": bundle.get("CPU", 0),
             "num_gpus": bundle.get("GPU", 0),
-            "max_retries": max_retries,
+            "max_retries": sweep.max_retries,
             "retry_exceptions": [ShardFailed],
             "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
         }
@@ -145,8 +136,8 @@ def run_on_ray(
     if failed:
         lines = "\n  ".join(f"shard {s}: {why}" for s, why in failed.items())
         raise RuntimeError(
-            f"{len(failed)} of {shards} shards failed after {max_retries} retries:\n  {lines}\nThe same "
-            "command resumes them (finished shards are skipped)"
+            f"{len(failed)} of {shards} shards failed after {sweep.max_retries} retries:\n  {lines}\n"
+            "The same command resumes them (finished shards are skipped)"
         )
     return [shard_dir(out, Shard(i, shards)) for i in range(shards)]
 

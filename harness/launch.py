@@ -42,11 +42,11 @@ class BenchBackend(StrEnum):
 
 def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProfile:
     """A built-in profile id, a custom one registered under the model registry ``root`` (default:
-    ``training.registry.default_model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if
+    ``ficco.files.model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if
     hardware), which registers its id there for the other commands."""
     from ficco.features import HardwareProfile
     from ficco.features.hardware import KNOWN_HARDWARE, find_hardware, register_profile
-    from ficco.training.provenance import MEASURED, is_sim_id, registry_id
+    from ficco.features.provenance import MEASURED, is_sim_id, registry_id
 
     if is_sim_id(value):
         raise fail(
@@ -57,9 +57,9 @@ def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProf
         if value in KNOWN_HARDWARE:
             return KNOWN_HARDWARE[value]
         if root is None:
-            from ficco.training.registry import default_model_root
+            from ficco.files import model_root
 
-            root = default_model_root()
+            root = model_root()
         if value.endswith(".json"):
             return register_profile(root, HardwareProfile.from_json(Path(value).read_text()))
         return find_hardware(value, root)

@@ -81,6 +81,24 @@ class Shard:
             raise ValueError(f"a shard is I/N with 0 <= I < N, e.g. 0/4; got {text!r}{why}") from None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardedSweep:
+    """A sweep run as shards on a cluster (``ficco bench --emit`` / ``--ray``): what its jobs need."""
+
+    out: Path
+    """The dataset folder (``--out``); the shards measure into its ``SHARDS_DIR``."""
+    shards: int
+    """How many shards."""
+    backend: str
+    """``gpu``, ``gloo`` or ``sim``."""
+    world_size: int
+    """GPUs (gloo: CPU ranks) of one shard's sweep (``--tp``)."""
+    share_nodes: bool
+    """Shards may share a node (``--share-nodes``); else each holds a whole node (gpu)."""
+    max_retries: int
+    """Runs of a failed shard beyond its first."""
+
+
 def shard_from_env(env: Mapping[str, str]) -> Shard | None:
     """The shard of a Slurm job array task (``SLURM_ARRAY_TASK_ID`` less ``SLURM_ARRAY_TASK_MIN``, of
     ``SLURM_ARRAY_TASK_COUNT``) or of a Kubernetes indexed Job pod (``JOB_COMPLETION_INDEX`` of
@@ -165,13 +183,15 @@ def shard_dir(out: Path, shard: Shard) -> Path:
 def code_version() -> str:
     """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty`` with uncommitted changes) in a git
     checkout."""
-    from ficco import __version__
-    from ficco.harness.launch import REPO_ROOT
+    from ficco import CHECKOUT, __version__
+
+    if CHECKOUT is None:  # an installed ficco: no git checkout to read
+        return __version__
 
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(
-                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20, check=True
+                ["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, timeout=20, check=True
             )
         except (OSError, subprocess.SubprocessError):
             return None

@@ -20,7 +20,7 @@ Their backward passes are each other's op (Megatron-LM's "sequence parallel" der
 Each of the four overlapped ops runs its own schedule (``ops``: a ``runtime.overlap.PlannedOps`` asks the
 planner per shape and runs ``torch.ops.ficco.all_gather_matmul`` / ``matmul_reduce_scatter``, whose
 registered autograd is this derivation: ``executor.library``). The layers hold no autograd code of their
-XX
+own. Weights are stored ``[in, out]``-major (``W_r`` above, the executor's ``b``), not
 ``nn.Linear``'s ``[out, in]``; no bias (Llama-style blocks have none). Inputs are 2-D (tokens, features).
 
 CUDA graphs: a call does no host synchronisation once its shapes were decided; run two eager calls before
@@ -54,12 +54,28 @@ class _TensorParallelLinear(nn.Module):
     _fwd_op: ClassVar[str]
     """The forward's overlapped op; the input gradient runs the other one, on the transposed weight."""
     _bwd_input_op: ClassVar[str]
+    _sharded: ClassVar[int]
+    """The dim of the full weight ``[in, out]`` split over the ranks: 1 (columns) or 0 (rows)."""
 
-    def __init__(self, weight_shape: tuple[int, int], *, ops: OverlapOps, name: str, device, dtype) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        ops: OverlapOps,
+        name: str = "",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        shape = [in_features, out_features]
+        split = ("in_features", "out_features")[self._sharded]
+        _check_divides(f"{type(self).__name__}.{split}", shape[self._sharded], ops.world_size)
+        shape[self._sharded] //= ops.world_size
+        self.in_features, self.out_features = in_features, out_features
         self.ops = ops
         self.name = name
-        self.weight = nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight.T, a=math.sqrt(5))  # nn.Linear's init, on [out, in]
         self._requests: dict[tuple[int, str, int], _Requests] = {}
         self._prepared: set[tuple[int, bool]] = set()
@@ -98,6 +114,13 @@ class _TensorParallelLinear(nn.Module):
         """The weight gradient's GEMM at ``tokens`` (a plain GEMM, shown in the decision table)."""
         raise NotImplementedError
 
+    def load_full_weight(self, full: torch.Tensor) -> None:
+        """Copy this rank's block of the full weight ``[in, out]`` (its columns or rows, as the layer splits
+        it)."""
+        size = self.weight.shape[self._sharded]
+        with torch.no_grad():
+            self.weight.copy_(full.narrow(self._sharded, self.ops.rank * size, size))
+
     def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
         """The forward multiplies by the weight shard ``[k, n]``, the input gradient by its transpose."""
         k, n = self.weight.shape
@@ -126,7 +149,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
         Of the weight shard ``[in, out/w]``.
     """
 
-    _fwd_op, _bwd_input_op = "ag_gemm", "gemm_rs"
+    _fwd_op, _bwd_input_op, _sharded = "ag_gemm", "gemm_rs", 1
 
     def __init__(
         self,
@@ -139,11 +162,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        _check_divides("ColumnParallelLinear.out_features", out_features, ops.world_size)
-        super().__init__(
-            (in_features, out_features // ops.world_size), ops=ops, name=name, device=device, dtype=dtype
-        )
-        self.in_features, self.out_features = in_features, out_features
+        super().__init__(in_features, out_features, ops=ops, name=name, device=device, dtype=dtype)
         self.keep_gathered = keep_gathered
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
@@ -165,12 +184,6 @@ class ColumnParallelLinear(_TensorParallelLinear):
         how = "kept gathered input" if self.keep_gathered else "input gathered again (all-gather)"
         return f"gemm [{self.in_features}, {tokens}] @ [{tokens}, {self.weight.shape[1]}], {how}"
 
-    def load_full_weight(self, full: torch.Tensor) -> None:
-        """Copy this rank's column block of the full weight ``[in, out]``."""
-        cols = self.weight.shape[1]
-        with torch.no_grad():
-            self.weight.copy_(full[:, self.ops.rank * cols : (self.ops.rank + 1) * cols])
-
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, keep_gathered={self.keep_gathered}"
 
@@ -190,23 +203,7 @@ class RowParallelLinear(_TensorParallelLinear):
         Of the weight shard ``[in/w, out]``.
     """
 
-    _fwd_op, _bwd_input_op = "gemm_rs", "ag_gemm"
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        ops: OverlapOps,
-        name: str = "",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        _check_divides("RowParallelLinear.in_features", in_features, ops.world_size)
-        super().__init__(
-            (in_features // ops.world_size, out_features), ops=ops, name=name, device=device, dtype=dtype
-        )
-        self.in_features, self.out_features = in_features, out_features
+    _fwd_op, _bwd_input_op, _sharded = "gemm_rs", "ag_gemm", 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
@@ -217,12 +214,6 @@ class RowParallelLinear(_TensorParallelLinear):
     def _weight_gemm(self, tokens: int) -> str:
         k = self.weight.shape[0]
         return f"gemm [{k}, {tokens}] @ gathered grad [{tokens}, {self.out_features}] of bwd-input"
-
-    def load_full_weight(self, full: torch.Tensor) -> None:
-        """Copy this rank's row block of the full weight ``[in, out]``."""
-        rows = self.weight.shape[0]
-        with torch.no_grad():
-            self.weight.copy_(full[self.ops.rank * rows : (self.ops.rank + 1) * rows])
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}"

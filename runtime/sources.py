@@ -36,7 +36,7 @@ class Answer:
     origin: str = ""
     """Who answered, e.g. ``model h200x2/20261122T054236Z-dbd58aaf`` or ``service http://...``."""
     model_backend: str | None = None
-    """``measured`` or ``simulated``: what the answering model was trained on (``training.provenance``);
+    """``measured`` or ``simulated``: what the answering model was trained on (``features.provenance``);
     None for a source without a model (fixed schedules, tables) or a server that does not say."""
 
 
@@ -166,7 +166,7 @@ class ServiceSource:
             table = self.client.fetch_table(
                 key[0], tp=key[1], mode=mode, dtype=key[3], config=self.config, cache_dir=self.cache_dir
             )
-            from ficco.features.schedule_table import machine_fingerprint
+            from ficco.harness.fingerprint import machine_fingerprint
 
             here = machine_fingerprint(table.world_size) if self.machine == "auto" else self.machine
             if here is not None:
@@ -256,7 +256,8 @@ class TableSource(_EachScenario):
         so); None checks nothing. A table of another fingerprint raises ``FingerprintMismatch`` naming
         both fingerprints.
         """
-        from ficco.features.schedule_table import machine_fingerprint, table_paths
+        from ficco.features.schedule_table import table_paths
+        from ficco.harness.fingerprint import machine_fingerprint
 
         tables = []
         for path in table_paths(paths):

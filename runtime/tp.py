@@ -139,54 +139,54 @@ def _warn_serial_once() -> None:
         )
 
 
-class ColwiseParallel(_TorchColwise):
+class _LinearStyle:
+    """The ficco column and row styles' part: PyTorch's arguments plus ``schedules``, and ficco's forward on
+    the modules :meth:`_runs_ficco` accepts (PyTorch's style on the rest)."""
+
+    _kind: str
+    """``colwise`` or ``rowwise``."""
+
+    def __init__(
+        self,
+        *,
+        input_layouts: Placement | None = None,
+        output_layouts: Placement | None = None,
+        use_local_output: bool = True,
+        schedules: Schedules | None = None,
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output
+        )
+        self.schedules = schedules
+
+    def _runs_ficco(self, module: nn.Module) -> bool:
+        """Whether ``module`` gets ficco's forward (else PyTorch's style applies)."""
+        return isinstance(module, nn.Linear)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not self._runs_ficco(module):
+            return super()._apply(module, device_mesh)
+        distribute_module(module, device_mesh, self._partition_linear_fn)
+        _attach(module, device_mesh, self._kind, self)
+        return module
+
+
+class ColwiseParallel(_LinearStyle, _TorchColwise):
     """PyTorch's ``ColwiseParallel`` (same arguments) running ficco's all-gather -> GEMM; ``schedules``:
     where its schedules come from (module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        input_layouts: Placement | None = None,
-        output_layouts: Placement | None = None,
-        use_local_output: bool = True,
-        schedules: Schedules | None = None,
-    ) -> None:
-        super().__init__(
-            input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output
-        )
-        self.schedules = schedules
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not isinstance(module, nn.Linear):
-            return super()._apply(module, device_mesh)
-        distribute_module(module, device_mesh, self._partition_linear_fn)
-        _attach(module, device_mesh, "colwise", self, _colwise_forward)
-        return module
+    _kind = "colwise"
 
 
-class RowwiseParallel(_TorchRowwise):
+class RowwiseParallel(_LinearStyle, _TorchRowwise):
     """PyTorch's ``RowwiseParallel`` (same arguments) running ficco's GEMM -> reduce-scatter when its output
     is ``Shard(d)``; ``schedules``: where its schedules come from (module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        input_layouts: Placement | None = None,
-        output_layouts: Placement | None = None,
-        use_local_output: bool = True,
-        schedules: Schedules | None = None,
-    ) -> None:
-        super().__init__(
-            input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output
-        )
-        self.schedules = schedules
+    _kind = "rowwise"
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not (isinstance(module, nn.Linear) and isinstance(self.output_layouts[0], Shard)):
-            return super()._apply(module, device_mesh)  # an embedding, or an all-reduce: PyTorch's
-        distribute_module(module, device_mesh, self._partition_linear_fn)
-        _attach(module, device_mesh, "rowwise", self, _rowwise_forward)
-        return module
+    def _runs_ficco(self, module: nn.Module) -> bool:
+        # otherwise an embedding, or an all-reduce: PyTorch's
+        return isinstance(module, nn.Linear) and isinstance(self.output_layouts[0], Shard)
 
 
 class PrepareModuleInput(_TorchPrepareModuleInput):
@@ -252,7 +252,7 @@ class _Gather:
     outputs: dict[int, torch.Tensor] | None = None
 
 
-def _attach(module: nn.Module, mesh: DeviceMesh, kind: str, style, forward) -> None:
+def _attach(module: nn.Module, mesh: DeviceMesh, kind: str, style: _LinearStyle) -> None:
     module._ficco_tp = _State(
         kind=kind,
         mesh=mesh,
@@ -264,6 +264,7 @@ def _attach(module: nn.Module, mesh: DeviceMesh, kind: str, style, forward) -> N
         schedules=style.schedules,
         name=type(module).__name__,
     )
+    forward = _colwise_forward if kind == "colwise" else _rowwise_forward
     module.forward = types.MethodType(forward, module)
 
 

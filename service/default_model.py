@@ -34,7 +34,7 @@ def ensure_default_model(settings: Settings) -> str:
             f"the registry {root} has no current {hw} model and the shipped dataset {dataset} is missing "
             f"(no manifest.json); set FICCO_MODEL_ROOT to a registry with a model, or FICCO_DATASET_ROOT"
         )
-    from ficco.training.provenance import MEASURED, rows_backend
+    from ficco.features.provenance import MEASURED, rows_backend
     from ficco.training.table import load_dataset_table
     from ficco.training.train import register_trained, train_model
 

@@ -6,9 +6,9 @@ import csv
 import io
 from typing import Any
 
+from ficco.features.provenance import SIMULATED
 from ficco.service.schemas import PairScore, RecommendationPublic, ScorePublic
 from ficco.tables import text_table
-from ficco.training.provenance import SIMULATED
 
 PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
 """The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""

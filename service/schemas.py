@@ -17,8 +17,8 @@ from pydantic.fields import FieldInfo
 
 from ficco.features._validate import check_keys
 from ficco.features.host import HOST_FACTOR_RANGE
+from ficco.features.provenance import ModelBackend
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
-from ficco.training.provenance import ModelBackend
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32

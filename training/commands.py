@@ -212,8 +212,8 @@ def train_command(
 ) -> None:
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
+    from ficco.features.provenance import backend_of_id
     from ficco.training import registry as reg
-    from ficco.training.provenance import backend_of_id
     from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset, repeat)
@@ -340,9 +340,9 @@ def retrain_command(
 ) -> None:
     """Measure a sweep on this machine (or simulate one for --hardware), train a model on it, compare it
     with the current model on the new data, register it and promote it only if it is better."""
+    from ficco.features.provenance import MEASURED, SIMULATED, backend_of_id, registry_id
     from ficco.harness.launch import build_plan, check_tp, hardware_profile, parse_tokens
     from ficco.training.metrics import REPORTED
-    from ficco.training.provenance import MEASURED, SIMULATED, backend_of_id, registry_id
     from ficco.training.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
@@ -392,8 +392,8 @@ def retrain_command(
 def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBackend:
     """``gpu`` or ``sim``: ``auto`` is ``gpu``; ``gpu`` on a machine of fewer than 2 GPUs stops with one line
     (a measured model is only ever trained on measurements, and a simulated one only when asked for)."""
+    from ficco.features.provenance import SIMULATED, registry_id
     from ficco.harness.launch import gpu_count
-    from ficco.training.provenance import SIMULATED, registry_id
 
     if backend is RetrainBackend.sim:
         return backend

@@ -21,6 +21,7 @@ import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
 from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
+from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
 from ficco.training.booster import NumpyBooster
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.pairs import (
@@ -35,7 +36,6 @@ from ficco.training.pairs import (
     valid_mask,
 )
 from ficco.training.policy import ModePolicy
-from ficco.training.provenance import MEASURED, ModelBackend, model_backend, registry_id
 
 if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
     from ficco.training.model import PairModel
@@ -71,7 +71,7 @@ class Recommendation:
     hardware_id: str
     """Hardware profile the model was trained for (``<id>-sim`` for a simulated model)."""
     model_backend: ModelBackend
-    """``measured`` (trained on GPU measurements only) or ``simulated`` (``training.provenance``)."""
+    """``measured`` (trained on GPU measurements only) or ``simulated`` (``features.provenance``)."""
     host_factor: float
     """The host factor the eager answer is for (``features.host``; the model's training data's unless the
     caller gave its machine's)."""
@@ -123,7 +123,7 @@ class Predictor:
         self.version = version
         self.hardware_id = hardware_id
         self.backend: ModelBackend = model_backend(card)
-        """Whether the model was trained on measured or simulated rows (``training.provenance``)."""
+        """Whether the model was trained on measured or simulated rows (``features.provenance``)."""
         self.noise_band = {mode: noise_band(card, mode) for mode in MODES}
         """Per mode, the relative gap in predicted speedup within which two schedules count as a tie."""
         if scorer.feature_schema_ != ratio.feature_schema_:

@@ -8,7 +8,7 @@ Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_R
                                                  family included), fallback policy, ops, modes, software
     <root>/<hardware_id>/CURRENT                 the current version, one line
 
-Models trained on simulated rows live under ``<hardware_id>-sim`` (``training.provenance``): ``register``
+Models trained on simulated rows live under ``<hardware_id>-sim`` (``features.provenance``): ``register``
 refuses a simulated model under a measured id (and the reverse), and ``promote`` checks the card again, so a
 simulated model never becomes the current model of measured hardware.
 
@@ -33,12 +33,12 @@ import numpy as np
 
 from ficco import __version__
 from ficco.features import FEATURE_NAMES
+from ficco.features.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 from ficco.files import model_root, write_text_atomic
 from ficco.training.booster import load_pair_model
 from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
-from ficco.training.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 
 if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
     from ficco.training.model import PairModel
@@ -94,7 +94,7 @@ def register(
     files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
     when the picker is the time-ratio regressor (one file then). The card's ``model_backend`` (given in
     ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
-    (``training.provenance``): ValueError otherwise.
+    (``features.provenance``): ValueError otherwise.
     """
     backend = model_backend(info)
     _check_backend(hardware_id, backend, "register")

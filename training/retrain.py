@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import MODES, feature_matrix
+from ficco.features.provenance import MEASURED, ModelBackend, rows_backend
 from ficco.training.metrics import mean_loss, score
 from ficco.training.predictor import Predictor
-from ficco.training.provenance import MEASURED, ModelBackend, rows_backend
 from ficco.training.table import ScheduleTable, load_dataset_table
 from ficco.training.train import register_trained, train_model
 
@@ -106,7 +106,7 @@ def compare(
     The new model's number is its held-out loss (grouped cross-validation); the current model's is its
     loss on the same scenarios, which it has not seen unless they were in its own dataset, asked at the
     host factor of the machine that measured them (the table's). ``backend`` is the new rows' kind
-    (``training.provenance``): a current model of the other kind is not compared with (never better: a
+    (``features.provenance``): a current model of the other kind is not compared with (never better: a
     simulated model does not replace a measured one, and simulated rows do not judge a measured model).
     """
     if current is None:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.model import PairModel
 from ficco.training.policy import POLICY_GRID, DecisionPolicy
-from ficco.training.provenance import registry_id, rows_backend
 from ficco.training.table import LoadedDataset, ScheduleTable
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def register_trained(
     """Register ``trained`` under ``root``; return ``(registry id, version)``.
 
     The registry id is the dataset's hardware id when every row was measured on GPUs, else that id with
-    ``-sim`` (``training.provenance``): a model of simulated rows is registered apart, with its profile
+    ``-sim`` (``features.provenance``): a model of simulated rows is registered apart, with its profile
     renamed to that id, so it answers only when asked for by it.
     """
     import dataclasses

@@ -40,14 +40,14 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import executor_report, rerender, say
+from benchmarks import executor_report, say, torchrun_main
 from ficco.features.dataset import label_quantile
 from ficco.files import write_text_atomic
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
@@ -114,20 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    args = parse_args(argv)
-    if args.render is not None:
-        rerender(args.render, render_markdown)
-        return None
-    if "LOCAL_RANK" not in os.environ and not _initialised():
-        sys.exit(
-            "run under torchrun: python3 -m torch.distributed.run --nproc-per-node 2 " + " ".join(sys.argv)
-        )
-    from datetime import timedelta
-
-    from ficco import executor
-
-    with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timedelta(minutes=3)):
-        return run(args)
+    return torchrun_main(parse_args(argv), run, render_markdown, timeout=timedelta(minutes=3))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -462,12 +449,6 @@ def _save(lead: bool, path: Path, data: dict, start: float) -> None:
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
     write_text_atomic(path, json.dumps(data, indent=1))
     write_text_atomic(path.with_suffix(".md"), render_markdown(data))
-
-
-def _initialised() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_initialized()
 
 
 def _device_name() -> str:

@@ -23,11 +23,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
-from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
-from ficco.service.cache import RecommendationCache
-from ficco.service.core.batching import MicroBatcher, predict_split
-from ficco.service.errors import NoModelError, UnknownHardwareError
-from ficco.training.provenance import (
+from ficco.features.provenance import (
     MEASURED,
     SIMULATED,
     ModelBackend,
@@ -35,6 +31,10 @@ from ficco.training.provenance import (
     model_backend,
     registry_id,
 )
+from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
+from ficco.service.cache import RecommendationCache
+from ficco.service.core.batching import MicroBatcher, predict_split
+from ficco.service.errors import NoModelError, UnknownHardwareError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ServedModel:
 
     @property
     def backend(self) -> ModelBackend:
-        """``measured`` or ``simulated`` (``training.provenance``), from the model's card."""
+        """``measured`` or ``simulated`` (``features.provenance``), from the model's card."""
         return model_backend(self.predictor.card)
 
     @property

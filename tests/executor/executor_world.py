@@ -64,3 +64,25 @@ def _rank_main(rank: int, world_size: int, store: str, results: mp.Queue, fn: Ca
         results.put((rank, True, value))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
+
+
+def errors_of(calls: dict[str, Callable[[], Any]]) -> list[tuple[str, str]]:
+    """Run each call in order; ``(name, "Type: message")`` of the error it raised (``"no error"`` if none)."""
+    out = []
+    for name, call in calls.items():
+        try:
+            call()
+            out.append((name, "no error"))
+        except Exception as exc:
+            out.append((name, f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def assert_every_rank_refused(world: tuple[int, list[dict]], call: str, expected: list[str]) -> None:
+    """Each rank's report of a world (``report["bad_inputs"]``: (call, message) pairs) gives ``call`` a
+    message holding every part of ``expected``."""
+    world_size, reports = world
+    for rank, report in enumerate(reports):
+        message = dict(report["bad_inputs"])[call]
+        for part in expected:
+            assert part in message, f"rank {rank} of {world_size}, {call}: {message!r} lacks {part!r}"

@@ -90,8 +90,3 @@ def test_cli_host_factor_runs_the_measurement_under_torchrun(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["world_size"] == 2
-
-
-def test_cli_host_factor_refuses_the_simulator():
-    result = CliRunner().invoke(app, ["host-factor", "--backend", "sim"])
-    assert result.exit_code != 0 and "--backend sim has no host to measure" in result.output

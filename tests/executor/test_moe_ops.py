@@ -11,7 +11,7 @@ inputs (the other half of the copy-engine double buffer), and from its string fo
 from __future__ import annotations
 
 import pytest
-from executor_world import run_world
+from executor_world import assert_every_rank_refused, errors_of, run_world
 
 WORLD_SIZES = (2, 4)
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
@@ -192,13 +192,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[tuple[str, str]]:
         "comm_op": lambda: executor.communicate("a2a", x, "sm", routing=routing),
         "run_op_routing": lambda: executor.run_op("ag_gemm", x, b[0], "serial/sm", routing=routing),
     }
-    out = []
-    for name, call in calls.items():
-        try:
-            call()
-            out.append((name, "no error"))
-        except Exception as exc:
-            out.append((name, f"{type(exc).__name__}: {exc}"))
+    out = errors_of(calls)
     y = executor.all_to_all_matmul(x, b, routing, "finer/dma/s2/chunk")
     out.append(("good_call_after", str(tuple(y.shape))))
     return out
@@ -318,11 +312,7 @@ def test_communicate_moves_the_same_rows_on_both_executors(world):
     ],
 )
 def test_bad_input_raises_value_error_on_every_rank(world, call, expected):
-    world_size, reports = world
-    for rank, report in enumerate(reports):
-        message = dict(report["bad_inputs"])[call]
-        for part in expected:
-            assert part in message, f"rank {rank} of {world_size}, {call}: {message!r} lacks {part!r}"
+    assert_every_rank_refused(world, call, expected)
 
 
 @pytest.mark.slow

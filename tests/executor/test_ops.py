@@ -10,7 +10,7 @@ that never moves cannot pass on data a previous schedule left behind, then again
 from __future__ import annotations
 
 import pytest
-from executor_world import run_world
+from executor_world import assert_every_rank_refused, errors_of, run_world
 
 WORLD_SIZES = (2, 4, 8)
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 1e-2}
@@ -92,13 +92,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[tuple[str, str]]:
             torch.randn(8 * w, 16), torch.randn(4, 16), "shard/dma"
         ),
     }
-    out = []
-    for name, call in calls.items():
-        try:
-            call()
-            out.append((name, "no error"))
-        except Exception as exc:
-            out.append((name, f"{type(exc).__name__}: {exc}"))
+    out = errors_of(calls)
     c = executor.all_gather_matmul(a_shard, b, "finer/dma/s2/chunk")
     out.append(("good_call_after", str(tuple(c.shape))))
     return out
@@ -163,11 +157,7 @@ def test_return_gathered_is_the_all_gather(world):
     ],
 )
 def test_bad_input_raises_value_error_on_every_rank(world, call, expected):
-    world_size, reports = world
-    for rank, report in enumerate(reports):
-        message = dict(report["bad_inputs"])[call]
-        for part in expected:
-            assert part in message, f"rank {rank} of {world_size}, {call}: {message!r} lacks {part!r}"
+    assert_every_rank_refused(world, call, expected)
 
 
 def test_bad_input_leaves_the_group_usable(world):

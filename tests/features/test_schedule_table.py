@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ficco.features import Schedule, ScheduleTable, schedule_table
+from ficco.features import Schedule, ScheduleTable, parse_schedule_table
 
 
 def test_table_picks_the_entry_of_each_row_count():
-    table = schedule_table("0:serial/sm;1024:shard/dma;8192:finer/dma/s4/chunk")
+    table = parse_schedule_table("0:serial/sm;1024:shard/dma;8192:finer/dma/s4/chunk")
     assert [str(table.at(m)) for m in (0, 1023, 1024, 8191, 8192, 10**7)] == [
         "serial/sm",
         "serial/sm",
@@ -21,10 +21,10 @@ def test_table_picks_the_entry_of_each_row_count():
 
 
 def test_a_plain_schedule_is_a_table_of_one_entry():
-    table = schedule_table("shard/sm/hp")
+    table = parse_schedule_table("shard/sm/hp")
     assert table == ScheduleTable(bounds=(0,), schedules=(Schedule.parse("shard/sm/hp"),))
     assert str(table) == "shard/sm/hp" and str(table.at(12345)) == "shard/sm/hp"
-    assert schedule_table("shard/sm/hp") is table  # parsed once
+    assert parse_schedule_table("shard/sm/hp") is table  # parsed once
 
 
 @pytest.mark.parametrize(
@@ -39,4 +39,4 @@ def test_a_plain_schedule_is_a_table_of_one_entry():
 )
 def test_bad_tables_are_refused_naming_the_entry(text, message):
     with pytest.raises(ValueError, match=message):
-        schedule_table(text)
+        parse_schedule_table(text)

@@ -197,18 +197,23 @@ def _free_port() -> int:
 
 
 def _ready(port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> int:
-    """The status of ``GET /readyz`` once the server answers (it may start slowly on a busy machine)."""
+    """The status of ``GET /readyz`` once it is 200, or its last answer at ``timeout_s`` (the server may
+    start slowly on a busy machine, and answers 503 until its batch workers are warm)."""
     deadline = time.monotonic() + timeout_s
+    status = None
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()[1]
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
                 return response.status
         except urllib.error.HTTPError as err:
-            return err.code
+            status = err.code
         except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"ficco serve did not answer on port {port} within {timeout_s} s")
+            pass
+        time.sleep(0.3)
+    if status is None:
+        raise AssertionError(f"ficco serve did not answer on port {port} within {timeout_s} s")
+    return status
 
 
 def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path, user_env):

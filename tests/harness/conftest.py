@@ -1,12 +1,16 @@
-"""Shared fixtures of the harness tests: the h200x2 profile, a small plan, tiny dense and MoE configs."""
+"""Shared fixtures of the harness tests: the h200x2 profile, a small plan, tiny dense and MoE configs, and
+``ficco bench`` in process with a small simulated sweep (the sharded-sweep tests)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from ficco.cli import app
 from ficco.features import HardwareProfile, get_hardware
 from ficco.features.model_config import load_model_config
 from ficco.harness.plan import Plan, plan_scenarios
@@ -57,3 +61,48 @@ def tiny_moe_configs(tmp_path) -> Path:
     attention out, then the dispatch a2a_gemm and the combine gemm_a2a)."""
     config = {**TINY_CONFIG, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
     return _config_folder(tmp_path / "moe-configs", "TinyMoE", config)
+
+
+def _bench(*args) -> str:
+    result = CliRunner().invoke(app, ["bench", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="session")
+def bench():
+    """``bench(*args)``: ``ficco bench *args`` in process; its output (the test fails on a non-zero exit)."""
+    return _bench
+
+
+@pytest.fixture(scope="session")
+def llama_configs(tmp_path_factory) -> Path:
+    """A directory holding Llama-3.1-8B's config alone."""
+    folder = tmp_path_factory.mktemp("configs")
+    shutil.copy(CONFIGS / "Llama-3.1-8B.json", folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_sweep(llama_configs) -> tuple:
+    """``ficco bench`` options of a 16-scenario simulated sweep of Llama-3.1-8B (``--out`` to add)."""
+    return (
+        "--backend",
+        "sim",
+        "--tokens",
+        "1024,4096",
+        "--grid",
+        "8",
+        "--flush-seconds",
+        "0",
+        "--configs",
+        llama_configs,
+    )
+
+
+@pytest.fixture(scope="session")
+def whole(small_sweep, tmp_path_factory) -> Path:
+    """The small sweep, unsharded."""
+    out = tmp_path_factory.mktemp("whole") / "ds"
+    _bench(*small_sweep, "--out", out)
+    return out

@@ -5,14 +5,11 @@ and a 2-shard gloo sweep gives the plan's scenarios x schedules."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from ficco.cli import app
 from ficco.features import candidates
 from ficco.features.dataset import dataset_hash, load_dataset, read_manifest
 from ficco.harness.fleet import shard_bundle
@@ -23,8 +20,6 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SMALL = ("--backend", "sim", "--tokens", "1024,4096", "--grid", "8", "--flush-seconds", "0")
-"""The 16-scenario simulated sweep of ``test_shards``."""
 KILLER = """
 import os, sys
 argv = sys.argv
@@ -69,29 +64,9 @@ def cluster(tmp_path_factory):
         os.environ["PYTHONPATH"] = before
 
 
-@pytest.fixture(scope="module")
-def configs(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("configs")
-    shutil.copy(REPO_ROOT / "datasets" / "model_configs" / "Llama-3.1-8B.json", folder)
-    return folder
-
-
-def bench(*args) -> str:
-    result = CliRunner().invoke(app, ["bench", *map(str, args)])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-@pytest.fixture(scope="module")
-def whole(configs, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("whole") / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out)
-    return out
-
-
-def test_four_ray_shards_gather_to_the_unsharded_rows(cluster, configs, whole, tmp_path):
+def test_four_ray_shards_gather_to_the_unsharded_rows(bench, small_sweep, cluster, whole, tmp_path):
     out = tmp_path / "ds"
-    printed = bench(*SMALL, "--configs", configs, "--out", out, "--ray", "auto", "--shards", "4")
+    printed = bench(*small_sweep, "--out", out, "--ray", "auto", "--shards", "4")
     assert "gathered 4 shards" in printed
     assert dataset_hash(out) == dataset_hash(whole)
     shards = read_manifest(out)["gathered"]["shards"]
@@ -100,9 +75,9 @@ def test_four_ray_shards_gather_to_the_unsharded_rows(cluster, configs, whole, t
     assert "## Shards" in (out / "card.md").read_text()
 
 
-def test_a_killed_ray_task_is_retried_and_resumes_its_shard(cluster, configs, whole, tmp_path):
+def test_a_killed_ray_task_is_retried_and_resumes_its_shard(bench, small_sweep, cluster, whole, tmp_path):
     out = tmp_path / "kill-me"
-    bench(*SMALL, "--configs", configs, "--out", out, "--ray", "auto", "--shards", "4")
+    bench(*small_sweep, "--out", out, "--ray", "auto", "--shards", "4")
     assert (out / "killed-once").exists()  # the first run of shard 1 was killed
     runs = read_runs(out / "shards" / "shard-00001-of-00004")
     assert [r["finished_before"] for r in runs] == [0, 2]  # retried, resumed after its 2 scenarios
@@ -112,7 +87,9 @@ def test_a_killed_ray_task_is_retried_and_resumes_its_shard(cluster, configs, wh
     assert dataset_hash(out) == dataset_hash(whole)  # nothing lost
 
 
-def test_two_ray_shards_on_gloo_give_the_plans_scenarios_and_schedules(cluster, tiny_configs, tmp_path):
+def test_two_ray_shards_on_gloo_give_the_plans_scenarios_and_schedules(
+    bench, cluster, tiny_configs, tmp_path
+):
     out = tmp_path / "ds"
     tiny = ("--configs", tiny_configs, "--tokens", "256", "--grid", "0", "--limit", "2", "--rounds", "1")
     bench("--backend", "gloo", *tiny, "--timed-ms", "0", "--out", out, "--ray", "auto", "--shards", "2")

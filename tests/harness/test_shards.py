@@ -20,38 +20,15 @@ from ficco.harness.dataset import part_metadata
 from ficco.harness.shards import Shard, assign, read_runs, shard_from_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SMALL = ("--backend", "sim", "--tokens", "1024,4096", "--grid", "8", "--flush-seconds", "0")
-"""A 16-scenario simulated sweep (with ``configs``: Llama-3.1-8B only)."""
-
-
-@pytest.fixture(scope="module")
-def configs(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("configs")
-    shutil.copy(REPO_ROOT / "datasets" / "model_configs" / "Llama-3.1-8B.json", folder)
-    return folder
-
-
-def bench(*args) -> str:
-    result = CliRunner().invoke(app, ["bench", *map(str, args)])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def gather(*args) -> CliRunner:
     return CliRunner().invoke(app, ["dataset", "gather", *map(str, args)])
 
 
-@pytest.fixture(scope="module")
-def whole(configs, tmp_path_factory) -> Path:
-    """The unsharded sweep of the small plan."""
-    out = tmp_path_factory.mktemp("whole") / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out)
-    return out
-
-
-def sharded(configs: Path, out: Path, count: int, *extra) -> Path:
+def sharded(bench, small_sweep: tuple, out: Path, count: int, *extra) -> Path:
     for index in range(count):
-        bench(*SMALL, "--configs", configs, "--out", out, "--shard", f"{index}/{count}", *extra)
+        bench(*small_sweep, "--out", out, "--shard", f"{index}/{count}", *extra)
     return out
 
 
@@ -86,8 +63,8 @@ def test_shard_from_slurm_and_kubernetes_environment():
 # Shards and gather ------------------------------------------------------------------------------------------
 
 
-def test_four_shards_gathered_equal_the_unsharded_sweep(configs, whole, tmp_path):
-    out = sharded(configs, tmp_path / "ds", 4)
+def test_four_shards_gathered_equal_the_unsharded_sweep(bench, small_sweep, whole, tmp_path):
+    out = sharded(bench, small_sweep, tmp_path / "ds", 4)
     result = gather(out / "shards", "--out", out)
     assert result.exit_code == 0, result.output
     assert dataset_hash(out) == dataset_hash(whole)  # the same rows (simulated)
@@ -107,18 +84,18 @@ def test_four_shards_gathered_equal_the_unsharded_sweep(configs, whole, tmp_path
     assert "simulated: no GPU was used" in card
 
 
-def test_train_records_the_gathered_content_hash(configs, tmp_path):
+def test_train_records_the_gathered_content_hash(bench, small_sweep, tmp_path):
     from ficco.training.table import load_dataset_table
 
-    out = sharded(configs, tmp_path / "ds", 2)
+    out = sharded(bench, small_sweep, tmp_path / "ds", 2)
     assert gather(out, "--out", out).exit_code == 0
     assert load_dataset_table(out).hash == read_manifest(out)["gathered"]["rows_hash"]
 
 
-def test_a_shard_run_again_resumes_and_measures_nothing_twice(configs, tmp_path):
+def test_a_shard_run_again_resumes_and_measures_nothing_twice(bench, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    first = bench(*SMALL, "--configs", configs, "--out", out, "--shard", "1/2")
-    again = bench(*SMALL, "--configs", configs, "--out", out, "--shard", "1/2")
+    first = bench(*small_sweep, "--out", out, "--shard", "1/2")
+    again = bench(*small_sweep, "--out", out, "--shard", "1/2")
     directory = out / "shards" / "shard-00001-of-00002"
     manifest = read_manifest(directory)
     planned = len(json.loads((directory / "plan.json").read_text())["entries"])
@@ -129,37 +106,37 @@ def test_a_shard_run_again_resumes_and_measures_nothing_twice(configs, tmp_path)
     assert not rows.duplicated(["scenario_id", "mode", "schedule"]).any()
 
 
-def test_a_shard_directory_of_another_plan_is_refused(configs, tmp_path):
+def test_a_shard_directory_of_another_plan_is_refused(bench, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "0/2")
+    bench(*small_sweep, "--out", out, "--shard", "0/2")
     result = CliRunner().invoke(
-        app, ["bench", *SMALL, "--configs", str(configs), "--out", str(out), "--shard", "0/2", "--grid", "9"]
+        app, ["bench", *small_sweep, "--out", str(out), "--shard", "0/2", "--grid", "9"]
     )
     assert result.exit_code != 0 and "another plan" in result.output
 
 
-def test_gather_refuses_two_fingerprints_naming_the_keys(configs, tmp_path):
+def test_gather_refuses_two_fingerprints_naming_the_keys(bench, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "0/2")
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "1/2", "--noise", "0.05")
+    bench(*small_sweep, "--out", out, "--shard", "0/2")
+    bench(*small_sweep, "--out", out, "--shard", "1/2", "--noise", "0.05")
     result = gather(out, "--out", tmp_path / "gathered")
     assert result.exit_code != 0
     assert "fingerprint.noise: 0.0 (shards 0/2) vs 0.05 (shards 1/2)" in result.output
     assert read_manifest(tmp_path / "gathered") is None
 
 
-def test_gather_refuses_two_plans_naming_the_plan_hash(configs, tmp_path):
+def test_gather_refuses_two_plans_naming_the_plan_hash(bench, small_sweep, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    bench(*SMALL, "--configs", configs, "--out", a, "--shard", "0/2")
-    bench(*SMALL, "--configs", configs, "--out", b, "--shard", "1/2", "--tokens", "1024")
+    bench(*small_sweep, "--out", a, "--shard", "0/2")
+    bench(*small_sweep, "--out", b, "--shard", "1/2", "--tokens", "1024")
     result = gather(a, b, "--out", tmp_path / "gathered")
     assert result.exit_code != 0 and "plan_hash:" in result.output
 
 
-def test_gather_reports_missing_shards_and_partial_says_so(configs, tmp_path):
+def test_gather_reports_missing_shards_and_partial_says_so(bench, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "0/3")
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "2/3")
+    bench(*small_sweep, "--out", out, "--shard", "0/3")
+    bench(*small_sweep, "--out", out, "--shard", "2/3")
     refused = gather(out, "--out", out)
     assert refused.exit_code != 0 and "missing shard(s) [1] of 3" in refused.output
     result = gather(out, "--out", out, "--partial")
@@ -167,8 +144,8 @@ def test_gather_reports_missing_shards_and_partial_says_so(configs, tmp_path):
     assert "**Incomplete:** missing shards [1]" in (out / "card.md").read_text()
 
 
-def test_gather_keeps_a_shard_held_twice_once(configs, whole, tmp_path):
-    out = sharded(configs, tmp_path / "ds", 2)
+def test_gather_keeps_a_shard_held_twice_once(bench, small_sweep, whole, tmp_path):
+    out = sharded(bench, small_sweep, tmp_path / "ds", 2)
     copy = tmp_path / "copy" / "shard-00001-of-00002"
     shutil.copytree(out / "shards" / "shard-00001-of-00002", copy)
     result = gather(out / "shards", copy, "--out", tmp_path / "gathered")
@@ -181,9 +158,9 @@ def test_gather_keeps_a_shard_held_twice_once(configs, whole, tmp_path):
 
 
 @pytest.mark.slow
-def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(configs, whole, tmp_path):
+def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(bench, small_sweep, whole, tmp_path):
     out = tmp_path / "ds"
-    printed = bench(*SMALL, "--configs", configs, "--out", out, "--emit", "slurm", "--shards", "2")
+    printed = bench(*small_sweep, "--out", out, "--emit", "slurm", "--shards", "2")
     script = out / "shards" / "bench.sbatch"
     assert f"ficco dataset gather {out / 'shards'} --out {out}" in printed
     assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
@@ -200,23 +177,37 @@ def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(configs, w
     assert [(r["engine"], r["job"]) for r in runs] == [("slurm", "7")]
 
 
-def test_emit_slurm_gpu_holds_whole_nodes_unless_shared(configs, tmp_path):
-    bench("--configs", configs, "--out", tmp_path / "a", "--emit", "slurm", "--shards", "3", "--tp", "2")
+def test_emit_slurm_gpu_holds_whole_nodes_unless_shared(bench, llama_configs, tmp_path):
+    bench(
+        "--configs", llama_configs, "--out", tmp_path / "a", "--emit", "slurm", "--shards", "3", "--tp", "2"
+    )
     text = (tmp_path / "a" / "shards" / "bench.sbatch").read_text()
     assert "#SBATCH --gres=gpu:2" in text and "#SBATCH --exclusive" in text
     assert "--nproc 2 --out" in text and "FICCO_SHARED_NODE" not in text  # 2 of the node's GPUs
     bench(
-        *("--configs", configs, "--out", tmp_path / "b", "--emit", "slurm", "--shards", "3", "--share-nodes")
+        *(
+            "--configs",
+            llama_configs,
+            "--out",
+            tmp_path / "b",
+            "--emit",
+            "slurm",
+            "--shards",
+            "3",
+            "--share-nodes",
+        )
     )
     shared = (tmp_path / "b" / "shards" / "bench.sbatch").read_text()
     assert "--exclusive" not in shared and "export FICCO_SHARED_NODE=1" in shared
 
 
-def test_emit_k8s_manifest_parses_as_an_indexed_job(configs, tmp_path):
+def test_emit_k8s_manifest_parses_as_an_indexed_job(bench, llama_configs, tmp_path):
     from kubernetes.client import ApiClient
 
     out = tmp_path / "ds"
-    bench("--configs", configs, "--out", out, "--emit", "k8s", "--shards", "4", "--image", "reg/ficco:1")
+    bench(
+        "--configs", llama_configs, "--out", out, "--emit", "k8s", "--shards", "4", "--image", "reg/ficco:1"
+    )
     manifest = json.loads((out / "shards" / "bench-job.json").read_text())
     client = ApiClient()
     job = client._ApiClient__deserialize(manifest, "V1Job")  # the client's own model classes
@@ -231,17 +222,17 @@ def test_emit_k8s_manifest_parses_as_an_indexed_job(configs, tmp_path):
     assert sys.executable not in container.command
 
 
-def test_emit_needs_a_shard_count(configs, tmp_path):
+def test_emit_needs_a_shard_count(llama_configs, tmp_path):
     result = CliRunner().invoke(
-        app, ["bench", "--configs", str(configs), "--out", str(tmp_path), "--emit", "k8s"]
+        app, ["bench", "--configs", str(llama_configs), "--out", str(tmp_path), "--emit", "k8s"]
     )
     assert result.exit_code != 0 and "--shards N" in result.output
 
 
-def test_a_card_of_shards_that_shared_a_node_says_so(configs, tmp_path, monkeypatch):
+def test_a_card_of_shards_that_shared_a_node_says_so(bench, small_sweep, tmp_path, monkeypatch):
     out = tmp_path / "ds"
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "0/2")
+    bench(*small_sweep, "--out", out, "--shard", "0/2")
     monkeypatch.setenv("FICCO_SHARED_NODE", "1")  # as --share-nodes sets it for GPU shards
-    bench(*SMALL, "--configs", configs, "--out", out, "--shard", "1/2")
+    bench(*small_sweep, "--out", out, "--shard", "1/2")
     assert gather(out, "--out", out).exit_code == 0
     assert "**Co-tenancy:**" in (out / "card.md").read_text()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ficco.training import registry
-from ficco.training.provenance import (
+from ficco.features.provenance import (
     MEASURED,
     SIMULATED,
     backend_of_id,
@@ -13,6 +12,7 @@ from ficco.training.provenance import (
     registry_id,
     rows_backend,
 )
+from ficco.training import registry
 
 
 def test_only_gpu_rows_are_measured():
