@@ -160,3 +160,24 @@ def test_what_ran_is_what_the_profiler_saw():
         ops.all_gather_matmul(good, [b], request, None, return_gathered=False)
         (row,) = planner.rows()
         assert (row["schedule"], row["ran"]) == ("shard/dma", "shard/dma"), row
+
+
+def test_workspaces_are_allocated_outside_the_callers_graph_pool():
+    """What the executor keeps across calls (scratch buffers, peer memory) is allocated outside a memory
+    pool the calling thread allocates to, as Inductor's CUDA graph trees route a warm-up's allocations: once
+    the outputs are gone, nothing of the op is left in the pool."""
+    import torch.distributed as dist
+
+    pool = torch.cuda.MemPool()
+    with loopback_world(2) as device:
+        group = dist.group.WORLD.group_name
+        b = torch.randn(256, 256, device=device, dtype=torch.bfloat16)
+        a = torch.randn(128, 256, device=device, dtype=torch.bfloat16)
+        for schedule in ("shard/dma", "serial/sm"):
+            with torch.cuda.use_mem_pool(pool):
+                out = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, schedule)
+                out = torch.ops.ficco.matmul_reduce_scatter(out[1][0], b, "sum", 0, group, schedule)
+            del out
+            torch.cuda.synchronize()
+            assert torch._C._cuda_checkPoolLiveAllocations(device.index, pool.id, set()), schedule
+        executor.clear_buffers()
