@@ -128,10 +128,29 @@ def clear_run_report() -> None:
     _resolved.clear()
 
 
+_LIB = torch.library.Library("ficco", "DEF")
+"""The ``ficco`` operator namespace: the ops' schemas and kernels, fake kernels and autograd formulas."""
+
+
+def _define(kernel):
+    """Define ``ficco::<kernel name>`` as ``torch.library.custom_op`` would (the schema its annotations give,
+    ``torch.library.infer_schema``; functional; tagged pt2-compliant) and register ``kernel`` as its
+    implementation for every device (``CompositeExplicitAutograd``) with ``Library.impl``, wrapped in
+    ``torch.compiler.disable`` (Dynamo never traces the kernel, whoever calls it): the dispatcher calls it
+    without ``custom_op``'s per-call Python wrapper (its output-aliasing and kernel-kind checks around each
+    call). Returns the op (``torch.ops.ficco.<name>``), so the module's name calls it through the
+    dispatcher."""
+    name = kernel.__name__
+    schema = torch.library.infer_schema(kernel, mutates_args=())
+    _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _LIB.impl(name, torch.compiler.disable(kernel), "CompositeExplicitAutograd")
+    return getattr(torch.ops.ficco, name)
+
+
 # all_gather_matmul ------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ficco::all_gather_matmul", mutates_args=())
+@_define
 def all_gather_matmul(
     a_shard: torch.Tensor,
     bs: list[torch.Tensor],
@@ -162,7 +181,7 @@ def all_gather_matmul(
     return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
 
 
-@all_gather_matmul.register_fake
+@torch.library.register_fake("ficco::all_gather_matmul", lib=_LIB)
 def _(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule=""):
     w = _resolve_process_group(group_name).size()
     gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
@@ -220,13 +239,15 @@ def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
     return _grads(ctx, grad_shard, grad_bs)
 
 
-all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_all_gather_matmul_setup)
+torch.library.register_autograd(
+    "ficco::all_gather_matmul", _all_gather_matmul_backward, setup_context=_all_gather_matmul_setup, lib=_LIB
+)
 
 
 # matmul_reduce_scatter --------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ficco::matmul_reduce_scatter", mutates_args=())
+@_define
 def matmul_reduce_scatter(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -252,7 +273,7 @@ def matmul_reduce_scatter(
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
 
 
-@matmul_reduce_scatter.register_fake
+@torch.library.register_fake("ficco::matmul_reduce_scatter", lib=_LIB)
 def _(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
     _check_reduce_op(reduce_op)
     w = _resolve_process_group(group_name).size()
@@ -285,15 +306,18 @@ def _matmul_reduce_scatter_backward(ctx, grad):
     return _grads(ctx, grad_a if need_a else None, grad_b)
 
 
-matmul_reduce_scatter.register_autograd(
-    _matmul_reduce_scatter_backward, setup_context=_matmul_reduce_scatter_setup
+torch.library.register_autograd(
+    "ficco::matmul_reduce_scatter",
+    _matmul_reduce_scatter_backward,
+    setup_context=_matmul_reduce_scatter_setup,
+    lib=_LIB,
 )
 
 
 # The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
 
 
-@torch.library.custom_op("ficco::all_to_all_matmul", mutates_args=())
+@_define
 def all_to_all_matmul(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -311,14 +335,14 @@ def all_to_all_matmul(
     return _run_all_to_all_matmul(x, b, routing, run, group)
 
 
-@all_to_all_matmul.register_fake
+@torch.library.register_fake("ficco::all_to_all_matmul", lib=_LIB)
 def _(x, b, counts, group_name, schedule, backward_schedule=""):
     group = _resolve_process_group(group_name)
     routing = _routing(tuple(counts), group.size())
     return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
 
 
-@torch.library.custom_op("ficco::matmul_all_to_all", mutates_args=())
+@_define
 def matmul_all_to_all(
     h: torch.Tensor,
     b: torch.Tensor,
@@ -335,7 +359,7 @@ def matmul_all_to_all(
     return _run_matmul_all_to_all(h, b, routing, run, group)
 
 
-@matmul_all_to_all.register_fake
+@torch.library.register_fake("ficco::matmul_all_to_all", lib=_LIB)
 def _(h, b, counts, group_name, schedule, backward_schedule=""):
     group = _resolve_process_group(group_name)
     routing = _routing(tuple(counts), group.size())
@@ -379,8 +403,12 @@ def _matmul_all_to_all_backward(ctx, grad):
     return _grads(ctx, grad_h, grad_b)
 
 
-all_to_all_matmul.register_autograd(_all_to_all_matmul_backward, setup_context=_routed_setup)
-matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_routed_setup)
+torch.library.register_autograd(
+    "ficco::all_to_all_matmul", _all_to_all_matmul_backward, setup_context=_routed_setup, lib=_LIB
+)
+torch.library.register_autograd(
+    "ficco::matmul_all_to_all", _matmul_all_to_all_backward, setup_context=_routed_setup, lib=_LIB
+)
 
 
 @lru_cache(maxsize=256)
