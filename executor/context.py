@@ -187,6 +187,8 @@ _contexts: dict[tuple[str, str], GroupContext] = {}
 _checked: dict[tuple, GroupContext] = {}
 """The context of each call signature whose checks passed: a repeated call skips the checks and the
 context lookup (a few microseconds of Python per call)."""
+_reset_with: list[dict] = []
+"""Caches :func:`reset` clears too (:func:`clear_on_reset`)."""
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
@@ -260,10 +262,20 @@ def remember_checked(key: tuple | None, ctx: GroupContext) -> None:
     _checked[key] = ctx
 
 
+def clear_on_reset(cache: dict) -> dict:
+    """Register ``cache`` (another module's dict whose values hold contexts: ``executor.library``'s call
+    signatures) to be cleared with the contexts by :func:`reset`; returns it."""
+    _reset_with.append(cache)
+    return cache
+
+
 def reset() -> None:
-    """Forget every context (after ``destroy_process_group``; tests start a new group per world size)."""
+    """Forget every context (after ``destroy_process_group``; tests start a new group per world size), and
+    every cache registered with :func:`clear_on_reset`."""
     _contexts.clear()
     _checked.clear()
+    for cache in _reset_with:
+        cache.clear()
 
 
 @contextlib.contextmanager

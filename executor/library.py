@@ -46,8 +46,8 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
 Bad input never breaks a step: a schedule that cannot run at a shape (its splits do not divide the rows)
 runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
 each op ran at each shape, against what it was asked, is in :func:`run_report` (the planner's table shows
-it). The per-call work beyond the executor is one dict lookup (the resolved schedule of this call's
-signature).
+it). The per-call work beyond the executor is one dict lookup: this call signature's schedule and executor
+context, kept once the executor's checks passed, so a repeated call runs the executor's body directly.
 """
 
 from __future__ import annotations
@@ -60,13 +60,19 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ficco.executor.checks import DTYPES, check_all_gather_matmul, check_matmul_reduce_scatter, shape_str
-from ficco.executor.context import get_context
+from ficco.executor.checks import (
+    DTYPES,
+    check_all_gather_matmul,
+    check_matmul_reduce_scatter,
+    check_matrix,
+    shape_str,
+)
+from ficco.executor.context import GroupContext, clear_on_reset, get_context
 from ficco.executor.experts import routed_state
-from ficco.executor.ops import all_gather_matmul as _run_all_gather_matmul
 from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
-from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
+from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
+from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
 from ficco.features.schedule import SERIAL, Schedule, schedule_table
 
@@ -106,8 +112,10 @@ class OpRun:
     """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
 
 
-_resolved: dict[tuple, Schedule] = {}
-"""This call signature's schedule: the hot path's one lookup."""
+_resolved: dict[tuple, tuple[Schedule, GroupContext]] = clear_on_reset({})
+"""This call signature's schedule and executor context: the hot path's one lookup."""
+RESOLVED_MAX = 4096
+"""Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _runs: dict[tuple, OpRun] = {}
 """(op, m, n, k, dtype, world_size, asked) -> what ran, in first-run order."""
 
@@ -161,17 +169,21 @@ def all_gather_matmul(
     backward_schedule: str = "",
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
-    group = _resolve_process_group(group_name)
-    w = group.size()
     flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
     rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
-    key = ("ag_gemm", schedule, w, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
-    key += tuple(b.shape for b in bs)
-    run = _resolved.get(key)
-    if run is None:
-        run = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, w, check_all_gather_matmul)
-    out = _run_all_gather_matmul(rows, tuple(bs), run, group, return_gathered=return_a)
-    cs, gathered = out if return_a else (out, a_shard.new_empty(0))
+    key = ("ag_gemm", group_name, schedule, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
+    if len(bs) == 1:
+        key += (bs[0].shape, bs[0].dtype, bs[0].device)
+    else:
+        key += tuple((b.shape, b.dtype, b.device) for b in bs)
+    hit = _resolved.get(key)
+    if hit is None:
+        hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name)
+    run, ctx = hit
+    cs, gathered = _run_all_gather_matmul(ctx, rows, bs, run, return_a)
+    w = ctx.world_size
+    if gathered is None:
+        gathered = a_shard.new_empty(0)
     if flat:
         return gathered, cs
     full = (lead[0] * w, *lead[1:])
@@ -258,16 +270,17 @@ def matmul_reduce_scatter(
     backward_schedule: str = "",
 ) -> torch.Tensor:
     """See the module docstring; ``a @ b`` reduce-scattered along ``scatter_dim``."""
-    _check_reduce_op(reduce_op)
-    group = _resolve_process_group(group_name)
-    w = group.size()
     flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
     rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
-    key = ("gemm_rs", schedule, w, scatter_dim, a.shape, a.dtype, a.device, b.shape)
-    run = _resolved.get(key)
-    if run is None:
-        run = _resolve(key, "gemm_rs", rows, b, schedule, w, check_matmul_reduce_scatter)
-    c = _run_matmul_reduce_scatter(rows, b, run, group)
+    key = ("gemm_rs", group_name, schedule, reduce_op, scatter_dim, a.shape, a.dtype, a.device)
+    key += (b.shape, b.dtype, b.device)
+    hit = _resolved.get(key)
+    if hit is None:
+        _check_reduce_op(reduce_op)
+        hit = _resolve(key, "gemm_rs", rows, b, schedule, group_name)
+    run, ctx = hit
+    c = _run_matmul_reduce_scatter(ctx, rows, b, run)
+    w = ctx.world_size
     if flat:
         return c
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
@@ -489,14 +502,20 @@ def _resolve(
     rows: torch.Tensor,
     b: torch.Tensor | tuple[torch.Tensor, ...],
     asked: str,
-    w: int,
-    check,
-) -> Schedule:
-    """The schedule a call signature runs (kept under ``key``): the table's pick at this row count, or
-    ``serial/sm`` with one warning when the executor's checks refuse it (any rank refuses alike: they look at
-    shapes only). Errors that serial would raise too are the caller's, and raised."""
-    m = rows.shape[0] * w if op == "ag_gemm" else rows.shape[0]
+    group_name: str,
+) -> tuple[Schedule, GroupContext]:
+    """The schedule a call signature runs and the executor's context it runs on (kept under ``key``, which
+    holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
+    table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
+    (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
+    caller's, and raised."""
+    group = _resolve_process_group(group_name)
+    w = group.size()
+    gather = op == "ag_gemm"
+    m = rows.shape[0] * w if gather else rows.shape[0]
     pick = schedule_table(asked).at(m)
+    check = check_all_gather_matmul if gather else check_matmul_reduce_scatter
+    check_matrix("a_shard" if gather else "a", rows, "[m/world_size, k]" if gather else "[m, k]")
     check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:
@@ -508,7 +527,7 @@ def _resolve(
     n, k = sum(t.shape[1] for t in bs), rows.shape[1]
     dtype = DTYPES[rows.dtype]
     if reason is not None:
-        name = "all_gather_matmul" if op == "ag_gemm" else "matmul_reduce_scatter"
+        name = "all_gather_matmul" if gather else "matmul_reduce_scatter"
         warnings.warn(
             f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(rows.shape)}): "
             f"schedule {pick} cannot run at this shape, running {SERIAL} instead: {reason}",
@@ -519,8 +538,10 @@ def _resolve(
         (op, m, n, k, dtype, w, asked),
         OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
     )
-    _resolved[key] = run
-    return run
+    if len(_resolved) >= RESOLVED_MAX:
+        _resolved.clear()
+    hit = _resolved[key] = (run, get_context(group, rows.device))
+    return hit
 
 
 def _check_dim(name: str, dim: int, ndim: int) -> int:
