@@ -6,16 +6,30 @@ and inside a ``torch.compile(fullgraph=True)`` graph.
     # plumbing check on the CPU (the loopback world's CPU mode; the numbers are the CPU's, not a GPU's)
     python3 -m benchmarks.compiled_overhead --device cpu --batch 20 --rounds 3 --out /tmp/overhead.json
 
-Variants per (op, schedule), all on the same tensors: ``executor`` (``ficco.executor.all_gather_matmul`` /
-``matmul_reduce_scatter``), ``custom_op`` (``torch.ops.ficco.*``, eager: the dispatcher, the schedule-string
-lookup and the autograd wrapper's bookkeeping on top of the executor) and ``compiled`` (a function calling
-the op, compiled with ``torch.compile(fullgraph=True)``; the call time includes the compiled graph's guards).
-Tiny shapes keep the GPU from being the bottleneck: each batch of ``--batch`` calls is timed with
-``time.perf_counter`` from a device synchronisation to the return of its last call, so it measures how fast
-the host issues the work. ``--rounds`` rounds, every (op, schedule, variant) batch once per round in a
-shuffled order; the figure is the median over rounds, in microseconds per call. The loopback world's
-collectives move nothing (its ``sm`` schedules cost no NCCL host time), so the figures compare the three
-paths' own host cost, not a multi-GPU step. Prints a table and writes the rows as JSON to ``--out``.
+Variants per (op, schedule), all on the same tensors:
+
+- ``executor``: ``ficco.executor.all_gather_matmul`` / ``matmul_reduce_scatter``;
+- ``custom_op``: ``torch.ops.ficco.*`` eagerly (the dispatcher, the autograd kernel's no-grad path, the
+  schedule-string lookup on top of the executor); ``custom_op_inference``: the same under
+  ``torch.inference_mode()`` (no autograd kernel at all: what a serving loop pays);
+- ``compiled``: a function calling the op once, compiled with ``torch.compile(fullgraph=True)``: the call
+  includes the whole compiled graph's fixed cost (Dynamo's guards, AOTAutograd's runtime wrappers,
+  Inductor's output asserts); ``compiled_inference``: the same function compiled and called under
+  ``torch.inference_mode()``;
+- ``compiled_per_op``: a compiled function calling the op ``--ops-per-graph`` times on distinct inputs,
+  its call time divided by that count: the per-op host cost inside a model's graph, where the graph's fixed
+  cost is shared by every op in it.
+
+Tiny shapes keep the device from being the bottleneck: each batch of ``--batch`` calls is timed from a
+device synchronisation to the return of its last call, so it measures how fast the host issues the work
+(``--clock``: ``wall``, ``time.perf_counter``, the default on CUDA; ``thread``, ``time.thread_time``, the
+calling thread's CPU time, the default on the CPU, where other processes share the cores). ``--rounds``
+rounds, every (op, schedule, variant) batch once per round in a shuffled order; the figure is the median
+over rounds, in microseconds per call (per op for ``compiled_per_op``). The compiled variants must not
+recompile while timed (counted by Dynamo's frame counters; the JSON's ``meta.recompiles_while_timed``).
+The loopback world's collectives move nothing (its ``sm`` schedules cost no NCCL host time), so the figures
+compare the paths' own host cost, not a multi-GPU step. Prints a table and writes the rows as JSON to
+``--out``.
 """
 
 from __future__ import annotations
@@ -35,7 +49,14 @@ from ficco.harness.loopback import loopback_world
 from ficco.tables import markdown_table
 
 SCHEDULES = ("serial/sm", "shard/dma", "finer/dma/s2/chunk", "finer/sm/s4/shard")
-VARIANTS = ("executor", "custom_op", "compiled")
+VARIANTS = (
+    "executor",
+    "custom_op",
+    "custom_op_inference",
+    "compiled",
+    "compiled_inference",
+    "compiled_per_op",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,29 +68,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=100, help="calls per timed batch")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--ops-per-graph", type=int, default=8, help="ops in the compiled_per_op graph")
+    p.add_argument("--clock", choices=("wall", "thread"), help="default: wall on cuda, thread on cpu")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
 
-def calls(op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: str) -> dict:
-    """The three variants of one (op, schedule) as callables of no arguments."""
+def calls(op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: str, per_graph: int) -> dict:
+    """The variants of one (op, schedule) as callables of no arguments (module docstring)."""
     if op == "ag_gemm":
 
-        def custom():
+        def custom(a=a):
             return torch.ops.ficco.all_gather_matmul(a, [b], 0, group_name, schedule)
 
         def eager():
             return executor.all_gather_matmul(a, b, schedule)
     else:
 
-        def custom():
+        def custom(a=a):
             return torch.ops.ficco.matmul_reduce_scatter(a, b, "sum", 0, group_name, schedule)
 
         def eager():
             return executor.matmul_reduce_scatter(a, b, schedule)
 
+    inputs = [a.clone() for _ in range(per_graph)]  # distinct: no common-subexpression elimination
+
+    def many(*xs):
+        return [custom(x) for x in xs]
+
     compiled = torch.compile(custom, fullgraph=True)
-    return {"executor": eager, "custom_op": custom, "compiled": compiled}
+    compiled_inference = torch.compile(custom, fullgraph=True)
+    compiled_many = torch.compile(many, fullgraph=True)
+
+    def custom_inference():
+        with torch.inference_mode():
+            return custom()
+
+    def inference():
+        with torch.inference_mode():
+            return compiled_inference()
+
+    return {
+        "executor": eager,
+        "custom_op": custom,
+        "custom_op_inference": custom_inference,
+        "compiled": compiled,
+        "compiled_inference": inference,
+        "compiled_per_op": lambda: compiled_many(*inputs),
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -77,6 +123,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = []
     with loopback_world(args.world_size, args.device) as device:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        clock = args.clock or ("wall" if device.type == "cuda" else "thread")
+        now = time.perf_counter if clock == "wall" else time.thread_time
         group_name = dist.group.WORLD.group_name
         w, m, h = args.world_size, args.tokens, args.hidden
         gen = torch.Generator(device=device).manual_seed(0)
@@ -87,22 +135,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cases = {}
         for op, a in (("ag_gemm", shard), ("gemm_rs", full)):
             for schedule in SCHEDULES:
-                for variant, fn in calls(op, schedule, a, b, group_name).items():
+                for variant, fn in calls(op, schedule, a, b, group_name, args.ops_per_graph).items():
                     for _ in range(args.warmup):  # compiles, plans, allocates
                         fn()
                     cases[(op, schedule, variant)] = fn
         times: dict[tuple, list[float]] = {key: [] for key in cases}
+        frames = _frames_compiled()
         for _ in range(args.rounds):
             order = list(cases)
             random.shuffle(order)
             for key in order:
                 fn = cases[key]
                 sync()
-                start = time.perf_counter()
+                start = now()
                 for _ in range(args.batch):
                     fn()
-                times[key].append((time.perf_counter() - start) / args.batch * 1e6)
+                per_call = (now() - start) / args.batch * 1e6
+                times[key].append(per_call / (args.ops_per_graph if key[2] == "compiled_per_op" else 1))
             sync()
+        recompiles = _frames_compiled() - frames
     for (op, schedule, variant), us in times.items():
         rows.append(
             {"op": op, "schedule": schedule, "variant": variant, "host_us_per_call": statistics.median(us)}
@@ -114,19 +165,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "world_size": args.world_size,
         "tokens": args.tokens,
         "hidden": args.hidden,
+        "ops_per_graph": args.ops_per_graph,
+        "clock": clock,
+        "recompiles_while_timed": recompiles,
     }
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return rows
 
 
+def _frames_compiled() -> int:
+    """Frames Dynamo has compiled so far in this process (each recompile adds one)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["frames"].values())
+
+
 def print_table(rows: list[dict]) -> None:
-    """One line per (op, schedule): each variant's median host microseconds per call, and the ratios."""
+    """One line per (op, schedule): each variant's median host microseconds per call, and the ratio of the
+    per-op compiled cost to the executor's."""
     by = {(r["op"], r["schedule"], r["variant"]): r["host_us_per_call"] for r in rows}
     lines = []
     for op, schedule in dict.fromkeys((r["op"], r["schedule"]) for r in rows):
         us = [by[(op, schedule, v)] for v in VARIANTS]
-        lines.append([op, schedule, *(f"{u:.1f}" for u in us), f"{us[2] / us[0]:.2f}"])
-    print(markdown_table(["op", "schedule", *(f"{v} us" for v in VARIANTS), "compiled / executor"], lines))
+        lines.append([op, schedule, *(f"{u:.1f}" for u in us), f"{us[-1] / us[0]:.2f}"])
+    print(markdown_table(["op", "schedule", *(f"{v} us" for v in VARIANTS), "per op / executor"], lines))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 priority, CTA caps), SM carve-outs, and the transports built over them.
 
 Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
-path only looks things up. ``clear_buffers`` drops the per-shape buffers and the transports that view
-them (a sweep over many shapes calls it between shapes); ``poison_buffers`` fills every cached buffer with
-NaN so that a schedule that forgets to move a piece cannot pass a correctness check on stale data.
+path only looks things up; tensors are allocated outside any CUDA graph memory pool the caller allocates to
+(``executor.allocation``: Inductor's CUDA graph trees warm a graph up inside its pool). ``clear_buffers``
+drops the per-shape buffers and the transports that view them (a sweep over many shapes calls it between
+shapes); ``poison_buffers`` fills every cached buffer with NaN so that a schedule that forgets to move a
+piece cannot pass a correctness check on stale data.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ficco.executor.allocation import persistent
 from ficco.executor.capture import CaptureError as CaptureError  # re-exported: ficco.executor.CaptureError
 from ficco.executor.capture import refuse_capture as refuse_capture
 from ficco.executor.experts import RoutedState
@@ -78,7 +81,9 @@ class GroupContext:
         key = (name, tuple(shape), dtype)
         out = self.buffers.get(key)
         if out is None:
-            out = self.buffers[key] = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            out = self.buffers[key] = persistent(
+                self.device, lambda: torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            )
             log.debug("buffer %s allocated: shape %s, %s on %s", name, tuple(shape), dtype, self.device)
         return out
 
@@ -91,7 +96,9 @@ class GroupContext:
         out = self.buffers.get(key)
         if out is None or out.shape[0] < rows:
             capacity = 1 << max(rows - 1, 0).bit_length()
-            out = self.buffers[key] = torch.empty((capacity, width), dtype=dtype, device=self.device)
+            out = self.buffers[key] = persistent(
+                self.device, lambda: torch.empty((capacity, width), dtype=dtype, device=self.device)
+            )
             log.debug(
                 "buffer %s allocated: %d rows of %d, %s on %s", name, capacity, width, dtype, self.device
             )
@@ -180,6 +187,8 @@ _contexts: dict[tuple[str, str], GroupContext] = {}
 _checked: dict[tuple, GroupContext] = {}
 """The context of each call signature whose checks passed: a repeated call skips the checks and the
 context lookup (a few microseconds of Python per call)."""
+_reset_with: list[dict] = []
+"""Caches :func:`reset` clears too (:func:`clear_on_reset`)."""
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
@@ -253,10 +262,20 @@ def remember_checked(key: tuple | None, ctx: GroupContext) -> None:
     _checked[key] = ctx
 
 
+def clear_on_reset(cache: dict) -> dict:
+    """Register ``cache`` (another module's dict whose values hold contexts: ``executor.library``'s call
+    signatures) to be cleared with the contexts by :func:`reset`; returns it."""
+    _reset_with.append(cache)
+    return cache
+
+
 def reset() -> None:
-    """Forget every context (after ``destroy_process_group``; tests start a new group per world size)."""
+    """Forget every context (after ``destroy_process_group``; tests start a new group per world size), and
+    every cache registered with :func:`clear_on_reset`."""
     _contexts.clear()
     _checked.clear()
+    for cache in _reset_with:
+        cache.clear()
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from functools import cache, lru_cache
 
 import torch
 
+from ficco.executor.allocation import persistent
 from ficco.executor.capture import refuse_capture
 from ficco.executor.plan import Layout, Plan
 from ficco.features.routing import Routing
@@ -122,8 +123,8 @@ class ExpertGemms:
             index = None
             if not self.aligned:
                 parts = [torch.arange(row, row + stop - start) for start, stop, _e, row in self.segments]
-                index = torch.cat(parts).to(device)
-            found = self._tensors[device] = (offs.to(device), index)
+                index = persistent(device, lambda: torch.cat(parts).to(device))
+            found = self._tensors[device] = (persistent(device, lambda: offs.to(device)), index)
         return found
 
     def dispatch(
@@ -264,7 +265,8 @@ class RoutedState:
             perm = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(perm.numel(), dtype=torch.int64)
-            found = self.permutations[device] = (perm.to(device), inverse.to(device))
+            found = persistent(device, lambda: (perm.to(device), inverse.to(device)))
+            self.permutations[device] = found
         return found
 
     def _block_segments(self, peer: int) -> list[Segment]:

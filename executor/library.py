@@ -46,8 +46,8 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
 Bad input never breaks a step: a schedule that cannot run at a shape (its splits do not divide the rows)
 runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
 each op ran at each shape, against what it was asked, is in :func:`run_report` (the planner's table shows
-it). The per-call work beyond the executor is one dict lookup (the resolved schedule of this call's
-signature).
+it). The per-call work beyond the executor is one dict lookup: this call signature's schedule and executor
+context, kept once the executor's checks passed, so a repeated call runs the executor's body directly.
 """
 
 from __future__ import annotations
@@ -60,13 +60,19 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ficco.executor.checks import DTYPES, check_all_gather_matmul, check_matmul_reduce_scatter, shape_str
-from ficco.executor.context import get_context
+from ficco.executor.checks import (
+    DTYPES,
+    check_all_gather_matmul,
+    check_matmul_reduce_scatter,
+    check_matrix,
+    shape_str,
+)
+from ficco.executor.context import GroupContext, clear_on_reset, get_context
 from ficco.executor.experts import routed_state
-from ficco.executor.ops import all_gather_matmul as _run_all_gather_matmul
 from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
-from ficco.executor.ops import matmul_reduce_scatter as _run_matmul_reduce_scatter
+from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
+from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
 from ficco.features.schedule import SERIAL, Schedule, parse_schedule_table
 
@@ -106,8 +112,10 @@ class OpRun:
     """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
 
 
-_resolved: dict[tuple, Schedule] = {}
-"""This call signature's schedule: the hot path's one lookup."""
+_resolved: dict[tuple, tuple[Schedule, GroupContext]] = clear_on_reset({})
+"""This call signature's schedule and executor context: the hot path's one lookup."""
+RESOLVED_MAX = 4096
+"""Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _runs: dict[tuple, OpRun] = {}
 """(op, m, n, k, dtype, world_size, asked) -> what ran, in first-run order."""
 
@@ -128,10 +136,29 @@ def clear_run_report() -> None:
     _resolved.clear()
 
 
+_LIB = torch.library.Library("ficco", "DEF")
+"""The ``ficco`` operator namespace: the ops' schemas and kernels, fake kernels and autograd formulas."""
+
+
+def _define(kernel):
+    """Define ``ficco::<kernel name>`` as ``torch.library.custom_op`` would (the schema its annotations give,
+    ``torch.library.infer_schema``; functional; tagged pt2-compliant) and register ``kernel`` as its
+    implementation for every device (``CompositeExplicitAutograd``) with ``Library.impl``, wrapped in
+    ``torch.compiler.disable`` (Dynamo never traces the kernel, whoever calls it): the dispatcher calls it
+    without ``custom_op``'s per-call Python wrapper (its output-aliasing and kernel-kind checks around each
+    call). Returns the op (``torch.ops.ficco.<name>``), so the module's name calls it through the
+    dispatcher."""
+    name = kernel.__name__
+    schema = torch.library.infer_schema(kernel, mutates_args=())
+    _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _LIB.impl(name, torch.compiler.disable(kernel), "CompositeExplicitAutograd")
+    return getattr(torch.ops.ficco, name)
+
+
 # all_gather_matmul ------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ficco::all_gather_matmul", mutates_args=())
+@_define
 def all_gather_matmul(
     a_shard: torch.Tensor,
     bs: list[torch.Tensor],
@@ -142,17 +169,21 @@ def all_gather_matmul(
     backward_schedule: str = "",
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
-    group = _resolve_process_group(group_name)
-    w = group.size()
     flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
     rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
-    key = ("ag_gemm", schedule, w, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
-    key += tuple(b.shape for b in bs)
-    run = _resolved.get(key)
-    if run is None:
-        run = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, w, check_all_gather_matmul)
-    out = _run_all_gather_matmul(rows, tuple(bs), run, group, return_gathered=return_a)
-    cs, gathered = out if return_a else (out, a_shard.new_empty(0))
+    key = ("ag_gemm", group_name, schedule, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
+    if len(bs) == 1:
+        key += (bs[0].shape, bs[0].dtype, bs[0].device)
+    else:
+        key += tuple((b.shape, b.dtype, b.device) for b in bs)
+    hit = _resolved.get(key)
+    if hit is None:
+        hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name)
+    run, ctx = hit
+    cs, gathered = _run_all_gather_matmul(ctx, rows, bs, run, return_a)
+    w = ctx.world_size
+    if gathered is None:
+        gathered = a_shard.new_empty(0)
     if flat:
         return gathered, cs
     full = (lead[0] * w, *lead[1:])
@@ -162,7 +193,7 @@ def all_gather_matmul(
     return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
 
 
-@all_gather_matmul.register_fake
+@torch.library.register_fake("ficco::all_gather_matmul", lib=_LIB)
 def _(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule=""):
     w = _resolve_process_group(group_name).size()
     gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
@@ -220,13 +251,15 @@ def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
     return _grads(ctx, grad_shard, grad_bs)
 
 
-all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_all_gather_matmul_setup)
+torch.library.register_autograd(
+    "ficco::all_gather_matmul", _all_gather_matmul_backward, setup_context=_all_gather_matmul_setup, lib=_LIB
+)
 
 
 # matmul_reduce_scatter --------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("ficco::matmul_reduce_scatter", mutates_args=())
+@_define
 def matmul_reduce_scatter(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -237,22 +270,23 @@ def matmul_reduce_scatter(
     backward_schedule: str = "",
 ) -> torch.Tensor:
     """See the module docstring; ``a @ b`` reduce-scattered along ``scatter_dim``."""
-    _check_reduce_op(reduce_op)
-    group = _resolve_process_group(group_name)
-    w = group.size()
     flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
     rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
-    key = ("gemm_rs", schedule, w, scatter_dim, a.shape, a.dtype, a.device, b.shape)
-    run = _resolved.get(key)
-    if run is None:
-        run = _resolve(key, "gemm_rs", rows, b, schedule, w, check_matmul_reduce_scatter)
-    c = _run_matmul_reduce_scatter(rows, b, run, group)
+    key = ("gemm_rs", group_name, schedule, reduce_op, scatter_dim, a.shape, a.dtype, a.device)
+    key += (b.shape, b.dtype, b.device)
+    hit = _resolved.get(key)
+    if hit is None:
+        _check_reduce_op(reduce_op)
+        hit = _resolve(key, "gemm_rs", rows, b, schedule, group_name)
+    run, ctx = hit
+    c = _run_matmul_reduce_scatter(ctx, rows, b, run)
+    w = ctx.world_size
     if flat:
         return c
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
 
 
-@matmul_reduce_scatter.register_fake
+@torch.library.register_fake("ficco::matmul_reduce_scatter", lib=_LIB)
 def _(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
     _check_reduce_op(reduce_op)
     w = _resolve_process_group(group_name).size()
@@ -285,15 +319,18 @@ def _matmul_reduce_scatter_backward(ctx, grad):
     return _grads(ctx, grad_a if need_a else None, grad_b)
 
 
-matmul_reduce_scatter.register_autograd(
-    _matmul_reduce_scatter_backward, setup_context=_matmul_reduce_scatter_setup
+torch.library.register_autograd(
+    "ficco::matmul_reduce_scatter",
+    _matmul_reduce_scatter_backward,
+    setup_context=_matmul_reduce_scatter_setup,
+    lib=_LIB,
 )
 
 
 # The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
 
 
-@torch.library.custom_op("ficco::all_to_all_matmul", mutates_args=())
+@_define
 def all_to_all_matmul(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -310,13 +347,13 @@ def all_to_all_matmul(
     return _run_all_to_all_matmul(x, b, routing, run, group)
 
 
-@all_to_all_matmul.register_fake
+@torch.library.register_fake("ficco::all_to_all_matmul", lib=_LIB)
 def _(x, b, counts, group_name, schedule, backward_schedule=""):
     group, routing = _group_routing(counts, group_name)
     return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
 
 
-@torch.library.custom_op("ficco::matmul_all_to_all", mutates_args=())
+@_define
 def matmul_all_to_all(
     h: torch.Tensor,
     b: torch.Tensor,
@@ -332,7 +369,7 @@ def matmul_all_to_all(
     return _run_matmul_all_to_all(h, b, routing, run, group)
 
 
-@matmul_all_to_all.register_fake
+@torch.library.register_fake("ficco::matmul_all_to_all", lib=_LIB)
 def _(h, b, counts, group_name, schedule, backward_schedule=""):
     group, routing = _group_routing(counts, group_name)
     return h.new_empty((sum(routing.sent(group.rank())), b.shape[2]))
@@ -377,8 +414,12 @@ def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) ->
     return _grads(ctx, grad_a, grad_b)
 
 
-all_to_all_matmul.register_autograd(_all_to_all_matmul_backward, setup_context=_routed_setup)
-matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_routed_setup)
+torch.library.register_autograd(
+    "ficco::all_to_all_matmul", _all_to_all_matmul_backward, setup_context=_routed_setup, lib=_LIB
+)
+torch.library.register_autograd(
+    "ficco::matmul_all_to_all", _matmul_all_to_all_backward, setup_context=_routed_setup, lib=_LIB
+)
 
 
 def _group_routing(counts: list[int], group_name: str) -> tuple[torch.distributed.ProcessGroup, Routing]:
@@ -464,14 +505,20 @@ def _resolve(
     rows: torch.Tensor,
     b: torch.Tensor | tuple[torch.Tensor, ...],
     asked: str,
-    w: int,
-    check,
-) -> Schedule:
-    """The schedule a call signature runs (kept under ``key``): the table's pick at this row count, or
-    ``serial/sm`` with one warning when the executor's checks refuse it (any rank refuses alike: they look at
-    shapes only). Errors that serial would raise too are the caller's, and raised."""
-    m = rows.shape[0] * w if op == "ag_gemm" else rows.shape[0]
+    group_name: str,
+) -> tuple[Schedule, GroupContext]:
+    """The schedule a call signature runs and the executor's context it runs on (kept under ``key``, which
+    holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
+    table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
+    (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
+    caller's, and raised."""
+    group = _resolve_process_group(group_name)
+    w = group.size()
+    gather = op == "ag_gemm"
+    m = rows.shape[0] * w if gather else rows.shape[0]
     pick = parse_schedule_table(asked).at(m)
+    check = check_all_gather_matmul if gather else check_matmul_reduce_scatter
+    check_matrix("a_shard" if gather else "a", rows, "[m/world_size, k]" if gather else "[m, k]")
     check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:
@@ -483,7 +530,7 @@ def _resolve(
     n, k = sum(t.shape[1] for t in bs), rows.shape[1]
     dtype = DTYPES[rows.dtype]
     if reason is not None:
-        name = "all_gather_matmul" if op == "ag_gemm" else "matmul_reduce_scatter"
+        name = "all_gather_matmul" if gather else "matmul_reduce_scatter"
         warnings.warn(
             f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(rows.shape)}): "
             f"schedule {pick} cannot run at this shape, running {SERIAL} instead: {reason}",
@@ -494,8 +541,10 @@ def _resolve(
         (op, m, n, k, dtype, w, asked),
         OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
     )
-    _resolved[key] = run
-    return run
+    if len(_resolved) >= RESOLVED_MAX:
+        _resolved.clear()
+    hit = _resolved[key] = (run, get_context(group, rows.device))
+    return hit
 
 
 def _check_dim(name: str, dim: int, ndim: int) -> int:

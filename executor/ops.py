@@ -91,6 +91,21 @@ def all_gather_matmul(
         ("a_shard", "[m/world_size, k]"),
         check_all_gather_matmul,
     )
+    cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered, out)
+    c = cs[0] if isinstance(b, torch.Tensor) else cs
+    return (c, gathered) if return_gathered else c
+
+
+def run_all_gather_matmul(
+    ctx: GroupContext,
+    a_shard: torch.Tensor,
+    bs: tuple[torch.Tensor, ...],
+    schedule: Schedule,
+    return_gathered: bool = False,
+    out: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx`` (``executor.library`` keeps
+    the context of each checked call signature): ``([C_i [m, n_i] per weight], A [m, k] or None)``."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     w, m = ctx.world_size, shard_rows * ctx.world_size
@@ -117,8 +132,7 @@ def all_gather_matmul(
                 for q in range(w):
                     slots[q].copy_(transport.dest[q])
             slots[ctx.rank].copy_(a_shard)
-    c = cs[0] if isinstance(b, torch.Tensor) else cs
-    return (c, gathered) if return_gathered else c
+    return cs, gathered
 
 
 def matmul_reduce_scatter(
@@ -152,6 +166,13 @@ def matmul_reduce_scatter(
     ctx = _checked_context(
         "gemm_rs", a, b, out, schedule, group, ("a", "[m, k]"), check_matmul_reduce_scatter
     )
+    return run_matmul_reduce_scatter(ctx, a, b, schedule, out)
+
+
+def run_matmul_reduce_scatter(
+    ctx: GroupContext, a: torch.Tensor, b: torch.Tensor, schedule: Schedule, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``."""
     a = a.contiguous()
     m, n, w = a.shape[0], b.shape[1], ctx.world_size
     shard_rows = m // w

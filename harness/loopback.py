@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor import context
+from ficco.executor.allocation import persistent
 from ficco.executor.peer_memory import byte_view
 
 
@@ -34,8 +35,14 @@ class LoopbackPeerMemory:
     on a one-element tensor, a kernel launch on the current stream as symmetric memory's barrier is."""
 
     def __init__(self, nbytes: int, world_size: int, device: torch.device) -> None:
-        self._buffers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world_size)]
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        # outside any CUDA graph pool the caller allocates to, as symmetric memory is (executor.allocation)
+        self._buffers, self._flag = persistent(
+            device,
+            lambda: (
+                [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world_size)],
+                torch.zeros(1, dtype=torch.int32, device=device),
+            ),
+        )
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
         return byte_view(self._buffers[peer], shape, dtype, byte_offset)

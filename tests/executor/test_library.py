@@ -241,3 +241,23 @@ def test_a_gathered_input_nothing_uses_costs_no_reduce_scatter_in_the_backward()
         torch.compile(step, backend="aot_eager", fullgraph=True)(a, b).sum().backward()
         torch._dynamo.reset()
     assert calls == []
+
+
+def test_a_call_signature_remembered_in_one_world_is_forgotten_with_it():
+    """The ops remember each call signature's schedule and executor context; a world torn down and one of
+    another size started with the same group name must not reuse the old context (its size, its group)."""
+    import torch
+    import torch.distributed as dist
+
+    from ficco.harness.loopback import loopback_world
+
+    a, b = torch.randn(4, 8), torch.randn(8, 8)
+    rows = []
+    for world in (2, 4):
+        with loopback_world(world, "cpu"):
+            group = dist.group.WORLD.group_name
+            _, (c,) = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, "shard/dma")
+            _, (c,) = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, "shard/dma")  # the remembered path
+            rows.append((group, c.shape[0]))
+    assert rows[0][0] == rows[1][0]  # the same name for both worlds' groups
+    assert [n for _, n in rows] == [8, 16]
