@@ -105,8 +105,11 @@ def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     reach a matmul in a form PyTorch's patterns do not match."""
     all_gathers = find_all_gather_patterns(graph)
     reduce_scatters = find_reduce_scatter_patterns(graph)
-    matched = {ag.ag_node for ag in all_gathers} | {rs.reduce_scatter_node for rs in reduce_scatters}
-    gathers = _all_gather_sites(all_gathers)
+    # a gather the pattern matched but whose matmul it did not find (e.g. reached through two reshapes at
+    # one sequence per batch) counts as unmatched, so that the search below reports it
+    fed = [ag for ag in all_gathers if _gathered_matmuls(ag) or _biased_users(ag.res_node)]
+    matched = {ag.ag_node for ag in fed} | {rs.reduce_scatter_node for rs in reduce_scatters}
+    gathers = _all_gather_sites(fed)
     taken = {n for site in gathers if isinstance(site, Site) for n in site.replaces}
     scatters = [_not_taken(site, taken) for site in _reduce_scatter_sites(reduce_scatters)]
     return _fused_op_sites(graph) + gathers + scatters + _unmatched(graph, matched)
@@ -252,12 +255,8 @@ def _all_gather_sites(all_gathers: list[_AllGatherMatch]) -> list[Site | Skipped
     (a bias, fp8, a weight computed from the gathered input) are skipped beside it."""
     out: list[Site | Skipped] = []
     for ag in all_gathers:
-        # PyTorch's finder also returns matmuls that take the gathered tensor as their weight (a backward's
-        # weight gradient): not an input gathered for a matmul, so not a site
-        matmuls = [mm for mm in _find_consumer_matmuls(ag.res_node) if _reads_as_input(mm, ag.res_node)]
+        matmuls = _gathered_matmuls(ag)
         biased = _biased_users(ag.res_node)
-        if not matmuls and not biased:
-            continue  # the gathered tensor feeds no matmul: not a tensor-parallel input
         group = ag.group_name
         if biased:
             why = _Refused("bias", f"{len(biased)} matmul(s) add a bias (addmm); ficco's ops take none")
@@ -280,6 +279,13 @@ def _all_gather_sites(all_gathers: list[_AllGatherMatch]) -> list[Site | Skipped
         except _Refused as why:
             out.append(why.skipped("ag_gemm", layers, group))
     return out
+
+
+def _gathered_matmuls(ag: _AllGatherMatch) -> list[_Matmul]:
+    """The matmuls PyTorch's finder found reading the gathered tensor as their input. The finder also
+    returns matmuls that take it as their weight (a backward's weight gradient): not an input gathered for
+    a matmul, so left out."""
+    return [mm for mm in _find_consumer_matmuls(ag.res_node) if _reads_as_input(mm, ag.res_node)]
 
 
 def _all_gather_site(ag: _AllGatherMatch, matmuls: list[_Matmul], layers: tuple[str, ...]) -> Site:

@@ -209,6 +209,23 @@ def test_a_gather_that_reaches_a_matmul_in_a_form_no_pattern_matches_is_reported
     assert (left.op, left.reason) == ("ag_gemm", "no pattern") and "all_gather_into_tensor" in left.detail
 
 
+def test_a_gather_whose_matmul_the_pattern_misses_at_batch_one_is_reported(world):
+    """At one sequence per batch the gathered input reaches the matmul through two reshapes in a row;
+    PyTorch's all-gather pattern matches the gather but finds no matmul behind it. The pass reports the
+    gather as left (no pattern) instead of saying nothing."""
+
+    def fn(x, w):
+        return F.linear(all_gather(x, 1, world), w)
+
+    gm = _trace(fn, torch.randn(1, 8, 16), torch.randn(12, 16))
+    ficco_pass = FiccoPass("shard/dma")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        ficco_pass(gm.graph)
+    (left,) = [x for x in ficco_pass.report.left if x.op == "ag_gemm"]
+    assert left.reason == "no pattern" and "all_gather_into_tensor" in left.detail
+
+
 def test_a_group_outside_the_executors_sizes_is_left():
     from ficco.harness.loopback import loopback_world
 
