@@ -1,7 +1,7 @@
 """Graph-mode study: where the shipped ranker misses in CUDA-graph mode, and which changes to the model or its
 decision rule close the gap to the noise ceiling without losing the unseen model families.
 
-    .venv/bin/python benchmarks/graph_study.py --out reports/graph-study-h200x2.json
+    .venv/bin/python benchmarks/graph_study.py --refits 5 --out reports/graph-study-h200x2.json
 
 Every candidate is scored the way ``ficco evaluate`` scores the model (``training.evaluate``), per mode:
 
@@ -29,6 +29,11 @@ Candidates (the shipped ranker, ``training.fit.CONFIG_GRID``'s ``ndcg`` configur
 - ``graph_margin_<m>``: a graph pick falls back to serial/sm when the ranker scores it less than ``m``
   above serial/sm (eager picks unchanged).
 
+With ``--refits N``, every single-ranker candidate is also refitted ``N`` times, each on its own random
+95% of the pairs (seeds 1..N), and ``refits`` records the mean, min and max of its CV, v2 and unseen-mean
+regret per mode: how far a refit alone moves the numbers, the yardstick a candidate's difference to
+``current`` needs to beat.
+
 Prints a table and writes the JSON (``--out``). Single-threaded XGBoost; the fits are deterministic.
 """
 
@@ -52,6 +57,8 @@ MARGINS = (0.3, 0.75)
 """Ranker-score margins of the graph fallback."""
 BAGS = 8
 """Bootstrap rankers of ``bagged_8``."""
+REFIT_SUBSAMPLE = 0.95
+"""Share of the pairs each ``--refits`` refit samples (with its own seed): a perturbation of the fit alone."""
 TILE = (128, 256)
 """Output tile of Hopper's large bf16 GEMM kernels (``features.vector._WAVE_TILE``)."""
 
@@ -99,9 +106,8 @@ def fit(table, extra: Extra, *, objective: str = "ndcg", seed: int = 0, **params
     config = (
         RATIO_CONFIG if objective == "ratio" else next(c for c in CONFIG_GRID if c.objective == objective)
     )
-    estimator = config.estimator(seed=seed, n_jobs=1)
-    estimator.set_params(**params)
-    model = estimator._xgb()
+    model = config.estimator(seed=seed, n_jobs=1)._xgb()
+    model.set_params(**params)  # XGBoost's own names: min_child_weight, subsample
     Z, rows, cols = pairs(table, np.isfinite(table.times_ms), extra)
     y = np.log(table.times_ms[rows, cols] / table.serial_ms[rows])
     if objective == "ratio":
@@ -134,20 +140,23 @@ def bagged(fitter: Callable, table, *, bags: int) -> list:
     return out
 
 
-def candidate_costs(name: str, train, test, extra: Extra) -> np.ndarray:
-    """Ranker costs ``[n, S]`` of ``test``'s rows for candidate ``name`` trained on ``train``."""
+def candidate_costs(name: str, train, tests: list, extra: Extra, **jitter) -> list[np.ndarray]:
+    """Ranker costs ``[n, S]`` of each table of ``tests`` for candidate ``name`` trained on ``train``;
+    ``jitter``: further booster parameters (a refit's ``seed`` and ``subsample``)."""
     if name == "per_mode":
-        out = np.zeros(test.times_ms.shape)
-        for mode in ("eager", "graph"):
-            on = test.modes == mode
-            booster = fit(train.subset(train.modes == mode), extra)
-            out[on] = costs(booster, test.subset(on), extra)
+        boosters = {m: fit(train.subset(train.modes == m), extra, **jitter) for m in ("eager", "graph")}
+        out = [np.zeros(test.times_ms.shape) for test in tests]
+        for o, test in zip(out, tests, strict=True):
+            for mode, booster in boosters.items():
+                on = test.modes == mode
+                o[on] = costs(booster, test.subset(on), extra)
         return out
     if name == "bagged_8":
         boosters = bagged(lambda t, seed: fit(t, extra, seed=seed), train, bags=BAGS)
-        return np.mean([costs(b, test, extra) for b in boosters], axis=0)
+        return [np.mean([costs(b, test, extra) for b in boosters], axis=0) for test in tests]
     params = {"min_child_weight": 3.0} if name == "min_child_weight_3" else {}
-    return costs(fit(train, extra, **params), test, extra)
+    booster = fit(train, extra, **params, **jitter)
+    return [costs(booster, test, extra) for test in tests]
 
 
 def decide(
@@ -196,7 +205,7 @@ def mode_scores(table, picks: np.ndarray, noise=None, rescore=None) -> dict:
     return out
 
 
-def study(unseen_paths: tuple[str, ...]) -> dict:
+def study(unseen_paths: tuple[str, ...], refits: int = 0) -> dict:
     """Every candidate's scores (module docstring)."""
     from ficco.training.crossval import cv_folds, cv_groups
     from ficco.training.evaluate import unseen
@@ -226,10 +235,14 @@ def study(unseen_paths: tuple[str, ...]) -> dict:
         test = folds == fold
         train, sub = table.subset(~test), table.subset(test)
         for name in models:
-            held[name][test] = candidate_costs(name, train, sub, extras.get(name))
+            held[name][test] = candidate_costs(name, train, [sub], extras.get(name))[0]
         held["ratio"][test] = costs(fit(train, None, objective="ratio"), sub, None, objective="ratio")
-    full = {name: {t: candidate_costs(name, table, test, extras.get(name)) for t, test in tests.items()}
-            for name in models}  # fmt: skip
+    full = {
+        name: dict(
+            zip(tests, candidate_costs(name, table, list(tests.values()), extras.get(name)), strict=True)
+        )
+        for name in models
+    }
     ratio = fit(table, None, objective="ratio")
     full["ratio"] = {t: costs(ratio, test, None, objective="ratio") for t, test in tests.items()}
 
@@ -249,7 +262,39 @@ def study(unseen_paths: tuple[str, ...]) -> dict:
                 for m in ("eager", "graph")
             },
         }
+    for name in models[:-1] if refits else ():  # bagged_8 resamples already
+        results[name]["refits"] = refit_spread(name, table, tests, folds, noise, v2, extras.get(name), refits)
     return results
+
+
+def refit_spread(
+    name: str, table, tests: dict, folds: np.ndarray, noise, v2, extra: Extra, refits: int
+) -> dict:
+    """Candidate ``name`` refitted ``refits`` times (seeds 1.., ``REFIT_SUBSAMPLE`` of the pairs each): the
+    spread of CV, v2 and unseen-mean regret a refit alone gives, per mode (mean, min, max)."""
+    runs = []
+    for seed in range(1, refits + 1):
+        jitter = {"seed": seed, "subsample": REFIT_SUBSAMPLE}
+        held = np.zeros(table.times_ms.shape)
+        for fold in sorted(set(folds.tolist())):
+            test = folds == fold
+            held[test] = candidate_costs(name, table.subset(~test), [table.subset(test)], extra, **jitter)[0]
+        full = candidate_costs(name, table, list(tests.values()), extra, **jitter)
+        cv = mode_scores(table, held.argmin(axis=1), noise, v2)
+        by_set = [mode_scores(test, c.argmin(axis=1)) for test, c in zip(tests.values(), full, strict=True)]
+        for mode in ("eager", "graph"):
+            unseen_mean = float(np.mean([s[mode]["geomean_regret"] for s in by_set]))
+            cells = {"cv": cv[mode]["geomean_regret"], "v2": cv[mode]["v2_geomean_regret"]}
+            runs.append({"mode": mode, **cells, "unseen_mean": unseen_mean})
+    out = {}
+    for mode in ("eager", "graph"):
+        rows = [r for r in runs if r["mode"] == mode]
+        out[mode] = {
+            key: {"mean": float(np.mean([r[key] for r in rows])), "min": min(r[key] for r in rows),
+                  "max": max(r[key] for r in rows)}
+            for key in ("cv", "v2", "unseen_mean")
+        }  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -259,11 +304,14 @@ def main() -> None:
     parser.add_argument(
         "--unseen", action="append", help="Unseen-family dataset (repeat); default: all four."
     )
+    parser.add_argument(
+        "--refits", type=int, default=0, help="Refits per single-ranker candidate (spread of a refit alone)."
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "graph-study-h200x2.json")
     args = parser.parse_args()
     from ficco.tables import text_table
 
-    results = study(tuple(args.unseen or UNSEEN))
+    results = study(tuple(args.unseen or UNSEEN), args.refits)
     rows = []
     for name, r in results.items():
         e, g = r["cv"]["eager"], r["cv"]["graph"]
@@ -274,6 +322,15 @@ def main() -> None:
     header = ["candidate", "CV eager", "CV graph", "graph on ceiling rows / ceiling", "graph >2% slower",
               "v2 graph", "v2 >2% slower", "unseen eager", "unseen graph"]  # fmt: skip
     print(text_table(header, rows, align="<" + ">" * (len(header) - 1)))
+    cells = [(m, k) for m in ("eager", "graph") for k in ("cv", "unseen_mean")]
+    spread = [
+        [name, *(f"{r['refits'][m][k]['mean']:.2%} [{r['refits'][m][k]['min']:.2%}, "
+                 f"{r['refits'][m][k]['max']:.2%}]" for m, k in cells)]
+        for name, r in results.items() if "refits" in r
+    ]  # fmt: skip
+    if spread:
+        header = ["refits: mean [min, max]", "CV eager", "unseen eager", "CV graph", "unseen graph"]
+        print(text_table(header, spread, align="<>>>>"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out}")
