@@ -1,7 +1,7 @@
 """Graph-mode study: where the shipped ranker misses in CUDA-graph mode, and which changes to the model or its
 decision rule close the gap to the noise ceiling without losing the unseen model families.
 
-    .venv/bin/python benchmarks/graph_study.py --refits 5 --out reports/graph-study-h200x2.json
+    .venv/bin/python -m benchmarks.studies.graph_study --refits 5 --out reports/graph-study-h200x2.json
 
 Every candidate is scored the way ``ficco evaluate`` scores the model (``training.evaluate``), per mode:
 
@@ -47,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import REPO
+
 TRAINING = ("datasets/h200x2", "datasets/h200x2-moe")
 UNSEEN = ("datasets/h200x2-unseen", "datasets/h200x2-unseen-v3", "datasets/h200x2-heldout",
           "datasets/h200x2-heldout-v3")  # fmt: skip
@@ -211,10 +212,10 @@ def study(unseen_paths: tuple[str, ...], refits: int = 0) -> dict:
     from ficco.training.evaluate import unseen
     from ficco.training.table import load_dataset_table
 
-    loaded = load_dataset_table(*(ROOT / p for p in TRAINING))
+    loaded = load_dataset_table(*(REPO / p for p in TRAINING))
     table, noise = loaded.table, loaded.noise
-    v2 = load_dataset_table(ROOT / "datasets/h200x2-v2").table
-    tests = {Path(p).name: unseen(load_dataset_table(ROOT / p).table, table)[0] for p in unseen_paths}
+    v2 = load_dataset_table(REPO / "datasets/h200x2-v2").table
+    tests = {Path(p).name: unseen(load_dataset_table(REPO / p).table, table)[0] for p in unseen_paths}
     folds = cv_folds(cv_groups(table))
     cache: dict[int, np.ndarray] = {}
 
@@ -307,7 +308,7 @@ def main() -> None:
     parser.add_argument(
         "--refits", type=int, default=0, help="Refits per single-ranker candidate (spread of a refit alone)."
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "graph-study-h200x2.json")
+    parser.add_argument("--out", type=Path, default=REPO / "reports" / "graph-study-h200x2.json")
     args = parser.parse_args()
     from ficco.tables import text_table
 
