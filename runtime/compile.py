@@ -324,8 +324,8 @@ def enable(
         function ``(op, m, n, k, dtype, world_size) -> schedule`` (``features.Scenario`` conventions, ``n``
         summed over the weights of one gather), asked on every rank.
     mode : {"eager", "graph"}, default="eager"
-        The execution mode a bare ``ScheduleSource`` is asked about (``graph`` for CUDA graphs, e.g.
-        ``torch.compile(mode="reduce-overhead")``).
+        The execution mode a bare ``ScheduleSource`` is asked about (``graph`` for a step captured with
+        ``runtime.GraphedCall``).
     hardware : str, optional
         Hardware id a bare ``ScheduleSource`` is asked about (default: the source's own, else ``h200x2``).
     token_points : sequence of int, default=DEFAULT_TOKEN_POINTS

@@ -133,6 +133,12 @@ def test_a_compiled_training_step_replays_the_eager_gradients(world):
     assert {("fwd", "ag_gemm"), ("fwd", "gemm_rs"), ("bwd-input", "ag_gemm")} <= directions, report.table()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="mode='reduce-overhead' is not supported (docs/runtimes.md): on one H100 (torch 2.11) Inductor's "
+    "CUDA graph trees find a tensor the executor keeps between calls in their pool; runtime.GraphedCall is "
+    "the supported capture",
+)
 def test_inductors_own_cuda_graphs_run_the_ficco_ops():
     """``torch.compile(mode="reduce-overhead")``: Inductor records the compiled block into its CUDA graph
     trees after warm-up runs; the replays give the warm-up's answer."""
