@@ -1,5 +1,5 @@
-# The recommendation service as a slim CPU image: the wheel with its [service] extra (no torch, no XGBoost:
-# the shipped model is read and walked with numpy) and the model registry it ships, read-only.
+# The recommendation service as a slim CPU image: the wheel with its [service] extra (no torch; XGBoost for
+# large batches, numpy for single answers) and the model registry it ships, read-only.
 #
 #   make image                    # builds, starts it on a free port, checks /readyz, stops it
 #   docker build -t ficco-service . && docker run --rm -p 8000:8000 ficco-service

@@ -33,6 +33,7 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "evaluate": ("train", EXTRA_MODULES["train"]),
     "report": ("train", EXTRA_MODULES["train"]),
     "retrain": ("train", EXTRA_MODULES["train"]),
+    "export": ("train", EXTRA_MODULES["train"]),
     "bench": ("executor", DATA_MODULES),
     "host-factor": ("executor", EXTRA_MODULES["executor"]),
 }

@@ -122,7 +122,7 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         "per-call time, the maximum over ranks; `median_ms` is the median over rounds and `p10_ms` the "
         "10th percentile, and every round's time is kept (`round_ms`); a schedule's time (`time_ms`, what "
         "the labels, the best sets and the noise figures below use) is the 10th percentile in eager mode "
-        "and the median in graph mode (`harness.labels.LABEL_STAT`)"
+        "and the median in graph mode (`features.dataset.LABEL_STAT`)"
     )
     how = {
         "gpu": "One process per GPU under torchrun; every schedule run by the executor in eager mode and "
