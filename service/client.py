@@ -204,7 +204,7 @@ class ServiceClient:
         index = None
         if cache_dir is not None:
             digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
-            index = Path(cache_dir) / hardware_id / f"request-{digest}.json"
+            index = Path(cache_dir).expanduser() / hardware_id / f"request-{digest}.json"
         cached = json.loads(index.read_text()) if index is not None and index.exists() else None
         headers = {"If-None-Match": cached["etag"]} if cached else None
         path = f"/v1/tables/{hardware_id}"

@@ -95,7 +95,7 @@ def test_table_of_a_posted_config_holds_its_layers(client):
     }  # fmt: skip
 
 
-def test_client_caches_the_table_on_disk_and_revalidates_it(client, tmp_path):
+def test_client_caches_the_table_on_disk_and_revalidates_it(client, tmp_path, monkeypatch):
     transport = CountingTransport(client)
     shapes = SHAPES["shapes"]
     with (
@@ -116,12 +116,13 @@ def test_client_caches_the_table_on_disk_and_revalidates_it(client, tmp_path):
         return original(rebuilt)
 
     body_client.handle_request = allow_simulated
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~" in the cache directory is the user's home
     with ServiceClient("http://service", transport=body_client) as service:
-        first = service.fetch_table(HARDWARE, tp=2, mode="graph", shapes=shapes, cache_dir=tmp_path)
-        again = service.fetch_table(HARDWARE, tp=2, mode="graph", shapes=shapes, cache_dir=tmp_path)
+        first = service.fetch_table(HARDWARE, tp=2, mode="graph", shapes=shapes, cache_dir="~/tables")
+        again = service.fetch_table(HARDWARE, tp=2, mode="graph", shapes=shapes, cache_dir="~/tables")
     assert again.to_dict() == first.to_dict()
     assert body_client.codes == [200, 304]
-    cached = list(tmp_path.glob(f"{HARDWARE}/sha256-*/op=tp_overlap,*.json"))
+    cached = list((tmp_path / "tables").glob(f"{HARDWARE}/sha256-*/op=tp_overlap,*.json"))
     assert len(cached) == 1 and first.fingerprint.replace(":", "-") in str(cached[0])
 
 
