@@ -1,6 +1,7 @@
 """ficco's benchmark tools, run from the repository root as ``python -m benchmarks.<tool>``; finished studies
 under ``benchmarks.studies`` (host studies under ``benchmarks.studies.host``)."""
 
+import contextlib
 import json
 import os
 import sys
@@ -20,12 +21,32 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def rerender(path: Path, render: Callable[[dict], str]) -> Path:
-    """``--render``: write the markdown of the results JSON ``path`` beside it; the markdown's path."""
+def rerender(
+    path: Path, render: Callable[[dict], str], plot: Callable[[dict, Path], None] | None = None
+) -> Path:
+    """``--render``: write the markdown of the results JSON ``path`` beside it, and with ``plot`` the
+    ``.png`` beside that; the markdown's path."""
+    result = json.loads(path.read_text())
     out = path.with_suffix(".md")
-    write_text_atomic(out, render(json.loads(path.read_text())))
-    say(f"wrote {out}")
+    write_text_atomic(out, render(result))
+    if plot is None:
+        say(f"wrote {out}")
+        return out
+    plot(result, path.with_suffix(".png"))
+    say(f"wrote {out} and {path.with_suffix('.png')}")
     return out
+
+
+def write_results(
+    result: dict, path: Path, render: Callable[[dict], str], plot: Callable[[dict, Path], None]
+) -> None:
+    """Write the results JSON ``path``, its markdown beside it, and its plot beside that (when matplotlib
+    is installed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
+    write_text_atomic(path.with_suffix(".md"), render(result))
+    with contextlib.suppress(ImportError):
+        plot(result, path.with_suffix(".png"))
 
 
 def torchrun_main(

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO
+from benchmarks import REPO, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -79,7 +79,6 @@ from torch import nn
 from ficco import executor
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, load_model_config
-from ficco.files import write_text_atomic
 from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.runtime import (
     Answer,
@@ -630,7 +629,7 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.render:
-        render(args.render)
+        rerender(args.render, markdown, plot)
         return None
     if args.write_plan:
         write_plan(args.write_plan)
@@ -718,11 +717,11 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         for v in ("planner", "verified", "oracle"):
             result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
         if rank0:
-            write_outputs(result, out)
+            write_results(result, out, markdown, plot)
     result["summary"] = summarize(result["points"], dtype_name="fp32" if args.cpu_smoke else "bf16")
     result["meta"]["wall_s"] = time.monotonic() - started
     if rank0:
-        write_outputs(result, out)
+        write_results(result, out, markdown, plot)
         for key, rows in result["decisions"].items():
             print(f"\n{key}: {len(rows)} decisions; first: {rows[:1]}")
         print(json.dumps(result["summary"], indent=1))
@@ -816,15 +815,6 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
             ]
         ),
     }
-
-
-def write_outputs(result: dict, path: Path) -> None:
-    """The JSON, the markdown table beside it, and the plot if matplotlib is here."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(result))
-    with contextlib.suppress(ImportError):
-        plot(result, path.with_suffix(".png"))
 
 
 def markdown(result: dict) -> str:
@@ -944,14 +934,6 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def render(path: Path) -> None:
-    """``--render``: rewrite the markdown and the plot of a finished JSON."""
-    result = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(markdown(result))
-    plot(result, path.with_suffix(".png"))
-    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

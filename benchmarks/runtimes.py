@@ -55,7 +55,6 @@ points its JSON already has (``--fresh`` starts over) and starts no point after 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import functools
 import json
@@ -69,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO
+from benchmarks import REPO, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -87,7 +86,6 @@ from benchmarks.block_bench import _gmean, device_name, load_models, log, rel_er
 from ficco import executor
 from ficco.features import Scenario
 from ficco.features.hardware import KNOWN_HARDWARE
-from ficco.files import write_text_atomic
 from ficco.runtime import Planner, PredictorSource
 from ficco.runtime import tp as ficco_styles
 from ficco.runtime.graphs import GraphedCall
@@ -444,7 +442,7 @@ def load_previous(path: Path, meta: dict, fresh: bool) -> dict | None:
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.render:
-        render(args.render)
+        rerender(args.render, markdown, plot)
         return None
     if args.loopback:
         from ficco.harness.loopback import loopback_world
@@ -548,7 +546,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
                 log(rank0, point_line(point))
                 result["compile_reports"][f"{name}/{phase_name}"] = group.report.rows()
                 if rank0:
-                    write_outputs(result, path)
+                    write_results(result, path, markdown, plot)
             del group
             executor.clear_buffers()
         del base
@@ -556,7 +554,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     result["summary"] = summarize(result["points"], meta["dtype"], loopback=args.loopback)
     meta["wall_s"] = time.monotonic() - started
     if rank0:
-        write_outputs(result, path)
+        write_results(result, path, markdown, plot)
         print(json.dumps(result["summary"], indent=1), flush=True)
     return result
 
@@ -636,15 +634,6 @@ def summarize(points: list[dict], dtype_name: str, *, loopback: bool = False) ->
         "tolerance": TOLERANCE[dtype_name],
         "failed_runs": sum(len(p["errors"]) for p in points),
     }
-
-
-def write_outputs(result: dict, path: Path) -> None:
-    """The JSON, the markdown beside it, and the plot (matplotlib) beside that."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
-    write_text_atomic(path.with_suffix(".md"), markdown(result))
-    with contextlib.suppress(ImportError):
-        plot(result, path.with_suffix(".png"))
 
 
 def markdown(result: dict) -> str:
@@ -780,14 +769,6 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def render(path: Path) -> None:
-    """``--render``: rewrite the markdown and the plot of a finished JSON."""
-    result = json.loads(path.read_text())
-    write_text_atomic(path.with_suffix(".md"), markdown(result))
-    plot(result, path.with_suffix(".png"))
-    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
