@@ -46,7 +46,7 @@ from ficco.features.schedule_table import (
     Entry,
     Range,
     ScheduleTableFile,
-    device_name,
+    artifact_name,
     hardware_fingerprint,
 )
 from ficco.training.model import SCHEDULES, SERIAL_INDEX
@@ -525,12 +525,6 @@ def write_autoheuristic(ranges: FuseRanges, header: dict[str, Any], out: Path, s
     path = out / f"{name}.py"
     path.write_text(autoheuristic_module(ranges, header))
     return path
-
-
-def artifact_name(header: dict[str, Any]) -> str:
-    """``device_name=...,tp=...,mode=...,dtype=...`` of a header, as table files are named."""
-    return (f"device_name={device_name(header['device_name'])},tp={header['world_size']},"
-            f"mode={header['mode']},dtype={header['dtype']}")  # fmt: skip
 
 
 def export(
