@@ -82,8 +82,9 @@ from torch.distributed.tensor import DTensor
 
 import ficco.runtime.compile as ficco_compile
 from benchmarks import llama
-from benchmarks.block_bench import _gmean, device_name, load_models, log, rel_err
+from benchmarks.block_bench import _gmean, _nothing, device_name, load_models, log, rel_err
 from ficco import executor
+from ficco.executor.ops import all_gather_single, reduce_scatter_single
 from ficco.features import Scenario
 from ficco.features.hardware import KNOWN_HARDWARE
 from ficco.runtime import Planner, PredictorSource
@@ -291,10 +292,6 @@ def run_point(
     return make_point(model, phase_name, tokens, times, host, errors, failures, ops, group, ctx)
 
 
-def _nothing() -> None:
-    pass
-
-
 def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) -> Callable[[], None]:
     """The step's collectives alone, as serial runs them: per layer and direction, 2 all-gathers of the
     ``[T/w, dim]`` shard and 2 reduce-scatters of ``[T, dim]`` (CUDA: replayed from a graph in inference)."""
@@ -303,14 +300,11 @@ def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) 
     full = torch.randn(tokens * dim, device=device).to(ctx.dtype)
     gathered, scattered = torch.empty_like(full), torch.empty_like(shard)
     count = 2 * n_layers * (2 if backward else 1)
-    # torch 2.13 renamed them; older versions (the GPU image) have only the old names
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def step() -> torch.Tensor:
         for _ in range(count):
-            all_gather(gathered, shard)
-            reduce_scatter(scattered, full)
+            all_gather_single(gathered, shard)
+            reduce_scatter_single(scattered, full)
         return scattered
 
     return step
