@@ -5,7 +5,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -69,3 +69,46 @@ def torchrun_main(
         )
     with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timeout):
         return run(args)
+
+
+def plot_speedups(
+    points: list[dict],
+    path: Path,
+    *,
+    phases: Sequence[str],
+    variants: Sequence[str],
+    title: Callable[[str], str],
+    panel_width: float = 6.5,
+) -> None:
+    """Write ``path`` (a PNG): each variant's speedup over serial (``step_ms["serial"] / step_ms[v]``)
+    against tokens, one panel per phase of ``phases`` that ``points`` hold (titled ``title(phase)``), a
+    colour per variant and a line style per model. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [phase for phase in phases if any(p["phase"] == phase for p in points)]
+    if not shown:
+        return
+    fig, axes = plt.subplots(1, len(shown), figsize=(panel_width * len(shown), 4.5), squeeze=False)
+    for ax, phase in zip(axes[0], shown, strict=True):
+        pts = [p for p in points if p["phase"] == phase]
+        for j, model in enumerate(sorted({p["model"] for p in pts})):
+            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
+            for i, v in enumerate(variants):
+                xy = [(p["tokens"], p["step_ms"]["serial"] / p["step_ms"][v]) for p in mine
+                      if p["step_ms"].get(v) and p["step_ms"].get("serial")]  # fmt: skip
+                if xy:
+                    ax.plot(*zip(*xy, strict=True), ["-", "--", ":"][j % 3], color=f"C{i}", marker="o",
+                            label=f"{model} {v}")  # fmt: skip
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title(phase))
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("speedup over serial NCCL")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, rerender, write_results
+from benchmarks import REPO, plot_speedups, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -902,38 +902,14 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Speedup over serial per variant against tokens, one panel per phase, one line style per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    phases = [phase for phase in PHASES if any(p["phase"] == phase for p in result["points"])]
-    fig, axes = plt.subplots(1, len(phases), figsize=(6 * len(phases), 4.5), squeeze=False)
-    axes = axes[0]
-    styles = ["-", "--", ":"]
     graphs = result.get("meta", {}).get("graphs", True)
-    for ax, phase in zip(axes, phases, strict=True):
-        pts = [p for p in result["points"] if p["phase"] == phase]
-        for j, model in enumerate(sorted({p["model"] for p in pts})):
-            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
-            for i, v in enumerate(VARIANTS):
-                xs = [p["tokens"] for p in mine if p["step_ms"].get(v)]
-                ys = [p["step_ms"]["serial"] / p["step_ms"][v] for p in mine if p["step_ms"].get(v)]
-                if xs:
-                    ax.plot(xs, ys, styles[j % 3], color=f"C{i}", marker="o", label=f"{model} {v}")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
+
+    def title(phase: str) -> str:
         work = "forward + backward" if PHASES[phase].backward else "forward"
         how = "CUDA graph" if PHASES[phase].graphed and graphs else "eager"
-        ax.set_title(f"{phase} ({work}, {how})")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup over serial NCCL")
-    for ax in axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        return f"{phase} ({work}, {how})"
+
+    plot_speedups(result["points"], path, phases=list(PHASES), variants=VARIANTS, title=title, panel_width=6)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

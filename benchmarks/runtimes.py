@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, rerender, write_results
+from benchmarks import REPO, plot_speedups, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -733,36 +733,13 @@ def _first_and_last(points: list[dict]) -> list[dict]:
 
 def plot(result: dict, path: Path) -> None:
     """Speedup over serial against tokens, one panel per phase; a colour per variant, a style per model."""
-    import matplotlib
+    loopback = " - loopback, not overlap" if result["meta"]["loopback"] else ""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    phases = [ph for ph in PHASES if any(p["phase"] == ph for p in result["points"])]
-    if not phases:
-        return
-    fig, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 4.5), squeeze=False)
-    for ax, phase in zip(axes[0], phases, strict=True):
-        pts = [p for p in result["points"] if p["phase"] == phase]
-        for j, model in enumerate(sorted({p["model"] for p in pts})):
-            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
-            for i, v in enumerate(VARIANTS[1:]):
-                xy = [(p["tokens"], p["step_ms"]["serial"] / p["step_ms"][v]) for p in mine
-                      if p["step_ms"].get(v) and p["step_ms"].get("serial")]  # fmt: skip
-                if xy:
-                    ax.plot(*zip(*xy, strict=True), ["-", "--", ":"][j % 3], color=f"C{i}", marker="o",
-                            label=f"{model} {v}")  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
+    def title(phase: str) -> str:
         how = "forward + backward, eager" if PHASES[phase].backward else "forward, CUDA graph"
-        ax.set_title(f"{phase} ({how})" + (" - loopback, not overlap" if result["meta"]["loopback"] else ""))
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup over serial NCCL")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        return f"{phase} ({how}){loopback}"
+
+    plot_speedups(result["points"], path, phases=list(PHASES), variants=VARIANTS[1:], title=title)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
