@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ficco.files import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 FORMAT = "ficco-schedule-table"
@@ -177,7 +179,7 @@ class ScheduleTableFile:
         """Write the table under ``directory`` by its file name; returns the path."""
         path = Path(directory) / f"op=tp_overlap,{artifact_name(self.header)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 
     @classmethod
