@@ -1,10 +1,11 @@
 """ficco's benchmark tools, run from the repository root as ``python -m benchmarks.<tool>``; finished studies
 under ``benchmarks.studies`` (host studies under ``benchmarks.studies.host``)."""
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,32 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def rerender(path: Path, render: Callable[[dict], str]) -> Path:
-    """``--render``: write the markdown of the results JSON ``path`` beside it; the markdown's path."""
+def rerender(
+    path: Path, render: Callable[[dict], str], plot: Callable[[dict, Path], None] | None = None
+) -> Path:
+    """``--render``: write the markdown of the results JSON ``path`` beside it, and with ``plot`` the
+    ``.png`` beside that; the markdown's path."""
+    result = json.loads(path.read_text())
     out = path.with_suffix(".md")
-    write_text_atomic(out, render(json.loads(path.read_text())))
-    say(f"wrote {out}")
+    write_text_atomic(out, render(result))
+    if plot is None:
+        say(f"wrote {out}")
+        return out
+    plot(result, path.with_suffix(".png"))
+    say(f"wrote {out} and {path.with_suffix('.png')}")
     return out
+
+
+def write_results(
+    result: dict, path: Path, render: Callable[[dict], str], plot: Callable[[dict, Path], None]
+) -> None:
+    """Write the results JSON ``path``, its markdown beside it, and its plot beside that (when matplotlib
+    is installed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
+    write_text_atomic(path.with_suffix(".md"), render(result))
+    with contextlib.suppress(ImportError):
+        plot(result, path.with_suffix(".png"))
 
 
 def torchrun_main(
@@ -48,3 +69,46 @@ def torchrun_main(
         )
     with executor.process_group("cpu" if args.cpu_dry_run else "cuda", timeout=timeout):
         return run(args)
+
+
+def plot_speedups(
+    points: list[dict],
+    path: Path,
+    *,
+    phases: Sequence[str],
+    variants: Sequence[str],
+    title: Callable[[str], str],
+    panel_width: float = 6.5,
+) -> None:
+    """Write ``path`` (a PNG): each variant's speedup over serial (``step_ms["serial"] / step_ms[v]``)
+    against tokens, one panel per phase of ``phases`` that ``points`` hold (titled ``title(phase)``), a
+    colour per variant and a line style per model. Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [phase for phase in phases if any(p["phase"] == phase for p in points)]
+    if not shown:
+        return
+    fig, axes = plt.subplots(1, len(shown), figsize=(panel_width * len(shown), 4.5), squeeze=False)
+    for ax, phase in zip(axes[0], shown, strict=True):
+        pts = [p for p in points if p["phase"] == phase]
+        for j, model in enumerate(sorted({p["model"] for p in pts})):
+            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
+            for i, v in enumerate(variants):
+                xy = [(p["tokens"], p["step_ms"]["serial"] / p["step_ms"][v]) for p in mine
+                      if p["step_ms"].get(v) and p["step_ms"].get("serial")]  # fmt: skip
+                if xy:
+                    ax.plot(*zip(*xy, strict=True), ["-", "--", ":"][j % 3], color=f"C{i}", marker="o",
+                            label=f"{model} {v}")  # fmt: skip
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title(phase))
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("speedup over serial NCCL")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

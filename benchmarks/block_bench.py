@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO
+from benchmarks import REPO, plot_speedups, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -79,7 +79,6 @@ from torch import nn
 from ficco import executor
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, load_model_config
-from ficco.files import write_text_atomic
 from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.runtime import (
     Answer,
@@ -630,7 +629,7 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.render:
-        render(args.render)
+        rerender(args.render, markdown, plot)
         return None
     if args.write_plan:
         write_plan(args.write_plan)
@@ -718,11 +717,11 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         for v in ("planner", "verified", "oracle"):
             result["decisions"][f"{model}/{phase}/{v}"] = vs[v][0].planner.rows()
         if rank0:
-            write_outputs(result, out)
+            write_results(result, out, markdown, plot)
     result["summary"] = summarize(result["points"], dtype_name="fp32" if args.cpu_smoke else "bf16")
     result["meta"]["wall_s"] = time.monotonic() - started
     if rank0:
-        write_outputs(result, out)
+        write_results(result, out, markdown, plot)
         for key, rows in result["decisions"].items():
             print(f"\n{key}: {len(rows)} decisions; first: {rows[:1]}")
         print(json.dumps(result["summary"], indent=1))
@@ -818,15 +817,6 @@ def summarize(points: list[dict], dtype_name: str = "bf16") -> dict:
     }
 
 
-def write_outputs(result: dict, path: Path) -> None:
-    """The JSON, the markdown table beside it, and the plot if matplotlib is here."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(result))
-    with contextlib.suppress(ImportError):
-        plot(result, path.with_suffix(".png"))
-
-
 def markdown(result: dict) -> str:
     """Step times per point (ms), speedups over serial, and the summary."""
     header = [
@@ -912,46 +902,14 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Speedup over serial per variant against tokens, one panel per phase, one line style per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    phases = [phase for phase in PHASES if any(p["phase"] == phase for p in result["points"])]
-    fig, axes = plt.subplots(1, len(phases), figsize=(6 * len(phases), 4.5), squeeze=False)
-    axes = axes[0]
-    styles = ["-", "--", ":"]
     graphs = result.get("meta", {}).get("graphs", True)
-    for ax, phase in zip(axes, phases, strict=True):
-        pts = [p for p in result["points"] if p["phase"] == phase]
-        for j, model in enumerate(sorted({p["model"] for p in pts})):
-            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
-            for i, v in enumerate(VARIANTS):
-                xs = [p["tokens"] for p in mine if p["step_ms"].get(v)]
-                ys = [p["step_ms"]["serial"] / p["step_ms"][v] for p in mine if p["step_ms"].get(v)]
-                if xs:
-                    ax.plot(xs, ys, styles[j % 3], color=f"C{i}", marker="o", label=f"{model} {v}")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
+
+    def title(phase: str) -> str:
         work = "forward + backward" if PHASES[phase].backward else "forward"
         how = "CUDA graph" if PHASES[phase].graphed and graphs else "eager"
-        ax.set_title(f"{phase} ({work}, {how})")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup over serial NCCL")
-    for ax in axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        return f"{phase} ({work}, {how})"
 
-
-def render(path: Path) -> None:
-    """``--render``: rewrite the markdown and the plot of a finished JSON."""
-    result = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(markdown(result))
-    plot(result, path.with_suffix(".png"))
-    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+    plot_speedups(result["points"], path, phases=list(PHASES), variants=VARIANTS, title=title, panel_width=6)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -55,7 +55,6 @@ points its JSON already has (``--fresh`` starts over) and starts no point after 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import functools
 import json
@@ -69,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO
+from benchmarks import REPO, plot_speedups, rerender, write_results
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -83,11 +82,11 @@ from torch.distributed.tensor import DTensor
 
 import ficco.runtime.compile as ficco_compile
 from benchmarks import llama
-from benchmarks.block_bench import _gmean, device_name, load_models, log, rel_err
+from benchmarks.block_bench import _gmean, _nothing, device_name, load_models, log, rel_err
 from ficco import executor
+from ficco.executor.ops import all_gather_single, reduce_scatter_single
 from ficco.features import Scenario
 from ficco.features.hardware import KNOWN_HARDWARE
-from ficco.files import write_text_atomic
 from ficco.runtime import Planner, PredictorSource
 from ficco.runtime import tp as ficco_styles
 from ficco.runtime.graphs import GraphedCall
@@ -293,10 +292,6 @@ def run_point(
     return make_point(model, phase_name, tokens, times, host, errors, failures, ops, group, ctx)
 
 
-def _nothing() -> None:
-    pass
-
-
 def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) -> Callable[[], None]:
     """The step's collectives alone, as serial runs them: per layer and direction, 2 all-gathers of the
     ``[T/w, dim]`` shard and 2 reduce-scatters of ``[T, dim]`` (CUDA: replayed from a graph in inference)."""
@@ -305,14 +300,11 @@ def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) 
     full = torch.randn(tokens * dim, device=device).to(ctx.dtype)
     gathered, scattered = torch.empty_like(full), torch.empty_like(shard)
     count = 2 * n_layers * (2 if backward else 1)
-    # torch 2.13 renamed them; older versions (the GPU image) have only the old names
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def step() -> torch.Tensor:
         for _ in range(count):
-            all_gather(gathered, shard)
-            reduce_scatter(scattered, full)
+            all_gather_single(gathered, shard)
+            reduce_scatter_single(scattered, full)
         return scattered
 
     return step
@@ -444,7 +436,7 @@ def load_previous(path: Path, meta: dict, fresh: bool) -> dict | None:
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.render:
-        render(args.render)
+        rerender(args.render, markdown, plot)
         return None
     if args.loopback:
         from ficco.harness.loopback import loopback_world
@@ -548,7 +540,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
                 log(rank0, point_line(point))
                 result["compile_reports"][f"{name}/{phase_name}"] = group.report.rows()
                 if rank0:
-                    write_outputs(result, path)
+                    write_results(result, path, markdown, plot)
             del group
             executor.clear_buffers()
         del base
@@ -556,7 +548,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     result["summary"] = summarize(result["points"], meta["dtype"], loopback=args.loopback)
     meta["wall_s"] = time.monotonic() - started
     if rank0:
-        write_outputs(result, path)
+        write_results(result, path, markdown, plot)
         print(json.dumps(result["summary"], indent=1), flush=True)
     return result
 
@@ -636,15 +628,6 @@ def summarize(points: list[dict], dtype_name: str, *, loopback: bool = False) ->
         "tolerance": TOLERANCE[dtype_name],
         "failed_runs": sum(len(p["errors"]) for p in points),
     }
-
-
-def write_outputs(result: dict, path: Path) -> None:
-    """The JSON, the markdown beside it, and the plot (matplotlib) beside that."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(result, indent=1) + "\n")
-    write_text_atomic(path.with_suffix(".md"), markdown(result))
-    with contextlib.suppress(ImportError):
-        plot(result, path.with_suffix(".png"))
 
 
 def markdown(result: dict) -> str:
@@ -750,44 +733,13 @@ def _first_and_last(points: list[dict]) -> list[dict]:
 
 def plot(result: dict, path: Path) -> None:
     """Speedup over serial against tokens, one panel per phase; a colour per variant, a style per model."""
-    import matplotlib
+    loopback = " - loopback, not overlap" if result["meta"]["loopback"] else ""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    phases = [ph for ph in PHASES if any(p["phase"] == ph for p in result["points"])]
-    if not phases:
-        return
-    fig, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 4.5), squeeze=False)
-    for ax, phase in zip(axes[0], phases, strict=True):
-        pts = [p for p in result["points"] if p["phase"] == phase]
-        for j, model in enumerate(sorted({p["model"] for p in pts})):
-            mine = sorted((p for p in pts if p["model"] == model), key=lambda p: p["tokens"])
-            for i, v in enumerate(VARIANTS[1:]):
-                xy = [(p["tokens"], p["step_ms"]["serial"] / p["step_ms"][v]) for p in mine
-                      if p["step_ms"].get(v) and p["step_ms"].get("serial")]  # fmt: skip
-                if xy:
-                    ax.plot(*zip(*xy, strict=True), ["-", "--", ":"][j % 3], color=f"C{i}", marker="o",
-                            label=f"{model} {v}")  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
+    def title(phase: str) -> str:
         how = "forward + backward, eager" if PHASES[phase].backward else "forward, CUDA graph"
-        ax.set_title(f"{phase} ({how})" + (" - loopback, not overlap" if result["meta"]["loopback"] else ""))
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup over serial NCCL")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        return f"{phase} ({how}){loopback}"
 
-
-def render(path: Path) -> None:
-    """``--render``: rewrite the markdown and the plot of a finished JSON."""
-    result = json.loads(path.read_text())
-    write_text_atomic(path.with_suffix(".md"), markdown(result))
-    plot(result, path.with_suffix(".png"))
-    print(f"wrote {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+    plot_speedups(result["points"], path, phases=list(PHASES), variants=VARIANTS[1:], title=title)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

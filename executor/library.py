@@ -342,15 +342,12 @@ def all_to_all_matmul(
     """``executor.all_to_all_matmul``: the rows of ``x`` sent to their experts' ranks, times each local
     expert's ``b[e]`` (``b [experts/w, k, n]``); ``counts`` is ``features.Routing.counts`` flattened
     (``[w * w * experts/w]``: rows rank ``src`` routes to local expert ``e`` of rank ``dst``)."""
-    group, routing = _group_routing(counts, group_name)
-    run = _resolve_routed("a2a_gemm", routing, x, b, schedule)
-    return _run_all_to_all_matmul(x, b, routing, run, group)
+    return _run_routed("a2a_gemm", x, b, counts, group_name, schedule)
 
 
 @torch.library.register_fake("ficco::all_to_all_matmul", lib=_LIB)
 def _(x, b, counts, group_name, schedule, backward_schedule=""):
-    group, routing = _group_routing(counts, group_name)
-    return x.new_empty((sum(routing.received(group.rank())), b.shape[2]))
+    return _routed_empty("a2a_gemm", x, b, counts, group_name)
 
 
 @_define
@@ -364,15 +361,36 @@ def matmul_all_to_all(
 ) -> torch.Tensor:
     """``executor.matmul_all_to_all``: each local expert's GEMM on its rows of ``h`` (in
     ``all_to_all_matmul``'s output order), every row sent back to the rank that routed it."""
-    group, routing = _group_routing(counts, group_name)
-    run = _resolve_routed("gemm_a2a", routing, h, b, schedule)
-    return _run_matmul_all_to_all(h, b, routing, run, group)
+    return _run_routed("gemm_a2a", h, b, counts, group_name, schedule)
 
 
 @torch.library.register_fake("ficco::matmul_all_to_all", lib=_LIB)
 def _(h, b, counts, group_name, schedule, backward_schedule=""):
+    return _routed_empty("gemm_a2a", h, b, counts, group_name)
+
+
+_RUN_ROUTED = {"a2a_gemm": _run_all_to_all_matmul, "gemm_a2a": _run_matmul_all_to_all}
+"""The executor function of each MoE op."""
+
+
+def _run_routed(
+    op: str, a: torch.Tensor, b: torch.Tensor, counts: list[int], group_name: str, schedule: str
+) -> torch.Tensor:
+    """The MoE op ``op`` (``a2a_gemm``: dispatch then experts; ``gemm_a2a``: experts then combine) on the
+    executor, under ``schedule``'s pick at this routing."""
     group, routing = _group_routing(counts, group_name)
-    return h.new_empty((sum(routing.sent(group.rank())), b.shape[2]))
+    run = _resolve_routed(op, routing, a, b, schedule)
+    return _RUN_ROUTED[op](a, b, routing, run, group)
+
+
+def _routed_empty(
+    op: str, a: torch.Tensor, b: torch.Tensor, counts: list[int], group_name: str
+) -> torch.Tensor:
+    """The output of the MoE op ``op`` without data (its fake kernel): ``[rows, n]``, the rows this rank
+    receives (``a2a_gemm``) or sent (``gemm_a2a``)."""
+    group, routing = _group_routing(counts, group_name)
+    rows = routing.received if op == "a2a_gemm" else routing.sent
+    return a.new_empty((sum(rows(group.rank())), b.shape[2]))
 
 
 def _routed_setup(ctx, inputs, output) -> None:

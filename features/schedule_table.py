@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ficco.files import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 FORMAT = "ficco-schedule-table"
@@ -53,9 +55,13 @@ def device_name(gpu_name: str) -> str:
     return gpu_name.replace(" ", "_").replace("-", "_")
 
 
-def table_file_name(*, gpu_name: str, world_size: int, mode: str, dtype: str) -> str:
-    """The file name of one table (module docstring)."""
-    return f"op=tp_overlap,device_name={device_name(gpu_name)},tp={world_size},mode={mode},dtype={dtype}.json"
+def artifact_name(header: dict[str, Any]) -> str:
+    """``device_name=...,tp=...,mode=...,dtype=...`` of an export's header (its ``device_name`` the GPU
+    name, ``world_size``, ``mode``, ``dtype``): how the table files and the other exported files are named."""
+    return (
+        f"device_name={device_name(header['device_name'])},tp={header['world_size']},"
+        f"mode={header['mode']},dtype={header['dtype']}"
+    )
 
 
 def hardware_fingerprint(fields: dict[str, Any]) -> str:
@@ -171,12 +177,9 @@ class ScheduleTableFile:
 
     def write(self, directory: str | Path) -> Path:
         """Write the table under ``directory`` by its file name; returns the path."""
-        h = self.header
-        path = Path(directory) / table_file_name(
-            gpu_name=h["device_name"], world_size=self.world_size, mode=self.mode, dtype=self.dtype
-        )
+        path = Path(directory) / f"op=tp_overlap,{artifact_name(self.header)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 
     @classmethod

@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ficco.files import write_text_atomic
 from ficco.harness.shards import SHARD_COUNT_ENV, SHARDS_DIR, ShardedSweep
 
 
@@ -144,8 +145,7 @@ def write_job(
     path = sweep.out / SHARDS_DIR / SCRIPT[engine]
     path.parent.mkdir(parents=True, exist_ok=True)
     if engine is Engine.slurm:
-        path.write_text(slurm_script(command, sweep, name=name))
-        path.chmod(0o755)
+        write_text_atomic(path, slurm_script(command, sweep, name=name), mode=0o755)
     else:
-        path.write_text(json.dumps(k8s_job(command, sweep, name=name, image=image), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(k8s_job(command, sweep, name=name, image=image), indent=2) + "\n")
     return path

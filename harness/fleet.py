@@ -81,8 +81,7 @@ def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str])
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
         raise ShardFailed(f"shard {shard} {how}; its output: {directory / LOG}")
-    manifest = read_manifest(directory)
-    return 0 if manifest is None else len(manifest["finished"])
+    return _finished_in(directory)
 
 
 def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenarios: int) -> list[Path]:
@@ -144,11 +143,13 @@ def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenar
 
 def _finished(out: Path, shards: int) -> int:
     """Scenarios finished over every shard of ``out`` (from their manifests)."""
-    total = 0
-    for index in range(shards):
-        manifest = read_manifest(shard_dir(out, Shard(index, shards)))
-        total += 0 if manifest is None else len(manifest["finished"])
-    return total
+    return sum(_finished_in(shard_dir(out, Shard(index, shards))) for index in range(shards))
+
+
+def _finished_in(directory: Path) -> int:
+    """Scenarios the shard in ``directory`` has finished (its manifest's; 0 before it has one)."""
+    manifest = read_manifest(directory)
+    return 0 if manifest is None else len(manifest["finished"])
 
 
 def default_shards(backend: str, world_size: int, share_nodes: bool) -> int:

@@ -173,7 +173,7 @@ def gather(paths: Sequence[str | Path], out: str | Path, *, partial: bool = Fals
     check_same_sweep(shards)
     count = shards[0].shard["count"]
     missing = sorted(set(range(count)) - {s.shard["index"] for s in shards})
-    unfinished = {s.label: len(s.unfinished()) for s in shards if s.unfinished()}
+    unfinished = {s.label: n for s in shards if (n := len(s.unfinished()))}
     if (missing or unfinished) and not partial:
         raise ValueError(_incomplete_message(missing, unfinished, count))
     frames, seen, duplicates = [], set(), 0

@@ -36,7 +36,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ficco.runtime.overlap import OverlapOps, dtype_name
+from ficco.runtime.overlap import OverlapOps, backward_follows, dtype_name, request_pair
 from ficco.runtime.planner import OpRequest
 
 
@@ -53,7 +53,6 @@ class _TensorParallelLinear(nn.Module):
 
     _fwd_op: ClassVar[str]
     """The forward's overlapped op; the input gradient runs the other one, on the transposed weight."""
-    _bwd_input_op: ClassVar[str]
     _sharded: ClassVar[int]
     """The dim of the full weight ``[in, out]`` split over the ranks: 1 (columns) or 0 (rows)."""
 
@@ -93,10 +92,6 @@ class _TensorParallelLinear(nn.Module):
             r = self._requests[key] = self._make_requests(tokens, key[1], key[2])
         return r
 
-    def _backward_follows(self, x: torch.Tensor) -> bool:
-        """Whether autograd records this call for a backward (then the input gradient's op is planned too)."""
-        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-
     def _planned(self, tokens: int, backward: bool) -> _Requests:
         """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
         and with ``backward`` the input gradient's op too) in one batch."""
@@ -124,11 +119,10 @@ class _TensorParallelLinear(nn.Module):
     def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
         """The forward multiplies by the weight shard ``[k, n]``, the input gradient by its transpose."""
         k, n = self.weight.shape
-        common = {"layer": self.name, "m": tokens, "dtype": dtype, "world_size": world_size}
-        return _Requests(
-            fwd=OpRequest(direction="fwd", op=self._fwd_op, n=n, k=k, **common),
-            bwd_input=OpRequest(direction="bwd-input", op=self._bwd_input_op, n=k, k=n, **common),
+        fwd, bwd_input = request_pair(
+            self._fwd_op, m=tokens, n=n, k=k, dtype=dtype, world_size=world_size, layer=self.name
         )
+        return _Requests(fwd=fwd, bwd_input=bwd_input)
 
 
 class ColumnParallelLinear(_TensorParallelLinear):
@@ -149,7 +143,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
         Of the weight shard ``[in, out/w]``.
     """
 
-    _fwd_op, _bwd_input_op, _sharded = "ag_gemm", "gemm_rs", 1
+    _fwd_op, _sharded = "ag_gemm", 1
 
     def __init__(
         self,
@@ -167,7 +161,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
-        backward = self._backward_follows(x_shard)
+        backward = backward_follows(x_shard, self.weight)
         r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
         # keep_gathered: the op returns the gathered input, which its autograd keeps for the weight
         # gradient; otherwise the backward gathers it again beside the input gradient's op
@@ -203,11 +197,11 @@ class RowParallelLinear(_TensorParallelLinear):
         Of the weight shard ``[in/w, out]``.
     """
 
-    _fwd_op, _bwd_input_op, _sharded = "gemm_rs", "ag_gemm", 0
+    _fwd_op, _sharded = "gemm_rs", 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
-        backward = self._backward_follows(x)
+        backward = backward_follows(x, self.weight)
         r = self._planned(x.shape[0], backward)
         return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd, r.bwd_input if backward else None)
 

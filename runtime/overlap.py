@@ -233,3 +233,22 @@ def dtype_name(dtype: torch.dtype) -> str:
         return DTYPES[dtype]
     except KeyError:
         raise ValueError(f"dtype {dtype} is not supported; expected one of {list(DTYPES)}") from None
+
+
+def request_pair(
+    op: str, *, m: int, n: int, k: int, dtype: str, world_size: int, layer: str
+) -> tuple[OpRequest, OpRequest]:
+    """The requests of ``op`` (``ag_gemm`` or ``gemm_rs``) on ``[m, k] @ [k, n]`` and of its input
+    gradient's op: the other op of the pair, on the transposed weight (``n`` and ``k`` swapped)."""
+    back = "gemm_rs" if op == "ag_gemm" else "ag_gemm"
+    common = {"layer": layer, "m": m, "dtype": dtype, "world_size": world_size}
+    return (
+        OpRequest(direction="fwd", op=op, n=n, k=k, **common),
+        OpRequest(direction="bwd-input", op=back, n=k, k=n, **common),
+    )
+
+
+def backward_follows(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records a call on ``tensors`` for a backward (then the gradient's op is planned
+    too)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

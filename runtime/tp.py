@@ -49,7 +49,7 @@ from torch.distributed.tensor.parallel import SequenceParallel
 
 from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
 from ficco.features import SERIAL
-from ficco.runtime.overlap import dtype_name
+from ficco.runtime.overlap import backward_follows, dtype_name, request_pair
 from ficco.runtime.planner import OpRequest, Planner
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,8 @@ class _State:
         key = (op, m, n, k, dtype)
         pair = self.requests.get(key)
         if pair is None:
-            common = {"layer": self.name, "dtype": dtype_name(dtype), "world_size": self.world_size, "m": m}
-            back = "gemm_rs" if op == "ag_gemm" else "ag_gemm"
-            pair = self.requests[key] = (
-                OpRequest(direction="fwd", op=op, n=n, k=k, **common),
-                OpRequest(direction="bwd-input", op=back, n=k, k=n, **common),
+            pair = self.requests[key] = request_pair(
+                op, m=m, n=n, k=k, dtype=dtype_name(dtype), world_size=self.world_size, layer=self.name
             )
         if (key, backward) not in self.prepared:  # decided in one batch once, a lookup afterwards
             source.prepare(list(pair) if backward else pair[:1])
@@ -282,7 +279,7 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if isinstance(layout, Shard):  # sequence-parallel input: gathered by the op itself
             dim = layout.dim % local.dim()
             m = local.numel() // local.shape[-1] * state.world_size
-            backward = _backward_follows(local, weight)
+            backward = backward_follows(local, weight)
             fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
             _, (y,) = torch.ops.ficco.all_gather_matmul(
                 local, [weight.t()], dim, state.group_name, fwd, False, bwd
@@ -302,7 +299,7 @@ def _fused_all_gather_matmul(gather: _Gather) -> dict[int, torch.Tensor]:
     shard = gather.shard
     m = shard.numel() // shard.shape[-1] * state.world_size
     n = sum(w.shape[1] for w in weights)
-    keep = _backward_follows(shard, *weights)
+    keep = backward_follows(shard, *weights)
     fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, keep)
     _, outs = torch.ops.ficco.all_gather_matmul(shard, weights, gather.dim, state.group_name, fwd, keep, bwd)
     return {id(c): y for c, y in zip(gather.consumers, outs, strict=True)}
@@ -314,17 +311,12 @@ def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight.to_local()  # [out, in/w]
     dim = state.output_layout.dim % local.dim()
     m = local.numel() // local.shape[-1]
-    backward = _backward_follows(local, weight)
+    backward = backward_follows(local, weight)
     fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, local.dtype, backward)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
     if self.bias is not None:
         y = y + self.bias.to_local()
     return _output(state, y, Shard(dim))
-
-
-def _backward_follows(*tensors: torch.Tensor) -> bool:
-    """Whether autograd records this call for a backward (then the gradient's op is planned too)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _output(state: _State, y: torch.Tensor, layout: Placement) -> torch.Tensor:

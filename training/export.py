@@ -46,9 +46,10 @@ from ficco.features.schedule_table import (
     Entry,
     Range,
     ScheduleTableFile,
-    device_name,
+    artifact_name,
     hardware_fingerprint,
 )
+from ficco.files import write_text_atomic
 from ficco.training.model import SCHEDULES, SERIAL_INDEX
 
 log = logging.getLogger(__name__)
@@ -504,7 +505,7 @@ def write_vllm(model: Any, ranges: FuseRanges, header: dict[str, Any], out: Path
     )
     rows = [{"hidden_size": h, "tp": w, "dtype": dtype, "min_tokens": t} for h, t in thresholds.items()]
     path = out / f"op=sp_async_tp,{artifact_name(header)}.json"
-    path.write_text(json.dumps({**header, "thresholds": rows}, indent=1) + "\n")
+    write_text_atomic(path, json.dumps({**header, "thresholds": rows}, indent=1) + "\n")
     return path
 
 
@@ -523,14 +524,8 @@ def write_autoheuristic(ranges: FuseRanges, header: dict[str, Any], out: Path, s
     )  # fmt: skip
     name = f"async_tp_fuse,{artifact_name(header)}".replace("=", "_").replace(",", "__")
     path = out / f"{name}.py"
-    path.write_text(autoheuristic_module(ranges, header))
+    write_text_atomic(path, autoheuristic_module(ranges, header))
     return path
-
-
-def artifact_name(header: dict[str, Any]) -> str:
-    """``device_name=...,tp=...,mode=...,dtype=...`` of a header, as table files are named."""
-    return (f"device_name={device_name(header['device_name'])},tp={header['world_size']},"
-            f"mode={header['mode']},dtype={header['dtype']}")  # fmt: skip
 
 
 def export(
