@@ -16,6 +16,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, MODES
+from ficco.training.options import RegistryOption
 
 
 def _shape(text: str) -> tuple[str, int, int, int, int]:
@@ -40,10 +41,7 @@ def export_command(
     version: Annotated[
         str | None, typer.Option("--version", help="Model version (default: the promoted one).")
     ] = None,
-    registry: Annotated[
-        Path | None,
-        typer.Option("--registry", help="Model registry root (default: $FICCO_MODEL_ROOT or models/)."),
-    ] = None,
+    registry: RegistryOption = None,
     config: Annotated[
         list[Path] | None,
         typer.Option(

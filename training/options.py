@@ -1,0 +1,44 @@
+"""Options the training commands share (``ficco train``, ``evaluate``, ``retrain``, ``export``, ...), as
+``Annotated`` aliases: one flag, one help text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+DatasetOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--dataset",
+        help="Dataset directory written by `ficco bench --out` (manifest.json + parts/). Repeat it to "
+        "combine datasets of the same hardware and disjoint scenarios (e.g. dense and MoE).",
+    ),
+]
+RepeatOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--repeat",
+        help="An independent repeat sweep (another session) of scenarios --dataset holds; each schedule's "
+        "time becomes the geometric mean over the sweeps (eager labels of small shapes follow the host's "
+        "speed, which drifts between sessions). Repeat it for several.",
+    ),
+]
+RegistryOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--registry",
+        help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ of the checkout, else "
+        "(installed) ~/.local/share/ficco/models, made from the shipped one.",
+    ),
+]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="XGBoost seed; the same dataset and seed give the same model.")
+]
+JobsOption = Annotated[
+    int,
+    typer.Option(
+        "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
+    ),
+]
