@@ -107,8 +107,9 @@ def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     reduce_scatters = find_reduce_scatter_patterns(graph)
     # a gather the pattern matched but whose matmul it did not find (e.g. reached through two reshapes at
     # one sequence per batch) counts as unmatched, so that the search below reports it
-    fed = [ag for ag in all_gathers if _gathered_matmuls(ag) or _biased_users(ag.res_node)]
-    matched = {ag.ag_node for ag in fed} | {rs.reduce_scatter_node for rs in reduce_scatters}
+    consumers = [(ag, _gathered_matmuls(ag), _biased_users(ag.res_node)) for ag in all_gathers]
+    fed = [c for c in consumers if c[1] or c[2]]
+    matched = {ag.ag_node for ag, _, _ in fed} | {rs.reduce_scatter_node for rs in reduce_scatters}
     gathers = _all_gather_sites(fed)
     taken = {n for site in gathers if isinstance(site, Site) for n in site.replaces}
     scatters = [_not_taken(site, taken) for site in _reduce_scatter_sites(reduce_scatters)]
@@ -250,13 +251,14 @@ def _reads_as_input(matmul: _Matmul, node: torch.fx.Node) -> bool:
     return mm.args[0] is reshape and reshape.args[0] is node
 
 
-def _all_gather_sites(all_gathers: list[_AllGatherMatch]) -> list[Site | Skipped]:
-    """One site per gather whose result feeds matmuls (all of them in one op); the matmuls it cannot take
-    (a bias, fp8, a weight computed from the gathered input) are skipped beside it."""
+def _all_gather_sites(
+    fed: list[tuple[_AllGatherMatch, list[_Matmul], list[torch.fx.Node]]],
+) -> list[Site | Skipped]:
+    """One site per gather whose result feeds matmuls (all of them in one op), from each gather's
+    ``(match, matmuls reading it as input, biased users)``; the matmuls it cannot take (a bias, fp8, a weight
+    computed from the gathered input) are skipped beside it."""
     out: list[Site | Skipped] = []
-    for ag in all_gathers:
-        matmuls = _gathered_matmuls(ag)
-        biased = _biased_users(ag.res_node)
+    for ag, matmuls, biased in fed:
         group = ag.group_name
         if biased:
             why = _Refused("bias", f"{len(biased)} matmul(s) add a bias (addmm); ficco's ops take none")
