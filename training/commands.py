@@ -25,7 +25,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.files import work_root
+from ficco.files import SHIPPED, work_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
 from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
@@ -35,10 +35,9 @@ if TYPE_CHECKING:
     from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
 class RetrainBackend(StrEnum):
+    """Where ``ficco retrain`` measures (``--backend``); ``auto`` is ``gpu`` (see ``_retrain_backend``)."""
+
     auto = "auto"
     gpu = "gpu"
     sim = "sim"
@@ -279,7 +278,7 @@ def retrain_command(
     configs: Annotated[
         Path,
         typer.Option("--configs", help="Directory of Hugging Face config.json files, one per model family."),
-    ] = REPO_ROOT / "datasets" / "model_configs",
+    ] = SHIPPED / "datasets" / "model_configs",
     tp: Annotated[
         int | None,
         typer.Option(
