@@ -366,34 +366,18 @@ def bench(
         err=True,
     )
     typer.echo(f"GPU sweep estimate on {hw.id}: {estimate.summary()}", err=True)
+    settings = WorkerSettings(
+        modes=mode_list,
+        timing=timing,
+        remeasure=remeasure,
+        flush_seconds=flush_seconds,
+        deadline=deadline,
+        pin=pin.value,
+    )
     if backend is BenchBackend.sim:
-        _run_sim(
-            plan,
-            out,
-            seed=seed,
-            noise=noise,
-            calibrate_from=calibrate_from,
-            modes=mode_list,
-            remeasure=remeasure,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
+        _run_sim(plan, out, seed=seed, noise=noise, calibrate_from=calibrate_from, settings=settings)
     else:
-        run_torchrun(
-            plan,
-            out,
-            backend=backend,
-            tp=tp,
-            nproc=nproc,
-            settings=WorkerSettings(
-                modes=mode_list,
-                timing=timing,
-                remeasure=remeasure,
-                flush_seconds=flush_seconds,
-                deadline=deadline,
-                pin=pin.value,
-            ),
-        )
+        run_torchrun(plan, out, backend=backend, tp=tp, nproc=nproc, settings=settings)
     if part is None:
         _write_card(out)
     else:
@@ -604,12 +588,11 @@ def _run_sim(
     seed: int,
     noise: float,
     calibrate_from: Path | None,
-    modes: tuple[str, ...],
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None,
+    settings: WorkerSettings,
 ) -> None:
-    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
+    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given), with the
+    settings' modes, noise remeasures, flush interval and deadline (simulated times need no timing protocol
+    and no CPU placement)."""
     from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep
@@ -621,18 +604,14 @@ def _run_sim(
         except ValueError as err:
             raise fail(f"--calibrate-from {calibrate_from}: {err}") from None
         typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
-    hardware = plan[0][1].hardware
+    hardware, modes = plan[0][1].hardware, settings.modes
+    flush = {"flush_seconds": settings.flush_seconds, "deadline": settings.deadline}
     try:
-        run_sweep(
-            plan,
-            SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes),
-            out,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
-        if remeasure and sweep_complete(plan, out):  # a fresh backend, as a fresh process: other draws
+        backend = SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes)
+        run_sweep(plan, backend, out, **flush)
+        if settings.remeasure and sweep_complete(plan, out):  # a fresh backend (a fresh process): other draws
             backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
-            run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds, deadline=deadline)
+            run_noise(plan, backend, out, settings.remeasure, **flush)
     except ValueError as err:
         raise fail(str(err)) from None
 
