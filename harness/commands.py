@@ -322,8 +322,14 @@ def bench(
     check_tp(tp, hw)
     if max_rounds < rounds:
         raise fail(f"--max-rounds must be >= --rounds={rounds}; got {max_rounds}")
-    timing = Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms)
-    deadline = time.time() + 60 * time_budget if time_budget else None
+    settings = WorkerSettings(
+        modes=_modes(modes, backend),
+        timing=Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms),
+        remeasure=remeasure,
+        flush_seconds=flush_seconds,
+        deadline=time.time() + 60 * time_budget if time_budget else None,
+        pin=pin.value,
+    )
     plan = build_plan(
         configs,
         hw,
@@ -337,7 +343,6 @@ def bench(
         limit=limit,
         sample=sample,
     )
-    mode_list = _modes(modes, backend)
     if ray is not None or emit is not None:
         if shard is not None:
             raise fail("--shard runs one shard here; --ray and --emit run every shard (drop --shard)")
@@ -348,14 +353,17 @@ def bench(
         return
     part = _shard(shard)
     if part is not None:
-        plan, out, resume, remeasure = _shard_run(plan, part, out, hw, mode_list, timing, remeasure)
+        plan, out, settings = _shard_run(plan, part, out, hw, settings)
+        resume = True  # a shard's directory is always resumed
     _check_fresh_or_resume(out, resume)
     if resume:
         _check_same_plan_settings(out, plan)
 
     from ficco.harness.plan import estimate_sweep
 
-    estimate = estimate_sweep(plan, hw, modes=mode_list, timing=timing, remeasure=remeasure)
+    estimate = estimate_sweep(
+        plan, hw, modes=settings.modes, timing=settings.timing, remeasure=settings.remeasure
+    )
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
     )
@@ -366,14 +374,6 @@ def bench(
         err=True,
     )
     typer.echo(f"GPU sweep estimate on {hw.id}: {estimate.summary()}", err=True)
-    settings = WorkerSettings(
-        modes=mode_list,
-        timing=timing,
-        remeasure=remeasure,
-        flush_seconds=flush_seconds,
-        deadline=deadline,
-        pin=pin.value,
-    )
     if backend is BenchBackend.sim:
         _run_sim(plan, out, seed=seed, noise=noise, calibrate_from=calibrate_from, settings=settings)
     else:
@@ -399,21 +399,16 @@ def _shard(value: str | None) -> Shard | None:
 
 
 def _shard_run(
-    plan: Plan,
-    part: Shard,
-    out: Path,
-    hw: HardwareProfile,
-    modes: tuple[str, ...],
-    timing: Timing,
-    remeasure: int,
-) -> tuple[Plan, Path, bool, int]:
-    """``(plan, out, resume, remeasure)`` of shard ``part``: its part of the plan, its directory (always
-    resumed; refused if it holds another plan's shard), its share of the re-measure; records the run."""
+    plan: Plan, part: Shard, out: Path, hw: HardwareProfile, settings: WorkerSettings
+) -> tuple[Plan, Path, WorkerSettings]:
+    """``(plan, out, settings)`` of shard ``part``: its part of the plan, its directory (always resumed;
+    refused if it holds another plan's shard), the settings with its share of the re-measure; records the
+    run."""
     from ficco.features.dataset import PLAN, read_manifest
     from ficco.harness.plan import scenario_seconds
     from ficco.harness.shards import plan_hash, record_run, shard_dir, shard_plan
 
-    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=modes, timing=timing))
+    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=settings.modes, timing=settings.timing))
     directory = shard_dir(out, part)
     if (directory / PLAN).is_file():
         before = json.loads((directory / PLAN).read_text())["settings"].get("shard", {})
@@ -429,7 +424,7 @@ def _shard_run(
         raise fail(str(err)) from None
     record_run(directory, finished_before=0 if manifest is None else len(manifest["finished"]))
     typer.echo(f"shard {part}: {len(sub)} of {len(plan)} scenarios into {directory}", err=True)
-    return sub, directory, True, math.ceil(remeasure / part.count)
+    return sub, directory, dataclasses.replace(settings, remeasure=math.ceil(settings.remeasure / part.count))
 
 
 FLEET_OPTIONS = (
