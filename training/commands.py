@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
 
+
 class RetrainBackend(StrEnum):
     """Where ``ficco retrain`` measures (``--backend``); ``auto`` is ``gpu`` (see ``_retrain_backend``)."""
 
