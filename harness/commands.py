@@ -22,14 +22,13 @@ import logging
 import math
 import subprocess
 import time
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail
+from ficco.errors import fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
@@ -418,10 +417,8 @@ def _shard_run(
                 f"this one {plan_hash(sub)[:16]}): run it with the options it was started with, or choose "
                 "another --out"
             )
-    try:
+    with fail_on_value_error():
         manifest = read_manifest(directory)
-    except ValueError as err:
-        raise fail(str(err)) from None
     record_run(directory, finished_before=0 if manifest is None else len(manifest["finished"]))
     typer.echo(f"shard {part}: {len(sub)} of {len(plan)} scenarios into {directory}", err=True)
     return sub, directory, dataclasses.replace(settings, remeasure=math.ceil(settings.remeasure / part.count))
@@ -521,10 +518,8 @@ def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     """Refuse to add to an existing dataset unless ``--resume`` was given."""
     from ficco.features.dataset import read_manifest
 
-    try:
+    with fail_on_value_error():
         existing = read_manifest(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
     if existing is not None and not resume:
         raise fail(
             f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
@@ -601,34 +596,28 @@ def _run_sim(
         typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
     hardware, modes = plan[0][1].hardware, settings.modes
     flush = {"flush_seconds": settings.flush_seconds, "deadline": settings.deadline}
-    try:
+    with fail_on_value_error():
         backend = SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes)
         run_sweep(plan, backend, out, **flush)
         if settings.remeasure and sweep_complete(plan, out):  # a fresh backend (a fresh process): other draws
             backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
             run_noise(plan, backend, out, settings.remeasure, **flush)
-    except ValueError as err:
-        raise fail(str(err)) from None
-
-
-def _or_fail(call: Callable[[Path], Any], out: Path) -> Any:
-    """``call(out)``, its ``ValueError`` as one ``error:`` line."""
-    try:
-        return call(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
 
 
 def _relabel(out: Path) -> None:
     from ficco.harness.dataset import relabel_dataset
 
-    typer.echo(f"relabelled {out}: in_best_set changed on {_or_fail(relabel_dataset, out)} rows")
+    with fail_on_value_error():
+        changed = relabel_dataset(out)
+    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
 
 
 def _write_card(out: Path) -> None:
     from ficco.harness.card import write_card
 
-    typer.echo(f"dataset card: {_or_fail(write_card, out)}")
+    with fail_on_value_error():
+        card = write_card(out)
+    typer.echo(f"dataset card: {card}")
 
 
 class HostBackend(StrEnum):
@@ -702,10 +691,8 @@ def gather_command(
     writes the dataset, its card (shards, machines, GPU time) and the content hash of its rows."""
     from ficco.harness.gather import gather
 
-    try:
+    with fail_on_value_error():
         done = gather(parts, out, partial=partial)
-    except ValueError as err:
-        raise fail(str(err)) from None
     typer.echo(
         f"gathered {done.shards} shards into {done.out}: {done.rows} rows, content hash {done.rows_hash}"
         + (f"; {done.duplicates} duplicate rows dropped" if done.duplicates else "")
