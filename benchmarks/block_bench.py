@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO, plot_speedups, rerender, write_results
+from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -109,19 +110,22 @@ class Phase:
     """The execution mode the planner is asked for (``eager`` or ``graph``)."""
     backward: bool
     """Forward and backward (a training step), or the forward alone."""
-    graphed: bool
-    """Replayed from CUDA graphs (``runtime.GraphedCall``; on the CPU the step runs eagerly)."""
     tokens: tuple[int, ...]
     quick_tokens: tuple[int, ...]
     smoke_tokens: tuple[int, ...]
     """``--cpu-smoke``'s token counts (the tiny block)."""
+
+    @property
+    def graphed(self) -> bool:
+        """Replayed from CUDA graphs (``runtime.GraphedCall``; on the CPU the step runs eagerly): the
+        ``graph`` mode."""
+        return self.mode == "graph"
 
 
 PHASES = {
     "inference": Phase(
         mode="graph",
         backward=False,
-        graphed=True,
         tokens=(128, 256, 512, 1024, 2048, 4096),
         quick_tokens=(256, 2048),
         smoke_tokens=(16, 32),
@@ -129,7 +133,6 @@ PHASES = {
     "train": Phase(
         mode="eager",
         backward=True,
-        graphed=False,
         tokens=(2048, 4096, 8192, 16384, 32768),
         quick_tokens=(4096, 16384),
         smoke_tokens=(32, 64),
@@ -137,7 +140,6 @@ PHASES = {
     "train_graph": Phase(
         mode="graph",
         backward=True,
-        graphed=True,
         tokens=(2048, 4096, 8192),
         quick_tokens=(4096,),
         smoke_tokens=(32,),
@@ -478,17 +480,6 @@ def maybe_prepare(ops: Any, requests: list) -> None:
         ops.planner.prepare(requests, timeout_s=PREPARE_TIMEOUT_S)
 
 
-def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """``time_interleaved``'s settings for a point's variants, from the command line."""
-    return {
-        "warmup": args.warmup,
-        "rounds": args.rounds,
-        "reps": args.reps,
-        "timed_ms": args.timed_ms,
-        "max_rounds": args.max_rounds,
-    }
-
-
 def step_context(ops: Any):
     """The planner's step (decisions frozen, bounded waits) for planned ops; nothing for the others."""
     return ops.planner.step() if isinstance(ops, PlannedOps) else contextlib.nullcontext()
@@ -679,11 +670,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "oracle_measured_ops": len(measured),
             "oracle_dataset_ops": len(keys) - len(missing),
             "oracle_pool": pool or "every candidate",
-            "warmup": args.warmup,
-            "rounds": args.rounds,
-            "max_rounds": args.max_rounds,
-            "timed_ms": args.timed_ms,
-            "reps": args.reps,
+            **timing_settings(args),
             "pin": args.pin,
             "seq_len": seq_len,
             "dtype": str(dtype),
@@ -918,16 +905,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = " / ".join(f"{name} {phase.quick_tokens}" for name, phase in PHASES.items())
     p.add_argument("--quick", action="store_true", help=f"tokens: {quick}")
     p.add_argument("--cpu-smoke", action="store_true", help="gloo on the CPU, a tiny block (CI)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant and point")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point (variants reordered)")
-    p.add_argument("--reps", type=int, default=4, help="timed steps per variant and round")
-    p.add_argument(
-        "--timed-ms",
-        type=float,
-        default=300.0,
-        help="short steps get more rounds, until every variant is timed for about this many ms (0: --rounds)",
-    )
-    p.add_argument("--max-rounds", type=int, default=40, help="the most rounds a point of short steps gets")
+    add_step_timing(p, warmup=3, rounds=5, reps=4, timed_ms=300.0, max_rounds=40)
     p.add_argument("--oracle-reps", type=int, default=5, help="timed calls per schedule of a measured op")
     p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where each rank's threads run")
     p.add_argument(
@@ -941,13 +919,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
-    for name in ("warmup", "rounds", "reps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
-    if args.max_rounds < args.rounds:
-        p.error(f"--max-rounds must be >= --rounds ({args.rounds}); got {args.max_rounds}")
-    if args.timed_ms < 0:
-        p.error(f"--timed-ms must be >= 0; got {args.timed_ms}")
+    check_step_timing(p, args)
     return args
 
 

@@ -49,14 +49,17 @@ class LlamaArgs:
                 f"{cfg.name}: head_dim * num_attention_heads must equal hidden_size for a Llama; got "
                 f"{cfg.head_dim} * {cfg.num_attention_heads} != {cfg.hidden_size}"
             )
-        return cls(
-            dim=cfg.hidden_size,
-            n_layers=n_layers,
-            n_heads=cfg.num_attention_heads,
-            n_kv_heads=cfg.num_key_value_heads,
-            hidden_dim=cfg.intermediate_size,
-            max_seq_len=max_seq_len,
-        )
+        shapes = {arg: getattr(cfg, name) for arg, name in CONFIG_NAMES.items()}
+        return cls(n_layers=n_layers, max_seq_len=max_seq_len, **shapes)
+
+
+CONFIG_NAMES = {
+    "dim": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "hidden_dim": "intermediate_size",
+}
+"""The layer shapes :meth:`LlamaArgs.from_config` takes: torchtitan's argument -> ``ModelConfig``'s field."""
 
 
 def precompute_freqs_cis(dim: int, end: int, theta: float) -> torch.Tensor:

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO, plot_speedups, rerender, write_results
+from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
 from ficco.harness.worker import SAFE_ENV
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
@@ -477,13 +478,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         async_tp_reason=async_tp_reason,
         hardware=hardware,
         batch=args.batch,
-        timing={
-            "warmup": args.warmup,
-            "rounds": args.rounds,
-            "reps": args.reps,
-            "timed_ms": args.timed_ms,
-            "max_rounds": args.max_rounds,
-        },
+        timing=timing_settings(args),
     )
     # --shapes static: a cache entry per token count and compiled variant (torch < 2.7: cache_size_limit)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -753,21 +748,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=1, help="decoder layers in the step")
     p.add_argument("--batch", type=int, default=2, help="sequences the tokens are split into")
     p.add_argument("--shapes", choices=("static", "dynamic"), default="static", help="compiled token count")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant and point")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point (at least)")
-    p.add_argument("--reps", type=int, default=3, help="timed steps per variant and round")
-    p.add_argument("--timed-ms", type=float, default=150.0, help="short steps get rounds up to about this")
-    p.add_argument("--max-rounds", type=int, default=20, help="the most rounds a point of short steps gets")
+    add_step_timing(p, warmup=2, rounds=3, reps=3, timed_ms=150.0, max_rounds=20)
     p.add_argument("--budget-s", type=float, default=480.0, help="no point starts after this many seconds")
     p.add_argument("--planner-timeout-s", type=float, default=5.0, help="the planners' bound per call")
     p.add_argument("--fresh", action="store_true", help="ignore the points of an earlier run in --out")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
-    for name in ("warmup", "rounds", "reps", "layers", "batch"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
-    if args.max_rounds < args.rounds:
-        p.error(f"--max-rounds must be >= --rounds ({args.rounds}); got {args.max_rounds}")
+    check_step_timing(p, args, "layers", "batch")
     if args.tokens and any(t % (2 * args.batch) or t < 4 * args.batch for t in args.tokens):
         p.error(
             f"--tokens must be multiples of 2 x --batch ({2 * args.batch}), >= 2 per sequence and rank; "

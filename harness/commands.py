@@ -22,14 +22,13 @@ import logging
 import math
 import subprocess
 import time
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail
+from ficco.errors import fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
@@ -322,8 +321,14 @@ def bench(
     check_tp(tp, hw)
     if max_rounds < rounds:
         raise fail(f"--max-rounds must be >= --rounds={rounds}; got {max_rounds}")
-    timing = Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms)
-    deadline = time.time() + 60 * time_budget if time_budget else None
+    settings = WorkerSettings(
+        modes=_modes(modes, backend),
+        timing=Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms),
+        remeasure=remeasure,
+        flush_seconds=flush_seconds,
+        deadline=time.time() + 60 * time_budget if time_budget else None,
+        pin=pin.value,
+    )
     plan = build_plan(
         configs,
         hw,
@@ -337,7 +342,6 @@ def bench(
         limit=limit,
         sample=sample,
     )
-    mode_list = _modes(modes, backend)
     if ray is not None or emit is not None:
         if shard is not None:
             raise fail("--shard runs one shard here; --ray and --emit run every shard (drop --shard)")
@@ -348,14 +352,17 @@ def bench(
         return
     part = _shard(shard)
     if part is not None:
-        plan, out, resume, remeasure = _shard_run(plan, part, out, hw, mode_list, timing, remeasure)
+        plan, out, settings = _shard_run(plan, part, out, hw, settings)
+        resume = True  # a shard's directory is always resumed
     _check_fresh_or_resume(out, resume)
     if resume:
         _check_same_plan_settings(out, plan)
 
     from ficco.harness.plan import estimate_sweep
 
-    estimate = estimate_sweep(plan, hw, modes=mode_list, timing=timing, remeasure=remeasure)
+    estimate = estimate_sweep(
+        plan, hw, modes=settings.modes, timing=settings.timing, remeasure=settings.remeasure
+    )
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
     )
@@ -367,33 +374,9 @@ def bench(
     )
     typer.echo(f"GPU sweep estimate on {hw.id}: {estimate.summary()}", err=True)
     if backend is BenchBackend.sim:
-        _run_sim(
-            plan,
-            out,
-            seed=seed,
-            noise=noise,
-            calibrate_from=calibrate_from,
-            modes=mode_list,
-            remeasure=remeasure,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
+        _run_sim(plan, out, seed=seed, noise=noise, calibrate_from=calibrate_from, settings=settings)
     else:
-        run_torchrun(
-            plan,
-            out,
-            backend=backend,
-            tp=tp,
-            nproc=nproc,
-            settings=WorkerSettings(
-                modes=mode_list,
-                timing=timing,
-                remeasure=remeasure,
-                flush_seconds=flush_seconds,
-                deadline=deadline,
-                pin=pin.value,
-            ),
-        )
+        run_torchrun(plan, out, backend=backend, tp=tp, nproc=nproc, settings=settings)
     if part is None:
         _write_card(out)
     else:
@@ -415,21 +398,16 @@ def _shard(value: str | None) -> Shard | None:
 
 
 def _shard_run(
-    plan: Plan,
-    part: Shard,
-    out: Path,
-    hw: HardwareProfile,
-    modes: tuple[str, ...],
-    timing: Timing,
-    remeasure: int,
-) -> tuple[Plan, Path, bool, int]:
-    """``(plan, out, resume, remeasure)`` of shard ``part``: its part of the plan, its directory (always
-    resumed; refused if it holds another plan's shard), its share of the re-measure; records the run."""
+    plan: Plan, part: Shard, out: Path, hw: HardwareProfile, settings: WorkerSettings
+) -> tuple[Plan, Path, WorkerSettings]:
+    """``(plan, out, settings)`` of shard ``part``: its part of the plan, its directory (always resumed;
+    refused if it holds another plan's shard), the settings with its share of the re-measure; records the
+    run."""
     from ficco.features.dataset import PLAN, read_manifest
     from ficco.harness.plan import scenario_seconds
     from ficco.harness.shards import plan_hash, record_run, shard_dir, shard_plan
 
-    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=modes, timing=timing))
+    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=settings.modes, timing=settings.timing))
     directory = shard_dir(out, part)
     if (directory / PLAN).is_file():
         before = json.loads((directory / PLAN).read_text())["settings"].get("shard", {})
@@ -439,13 +417,11 @@ def _shard_run(
                 f"this one {plan_hash(sub)[:16]}): run it with the options it was started with, or choose "
                 "another --out"
             )
-    try:
+    with fail_on_value_error():
         manifest = read_manifest(directory)
-    except ValueError as err:
-        raise fail(str(err)) from None
     record_run(directory, finished_before=0 if manifest is None else len(manifest["finished"]))
     typer.echo(f"shard {part}: {len(sub)} of {len(plan)} scenarios into {directory}", err=True)
-    return sub, directory, True, math.ceil(remeasure / part.count)
+    return sub, directory, dataclasses.replace(settings, remeasure=math.ceil(settings.remeasure / part.count))
 
 
 FLEET_OPTIONS = (
@@ -542,10 +518,8 @@ def _check_fresh_or_resume(out: Path, resume: bool) -> None:
     """Refuse to add to an existing dataset unless ``--resume`` was given."""
     from ficco.features.dataset import read_manifest
 
-    try:
+    with fail_on_value_error():
         existing = read_manifest(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
     if existing is not None and not resume:
         raise fail(
             f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
@@ -604,12 +578,11 @@ def _run_sim(
     seed: int,
     noise: float,
     calibrate_from: Path | None,
-    modes: tuple[str, ...],
-    remeasure: int,
-    flush_seconds: float,
-    deadline: float | None,
+    settings: WorkerSettings,
 ) -> None:
-    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given)."""
+    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given), with the
+    settings' modes, noise remeasures, flush interval and deadline (simulated times need no timing protocol
+    and no CPU placement)."""
     from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep
@@ -621,40 +594,30 @@ def _run_sim(
         except ValueError as err:
             raise fail(f"--calibrate-from {calibrate_from}: {err}") from None
         typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
-    hardware = plan[0][1].hardware
-    try:
-        run_sweep(
-            plan,
-            SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes),
-            out,
-            flush_seconds=flush_seconds,
-            deadline=deadline,
-        )
-        if remeasure and sweep_complete(plan, out):  # a fresh backend, as a fresh process: other draws
+    hardware, modes = plan[0][1].hardware, settings.modes
+    flush = {"flush_seconds": settings.flush_seconds, "deadline": settings.deadline}
+    with fail_on_value_error():
+        backend = SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes)
+        run_sweep(plan, backend, out, **flush)
+        if settings.remeasure and sweep_complete(plan, out):  # a fresh backend (a fresh process): other draws
             backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
-            run_noise(plan, backend, out, remeasure, flush_seconds=flush_seconds, deadline=deadline)
-    except ValueError as err:
-        raise fail(str(err)) from None
-
-
-def _or_fail(call: Callable[[Path], Any], out: Path) -> Any:
-    """``call(out)``, its ``ValueError`` as one ``error:`` line."""
-    try:
-        return call(out)
-    except ValueError as err:
-        raise fail(str(err)) from None
+            run_noise(plan, backend, out, settings.remeasure, **flush)
 
 
 def _relabel(out: Path) -> None:
     from ficco.harness.dataset import relabel_dataset
 
-    typer.echo(f"relabelled {out}: in_best_set changed on {_or_fail(relabel_dataset, out)} rows")
+    with fail_on_value_error():
+        changed = relabel_dataset(out)
+    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
 
 
 def _write_card(out: Path) -> None:
     from ficco.harness.card import write_card
 
-    typer.echo(f"dataset card: {_or_fail(write_card, out)}")
+    with fail_on_value_error():
+        card = write_card(out)
+    typer.echo(f"dataset card: {card}")
 
 
 class HostBackend(StrEnum):
@@ -728,10 +691,8 @@ def gather_command(
     writes the dataset, its card (shards, machines, GPU time) and the content hash of its rows."""
     from ficco.harness.gather import gather
 
-    try:
+    with fail_on_value_error():
         done = gather(parts, out, partial=partial)
-    except ValueError as err:
-        raise fail(str(err)) from None
     typer.echo(
         f"gathered {done.shards} shards into {done.out}: {done.rows} rows, content hash {done.rows_hash}"
         + (f"; {done.duplicates} duplicate rows dropped" if done.duplicates else "")

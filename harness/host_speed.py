@@ -122,17 +122,13 @@ class HostSpeed:
 
     factor: float
     """Median over cases of ``measured_us / priced_us``: the host factor to give the predictor."""
-    cases: tuple[HostCase, ...]
     world_size: int
     device: str
+    cases: tuple[HostCase, ...]
 
     def to_dict(self) -> dict:
-        return {
-            "factor": self.factor,
-            "world_size": self.world_size,
-            "device": self.device,
-            "cases": [asdict(c) for c in self.cases],
-        }
+        """The fields, the cases as dicts (the ``--out`` JSON)."""
+        return asdict(self)
 
     def summary(self) -> str:
         """Lines for a terminal: every case, then the factor and how to use it."""

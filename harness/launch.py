@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ficco.errors import fail
+from ficco.errors import fail, fail_on_value_error
 from ficco.features import OPS
 from ficco.harness.affinity import DEFAULT_PIN
 from ficco.harness.backend import Timing
@@ -120,7 +120,7 @@ def build_plan(
     from ficco.features.model_config import load_model_configs
     from ficco.harness.plan import evenly_spaced, plan_scenarios
 
-    try:
+    with fail_on_value_error():
         plan = plan_scenarios(
             load_model_configs(configs),
             tp=tp,
@@ -132,8 +132,6 @@ def build_plan(
             seed=seed,
             ops=ops,
         )
-    except ValueError as err:
-        raise fail(str(err)) from None
     for name, why in plan.settings["skipped_configs"].items():
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
     if limit:

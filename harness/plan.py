@@ -273,15 +273,15 @@ def _grid(
 class SweepEstimate:
     """How long a GPU sweep of a plan should take, from the simulator."""
 
-    scenarios: int = 0
+    scenarios: int
     """Scenarios in the plan."""
-    remeasured: int = 0
+    remeasured: int
     """Scenarios measured a second time for the noise table."""
-    rows: int = 0
+    rows: int
     """Dataset rows written (one per candidate schedule and mode)."""
-    timed_s: float = 0.0
+    timed_s: float
     """Seconds of GPU work: checks, warm-ups, captures and timed blocks (schedules and baselines)."""
-    overhead_s: float = 0.0
+    overhead_s: float
     """Seconds of alignment, checking and capture overhead."""
 
     @property

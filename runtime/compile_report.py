@@ -29,8 +29,9 @@ Reason = Literal[
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Rewrite:
-    """One ficco op the pass put in a graph."""
+class Collective:
+    """A collective beside a matmul that the pass met, and where: what :class:`Rewrite` and :class:`Left`
+    share."""
 
     op: Op
     graph: int
@@ -39,10 +40,21 @@ class Rewrite:
     """``fwd`` (a forward or inference graph) or ``bwd-input`` (a backward graph)."""
     layers: tuple[str, ...]
     """The modules whose matmuls it runs (``layers.0.attention.wq``), else the graph's node names."""
-    found: Literal["pattern", "fused op"]
-    """Matched as collective + matmuls, or from PyTorch's fused ``symm_mem`` op."""
     group: str
     """The c10d group name."""
+
+    def row(self, **rest: str) -> dict[str, Any]:
+        """Its row of :meth:`CompileReport.rows`, with the other columns ``rest``."""
+        layers = ",".join(self.layers)
+        return {"graph": self.graph, "direction": self.direction, "op": self.op, "layers": layers} | rest
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rewrite(Collective):
+    """One ficco op the pass put in a graph."""
+
+    found: Literal["pattern", "fused op"]
+    """Matched as collective + matmuls, or from PyTorch's fused ``symm_mem`` op."""
     world_size: int
     m: int | None
     """Gathered (``ag_gemm``) or full (``gemm_rs``) rows, batch included; None when dynamic."""
@@ -57,14 +69,9 @@ class Rewrite:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Left:
+class Left(Collective):
     """A collective beside a matmul that the pass left as it was."""
 
-    op: Op
-    graph: int
-    direction: Direction
-    layers: tuple[str, ...]
-    group: str
     reason: Reason
     detail: str
     """The reason in words, with the values that decided it."""
@@ -108,31 +115,11 @@ class CompileReport:
         rows = []
         for r in self.rewritten:
             shape = f"m={'dyn' if r.m is None else r.m} n={'+'.join(map(str, r.n))} k={r.k} {r.dtype}"
-            rows.append(
-                {
-                    "graph": r.graph,
-                    "direction": r.direction,
-                    "op": r.op,
-                    "layers": ",".join(r.layers),
-                    "shape": f"{shape} w={r.world_size}",
-                    "schedule": r.schedule,
-                    "ran": _ran_text(self.ran(r), r.m is None),
-                    "note": r.note or f"rewritten ({r.found})",
-                }
-            )
+            ran = _ran_text(self.ran(r), r.m is None)
+            note = r.note or f"rewritten ({r.found})"
+            rows.append(r.row(shape=f"{shape} w={r.world_size}", schedule=r.schedule, ran=ran, note=note))
         for x in self.left:
-            rows.append(
-                {
-                    "graph": x.graph,
-                    "direction": x.direction,
-                    "op": x.op,
-                    "layers": ",".join(x.layers),
-                    "shape": "",
-                    "schedule": "left",
-                    "ran": "",
-                    "note": f"{x.reason}: {x.detail}",
-                }
-            )
+            rows.append(x.row(shape="", schedule="left", ran="", note=f"{x.reason}: {x.detail}"))
         return rows
 
     def table(self) -> str:

@@ -187,14 +187,8 @@ class RowParallelLinear(_TensorParallelLinear):
 
     Parameters
     ----------
-    in_features, out_features : int
-        The full layer's sizes; ``in_features`` must divide by the group size.
-    ops : OverlapOps
-        Runs the overlapped ops (``runtime.overlap.PlannedOps``).
-    name : str, default=""
-        Shown in the planner's decision table.
-    device, dtype : optional
-        Of the weight shard ``[in/w, out]``.
+    As :class:`ColumnParallelLinear`'s, without ``keep_gathered``: here ``in_features`` must divide by the
+    group size, and the weight shard is ``[in/w, out]``.
     """
 
     _fwd_op, _sharded = "gemm_rs", 0

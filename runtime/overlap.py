@@ -54,8 +54,8 @@ class OverlapOps(Protocol):
         ...
 
 
-class PlannedOps:
-    """The ficco ops under the schedules ``planner`` decides.
+class PlannedOps(OverlapOps):
+    """The ficco ops under the schedules ``planner`` decides (the methods' types are :class:`OverlapOps`'s).
 
     Parameters
     ----------
@@ -74,23 +74,13 @@ class PlannedOps:
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
 
-    def all_gather_matmul(
-        self,
-        a_shard: torch.Tensor,
-        bs: list[torch.Tensor],
-        request: OpRequest,
-        backward_request: OpRequest | None,
-        *,
-        return_gathered: bool,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def all_gather_matmul(self, a_shard, bs, request, backward_request, *, return_gathered):
         schedule, backward = self.schedules(request, backward_request)
         return torch.ops.ficco.all_gather_matmul(
             a_shard, bs, 0, self.group_name, schedule, return_gathered, backward
         )
 
-    def matmul_reduce_scatter(
-        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest, backward_request: OpRequest | None
-    ) -> torch.Tensor:
+    def matmul_reduce_scatter(self, a, b, request, backward_request):
         schedule, backward = self.schedules(request, backward_request)
         return torch.ops.ficco.matmul_reduce_scatter(a, b, "sum", 0, self.group_name, schedule, backward)
 
@@ -131,7 +121,7 @@ class ForwardOps(Protocol):
         ...
 
 
-class DifferentiableOps:
+class DifferentiableOps(OverlapOps):
     """:class:`OverlapOps` over forward-only ops (``ForwardOps``), with the backward the ficco ops register
     (``executor.library``: each op's input gradient is the other op on the transposed weight; the weight
     gradient multiplies the gathered input, kept or gathered again beside that op). For implementations

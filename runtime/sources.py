@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -97,6 +97,7 @@ class PredictorSource:
         return [answer_from(r, self.origin) for r in recs]
 
 
+@dataclass(eq=False)
 class ServiceSource:
     """The recommendation service, through a ``service.client.ServiceClient``.
 
@@ -107,26 +108,20 @@ class ServiceSource:
     reason. ``machine`` is checked against the table's fingerprint as :meth:`TableSource.load` does.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        host_factor: float | None = None,
-        *,
-        tables: bool = False,
-        config: dict[str, Any] | None = None,
-        cache_dir: str | Path | None = None,
-        machine: dict[str, Any] | Literal["auto"] | None = "auto",
-    ) -> None:
-        self.client = client
-        self.host_factor = host_factor
-        """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
-        self.tables = tables
-        self.config = config
-        self.cache_dir = cache_dir
-        self.machine = machine
-        self._tables: dict[tuple[str, int, str, str], TableSource] = {}
-        """(hardware id, world size, mode, dtype) -> the fetched table's source."""
-        self.origin = "service tables" if tables else "service"
+    client: Any
+    host_factor: float | None = None
+    """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
+    _: KW_ONLY
+    tables: bool = False
+    config: dict[str, Any] | None = None
+    cache_dir: str | Path | None = None
+    machine: dict[str, Any] | Literal["auto"] | None = "auto"
+    _tables: dict[tuple[str, int, str, str], TableSource] = field(default_factory=dict, init=False)
+    """(hardware id, world size, mode, dtype) -> the fetched table's source."""
+
+    @property
+    def origin(self) -> str:
+        return "service tables" if self.tables else "service"
 
     @property
     def hardware_id(self) -> str | None:

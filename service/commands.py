@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import fail
+from ficco.training.options import DTypeOption, HostFactorOption
 
 if TYPE_CHECKING:
     from ficco.service.core.config import ModelSettings, Settings
@@ -46,10 +47,6 @@ _HARDWARE_HELP = (
     "Hardware id, e.g. h200x2, h200x2-sim (its simulated model), a custom id registered before, or a "
     "HardwareProfile JSON file (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
 )
-_HOST_FACTOR_HELP = (
-    "Eager mode: this machine's host factor, in [0.25, 8] (the 'Host speed' of a dataset card measured on "
-    "it; default: the model's training data's)."
-)
 
 
 def _settings(*, server: bool = False, **overrides: Any) -> Any:
@@ -72,6 +69,16 @@ def _hardware_id(value: str | None, settings: ModelSettings) -> str | None:
     from ficco.harness.launch import hardware_profile
 
     return hardware_profile(value, settings.MODEL_ROOT).id
+
+
+def _offline_request(
+    schema: Any, model_root: Path | None, hardware: str | None, **fields: Any
+) -> tuple[ModelSettings, Any]:
+    """The settings to answer offline with (``--model-root`` over the environment) and the request
+    ``schema`` of the options ``fields`` and ``--hardware`` (:func:`_hardware_id`); a bad value exits with
+    one ``error:`` line."""
+    settings = _settings(MODEL_ROOT=model_root)
+    return settings, _answer(schema, hardware=_hardware_id(hardware, settings), **fields)
 
 
 def _loaded_store(settings: ModelSettings) -> ModelStore:
@@ -221,7 +228,7 @@ def score(
         typer.Option(help="Tensor-parallel degree: a world size the hardware's model was trained at (2..8)."),
     ] = 2,
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
-    dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    dtype: DTypeOption = "bf16",
     hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
     output_format: Annotated[
         ScoreFormat, typer.Option("--format", help="table, json (the API's answer) or csv.")
@@ -234,7 +241,7 @@ def score(
             help="KV heads fewer than tp ranks: megatron (refuse, the default) or vllm (replicate)."
         ),
     ] = "megatron",
-    host_factor: Annotated[float | None, typer.Option(help=_HOST_FACTOR_HELP)] = None,
+    host_factor: HostFactorOption = None,
 ) -> None:
     """Score model configs offline (as POST /v1/score, or /v1/score/batch for several): each layer's pairs,
     schedules and projected savings.
@@ -249,13 +256,13 @@ def score(
         counts = [int(t) for t in tokens.split(",") if t.strip()]
     except ValueError as err:
         raise fail(f"--tokens must be comma-separated ints; got {tokens!r}: {err}") from None
-    settings = _settings(MODEL_ROOT=model_root)
-    request = _answer(
+    settings, request = _offline_request(
         ScoreSettings,
+        model_root,
+        hardware,
         tp=tp,
         tokens=counts,
         dtype=dtype,
-        hardware=_hardware_id(hardware, settings),
         mode=mode,
         kv_layout=kv_layout,
         host_factor=host_factor,
@@ -281,7 +288,7 @@ def recommend(
     m: Annotated[int, typer.Option(help="Rows (tokens); features/scenario.py gives each op's convention.")],
     n: Annotated[int, typer.Option(help="Output features of the GEMM on one rank.")],
     k: Annotated[int, typer.Option(help="Reduction dimension of the GEMM on one rank.")],
-    dtype: Annotated[str, typer.Option(help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    dtype: DTypeOption = "bf16",
     world_size: Annotated[
         int,
         typer.Option(
@@ -298,23 +305,23 @@ def recommend(
     ] = RecommendFormat.table,
     model_root: Annotated[Path | None, typer.Option(help=_MODEL_ROOT_HELP)] = None,
     mode: Annotated[str, typer.Option(help=_MODE_HELP)] = "eager",
-    host_factor: Annotated[float | None, typer.Option(help=_HOST_FACTOR_HELP)] = None,
+    host_factor: HostFactorOption = None,
 ) -> None:
     """Recommend a schedule for one scenario offline (as POST /v1/recommend)."""
     from ficco.service.engine import recommend_scenarios
     from ficco.service.report import recommendation_table
     from ficco.service.schemas import ScenarioIn
 
-    settings = _settings(MODEL_ROOT=model_root)
-    item = _answer(
+    settings, item = _offline_request(
         ScenarioIn,
+        model_root,
+        hardware,
         op=op,
         m=m,
         n=n,
         k=k,
         dtype=dtype,
         world_size=world_size,
-        hardware=_hardware_id(hardware, settings),
         experts=experts,
         top_k=top_k,
         imbalance=imbalance,

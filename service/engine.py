@@ -27,25 +27,30 @@ def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int
         raise InvalidFieldsError([scenario_error(err, loc, values)]) from None
 
 
+_COPIED = (
+    "schedule",
+    "mode",
+    "predicted_speedups",
+    "predicted_speedup",
+    "fallback",
+    "fallback_reason",
+    "pick_reason",
+    "model_version",
+    "hardware_id",
+    "model_backend",
+    "host_factor",
+)
+"""The response fields that a ``training.predictor.Recommendation`` holds under the same name."""
+
+
 def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
     """The response item for a ``training.predictor.Recommendation`` answered under ``resolution``.
 
     Built without re-validation: every field comes typed from the predictor (str, float, bool).
     """
+    copied = {name: getattr(rec, name) for name in _COPIED}
     return RecommendationPublic.model_construct(
-        schedule=rec.schedule,
-        mode=rec.mode,
-        predicted_speedups=rec.predicted_speedups,
-        predicted_speedup=rec.predicted_speedup,
-        fallback=rec.fallback,
-        fallback_reason=rec.fallback_reason,
-        pick_reason=rec.pick_reason,
-        model_version=rec.model_version,
-        hardware_id=rec.hardware_id,
-        model_backend=rec.model_backend,
-        host_factor=rec.host_factor,
-        requested_hardware=resolution.requested,
-        hardware_substitution=resolution.substitution,
+        **copied, requested_hardware=resolution.requested, hardware_substitution=resolution.substitution
     )
 
 

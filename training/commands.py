@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail
+from ficco.errors import fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.files import work_root
+from ficco.files import SHIPPED, work_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
 from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 class RetrainBackend(StrEnum):
+    """Where ``ficco retrain`` measures (``--backend``); ``auto`` is ``gpu`` (see ``_retrain_backend``)."""
+
     auto = "auto"
     gpu = "gpu"
     sim = "sim"
@@ -147,14 +147,12 @@ def evaluate_command(
     loaded = _load(dataset, repeat)
     other = _load([transfer]) if transfer is not None else None
     independent = _load([rescore]).table if rescore is not None else None
-    try:
+    with fail_on_value_error():
         evaluation = evaluate(
             loaded.table, noise=loaded.noise, transfer=other.table if other else None,
             transfer_noise=other.noise if other else None, rescore=independent, seed=seed, n_jobs=jobs,
             progress=True,
         )  # fmt: skip
-    except ValueError as err:
-        raise fail(str(err)) from None
     summary = {**evaluation.summary, "dataset": loaded.info}
     if other is not None:
         summary["transfer_dataset"] = other.info
@@ -184,10 +182,8 @@ def train_command(
 
     loaded = _load(dataset, repeat)
     root = _registry(registry)
-    try:
+    with fail_on_value_error():
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
-    except ValueError as err:
-        raise fail(str(err)) from None
     typer.echo(format_summary(trained.evaluation.summary))
     model_id, version = register_trained(root, trained, loaded, seed=seed)
     typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
@@ -279,7 +275,7 @@ def retrain_command(
     configs: Annotated[
         Path,
         typer.Option("--configs", help="Directory of Hugging Face config.json files, one per model family."),
-    ] = REPO_ROOT / "datasets" / "model_configs",
+    ] = SHIPPED / "datasets" / "model_configs",
     tp: Annotated[
         int | None,
         typer.Option(
@@ -331,13 +327,11 @@ def retrain_command(
     plan = informative_subset(plan, budget, current)
     typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
     measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
-    try:
+    with fail_on_value_error():
         outcome = retrain(
             plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
             log=lambda text: typer.echo(text, err=True),
         )  # fmt: skip
-    except ValueError as err:
-        raise fail(str(err)) from None
     typer.echo(format_summary(outcome.new_metrics))
     if outcome.current_metrics is not None:
         cur = outcome.current_metrics

@@ -16,7 +16,7 @@ import typer
 
 from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, MODES
-from ficco.training.options import RegistryOption
+from ficco.training.options import DTypeOption, HostFactorOption, RegistryOption
 
 
 def _shape(text: str) -> tuple[str, int, int, int, int]:
@@ -58,16 +58,11 @@ def export_command(
     mode: Annotated[
         list[str] | None, typer.Option("--mode", help=f"Execution mode(s) {list(MODES)} (default: both).")
     ] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Element type: bf16, fp16 or fp32.")] = "bf16",
+    dtype: DTypeOption = "bf16",
     fmt: Annotated[
         str, typer.Option("--format", help="tables (schedule tables), vllm (SP thresholds) or autoheuristic.")
     ] = "tables",
-    host_factor: Annotated[
-        float | None,
-        typer.Option(
-            "--host-factor", help="This machine's host factor for eager tables (default: the model's)."
-        ),
-    ] = None,
+    host_factor: HostFactorOption = None,
     allow_simulated: Annotated[
         bool,
         typer.Option(

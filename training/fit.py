@@ -39,14 +39,7 @@ class TrainConfig:
 
     def estimator(self, *, seed: int, n_jobs: int) -> PairModel:
         """An unfitted ``training.model.PairModel`` of these hyper-parameters."""
-        return PairModel(
-            objective=self.objective,
-            n_estimators=self.n_estimators,
-            max_depth=self.max_depth,
-            learning_rate=self.learning_rate,
-            random_state=seed,
-            n_jobs=n_jobs,
-        )
+        return PairModel(**self.to_dict(), random_state=seed, n_jobs=n_jobs)
 
     def key(self) -> str:
         """A short name for logs and the card, e.g. ``ratio,d6,n150,lr0.1``."""

@@ -1,5 +1,6 @@
-"""Options the training commands share (``ficco train``, ``evaluate``, ``retrain``, ``export``, ...), as
-``Annotated`` aliases: one flag, one help text."""
+"""Options the training commands share (``ficco train``, ``evaluate``, ``retrain``, ``export``, ...), and
+with ``ficco score`` and ``recommend`` (``--dtype``, ``--host-factor``), as ``Annotated`` aliases: one flag,
+one help text."""
 
 from __future__ import annotations
 
@@ -40,5 +41,14 @@ JobsOption = Annotated[
     int,
     typer.Option(
         "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
+    ),
+]
+DTypeOption = Annotated[str, typer.Option("--dtype", help="Element type: bf16, fp16 or fp32.")]
+HostFactorOption = Annotated[
+    float | None,
+    typer.Option(
+        "--host-factor",
+        help="Eager mode: this machine's host factor, in [0.25, 8] (the 'Host speed' of a dataset card "
+        "measured on it; default: the model's training data's).",
     ),
 ]

@@ -11,18 +11,17 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ficco.service.core.middleware import HttpMiddleware
 
-class BodyLimitMiddleware:
+
+class BodyLimitMiddleware(HttpMiddleware):
     """Answer 413 to any HTTP request whose body is over ``max_bytes``; pass the rest through unchanged."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(send, int(declared))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ficco.service.core.middleware import HttpMiddleware
 from ficco.service.core.store import ModelStore
 
 CLIENT_CLOSED = 499
@@ -65,17 +66,14 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Pure ASGI middleware timing every HTTP request; the endpoint label is the route's path template."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start, status = time.perf_counter(), 500
 
         async def watch_receive() -> Message:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from ficco.service.core.offload import answer_in_worker, batch_body
+from ficco.service.core.offload import answer_in_worker
 from ficco.service.deps import ServedDep, SettingsDep
 from ficco.service.engine import recommend_scenario
-from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
+from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS, batch_route
 from ficco.service.schemas import (
     RecommendationPublic,
     RecommendationsPublic,
@@ -29,12 +29,7 @@ async def recommend(body: ScenarioIn, served: ServedDep, settings: SettingsDep) 
     return await recommend_scenario(served, body, default_hardware=settings.DEFAULT_HARDWARE)
 
 
-@router.post(
-    "/batch",
-    response_model=RecommendationsPublic,
-    responses=BUSY_ERRORS,
-    openapi_extra={"requestBody": batch_body(RecommendBatchRequest)},
-)
+@router.post("/batch", **batch_route(RecommendationsPublic, RecommendBatchRequest))
 async def recommend_batch(request: Request, served: ServedDep) -> Response:
     """Recommend schedules for 1 to MAX_BATCH scenarios: the same answers as one request each.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ficco.service.core.offload import batch_body
 from ficco.service.schemas import ErrorPublic, UnknownHardwarePublic, ValidationErrorPublic
 
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -29,3 +30,11 @@ BUSY_ERRORS: dict[int | str, dict[str, Any]] = {
         "(Retry-After; the next batch starts a new one).",
     },
 }
+
+
+def batch_route(answer: type[Any], body: type[Any]) -> dict[str, Any]:
+    """The ``router.post`` arguments of a batch route answering ``answer``: its body ``body`` is read by the
+    batch worker (``service.core.offload``), so the OpenAPI document gets it from here, and the route may be
+    busy (``BUSY_ERRORS``)."""
+    extra = {"requestBody": batch_body(body)}
+    return {"response_model": answer, "responses": BUSY_ERRORS, "openapi_extra": extra}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from ficco.service.core.offload import answer_in_worker, batch_body
+from ficco.service.core.offload import answer_in_worker
 from ficco.service.deps import ServedDep, SettingsDep
-from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
+from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS, batch_route
 from ficco.service.schemas import ScoreBatchRequest, ScorePublic, ScoreRequest, ScoresPublic
 from ficco.service.scoring import score_model
 
@@ -24,12 +24,7 @@ def score(body: ScoreRequest, served: ServedDep, settings: SettingsDep) -> Score
     return score_model(served, body, default_hardware=settings.DEFAULT_HARDWARE)
 
 
-@router.post(
-    "/batch",
-    response_model=ScoresPublic,
-    responses=BUSY_ERRORS,
-    openapi_extra={"requestBody": batch_body(ScoreBatchRequest)},
-)
+@router.post("/batch", **batch_route(ScoresPublic, ScoreBatchRequest))
 async def score_batch(request: Request, served: ServedDep) -> Response:
     """Score many model configs alike (the same tp, tokens, dtype, mode and KV layout), in one call: one
     item per config, ``ok`` with its answer or ``error`` with why, so one bad config stops no other.

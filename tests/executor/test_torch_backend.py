@@ -14,35 +14,20 @@ from executor_world import run_world
 from ficco.features import Scenario, Schedule, candidates, get_hardware
 from ficco.harness.backend import Timing
 
-AG = Scenario(op="ag_gemm", m=24, n=16, k=8, dtype="fp32", world_size=2, hardware=get_hardware("h200x2"))
-RS = Scenario(op="gemm_rs", m=32, n=8, k=16, dtype="bf16", world_size=2, hardware=get_hardware("h200x2"))
+
+def _scenario(op: str, m: int, n: int, k: int, dtype: str = "fp32", **moe) -> Scenario:
+    """A scenario of this world (2 ranks on an h200x2 profile)."""
+    return Scenario(op=op, m=m, n=n, k=k, dtype=dtype, world_size=2, hardware=get_hardware("h200x2"), **moe)
+
+
+AG = _scenario("ag_gemm", 24, 16, 8)
+RS = _scenario("gemm_rs", 32, 8, 16, dtype="bf16")
 # rank 0 gets 48 of each rank's 64 routed rows, rank 1 the other 16
-A2A = Scenario(
-    op="a2a_gemm",
-    m=32,
-    n=8,
-    k=16,
-    experts=4,
-    top_k=2,
-    imbalance=1.5,
-    world_size=2,
-    hardware=get_hardware("h200x2"),
-)
+A2A = _scenario("a2a_gemm", 32, 8, 16, dtype="bf16", experts=4, top_k=2, imbalance=1.5)
 # imbalance = world size: every routed row goes to rank 0, rank 1's experts get none (its dispatch output
 # is empty here, its combine input and GEMM input in GEMM_A2A)
 A2A_ALL_TO_0 = dataclasses.replace(A2A, imbalance=2.0)
-GEMM_A2A = Scenario(
-    op="gemm_a2a",
-    m=24,
-    n=16,
-    k=8,
-    dtype="fp32",
-    experts=4,
-    top_k=2,
-    imbalance=2.0,
-    world_size=2,
-    hardware=get_hardware("h200x2"),
-)
+GEMM_A2A = _scenario("gemm_a2a", 24, 16, 8, experts=4, top_k=2, imbalance=2.0)
 IMPOSSIBLE = Schedule.parse("finer/dma/s8/chunk")  # 24 rows do not split into 2 ranks x 8 sub-chunks
 CORRUPTED = "shard/dma"  # the worker adds 1 to this schedule's output (ag_gemm and the MoE ops)
 CORRUPTED_OPS = ("ag_gemm", "a2a_gemm", "gemm_a2a")

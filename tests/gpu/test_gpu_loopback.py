@@ -15,6 +15,7 @@ from __future__ import annotations
 import executor_gpu_check as check
 import pytest
 import torch
+from replays import replayed_grads
 
 from ficco import executor
 from ficco.features import OP_SPECS, Routing, Scenario, candidates
@@ -128,13 +129,9 @@ def test_a_training_step_of_the_layers_replays_from_cuda_graphs(world):
             eager = [leaf.grad.clone() for leaf in leaves]
             assert {str(d.schedule) for d in planner.decisions.values()} == {schedule}  # no fallback
             graphed = GraphedCall(step)
-            for replay in range(2):  # both captures
-                for leaf in leaves:
-                    leaf.grad.fill_(float("nan"))
-                graphed()
-                torch.cuda.synchronize()
-                for name, leaf, want in zip(("up.weight", "down.weight", "x"), leaves, eager, strict=True):
-                    why = _same(leaf.grad, want)
+            for replay, grads in replayed_grads(graphed, leaves):  # both captures
+                for name, grad, want in zip(("up.weight", "down.weight", "x"), grads, eager, strict=True):
+                    why = _same(grad, want)
                     if why:
                         failures.append(f"{schedule} replay {replay} grad of {name}: {why}")
             del graphed

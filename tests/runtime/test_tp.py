@@ -20,6 +20,7 @@ SCHEDULES = [
     "planner",
 ]
 TOLERANCE = 1e-5
+pytestmark = pytest.mark.slow  # every test runs gloo worlds of 2 and 4 ranks
 
 
 def _tp_world(rank: int, world_size: int) -> dict:
@@ -94,7 +95,6 @@ def worlds() -> dict[int, list[dict]]:
     return {w: run_world(w, _tp_world) for w in (2, 4)}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_loss_and_every_gradient_match_pytorch_styles(worlds, world_size):
     for rank, report in enumerate(worlds[world_size]):
@@ -106,7 +106,6 @@ def test_loss_and_every_gradient_match_pytorch_styles(worlds, world_size):
             assert not bad, f"rank {rank} {schedule}: relative gradient errors {bad}"
 
 
-@pytest.mark.slow
 def test_each_block_runs_four_ficco_ops_and_pytorch_styles_none(worlds):
     report = worlds[2][0]
     assert report["torch_counts"] == {}
@@ -119,7 +118,6 @@ def test_each_block_runs_four_ficco_ops_and_pytorch_styles_none(worlds):
         }, case["counts"]
 
 
-@pytest.mark.slow
 def test_planner_table_names_each_layer_and_what_ran(worlds):
     rows = worlds[2][0]["planner_rows"]
     layers = {r["layer"] for r in rows}
@@ -127,7 +125,6 @@ def test_planner_table_names_each_layer_and_what_ran(worlds):
     assert all(r["ran"] == "finer/dma/s2/chunk" for r in rows if r["direction"] == "fwd"), rows
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_inference_logits_match_pytorch_styles(worlds, world_size):
     assert all(report["inference"] <= TOLERANCE for report in worlds[world_size])
