@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from numbers import Integral, Real
 from os import PathLike
 from typing import Any, ClassVar
@@ -102,6 +103,7 @@ def relevance_grades(y: np.ndarray, qid: np.ndarray) -> np.ndarray:
     return MAX_GRADE - np.minimum(behind, MAX_GRADE)
 
 
+@dataclass(kw_only=True, repr=False, eq=False)  # the __init__ scikit-learn asks for: it stores each parameter
 class PairModel(BaseEstimator):
     """XGBoost over (scenario, schedule, mode) pairs; ``objective`` says which (module docstring).
 
@@ -147,26 +149,14 @@ class PairModel(BaseEstimator):
         "n_jobs": [Interval(Integral, 1, 256, closed="both")],
     }
 
-    def __init__(
-        self,
-        *,
-        objective: str = "ratio",
-        n_estimators: int = 150,
-        max_depth: int = 6,
-        learning_rate: float = 0.1,
-        min_child_weight: float = 1.0,
-        reg_lambda: float = 1.0,
-        random_state: int = 0,
-        n_jobs: int = 1,
-    ) -> None:
-        self.objective = objective
-        self.n_estimators = n_estimators
-        self.max_depth = max_depth
-        self.learning_rate = learning_rate
-        self.min_child_weight = min_child_weight
-        self.reg_lambda = reg_lambda
-        self.random_state = random_state
-        self.n_jobs = n_jobs
+    objective: str = "ratio"
+    n_estimators: int = 150
+    max_depth: int = 6
+    learning_rate: float = 0.1
+    min_child_weight: float = 1.0
+    reg_lambda: float = 1.0
+    random_state: int = 0
+    n_jobs: int = 1
 
     def _xgb(self) -> Any:
         """The unfitted XGBoost estimator of ``objective``."""
