@@ -119,7 +119,7 @@ def test_client_validates_before_sending(client, waits):
     assert transport.calls == 0
 
 
-def test_client_score_models_ready(client, waits):
+def test_client_score_models_ready(client, waits, wait_for):
     config = {
         "model_type": "llama",
         "hidden_size": 1024,
@@ -131,6 +131,7 @@ def test_client_score_models_ready(client, waits):
         score = service.score(config, tp=2, tokens=[2048])
         assert isinstance(score, ScorePublic) and score.layers == 4
         assert service.models().count == 1
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)  # once the batch worker is warm
         assert service.ready().ready
 
 
