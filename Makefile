@@ -26,7 +26,7 @@ serve: $(VENV)/.service-installed
 test: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --maxprocesses 4 --dist loadfile
 
 # On a machine with CUDA GPUs (CUDA torch installed): with >= 2, every schedule eager and graph-captured against
 # serial and a smoke sweep; with one, the expert GEMMs and the loopback worlds of 2, 4 and 8 ranks.
