@@ -73,6 +73,8 @@ class _Transport:
         """Views of ``dest`` and of peer memory (dropped when another ``dest`` is bound)."""
         self._source_views: dict[Hashable, torch.Tensor] = {}
         """Views of ``source`` (dropped when another tensor is bound)."""
+        self._source_ranges: dict[Hashable, slice] = {}
+        """The rows of ``source`` behind each of those views (kept: the same for every bound tensor)."""
         self._split_rows: dict[int, slice] = {}
         """Row range of each unit, keyed by ``id(unit)`` (the plan keeps its units alive, and hashing a
         frozen dataclass costs a Python call)."""
@@ -109,7 +111,19 @@ class _Transport:
     def outgoing(self, piece: Piece) -> torch.Tensor:
         """The rows sent as ``piece``: the own sub-chunk (all-gather), a partial of the receiver's shard
         (reduce-scatter), the sub-chunk of the block routed to the receiver (all-to-all)."""
-        return _remembered(self._source_views, id(piece), lambda: self.source[self.layout.sent(piece)])
+        view = self._source_views.get(id(piece))
+        return view if view is not None else self._source_part(id(piece), lambda: self.layout.sent(piece))
+
+    def _source_part(self, key: Hashable, rows: Callable[[], slice]) -> torch.Tensor:
+        """The rows ``rows()`` of ``source``, remembered under ``key`` while the same tensor is bound; the
+        range is worked out once per transport, and a range of every row is ``source`` itself (no view):
+        a call binding a new tensor (each call of a compiled graph or a model) makes only the views."""
+        rows_of = self._source_ranges.get(key)
+        if rows_of is None:
+            rows_of = self._source_ranges[key] = rows()
+        whole = rows_of.start == 0 and rows_of.stop == self.source.shape[0]
+        view = self._source_views[key] = self.source if whole else self.source[rows_of]
+        return view
 
     def incoming(self, piece: Piece) -> torch.Tensor:
         """Where ``piece`` lands here: the sender's block of ``dest``, rows of the sub-chunk."""
@@ -125,28 +139,30 @@ class _Transport:
 
     def rows(self, unit: Unit) -> torch.Tensor:
         if self.plan.direction == "scatter" or unit.offset == 0:
-            return _remembered(self._source_views, id(unit), lambda: self._source_rows(unit))
+            view = self._source_views.get(id(unit))
+            return view if view is not None else self._source_part(id(unit), lambda: self._source_rows(unit))
         if unit.offset is None:  # the whole GEMM reads every row: the own block goes into its place too
             self.keep_own()
         return _remembered(self._views, id(unit), lambda: self.flat[self.split_rows(unit)])
 
     def own_rows(self) -> torch.Tensor:
         """The rows of ``source`` this rank sends itself (scatter: its own partial of its shard)."""
-        return _remembered(self._source_views, "own", lambda: self.source[self.layout.own_block()[0]])
+        view = self._source_views.get("own")
+        return view if view is not None else self._source_part("own", lambda: self.layout.own_block()[0])
 
     def keep_own(self) -> None:
         """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
         slot = _remembered(self._views, ("slot", self.rank), lambda: self.flat[self.layout.own_block()[1]])
         slot.copy_(self.own_rows())
 
-    def _source_rows(self, unit: Unit) -> torch.Tensor:
-        """scatter: where the unit's rows go; gather, own block: the unit's rows of ``source``."""
+    def _source_rows(self, unit: Unit) -> slice:
+        """scatter: the rows of ``source`` the unit's GEMM writes; gather, own block: those it reads."""
         rows = self.split_rows(unit)
         if self.plan.direction == "scatter":
-            return self.source[rows]
+            return rows
         own_source, own_dest = self.layout.own_block()
         shift = own_source.start - own_dest.start
-        return self.source[rows.start + shift : rows.stop + shift]
+        return slice(rows.start + shift, rows.stop + shift)
 
     def received(self) -> list[torch.Tensor]:
         """scatter: what every peer sent here, its block of ``dest`` each (the dense ops: ``[R, n]``)."""
@@ -213,29 +229,29 @@ class PointToPointTransport(_Transport):
         return ops
 
     def _sends_and_receives(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """Per piece and direction: (send or recv, rows, group rank, tag); rows of no size are left out."""
+        """Per piece and direction: (send or recv, rows, group rank, tag); rows of no size are left out.
+        A send's rows are its piece until a source is bound (:meth:`_coalesced` views it then)."""
         moves = []
         for piece in pieces:
             tag = piece.offset * self.plan.splits + piece.sub
-            sent, received = self.outgoing(piece), self.incoming(piece)
-            if sent.numel():
-                moves.append((True, [sent], self._group_ranks[self.peer_to(piece)], tag))
+            if self.outgoing(piece).numel():
+                moves.append((True, piece, self._group_ranks[self.peer_to(piece)], tag))
+            received = self.incoming(piece)
             if received.numel():
                 moves.append((False, [received], self._group_ranks[self.peer_from(piece)], tag))
         return moves
 
     def _coalesced(self, pieces: tuple[Piece, ...]) -> list:
-        """One NCCL group of every send and receive of ``pieces``; its one work (none if nothing moves)."""
-        moves = _remembered(
-            self._source_views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces)
-        )
+        """One NCCL group of every send and receive of ``pieces``; its one work (none if nothing moves).
+        Who sends what to whom is worked out once per destination; a new source costs one view per send."""
+        moves = _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
         if not moves:
             return []
         group, device = self.group, self.source.device
         group._start_coalescing(device)
         for is_send, rows, peer, tag in moves:
             if is_send:
-                group.send(rows, peer, tag)
+                group.send([self.outgoing(rows)], peer, tag)
             else:
                 group.recv(rows, peer, tag)
         return [group._end_coalescing(device)]

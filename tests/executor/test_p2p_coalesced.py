@@ -71,3 +71,11 @@ def test_coalesced_gather_sends_the_own_rows_and_receives_every_peer(granularity
     for q in (0, 2):
         assert torch.all(dest[q] == q + 1), f"slot {q} did not receive rank {q}'s shard"
     assert len(seen) == len(plan.units)
+
+    # the next call binds another source (as each call of a compiled graph does): its rows are sent
+    group.calls.clear()
+    other = torch.full((shard_rows, width), -2.0)
+    transport.bind(other)
+    run_pipeline(plan, transport, lambda rows, unit: None)
+    sends = [c for c in group.calls if c[0] == "send"]
+    assert {c[3] for c in sends} == {other[j * (shard_rows // splits) :].data_ptr() for j in range(splits)}
