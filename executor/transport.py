@@ -166,12 +166,13 @@ class _Transport:
 
     def received(self) -> list[torch.Tensor]:
         """scatter: what every peer sent here, its block of ``dest`` each (the dense ops: ``[R, n]``)."""
-        starts, counts = self.layout.recv_start, self.layout.recv_rows
-        return [
-            _remembered(self._views, ("slot", q), lambda q=q: self.flat[starts[q] : starts[q] + counts[q]])
-            for q in range(self.world_size)
-            if q != self.rank
-        ]
+        received = self._views.get("received")
+        if received is None:
+            starts, counts = self.layout.recv_start, self.layout.recv_rows
+            received = self._views["received"] = [
+                self.flat[starts[q] : starts[q] + counts[q]] for q in range(self.world_size) if q != self.rank
+            ]
+        return received
 
 
 def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
