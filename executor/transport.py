@@ -184,7 +184,8 @@ def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) ->
 
 
 class PointToPointTransport(_Transport):
-    """``sm``: each batch of pieces is one ``batch_isend_irecv`` (an NCCL group on CUDA, gloo on the CPU).
+    """``sm``: each batch of pieces is what ``batch_isend_irecv`` issues (an NCCL group on CUDA, gloo's
+    sends and receives on the CPU).
 
     On CUDA, gather batches are issued from a copy lane forked before the first GEMM, so NCCL's stream,
     which waits for the stream current at issue time, does not wait for that GEMM. Scatter batches are
@@ -197,11 +198,13 @@ class PointToPointTransport(_Transport):
         self.group = group
         self.global_ranks = global_ranks
         self._gather = self.plan.direction == "gather"
-        self._coalesce = self.source.is_cuda and type(group) is dist.ProcessGroup
-        """CUDA (NCCL): each batch is one coalesced group of ``ProcessGroup.send``/``recv`` calls, what
-        ``batch_isend_irecv`` does for NCCL without its per-op argument checks and wrappers (tens of
-        microseconds per batch); gloo does not coalesce and takes ``batch_isend_irecv``."""
-        self._group_ranks = [dist.get_group_rank(group, g) for g in global_ranks] if self._coalesce else []
+        self._direct = type(group) is dist.ProcessGroup
+        """Each batch is the ``ProcessGroup.send``/``recv`` calls that ``batch_isend_irecv`` makes, without
+        its per-op argument checks and wrappers (tens of microseconds per batch)."""
+        self._coalesce = self.source.is_cuda and self._direct
+        """CUDA (NCCL): those calls as one coalesced group, as ``batch_isend_irecv`` issues them for NCCL;
+        gloo does not coalesce: each send and receive is its own work."""
+        self._group_ranks = [dist.get_group_rank(group, g) for g in global_ranks] if self._direct else []
         self._batches: list[list] = []
         """This call's works, one list per issued batch (gather: per round of the plan, in order)."""
         self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
@@ -257,13 +260,22 @@ class PointToPointTransport(_Transport):
                 group.recv(rows, peer, tag)
         return [group._end_coalescing(device)]
 
+    def _each(self, pieces: tuple[Piece, ...]) -> list:
+        """Every send and receive of ``pieces`` as its own work, in ``batch_isend_irecv``'s order (gloo)."""
+        moves = _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
+        group = self.group
+        return [
+            group.send([self.outgoing(rows)], peer, tag) if is_send else group.recv(rows, peer, tag)
+            for is_send, rows, peer, tag in moves
+        ]
+
     def _batched(self, pieces: tuple[Piece, ...]) -> list:
-        """``batch_isend_irecv`` of ``pieces`` (gloo); its works."""
+        """``batch_isend_irecv`` of ``pieces`` (a group that is no plain ``ProcessGroup``); its works."""
         ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
         return dist.batch_isend_irecv(ops) if ops else []
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
-        start = self._coalesced if self._coalesce else self._batched
+        start = self._coalesced if self._coalesce else self._each if self._direct else self._batched
         if self._gather:
             self.lanes.to_copy_lane(0)
             try:
