@@ -5,6 +5,9 @@ and inside a ``torch.compile(fullgraph=True)`` graph.
     python3 -m benchmarks.compiled_overhead --out OUT/compiled-overhead.json
     # plumbing check on the CPU (the loopback world's CPU mode; the numbers are the CPU's, not a GPU's)
     python3 -m benchmarks.compiled_overhead --device cpu --batch 20 --rounds 3 --out /tmp/overhead.json
+    # the CPU's host time (tiny shapes: at the default ones the CPU's own GEMMs dominate every call)
+    python3 -m benchmarks.compiled_overhead --device cpu --tokens 16 --hidden 16 --batch 50 --rounds 7 \
+        --out /tmp/overhead-host.json
 
 Variants per (op, schedule), all on the same tensors:
 
