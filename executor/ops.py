@@ -145,11 +145,10 @@ def prepare_all_gather_matmul(
     """:func:`run_all_gather_matmul` for calls shaped as these arguments (checked on ``ctx``), with what it
     works out per call done once: ``call(a_shard, bs) -> ([C_i [m, n_i]], A [m, k] or None)``.
 
-    ``serial/sm`` without the gathered A is the collective into the cached ``[m, k]`` buffer (the process
-    group's own all-gather, as ``torch.distributed`` calls it) and one GEMM per weight: the buffer, its view
-    and the group's method are resolved here, so a call runs no Python beyond those launches (a kernel called
-    from a compiled graph pays more for each Python call than an eager one). Every other call runs
-    :func:`run_all_gather_matmul`."""
+    ``serial/sm`` without the gathered A is ``torch.distributed``'s all-gather into the cached ``[m, k]``
+    buffer and one GEMM per weight: the buffer and its view are resolved here, so a call runs no Python
+    beyond those launches (a kernel called from a compiled graph pays more for each Python call than an
+    eager one). Every other call runs :func:`run_all_gather_matmul`."""
     if schedule.granularity != "serial" or schedule.executor != "sm" or return_gathered:
         return functools.partial(
             run_all_gather_matmul, ctx, schedule=schedule, return_gathered=return_gathered
@@ -157,10 +156,10 @@ def prepare_all_gather_matmul(
     shard_rows, k = a_shard.shape
     m = shard_rows * ctx.world_size
     gathered = ctx.buffer("gathered", (ctx.world_size, shard_rows, k), a_shard.dtype).view(m, k)
-    all_gather, mm = ctx.group._allgather_base, torch.mm
+    group, mm = ctx.group, torch.mm
 
     def call(a_shard: torch.Tensor, bs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], None]:
-        all_gather(gathered, a_shard.contiguous()).wait()
+        all_gather_single(gathered, a_shard.contiguous(), group=group)
         if len(bs) == 1:
             return [mm(gathered, bs[0])], None
         return [mm(gathered, b) for b in bs], None
@@ -230,19 +229,19 @@ def prepare_matmul_reduce_scatter(
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`run_matmul_reduce_scatter` for calls shaped as these arguments (checked on ``ctx``), with what
     it works out per call done once (as :func:`prepare_all_gather_matmul`): ``call(a, b) -> [m / w, n]``.
-    ``serial/sm`` is one GEMM into the cached partial product and the process group's own reduce-scatter
-    (a sum) of it; every other schedule runs :func:`run_matmul_reduce_scatter`."""
+    ``serial/sm`` is one GEMM into the cached partial product and ``torch.distributed``'s reduce-scatter (a
+    sum) of it; every other schedule runs :func:`run_matmul_reduce_scatter`."""
     if schedule.granularity != "serial" or schedule.executor != "sm":
         return functools.partial(run_matmul_reduce_scatter, ctx, schedule=schedule)
     m, n = a.shape[0], b.shape[1]
     shape = (m // ctx.world_size, n)
     partial_product = ctx.buffer("partial", (m, n), a.dtype)
-    reduce_scatter, mm = ctx.group._reduce_scatter_base, torch.mm
+    group, mm = ctx.group, torch.mm
 
     def call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         mm(a, b, out=partial_product)
         c = a.new_empty(shape)
-        reduce_scatter(c, partial_product).wait()
+        reduce_scatter_single(c, partial_product, group=group)
         return c
 
     return call
