@@ -9,7 +9,7 @@ them into numbers for one rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
 from ficco.features.routing import Routing
@@ -86,43 +86,18 @@ class OpSpec:
         return OpShapes(a=a, b=b, out=(rows[self.out_rows], s.n), comm=(a[0], self.comm_width(s.k, s.n)))
 
 
+# fmt: off
+_OP_TABLE = (
+    # name,      collective,       comm_first, moe,   executor_fn,             a_rows,     out_rows
+    ("ag_gemm",  "all_gather",     True,       False, "all_gather_matmul",     "shard",    "all"),
+    ("gemm_rs",  "reduce_scatter", False,      False, "matmul_reduce_scatter", "all",      "shard"),
+    ("a2a_gemm", "all_to_all",     True,       True,  "all_to_all_matmul",     "sent",     "received"),
+    ("gemm_a2a", "all_to_all",     False,      True,  "matmul_all_to_all",     "received", "sent"),
+)
+# fmt: on
+"""The ops, a row each, in :class:`OpSpec`'s field order."""
 OP_SPECS: dict[str, OpSpec] = {
-    spec.name: spec
-    for spec in (
-        OpSpec(
-            name="ag_gemm",
-            collective="all_gather",
-            comm_first=True,
-            executor_fn="all_gather_matmul",
-            a_rows="shard",
-            out_rows="all",
-        ),
-        OpSpec(
-            name="gemm_rs",
-            collective="reduce_scatter",
-            comm_first=False,
-            executor_fn="matmul_reduce_scatter",
-            a_rows="all",
-            out_rows="shard",
-        ),
-        OpSpec(
-            name="a2a_gemm",
-            collective="all_to_all",
-            comm_first=True,
-            moe=True,
-            executor_fn="all_to_all_matmul",
-            a_rows="sent",
-            out_rows="received",
-        ),
-        OpSpec(
-            name="gemm_a2a",
-            collective="all_to_all",
-            comm_first=False,
-            moe=True,
-            executor_fn="matmul_all_to_all",
-            a_rows="received",
-            out_rows="sent",
-        ),
-    )
+    row[0]: OpSpec(**{field.name: value for field, value in zip(fields(OpSpec), row, strict=True)})
+    for row in _OP_TABLE
 }
 """Every op, by name, in ``Scenario.op`` order."""
