@@ -227,15 +227,11 @@ def get_context(group: dist.ProcessGroup | None, device: torch.device) -> GroupC
 
 
 def clear_buffers() -> None:
-    """Drop every cached per-shape buffer and transport, and the caches registered with
-    :func:`clear_on_reset` (``executor.library``'s prepared calls hold buffers); lanes, groups and peer
-    memory stay."""
+    """Drop every cached per-shape buffer and transport (lanes, groups and peer memory stay)."""
     for ctx in _contexts.values():
         ctx.buffers.clear()
         ctx.transports.clear()
         ctx.routed.clear()
-    for cache in _reset_with:
-        cache.clear()
 
 
 def poison_buffers() -> None:
@@ -267,9 +263,8 @@ def remember_checked(key: tuple | None, ctx: GroupContext) -> None:
 
 
 def clear_on_reset(cache: dict) -> dict:
-    """Register ``cache`` (another module's dict whose values hold contexts or buffers: ``executor.library``'s
-    prepared calls) to be cleared with the contexts by :func:`reset` and with the buffers by
-    :func:`clear_buffers`; returns it."""
+    """Register ``cache`` (another module's dict whose values hold contexts: ``executor.library``'s call
+    signatures) to be cleared with the contexts by :func:`reset`; returns it."""
     _reset_with.append(cache)
     return cache
 

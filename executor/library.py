@@ -53,7 +53,6 @@ context, kept once the executor's checks passed, so a repeated call runs the exe
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -68,11 +67,12 @@ from ficco.executor.checks import (
     check_matrix,
     shape_str,
 )
-from ficco.executor.context import clear_on_reset, get_context
+from ficco.executor.context import GroupContext, clear_on_reset, get_context
 from ficco.executor.experts import routed_state
 from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
-from ficco.executor.ops import prepare_all_gather_matmul, prepare_matmul_reduce_scatter
+from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
+from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
 from ficco.features.schedule import SERIAL, Schedule, parse_schedule_table
 
@@ -112,9 +112,8 @@ class OpRun:
     """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
 
 
-_resolved: dict[tuple, tuple[Callable, int]] = clear_on_reset({})
-"""This call signature's prepared executor call (``executor.ops.prepare_*``: the schedule it runs, its
-buffers and group resolved) and the group's size: the hot path's one lookup."""
+_resolved: dict[tuple, tuple[Schedule, GroupContext]] = clear_on_reset({})
+"""This call signature's schedule and executor context: the hot path's one lookup."""
 RESOLVED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _runs: dict[tuple, OpRun] = {}
@@ -172,17 +171,17 @@ def all_gather_matmul(
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
     flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
     rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
-    key = ("ag_gemm", group_name, schedule, gather_dim, return_a, a_shard.shape, a_shard.dtype)
-    key += (a_shard.device,)
+    key = ("ag_gemm", group_name, schedule, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
     if len(bs) == 1:
         key += (bs[0].shape, bs[0].dtype, bs[0].device)
     else:
         key += tuple((b.shape, b.dtype, b.device) for b in bs)
     hit = _resolved.get(key)
     if hit is None:
-        hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name, return_a)
-    call, w = hit
-    cs, gathered = call(rows, bs)
+        hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name)
+    run, ctx = hit
+    cs, gathered = _run_all_gather_matmul(ctx, rows, bs, run, return_a)
+    w = ctx.world_size
     if gathered is None:
         gathered = a_shard.new_empty(0)
     if flat:
@@ -279,8 +278,9 @@ def matmul_reduce_scatter(
     if hit is None:
         _check_reduce_op(reduce_op)
         hit = _resolve(key, "gemm_rs", rows, b, schedule, group_name)
-    call, w = hit
-    c = call(rows, b)
+    run, ctx = hit
+    c = _run_matmul_reduce_scatter(ctx, rows, b, run)
+    w = ctx.world_size
     if flat:
         return c
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
@@ -524,13 +524,12 @@ def _resolve(
     b: torch.Tensor | tuple[torch.Tensor, ...],
     asked: str,
     group_name: str,
-    return_a: bool = False,
-) -> tuple[Callable, int]:
-    """The executor's call a call signature runs, prepared for its shapes (``executor.ops.prepare_*``), and
-    the group's size, kept under ``key`` (which holds everything the executor's checks look at: a repeated
-    call runs it directly). Its schedule is the table's pick at this row count, or ``serial/sm`` with one
-    warning when the executor's checks refuse it (any rank refuses alike: they look at shapes only). Errors
-    that serial would raise too are the caller's, and raised."""
+) -> tuple[Schedule, GroupContext]:
+    """The schedule a call signature runs and the executor's context it runs on (kept under ``key``, which
+    holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
+    table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
+    (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
+    caller's, and raised."""
     group = _resolve_process_group(group_name)
     w = group.size()
     gather = op == "ag_gemm"
@@ -548,8 +547,7 @@ def _resolve(
     bs = b if isinstance(b, tuple) else (b,)
     n, k = sum(t.shape[1] for t in bs), rows.shape[1]
     dtype = DTYPES[rows.dtype]
-    run_key = (op, m, n, k, dtype, w, asked)
-    if reason is not None and run_key not in _runs:
+    if reason is not None:
         name = "all_gather_matmul" if gather else "matmul_reduce_scatter"
         warnings.warn(
             f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(rows.shape)}): "
@@ -558,17 +556,12 @@ def _resolve(
             stacklevel=3,
         )
     _runs.setdefault(
-        run_key,
+        (op, m, n, k, dtype, w, asked),
         OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
     )
     if len(_resolved) >= RESOLVED_MAX:
         _resolved.clear()
-    ctx = get_context(group, rows.device)
-    if gather:
-        call = prepare_all_gather_matmul(ctx, rows, bs, run, return_a)
-    else:
-        call = prepare_matmul_reduce_scatter(ctx, rows, b, run)
-    hit = _resolved[key] = (call, w)
+    hit = _resolved[key] = (run, get_context(group, rows.device))
     return hit
 
 

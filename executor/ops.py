@@ -11,7 +11,6 @@ every op. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops; `
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -135,38 +134,6 @@ def run_all_gather_matmul(
     return cs, gathered
 
 
-def prepare_all_gather_matmul(
-    ctx: GroupContext,
-    a_shard: torch.Tensor,
-    bs: Sequence[torch.Tensor],
-    schedule: Schedule,
-    return_gathered: bool = False,
-) -> Callable[[torch.Tensor, Sequence[torch.Tensor]], tuple[list[torch.Tensor], torch.Tensor | None]]:
-    """:func:`run_all_gather_matmul` for calls shaped as these arguments (checked on ``ctx``), with what it
-    works out per call done once: ``call(a_shard, bs) -> ([C_i [m, n_i]], A [m, k] or None)``.
-
-    ``serial/sm`` without the gathered A is ``torch.distributed``'s all-gather into the cached ``[m, k]``
-    buffer and one GEMM per weight: the buffer and its view are resolved here, so a call runs no Python
-    beyond those launches (a kernel called from a compiled graph pays more for each Python call than an
-    eager one). Every other call runs :func:`run_all_gather_matmul`."""
-    if schedule.granularity != "serial" or schedule.executor != "sm" or return_gathered:
-        return functools.partial(
-            run_all_gather_matmul, ctx, schedule=schedule, return_gathered=return_gathered
-        )
-    shard_rows, k = a_shard.shape
-    m = shard_rows * ctx.world_size
-    gathered = ctx.buffer("gathered", (ctx.world_size, shard_rows, k), a_shard.dtype).view(m, k)
-    group, mm = ctx.group, torch.mm
-
-    def call(a_shard: torch.Tensor, bs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], None]:
-        all_gather_single(gathered, a_shard.contiguous(), group=group)
-        if len(bs) == 1:
-            return [mm(gathered, bs[0])], None
-        return [mm(gathered, b) for b in bs], None
-
-    return call
-
-
 def matmul_reduce_scatter(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -222,29 +189,6 @@ def run_matmul_reduce_scatter(
     _run_pipeline(ctx, schedule, plan, transport, produce)
     _reduce_into(c, transport.own_rows(), transport.received())
     return c
-
-
-def prepare_matmul_reduce_scatter(
-    ctx: GroupContext, a: torch.Tensor, b: torch.Tensor, schedule: Schedule
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """:func:`run_matmul_reduce_scatter` for calls shaped as these arguments (checked on ``ctx``), with what
-    it works out per call done once (as :func:`prepare_all_gather_matmul`): ``call(a, b) -> [m / w, n]``.
-    ``serial/sm`` is one GEMM into the cached partial product and ``torch.distributed``'s reduce-scatter (a
-    sum) of it; every other schedule runs :func:`run_matmul_reduce_scatter`."""
-    if schedule.granularity != "serial" or schedule.executor != "sm":
-        return functools.partial(run_matmul_reduce_scatter, ctx, schedule=schedule)
-    m, n = a.shape[0], b.shape[1]
-    shape = (m // ctx.world_size, n)
-    partial_product = ctx.buffer("partial", (m, n), a.dtype)
-    group, mm = ctx.group, torch.mm
-
-    def call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        mm(a, b, out=partial_product)
-        c = a.new_empty(shape)
-        reduce_scatter_single(c, partial_product, group=group)
-        return c
-
-    return call
 
 
 def all_to_all_matmul(
