@@ -8,10 +8,7 @@
 
 ``min_gain`` is chosen per execution mode (:class:`ModePolicy`) by cross-validation (``training.crossval``)
 and stored in the model card: eager picks pay the executor's host time, which the regressor's gain misses
-more often than in graph mode. On datasets/h200x2 (grouped CV, each fold's thresholds chosen on the other
-folds) one threshold per mode lowered the held-out serial-safe loss from 0.0257 to 0.0217 in eager and from
-0.0194 to 0.0178 in graph, against one threshold for both; with the MoE rows beside the dense ones, from
-0.0241 to 0.0231 (eager) and 0.0230 to 0.0195 (graph).
+more often than in graph mode (docs/models.md, "The fallback to serial", has the cross-validated losses).
 """
 
 from __future__ import annotations
