@@ -21,7 +21,10 @@ Variants per (op, schedule), all on the same tensors:
   ``torch.inference_mode()``;
 - ``compiled_per_op``: a compiled function calling the op ``--ops-per-graph`` times on distinct inputs,
   its call time divided by that count: the per-op host cost inside a model's graph, where the graph's fixed
-  cost is shared by every op in it.
+  cost is shared by every op in it;
+- ``graphed_per_op`` (CUDA only): that compiled function captured into CUDA graphs by
+  ``runtime.GraphedCall``, a replay's host time divided by the op count: what a runtime that replays its
+  compiled step (decode under CUDA graphs) pays per op.
 
 Tiny shapes keep the device from being the bottleneck: each batch of ``--batch`` calls is timed from a
 device synchronisation to the return of its last call, so it measures how fast the host issues the work
@@ -59,7 +62,10 @@ VARIANTS = (
     "compiled",
     "compiled_inference",
     "compiled_per_op",
+    "graphed_per_op",
 )
+PER_OP = ("compiled_per_op", "graphed_per_op")
+"""Variants whose call runs ``--ops-per-graph`` ops: their time is divided by that count."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,8 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def calls(op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: str, per_graph: int) -> dict:
-    """The variants of one (op, schedule) as callables of no arguments (module docstring)."""
+def calls(
+    op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: str, per_graph: int, skipped: dict
+) -> dict:
+    """The variants of one (op, schedule) as callables of no arguments (module docstring); a variant that
+    cannot be built is left out, with the reason under ``skipped``."""
     if op == "ag_gemm":
 
         def custom(a=a):
@@ -111,7 +120,7 @@ def calls(op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: 
         with torch.inference_mode():
             return compiled_inference()
 
-    return {
+    variants = {
         "executor": eager,
         "custom_op": custom,
         "custom_op_inference": custom_inference,
@@ -119,6 +128,14 @@ def calls(op: str, schedule: str, a: torch.Tensor, b: torch.Tensor, group_name: 
         "compiled_inference": inference,
         "compiled_per_op": lambda: compiled_many(*inputs),
     }
+    if a.is_cuda:
+        from ficco.runtime.graphs import GraphedCall
+
+        try:
+            variants["graphed_per_op"] = GraphedCall(lambda: compiled_many(*inputs))
+        except RuntimeError as err:  # a schedule whose calls the loopback world cannot capture
+            skipped[f"{op} {schedule} graphed_per_op"] = str(err).splitlines()[0]
+    return variants
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -135,10 +152,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shard = torch.randn(m // w, h, device=device, generator=gen).to(dtype)
         full = torch.randn(m, h, device=device, generator=gen).to(dtype)
         b = torch.randn(h, h, device=device, generator=gen).to(dtype)
-        cases = {}
+        cases, skipped = {}, {}
         for op, a in (("ag_gemm", shard), ("gemm_rs", full)):
             for schedule in SCHEDULES:
-                for variant, fn in calls(op, schedule, a, b, group_name, args.ops_per_graph).items():
+                for variant, fn in calls(op, schedule, a, b, group_name, args.ops_per_graph, skipped).items():
                     for _ in range(args.warmup):  # compiles, plans, allocates
                         fn()
                     cases[(op, schedule, variant)] = fn
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for _ in range(args.batch):
                     fn()
                 per_call = (now() - start) / args.batch * 1e6
-                times[key].append(per_call / (args.ops_per_graph if key[2] == "compiled_per_op" else 1))
+                times[key].append(per_call / (args.ops_per_graph if key[2] in PER_OP else 1))
             sync()
         recompiles = _frames_compiled() - frames
     for (op, schedule, variant), us in times.items():
@@ -162,6 +179,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             {"op": op, "schedule": schedule, "variant": variant, "host_us_per_call": statistics.median(us)}
         )
     print_table(rows)
+    for what, why in skipped.items():
+        print(f"skipped {what}: {why}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": str(device),
@@ -171,6 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "ops_per_graph": args.ops_per_graph,
         "clock": clock,
         "recompiles_while_timed": recompiles,
+        "skipped": skipped,
     }
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return rows
@@ -184,14 +204,18 @@ def _frames_compiled() -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    """One line per (op, schedule): each variant's median host microseconds per call, and the ratio of the
-    per-op compiled cost to the executor's."""
+    """One line per (op, schedule): each variant's median host microseconds per call, and the ratio of each
+    per-op variant's cost to the executor's."""
     by = {(r["op"], r["schedule"], r["variant"]): r["host_us_per_call"] for r in rows}
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    per_op = [v for v in PER_OP if v in variants]
     lines = []
     for op, schedule in dict.fromkeys((r["op"], r["schedule"]) for r in rows):
-        us = [by[(op, schedule, v)] for v in VARIANTS]
-        lines.append([op, schedule, *(f"{u:.1f}" for u in us), f"{us[-1] / us[0]:.2f}"])
-    print(markdown_table(["op", "schedule", *(f"{v} us" for v in VARIANTS), "per op / executor"], lines))
+        us = {v: by.get((op, schedule, v)) for v in variants}
+        ratios = (f"{us[v] / us['executor']:.2f}" if us[v] else "-" for v in per_op)
+        lines.append([op, schedule, *(f"{u:.1f}" if u else "-" for u in us.values()), *ratios])
+    header = ["op", "schedule", *(f"{v} us" for v in variants), *(f"{v} / executor" for v in per_op)]
+    print(markdown_table(header, lines))
 
 
 if __name__ == "__main__":
