@@ -36,9 +36,9 @@ from ficco.executor.context import (
     remember_checked,
 )
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_matmul, routed_state
-from ficco.executor.pipeline import Compute, run_pipeline
+from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
-from ficco.executor.transport import PeerCopyTransport, PointToPointTransport, Transport
+from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 from ficco.features.ops import OP_SPECS
 from ficco.features.routing import Routing
 from ficco.features.schedule import Schedule
@@ -124,7 +124,8 @@ def run_all_gather_matmul(
             for one, c in zip(bs, cs, strict=True):
                 torch.mm(rows, one, out=c[block])
 
-        _run_pipeline(ctx, schedule, plan, transport, consume)
+        with ctx.carveout(schedule.carveout):
+            run_pipeline(plan, transport, consume)
         if gathered is not None:
             slots = gathered.view(w, shard_rows, k)
             if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
@@ -186,7 +187,8 @@ def run_matmul_reduce_scatter(
     def produce(rows: torch.Tensor, unit: Unit) -> None:
         torch.mm(a[transport.split_rows(unit)], b, out=rows)
 
-    _run_pipeline(ctx, schedule, plan, transport, produce)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, produce)
     _reduce_into(c, transport.own_rows(), transport.received())
     return c
 
@@ -273,7 +275,8 @@ def all_to_all_matmul(
             rows = expert_major
         gemms[id(unit)].dispatch(rows, b, y, weights)
 
-    _run_pipeline(ctx, schedule, plan, transport, consume)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, consume)
     return y
 
 
@@ -359,7 +362,8 @@ def matmul_all_to_all(
             return
         gemms[id(unit)].combine(h, b, own_out if unit.offset == 0 else rows, weights)
 
-    _run_pipeline(ctx, schedule, plan, transport, produce)
+    with ctx.carveout(schedule.carveout):
+        run_pipeline(plan, transport, produce)
     if plan.units[-1].offset is None:  # serial: the own block is in staging
         own_out.copy_(staging[own_source])
     if dma:  # the peers' blocks landed in peer memory
@@ -678,9 +682,7 @@ def _transport(
     rows, width = dest_shape[0], dest_shape[-1]
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
-        nbytes, workspace = _nbytes(needed, source.dtype), ctx.workspace
-        if workspace is None or not workspace.fits(nbytes):  # only then name the schedule (a microsecond)
-            workspace = ctx.get_workspace(nbytes, what=f"schedule {schedule}")
+        workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
         if layout is None:
             dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
         else:
@@ -726,18 +728,6 @@ def _transport(
     if keep:
         cache[key] = transport
     return transport
-
-
-def _run_pipeline(
-    ctx: GroupContext, schedule: Schedule, plan: Plan, transport: Transport, compute: Compute
-) -> None:
-    """:func:`run_pipeline` inside the schedule's SM carve-out (``ctx.carveout``), entered only when the
-    schedule asks for one (a ``with`` costs a few Python calls per call)."""
-    if schedule.carveout is None:
-        run_pipeline(plan, transport, compute)
-        return
-    with ctx.carveout(schedule.carveout):
-        run_pipeline(plan, transport, compute)
 
 
 def _reduce_into(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tensor]) -> None:

@@ -111,13 +111,15 @@ class _Transport:
     def outgoing(self, piece: Piece) -> torch.Tensor:
         """The rows sent as ``piece``: the own sub-chunk (all-gather), a partial of the receiver's shard
         (reduce-scatter), the sub-chunk of the block routed to the receiver (all-to-all)."""
-        view = self._source_views.get(id(piece))
-        return view if view is not None else self._source_part(id(piece), lambda: self.layout.sent(piece))
+        return self._source_part(id(piece), lambda: self.layout.sent(piece))
 
     def _source_part(self, key: Hashable, rows: Callable[[], slice]) -> torch.Tensor:
         """The rows ``rows()`` of ``source``, remembered under ``key`` while the same tensor is bound; the
         range is worked out once per transport, and a range of every row is ``source`` itself (no view):
         a call binding a new tensor (each call of a compiled graph or a model) makes only the views."""
+        view = self._source_views.get(key)
+        if view is not None:
+            return view
         rows_of = self._source_ranges.get(key)
         if rows_of is None:
             rows_of = self._source_ranges[key] = rows()
@@ -139,16 +141,14 @@ class _Transport:
 
     def rows(self, unit: Unit) -> torch.Tensor:
         if self.plan.direction == "scatter" or unit.offset == 0:
-            view = self._source_views.get(id(unit))
-            return view if view is not None else self._source_part(id(unit), lambda: self._source_rows(unit))
+            return self._source_part(id(unit), lambda: self._source_rows(unit))
         if unit.offset is None:  # the whole GEMM reads every row: the own block goes into its place too
             self.keep_own()
         return _remembered(self._views, id(unit), lambda: self.flat[self.split_rows(unit)])
 
     def own_rows(self) -> torch.Tensor:
         """The rows of ``source`` this rank sends itself (scatter: its own partial of its shard)."""
-        view = self._source_views.get("own")
-        return view if view is not None else self._source_part("own", lambda: self.layout.own_block()[0])
+        return self._source_part("own", lambda: self.layout.own_block()[0])
 
     def keep_own(self) -> None:
         """Copy the block this rank keeps (what it sends itself) from ``source`` to its place in ``dest``."""
@@ -233,8 +233,9 @@ class PointToPointTransport(_Transport):
         return ops
 
     def _sends_and_receives(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """Per piece and direction: (send or recv, rows, group rank, tag); rows of no size are left out.
-        A send's rows are its piece until a source is bound (:meth:`_coalesced` views it then)."""
+        """Per piece and direction: (is send, what moves, group rank, tag), pieces of no rows left out. What
+        moves is the piece for a send (its rows of the source bound at the call: :meth:`outgoing`) and the
+        one-element list of its destination rows for a receive."""
         moves = []
         for piece in pieces:
             tag = piece.offset * self.plan.splits + piece.sub
@@ -245,28 +246,31 @@ class PointToPointTransport(_Transport):
                 moves.append((False, [received], self._group_ranks[self.peer_from(piece)], tag))
         return moves
 
+    def _moves(self, pieces: tuple[Piece, ...]) -> list[tuple]:
+        """:meth:`_sends_and_receives` of ``pieces``, worked out once per destination."""
+        return _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
+
     def _coalesced(self, pieces: tuple[Piece, ...]) -> list:
         """One NCCL group of every send and receive of ``pieces``; its one work (none if nothing moves).
         Who sends what to whom is worked out once per destination; a new source costs one view per send."""
-        moves = _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
+        moves = self._moves(pieces)
         if not moves:
             return []
         group, device = self.group, self.source.device
         group._start_coalescing(device)
-        for is_send, rows, peer, tag in moves:
+        for is_send, moved, peer, tag in moves:
             if is_send:
-                group.send([self.outgoing(rows)], peer, tag)
+                group.send([self.outgoing(moved)], peer, tag)
             else:
-                group.recv(rows, peer, tag)
+                group.recv(moved, peer, tag)
         return [group._end_coalescing(device)]
 
     def _each(self, pieces: tuple[Piece, ...]) -> list:
         """Every send and receive of ``pieces`` as its own work, in ``batch_isend_irecv``'s order (gloo)."""
-        moves = _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
         group = self.group
         return [
-            group.send([self.outgoing(rows)], peer, tag) if is_send else group.recv(rows, peer, tag)
-            for is_send, rows, peer, tag in moves
+            group.send([self.outgoing(moved)], peer, tag) if is_send else group.recv(moved, peer, tag)
+            for is_send, moved, peer, tag in self._moves(pieces)
         ]
 
     def _batched(self, pieces: tuple[Piece, ...]) -> list:
