@@ -104,13 +104,13 @@ def apply(cost: np.ndarray, veto: np.ndarray, on: np.ndarray) -> np.ndarray:
     return np.where(on[:, None] & veto, np.inf, cost).argmin(axis=1)
 
 
-def fallback(cost: np.ndarray, ratio: np.ndarray, on: np.ndarray, gain: float) -> np.ndarray:
-    """serial/sm on rows ``on`` where the regressor's predicted speedup of the pick is below ``1 + gain``."""
-    from ficco.training.pairs import SERIAL_INDEX
+def fallback(cost: np.ndarray, ratio: np.ndarray, modes: np.ndarray, gain: float, both: bool) -> np.ndarray:
+    """The picks under ``training.policy``'s fallback at ``gain`` in graph mode (and eager mode when
+    ``both``): serial/sm where the regressor's predicted speedup of the pick is below ``1 + gain``."""
+    from ficco.training.policy import DecisionPolicy, ModePolicy, apply_policy
 
-    picks = cost.argmin(axis=1)
-    speedup = np.exp(-ratio[np.arange(len(picks)), picks])
-    return np.where(on & (speedup < 1.0 + gain), SERIAL_INDEX, picks)
+    on, off = DecisionPolicy(min_gain=gain), DecisionPolicy()
+    return apply_policy(cost, ratio, ModePolicy(eager=on if both else off, graph=on), modes)[0]
 
 
 def graph_log_regret(table, picks: np.ndarray, on: np.ndarray) -> float:
@@ -153,7 +153,7 @@ def pick_model_rules(table, noise, v2, tests: dict, folds: np.ndarray) -> dict:
 
     def rules(h: dict, modes: np.ndarray, both: bool, cv_veto: np.ndarray | None) -> dict[str, np.ndarray]:
         on = np.ones(len(modes), dtype=bool) if both else modes == "graph"
-        out = {f"fallback_{g:g}": fallback(h["rank"], h["ratio"], on, g) for g in FALLBACK_GAINS}
+        out = {f"fallback_{g:g}": fallback(h["rank"], h["ratio"], modes, g, both) for g in FALLBACK_GAINS}
         out["veto_classifier"] = cv_veto if cv_veto is not None else apply(h["rank"], h["slow"] > th_all, on)
         out["veto_neighbours"] = apply(h["rank"], h["near"] > 0, on)
         return out

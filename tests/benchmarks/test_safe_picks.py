@@ -18,8 +18,8 @@ def test_a_vetoed_schedule_gives_way_to_the_next_ranked_one():
 def test_fallback_goes_serial_only_below_the_gain_and_on_selected_rows():
     cost = np.array([[0.0, -1.0], [0.0, -1.0], [0.0, -1.0]])
     ratio = np.log(np.array([[1.0, 1 / 1.01], [1.0, 1 / 1.10], [1.0, 1 / 1.01]]))  # speedups 1.01, 1.10
-    on = np.array([True, True, False])
-    assert safe_picks.fallback(cost, ratio, on, 0.05).tolist() == [SERIAL_INDEX, 1, 1]
+    modes = np.array(["graph", "graph", "eager"])
+    assert safe_picks.fallback(cost, ratio, modes, 0.05, both=False).tolist() == [SERIAL_INDEX, 1, 1]
 
 
 def test_a_row_alone_vetoes_exactly_what_it_measured_slow_and_never_serial(table):
