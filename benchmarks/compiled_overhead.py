@@ -12,16 +12,20 @@ and inside a ``torch.compile(fullgraph=True)`` graph.
 Variants per (op, schedule), all on the same tensors:
 
 - ``executor``: ``ficco.executor.all_gather_matmul`` / ``matmul_reduce_scatter``;
-- ``custom_op``: ``torch.ops.ficco.*`` eagerly (the dispatcher, the autograd kernel's no-grad path, the
-  schedule-string lookup on top of the executor); ``custom_op_inference``: the same under
-  ``torch.inference_mode()`` (no autograd kernel at all: what a serving loop pays);
+  ``executor_per_op``: the same called on the ``--ops-per-graph`` distinct inputs of ``compiled_per_op``
+  in turn (each call binds a new input, as each op of a model does), per op: the reference of the per-op
+  ratios;
+- ``custom_op``: ``torch.ops.ficco.*`` eagerly (the dispatcher, the op's autograd-level kernel, which
+  calls its twin without autograd, and the schedule-string lookup on top of the executor);
+  ``custom_op_inference``: the same under ``torch.inference_mode()`` (no autograd key: the dispatcher
+  calls the kernel directly, what a serving loop pays);
 - ``compiled``: a function calling the op once, compiled with ``torch.compile(fullgraph=True)``: the call
   includes the whole compiled graph's fixed cost (Dynamo's guards, AOTAutograd's runtime wrappers,
   Inductor's output asserts); ``compiled_inference``: the same function compiled and called under
   ``torch.inference_mode()``;
 - ``compiled_per_op``: a compiled function calling the op ``--ops-per-graph`` times on distinct inputs,
   its call time divided by that count: the per-op host cost inside a model's graph, where the graph's fixed
-  cost is shared by every op in it;
+  cost is shared by every op in it (the graph holds the ops' twins without autograd);
 - ``graphed_per_op`` (CUDA only): that compiled function captured into CUDA graphs by
   ``runtime.GraphedCall``, a replay's host time divided by the op count: what a runtime that replays its
   compiled step (decode under CUDA graphs) pays per op.
@@ -49,6 +53,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch._inductor import config as inductor_config
 
 from ficco import executor
 from ficco.harness.loopback import loopback_world
@@ -57,6 +62,7 @@ from ficco.tables import markdown_table
 SCHEDULES = ("serial/sm", "shard/dma", "finer/dma/s2/chunk", "finer/sm/s4/shard")
 VARIANTS = (
     "executor",
+    "executor_per_op",
     "custom_op",
     "custom_op_inference",
     "compiled",
@@ -64,7 +70,7 @@ VARIANTS = (
     "compiled_per_op",
     "graphed_per_op",
 )
-PER_OP = ("compiled_per_op", "graphed_per_op")
+PER_OP = ("executor_per_op", "compiled_per_op", "graphed_per_op")
 """Variants whose call runs ``--ops-per-graph`` ops: their time is divided by that count."""
 
 
@@ -93,14 +99,14 @@ def calls(
         def custom(a=a):
             return torch.ops.ficco.all_gather_matmul(a, [b], 0, group_name, schedule)
 
-        def eager():
+        def eager(a=a):
             return executor.all_gather_matmul(a, b, schedule)
     else:
 
         def custom(a=a):
             return torch.ops.ficco.matmul_reduce_scatter(a, b, "sum", 0, group_name, schedule)
 
-        def eager():
+        def eager(a=a):
             return executor.matmul_reduce_scatter(a, b, schedule)
 
     inputs = [a.clone() for _ in range(per_graph)]  # distinct: no common-subexpression elimination
@@ -122,6 +128,7 @@ def calls(
 
     variants = {
         "executor": eager,
+        "executor_per_op": lambda: [eager(x) for x in inputs],
         "custom_op": custom,
         "custom_op_inference": custom_inference,
         "compiled": compiled,
@@ -141,7 +148,12 @@ def calls(
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     rows: list[dict] = []
-    with loopback_world(args.world_size, args.device) as device:
+    # this checkout's graphs, never a graph Inductor cached for an older ficco (its op kernels are not in
+    # the cache key)
+    with (
+        loopback_world(args.world_size, args.device) as device,
+        inductor_config.patch(force_disable_caches=True),
+    ):
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         clock = args.clock or ("wall" if device.type == "cuda" else "thread")
         now = time.perf_counter if clock == "wall" else time.thread_time
@@ -205,16 +217,16 @@ def _frames_compiled() -> int:
 
 def print_table(rows: list[dict]) -> None:
     """One line per (op, schedule): each variant's median host microseconds per call, and the ratio of each
-    per-op variant's cost to the executor's."""
+    compiled per-op variant's cost to the executor's on the same inputs (``executor_per_op``)."""
     by = {(r["op"], r["schedule"], r["variant"]): r["host_us_per_call"] for r in rows}
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    per_op = [v for v in PER_OP if v in variants]
+    per_op = [v for v in PER_OP[1:] if v in variants]
     lines = []
     for op, schedule in dict.fromkeys((r["op"], r["schedule"]) for r in rows):
         us = {v: by.get((op, schedule, v)) for v in variants}
-        ratios = (f"{us[v] / us['executor']:.2f}" if us[v] else "-" for v in per_op)
+        ratios = (f"{us[v] / us['executor_per_op']:.2f}" if us[v] else "-" for v in per_op)
         lines.append([op, schedule, *(f"{u:.1f}" if u else "-" for u in us.values()), *ratios])
-    header = ["op", "schedule", *(f"{v} us" for v in variants), *(f"{v} / executor" for v in per_op)]
+    header = ["op", "schedule", *(f"{v} us" for v in variants), *(f"{v} / executor_per_op" for v in per_op)]
     print(markdown_table(header, lines))
 
 

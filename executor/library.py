@@ -42,6 +42,11 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
   ``matmul_reduce_scatter`` is ``all_gather_matmul`` of the output gradient against ``b^T``, whose gathered
   gradient also gives ``grad_b = a^T @ grad``. This is Megatron-LM's sequence-parallel pair, which
   ``runtime.layers`` runs through these ops.
+- Each op has a twin without autograd, ``torch.ops.ficco._<name>`` (the same schema and kernel; its
+  ``backward_schedule`` is unused): what the public op's autograd kernel runs, inside a
+  ``torch.autograd.Function`` when a gradient is needed. Graphs that ``torch.compile`` traces therefore
+  hold the twin, and a compiled call reaches the executor through PyTorch's C++ autograd fallback instead
+  of a Python autograd kernel; the compile pass (``runtime.compile``) inserts the twins too.
 
 Bad input never breaks a step: a schedule that cannot run at a shape (its splits do not divide the rows)
 runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
@@ -140,25 +145,53 @@ _LIB = torch.library.Library("ficco", "DEF")
 """The ``ficco`` operator namespace: the ops' schemas and kernels, fake kernels and autograd formulas."""
 
 
-def _define(kernel):
-    """Define ``ficco::<kernel name>`` as ``torch.library.custom_op`` would (the schema its annotations give,
-    ``torch.library.infer_schema``; functional; tagged pt2-compliant) and register ``kernel`` as its
-    implementation for every device (``CompositeExplicitAutograd``) with ``Library.impl``, wrapped in
-    ``torch.compiler.disable`` (Dynamo never traces the kernel, whoever calls it): the dispatcher calls it
-    without ``custom_op``'s per-call Python wrapper (its output-aliasing and kernel-kind checks around each
-    call). Returns the op (``torch.ops.ficco.<name>``), so the module's name calls it through the
-    dispatcher."""
-    name = kernel.__name__
+def _define(kernel, name: str | None = None):
+    """Define ``ficco::<name>`` (default: the kernel's name) as ``torch.library.custom_op`` would (the schema
+    its annotations give, ``torch.library.infer_schema``; functional; tagged pt2-compliant) and register
+    ``kernel`` as its implementation for every device (``CompositeExplicitAutograd``) with ``Library.impl``,
+    wrapped in ``torch.compiler.disable`` (Dynamo never traces the kernel, whoever calls it): the dispatcher
+    calls it without ``custom_op``'s per-call Python wrapper (its output-aliasing and kernel-kind checks
+    around each call). Returns the op (``torch.ops.ficco.<name>``)."""
+    name = name or kernel.__name__
     schema = torch.library.infer_schema(kernel, mutates_args=())
     _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     _LIB.impl(name, torch.compiler.disable(kernel), "CompositeExplicitAutograd")
     return getattr(torch.ops.ficco, name)
 
 
+def _define_pair(kernel, fake, function: type[torch.autograd.Function]):
+    """Define ``ficco::<name>`` (``kernel``'s name) and its twin without autograd ``ficco::_<name>``, both
+    with :func:`_define`'s schema and ``kernel``; ``fake`` is the twin's fake kernel. The public op's kernel
+    at the autograd key, also registered as its ``CompositeImplicitAutograd`` decomposition, runs
+    ``function`` (a ``torch.autograd.Function`` whose forward calls the twin; ``function.flatten`` gives its
+    arguments from the op's, ``function.unflatten`` the op's outputs from its) when grad mode is on and a
+    tensor argument requires grad, else the twin: tracing (Dynamo, AOTAutograd, ``make_fx``) decomposes
+    the public op into the twin, and under inference mode (no autograd key) the dispatcher calls ``kernel``
+    directly. Returns the public op (``torch.ops.ficco.<name>``)."""
+    twin = _define(kernel, "_" + kernel.__name__)
+    torch.library.register_fake(f"ficco::_{kernel.__name__}", fake, lib=_LIB)
+    public = _define(kernel)
+
+    def composite(*args):
+        if torch.is_grad_enabled():
+            flat = function.flatten(*args)
+            if any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat):
+                return function.unflatten(function.apply(*flat))
+        return twin(*args)
+
+    for key in ("Autograd", "CompositeImplicitAutograd"):
+        _LIB.impl(kernel.__name__, torch.compiler.disable(composite), key)
+    return public
+
+
+def _same(outputs):
+    """A Function's outputs as its op returns them (``unflatten`` of a one-tensor op)."""
+    return outputs
+
+
 # all_gather_matmul ------------------------------------------------------------------------------------------
 
 
-@_define
 def all_gather_matmul(
     a_shard: torch.Tensor,
     bs: list[torch.Tensor],
@@ -193,8 +226,9 @@ def all_gather_matmul(
     return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
 
 
-@torch.library.register_fake("ficco::all_gather_matmul", lib=_LIB)
-def _(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule=""):
+def _all_gather_matmul_fake(
+    a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule=""
+):
     w = _resolve_process_group(group_name).size()
     gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
     x = a_shard.movedim(gather_dim, 0)
@@ -204,62 +238,81 @@ def _(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_sc
     return a, cs
 
 
-def _all_gather_matmul_setup(ctx, inputs, output) -> None:
-    a_shard, bs, gather_dim, group_name, schedule, return_a, backward_schedule = inputs
-    ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
-    ctx.group_name, ctx.return_a = group_name, return_a
-    ctx.schedules = (backward_schedule or schedule, schedule)
-    # an output nothing used gets None, not zeros: a gathered A kept only for the weights' gradients must not
-    # cost a reduce-scatter of zeros
-    ctx.set_materialize_grads(False)
-    # the weights' gradients multiply the gathered input: kept when the forward returned it, else gathered
-    # again in the backward from the shard
-    ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
+class _AllGatherMatmul(torch.autograd.Function):
+    """``all_gather_matmul`` with its gradients: ``apply(a_shard, gather_dim, group_name, schedule,
+    return_a, backward_schedule, *bs) -> (A, *C)`` (a Function takes and returns tensors, not lists)."""
+
+    @staticmethod
+    def flatten(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule="") -> tuple:
+        return (a_shard, gather_dim, group_name, schedule, return_a, backward_schedule, *bs)
+
+    @staticmethod
+    def unflatten(outputs: tuple) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return outputs[0], list(outputs[1:])
+
+    @staticmethod
+    def forward(a_shard, gather_dim, group_name, schedule, return_a, backward_schedule, *bs):
+        args = (a_shard, list(bs), gather_dim, group_name, schedule, return_a, backward_schedule)
+        a, cs = torch.ops.ficco._all_gather_matmul.default(*args)
+        return (a, *cs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        a_shard, gather_dim, group_name, schedule, return_a, backward_schedule, *bs = inputs
+        ctx.gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
+        ctx.group_name, ctx.return_a = group_name, return_a
+        ctx.schedules = (backward_schedule or schedule, schedule)
+        # an output nothing used gets None, not zeros: a gathered A kept only for the weights' gradients must
+        # not cost a reduce-scatter of zeros
+        ctx.set_materialize_grads(False)
+        # the weights' gradients multiply the gathered input: kept when the forward returned it, else
+        # gathered again in the backward from the shard
+        ctx.save_for_backward(output[0] if return_a else a_shard, *bs)
+
+    @staticmethod
+    def backward(ctx, grad_a, *grad_cs):
+        saved, *bs = ctx.saved_tensors
+        dim, group_name = ctx.gather_dim, ctx.group_name
+        need_a, need_bs = ctx.needs_input_grad[0], ctx.needs_input_grad[_AG_FIXED_ARGS:]
+        need_b = any(need_bs)
+        gathered = saved
+        if need_b and not ctx.return_a:  # started before the input gradient's op, waited for after it
+            shard = saved.movedim(dim, 0).contiguous()
+            gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
+        grad_shard = None
+        if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
+            live = [(g, b) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
+            parts = []
+            if live:
+                g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
+                b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
+                parts.append(
+                    torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
+                )
+            if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
+                parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
+            grad_shard = sum(parts[1:], parts[0]) if parts else None
+        grad_bs = [None] * len(bs)
+        if need_b:
+            k = gathered.shape[-1]
+            a_rows = gathered.movedim(dim, 0).reshape(-1, k)
+            grad_bs = [
+                a_rows.t() @ g.movedim(dim, 0).reshape(-1, g.shape[-1]) if g is not None and need else None
+                for g, need in zip(grad_cs, need_bs, strict=True)
+            ]
+        return (grad_shard, *(None,) * (_AG_FIXED_ARGS - 1), *grad_bs)
 
 
-def _all_gather_matmul_backward(ctx, grad_a, grad_cs):
-    saved, *bs = ctx.saved_tensors
-    dim, group_name = ctx.gather_dim, ctx.group_name
-    need_a, need_bs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # a bool, a bool per weight
-    need_b = any(need_bs)
-    gathered = saved
-    if need_b and not ctx.return_a:  # started before the input gradient's op, waited for after it
-        shard = saved.movedim(dim, 0).contiguous()
-        gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
-    grads = list(grad_cs) if grad_cs is not None else [None] * len(bs)
-    grad_shard = None
-    if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
-        live = [(g, b) for g, b in zip(grads, bs, strict=True) if g is not None]
-        parts = []
-        if live:
-            g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
-            b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
-            parts.append(
-                torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
-            )
-        if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
-            parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
-        grad_shard = sum(parts[1:], parts[0]) if parts else None
-    grad_bs = None
-    if need_b:
-        k = gathered.shape[-1]
-        a_rows = gathered.movedim(dim, 0).reshape(-1, k)
-        grad_bs = [
-            a_rows.t() @ g.movedim(dim, 0).reshape(-1, g.shape[-1]) if g is not None and need else None
-            for g, need in zip(grads, need_bs, strict=True)
-        ]
-    return _grads(ctx, grad_shard, grad_bs)
+_AG_FIXED_ARGS = 6
+"""``_AllGatherMatmul.apply``'s arguments before the weights."""
 
 
-torch.library.register_autograd(
-    "ficco::all_gather_matmul", _all_gather_matmul_backward, setup_context=_all_gather_matmul_setup, lib=_LIB
-)
+all_gather_matmul = _define_pair(all_gather_matmul, _all_gather_matmul_fake, _AllGatherMatmul)
 
 
 # matmul_reduce_scatter --------------------------------------------------------------------------------------
 
 
-@_define
 def matmul_reduce_scatter(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -286,8 +339,7 @@ def matmul_reduce_scatter(
     return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
 
 
-@torch.library.register_fake("ficco::matmul_reduce_scatter", lib=_LIB)
-def _(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
+def _matmul_reduce_scatter_fake(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
     _check_reduce_op(reduce_op)
     w = _resolve_process_group(group_name).size()
     scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
@@ -295,42 +347,50 @@ def _(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
     return a.new_empty((x.shape[0] // w, *x.shape[1:-1], b.shape[1])).movedim(0, scatter_dim)
 
 
-def _matmul_reduce_scatter_setup(ctx, inputs, output) -> None:
-    a, b, _reduce_op, scatter_dim, group_name, schedule, backward_schedule = inputs
-    ctx.scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
-    ctx.group_name = group_name
-    ctx.schedules = (backward_schedule or schedule, schedule)
-    ctx.save_for_backward(a, b)
+class _MatmulReduceScatter(torch.autograd.Function):
+    """``matmul_reduce_scatter`` with its gradients (``apply`` takes the op's arguments)."""
+
+    @staticmethod
+    def flatten(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule="") -> tuple:
+        return a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule
+
+    unflatten = staticmethod(_same)
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.ficco._matmul_reduce_scatter.default(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        a, b, _reduce_op, scatter_dim, group_name, schedule, backward_schedule = inputs
+        ctx.scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
+        ctx.group_name = group_name
+        ctx.schedules = (backward_schedule or schedule, schedule)
+        ctx.save_for_backward(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        dim = ctx.scatter_dim
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (need_a or need_b):
+            return _grads(ctx, None, None)
+        gathered, (grad_a,) = torch.ops.ficco.all_gather_matmul(
+            grad.contiguous(), [b.t()], dim, ctx.group_name, ctx.schedules[0], need_b, ctx.schedules[1]
+        )
+        grad_b = None
+        if need_b:
+            a_rows = a.movedim(dim, 0).reshape(-1, a.shape[-1])
+            grad_b = a_rows.t() @ gathered.movedim(dim, 0).reshape(-1, gathered.shape[-1])
+        return _grads(ctx, grad_a if need_a else None, grad_b)
 
 
-def _matmul_reduce_scatter_backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    dim = ctx.scatter_dim
-    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if not (need_a or need_b):
-        return _grads(ctx, None, None)
-    gathered, (grad_a,) = torch.ops.ficco.all_gather_matmul(
-        grad.contiguous(), [b.t()], dim, ctx.group_name, ctx.schedules[0], need_b, ctx.schedules[1]
-    )
-    grad_b = None
-    if need_b:
-        a_rows = a.movedim(dim, 0).reshape(-1, a.shape[-1])
-        grad_b = a_rows.t() @ gathered.movedim(dim, 0).reshape(-1, gathered.shape[-1])
-    return _grads(ctx, grad_a if need_a else None, grad_b)
-
-
-torch.library.register_autograd(
-    "ficco::matmul_reduce_scatter",
-    _matmul_reduce_scatter_backward,
-    setup_context=_matmul_reduce_scatter_setup,
-    lib=_LIB,
-)
+matmul_reduce_scatter = _define_pair(matmul_reduce_scatter, _matmul_reduce_scatter_fake, _MatmulReduceScatter)
 
 
 # The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
 
 
-@_define
 def all_to_all_matmul(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -345,12 +405,6 @@ def all_to_all_matmul(
     return _run_routed("a2a_gemm", x, b, counts, group_name, schedule)
 
 
-@torch.library.register_fake("ficco::all_to_all_matmul", lib=_LIB)
-def _(x, b, counts, group_name, schedule, backward_schedule=""):
-    return _routed_empty("a2a_gemm", x, b, counts, group_name)
-
-
-@_define
 def matmul_all_to_all(
     h: torch.Tensor,
     b: torch.Tensor,
@@ -362,11 +416,6 @@ def matmul_all_to_all(
     """``executor.matmul_all_to_all``: each local expert's GEMM on its rows of ``h`` (in
     ``all_to_all_matmul``'s output order), every row sent back to the rank that routed it."""
     return _run_routed("gemm_a2a", h, b, counts, group_name, schedule)
-
-
-@torch.library.register_fake("ficco::matmul_all_to_all", lib=_LIB)
-def _(h, b, counts, group_name, schedule, backward_schedule=""):
-    return _routed_empty("gemm_a2a", h, b, counts, group_name)
 
 
 _RUN_ROUTED = {"a2a_gemm": _run_all_to_all_matmul, "gemm_a2a": _run_matmul_all_to_all}
@@ -383,33 +432,60 @@ def _run_routed(
     return _RUN_ROUTED[op](a, b, routing, run, group)
 
 
-def _routed_empty(
-    op: str, a: torch.Tensor, b: torch.Tensor, counts: list[int], group_name: str
-) -> torch.Tensor:
-    """The output of the MoE op ``op`` without data (its fake kernel): ``[rows, n]``, the rows this rank
-    receives (``a2a_gemm``) or sent (``gemm_a2a``)."""
-    group, routing = _group_routing(counts, group_name)
-    rows = routing.received if op == "a2a_gemm" else routing.sent
-    return a.new_empty((sum(rows(group.rank())), b.shape[2]))
+def _routed_fake(op: str):
+    """The fake kernel of the MoE op ``op``: ``[rows, n]`` without data, the rows this rank receives
+    (``a2a_gemm``) or sent (``gemm_a2a``)."""
+
+    def fake(a, b, counts, group_name, schedule, backward_schedule=""):
+        group, routing = _group_routing(counts, group_name)
+        rows = routing.received if op == "a2a_gemm" else routing.sent
+        return a.new_empty((sum(rows(group.rank())), b.shape[2]))
+
+    return fake
 
 
-def _routed_setup(ctx, inputs, output) -> None:
-    a, b, counts, group_name, schedule, backward_schedule = inputs
-    ctx.counts, ctx.group_name = counts, group_name
-    ctx.schedules = (backward_schedule or schedule, schedule)
-    ctx.save_for_backward(a, b)
+class _Routed(torch.autograd.Function):
+    """An MoE op with its gradients (``apply`` takes the op's arguments): the subclass names its twin
+    (``forward``) and the other op of the pair (``backward``)."""
+
+    @staticmethod
+    def flatten(a, b, counts, group_name, schedule, backward_schedule="") -> tuple:
+        return a, b, counts, group_name, schedule, backward_schedule
+
+    unflatten = staticmethod(_same)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        a, b, counts, group_name, schedule, backward_schedule = inputs
+        ctx.counts, ctx.group_name = counts, group_name
+        ctx.schedules = (backward_schedule or schedule, schedule)
+        ctx.save_for_backward(a, b)
 
 
-def _all_to_all_matmul_backward(ctx, grad):
+class _AllToAllMatmul(_Routed):
     """``Y = experts(dispatch(x))``: ``grad_x`` is the combine of ``grad @ b[e]^T`` (the other op);
     ``grad_b[e]`` is the dispatched rows of expert ``e``, transposed, times their gradient."""
-    return _routed_backward(ctx, grad, torch.ops.ficco.matmul_all_to_all, dispatch_input=True)
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.ficco._all_to_all_matmul.default(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _routed_backward(ctx, grad, torch.ops.ficco.matmul_all_to_all, dispatch_input=True)
 
 
-def _matmul_all_to_all_backward(ctx, grad):
+class _MatmulAllToAll(_Routed):
     """``Z = combine(experts(h))``: ``grad_h`` is the dispatch of ``grad`` times ``b[e]^T`` (the other op);
     ``grad_b[e]`` is ``h``'s rows of expert ``e``, transposed, times the dispatched gradient's."""
-    return _routed_backward(ctx, grad, torch.ops.ficco.all_to_all_matmul, dispatch_input=False)
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.ficco._matmul_all_to_all.default(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _routed_backward(ctx, grad, torch.ops.ficco.all_to_all_matmul, dispatch_input=False)
 
 
 def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) -> tuple:
@@ -432,12 +508,8 @@ def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) ->
     return _grads(ctx, grad_a, grad_b)
 
 
-torch.library.register_autograd(
-    "ficco::all_to_all_matmul", _all_to_all_matmul_backward, setup_context=_routed_setup, lib=_LIB
-)
-torch.library.register_autograd(
-    "ficco::matmul_all_to_all", _matmul_all_to_all_backward, setup_context=_routed_setup, lib=_LIB
-)
+all_to_all_matmul = _define_pair(all_to_all_matmul, _routed_fake("a2a_gemm"), _AllToAllMatmul)
+matmul_all_to_all = _define_pair(matmul_all_to_all, _routed_fake("gemm_a2a"), _MatmulAllToAll)
 
 
 def _group_routing(counts: list[int], group_name: str) -> tuple[torch.distributed.ProcessGroup, Routing]:
@@ -503,9 +575,7 @@ def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.T
 
 
 def _grads(ctx, grad_a, grad_b) -> tuple:
-    """The gradients of an op's two tensor arguments, then None for each other argument of the call (the
-    dispatcher leaves out trailing arguments equal to their defaults; ``needs_input_grad`` has one entry per
-    argument it kept)."""
+    """The gradients of an op's two tensor arguments, then None for each other argument of its Function."""
     return (grad_a, grad_b) + (None,) * (len(ctx.needs_input_grad) - 2)
 
 

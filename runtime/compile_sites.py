@@ -302,7 +302,7 @@ def _all_gather_site(ag: _AllGatherMatch, matmuls: list[_Matmul], layers: tuple[
         graph = ag.ag_node.graph
         with graph.inserting_before(ag.ag_node):
             fused = graph.call_function(
-                torch.ops.ficco.all_gather_matmul.default,
+                torch.ops.ficco._all_gather_matmul.default,
                 args=(ag.shard_node, [mm.B_node for mm in matmuls], gather_dim, ag.group_name, schedule),
                 kwargs={"return_a": True},
             )
@@ -380,7 +380,7 @@ def _reduce_scatter_site(rs: _ReduceScatterMatch, matmul: _Matmul, layers: tuple
         graph = rs.wait_tensor_node.graph
         with graph.inserting_before(rs.wait_tensor_node):
             fused = graph.call_function(
-                torch.ops.ficco.matmul_reduce_scatter.default,
+                torch.ops.ficco._matmul_reduce_scatter.default,
                 args=(matmul.A_node, matmul.B_node, reduce_op, scatter_dim, rs.group_name, schedule),
             )
             rs.replace_with(fused)
@@ -444,7 +444,7 @@ def _fused_all_gather_site(node: torch.fx.Node) -> Site:
 
     def apply(schedule: str) -> None:
         args = (shard_node, list(b_nodes), gather_dim, group, schedule)
-        _replace_node(node, torch.ops.ficco.all_gather_matmul.default, args, {"return_a": return_a})
+        _replace_node(node, torch.ops.ficco._all_gather_matmul.default, args, {"return_a": return_a})
 
     return Site(
         op="ag_gemm",
@@ -469,7 +469,7 @@ def _fused_reduce_scatter_site(node: torch.fx.Node) -> Site:
 
     def apply(schedule: str) -> None:
         args = (a_node, b_node, reduce_op, scatter_dim, group, schedule)
-        _replace_node(node, torch.ops.ficco.matmul_reduce_scatter.default, args, {})
+        _replace_node(node, torch.ops.ficco._matmul_reduce_scatter.default, args, {})
 
     return Site(
         op="gemm_rs",

@@ -23,6 +23,7 @@ def _ops_world(rank: int, world_size: int) -> dict:
 
     group = dist.group.WORLD.group_name
     ag, rs = torch.ops.ficco.all_gather_matmul, torch.ops.ficco.matmul_reduce_scatter
+    twins = {ag: torch.ops.ficco._all_gather_matmul, rs: torch.ops.ficco._matmul_reduce_scatter}
     gen = torch.Generator().manual_seed(5)  # the same full tensors on every rank
     batch, seq, k, n1, n2 = 2, 4 * world_size, 12, 4, 3
     x = torch.randn(batch, seq, k, generator=gen)
@@ -36,8 +37,8 @@ def _ops_world(rank: int, world_size: int) -> dict:
     def err(got, want):
         return float((got - want).norm() / want.norm())
 
-    # opcheck (world of 2: it compiles, so once is enough): every op, gather dims 0 and 1 (N-D), several
-    # weights, the gathered input, a table
+    # opcheck (world of 2: it compiles, so once is enough): every op and its twin without autograd, gather
+    # dims 0 and 1 (N-D), several weights, the gathered input, a table
     shard = x[:, mine].contiguous()
     for args in (
         []
@@ -48,12 +49,14 @@ def _ops_world(rank: int, world_size: int) -> dict:
             (x[0, mine].contiguous(), [b1], 0, group, "finer/sm/s2/chunk", True),
         ]
     ):
-        torch.library.opcheck(ag.default, args)
-        out["opchecks"] += 1
+        for op in (ag, twins[ag]):
+            torch.library.opcheck(op.default, args)
+            out["opchecks"] += 1
     rs_cases = [(x, b1, "sum", 1, group, "shard/sm"), (x[0], b2, "sum", 0, group, TABLE, "shard/dma")]
     for args in [] if world_size > 2 else rs_cases:
-        torch.library.opcheck(rs.default, args)
-        out["opchecks"] += 1
+        for op in (rs, twins[rs]):
+            torch.library.opcheck(op.default, args)
+            out["opchecks"] += 1
 
     # values and gradients against autograd on the full tensors
     for schedule in FAMILIES:
@@ -114,7 +117,7 @@ def worlds() -> dict[int, list[dict]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_opcheck_passes_for_every_op(worlds, world_size):
-    assert all(report["opchecks"] == (5 if world_size == 2 else 0) for report in worlds[world_size])
+    assert all(report["opchecks"] == (10 if world_size == 2 else 0) for report in worlds[world_size])
 
 
 @pytest.mark.slow
@@ -188,14 +191,14 @@ def _moe_world(rank: int, world_size: int) -> dict:
                 ("b2", b2.grad, rb2[rank]),
             )
         }
-    if world_size == 2:
-        torch.library.opcheck(
-            torch.ops.ficco.all_to_all_matmul.default, (xs[rank], bs[rank], flat, group, "shard/sm")
-        )
+    if world_size == 2:  # each op and its twin without autograd
         y = torch.ops.ficco.all_to_all_matmul(xs[rank], bs[rank], flat, group, "serial/sm")
-        torch.library.opcheck(
-            torch.ops.ficco.matmul_all_to_all.default, (y, b2s[rank], flat, group, "finer/dma/s2/shard")
-        )
+        for name, args in (
+            ("all_to_all_matmul", (xs[rank], bs[rank], flat, group, "shard/sm")),
+            ("matmul_all_to_all", (y, b2s[rank], flat, group, "finer/dma/s2/shard")),
+        ):
+            for op in (name, "_" + name):
+                torch.library.opcheck(getattr(torch.ops.ficco, op).default, args)
     return out
 
 

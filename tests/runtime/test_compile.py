@@ -23,8 +23,8 @@ import ficco.runtime.compile as ficco_compile
 from ficco.runtime import FixedSource, Planner
 from ficco.runtime.compile import FiccoPass
 
-FICCO_AG = torch.ops.ficco.all_gather_matmul.default
-FICCO_RS = torch.ops.ficco.matmul_reduce_scatter.default
+FICCO_AG = torch.ops.ficco._all_gather_matmul.default
+FICCO_RS = torch.ops.ficco._matmul_reduce_scatter.default
 C10D = ("all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor")
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names
 all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
