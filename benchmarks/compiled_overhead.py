@@ -72,6 +72,8 @@ VARIANTS = (
 )
 PER_OP = ("executor_per_op", "compiled_per_op", "graphed_per_op")
 """Variants whose call runs ``--ops-per-graph`` ops: their time is divided by that count."""
+REFERENCE = "executor_per_op"
+"""The variant the table divides the other per-op variants by."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -217,16 +219,16 @@ def _frames_compiled() -> int:
 
 def print_table(rows: list[dict]) -> None:
     """One line per (op, schedule): each variant's median host microseconds per call, and the ratio of each
-    compiled per-op variant's cost to the executor's on the same inputs (``executor_per_op``)."""
+    other per-op variant's cost to the executor's on the same inputs (:data:`REFERENCE`)."""
     by = {(r["op"], r["schedule"], r["variant"]): r["host_us_per_call"] for r in rows}
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    per_op = [v for v in PER_OP[1:] if v in variants]
+    per_op = [v for v in PER_OP if v in variants and v != REFERENCE]
     lines = []
     for op, schedule in dict.fromkeys((r["op"], r["schedule"]) for r in rows):
         us = {v: by.get((op, schedule, v)) for v in variants}
-        ratios = (f"{us[v] / us['executor_per_op']:.2f}" if us[v] else "-" for v in per_op)
+        ratios = (f"{us[v] / us[REFERENCE]:.2f}" if us[v] else "-" for v in per_op)
         lines.append([op, schedule, *(f"{u:.1f}" if u else "-" for u in us.values()), *ratios])
-    header = ["op", "schedule", *(f"{v} us" for v in variants), *(f"{v} / executor_per_op" for v in per_op)]
+    header = ["op", "schedule", *(f"{v} us" for v in variants), *(f"{v} / {REFERENCE}" for v in per_op)]
     print(markdown_table(header, lines))
 
 

@@ -57,6 +57,7 @@ context, kept once the executor's checks passed, so a repeated call runs the exe
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -159,34 +160,44 @@ def _define(kernel, name: str | None = None):
     return getattr(torch.ops.ficco, name)
 
 
-def _define_pair(kernel, fake, function: type[torch.autograd.Function]):
+class _OpFunction(torch.autograd.Function):
+    """A ficco op with its gradients: ``apply`` takes ``flatten(*the op's arguments)`` (default: the same
+    arguments) and ``unflatten`` gives the op's outputs from its (default: the same outputs)."""
+
+    @staticmethod
+    def flatten(*args) -> tuple:
+        return args
+
+    @staticmethod
+    def unflatten(outputs):
+        return outputs
+
+
+def _define_pair(kernel, fake, function: type[_OpFunction]):
     """Define ``ficco::<name>`` (``kernel``'s name) and its twin without autograd ``ficco::_<name>``, both
     with :func:`_define`'s schema and ``kernel``; ``fake`` is the twin's fake kernel. The public op's kernel
     at the autograd key, also registered as its ``CompositeImplicitAutograd`` decomposition, runs
-    ``function`` (a ``torch.autograd.Function`` whose forward calls the twin; ``function.flatten`` gives its
-    arguments from the op's, ``function.unflatten`` the op's outputs from its) when grad mode is on and a
-    tensor argument requires grad, else the twin: tracing (Dynamo, AOTAutograd, ``make_fx``) decomposes
-    the public op into the twin, and under inference mode (no autograd key) the dispatcher calls ``kernel``
-    directly. Returns the public op (``torch.ops.ficco.<name>``)."""
-    twin = _define(kernel, "_" + kernel.__name__)
-    torch.library.register_fake(f"ficco::_{kernel.__name__}", fake, lib=_LIB)
+    ``function`` (its forward calls the twin) when grad mode is on and a tensor argument requires grad, else
+    the twin: tracing (Dynamo, AOTAutograd, ``make_fx``) decomposes the public op into the twin, and under
+    inference mode (no autograd key) the dispatcher calls ``kernel`` directly. Returns the public op
+    (``torch.ops.ficco.<name>``)."""
+    name = kernel.__name__
+    twin = _define(kernel, "_" + name)
+    torch.library.register_fake(f"ficco::_{name}", fake, lib=_LIB)
     public = _define(kernel)
+    # the dispatcher leaves out trailing arguments equal to their defaults; the Function takes every one
+    defaults = tuple(p.default for p in inspect.signature(kernel).parameters.values())
 
     def composite(*args):
         if torch.is_grad_enabled():
-            flat = function.flatten(*args)
+            flat = function.flatten(*args, *defaults[len(args) :])
             if any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat):
                 return function.unflatten(function.apply(*flat))
         return twin(*args)
 
     for key in ("Autograd", "CompositeImplicitAutograd"):
-        _LIB.impl(kernel.__name__, torch.compiler.disable(composite), key)
+        _LIB.impl(name, torch.compiler.disable(composite), key)
     return public
-
-
-def _same(outputs):
-    """A Function's outputs as its op returns them (``unflatten`` of a one-tensor op)."""
-    return outputs
 
 
 # all_gather_matmul ------------------------------------------------------------------------------------------
@@ -238,12 +249,12 @@ def _all_gather_matmul_fake(
     return a, cs
 
 
-class _AllGatherMatmul(torch.autograd.Function):
+class _AllGatherMatmul(_OpFunction):
     """``all_gather_matmul`` with its gradients: ``apply(a_shard, gather_dim, group_name, schedule,
     return_a, backward_schedule, *bs) -> (A, *C)`` (a Function takes and returns tensors, not lists)."""
 
     @staticmethod
-    def flatten(a_shard, bs, gather_dim, group_name, schedule, return_a=False, backward_schedule="") -> tuple:
+    def flatten(a_shard, bs, gather_dim, group_name, schedule, return_a, backward_schedule) -> tuple:
         return (a_shard, gather_dim, group_name, schedule, return_a, backward_schedule, *bs)
 
     @staticmethod
@@ -347,14 +358,8 @@ def _matmul_reduce_scatter_fake(a, b, reduce_op, scatter_dim, group_name, schedu
     return a.new_empty((x.shape[0] // w, *x.shape[1:-1], b.shape[1])).movedim(0, scatter_dim)
 
 
-class _MatmulReduceScatter(torch.autograd.Function):
+class _MatmulReduceScatter(_OpFunction):
     """``matmul_reduce_scatter`` with its gradients (``apply`` takes the op's arguments)."""
-
-    @staticmethod
-    def flatten(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule="") -> tuple:
-        return a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule
-
-    unflatten = staticmethod(_same)
 
     @staticmethod
     def forward(*args):
@@ -444,15 +449,9 @@ def _routed_fake(op: str):
     return fake
 
 
-class _Routed(torch.autograd.Function):
+class _Routed(_OpFunction):
     """An MoE op with its gradients (``apply`` takes the op's arguments): the subclass names its twin
     (``forward``) and the other op of the pair (``backward``)."""
-
-    @staticmethod
-    def flatten(a, b, counts, group_name, schedule, backward_schedule="") -> tuple:
-        return a, b, counts, group_name, schedule, backward_schedule
-
-    unflatten = staticmethod(_same)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
