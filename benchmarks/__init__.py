@@ -102,13 +102,18 @@ def plot_speedups(
                 if xy:
                     ax.plot(*zip(*xy, strict=True), ["-", "--", ":"][j % 3], color=f"C{i}", marker="o",
                             label=f"{model} {v}")  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_title(title(phase))
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("speedup over serial NCCL")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        speedup_axes(ax, title(phase), "speedup over serial NCCL")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def speedup_axes(ax: Any, title: str, ylabel: str) -> None:
+    """A panel of speedups against tokens: 1x marked, tokens on a log2 axis, the title, a legend if any."""
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(ylabel)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)

@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
-# The runtimes benchmark on 2 GPUs in one call (< 10 minutes): torchtitan's Llama 3 layers at TP=2 under serial
-# NCCL, PyTorch async-TP, ficco's parallel styles, ficco's compile pass and vLLM's rule (benchmarks/runtimes.py).
-# Results go to $RESULTS (default benchmarks/results: runtimes-h200x2.{json,md,png}, -h100x2 on H100s) and are
-# copied to $OUT. Resumable: points already in $RESULTS' JSON are skipped, so a second call (with the first
-# call's JSON in the checkout) measures only what the first one left.
+# The end-to-end runtimes benchmark in one call: torchtitan's Llama 3 layers at TP=NGPU (default: every GPU
+# found) under eager serial, ficco's styles (and their diagnoses), serial compile, async-TP, ficco's compile
+# pass and the no-communication limit (benchmarks/runtimes.py). Results go to $RESULTS (default
+# benchmarks/results: runtimes-h200x2.{json,md,png}, -h100x2 on H100s, -h200x4 at 4 GPUs) and are copied to
+# $OUT with the logs. Resumable: points already in $RESULTS' JSON are skipped, so a second call (with the
+# first call's JSON in the checkout) measures the next points of the plan (runtimes.PLAN).
 #   bash benchmarks/gpu_runtimes.sh [SECONDS] [more benchmarks.runtimes options]
-#   e.g. bash benchmarks/gpu_runtimes.sh 570 --tokens 256 512 1024 2048 4096 8192 16384
-# SECONDS (default 570) bounds the whole call; no point starts after SECONDS - 120 s.
+#   e.g. NGPU=4 bash benchmarks/gpu_runtimes.sh 560
+#        bash benchmarks/gpu_runtimes.sh 560 --models Llama-3.1-70B --phases train --tokens 4096 8192
+# SECONDS (default 560) bounds the whole call; no point starts that this run expects to end after
+# SECONDS - 75 s (each point takes about as long as the longest of its phase so far).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-SECS="${1:-570}"; [ $# -gt 0 ] && shift
+SECS="${1:-560}"; [ $# -gt 0 ] && shift
+NGPU="${NGPU:-$GPUS}"
 RESULTS="${RESULTS:-benchmarks/results}"
-if ! [ "${GPUS:-0}" -ge 2 ] 2>/dev/null; then
-    echo "gpu_runtimes.sh needs 2 GPUs; ${GPUS:-none} here (one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
+if ! [ "$NGPU" -ge 2 ] 2>/dev/null || [ "$NGPU" -gt "${GPUS:-0}" ]; then
+    echo "gpu_runtimes.sh needs 2 to ${GPUS:-0} GPUs (NGPU); got NGPU=$NGPU" \
+        "(one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
 fi
-timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.runtimes \
-    --out "$RESULTS" --budget-s "$((SECS - 120))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
-echo "runtimes rc=$?"
+timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m benchmarks.runtimes \
+    --out "$RESULTS" --budget-s "$((SECS - 75))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
+echo "runtimes rc=$? (124: stopped at $SECS s; the points written so far are in the JSON)"
 grep -E " T=[0-9]+:" "$OUT/runtimes.log" | tail -40
-grep -A12 '"goals"' "$OUT/runtimes.log" | head -14
-tail -5 "$OUT/runtimes.err"
-cp "$RESULTS"/runtimes-*.json "$RESULTS"/runtimes-*.md "$RESULTS"/runtimes-*.png "$OUT"/ 2>/dev/null
-ls "$OUT"
+grep -A8 '"goals"' "$OUT/runtimes.log" | head -10
+grep -E "Error|error:" "$OUT/runtimes.err" | sort | uniq -c | sort -rn | head -5
+cp "$RESULTS"/runtimes-*x"$NGPU".json "$RESULTS"/runtimes-*x"$NGPU".md "$RESULTS"/runtimes-*x"$NGPU".png "$OUT"/ \
+    2>/dev/null
+ls -l "$OUT"

@@ -1,55 +1,68 @@
-r"""torchtitan's Llama 3 blocks at TP=2 under the runtimes people use: serial NCCL, PyTorch async-TP,
-ficco's parallel styles, ficco's compile pass and vLLM's rule, in training and CUDA-graph inference.
+r"""torchtitan's Llama 3 layers under tensor parallelism, end to end: each way to overlap the collectives
+against the baseline that differs from it only in that, and against the limit no overlap can pass.
 
-    # 2 GPUs, one process per GPU (< 10 minutes; resumable): OUT/runtimes-h200x2.{json,md,png}
-    # (-h100x2 on H100s: the name comes from the GPU found at run time)
+    # 2 (or 4) GPUs, one process per GPU: OUT/runtimes-h200x2.{json,md,png} (-h100x2, -h200x4: from the GPUs
+    # found). Resumable: the points already in the JSON are skipped; a call stops starting points after
+    # --budget-s. benchmarks/gpu_runtimes.sh runs it within a wall-clock bound.
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.runtimes \
         --out benchmarks/results
     # one GPU as rank 0 of a pretend world of 2 (plumbing and host time only: no communication measured)
     python -m benchmarks.runtimes --loopback --out /tmp/runtimes
-    # CPU, gloo, a debug-size Llama (what CI runs)
+    # CPU, gloo, a debug-size Llama (what CI runs; --nproc-per-node 4 for TP=4)
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.runtimes --device cpu \
         --out /tmp/runtimes
     # re-render the markdown and the plot of a finished JSON
     python -m benchmarks.runtimes --render benchmarks/results/runtimes-h200x2.json
 
-The model: ``--layers`` decoder layers of torchtitan's Llama 3 (``benchmarks/llama.py``, torchtitan's module
-names) at Llama-3.1-8B and -70B shapes (``datasets/model_configs``), bf16, parallelized by torchtitan's
-per-layer plan (sequence parallel: ``Shard(1)`` on ``[batch, seq, dim]`` between the layers) on a TP group
-of 2. T tokens are ``--batch`` sequences (default 2, causal attention within each); this rank's input is its
-sequence shard ``[batch, T/(2 batch), dim]``. With a batch of 1 the gathered input reaches q/k/v and w1/w3
-through two reshapes (``[2, T/2, dim] -> [1, T, dim] -> [T, dim]``), and PyTorch's pattern finder, which
-both compiled variants use, finds the all-gather but no matmul behind it: neither pass overlaps those
-gathers (the debug Llama on gloo: only the two reduce-scatters per layer rewritten, nothing reported left).
+The model: ``--layers`` (default 4) decoder layers of torchtitan's Llama 3 (``benchmarks/llama.py``,
+torchtitan's module names) at Llama-3.1-8B and -70B shapes (``datasets/model_configs``), bf16,
+parallelized by torchtitan's per-layer plan (sequence parallel: ``Shard(1)`` on ``[batch, seq, dim]``
+between the layers) over all the ranks (TP=2 or 4). T tokens are ``--batch`` sequences (default 2, causal
+attention within each); this rank's input is its sequence shard ``[batch, T/(w batch), dim]``. With a batch
+of 1 PyTorch's pattern finder, which the compiled variants use, finds no matmul behind the q/k/v and w1/w3
+gathers (two reshapes in between), so keep the default.
 
-Phases: ``train`` (forward + backward, eager: how torchtitan trains) and ``inference`` (the forward replayed
-from a CUDA graph, ``runtime.GraphedCall``; CPU: eager). Variants, on the same weights and inputs:
+Phases: ``train``, a training step as torchtitan runs it: forward, backward, the gradients' norm clipped
+(``max_norm`` 1, the norm over the tensor-parallel shards) and AdamW's fused update (torchtitan's betas,
+eps and weight decay; learning rate 0: the update's work, the weights left as every variant's check finds
+them), eager or with each decoder layer compiled on its own (``torch.compile(block, fullgraph=True)``,
+torchtitan's ``apply_compile``); and ``inference``, the forward replayed from a CUDA graph (CPU: eager):
+prefill at hundreds to thousands of tokens, decode-like at 16-64 (T tokens through the layers, attention
+over the step's own tokens, no KV cache). Variants, on the same weights and inputs:
 
-- ``serial``: PyTorch's DTensor styles, NCCL collectives, no overlap (eager).
-- ``async_tp``: the same model compiled with ``torch._inductor.config._micro_pipeline_tp = True`` and
-  symmetric memory enabled for the group, as torchtitan's ``maybe_enable_async_tp`` does (CUDA only).
-- ``ficco_eager``: ``ficco.runtime.tp``'s styles under the same plan, schedules from a ``runtime.Planner``
-  over the local model (``PredictorSource.load(hardware_id=...)``; mode ``eager`` for training, ``graph``
-  for inference).
-- ``ficco_compile``: PyTorch's styles, compiled after ``ficco.runtime.compile.enable(planner)``.
-- ``vllm_rule``: vLLM's rule (``training.peer_rules.vllm_sp_rule``): async-TP from its token threshold on,
-  serial below. It runs one of those two steps, so it is not timed again: its time is that variant's.
+- ``serial``: PyTorch's DTensor styles, NCCL collectives, eager. Baseline of the eager variants.
+- ``ficco_eager``: ``ficco.runtime.tp``'s styles under the same plan, schedules from a planner over the
+  local model (mode ``eager`` for training, ``graph`` for inference).
+- ``serial_compile``: ``serial``'s model compiled per layer, neither the micro-pipeline pass nor ficco's.
+  Baseline of the compiled variants.
+- ``async_tp``: the same, compiled with ``torch._inductor.config._micro_pipeline_tp`` and symmetric memory
+  for the group, as torchtitan's ``maybe_enable_async_tp`` does (CUDA only).
+- ``ficco_compile``: the same, compiled with ficco's Inductor pass (``runtime.compile.FiccoPass``, what
+  ``ficco.runtime.compile.enable`` installs), schedules from a planner over the local model.
+- ``no_comm``: ``serial_compile`` with its collectives replaced by local ops of the same shapes
+  (``benchmarks/no_comm.py``): the limit. ``serial_compile - no_comm`` is what overlap can save.
+- ``vllm_rule``: vLLM's rule (``training.peer_rules.vllm_sp_rule``), which runs ``async_tp`` from its token
+  threshold on and ``serial_compile`` below (vLLM compiles either way): not timed again.
+- Diagnoses of ``ficco_eager`` in training (points up to ``--diagnose-max-tokens``): the same model under
+  each restriction of ``benchmarks/restricted_planner.py`` (``ficco_eager:all_serial``, ``:bwd_serial``,
+  ``:sm_only``, ``:min_gain_5``), and ``runtime.verify_plan``'s verdict on its plan in the step (the
+  planned step, every op serial, each op alone serial: ``verify``). ``--eager-fix`` runs ``ficco_eager``
+  itself under one of them.
 
-The compiled variants compile per point, the token count static, as a torchtitan job compiles its
-sequence length (``--shapes static``, the default). ``--shapes dynamic`` compiles once per model and phase
-with the token count dynamic (``torch._dynamo.mark_dynamic``; ficco's pass bakes a token-range table into
-each op); there the all-gathers' matmuls are not found either (on the CPU run only the reduce-scatters are
-rewritten; the compile report lists what was).
+``training/end_to_end.py`` holds the comparisons: each variant over its baseline, the limit share
+``(serial_compile - no_comm) / serial_compile`` and the realized share of the limit, and the done-when.
 
-Before timing, every variant's output (training: also the input gradient and every parameter's gradient
-shard) is compared with ``serial``'s (relative Frobenius error, the largest over tensors and ranks), and one
-step of each is profiled for the collectives and fused ops it ran (``ops``: the ficco variants list what
-each ficco op ran, from the planner's table and the compile report, both read from
-``executor.library.run_report()``). Communication share: the step's collectives (as serial runs them, same
-shapes and count: per layer 2 all-gathers and 2 reduce-scatters forward, as many backward) timed alone,
+Per point, before timing, every variant's output (training: also the input gradient and every parameter's
+gradient shard, from a step without the update) is compared with ``serial``'s (relative Frobenius error,
+the largest over tensors and ranks; ``no_comm`` is not: its values are wrong by design), and one step of
+each is profiled for the collectives and fused ops it ran (``ops``; the ficco variants list what each
+ficco op ran and the prediction behind it). After timing, one step of each is profiled on the GPU
+(``profile``: GEMM, attention, communication, copies, other kernels and the GPU's idle time, the host's
+gaps; ``benchmarks/step_profile.py``). ``comm_share``: the step's collectives alone (as serial runs them)
 over the serial step. Timing: ``runtime.timing.time_interleaved`` (interleaved shuffled rounds, ranks
 aligned, the slowest rank's time, the median step). Results are written after each point; a run skips the
-points its JSON already has (``--fresh`` starts over) and starts no point after ``--budget-s``.
+points its JSON already has (``--fresh`` starts over) and starts no point it expects to end after
+``--budget-s`` (expected: the longest point of the same phase so far in this run).
 """
 
 from __future__ import annotations
@@ -57,6 +70,8 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import gc
+import itertools
 import json
 import os
 import re
@@ -68,7 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, plot_speedups, rerender, write_results
+from benchmarks import REPO, rerender, write_results
 from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
 from ficco.harness.worker import SAFE_ENV
 
@@ -78,30 +93,63 @@ os.environ.update(SAFE_ENV)
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor.parallel as torch_styles
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-import ficco.runtime.compile as ficco_compile
 from benchmarks import llama
-from benchmarks.block_bench import _gmean, _nothing, device_name, load_models, log, rel_err
+from benchmarks.block_bench import _nothing, device_name, load_models, log, rel_err
+from benchmarks.no_comm import NoCommPass
+from benchmarks.restricted_planner import PLANNED, RESTRICTIONS, RestrictedPlanner
+from benchmarks.runtimes_report import markdown, plot, point_line
+from benchmarks.step_profile import profile_split
 from ficco import executor
 from ficco.executor.ops import all_gather_single, reduce_scatter_single
 from ficco.features import Scenario
 from ficco.features.hardware import KNOWN_HARDWARE
-from ficco.runtime import Planner, PredictorSource
+from ficco.runtime import Planner, PredictorSource, verify_plan
 from ficco.runtime import tp as ficco_styles
+from ficco.runtime.compile import FiccoPass
 from ficco.runtime.graphs import GraphedCall
+from ficco.runtime.planner import OpKey
 from ficco.runtime.timing import time_interleaved
-from ficco.tables import markdown_table
+from ficco.training import end_to_end as e2e
 from ficco.training.peer_rules import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")
 """Model configs (``datasets/model_configs/<name>.json``) whose layers are measured."""
-TOKENS = (256, 1024, 4096, 16384)
-"""Token counts of a GPU run (``--tokens``: any even counts, e.g. every power of two from 256 to 16384; each
-point compiles the two compiled variants, so the default keeps one run within 10 minutes)."""
+PLAN: tuple[tuple[str, str, int], ...] = (
+    ("Llama-3.1-70B", "train", 4096),
+    ("Llama-3.1-8B", "inference", 1024),
+    ("Llama-3.1-8B", "train", 16384),
+    ("Llama-3.1-70B", "inference", 256),
+    ("Llama-3.1-8B", "inference", 64),
+    ("Llama-3.1-70B", "inference", 64),
+    ("Llama-3.1-8B", "train", 32768),
+    ("Llama-3.1-70B", "train", 32768),
+    ("Llama-3.1-70B", "train", 16384),
+    ("Llama-3.1-8B", "train", 4096),
+    ("Llama-3.1-70B", "inference", 4096),
+    ("Llama-3.1-8B", "inference", 16384),
+    ("Llama-3.1-70B", "train", 1024),
+    ("Llama-3.1-8B", "train", 1024),
+    ("Llama-3.1-70B", "inference", 1024),
+    ("Llama-3.1-8B", "inference", 256),
+    ("Llama-3.1-8B", "inference", 16),
+    ("Llama-3.1-70B", "inference", 16),
+)
+"""A GPU run's points (model, phase, tokens), most telling first: the eager slowdown's point (70B training
+at 4096 tokens, with the diagnoses), the communication-heavy inference points, the training points people
+run (16k-32k tokens), then the rest. A call measures the points its budget allows; the next resumes."""
 CPU_TOKENS = (32, 64)
 """Token counts of ``--device cpu`` (the debug Llama)."""
+DIAGNOSE_MAX_TOKENS = 16384
+"""Training points up to this many tokens get the eager diagnoses (``--diagnose-max-tokens``)."""
+MAX_NORM = 1.0
+"""torchtitan's gradient clipping (``training.max_norm``)."""
+ADAMW = {"lr": 0.0, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+"""torchtitan's AdamW (``optimizer``), but for the learning rate: 0, so that the update does all its work
+and leaves the weights as they were (every point's check against serial starts from the same weights)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,7 +159,7 @@ class Phase:
     mode: str
     """The execution mode the planners are asked about (``eager`` or ``graph``)."""
     backward: bool
-    """Forward and backward (a training step), or the forward alone."""
+    """A training step (forward, backward, clipping, the optimizer's update), or the forward alone."""
     graphed: bool
     """Replayed from a CUDA graph (CPU: eager)."""
 
@@ -120,17 +168,12 @@ PHASES = {
     "inference": Phase(mode="graph", backward=False, graphed=True),
     "train": Phase(mode="eager", backward=True, graphed=False),
 }
-VARIANTS = ("serial", "async_tp", "ficco_eager", "ficco_compile", "vllm_rule")
-"""The ``step_ms`` keys of a point."""
-FICCO_VARIANTS = ("ficco_eager", "ficco_compile")
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
-"""Largest relative error of a variant's output and gradients against ``serial``: fp32 as the parallel
-styles' tests (``tests/runtime/test_tp.py``), bf16 as the GPU tests of the ops and the compile pass."""
-COMM_HEAVY = 0.2
-"""The issue's goals are computed over the points whose communication share reaches this."""
-GOALS = {"vs_async_tp": 1.1, "vs_vllm_rule": 1.1, "vs_serial_min": 0.98}
-"""Done when: ficco over async-TP and over vLLM's rule (geomean, communication-heavy points), and ficco over
-serial at its worst point."""
+COMPILED = ("serial_compile", "async_tp", "ficco_compile", "no_comm")
+"""The variants compiled per decoder layer, over ``serial``'s model."""
+DIAGNOSES = tuple(f"ficco_eager:{name}" for name in RESTRICTIONS if name != PLANNED)
+"""The eager diagnoses: ``ficco_eager``'s model under each restriction."""
+UNCHECKED = ("no_comm", "comm_only")
+"""Timed but not compared with serial (their values are not the step's)."""
 PROFILED = re.compile(r"^(ficco|symm_mem|_c10d_functional|c10d)::")
 """The op names a variant's profiled step counts (collectives, fused and ficco ops)."""
 
@@ -158,8 +201,33 @@ def parallelized(base: llama.TransformerBlocks, mesh, styles) -> llama.Transform
     return model
 
 
+def compiled_per_block(model: llama.TransformerBlocks, *, dynamic: bool | None, options: dict) -> nn.Module:
+    """torchtitan's ``apply_compile`` without touching ``model``: a container sharing its modules whose
+    decoder layers are each ``torch.compile(block, fullgraph=True)`` with Inductor ``options`` (the layers
+    share one compiled graph per shape: they run the same code)."""
+    out = copy.copy(model)
+    out._modules = dict(model._modules)
+    out.layers = nn.ModuleDict(
+        {
+            name: torch.compile(block, fullgraph=True, dynamic=dynamic, options=options)
+            for name, block in model.layers.items()
+        }
+    )
+    return out
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """torchtitan's ``clip_grad_norm_`` without pipeline parallelism: the norm over every gradient (the
+    tensor-parallel shards' norms combined: ``full_tensor``), then the gradients scaled to ``max_norm``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, True)
 
 
 # A group: one model and phase, its models and compiled variants ---------------------------------------------
@@ -169,44 +237,71 @@ def local(t: torch.Tensor) -> torch.Tensor:
 class Group:
     """The variants of one (model, phase): built once, used at each of its token counts."""
 
-    modules: dict[str, torch.nn.Module]
-    """Variant -> the module whose call is its step (compiled variants: the compiled wrapper)."""
+    modules: dict[str, nn.Module]
+    """Variant -> the module whose call is its step (compiled variants: the per-layer compiled copy)."""
+    owner: dict[str, str]
+    """Variant -> the eager model whose parameters it runs (``serial`` or ``ficco_eager``)."""
     params: dict[str, list[torch.Tensor]]
-    """Variant -> its parameters, by name (the compiled variants share ``serial``'s)."""
+    """Eager model -> its parameters, by name."""
+    optimizers: dict[str, torch.optim.Optimizer]
+    """Eager model -> its AdamW (training)."""
     planners: dict[str, Planner]
-    report: Any
-    """The compile pass's report (``ficco.runtime.compile.CompileReport``)."""
+    ficco_pass: FiccoPass
     unavailable: dict[str, str]
     """Variant -> why it does not run here."""
 
 
-def build_group(
-    base: llama.TransformerBlocks, mesh, phase: Phase, ctx: RunContext, source: PredictorSource
-) -> Group:
-    """The four runnable variants of one model and phase (``vllm_rule`` runs one of them)."""
+def build_group(name: str, phase: Phase, ctx: RunContext) -> Group:
+    """The variants of one model and phase (``vllm_rule`` runs one of them), on fresh weights (the same on
+    every rank and at every build)."""
     torch._dynamo.reset()  # the previous group's compiled graphs go
+    args = ctx.llama_args[name]
+    torch.manual_seed(0)
+    with torch.device(ctx.device):
+        base = llama.TransformerBlocks(args, tp_degree=ctx.world_size)
+    base.layers.to(ctx.dtype)  # the rotary frequencies stay complex64
+    eager = RestrictedPlanner(ctx.source, mode=phase.mode, hardware=ctx.planner_hardware,
+                              timeout_s=ctx.planner_timeout_s)  # fmt: skip
+    eager.use(ctx.eager_fix)
     planners = {
-        v: Planner(source, mode=phase.mode, hardware=ctx.planner_hardware, timeout_s=ctx.planner_timeout_s)
-        for v in FICCO_VARIANTS
+        "ficco_eager": eager,
+        "ficco_compile": Planner(
+            ctx.source, mode=phase.mode, hardware=ctx.planner_hardware, timeout_s=ctx.planner_timeout_s
+        ),
     }
-    serial = parallelized(base, mesh, torch_styles)
-    eager = parallelized(base, mesh, styles_with(planners["ficco_eager"]))
-    report = ficco_compile.enable(planners["ficco_compile"])  # acts on the compiles that follow
+    serial = parallelized(base, ctx.mesh, torch_styles)
+    modules: dict[str, nn.Module] = {"serial": serial}
+    if "ficco_eager" in ctx.variants:
+        modules["ficco_eager"] = parallelized(base, ctx.mesh, styles_with(eager))
+    del base
+    ficco_pass = FiccoPass(planners["ficco_compile"], mode=phase.mode)
     dynamic = None if ctx.shapes == "dynamic" else False
-    modules: dict[str, torch.nn.Module] = {"serial": serial, "ficco_eager": eager}
+    options = {
+        "serial_compile": {"post_grad_custom_post_pass": None, "_micro_pipeline_tp": False},
+        "async_tp": {"post_grad_custom_post_pass": None, "_micro_pipeline_tp": True},
+        "ficco_compile": {"post_grad_custom_post_pass": ficco_pass, "_micro_pipeline_tp": False},
+        "no_comm": {"post_grad_custom_post_pass": NoCommPass(), "_micro_pipeline_tp": False},
+    }
     unavailable = {}
-    if ctx.async_tp_reason is None:
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+    for variant in COMPILED:
+        if variant not in ctx.variants:
+            continue
+        if variant == "async_tp" and ctx.async_tp_reason is not None:
+            unavailable[variant] = ctx.async_tp_reason
+            continue
+        if variant == "async_tp":
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
-        enable_symm_mem_for_group(mesh.get_group().group_name)
-        # PyTorch's pass alone: ficco's pass (installed above) would rewrite its fused ops into ficco's
-        options = {"_micro_pipeline_tp": True, "post_grad_custom_post_pass": None}
-        modules["async_tp"] = torch.compile(serial, dynamic=dynamic, options=options)
-    else:
-        unavailable["async_tp"] = ctx.async_tp_reason
-    modules["ficco_compile"] = torch.compile(serial, dynamic=dynamic)
-    params = {v: [p for _, p in sorted(m.named_parameters())] for v, m in modules.items()}
-    return Group(modules=modules, params=params, planners=planners, report=report, unavailable=unavailable)
+            enable_symm_mem_for_group(ctx.mesh.get_group().group_name)
+        modules[variant] = compiled_per_block(serial, dynamic=dynamic, options=options[variant])
+    owner = {v: v if v in ("serial", "ficco_eager") else "serial" for v in modules}
+    params = {v: [p for _, p in sorted(modules[v].named_parameters())] for v in modules if owner[v] == v}
+    optimizers = {}
+    if phase.backward:
+        fused = {"fused": True} if ctx.device.type == "cuda" else {"foreach": True}
+        optimizers = {v: torch.optim.AdamW(ps, **ADAMW, **fused) for v, ps in params.items()}
+    return Group(modules=modules, owner=owner, params=params, optimizers=optimizers, planners=planners,
+                 ficco_pass=ficco_pass, unavailable=unavailable)  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -216,86 +311,153 @@ class RunContext:
     device: torch.device
     dtype: torch.dtype
     world_size: int
+    mesh: Any
     graphs: bool
     """Inference replays CUDA graphs (a GPU run, loopback included)."""
     shapes: str
     """``dynamic`` or ``static`` token count in the compiled variants."""
+    source: PredictorSource
     planner_hardware: str
     planner_timeout_s: float
+    eager_fix: str
+    """The restriction ``ficco_eager`` itself runs (``planned``: none)."""
     async_tp_reason: str | None
     """Why PyTorch's async-TP cannot run here; None where it can."""
     hardware: str
     """This machine's hardware id (``h200x2``), or ``cpu``."""
     batch: int
     """Sequences per step (the token count's split)."""
+    llama_args: dict[str, llama.LlamaArgs]
+    variants: tuple[str, ...]
+    """The variants built besides ``serial`` (``--variants``)."""
+    diagnose_max_tokens: int
+    verify: bool
     timing: dict[str, Any]
 
 
 # One point --------------------------------------------------------------------------------------------------
 
 
-def run_point(
-    model: str, phase_name: str, tokens: int, group: Group, cfg_dim: int, n_layers: int, ctx
-) -> dict:
+@dataclass(kw_only=True)
+class Runnable:
+    """One variant at one point: how to put it in place, its checked step and its timed step."""
+
+    activate: Callable[[], None]
+    check: Callable[[], torch.Tensor]
+    """A step without the optimizer's update (outputs and gradients compared with serial's)."""
+    step: Callable[[], Any]
+    """What is timed: the whole step (training: with the update)."""
+
+
+def runnables(group: Group, phase: Phase, x: torch.Tensor, g: torch.Tensor, diagnose: bool, ctx) -> dict:
+    """Variant -> :class:`Runnable` at this point's input ``x`` (and output gradient ``g``)."""
+    planner = group.planners["ficco_eager"]
+
+    def make_step(name: str, update: bool) -> Callable[[], torch.Tensor]:
+        module = group.modules[name]
+        if not phase.backward:
+            return torch.no_grad()(lambda: module(x))
+        owner = group.owner[name]
+        optimizer, params = group.optimizers[owner], group.params[owner]
+
+        def step() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            x.grad = None
+            y = module(x)
+            y.backward(g)
+            if update:
+                clip_grad_norm(params, MAX_NORM)
+                optimizer.step()
+            return y
+
+        return step
+
+    out = {}
+    for name in group.modules:
+        activate = functools.partial(planner.use, ctx.eager_fix) if name == "ficco_eager" else _nothing
+        out[name] = Runnable(activate=activate, check=make_step(name, False), step=make_step(name, True))
+    if diagnose:
+        for name in DIAGNOSES:
+            restriction = name.split(":", 1)[1]
+            out[name] = Runnable(
+                activate=functools.partial(planner.use, restriction),
+                check=make_step("ficco_eager", False),
+                step=make_step("ficco_eager", True),
+            )
+    return out
+
+
+def run_point(model: str, phase_name: str, tokens: int, group: Group, ctx: RunContext) -> dict:
     """Check, profile and time every variant of ``group`` at ``tokens``: the point's JSON entry."""
+    started = time.monotonic()
     phase, w, device = PHASES[phase_name], ctx.world_size, ctx.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    dim, n_layers = ctx.llama_args[model].dim, ctx.llama_args[model].n_layers
     gen = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
-    shape = (ctx.batch, tokens // (ctx.batch * w), cfg_dim)
+    shape = (ctx.batch, tokens // (ctx.batch * w), dim)
     x = torch.randn(shape, generator=gen, device=device).to(ctx.dtype)
     g = torch.randn(shape, generator=gen, device=device).to(ctx.dtype)
     if ctx.shapes == "dynamic":
         torch._dynamo.mark_dynamic(x, 1)
     if phase.backward:
         x.requires_grad_()
-
-    def make_step(name: str) -> Callable[[], torch.Tensor]:
-        module, params = group.modules[name], group.params[name]
-        if not phase.backward:
-            return torch.no_grad()(lambda: module(x))
-
-        def step() -> torch.Tensor:
-            x.grad = None
-            for p in params:
-                p.grad = None
-            y = module(x)
-            y.backward(g)
-            return y
-
-        return step
+    diagnose = phase.backward and tokens <= ctx.diagnose_max_tokens and "ficco_eager" in group.modules
+    graphs_before = group.ficco_pass.report.graphs
 
     def outputs(name: str, y: torch.Tensor) -> list[torch.Tensor]:
         if not phase.backward:
             return [y.detach().clone()]
-        return [y.detach().clone(), x.grad.clone(), *(local(p.grad).clone() for p in group.params[name])]
+        params = group.params[group.owner.get(name, "ficco_eager")]
+        return [y.detach().clone(), x.grad.clone(), *(local(p.grad).clone() for p in params)]
 
-    steps = {name: make_step(name) for name in group.modules}
-    steps["comm_only"] = collectives_step(tokens, cfg_dim, n_layers, phase.backward, ctx)
-    errors, failures, ops, runnable, reference = {}, {}, {}, {}, None
-    for name, step in steps.items():
+    variants = runnables(group, phase, x, g, diagnose, ctx)
+    comm = collectives_step(tokens, dim, n_layers, phase.backward, ctx)
+    variants["comm_only"] = Runnable(activate=_nothing, check=comm, step=comm)
+    errors, failures, ops, timed, reference = {}, {}, {}, {}, None
+    for name, v in variants.items():
         try:
-            y = step()  # compiles a compiled variant; a ficco planner decides this shape's ops
+            v.activate()
+            y = v.check()  # compiles a compiled variant; a ficco planner decides this shape's ops
             if name != "comm_only":
-                ops[name] = {"calls": profiled_calls(step), **ran_ops(name, group, tokens)}
-            call = GraphedCall(step) if phase.graphed and ctx.graphs else step
-            if call is not step:
-                y = call()
+                ops[name] = {"calls": profiled_calls(v.check)}
             if name == "serial":
                 reference = outputs(name, y)
-            elif name != "comm_only" and reference is not None:
+            elif name not in UNCHECKED and reference is not None:
                 got = outputs(name, y)
                 errors[name] = max(rel_err(a, b) for a, b in zip(got, reference, strict=True))
             del y
-            runnable[name] = (_nothing, call)
+            call = GraphedCall(v.step) if phase.graphed and ctx.graphs else v.step
+            timed[name] = (v.activate, call)
         except Exception as err:  # the same on every rank (a compile or capture that fails): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:400]}"
-    times, host = time_interleaved(runnable, device=device, **ctx.timing)
-    runnable.clear()
-    return make_point(model, phase_name, tokens, times, host, errors, failures, ops, group, ctx)
+    del reference
+    for name in ("ficco_eager", "ficco_compile"):
+        if name in ops:
+            ops[name] |= ran_ops(name, group, tokens, graphs_before)
+    times, host = time_interleaved(timed, device=device, **ctx.timing)
+    profiles = {}
+    if device.type == "cuda":
+        for name, (activate, call) in timed.items():
+            activate()
+            profiles[name] = profile_split(call, device)
+    verdict = None
+    if diagnose and ctx.verify and "ficco_eager" in timed:
+        group.planners["ficco_eager"].use(ctx.eager_fix)
+        step = variants["ficco_eager"].step
+        verdict = verify_plan(group.planners["ficco_eager"], lambda: step, device=device, warmup=1,
+                              rounds=3, reps=2).to_dict()  # fmt: skip
+    timed.clear()
+    point = make_point(model, phase_name, tokens, times, host, errors, failures, ops, group, ctx)
+    point |= {"profile": profiles, "verify": verdict, "wall_s": time.monotonic() - started}
+    if device.type == "cuda":
+        point["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return point
 
 
 def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) -> Callable[[], None]:
     """The step's collectives alone, as serial runs them: per layer and direction, 2 all-gathers of the
-    ``[T/w, dim]`` shard and 2 reduce-scatters of ``[T, dim]`` (CUDA: replayed from a graph in inference)."""
+    ``[T/w, dim]`` shard and 2 reduce-scatters of ``[T, dim]``."""
     w, device = ctx.world_size, ctx.device
     shard = torch.randn(tokens // w * dim, device=device).to(ctx.dtype)
     full = torch.randn(tokens * dim, device=device).to(ctx.dtype)
@@ -322,53 +484,62 @@ def profiled_calls(step: Callable[[], Any]) -> dict[str, int]:
     return dict(Counter(e.name for e in prof.events() if PROFILED.match(e.name)))
 
 
-def ran_ops(name: str, group: Group, tokens: int) -> dict[str, Any]:
-    """What each ficco op of a ficco variant ran at ``tokens`` (its planner's table, or the compile report
-    with each op's run at this token count); nothing for the others."""
+def ran_ops(name: str, group: Group, tokens: int, graphs_before: int) -> dict[str, Any]:
+    """What each ficco op of a ficco variant ran at ``tokens``, with the planner's predicted speedup: the
+    eager planner's table, or the compile pass's report over the graphs compiled at this point (what it
+    rewrote and what it left, with the reason)."""
+    planner = group.planners[name]
     if name == "ficco_eager":
-        rows = group.planners[name].rows()
-        return {"ran": [r for r in rows if f" m={tokens} " in f" {r['shape']} "]}
-    if name == "ficco_compile":
-        report = group.report
-        ran = []
-        for rw in report.rewritten:
-            for r in report.ran(rw):
-                if r.m == tokens:
-                    ran.append(
-                        {
-                            "direction": rw.direction,
-                            "op": rw.op,
-                            "layers": ",".join(rw.layers),
-                            "shape": f"m={r.m} n={r.n} k={r.k}",
-                            "schedule": rw.schedule,
-                            "ran": r.ran,
-                            "note": r.reason or "",
-                        }
-                    )
-        left = [{"op": x.op, "layers": ",".join(x.layers), "reason": x.reason} for x in report.left]
-        return {"ran": ran, "rewritten": len(report.rewritten), "left": left}
-    return {}
+        return {"ran": [r for r in planner.rows() if f" m={tokens} " in f" {r['shape']} "]}
+    report = group.ficco_pass.report
+    ran = []
+    for rw in report.rewritten:
+        if rw.graph < graphs_before:
+            continue
+        key = OpKey(mode=planner.mode, op=rw.op, m=rw.m, n=sum(rw.n), k=rw.k, dtype=rw.dtype,
+                    world_size=rw.world_size)  # fmt: skip
+        decision = planner.decisions.get(key)
+        for r in report.ran(rw):
+            ran.append(
+                {
+                    "direction": rw.direction,
+                    "op": rw.op,
+                    "layers": ",".join(rw.layers),
+                    "shape": f"m={r.m} n={r.n} k={r.k}",
+                    "schedule": rw.schedule,
+                    "predicted_speedup": decision.predicted_speedup if decision else None,
+                    "ran": r.ran,
+                    "note": r.reason or "",
+                }
+            )
+    left = [
+        {"op": x.op, "direction": x.direction, "layers": ",".join(x.layers), "reason": x.reason,
+         "detail": x.detail}
+        for x in report.left if x.graph >= graphs_before
+    ]  # fmt: skip
+    return {"ran": ran, "rewritten": len(ran), "left": left}
 
 
 def vllm_choice(cfg_dim: int, tokens: int, ctx) -> str:
     """The variant vLLM's rule runs at ``tokens``: ``async_tp`` where its threshold admits every op of the
-    block (all read the model width), else ``serial``."""
+    block (all read the model width), else ``serial_compile`` (vLLM compiles its models either way)."""
     hardware = KNOWN_HARDWARE.get(ctx.hardware)
     if hardware is None:  # the CPU, an unknown GPU: no compute capability vLLM's rule admits
-        return "serial"
+        return "serial_compile"
     w = ctx.world_size
     common = {"m": tokens, "dtype": "bf16", "world_size": w, "hardware": hardware}
     scenarios = (
         Scenario(op="ag_gemm", n=cfg_dim // w, k=cfg_dim, **common),
         Scenario(op="gemm_rs", n=cfg_dim, k=cfg_dim // w, **common),
     )
-    return "async_tp" if bool(vllm_sp_rule(scenarios).all()) else "serial"
+    return "async_tp" if bool(vllm_sp_rule(scenarios).all()) else "serial_compile"
 
 
 def make_point(model, phase, tokens, times, host, errors, failures, ops, group, ctx) -> dict:
     """One ``points`` entry (ms)."""
-    step_ms = {v: times.get(v) for v in VARIANTS if v != "vllm_rule"}
-    choice = vllm_choice(group_dim(group), tokens, ctx)
+    step_ms = {v: times.get(v) for v in (*e2e.VARIANTS, *DIAGNOSES) if v != "vllm_rule" and v in times}
+    step_ms |= {v: None for v in e2e.VARIANTS if v not in step_ms}
+    choice = vllm_choice(ctx.llama_args[model].dim, tokens, ctx)
     step_ms["vllm_rule"] = step_ms.get(choice)
     serial, comm = times.get("serial"), times.get("comm_only")
     return {
@@ -379,7 +550,7 @@ def make_point(model, phase, tokens, times, host, errors, failures, ops, group, 
         "comm_only_ms": comm,
         "step_ms": step_ms,
         "vllm_rule_runs": choice,
-        "host_ms": host,
+        "host_ms": {v: ms for v, ms in host.items() if v != "comm_only"},
         "rel_err": errors,
         "errors": failures,
         "unavailable": group.unavailable,
@@ -387,19 +558,15 @@ def make_point(model, phase, tokens, times, host, errors, failures, ops, group, 
     }
 
 
-def group_dim(group: Group) -> int:
-    """The model width of ``group``'s layers."""
-    return group.modules["serial"].layers["0"].attention_norm.weight.shape[0]
-
-
 # The run ----------------------------------------------------------------------------------------------------
 
 
 def hardware_id(device: torch.device, world_size: int) -> str:
     """This machine's hardware id: the built-in profile of its GPU model at ``world_size`` GPUs
-    (``h200x2``, ``h100x2``), else the GPU's name as a slug with ``x<world_size>``; ``cpu`` on the CPU."""
+    (``h200x2``, ``h100x4``), else the GPU's name as a slug with ``x<world_size>``; on the CPU ``cpu`` at 2
+    ranks, ``cpux<world_size>`` otherwise."""
     if device.type != "cuda":
-        return "cpu"
+        return "cpu" if world_size == 2 else f"cpux{world_size}"
     name = torch.cuda.get_device_name(device)
     for profile in KNOWN_HARDWARE.values():
         if profile.gpu_count == world_size and profile.gpu_name.split()[1] in name.split():
@@ -408,19 +575,25 @@ def hardware_id(device: torch.device, world_size: int) -> str:
     return f"{slug}x{world_size}"
 
 
-def planner_source(hardware: str) -> tuple[PredictorSource, str]:
-    """The local model of ``hardware``, else the shipped ``h200x2`` model (and which one it is)."""
+def planner_source(hardware: str, world_size: int, cpu: bool) -> tuple[PredictorSource, str]:
+    """The local model of ``hardware`` and the hardware its questions name; else the shipped ``h200x2``
+    model, which answers for ``h200x2`` only (on the CPU at more than 2 ranks every op then runs
+    ``serial/sm``, with the reason in the log). A GPU run at more than 2 ranks without its hardware's model
+    stops: every ficco op would run ``serial/sm``."""
     from ficco.training.registry import ModelLoadError
 
     try:
-        source = PredictorSource.load(hardware_id=hardware)
-    except ModelLoadError:  # no model for this hardware in the registry
-        source = PredictorSource.load(hardware_id="h200x2")
-    return source, source.hardware_id or "h200x2"
+        return PredictorSource.load(hardware_id=hardware), hardware
+    except ModelLoadError as err:  # no model for this hardware in the registry
+        if world_size > KNOWN_HARDWARE["h200x2"].gpu_count and not cpu:
+            raise SystemExit(
+                f"{err}\n(at TP={world_size} ficco's variants would all run serial/sm)"
+            ) from None
+    return PredictorSource.load(hardware_id="h200x2"), "h200x2"
 
 
-def output_path(out: Path, ctx: RunContext, loopback: bool) -> Path:
-    return out / f"runtimes-{ctx.hardware}{'-loopback' if loopback else ''}.json"
+def output_path(out: Path, hardware: str, loopback: bool) -> Path:
+    return out / f"runtimes-{hardware}{'-loopback' if loopback else ''}.json"
 
 
 def load_previous(path: Path, meta: dict, fresh: bool) -> dict | None:
@@ -428,10 +601,21 @@ def load_previous(path: Path, meta: dict, fresh: bool) -> dict | None:
     if fresh or not path.exists():
         return None
     previous = json.loads(path.read_text())
-    same = ("hardware", "loopback", "dtype", "layers", "batch", "shapes", "world_size")
+    same = ("hardware", "loopback", "dtype", "layers", "batch", "shapes", "world_size", "step")
     if any(previous.get("meta", {}).get(k) != meta[k] for k in same):
         return None
     return previous
+
+
+def planned_points(args: argparse.Namespace, cpu: bool) -> list[tuple[str, str, int]]:
+    """The points of this run in order: ``--models`` x ``--phases`` x ``--tokens`` where tokens are given,
+    else :data:`PLAN` (on the CPU the debug model at :data:`CPU_TOKENS`) within ``--models`` and
+    ``--phases``."""
+    if cpu:
+        return [("debug", ph, t) for ph in args.phases for t in args.tokens or CPU_TOKENS]
+    if args.tokens:
+        return list(itertools.product(args.models, args.phases, args.tokens))
+    return [p for p in PLAN if p[0] in args.models and p[1] in args.phases]
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -454,14 +638,23 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     started = time.monotonic()
     cpu = device.type == "cpu"
     w, rank0 = dist.get_world_size(), dist.get_rank() == 0
+    points = planned_points(args, cpu)
+    bad = sorted({t for _, _, t in points if t % (w * args.batch) or t < 2 * w * args.batch})
+    if bad:
+        raise SystemExit(
+            f"tokens must be multiples of ranks x --batch ({w} x {args.batch}), >= 2 per sequence and rank; "
+            f"got {bad}"
+        )
     hardware = hardware_id(device, w)
-    source, planner_hw = planner_source(hardware if not cpu else "h200x2")
-    if cpu:
-        models = {"debug": None}
-        tokens = args.tokens or CPU_TOKENS
-    else:
-        models = load_models(tuple(args.models))
-        tokens = args.tokens or TOKENS
+    source, planner_hw = planner_source(hardware, w, cpu)
+    models = {"debug": None} if cpu else load_models(tuple(args.models))
+    max_tokens = max(t for _, _, t in points) if points else 64
+    llama_args = {
+        name: llama.LlamaArgs(n_layers=args.layers, max_seq_len=max_tokens)
+        if cfg is None
+        else llama.LlamaArgs.from_config(cfg, n_layers=args.layers, max_seq_len=max_tokens)
+        for name, cfg in models.items()
+    }
     async_tp_reason = None
     if cpu:
         async_tp_reason = "PyTorch's async-TP needs CUDA symmetric memory"
@@ -471,18 +664,25 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         device=device,
         dtype=torch.float32 if cpu else torch.bfloat16,
         world_size=w,
+        mesh=init_device_mesh(device.type, (w,)),
         graphs=not cpu,
         shapes=args.shapes,
+        source=source,
         planner_hardware=planner_hw,
         planner_timeout_s=args.planner_timeout_s,
+        eager_fix=args.eager_fix,
         async_tp_reason=async_tp_reason,
         hardware=hardware,
         batch=args.batch,
+        llama_args=llama_args,
+        variants=tuple(args.variants),
+        diagnose_max_tokens=args.diagnose_max_tokens,
+        verify=args.verify,
         timing=timing_settings(args),
     )
     # --shapes static: a cache entry per token count and compiled variant (torch < 2.7: cache_size_limit)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, limit, 64)
+    setattr(torch._dynamo.config, limit, 256)
     meta = {
         "hardware": hardware,
         "device": device_name(device),
@@ -492,8 +692,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         "layers": args.layers,
         "batch": args.batch,
         "shapes": args.shapes,
+        "step": "train: forward, backward, clip_grad_norm_, fused AdamW; compiled per decoder layer",
         "planner": source.origin,
         "planner_hardware": planner_hw,
+        "eager_fix": args.eager_fix,
         "torch": torch.__version__,
         "timing": ctx.timing,
         "comm_share": "the step's collectives timed alone (as serial runs them) over the serial step",
@@ -503,44 +705,31 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             if cfg is not None and hardware in KNOWN_HARDWARE
         },
     }
-    path = output_path(args.out, ctx, args.loopback)
-    result = load_previous(path, meta, args.fresh) or {"points": [], "compile_reports": {}}
+    path = output_path(args.out, hardware, args.loopback)
+    result = load_previous(path, meta, args.fresh) or {"points": []}
     result["meta"], result["skipped"] = meta, []
     done = {(p["model"], p["phase"], p["tokens"]) for p in result["points"]}
-    mesh = init_device_mesh(device.type, (w,))
-    for name, cfg in models.items():
-        args_ = (
-            llama.LlamaArgs(n_layers=args.layers, max_seq_len=max(tokens))
-            if cfg is None
-            else llama.LlamaArgs.from_config(cfg, n_layers=args.layers, max_seq_len=max(tokens))
-        )
-        base = None
-        for phase_name in args.phases:
-            todo = [t for t in tokens if (name, phase_name, t) not in done]
-            if not todo:
-                continue
-            if base is None:
-                torch.manual_seed(0)  # the same weights on every rank
-                with torch.device(device):
-                    base = llama.TransformerBlocks(args_, tp_degree=w)
-                base.layers.to(ctx.dtype)  # the rotary frequencies stay complex64
+    group_key, group = None, None
+    longest: dict[str, float] = {}  # phase -> this run's longest point, s: what the next one may take
+    for model, phase_name, tokens in points:
+        if (model, phase_name, tokens) in done:
+            continue
+        if time.monotonic() - started + longest.get(phase_name, 0.0) > args.budget_s:
+            result["skipped"].append({"model": model, "phase": phase_name, "tokens": tokens})
+            continue
+        if group_key != (model, phase_name):
             group = None
-            for t in todo:
-                if time.monotonic() - started > args.budget_s:
-                    result["skipped"].append({"model": name, "phase": phase_name, "tokens": t})
-                    continue
-                group = group or build_group(base, mesh, PHASES[phase_name], ctx, source)
-                point = run_point(name, phase_name, t, group, args_.dim, args.layers, ctx)
-                result["points"].append(point)
-                log(rank0, point_line(point))
-                result["compile_reports"][f"{name}/{phase_name}"] = group.report.rows()
-                if rank0:
-                    write_results(result, path, markdown, plot)
-            del group
-            executor.clear_buffers()
-        del base
-    ficco_compile.disable()
-    result["summary"] = summarize(result["points"], meta["dtype"], loopback=args.loopback)
+            release(device)
+            group_key, group = (model, phase_name), build_group(model, PHASES[phase_name], ctx)
+        point = run_point(model, phase_name, tokens, group, ctx)
+        result["points"].append(point)
+        longest[phase_name] = max(longest.get(phase_name, 0.0), point["wall_s"])
+        log(rank0, point_line(point))
+        if rank0:
+            write_results(result, path, markdown, plot)
+    group = None
+    release(device)
+    result["summary"] = e2e.summarize(result["points"], meta["dtype"], loopback=args.loopback)
     meta["wall_s"] = time.monotonic() - started
     if rank0:
         write_results(result, path, markdown, plot)
@@ -548,193 +737,12 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     return result
 
 
-def point_line(p: dict) -> str:
-    ms = "  ".join(f"{k}={v:.3f}" for k, v in p["step_ms"].items() if v is not None)
-    comm = "-" if p["comm_share"] is None else f"{p['comm_share']:.0%}"
-    failed = f"  FAILED {p['errors']}" if p["errors"] else ""
-    return f"{p['model']} {p['phase']} T={p['tokens']}: comm {comm}  {ms}{failed}"
-
-
-# Results ----------------------------------------------------------------------------------------------------
-
-
-def ficco_choice(points: list[dict]) -> dict[tuple[str, str], str]:
-    """Per (model, phase): the ficco variant a user would configure for that job, the one of lower geomean
-    step time over the points where both ran (one of them where only one ran)."""
-    out = {}
-    for key in {(p["model"], p["phase"]) for p in points}:
-        mine = [p for p in points if (p["model"], p["phase"]) == key]
-        both = [p for p in mine if all(p["step_ms"].get(v) for v in FICCO_VARIANTS)]
-        if both:
-            gm = {v: _gmean([p["step_ms"][v] for p in both]) for v in FICCO_VARIANTS}
-            out[key] = min(gm, key=gm.get)
-        else:
-            ran = [v for v in FICCO_VARIANTS if any(p["step_ms"].get(v) for p in mine)]
-            if ran:
-                out[key] = ran[0]
-    return out
-
-
-def summarize(points: list[dict], dtype_name: str, *, loopback: bool = False) -> dict:
-    """The issue's done-when numbers: ficco (per model and phase, its faster variant) over async-TP and over
-    vLLM's rule, geomean over the communication-heavy points; ficco over serial at its worst point; each
-    ficco variant's alone; and whether every ficco variant gave serial's outputs and gradients."""
-    choice = ficco_choice(points)
-
-    def ficco(p: dict) -> float | None:
-        v = choice.get((p["model"], p["phase"]))
-        return p["step_ms"].get(v) if v else None
-
-    def ratios(other: str, pts: list[dict], mine: Callable[[dict], float | None]) -> list[float]:
-        return [p["step_ms"][other] / mine(p) for p in pts if p["step_ms"].get(other) and mine(p)]
-
-    heavy = [p for p in points if (p["comm_share"] or 0.0) >= COMM_HEAVY]
-    by_variant = {
-        v: {
-            "vs_async_tp": _gmean(ratios("async_tp", heavy, lambda p, v=v: p["step_ms"].get(v))),
-            "vs_vllm_rule": _gmean(ratios("vllm_rule", heavy, lambda p, v=v: p["step_ms"].get(v))),
-            "vs_serial_min": min(ratios("serial", points, lambda p, v=v: p["step_ms"].get(v)), default=None),
-        }
-        for v in FICCO_VARIANTS
-    }
-    goals = {
-        "vs_async_tp": _gmean(ratios("async_tp", heavy, ficco)),
-        "vs_vllm_rule": _gmean(ratios("vllm_rule", heavy, ficco)),
-        "vs_serial_min": min(ratios("serial", points, ficco), default=None),
-    }
-    errors = [p["rel_err"].get(v) for p in points for v in FICCO_VARIANTS]
-    checked = [e for e in errors if e is not None]
-    failed = sum(1 for p in points for v in FICCO_VARIANTS if v in p["errors"])
-    grads_ok = (
-        None if loopback or not checked else all(e <= TOLERANCE[dtype_name] for e in checked) and not failed
-    )
-    met = {k: None if loopback or goals[k] is None else goals[k] >= target for k, target in GOALS.items()}
-    return {
-        "comm_heavy_points": len(heavy),
-        "points": len(points),
-        "ficco_choice": {f"{m}/{ph}": v for (m, ph), v in sorted(choice.items())},
-        "goals": goals,
-        "goals_met": {**met, "gradients": grads_ok},
-        "by_variant": by_variant,
-        "max_rel_err": {
-            v: max((p["rel_err"][v] for p in points if p["rel_err"].get(v) is not None), default=None)
-            for v in ("async_tp", *FICCO_VARIANTS)
-        },
-        "tolerance": TOLERANCE[dtype_name],
-        "failed_runs": sum(len(p["errors"]) for p in points),
-    }
-
-
-def markdown(result: dict) -> str:
-    """Step times per point (ms), speedups, the done-when numbers, and what ran."""
-    meta = result["meta"]
-    summary = result.get("summary") or summarize(result["points"], meta["dtype"], loopback=meta["loopback"])
-    choice = {tuple(k.split("/")): v for k, v in summary["ficco_choice"].items()}
-
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}"
-
-    def x(a: float | None, b: float | None) -> str:
-        return "-" if not a or not b else f"{a / b:.2f}x"
-
-    header = ["model", "phase", "tokens", "comm share", "serial", "async-TP", "ficco eager", "ficco compile",
-              "vLLM rule (runs)", "ficco vs serial", "vs async-TP", "vs vLLM", "max rel. err"]  # fmt: skip
-    rows = []
-    for p in result["points"]:
-        s = p["step_ms"]
-        f = s.get(choice.get((p["model"], p["phase"]), ""))
-        errs = [e for e in p["rel_err"].values() if e is not None]
-        rows.append(
-            [
-                p["model"],
-                p["phase"],
-                str(p["tokens"]),
-                "-" if p["comm_share"] is None else f"{p['comm_share']:.0%}",
-                *(ms(s.get(v)) for v in VARIANTS[:4]),
-                f"{ms(s.get('vllm_rule'))} ({p['vllm_rule_runs']})",
-                x(s.get("serial"), f),
-                x(s.get("async_tp"), f),
-                x(s.get("vllm_rule"), f),
-                "-" if not errs else f"{max(errs):.1e}",
-            ]
-        )
-    lines = [
-        f"# Llama 3 layers at TP={meta['world_size']} under the runtimes: step time, ms ({meta['hardware']})",
-        "",
-    ]
-    if meta["hardware"] == "cpu":
-        lines += ["**CPU (gloo), a debug-size Llama: a check of the plumbing, not a GPU result.**", ""]
-    if meta.get("loopback"):
-        lines += [
-            "**Loopback world: one process (one GPU) as rank 0 of a pretend world of 2. No communication is"
-            " measured (every collective returns at once) and no peer's data arrives: these times show the"
-            " plumbing and the host time, not overlap results; the errors against serial are not checks.**",
-            "",
-        ]
-    lines += [
-        f"{meta['layers']} decoder layer(s) of torchtitan's Llama 3, {meta['dtype']}, sequence parallel,"
-        f" {meta['batch']} sequences per step;"
-        f" {meta['device']}, torch {meta['torch']}; compiled token count: {meta['shapes']}. Planner:"
-        f" {meta['planner']}. Step time: median, slowest rank. Comm share: {meta['comm_share']}. ficco:"
-        " per model and phase, the faster of its eager styles and its compile pass (summary: `ficco_choice`);"
-        " the last three columns are speedups of ficco. vLLM's rule runs async-TP or serial (in brackets).",
-        "",
-        markdown_table(header, rows),
-        "",
-        "## Done when (issue 41)",
-        "",
-        f"Over the {summary['comm_heavy_points']} points with comm share >= {COMM_HEAVY:.0%}:",
-        "",
-    ]
-    for k, target in GOALS.items():
-        v, met = summary["goals"][k], summary["goals_met"][k]
-        shown = "-" if v is None else f"{v:.3f}x"
-        lines.append(f"- ficco {k}: {shown} (goal >= {target}x; met: {met})")
-    lines.append(
-        "- every ficco variant gives serial's outputs and gradients (relative error <="
-        f" {summary['tolerance']}):"
-        f" {summary['goals_met']['gradients']}; largest: {json.dumps(summary['max_rel_err'])}"
-    )
-    lines += ["", "Each ficco variant alone:", ""]
-    lines += [f"- {v}: {json.dumps(n)}" for v, n in summary["by_variant"].items()]
-    failures = [(p["model"], p["phase"], p["tokens"], p["errors"]) for p in result["points"] if p["errors"]]
-    unavailable = {v: r for p in result["points"] for v, r in p["unavailable"].items()}
-    lines += ["", f"Not run here: {unavailable or 'none'}. Failed: {failures or 'none'}."]
-    lines += [f"Skipped (budget): {result.get('skipped') or 'none'}.", ""]
-    lines += ["## What ran (one profiled step per variant, first and last point of each model and phase)", ""]
-    for p in _first_and_last(result["points"]):
-        calls = {v: o.get("calls") for v, o in p["ops"].items()}
-        lines.append(f"- {p['model']} {p['phase']} T={p['tokens']}: {json.dumps(calls)}")
-        for v in FICCO_VARIANTS:
-            ran = Counter(
-                f"{r.get('op', r.get('shape', '').split()[0])} {r['ran']}"
-                for r in p["ops"].get(v, {}).get("ran", [])
-            )
-            if ran:
-                lines.append(f"  - {v} ran: {dict(ran)}")
-    return "\n".join(lines) + "\n"
-
-
-def _first_and_last(points: list[dict]) -> list[dict]:
-    keys: dict[tuple, list[dict]] = {}
-    for p in points:
-        keys.setdefault((p["model"], p["phase"]), []).append(p)
-    out = []
-    for pts in keys.values():
-        pts = sorted(pts, key=lambda p: p["tokens"])
-        out += [pts[0]] if len(pts) == 1 else [pts[0], pts[-1]]
-    return out
-
-
-def plot(result: dict, path: Path) -> None:
-    """Speedup over serial against tokens, one panel per phase; a colour per variant, a style per model."""
-    loopback = " - loopback, not overlap" if result["meta"]["loopback"] else ""
-
-    def title(phase: str) -> str:
-        how = "forward + backward, eager" if PHASES[phase].backward else "forward, CUDA graph"
-        return f"{phase} ({how}){loopback}"
-
-    plot_speedups(result["points"], path, phases=list(PHASES), variants=VARIANTS[1:], title=title)
+def release(device: torch.device) -> None:
+    """Free what the last group held (its models, optimizers, graphs, the executor's buffers)."""
+    gc.collect()
+    executor.clear_buffers()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -744,22 +752,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--loopback", action="store_true", help="one process as rank 0 of a pretend world of 2")
     p.add_argument("--models", nargs="+", default=list(MODELS), help="model configs (GPU runs)")
     p.add_argument("--phases", nargs="+", choices=tuple(PHASES), default=list(PHASES))
-    p.add_argument("--tokens", type=int, nargs="+", help=f"token counts (default {TOKENS}; cpu {CPU_TOKENS})")
-    p.add_argument("--layers", type=int, default=1, help="decoder layers in the step")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        help="token counts, every model and phase at each (default: the plan of PLAN; cpu: "
+        f"{CPU_TOKENS}); multiples of ranks x --batch",
+    )
+    p.add_argument("--layers", type=int, default=4, help="decoder layers in the step")
     p.add_argument("--batch", type=int, default=2, help="sequences the tokens are split into")
     p.add_argument("--shapes", choices=("static", "dynamic"), default="static", help="compiled token count")
+    p.add_argument(
+        "--diagnose-max-tokens",
+        type=int,
+        default=DIAGNOSE_MAX_TOKENS,
+        help="training points up to this many tokens also time ficco eager under each restriction (0: none)",
+    )
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at the diagnosed points, also runtime.verify_plan on ficco eager's plan",
+    )
+    p.add_argument(
+        "--eager-fix",
+        choices=tuple(RESTRICTIONS),
+        default=PLANNED,
+        help="the restriction ficco_eager itself runs (benchmarks/restricted_planner.py)",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=("ficco_eager", *COMPILED),
+        default=["ficco_eager", *COMPILED],
+        help="the variants besides serial (always run: every check's reference)",
+    )
     add_step_timing(p, warmup=2, rounds=3, reps=3, timed_ms=150.0, max_rounds=20)
-    p.add_argument("--budget-s", type=float, default=480.0, help="no point starts after this many seconds")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="no point starts that would end after this many seconds (as long as this run's longest point "
+        "of its phase)",
+    )
     p.add_argument("--planner-timeout-s", type=float, default=5.0, help="the planners' bound per call")
     p.add_argument("--fresh", action="store_true", help="ignore the points of an earlier run in --out")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
     check_step_timing(p, args, "layers", "batch")
-    if args.tokens and any(t % (2 * args.batch) or t < 4 * args.batch for t in args.tokens):
-        p.error(
-            f"--tokens must be multiples of 2 x --batch ({2 * args.batch}), >= 2 per sequence and rank; "
-            f"got {args.tokens}"
-        )
+    if args.tokens and any(t < 1 for t in args.tokens):
+        p.error(f"--tokens must be positive; got {args.tokens}")
     unknown = [m for m in args.models if not (REPO / "datasets" / "model_configs" / f"{m}.json").exists()]
     if unknown:
         p.error(f"--models: no config for {unknown} under datasets/model_configs")

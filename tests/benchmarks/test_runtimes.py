@@ -1,89 +1,98 @@
 """The runtimes benchmark (``benchmarks/runtimes.py``): its CPU mode on 2 gloo ranks at debug size runs every
-variant that runs without GPUs, checks it against serial, writes the JSON, markdown and plot, and a second
-run resumes (measures nothing again); the done-when arithmetic on made-up points."""
+variant that runs without GPUs (the compiled baselines and the limit included, two layers compiled per
+block), checks it against serial, runs the eager diagnoses, writes the JSON, markdown and plot, and a second
+run resumes (measures nothing again); at 4 ranks the eager styles still equal serial; the comparisons, the
+done-when and the report on made-up points, results from before the compiled baselines included."""
 
 from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
 
 import pytest
 from executor_world import run_world
 
 from benchmarks import runtimes as bench
+from benchmarks import runtimes_report as report
+from ficco.training import end_to_end as e2e
 
-ARGV = [
-    "--device",
-    "cpu",
-    "--tokens",
-    "32",
-    "--warmup",
-    "1",
-    "--rounds",
-    "1",
-    "--reps",
-    "1",
-    "--timed-ms",
-    "0",
-]
+ARGV = ["--device", "cpu", "--tokens", "32", "--layers", "2", "--warmup", "1", "--rounds", "1", "--reps", "1",
+        "--timed-ms", "0"]  # fmt: skip
 
 
-def _cpu_run(rank: int, world_size: int, out: str) -> dict:
-    return bench.main([*ARGV, "--out", out])
+def _cpu_run(rank: int, world_size: int, out: str, *extra: str) -> dict:
+    return bench.main([*ARGV, "--out", out, *extra])
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> tuple[dict, dict, Path]:
     out = tmp_path_factory.mktemp("runtimes")
-    first = run_world(2, _cpu_run, str(out), timeout_s=300)[0]
+    first = run_world(2, _cpu_run, str(out), timeout_s=420)[0]
     again = run_world(2, _cpu_run, str(out), timeout_s=300)[0]
     return first, again, out
 
 
 @pytest.mark.slow
-def test_cpu_run_checks_every_ficco_variant_against_serial(cpu_run):
+def test_cpu_run_checks_every_variant_against_serial(cpu_run):
     result, _, _ = cpu_run
-    assert {(p["model"], p["phase"], p["tokens"]) for p in result["points"]} == {
+    assert [(p["model"], p["phase"], p["tokens"]) for p in result["points"]] == [
         ("debug", "inference", 32),
         ("debug", "train", 32),
-    }
+    ]
     for p in result["points"]:
-        assert set(p["step_ms"]) == set(bench.VARIANTS)
-        assert all(p["step_ms"][v] > 0 for v in ("serial", *bench.FICCO_VARIANTS))
+        assert all(p["step_ms"][v] > 0 for v in ("serial", "ficco_eager", "serial_compile", "ficco_compile"))
+        assert p["step_ms"]["no_comm"] > 0 and 0.0 <= e2e.limit_share(p) <= 1.0
         assert p["step_ms"]["async_tp"] is None and "async_tp" in p["unavailable"]
-        assert p["vllm_rule_runs"] == "serial" and p["step_ms"]["vllm_rule"] == p["step_ms"]["serial"]
+        # vLLM compiles either way: below its threshold it runs the compiled serial step
+        assert p["vllm_rule_runs"] == "serial_compile"
+        assert p["step_ms"]["vllm_rule"] == p["step_ms"]["serial_compile"]
         assert p["errors"] == {}
-        assert 0.0 <= p["comm_share"] <= 1.0 and p["comm_only_ms"] > 0
-        assert set(p["rel_err"]) == set(bench.FICCO_VARIANTS)
-        assert all(e <= bench.TOLERANCE["fp32"] for e in p["rel_err"].values()), p["rel_err"]
-    summary = result["summary"]
-    assert summary["goals_met"]["gradients"] is True
-    assert set(summary["goals"]) == set(bench.GOALS)
-    assert summary["goals"]["vs_async_tp"] is None  # no async-TP on the CPU
+        assert "no_comm" not in p["rel_err"]  # its values are wrong by design
+        assert all(e <= e2e.TOLERANCE["fp32"] for e in p["rel_err"].values()), p["rel_err"]
+        assert p["profile"] == {}  # the GPU profile: CUDA only
+    train = result["points"][1]
+    assert set(bench.DIAGNOSES) <= set(train["step_ms"]) and set(bench.DIAGNOSES) <= set(train["rel_err"])
+    assert all(train["step_ms"][v] > 0 for v in bench.DIAGNOSES)
+    assert train["verify"] is not None  # debug sizes: every pick serial/sm, so nothing was pinned
+    assert result["summary"]["goals_met"]["gradients"] is True
+
+
+@pytest.mark.slow
+def test_no_comm_runs_no_collective(cpu_run):
+    result, _, _ = cpu_run
+    for p in result["points"]:
+        calls = p["ops"]["no_comm"]["calls"]
+        assert not any("all_gather" in c or "reduce_scatter" in c for c in calls), calls
+        assert any("reduce_scatter" in c for c in p["ops"]["serial_compile"]["calls"])
 
 
 @pytest.mark.slow
 def test_what_ran_is_reported_per_variant(cpu_run):
     result, _, _ = cpu_run
-    train = next(p for p in result["points"] if p["phase"] == "train")
+    train = result["points"][1]
     calls = {v: o["calls"] for v, o in train["ops"].items()}
     assert not any(name.startswith("ficco::") for name in calls["serial"])
-    # one layer: q/k/v and w1/w3 gather once each, wo and w2 scatter; the backward runs the other op of each.
-    # Each op runs its twin without autograd: what the compiled graphs hold too
+    # two layers: q/k/v and w1/w3 gather once each, wo and w2 scatter; the backward runs the other op of
+    # each. Each op runs its twin without autograd: what the compiled graphs hold too
     for op in ("all_gather_matmul", "matmul_reduce_scatter"):
-        assert calls["ficco_eager"][f"ficco::{op}"] == calls["ficco_eager"][f"ficco::_{op}"] == 4
+        assert calls["ficco_eager"][f"ficco::{op}"] == calls["ficco_eager"][f"ficco::_{op}"] == 8
     assert {r["layer"] for r in train["ops"]["ficco_eager"]["ran"]} == {
-        f"layers.0.{m}" for m in ("attention.wq", "attention.wo", "feed_forward.w1", "feed_forward.w2")
+        f"layers.{i}.{m}"
+        for i in range(2)
+        for m in ("attention.wq", "attention.wo", "feed_forward.w1", "feed_forward.w2")
     }
     compiled = train["ops"]["ficco_compile"]
-    # the compile pass: 4 forward ops per layer and the row-parallel layers' 2 input gradients
+    # the layers share one compiled graph per direction: 4 forward ops and the row-parallel layers' 2
+    # input gradients, each run once per layer
     assert [r["direction"] for r in compiled["ran"]].count("fwd") == 4
     assert [r["direction"] for r in compiled["ran"]].count("bwd-input") == 2
+    assert all(r["predicted_speedup"] is not None for r in compiled["ran"])
     assert compiled["left"] == []
-    assert calls["ficco_compile"]["ficco::_all_gather_matmul"] == 4
+    assert calls["ficco_compile"]["ficco::_all_gather_matmul"] == 8
     assert "ficco::all_gather_matmul" not in calls["ficco_compile"]
-    for variant in bench.FICCO_VARIANTS:
+    for variant in ("ficco_eager", "ficco_compile"):
         assert all(r["ran"] == r["schedule"] for r in train["ops"][variant]["ran"])
 
 
@@ -92,62 +101,161 @@ def test_cpu_run_writes_json_markdown_plot_and_resumes(cpu_run):
     result, again, out = cpu_run
     path = out / "runtimes-cpu.json"
     written = json.loads(path.read_text())
-    assert written["meta"]["hardware"] == "cpu" and written["meta"]["loopback"] is False
+    assert written["meta"]["hardware"] == "cpu" and written["meta"]["layers"] == 2
     assert len(written["points"]) == 2 and written["summary"] == result["summary"]
-    assert set(written["compile_reports"]) == {"debug/inference", "debug/train"}
     md = path.with_suffix(".md").read_text()
-    assert "## Done when (issue 41)" in md and "not a GPU result" in md
+    assert "## Done when (issue 48)" in md and "not a GPU result" in md
+    assert "| debug | train | 32 |" in md and "ficco_eager:bwd_serial" in md
     assert path.with_suffix(".png").stat().st_size > 0
     # the second run found both points done: the same timings, nothing measured again
     assert again["points"] == result["points"]
 
 
-def _point(model, phase, tokens, comm, **ms) -> dict:
-    step = {v: ms.get(v) for v in bench.VARIANTS}
-    return {"model": model, "phase": phase, "tokens": tokens, "comm_share": comm, "step_ms": step,
-            "rel_err": {"ficco_eager": 1e-3, "ficco_compile": 1e-3}, "errors": {}}  # fmt: skip
+def _tp4_run(rank: int, world_size: int, out: str) -> dict:
+    argv = ["--device", "cpu", "--tokens", "32", "--layers", "1", "--phases", "train", "--variants",
+            "ficco_eager", "--diagnose-max-tokens", "0", "--warmup", "1", "--rounds", "1", "--reps", "1",
+            "--timed-ms", "0", "--out", out]  # fmt: skip
+    return bench.main(argv)
 
 
-def test_summary_takes_the_faster_ficco_variant_per_job_over_comm_heavy_points():
-    points = [
-        _point("m", "train", 256, 0.1, serial=10, async_tp=12, ficco_eager=9, ficco_compile=11, vllm_rule=10),
-        _point(
-            "m", "train", 1024, 0.3, serial=20, async_tp=18, ficco_eager=15, ficco_compile=16, vllm_rule=18
-        ),
-        _point(
-            "m", "inference", 256, 0.5, serial=4, async_tp=5, ficco_eager=4.2, ficco_compile=2, vllm_rule=4
-        ),
-    ]
-    s = bench.summarize(points, "bf16")
-    assert s["ficco_choice"] == {"m/inference": "ficco_compile", "m/train": "ficco_eager"}
-    assert s["comm_heavy_points"] == 2
-    assert math.isclose(s["goals"]["vs_async_tp"], math.sqrt(18 / 15 * 5 / 2))
-    assert math.isclose(s["goals"]["vs_vllm_rule"], math.sqrt(18 / 15 * 4 / 2))
-    assert math.isclose(s["goals"]["vs_serial_min"], 10 / 9)  # every point counts, not only heavy ones
+@pytest.mark.slow
+def test_four_ranks_run_the_eager_styles_as_serial(tmp_path):
+    result = run_world(4, _tp4_run, str(tmp_path), timeout_s=300)[0]
+    (point,) = result["points"]
+    assert result["meta"]["world_size"] == 4 and (tmp_path / "runtimes-cpux4.json").exists()
+    assert set(point["rel_err"]) == {"ficco_eager"} and point["rel_err"]["ficco_eager"] <= 1e-5
+    assert point["step_ms"]["serial_compile"] is None  # not asked for
+
+
+# The arithmetic and the report on made-up points ----------------------------------------------------------
+
+
+def _point(model, phase, tokens, **ms) -> dict:
+    return {"model": model, "phase": phase, "tokens": tokens, "comm_share": 0.1, "step_ms": ms,
+            "rel_err": {"ficco_eager": 1e-3, "ficco_compile": 1e-3}, "errors": {}, "unavailable": {},
+            "ops": {}, "host_ms": {}}  # fmt: skip
+
+
+POINTS = [
+    _point("m", "train", 1024, serial=10, ficco_eager=9, serial_compile=8, async_tp=7.5, ficco_compile=7.2,
+           no_comm=6),
+    _point("m", "train", 4096, serial=40, ficco_eager=41, serial_compile=30, async_tp=29, ficco_compile=29.5,
+           no_comm=28),
+    _point("m", "inference", 256, serial=4, ficco_eager=3, serial_compile=3, async_tp=3.2, ficco_compile=2.2,
+           no_comm=2),
+]  # fmt: skip
+
+
+def test_each_variant_is_compared_with_its_like_for_like_baseline():
+    p = POINTS[0]
+    assert e2e.speedup(p, "ficco_eager") == 10 / 9
+    assert e2e.speedup(p, "ficco_compile") == 8 / 7.2 and e2e.speedup(p, "async_tp") == 8 / 7.5
+    assert e2e.speedup(p, "ficco_eager:bwd_serial") is None  # not run at this point
+    assert (
+        e2e.speedup({**p, "step_ms": {**p["step_ms"], "ficco_eager:sm_only": 8}}, "ficco_eager:sm_only")
+        == 10 / 8
+    )
+    assert e2e.limit_ms(p) == 2 and e2e.limit_share(p) == 2 / 8
+    assert math.isclose(e2e.realized(p, "ficco_compile"), 0.8 / 2)
+    assert e2e.realized(POINTS[1], "ficco_compile") == 0.5 / 2
+
+
+def test_summary_checks_the_done_when():
+    s = e2e.summarize(POINTS, "bf16")
+    assert s["comm_heavy_points"] == 2  # limit shares 25%, 7%, 33%
+    assert math.isclose(s["goals"]["eager_vs_serial_min"], 40 / 41)
+    assert math.isclose(s["goals"]["compile_vs_async_tp_min"], 29 / 29.5)
+    assert math.isclose(s["goals"]["compile_vs_async_tp_heavy"], math.sqrt(7.5 / 7.2 * 3.2 / 2.2))
+    assert math.isclose(s["goals"]["realized_share_heavy"], (0.4 + 0.8) / 2)
     assert s["goals_met"] == {
-        "vs_async_tp": True,
-        "vs_vllm_rule": True,
-        "vs_serial_min": True,
+        "eager_vs_serial_min": False,
+        "compile_vs_serial_compile_min": True,
+        "compile_vs_async_tp_min": False,
+        "compile_vs_async_tp_heavy": True,
+        "realized_share_heavy": True,
         "gradients": True,
     }
-    assert bench.summarize(points, "bf16", loopback=True)["goals_met"]["gradients"] is None
-    points[0]["rel_err"]["ficco_compile"] = 0.5
-    assert bench.summarize(points, "bf16")["goals_met"]["gradients"] is False
+    assert e2e.summarize(POINTS, "bf16", loopback=True)["goals_met"]["gradients"] is None
+    bad = [{**POINTS[0], "rel_err": {"ficco_compile": 0.5}}, *POINTS[1:]]
+    assert e2e.summarize(bad, "bf16")["goals_met"]["gradients"] is False
+
+
+OLD = {
+    "meta": {"hardware": "h200x2", "device": "NVIDIA H200", "loopback": False, "world_size": 2,
+             "dtype": "bf16", "layers": 1, "batch": 2, "shapes": "static", "planner": "model h200x2/x",
+             "planner_hardware": "h200x2", "torch": "2.11", "timing": {}, "comm_share": "..."},
+    "points": [
+        {**_point("Llama-3.1-8B", "train", 256, serial=17.2, async_tp=10.5, ficco_eager=12.7,
+                  ficco_compile=7.7, vllm_rule=17.2), "vllm_rule_runs": "serial"},
+        {**_point("Llama-3.1-8B", "inference", 1024, serial=0.63, async_tp=0.54, ficco_eager=0.53,
+                  ficco_compile=0.47, vllm_rule=0.63), "vllm_rule_runs": "serial"},
+    ],
+    "compile_reports": {},
+}  # fmt: skip
+"""Results from before the compiled baseline and the limit (made-up numbers)."""
+
+
+def test_results_from_before_the_compiled_baselines_still_render(tmp_path):
+    md = report.markdown(OLD)
+    assert "| Llama-3.1-8B | train | 256 | - | 1.35x | - | - | 1.36x | - | - |" in md
+    assert "ficco eager over eager serial, worst point: 1.19x" in md
+    report.plot(OLD, tmp_path / "old.png")
+    assert (tmp_path / "old.png").stat().st_size > 0
+    from ficco.training.results import end_to_end_section
+
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "runtimes-h200x2.json").write_text(json.dumps(OLD))
+    (results / "runtimes-cpu.json").write_text(json.dumps(OLD))  # CPU runs measure no overlap: not shown
+    section = "\n".join(end_to_end_section(tmp_path))
+    assert section.count("### ") == 1 and "(`benchmarks/results/runtimes-h200x2.json`)" in section
+    assert "| Llama-3.1-8B | inference | 1024 | - | 1.19x |" in section
+
+
+def test_the_report_shows_the_new_fields():
+    result = {"meta": {**OLD["meta"], "layers": 4}, "points": [dict(p) for p in POINTS]}
+    result["points"][0]["profile"] = {
+        "serial": {"step_ms": 10.0, "busy_ms": 7.0, "idle_ms": 3.0, "exposed_comm_ms": 1.0, "kernels": 9,
+                   "kinds": {"gemm": 5.0, "attention": 1.0, "comm": 2.0, "copy": 0.0, "other": 0.5}}
+    }  # fmt: skip
+    result["points"][0]["step_ms"]["ficco_eager:all_serial"] = 11.0
+    pinned = ["ag_gemm m=1024 n=8 k=8 eager"]
+    result["points"][0]["verify"] = {"times_ms": {"planned": 9.0, "serial": 8.5}, "confirm_ms": {},
+                                     "winner": "serial", "pinned": pinned}  # fmt: skip
+    md = report.markdown(result)
+    assert (
+        "| m | train | 1024 | serial | 10.00 | 3.00 | 5.00 | 1.00 | 2.00 | 0.00 | 0.50 | 1.00 | gemm |" in md
+    )
+    assert "| ficco_eager:all_serial | 11.000 | 0.91x | 0.82x |" in md
+    assert "kept serial, pinned ag_gemm m=1024 n=8 k=8 eager" in md
+    assert "| m | train | 1024-4096 | 16% (7%-25%) | 1.04x (0.98x-1.11x) |" in md
+
+
+def test_points_come_in_the_plan_order_within_the_asked_models_and_phases():
+    args = types.SimpleNamespace(models=list(bench.MODELS), phases=["train"], tokens=None)
+    points = bench.planned_points(args, cpu=False)
+    assert points[0] == ("Llama-3.1-70B", "train", 4096) and {p[1] for p in points} == {"train"}
+    assert max(p[2] for p in points) >= 32768
+    args = types.SimpleNamespace(models=["Llama-3.1-8B"], phases=["inference", "train"], tokens=[64, 128])
+    assert bench.planned_points(args, cpu=False) == [
+        ("Llama-3.1-8B", ph, t) for ph in ("inference", "train") for t in (64, 128)
+    ]
+    assert bench.planned_points(types.SimpleNamespace(phases=["train"], tokens=None), cpu=True) == [
+        ("debug", "train", t) for t in bench.CPU_TOKENS
+    ]
 
 
 @pytest.mark.parametrize(
     ("hardware", "dim", "tokens", "runs"),
     [
-        ("h200x2", 8192, 512, "serial"),  # Llama-3.1-70B: vLLM's threshold on sm90 at TP=2 is 1024 tokens
+        ("h200x2", 8192, 512, "serial_compile"),  # Llama-3.1-70B: vLLM's threshold on sm90 at TP=2: 1024
         ("h200x2", 8192, 1024, "async_tp"),
         ("h100x2", 8192, 16384, "async_tp"),
-        ("h200x2", 4096, 16384, "serial"),  # Llama-3.1-8B: below vLLM's smallest hidden size
-        ("cpu", 8192, 16384, "serial"),
+        ("h200x2", 4096, 16384, "serial_compile"),  # Llama-3.1-8B: below vLLM's smallest hidden size
+        ("cpu", 8192, 16384, "serial_compile"),
     ],
 )
 def test_vllm_rule_runs_async_tp_from_its_token_threshold(hardware, dim, tokens, runs):
-    import types
-
     ctx = types.SimpleNamespace(hardware=hardware, world_size=2)
     assert bench.vllm_choice(dim, tokens, ctx) == runs
 
@@ -158,9 +266,11 @@ def test_hardware_id_comes_from_the_gpu_name(monkeypatch):
     cuda = torch.device("cuda", 0)
     for name, world, want in [
         ("NVIDIA H200", 2, "h200x2"),
+        ("NVIDIA H200", 4, "h200x4"),
         ("NVIDIA H100 80GB HBM3", 2, "h100x2"),
         ("NVIDIA A100-SXM4-80GB", 2, "a100-sxm4-80gbx2"),
     ]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
         assert bench.hardware_id(cuda, world) == want
     assert bench.hardware_id(torch.device("cpu"), 2) == "cpu"
+    assert bench.hardware_id(torch.device("cpu"), 4) == "cpux4"
