@@ -17,6 +17,7 @@ import typer
 
 from ficco.files import write_text_atomic
 from ficco.tables import markdown_table
+from ficco.training import end_to_end
 
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout whose committed results the page reads."""
@@ -152,6 +153,46 @@ def block_section(root: Path) -> list[str]:
             "step speedup over serial NCCL.", "", _table("variant|speedup", rows)]  # fmt: skip
 
 
+def end_to_end_section(root: Path) -> list[str]:
+    """The end-to-end benchmark of every committed GPU run (``runtimes-<hardware>.json``; CPU and loopback
+    runs measure no overlap): per model and phase each variant over its like-for-like baseline and the
+    realized share of the overlap limit, the done-when, and the plot."""
+    runs = sorted(
+        path
+        for path in (root / RESULTS).glob("runtimes-*.json")
+        if not path.stem.endswith("-loopback") and not path.stem.startswith("runtimes-cpu")
+    )
+    lines = [
+        "## End to end",
+        "",
+        "torchtitan's Llama 3 decoder layers under tensor parallelism, training steps (forward, "
+        "backward, clipping, AdamW) and CUDA-graph inference (`benchmarks/runtimes.py`). Each variant "
+        "over the one that differs from it only in how the collectives run: ficco's eager styles over "
+        "PyTorch's eager DTensor styles; ficco's compile pass and PyTorch's async-TP over the same model "
+        "compiled per layer without either (serial compile). Geomean and range over the token counts. "
+        "Limit share: what removing the collectives saves, (serial compile - no communication) / serial "
+        "compile; realized: the share of that saving a variant realizes (mean and range).",
+    ]
+    if not runs:
+        return [*lines, "", "No GPU run of the benchmark is committed yet."]
+    for path in runs:
+        data = json.loads(path.read_text())
+        meta, points = data["meta"], data["points"]
+        summary = end_to_end.summarize(points, meta["dtype"], loopback=meta.get("loopback", False))
+        lines += [
+            "",
+            f"### {meta['device']} x {meta['world_size']} ({meta['hardware']}), {meta['layers']} layer(s), "
+            f"{len(points)} points (`{RESULTS / path.name}`)",
+            "",
+            end_to_end.job_table(points),
+            "",
+            *end_to_end.goal_lines(summary),
+        ]
+        if path.with_suffix(".png").exists():
+            lines += ["", f"![{path.stem}](../{RESULTS}/{path.stem}.png)"]
+    return lines
+
+
 def service_section(root: Path) -> list[str]:
     """The service's latency under load and the predictor's fast path."""
     data, fast = _read(root, "service-cpu.json"), _read(root, "predict-fastpath.json")
@@ -179,6 +220,7 @@ def render_results(root: Path = ROOT) -> str:
         peer_rules_section,
         executor_section,
         block_section,
+        end_to_end_section,
         service_section,
     ):
         lines += [*section(root), ""]
