@@ -31,7 +31,9 @@ def point_line(p: dict) -> str:
 
 
 SHOWN = ("serial", "ficco_eager", "serial_compile", "async_tp", "ficco_compile", "no_comm")
-"""The variants of the step-time and profile tables, in order."""
+"""The variants of the step-time table, in order."""
+DOMINANT = ("serial", "serial_compile")
+"""The baselines whose profile says what a point's time goes to most (host, comm or a compute kind)."""
 
 
 def markdown(result: dict) -> str:
@@ -84,6 +86,7 @@ def markdown(result: dict) -> str:
                 "collectives alone / serial",
                 *(e2e.LABELS[v] for v in SHOWN),
                 "vLLM's rule (runs)",
+                "dominates (eager serial / serial compile)",
                 "wall s",
             ],
             [_times_row(p) for p in points],
@@ -136,6 +139,7 @@ def _times_row(p: dict) -> list[str]:
         e2e.share_text(p.get("comm_share")),
         *(_ms(p["step_ms"].get(v)) for v in SHOWN),
         f"{_ms(p['step_ms'].get('vllm_rule'))} ({p.get('vllm_rule_runs', '-')})",
+        " / ".join(dominant(prof) if (prof := p.get("profile", {}).get(v)) else "-" for v in DOMINANT),
         f"{p['wall_s']:.0f}" if p.get("wall_s") else "-",
     ]
 
