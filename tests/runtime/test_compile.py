@@ -310,11 +310,24 @@ def test_the_graph_cache_keys_on_what_decides_the_schedules():
     assert None not in keys.values() and len(set(keys.values())) == 2
     assert FiccoPass(plain).uuid() is not None
     assert FiccoPass("shard/dma", token_points=(64, 128)).uuid() != keys["shard/dma"]
-    # answers that may depend on state, or a collective decision: the cache is bypassed
+    # a fixed schedule decides alike on every rank without agreeing, behind a planner or not
+    assert FiccoPass(Planner(FixedSource("shard/dma"))).uuid() == FiccoPass(FixedSource("shard/dma")).uuid()
+    assert FiccoPass("0:serial/sm;64:shard/dma").uuid() not in (None, keys["shard/dma"])
+    # answers that may depend on state, or a collective decision (a model): the cache is bypassed
     assert FiccoPass(closure).uuid() is None
     assert FiccoPass(reads_a_table).uuid() is None
-    assert FiccoPass(Planner(FixedSource("shard/dma"))).uuid() is None
-    assert FiccoPass(FixedSource("shard/dma")).uuid() is None
+    assert FiccoPass(Planner(_ModelLike())).uuid() is None
+
+
+class _ModelLike:
+    """A source asked by rank 0 and agreed on (as a measured model or the service is)."""
+
+    origin = "model-like"
+
+    def recommend(self, scenarios, mode):
+        from ficco.runtime import Answer
+
+        return [Answer(schedule="shard/dma") for _ in scenarios]
 
 
 def test_a_graph_from_the_cache_was_rewritten_with_the_same_schedules(world, tmp_path, monkeypatch):
