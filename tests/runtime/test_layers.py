@@ -170,5 +170,5 @@ def test_a_layer_takes_schedules_or_ops_not_both():
     with loopback_world(2, "cpu"):
         layer = ColumnParallelLinear(4, 8, schedules="0:serial/sm;64:shard/dma")
         assert layer.ops.planner.source.origin == "fixed 0:serial/sm;64:shard/dma"
-        with pytest.raises(ValueError, match="give schedules= .* or ops= .*, not both"):
+        with pytest.raises(ValueError, match=r"give schedules= .* or ops= .*, not both"):
             ColumnParallelLinear(4, 8, schedules="shard/dma", ops=PlannedOps("shard/dma"))
