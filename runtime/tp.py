@@ -521,9 +521,7 @@ def _hand_off(
     # the op's rank-major rows put the batch inside (dim > 0 with more than one sequence), as PyTorch's
     # all-gather along that dim copies too
     gathered = gathered.detach().contiguous()
-    handed = _GatheredInput.apply(shard, dim, mesh.get_local_rank(), (gathered,))
-    if not local:
-        handed = DTensor.from_local(handed, mesh, [Replicate()], run_check=False)
+    handed = _GatheredInput.apply(shard, dim, mesh.get_local_rank(), None if local else mesh, (gathered,))
     record = _HandOff(
         input=handed, outputs={id(c): y for c, y in zip(consumers, outs, strict=True)}, consumers=consumers
     )
@@ -535,18 +533,29 @@ def _hand_off(
 
 class _GatheredInput(torch.autograd.Function):
     """The gathered input a prepared module receives (computed by the op, handed in a tuple), as a
-    function of this rank's shard: its gradient, complete on every rank (a replicated tensor's, or a
-    DTensor's made replicated by ``DTensor.from_local``'s backward), gives the shard's as this rank's rows:
-    PyTorch's ``Replicate() -> Shard(d)`` in the backward of its gather."""
+    function of this rank's shard: a ``Replicate()`` DTensor on ``mesh``, or with ``mesh`` None the local
+    tensor. Its gradient gives the shard's as PyTorch's ``Shard(d) -> Replicate()`` gather does in its
+    backward: a DTensor's redistributed to ``Shard(dim)`` (a partial sum reduce-scattered, a replicated one
+    sliced), a local tensor's (complete on every rank, as a replicated tensor's is) sliced to this rank's
+    rows."""
 
     @staticmethod
-    def forward(ctx, shard, dim, rank, gathered):
-        ctx.dim, ctx.start, ctx.size = dim, rank * shard.shape[dim], shard.shape[dim]
-        return gathered[0]
+    def forward(ctx, shard, dim, rank, mesh, gathered):
+        (gathered,) = gathered
+        ctx.dim, ctx.mesh, ctx.start, ctx.size = dim, mesh, rank * shard.shape[dim], shard.shape[dim]
+        if mesh is None:
+            return gathered
+        return DTensor.from_local(
+            gathered, mesh, [Replicate()], run_check=False, shape=gathered.shape, stride=gathered.stride()
+        )
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.narrow(ctx.dim, ctx.start, ctx.size), None, None, None
+        if isinstance(grad, DTensor):
+            shard = grad.redistribute(ctx.mesh, [Shard(ctx.dim)]).to_local()
+        else:
+            shard = grad.narrow(ctx.dim, ctx.start, ctx.size)
+        return shard, None, None, None, None
 
 
 def _leave(module: nn.Module, _args, _output) -> None:
