@@ -15,6 +15,8 @@ Inductor compiles (forward, backward, inference) and rewrites, on a tensor-paral
 - all-gather -> wait -> one or more matmuls of the gathered input into ``torch.ops.ficco.all_gather_matmul``
   (matmuls that share one gather, ``wq/wk/wv`` or ``w1/w3``, become one op with several weights);
 - matmul -> reduce-scatter into ``torch.ops.ficco.matmul_reduce_scatter``;
+- matmuls whose outputs are summed -> reduce-scatter (a column-parallel input gradient whose weights share
+  the input: q/k/v, gate/up) into one ``matmul_reduce_scatter`` of the concatenated operands;
 - PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
   pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
 
@@ -23,11 +25,13 @@ included) is decided once; a dynamic one is decided at each of ``token_points`` 
 token-range table (``features.ScheduleTable``, ``"0:serial/sm;91:shard/dma"``), whose entry it picks per
 call with a bisect (no host round trip, safe in a CUDA graph).
 
-What was left, with the reason (``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
-``unsupported group``, ``shared output``, ``reduce op``, ``no pattern``: a collective that reaches a matmul
-only in a form PyTorch's patterns do not match), is in the report beside what was rewritten
-(``runtime.compile_report``); when a graph has a group's matmuls but none was rewritten, the pass warns (no
-silent no-op).
+Every other collective of the graph is in the report beside what was rewritten (``runtime.compile_report``),
+with the reason it was left: ``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
+``unsupported group``, ``shared output``, ``reduce op``, ``no pattern`` (a collective that reaches a matmul
+only in a form PyTorch's patterns do not match), ``all-reduce`` (ficco overlaps none), ``no ficco op`` (an
+all-to-all, a gather of a matmul's output), ``no matmul`` (an embedding's, a norm's or a weight gradient's
+collective). When a graph has a group's collectives beside
+matmuls but none was rewritten, the pass warns (no silent no-op).
 
 Schedules come from ``enable(schedules)``: anything ``runtime.as_planner`` takes (a planner, a source, a
 schedule or table string, a schedule function; none: this machine's measured model, else ``serial/sm``
@@ -56,7 +60,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from ficco.features import Mode, Schedule, ScheduleTable
-from ficco.runtime.compile_report import CompileReport, Left, Rewrite
+from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
 from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
 
@@ -226,13 +230,15 @@ def _is_backward(graph: torch.fx.Graph) -> bool:
 
 
 def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left: list[Left]) -> None:
-    """Warn for each group whose matmuls the graph has but none of which was rewritten."""
+    """Warn for each group whose collectives the graph has beside matmuls (or as all-reduces) but none of
+    which was rewritten (a collective beside no matmul is listed in the report, not warned about)."""
     done = {r.group for r in rewritten}
-    for group in sorted({x.group for x in left} - done):
-        reasons = sorted({f"{x.reason} ({x.detail})" for x in left if x.group == group})
+    missed = [x for x in left if x.reason not in QUIET]
+    for group in sorted({x.group for x in missed} - done):
+        reasons = sorted({f"{x.reason} ({x.detail})" for x in missed if x.group == group})
         message = (
-            f"ficco.runtime.compile: graph {index} ({direction}) has all-gather/reduce-scatter matmuls on "
-            f"group {group!r} but none was rewritten: {'; '.join(reasons)}"
+            f"ficco.runtime.compile: graph {index} ({direction}) has tensor-parallel collectives beside "
+            f"matmuls on group {group!r} but none was rewritten: {'; '.join(reasons)}"
         )
         log.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
