@@ -449,10 +449,11 @@ def _rel(got: torch.Tensor | None, ref: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def failures(result: dict) -> list[str]:
+def failures(result: dict, tolerance: dict[str, float] = TOLERANCE) -> list[str]:
     """What is wrong in one :func:`check` result (empty when the mix gives PyTorch's answer): an error over
-    the tolerance (bf16: over twice PyTorch's own rounding error as well), a placement, a spread."""
-    tol = TOLERANCE[result["case"]["dtype"]]
+    the dtype's ``tolerance`` (bf16: over twice PyTorch's own rounding error as well), a placement, a
+    spread."""
+    tol = tolerance[result["case"]["dtype"]]
     bad = [
         f"{name} {mine:.3g} (PyTorch's {theirs:.3g})"
         for name, (mine, theirs) in result["errors"].items()
