@@ -33,10 +33,11 @@ its activations; 2-D ``[tokens, hidden]`` with ``Shard(0)`` alike):
   redistributed to ``output_layouts`` as PyTorch's style does.
 - ``RowwiseParallel`` (``nn.Linear`` with ``output_layouts=Shard(d)``): ``matmul_reduce_scatter``; a bias is
   added to the scattered rows and its gradient all-reduced (PyTorch's replicated bias gradient).
-- PyTorch's own style: ``nn.Embedding``; a row-wise all-reduce (``output_layouts=Replicate()``); a mesh of
-  more than one dimension; a group outside ficco's 2 to 8 ranks; an uneven weight shard; a dtype ficco's ops
-  do not run; an input or output layout ficco's ops do not take (a DTensor input of another layout than
-  the style's, a gather or scatter of the features); and ``SequenceParallel`` (PyTorch's, re-exported).
+- PyTorch's own style: ``nn.Embedding``; a linear with a forward of its own (a subclass, a wrapper's
+  patch); a row-wise all-reduce (``output_layouts=Replicate()``); a mesh of more than one dimension; a group
+  outside ficco's 2 to 8 ranks; an uneven weight shard; a dtype ficco's ops do not run; an input or output
+  layout ficco's ops do not take (a DTensor input of another layout than the style's, a gather or scatter
+  of the features); and ``SequenceParallel`` (PyTorch's, re-exported).
 
 Parameters are sharded exactly as PyTorch's styles shard them (DTensors, same placements), so optimizers,
 checkpoints and FSDP see the same model. Schedules come from ``schedules=`` on the linear styles, in any
@@ -198,6 +199,8 @@ class _LinearStyle:
         exists for it); None when ficco's forward runs."""
         if not isinstance(module, nn.Linear):
             return f"no ficco op for {type(module).__name__}", True
+        if type(module).forward is not nn.Linear.forward or "forward" in vars(module):
+            return f"{type(module).__name__} has a forward of its own, which ficco's would replace", False
         if mesh.ndim != 1:
             return f"a {mesh.ndim}-D mesh; ficco's ops run on one group", False
         if not MIN_WORLD_SIZE <= mesh.size() <= MAX_WORLD_SIZE:

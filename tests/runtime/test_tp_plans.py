@@ -5,8 +5,9 @@ PyTorch's gradient placements, and a replicated gradient identical on every rank
 
 The matrix, on gloo worlds of 2 and 4 ranks (one world per size, every case run in it): Llama, GPT-2 (fused
 ``c_attn``, biases everywhere), Gemma (extra norms), a Phi-3 fused gate/up MLP, an MLP that views its input
-as tokens, an output projection 4 ranks shard unevenly; sequence parallel (every mix of PyTorch's and
-ficco's ``PrepareModuleInput`` and linear styles, ``use_local_output`` both ways) and plain tensor parallel;
+as tokens, an output projection 4 ranks shard unevenly, linears with a forward of their own; sequence
+parallel (every mix of PyTorch's and ficco's ``PrepareModuleInput`` and linear styles, ``use_local_output``
+both ways) and plain tensor parallel;
 batch 1, 2 and 3; ``[batch, seq, hidden]`` and ``[tokens, hidden]`` inputs; fp32 and bf16; and a few more
 cases drawn from the same space with a fixed seed. Beside it: which ficco ops ran (the rule is not met by
 running PyTorch's styles everywhere), shapes the ranks cannot share evenly (a ``ValueError`` on every rank,
@@ -153,6 +154,7 @@ def test_ficco_ops_run_where_the_plan_overlaps(worlds, world_size):
         assert ops[str(Case(model=model, prepare="torch"))] == {AG: 1 + 4, RS: 4 + 1}, model
     assert ops[str(Case(model="phi3_mlp", flat=True, batch=3))] == {AG: 2, RS: 2}
     assert ops[str(Case(model="odd_head"))] == ({AG: 1, RS: 1} if world_size == 2 else {})
+    assert ops[str(Case(model="own_forward_mlp"))] == {}  # a forward of its own: PyTorch's style keeps it
 
 
 def test_a_prepared_input_the_module_alters_is_computed_from_and_said_once(worlds):

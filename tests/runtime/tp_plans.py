@@ -12,7 +12,8 @@ Models (``MODELS``), all at debug sizes that 2 and 4 ranks divide:
 - ``phi3_mlp``: an MLP block with a fused ``gate_up_proj`` split in the forward;
 - ``reshaping_mlp``: a gated MLP (Mixtral's and Qwen's MoE shared expert) that views its input as
   ``[-1, hidden]`` before its column-parallel children and back after;
-- ``odd_head``: a biased output projection whose 30 columns 4 ranks shard unevenly (PyTorch's style then).
+- ``odd_head``: a biased output projection whose 30 columns 4 ranks shard unevenly (PyTorch's style then);
+- ``own_forward_mlp``: GPT-2's MLP of ``nn.Linear`` subclasses with a forward of their own.
 
 The full models take token ids ``[batch, seq]``; the others take hidden states ``[batch, seq, hidden]``
 or, ``flat``, ``[tokens, hidden]``. Plans (:func:`plan`): sequence parallel (torchtitan's: ``Shard(1)``, or
@@ -178,6 +179,21 @@ class GemmaBlock(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+class HalvedLinear(nn.Linear):
+    """A linear with a forward of its own (as float8 or LoRA linears have): its output halved."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) / 2
+
+
+class OwnForwardMLP(GPT2MLP):
+    """GPT-2's MLP whose layers are :class:`HalvedLinear` (PyTorch's style then, which keeps the forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = HalvedLinear(HIDDEN, FFN), HalvedLinear(FFN, HIDDEN)
+
+
 class OddHead(nn.Module):
     """An output projection of 30 columns with a bias: an uneven shard at 4 ranks (as GPT-2's 50257)."""
 
@@ -264,6 +280,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], _Roles]] = {
         ),
     ),
     "odd_head": (OddHead, _Roles("", (), {}, head="head")),
+    "own_forward_mlp": (OwnForwardMLP, _Roles("", (), {"": (("c_fc",), ("c_proj",))})),
     "phi3_mlp": (Phi3MLP, _Roles("", (), {"": (("gate_up_proj",), ("down_proj",))})),
     "reshaping_mlp": (ReshapingMLP, _Roles("", (), {"": (("gate_proj", "up_proj"), ("down_proj",))})),
 }
