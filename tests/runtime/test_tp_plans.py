@@ -5,13 +5,14 @@ PyTorch's gradient placements, and a replicated gradient identical on every rank
 
 The matrix, on gloo worlds of 2 and 4 ranks (one world per size, every case run in it): Llama, GPT-2 (fused
 ``c_attn``, biases everywhere), Gemma (extra norms), a Phi-3 fused gate/up MLP, an MLP that views its input
-as tokens, an output projection 4 ranks shard unevenly, linears with a forward of their own; sequence
-parallel (every mix of PyTorch's and ficco's ``PrepareModuleInput`` and linear styles, ``use_local_output``
-both ways) and plain tensor parallel;
-batch 1, 2 and 3; ``[batch, seq, hidden]`` and ``[tokens, hidden]`` inputs; fp32 and bf16; and a few more
-cases drawn from the same space with a fixed seed. Beside it: which ficco ops ran (the rule is not met by
-running PyTorch's styles everywhere), shapes the ranks cannot share evenly (a ``ValueError`` on every rank,
-before any collective), and what the log and the planner's table say about modules left to PyTorch.
+as tokens, one whose router reads its input beside its projections, an output projection 4 ranks shard
+unevenly, linears with a forward of their own; sequence parallel (every mix of PyTorch's and ficco's
+``PrepareModuleInput`` and linear styles, ``use_local_output`` both ways) and plain tensor parallel; batch
+1, 2 and 3; ``[batch, seq, hidden]`` and ``[tokens, hidden]`` inputs; fp32 and bf16; a few more cases drawn
+from the same space with a fixed seed; and at 4 ranks, tensor parallelism over one dimension of a 2 x 2
+mesh. Beside it: which ficco ops ran (the rule is not met by running PyTorch's styles everywhere), shapes
+the ranks cannot share evenly (a ``ValueError`` on every rank, before any collective), and what the log
+and the planner's table say about modules left to PyTorch.
 """
 
 from __future__ import annotations
@@ -32,20 +33,28 @@ MIXES = [(prep, lin, local) for prep, lin in (("ficco", "ficco"), ("torch", "fic
 AG, RS = "ficco._all_gather_matmul.default", "ficco._matmul_reduce_scatter.default"
 
 
+MESH_2D = [Case(model="gpt2", local=True), Case(model="llama", dtype="bf16", batch=3)]
+"""Cases run again over the tensor-parallel dimension of a 2 x 2 mesh in the world of 4 ranks."""
+
+
 def cases() -> list[Case]:
     """Every model under each mix of sequence-parallel styles and plain tensor parallelism (a sequence of 7
     there: nothing is split along it), in bf16 at batch 1 and 3, flat where it takes hidden states; then 8
     cases drawn from the whole space (seeded)."""
     out = []
     for model, (_, roles) in MODELS.items():
-        out += [Case(model=model, prepare=p, linears=lin, local=local) for p, lin, local in MIXES]
-        out += [Case(model=model, sp=False, seq=7), Case(model=model, batch=1, dtype="bf16")]
+        mixes = [m for m in MIXES if m[2] or not roles.local_only]
+        out += [Case(model=model, prepare=p, linears=lin, local=local) for p, lin, local in mixes]
+        out += [
+            Case(model=model, sp=False, seq=7),
+            Case(model=model, batch=1, dtype="bf16", local=roles.local_only),
+        ]
         out.append(Case(model=model, sp=False, batch=3, dtype="bf16"))
-        if not roles.embed:
+        if not (roles.embed or roles.local_only):
             out += [Case(model=model, flat=True, batch=3), Case(model=model, flat=True, sp=False, batch=1)]
     rng = random.Random(46)
     for _ in range(8):
-        model = rng.choice(sorted(MODELS))
+        model = rng.choice(sorted(m for m, (_, roles) in MODELS.items() if not roles.local_only))
         prep, lin, local = rng.choice(MIXES)
         flat = not MODELS[model][1].embed and rng.random() < 0.5
         out.append(
@@ -78,6 +87,9 @@ def _world(rank: int, world_size: int) -> dict:
     logging.getLogger("ficco.runtime.tp").addHandler(handler)
     logging.getLogger("ficco.runtime.tp").setLevel(logging.INFO)
     out: dict = {"cases": [tp_plans.check(case, mesh, SCHEDULES, cpu) for case in cases()]}
+    if world_size == 4:  # tensor parallelism over one dimension of a 2-D (data x tensor) mesh
+        tp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"]
+        out["cases"] += [tp_plans.check(case, tp, SCHEDULES, cpu) for case in MESH_2D]
 
     # a model that views its prepared input: warned once, its gate/up left out of the op from the 2nd call
     case = Case(model="reshaping_mlp")
@@ -134,7 +146,7 @@ def worlds() -> dict[int, list[dict]]:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_every_case_gives_pytorchs_outputs_and_gradients(worlds, world_size):
     for rank, report in enumerate(worlds[world_size]):
-        assert len(report["cases"]) == len(cases())
+        assert len(report["cases"]) == len(cases()) + (len(MESH_2D) if world_size == 4 else 0)
         bad = {str(Case(**r["case"])): failures(r) for r in report["cases"] if failures(r)}
         assert not bad, f"rank {rank} of {world_size}: {bad}"
 
@@ -155,6 +167,8 @@ def test_ficco_ops_run_where_the_plan_overlaps(worlds, world_size):
     assert ops[str(Case(model="phi3_mlp", flat=True, batch=3))] == {AG: 2, RS: 2}
     assert ops[str(Case(model="odd_head"))] == ({AG: 1, RS: 1} if world_size == 2 else {})
     assert ops[str(Case(model="own_forward_mlp"))] == {}  # a forward of its own: PyTorch's style keeps it
+    # the router reads the prepared input beside gate/up, which still take the op's outputs
+    assert ops[str(Case(model="routed_mlp", local=True))] == {AG: 2, RS: 2}
 
 
 def test_a_prepared_input_the_module_alters_is_computed_from_and_said_once(worlds):

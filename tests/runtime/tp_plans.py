@@ -13,7 +13,8 @@ Models (``MODELS``), all at debug sizes that 2 and 4 ranks divide:
 - ``reshaping_mlp``: a gated MLP (Mixtral's and Qwen's MoE shared expert) that views its input as
   ``[-1, hidden]`` before its column-parallel children and back after;
 - ``odd_head``: a biased output projection whose 30 columns 4 ranks shard unevenly (PyTorch's style then);
-- ``own_forward_mlp``: GPT-2's MLP of ``nn.Linear`` subclasses with a forward of their own.
+- ``own_forward_mlp``: GPT-2's MLP of ``nn.Linear`` subclasses with a forward of their own;
+- ``routed_mlp``: a gated MLP plus a replicated router's term, which reads its input beside its projections.
 
 The full models take token ids ``[batch, seq]``; the others take hidden states ``[batch, seq, hidden]``
 or, ``flat``, ``[tokens, hidden]``. Plans (:func:`plan`): sequence parallel (torchtitan's: ``Shard(1)``, or
@@ -179,6 +180,19 @@ class GemmaBlock(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+class RoutedMLP(GatedMLP):
+    """A gated MLP plus a per-sequence term from a replicated linear (a router, as a MoE's) that reads the
+    same input as its column-parallel projections: the prepared input is consumed by the op and by another
+    reader at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.router(x).mean(1, keepdim=True)  # [batch, 1, hidden]
+
+
 class HalvedLinear(nn.Linear):
     """A linear with a forward of its own (as float8 or LoRA linears have): its output halved."""
 
@@ -231,6 +245,9 @@ class _Roles:
     """Norms on the sequence-parallel activations (``SequenceParallel`` in a sequence-parallel plan)."""
     modules: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
     """Prepared module ("" for the model itself) -> (its column-parallel children, its row-parallel ones)."""
+    local_only: bool = False
+    """Its prepared input must be a local tensor (``use_local_output=True``): the model mixes it with plain
+    parameters, which a DTensor refuses under PyTorch's styles too."""
     post_norms: tuple[str, ...] = ()
     """Norms of a block's output added to its input (``SequenceParallel(use_local_output=True)``)."""
     args: dict[str, int] = field(default_factory=dict)
@@ -281,6 +298,10 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], _Roles]] = {
     ),
     "odd_head": (OddHead, _Roles("", (), {}, head="head")),
     "own_forward_mlp": (OwnForwardMLP, _Roles("", (), {"": (("c_fc",), ("c_proj",))})),
+    "routed_mlp": (
+        RoutedMLP,
+        _Roles("", (), {"": (("gate_proj", "up_proj"), ("down_proj",))}, local_only=True),
+    ),
     "phi3_mlp": (Phi3MLP, _Roles("", (), {"": (("gate_up_proj",), ("down_proj",))})),
     "reshaping_mlp": (ReshapingMLP, _Roles("", (), {"": (("gate_proj", "up_proj"), ("down_proj",))})),
 }
