@@ -27,8 +27,6 @@ pytestmark = pytest.mark.slow  # every test runs gloo worlds of 2 and 4 ranks
 
 def _tp_world(rank: int, world_size: int) -> dict:
     import copy
-    import functools
-    import types
     import warnings
 
     import torch
@@ -36,23 +34,12 @@ def _tp_world(rank: int, world_size: int) -> dict:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from tp_plans import CountFiccoOps, ficco_styles_with
 
     from benchmarks import llama
     from ficco.executor import library
     from ficco.runtime import FixedSource, Planner
     from ficco.runtime import tp as ficco_styles
-
-    class CountFiccoOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.counts: dict[str, int] = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func)
-            if name.startswith("ficco."):
-                self.counts[name] = self.counts.get(name, 0) + 1
-            return func(*args, **(kwargs or {}))
 
     mesh = init_device_mesh("cpu", (world_size,))
     torch.manual_seed(0)  # the same model on every rank
@@ -72,20 +59,11 @@ def _tp_world(rank: int, world_size: int) -> dict:
         grads = {n: g.full_tensor() if isinstance(g, DTensor) else g for n, g in grads.items()}
         return float(loss), grads, counter.counts
 
-    def with_schedules(schedules) -> types.SimpleNamespace:
-        """ficco's styles with ``schedules``, as torchtitan swaps its float8 styles in."""
-        return types.SimpleNamespace(
-            ColwiseParallel=functools.partial(ficco_styles.ColwiseParallel, schedules=schedules),
-            RowwiseParallel=functools.partial(ficco_styles.RowwiseParallel, schedules=schedules),
-            PrepareModuleInput=ficco_styles.PrepareModuleInput,
-            SequenceParallel=ficco_styles.SequenceParallel,
-        )
-
     ref_loss, ref_grads, ref_counts = step(torch_styles)
     out: dict = {"torch_counts": ref_counts, "cases": {}}
     for schedule in SCHEDULES:
         planner = Planner(FixedSource("finer/dma/s2/chunk")) if schedule == "planner" else None
-        loss, grads, counts = step(with_schedules(planner or schedule))
+        loss, grads, counts = step(ficco_styles_with(planner or schedule))
         errors = {n: float((grads[n] - g).norm() / g.norm()) for n, g in ref_grads.items()}
         loss_error = abs(loss - ref_loss) / abs(ref_loss)
         out["cases"][schedule] = {"loss": loss_error, "grads": errors, "counts": counts}

@@ -355,21 +355,25 @@ def apply_plan(model: nn.Module, mesh, styles: dict) -> None:
     parallelize_module(model, mesh, styles)
 
 
-def styles_of(case: Case, schedules) -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
-    """The case's (prepare styles, linear styles), ficco's with ``schedules``."""
+def ficco_styles_with(schedules) -> types.SimpleNamespace:
+    """ficco's styles with ``schedules``, as torchtitan swaps its float8 styles in (a module of styles)."""
     import functools
-
-    import torch.distributed.tensor.parallel as torch_styles
 
     from ficco.runtime import tp as ficco_styles
 
-    ficco = types.SimpleNamespace(
+    return types.SimpleNamespace(
         ColwiseParallel=functools.partial(ficco_styles.ColwiseParallel, schedules=schedules),
         RowwiseParallel=functools.partial(ficco_styles.RowwiseParallel, schedules=schedules),
         PrepareModuleInput=ficco_styles.PrepareModuleInput,
         SequenceParallel=ficco_styles.SequenceParallel,
     )
-    pick = {"ficco": ficco, "torch": torch_styles}
+
+
+def styles_of(case: Case, schedules) -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
+    """The case's (prepare styles, linear styles), ficco's with ``schedules``."""
+    import torch.distributed.tensor.parallel as torch_styles
+
+    pick = {"ficco": ficco_styles_with(schedules), "torch": torch_styles}
     return pick[case.prepare], pick[case.linears]
 
 
