@@ -94,6 +94,18 @@ def get_hardware(hardware_id: str) -> HardwareProfile:
         ) from None
 
 
+def hardware_of(gpu_name: str, gpu_count: int) -> HardwareProfile | None:
+    """The built-in profile of ``gpu_count`` GPUs of the model ``gpu_name`` names (what
+    ``torch.cuda.get_device_name`` reports: ``NVIDIA H100 80GB HBM3`` is an H100), or None. A profile's GPU
+    model is the first word of its ``gpu_name`` that holds a digit (``H200``, ``H100``, ``MI300X``)."""
+    words = gpu_name.split()
+    for profile in KNOWN_HARDWARE.values():
+        model = next((w for w in profile.gpu_name.split() if any(c.isdigit() for c in w)), None)
+        if profile.gpu_count == gpu_count and model in words:
+            return profile
+    return None
+
+
 PROFILE_FILE = "hardware.json"
 """A custom profile registered under a registry root: ``<root>/<hardware_id>/hardware.json``."""
 

@@ -1,12 +1,12 @@
 """Runtimes execute ficco's recommendations: tensor-parallel layers with autograd and CUDA-graph support,
 and a planner that asks a local model or the service once per shape.
 
-    from ficco.runtime import ColumnParallelLinear, Planner, PlannedOps, PredictorSource, RowParallelLinear
+    from ficco.runtime import ColumnParallelLinear, Planner, PredictorSource, RowParallelLinear
 
     planner = Planner(PredictorSource.load(hardware_id="h200x2"), mode="eager", timeout_s=0.25)
-    ops = PlannedOps(planner)                                     # the world as the tensor-parallel group
-    up = ColumnParallelLinear(4096, 28672, ops=ops, name="mlp.up", dtype=torch.bfloat16, device="cuda")
-    down = RowParallelLinear(14336, 4096, ops=ops, name="mlp.down", dtype=torch.bfloat16, device="cuda")
+    kw = {"schedules": planner, "dtype": torch.bfloat16, "device": "cuda"}  # the world as the TP group
+    up = ColumnParallelLinear(4096, 28672, name="mlp.up", **kw)
+    down = RowParallelLinear(14336, 4096, name="mlp.down", **kw)
 
     def step():                                                   # safe to repeat: no optimizer update
         with planner.step():
@@ -17,6 +17,10 @@ and a planner that asks a local model or the service once per shape.
     verify_plan(planner, lambda: step, device=x_shard.device)     # the plan against serial in place
     print(planner.table())                                        # schedules, speedups, what was pinned
 
+Schedules are said one way everywhere (the layers' ``schedules=``, ``runtime.tp``'s styles,
+``runtime.compile.enable``): anything :func:`as_planner` takes, a planner, a source, a schedule or table
+string, a schedule function, or None for this machine's measured model.
+
 Layering: imports ``features``, ``executor`` and ``training`` (the predictor); ``ServiceSource`` takes a
 ``service.client.ServiceClient`` built by the caller. Nothing in ficco imports it.
 """
@@ -24,8 +28,15 @@ Layering: imports ``features``, ``executor`` and ``training`` (the predictor); `
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.layers import ColumnParallelLinear, RowParallelLinear, apply_ops
 from ficco.runtime.overlap import DifferentiableOps, OverlapOps, PlannedOps
-from ficco.runtime.planner import Decision, OpKey, OpRequest, OpShape, Planner
-from ficco.runtime.sources import Answer, FixedSource, PredictorSource, ServiceSource, TableSource
+from ficco.runtime.planner import Decision, OpKey, OpRequest, OpShape, Planner, Schedules, as_planner
+from ficco.runtime.sources import (
+    Answer,
+    FixedSource,
+    FunctionSource,
+    PredictorSource,
+    ServiceSource,
+    TableSource,
+)
 from ficco.runtime.verify import Verdict, verify_plan
 
 __all__ = [
@@ -34,6 +45,7 @@ __all__ = [
     "Decision",
     "DifferentiableOps",
     "FixedSource",
+    "FunctionSource",
     "GraphedCall",
     "OpKey",
     "OpRequest",
@@ -43,9 +55,11 @@ __all__ = [
     "Planner",
     "PredictorSource",
     "RowParallelLinear",
+    "Schedules",
     "ServiceSource",
     "TableSource",
     "Verdict",
     "apply_ops",
+    "as_planner",
     "verify_plan",
 ]

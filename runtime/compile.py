@@ -3,7 +3,7 @@ micro-pipeline TP pass (async-TP) rewrites into ficco's ops.
 
     import ficco.runtime.compile
 
-    report = ficco.runtime.compile.enable(planner)      # or a ScheduleSource, "shard/dma", a function
+    report = ficco.runtime.compile.enable()             # this machine's measured model (runtime.as_planner)
     model = torch.compile(model)                        # a DTensor tensor-parallel plan, e.g. torchtitan's
     model(tokens).sum().backward()                      # compiles; each rewrite logs one line
     print(report.table())                               # what was rewritten, what was left and why
@@ -15,6 +15,8 @@ Inductor compiles (forward, backward, inference) and rewrites, on a tensor-paral
 - all-gather -> wait -> one or more matmuls of the gathered input into ``torch.ops.ficco.all_gather_matmul``
   (matmuls that share one gather, ``wq/wk/wv`` or ``w1/w3``, become one op with several weights);
 - matmul -> reduce-scatter into ``torch.ops.ficco.matmul_reduce_scatter``;
+- matmuls whose outputs are summed -> reduce-scatter (a column-parallel input gradient whose weights share
+  the input: q/k/v, gate/up) into one ``matmul_reduce_scatter`` of the concatenated operands;
 - PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
   pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
 
@@ -23,30 +25,33 @@ included) is decided once; a dynamic one is decided at each of ``token_points`` 
 token-range table (``features.ScheduleTable``, ``"0:serial/sm;91:shard/dma"``), whose entry it picks per
 call with a bisect (no host round trip, safe in a CUDA graph).
 
-What was left, with the reason (``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
-``unsupported group``, ``shared output``, ``reduce op``, ``no pattern``: a collective that reaches a matmul
-only in a form PyTorch's patterns do not match), is in the report beside what was rewritten
-(``runtime.compile_report``); when a graph has a group's matmuls but none was rewritten, the pass warns (no
-silent no-op).
+Every other collective of the graph is in the report beside what was rewritten (``runtime.compile_report``),
+with the reason it was left: ``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
+``unsupported group``, ``shared output``, ``reduce op``, ``no pattern`` (a collective that reaches a matmul
+only in a form PyTorch's patterns do not match), ``all-reduce`` (ficco overlaps none), ``no ficco op`` (an
+all-to-all, a gather of a matmul's output), ``no matmul`` (an embedding's, a norm's or a weight gradient's
+collective). When a graph has a group's collectives beside
+matmuls but none was rewritten, the pass warns (no silent no-op).
+
+Schedules come from ``enable(schedules)``: anything ``runtime.as_planner`` takes (a planner, a source, a
+schedule or table string, a schedule function; none: this machine's measured model, else ``serial/sm``
+with one warning), the same forms as ``runtime.tp``'s styles and the layers take.
 
 Graph cache: the pass's ``uuid`` keys Inductor's FX graph cache on the pass's files, the schedule source (a
-fixed schedule, a plain function's code) and the token points, so a cached graph got the same schedules
-when it was first compiled; the report lists only the graphs compiled in this process
-(:attr:`CompileReport.cache_hits` counts the others). A planner or a ``ScheduleSource`` decides
-collectively (rank 0 asks, every rank of the group agrees), so with one the pass bypasses the cache: a rank
-that found a graph cached while another compiled it would leave the other waiting in that agreement.
+fixed schedule or table, a plain function's code) and the token points, so a cached graph got the same
+schedules when it was first compiled; the report lists only the graphs compiled in this process
+(:attr:`CompileReport.cache_hits` counts the others). A measured model or the service decides collectively
+(rank 0 asks, every rank of the group agrees), so with one the pass bypasses the cache: a rank that found a
+graph cached while another compiled it would leave the other waiting in that agreement.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch._inductor import config as inductor_config
@@ -54,11 +59,10 @@ from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from ficco.executor.checks import as_schedule
-from ficco.features import MODES, SERIAL, Mode, Schedule, ScheduleTable
-from ficco.runtime.compile_report import CompileReport, Left, Rewrite
+from ficco.features import Mode, Schedule, ScheduleTable
+from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
-from ficco.runtime.planner import Direction, OpRequest, Planner
+from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
 
 log = logging.getLogger(__name__)
 
@@ -68,86 +72,13 @@ switches schedule at the geometric mean of two neighbouring points that decided 
 DECIDE_TIMEOUT_S = 60.0
 """Longest the pass waits for a planner's source per graph, seconds: compile time affords more than a step,
 and an answer that comes later cannot change a compiled graph."""
-ScheduleFn = Callable[[str, int, int, int, str, int], "Schedule | str"]
-"""``(op, m, n, k, dtype, world_size) -> schedule``, ``features.Scenario`` conventions."""
-_FILES = tuple(str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py"))
+_FILES = tuple(
+    str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py", "planner.py", "sources.py")
+)
+"""What a rewrite depends on besides the schedule source: the pass, its patterns and the planner's rules."""
 
 
 # Schedule sources -------------------------------------------------------------------------------------------
-
-
-class _FunctionSchedules:
-    """Schedules from ``fn(op, m, n, k, dtype, world_size)``, asked on each rank (it must be
-    deterministic); ``uuid`` says what its answers depend on (None: unknown, no graph cache)."""
-
-    def __init__(self, fn: ScheduleFn, uuid: str | None) -> None:
-        self.fn = fn
-        self.uuid = uuid
-
-    def decide(self, requests: Sequence[OpRequest]) -> list[tuple[Schedule, str]]:
-        out = []
-        for r in requests:
-            try:
-                out.append((as_schedule(self.fn(r.op, r.m, r.n, r.k, r.dtype, r.world_size)), ""))
-            except Exception as err:  # a bad answer costs the overlap, not the compile
-                out.append((SERIAL, f"the schedule function failed: {type(err).__name__}: {err}"))
-        return out
-
-
-class _PlannerSchedules:
-    """Schedules from a ``Planner``: rank 0 of its group asks the source once per graph and every rank
-    agrees (a collective at compile time: every rank compiles the same graph)."""
-
-    uuid = None
-
-    def __init__(self, planner: Planner, timeout_s: float) -> None:
-        self.planner = planner
-        self.timeout_s = timeout_s
-
-    def decide(self, requests: Sequence[OpRequest]) -> list[tuple[Schedule, str]]:
-        self.planner.prepare(requests, timeout_s=self.timeout_s)
-        return [
-            (self.planner.schedule(r), self.planner.decisions[self.planner.key(r)].reason or "")
-            for r in requests
-        ]
-
-
-def _schedules_of(
-    schedules: Any, mode: Mode, hardware: str | None, timeout_s: float
-) -> _FunctionSchedules | _PlannerSchedules:
-    """The pass's view of what :func:`enable` was given (its docstring lists the forms)."""
-    if isinstance(schedules, Planner):
-        return _PlannerSchedules(schedules, timeout_s)
-    if hasattr(schedules, "recommend"):
-        return _PlannerSchedules(Planner(schedules, mode=mode, hardware=hardware), timeout_s)
-    if isinstance(schedules, Schedule | str):
-        fixed = as_schedule(schedules)  # a bad string is the caller's mistake: raised now
-        return _FunctionSchedules(lambda *_: fixed, uuid=f"fixed {fixed}")
-    if callable(schedules):
-        return _FunctionSchedules(schedules, uuid=_code_key(schedules))
-    raise ValueError(
-        "schedules must be a runtime.Planner, a ScheduleSource (PredictorSource, ServiceSource, TableSource, "
-        "FixedSource), a schedule string or features.Schedule, or a function (op, m, n, k, dtype, "
-        f"world_size) -> schedule; got {type(schedules).__name__}"
-    )
-
-
-def _code_key(fn: Callable) -> str | None:
-    """What a plain function's answers depend on: its name, code and constants; None for anything whose
-    answers may depend on state (a closure, a bound method, a callable object, global data it reads such as
-    a module-level table)."""
-    code = getattr(fn, "__code__", None)
-    if code is None or getattr(fn, "__closure__", None) or hasattr(fn, "__self__"):
-        return None
-    stateless = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
-    if any(
-        not isinstance(fn.__globals__.get(name), stateless)
-        for name in code.co_names
-        if name in fn.__globals__
-    ):
-        return None
-    digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
-    return f"function {fn.__module__}.{fn.__qualname__} {digest}"
 
 
 def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
@@ -170,22 +101,21 @@ class FiccoPass(CustomGraphPass):
 
     def __init__(
         self,
-        schedules: Any,
+        schedules: Schedules = None,
         *,
         mode: Mode = "eager",
         hardware: str | None = None,
         token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
         timeout_s: float = DECIDE_TIMEOUT_S,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
         points = tuple(token_points)
         valid = all(isinstance(p, int) and p >= 1 for p in points) and list(points) == sorted(set(points))
         if not (points and valid):
             raise ValueError(f"token_points must be increasing positive ints; got {list(token_points)!r}")
         if not (isinstance(timeout_s, int | float) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
-        self.schedules = _schedules_of(schedules, mode, hardware, float(timeout_s))
+        self.planner = as_planner(schedules, mode=mode, hardware=hardware)
+        self.timeout_s = float(timeout_s)
         self.token_points = points
         from torch._dynamo.utils import counters
 
@@ -193,10 +123,14 @@ class FiccoPass(CustomGraphPass):
 
     def uuid(self) -> bytes | None:
         """Keys the FX graph cache on the pass's files, the schedule source and the token points; None (no
-        cache) for a source decided collectively or whose answers may depend on state."""
-        if self.schedules.uuid is None:
+        cache) for a source decided collectively (a model, the service: a rank that found a graph cached
+        while another compiled it would leave the other waiting in the agreement) or whose answers may
+        depend on state (a closure, a bound method, global data a function reads)."""
+        source = self.planner.source
+        key = getattr(source, "cache_key", None) if getattr(source, "deterministic", False) else None
+        if key is None:
             return None
-        return get_hash_for_files(_FILES, f"{self.schedules.uuid} points={self.token_points}")
+        return get_hash_for_files(_FILES, f"{key} mode={self.planner.mode} points={self.token_points}")
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         index = self.report.graphs
@@ -239,13 +173,20 @@ class FiccoPass(CustomGraphPass):
                 )
                 for m in points
             ]
-        answers = self.schedules.decide(requests) if requests else []
+        answers = self._schedules(requests) if requests else []
         out = []
         for start, points in spans:
             picks = answers[start : start + len(points)]
             notes = sorted({note for _, note in picks if note})
             out.append((_table(points, [s for s, _ in picks]), "; ".join(notes)))
         return out
+
+    def _schedules(self, requests: list[OpRequest]) -> list[tuple[Schedule, str]]:
+        """Each request's schedule and, where the planner fell back to serial, why: decided in one batch
+        (rank 0 of the planner's group asks a collective source, every rank agrees)."""
+        planner = self.planner
+        planner.prepare(requests, timeout_s=self.timeout_s)
+        return [(planner.schedule(r), planner.decisions[planner.key(r)].reason or "") for r in requests]
 
 
 def _rewrite(site: Site, index: int, direction: Direction, schedule: str, note: str) -> Rewrite:
@@ -289,13 +230,15 @@ def _is_backward(graph: torch.fx.Graph) -> bool:
 
 
 def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left: list[Left]) -> None:
-    """Warn for each group whose matmuls the graph has but none of which was rewritten."""
+    """Warn for each group whose collectives the graph has beside matmuls (or as all-reduces) but none of
+    which was rewritten (a collective beside no matmul is listed in the report, not warned about)."""
     done = {r.group for r in rewritten}
-    for group in sorted({x.group for x in left} - done):
-        reasons = sorted({f"{x.reason} ({x.detail})" for x in left if x.group == group})
+    missed = [x for x in left if x.reason not in QUIET]
+    for group in sorted({x.group for x in missed} - done):
+        reasons = sorted({f"{x.reason} ({x.detail})" for x in missed if x.group == group})
         message = (
-            f"ficco.runtime.compile: graph {index} ({direction}) has all-gather/reduce-scatter matmuls on "
-            f"group {group!r} but none was rewritten: {'; '.join(reasons)}"
+            f"ficco.runtime.compile: graph {index} ({direction}) has tensor-parallel collectives beside "
+            f"matmuls on group {group!r} but none was rewritten: {'; '.join(reasons)}"
         )
         log.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -305,7 +248,7 @@ def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left
 
 
 def enable(
-    schedules: Any,
+    schedules: Schedules = None,
     *,
     mode: Mode = "eager",
     hardware: str | None = None,
@@ -317,17 +260,20 @@ def enable(
 
     Parameters
     ----------
-    schedules : Planner, ScheduleSource, Schedule, str or callable
-        Where each op's schedule comes from: a ``runtime.Planner`` (its mode, hardware and group); a
-        ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``, ``TableSource``, ``FixedSource``),
-        behind a planner of ``mode`` and ``hardware``; one schedule for every op (``"shard/dma"``); or a
-        function ``(op, m, n, k, dtype, world_size) -> schedule`` (``features.Scenario`` conventions, ``n``
-        summed over the weights of one gather), asked on every rank.
+    schedules : Planner, ScheduleSource, Schedule, str, callable or None, default=None
+        Where each op's schedule comes from, as ``runtime.as_planner`` takes it: a ``runtime.Planner`` (its
+        mode, hardware and group); a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``,
+        ``TableSource``, ``FixedSource``, ``FunctionSource``), behind a planner of ``mode`` and ``hardware``;
+        one schedule or token-range table for every op (``"shard/dma"``); a function ``(op, m, n, k, dtype,
+        world_size) -> schedule`` (``features.Scenario`` conventions, ``n`` summed over the weights of one
+        gather), asked on every rank; None: the measured model of this machine's GPUs in the local registry
+        (``serial/sm`` with one warning where there is none).
     mode : {"eager", "graph"}, default="eager"
-        The execution mode a bare ``ScheduleSource`` is asked about (``graph`` for a step captured with
-        ``runtime.GraphedCall``).
+        The execution mode a source is asked about (``graph`` for a step captured with
+        ``runtime.GraphedCall``); a planner keeps its own.
     hardware : str, optional
-        Hardware id a bare ``ScheduleSource`` is asked about (default: the source's own, else ``h200x2``).
+        Hardware id a source is asked about (default: the source's own, else ``h200x2`` at the group's
+        size); a planner keeps its own.
     token_points : sequence of int, default=DEFAULT_TOKEN_POINTS
         Token counts, increasing, at which a dynamic-shape op is decided.
     timeout_s : float, default=DECIDE_TIMEOUT_S

@@ -12,8 +12,9 @@ from ficco.tables import markdown_table
 if TYPE_CHECKING:
     from ficco.executor.library import OpRun
 
-Op = Literal["ag_gemm", "gemm_rs"]
-"""``ag_gemm`` (``torch.ops.ficco.all_gather_matmul``) or ``gemm_rs`` (``ficco.matmul_reduce_scatter``)."""
+Op = Literal["ag_gemm", "gemm_rs", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
+"""``ag_gemm`` (``torch.ops.ficco.all_gather_matmul``) or ``gemm_rs`` (``ficco.matmul_reduce_scatter``) for
+a collective beside a matmul; the collective's name for one beside none, and for an all-reduce."""
 Reason = Literal[
     "bias",
     "fp8 scaled matmul",
@@ -24,8 +25,13 @@ Reason = Literal[
     "shared output",
     "reduce op",
     "no pattern",
+    "all-reduce",
+    "no ficco op",
+    "no matmul",
 ]
-"""Why a collective beside a matmul was left as it was."""
+"""Why a collective was left as it was."""
+QUIET: tuple[Reason, ...] = ("no matmul",)
+"""Reasons that are no missed overlap: listed in the report, never warned about."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,8 +59,9 @@ class Collective:
 class Rewrite(Collective):
     """One ficco op the pass put in a graph."""
 
-    found: Literal["pattern", "fused op"]
-    """Matched as collective + matmuls, or from PyTorch's fused ``symm_mem`` op."""
+    found: Literal["pattern", "sum of matmuls", "fused op"]
+    """Matched as collective + matmuls (``sum of matmuls``: a reduce-scatter of several matmuls' summed
+    outputs, one op over their concatenated operands), or from PyTorch's fused ``symm_mem`` op."""
     world_size: int
     m: int | None
     """Gathered (``ag_gemm``) or full (``gemm_rs``) rows, batch included; None when dynamic."""
@@ -70,7 +77,7 @@ class Rewrite(Collective):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Left(Collective):
-    """A collective beside a matmul that the pass left as it was."""
+    """A collective that the pass left as it was."""
 
     reason: Reason
     detail: str

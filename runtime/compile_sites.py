@@ -7,7 +7,8 @@ so the pass sees what async-TP sees; the checks here are ficco's (its ops take n
 gather and scatter rows, on groups of 2 to 8 ranks) and each refusal says why.
 
 :func:`find_sites` returns, per graph, a :class:`Site` for each rewrite it can make (its shape, and
-``apply(schedule)``, which makes it) and a :class:`Skipped` for each collective beside a matmul it leaves.
+``apply(schedule)``, which makes it) and a :class:`Skipped` for each collective it leaves, so that the
+report accounts for every collective of the graph.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Site:
     op: Op
     layers: tuple[str, ...]
     """The modules whose matmuls it replaces (``layers.0.attention.wq``), else node names."""
-    found: Literal["pattern", "fused op"]
+    found: Literal["pattern", "sum of matmuls", "fused op"]
     group: str
     world_size: int
     m: Any
@@ -66,7 +67,7 @@ class Site:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Skipped:
-    """A collective beside a matmul that the pass leaves, with the reason."""
+    """A collective that the pass leaves, with the reason."""
 
     op: Op
     layers: tuple[str, ...]
@@ -100,9 +101,10 @@ class _Refused(Exception):
 
 
 def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
-    """Every rewrite the pass can make in ``graph`` and every collective beside a matmul it leaves: PyTorch's
-    fused ops first, then all-gather -> matmuls, then matmul -> reduce-scatter, then the collectives that
-    reach a matmul in a form PyTorch's patterns do not match."""
+    """Every rewrite the pass can make in ``graph`` and every collective it leaves, with the reason: PyTorch's
+    fused ops first, then all-gather -> matmuls, then matmul (or a sum of matmuls) -> reduce-scatter, then
+    the collectives that reach a matmul in a form PyTorch's patterns do not match, then every other
+    collective of the graph (an all-reduce, a collective beside no matmul)."""
     all_gathers = find_all_gather_patterns(graph)
     reduce_scatters = find_reduce_scatter_patterns(graph)
     # a gather the pattern matched but whose matmul it did not find (e.g. reached through two reshapes at
@@ -113,7 +115,9 @@ def find_sites(graph: torch.fx.Graph) -> list[Site | Skipped]:
     gathers = _all_gather_sites(fed)
     taken = {n for site in gathers if isinstance(site, Site) for n in site.replaces}
     scatters = [_not_taken(site, taken) for site in _reduce_scatter_sites(reduce_scatters)]
-    return _fused_op_sites(graph) + gathers + scatters + _unmatched(graph, matched)
+    unmatched = _unmatched(graph, matched)
+    others = _other_collectives(graph, matched | {node for node, _ in unmatched})
+    return _fused_op_sites(graph) + gathers + scatters + [x for _, x in unmatched] + others
 
 
 def _not_taken(site: Site | Skipped, taken: set[torch.fx.Node]) -> Site | Skipped:
@@ -343,63 +347,118 @@ def _is_addmm(node: torch.fx.Node) -> bool:
 
 
 def _reduce_scatter_sites(reduce_scatters: list[_ReduceScatterMatch]) -> list[Site | Skipped]:
-    """One site per reduce-scatter of a matmul's output."""
+    """One entry per reduce-scatter: a site where it reduces a matmul's output, or a sum of matmuls' outputs
+    (a column-parallel layer's input gradient when several weights share its input: q/k/v, gate/up);
+    skipped with the reason otherwise."""
     out: list[Site | Skipped] = []
     for rs in reduce_scatters:
         matmul = _find_producer_matmul(rs.input_node)
-        if matmul is None:
+        summed = _summed_matmuls(rs.input_node) if matmul is None else None
+        if matmul is None and summed is None:
             if _is_addmm(rs.input_node):
                 why = _Refused("bias", "the matmul adds a bias (addmm); ficco's ops take none")
                 out.append(why.skipped("gemm_rs", (_module_name(rs.input_node),), rs.group_name))
-            continue  # reduces something else than a matmul (an embedding, a sum of matmuls)
-        layers = (_matmul_name(matmul),)
+                continue
+            what = f"{rs.input_node.name} ({rs.input_node.target})"
+            why = _Refused("no matmul", f"it reduces {what}, not a matmul's output or a sum of them")
+            out.append(why.skipped("reduce_scatter", (_module_name(rs.input_node),), rs.group_name))
+            continue
+        matmuls, adds = ([matmul], []) if matmul is not None else summed
+        layers = tuple(map(_matmul_name, matmuls))
         try:
-            out.append(_reduce_scatter_site(rs, matmul, layers))
+            out.append(_reduce_scatter_site(rs, matmuls, adds, layers))
         except _Refused as why:
             out.append(why.skipped("gemm_rs", layers, rs.group_name))
     return out
 
 
-def _reduce_scatter_site(rs: _ReduceScatterMatch, matmul: _Matmul, layers: tuple[str, ...]) -> Site:
-    if isinstance(matmul, _ScaledMatmul):
+def _summed_matmuls(node: torch.fx.Node) -> tuple[list[_Matmul], list[torch.fx.Node]] | None:
+    """The matmuls whose outputs an ``add`` tree rooted at ``node`` sums (each output as PyTorch's producer
+    finder sees it), and the tree's ``add`` nodes, root first; None where it is not such a tree."""
+    if node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    matmuls, adds = [], [node]
+    for arg in node.args:
+        if not isinstance(arg, torch.fx.Node):
+            return None
+        matmul = _find_producer_matmul(arg)
+        if matmul is not None:
+            matmuls.append(matmul)
+            continue
+        below = _summed_matmuls(arg)
+        if below is None:
+            return None
+        matmuls += below[0]
+        adds += below[1]
+    return matmuls, adds
+
+
+def _reduce_scatter_site(
+    rs: _ReduceScatterMatch,
+    matmuls: list[_Matmul],
+    adds: list[torch.fx.Node],
+    layers: tuple[str, ...],
+) -> Site:
+    """The site of a reduce-scatter of one matmul's output (``adds`` empty) or of the sum of several (the
+    ``adds`` of :func:`_summed_matmuls`): one ``matmul_reduce_scatter`` of the inputs concatenated along
+    the features and the weights along the rows, ``[A_1 | A_2] @ [B_1; B_2] = A_1 @ B_1 + A_2 @ B_2``, as
+    ficco's own backward runs a column-parallel input gradient."""
+    if any(isinstance(mm, _ScaledMatmul) for mm in matmuls):
         raise _Refused("fp8 scaled matmul", f"a _scaled_mm producer; {_DTYPES_RUN}")
     world_size = _group_size(rs.group_name)
     reduce_op = _reduce_op(rs.reduce_op)
     matched = rs.match.nodes if hasattr(rs.match, "nodes") else rs.match
     if any(u not in matched and u.target is not aten.sym_size.int for u in rs.input_node.users):
         raise _Refused("shared output", "the matmul's output has other users than the reduce-scatter")
-    if rs.wait_tensor_node in matmul.arg_ancestor_nodes:
+    # a part of a sum read elsewhere (an inner add, a product, the mm inside a reshape -> mm -> reshape)
+    parts = adds[1:] + [n for mm in matmuls for n in mm.nodes[1:] or mm.nodes] if adds else []
+    inner = [n for n in parts if len(n.users) > 1]
+    if inner:
+        raise _Refused("shared output", f"{inner[0].name}, a part of the sum, has other users")
+    if any(rs.wait_tensor_node in mm.arg_ancestor_nodes for mm in matmuls):
         raise _Refused("layout", "the weight is computed from the reduce-scatter's result")
-    a, product = _val(matmul.A_node), _val(rs.input_node)
-    if tuple(a.shape[:-1]) != tuple(product.shape[:-1]):
-        shapes = f"input {list(a.shape)}, output {list(product.shape)}"
-        raise _Refused("layout", f"the matmul's rows change between its input and output ({shapes})")
+    product = _val(rs.input_node)
+    a_vals = [_val(mm.A_node) for mm in matmuls]
+    for a in a_vals:
+        if tuple(a.shape[:-1]) != tuple(product.shape[:-1]):
+            shapes = f"input {list(a.shape)}, output {list(product.shape)}"
+            raise _Refused("layout", f"the matmul's rows change between its input and output ({shapes})")
+    if len({a.dtype for a in a_vals}) > 1:
+        raise _Refused("dtype", f"the summed matmuls take {sorted({str(a.dtype) for a in a_vals})}")
     scatter_dim = _not_rows(rs.scatter_dim, product.dim(), "scattered")
+    ks = [_static(a.shape[-1], "k") for a in a_vals]
 
     def apply(schedule: str) -> None:
         graph = rs.wait_tensor_node.graph
         with graph.inserting_before(rs.wait_tensor_node):
+            a, b = matmuls[0].A_node, matmuls[0].B_node
+            if adds:  # one matmul over the concatenated operands
+                a = graph.call_function(aten.cat.default, args=([mm.A_node for mm in matmuls], -1))
+                b = graph.call_function(aten.cat.default, args=([mm.B_node for mm in matmuls], 0))
             fused = graph.call_function(
                 torch.ops.ficco._matmul_reduce_scatter.default,
-                args=(matmul.A_node, matmul.B_node, reduce_op, scatter_dim, rs.group_name, schedule),
+                args=(a, b, reduce_op, scatter_dim, rs.group_name, schedule),
             )
             rs.replace_with(fused)
             rs.erase()
-            matmul.erase()
-        _raise_ancestors(fused, list(matmul.arg_ancestor_nodes))
+            for add in adds:  # root first: each has no user left once the one above it is gone
+                graph.erase_node(add)
+            for mm in matmuls:
+                mm.erase()
+        _raise_ancestors(fused, [x for mm in matmuls for x in mm.arg_ancestor_nodes])
 
     return Site(
         op="gemm_rs",
         layers=layers,
-        found="pattern",
+        found="sum of matmuls" if adds else "pattern",
         group=str(rs.group_name),
         world_size=world_size,
-        m=_rows(a.shape),
-        n=(_static(_val(matmul.B_node).shape[-1], "n"),),
-        k=_static(a.shape[-1], "k"),
-        dtype=_dtype_name(a),
+        m=_rows(a_vals[0].shape),
+        n=(_static(product.shape[-1], "n"),),
+        k=sum(ks),
+        dtype=_dtype_name(a_vals[0]),
         apply=apply,
-        replaces=frozenset(matmul.nodes),
+        replaces=frozenset(n for mm in matmuls for n in mm.nodes),
     )
 
 
@@ -509,7 +568,7 @@ the gathered input's transpose is a weight gradient, not a tensor-parallel input
 _HOPS = 8
 
 
-def _unmatched(graph: torch.fx.Graph, matched: set[torch.fx.Node]) -> list[Skipped]:
+def _unmatched(graph: torch.fx.Graph, matched: set[torch.fx.Node]) -> list[tuple[torch.fx.Node, Skipped]]:
     """The all-gathers whose data reaches a matmul's input, and the reduce-scatters whose data comes from a
     matmul's output, through data-moving ops only, that PyTorch's patterns did not match (what async-TP
     would miss too): skipped as ``no pattern``, so that a pass that found nothing says so."""
@@ -529,7 +588,55 @@ def _unmatched(graph: torch.fx.Graph, matched: set[torch.fx.Node]) -> list[Skipp
             group = node.kwargs.get("group_name", node.args[-1])
             detail = f"{node.name} reaches {mm.name} ({mm.target}) in a form PyTorch's patterns do not match"
             why = _Refused("no pattern", detail)
-            out.append(why.skipped(op, (_module_name(mm),), group))
+            out.append((node, why.skipped(op, (_module_name(mm),), group)))
+    return out
+
+
+_OTHER_COLLECTIVES: dict[Any, str] = {
+    getattr(_C10D, name).default: op
+    for name, op in (
+        ("all_gather_into_tensor", "all_gather"),
+        ("all_gather_into_tensor_coalesced", "all_gather"),
+        ("reduce_scatter_tensor", "reduce_scatter"),
+        ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
+        ("all_reduce", "all_reduce"),
+        ("all_reduce_", "all_reduce"),
+        ("all_reduce_coalesced", "all_reduce"),
+        ("all_to_all_single", "all_to_all"),
+    )
+    if hasattr(_C10D, name)
+}
+"""The functional collectives a graph may hold -> their name in the report."""
+
+
+def _other_collectives(graph: torch.fx.Graph, accounted: set[torch.fx.Node]) -> list[Skipped]:
+    """Every collective of ``graph`` not in ``accounted``, left with its reason: an all-reduce (tensor
+    parallelism without sequence parallelism: ficco overlaps none), an all-to-all or a gather of a matmul's
+    output (no ficco op runs them), or a collective whose data neither feeds a matmul's input nor comes
+    from a matmul (an embedding's, a norm's, a weight gradient's operand)."""
+    out = []
+    for node in graph.nodes:
+        op = _OTHER_COLLECTIVES.get(node.target)
+        if op is None or node in accounted:
+            continue
+        group = node.kwargs.get("group_name", node.args[-1])
+        producer = _reach(node, lambda n: n.all_input_nodes[:1], lambda mm, prev: True)
+        if op == "all_reduce":
+            why = _Refused("all-reduce", f"{node.name}: ficco's ops overlap no all-reduce")
+        elif op == "all_to_all":
+            why = _Refused("no ficco op", f"{node.name}: the pass rewrites no all-to-all (ficco's MoE ops)")
+        elif producer is not None and op == "all_gather":
+            detail = (
+                f"{node.name} gathers {producer.name}'s output (matmul -> all-gather): ficco gathers inputs"
+            )
+            why = _Refused("no ficco op", detail)
+        else:
+            detail = (
+                f"{node.name} ({node.target}) neither feeds a matmul's input nor takes a matmul's output "
+                f"within {_HOPS} data-moving steps: nothing for ficco's ops to overlap"
+            )
+            why = _Refused("no matmul", detail)
+        out.append(why.skipped(op, (_module_name(producer or node),), group))
     return out
 
 

@@ -36,8 +36,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ficco.runtime.overlap import OverlapOps, backward_follows, dtype_name, request_pair
-from ficco.runtime.planner import OpRequest
+from ficco.runtime.overlap import OverlapOps, PlannedOps, backward_follows, dtype_name, request_pair
+from ficco.runtime.planner import OpRequest, Schedules
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,12 +61,19 @@ class _TensorParallelLinear(nn.Module):
         in_features: int,
         out_features: int,
         *,
-        ops: OverlapOps,
+        schedules: Schedules = None,
+        ops: OverlapOps | None = None,
         name: str = "",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        if ops is not None and schedules is not None:
+            raise ValueError(
+                f"{type(self).__name__}: give schedules= (ficco's ops under those schedules) or ops= "
+                "(another implementation), not both"
+            )
+        ops = ops if ops is not None else PlannedOps(schedules)
         shape = [in_features, out_features]
         split = ("in_features", "out_features")[self._sharded]
         _check_divides(f"{type(self).__name__}.{split}", shape[self._sharded], ops.world_size)
@@ -132,8 +139,12 @@ class ColumnParallelLinear(_TensorParallelLinear):
     ----------
     in_features, out_features : int
         The full layer's sizes; ``out_features`` must divide by the group size.
-    ops : OverlapOps
-        Runs the overlapped ops (``runtime.overlap.PlannedOps``).
+    schedules : Planner, ScheduleSource, Schedule, str, callable or None, default=None
+        Where the ops' schedules come from, as ``runtime.as_planner`` takes it (ficco's ops over the world
+        group: ``PlannedOps(schedules)``; None: this machine's measured model).
+    ops : OverlapOps, optional
+        Runs the overlapped ops instead (another group: ``PlannedOps(schedules, group)``; another
+        implementation: ``runtime.overlap.DifferentiableOps``); not with ``schedules``.
     name : str, default=""
         Shown in the planner's decision table (``runtime.apply_ops`` fills in the module path).
     keep_gathered : bool, default=True
@@ -150,13 +161,16 @@ class ColumnParallelLinear(_TensorParallelLinear):
         in_features: int,
         out_features: int,
         *,
-        ops: OverlapOps,
+        schedules: Schedules = None,
+        ops: OverlapOps | None = None,
         name: str = "",
         keep_gathered: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, ops=ops, name=name, device=device, dtype=dtype)
+        super().__init__(
+            in_features, out_features, schedules=schedules, ops=ops, name=name, device=device, dtype=dtype
+        )
         self.keep_gathered = keep_gathered
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
 from ficco.executor.checks import DTYPES
 from ficco.executor.ops import all_gather_single
-from ficco.runtime.planner import Direction, OpRequest, Planner
+from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
 
 
 class OverlapOps(Protocol):
@@ -55,17 +55,19 @@ class OverlapOps(Protocol):
 
 
 class PlannedOps(OverlapOps):
-    """The ficco ops under the schedules ``planner`` decides (the methods' types are :class:`OverlapOps`'s).
+    """The ficco ops under the schedules a planner decides (the methods' types are :class:`OverlapOps`'s).
 
     Parameters
     ----------
-    planner : Planner
-        Decides each op's schedule (its mode says whether the layers run eagerly or in CUDA graphs).
+    schedules : Planner, ScheduleSource, Schedule, str, callable or None, default=None
+        Where each op's schedule comes from, as ``runtime.as_planner`` takes it (a planner's mode says
+        whether the layers run eagerly or in CUDA graphs; None: this machine's measured model).
     group : ProcessGroup, optional
         The tensor-parallel group (default: the world); the planner's ranks agree over the same group.
     """
 
-    def __init__(self, planner: Planner, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, schedules: Schedules = None, group: dist.ProcessGroup | None = None) -> None:
+        planner = as_planner(schedules, group=group)
         if planner.group is not None and group is not None and planner.group is not group:
             raise ValueError("PlannedOps: the planner agrees over another group than the one given")
         self.planner = planner

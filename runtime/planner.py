@@ -17,8 +17,15 @@ Rules it keeps:
    instead. A late answer is not lost: it is picked up at the next step's start.
 3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
    same schedule even if only one rank's network failed (a differing schedule would hang the collective).
+   A source whose answers are immediate and alike on every rank (``deterministic``: a fixed schedule, a
+   table, a function) is asked on each rank instead, with no bound and no broadcast.
 4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
-   without asking anyone; plan before capturing (:meth:`Planner.prepare`, or one eager warm-up call).
+   without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
+   (:meth:`Planner.prepare`, or one eager warm-up call).
+
+Where schedules come from is said one way across ficco's runtimes: :func:`as_planner` turns a planner, a
+source, a schedule or table string, a schedule function or None (this machine's measured model) into the
+planner that ``runtime.tp``'s styles, ``runtime.compile.enable`` and the layers' ``PlannedOps`` use.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -37,6 +44,7 @@ import torch.distributed as dist
 
 from ficco.executor import library
 from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
+from ficco.features.hardware import hardware_of
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
 
@@ -118,7 +126,7 @@ class Planner:
         Execution mode the layers run in (``graph``: replayed from a CUDA graph, inference and decode).
     hardware : str, optional
         Hardware id of the scenarios asked about; default: the source's own (a local model's), else
-        ``h200x2``.
+        ``h200x2`` (for a larger group, the same GPUs at its size: ``h200x4`` for 4 ranks).
     timeout_s : float, default=DEFAULT_TIMEOUT_S
         Longest a step waits for the source in total, seconds (outside a step: per call); >= 0.
     group : ProcessGroup, optional
@@ -140,7 +148,11 @@ class Planner:
             raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
         self.source = source
         self.mode = mode
-        self.hardware = get_hardware(hardware or getattr(source, "hardware_id", None) or DEFAULT_HARDWARE_ID)
+        given = hardware or getattr(source, "hardware_id", None)
+        self.hardware = get_hardware(given or DEFAULT_HARDWARE_ID)
+        self._hardware_given = given is not None
+        """False when the hardware is the default: then a group larger than it is asked about as the same
+        GPUs at the group's size (``h200x4`` for 4 ranks)."""
         self.timeout_s = float(timeout_s)
         self.group = group
         self.decisions: dict[OpKey, Decision] = {}
@@ -285,7 +297,7 @@ class Planner:
 
     def _decide(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> None:
         """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
-        if _capturing():
+        if _capturing() and not getattr(self.source, "deterministic", False):
             for key in keys:
                 self._set(
                     key,
@@ -295,10 +307,13 @@ class Planner:
                     ),
                 )
             return
-        group = self._agree_group()
-        decisions = self._ask(keys, timeout_s) if group is None or dist.get_rank(group) == 0 else None
-        if group is not None:
-            decisions = _broadcast(decisions, group)
+        if getattr(self.source, "deterministic", False):  # alike on every rank, at once: nothing to agree
+            decisions = self._ask(keys, timeout_s)
+        else:
+            group = self._agree_group()
+            decisions = self._ask(keys, timeout_s) if group is None or dist.get_rank(group) == 0 else None
+            if group is not None:
+                decisions = _broadcast(decisions, group)
         for key, decision in zip(keys, decisions, strict=True):
             self._set(key, self._keep_last_plan(key, decision))
 
@@ -316,17 +331,13 @@ class Planner:
             scenarios = [self._scenario(key) for key in keys]
         except ValueError as err:
             return [_fallback(f"not a valid scenario: {err}") for _ in keys]
-        if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-planner")
-        future = self._pool.submit(self.source.recommend, scenarios, self.mode)
-        wait_s = self._wait_left() if timeout_s is None else timeout_s
         try:
-            answers = future.result(timeout=wait_s)
-        except cf.TimeoutError:
-            for i, key in enumerate(keys):
-                self._pending[key] = (future, i)
-            reason = f"the source did not answer within {wait_s:.3g} s (asked again at the next step)"
-            return [replace(_fallback(reason), pending=True) for _ in keys]
+            if getattr(self.source, "deterministic", False):
+                answers = self.source.recommend(scenarios, self.mode)
+            else:
+                answers = self._wait_for(keys, scenarios, timeout_s)
+        except cf.TimeoutError as late:
+            return [replace(_fallback(str(late)), pending=True) for _ in keys]
         except Exception as err:
             return [_fallback(f"the source failed: {type(err).__name__}: {err}") for _ in keys]
         if len(answers) != len(keys):
@@ -334,6 +345,22 @@ class Planner:
                 keys
             )
         return [_decision(a, s) for a, s in zip(answers, scenarios, strict=True)]
+
+    def _wait_for(self, keys: Sequence[OpKey], scenarios: list[Scenario], timeout_s: float | None) -> list:
+        """The source's answers for ``scenarios``, asked on the worker thread and waited for at most what
+        is left of the bound; ``cf.TimeoutError`` saying so when late (``keys`` are then pending)."""
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-planner")
+        future = self._pool.submit(self.source.recommend, scenarios, self.mode)
+        wait_s = self._wait_left() if timeout_s is None else timeout_s
+        try:
+            return future.result(timeout=wait_s)
+        except cf.TimeoutError:
+            for i, key in enumerate(keys):
+                self._pending[key] = (future, i)
+            raise cf.TimeoutError(
+                f"the source did not answer within {wait_s:.3g} s (asked again at the next step)"
+            ) from None
 
     def _collect_late_answers(self) -> None:
         """At a step's start: decisions whose answer arrived late replace their fallback (collective)."""
@@ -387,7 +414,10 @@ class Planner:
         return max(0.0, self._step_deadline - time.monotonic())
 
     def _scenario(self, key: OpKey) -> Scenario:
-        return Scenario(hardware=self.hardware, **_shape_fields(key))
+        hardware = self.hardware
+        if not self._hardware_given and key.world_size > hardware.gpu_count:  # the default at the group size
+            hardware = hardware_of(hardware.gpu_name, key.world_size) or hardware
+        return Scenario(hardware=hardware, **_shape_fields(key))
 
     def _agree_group(self) -> dist.ProcessGroup | None:
         """The group whose ranks must agree, or None when this process decides alone."""
@@ -489,3 +519,79 @@ def _broadcast(value, group: dist.ProcessGroup):
 def _capturing() -> bool:
     """True while the current CUDA stream is being captured into a graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+Schedules = Planner | ScheduleSource | Schedule | str | Callable[..., Schedule | str] | None
+"""Where schedules come from, in any form :func:`as_planner` takes."""
+
+_planners: dict[tuple, tuple[object, Planner]] = {}
+"""(what was given, mode, hardware, group) -> (it, its planner): one planner per source and group."""
+_warned_serial: list[str] = []
+
+
+def as_planner(
+    schedules: Schedules = None,
+    *,
+    mode: Mode = "eager",
+    hardware: str | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> Planner:
+    """The planner that ``schedules`` names: the one way ``runtime.tp``'s styles (``schedules=``),
+    ``runtime.compile.enable`` and the layers (``PlannedOps``, ``schedules=``) take their schedules.
+
+    - a ``Planner``: itself (its own mode, hardware and group);
+    - a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``, ``TableSource``, ``FixedSource``,
+      ``FunctionSource``): a planner over it in ``mode``, about ``hardware``, agreeing over ``group``;
+    - a schedule or token-range table string (``"shard/dma"``, ``"0:serial/sm;2048:shard/dma"``) or a
+      ``features.Schedule``: a planner over ``FixedSource``;
+    - a function ``(op, m, n, k, dtype, world_size) -> schedule``: a planner over ``FunctionSource``;
+    - None: the measured model of this machine's GPUs in the local registry (``sources.local_source``);
+      where there is none, ``serial/sm`` for every op, with one warning saying why.
+
+    A form other than a planner gets one planner per (value, mode, hardware, group), so every layer given
+    the same source shares its decisions and its table: ``as_planner(x) is as_planner(x)``.
+    """
+    if isinstance(schedules, Planner):
+        return schedules
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
+    value = schedules
+    if isinstance(value, Schedule):
+        value = str(value)
+    held = value if isinstance(value, str | None) else ("id", id(value))
+    key = (held, mode, hardware, id(group) if group is not None else None)
+    hit = _planners.get(key)
+    if hit is None:
+        hit = _planners[key] = (value, Planner(_source_of(value), mode=mode, hardware=hardware, group=group))
+    return hit[1]
+
+
+def _source_of(schedules: Schedules) -> ScheduleSource:
+    """The source behind :func:`as_planner`'s forms (a planner excepted); ValueError naming the forms."""
+    from ficco.runtime.sources import FixedSource, FunctionSource, local_source
+
+    if schedules is None:
+        source, why = local_source()
+        if source is not None:
+            log.info("ficco: schedules from %s", why)
+            return source
+        if why not in _warned_serial:
+            _warned_serial.append(why)
+            log.warning(
+                "ficco: no schedule source given and no measured model for this machine (%s): every ficco op "
+                "runs serial/sm; pass schedules= (a Planner, a ScheduleSource, a schedule string or "
+                "function)",
+                why,
+            )
+        return FixedSource(SERIAL)
+    if hasattr(schedules, "recommend"):
+        return schedules
+    if isinstance(schedules, str):
+        return FixedSource(schedules)  # a bad string is the caller's mistake: raised now
+    if callable(schedules):
+        return FunctionSource(schedules)
+    raise ValueError(
+        "schedules must be a runtime.Planner, a ScheduleSource (PredictorSource, ServiceSource, TableSource, "
+        "FixedSource, FunctionSource), a schedule or token-range table string or features.Schedule, a "
+        f"function (op, m, n, k, dtype, world_size) -> schedule, or None; got {type(schedules).__name__}"
+    )

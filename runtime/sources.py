@@ -9,13 +9,23 @@ one shape a planner reads, whatever the source returns; ``answer_from`` builds i
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ficco.features import DEFAULT_HARDWARE_ID, SERIAL, Mode, Scenario, Schedule
+from ficco.features import (
+    DEFAULT_HARDWARE_ID,
+    SERIAL,
+    Mode,
+    Scenario,
+    Schedule,
+    ScheduleTable,
+    parse_schedule_table,
+)
 from ficco.features.schedule_table import ScheduleTableFile
 
 log = logging.getLogger(__name__)
@@ -171,9 +181,15 @@ class ServiceSource:
 
 
 class _EachScenario:
-    """A source that answers one scenario at a time, the same on any hardware (``hardware_id`` None)."""
+    """A source that answers one scenario at a time, the same on any hardware (``hardware_id`` None), at
+    once and alike on every rank (no I/O, no model)."""
 
     origin: str
+    deterministic = True
+    """Its answers are immediate and equal on every rank: a planner over it asks it on each rank, without a
+    bounded wait or a broadcast (no collective)."""
+    cache_key: str | None = None
+    """What its answers depend on, for the compile pass's graph cache; None: unknown (no cache)."""
 
     @property
     def hardware_id(self) -> str | None:
@@ -187,19 +203,67 @@ class _EachScenario:
 
 
 class FixedSource(_EachScenario):
-    """One schedule for every scenario (baselines: ``serial/sm`` everywhere, ``shard/dma`` everywhere);
-    a scenario it cannot run gets ``serial/sm`` with the reason."""
+    """One schedule for every scenario (baselines: ``serial/sm`` everywhere, ``shard/dma`` everywhere), or a
+    token-range table string (``"0:serial/sm;2048:shard/dma"``: the entry of the scenario's ``m``,
+    ``features.ScheduleTable``); a scenario it cannot run gets ``serial/sm`` with the reason."""
 
     def __init__(self, schedule: Schedule | str) -> None:
-        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule.parse(schedule)
-        self.origin = f"fixed {self.schedule}"
+        self.table = ScheduleTable(schedules=(schedule,)) if isinstance(schedule, Schedule) else None
+        self.table = self.table or parse_schedule_table(schedule)
+        self.schedule = self.table.schedules[0] if len(self.table.schedules) == 1 else self.table
+        """The one schedule, or the table."""
+        self.origin = f"fixed {self.table}"
+        self.cache_key = self.origin
 
     def answer(self, scenario: Scenario, mode: Mode) -> Answer:
+        schedule = self.table.at(scenario.m)
         try:
-            self.schedule.check(scenario)
+            schedule.check(scenario)
         except ValueError as err:
             return _serial(str(err), self.origin)
-        return Answer(schedule=str(self.schedule), origin=self.origin)
+        return Answer(schedule=str(schedule), origin=self.origin)
+
+
+ScheduleFn = Callable[[str, int, int, int, str, int], "Schedule | str"]
+"""``(op, m, n, k, dtype, world_size) -> schedule``, ``features.Scenario`` conventions."""
+
+
+class FunctionSource(_EachScenario):
+    """Schedules from ``fn(op, m, n, k, dtype, world_size)`` (``features.Scenario`` conventions; it must be
+    deterministic: every rank asks it); a call that raises or answers no schedule gives ``serial/sm`` with
+    the reason."""
+
+    def __init__(self, fn: ScheduleFn) -> None:
+        self.fn = fn
+        self.origin = f"function {getattr(fn, '__qualname__', type(fn).__name__)}"
+        self.cache_key = _code_key(fn)
+
+    def answer(self, scenario: Scenario, mode: Mode) -> Answer:
+        s = scenario
+        try:
+            schedule = self.fn(s.op, s.m, s.n, s.k, s.dtype, s.world_size)
+            schedule = schedule if isinstance(schedule, Schedule) else Schedule.parse(schedule)
+        except Exception as err:  # a bad answer costs the overlap, not the step
+            return _serial(f"the schedule function failed: {type(err).__name__}: {err}", self.origin)
+        return Answer(schedule=str(schedule), origin=self.origin)
+
+
+def _code_key(fn: Callable) -> str | None:
+    """What a plain function's answers depend on: its name, code and constants; None for anything whose
+    answers may depend on state (a closure, a bound method, a callable object, global data it reads such as
+    a module-level table)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__closure__", None) or hasattr(fn, "__self__"):
+        return None
+    stateless = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+    if any(
+        not isinstance(fn.__globals__.get(name), stateless)
+        for name in code.co_names
+        if name in fn.__globals__
+    ):
+        return None
+    digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
+    return f"function {fn.__module__}.{fn.__qualname__} {digest}"
 
 
 class TableSource(_EachScenario):
@@ -283,6 +347,28 @@ class TableSource(_EachScenario):
         if self.on_missing is not None:
             return self.on_missing(scenario, mode)
         return _serial(f"{scenario.key()} ({mode}) is not in the table", self.origin)
+
+
+def local_source() -> tuple[PredictorSource | None, str]:
+    """The measured model of this machine's GPUs from the local registry (``training.registry``): the
+    built-in hardware of CUDA's device name and count (``features.hardware.hardware_of``), and its
+    description; ``(None, why)`` where there is none."""
+    import torch
+
+    from ficco.features.hardware import hardware_of
+    from ficco.training.registry import ModelLoadError
+
+    if not torch.cuda.is_available():
+        return None, "no CUDA GPU here"
+    name, count = torch.cuda.get_device_name(), torch.cuda.device_count()
+    profile = hardware_of(name, count)
+    if profile is None:
+        return None, f"{count} x {name} is no built-in hardware"
+    try:
+        source = PredictorSource.load(hardware_id=profile.id)
+    except ModelLoadError as err:
+        return None, str(err)
+    return source, f"{source.origin}, for {count} x {name}"
 
 
 def _serial(reason: str, origin: str) -> Answer:

@@ -1,77 +1,107 @@
 """Drop-ins for PyTorch's tensor-parallel styles that run ficco's overlapped ops: a plan written for
 ``torch.distributed.tensor.parallel.parallelize_module`` (torchtitan's Llama plan, ``apply_tp``) switches to
-ficco by changing its imports::
+ficco by changing its imports; schedules are given the way torchtitan swaps its float8 styles in::
 
     # from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
     from ficco.runtime.tp import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    ficco.runtime.tp.set_default_schedules(Planner(PredictorSource.load(hardware_id="h200x2")))
+    colwise = functools.partial(ColwiseParallel, schedules=planner)  # or none: this machine's model
     apply_tp(model, tp_mesh, ...)            # the plan itself is unchanged
-    ficco.runtime.tp.name_modules(model)     # optional: module paths in the planner's table
+    ficco.runtime.tp.name_modules(model)     # optional: module paths in the planner's table and the log
+
+**The rule.** For every plan, the outputs and every gradient are those of the same plan under PyTorch's
+styles (the same collectives' math, in another order: fp32 within 1e-5, bf16 within its rounding), and a
+parameter PyTorch keeps replicated gets the same gradient on every rank. Where ficco's ops cannot reproduce
+PyTorch's semantics, the module runs PyTorch's own style, and the log and the planner's table say so once
+per module and reason. A shape the tensor-parallel ranks cannot share evenly where the plan hands out
+local shards is a ``ValueError`` on every rank, before any collective.
 
 What each style runs (sequence parallel, ``Shard(1)`` on ``[batch, seq, hidden]``, as torchtitan lays out
-its activations):
+its activations; 2-D ``[tokens, hidden]`` with ``Shard(0)`` alike):
 
-- ``PrepareModuleInput`` with an input ``Shard(d) -> Replicate()`` (the gather in front of ``attention`` and
-  ``feed_forward``) gathers nothing itself: the module receives a stand-in of the gathered shape, and the
-  first of its ficco ``ColwiseParallel`` children to run issues ONE ``torch.ops.ficco.all_gather_matmul`` of
-  the shard against every such child's weight (q/k/v; w1/w3), which the others then take their output from.
-  A module with another consumer of that input (a linear layer of PyTorch's styles) gets PyTorch's gather.
+- ``PrepareModuleInput`` with an input ``Shard(d) -> Replicate()`` whose module has ficco
+  ``ColwiseParallel`` children (q/k/v; w1/w3): ONE ``torch.ops.ficco.all_gather_matmul`` of the shard against
+  every such child's weight, before the module runs. The module gets the real gathered input (a
+  ``Replicate()`` DTensor, or the local tensor with ``use_local_output=True``, as PyTorch's style gives it),
+  usable by anything; a child called with exactly that input takes its output from the op. A child that
+  gets something else (the module viewed, cast or normalised its input first) computes from what it got,
+  as PyTorch's child would; the op's output for it goes unused, the log says so once, and from the next
+  call on that child is left out of the op.
 - ``ColwiseParallel`` (``nn.Linear``): a ``Shard(d)`` input (torchtitan's ``output`` layer) runs
-  ``all_gather_matmul`` on its own; a replicated input, the local GEMM. Output ``Shard(-1)``, redistributed
-  to ``output_layouts`` as PyTorch's style does.
-- ``RowwiseParallel`` (``nn.Linear`` with ``output_layouts=Shard(d)``): ``matmul_reduce_scatter``.
-- Anything else (``nn.Embedding``, a rowwise output ``Replicate()``: an all-reduce) and ``SequenceParallel``:
-  PyTorch's own style, unchanged.
+  ``all_gather_matmul``; a replicated input, the local GEMM, whose input gradient is all-reduced in the
+  backward (Megatron's ``f``, what PyTorch's style does through DTensor). Output ``Shard(-1)``,
+  redistributed to ``output_layouts`` as PyTorch's style does.
+- ``RowwiseParallel`` (``nn.Linear`` with ``output_layouts=Shard(d)``): ``matmul_reduce_scatter``; a bias is
+  added to the scattered rows and its gradient all-reduced (PyTorch's replicated bias gradient).
+- PyTorch's own style: ``nn.Embedding``; a linear with a forward of its own (a subclass, a wrapper's
+  patch); a row-wise all-reduce (``output_layouts=Replicate()``); a mesh of more than one dimension; a group
+  outside ficco's 2 to 8 ranks; an uneven weight shard; a dtype ficco's ops do not run; an input or output
+  layout ficco's ops do not take (a DTensor input of another layout than the style's, a gather or scatter
+  of the features); and ``SequenceParallel`` (PyTorch's, re-exported).
 
 Parameters are sharded exactly as PyTorch's styles shard them (DTensors, same placements), so optimizers,
-checkpoints and FSDP see the same model. Schedules come from ``schedules=`` on each style, else the process
-default (:func:`set_default_schedules`): a ``runtime.Planner`` (a local model, a table, the service, a
-fixed schedule; asked once per shape, ranks agreeing), or a schedule or token-range table string
-(``executor.library``). With neither, the styles run ``serial/sm`` and say so once.
+checkpoints and FSDP see the same model. Schedules come from ``schedules=`` on the linear styles, in any
+form ``runtime.as_planner`` takes (a ``Planner``, a source, a schedule or token-range table string, a
+function; None: this machine's measured model, else ``serial/sm`` with one warning), decided once per shape
+over the style's mesh group.
 """
 
 from __future__ import annotations
 
 import logging
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import PrepareModuleInput as _TorchPrepareModuleInput
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 from torch.distributed.tensor.parallel import SequenceParallel
 
 from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
-from ficco.features import SERIAL
+from ficco.executor.checks import DTYPES
+from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from ficco.runtime.overlap import backward_follows, dtype_name, request_pair
-from ficco.runtime.planner import OpRequest, Planner
+from ficco.runtime.planner import OpRequest, Planner, Schedules, as_planner
 
 log = logging.getLogger(__name__)
 
-Schedules = Planner | str
-"""Where a style's schedules come from: a planner, or a schedule / token-range table string."""
 
-_default: list[Schedules | None] = [None]
+@dataclass(slots=True)
+class _Default:
+    """The deprecated process-wide schedule source (:func:`set_default_schedules`) and its generation."""
+
+    schedules: Schedules = None
+    generation: int = 0
 
 
-def set_default_schedules(schedules: Schedules | None) -> None:
-    """The schedule source of every ficco style built without ``schedules=`` (None: ``serial/sm``)."""
-    if schedules is not None and not isinstance(schedules, Planner | str):
-        raise ValueError(
-            "schedules must be a runtime.Planner or a schedule / token-range table string; got "
-            f"{type(schedules).__name__}"
-        )
-    _default[0] = schedules
+_default = _Default()
+
+
+def set_default_schedules(schedules: Schedules) -> None:
+    """Deprecated: the schedule source of every ficco style built without ``schedules=`` (None: this
+    machine's measured model). Pass ``schedules=`` instead, e.g. ``functools.partial(ColwiseParallel,
+    schedules=planner)`` in a plan."""
+    warnings.warn(
+        "ficco.runtime.tp.set_default_schedules is deprecated: pass schedules= to the styles, e.g. "
+        "functools.partial(ColwiseParallel, schedules=planner) in the plan",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if schedules is not None:
+        as_planner(schedules)  # a bad value is the caller's mistake: raised now
+    _default.schedules = schedules
+    _default.generation += 1
 
 
 def name_modules(model: nn.Module) -> None:
-    """Name every ficco-parallelized module under ``model`` by its path (the planner's ``layer`` column)."""
+    """Name every module under ``model`` that a ficco linear style parallelized by its path (the planner's
+    ``layer`` column and the log)."""
     for path, module in model.named_modules():
         state = getattr(module, "_ficco_tp", None)
         if state is not None:
@@ -80,38 +110,44 @@ def name_modules(model: nn.Module) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class _State:
-    """What a ficco-parallelized ``nn.Linear`` keeps: its style's arguments and its group."""
+    """What a module a ficco linear style parallelized keeps: its style, its group, its decisions."""
 
-    kind: str
-    """``colwise`` or ``rowwise``."""
+    style: _LinearStyle
+    """The style (PyTorch's arguments, ``schedules``), also what runs PyTorch's forward where ficco's
+    ops cannot."""
     mesh: DeviceMesh
-    """The tensor-parallel mesh (one dimension)."""
-    group_name: str
+    """The tensor-parallel mesh (one dimension where ficco's ops run)."""
+    name: str
+    """The module's path (``name_modules``), else its type: the planner's ``layer`` column."""
+    runs_ficco: bool = True
+    """False: the whole module runs PyTorch's style."""
+    group_name: str = ""
     """Its c10d group's name, as the ficco ops take it."""
-    world_size: int
-    input_layout: Placement
-    output_layout: Placement
-    use_local_output: bool
-    schedules: Schedules | None
-    """The style's schedule source; None: the process default."""
-    name: str = ""
-    """The module's path (``name_modules``), shown in the planner's table."""
+    world_size: int = 0
+    handoff: _HandOff | None = None
+    """While its parent's forward runs: the prepared input and the outputs of the op it was part of."""
+    said: set[str] = field(default_factory=set)
+    """The reasons for PyTorch's style already logged for this module."""
     requests: dict[tuple, tuple[OpRequest, OpRequest]] = field(default_factory=dict)
-    """(op, m, n, k, dtype) -> the op's request and its backward's (a planner's)."""
+    """(op, m, n, k, dtype) -> the op's request and its backward's."""
     prepared: set[tuple] = field(default_factory=set)
     """(request key, backward) pairs the planner has decided."""
+    _planner: tuple[int, Planner] | None = None
+    """(the default's generation, the planner) once resolved."""
+
+    def planner(self) -> Planner:
+        """The style's planner: ``runtime.as_planner`` of its ``schedules``, agreeing over its mesh."""
+        if self._planner is None or self._planner[0] != _default.generation:
+            given = self.style.schedules if self.style.schedules is not None else _default.schedules
+            self._planner = (_default.generation, as_planner(given, group=self.mesh.get_group()))
+        return self._planner[1]
 
     def schedule_strings(
         self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool
     ) -> tuple[str, str]:
         """The schedule strings of an op at this shape and, with ``backward``, of its backward's op (the
         other of the pair; "" without)."""
-        source = self.schedules if self.schedules is not None else _default[0]
-        if source is None:
-            _warn_serial_once()
-            return str(SERIAL), ""
-        if isinstance(source, str):
-            return source, ""
+        planner = self.planner()
         key = (op, m, n, k, dtype)
         pair = self.requests.get(key)
         if pair is None:
@@ -119,26 +155,26 @@ class _State:
                 op, m=m, n=n, k=k, dtype=dtype_name(dtype), world_size=self.world_size, layer=self.name
             )
         if (key, backward) not in self.prepared:  # decided in one batch once, a lookup afterwards
-            source.prepare(list(pair) if backward else pair[:1])
+            planner.prepare(list(pair) if backward else pair[:1])
             self.prepared.add((key, backward))
-        return str(source.schedule(pair[0])), str(source.schedule(pair[1])) if backward else ""
+        return str(planner.schedule(pair[0])), str(planner.schedule(pair[1])) if backward else ""
 
-
-_warned: list[bool] = [False]
-
-
-def _warn_serial_once() -> None:
-    if not _warned[0]:
-        _warned[0] = True
-        log.warning(
-            "ficco.runtime.tp: no schedule source (pass schedules= to the styles or call "
-            "set_default_schedules); every ficco op runs serial/sm"
+    def say(self, why: str, *, expected: bool = False) -> None:
+        """Log once per reason that this module runs PyTorch's style, and note it in the planner's table
+        (``expected``: a layer ficco has no op for, logged at info level; otherwise a warning)."""
+        if why in self.said:
+            return
+        self.said.add(why)
+        what = f"PyTorch's {type(self.style).__name__}: {why}"
+        log.log(
+            logging.INFO if expected else logging.WARNING, "ficco.runtime.tp: %s runs %s", self.name, what
         )
+        self.planner().note(self.name, "fwd", what)
 
 
 class _LinearStyle:
     """The ficco column and row styles' part: PyTorch's arguments plus ``schedules``, and ficco's forward on
-    the modules :meth:`_runs_ficco` accepts (PyTorch's style on the rest)."""
+    the modules whose plan its ops can run (PyTorch's style on the rest)."""
 
     _kind: str
     """``colwise`` or ``rowwise``."""
@@ -149,199 +185,422 @@ class _LinearStyle:
         input_layouts: Placement | None = None,
         output_layouts: Placement | None = None,
         use_local_output: bool = True,
-        schedules: Schedules | None = None,
+        schedules: Schedules = None,
     ) -> None:
         super().__init__(
             input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output
         )
+        if schedules is not None:
+            as_planner(schedules)  # a bad value is the caller's mistake: raised now
         self.schedules = schedules
 
-    def _runs_ficco(self, module: nn.Module) -> bool:
-        """Whether ``module`` gets ficco's forward (else PyTorch's style applies)."""
-        return isinstance(module, nn.Linear)
+    def _pytorchs(self, module: nn.Module, mesh: DeviceMesh) -> tuple[str, bool] | None:
+        """Why ``module`` runs PyTorch's style under this plan, and whether that is expected (no ficco op
+        exists for it); None when ficco's forward runs."""
+        if not isinstance(module, nn.Linear):
+            return f"no ficco op for {type(module).__name__}", True
+        if type(module).forward is not nn.Linear.forward or "forward" in vars(module):
+            return f"{type(module).__name__} has a forward of its own, which ficco's would replace", False
+        if mesh.ndim != 1:
+            return f"a {mesh.ndim}-D mesh; ficco's ops run on one group", False
+        if not MIN_WORLD_SIZE <= mesh.size() <= MAX_WORLD_SIZE:
+            return f"{mesh.size()} ranks; ficco's ops run on {MIN_WORLD_SIZE} to {MAX_WORLD_SIZE}", False
+        if module.weight.dtype not in DTYPES:
+            return f"{module.weight.dtype}; ficco's ops run {', '.join(map(str, DTYPES))}", False
+        dim = 0 if self._kind == "colwise" else 1
+        if module.weight.shape[dim] % mesh.size():
+            which = ("out_features", "in_features")[dim]
+            return f"{which}={module.weight.shape[dim]} does not divide by {mesh.size()} ranks", False
+        return None
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not self._runs_ficco(module):
-            return super()._apply(module, device_mesh)
+        why = self._pytorchs(module, device_mesh)
+        if why is not None:
+            super()._apply(module, device_mesh)
+            _attach_pytorchs(module, device_mesh, self, *why)
+            return module
+        if self._kind == "rowwise":
+            self.desired_input_layouts = (Shard(-1),)  # as PyTorch's style sets it for a Linear
         distribute_module(module, device_mesh, self._partition_linear_fn)
-        _attach(module, device_mesh, self._kind, self)
+        module._ficco_tp = _State(
+            style=self,
+            mesh=device_mesh,
+            name=type(module).__name__,
+            group_name=device_mesh.get_group().group_name,
+            world_size=device_mesh.size(),
+        )
+        forward = _colwise_forward if self._kind == "colwise" else _rowwise_forward
+        module.forward = types.MethodType(forward, module)
         return module
 
 
 class ColwiseParallel(_LinearStyle, _TorchColwise):
     """PyTorch's ``ColwiseParallel`` (same arguments) running ficco's all-gather -> GEMM; ``schedules``:
-    where its schedules come from (module docstring)."""
+    where its schedules come from (``runtime.as_planner``'s forms; None: this machine's measured model)."""
 
     _kind = "colwise"
 
 
 class RowwiseParallel(_LinearStyle, _TorchRowwise):
     """PyTorch's ``RowwiseParallel`` (same arguments) running ficco's GEMM -> reduce-scatter when its output
-    is ``Shard(d)``; ``schedules``: where its schedules come from (module docstring)."""
+    is ``Shard(d)``; ``schedules``: where its schedules come from (``runtime.as_planner``'s forms)."""
 
     _kind = "rowwise"
 
-    def _runs_ficco(self, module: nn.Module) -> bool:
-        # otherwise an embedding, or an all-reduce: PyTorch's
-        return isinstance(module, nn.Linear) and isinstance(self.output_layouts[0], Shard)
+    def _pytorchs(self, module: nn.Module, mesh: DeviceMesh) -> tuple[str, bool] | None:
+        if isinstance(module, nn.Linear) and not isinstance(self.output_layouts[0], Shard):
+            return f"output_layouts={self.output_layouts[0]!r} (an all-reduce; ficco has no op for it)", True
+        if isinstance(module, nn.Linear) and not isinstance(self.input_layouts[0], Shard):
+            return f"input_layouts={self.input_layouts[0]!r}; ficco's op takes Shard(-1)", False
+        return super()._pytorchs(module, mesh)
 
 
-class PrepareModuleInput(_TorchPrepareModuleInput):
-    """PyTorch's ``PrepareModuleInput`` (same arguments) whose ``Shard(d) -> Replicate()`` inputs feed the
-    module's ficco ``ColwiseParallel`` children as one ``all_gather_matmul`` (module docstring)."""
+def _attach_pytorchs(module: nn.Module, mesh: DeviceMesh, style: _LinearStyle, why: str, expected: bool):
+    """Mark a module that runs PyTorch's style: on its first call the log and the planner's table say why;
+    where it hands out local shards of its output, every call first checks that they are even."""
+    state = module._ficco_tp = _State(style=style, mesh=mesh, name=type(module).__name__, runs_ficco=False)
+    checks = _splits_output(style)
+    handle = None
 
-    def _prepare_input_arg(self, input, mesh, input_layout, desired_layout):
-        if not (
-            isinstance(input_layout, Shard)
-            and isinstance(desired_layout, Replicate)
-            and not self.use_local_output
-            and isinstance(input, torch.Tensor)
-            and self._fused is not None
-        ):
-            return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
-        shard = input.to_local() if isinstance(input, DTensor) else input
-        dim = input_layout.dim % shard.dim()
-        full = list(shard.shape)
-        full[dim] *= mesh.size()
-        # a stand-in of the gathered shape (no memory): the module reads its shape and hands it to its
-        # column-parallel children, which find the shard through it
-        stand_in = shard.new_zeros(()).expand(full)
-        stand_in._ficco_gather = _Gather(shard=shard, dim=dim, consumers=self._fused)
-        return stand_in
+    def first_and_checks(mod: nn.Module, args: tuple) -> None:
+        state.say(why, expected=expected)
+        if checks and args:
+            _check_even_output(mod, state, args[0])
+        elif handle is not None:
+            handle.remove()
 
-    _fused: list[nn.Module] | None = None
-    """The consumers of the module being called (set by the pre-hook that runs before PyTorch's)."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module.register_forward_pre_hook(self._select_consumers, prepend=True)
-        return super()._apply(module, device_mesh)
-
-    def _select_consumers(self, module: nn.Module, _inputs) -> None:
-        if not hasattr(module, "_ficco_consumers"):
-            module._ficco_consumers = _consumers(module)
-        self._fused = module._ficco_consumers
+    handle = module.register_forward_pre_hook(first_and_checks, prepend=True)
 
 
-def _consumers(module: nn.Module) -> list[nn.Module] | None:
-    """The children a prepared module's gathered input feeds as one op (its ficco column-parallel linears),
-    or None where a linear child of PyTorch's styles could read that input too."""
-    linears = [c for c in module.children() if isinstance(c, nn.Linear)]
-    ficco = [c for c in linears if getattr(c, "_ficco_tp", None) is not None]
-    fused = [c for c in ficco if c._ficco_tp.kind == "colwise"]
-    torch_styles = [c for c in linears if c not in ficco and isinstance(c.weight, DTensor)]
-    if fused and torch_styles:
-        log.warning(
-            "ficco.runtime.tp.PrepareModuleInput on %s: linear children of PyTorch's styles read its "
-            "input too, so it is gathered as PyTorch gathers it",
-            type(module).__name__,
-        )
-        return None
-    return fused or None
-
-
-@dataclass(kw_only=True, slots=True)
-class _Gather:
-    """One gathered input's shard and, once the first consumer ran, every consumer's output."""
-
-    shard: torch.Tensor
-    dim: int
-    consumers: list[nn.Module]
-    outputs: dict[int, torch.Tensor] | None = None
-
-
-def _attach(module: nn.Module, mesh: DeviceMesh, kind: str, style: _LinearStyle) -> None:
-    module._ficco_tp = _State(
-        kind=kind,
-        mesh=mesh,
-        group_name=mesh.get_group().group_name,
-        world_size=mesh.size(),
-        input_layout=style.input_layouts[0],
-        output_layout=style.output_layouts[0],
-        use_local_output=style.use_local_output,
-        schedules=style.schedules,
-        name=type(module).__name__,
-    )
-    forward = _colwise_forward if kind == "colwise" else _rowwise_forward
-    module.forward = types.MethodType(forward, module)
+# ficco's forwards -------------------------------------------------------------------------------------------
 
 
 def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     state: _State = self._ficco_tp
-    gather = getattr(x, "_ficco_gather", None)
-    if gather is not None and self in gather.consumers:
-        if gather.outputs is None:
-            gather.outputs = _fused_all_gather_matmul(gather)
-        y = gather.outputs[id(self)]
-    else:
-        layout = x.placements[0] if isinstance(x, DTensor) else state.input_layout
+    handoff = state.handoff
+    if handoff is not None and x is handoff.input:
+        y = handoff.outputs.pop(id(self), None)
+        if y is not None:  # computed by the prepared input's op
+            return _colwise_output(self, state, y)
+    layout = _layout_of(x, state)
+    if isinstance(layout, Shard):  # sequence-parallel input: gathered by the op itself
+        dim = layout.dim % x.dim()
+        if dim == x.dim() - 1:
+            return _pytorchs_forward(self, x, f"its input is Shard({layout.dim}), its features")
+        if isinstance(x, DTensor) and x.shape[dim] % state.world_size:
+            return _pytorchs_forward(self, x, f"an uneven input (dim {dim} of size {x.shape[dim]})")
+        _check_even_output(self, state, x)
         local = x.to_local() if isinstance(x, DTensor) else x
         weight = self.weight.to_local()
-        if isinstance(layout, Shard):  # sequence-parallel input: gathered by the op itself
-            dim = layout.dim % local.dim()
-            m = local.numel() // local.shape[-1] * state.world_size
-            backward = backward_follows(local, weight)
-            fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
-            _, (y,) = torch.ops.ficco.all_gather_matmul(
-                local, [weight.t()], dim, state.group_name, fwd, False, bwd
-            )
-        else:
-            y = F.linear(local, weight)
+        m = local.numel() // local.shape[-1] * state.world_size
+        backward = backward_follows(local, weight)
+        fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
+        _, (y,) = torch.ops.ficco.all_gather_matmul(
+            local, [weight.t()], dim, state.group_name, fwd, False, bwd
+        )
+        return _colwise_output(self, state, y)
+    if isinstance(layout, Replicate):  # every rank holds the input: the local GEMM under Megatron's f
+        _check_even_output(self, state, x)
+        y = F.linear(_replicated(x, state), self.weight.to_local())
+        return _colwise_output(self, state, y)
+    why = f"its input is laid out as {layout!r}"
+    if layout is None:
+        why = "its input is a DTensor of another layout than input_layouts"
+    return _pytorchs_forward(self, x, why)
+
+
+def _colwise_output(self: nn.Linear, state: _State, y: torch.Tensor) -> torch.Tensor:
+    """A column-parallel layer's local output ``y`` (every row, this rank's columns) with its bias shard (a
+    complete gradient: every row is here) as the style's output."""
     if self.bias is not None:
         y = y + self.bias.to_local()
     return _output(state, y, Shard(-1))
 
 
-def _fused_all_gather_matmul(gather: _Gather) -> dict[int, torch.Tensor]:
-    """Every consumer's output of one gathered input: one op over all their weights (the first consumer's
-    schedules)."""
-    state: _State = gather.consumers[0]._ficco_tp
-    weights = [c.weight.to_local().t() for c in gather.consumers]  # [k, n_i]
-    shard = gather.shard
-    m = shard.numel() // shard.shape[-1] * state.world_size
-    n = sum(w.shape[1] for w in weights)
-    keep = backward_follows(shard, *weights)
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, keep)
-    _, outs = torch.ops.ficco.all_gather_matmul(shard, weights, gather.dim, state.group_name, fwd, keep, bwd)
-    return {id(c): y for c, y in zip(gather.consumers, outs, strict=True)}
-
-
 def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     state: _State = self._ficco_tp
+    layout = _layout_of(x, state)
+    out: Shard = state.style.output_layouts[0]
+    if layout is None or not _same(layout, Shard(-1), x.dim()):
+        return _pytorchs_forward(self, x, "its input is a DTensor of another layout than input_layouts")
+    dim = out.dim % x.dim()
+    if dim == x.dim() - 1:
+        return _pytorchs_forward(self, x, f"output_layouts=Shard({out.dim}) scatters its features")
+    if x.shape[dim] % state.world_size:
+        _check_even_output(self, state, x)  # raises where the output is handed out as local shards
+        return _pytorchs_forward(self, x, f"an uneven output (dim {dim} of size {x.shape[dim]})")
     local = x.to_local() if isinstance(x, DTensor) else x
     weight = self.weight.to_local()  # [out, in/w]
-    dim = state.output_layout.dim % local.dim()
     m = local.numel() // local.shape[-1]
     backward = backward_follows(local, weight)
     fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, local.dtype, backward)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
-    if self.bias is not None:
-        y = y + self.bias.to_local()
+    if self.bias is not None:  # on this rank's rows: its gradient is a partial sum, all-reduced as PyTorch's
+        y = y + _replicated(self.bias.to_local(), state)
     return _output(state, y, Shard(dim))
+
+
+def _pytorchs_forward(self: nn.Linear, x: torch.Tensor, why: str) -> torch.Tensor:
+    """This call as PyTorch's style runs it (the module's parameters are PyTorch's DTensors already), said
+    once per reason."""
+    state: _State = self._ficco_tp
+    state.say(why)
+    style, mesh = state.style, state.mesh
+    dt = style._prepare_input_fn(style.input_layouts, style.desired_input_layouts, self, (x,), mesh)
+    y = F.linear(dt, self.weight, self.bias)
+    return style._prepare_output_fn(style.output_layouts, style.use_local_output, self, y, mesh)
+
+
+def _layout_of(x: torch.Tensor, state: _State) -> Placement | None:
+    """The layout ``x`` arrives in: the style's ``input_layouts`` for a plain tensor (PyTorch's styles
+    assume it too), a DTensor's own placement where it is that layout; None for a DTensor of another one
+    (PyTorch's style then runs, whatever it makes of it)."""
+    expected = state.style.input_layouts[0]
+    if not isinstance(x, DTensor):
+        return expected
+    (placement,) = x.placements if len(x.placements) == 1 else (None,)
+    return placement if placement is not None and _same(placement, expected, x.dim()) else None
+
+
+def _replicated(x: torch.Tensor, state: _State) -> torch.Tensor:
+    """The local tensor of a replicated ``x`` (plain or a ``Replicate()`` DTensor) whose gradient, a partial
+    sum on each rank, is all-reduced in the backward (Megatron's ``f``: identity forward): PyTorch's own
+    ``to_local(grad_placements=[Partial()])``. Without a backward to come, ``x``'s local tensor as is."""
+    if not isinstance(x, DTensor):
+        if not backward_follows(x):
+            return x
+        x = DTensor.from_local(x, state.mesh, [Replicate()], run_check=False)
+    return x.to_local(grad_placements=[Partial()])
 
 
 def _output(state: _State, y: torch.Tensor, layout: Placement) -> torch.Tensor:
     """``y`` (this rank's part, laid out as ``layout``) as the style's ``output_layouts`` and
     ``use_local_output`` say, as PyTorch's styles return it."""
-    out_layout = state.output_layout
-    if _same_layout(layout, out_layout, y.dim()) and state.use_local_output:
+    style = state.style
+    out_layout = style.output_layouts[0]
+    same = _same(layout, out_layout, y.dim())
+    if same and style.use_local_output:
         return y
     dt = DTensor.from_local(y, state.mesh, [layout], run_check=False)
-    if not _same_layout(layout, out_layout, y.dim()):
+    if not same:
         dt = dt.redistribute(placements=[out_layout])
-    return dt.to_local() if state.use_local_output else dt
+    return dt.to_local() if style.use_local_output else dt
 
 
-def _same_layout(a: Placement, b: Placement, ndim: int) -> bool:
+def _same(a: Placement, b: Placement, ndim: int) -> bool:
     if isinstance(a, Shard) and isinstance(b, Shard):
         return a.dim % ndim == b.dim % ndim
     return a == b
+
+
+# Even shards ------------------------------------------------------------------------------------------------
+
+
+def _splits_output(style: _LinearStyle) -> bool:
+    """Whether the style hands out local shards of its output's rows (``Shard(d)``, ``use_local_output``):
+    uneven ones cannot be put together again (``DTensor.from_local`` assumes even shards)."""
+    return style.use_local_output and isinstance(style.output_layouts[0], Shard)
+
+
+def _check_even_output(module: nn.Module, state: _State, x: torch.Tensor) -> None:
+    """ValueError, on every rank alike and before any collective, when the style would hand out uneven local
+    shards of the output of ``module`` (``nn.Linear``, ``nn.Embedding``) called on ``x``."""
+    if not _splits_output(state.style) or not isinstance(x, torch.Tensor):
+        return
+    embedding = isinstance(module, nn.Embedding)  # [..., ] -> [..., dim]; a linear keeps x's dims
+    dim = state.style.output_layouts[0].dim % (x.dim() + embedding)
+    if dim >= x.dim() - (not embedding):  # the output's features: the weight's shard, even
+        return
+    layout = _layout_of(x, state)
+    plain_shard = not isinstance(x, DTensor) and isinstance(layout, Shard) and layout.dim % x.dim() == dim
+    size = x.shape[dim] * (state.mesh.size() if plain_shard else 1)
+    if size % state.mesh.size():
+        raise _uneven(f"the output of {state.name}", f"output_layouts=Shard({dim})", dim, size, state.mesh)
+
+
+def _uneven(what: str, how: str, dim: int, size: int, mesh: DeviceMesh) -> ValueError:
+    w = mesh.size()
+    return ValueError(
+        f"ficco.runtime.tp: {what} ({how}) would split dim {dim} of size {size} over the {w} ranks of the "
+        f"tensor-parallel mesh, which do not divide it: the ranks' local shards would differ in size, and "
+        f"the plan's next layers cannot put them together (DTensor.from_local assumes even shards). Make "
+        f"dim {dim} a multiple of {w} (pad the sequence or the batch)."
+    )
+
+
+# The prepared input ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _HandOff:
+    """What a prepared module received, and the outputs the op made for its column-parallel children."""
+
+    input: torch.Tensor
+    outputs: dict[int, torch.Tensor]
+    """id(child) -> its output, until the child takes it."""
+    consumers: list[nn.Module]
+
+
+class PrepareModuleInput(_TorchPrepareModuleInput):
+    """PyTorch's ``PrepareModuleInput`` (same arguments) whose ``Shard(d) -> Replicate()`` input feeds the
+    module's ficco ``ColwiseParallel`` children as one ``all_gather_matmul`` (module docstring)."""
+
+    _module: nn.Module | None = None
+    """The module whose inputs PyTorch's pre-hook is preparing (set by the pre-hook that runs before it),
+    until one of them became its hand-off."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_pre_hook(self._enter, prepend=True)
+        module.register_forward_hook(_leave, always_call=True)
+        return super()._apply(module, device_mesh)
+
+    def _enter(self, module: nn.Module, _args) -> None:
+        self._module = module
+
+    def _prepare_input_arg(self, input, mesh, input_layout, desired_layout):
+        if isinstance(desired_layout, Shard) and self.use_local_output and isinstance(input, torch.Tensor):
+            _check_even_input(self._module, input, mesh, input_layout, desired_layout)
+        consumers = self._consumers_of(input, mesh, input_layout, desired_layout)
+        if not consumers:
+            return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
+        module, self._module = self._module, None
+        return _hand_off(module, consumers, input, mesh, input_layout.dim, self.use_local_output)
+
+    def _consumers_of(self, input, mesh, input_layout, desired_layout) -> list[nn.Module]:
+        """The children of the module being called that one op over ``input`` feeds; none where the input
+        is not a row shard to replicate over a group ficco runs, or the module has no such child."""
+        if (
+            self._module is None
+            or not (isinstance(input_layout, Shard) and isinstance(desired_layout, Replicate))
+            or not isinstance(input, torch.Tensor)
+            or input.dim() < 2
+            or input_layout.dim % input.dim() == input.dim() - 1
+        ):
+            return []
+        if isinstance(input, DTensor) and not (
+            input.placements == (input_layout,) and input.shape[input_layout.dim] % mesh.size() == 0
+        ):
+            return []
+        group = mesh.get_group().group_name if mesh.ndim == 1 else None
+        consumers = getattr(self._module, "_ficco_consumers", None)
+        if consumers is None:
+            consumers = self._module._ficco_consumers = _consumers(self._module)
+        return [c for c in consumers if c._ficco_tp.group_name == group and c.weight.dtype == input.dtype]
+
+
+def _consumers(module: nn.Module) -> list[nn.Module]:
+    """The children a prepared module's gathered input may feed as one op: its linears under ficco's
+    ``ColwiseParallel`` that take a replicated input."""
+    out = []
+    for child in module.children():
+        state = getattr(child, "_ficco_tp", None)
+        colwise = state is not None and state.runs_ficco and isinstance(state.style, ColwiseParallel)
+        if colwise and isinstance(state.style.input_layouts[0], Replicate):
+            out.append(child)
+    return out
+
+
+def _hand_off(
+    module: nn.Module,
+    consumers: list[nn.Module],
+    input: torch.Tensor,
+    mesh: DeviceMesh,
+    dim: int,
+    local: bool,
+) -> torch.Tensor:
+    """The gathered ``input`` the module receives, and every consumer's output, from one
+    ``all_gather_matmul`` (the first consumer's schedules); ``local``: the local tensor (``use_local_output``)
+    rather than a ``Replicate()`` DTensor."""
+    shard = input.to_local() if isinstance(input, DTensor) else input
+    dim %= shard.dim()
+    state: _State = consumers[0]._ficco_tp
+    weights = [c.weight.to_local().t() for c in consumers]  # [k, n_i]
+    m = shard.numel() // shard.shape[-1] * state.world_size
+    n = sum(w.shape[1] for w in weights)
+    backward = backward_follows(shard, *weights)
+    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
+    gathered, outs = torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, True, bwd)
+    # contiguous as PyTorch's gather returns it (a view across batch and sequence must work): one copy where
+    # the op's rank-major rows put the batch inside (dim > 0 with more than one sequence), as PyTorch's
+    # all-gather along that dim copies too
+    gathered = gathered.detach().contiguous()
+    handed = _GatheredInput.apply(shard, dim, mesh.get_local_rank(), None if local else mesh, (gathered,))
+    record = _HandOff(
+        input=handed, outputs={id(c): y for c, y in zip(consumers, outs, strict=True)}, consumers=consumers
+    )
+    module._ficco_handoff = record
+    for c in consumers:
+        c._ficco_tp.handoff = record
+    return handed
+
+
+class _GatheredInput(torch.autograd.Function):
+    """The gathered input a prepared module receives (computed by the op, handed in a tuple), as a
+    function of this rank's shard: a ``Replicate()`` DTensor on ``mesh``, or with ``mesh`` None the local
+    tensor. Its gradient gives the shard's as PyTorch's ``Shard(d) -> Replicate()`` gather does in its
+    backward: a DTensor's redistributed to ``Shard(dim)`` (a partial sum reduce-scattered, a replicated one
+    sliced), a local tensor's (complete on every rank, as a replicated tensor's is) sliced to this rank's
+    rows."""
+
+    @staticmethod
+    def forward(ctx, shard, dim, rank, mesh, gathered):
+        (gathered,) = gathered
+        ctx.dim, ctx.mesh, ctx.start, ctx.size = dim, mesh, rank * shard.shape[dim], shard.shape[dim]
+        if mesh is None:
+            return gathered
+        return DTensor.from_local(
+            gathered, mesh, [Replicate()], run_check=False, shape=gathered.shape, stride=gathered.stride()
+        )
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, DTensor):
+            shard = grad.redistribute(ctx.mesh, [Shard(ctx.dim)]).to_local()
+        else:
+            shard = grad.narrow(ctx.dim, ctx.start, ctx.size)
+        return shard, None, None, None, None
+
+
+def _leave(module: nn.Module, _args, _output) -> None:
+    """After a prepared module ran: the children that did not take the op's output for them (they got
+    another input) are left out of the op from now on, and the log says so once."""
+    record: _HandOff | None = getattr(module, "_ficco_handoff", None)
+    if record is None:
+        return
+    module._ficco_handoff = None
+    for c in record.consumers:
+        c._ficco_tp.handoff = None
+    missed = [c for c in record.consumers if id(c) in record.outputs]
+    if missed:
+        module._ficco_consumers = [c for c in module._ficco_consumers if c not in missed]
+        child_names = {id(c): name for name, c in module.named_children()}
+        names = ", ".join(child_names[id(c)] for c in missed)
+        log.warning(
+            "ficco.runtime.tp.PrepareModuleInput on %s: %s did not get the prepared input as it was (the "
+            "module viewed, cast or normalised it first); they compute from what they get, as PyTorch's "
+            "styles do, and are left out of the gathered op from now on",
+            type(module).__name__,
+            names,
+        )
+
+
+def _check_even_input(
+    module: nn.Module | None, x: torch.Tensor, mesh: DeviceMesh, layout: Placement | None, desired: Shard
+) -> None:
+    """ValueError before any collective when a prepared input handed out as local shards would be uneven."""
+    if layout is None or (isinstance(layout, Shard) and _same(layout, desired, x.dim())):
+        return
+    dim = desired.dim % x.dim()
+    size = x.shape[dim] if isinstance(x, DTensor) or not isinstance(layout, Shard) else None
+    if size is not None and size % mesh.size():
+        what = f"the input of {type(module).__name__ if module is not None else 'a prepared module'}"
+        raise _uneven(what, f"desired_input_layouts=Shard({desired.dim})", dim, size, mesh)
 
 
 __all__ = [
     "ColwiseParallel",
     "PrepareModuleInput",
     "RowwiseParallel",
-    "Schedules",
     "SequenceParallel",
     "name_modules",
     "set_default_schedules",

@@ -68,6 +68,18 @@ def test_layers_gradients_and_graphs_match_serial():
 
 
 @pytest.mark.timeout(600)
+def test_tp_styles_give_pytorchs_outputs_and_gradients():
+    """``ficco.runtime.tp``'s styles against PyTorch's on 2 GPUs (NCCL, the copy engines), every gradient:
+    a biased row-parallel layer (GPT-2 under sequence parallelism), plain tensor-parallel blocks (GPT-2,
+    Llama), Llama, Gemma, a fused gate/up MLP, an MLP that views its input, an uneven projection; fp32 and
+    bf16; schedules of both executors (``tests/runtime/gpu_tp_check.py``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = _run([*cmd, "tests/runtime/gpu_tp_check.py"], timeout=580)
+    fails = [line for line in proc.stdout.splitlines() if " FAIL " in line]
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, "\n".join(fails) or proc.stderr[-4000:]
+
+
+@pytest.mark.timeout(600)
 def test_harness_smoke_sweep(tmp_path):
     """``ficco bench --backend gpu`` runs a small sweep end to end (one model family, 8 scenarios)."""
     configs = tmp_path / "configs"

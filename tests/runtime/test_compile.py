@@ -118,7 +118,7 @@ def test_a_matmul_between_a_gather_and_a_scatter_goes_to_the_gather(world):
 
 def test_a_gathered_weight_operand_is_not_a_site(world):
     """A backward's weight gradient multiplies by the gathered input (``grad^T @ A``): not an input
-    gathered for a matmul, so neither rewritten nor reported, and no warning."""
+    gathered for a matmul, so not rewritten, listed as beside no matmul, and no warning."""
 
     def fn(x, grad):
         return grad.t() @ all_gather(x, 0, world)
@@ -129,7 +129,99 @@ def test_a_gathered_weight_operand_is_not_a_site(world):
         warnings.simplefilter("error")
         ficco_pass(gm.graph)
     assert FICCO_AG not in _targets(gm)
-    assert not ficco_pass.report.rewritten and not ficco_pass.report.left
+    assert not ficco_pass.report.rewritten
+    assert [(x.op, x.reason) for x in ficco_pass.report.left] == [("all_gather", "no matmul")]
+
+
+def _sum_of_matmuls(group: str):
+    """A column-parallel input gradient whose two weights share the input (gate/up): a sum of two matmuls'
+    outputs, reduce-scattered along the sequence."""
+
+    def fn(g1, g2, w1, w3):
+        return reduce_scatter(g1 @ w1 + g2 @ w3, "sum", 1, group)
+
+    return fn, (torch.randn(2, 8, 12), torch.randn(2, 8, 12), torch.randn(12, 16), torch.randn(12, 16))
+
+
+def test_a_reduce_scatter_of_summed_matmuls_becomes_one_op_over_their_concatenated_operands(world):
+    fn, args = _sum_of_matmuls(world)
+    gm = _trace(fn, *args)
+    ficco_pass = FiccoPass("finer/sm/s2/chunk")
+    ficco_pass(gm.graph)
+    targets = _targets(gm)
+    assert targets.count(FICCO_RS) == 1 and torch.ops.aten.mm.default not in targets
+    assert (
+        not [t for t in targets if any(c in str(t) for c in C10D)]
+        and torch.ops.aten.add.Tensor not in targets
+    )
+    rs = next(n for n in gm.graph.nodes if n.target is FICCO_RS)
+    assert [a.target for a in rs.args[:2]] == [torch.ops.aten.cat.default] * 2 and rs.args[3] == 1
+    (row,) = ficco_pass.report.rewritten
+    assert (row.op, row.found, row.m, row.n, row.k) == ("gemm_rs", "sum of matmuls", 16, (16,), 24)
+    assert not ficco_pass.report.left
+
+
+def test_a_sum_whose_part_is_read_elsewhere_is_left(world):
+    def fn(g1, g2, w1, w3):
+        part = g1 @ w1
+        return reduce_scatter(part + g2 @ w3, "sum", 1, world), part.sum()
+
+    _, args = _sum_of_matmuls(world)
+    gm = _trace(fn, *args)
+    ficco_pass = FiccoPass("shard/dma")
+    with pytest.warns(RuntimeWarning, match="none was rewritten: shared output"):
+        ficco_pass(gm.graph)
+    assert [x.reason for x in ficco_pass.report.left] == ["shared output"] and FICCO_RS not in _targets(gm)
+
+
+def test_every_collective_is_in_the_report(world):
+    """An all-reduce (tensor parallelism without sequence parallelism) is left with a warning when nothing
+    else was rewritten; a collective beside no matmul is listed without one; a rewritten graph warns of
+    nothing."""
+
+    def plain_tp(x, w):
+        return funcol.all_reduce(x @ w, "sum", world)
+
+    gm = _trace(plain_tp, torch.randn(8, 16), torch.randn(16, 12))
+    ficco_pass = FiccoPass("shard/dma")
+    with pytest.warns(RuntimeWarning, match="none was rewritten: all-reduce"):
+        ficco_pass(gm.graph)
+    assert [(x.op, x.reason) for x in ficco_pass.report.left] == [("all_reduce", "all-reduce")]
+
+    def embedding_like(x, table):
+        return reduce_scatter(table[x], "sum", 0, world), all_gather(table, 0, world).sum()
+
+    gm = _trace(embedding_like, torch.randint(0, 8, (16,)), torch.randn(8, 4))
+    ficco_pass = FiccoPass("shard/dma")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ficco_pass(gm.graph)
+    assert sorted((x.op, x.reason) for x in ficco_pass.report.left) == [
+        ("all_gather", "no matmul"),
+        ("reduce_scatter", "no matmul"),
+    ]
+
+
+def test_enable_without_a_source_runs_this_machines_model_or_serial(monkeypatch, caplog):
+    import logging
+
+    from ficco.runtime import planner as planner_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(planner_module, "_planners", {})
+    monkeypatch.setattr(planner_module, "_warned_serial", [])
+    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"):
+        report = ficco_compile.enable()
+        ficco_compile.enable()
+    try:
+        from torch._inductor import config
+
+        (installed,) = [p for p in ficco_compile._installed() if isinstance(p, FiccoPass)]
+        assert installed.report is not report and config.post_grad_custom_post_pass is installed
+        assert installed.planner.source.origin == "fixed serial/sm" and installed.uuid() is not None
+    finally:
+        ficco_compile.disable()
+    assert caplog.text.count("no measured model for this machine (no CUDA GPU here)") == 1
 
 
 def _bias(group):
@@ -310,11 +402,24 @@ def test_the_graph_cache_keys_on_what_decides_the_schedules():
     assert None not in keys.values() and len(set(keys.values())) == 2
     assert FiccoPass(plain).uuid() is not None
     assert FiccoPass("shard/dma", token_points=(64, 128)).uuid() != keys["shard/dma"]
-    # answers that may depend on state, or a collective decision: the cache is bypassed
+    # a fixed schedule decides alike on every rank without agreeing, behind a planner or not
+    assert FiccoPass(Planner(FixedSource("shard/dma"))).uuid() == FiccoPass(FixedSource("shard/dma")).uuid()
+    assert FiccoPass("0:serial/sm;64:shard/dma").uuid() not in (None, keys["shard/dma"])
+    # answers that may depend on state, or a collective decision (a model): the cache is bypassed
     assert FiccoPass(closure).uuid() is None
     assert FiccoPass(reads_a_table).uuid() is None
-    assert FiccoPass(Planner(FixedSource("shard/dma"))).uuid() is None
-    assert FiccoPass(FixedSource("shard/dma")).uuid() is None
+    assert FiccoPass(Planner(_ModelLike())).uuid() is None
+
+
+class _ModelLike:
+    """A source asked by rank 0 and agreed on (as a measured model or the service is)."""
+
+    origin = "model-like"
+
+    def recommend(self, scenarios, mode):
+        from ficco.runtime import Answer
+
+        return [Answer(schedule="shard/dma") for _ in scenarios]
 
 
 def test_a_graph_from_the_cache_was_rewritten_with_the_same_schedules(world, tmp_path, monkeypatch):
@@ -394,8 +499,14 @@ def _compiled_world(rank: int, world_size: int) -> dict:
     def pick(scenario, mode) -> Answer:  # a schedule of each family, by op
         return Answer(schedule="shard/dma" if scenario.op == "ag_gemm" else "finer/sm/s2/chunk")
 
-    out = {}
+    out = {"collectives": []}
+
+    def count_collectives(graph: torch.fx.Graph) -> None:  # installed before ficco's pass: sees it all
+        targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+        out["collectives"].append(sum("c10d_functional" in t and "wait_tensor" not in t for t in targets))
+
     planner = Planner(TableSource({}, on_missing=pick), hardware=f"h200x{world_size}")
+    config.post_grad_custom_post_pass = count_collectives
     report = ficco_compile.enable(planner)
     try:
         eager = model(tokens)
@@ -414,6 +525,7 @@ def _compiled_world(rank: int, world_size: int) -> dict:
         out["llama_table"] = report.table()
     finally:
         ficco_compile.disable()
+        config.post_grad_custom_post_pass = None
 
     # dynamic token count: a table baked into the op, its entry picked per call
     library.clear_run_report()
@@ -452,7 +564,17 @@ def test_compiled_llama_equals_eager_with_every_tp_matmul_rewritten(compiled):
         assert rank["out_error"] < 1e-5
         assert max(rank["grad_errors"].values()) < 1e-5, rank["grad_errors"]
         report = rank["llama"]
-        assert not report.left and report.graphs == 2
+        assert report.graphs == 2
+        # every collective the graphs held is in the report, rewritten or left (the embedding's scatter and
+        # its gradient's gather, beside no matmul; the logits' gather, a matmul's output)
+        assert rank["collectives"] == [
+            sum(x.graph == g for x in report.rewritten + report.left) for g in range(report.graphs)
+        ]
+        assert sorted((x.direction, x.op, x.layers, x.reason) for x in report.left) == [
+            ("bwd-input", "all_gather", ("tok_embeddings",), "no matmul"),
+            ("fwd", "all_gather", ("output",), "no ficco op"),
+            ("fwd", "reduce_scatter", ("tok_embeddings",), "no matmul"),
+        ]
         fwd = [r for r in report.rewritten if r.direction == "fwd"]
         bwd = [r for r in report.rewritten if r.direction == "bwd-input"]
         # per layer: q/k/v sharing one gather, wo, w1/w3 sharing one, w2; and the output projection
@@ -466,8 +588,15 @@ def test_compiled_llama_equals_eager_with_every_tp_matmul_rewritten(compiled):
         assert len(fwd) == 4 * LLAMA_LAYERS + 1 and ("ag_gemm", ("output",)) in {
             (r.op, r.layers) for r in fwd
         }
-        # backward: the row-parallel layers' input gradients gather, the output projection's scatters
-        assert len(bwd) == LLAMA_LAYERS * 2 + 1
+        # backward: the row-parallel layers' input gradients gather, the column-parallel ones' scatter (q/k/v
+        # and w1/w3 each one op over their summed matmuls), the output projection's scatters
+        assert len(bwd) == LLAMA_LAYERS * 4 + 1
+        summed = {frozenset(r.layers) for r in bwd if r.found == "sum of matmuls"}
+        assert summed == {
+            frozenset(f"layers.{i}.{module}.{n}" for n in names)
+            for i in range(LLAMA_LAYERS)
+            for module, names in (("attention", ("wq", "wk", "wv")), ("feed_forward", ("w1", "w3")))
+        }
         assert {r.schedule for r in report.rewritten} == {"shard/dma", "finer/sm/s2/chunk"}
         # what each op ran: its schedule, at the one token count it ran at (no fallback)
         assert [[ran for _, ran in runs] for runs in rank["llama_ran"]] == [

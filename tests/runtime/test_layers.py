@@ -59,8 +59,7 @@ def _mlp_world(
         return {"y": y[rows], "x": t["x"].grad[rows], "w1": t["w1"].grad[:, cols], "w2": t["w2"].grad[cols]}
 
     def run(planner: Planner, keep: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        ops = PlannedOps(planner)
-        layer = {"ops": ops, "dtype": dtype, "device": device}
+        layer = {"schedules": planner, "dtype": dtype, "device": device}
         up = ColumnParallelLinear(IN, HIDDEN, name="up", keep_gathered=keep, **layer)
         down = RowParallelLinear(HIDDEN, OUT, name="down", **layer)
         up.load_full_weight(full["w1"].to(device, dtype))
@@ -162,3 +161,14 @@ def test_layer_rejects_bad_shapes():
         ValueError, match=r"input has shape \[3, 5\]; expected a 2-D tensor \[T/w, in\] with 4"
     ):
         layer(torch.randn(3, 5))
+
+
+def test_a_layer_takes_schedules_or_ops_not_both():
+    from ficco.harness.loopback import loopback_world
+    from ficco.runtime import ColumnParallelLinear, PlannedOps
+
+    with loopback_world(2, "cpu"):
+        layer = ColumnParallelLinear(4, 8, schedules="0:serial/sm;64:shard/dma")
+        assert layer.ops.planner.source.origin == "fixed 0:serial/sm;64:shard/dma"
+        with pytest.raises(ValueError, match=r"give schedules= .* or ops= .*, not both"):
+            ColumnParallelLinear(4, 8, schedules="shard/dma", ops=PlannedOps("shard/dma"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 from executor_world import run_world
@@ -218,3 +219,121 @@ def test_graphed_call_refuses_what_it_cannot_capture():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="GraphedCall needs CUDA"):
             GraphedCall(lambda: None)
+
+
+# as_planner: the one way schedules are said ---------------------------------------------------------------
+
+
+def test_as_planner_takes_every_form_and_shares_one_planner_per_source():
+    from ficco.features import Schedule
+    from ficco.runtime import FunctionSource, as_planner
+
+    planner = Planner(CountingSource())
+    assert as_planner(planner) is planner
+    source = CountingSource()
+    assert as_planner(source).source is source and as_planner(source) is as_planner(source)
+    assert as_planner(source) is not as_planner(source, mode="graph")
+    assert as_planner("shard/dma") is as_planner(Schedule.parse("shard/dma"))
+    assert isinstance(as_planner(lambda *shape: "shard/sm").source, FunctionSource)
+    table = as_planner("0:serial/sm;128:shard/dma")
+    picks = [str(table.schedule(_request(m))) for m in (64, 128, 4096)]
+    assert picks == ["serial/sm", "shard/dma", "shard/dma"]
+    with pytest.raises(ValueError, match=r"schedules must be a runtime.Planner.*got int"):
+        as_planner(3)
+    with pytest.raises(ValueError, match="no/such"):
+        as_planner("no/such")
+
+
+def test_as_planner_of_none_without_a_gpu_runs_serial_and_warns_once(caplog, monkeypatch):
+    import torch
+
+    from ficco.runtime import as_planner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(planner_module, "_warned_serial", [])
+    monkeypatch.setattr(planner_module, "_planners", {})
+    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"):
+        first, again = as_planner(None), as_planner(None, mode="graph")
+    assert str(first.schedule(_request())) == "serial/sm" and str(again.schedule(_request())) == "serial/sm"
+    assert caplog.text.count("no measured model for this machine (no CUDA GPU here)") == 1
+
+
+def test_as_planner_of_none_loads_the_model_of_the_detected_hardware(monkeypatch):
+    """On 2 H100s the registry's h100x2 model; on 2 H200s the shipped h200x2 one."""
+    import torch
+
+    from ficco.runtime import as_planner, sources
+    from ficco.training.registry import ModelLoadError
+
+    loaded = []
+
+    def load(cls, root=None, hardware_id="h200x2", version=None, host_factor=None):
+        loaded.append(hardware_id)
+        if hardware_id != "h200x2":
+            raise ModelLoadError(f"no model for hardware {hardware_id!r}")
+        return cls(SimpleNamespace(hardware_id=hardware_id, version="v", recommend=None))
+
+    monkeypatch.setattr(sources.PredictorSource, "load", classmethod(load))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(planner_module, "_planners", {})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert as_planner(None).source.hardware_id == "h200x2"
+    monkeypatch.setattr(planner_module, "_planners", {})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert as_planner(None).source.origin == "fixed serial/sm"  # no h100x2 model here
+    assert loaded == ["h200x2", "h100x2"]
+
+
+def test_deterministic_sources_answer_on_each_rank_without_a_bound(monkeypatch):
+    """A function source is asked at once, even inside a step whose bound is spent, and during a capture."""
+    from ficco.runtime import FunctionSource
+
+    def slow(op, m, n, k, dtype, world_size):
+        time.sleep(0.05)
+        return "shard/dma" if m >= 128 else "finer/sm/s2/chunk"
+
+    planner = Planner(FunctionSource(slow), timeout_s=0.0)
+    with planner.step():
+        assert str(planner.schedule(_request(128))) == "shard/dma"
+    monkeypatch.setattr(planner_module, "_capturing", lambda: True)
+    assert str(planner.schedule(_request(64))) == "finer/sm/s2/chunk"
+    assert planner._pool is None  # no worker thread was needed
+
+
+def test_a_failing_function_source_costs_one_shape_its_overlap():
+    from ficco.runtime import FunctionSource
+
+    def picky(op, m, n, k, dtype, world_size):
+        if m == 64:
+            raise KeyError("no such shape")
+        return "shard/dma"
+
+    planner = Planner(FunctionSource(picky))
+    planner.prepare([_request(64), _request(128)])
+    assert [str(planner.schedule(_request(m))) for m in (64, 128)] == ["serial/sm", "shard/dma"]
+    assert "the schedule function failed: KeyError" in planner.decisions[planner.key(_request(64))].reason
+
+
+def test_a_default_hardware_planner_asks_about_the_groups_size():
+    """With no hardware given, 4 ranks are asked about as h200x4, not refused as more than h200x2's GPUs."""
+    seen = []
+
+    class Recording(CountingSource):
+        def recommend(self, scenarios, mode):
+            seen.extend(s.hardware.id for s in scenarios)
+            return super().recommend(scenarios, mode)
+
+    request = OpRequest(
+        layer="x",
+        direction="fwd",
+        op="ag_gemm",
+        m=64,
+        n=32,
+        k=16,
+        dtype="bf16",
+        world_size=4,
+    )
+    assert str(Planner(Recording()).schedule(request)) == "shard/dma" and seen == ["h200x4"]
+    pinned = Planner(CountingSource(), hardware="h200x2")
+    assert str(pinned.schedule(request)) == "serial/sm"  # asked for h200x2: not a valid scenario

@@ -138,3 +138,18 @@ def test_table_source_looks_up_by_op_shape_and_mode():
 def test_fixed_source_rejects_unknown_schedules(bad):
     with pytest.raises(ValueError, match="schedule"):
         FixedSource(bad)
+
+
+def test_fixed_source_takes_a_token_range_table():
+    source = FixedSource("0:serial/sm;2048:shard/dma")
+    picks = [source.answer(Scenario(op="ag_gemm", m=m, n=64, k=64), "eager").schedule for m in (1024, 8192)]
+    assert picks == ["serial/sm", "shard/dma"] and source.cache_key == "fixed 0:serial/sm;2048:shard/dma"
+
+
+def test_hardware_of_names_the_built_in_profile_of_a_device():
+    from ficco.features.hardware import hardware_of
+
+    assert hardware_of("NVIDIA H100 80GB HBM3", 2).id == "h100x2"
+    assert hardware_of("NVIDIA H200", 8).id == "h200x8"
+    assert hardware_of("AMD Instinct MI300X", 8).id == "mi300xx8"
+    assert hardware_of("NVIDIA H200", 3) is None and hardware_of("NVIDIA A100-SXM4-80GB", 2) is None

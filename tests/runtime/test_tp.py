@@ -1,8 +1,10 @@
 """``ficco.runtime.tp`` against PyTorch's parallel styles: a Llama 3 at debug size (``benchmarks/llama.py``:
 torchtitan's module names and ``apply_tp``) parallelized once with PyTorch's styles and once with ficco's,
 on gloo worlds of 2 and 4 ranks: the loss and every parameter gradient agree (fp32, 1e-5 relative) for a
-schedule of every family, a token-range table and a planner; each block runs four ficco ops (q/k/v as one,
-wo, w1/w3 as one, w2) plus the output layer's; the planner's table names what ran."""
+schedule of every family, a token-range table and a planner, given as torchtitan gives float8 styles
+(``functools.partial(ColwiseParallel, schedules=...)``); each block runs four ficco ops (q/k/v as one,
+wo, w1/w3 as one, w2) plus the output layer's; the planner's table names what ran. ``test_tp_plans.py``
+has the rule on other models and plans."""
 
 from __future__ import annotations
 
@@ -25,28 +27,19 @@ pytestmark = pytest.mark.slow  # every test runs gloo worlds of 2 and 4 ranks
 
 def _tp_world(rank: int, world_size: int) -> dict:
     import copy
+    import warnings
 
     import torch
     import torch.distributed.tensor.parallel as torch_styles
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from tp_plans import CountFiccoOps, ficco_styles_with
 
     from benchmarks import llama
+    from ficco.executor import library
     from ficco.runtime import FixedSource, Planner
     from ficco.runtime import tp as ficco_styles
-
-    class CountFiccoOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.counts: dict[str, int] = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func)
-            if name.startswith("ficco."):
-                self.counts[name] = self.counts.get(name, 0) + 1
-            return func(*args, **(kwargs or {}))
 
     mesh = init_device_mesh("cpu", (world_size,))
     torch.manual_seed(0)  # the same model on every rank
@@ -70,15 +63,15 @@ def _tp_world(rank: int, world_size: int) -> dict:
     out: dict = {"torch_counts": ref_counts, "cases": {}}
     for schedule in SCHEDULES:
         planner = Planner(FixedSource("finer/dma/s2/chunk")) if schedule == "planner" else None
-        ficco_styles.set_default_schedules(planner or schedule)
-        loss, grads, counts = step(ficco_styles)
+        loss, grads, counts = step(ficco_styles_with(planner or schedule))
         errors = {n: float((grads[n] - g).norm() / g.norm()) for n, g in ref_grads.items()}
         loss_error = abs(loss - ref_loss) / abs(ref_loss)
         out["cases"][schedule] = {"loss": loss_error, "grads": errors, "counts": counts}
         if planner is not None:
             out["planner_rows"] = planner.rows()
-    # inference (no autograd: the fused op keeps no gathered input, the planner decides no backward op)
-    with torch.no_grad():
+    # inference (no autograd: the planner decides no backward op), schedules from the deprecated default
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         ref_logits = copy.deepcopy(base)
         llama.apply_tp(ref_logits, mesh, torch_styles)
         model = copy.deepcopy(base)
@@ -86,7 +79,9 @@ def _tp_world(rank: int, world_size: int) -> dict:
         llama.apply_tp(model, mesh, ficco_styles)
         want, got = ref_logits(tokens), model(tokens)
         out["inference"] = float((got - want).norm() / want.norm())
-    ficco_styles.set_default_schedules(None)
+        out["inference_ran"] = [r.ran for r in library.run_report() if r.asked == "finer/sm/s2/chunk"]
+        ficco_styles.set_default_schedules(None)
+    out["deprecated"] = [str(w.message) for w in caught if w.category is DeprecationWarning]
     return out
 
 
@@ -120,7 +115,7 @@ def test_each_block_runs_four_ficco_ops_and_pytorch_styles_none(worlds):
 
 
 def test_planner_table_names_each_layer_and_what_ran(worlds):
-    rows = worlds[2][0]["planner_rows"]
+    rows = [r for r in worlds[2][0]["planner_rows"] if r["schedule"] != "-"]  # "-": a note, no op
     layers = {r["layer"] for r in rows}
     assert {"layers.0.attention.wq", "layers.1.feed_forward.w2", "output"} <= layers, layers
     assert all(r["ran"] == "finer/dma/s2/chunk" for r in rows if r["direction"] == "fwd"), rows
@@ -129,3 +124,11 @@ def test_planner_table_names_each_layer_and_what_ran(worlds):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_inference_logits_match_pytorch_styles(worlds, world_size):
     assert all(report["inference"] <= TOLERANCE for report in worlds[world_size])
+
+
+def test_the_deprecated_process_default_still_gives_the_styles_their_schedules(worlds):
+    for report in worlds[2]:
+        assert report["inference_ran"] and set(report["inference_ran"]) == {"finer/sm/s2/chunk"}
+        assert (
+            len(report["deprecated"]) == 2 and "functools.partial(ColwiseParallel" in report["deprecated"][0]
+        )
