@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import REPO, say, torchrun_main
+from benchmarks import REPO, machine_id, say, torchrun_main
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.harness.worker import SAFE_ENV
@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per shape (>= {ROUNDS})")
     p.add_argument("--block-ms", type=float, default=BLOCK_MS, help="target ms of one timed block (> 0)")
-    p.add_argument("--name", help="file stem of the outputs (default: executor-h200x<world size>)")
+    p.add_argument("--name", help="file stem of the outputs (default: executor-<hardware id>)")
     p.add_argument(
         "--render", type=Path, help="only re-render the markdown of this JSON (no GPU, no torchrun)"
     )
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     timing = Timing(rounds=args.rounds, max_rounds=args.rounds, block_ms=args.block_ms)
     backend = TorchBackend(device=device, modes=("eager",), timing=timing, timeout_s=60.0)
     w, lead = backend.world_size, backend.rank == 0
-    stem = args.name or f"executor-h200x{w}"
+    stem = args.name or f"executor-{machine_id(w, device == 'cuda')}"
     name = f"{stem}-quick" if args.quick else stem
     shapes = plan_shapes(args.quick, w, scale_down=32 if args.cpu_dry_run else 1)
     calls = 2 * args.rounds + 4  # about two calls per block, plus the check and the baselines' share

@@ -26,6 +26,7 @@ by ``join`` and before each GEMM) switches back to the caller's stream once.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -226,12 +227,12 @@ class CopyStreams:
     """Side streams of each entry, at most; None: one per peer."""
 
     def __post_init__(self) -> None:
-        ok_bounds = self.bounds[:1] == (0,) and all(a < b for a, b in zip(self.bounds, self.bounds[1:], strict=False))
+        ok_bounds = self.bounds[:1] == (0,) and all(a < b for a, b in itertools.pairwise(self.bounds))
         ok_streams = all(s is None or (isinstance(s, int) and s >= 1) for s in self.streams)
         if not (ok_bounds and ok_streams and len(self.bounds) == len(self.streams)):
             raise ValueError(
-                f"CopyStreams needs bounds starting at 0 and increasing, and one entry of streams (None or an "
-                f"int >= 1) per bound; got bounds {list(self.bounds)}, streams {list(self.streams)}"
+                f"CopyStreams needs bounds starting at 0 and increasing, and one entry of streams (None or "
+                f"an int >= 1) per bound; got bounds {list(self.bounds)}, streams {list(self.streams)}"
             )
 
     def at(self, piece_bytes: int) -> int | None:

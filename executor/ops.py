@@ -676,8 +676,9 @@ def _transport(
     theirs with their routing).
 
     Built once per (executor, priority, CTA cap, plan, destination buffer, layout, lanes, copy arrangement)
-    and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or the
-    cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
+    and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer
+    memory (dma) or the cached ``received`` buffer (sm), so the two halves of the double buffering get one
+    transport each.
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
@@ -719,7 +720,8 @@ def _transport(
         if lanes is None:
             piece = _piece_bytes(plan, dest_shape, layout, source.dtype)
             lanes = copy_lanes(arrangement, plan.lanes, piece, overlaps=len(plan.units) > 1)
-        transport = PeerCopyTransport(workspace=workspace, lanes=ctx.get_lanes(lanes, high_priority), **common)
+        lanes_of_call = ctx.get_lanes(lanes, high_priority)
+        transport = PeerCopyTransport(workspace=workspace, lanes=lanes_of_call, **common)
     else:
         transport = PointToPointTransport(
             group=ctx.p2p_group(high_priority, schedule.ctas, what=f"schedule {schedule}"),
@@ -732,9 +734,7 @@ def _transport(
     return transport
 
 
-def _piece_bytes(
-    plan: Plan, dest_shape: tuple[int, ...], layout: Layout | None, dtype: torch.dtype
-) -> int:
+def _piece_bytes(plan: Plan, dest_shape: tuple[int, ...], layout: Layout | None, dtype: torch.dtype) -> int:
     """Bytes of the largest piece a call of ``plan`` moves: a sub-chunk of a shard (``dest_shape`` ``[w, R,
     width]``) or of the largest block a routed ``layout`` sends."""
     block = max(layout.send_rows) if layout is not None else dest_shape[1]

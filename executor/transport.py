@@ -317,9 +317,9 @@ class PeerCopyTransport(_Transport):
 
     gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (the
     peers spread over the copy lanes the call was given, ``executor.lanes.copy_lanes``: one per peer, or
-    fewer shared in ring order), then a barrier on the signal lane; once it completes, every piece of round ``j``
-    has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy lane
-    runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
+    fewer shared in ring order), then a barrier on the signal lane; once it completes, every piece of round
+    ``j`` has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy
+    lane runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
     copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
     call and every call's lanes joined before the next call forks them, barriers still never overlap.
     scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is

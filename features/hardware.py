@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,24 @@ def get_hardware(hardware_id: str) -> HardwareProfile:
         raise ValueError(
             f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}"
         ) from None
+
+
+def hardware_id_of(gpu_name: str, gpu_count: int) -> str:
+    """The id of ``gpu_count`` GPUs named ``gpu_name`` (as ``torch.cuda.get_device_name`` gives it): the
+    built-in profile of that GPU model and count (``NVIDIA H100 80GB HBM3`` x 4 -> ``h100x4``), else the
+    model (or the name) as a slug with ``x<count>`` (``NVIDIA B200`` x 4 -> ``b200x4``)."""
+    model = _gpu_model(gpu_name)
+    for profile in KNOWN_HARDWARE.values():
+        if profile.gpu_count == gpu_count and model and _gpu_model(profile.gpu_name) == model:
+            return profile.id
+    slug = model.lower() if model else re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    return f"{slug or 'gpu'}x{gpu_count}"
+
+
+def _gpu_model(name: str) -> str:
+    """The model in a GPU's name: ``NVIDIA H200`` -> ``H200``, ``AMD Instinct MI300X`` -> ``MI300X``; ''."""
+    found = re.search(r"\b[A-Z]+\d{2,}[A-Z]*\b", name)
+    return found.group(0) if found else ""
 
 
 PROFILE_FILE = "hardware.json"

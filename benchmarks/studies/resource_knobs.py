@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import executor_report, say, torchrun_main
+from benchmarks import executor_report, machine_id, say, torchrun_main
 from ficco.features.dataset import label_quantile
 from ficco.files import write_text_atomic
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.studies.resource_knobs", description=__doc__.splitlines()[0].lstrip('r"')
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder of the JSON and .md")
-    p.add_argument("--name", default=None, help="file stem (default: knobs-h200x<world size>)")
+    p.add_argument("--name", default=None, help="file stem (default: knobs-<hardware id>, e.g. knobs-h200x4)")
     p.add_argument("--budget-s", type=float, default=420.0, help="skip the shapes that would start later")
     p.add_argument("--rounds", type=int, default=5, help="fewest interleaved rounds per shape and mode")
     p.add_argument("--cpu-dry-run", action="store_true", help="gloo on the CPU, tiny shapes, eager only")
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict:
         device="cpu" if cpu else "cuda", modes=("eager",) if cpu else ("eager", "graph"), timing=plain_timing
     )
     w, lead = backend.world_size, backend.rank == 0
-    path = args.out / f"{args.name or f'knobs-h200x{w}'}.json"
+    path = args.out / f"{args.name or f'knobs-{machine_id(w, not cpu)}'}.json"
     data: dict = {
         "meta": {
             "world_size": w,

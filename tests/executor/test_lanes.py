@@ -177,7 +177,7 @@ def test_device_lanes_order_every_copy_barrier_and_gemm(
         if count < world_size - 1:  # peers share lanes: a lane's copies follow each other in ring order
             for stream in streams:
                 mine = [c for c in copies if c[1] == stream]
-                assert all(_before(a, b) for a, b in zip(mine, mine[1:], strict=False))
+                assert all(_before(a, b) for a, b in itertools.pairwise(mine))
 
 
 def test_growing_peer_memory_inside_graph_capture_names_the_schedule(monkeypatch):
@@ -257,7 +257,7 @@ def test_copy_streams_parse_print_and_look_up_by_piece_size():
     assert table.at((16 << 20) - 1) == 1 and table.at(16 << 20) is None
     assert str(table) == "0:1;16:per_peer" and CopyStreams.parse(str(table)) == table
     for bad in ("0", "two", "1:per_peer", "0:1;0:2", "0:1;8", "-1"):
-        with pytest.raises(ValueError, match="copy streams .* are none of 'per_peer'"):
+        with pytest.raises(ValueError, match=r"copy streams .* are none of 'per_peer'"):
             CopyStreams.parse(bad)
 
 
@@ -274,7 +274,9 @@ def test_copy_streams_parse_print_and_look_up_by_piece_size():
         ("2", 7, False, 2),
     ],
 )
-def test_copy_lanes_caps_the_peers_in_flight_and_keeps_a_lone_serial_lane_inline(policy, peers, overlaps, lanes):
+def test_copy_lanes_cap_the_peers_in_flight_and_keep_a_lone_serial_lane_inline(
+    policy, peers, overlaps, lanes
+):
     from ficco.executor.lanes import CopyStreams, copy_lanes
 
     assert copy_lanes(CopyStreams.parse(policy), peers, 1 << 20, overlaps) == lanes
