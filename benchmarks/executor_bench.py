@@ -117,7 +117,7 @@ def layer_shapes(world_size: int) -> list[Shape]:
     for name in MODELS:
         config = load_model_config(REPO / "datasets" / "model_configs" / f"{name}.json")
         for tokens in TOKENS:
-            for pair in layer_pairs(config, tp=world_size, tokens=tokens):
+            for pair in layer_pairs(config, tp=world_size, tokens=tokens, hardware=_hardware(world_size)):
                 s = pair.scenario
                 if s.op in ("ag_gemm", "gemm_rs"):
                     found.setdefault((s.op, s.m, s.n, s.k), []).append(f"{name}:{pair.name}@{tokens}")
@@ -473,12 +473,20 @@ def _agreed(go: bool, device) -> bool:
 
 
 def _scenario(shape: Shape, world_size: int):
-    from ficco.features import Scenario, get_hardware
+    from ficco.features import Scenario
 
-    hardware = get_hardware(f"h200x{max(2, world_size)}")
+    hardware = _hardware(world_size)
     return Scenario(
         op=shape.op, m=shape.m, n=shape.n, k=shape.k, dtype="bf16", world_size=world_size, hardware=hardware
     )
+
+
+def _hardware(world_size: int):
+    """The profile the shapes' scenarios name: H200s at ``world_size`` GPUs where built in, else 8 (a
+    scenario's profile decides only which schedules are candidates, by the world size)."""
+    from ficco.features import KNOWN_HARDWARE, get_hardware
+
+    return KNOWN_HARDWARE.get(f"h200x{world_size}") or get_hardware("h200x8")
 
 
 def _device_name(device: str) -> str:
