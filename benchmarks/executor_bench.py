@@ -442,10 +442,15 @@ def _markdown(data: dict) -> str:
 
 
 def _save(lead: bool, path: Path, data: dict, start: float) -> None:
-    """Rank 0: write the JSON (NaN as null) and the markdown atomically."""
+    """Rank 0: write the JSON (NaN as null; with ``goals``, the goal rows of ``executor_report.goals`` for the
+    results page to read) and the markdown atomically."""
+    from benchmarks import executor_report as report
+
     if not lead:
         return
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
+    world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
+    data["goals"] = report.goals(data["records"], data["allgather_bandwidth"], world_size)
     clean = _clean(data)
     write_text_atomic(path, json.dumps(clean, indent=1))
     write_text_atomic(path.with_suffix(".md"), _markdown(clean))
