@@ -6,15 +6,17 @@
 # call's JSON in the checkout) measures only what the first one left.
 #   bash benchmarks/gpu_runtimes.sh [SECONDS] [more benchmarks.runtimes options]
 #   e.g. bash benchmarks/gpu_runtimes.sh 570 --tokens 256 512 1024 2048 4096 8192 16384
+#   TP=4 bash benchmarks/gpu_runtimes.sh 570      # TP=4 on 4 GPUs: runtimes-h200x4.{json,md,png}
 # SECONDS (default 570) bounds the whole call; no point starts after SECONDS - 120 s.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SECS="${1:-570}"; [ $# -gt 0 ] && shift
 RESULTS="${RESULTS:-benchmarks/results}"
-if ! [ "${GPUS:-0}" -ge 2 ] 2>/dev/null; then
-    echo "gpu_runtimes.sh needs 2 GPUs; ${GPUS:-none} here (one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
+TP="${TP:-2}"
+if ! [ "${GPUS:-0}" -ge "$TP" ] 2>/dev/null; then
+    echo "gpu_runtimes.sh needs $TP GPUs; ${GPUS:-none} here (one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
 fi
-timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.runtimes \
+timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$TP" -m benchmarks.runtimes \
     --out "$RESULTS" --budget-s "$((SECS - 120))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
 echo "runtimes rc=$?"
 grep -E " T=[0-9]+:" "$OUT/runtimes.log" | tail -40
