@@ -107,7 +107,10 @@ def test_dry_run_checks_and_times_every_variant_and_schedule_under_every_arrange
     measured = {(s["op"], s["arrangement"]) for s in result["schedules"]}
     assert measured == {(op, a) for op, *_ in probe.DRY_RUN_SHAPES for a in names}
     assert all(r["ok"] for s in result["schedules"] for r in s["rows"])
-    assert result["verdict"]["ship"] in names
+    ship = result["verdict"]["ship"]  # an arrangement, or (the CPU's times are noisy) a table of two
+    from ficco.executor.lanes import CopyStreams
+
+    assert ship in names or set(map(str, CopyStreams.parse(ship).streams)) <= {"None", "2", "1"}
     saved = json.loads((tmp_path / "arrangements.json").read_text())
     assert saved["verdict"]["ship"] == result["verdict"]["ship"]
     markdown = (tmp_path / "arrangements.md").read_text()
