@@ -189,7 +189,6 @@ def run(args: argparse.Namespace) -> dict:
         executor.set_copy_streams(shipped)
         executor.clear_buffers()
     dist.barrier()
-    data["verdict"] = verdict(data)
     data["meta"]["wall_s"] = round(time.perf_counter() - start, 1)
     _save(lead, path, data, start)
     if lead:
@@ -544,10 +543,12 @@ def _size_line(row: dict, names: list[str]) -> str:
 
 
 def _save(lead: bool, path: Path, data: dict, start: float) -> None:
-    """Rank 0: the JSON and the markdown, atomically."""
+    """Rank 0: the JSON (with the verdict on what is measured so far, so a run cut short still says what
+    to ship) and the markdown, atomically."""
     if not lead:
         return
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
+    data["verdict"] = verdict(data)
     write_text_atomic(path, json.dumps(data, indent=1))
     write_text_atomic(path.with_suffix(".md"), render_markdown(data))
 
