@@ -16,6 +16,18 @@ REPO = Path(__file__).resolve().parents[1]
 """The repository root (a source checkout: the benchmarks read its datasets and model configs)."""
 
 
+def machine_id(world_size: int, cuda: bool = True) -> str:
+    """The hardware id result files are named after: the GPU found (``features.hardware.hardware_id_of``,
+    e.g. ``h200x4``, ``h100x4``) at ``world_size`` ranks; ``cpux<world_size>`` for a CPU (gloo) dry run."""
+    if not cuda:
+        return f"cpux{world_size}"
+    import torch
+
+    from ficco.features.hardware import hardware_id_of
+
+    return hardware_id_of(torch.cuda.get_device_name(), world_size)
+
+
 def say(text: str) -> None:
     """Print a progress line at once (a torchrun rank's output is otherwise buffered)."""
     print(text, flush=True)

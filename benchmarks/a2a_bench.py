@@ -1,7 +1,8 @@
 r"""All-to-all alone, NCCL against the copy engines, from 64 KiB to 256 MiB per rank: where the copy
 engines catch up with NCCL (the latency-bound regime of the MoE dispatch and combine).
 
-    # 2 GPUs (estimated about a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md
+    # 2 GPUs (estimated about a minute on 2 x H200): writes OUT/a2a-h200x2.json and .md (named after the GPUs
+    # found: a2a-h100x2 on H100s)
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.a2a_bench \
         --out benchmarks/results
     # 4 GPUs: writes OUT/a2a-h200x4.json and .md
@@ -18,9 +19,9 @@ the combine's) under a balanced routing, every rank sending ``bytes_per_rank / w
 included) as rows of ``WIDTH`` bf16 values, in these variants (``VARIANTS``):
 
 - ``nccl``: NCCL ``all_to_all_single`` (``executor="sm"``);
-- ``dma``: the executor's copy-engine all-to-all as shipped (``streams="auto"``: on two ranks every copy on
-  the caller's stream, on more one side stream per peer), pushes into peer symmetric memory and one
-  device barrier;
+- ``dma``: the executor's copy-engine all-to-all under its copy arrangement (``streams="auto"``,
+  ``executor.copy_streams()``: on two ranks every copy on the caller's stream; on more, one side stream per
+  peer under ``per_peer``), pushes into peer symmetric memory and one device barrier;
 - ``dma_per_peer`` / ``dma_current``: the same with each peer's copy on its own side stream (forked and
   joined with events) / every copy on the caller's stream;
 - ``dma_batched``: every copy of the call in one ``cudaMemcpyBatchAsync`` (CUDA runtime >= 13, called
@@ -43,20 +44,26 @@ which a variant is at least as fast as NCCL at every larger size; the goal (issu
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
-import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import say, torchrun_main
+from benchmarks import machine_id, say, torchrun_main
+from benchmarks.variants import (
+    CALLS,
+    BatchedCopies,
+    agreed_reasons,
+    attempt,
+    exit_keeping_failed_captures,
+    graphed,
+    repeat,
+    time_variants,
+)
 from ficco.files import write_text_atomic
 from ficco.harness.worker import SAFE_ENV
-from ficco.rounds import interleaved_rounds
 
 # NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
 os.environ.update(SAFE_ENV)
@@ -69,9 +76,6 @@ WIDTH = 1024
 """Columns of a routed row (bf16: 2 KiB per row; 64 KiB per rank is 4 rows per peer at 8 ranks)."""
 ROUNDS = 30
 """Interleaved rounds per size (the median over them is published)."""
-CALLS = 2
-"""Back-to-back calls per timed repetition: even, so that a captured graph's replays keep alternating the
-copy-engine executor's double-buffered halves."""
 WARMUP = 3
 """Untimed calls per variant and size before its check."""
 GOAL_BYTES_PER_PEER = 1 << 20
@@ -80,7 +84,7 @@ GOAL_BYTES_PER_PEER = 1 << 20
 GOAL_BELOW = 1.2
 VARIANTS = {
     "nccl": "NCCL all_to_all_single",
-    "dma": "copy engines as the executor ships them (streams='auto')",
+    "dma": "copy engines under the executor's copy arrangement (streams='auto')",
     "dma_per_peer": "copy engines, one side stream per peer (fork and join by events)",
     "dma_current": "copy engines, every copy on the caller's stream",
     "dma_batched": "copy engines, one cudaMemcpyBatchAsync for every copy (ctypes)",
@@ -88,8 +92,6 @@ VARIANTS = {
     "dma_graph": "dma captured in a CUDA graph",
 }
 """Variant -> what it runs (the JSON's ``<variant>_ms`` columns)."""
-_FAILED_CAPTURES: list = []
-"""CUDA graphs whose capture raised (see ``_graphed``)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
     p.add_argument("--op", choices=("a2a_gemm", "gemm_a2a"), default="a2a_gemm", help="dispatch or combine")
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per size (>= 5; {ROUNDS})")
-    p.add_argument("--name", help="file stem of the outputs (default: a2a-h200x<world size>)")
+    p.add_argument("--name", help="file stem of the outputs (default: a2a-<hardware id>, e.g. a2a-h200x4)")
     p.add_argument("--no-batched", action="store_true", help="leave out the cudaMemcpyBatchAsync variant")
     p.add_argument("--render", type=Path, help="only re-render the markdown of this JSON (no torchrun)")
     p.add_argument("--cpu-dry-run", action="store_true", help="check the script without a GPU (gloo, tiny)")
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     executor.set_barrier_timeout(60.0)
     lo, hi = DRY_RUN_BYTES if args.cpu_dry_run else (MIN_BYTES, MAX_BYTES)
     sizes = [lo << i for i in range(int(math.log2(hi // lo)) + 1)]
-    name = args.name or f"a2a-h200x{w}"
+    name = args.name or f"a2a-{machine_id(w, cuda)}"
     data: dict = {
         "meta": {
             "title": f"{w} x {torch.cuda.get_device_name() if cuda else 'CPU (gloo dry run)'}",
@@ -183,48 +185,10 @@ def measure_size(args: argparse.Namespace, bytes_per_rank: int, device) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(rank)
     x = torch.randn(rows_per_peer * w, WIDTH, generator=gen).to(device, torch.bfloat16)
     variants, errors = build_variants(args, x, routing)
-    token = torch.zeros(1, device=device)
-    cuda = device.type == "cuda"
-
-    def align() -> None:
-        dist.all_reduce(token)
-        if cuda:
-            torch.cuda.synchronize()
-
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    host: dict[str, list[float]] = {v: [] for v in variants}
-
-    def run_round(order: list[str]) -> None:
-        local = []
-        for name in order:
-            call = variants[name]
-            align()
-            if cuda:
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                t0 = time.perf_counter()
-                call()
-                issued = time.perf_counter() - t0
-                end.record()
-                end.synchronize()
-                ms = begin.elapsed_time(end)
-            else:
-                t0 = time.perf_counter()
-                call()
-                issued = time.perf_counter() - t0
-                ms = 1e3 * issued
-            local.append((name, ms / CALLS, 1e3 * issued / CALLS))
-        flat = torch.tensor([v for _, ms, hs in local for v in (ms, hs)], dtype=torch.float64, device=device)
-        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
-        for j, (variant, _, _) in enumerate(local):
-            times[variant].append(flat[2 * j].item())
-            host[variant].append(flat[2 * j + 1].item())
-
-    interleaved_rounds(list(variants), run_round, rounds=args.rounds, seed=[bytes_per_rank, args.rounds])
+    timed = time_variants(variants, rounds=args.rounds, seed=[bytes_per_rank, args.rounds], device=device)
     row: dict = {"bytes_per_rank": bytes_per_rank, "bytes_per_peer": rows_per_peer * WIDTH * 2}
     for variant in VARIANTS:
-        row[f"{variant}_ms"] = statistics.median(times[variant]) if times.get(variant) else None
-        row[f"{variant}_host_ms"] = statistics.median(host[variant]) if host.get(variant) else None
+        row[f"{variant}_ms"], row[f"{variant}_host_ms"] = timed.get(variant, (None, None))
     row["errors"] = errors
     variants.clear()  # graphs go before the buffers they replay into
     executor.clear_buffers()
@@ -237,17 +201,14 @@ def build_variants(
     """The variants that run here, each a closure of ``CALLS`` calls, checked against ``all_to_all_single``
     and warmed up; and why each of the others does not run (agreed by every rank)."""
     import torch
+    import torch.distributed as dist
 
     from ficco import executor
+    from ficco.executor.context import get_context
+    from ficco.executor.experts import routed_state
+    from ficco.features import OP_SPECS
 
     op, cuda = args.op, x.is_cuda
-
-    def repeat(one: Callable[[], object]) -> Callable[[], None]:
-        def calls() -> None:
-            for _ in range(CALLS):
-                one()
-
-        return calls
 
     eager = {
         "nccl": lambda: executor.communicate(op, x, "sm", routing=routing),
@@ -264,12 +225,14 @@ def build_variants(
     if cuda and not args.no_batched:
         eager["dma"]()  # the executor sizes its peer memory (a collective) before the batch views it
         try:
-            built["dma_batched"] = repeat(BatchedCopies(op, x, routing))
+            layout = routed_state(get_context(None, x.device).routed, routing, dist.get_rank())
+            batched = BatchedCopies(x, layout.layout(OP_SPECS[op].direction, 1), keep_own=True)
+            built["dma_batched"] = repeat(batched)
         except Exception as err:  # no runtime support here: say why, measure the rest
             reasons["dma_batched"] = f"{type(err).__name__}: {err}"
     want = _reference(op, x, routing)
     for name in list(built):
-        problem = _try(lambda name=name: _check(built[name], name, op, x, routing, want))
+        problem = attempt(lambda name=name: _check(built[name], name, op, x, routing, want))
         if problem:
             reasons[name] = problem
             del built[name]
@@ -278,14 +241,14 @@ def build_variants(
             if name in built:
                 graph = f"{name}_graph"
                 try:
-                    built[graph] = _graphed(built[name])
+                    built[graph] = graphed(built[name])
                     problem = _check(built[graph], graph, op, x, routing, want)
                 except Exception as err:
                     problem = f"{type(err).__name__}: {err}"
                 if problem:
                     reasons[graph] = problem
                     built.pop(graph, None)
-    reasons = _agreed_reasons(reasons)
+    reasons = agreed_reasons(reasons)
     for name in [n for n in built if n in reasons]:
         del built[name]  # failed on another rank
     for call in built.values():
@@ -294,109 +257,6 @@ def build_variants(
     if cuda:
         torch.cuda.synchronize()
     return built, reasons
-
-
-class BatchedCopies:
-    """One call of the copy-engine all-to-all with every copy in one ``cudaMemcpyBatchAsync`` (the rows
-    this rank keeps included), then the executor's device barrier, into the executor's peer memory (its
-    double-buffered halves, as ``communicate`` uses them). CUDA runtime >= 13 only: its signature has no
-    ``failIdx`` (12.8 and 12.9 differ), and torch exposes no batched copy."""
-
-    def __init__(self, op: str, x, routing) -> None:
-        import torch
-
-        from ficco.executor.context import get_context
-        from ficco.executor.experts import routed_state
-        from ficco.executor.plan import Piece
-        from ficco.features import OP_SPECS
-
-        self._fn, self._attrs = _memcpy_batch()
-        ctx = get_context(None, x.device)
-        layout = routed_state(ctx.routed, routing, ctx.rank).layout(OP_SPECS[op].direction, 1)
-        width, itemsize = x.shape[1], x.element_size()
-        self.workspace = ctx.get_workspace(max(layout.dest_rows) * width * itemsize, what="dma_batched")
-        row_bytes = width * itemsize
-        self._batches: dict[int, tuple] = {}
-        for _ in range(2):  # one pointer list per half
-            remote = [self.workspace.rows(q, width, x.dtype) for q in range(ctx.world_size)]
-            own_source, own_dest = layout.own_block()
-            copies = [(remote[ctx.rank][own_dest], x[own_source])]
-            for offset in range(1, ctx.world_size):
-                piece = Piece(offset=offset, sub=0)
-                copies.append((remote[layout.peer_to(piece)][layout.remote(piece)], x[layout.sent(piece)]))
-            copies = [(d, s) for d, s in copies if s.numel()]
-            count = len(copies)
-            self._batches[self.workspace.parity] = (
-                (ctypes.c_void_p * count)(*[d.data_ptr() for d, _ in copies]),
-                (ctypes.c_void_p * count)(*[s.data_ptr() for _, s in copies]),
-                (ctypes.c_size_t * count)(*[s.shape[0] * row_bytes for _, s in copies]),
-                count,
-            )
-            self.workspace.advance()
-        self._views_alive = x  # the source rows the pointers address
-        self._index = ctypes.c_size_t(0)
-        self._stream = lambda: ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-    def __call__(self) -> None:
-        dsts, srcs, sizes, count = self._batches[self.workspace.parity]
-        status = self._fn(
-            dsts, srcs, sizes, count, ctypes.byref(self._attrs), ctypes.byref(self._index), 1, self._stream()
-        )
-        if status:
-            raise RuntimeError(f"cudaMemcpyBatchAsync returned CUDA error {status}")
-        self.workspace.barrier()
-        self.workspace.advance()
-
-
-class _MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _MemcpyAttributes(ctypes.Structure):
-    """``cudaMemcpyAttributes`` (CUDA 12.8+): source access order, two location hints, flags."""
-
-    _fields_ = [
-        ("srcAccessOrder", ctypes.c_int),
-        ("srcLocHint", _MemLocation),
-        ("dstLocHint", _MemLocation),
-        ("flags", ctypes.c_uint),
-    ]
-
-
-_SRC_ACCESS_ORDER_STREAM = 1
-"""``cudaMemcpySrcAccessOrderStream``: the sources are read in stream order, as ``cudaMemcpyAsync`` does."""
-
-
-def _memcpy_batch() -> tuple[Callable[..., int], _MemcpyAttributes]:
-    """``cudaMemcpyBatchAsync`` of the CUDA runtime torch loaded, and stream-ordered attributes for it;
-    RuntimeError naming what is missing."""
-    lib = None
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "libcudart.so" in os.path.basename(path):
-            lib = ctypes.CDLL(path)
-            break
-    if lib is None:
-        raise RuntimeError("no CUDA runtime library (libcudart.so) is loaded in this process")
-    version = ctypes.c_int(0)
-    lib.cudaRuntimeGetVersion(ctypes.byref(version))
-    if version.value < 13000 or not hasattr(lib, "cudaMemcpyBatchAsync"):
-        raise RuntimeError(
-            f"needs CUDA runtime >= 13.0 with cudaMemcpyBatchAsync; this one is {version.value}"
-        )
-    fn = lib.cudaMemcpyBatchAsync
-    fn.restype = ctypes.c_int
-    fn.argtypes = [
-        ctypes.c_void_p,  # void** dsts
-        ctypes.c_void_p,  # void** srcs
-        ctypes.c_void_p,  # size_t* sizes
-        ctypes.c_size_t,  # count
-        ctypes.POINTER(_MemcpyAttributes),
-        ctypes.POINTER(ctypes.c_size_t),  # attrsIdxs
-        ctypes.c_size_t,  # numAttrs
-        ctypes.c_void_p,  # stream
-    ]
-    return fn, _MemcpyAttributes(srcAccessOrder=_SRC_ACCESS_ORDER_STREAM)
 
 
 def _reference(op: str, x, routing):
@@ -437,48 +297,6 @@ def _check(call: Callable[[], None], name: str, op: str, x, routing, want) -> st
         torch.cuda.synchronize()
     got = _landed(get_context(None, x.device), "sm" if name.startswith("nccl") else "dma", x, op, routing)
     return "" if torch.equal(got, want) else "wrong rows: differ from all_to_all_single's"
-
-
-def _graphed(calls: Callable[[], None]) -> Callable[[], None]:
-    """``calls`` (``CALLS`` calls, already run eagerly) captured into a CUDA graph; its replay."""
-    import torch
-
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    try:
-        with torch.cuda.graph(graph):
-            calls()
-    except Exception:
-        # torch 2.11 aborts the process when a graph whose capture failed is destroyed (its destructor
-        # unregisters it from the RNG state a second time): such graphs live until the process ends.
-        _FAILED_CAPTURES.append(graph)
-        raise
-    torch.cuda.synchronize()
-
-    def replay() -> None:
-        graph.replay()
-
-    return replay
-
-
-def _agreed_reasons(reasons: dict[str, str]) -> dict[str, str]:
-    """Every rank's reasons merged (a variant that failed anywhere is left out everywhere)."""
-    import torch.distributed as dist
-
-    every: list[dict | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, reasons)
-    merged: dict[str, str] = {}
-    for rank, found in enumerate(every):
-        for name, why in (found or {}).items():
-            merged.setdefault(name, f"rank {rank}: {why}")
-    return merged
-
-
-def _try(fn: Callable[[], str]) -> str:
-    try:
-        return fn()
-    except Exception as err:
-        return f"{type(err).__name__}: {err}"
 
 
 def crossovers(rows: list[dict]) -> dict[str, int | None]:
@@ -594,7 +412,4 @@ def _f(x: float | None) -> str:
 
 if __name__ == "__main__":
     main()
-    if _FAILED_CAPTURES:
-        # The results are on disk; destroying these graphs at interpreter exit would abort (see _graphed).
-        sys.stdout.flush()
-        os._exit(0)
+    exit_keeping_failed_captures()

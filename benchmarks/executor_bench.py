@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import REPO, say, torchrun_main
+from benchmarks import REPO, machine_id, say, torchrun_main
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.harness.worker import SAFE_ENV
@@ -117,7 +117,7 @@ def layer_shapes(world_size: int) -> list[Shape]:
     for name in MODELS:
         config = load_model_config(REPO / "datasets" / "model_configs" / f"{name}.json")
         for tokens in TOKENS:
-            for pair in layer_pairs(config, tp=world_size, tokens=tokens):
+            for pair in layer_pairs(config, tp=world_size, tokens=tokens, hardware=_hardware(world_size)):
                 s = pair.scenario
                 if s.op in ("ag_gemm", "gemm_rs"):
                     found.setdefault((s.op, s.m, s.n, s.k), []).append(f"{name}:{pair.name}@{tokens}")
@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per shape (>= {ROUNDS})")
     p.add_argument("--block-ms", type=float, default=BLOCK_MS, help="target ms of one timed block (> 0)")
-    p.add_argument("--name", help="file stem of the outputs (default: executor-h200x<world size>)")
+    p.add_argument("--name", help="file stem of the outputs (default: executor-<hardware id>)")
     p.add_argument(
         "--render", type=Path, help="only re-render the markdown of this JSON (no GPU, no torchrun)"
     )
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     timing = Timing(rounds=args.rounds, max_rounds=args.rounds, block_ms=args.block_ms)
     backend = TorchBackend(device=device, modes=("eager",), timing=timing, timeout_s=60.0)
     w, lead = backend.world_size, backend.rank == 0
-    stem = args.name or f"executor-h200x{w}"
+    stem = args.name or f"executor-{machine_id(w, device == 'cuda')}"
     name = f"{stem}-quick" if args.quick else stem
     shapes = plan_shapes(args.quick, w, scale_down=32 if args.cpu_dry_run else 1)
     calls = 2 * args.rounds + 4  # about two calls per block, plus the check and the baselines' share
@@ -442,10 +442,15 @@ def _markdown(data: dict) -> str:
 
 
 def _save(lead: bool, path: Path, data: dict, start: float) -> None:
-    """Rank 0: write the JSON (NaN as null) and the markdown atomically."""
+    """Rank 0: write the JSON (NaN as null; with ``goals``, the goal rows of ``executor_report.goals`` for the
+    results page to read) and the markdown atomically."""
+    from benchmarks import executor_report as report
+
     if not lead:
         return
     data["meta"]["elapsed_s"] = round(time.perf_counter() - start, 1)
+    world_size = data["meta"].get("fingerprint", {}).get("world_size", 2)
+    data["goals"] = report.goals(data["records"], data["allgather_bandwidth"], world_size)
     clean = _clean(data)
     write_text_atomic(path, json.dumps(clean, indent=1))
     write_text_atomic(path.with_suffix(".md"), _markdown(clean))
@@ -473,12 +478,20 @@ def _agreed(go: bool, device) -> bool:
 
 
 def _scenario(shape: Shape, world_size: int):
-    from ficco.features import Scenario, get_hardware
+    from ficco.features import Scenario
 
-    hardware = get_hardware(f"h200x{max(2, world_size)}")
+    hardware = _hardware(world_size)
     return Scenario(
         op=shape.op, m=shape.m, n=shape.n, k=shape.k, dtype="bf16", world_size=world_size, hardware=hardware
     )
+
+
+def _hardware(world_size: int):
+    """The profile the shapes' scenarios name: H200s at ``world_size`` GPUs where built in, else 8 (a
+    scenario's profile decides only which schedules are candidates, by the world size)."""
+    from ficco.features import KNOWN_HARDWARE, get_hardware
+
+    return KNOWN_HARDWARE.get(f"h200x{world_size}") or get_hardware("h200x8")
 
 
 def _device_name(device: str) -> str:

@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# The end-to-end runtimes benchmark in one call: torchtitan's Llama 3 layers at TP=NGPU (default: every GPU
+# The end-to-end runtimes benchmark in one call: torchtitan's Llama 3 layers at TP (default: every GPU
 # found) under eager serial, ficco's styles (and their diagnoses), serial compile, async-TP, ficco's compile
 # pass and the no-communication limit (benchmarks/runtimes.py). Results go to $RESULTS (default
 # benchmarks/results: runtimes-h200x2.{json,md,png}, -h100x2 on H100s, -h200x4 at 4 GPUs) and are copied to
 # $OUT with the logs. Resumable: points already in $RESULTS' JSON are skipped, so a second call (with the
 # first call's JSON in the checkout) measures the next points of the plan (runtimes.PLAN).
 #   bash benchmarks/gpu_runtimes.sh [SECONDS] [more benchmarks.runtimes options]
-#   e.g. NGPU=4 bash benchmarks/gpu_runtimes.sh 560
+#   e.g. TP=4 bash benchmarks/gpu_runtimes.sh 560
 #        bash benchmarks/gpu_runtimes.sh 560 --models Llama-3.1-70B --phases train --tokens 4096 8192
 # SECONDS (default 560) bounds the whole call; no point starts that this run expects to end after
 # SECONDS - 75 s (each point takes about as long as the longest of its phase so far).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 SECS="${1:-560}"; [ $# -gt 0 ] && shift
-NGPU="${NGPU:-$GPUS}"
+TP="${TP:-$GPUS}"
 RESULTS="${RESULTS:-benchmarks/results}"
-if ! [ "$NGPU" -ge 2 ] 2>/dev/null || [ "$NGPU" -gt "${GPUS:-0}" ]; then
-    echo "gpu_runtimes.sh needs 2 to ${GPUS:-0} GPUs (NGPU); got NGPU=$NGPU" \
+if ! [ "$TP" -ge 2 ] 2>/dev/null || [ "$TP" -gt "${GPUS:-0}" ]; then
+    echo "gpu_runtimes.sh needs 2 to ${GPUS:-0} GPUs (TP); got TP=$TP" \
         "(one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
 fi
-timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m benchmarks.runtimes \
+timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$TP" -m benchmarks.runtimes \
     --out "$RESULTS" --budget-s "$((SECS - 75))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
 echo "runtimes rc=$? (124: stopped at $SECS s; the points written so far are in the JSON)"
 grep -E " T=[0-9]+:" "$OUT/runtimes.log" | tail -40
 grep -A8 '"goals"' "$OUT/runtimes.log" | head -10
 grep -E "Error|error:" "$OUT/runtimes.err" | sort | uniq -c | sort -rn | head -5
-cp "$RESULTS"/runtimes-*x"$NGPU".json "$RESULTS"/runtimes-*x"$NGPU".md "$RESULTS"/runtimes-*x"$NGPU".png "$OUT"/ \
+cp "$RESULTS"/runtimes-*x"$TP".json "$RESULTS"/runtimes-*x"$TP".md "$RESULTS"/runtimes-*x"$TP".png "$OUT"/ \
     2>/dev/null
 ls -l "$OUT"

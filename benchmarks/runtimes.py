@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, rerender, write_results
+from benchmarks import REPO, machine_id, rerender, write_results
 from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
 from ficco.harness.worker import SAFE_ENV
 
@@ -562,17 +562,11 @@ def make_point(model, phase, tokens, times, host, errors, failures, ops, group, 
 
 
 def hardware_id(device: torch.device, world_size: int) -> str:
-    """This machine's hardware id: the built-in profile of its GPU model at ``world_size`` GPUs
-    (``h200x2``, ``h100x4``), else the GPU's name as a slug with ``x<world_size>``; on the CPU ``cpu`` at 2
-    ranks, ``cpux<world_size>`` otherwise."""
+    """This machine's hardware id (``benchmarks.machine_id``: ``h200x2``, ``h100x4``, ...); on the CPU ``cpu``
+    at 2 ranks, ``cpux<world_size>`` otherwise."""
     if device.type != "cuda":
         return "cpu" if world_size == 2 else f"cpux{world_size}"
-    name = torch.cuda.get_device_name(device)
-    for profile in KNOWN_HARDWARE.values():
-        if profile.gpu_count == world_size and profile.gpu_name.split()[1] in name.split():
-            return profile.id
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia ")).strip("-")
-    return f"{slug}x{world_size}"
+    return machine_id(world_size)
 
 
 def planner_source(hardware: str, world_size: int, cpu: bool) -> tuple[PredictorSource, str]:

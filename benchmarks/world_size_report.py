@@ -17,6 +17,12 @@ Writes ``OUT/world-size.json``, ``OUT/report.md`` and three plots (``best-family
   async-TP, and the realized overlap of the communication-heavy scenarios (``executor_report``: (serial -
   best) / (serial - max(GEMM alone, fastest communication alone)), over scenarios whose fastest
   communication alone is >= 20% of the GEMM alone);
+- **moves**: the same model layer (family, layer pair, tokens; ``features.model_config.layer_pairs`` of
+  ``datasets/model_configs`` and ``datasets/moe_configs``) at one world size and the next: how often its
+  fastest family stays or moves, per mode;
+- **serial/dma by size**: per world size and mode, by the MiB each GPU receives, the share of scenarios
+  whose fastest schedule is ``serial/dma`` and whose best set holds it (whether ``serial/dma`` earns its
+  place at small sizes);
 - **transfer**: a model trained on one world size's dataset picking for another's scenarios (``training.
   evaluate.split_summary``: the configuration and fallback cross-validated on the training dataset), beside
   the size heuristic fitted on the same training data; on the diagonal, the dataset's own family holdout
@@ -26,6 +32,7 @@ Writes ``OUT/world-size.json``, ``OUT/report.md`` and three plots (``best-family
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -34,13 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import executor_report
+from benchmarks import REPO, executor_report
 from ficco.features import SCHEDULE_FAMILIES, Schedule
 from ficco.files import write_text_atomic
 from ficco.tables import markdown_table
 
 PICKERS = ("model", "size_heuristic")
 """The pickers of the transfer matrix."""
+CONFIG_DIRS = ("datasets/model_configs", "datasets/moe_configs")
+"""Where the model layers that ``moves`` matches across world sizes come from (relative to the checkout)."""
+SIZE_EDGES_MIB = (1, 4, 16, 64)
+"""Edges of the size buckets of ``serial/dma by size`` (MiB each GPU receives)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,6 +100,7 @@ def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress
     for d, name in zip(loaded, names, strict=True):
         print(f"{name}: cross-validating on {d.info['n_scenarios']} scenarios", flush=True)
         cvs.append(cross_validate(d.table, seed=seed, n_jobs=n_jobs, progress=progress))
+    ordered = sorted(zip(loaded, names, strict=True), key=lambda pair: _world_size(pair[0]))
     transfer: dict[str, dict] = {}
     for train, cv, train_name in zip(loaded, cvs, names, strict=True):
         row: dict = {}
@@ -112,6 +124,10 @@ def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress
         "datasets": [_dataset_info(d, name) for d, name in zip(loaded, names, strict=True)],
         "simulated": [name for d, name in zip(loaded, names, strict=True) if _simulated(d)],
         "best_schedules": {name: best_schedules(d.table) for d, name in zip(loaded, names, strict=True)},
+        "moves": {f"{a} -> {b}": moves(x, y) for (x, a), (y, b) in itertools.pairwise(ordered)},
+        "serial_dma_by_size": {
+            name: serial_dma_by_size(d.table) for d, name in zip(loaded, names, strict=True)
+        },
         "overlap": {name: overlap(d) for d, name in zip(loaded, names, strict=True)},
         "transfer": rounded(transfer),
         "note": "transfer[train][test][mode][picker]: picks of a model (or the size heuristic) fitted on "
@@ -130,6 +146,78 @@ def best_schedules(table) -> dict[str, dict[str, float]]:
         best = families[table.best[on]]
         shares = {f: float(np.mean(best == f)) for f in SCHEDULE_FAMILIES}
         out[mode] = {**shares, "serial_in_best_set": float(np.mean(table.in_best[on, SERIAL_INDEX]))}
+    return out
+
+
+def moves(small, large) -> dict[str, Any]:
+    """How the fastest family of the same model layer moves from ``small``'s world size to ``large``'s:
+    ``{"matched": n, mode: {from family: {to family: count}}}`` over the (family, layer pair, tokens) both
+    datasets hold, in the modes both hold."""
+    from ficco.features.model_config import layer_pairs, load_model_configs
+    from ficco.training.model import SCHEDULES
+
+    w_small, w_large = _world_size(small), _world_size(large)
+    rows = {
+        id(d): {key: i for i, key in enumerate(zip(d.table.scenario_ids, d.table.modes, strict=True))}
+        for d in (small, large)
+    }
+    families = np.array([Schedule.parse(s).family for s in SCHEDULES], dtype=object)
+    configs = {c.name: c for folder in CONFIG_DIRS for c in load_model_configs(REPO / folder)}
+    found = set(np.asarray(small.table.families).tolist()) & set(np.asarray(large.table.families).tolist())
+    out: dict[str, Any] = {"matched": 0}
+    modes = sorted(set(np.asarray(small.table.modes).tolist()) & set(np.asarray(large.table.modes).tolist()))
+    for name in sorted(found & set(configs)):
+        for tokens in _tokens_of(small, name) & _tokens_of(large, name):
+            try:
+                pairs_small = layer_pairs(configs[name], tp=w_small, tokens=tokens, hardware=small.hardware)
+                pairs_large = layer_pairs(configs[name], tp=w_large, tokens=tokens, hardware=large.hardware)
+            except ValueError:  # the config does not split at one of the sizes
+                continue
+            by_name = {p.name: p.scenario.key() for p in pairs_large}
+            for pair in pairs_small:
+                ids = (pair.scenario.key(), by_name.get(pair.name))
+                hits = [(rows[id(small)].get((ids[0], m)), rows[id(large)].get((ids[1], m))) for m in modes]
+                if any(i is None or j is None for i, j in hits):
+                    continue
+                out["matched"] += 1
+                for mode, (i, j) in zip(modes, hits, strict=True):
+                    before, after = families[small.table.best[i]], families[large.table.best[j]]
+                    cell = out.setdefault(mode, {}).setdefault(before, {})
+                    cell[after] = cell.get(after, 0) + 1
+    return out
+
+
+def _tokens_of(loaded, family: str) -> set[int]:
+    """The token counts (``m`` of the all-gather pairs) ``loaded`` holds for ``family``."""
+    on = np.asarray(loaded.table.families) == family
+    return {s.m for s, hit in zip(loaded.table.scenarios, on, strict=True) if hit and s.op == "ag_gemm"}
+
+
+def serial_dma_by_size(table) -> dict[str, list[dict[str, Any]]]:
+    """Per mode, per bucket of MiB each GPU receives (``SIZE_EDGES_MIB``): ``{bucket, scenarios, best,
+    in_best_set}``, the shares of its scenarios whose fastest schedule is ``serial/dma`` and whose best set
+    holds it."""
+    from ficco.training.model import SCHEDULE_INDEX
+
+    column = SCHEDULE_INDEX["serial/dma"]
+    mib = np.array([s.comm_bytes / 2**20 for s in table.scenarios])  # the busiest rank's, received
+    edges = [0.0, *SIZE_EDGES_MIB, math.inf]
+    out = {}
+    for mode, on in _modes(table):
+        buckets = []
+        for lo, hi in itertools.pairwise(edges):
+            mine = on & (mib >= lo) & (mib < hi)
+            if not mine.any():
+                continue
+            buckets.append(
+                {
+                    "bucket": f"{lo:g}-{hi:g} MiB" if math.isfinite(hi) else f">= {lo:g} MiB",
+                    "scenarios": int(mine.sum()),
+                    "best": float(np.mean(table.best[mine] == column)),
+                    "in_best_set": float(np.mean(table.in_best[mine, column])),
+                }
+            )
+        out[mode] = buckets
     return out
 
 
@@ -210,6 +298,8 @@ def render_markdown(summary: dict) -> str:
         for mode, s in modes.items()
     ]
     lines += [markdown_table(header, rows), "", "![best family](best-family.png)", ""]
+    lines += _moves_markdown(summary.get("moves", {}))
+    lines += _serial_dma_markdown(summary.get("serial_dma_by_size", {}))
     lines += ["## Achievable overlap", ""]
     header = ["world size", "mode", "scenarios", "best vs serial", "best vs async-TP", "realized overlap"]
     rows = []
@@ -254,6 +344,51 @@ def render_markdown(summary: dict) -> str:
         lines += [f"**{mode}**", "", markdown_table(["", *(f"test {t}" for t in tests)], rows), ""]
     lines += ["![transfer](transfer.png)", ""]
     return "\n".join(lines)
+
+
+def _moves_markdown(moves_by_pair: dict) -> list[str]:
+    """Per pair of world sizes and mode: the transition table of the fastest family, rows the smaller
+    world size's, columns the larger's."""
+    if not moves_by_pair:
+        return []
+    lines = [
+        "## How the best schedule moves",
+        "",
+        "The same model layer (family, layer pair, tokens) at one world size and the next: how many have "
+        "their fastest schedule in each family (rows: the smaller world size, columns: the larger).",
+        "",
+    ]
+    for pair, found in moves_by_pair.items():
+        for mode in (m for m in found if m != "matched"):
+            table = found[mode]
+            after = [f for f in SCHEDULE_FAMILIES if any(f in row for row in table.values())]
+            rows = [[before, *(table[before].get(f, 0) for f in after)] for before in SCHEDULE_FAMILIES
+                    if before in table]  # fmt: skip
+            stay = sum(table[f].get(f, 0) for f in table)
+            lines += [f"**{pair}, {mode}** ({found['matched']} layers; {stay} keep their family)", ""]
+            lines += [markdown_table(["", *after], rows), ""]
+    return lines
+
+
+def _serial_dma_markdown(by_size: dict) -> list[str]:
+    """Per world size and mode, the ``serial/dma`` shares by size bucket."""
+    if not by_size:
+        return []
+    rows = [
+        [name, mode, b["bucket"], b["scenarios"], f"{b['best']:.0%}", f"{b['in_best_set']:.0%}"]
+        for name, modes in by_size.items()
+        for mode, buckets in modes.items()
+        for b in buckets
+    ]
+    return [
+        "## serial/dma by size",
+        "",
+        "Share of scenarios whose fastest schedule is `serial/dma`, and whose best set holds it, by the MiB "
+        "each GPU receives.",
+        "",
+        markdown_table(["world size", "mode", "MiB received", "scenarios", "fastest", "in best set"], rows),
+        "",
+    ]
 
 
 def plot_best_family(summary: dict, path: Path) -> None:

@@ -22,10 +22,12 @@ from ficco.executor import library
 from ficco.executor.context import (
     CaptureError,
     clear_buffers,
+    copy_streams,
     poison_buffers,
     process_group,
     reset,
     set_barrier_timeout,
+    set_copy_streams,
 )
 from ficco.executor.experts import grouped_matmul
 from ficco.executor.ops import (
@@ -45,6 +47,7 @@ __all__ = [
     "all_to_all_matmul",
     "clear_buffers",
     "communicate",
+    "copy_streams",
     "grouped_matmul",
     "library",
     "matmul_all_to_all",
@@ -54,4 +57,5 @@ __all__ = [
     "reset",
     "run_op",
     "set_barrier_timeout",
+    "set_copy_streams",
 ]

@@ -27,7 +27,7 @@ from ficco.executor.allocation import persistent
 from ficco.executor.capture import CaptureError as CaptureError  # re-exported: ficco.executor.CaptureError
 from ficco.executor.capture import refuse_capture as refuse_capture
 from ficco.executor.experts import RoutedState
-from ficco.executor.lanes import DeviceLanes, InlineLanes
+from ficco.executor.lanes import CopyStreams, DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
 from ficco.executor.resources import SMCarveout, nccl_options
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
@@ -192,6 +192,21 @@ _reset_with: list[dict] = []
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
+COPY_STREAMS_ENV = "FICCO_COPY_STREAMS"
+"""Environment variable naming the copy arrangement (``CopyStreams`` string form) a process starts with."""
+DEFAULT_COPY_STREAMS = "per_peer"
+"""The copy arrangement when ``FICCO_COPY_STREAMS`` is not set: one side stream per peer."""
+
+
+def _copy_streams_from_env() -> CopyStreams:
+    text = os.environ.get(COPY_STREAMS_ENV, DEFAULT_COPY_STREAMS)
+    try:
+        return CopyStreams.parse(text)
+    except ValueError as err:
+        raise ValueError(f"{COPY_STREAMS_ENV}: {err}") from None
+
+
+_copy_streams = _copy_streams_from_env()
 
 
 def set_barrier_timeout(seconds: float) -> None:
@@ -200,6 +215,18 @@ def set_barrier_timeout(seconds: float) -> None:
     if not seconds >= 0:
         raise ValueError(f"barrier timeout must be a number of seconds >= 0; got {seconds!r}")
     _barrier_timeout_ms = int(seconds * 1000)
+
+
+def set_copy_streams(streams: CopyStreams | str) -> None:
+    """The copy arrangement of copy-engine calls from now on (``CopyStreams`` or its string form, e.g.
+    ``"1"``, ``"per_peer"``, ``"0:1;16:per_peer"``); transports built before keep theirs."""
+    global _copy_streams
+    _copy_streams = streams if isinstance(streams, CopyStreams) else CopyStreams.parse(streams)
+
+
+def copy_streams() -> CopyStreams:
+    """The copy arrangement of copy-engine calls (``set_copy_streams``; at start ``FICCO_COPY_STREAMS``)."""
+    return _copy_streams
 
 
 def get_context(group: dist.ProcessGroup | None, device: torch.device) -> GroupContext:

@@ -26,7 +26,10 @@ by ``join`` and before each GEMM) switches back to the caller's stream once.
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +40,8 @@ class InlineLanes:
 
     capturing = False
     """Not tracked: with one stream there is no join that graph capture would need."""
+    count = 1
+    """Every piece goes on "lane 0", the caller's stream."""
 
     def fork(self, signal: bool) -> None:
         """No-op: nothing runs beside the caller's stream."""
@@ -77,6 +82,8 @@ class DeviceLanes:
         priority = _HIGH_PRIORITY if high_priority else 0
         self.copy = [torch.cuda.Stream(device=device, priority=priority) for _ in range(count)]
         """Copy lanes, one per concurrent stream of pieces."""
+        self.count = count
+        """Copy lanes (a call puts piece ``p`` on lane ``executor.plan.lane_of(p, count)``)."""
         self.signal = torch.cuda.Stream(device=device, priority=priority)
         """The lane that runs device barriers after copies and records when pieces have landed."""
         self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
@@ -199,6 +206,70 @@ class DeviceLanes:
         current again."""
         self.home()
         self._current.wait_event(self._landed[key])
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStreams:
+    """How many side streams a copy-engine (``dma``) call spreads the pieces of its peers over, by the bytes
+    of one piece: the executor's copy arrangement (``executor.set_copy_streams``, ``FICCO_COPY_STREAMS``).
+
+    String form (:meth:`parse`): ``per_peer`` (one side stream per peer: every peer's piece of a round in
+    flight at once), ``<n>`` (at most ``n`` side streams, which the peers share in ring order: ``1`` moves one
+    piece at a time, peer after peer, as PyTorch's low-contention all-gather does), or a table by the MiB of
+    one piece, ``"0:<streams>;<MiB>:<streams>;..."``, e.g. ``0:1;16:per_peer`` (pieces under 16 MiB one
+    after another, larger ones one stream per peer). A call whose copies end up on one side stream with no
+    GEMM to overlap them with (``serial``) issues them on the caller's stream instead (:func:`copy_lanes`).
+    """
+
+    bounds: tuple[int, ...] = (0,)
+    """Smallest piece of each entry, bytes: starts at 0, strictly increasing."""
+    streams: tuple[int | None, ...] = (None,)
+    """Side streams of each entry, at most; None: one per peer."""
+
+    def __post_init__(self) -> None:
+        ok_bounds = self.bounds[:1] == (0,) and all(a < b for a, b in itertools.pairwise(self.bounds))
+        ok_streams = all(s is None or (isinstance(s, int) and s >= 1) for s in self.streams)
+        if not (ok_bounds and ok_streams and len(self.bounds) == len(self.streams)):
+            raise ValueError(
+                f"CopyStreams needs bounds starting at 0 and increasing, and one entry of streams (None or "
+                f"an int >= 1) per bound; got bounds {list(self.bounds)}, streams {list(self.streams)}"
+            )
+
+    def at(self, piece_bytes: int) -> int | None:
+        """Side streams for pieces of ``piece_bytes`` bytes, at most (None: one per peer)."""
+        return self.streams[bisect_right(self.bounds, piece_bytes) - 1]
+
+    def __str__(self) -> str:
+        names = ["per_peer" if s is None else str(s) for s in self.streams]
+        if len(names) == 1:
+            return names[0]
+        return ";".join(f"{b / 2**20:g}:{n}" for b, n in zip(self.bounds, names, strict=True))
+
+    @classmethod
+    def parse(cls, text: str) -> CopyStreams:
+        """Parse the string form (class docstring); ValueError naming the text and the allowed forms."""
+        forms = "'per_peer', a number of streams >= 1, or a table '0:STREAMS;MIB:STREAMS;...'"
+        try:
+            entries = [e.partition(":") for e in str(text).split(";")]
+            if len(entries) == 1 and not entries[0][1]:
+                entries = [("0", ":", entries[0][0])]
+            bounds = tuple(round(float(mib) * 2**20) for mib, _, _ in entries)
+            streams = tuple(None if s.strip() == "per_peer" else int(s) for _, _, s in entries)
+            if any(not sep for _, sep, _ in entries):
+                raise ValueError("an entry lacks its ':'")
+            return cls(bounds=bounds, streams=streams)
+        except ValueError as err:
+            raise ValueError(f"copy streams {text!r} are none of {forms}: {err}") from None
+
+
+def copy_lanes(policy: CopyStreams, peers_at_once: int, piece_bytes: int, overlaps: bool) -> int:
+    """Side lanes of a copy-engine call under ``policy``: ``peers_at_once`` (the plan's pieces in flight
+    together: one per peer, or one for a ring of shards), at most the policy's streams for pieces of
+    ``piece_bytes``; 0 (every copy on the caller's stream, no fork or join) when that is one lane and the
+    call has no GEMM to overlap the copies with (``overlaps`` False: the collective alone, or ``serial``)."""
+    cap = policy.at(piece_bytes)
+    lanes = peers_at_once if cap is None else min(peers_at_once, cap)
+    return 0 if lanes == 1 and not overlaps else lanes
 
 
 _HIGH_PRIORITY = -1

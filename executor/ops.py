@@ -31,11 +31,13 @@ from ficco.executor.checks import (
 from ficco.executor.context import (
     GroupContext,
     checked_context,
+    copy_streams,
     get_context,
     refuse_capture,
     remember_checked,
 )
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_matmul, routed_state
+from ficco.executor.lanes import copy_lanes
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
@@ -411,9 +413,10 @@ def communicate(
     rank)), n]`` (the copy-engine versions include the copy of the rows a rank keeps, as NCCL's
     ``all_to_all_single`` does).
 
-    ``streams`` (copy engines): ``per_peer``, the pieces on one side stream per peer, as a schedule's
-    ``serial/dma`` moves them; ``current``, every copy and the barrier on the caller's stream, no fork or
-    join; ``auto``, ``current`` for an all-to-all on two ranks, else ``per_peer``.
+    ``streams`` (copy engines): ``auto``, as a ``serial/dma`` schedule moves them (the executor's copy
+    arrangement, ``executor.copy_streams()``: one side stream per peer, or fewer, down to every copy on the
+    caller's stream); ``per_peer``, one side stream per peer whatever the arrangement; ``current``, every copy
+    and the barrier on the caller's stream, no fork or join.
     """
     spec = OP_SPECS.get(op)
     if spec is None or executor not in ("sm", "dma") or streams not in ("auto", "current", "per_peer"):
@@ -446,7 +449,7 @@ def communicate(
         return
     dest_shape = (w, rows // w, width) if reduces else (w, rows, width)
     plan = make_plan(spec.direction, w, "serial", 1, "whole")
-    lanes = 0 if streams == "current" else None
+    lanes = _streams_lanes(streams, plan)
     transport = _transport(ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape, lanes=lanes)
     run_pipeline(plan, transport, None)
     if scattered is not None:
@@ -477,7 +480,7 @@ def _communicate_all_to_all(
         dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=ctx.group)
         return
     plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
-    lanes = 0 if streams == "current" or (streams == "auto" and _should_copy_on_current_stream(ctx)) else None
+    lanes = _streams_lanes(streams, plan)
     transport = _transport(
         ctx,
         plan,
@@ -493,12 +496,9 @@ def _communicate_all_to_all(
     run_pipeline(plan, transport, None)
 
 
-def _should_copy_on_current_stream(ctx: GroupContext) -> bool:
-    """Whether the all-to-all alone (``communicate``) issues its copies on the caller's stream."""
-    # One peer: a side stream would only add a fork and a join around its one copy; with more peers,
-    # one stream per peer lets the copy engines move every peer's rows at once (benchmarks/a2a_bench.py
-    # measures both at every size).
-    return ctx.world_size == 2
+def _streams_lanes(streams: str, plan: Plan) -> int | None:
+    """The copy lanes of ``communicate``'s ``streams`` (None: the executor's copy arrangement decides)."""
+    return {"auto": None, "current": 0, "per_peer": plan.lanes}[streams]
 
 
 def _checked_context(
@@ -671,15 +671,18 @@ def _transport(
     each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's
     destination is a grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by
     ``cut`` (``RoutedState.cut``: the same view every call with the routing). ``lanes``: copy lanes (dma;
-    default ``plan.lanes``; 0: none, everything on the caller's stream). ``cache``: where the transport is
-    kept (default ``ctx.transports``; the MoE ops keep theirs with their routing).
+    default: as the executor's copy arrangement says, ``lanes.copy_lanes``; 0: none, everything on the
+    caller's stream). ``cache``: where the transport is kept (default ``ctx.transports``; the MoE ops keep
+    theirs with their routing).
 
-    Built once per (executor, priority, CTA cap, plan, destination buffer, layout, lanes) and kept, so a call
-    reuses its views and row ranges; the destination is this call's half of the peer memory (dma) or the
-    cached ``received`` buffer (sm), so the two halves of the double buffering get one transport each.
+    Built once per (executor, priority, CTA cap, plan, destination buffer, layout, lanes, copy arrangement)
+    and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer
+    memory (dma) or the cached ``received`` buffer (sm), so the two halves of the double buffering get one
+    transport each.
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
+    arrangement = copy_streams() if schedule.executor == "dma" and lanes is None else None
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
         workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
@@ -706,6 +709,7 @@ def _transport(
         "bound" if bind_dest else id(dest),
         id(layout),
         lanes,
+        arrangement,
     )
     transport = cache.get(key) if keep else None
     if transport is not None:
@@ -713,11 +717,11 @@ def _transport(
         return transport
     common = {"plan": plan, "rank": ctx.rank, "source": source, "dest": dest, "layout": layout}
     if schedule.executor == "dma":
-        transport = PeerCopyTransport(
-            workspace=workspace,
-            lanes=ctx.get_lanes(plan.lanes if lanes is None else lanes, high_priority),
-            **common,
-        )
+        if lanes is None:
+            piece = _piece_bytes(plan, dest_shape, layout, source.dtype)
+            lanes = copy_lanes(arrangement, plan.lanes, piece, overlaps=len(plan.units) > 1)
+        lanes_of_call = ctx.get_lanes(lanes, high_priority)
+        transport = PeerCopyTransport(workspace=workspace, lanes=lanes_of_call, **common)
     else:
         transport = PointToPointTransport(
             group=ctx.p2p_group(high_priority, schedule.ctas, what=f"schedule {schedule}"),
@@ -728,6 +732,13 @@ def _transport(
     if keep:
         cache[key] = transport
     return transport
+
+
+def _piece_bytes(plan: Plan, dest_shape: tuple[int, ...], layout: Layout | None, dtype: torch.dtype) -> int:
+    """Bytes of the largest piece a call of ``plan`` moves: a sub-chunk of a shard (``dest_shape`` ``[w, R,
+    width]``) or of the largest block a routed ``layout`` sends."""
+    block = max(layout.send_rows) if layout is not None else dest_shape[1]
+    return -(-block // plan.splits) * dest_shape[-1] * dtype.itemsize
 
 
 def _reduce_into(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tensor]) -> None:

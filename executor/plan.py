@@ -64,11 +64,15 @@ class Plan:
     units: tuple[Unit, ...] = ()
     """GEMMs in issue order."""
     lanes: int = 1
-    """Copy lanes (side streams) the pieces spread over: one per peer when all peers move at once."""
+    """Pieces in flight at once: one per peer when a round moves every peer's piece (``serial``, ``finer``),
+    1 for a ring of one shard per round (``shard``). A copy-engine call spreads them over at most this many
+    side streams (``executor.lanes.copy_lanes``)."""
 
-    def lane_of(self, piece: Piece) -> int:
-        """The copy lane that moves ``piece``."""
-        return (piece.offset - 1) % self.lanes
+
+def lane_of(piece: Piece, lanes: int) -> int:
+    """The copy lane that moves ``piece`` when a call spreads its pieces over ``lanes`` lanes: peers in ring
+    order (offset 1, 2, ...) take the lanes in turn."""
+    return (piece.offset - 1) % lanes
 
 
 @lru_cache(maxsize=512)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import Workspace
-from ficco.executor.plan import Layout, Piece, Plan, Unit
+from ficco.executor.plan import Layout, Piece, Plan, Unit, lane_of
 
 
 class Transport(Protocol):
@@ -315,10 +315,11 @@ class PointToPointTransport(_Transport):
 class PeerCopyTransport(_Transport):
     """``dma``: copy engines push pieces into the receiver's peer memory; device barriers publish them.
 
-    gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (one
-    copy lane per peer), then a barrier on the signal lane; once it completes, every piece of round ``j``
-    has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy lane
-    runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
+    gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (the
+    peers spread over the copy lanes the call was given, ``executor.lanes.copy_lanes``: one per peer, or
+    fewer shared in ring order), then a barrier on the signal lane; once it completes, every piece of round
+    ``j`` has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy
+    lane runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
     copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
     call and every call's lanes joined before the next call forks them, barriers still never overlap.
     scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is
@@ -336,24 +337,25 @@ class PeerCopyTransport(_Transport):
         """Every rank's half of the peer memory for this call, as rows of ``width`` (the layout's
         ``remote`` ranges index them)."""
         self._gather = self.plan.direction == "gather"
-        self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and self.plan.lanes == 1
-        """gather with one round on one lane (e.g. shard or serial on two ranks): its one barrier runs on
-        that copy lane, so the signal lane is not used."""
+        count = self.lanes.count
+        self._barrier_on_copy_lane = self._gather and len(self.plan.rounds) == 1 and count == 1
+        """gather with one round on one lane (e.g. shard on two ranks, serial on the caller's stream): its
+        one barrier runs on that copy lane, so the signal lane is not used."""
         self._signal = self._gather and not self._barrier_on_copy_lane
         self._round_index = {id(batch): j for j, batch in enumerate(self.plan.rounds)}
         """gather: the round (and ``signal_after`` key) of each batch of ``plan.rounds``, by identity."""
         self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
-        self._round_lanes = [sorted({self.plan.lane_of(p) for p in batch}) for batch in self.plan.rounds]
+        self._round_lanes = [sorted({lane_of(p, count) for p in batch}) for batch in self.plan.rounds]
         """gather: the copy lanes each round's pieces use (the signal lane waits for these)."""
-        self._lane_of = {id(p): self.plan.lane_of(p) for u in self.plan.units for p in u.pieces}
-        self._lane_of |= {id(p): self.plan.lane_of(p) for batch in self.plan.rounds for p in batch}
+        self._lane_of = {id(p): lane_of(p, count) for u in self.plan.units for p in u.pieces}
+        self._lane_of |= {id(p): lane_of(p, count) for batch in self.plan.rounds for p in batch}
         self._wait_keys: dict[int, list[int]] = {}
         """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
         self._produced: list[tuple[Piece, ...]] = []
         """scatter: the pieces each GEMM of this call produced, in order (pushed in ``end``)."""
         self._scatter_lanes: dict[int, list[int]] = {}
         """scatter: the copy lanes a unit's pieces use, keyed by ``id(unit.pieces)``."""
-        self._waits_join = self._gather and self._round_lanes[-1] == list(range(self.plan.lanes))
+        self._waits_join = self._gather and self._round_lanes[-1] == list(range(count))
         """gather: the wait for the last round (every call makes it) already orders every lane this call
         used before the caller's stream: the last landed event is recorded behind the last barrier, which
         ran behind the last copies of every lane. An eager call then skips the join's event pairs; a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,14 +97,30 @@ def get_hardware(hardware_id: str) -> HardwareProfile:
 
 def hardware_of(gpu_name: str, gpu_count: int) -> HardwareProfile | None:
     """The built-in profile of ``gpu_count`` GPUs of the model ``gpu_name`` names (what
-    ``torch.cuda.get_device_name`` reports: ``NVIDIA H100 80GB HBM3`` is an H100), or None. A profile's GPU
-    model is the first word of its ``gpu_name`` that holds a digit (``H200``, ``H100``, ``MI300X``)."""
-    words = gpu_name.split()
+    ``torch.cuda.get_device_name`` reports: ``NVIDIA H100 80GB HBM3`` is an H100), or None."""
+    model = _gpu_model(gpu_name)
     for profile in KNOWN_HARDWARE.values():
-        model = next((w for w in profile.gpu_name.split() if any(c.isdigit() for c in w)), None)
-        if profile.gpu_count == gpu_count and model in words:
+        if profile.gpu_count == gpu_count and model and _gpu_model(profile.gpu_name) == model:
             return profile
     return None
+
+
+def hardware_id_of(gpu_name: str, gpu_count: int) -> str:
+    """The id of ``gpu_count`` GPUs named ``gpu_name`` (as ``torch.cuda.get_device_name`` gives it): the
+    built-in profile's (``NVIDIA H100 80GB HBM3`` x 4 -> ``h100x4``), else the GPU model (or the name) as a
+    slug with ``x<count>`` (``NVIDIA B200`` x 4 -> ``b200x4``)."""
+    profile = hardware_of(gpu_name, gpu_count)
+    if profile is not None:
+        return profile.id
+    model = _gpu_model(gpu_name)
+    slug = model.lower() if model else re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    return f"{slug or 'gpu'}x{gpu_count}"
+
+
+def _gpu_model(name: str) -> str:
+    """The model in a GPU's name: ``NVIDIA H200`` -> ``H200``, ``AMD Instinct MI300X`` -> ``MI300X``; ''."""
+    found = re.search(r"\b[A-Z]+\d{2,}[A-Z]*\b", name)
+    return found.group(0) if found else ""
 
 
 PROFILE_FILE = "hardware.json"

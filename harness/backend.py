@@ -30,10 +30,10 @@ EAGER_TIMED_FACTOR = 3.0
 (``features.dataset.LABEL_STAT``), which needs many rounds to be steady; 3x rather than 4x keeps a full
 614-scenario sweep with its re-measure inside 25 minutes (``estimate_sweep``)."""
 
-PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop"}
+PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
 """Protocol settings that a dataset's manifest did not record before they became settings, as those
 datasets were measured (every rank's threads on an equal share of the CPUs; one ``torch.mm`` per expert in
-the MoE ops): a resume compares with these."""
+the MoE ops; one copy-engine side stream per peer): a resume compares with these."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

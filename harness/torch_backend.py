@@ -254,8 +254,10 @@ class TorchBackend:
 
     def protocol(self) -> dict:
         """Modes, the ``Timing`` settings, the protocol's fixed limits, how graph rounds are aligned, the CPU
-        placement policy of the ranks' threads (``pin``) and how the MoE ops run their expert GEMMs
-        (``expert_gemms``: grouped from ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs a block)."""
+        placement policy of the ranks' threads (``pin``), how the MoE ops run their expert GEMMs
+        (``expert_gemms``: grouped from ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs a block) and the
+        executor's copy arrangement (``copy_streams``: ``executor.copy_streams()``)."""
+        from ficco import executor
         from ficco.executor.experts import GROUPED_MIN_GEMMS
 
         return {
@@ -267,6 +269,7 @@ class TorchBackend:
             "graph_rounds": "queued" if self.name == "gpu" else "host-aligned",
             "pin": self.placement.policy,
             "expert_gemms": f"grouped from {GROUPED_MIN_GEMMS}",
+            "copy_streams": str(executor.copy_streams()),
         }
 
     def fingerprint(self) -> dict:

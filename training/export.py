@@ -118,9 +118,10 @@ def training_fingerprint(card: dict[str, Any]) -> dict[str, Any]:
 
 def check_measured(card: dict[str, Any], world_size: int, *, allow_simulated: bool) -> bool:
     """Whether an export at ``world_size`` would be simulated (returned when ``allow_simulated``); else
-    :class:`ExportRefused` naming why: the model's data are not GPU measurements, or of other world sizes."""
+    :class:`ExportRefused` naming why: the model's data are not GPU measurements, or of other world sizes
+    (its card's ``world_sizes``; cards from before that field: its hardware's GPU count)."""
     backends = card.get("dataset", {}).get("backends", [])
-    measured_sizes = {int(card["hardware"]["gpu_count"])}
+    measured_sizes = set(card.get("world_sizes") or [int(card["hardware"]["gpu_count"])])
     why = []
     if backends != ["gpu"]:
         why.append(f"its training data come from backends {backends}, not GPU measurements")

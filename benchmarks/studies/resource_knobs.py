@@ -1,7 +1,9 @@
 r"""The seeds' SM resource knobs, measured: does a CTA cap on NCCL (``/cta<N>``) or an SM carve-out for the
 GEMMs (``/carve<N>``) ever change the best schedule?
 
-    # 2 GPUs (estimated 3-4 minutes on 2 x H200, not yet run there): writes OUT/knobs-h200x2.json and .md
+    # 2 GPUs (estimated 3-4 minutes on 2 x H200 for every shape): writes OUT/knobs-h200x2.json and .md
+    # (named after the GPUs found); 4 GPUs: --nproc-per-node 4, OUT/knobs-h200x4.json; --budget-s cuts
+    # the shapes short (the ops take turns, so both stay)
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.studies.resource_knobs \
         --out benchmarks/results
     # the probes alone on one GPU (the GEMM probes need no peer): writes OUT/knobs-probes-h200x1.json and .md
@@ -29,8 +31,9 @@ keeps what it measured):
 3. **The verdict per knob** (``verdict``): per (shape, mode), the best set over the plain schedules and that
    knob's variants (``harness.labels.best_set``); the knob *changes the best schedule* there when no plain
    schedule is left in that set, and its gain is the best plain label time over the best one with the knob.
-   A knob is kept in the design space when it changes the best schedule in at least ``KEEP_SHARE`` of the
-   shapes of a mode; otherwise it is dropped, and this file records why.
+   The knob *wins* there when it changes the best schedule by at least ``MIN_GAIN`` (3%). A knob is kept in
+   the design space when it wins on at least ``KEEP_SHARE`` (10%) of the shapes of a mode; otherwise it
+   leaves (less to measure, less to learn), and this file records why.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import executor_report, say, torchrun_main
+from benchmarks import executor_report, machine_id, say, torchrun_main
 from ficco.features.dataset import label_quantile
 from ficco.files import write_text_atomic
 from ficco.harness.backend import MAX_ROUNDS, TIMED_MS, Timing
@@ -58,21 +61,22 @@ from ficco.harness.worker import SAFE_ENV
 os.environ.update(SAFE_ENV)
 
 SHAPES = (
-    # (op, m, n, k): communication-heavy to compute-heavy, decode-sized to prefill-sized, at TP=2
-    ("ag_gemm", 1024, 4096, 4096),
+    # (op, m, n, k): communication-heavy to compute-heavy, decode-sized to prefill-sized; the ops take
+    # turns, so a run cut short by its budget keeps both
     ("ag_gemm", 4096, 4096, 4096),
-    ("ag_gemm", 16384, 2048, 4096),
-    ("ag_gemm", 65536, 1024, 4096),
-    ("ag_gemm", 16384, 14336, 4096),
-    ("ag_gemm", 2048, 8192, 8192),
-    ("ag_gemm", 8192, 8192, 8192),
-    ("gemm_rs", 1024, 4096, 4096),
     ("gemm_rs", 4096, 4096, 4096),
+    ("ag_gemm", 16384, 2048, 4096),
     ("gemm_rs", 16384, 4096, 2048),
+    ("ag_gemm", 65536, 1024, 4096),
     ("gemm_rs", 65536, 4096, 1024),
-    ("gemm_rs", 16384, 4096, 7168),
-    ("gemm_rs", 2048, 8192, 8192),
+    ("ag_gemm", 8192, 8192, 8192),
     ("gemm_rs", 8192, 8192, 8192),
+    ("ag_gemm", 2048, 8192, 8192),
+    ("gemm_rs", 2048, 8192, 8192),
+    ("ag_gemm", 16384, 14336, 4096),
+    ("gemm_rs", 16384, 4096, 7168),
+    ("ag_gemm", 1024, 4096, 4096),
+    ("gemm_rs", 1024, 4096, 4096),
 )
 DRY_RUN_SHAPES = (("ag_gemm", 64, 32, 48), ("gemm_rs", 64, 48, 32))
 """``--cpu-dry-run``: tiny shapes every finer split divides at up to 8 ranks."""
@@ -89,7 +93,10 @@ ADD_MIB = 256
 PLAIN_SCHEDULES = 34
 """Items of a dataset scenario (30 schedules and 4 baselines): the timed work is scaled from it."""
 KEEP_SHARE = 0.10
-"""A knob stays when it changes the best schedule in at least this share of the shapes of a mode."""
+"""A knob stays when it wins (:data:`MIN_GAIN`) on at least this share of the shapes of a mode."""
+MIN_GAIN = 1.03
+"""A knob wins on a shape when it changes the best schedule and its best variant is at least this much
+faster than the best plain schedule."""
 KNOBS = {"ctas": "CTA cap on NCCL (/cta<N>)", "carveout": "SM carve-out for the GEMMs (/carve<N>)"}
 """The ``Schedule`` field of each knob and what it is."""
 
@@ -99,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.studies.resource_knobs", description=__doc__.splitlines()[0].lstrip('r"')
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder of the JSON and .md")
-    p.add_argument("--name", default=None, help="file stem (default: knobs-h200x<world size>)")
+    p.add_argument("--name", default=None, help="file stem (default: knobs-<hardware id>, e.g. knobs-h200x4)")
     p.add_argument("--budget-s", type=float, default=420.0, help="skip the shapes that would start later")
     p.add_argument("--rounds", type=int, default=5, help="fewest interleaved rounds per shape and mode")
     p.add_argument("--cpu-dry-run", action="store_true", help="gloo on the CPU, tiny shapes, eager only")
@@ -128,7 +135,7 @@ def run(args: argparse.Namespace) -> dict:
         device="cpu" if cpu else "cuda", modes=("eager",) if cpu else ("eager", "graph"), timing=plain_timing
     )
     w, lead = backend.world_size, backend.rank == 0
-    path = args.out / f"{args.name or f'knobs-h200x{w}'}.json"
+    path = args.out / f"{args.name or f'knobs-{machine_id(w, not cpu)}'}.json"
     data: dict = {
         "meta": {
             "world_size": w,
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> dict:
             "ctas": list(CTAS),
             "carveouts": list(CARVEOUTS),
             "keep_share": KEEP_SHARE,
+            "min_gain": MIN_GAIN,
         },
         "probes": {} if cpu else measure_probes(backend),
         "shapes": [],
@@ -199,8 +207,9 @@ def measure_shape(backend, plain_timing: Timing, op: str, m: int, n: int, k: int
 
 def verdict(shapes: list[dict]) -> dict:
     """Per knob of ``KNOBS`` and mode: the shapes, those where the knob changes the best schedule beyond
-    noise, the geometric-mean and largest gain of its best variant over the best plain schedule, and
-    whether the knob is kept (``KEEP_SHARE``); plus the per-shape rows behind them (``per_shape``)."""
+    noise, those where it wins (changes it by at least ``MIN_GAIN``), the geometric-mean and largest gain of
+    its best variant over the best plain schedule, and whether the knob is kept (wins on at least
+    ``KEEP_SHARE`` of a mode's shapes); plus the per-shape rows behind them (``per_shape``)."""
     out: dict = {}
     for knob in KNOBS:
         per_mode: dict = {}
@@ -209,10 +218,12 @@ def verdict(shapes: list[dict]) -> dict:
             mine = [r for r in rows if r["mode"] == mode]
             gains = [r["gain"] for r in mine]
             changed = sum(r["changes_best"] for r in mine)
+            wins = sum(r["wins"] for r in mine)
             per_mode[mode] = {
                 "shapes": len(mine),
                 "changes_best": changed,
-                "share": changed / len(mine),
+                "wins": wins,
+                "share": wins / len(mine),
                 "geomean_gain": executor_report.geomean(gains),
                 "max_gain": max(gains),
             }
@@ -243,6 +254,8 @@ def _knob_rows(shape: dict, knob: str) -> list[dict]:
         labels = np.array([r["label_ms"] for r in rows])
         best_plain = int(np.flatnonzero(is_plain)[np.argmin(labels[is_plain])])
         best_knob = int(np.flatnonzero(~is_plain)[np.argmin(labels[~is_plain])])
+        changes = bool(not inside[is_plain].any())
+        gain = float(labels[best_plain] / min(labels[best_plain], labels[best_knob]))
         out.append(
             {
                 "op": shape["op"],
@@ -254,8 +267,9 @@ def _knob_rows(shape: dict, knob: str) -> list[dict]:
                 "best_plain_ms": labels[best_plain],
                 "best_knob": rows[best_knob]["schedule"],
                 "best_knob_ms": labels[best_knob],
-                "changes_best": bool(not inside[is_plain].any()),
-                "gain": float(labels[best_plain] / min(labels[best_plain], labels[best_knob])),
+                "changes_best": changes,
+                "gain": gain,
+                "wins": changes and gain >= MIN_GAIN,
             }
         )
     return out
@@ -365,18 +379,20 @@ def render_markdown(data: dict) -> str:
         f"# Resource knobs: {meta['world_size']} x {meta['device']}",
         "",
         f"Started {meta['started_utc']} UTC; wall {meta.get('wall_s', 'n/a')} s; CTA caps {meta['ctas']}, "
-        f"carve-outs {meta['carveouts']} SMs; a knob is kept when it changes the best schedule beyond noise "
-        f"in >= {meta['keep_share']:.0%} of the shapes of a mode.",
+        f"carve-outs {meta['carveouts']} SMs; a knob wins on a shape when it changes the best schedule "
+        f"beyond noise by >= {meta.get('min_gain', MIN_GAIN) - 1:.0%}, and is kept when it wins on >= "
+        f"{meta['keep_share']:.0%} of the shapes of a mode.",
         "",
         "## Verdict",
         "",
-        "| knob | mode | shapes | changes the best | share | geomean gain | max gain | kept |",
-        "|---|---|---|---|---|---|---|---|",
+        "| knob | mode | shapes | changes the best | wins | share | geomean gain | max gain | kept |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for knob, v in data.get("verdict", {}).items():
         for mode, s in v["modes"].items():
             lines.append(
-                f"| {KNOBS[knob]} | {mode} | {s['shapes']} | {s['changes_best']} | {s['share']:.0%} | "
+                f"| {KNOBS[knob]} | {mode} | {s['shapes']} | {s['changes_best']} | {s.get('wins', '-')} | "
+                f"{s['share']:.0%} | "
                 f"{s['geomean_gain']:.3f}x | {s['max_gain']:.3f}x | {'yes' if v['kept'] else 'no'} |"
             )
     probes = data.get("probes") or {}
@@ -398,15 +414,16 @@ def render_markdown(data: dict) -> str:
         "",
         "## Per shape",
         "",
-        "| knob | op | m x n x k | mode | best plain | ms | best with knob | ms | changes | gain |",
+        "| knob | op | m x n x k | mode | best plain | ms | best with knob | ms | changes | gain | wins |",
     ]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for knob, v in data.get("verdict", {}).items():
         for r in v["per_shape"]:
             lines.append(
                 f"| {knob} | {r['op']} | {r['m']}x{r['n']}x{r['k']} | {r['mode']} | {r['best_plain']} | "
                 f"{_f(r['best_plain_ms'])} | {r['best_knob']} | {_f(r['best_knob_ms'])} | "
-                f"{'yes' if r['changes_best'] else 'no'} | {r['gain']:.3f}x |"
+                f"{'yes' if r['changes_best'] else 'no'} | {r['gain']:.3f}x | "
+                f"{'yes' if r.get('wins') else 'no'} |"
             )
     failed = [
         (s["op"], s["m"], r["schedule"], r["mode"], r["error"])

@@ -176,18 +176,20 @@ def _profile_for(hardware_id: str, served: Mapping[str, ServedModel]) -> Hardwar
 def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
     """Pick the model that answers ``hardware_id`` at ``world_size``.
 
-    Its own model if loaded; otherwise a loaded measured model of a profile with the same compute die,
-    trained at ``world_size`` (same GPU name first, then the closest GPU count), with the reason; a
-    simulated model answers only its own id. Raises ``UnknownHardwareError`` when no model fits and
-    ``NoModelError`` when none is loaded. Whether the own model was trained at ``world_size`` is the
-    caller's check (``ServedModel.unserved_world_size``), an error of that field.
+    Its own model if loaded and trained at ``world_size``; otherwise a loaded measured model of a profile
+    with the same compute die, trained at ``world_size`` (same GPU name first, then the closest GPU count),
+    with the reason (``h200x2`` at world size 4 is answered by the ``h200x4`` model); a simulated model
+    answers only its own id. Raises ``UnknownHardwareError`` when no model fits and ``NoModelError`` when
+    none is loaded. When the own model is loaded but none fits, it answers: whether it was trained at
+    ``world_size`` is then the caller's check (``ServedModel.unserved_world_size``), an error of that field.
     """
-    if hardware_id in served:
-        return Resolution(model=served[hardware_id], requested=hardware_id, substitution=None)
+    own = served.get(hardware_id)
+    if own is not None and (world_size in own.world_sizes or own.backend != MEASURED):
+        return Resolution(model=own, requested=hardware_id, substitution=None)
     if not served:
         raise NoModelError("no model is loaded yet; GET /readyz shows the last load error")
     known = sorted(set(KNOWN_HARDWARE) | set(served))
-    requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED))
+    requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED)) or (own.profile if own else None)
     if requested is None:
         why = f"unknown hardware id {hardware_id!r} (known ids are {known}; a custom profile needs a model)"
         raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
@@ -199,6 +201,8 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
         for m in served.values()
         if m.backend == MEASURED and _same_die(m.profile, requested) and world_size in m.world_sizes
     ]
+    if not fits and own is not None:
+        return Resolution(model=own, requested=hardware_id, substitution=None)
     if not fits:
         why = (
             f"no model is loaded for it, and no loaded measured model has the same GPU ({requested.sm_count} "
@@ -214,8 +218,13 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
         ),
     )
     used = best.profile
+    why = (
+        f"the {hardware_id!r} model was trained at world_size {list(own.world_sizes)} only"
+        if own is not None
+        else f"no model is loaded for {hardware_id!r}"
+    )
     reason = (
-        f"no model is loaded for {hardware_id!r}; answered with the {used.id!r} model: "
+        f"{why}; answered with the {used.id!r} model: "
         + ("same GPU" if used.gpu_name == requested.gpu_name else f"same compute die as {requested.gpu_name}")
         + f" ({used.gpu_name}, {used.sm_count} SMs)"
         + f" and world_size={world_size} fits its {used.gpu_count} GPUs"

@@ -12,6 +12,7 @@ import pytest
 from executor_world import run_world
 
 from benchmarks import a2a_bench as bench
+from benchmarks import variants
 
 
 def _dry_run(rank: int, world_size: int, out: str, op: str) -> dict:
@@ -73,6 +74,6 @@ def test_crossover_is_where_the_copy_engines_stay_ahead_and_the_goal_reads_both_
 def test_memcpy_attributes_match_the_cuda_runtime_layout():
     """``cudaMemcpyAttributes``: srcAccessOrder (enum), srcLocHint and dstLocHint (cudaMemLocation: type,
     id), flags (unsigned int): 24 bytes."""
-    cls = bench._MemcpyAttributes
+    cls = variants.MemcpyAttributes
     offsets = [getattr(cls, name).offset for name in ("srcAccessOrder", "srcLocHint", "dstLocHint", "flags")]
     assert ctypes.sizeof(cls) == 24 and offsets == [0, 4, 12, 20]

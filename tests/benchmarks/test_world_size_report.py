@@ -71,3 +71,27 @@ def test_the_report_says_simulated_and_writes_its_files(written):
 def test_two_datasets_of_one_world_size_are_refused(sim_dataset, tmp_path):
     with pytest.raises(SystemExit, match=r"distinct world sizes; got \[2, 2\]"):
         report.main([str(sim_dataset), str(sim_dataset), "--out", str(tmp_path)])
+
+
+def test_moves_match_every_model_layer_held_at_both_world_sizes(written, sim_dataset, sim_dataset_w4):
+    """The three families at 2 token counts, 4 layer pairs each: 24 layers found at 2 and at 4 GPUs; each
+    counted once per mode, from its fastest family at 2 GPUs to its fastest at 4."""
+    summary, out = written
+    moved = summary["moves"]["2 GPUs (sim) -> 4 GPUs (sim)"]
+    assert moved["matched"] == 3 * 2 * 4
+    for mode in ("eager", "graph"):
+        assert sum(n for row in moved[mode].values() for n in row.values()) == moved["matched"]
+        assert set(moved[mode]) <= set(SCHEDULE_FAMILIES)
+    assert "## How the best schedule moves" in (out / "report.md").read_text()
+
+
+def test_serial_dma_by_size_buckets_every_scenario_once(written):
+    summary, out = written
+    for d in summary["datasets"]:
+        for mode, buckets in summary["serial_dma_by_size"][d["name"]].items():
+            assert sum(b["scenarios"] for b in buckets) == d["n_scenarios"], (d["name"], mode)
+            assert all(0 <= b["best"] <= b["in_best_set"] <= 1 for b in buckets)
+    assert (
+        "| world size | mode | MiB received | scenarios | fastest | in best set |"
+        in (out / "report.md").read_text()
+    )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ficco.executor.lanes import InlineLanes
-from ficco.executor.plan import Layout, Piece, make_plan, shard_rows_of
+from ficco.executor.plan import Layout, Piece, lane_of, make_plan, shard_rows_of
 from ficco.executor.transport import PointToPointTransport
 from ficco.features import all_schedules
 
@@ -62,7 +62,8 @@ def test_make_plan_fetches_all_peers_at_once_only_for_finer():
         if schedule.granularity == "finer":
             assert plan.lanes == 3 and len(plan.rounds) == schedule.splits
             assert all(len(batch) == 3 for batch in plan.rounds)
-            assert {plan.lane_of(p) for p in plan.rounds[0]} == {0, 1, 2}
+            assert {lane_of(p, plan.lanes) for p in plan.rounds[0]} == {0, 1, 2}
+            assert {lane_of(p, 1) for p in plan.rounds[0]} == {0}
         else:
             assert plan.lanes == 1 and [b[0].offset for b in plan.rounds] == [1, 2, 3]
 

@@ -130,7 +130,7 @@ def test_resume_on_another_fingerprint_is_refused_naming_keys(tmp_path, small_pl
 
 class ProtocolSim(SimBackend):
     """The sim backend, claiming more protocol settings (as ``TorchBackend`` records them: ``pin``,
-    ``expert_gemms``)."""
+    ``expert_gemms``, ``copy_streams``)."""
 
     def __init__(self, hardware, settings, **kwargs):
         super().__init__(hardware, **kwargs)
@@ -155,6 +155,13 @@ def test_a_dataset_from_before_grouped_expert_gemms_is_not_resumed_with_them(tmp
         FingerprintMismatch, match="protocol expert_gemms: dataset 'loop', now 'grouped from 8'"
     ):
         run_sweep(small_plan, ProtocolSim(h200, {"expert_gemms": "grouped from 8"}), out, progress=False)
+
+
+def test_a_dataset_of_one_copy_arrangement_is_not_resumed_under_another(tmp_path, small_plan, h200):
+    out = run_sweep(small_plan[:2], SimBackend(h200), tmp_path / "ds", progress=False)
+    run_sweep(small_plan[:3], ProtocolSim(h200, {"copy_streams": "per_peer"}), out, progress=False)
+    with pytest.raises(FingerprintMismatch, match="protocol copy_streams: dataset 'per_peer', now '1'"):
+        run_sweep(small_plan, ProtocolSim(h200, {"copy_streams": "1"}), out, progress=False)
 
 
 def test_resume_with_another_hardware_profile_is_refused(tmp_path, h200):

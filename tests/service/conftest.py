@@ -29,9 +29,11 @@ from ficco.service.main import create_app  # noqa: E402
 HARDWARE = "h200x2"
 
 
-def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS):
-    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` timed by the simulator (MoE
-    ones with 8 experts, 2 per token)."""
+def sim_table(
+    hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS, world_size: int = 2
+):
+    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` at ``world_size`` ranks, timed
+    by the simulator (MoE ones with 8 experts, 2 per token)."""
     from ficco.harness.sim import SimBackend
     from ficco.training.model import SCHEDULES
     from ficco.training.table import ScheduleTable
@@ -44,10 +46,11 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, 
         op = ops[int(rng.integers(len(ops)))]
         s = Scenario(
             op=op,
-            m=2 * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
+            m=world_size * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
             n=int(128 * rng.integers(4, 129)),
             k=int(128 * rng.integers(4, 129)),
             hardware=hw,
+            world_size=world_size,
             **({"experts": 8, "top_k": 2} if op in MOE_OPS else {}),
         )
         row = np.full(len(SCHEDULES), np.nan)
@@ -69,16 +72,23 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, 
 
 
 def train_version(
-    root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True, ops: tuple[str, ...] | None = None
+    root: Path,
+    hardware_id: str,
+    *,
+    seed: int = 0,
+    promote: bool = True,
+    ops: tuple[str, ...] | None = None,
+    world_size: int | None = None,
 ) -> str:
     """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
-    ``ops``, as the first models had), register it under ``root``; the version."""
+    ``ops``, as the first models had) at ``world_size`` ranks (default 2, and a card without
+    ``world_sizes``, as the first models had), register it under ``root``; the version."""
     from ficco.training.fit import TrainConfig, fit_pair_model
     from ficco.training.policy import DecisionPolicy, ModePolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
-    table = sim_table(hardware_id, seed=seed, ops=ops or DENSE_OPS)
+    table = sim_table(hardware_id, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)
     model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
     version = register(
         root,
@@ -91,6 +101,7 @@ def train_version(
             "hardware": get_hardware(hardware_id).to_dict(),
             "metrics": {"seed": seed},
             **({"ops": sorted(ops)} if ops else {}),
+            **({"world_sizes": [world_size]} if world_size else {}),
         },
     )
     if promote:
