@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -93,10 +94,11 @@ def _loaded_store(settings: ModelSettings) -> ModelStore:
     )
     store.refresh()
     if not store.served:
-        reason = store.last_reload_error or "the registry is empty"
+        root = settings.MODEL_ROOT
+        reason = store.last_reload_error or ("the registry is empty" if root.is_dir() else "no such folder")
         raise fail(
-            f"no model could be loaded from {settings.MODEL_ROOT}: {reason}. `ficco serve --prepare-only` "
-            "trains the default model from the shipped dataset."
+            f"no model could be loaded from {root}: {reason}. `ficco serve --prepare-only --model-root "
+            f"{shlex.quote(str(root))}` trains the default model there from the shipped dataset."
         )
     return store
 
