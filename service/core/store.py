@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
+from ficco.features.hardware import NEW_PROFILE_HINT, did_you_mean
 from ficco.features.provenance import (
     MEASURED,
     SIMULATED,
@@ -144,12 +145,16 @@ def measured_world_sizes(card: Mapping[str, Any], profile: HardwareProfile) -> t
 
 def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, world_size: int, why: str) -> str:
     """One line for a (hardware, world size) no served model answers: ``why``, the measured (hardware,
-    world size) pairs served, and the two ways forward (measure it, or ask a simulated model by its id),
-    on a profile of the same GPU with enough GPUs when ``hardware_id`` has too few."""
+    world size) pairs served, and the ways forward that run as printed: measure it, or ask a simulated model
+    by its id (the one served, else the command that trains it), on a profile of the same GPU with enough
+    GPUs when ``hardware_id`` has too few. An id of no built-in profile close to a known one is taken for a
+    typo (no command); another may be a custom profile, which the commands then name conditionally."""
     pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
     listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
-    base = _profile_for(registry_id(hardware_id, MEASURED), served)
-    target = base.id if base is not None else registry_id(hardware_id, MEASURED)
+    measured_id = registry_id(hardware_id, MEASURED)
+    base = _profile_for(measured_id, served)
+    target = measured_id if base is None else base.id
+    bigger: list[tuple[int, str]] = []
     if base is not None and world_size > base.gpu_count:
         why += f"; world_size={world_size} needs more GPUs than {base.id}'s gpu_count={base.gpu_count}"
         bigger = sorted(
@@ -157,13 +162,41 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
             for p in KNOWN_HARDWARE.values()
             if p.gpu_name == base.gpu_name and p.gpu_count >= world_size
         )
-        target = bigger[0][1] if bigger else "<a profile of enough GPUs>"
+        if not bigger:
+            why += f", and no built-in profile has {world_size} {base.gpu_name} GPUs"
+        else:
+            target = bigger[0][1]
+    line = (
+        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured (hardware, "
+        f"world size) pairs served: {listed}."
+    )
+    if base is None and did_you_mean(measured_id, set(KNOWN_HARDWARE) | set(served)):
+        return f"{line} {NEW_PROFILE_HINT}"  # a typo of a known id: no command to run with it
+    if base is None:
+        ways = _ways(served, target, world_size)
+        return (
+            f"{line} If {target!r} is a custom profile registered with the models: {ways}. {NEW_PROFILE_HINT}"
+        )
+    if world_size > base.gpu_count and not bigger:
+        return f"{line} {NEW_PROFILE_HINT}"
+    return f"{line} {_ways(served, target, world_size, requested=hardware_id)}"
+
+
+def _ways(served: Mapping[str, ServedModel], target: str, world_size: int, requested: str = "") -> str:
+    """Measure ``target`` at ``world_size`` with ``ficco retrain``, or ask its simulated model (served, else
+    trained first): the two ways forward of :func:`missing_model_line`."""
+    sim_id = registry_id(target, SIMULATED)
+    sim = served.get(sim_id)
+    if sim is not None and world_size in sim.world_sizes and sim_id != requested:
+        simulated = f"or ask the simulated model served for it: hardware {sim_id!r}"
+    else:
+        simulated = (
+            f"or train a simulated one with `ficco retrain --backend sim --hardware {target} --tp "
+            f"{world_size}`, then ask hardware {sim_id!r}"
+        )
     return (
-        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
-        f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {target} "
-        f"--tp {world_size}` on a machine of those GPUs, or ask a simulated model explicitly: `ficco retrain "
-        f"--backend sim --hardware {target} --tp {world_size}`, then hardware "
-        f"{registry_id(target, SIMULATED)!r} (its answers say model_backend=simulated)"
+        f"Measure it with `ficco retrain --hardware {target} --tp {world_size}` on a machine of those GPUs, "
+        f"{simulated} (its answers say model_backend=simulated)"
     )
 
 
@@ -189,7 +222,7 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
     known = sorted(set(KNOWN_HARDWARE) | set(served))
     requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED))
     if requested is None:
-        why = f"unknown hardware id {hardware_id!r} (known ids are {known}; a custom profile needs a model)"
+        why = f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, known)}; known ids are {known}"
         raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
     if is_sim_id(hardware_id):
         why = f"no simulated model of {requested.id} is registered"
@@ -481,10 +514,18 @@ class ModelStore:
 
     def public_card(self, card: dict[str, Any]) -> dict[str, Any]:
         """``card`` (a model card, or the registry's ``{"version", "error"}`` for one it cannot read) with
-        ``public_path`` applied to its error."""
+        ``public_path`` applied to its error, and the ``model_backend`` and ``world_sizes`` the service
+        answers with filled in where the card predates them (``model_backend``, ``measured_world_sizes``)."""
         if isinstance(card.get("error"), str):
             return {**card, "error": self.public_path(card["error"])}
-        return card
+        filled = {**card, "model_backend": model_backend(card)}
+        if not card.get("world_sizes") and isinstance(card.get("hardware"), dict):
+            try:
+                profile = HardwareProfile.from_dict(card["hardware"])
+            except (TypeError, ValueError):  # a card the store would not load either
+                return filled
+            filled["world_sizes"] = list(measured_world_sizes(card, profile))
+        return filled
 
     def close(self) -> None:
         """Stop the prediction threads once the predictions in flight finish."""

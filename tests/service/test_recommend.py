@@ -95,7 +95,7 @@ def test_recommend_world_size_the_model_lacks_is_422_with_the_served_pairs(clien
     assert "\n" not in error["msg"] and "pairs served: (h200x2, 2)." in error["msg"]
     assert "world_size=4 needs more GPUs than h200x2's gpu_count=2" in error["msg"]
     assert "`ficco retrain --hardware h200x4 --tp 4`" in error["msg"]  # runnable: a profile of 4 such GPUs
-    sim = "`ficco retrain --backend sim --hardware h200x4 --tp 4`, then hardware 'h200x4-sim'"
+    sim = "`ficco retrain --backend sim --hardware h200x4 --tp 4`, then ask hardware 'h200x4-sim'"
     assert sim in error["msg"]
 
 
