@@ -137,7 +137,7 @@ def serve(
     """
     import uvicorn
 
-    from ficco.service.core.protocol import with_header_limits
+    from ficco.service.core.protocol import ConnectionLimits, with_limits
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
@@ -149,10 +149,19 @@ def serve(
         raise fail(str(err)) from None
     if prepare_only:
         return
+    app = create_app(settings)
+    limits = ConnectionLimits(
+        header_timeout_s=settings.HEADER_TIMEOUT_S,
+        max_header_bytes=settings.MAX_HEADER_BYTES,
+        max_headers=settings.MAX_HEADERS,
+        body_timeout_s=settings.BODY_TIMEOUT_S,
+        max_connections_per_client=settings.MAX_CONNECTIONS_PER_CLIENT,
+    )
     uvicorn.run(
-        create_app(settings),
-        http=with_header_limits(settings.HEADER_TIMEOUT_S, settings.MAX_HEADER_BYTES),
+        app,
+        http=with_limits(limits, app.state.metrics.reject),
         h11_max_incomplete_event_size=settings.MAX_HEADER_BYTES,
+        limit_concurrency=settings.MAX_CONNECTIONS,
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),
