@@ -348,6 +348,11 @@ class ModelStore:
         return "; ".join(self._errors[key] for key in sorted(self._errors)) or None
 
     @property
+    def versions(self) -> dict[str, str]:
+        """``{hardware id: version}`` served now."""
+        return {hw: model.version for hw, model in self._served.items()}
+
+    @property
     def served(self) -> Mapping[str, ServedModel]:
         """The current ``{hardware_id: ServedModel}`` snapshot (never mutated; replaced on reload)."""
         return self._served

@@ -227,7 +227,9 @@ def test_a_worker_restarted_after_the_model_file_is_damaged_serves_what_the_serv
         (worker,) = workers.workers
         pid = worker.process.pid
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: worker.process.poll() is not None)  # as the next batch sees it
+        assert wait_for(  # gone, or already started again by the supervisor
+            lambda: worker.process is None or worker.process.pid != pid or worker.process.poll() is not None
+        )
         batch = client.post("/v1/recommend/batch", json={"scenarios": [GOOD]})
         assert batch.status_code == 200, batch.text
         assert batch.json()["data"][0]["model_version"] == served
@@ -247,3 +249,20 @@ def test_models_with_an_unreadable_card_show_no_absolute_path(model_root, start)
         text = client.get("/v1/models").text
         assert "is corrupt" in text and "$FICCO_MODEL_ROOT" in text
         assert str(model_root) not in text and "ficco-models-" not in text
+
+
+@pytest.mark.parametrize("when", ["before ready", "after ready"])
+def test_a_worker_killed_outside_a_job_is_started_again_and_readyz_recovers(
+    when, registry_root, start, wait_for
+):
+    """No batch needs to arrive: the supervisor starts a dead worker again (a load balancer that routes only
+    to ready instances would never send one)."""
+    with start(registry_root) as client:
+        workers = client.app.state.batch_workers
+        (pid,) = workers.pids
+        if when == "after ready":
+            assert wait_for(lambda: client.get("/readyz").status_code == 200)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: client.get("/readyz").status_code == 503 or workers.pids not in ([], [pid]))
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=120)
+        assert workers.pids and workers.pids != [pid]
