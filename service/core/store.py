@@ -8,6 +8,7 @@ a reload builds the new mapping and swaps it in with one reference assignment.
 from __future__ import annotations
 
 import asyncio
+import filecmp
 import functools
 import importlib
 import logging
@@ -261,6 +262,15 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
     return Resolution(model=best, requested=hardware_id, substitution=reason)
 
 
+def _same_files(a: Path, b: Path) -> bool:
+    """True when folders ``a`` and ``b`` hold the same files with the same bytes."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    if not b.is_dir() or names != sorted(p.name for p in b.iterdir() if p.is_file()):
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    return not mismatch and not errors
+
+
 def trained_ops(predictor: Predictor) -> tuple[str, ...]:
     """The ops ``predictor`` has measured data for: its card's ``ops`` when present, else
     ``features.DENSE_OPS`` (what a model is taken to be trained on when its card does not list ``ops``).
@@ -389,7 +399,7 @@ class ModelStore:
                 if not force and self._failed.get(hw) == version:
                     outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
                     continue
-                outcomes[hw] = self._load(hw, version)
+                outcomes[hw] = self._load(hw, version, verify=force)
             return outcomes
 
     def serve_versions(self, versions: Mapping[str, str]) -> None:
@@ -442,7 +452,8 @@ class ModelStore:
 
     def _snapshot(self, hw: str, version: str) -> None:
         """Copy ``hw``'s ``version`` into the snapshot (whole, then renamed into place) unless it was copied
-        and has not failed to load since; a served version's copy is never replaced."""
+        and has not failed to load or changed in the registry since (a served version's copy is replaced
+        only by registry files that loaded: ``_build``'s ``verify``)."""
         assert self.snapshot is not None
         if (hw, version) in self._copied:
             return
@@ -457,8 +468,16 @@ class ModelStore:
             shutil.rmtree(staging, ignore_errors=True)
         self._copied.add((hw, version))
 
-    def _build(self, hw: str, version: str) -> ServedModel:
-        """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises."""
+    def _build(self, hw: str, version: str, *, verify: bool = False) -> ServedModel:
+        """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises.
+
+        ``verify`` (a forced reload): first load the registry's own files, the bytes a restart would serve,
+        so that a file damaged in place fails the reload instead of the next start; registry files that
+        load but differ from the snapshot's copy replace it."""
+        if verify and self.snapshot is not None:
+            self.registry.load_predictor(self.root, hw, version)
+            if not _same_files(self.root / hw / version, self.snapshot / hw / version):
+                self._copied.discard((hw, version))
         if self.snapshot is not None:
             self._snapshot(hw, version)
         predictor = self.registry.load_predictor(self.loads_from, hw, version)
@@ -477,10 +496,11 @@ class ModelStore:
             bulk_threads=self.bulk_threads,
         )
 
-    def _load(self, hw: str, version: str) -> str:
-        """Load ``hw``'s ``version`` and swap it in; on any error keep the previous model."""
+    def _load(self, hw: str, version: str, *, verify: bool = False) -> str:
+        """Load ``hw``'s ``version`` (``verify``: see ``_build``) and swap it in, pruning the snapshot; on
+        any error keep the previous model."""
         try:
-            model = self._build(hw, version)
+            model = self._build(hw, version, verify=verify)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
             if self._served.get(hw) is None or self._served[hw].version != version:
@@ -489,10 +509,24 @@ class ModelStore:
             keep = f"; still serving {previous.version}" if previous else "; no model serves it"
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return self.public_path(f"failed {version}: {err}")
+        previous = self._served.get(hw)
         self._served = {**self._served, hw: model}  # the atomic swap
         self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
+        self._prune(hw, {version} | ({previous.version} if previous else set()))
         return f"loaded {version}"
+
+    def _prune(self, hw: str, keep: set[str]) -> None:
+        """Remove from the snapshot every copy of ``hw``'s versions but ``keep`` (the one served now and the
+        one before it, which a batch in flight may still name): replaced models do not pile up until
+        shutdown."""
+        if self.snapshot is None or not (self.snapshot / hw).is_dir():
+            return
+        for copy in (self.snapshot / hw).iterdir():
+            if copy.name not in keep:
+                shutil.rmtree(copy, ignore_errors=True)
+                self._copied.discard((hw, copy.name))
+                log.info("snapshot: removed %s model version %s (replaced)", hw, copy.name)
 
     def _record_error(self, key: str, message: str) -> None:
         """Log ``message`` and keep it for /readyz with the registry's location hidden (``public_path``)."""
