@@ -17,7 +17,7 @@ s over its first 10,000-scenario batch), and ``/readyz`` waits for it::
 
     ready:   {"ready": true, "serving": {hardware id: version}}
 
-    job:     {"kind": "recommend" | "score", "versions": {hardware id: version}}
+    job:     {"kind": "recommend" | "score" | "score_one", "versions": {hardware id: version}}
              then the request body as received
     answer:  {"ok": true}                           then the response body
          or  {"error": kind, ...}                   then an empty frame
@@ -56,8 +56,9 @@ from typing import Any, Literal, NoReturn
 log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
-JobKind = Literal["recommend", "score"]
-"""What a job's body is: a ``/v1/recommend/batch`` or a ``/v1/score/batch`` request (``batch.JOBS``)."""
+JobKind = Literal["recommend", "score", "score_one"]
+"""What a job's body is: a ``/v1/recommend/batch``, ``/v1/score/batch`` or ``/v1/score`` request
+(``batch.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""

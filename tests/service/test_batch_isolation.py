@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -266,3 +267,50 @@ def test_a_worker_killed_outside_a_job_is_started_again_and_readyz_recovers(
         assert wait_for(lambda: client.get("/readyz").status_code == 503 or workers.pids not in ([], [pid]))
         assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=120)
         assert workers.pids and workers.pids != [pid]
+
+
+def test_an_unread_batch_answer_holds_its_admission_only_until_the_send_timeout(
+    registry_root, settings_for, wait_for
+):
+    """A client that sends a batch and never reads the answer: the answer goes out as the connection drains,
+    its admission held (at most FICCO_BATCH_CONCURRENCY + FICCO_BATCH_QUEUE answers wait in memory) until
+    FICCO_SEND_TIMEOUT_S, then the connection is closed and the admission freed."""
+    import json
+    import socket
+    import urllib.request
+
+    import uvicorn
+
+    from ficco.service.main import create_app
+
+    app = create_app(settings_for(registry_root, SEND_TIMEOUT_S=2.0, MAX_BATCH=10_000))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        assert wait_for(lambda: server.started, timeout_s=60)
+        body = json.dumps({"scenarios": [{**GOOD, "m": 2 * (i + 1)} for i in range(10_000)]}).encode()
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(sock.getsockname())
+        head = b"POST /v1/recommend/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        reader.sendall(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        gate = app.state.batch_gate
+        assert wait_for(lambda: gate.admitted == 1)
+        assert wait_for(lambda: gate.admitted == 0, timeout_s=60)  # the send timed out
+        reader.settimeout(10)
+        received = b""
+        while chunk := reader.recv(1 << 16):
+            received += chunk
+        head_bytes, _, answer_bytes = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head_bytes.lower()).group(1))
+        assert received.startswith(b"HTTP/1.1 200") and len(answer_bytes) < length  # cut off, then closed
+        one = json.dumps({"scenarios": [GOOD]}).encode()
+        headers = {"content-type": "application/json"}
+        small = urllib.request.Request(url + "/v1/recommend/batch", data=one, headers=headers)
+        with urllib.request.urlopen(small, timeout=60) as answer:
+            assert answer.status == 200
+    finally:
+        server.should_exit = True
