@@ -37,7 +37,7 @@ MISSING = {  # command line -> the extra its one line names
     ("serve",): "service",
     ("train", "--dataset", "x"): "train",
     ("report", "--dataset", "x", "--out", "x"): "train",
-    ("bench", "--backend", "sim"): "executor",
+    ("bench", "--backend", "sim"): "data",  # the simulator needs no torch
     ("host-factor",): "executor",
 }
 
@@ -215,6 +215,11 @@ def test_core_install_answers_from_any_directory_and_names_the_missing_extras(ve
     assert "Llama-3.1-8B" in out and "model_version" in out
     for command, extra in MISSING.items():
         _assert_one_line(_run(bin_dir / "ficco", *command, cwd=tmp_path, env=user_env, check=False), extra)
+    results = _run(
+        bin_dir / "ficco", "results", "--out", tmp_path / "r.md", cwd=tmp_path, env=user_env, check=False
+    )
+    assert results.returncode == 1 and results.stderr.count("error:") == 1, results.stderr  # no checkout
+    assert "Traceback" not in results.stderr and not (tmp_path / "r.md").exists()
 
 
 def _free_port() -> int:
