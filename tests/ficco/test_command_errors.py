@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,7 @@ CASES: list[tuple[str, int]] = [
     ("serve --port abc", BAD),
     ("serve --port 0 --prepare-only", BAD),
     ("serve --model-root {text} --prepare-only", BAD),
+    ("serve --port {busy}", FAILED),  # in use: one line, before any model loads
     # bench: configs, outputs, values, shards, fleet
     ("bench --backend bad", BAD),
     ("bench --backend sim --configs {missing} --out {out}", BAD),
@@ -116,7 +119,7 @@ CASES: list[tuple[str, int]] = [
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, str]:
+def paths(tmp_path_factory) -> Iterator[dict[str, str]]:
     """The files and folders the cases name: broken JSON, a JSON list, an unknown model type, an empty
     folder, a plain file where a folder is expected, a path that does not exist, a fresh output folder."""
     root = tmp_path_factory.mktemp("mistakes")
@@ -127,7 +130,9 @@ def paths(tmp_path_factory) -> dict[str, str]:
     (root / "list.json").write_text("[1]")
     (root / "text").write_text("not a folder")
     (root / "empty").mkdir()
-    return {
+    busy = socket.create_server(("127.0.0.1", 0))  # held for the module: a port in use
+    yield {
+        "busy": str(busy.getsockname()[1]),
         "broken": str(root / "broken.json"),
         "list": str(root / "list.json"),
         "bert": str(configs / "bert.json"),
@@ -137,6 +142,7 @@ def paths(tmp_path_factory) -> dict[str, str]:
         "missing": str(root / "missing"),
         "out": str(root / "out"),
     }
+    busy.close()
 
 
 def _one_error_line(stderr: str, output: str) -> str:
