@@ -150,6 +150,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             queue=settings.BATCH_QUEUE,
             retry_after_s=settings.BATCH_RETRY_AFTER_S,
         )
+        app.state.score_gate = BatchGate(  # single scores: their own count, the same workers
+            concurrency=settings.BATCH_CONCURRENCY,
+            queue=settings.SCORE_QUEUE,
+            retry_after_s=settings.BATCH_RETRY_AFTER_S,
+        )
         if owns_store:  # a private copy of each version it loads, for the workers (ModelStore.snapshot)
             store.snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-"))
         # The workers start first, with the versions CURRENT names (copied into the store's snapshot),

@@ -81,6 +81,9 @@ class Settings(ModelSettings):
     many worker processes run beside the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""
+    SCORE_QUEUE: int = Field(default=32, ge=0, le=1024)
+    """Single ``POST /v1/score`` requests that may wait for a batch worker, counted apart from batches (a
+    full batch queue does not refuse them; each waits behind at most the batches admitted); more get 429."""
     BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
     """The Retry-After (seconds) of a 429."""
     BATCH_PRIORITY: Priority = "idle"

@@ -108,11 +108,12 @@ class AdmittedResponse(Response):
 async def answer_in_worker(request: Request, kind: JobKind, served: Mapping[str, Any]) -> Response:
     """The batch worker's answer to ``request``'s body, a job of ``kind``, with the models ``served``
     (the versions single requests are answered with); 422 for a body that is not sent as JSON. The job
-    counts against the app's ``BatchGate`` until its answer is sent (``AdmittedResponse``)."""
+    counts against the app's ``BatchGate`` (single scores: its ``score_gate``, counted apart) until its
+    answer is sent (``AdmittedResponse``)."""
     body = await request.body()
     if not is_json(request.headers.get("content-type")):
         raise RequestValidationError([{"loc": ("body",), "input": body, "msg": "", "type": "content_type"}])
-    gate: BatchGate = request.app.state.batch_gate
+    gate: BatchGate = request.app.state.score_gate if kind == "score_one" else request.app.state.batch_gate
     workers: BatchWorkers = request.app.state.batch_workers
     versions = {hw: model.version for hw, model in served.items()}
     release = gate.admit()

@@ -21,8 +21,8 @@ router = APIRouter(prefix="/v1/score", tags=["score"], responses={**BODY_ERRORS,
 async def score(request: Request, served: ServedDep) -> Response:
     """Score a model config's communication + GEMM pairs at each token count.
 
-    Answered by a batch worker process, off the loop that answers single recommendations, and admitted as
-    batches are (FICCO_BATCH_CONCURRENCY, FICCO_BATCH_QUEUE; beyond that 429 with a Retry-After header).
+    Answered by a batch worker process, off the loop that answers single recommendations; up to
+    FICCO_SCORE_QUEUE wait for one, counted apart from batches (beyond that 429 with a Retry-After header).
     """
     return await answer_in_worker(request, "score_one", served)
 

@@ -314,3 +314,25 @@ def test_an_unread_batch_answer_holds_its_admission_only_until_the_send_timeout(
             assert answer.status == 200
     finally:
         server.should_exit = True
+
+
+def test_a_full_batch_queue_does_not_refuse_single_scores(registry_root, start):
+    """Single POST /v1/score requests are admitted apart from batches (FICCO_SCORE_QUEUE): a full batch
+    queue gives batches 429 and still answers them."""
+    config = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 8,
+              "num_key_value_heads": 8, "num_hidden_layers": 2}  # fmt: skip
+    with start(registry_root, SCORE_QUEUE=2) as client:
+        gate = client.app.state.batch_gate
+        gate.admitted = gate.limit  # as if every batch slot and queue place were taken
+        try:
+            assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 429
+            assert (
+                client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [64]}).status_code == 200
+            )
+        finally:
+            gate.admitted = 0
+        scores = client.app.state.score_gate
+        scores.admitted = scores.limit
+        refused = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [64]})
+        scores.admitted = 0
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
