@@ -11,16 +11,29 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip>=24,<27"
 
-# One stamp per extra: the service needs no torch; the tests bring the CPU torch wheel.
+# torch for the tests (the [test] extra's pin): where no GPU is present (no nvidia-smi) the CPU build from
+# PyTorch's CPU wheel index, installed first, so that nothing pulls the CUDA build (PyPI's Linux torch wheels
+# bring some 3 GB of nvidia-* wheels); with a GPU, from the index pip is set up with. TORCH_INDEX= forces the
+# latter. Fewer retries than pip's 5: an index that cannot be reached is given up in seconds, not minutes.
+TORCH := torch==2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,$(TORCH_CPU_INDEX))
+
+# One stamp per extra: the service needs no torch; the tests bring torch (above).
 $(VENV)/.service-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[service]"
 	touch $@
 
-$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.torch-installed: | $(BIN)/python
+	$(BIN)/pip install -q --retries 2 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.torch-installed | $(BIN)/python
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@ $(VENV)/.service-installed
 
 serve: $(VENV)/.service-installed
+	@echo "make serve: ficco is installed in $(VENV)/bin; \`. $(VENV)/bin/activate\` puts it on PATH in another shell"
 	$(BIN)/ficco serve
 
 test: $(VENV)/.test-installed

@@ -19,14 +19,18 @@ single requests beside batches of both kinds.
 5. Beside score batches: single requests at 100 req/s while four clients post maximal POST
    /v1/score/batch requests (``MAX_SCORE_CONFIGS`` shipped configs at ``MAX_TOKEN_COUNTS`` token counts)
    back to back.
+6. Beside hammering: single requests at 100 req/s while ``HAMMER_CLIENTS`` clients per endpoint of
+   ``--hammer`` (default: POST /v1/score with one config and POST /v1/score/batch, maximal) send requests
+   back to back; an endpoint ``GET <path>`` is fetched instead (e.g. ``GET /v1/tables/h200x2?tp=2`` where
+   the table endpoint answers).
 
 Every request has a timeout (``REQUEST_TIMEOUT_S``) and the generator process a deadline, so a server that
 refuses connections or stalls gives errors, never a hang.
 
 Writes ``benchmarks/results/service-cpu.json`` and ``.md`` (``--out``) and prints the table. Goals on a
 2-core machine: p99 <= 10 ms at 500 req/s with no errors, p99 <= 25 ms at 200 req/s beside back-to-back
-batches and at 100 req/s beside four clients of maximal score batches, a 10,000 batch <= 1 s, start-up
-(to a ready /readyz: the batch workers warm) <= 3 s.
+batches and at 100 req/s beside four clients of maximal score batches, p99 <= 10 ms at 100 req/s beside the
+hammering clients, a 10,000 batch <= 1 s, start-up (to a ready /readyz: the batch workers warm) <= 3 s.
 """
 
 from __future__ import annotations
@@ -57,11 +61,16 @@ GOALS = {
     "p99_ms_at_500": 10.0,
     "p99_ms_at_200_beside_batches": 25.0,
     "p99_ms_at_100_beside_score_batches": 25.0,
+    "p99_ms_at_100_beside_hammering": 10.0,
     "batch_10k_s": 1.0,
     "startup_s": 3.0,
 }
 SCORE_CLIENTS = 4
 """Clients posting maximal score batches back to back in phase 5."""
+HAMMER_CLIENTS = 4
+"""Clients per endpoint sending requests back to back in phase 6."""
+HAMMERED = "/v1/score,/v1/score/batch"
+"""Phase 6's endpoints by default (``--hammer``)."""
 REQUEST_TIMEOUT_S = 10.0
 """Longest wait for one request (connect + answer), seconds; a request past it counts as an error."""
 GENERATOR_START_S = 30.0
@@ -316,6 +325,7 @@ def write_results(results: dict, out: Path) -> str:
         for p in results["latency"]
     )
     b, i, sc = results["batch"], results["beside_batches"], results["beside_score_batches"]
+    h = results["beside_hammering"]
     md = (
         f"# Service benchmark (CPU)\n\n{results['when']} on {results['machine']['cpus']} CPUs "
         f"({results['machine']['platform']}, Python {results['machine']['python']}); 1-minute load average "
@@ -356,7 +366,15 @@ def write_results(results: dict, out: Path) -> str:
         f"(goal p99 <= {GOALS['p99_ms_at_100_beside_score_batches']} ms); batches answered "
         f"{json.dumps(sc['batch_answers'])} (429 = refused while busy, retried after Retry-After). CPU over "
         f"the phase: server {sc['server_cpu_s']:g} s, batch worker {sc['batch_worker_cpu_s']:g} s; machine "
-        f"{sc['machine_busy_pct']:g}% busy\n\n## Goals\n\n"
+        f"{sc['machine_busy_pct']:g}% busy\n\n"
+        f"## Single requests beside hammering clients\n\n{h['rate']:g} req/s of unseen scenarios while "
+        f"{h['clients_per_endpoint']} clients per endpoint send requests back to back to "
+        f"{', '.join(h['answers'])}: p50 {h['p50_ms']:.2f} ms, p90 {h['p90_ms']:.2f} ms, "
+        f"p99 **{h['p99_ms']:.2f} ms**, max {h['max_ms']:.2f} ms, {h['errors']} errors "
+        f"(goal p99 <= {GOALS['p99_ms_at_100_beside_hammering']} ms); answers by endpoint "
+        f"{json.dumps(h['answers'])} (429 = refused while busy, retried after Retry-After). CPU over the "
+        f"phase: server {h['server_cpu_s']:g} s, batch worker {h['batch_worker_cpu_s']:g} s; machine "
+        f"{h['machine_busy_pct']:g}% busy\n\n## Goals\n\n"
         + "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in results["goals_met"].items())
         + "\n"
     )
@@ -379,33 +397,40 @@ def score_batch_body() -> dict:
     return {"configs": configs, "tp": 2, "tokens": [512 * (i + 1) for i in range(MAX_TOKEN_COUNTS)]}
 
 
-def beside_batches_phase(
-    port: int, rate: float, duration: float, seed: int, *, path: str, body: dict, clients: int
+def beside_phase(
+    port: int, rate: float, duration: float, seed: int, loads: list[tuple[str, bytes | None, int]]
 ) -> dict:
-    """Single requests at ``rate`` (unseen scenarios, open loop) while ``clients`` client threads post
-    ``body`` to ``path`` back to back; the single requests' latencies (ms) and how the batches were
-    answered (HTTP status: count)."""
+    """Single requests at ``rate`` (unseen scenarios, open loop) while, per ``(endpoint, body, clients)`` of
+    ``loads``, ``clients`` client threads send ``body`` to ``endpoint`` back to back (``GET <path>``: a GET,
+    else a POST of ``body``); the single requests' latencies (ms) and how each endpoint was answered
+    (``answers``: endpoint -> HTTP status -> count; 429 is waited out as Retry-After says)."""
     stop = threading.Event()
-    answers: dict[str, int] = {}
+    answers: dict[str, dict[str, int]] = {endpoint: {} for endpoint, _, _ in loads}
     lock = threading.Lock()
-    payload = json.dumps(body).encode()
 
-    def batches() -> None:
+    def hammer(endpoint: str, payload: bytes | None) -> None:
+        method, _, path = endpoint.rpartition(" ")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             while not stop.is_set():
                 try:
-                    response = client.post(
-                        path, content=payload, headers={"content-type": "application/json"}
-                    )
+                    if method == "GET":
+                        response = client.get(path)
+                    else:
+                        headers = {"content-type": "application/json"}
+                        response = client.post(path, content=payload, headers=headers)
                     code = str(response.status_code)
                     if response.status_code == 429:  # as a client should: wait as told
                         stop.wait(float(response.headers.get("retry-after", 1)))
                 except httpx.HTTPError as err:
                     code = type(err).__name__
                 with lock:
-                    answers[code] = answers.get(code, 0) + 1
+                    answers[endpoint][code] = answers[endpoint].get(code, 0) + 1
 
-    threads = [threading.Thread(target=batches, daemon=True) for _ in range(clients)]
+    threads = [
+        threading.Thread(target=hammer, args=(endpoint, payload), daemon=True)
+        for endpoint, payload, clients in loads
+        for _ in range(clients)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -414,7 +439,34 @@ def beside_batches_phase(
         stop.set()
         for thread in threads:
             thread.join(timeout=130)
-    return {**phase, "path": path, "clients": clients, "batch_answers": answers}
+    return {**phase, "answers": answers}
+
+
+def beside_batches_phase(
+    port: int, rate: float, duration: float, seed: int, *, path: str, body: dict, clients: int
+) -> dict:
+    """``beside_phase`` with one endpoint: ``clients`` clients posting ``body`` to ``path``."""
+    phase = beside_phase(port, rate, duration, seed, [(path, json.dumps(body).encode(), clients)])
+    return {**phase, "path": path, "clients": clients, "batch_answers": phase.pop("answers")[path]}
+
+
+def score_body() -> dict:
+    """A POST /v1/score body: Llama-3.1-8B's shipped config at two token counts."""
+    config = json.loads((REPO / "datasets" / "model_configs" / "Llama-3.1-8B.json").read_text())
+    return {"config": config, "tp": 2, "tokens": [4096, 16384]}
+
+
+BODIES = {"/v1/score": score_body, "/v1/score/batch": score_batch_body}
+"""The body each POST endpoint of ``--hammer`` is sent."""
+
+
+def hammer_phase(port: int, rate: float, duration: float, seed: int, endpoints: list[str]) -> dict:
+    """Single requests at ``rate`` beside ``HAMMER_CLIENTS`` clients per endpoint of ``endpoints``."""
+    loads = [
+        (e, None if e.startswith("GET ") else json.dumps(BODIES[e]()).encode(), HAMMER_CLIENTS)
+        for e in endpoints
+    ]
+    return {**beside_phase(port, rate, duration, seed, loads), "clients_per_endpoint": HAMMER_CLIENTS}
 
 
 def isolation_phase(port: int, rate: float, duration: float, size: int, seed: int) -> dict:
@@ -511,6 +563,11 @@ def main() -> None:
         help="first wait (up to --wait-s) for a 1-minute load below this",
     )
     parser.add_argument("--wait-s", type=float, default=900.0, help="longest wait for --quiet-load, seconds")
+    parser.add_argument(
+        "--hammer",
+        default=HAMMERED,
+        help="comma-separated endpoints phase 6 hammers: POST paths of BODIES, or 'GET <path>'",
+    )
     args = parser.parse_args()
 
     if args.quiet_load:
@@ -548,6 +605,11 @@ def main() -> None:
         print(f"200 req/s beside back-to-back batches: {isolation}", flush=True)
         scoring = _with_cpu(proc.pid, lambda: score_isolation_phase(port, 100, args.duration, seed=8000))
         print(f"100 req/s beside {SCORE_CLIENTS} clients of maximal score batches: {scoring}", flush=True)
+        endpoints = [e.strip() for e in args.hammer.split(",") if e.strip()]
+        hammering = _with_cpu(proc.pid, lambda: hammer_phase(port, 100, args.duration, 9000, endpoints))
+        print(
+            f"100 req/s beside {HAMMER_CLIENTS} clients per endpoint of {endpoints}: {hammering}", flush=True
+        )
         model = model_info(port)
     finally:
         proc.terminate()
@@ -571,6 +633,7 @@ def main() -> None:
         "batch": batch,
         "beside_batches": isolation,
         "beside_score_batches": scoring,
+        "beside_hammering": hammering,
         "goals": GOALS,
         "goals_met": {
             "p99 <= 10 ms at 500 req/s of unseen scenarios, no errors": bool(
@@ -581,6 +644,9 @@ def main() -> None:
             ),
             f"p99 <= 25 ms at 100 req/s beside {SCORE_CLIENTS} clients of maximal score batches, no errors": (
                 scoring["p99_ms"] <= GOALS["p99_ms_at_100_beside_score_batches"] and not scoring["errors"]
+            ),
+            f"p99 <= 10 ms at 100 req/s beside {HAMMER_CLIENTS} clients per endpoint hammering, no errors": (
+                hammering["p99_ms"] <= GOALS["p99_ms_at_100_beside_hammering"] and not hammering["errors"]
             ),
             "batch of 10,000 <= 1 s": batch["median_s"] <= GOALS["batch_10k_s"],
             "start-up <= 3 s": startup_s <= GOALS["startup_s"],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,13 +87,26 @@ DEFAULT_HARDWARE_ID = "h200x2"
 """The hardware that scenarios, plans, commands and the service default to (the shipped model's)."""
 
 
+NEW_PROFILE_HINT = "A machine of another id needs its HardwareProfile JSON file first (docs/new-hardware.md)."
+"""What to do for hardware of no known profile (the last sentence of every unknown-id error)."""
+
+
+def did_you_mean(value: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'h200x2'?)"`` naming the id of ``known`` closest to ``value`` (``difflib``, case
+    ignored), or ``""`` when none is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def get_hardware(hardware_id: str) -> HardwareProfile:
     """Return the built-in profile ``hardware_id``; raise ``ValueError`` listing the known ids otherwise."""
     try:
         return KNOWN_HARDWARE[hardware_id]
     except KeyError:
         raise ValueError(
-            f"unknown hardware id {hardware_id!r}; known ids are {sorted(KNOWN_HARDWARE)}"
+            f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, KNOWN_HARDWARE)}; known ids are "
+            f"{sorted(KNOWN_HARDWARE)}"
         ) from None
 
 
@@ -168,6 +183,7 @@ def find_hardware(hardware_id: str, root: str | Path) -> HardwareProfile:
         return custom
     registered = sorted(p.parent.name for p in Path(root).glob(f"*/{PROFILE_FILE}"))
     raise ValueError(
-        f"unknown hardware id {hardware_id!r}; built-in ids are {sorted(KNOWN_HARDWARE)}, custom ones "
-        f"registered under {root} are {registered} (a profile JSON file given as --hardware registers its id)"
+        f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, [*KNOWN_HARDWARE, *registered])}; "
+        f"built-in ids are {sorted(KNOWN_HARDWARE)}, custom ones registered under {root} are {registered} (a "
+        f"profile JSON file given as --hardware registers its id). {NEW_PROFILE_HINT}"
     )

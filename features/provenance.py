@@ -60,3 +60,34 @@ def registry_id(hardware_id: str, backend: ModelBackend) -> str:
 def backend_of_id(registry_id_: str) -> ModelBackend:
     """The backend the models under ``registry_id_`` must have."""
     return SIMULATED if is_sim_id(registry_id_) else MEASURED
+
+
+DEFAULT_M_RANGE = (64, 65536)
+"""The rows (``m``) a model card that records no ``m_range`` was trained on: every sweep before that field
+was planned from the token counts 128 to 65,536 (``harness.plan.DEFAULT_TOKENS``), expert rows from 64."""
+FAR_PAST = 2.0
+"""How far past its trained ``m`` range (as a factor) a scenario gets a note that the answer extrapolates."""
+
+
+def trained_m_range(card: Mapping[str, Any], op: str) -> tuple[int, int]:
+    """(smallest, largest) ``m`` of ``op``'s training rows: the card's ``m_range``, else
+    :data:`DEFAULT_M_RANGE`."""
+    lo, hi = (card.get("m_range") or {}).get(op, DEFAULT_M_RANGE)
+    return int(lo), int(hi)
+
+
+def range_note(card: Mapping[str, Any], op: str, m: int) -> str | None:
+    """A note when ``m`` lies more than :data:`FAR_PAST` times outside the ``m`` the model was trained on for
+    ``op`` (its trees then answer as at the edge of their data); None within."""
+    lo, hi = trained_m_range(card, op)
+    if m > FAR_PAST * hi:
+        return (
+            f"m={m} is {m / hi:.3g}x the largest m the model was trained on for {op} ({hi}): the answer "
+            "extrapolates past its training data"
+        )
+    if m * FAR_PAST < lo:
+        return (
+            f"m={m} is below the smallest m the model was trained on for {op} ({lo}): the answer "
+            "extrapolates past its training data"
+        )
+    return None

@@ -3,24 +3,61 @@
 Command modules import their heavy dependencies (torch, xgboost, fastapi) inside the commands, so
 ``ficco --help`` stays fast and works with only the core installed. Each command first checks the extra it
 needs (``ficco.extras``): a missing one is one ``error:`` line naming the ``pip install`` to run, exit 1.
+Every other mistake is one ``error:`` line too (``ficco.errors``): exit 2 for a bad argument, 1 for a
+failure; ``-vv`` logs the traceback behind it.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
+from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, os_error_line, usage_line
 from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
 from ficco.service import commands as service_commands
 from ficco.training import commands as training_commands
 
+log = logging.getLogger("ficco.cli")
+
+
+class FiccoGroup(TyperGroup):
+    """The ``ficco`` group: a usage error of any subcommand (an unknown option, a value of the wrong type, a
+    missing argument) is one ``error:`` line and exit status 2 instead of click's box."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # `ficco` alone: the help
+                err.show()  # type: ignore[attr-defined]
+            else:
+                typer.echo(f"error: {usage_line(err)}", err=True)
+            sys.exit(err.exit_code)  # type: ignore[attr-defined]
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(FAILURE)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
     name="ficco",
+    cls=FiccoGroup,
     help=(
         "Learned schedule predictor for compute/communication overlap on multi-GPU machines.\n\n"
         "Data flows one way: scenario -> executor timings (bench) -> dataset -> model (train, "
@@ -79,30 +116,46 @@ def version() -> None:
     typer.echo(f"ficco {__version__} (feature schema {FEATURE_SCHEMA_VERSION})")
 
 
-def _needing_extras(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
-    """``callback`` of command ``name``, first checking its extra (``ficco.extras.require``) and turning an
-    optional module missing later into the same one line (exit status 1) instead of a traceback."""
+def _reported(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` of command ``name``, first checking its extra (``ficco.extras.require``), with whatever
+    mistake it lets through as one ``error:`` line (``ficco.errors``) instead of a traceback: a missing
+    optional module (exit 1), a ``ValueError`` (a bad value found below the command, exit 2) or an
+    ``OSError`` (a path that cannot be read or written: exit 2; another failure of the machine: exit 1)."""
 
     @functools.wraps(callback)  # typer reads the options from the wrapped signature
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
-            require(name)
+            require(name, kwargs)
             return callback(*args, **kwargs)
         except MissingExtraError as err:
-            message = str(err)
+            message, code = str(err), FAILURE
         except ModuleNotFoundError as err:
-            message = missing_message(name, (err.name or "").partition(".")[0])
+            message = missing_message(name, (err.name or "").partition(".")[0], kwargs)
             if message is None:
                 raise
+            code = FAILURE
+        except ValueError as err:
+            message, code = str(err), BAD_ARGUMENT
+        except OSError as err:
+            message, code = os_error_line(err)
+        log.debug("ficco %s stopped", name, exc_info=True)
         typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(code)
 
     return run
 
 
-for _command in app.registered_commands:
+def _commands(group: typer.Typer, prefix: str = "") -> list[tuple[str, typer.models.CommandInfo]]:
+    """Every command of ``group`` and its sub-groups, with its full name (``dataset gather``)."""
+    found = [(prefix + (c.name or c.callback.__name__), c) for c in group.registered_commands]
+    for sub in group.registered_groups:
+        found += _commands(sub.typer_instance, f"{prefix}{sub.name} ")
+    return found
+
+
+for _name, _command in _commands(app):
     _command.short_help = _command.short_help or _one_line_summary(_command)
-    _command.callback = _needing_extras(_command.name or _command.callback.__name__, _command.callback)
+    _command.callback = _reported(_name, _command.callback)
 
 
 if __name__ == "__main__":

@@ -4,28 +4,39 @@ The core (numpy, typer, pydantic) answers ``recommend``, ``score`` and ``version
 pyproject.toml add the rest::
 
     pip install 'ficco[service]'    # ficco serve
-    pip install 'ficco[train]'      # ficco train, evaluate, report, retrain --backend sim
+    pip install 'ficco[data]'       # ficco dataset gather, bench --backend sim (pandas, pyarrow, plots)
+    pip install 'ficco[train]'      # ficco train, evaluate, report, export, retrain --backend sim
     pip install 'ficco[executor]'   # ficco bench, host-factor (torch; the GPU machine's image brings its own)
+    pip install 'ficco[fleet]'      # ficco bench --ray
 
 A command whose extra is missing stops before it starts with ``error: ficco bench needs tqdm, which
-`pip install 'ficco[executor]'` installs`` and exit status 1, and an import that fails later (a code path
-the table does not foresee) gives the same line instead of a traceback.
+`pip install -e '.[executor]'` installs`` and exit status 1, and an import that fails later (a code path
+the table does not foresee) gives the same line instead of a traceback. The ``pip install`` named fits how
+this ficco is installed (:func:`install_command`): editable from a checkout, or the distribution by name.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 DATA_MODULES = ("pandas", "pyarrow", "scipy", "matplotlib", "tqdm")
-"""What reading and writing datasets needs (parquet, cards, plots, the simulator's fit, progress bars); the
-``train`` and ``executor`` extras both install it."""
+"""What reading and writing datasets needs (parquet, cards, plots, the simulator's fit, progress bars): the
+``data`` extra, which ``train`` and ``executor`` include."""
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "service": ("fastapi", "uvicorn", "httpx", "prometheus_client", "swagger_ui_bundle"),
+    "data": DATA_MODULES,
     "train": (*DATA_MODULES, "xgboost", "sklearn"),
     "executor": (*DATA_MODULES, "torch"),
+    "fleet": ("ray",),
 }
-"""The top-level modules each extra of pyproject.toml installs."""
+"""The top-level modules each extra of pyproject.toml installs; a module several install is named by the
+smallest (the first here) unless the command's own extra installs it."""
 
 COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "serve": ("service", EXTRA_MODULES["service"]),
@@ -35,37 +46,72 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "retrain": ("train", EXTRA_MODULES["train"]),
     "export": ("train", EXTRA_MODULES["train"]),
     "bench": ("executor", DATA_MODULES),
+    "dataset gather": ("data", DATA_MODULES),
     "host-factor": ("executor", EXTRA_MODULES["executor"]),
 }
 """Per command: the extra to install for it and the modules checked before it starts. ``bench`` and
 ``retrain`` simulate without torch (``--backend sim``); the torch a GPU sweep needs is reported when it is
-first imported, before any rank starts."""
+first imported, before any rank starts. :func:`command_extras` adjusts this to the command's options."""
 
 
 class MissingExtraError(RuntimeError):
     """An optional dependency is not installed; the message is the one line to print."""
 
 
-def missing_message(command: str | None, module: str) -> str | None:
-    """``ficco <command> needs <module>, which `pip install 'ficco[<extra>]'` installs``: the command's extra
+def command_extras(
+    command: str, options: Mapping[str, Any] | None = None
+) -> list[tuple[str, tuple[str, ...]]]:
+    """(extra, modules checked before the start) of ``command`` run with ``options`` (its parsed options):
+    ``bench --backend sim`` needs only ``data``, and ``--ray`` adds ``fleet``."""
+    options = options or {}
+    own = COMMAND_EXTRAS.get(command)
+    if own is None:
+        return []
+    backend = str(getattr(options.get("backend"), "value", options.get("backend")))
+    if command == "bench" and backend == "sim":
+        own = ("data", DATA_MODULES)
+    needs = [own]
+    if command == "bench" and options.get("ray") is not None:
+        needs.append(("fleet", EXTRA_MODULES["fleet"]))
+    return needs
+
+
+def install_command(extra: str) -> str:
+    """The ``pip install`` that adds ``extra`` to this ficco: ``pip install -e '<checkout>[extra]'`` (``.``
+    when run from the checkout) for a source checkout, ``pip install 'ficco[extra]'`` for an installed
+    one; with ``<this python> -m pip`` when the ``pip`` on PATH is not this environment's."""
+    from ficco import CHECKOUT
+
+    if CHECKOUT is not None:
+        here = Path.cwd().resolve() == CHECKOUT.resolve()
+        target = f"-e '{'.' if here else CHECKOUT}[{extra}]'"
+    else:
+        target = f"'ficco[{extra}]'"
+    pip = shutil.which("pip")
+    same_env = pip is not None and Path(pip).parent == Path(sys.executable).parent
+    return f"{'pip' if same_env else sys.executable + ' -m pip'} install {target}"
+
+
+def missing_message(command: str | None, module: str, options: Mapping[str, Any] | None = None) -> str | None:
+    """``ficco <command> needs <module>, which `pip install ...[<extra>]` installs``: the command's extra
     when it installs ``module``, else the first extra that does; None when none does (a broken
     installation, not a missing extra)."""
-    own = COMMAND_EXTRAS.get(command or "", (None, ()))[0]
+    own = [extra for extra, _ in command_extras(command or "", options)]
     extras = [e for e, modules in EXTRA_MODULES.items() if module in modules]
-    if own in extras:
-        extras = [own]
+    mine = [e for e in own if e in extras]
     if not extras:
         return None
     who = f"ficco {command}" if command else "ficco"
-    return f"{who} needs {module}, which `pip install 'ficco[{extras[0]}]'` installs"
+    return f"{who} needs {module}, which `{install_command((mine or extras)[0])}` installs"
 
 
-def require(command: str) -> None:
-    """Raise :class:`MissingExtraError` naming the first module ``command`` starts with
-    (:data:`COMMAND_EXTRAS`) that is not installed."""
-    for module in COMMAND_EXTRAS.get(command, (None, ()))[1]:
-        if importlib.util.find_spec(module) is None:
-            raise MissingExtraError(missing_message(command, module))
+def require(command: str, options: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`MissingExtraError` naming the first module ``command`` run with ``options`` starts
+    with (:func:`command_extras`) that is not installed."""
+    for _, modules in command_extras(command, options):
+        for module in modules:
+            if importlib.util.find_spec(module) is None:
+                raise MissingExtraError(missing_message(command, module, options))
 
 
 def require_modules(modules: tuple[str, ...]) -> None:

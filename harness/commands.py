@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail, fail_on_value_error
+from ficco.errors import FAILURE, fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
@@ -107,8 +107,12 @@ def bench(
         ),
     ] = 2,
     tokens: Annotated[
-        str, typer.Option(help="Comma-separated token counts per layer call, each a multiple of --tp.")
-    ] = ",".join(map(str, DEFAULT_TOKENS)),
+        str | None,
+        typer.Option(
+            help="Comma-separated token counts per layer call, each a multiple of --tp. Default: "
+            f"{','.join(map(str, DEFAULT_TOKENS))}, each rounded up to a multiple of --tp."
+        ),
+    ] = None,
     grid: Annotated[
         int, typer.Option(min=0, max=100_000, help="Log-uniform grid scenarios added between the models.")
     ] = DEFAULT_GRID,
@@ -333,7 +337,7 @@ def bench(
         configs,
         hw,
         tp=tp,
-        tokens=parse_tokens(tokens),
+        tokens=parse_tokens(tokens, tp, DEFAULT_TOKENS),
         grid=grid,
         max_serial_ms=max_serial_ms,
         include_moe=include_moe,
@@ -487,11 +491,9 @@ def _run_fleet(
         typer.echo(f"wrote {path} ({shards} shards of {len(plan)} scenarios)")
         typer.echo(f"after every shard has finished: {gather_command(out)}")
         return
-    try:
-        from ficco.harness import fleet as ray_fleet
-        from ficco.harness.gather import gather
-    except ImportError as err:
-        raise fail(f"--ray needs Ray: pip install 'ficco[fleet]' ({err})") from None
+    from ficco.harness import fleet as ray_fleet
+    from ficco.harness.gather import gather
+
     try:
         ray_fleet.connect(ray)
         count = shards or ray_fleet.default_shards(backend.value, tp, share_nodes)
@@ -499,6 +501,9 @@ def _run_fleet(
         sweep = ShardedSweep(shards=count, max_retries=max_retries, **fleet)
         dirs = ray_fleet.run_on_ray(ray, sweep, argv=argv, scenarios=len(plan))
         done = gather(dirs, out)
+    except ConnectionError as err:  # no cluster to run on: a failure, not a bad value
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(FAILURE) from None
     except (ValueError, RuntimeError) as err:
         raise fail(str(err)) from None
     typer.echo(
@@ -707,6 +712,8 @@ def register(app: typer.Typer) -> None:
     """Add ``ficco bench``, ``ficco host-factor`` and ``ficco dataset gather`` to ``app``."""
     app.command("bench", help=BENCH_HELP)(bench)
     app.command("host-factor")(host_factor)
-    dataset = typer.Typer(help="Work on measured datasets: gather the shards of a sweep into one.")
+    dataset = typer.Typer(
+        help="Work on measured datasets: gather the shards of a sweep into one.", no_args_is_help=True
+    )
     dataset.command("gather")(gather_command)
     app.add_typer(dataset, name="dataset")

@@ -17,6 +17,7 @@ Ray is an optional dependency (``pip install 'ficco[fleet]'``).
 from __future__ import annotations
 
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -167,11 +168,60 @@ def default_shards(backend: str, world_size: int, share_nodes: bool) -> int:
     return max(1, math.floor(cpus / (world_size if backend == "gloo" else 1)))
 
 
+CONNECT_TIMEOUT_S = 10.0
+"""Seconds ``--ray ADDRESS`` waits for the cluster's head to accept a connection (Ray itself would retry for
+minutes, silently)."""
+
+
+def head_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of the head that ``ray.init(address)`` connects to: ``auto`` as Ray finds it
+    (``RAY_ADDRESS``, then the cluster this machine started last), ``ray://host:port`` or ``host:port``;
+    None for ``local`` (a cluster started here). ``ConnectionError`` when ``auto`` finds none."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    if address.startswith("ray://"):
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        return host, int(port or 10001)
+    found = canonicalize_bootstrap_address(address)
+    if found is None:
+        return None
+    host, _, port = found.rpartition(":")
+    return host, int(port)
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """``ConnectionError`` naming ``address`` when the head it names does not accept a TCP connection within
+    ``timeout_s`` seconds."""
+    try:
+        head = head_address(address)
+    except ValueError as err:
+        raise ConnectionError(f"--ray {address}: {err}; give auto, local or HOST:PORT") from None
+    except ConnectionError:
+        raise ConnectionError(
+            f"--ray {address}: no running Ray cluster found (RAY_ADDRESS is unset and this machine started "
+            "none): start one (`ray start --head`) and name its address, or pass --ray local"
+        ) from None
+    if head is None:
+        return
+    try:
+        socket.create_connection(head, timeout=timeout_s).close()
+    except OSError as err:
+        why = (
+            f"no answer within {timeout_s:g} s" if isinstance(err, TimeoutError) else str(err.strerror or err)
+        )
+        raise ConnectionError(
+            f"--ray {address}: no Ray cluster answers at {head[0]}:{head[1]} ({why.lower()}); start its head "
+            f"there (`ray start --head --port {head[1]}`), or pass --ray local to start one on this machine"
+        ) from None
+
+
 def connect(address: str) -> None:
-    """Connect to (``auto``, an address) or start (``local``) the Ray cluster of ``--ray`` once."""
+    """Connect to (``auto``, an address) or start (``local``) the Ray cluster of ``--ray`` once; a head that
+    does not answer within ``CONNECT_TIMEOUT_S`` is a ``ConnectionError`` (:func:`check_reachable`)."""
     import ray
 
     if not ray.is_initialized():
+        check_reachable(address)
         started = time.perf_counter()
         ray.init(address=None if address == "local" else address)
         print(f"ray: connected in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)

@@ -82,7 +82,12 @@ def check_tp(tp: int, hw: HardwareProfile) -> int:
     return tp
 
 
-def parse_tokens(value: str) -> list[int]:
+def parse_tokens(value: str | None, tp: int, default: Sequence[int]) -> list[int]:
+    """The token counts of ``--tokens``; not given (None): ``default``, each rounded up to a multiple of
+    ``tp`` (so that every world size runs with the defaults). A clean exit for a value that is not a list
+    of positive integers."""
+    if value is None:
+        return sorted({-(-t // tp) * tp for t in default})
     try:
         tokens = [int(t) for t in value.split(",") if t.strip()]
     except ValueError:

@@ -1,11 +1,12 @@
 """Answering a batch body: raw JSON bytes in, the JSON answer's bytes out.
 
-:func:`answer_batch` (``POST /v1/recommend/batch``) and :func:`answer_score_batch` (``POST
-/v1/score/batch``) are the whole jobs, blocking and CPU-bound (~0.3-0.6 s for 10,000 scenarios, or 64
-model configs at 32 token counts, on one core): they parse and validate the body, answer through
-``engine.recommend_scenarios`` / ``scoring.score_models`` (so a batch gives the same answers as one
-request per item) and serialise the answer. The server runs them in its batch worker processes
-(``service.core.batch_worker``, ``JOBS``), never in the process that serves single requests.
+:func:`answer_batch` (``POST /v1/recommend/batch``), :func:`answer_score_batch` (``POST
+/v1/score/batch``) and :func:`answer_score` (``POST /v1/score``) are the whole jobs, blocking and
+CPU-bound (~0.3-0.6 s for 10,000 scenarios, or 64 model configs at 32 token counts, on one core): they
+parse and validate the body, answer through ``engine.recommend_scenarios`` / ``scoring`` (so a batch
+gives the same answers as one request per item) and serialise the answer. The server runs them in its
+batch worker processes (``service.core.batch_worker``, ``JOBS``), never in the process that serves single
+recommendations.
 
 Any body is refused with a 422 naming what is wrong, whatever its shape or depth: bad JSON, JSON
 nested deeper than the parser's recursion allows, a top level or a list that is another type.
@@ -28,9 +29,10 @@ from ficco.service.schemas import (
     RecommendBatchRequest,
     ScenarioIn,
     ScoreBatchRequest,
+    ScoreRequest,
     ScoresPublic,
 )
-from ficco.service.scoring import score_models
+from ficco.service.scoring import score_model, score_models
 
 CHUNK = 500
 """Scenarios validated, and answers serialised, per native call, so that error locations are offset
@@ -132,5 +134,15 @@ def answer_score_batch(
     return _SCORES.dump_json(score_models(served, request, default_hardware=default_hardware))
 
 
-JOBS = {"recommend": answer_batch, "score": answer_score_batch}
+def answer_score(
+    body: bytes, served: Mapping[str, ServedModel], *, max_batch: int, default_hardware: str
+) -> bytes:
+    """The JSON answer (``ScorePublic``) to a ``POST /v1/score`` body: one model config, tens of pairs, a
+    few milliseconds of CPU that would otherwise compete with single recommendations for the server's
+    interpreter. ``max_batch`` is unused. Raises ``RequestValidationError`` and the scoring's errors."""
+    request = _validate(ScoreRequest, read_json(body))
+    return score_model(served, request, default_hardware=default_hardware).model_dump_json().encode()
+
+
+JOBS = {"recommend": answer_batch, "score": answer_score_batch, "score_one": answer_score}
 """The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``."""

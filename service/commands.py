@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
+import socket
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail
+from ficco.errors import FAILURE, fail
 from ficco.training.options import DTypeOption, HostFactorOption
 
 if TYPE_CHECKING:
@@ -93,10 +95,11 @@ def _loaded_store(settings: ModelSettings) -> ModelStore:
     )
     store.refresh()
     if not store.served:
-        reason = store.last_reload_error or "the registry is empty"
+        root = settings.MODEL_ROOT
+        reason = store.last_reload_error or ("the registry is empty" if root.is_dir() else "no such folder")
         raise fail(
-            f"no model could be loaded from {settings.MODEL_ROOT}: {reason}. `ficco serve --prepare-only` "
-            "trains the default model from the shipped dataset."
+            f"no model could be loaded from {root}: {reason}. `ficco serve --prepare-only --model-root "
+            f"{shlex.quote(str(root))}` trains the default model there from the shipped dataset."
         )
     return store
 
@@ -135,27 +138,57 @@ def serve(
     """
     import uvicorn
 
-    from ficco.service.core.protocol import with_header_limits
+    from ficco.service.core.protocol import ConnectionLimits, with_limits
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
     settings: Settings = _settings(server=True, HOST=host, PORT=port, MODEL_ROOT=model_root)
     logging.basicConfig(level=settings.LOG_LEVEL.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    sock = None if prepare_only else _listening(settings.HOST, settings.PORT)
     try:
         ensure_default_model(settings)
     except (FileNotFoundError, ValueError) as err:
         raise fail(str(err)) from None
-    if prepare_only:
+    if sock is None:
         return
-    uvicorn.run(
-        create_app(settings),
-        http=with_header_limits(settings.HEADER_TIMEOUT_S, settings.MAX_HEADER_BYTES),
+    app = create_app(settings)
+    limits = ConnectionLimits(
+        header_timeout_s=settings.HEADER_TIMEOUT_S,
+        max_header_bytes=settings.MAX_HEADER_BYTES,
+        max_headers=settings.MAX_HEADERS,
+        body_timeout_s=settings.BODY_TIMEOUT_S,
+        max_connections_per_client=settings.MAX_CONNECTIONS_PER_CLIENT,
+    )
+    config = uvicorn.Config(
+        app,
+        http=with_limits(limits, app.state.metrics.reject),
         h11_max_incomplete_event_size=settings.MAX_HEADER_BYTES,
+        limit_concurrency=settings.MAX_CONNECTIONS,
         host=settings.HOST,
         port=settings.PORT,
         log_level=settings.LOG_LEVEL.lower(),
         access_log=settings.ACCESS_LOG,
     )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:
+        typer.echo("error: the server did not start (the log above says why)", err=True)
+        raise typer.Exit(FAILURE)
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` for the server, bound before the models load; a clean exit
+    (status 1) naming the address when it cannot be had (in use, not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as err:
+        typer.echo(
+            f"error: cannot listen on {host}:{port}: {err.strerror or err}; choose another port with --port "
+            "or FICCO_PORT (or another --host)",
+            err=True,
+        )
+        raise typer.Exit(FAILURE) from None
 
 
 def _read_config(file: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ficco.features import Scenario
+from ficco.features.provenance import range_note
 from ficco.service.core.store import Resolution, ServedModel, resolve_hardware
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error, scenario_error
 from ficco.service.schemas import RecommendationPublic, ScenarioIn
@@ -43,14 +44,19 @@ _COPIED = (
 """The response fields that a ``training.predictor.Recommendation`` holds under the same name."""
 
 
-def _public(rec: Any, resolution: Resolution) -> RecommendationPublic:
-    """The response item for a ``training.predictor.Recommendation`` answered under ``resolution``.
+def _public(rec: Any, resolution: Resolution, scenario: Scenario) -> RecommendationPublic:
+    """The response item for a ``training.predictor.Recommendation`` of ``scenario`` answered under
+    ``resolution``, with a note when the scenario lies far past the model's training data.
 
     Built without re-validation: every field comes typed from the predictor (str, float, bool).
     """
     copied = {name: getattr(rec, name) for name in _COPIED}
+    note = range_note(resolution.model.predictor.card, scenario.op, scenario.m)
     return RecommendationPublic.model_construct(
-        **copied, requested_hardware=resolution.requested, hardware_substitution=resolution.substitution
+        **copied,
+        requested_hardware=resolution.requested,
+        hardware_substitution=resolution.substitution,
+        range_note=note,
     )
 
 
@@ -120,7 +126,13 @@ def _plan(
         unmeasured = model.unmeasured(item.op)
         if unmeasured is not None:
             errors.append(
-                field_error([*locs[i], "op"], item.op, unmeasured, "not_measured", str(list(model.ops)))
+                field_error(
+                    [*locs[i], "op"],
+                    item.op,
+                    unmeasured,
+                    "not_measured",
+                    f"one of {list(model.ops)} on {model.profile.id}",
+                )
             )
             continue
         misses.setdefault((model.profile.id, item.mode, item.host_factor), []).append(
@@ -134,7 +146,7 @@ def _plan(
 def _fill(answers: list[RecommendationPublic | None], misses: list[_Miss], recs: Sequence[Any]) -> None:
     """Put the model's answers ``recs`` (one per miss) into ``answers`` and the model's cache."""
     for miss, rec in zip(misses, recs, strict=True):
-        answers[miss.index] = answer = _public(rec, miss.resolution)
+        answers[miss.index] = answer = _public(rec, miss.resolution, miss.scenario)
         miss.resolution.model.cache.put(miss.key, answer)
 
 

@@ -85,6 +85,14 @@ def field_error(
     }
 
 
+def rule_error(loc: Sequence[str | int], value: Any, msg: str) -> dict[str, Any]:
+    """An error item for a value that breaks a rule across fields (``m`` divisible by ``world_size``, tokens
+    a multiple of tp): its ``allowed`` is the rule the message states, not the field's own range (which the
+    value may well lie in)."""
+    rule = re.sub(r"^Scenario\.", "", re.sub(r"; got .*$", "", msg, flags=re.DOTALL))
+    return field_error(loc, value, msg, allowed=rule)
+
+
 def from_pydantic(error: dict[str, Any]) -> dict[str, Any]:
     """Convert one pydantic / FastAPI validation error to the service's error item.
 
@@ -123,5 +131,5 @@ def scenario_error(err: ValueError, loc: Sequence[str | int], values: dict[str, 
     match = _FIELD.match(str(err))
     name = match.group(1) if match and match.group(1) in values else None
     if name is None:
-        return field_error(loc, values, str(err))
-    return field_error([*loc, name], values[name], str(err))
+        return rule_error(loc, values, str(err))
+    return rule_error([*loc, name], values[name], str(err))

@@ -2,8 +2,9 @@
 
 The lifespan loads every registered hardware's current model once (never per request), from a private
 snapshot of the registry's files (``ModelStore``'s ``snapshot``, removed at shutdown), starts the batch
-worker processes (``service.core.batch_worker``, loading from the same snapshot) and the registry watcher
-that swaps in newly promoted versions, and stops the workers at shutdown. ``uvicorn
+worker processes (``service.core.batch_worker``, loading from the same snapshot), their supervisor (a
+worker that exits is started again) and the registry watcher that swaps in newly promoted versions, and
+stops them at shutdown. ``uvicorn
 ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one from its
 options (``create_app``).
 """
@@ -149,6 +150,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             queue=settings.BATCH_QUEUE,
             retry_after_s=settings.BATCH_RETRY_AFTER_S,
         )
+        app.state.score_gate = BatchGate(  # single scores: their own count, the same workers
+            concurrency=settings.BATCH_CONCURRENCY,
+            queue=settings.SCORE_QUEUE,
+            retry_after_s=settings.BATCH_RETRY_AFTER_S,
+        )
         if owns_store:  # a private copy of each version it loads, for the workers (ModelStore.snapshot)
             store.snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-"))
         # The workers start first, with the versions CURRENT names (copied into the store's snapshot),
@@ -163,16 +169,16 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         # collection takes ~20 ms instead of ~80 ms, all of it holding the GIL the event loop needs
         # (measured when batches still ran in this process).
         gc.freeze()
-        watcher = None
+        tasks = [asyncio.create_task(workers.supervise(lambda: store.versions))]
         if settings.RELOAD_POLL_S > 0:
-            watcher = asyncio.create_task(store.watch(settings.RELOAD_POLL_S))
+            tasks.append(asyncio.create_task(store.watch(settings.RELOAD_POLL_S)))
         try:
             yield
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                    await task
             await workers.close()
             if owns_store:
                 store.close()

@@ -79,10 +79,13 @@ def score_table(result: ScorePublic) -> str:
         ]
         blocks.append(
             f"\ntokens={entry.tokens}\n{text_table(header, rows)}\n"
-            f"saved {entry.saved_us_per_layer:.1f} us per layer ({100 * entry.saved_fraction:.1f}% of "
-            f"{entry.serial_us_per_layer:.1f} us serial), {entry.saved_us_per_step / 1000:.3f} ms per step"
+            f"saved {entry.saved_us_per_step / 1000:.3f} ms per step ({100 * entry.saved_fraction:.1f}% of "
+            f"{entry.serial_us_per_layer * result.layers / 1000:.3f} ms serial), "
+            f"{entry.saved_us_per_layer:.1f} us per layer on average over {result.layers} layers"
         )
         blocks += [f"note: {p.name}: {p.schedule} {_pick_note(p)}" for p in entry.pairs if _pick_note(p)]
+        if entry.range_note:
+            blocks.append(f"note: tokens={entry.tokens}: {entry.range_note}")
     return "\n".join(blocks)
 
 
@@ -148,6 +151,8 @@ def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
     if rec.pick_reason and not rec.fallback:
         lines.append(f"why not the fastest predicted: {rec.pick_reason}")
     lines.append(_served_line(rec))
+    if rec.range_note:
+        lines.append(f"note: {rec.range_note}")
     ranked = sorted(rec.predicted_speedups.items(), key=lambda kv: -kv[1])
     shown = ranked[:top]
     if rec.schedule not in dict(shown) and rec.schedule in rec.predicted_speedups:

@@ -44,6 +44,11 @@ MODEL_BACKEND_DESCRIPTION = (
     "apart as <hardware>-sim, answering only when asked for by that id). See docs/models.md."
 )
 
+RANGE_NOTE_DESCRIPTION = (
+    "Null when the scenario's m (tokens) lies within the model's training data (within 2x of it); else a "
+    "note that the answer extrapolates past it, naming how far."
+)
+
 WORLD_SIZE_RULE = (
     f"[{MIN_WORLD_SIZE}, {MAX_WORLD_SIZE}] bounds every hardware profile; a hardware's model answers only "
     "the world sizes it was trained at (its card's world_sizes in GET /v1/models; 2 for the shipped "
@@ -140,6 +145,7 @@ class RecommendationPublic(BaseModel):
     hardware_substitution: str | None = Field(
         description="Null when the requested hardware's own model answered; else the profile used and why."
     )
+    range_note: str | None = Field(default=None, description=RANGE_NOTE_DESCRIPTION)
 
 
 class RecommendBatchRequest(_Request):
@@ -261,12 +267,18 @@ class PairScore(BaseModel):
 class TokenScore(BaseModel):
     tokens: int
     pairs: list[PairScore]
-    serial_us_per_layer: float = Field(description="Sum of serial_us * per_layer over the pairs.")
-    saved_us_per_layer: float = Field(description="Sum of the pairs' saved_us_per_layer (null ones count 0).")
+    serial_us_per_layer: float = Field(
+        description="Serial time of one forward pass's pairs (serial_us * per_layer * layers, summed) over "
+        "the model's layers: the mean layer (an MoE model's dense and expert layers run different pairs)."
+    )
+    saved_us_per_layer: float = Field(
+        description="saved_us_per_step over the model's layers: the mean layer's saving (null ones count 0)."
+    )
     saved_us_per_step: float = Field(
         description="Sum over the pairs of saved_us_per_layer * the pair's layers: one forward pass."
     )
-    saved_fraction: float = Field(description="saved_us_per_layer / serial_us_per_layer.")
+    saved_fraction: float = Field(description="saved_us_per_step / the step's serial time.")
+    range_note: str | None = Field(default=None, description=RANGE_NOTE_DESCRIPTION)
 
 
 class ScorePublic(BaseModel):

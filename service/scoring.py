@@ -15,9 +15,10 @@ from pydantic import ValidationError
 
 from ficco.features import roofline_comm_us, roofline_gemm_us
 from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs
+from ficco.features.provenance import range_note
 from ficco.service.core.store import ServedModel, resolve_hardware
 from ficco.service.engine import recommend_scenarios
-from ficco.service.errors import InvalidFieldsError, encodable, field_error
+from ficco.service.errors import InvalidFieldsError, encodable, field_error, rule_error
 from ficco.service.schemas import (
     NamedConfig,
     PairScore,
@@ -95,7 +96,7 @@ def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> li
                 )
             )
         except ValueError as err:
-            errors.append(field_error(*_error_loc(str(err), request, i), str(err)))
+            errors.append(rule_error(*_error_loc(str(err), request, i), str(err)))
     if errors:
         raise InvalidFieldsError(errors)
     return out
@@ -170,17 +171,20 @@ def _score(
     )
 
 
-def _token_score(tokens: int, pairs: list[PairScore]) -> TokenScore:
-    """One token count's totals; a step counts each pair in the layers it runs in (``PairScore.layers``)."""
-    serial = sum(p.serial_us * p.per_layer for p in pairs)
-    saved = sum(p.saved_us_per_layer or 0.0 for p in pairs)
+def _token_score(tokens: int, pairs: list[PairScore], layers: int, note: str | None = None) -> TokenScore:
+    """One token count's totals over the model's ``layers`` layers: a step counts each pair in the layers it
+    runs in (``PairScore.layers``), and the per-layer figures are the step's over ``layers`` (an MoE model's
+    dense and expert layers run different pairs, so no single layer holds them all)."""
+    serial = sum(p.serial_us * p.per_layer * p.layers for p in pairs)
+    saved = sum((p.saved_us_per_layer or 0.0) * p.layers for p in pairs)
     return TokenScore(
         tokens=tokens,
         pairs=pairs,
-        serial_us_per_layer=serial,
-        saved_us_per_layer=saved,
-        saved_us_per_step=sum((p.saved_us_per_layer or 0.0) * p.layers for p in pairs),
+        serial_us_per_layer=serial / layers,
+        saved_us_per_layer=saved / layers,
+        saved_us_per_step=saved,
         saved_fraction=saved / serial if serial > 0 else 0.0,
+        range_note=note,
     )
 
 
@@ -209,8 +213,14 @@ def score_model(
         reason = model.unmeasured(pair.scenario.op)
         return _unmeasured_score(pair, reason) if reason else _pair_score(pair, next(recs))
 
+    card = model.predictor.card
     data = [
-        _token_score(tokens, [pair_score(pair) for pair in pairs])
+        _token_score(
+            tokens,
+            [pair_score(pair) for pair in pairs],
+            config.num_hidden_layers,
+            next((n for p in pairs if (n := range_note(card, p.scenario.op, p.scenario.m))), None),
+        )
         for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
     ]
     return ScorePublic(

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from ficco.harness.plan import Plan
 
 
+RETRAIN_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+"""The token counts ``ficco retrain`` sweeps by default (rounded up to multiples of its world size)."""
+
+
 class RetrainBackend(StrEnum):
     """Where ``ficco retrain`` measures (``--backend``); ``auto`` is ``gpu`` (see ``_retrain_backend``)."""
 
@@ -283,11 +287,13 @@ def retrain_command(
         ),
     ] = None,
     tokens: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--tokens", help="Comma-separated token counts per layer call, each a multiple of --tp."
+            "--tokens",
+            help="Comma-separated token counts per layer call, each a multiple of --tp. Default: "
+            f"{','.join(map(str, RETRAIN_TOKENS))}, each rounded up to a multiple of --tp.",
         ),
-    ] = "1024,2048,4096,8192,16384,32768,65536",
+    ] = None,
     grid: Annotated[
         int, typer.Option("--grid", min=0, help="Log-uniform grid scenarios added to the model ones.")
     ] = 260,
@@ -310,9 +316,9 @@ def retrain_command(
 
     root = _registry(registry)
     hw = hardware_profile(hardware, root)
-    token_list = parse_tokens(tokens)
     backend = _retrain_backend(backend, hw)
     tp = check_tp(tp or hw.gpu_count, hw)
+    token_list = parse_tokens(tokens, tp, RETRAIN_TOKENS)
     model_id = registry_id(hw.id, SIMULATED if backend is RetrainBackend.sim else MEASURED)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = out or work_root() / "runs" / "retrain" / f"{hw.id}-{backend.value}-{stamp}"

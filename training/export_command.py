@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from ficco.errors import fail
-from ficco.features import DEFAULT_HARDWARE_ID, MODES
+from ficco.features import DEFAULT_HARDWARE_ID, MODES, OPS
 from ficco.training.options import DTypeOption, HostFactorOption, RegistryOption
 
 
@@ -23,13 +23,15 @@ def _shape(text: str) -> tuple[str, int, int, int, int]:
     """``op:n:k`` or ``op:n:k:experts:top_k`` as an export shape; BadParameter naming the forms."""
     parts = text.split(":")
     try:
-        if len(parts) in (3, 5):
+        if len(parts) in (3, 5) and parts[0] in OPS:
             numbers = [int(p) for p in parts[1:]] + [0, 0][: 5 - len(parts)]
-            return (parts[0], *numbers)  # type: ignore[return-value]
+            if min(numbers[:2]) >= 1:
+                return (parts[0], *numbers)  # type: ignore[return-value]
     except ValueError:
         pass
     raise typer.BadParameter(
-        f"--shape must be op:n:k or op:n:k:experts:top_k (e.g. ag_gemm:14336:4096); got {text!r}"
+        f"--shape must be op:n:k or op:n:k:experts:top_k with op one of {list(OPS)} and n, k >= 1 "
+        f"(e.g. ag_gemm:14336:4096); got {text!r}"
     )
 
 

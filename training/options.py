@@ -43,7 +43,20 @@ JobsOption = Annotated[
         "--jobs", min=1, max=256, help="XGBoost threads (fixed, so results do not depend on the machine)."
     ),
 ]
-DTypeOption = Annotated[str, typer.Option("--dtype", help="Element type: bf16, fp16 or fp32.")]
+
+
+def _dtype(value: str) -> str:
+    """``--dtype`` when it is one of ``features.DTYPES``; else the usage error naming them."""
+    from ficco.features import DTYPES
+
+    if value not in DTYPES:
+        raise typer.BadParameter(f"must be one of {list(DTYPES)}; got {value!r}")
+    return value
+
+
+DTypeOption = Annotated[
+    str, typer.Option("--dtype", callback=_dtype, help="Element type: bf16, fp16 or fp32.")
+]
 HostFactorOption = Annotated[
     float | None,
     typer.Option(

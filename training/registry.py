@@ -33,6 +33,7 @@ import numpy as np
 
 from ficco import __version__
 from ficco.features import FEATURE_NAMES
+from ficco.features.hardware import KNOWN_HARDWARE, NEW_PROFILE_HINT, did_you_mean, registered_profile
 from ficco.features.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 from ficco.files import model_root, write_text_atomic
 from ficco.training.booster import load_pair_model
@@ -225,10 +226,16 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
     if not versions:
         known = sorted(list_models(root))
         base = registry_id(hardware_id, MEASURED)
-        retrain = "--backend sim " if is_sim_id(hardware_id) else ""
+        if base in KNOWN_HARDWARE or registered_profile(root, base) is not None:
+            retrain = "--backend sim " if is_sim_id(hardware_id) else ""
+            how = (
+                f"{_TRAIN_HINT} on a dataset of that hardware, or `ficco retrain {retrain}--hardware {base}`"
+            )
+        else:
+            close = did_you_mean(hardware_id, [*known, *KNOWN_HARDWARE])
+            how = f"{hardware_id!r} is no known hardware id{close}. {NEW_PROFILE_HINT}"
         raise ModelLoadError(
-            f"no model for hardware {hardware_id!r} under {root} (models exist for {known}); {_TRAIN_HINT} "
-            f"on a dataset of that hardware, or `ficco retrain {retrain}--hardware {base}`"
+            f"no model for hardware {hardware_id!r} under {root} (models exist for {known}); {how}"
         )
     if version is None:
         version = current_version(root, hardware_id)

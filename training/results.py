@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ficco import CHECKOUT
+from ficco.errors import FAILURE
 from ficco.files import write_text_atomic
 from ficco.tables import markdown_table
 from ficco.training import end_to_end
@@ -368,7 +370,16 @@ def render_results(root: Path = ROOT) -> str:
 def results_command(
     out: Annotated[Path, typer.Option("--out", help="Where to write the page.")] = Path("docs/results.md"),
 ) -> None:
-    """Write the results page from the committed evaluations and benchmark results."""
+    """Write the results page from the committed evaluations and benchmark results (of a source checkout:
+    an installed ficco has none)."""
+    if CHECKOUT is None:
+        typer.echo(
+            "error: ficco results renders the page from a source checkout's committed results "
+            f"({RESULTS}/, models/), which an installed ficco does not hold: run it in a checkout of the "
+            "repository",
+            err=True,
+        )
+        raise typer.Exit(FAILURE)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, render_results())
     typer.echo(f"results: {out}")

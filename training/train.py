@@ -8,11 +8,13 @@ thread count).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ficco.features import Scenario
 from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
 from ficco.training.evaluate import Evaluation, evaluate
@@ -95,6 +97,13 @@ def register_trained(
             "hardware": hardware.to_dict(),
             "world_sizes": sorted({s.world_size for s in table.scenarios}),
             "ops": sorted({s.op for s in table.scenarios}),
+            "m_range": {
+                op: [
+                    min(s.m for s in table.scenarios if s.op == op),
+                    max(s.m for s in table.scenarios if s.op == op),
+                ]
+                for op in sorted({s.op for s in table.scenarios})
+            },
             "modes": sorted(set(np.asarray(table.modes).tolist())),
             "config": trained.choice.config.to_dict(),
             "host_factor": round(table.host_factor, 4),
@@ -105,6 +114,15 @@ def register_trained(
         },
     )
     return model_id, version
+
+
+def _m_range(scenarios: Sequence[Scenario]) -> dict[str, list[int]]:
+    """Per op, [smallest, largest] ``m`` of the training scenarios (the card's ``m_range``: answers far
+    outside it say they extrapolate, ``features.provenance.range_note``)."""
+    rows: dict[str, list[int]] = {}
+    for s in scenarios:
+        rows.setdefault(s.op, []).append(s.m)
+    return {op: [min(ms), max(ms)] for op, ms in sorted(rows.items())}
 
 
 def choice_reason(evaluation: Evaluation) -> str:

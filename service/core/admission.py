@@ -2,7 +2,8 @@
 batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up.
 
 The batches themselves run in the batch worker processes (``service.core.batch_worker``), one per slot;
-the gate bounds how many requests hold a body and wait for one.
+the gate bounds how many requests hold a body or an answer: a batch counts until its answer is sent
+(``core.offload``), so answers that clients do not read hold bounded memory.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class BatchGate:
         self.retry_after_s = retry_after_s
         self._slots = asyncio.Semaphore(concurrency)
 
-    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``await fn(*args)`` once a slot is free; ``BusyError`` at once when full."""
+    def admit(self) -> Callable[[], None]:
+        """Count one batch in, or ``BusyError`` at once when full; returns the call (idempotent) that counts
+        it out, which the caller makes once its answer is sent (``core.offload``)."""
         if self.admitted >= self.limit:
             log.info("batch refused: %d batches running or waiting (limit %d)", self.admitted, self.limit)
             raise BusyError(
@@ -48,8 +50,25 @@ class BatchGate:
                 self.retry_after_s,
             )
         self.admitted += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.admitted -= 1
+
+        return release
+
+    async def run_admitted(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` once a slot is free, for a batch already admitted (:meth:`admit`)."""
+        async with self._slots:
+            return await fn(*args)
+
+    async def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` once a slot is free; ``BusyError`` at once when full."""
+        release = self.admit()
         try:
-            async with self._slots:
-                return await fn(*args)
+            return await self.run_admitted(fn, *args)
         finally:
-            self.admitted -= 1
+            release()

@@ -17,7 +17,7 @@ s over its first 10,000-scenario batch), and ``/readyz`` waits for it::
 
     ready:   {"ready": true, "serving": {hardware id: version}}
 
-    job:     {"kind": "recommend" | "score", "versions": {hardware id: version}}
+    job:     {"kind": "recommend" | "score" | "score_one", "versions": {hardware id: version}}
              then the request body as received
     answer:  {"ok": true}                           then the response body
          or  {"error": kind, ...}                   then an empty frame
@@ -48,15 +48,17 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
-JobKind = Literal["recommend", "score"]
-"""What a job's body is: a ``/v1/recommend/batch`` or a ``/v1/score/batch`` request (``batch.JOBS``)."""
+JobKind = Literal["recommend", "score", "score_one"]
+"""What a job's body is: a ``/v1/recommend/batch``, ``/v1/score/batch`` or ``/v1/score`` request
+(``batch.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""
@@ -66,6 +68,8 @@ READ_BUFFER = 1 << 22
 """Bytes the server buffers from a worker before it pauses reading (an answer of 10,000 is ~7 MiB)."""
 STOP_TIMEOUT_S = 5.0
 """Seconds a terminated worker gets to exit before it is killed."""
+MAX_BACKOFF_S = 30.0
+"""Longest wait before starting again a worker that keeps dying before it is ready."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -316,6 +320,37 @@ class BatchWorker:
         self._writer: asyncio.StreamWriter | None = None
         self._ready: asyncio.Future | None = None
         """Reads the worker's ready frame; done once it has loaded and warmed up."""
+        self._lock = asyncio.Lock()
+        """Held by a job and by a restart: a dead worker is replaced by one of them, never both."""
+        self._backoff_s = 0.0
+        self._next_start = 0.0
+        """Monotonic time before which :meth:`revive` does not start the worker again (it keeps dying)."""
+
+    @property
+    def alive(self) -> bool:
+        """True while the worker's process runs (warming up or ready)."""
+        return self.process is not None and self.process.poll() is None
+
+    async def revive(self, versions: Mapping[str, str]) -> bool:
+        """Start the worker again with ``versions`` if its process has exited and no job holds it (which
+        starts it itself); one that dies again before it is ready waits 1, 2, 4 ... up to ``MAX_BACKOFF_S``
+        seconds before the next start. True when it was started."""
+        if self._lock.locked() or self.alive or time.monotonic() < self._next_start:
+            return False
+        async with self._lock:
+            code = None if self.process is None else self.process.poll()
+            log.warning("batch worker exited (exit code %s) outside a job; starting another", code)
+            self._backoff_s = 0.0 if self.was_ready else min(MAX_BACKOFF_S, max(1.0, 2 * self._backoff_s))
+            self._next_start = time.monotonic() + self._backoff_s
+            await self.stop()
+            await self.start(versions)
+            return True
+
+    @property
+    def was_ready(self) -> bool:
+        """True when the last process said it was ready before it exited (or still runs ready)."""
+        done = self._ready is not None and self._ready.done() and not self._ready.cancelled()
+        return done and self._ready.exception() is None
 
     async def serving(self) -> dict[str, str]:
         """``{hardware id: version}`` the worker loaded at start, once it is ready (waits for it)."""
@@ -325,13 +360,7 @@ class BatchWorker:
     @property
     def ready(self) -> bool:
         """True once the running worker has said it is ready (loaded and warmed up)."""
-        done = self._ready is not None and self._ready.done() and not self._ready.cancelled()
-        return (
-            done
-            and self._ready.exception() is None
-            and self.process is not None
-            and self.process.poll() is None
-        )
+        return self.was_ready and self.alive
 
     async def start(self, versions: Mapping[str, str], *, warm_up_first: bool = False) -> None:
         """Start the process (it loads ``versions`` at once, at its lower priority unless
@@ -360,7 +389,11 @@ class BatchWorker:
         Raises the batch's own errors as the server's exceptions (``raise_error``), and
         ``WorkerLostError`` when the worker dies during the job; a dead worker is replaced first.
         """
-        if self.process is None or self.process.poll() is not None:
+        async with self._lock:
+            return await self._answer(kind, body, versions)
+
+    async def _answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
+        if not self.alive:
             await self.stop()
             await self.start(versions)
         assert self._reader is not None and self._writer is not None and self._ready is not None
@@ -443,6 +476,18 @@ class BatchWorkers:
         self._idle.put_nowait(worker)
         if not done.cancelled():
             done.exception()  # retrieved: an abandoned job's error is not logged as never retrieved
+
+    async def supervise(self, versions: Callable[[], Mapping[str, str]], interval_s: float = 1.0) -> None:
+        """Every ``interval_s`` seconds, start again each worker whose process exited outside a job (before
+        or after it was ready), with the models ``versions()`` names then, so that ``/readyz`` recovers
+        without waiting for a batch; never returns (cancel it)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for worker in self.workers:
+                try:
+                    await worker.revive(versions())
+                except Exception:  # keep supervising whatever happens
+                    log.exception("starting a batch worker again failed")
 
     async def close(self) -> None:
         """Stop every worker (see ``BatchWorker.stop``)."""

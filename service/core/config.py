@@ -81,6 +81,9 @@ class Settings(ModelSettings):
     many worker processes run beside the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""
+    SCORE_QUEUE: int = Field(default=32, ge=0, le=1024)
+    """Single ``POST /v1/score`` requests that may wait for a batch worker, counted apart from batches (a
+    full batch queue does not refuse them; each waits behind at most the batches admitted); more get 429."""
     BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
     """The Retry-After (seconds) of a 429."""
     BATCH_PRIORITY: Priority = "idle"
@@ -98,7 +101,20 @@ class Settings(ModelSettings):
     response) before it is closed: half-open connections do not hold the server's sockets forever."""
     MAX_HEADER_BYTES: int = Field(default=16384, ge=1024, le=1 << 20)
     """Longest request line and headers, bytes (h11's default); longer ones get 431 and the connection
-    is closed, so headers cannot fill the server's memory."""
+    is closed, so headers cannot fill the server's memory, however they are split."""
+    MAX_HEADERS: int = Field(default=100, ge=8, le=10_000)
+    """Most header lines of a request (Apache's LimitRequestFields default); more get 431."""
+    BODY_TIMEOUT_S: float = Field(default=30.0, gt=0.0, le=3600.0)
+    """Seconds a request's body may take to arrive after its headers (4 MiB at 1 Mbit/s fits); a slower
+    or never-ending body gets 408 and the connection is closed."""
+    MAX_CONNECTIONS_PER_CLIENT: int = Field(default=256, ge=0, le=1_000_000)
+    """Connections one client address may hold open at once; a further one is closed at once (0: no
+    limit, for a server behind a proxy that makes every client one address)."""
+    MAX_CONNECTIONS: int = Field(default=2048, ge=16, le=1_000_000)
+    """Connections and requests in progress at once (uvicorn's ``limit_concurrency``); beyond, 503."""
+    SEND_TIMEOUT_S: float = Field(default=30.0, gt=0.0, le=3600.0)
+    """Seconds a batch answer may take to be read by its client; past it the connection is closed and the
+    answer's memory freed (an unread answer holds its admission slot until then: ``FICCO_BATCH_QUEUE``)."""
     ACCESS_LOG: bool = False
     """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
     endpoint and status, and a line per request is a write system call on every request."""

@@ -39,6 +39,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self.rejected = Counter(
+            "ficco_http_rejected",
+            "Connections refused before the app saw the request: header_too_large (431), header_timeout, "
+            "body_timeout (408), connections_per_client.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.model_info = Gauge(
             "ficco_model_info",
             "1 for each (hardware id, model version) being served.",
@@ -50,6 +57,11 @@ class Metrics:
             "1 if the latest model load failed (see /readyz).",
             registry=self.registry,
         )
+
+    def reject(self, reason: str) -> None:
+        """Count one connection refused before the app saw its request (``core.protocol``): headers too
+        large (431) or too slow, a body too slow (408), too many connections from one client."""
+        self.rejected.labels(reason).inc()
 
     def observe(self, method: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request and record its latency."""

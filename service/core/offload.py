@@ -8,15 +8,20 @@ only the bytes it reads and writes.
 
 from __future__ import annotations
 
+import asyncio
 import email.message
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.types import Receive, Scope, Send
 
 from ficco.service.core.admission import BatchGate
 from ficco.service.core.batch_worker import BatchWorkers, JobKind
+
+log = logging.getLogger(__name__)
 
 
 def is_json(content_type: str | None) -> bool:
@@ -63,14 +68,59 @@ def add_batch_components(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+SEND_CHUNK = 1 << 16
+"""Bytes of a worker's answer handed to the connection at a time: the connection's own buffer bounds what
+waits for a client that reads slowly, and the send waits for it to drain."""
+
+
+class AdmittedResponse(Response):
+    """A worker's answer sent ``SEND_CHUNK`` bytes at a time, holding its batch's admission until the last
+    byte is handed to the connection; a client that has not read it all ``timeout_s`` seconds after it was
+    ready loses the connection (the answer's memory and the admission are freed)."""
+
+    def __init__(self, content: bytes, *, release: Callable[[], None], timeout_s: float) -> None:
+        super().__init__(content, media_type="application/json")
+        self._release, self._timeout_s = release, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await send(
+                    {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+                )
+                body = memoryview(self.body)
+                for start in range(0, len(body), SEND_CHUNK):
+                    chunk = bytes(body[start : start + SEND_CHUNK])
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            log.warning(
+                "closing a connection: its %d-byte answer was not read within %g s (FICCO_SEND_TIMEOUT_S)",
+                len(self.body),
+                self._timeout_s,
+            )
+            raise
+        finally:
+            self.body = b""
+            self._release()
+
+
 async def answer_in_worker(request: Request, kind: JobKind, served: Mapping[str, Any]) -> Response:
     """The batch worker's answer to ``request``'s body, a job of ``kind``, with the models ``served``
-    (the versions single requests are answered with); 422 for a body that is not sent as JSON."""
+    (the versions single requests are answered with); 422 for a body that is not sent as JSON. The job
+    counts against the app's ``BatchGate`` (single scores: its ``score_gate``, counted apart) until its
+    answer is sent (``AdmittedResponse``)."""
     body = await request.body()
     if not is_json(request.headers.get("content-type")):
         raise RequestValidationError([{"loc": ("body",), "input": body, "msg": "", "type": "content_type"}])
-    gate: BatchGate = request.app.state.batch_gate
+    gate: BatchGate = request.app.state.score_gate if kind == "score_one" else request.app.state.batch_gate
     workers: BatchWorkers = request.app.state.batch_workers
     versions = {hw: model.version for hw, model in served.items()}
-    answer = await gate.run(workers.answer, kind, body, versions)
-    return Response(answer, media_type="application/json")
+    release = gate.admit()
+    try:
+        answer = await gate.run_admitted(workers.answer, kind, body, versions)
+    except BaseException:
+        release()
+        raise
+    timeout_s = request.app.state.settings.SEND_TIMEOUT_S
+    return AdmittedResponse(answer, release=release, timeout_s=timeout_s)

@@ -1,57 +1,87 @@
-"""uvicorn's HTTP/1.1 protocol (httptools' C parser when installed, else h11) with two limits on a
-request's headers: a connection that does not complete them within ``header_timeout_s`` of opening (or of
-its previous response) is closed, and one whose request line and headers run past ``max_header_bytes``
-is answered 431 and closed.
+"""uvicorn's HTTP/1.1 protocol (httptools' C parser when installed, else h11) with limits on how a request's
+bytes arrive, however they are split:
+
+- headers: a connection that does not complete a request's line and headers within ``header_timeout_s``
+  of opening (or of its previous response) is closed; a request line and headers over ``max_header_bytes``
+  or of more than ``max_headers`` lines are answered 431 before the parser sees them (sent in one piece
+  or byte by byte), and the connection is closed;
+- body: a request whose body has not fully arrived ``body_timeout_s`` after its headers is answered 408
+  and closed (a slow or never-ending body cannot hold a connection);
+- clients: one client address holds at most ``max_connections_per_client`` connections at once; a further
+  one is closed at once.
 
 uvicorn times out idle keep-alive connections only once a first request was answered, and cancels that
-timer as soon as any byte arrives: a client that opens a connection and sends nothing, or half a request
-line, holds it (and its file descriptor) forever. A stalled body after complete headers is not covered.
-httptools sets no size limit: the headers of a request are kept in memory as they arrive, so one 50 MiB
-header costs the server 100 MB (measured); the body has its own limit (``core.limits``).
+timer as soon as any byte arrives; httptools sets no size limit on headers (one 50 MiB header cost the
+server 100 MB, measured). Every refusal is counted by ``on_reject(reason)`` (``/metrics``); the body's own
+size limit is ``core.limits``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-from typing import Any
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 log = logging.getLogger(__name__)
 
+END_OF_HEADERS = b"\r\n\r\n"
 
-def _too_large(limit: int) -> bytes:
-    """The 431 answer (JSON ``detail``, as every error of the service) for headers over ``limit`` bytes."""
-    body = json.dumps(
-        {"detail": f"request line and headers are over the limit of {limit} bytes (FICCO_MAX_HEADER_BYTES)"}
-    ).encode()
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ConnectionLimits:
+    """The limits of :func:`with_limits` (``Settings``: ``FICCO_HEADER_TIMEOUT_S`` and the others)."""
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 16384
+    max_headers: int = 100
+    body_timeout_s: float = 30.0
+    max_connections_per_client: int = 256
+    """0: no limit (a load balancer in front makes every client one address)."""
+
+
+def _refusal(status: str, detail: str) -> bytes:
+    """An error answer (JSON ``detail``, as every error of the service) that closes the connection."""
+    body = json.dumps({"detail": detail}).encode()
     head = (
-        "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-class HeaderLimitsMixin:
-    """Closes connections that start no request within ``header_timeout_s`` seconds, and answers 431 to a
-    request line and headers over ``max_header_bytes``; mixed into uvicorn's ``H11Protocol`` or
-    ``HttpToolsProtocol`` (both keep ``cycle``, the request being answered, which a request's complete
-    headers replace, and ``loop`` and ``transport``)."""
+class LimitsMixin:
+    """The limits of the module docstring, mixed into uvicorn's ``H11Protocol`` or ``HttpToolsProtocol``
+    (both keep ``cycle``, the request being answered, which a request's complete headers replace, its
+    ``more_body`` until the body has arrived, and ``loop``, ``transport`` and ``client``)."""
 
     cycle: Any
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     client: Any
 
-    header_timeout_s: float = 10.0
-    """Set per server by ``with_header_limits``."""
-    max_header_bytes: int = 16384
-    """Set per server by ``with_header_limits``."""
+    limits: ConnectionLimits = ConnectionLimits()
+    """Set per server by ``with_limits``."""
+    on_reject: Callable[[str], None] = staticmethod(lambda reason: None)
+    """Set per server by ``with_limits``: counts a refusal by reason."""
+    clients: ClassVar[Counter[str]] = Counter()
+    """Open connections per client address (per server, set by ``with_limits``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        self._timer: asyncio.TimerHandle | None = None
+        self._host = str(self.client[0]) if self.client else ""
+        self.clients[self._host] += 1
+        cap = self.limits.max_connections_per_client
+        if cap and self.clients[self._host] > cap:
+            log.info("closing %s: over %d connections from this client", self.client, cap)
+            self._refuse("connections_per_client")
+            return
         self._await_headers()
 
     def on_response_complete(self) -> None:
@@ -59,43 +89,91 @@ class HeaderLimitsMixin:
         self._await_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._header_timer.cancel()
+        self._cancel_timer()
+        self.clients[self._host] -= 1
+        if self.clients[self._host] <= 0:
+            del self.clients[self._host]
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self._awaiting_headers and not self._within_header_limits(data):
+            return
         before = getattr(self, "cycle", None)
         super().data_received(data)  # type: ignore[misc]
-        if not self._awaiting_headers:
-            return
-        if getattr(self, "cycle", None) is not before:  # this data completed the headers
+        cycle = getattr(self, "cycle", None)
+        if self._awaiting_headers and cycle is not before:  # this data completed the headers
             self._awaiting_headers = False
-            return
-        self._header_bytes += len(data)
-        if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
-            log.info("answering 431 to %s: headers over %d bytes", self.client, self.max_header_bytes)
-            self.transport.write(_too_large(self.max_header_bytes))
-            self.transport.close()
+            self._cancel_timer()
+            if cycle.more_body:
+                self._timer = self.loop.call_later(self.limits.body_timeout_s, self._drop_slow_body, cycle)
+
+    def _within_header_limits(self, data: bytes) -> bool:
+        """Count ``data`` toward the request line and headers (up to their end, if it is in ``data``);
+        answer 431 and return False once they are over the byte or line limit."""
+        seen = self._head_tail + data
+        end = seen.find(END_OF_HEADERS)
+        head = seen if end < 0 else seen[: end + len(END_OF_HEADERS)]
+        size = self._header_bytes + len(head) - len(self._head_tail)
+        lines = self._header_lines + head.count(b"\r\n") - self._head_tail.count(b"\r\n")
+        if size > self.limits.max_header_bytes or lines > self.limits.max_headers + 2:
+            log.info("answering 431 to %s: headers over %d bytes or %d lines", self.client,
+                     self.limits.max_header_bytes, self.limits.max_headers)  # fmt: skip
+            detail = (
+                f"request line and headers are over the limit of {self.limits.max_header_bytes} bytes "
+                f"(FICCO_MAX_HEADER_BYTES) or {self.limits.max_headers} headers (FICCO_MAX_HEADERS)"
+            )
+            self._refuse("header_too_large", "431 Request Header Fields Too Large", detail)
+            return False
+        if end < 0:
+            self._header_bytes, self._header_lines, self._head_tail = size, lines, seen[-3:]
+        return True
 
     def _await_headers(self) -> None:
         """Start counting the next request's header bytes and its header timer (unless a pipelined
         request's headers already arrived)."""
-        timer = getattr(self, "_header_timer", None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel_timer()
         waiting_after = getattr(self, "cycle", None)  # a new request replaces the cycle
         self._awaiting_headers = waiting_after is None or waiting_after.response_complete
-        self._header_bytes = 0
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._drop_if_idle, waiting_after)
+        self._header_bytes, self._header_lines, self._head_tail = 0, 0, b""
+        self._timer = self.loop.call_later(self.limits.header_timeout_s, self._drop_if_idle, waiting_after)
+
+    def _cancel_timer(self) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _drop_if_idle(self, waiting_after: Any) -> None:
         if getattr(self, "cycle", None) is waiting_after and not self.transport.is_closing():
-            log.info("closing %s: no request headers within %g s", self.client, self.header_timeout_s)
-            self.transport.close()
+            log.info("closing %s: no request headers within %g s", self.client, self.limits.header_timeout_s)
+            self._refuse("header_timeout")
+
+    def _drop_slow_body(self, cycle: Any) -> None:
+        if cycle is getattr(self, "cycle", None) and cycle.more_body and not self.transport.is_closing():
+            log.info("answering 408 to %s: body incomplete %g s after its headers", self.client,
+                     self.limits.body_timeout_s)  # fmt: skip
+            wait = self.limits.body_timeout_s
+            detail = f"the request body did not arrive within {wait:g} s (FICCO_BODY_TIMEOUT_S)"
+            self._refuse("body_timeout", "408 Request Timeout", detail, answered=not cycle.response_started)
+
+    def _refuse(
+        self, reason: str, status: str | None = None, detail: str = "", *, answered: bool = True
+    ) -> None:
+        """Count the refusal, answer ``status`` (when given and no response has started) and close."""
+        self.on_reject(reason)
+        if status is not None and answered:
+            self.transport.write(_refusal(status, detail))
+        self.transport.close()
 
 
-def with_header_limits(timeout_s: float, max_bytes: int) -> type[asyncio.Protocol]:
-    """uvicorn's own HTTP protocol (``AutoHTTPProtocol``: httptools when installed, the C parser costs
-    less per request than h11) with the header timeout ``timeout_s`` and size limit ``max_bytes``, for
+def with_limits(
+    limits: ConnectionLimits, on_reject: Callable[[str], None] | None = None
+) -> type[asyncio.Protocol]:
+    """uvicorn's own HTTP protocol (``AutoHTTPProtocol``: httptools when installed, the C parser costs less
+    per request than h11) with ``limits``, each refusal counted by ``on_reject(reason)``, for
     ``uvicorn.run(http=...)``."""
-    bases = (HeaderLimitsMixin, AutoHTTPProtocol)
-    return type("HeaderLimitsProtocol", bases, {"header_timeout_s": timeout_s, "max_header_bytes": max_bytes})
+    attributes = {"limits": limits, "clients": Counter()}
+    if on_reject is not None:
+        attributes["on_reject"] = staticmethod(on_reject)
+    return type("LimitsProtocol", (LimitsMixin, AutoHTTPProtocol), attributes)

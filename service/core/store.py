@@ -8,6 +8,7 @@ a reload builds the new mapping and swaps it in with one reference assignment.
 from __future__ import annotations
 
 import asyncio
+import filecmp
 import functools
 import importlib
 import logging
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
+from ficco.features.hardware import NEW_PROFILE_HINT, did_you_mean
 from ficco.features.provenance import (
     MEASURED,
     SIMULATED,
@@ -144,12 +146,16 @@ def measured_world_sizes(card: Mapping[str, Any], profile: HardwareProfile) -> t
 
 def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, world_size: int, why: str) -> str:
     """One line for a (hardware, world size) no served model answers: ``why``, the measured (hardware,
-    world size) pairs served, and the two ways forward (measure it, or ask a simulated model by its id),
-    on a profile of the same GPU with enough GPUs when ``hardware_id`` has too few."""
+    world size) pairs served, and the ways forward that run as printed: measure it, or ask a simulated model
+    by its id (the one served, else the command that trains it), on a profile of the same GPU with enough
+    GPUs when ``hardware_id`` has too few. An id of no built-in profile close to a known one is taken for a
+    typo (no command); another may be a custom profile, which the commands then name conditionally."""
     pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
     listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
-    base = _profile_for(registry_id(hardware_id, MEASURED), served)
-    target = base.id if base is not None else registry_id(hardware_id, MEASURED)
+    measured_id = registry_id(hardware_id, MEASURED)
+    base = _profile_for(measured_id, served)
+    target = measured_id if base is None else base.id
+    bigger: list[tuple[int, str]] = []
     if base is not None and world_size > base.gpu_count:
         why += f"; world_size={world_size} needs more GPUs than {base.id}'s gpu_count={base.gpu_count}"
         bigger = sorted(
@@ -157,13 +163,41 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
             for p in KNOWN_HARDWARE.values()
             if p.gpu_name == base.gpu_name and p.gpu_count >= world_size
         )
-        target = bigger[0][1] if bigger else "<a profile of enough GPUs>"
+        if not bigger:
+            why += f", and no built-in profile has {world_size} {base.gpu_name} GPUs"
+        else:
+            target = bigger[0][1]
+    line = (
+        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured (hardware, "
+        f"world size) pairs served: {listed}."
+    )
+    if base is None and did_you_mean(measured_id, set(KNOWN_HARDWARE) | set(served)):
+        return f"{line} {NEW_PROFILE_HINT}"  # a typo of a known id: no command to run with it
+    if base is None:
+        ways = _ways(served, target, world_size)
+        return (
+            f"{line} If {target!r} is a custom profile registered with the models: {ways}. {NEW_PROFILE_HINT}"
+        )
+    if world_size > base.gpu_count and not bigger:
+        return f"{line} {NEW_PROFILE_HINT}"
+    return f"{line} {_ways(served, target, world_size, requested=hardware_id)}"
+
+
+def _ways(served: Mapping[str, ServedModel], target: str, world_size: int, requested: str = "") -> str:
+    """Measure ``target`` at ``world_size`` with ``ficco retrain``, or ask its simulated model (served, else
+    trained first): the two ways forward of :func:`missing_model_line`."""
+    sim_id = registry_id(target, SIMULATED)
+    sim = served.get(sim_id)
+    if sim is not None and world_size in sim.world_sizes and sim_id != requested:
+        simulated = f"or ask the simulated model served for it: hardware {sim_id!r}"
+    else:
+        simulated = (
+            f"or train a simulated one with `ficco retrain --backend sim --hardware {target} --tp "
+            f"{world_size}`, then ask hardware {sim_id!r}"
+        )
     return (
-        f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured "
-        f"(hardware, world size) pairs served: {listed}. Measure it with `ficco retrain --hardware {target} "
-        f"--tp {world_size}` on a machine of those GPUs, or ask a simulated model explicitly: `ficco retrain "
-        f"--backend sim --hardware {target} --tp {world_size}`, then hardware "
-        f"{registry_id(target, SIMULATED)!r} (its answers say model_backend=simulated)"
+        f"Measure it with `ficco retrain --hardware {target} --tp {world_size}` on a machine of those GPUs, "
+        f"{simulated} (its answers say model_backend=simulated)"
     )
 
 
@@ -191,7 +225,7 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
     known = sorted(set(KNOWN_HARDWARE) | set(served))
     requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED)) or (own.profile if own else None)
     if requested is None:
-        why = f"unknown hardware id {hardware_id!r} (known ids are {known}; a custom profile needs a model)"
+        why = f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, known)}; known ids are {known}"
         raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
     if is_sim_id(hardware_id):
         why = f"no simulated model of {requested.id} is registered"
@@ -235,6 +269,15 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
             f"{hardware_id}'s ({requested.hbm_gbps:g}/{requested.link_gbps:g} GB/s)"
         )
     return Resolution(model=best, requested=hardware_id, substitution=reason)
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """True when folders ``a`` and ``b`` hold the same files with the same bytes."""
+    names = sorted(p.name for p in a.iterdir() if p.is_file())
+    if not b.is_dir() or names != sorted(p.name for p in b.iterdir() if p.is_file()):
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    return not mismatch and not errors
 
 
 def trained_ops(predictor: Predictor) -> tuple[str, ...]:
@@ -324,6 +367,11 @@ class ModelStore:
         return "; ".join(self._errors[key] for key in sorted(self._errors)) or None
 
     @property
+    def versions(self) -> dict[str, str]:
+        """``{hardware id: version}`` served now."""
+        return {hw: model.version for hw, model in self._served.items()}
+
+    @property
     def served(self) -> Mapping[str, ServedModel]:
         """The current ``{hardware_id: ServedModel}`` snapshot (never mutated; replaced on reload)."""
         return self._served
@@ -360,7 +408,7 @@ class ModelStore:
                 if not force and self._failed.get(hw) == version:
                     outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
                     continue
-                outcomes[hw] = self._load(hw, version)
+                outcomes[hw] = self._load(hw, version, verify=force)
             return outcomes
 
     def serve_versions(self, versions: Mapping[str, str]) -> None:
@@ -413,7 +461,8 @@ class ModelStore:
 
     def _snapshot(self, hw: str, version: str) -> None:
         """Copy ``hw``'s ``version`` into the snapshot (whole, then renamed into place) unless it was copied
-        and has not failed to load since; a served version's copy is never replaced."""
+        and has not failed to load or changed in the registry since (a served version's copy is replaced
+        only by registry files that loaded: ``_build``'s ``verify``)."""
         assert self.snapshot is not None
         if (hw, version) in self._copied:
             return
@@ -428,8 +477,16 @@ class ModelStore:
             shutil.rmtree(staging, ignore_errors=True)
         self._copied.add((hw, version))
 
-    def _build(self, hw: str, version: str) -> ServedModel:
-        """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises."""
+    def _build(self, hw: str, version: str, *, verify: bool = False) -> ServedModel:
+        """Load ``hw``'s ``version``, check that it answers, and wrap it; raises whatever loading raises.
+
+        ``verify`` (a forced reload): first load the registry's own files, the bytes a restart would serve,
+        so that a file damaged in place fails the reload instead of the next start; registry files that
+        load but differ from the snapshot's copy replace it."""
+        if verify and self.snapshot is not None:
+            self.registry.load_predictor(self.root, hw, version)
+            if not _same_files(self.root / hw / version, self.snapshot / hw / version):
+                self._copied.discard((hw, version))
         if self.snapshot is not None:
             self._snapshot(hw, version)
         predictor = self.registry.load_predictor(self.loads_from, hw, version)
@@ -448,10 +505,11 @@ class ModelStore:
             bulk_threads=self.bulk_threads,
         )
 
-    def _load(self, hw: str, version: str) -> str:
-        """Load ``hw``'s ``version`` and swap it in; on any error keep the previous model."""
+    def _load(self, hw: str, version: str, *, verify: bool = False) -> str:
+        """Load ``hw``'s ``version`` (``verify``: see ``_build``) and swap it in, pruning the snapshot; on
+        any error keep the previous model."""
         try:
-            model = self._build(hw, version)
+            model = self._build(hw, version, verify=verify)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
             if self._served.get(hw) is None or self._served[hw].version != version:
@@ -460,10 +518,24 @@ class ModelStore:
             keep = f"; still serving {previous.version}" if previous else "; no model serves it"
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return self.public_path(f"failed {version}: {err}")
+        previous = self._served.get(hw)
         self._served = {**self._served, hw: model}  # the atomic swap
         self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
+        self._prune(hw, {version} | ({previous.version} if previous else set()))
         return f"loaded {version}"
+
+    def _prune(self, hw: str, keep: set[str]) -> None:
+        """Remove from the snapshot every copy of ``hw``'s versions but ``keep`` (the one served now and the
+        one before it, which a batch in flight may still name): replaced models do not pile up until
+        shutdown."""
+        if self.snapshot is None or not (self.snapshot / hw).is_dir():
+            return
+        for copy in (self.snapshot / hw).iterdir():
+            if copy.name not in keep:
+                shutil.rmtree(copy, ignore_errors=True)
+                self._copied.discard((hw, copy.name))
+                log.info("snapshot: removed %s model version %s (replaced)", hw, copy.name)
 
     def _record_error(self, key: str, message: str) -> None:
         """Log ``message`` and keep it for /readyz with the registry's location hidden (``public_path``)."""
@@ -490,10 +562,18 @@ class ModelStore:
 
     def public_card(self, card: dict[str, Any]) -> dict[str, Any]:
         """``card`` (a model card, or the registry's ``{"version", "error"}`` for one it cannot read) with
-        ``public_path`` applied to its error."""
+        ``public_path`` applied to its error, and the ``model_backend`` and ``world_sizes`` the service
+        answers with filled in where the card predates them (``model_backend``, ``measured_world_sizes``)."""
         if isinstance(card.get("error"), str):
             return {**card, "error": self.public_path(card["error"])}
-        return card
+        filled = {**card, "model_backend": model_backend(card)}
+        if not card.get("world_sizes") and isinstance(card.get("hardware"), dict):
+            try:
+                profile = HardwareProfile.from_dict(card["hardware"])
+            except (TypeError, ValueError):  # a card the store would not load either
+                return filled
+            filled["world_sizes"] = list(measured_world_sizes(card, profile))
+        return filled
 
     def close(self) -> None:
         """Stop the prediction threads once the predictions in flight finish."""

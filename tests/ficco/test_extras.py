@@ -10,27 +10,49 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from ficco import files
+import ficco
+from ficco import extras, files
 from ficco.cli import app
-from ficco.extras import missing_message
+from ficco.extras import install_command, missing_message
 
 
 @pytest.mark.parametrize(
-    ("command", "module", "extra"),
+    ("command", "options", "module", "extra"),
     [
-        ("serve", "uvicorn", "service"),
-        ("bench", "tqdm", "executor"),
-        ("bench", "torch", "executor"),
-        ("retrain", "torch", "executor"),  # a GPU retrain measures with the executor
-        ("retrain", "xgboost", "train"),
-        ("train", "pandas", "train"),
-        ("recommend", "fastapi", "service"),
+        ("serve", {}, "uvicorn", "service"),
+        ("bench", {}, "tqdm", "executor"),
+        ("bench", {}, "torch", "executor"),
+        ("bench", {"backend": "sim"}, "pandas", "data"),  # the simulator needs no torch
+        ("bench", {"backend": "sim", "ray": "auto"}, "ray", "fleet"),
+        ("dataset gather", {}, "pyarrow", "data"),
+        ("retrain", {}, "torch", "executor"),  # a GPU retrain measures with the executor
+        ("retrain", {}, "xgboost", "train"),
+        ("train", {}, "pandas", "train"),
+        ("recommend", {}, "fastapi", "service"),
     ],
 )
-def test_missing_message_names_the_extra(command, module, extra):
-    assert missing_message(command, module) == (
-        f"ficco {command} needs {module}, which `pip install 'ficco[{extra}]'` installs"
+def test_missing_message_names_the_extra(command, options, module, extra):
+    assert missing_message(command, module, options) == (
+        f"ficco {command} needs {module}, which `{install_command(extra)}` installs"
     )
+
+
+def test_the_install_command_fits_how_ficco_is_installed(monkeypatch, tmp_path):
+    """A checkout installs editable (``.`` from its root, its path elsewhere), an installed ficco by name;
+    ``pip`` alone only when the pip on PATH is this environment's."""
+    checkout = ficco.CHECKOUT
+    pip = tmp_path / "bin" / "pip"
+    pip.parent.mkdir()
+    monkeypatch.setattr(extras.shutil, "which", lambda name: str(pip))
+    monkeypatch.setattr(extras.sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.chdir(checkout)
+    assert install_command("train") == "pip install -e '.[train]'"
+    monkeypatch.chdir(tmp_path)
+    assert install_command("train") == f"pip install -e '{checkout}[train]'"
+    monkeypatch.setattr(ficco, "CHECKOUT", None)
+    assert install_command("data") == "pip install 'ficco[data]'"
+    monkeypatch.setattr(extras.sys, "executable", "/elsewhere/bin/python3")
+    assert install_command("data") == "/elsewhere/bin/python3 -m pip install 'ficco[data]'"
 
 
 def test_a_module_no_extra_installs_is_not_hidden():
@@ -54,7 +76,7 @@ def test_a_command_without_its_extra_prints_one_line(without):
     without("fastapi")
     done = CliRunner().invoke(app, ["serve"])
     assert done.exit_code == 1
-    assert done.output == "error: ficco serve needs fastapi, which `pip install 'ficco[service]'` installs\n"
+    assert done.output == f"error: ficco serve needs fastapi, which `{install_command('service')}` installs\n"
 
 
 def test_bench_without_torch_stops_before_any_rank_and_advises_no_resume(without, tmp_path):
@@ -69,7 +91,7 @@ def test_bench_without_torch_stops_before_any_rank_and_advises_no_resume(without
     done = CliRunner().invoke(app, [*map(str, args), "--out", str(tmp_path / "out")])
     assert done.exit_code == 1, done.output
     assert done.output.splitlines()[-1] == (
-        "error: ficco bench needs torch, which `pip install 'ficco[executor]'` installs"
+        f"error: ficco bench needs torch, which `{install_command('executor')}` installs"
     )
     assert "--resume" not in done.output
 

@@ -37,7 +37,7 @@ MISSING = {  # command line -> the extra its one line names
     ("serve",): "service",
     ("train", "--dataset", "x"): "train",
     ("report", "--dataset", "x", "--out", "x"): "train",
-    ("bench", "--backend", "sim"): "executor",
+    ("bench", "--backend", "sim"): "data",  # the simulator needs no torch
     ("host-factor",): "executor",
 }
 
@@ -172,6 +172,33 @@ def test_wheel_holds_only_ficco_with_its_model_and_configs(built_wheel):
     assert not [n for n in names if n.endswith(".parquet") or "/tests/" in n or "__pycache__" in n]
 
 
+def test_only_the_shipped_model_goes_into_the_wheel_and_the_image(context_copy, tmp_path):
+    """pyproject's package-data and .dockerignore name the shipped registry file by file (CURRENT's version):
+    a model trained into the checkout's models/ (a simulated one, another version) reaches neither."""
+    import shutil
+
+    from tests.conftest import dockerignore_rules, in_context
+
+    current = (SHIPPED / "CURRENT").read_text().strip()
+    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert data["ficco.models"] == ["h200x2/CURRENT", f"h200x2/{current}/*"]
+    rules = dockerignore_rules(REPO_ROOT / ".dockerignore")
+    assert in_context(rules, f"models/h200x2/{current}/model.ubj")
+    for trained in ("models/h200x2-sim/v1/model.ubj", "models/h200x2/20990101T000000Z-0/card.json"):
+        assert not in_context(rules, trained), trained
+    checkout = tmp_path / "checkout"
+    shutil.copytree(context_copy, checkout)
+    for trained in ("h200x2-sim/v1", "h200x2/20990101T000000Z-0"):
+        (checkout / "models" / trained).mkdir(parents=True)
+        (checkout / "models" / trained / "card.json").write_text("{}")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    _run(*command, "-w", tmp_path / "wheel", checkout, cwd=checkout)
+    (wheel,) = (tmp_path / "wheel").glob("ficco-*.whl")
+    models = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ficco/models/")}
+    assert {n.split("/")[3] for n in models if n.count("/") > 3} == {current}
+    assert "ficco/models/h200x2/CURRENT" in models
+
+
 def test_wheel_builds_without_warnings(built_wheel):
     _, output = built_wheel
     assert "Warning" not in output and "warning:" not in output.lower(), output
@@ -188,6 +215,11 @@ def test_core_install_answers_from_any_directory_and_names_the_missing_extras(ve
     assert "Llama-3.1-8B" in out and "model_version" in out
     for command, extra in MISSING.items():
         _assert_one_line(_run(bin_dir / "ficco", *command, cwd=tmp_path, env=user_env, check=False), extra)
+    results = _run(
+        bin_dir / "ficco", "results", "--out", tmp_path / "r.md", cwd=tmp_path, env=user_env, check=False
+    )
+    assert results.returncode == 1 and results.stderr.count("error:") == 1, results.stderr  # no checkout
+    assert "Traceback" not in results.stderr and not (tmp_path / "r.md").exists()
 
 
 def _free_port() -> int:

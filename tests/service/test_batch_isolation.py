@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -227,7 +228,9 @@ def test_a_worker_restarted_after_the_model_file_is_damaged_serves_what_the_serv
         (worker,) = workers.workers
         pid = worker.process.pid
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: worker.process.poll() is not None)  # as the next batch sees it
+        assert wait_for(  # gone, or already started again by the supervisor
+            lambda: worker.process is None or worker.process.pid != pid or worker.process.poll() is not None
+        )
         batch = client.post("/v1/recommend/batch", json={"scenarios": [GOOD]})
         assert batch.status_code == 200, batch.text
         assert batch.json()["data"][0]["model_version"] == served
@@ -247,3 +250,89 @@ def test_models_with_an_unreadable_card_show_no_absolute_path(model_root, start)
         text = client.get("/v1/models").text
         assert "is corrupt" in text and "$FICCO_MODEL_ROOT" in text
         assert str(model_root) not in text and "ficco-models-" not in text
+
+
+@pytest.mark.parametrize("when", ["before ready", "after ready"])
+def test_a_worker_killed_outside_a_job_is_started_again_and_readyz_recovers(
+    when, registry_root, start, wait_for
+):
+    """No batch needs to arrive: the supervisor starts a dead worker again (a load balancer that routes only
+    to ready instances would never send one)."""
+    with start(registry_root) as client:
+        workers = client.app.state.batch_workers
+        (pid,) = workers.pids
+        if when == "after ready":
+            assert wait_for(lambda: client.get("/readyz").status_code == 200)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: client.get("/readyz").status_code == 503 or workers.pids not in ([], [pid]))
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=120)
+        assert workers.pids and workers.pids != [pid]
+
+
+def test_an_unread_batch_answer_holds_its_admission_only_until_the_send_timeout(
+    registry_root, settings_for, wait_for
+):
+    """A client that sends a batch and never reads the answer: the answer goes out as the connection drains,
+    its admission held (at most FICCO_BATCH_CONCURRENCY + FICCO_BATCH_QUEUE answers wait in memory) until
+    FICCO_SEND_TIMEOUT_S, then the connection is closed and the admission freed."""
+    import json
+    import socket
+    import urllib.request
+
+    import uvicorn
+
+    from ficco.service.main import create_app
+
+    app = create_app(settings_for(registry_root, SEND_TIMEOUT_S=2.0, MAX_BATCH=10_000))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        assert wait_for(lambda: server.started, timeout_s=60)
+        body = json.dumps({"scenarios": [{**GOOD, "m": 2 * (i + 1)} for i in range(10_000)]}).encode()
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(sock.getsockname())
+        head = b"POST /v1/recommend/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        reader.sendall(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        gate = app.state.batch_gate
+        assert wait_for(lambda: gate.admitted == 1)
+        assert wait_for(lambda: gate.admitted == 0, timeout_s=60)  # the send timed out
+        reader.settimeout(10)
+        received = b""
+        while chunk := reader.recv(1 << 16):
+            received += chunk
+        head_bytes, _, answer_bytes = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head_bytes.lower()).group(1))
+        assert received.startswith(b"HTTP/1.1 200") and len(answer_bytes) < length  # cut off, then closed
+        one = json.dumps({"scenarios": [GOOD]}).encode()
+        headers = {"content-type": "application/json"}
+        small = urllib.request.Request(url + "/v1/recommend/batch", data=one, headers=headers)
+        with urllib.request.urlopen(small, timeout=60) as answer:
+            assert answer.status == 200
+    finally:
+        server.should_exit = True
+
+
+def test_a_full_batch_queue_does_not_refuse_single_scores(registry_root, start):
+    """Single POST /v1/score requests are admitted apart from batches (FICCO_SCORE_QUEUE): a full batch
+    queue gives batches 429 and still answers them."""
+    config = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 8,
+              "num_key_value_heads": 8, "num_hidden_layers": 2}  # fmt: skip
+    with start(registry_root, SCORE_QUEUE=2) as client:
+        gate = client.app.state.batch_gate
+        gate.admitted = gate.limit  # as if every batch slot and queue place were taken
+        try:
+            assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 429
+            assert (
+                client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [64]}).status_code == 200
+            )
+        finally:
+            gate.admitted = 0
+        scores = client.app.state.score_gate
+        scores.admitted = scores.limit
+        refused = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [64]})
+        scores.admitted = 0
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"

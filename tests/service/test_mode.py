@@ -6,6 +6,12 @@ from __future__ import annotations
 GOOD = {"op": "ag_gemm", "m": 4096, "n": 4096, "k": 4096}
 
 
+def _request(pair: dict) -> dict:
+    """The /v1/recommend body of a scored pair's scenario."""
+    keys = ("op", "m", "n", "k", "dtype", "world_size")
+    return {key: pair["scenario"][key] for key in keys}
+
+
 def test_mode_field_defaults_to_eager_and_refuses_others(client):
     assert client.post("/v1/recommend", json={**GOOD, "mode": "graph"}).status_code == 200
     response = client.post("/v1/recommend", json={**GOOD, "mode": "compiled"})
@@ -31,12 +37,15 @@ def test_mode_reaches_the_predictor_on_every_path(registry_root, start, monkeypa
             "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
         }  # fmt: skip
-        client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [4096], "mode": "graph"})
-        # Batches are answered in the batch worker process, out of the patch's reach: its answer is the
-        # predictor's graph-mode answer, as the single request's is.
+        score = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [4096], "mode": "graph"})
+        # Batches and scores are answered in the batch worker process, out of the patch's reach: their
+        # answers are the predictor's graph-mode answers, as the single request's is.
         batch = client.post("/v1/recommend/batch", json={"scenarios": [{**GOOD, "mode": "graph"}]}).json()
-    assert seen == ["graph", "graph"]
+        pair = score.json()["data"][0]["pairs"][0]
+        alone = client.post("/v1/recommend", json={**_request(pair), "mode": "graph"}).json()
+    assert seen == ["graph", "graph"]  # the single request and the pair asked alone
     assert single["mode"] == "graph" and batch["data"] == [single]
+    assert score.json()["mode"] == "graph" and pair["predicted_speedup"] == alone["predicted_speedup"]
 
 
 def test_cli_mode_option_is_checked(registry_root):
@@ -85,11 +94,16 @@ def test_host_factor_reaches_the_predictor_and_keys_the_cache(registry_root, sta
             "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
         }  # fmt: skip
-        client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [4096], "host_factor": 3.0})
+        score = client.post(
+            "/v1/score", json={"config": config, "tp": 2, "tokens": [4096], "host_factor": 3.0}
+        )
+        pair = score.json()["data"][0]["pairs"][0]
+        alone = client.post("/v1/recommend", json={**_request(pair), "host_factor": 3.0}).json()
         bad = client.post("/v1/recommend", json={**GOOD, "host_factor": 0})
     assert slow["host_factor"] == again["host_factor"] == 4.0 and own != 4.0
     assert batch["data"][0]["host_factor"] == 2.0  # answered in the batch worker process
-    assert seen == [4.0, 3.0]  # the repeat came from the cache
+    assert pair["predicted_speedup"] == alone["predicted_speedup"]  # the score too
+    assert seen == [4.0, 3.0]  # the repeat came from the cache; 3.0: the pair asked alone
     assert bad.status_code == 422
     detail = bad.json()["detail"][0]
     assert detail["loc"][-1] == "host_factor" and "0.25" in str(detail)

@@ -95,7 +95,7 @@ def test_recommend_world_size_the_model_lacks_is_422_with_the_served_pairs(clien
     assert "\n" not in error["msg"] and "pairs served: (h200x2, 2)." in error["msg"]
     assert "world_size=4 needs more GPUs than h200x2's gpu_count=2" in error["msg"]
     assert "`ficco retrain --hardware h200x4 --tp 4`" in error["msg"]  # runnable: a profile of 4 such GPUs
-    sim = "`ficco retrain --backend sim --hardware h200x4 --tp 4`, then hardware 'h200x4-sim'"
+    sim = "`ficco retrain --backend sim --hardware h200x4 --tp 4`, then ask hardware 'h200x4-sim'"
     assert sim in error["msg"]
 
 
@@ -229,3 +229,18 @@ def test_default_limits_fit_a_full_batch():
     }
     body = json.dumps({"scenarios": [widest] * settings.MAX_BATCH})
     assert len(body) <= settings.MAX_BODY_BYTES
+
+
+def test_a_rule_across_fields_is_the_allowed_of_its_422(client):
+    """A value inside its field's range that breaks a rule across fields: ``allowed`` states the rule the
+    message gives, not the range the value lies in."""
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, "m": 3}), "m")
+    assert "divisible by world_size=2" in error["allowed"] and "divisible by world_size=2" in error["msg"]
+    experts = {"op": "a2a_gemm", "m": 4096, "n": 2048, "k": 4096, "experts": 7, "top_k": 2}
+    error = _one_error(client.post("/v1/recommend", json=experts), "experts")
+    assert error["allowed"] == "experts must be a multiple of world_size=2"
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 2}  # fmt: skip
+    score = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [3]})
+    (error,) = score.json()["detail"]
+    assert error["field"] == "tokens.0" and "multiple of tp=2" in error["allowed"], error

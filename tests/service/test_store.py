@@ -184,3 +184,46 @@ def test_serve_versions_loads_exactly_the_named_versions(model_root, train):
         store.serve_versions({HARDWARE: "nope"})
     assert str(model_root) not in str(err.value)  # the registry's location is not shown to clients
     assert store.served[HARDWARE] is kept
+
+
+def _made(folder):
+    folder.mkdir()
+    return folder
+
+
+def test_a_forced_reload_fails_on_a_model_file_damaged_in_place(model_root, damage, tmp_path):
+    """The snapshot still holds good bytes, but a restart would load the registry's: the forced reload
+    reports the failure now and keeps serving the loaded model."""
+    served = current_version(model_root, HARDWARE)
+    store = ModelStore(model_root, snapshot=_made(tmp_path / "snapshot"))
+    store.refresh()
+    damage(model_root / HARDWARE / served, "corrupt")
+    outcome = store.refresh(force=True)[HARDWARE]
+    assert outcome.startswith(f"failed {served}"), outcome
+    assert store.served[HARDWARE].version == served and f"still serving {served}" in store.last_reload_error
+    assert store.refresh(force=True)[HARDWARE].startswith("failed")  # every forced reload checks again
+
+
+def test_a_forced_reload_copies_changed_registry_files_that_load(model_root, tmp_path):
+    served = current_version(model_root, HARDWARE)
+    store = ModelStore(model_root, snapshot=_made(tmp_path / "snapshot"))
+    store.refresh()
+    card = model_root / HARDWARE / served / "card.json"
+    card.write_text(card.read_text() + "\n")  # same content to JSON, other bytes
+    assert store.refresh(force=True)[HARDWARE] == f"loaded {served}"
+    assert (tmp_path / "snapshot" / HARDWARE / served / "card.json").read_bytes() == card.read_bytes()
+
+
+def test_replaced_models_leave_the_snapshot_when_replaced(model_root, train, tmp_path):
+    """The snapshot keeps the served version and the one before it (a batch in flight may name it)."""
+    first, second = current_version(model_root, HARDWARE), _other(model_root)
+    snapshot = _made(tmp_path / "snapshot")
+    store = ModelStore(model_root, snapshot=snapshot)
+    store.refresh()
+    promote(model_root, HARDWARE, second)
+    store.refresh()
+    assert {p.name for p in (snapshot / HARDWARE).iterdir()} == {first, second}
+    third = train(model_root, HARDWARE, seed=2)
+    store.refresh()
+    assert store.served[HARDWARE].version == third
+    assert {p.name for p in (snapshot / HARDWARE).iterdir()} == {second, third}
