@@ -38,6 +38,10 @@ class Answer:
     model_backend: str | None = None
     """``measured`` or ``simulated``: what the answering model was trained on (``features.provenance``);
     None for a source without a model (fixed schedules, tables) or a server that does not say."""
+    neighbours: int | None = None
+    """Measured neighbours of the scenario in the answering model's training data (``training.coverage``;
+    a table's: the fewest over the range); None when the source does not say (fixed schedules, a model
+    without coverage). Fewer than ``training.coverage.OFF_MAP_BELOW`` is an answer off the measured map."""
 
 
 class ScheduleSource(Protocol):
@@ -51,7 +55,7 @@ class ScheduleSource(Protocol):
 def answer_from(rec: Any, origin: str) -> Answer:
     """An ``Answer`` from a predictor ``Recommendation`` (either version) or a service
     ``RecommendationPublic``: both carry ``schedule``, ``predicted_speedup``, ``fallback`` and
-    ``fallback_reason``."""
+    ``fallback_reason`` (and, from newer models and servers, ``model_backend`` and ``neighbours``)."""
     return Answer(
         schedule=str(rec.schedule),
         predicted_speedup=None if rec.predicted_speedup is None else float(rec.predicted_speedup),
@@ -59,6 +63,7 @@ def answer_from(rec: Any, origin: str) -> Answer:
         fallback_reason=rec.fallback_reason,
         origin=origin,
         model_backend=getattr(rec, "model_backend", None),
+        neighbours=getattr(rec, "neighbours", None),
     )
 
 
