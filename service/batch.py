@@ -31,6 +31,7 @@ from ficco.service.schemas import (
     ScoresPublic,
 )
 from ficco.service.scoring import score_models
+from ficco.service.tables import build_job
 
 CHUNK = 500
 """Scenarios validated, and answers serialised, per native call, so that error locations are offset
@@ -132,5 +133,6 @@ def answer_score_batch(
     return _SCORES.dump_json(score_models(served, request, default_hardware=default_hardware))
 
 
-JOBS = {"recommend": answer_batch, "score": answer_score_batch}
-"""The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``."""
+JOBS = {"recommend": answer_batch, "score": answer_score_batch, "table": build_job}
+"""The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``
+(``table``: a schedule table, ``service.tables``)."""

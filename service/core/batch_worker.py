@@ -55,8 +55,9 @@ from typing import Any, Literal, NoReturn
 log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
-JobKind = Literal["recommend", "score"]
-"""What a job's body is: a ``/v1/recommend/batch`` or a ``/v1/score/batch`` request (``batch.JOBS``)."""
+JobKind = Literal["recommend", "score", "table"]
+"""What a job's body is: a ``/v1/recommend/batch`` or a ``/v1/score/batch`` request, or a schedule table
+(``batch.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""

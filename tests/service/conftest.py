@@ -29,9 +29,11 @@ from ficco.service.main import create_app  # noqa: E402
 HARDWARE = "h200x2"
 
 
-def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS):
-    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` timed by the simulator (MoE
-    ones with 8 experts, 2 per token)."""
+def sim_table(
+    hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS, world_size: int = 2
+):
+    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` at ``world_size`` timed by
+    the simulator (MoE ones with 8 experts, 2 per token)."""
     from ficco.harness.sim import SimBackend
     from ficco.training.model import SCHEDULES
     from ficco.training.table import ScheduleTable
@@ -44,10 +46,11 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, 
         op = ops[int(rng.integers(len(ops)))]
         s = Scenario(
             op=op,
-            m=2 * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
+            m=world_size * int(rng.choice([3, 64, 256, 1024, 4096, 16384])),
             n=int(128 * rng.integers(4, 129)),
             k=int(128 * rng.integers(4, 129)),
             hardware=hw,
+            world_size=world_size,
             **({"experts": 8, "top_k": 2} if op in MOE_OPS else {}),
         )
         row = np.full(len(SCHEDULES), np.nan)
@@ -69,17 +72,34 @@ def sim_table(hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, 
 
 
 def train_version(
-    root: Path, hardware_id: str, *, seed: int = 0, promote: bool = True, ops: tuple[str, ...] | None = None
+    root: Path,
+    hardware_id: str,
+    *,
+    seed: int = 0,
+    promote: bool = True,
+    ops: tuple[str, ...] | None = None,
+    world_size: int = 2,
 ) -> str:
     """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
-    ``ops``, as the first models had), register it under ``root``; the version."""
+    ``ops``, as the first models had) at ``world_size``, register it under ``root``; the version. A
+    ``<hardware>-sim`` id gets a simulated model's card (backends ``sim``, its world size)."""
+    import dataclasses
+
+    from ficco.features.provenance import MEASURED, is_sim_id, registry_id
+    from ficco.training.coverage import Coverage
     from ficco.training.fit import TrainConfig, fit_pair_model
     from ficco.training.policy import DecisionPolicy, ModePolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
-    table = sim_table(hardware_id, seed=seed, ops=ops or DENSE_OPS)
+    base = registry_id(hardware_id, MEASURED)
+    table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size)
     model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
+    simulated = (
+        {"dataset": {"backends": ["sim"], "path": "simulated"}, "world_sizes": [world_size]}
+        if is_sim_id(hardware_id)
+        else {}
+    )
     version = register(
         root,
         hardware_id,
@@ -87,10 +107,12 @@ def train_version(
         ratio=model,
         policy=ModePolicy.uniform(DecisionPolicy(min_gain=0.01)),
         dataset_hash=f"sim{seed:013d}",
+        coverage=Coverage.of(table.scenarios, table.modes),
         info={
-            "hardware": get_hardware(hardware_id).to_dict(),
+            "hardware": dataclasses.replace(get_hardware(base), id=hardware_id).to_dict(),
             "metrics": {"seed": seed},
             **({"ops": sorted(ops)} if ops else {}),
+            **simulated,
         },
     )
     if promote:
@@ -99,8 +121,10 @@ def train_version(
 
 
 def make_settings(root: Path, **overrides) -> Settings:
-    """Test settings: the given registry, no polling unless asked, no reload token unless given."""
-    return Settings(**{"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, **overrides})
+    """Test settings: the given registry, no polling and no table prefetch unless asked, no reload token
+    unless given."""
+    base = {"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, "TABLE_PREFETCH": False}
+    return Settings(**{**base, **overrides})
 
 
 @contextlib.contextmanager
