@@ -245,7 +245,13 @@ def max_splits(rows: int, world_size: int) -> int:
     """The largest ``finer`` split count whose sub-chunks divide ``rows`` (a scenario's split rows,
     ``Scenario.rows``) among ``world_size`` ranks evenly, 1 if none does: ``finer/sN`` runs exactly when
     ``N <= max_splits`` (the splits divide one another)."""
-    return max((s for s in FINER_SPLITS if rows % (world_size * s) == 0), default=1)
+    for splits in _SPLITS_DOWN:
+        if rows % (world_size * splits) == 0:
+            return splits
+    return 1
+
+
+_SPLITS_DOWN = tuple(sorted(FINER_SPLITS, reverse=True))
 
 
 def range_starts(points: Sequence[int], picks: Sequence[object]) -> tuple[list[int], list[int]]:

@@ -30,7 +30,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,8 @@ class Entry:
     top_k: int = 0
     tracks: tuple[Track, ...]
     """By ``max_splits``, largest first; a class no token count of this shape falls in has none."""
+    _of_class: dict[int, Track] = field(init=False, repr=False, compare=False)
+    """Split class -> its track, or (a class the table was not built for) the nearest coarser class's."""
 
     def __post_init__(self) -> None:
         splits = [t.max_splits for t in self.tracks]
@@ -165,6 +167,9 @@ class Entry:
             raise ValueError(
                 f"Entry {self.key}: needs tracks of distinct max_splits, largest first; got {splits}"
             )
+        of_class = {c: next((t for t in self.tracks if t.max_splits <= c), self.tracks[-1])
+                    for c in (1, *FINER_SPLITS)}  # fmt: skip
+        object.__setattr__(self, "_of_class", of_class)
 
     @property
     def key(self) -> tuple[str, int, int, int, int]:
@@ -173,8 +178,7 @@ class Entry:
     def track(self, m: int, world_size: int) -> Track:
         """The track of token count ``m`` at ``world_size``: its split class's, else (a class the table was
         not built for) the nearest coarser one's, whose schedules also run at ``m``."""
-        splits = max_splits(m * self.top_k if self.top_k else m, world_size)
-        return next((t for t in self.tracks if t.max_splits <= splits), self.tracks[-1])
+        return self._of_class[max_splits(m * self.top_k if self.top_k else m, world_size)]
 
     def lookup(self, m: int, world_size: int) -> Range:
         """The range that answers token count ``m`` at ``world_size`` (module docstring)."""
@@ -233,7 +237,7 @@ class ScheduleTableFile:
         """Write the table under ``directory`` by its file name; returns the path."""
         path = Path(directory) / f"op=tp_overlap,{artifact_name(self.header)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
         return path
 
     @classmethod

@@ -8,7 +8,7 @@ server only checks a request (world size, shapes, the model) and computes its ET
 built by a worker process (``service.core.batch_worker``, the ``table`` job of ``service.batch.JOBS``) at
 the batch workers' low CPU priority, behind a gate of its own (one build at a time, ``FICCO_TABLE_QUEUE``
 waiting, then 429), so a table build never delays a batch. The worker sends the table back as
-gzip-compressed JSON (a grid table is about 6 MB of JSON, 0.5 MB compressed), which the server keeps by
+gzip-compressed JSON (a grid table is 5-6 MB of JSON, 0.2-0.25 MB compressed), which the server keeps by
 ETag (:class:`TableCache`: at most ``FICCO_TABLE_CACHE_MB``, least recently used out first) and sends as
 it is to clients that accept gzip. Requests for a table being built wait for that one build.
 

@@ -105,7 +105,7 @@ def study() -> dict:
     """Both sets' summaries (module docstring)."""
     from ficco.training.evaluate import unseen
     from ficco.training.registry import load_predictor
-    from ficco.training.table import load_dataset_table
+    from ficco.training.table import concat_tables, load_dataset_table
 
     predictor = load_predictor(REPO / "models", "h200x2")
     if predictor.coverage is None:
@@ -113,9 +113,7 @@ def study() -> dict:
     table = load_dataset_table(*(REPO / p for p in TRAINING)).table
     picks, near = held_out(table, predictor.card)
     tests = [unseen(load_dataset_table(REPO / p).table, table)[0] for p in UNSEEN]
-    combined = tests[0]
-    for t in tests[1:]:
-        combined = _concat(combined, t)
+    combined = concat_tables(*tests)
     unseen_picks, unseen_near = shipped(combined, predictor)
     return {
         "model": f"{predictor.hardware_id}/{predictor.version}",
@@ -123,15 +121,6 @@ def study() -> dict:
         "unseen": summarise(combined, unseen_picks, unseen_near),
         "unseen_sets": list(UNSEEN),
     }
-
-
-def _concat(a, b):
-    """Two ``training.table.ScheduleTable`` as one (rows of ``a`` then ``b``)."""
-    from dataclasses import fields, replace
-
-    arrays = {f.name: np.concatenate([getattr(a, f.name), getattr(b, f.name)])
-              for f in fields(a) if isinstance(getattr(a, f.name), np.ndarray)}  # fmt: skip
-    return replace(a, **arrays, scenarios=a.scenarios + b.scenarios)
 
 
 def text(results: dict) -> str:

@@ -92,7 +92,7 @@ class Settings(ModelSettings):
     """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
     get 429 with Retry-After."""
     TABLE_CACHE_MB: int = Field(default=64, ge=1, le=1 << 16)
-    """Memory for built schedule tables (gzip-compressed: a 242-shape grid table is about 0.5 MB), least
+    """Memory for built schedule tables (gzip-compressed: a 242-shape grid table is 0.2-0.25 MB), least
     recently used out first."""
     TABLE_PREFETCH: bool = True
     """Build the tables ``GET /v1/tables`` serves (per world size, mode and training dtype of each model) as

@@ -1,4 +1,4 @@
-"""training.coverage: measured neighbours counted as defined, stored with a model, answered with every pick."""
+"""training.coverage: neighbours counted as defined, stored with a model, answered with every pick."""
 
 from __future__ import annotations
 
