@@ -17,6 +17,7 @@ the card's), which changes no prediction: the model files and the card stay as t
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,10 +73,14 @@ class Coverage:
         self.rows = rows.astype(np.int64)
         """int64 ``[N, 7]`` (:data:`COLUMNS`)."""
         self._groups: dict[tuple[int, ...], np.ndarray] = {}
-        """(op, mode, world size, dtype) -> the group's m, n, k, int64 ``[3, N_g]``."""
+        """(op, mode, world size, dtype) -> the group's m, n, k, int64 ``[3, N_g]``, by m."""
+        self._by_m: dict[tuple[int, ...], list[int]] = {}
+        """(op, mode, world size, dtype) -> the group's m, sorted, as a list (bisected per decision)."""
         keys = self.rows[:, :4]
         for key in {tuple(k) for k in keys.tolist()}:
-            self._groups[key] = self.rows[(keys == key).all(axis=1), 4:].T.copy()
+            group = self.rows[(keys == key).all(axis=1), 4:]
+            group = group[np.argsort(group[:, 0], kind="stable")].T.copy()
+            self._groups[key], self._by_m[key] = group, group[0].tolist()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -141,12 +146,16 @@ class Coverage:
         return np.searchsorted(rows_m, f * ms, side="right") - low
 
     def _count_one(self, key: tuple[int, ...], m: int, n: int, k: int) -> int:
-        group = self._groups.get(key)
-        if group is None:
+        """One scenario's count: the rows within the factor in m (two bisections of the sorted m), then
+        those of them within it in n and k."""
+        by_m = self._by_m.get(key)
+        if by_m is None:
             return 0
-        f, gm, gn, gk = NEIGHBOUR_FACTOR, group[0], group[1], group[2]
-        near = (gm <= f * m) & (m <= f * gm) & (gn <= f * n) & (n <= f * gn) & (gk <= f * k) & (k <= f * gk)
-        return int(np.count_nonzero(near))
+        f = NEIGHBOUR_FACTOR
+        lo, hi = bisect.bisect_left(by_m, -(-m // f)), bisect.bisect_right(by_m, f * m)
+        group = self._groups[key]
+        gn, gk = group[1, lo:hi], group[2, lo:hi]
+        return int(np.count_nonzero((gn <= f * n) & (gn >= -(-n // f)) & (gk <= f * k) & (gk >= -(-k // f))))
 
     @staticmethod
     def _key(s: Scenario, mode: str) -> tuple[int, ...]:
