@@ -294,31 +294,30 @@ def grid_scenarios(shape: Shape, grid: np.ndarray, *, world_size: int, dtype: st
 # Schedule tables ---------------------------------------------------------------------------------------
 
 
-def class_residues(world_size: int, top_k: int) -> tuple[int, dict[int, np.ndarray]]:
+def class_residues(world_size: int, top_k: int) -> tuple[int, dict[int, list[int]]]:
     """The period ``P`` of the split classes over token counts (``16 * world_size``: rows split at most 8
-    ways per rank) and, per class, the token counts ``m mod P`` in it (a scenario's rows divide among the
-    ranks; MoE rows are ``m * top_k``)."""
+    ways per rank) and, per class, the token counts ``m mod P`` in it, sorted (a scenario's rows divide
+    among the ranks; MoE rows are ``m * top_k``)."""
     period = 2 * max(FINER_SPLITS) * world_size
-    rows = np.arange(period) * (top_k or 1)
-    valid = rows % world_size == 0
-    classes = np.array([max_splits(int(r), world_size) for r in rows])
-    return period, {c: np.flatnonzero(valid & (classes == c)) for c in SPLIT_CLASSES}
+    rows = [m * (top_k or 1) for m in range(period)]
+    classes = [max_splits(r, world_size) if r % world_size == 0 else 0 for r in rows]  # 0: no scenario
+    return period, {c: [m for m, found in enumerate(classes) if found == c] for c in SPLIT_CLASSES}
 
 
-def snap_up(x: np.ndarray, period: int, residues: np.ndarray) -> np.ndarray:
-    """The smallest token count ``>= x`` (int ``[n]``) whose residue mod ``period`` is in ``residues``."""
-    base = (np.asarray(x, dtype=np.int64) // period * period)[:, None] + residues[None, :]
-    return np.where(base < np.asarray(x)[:, None], base + period, base).min(axis=1)
+def next_in_class(x: int, period: int, residues: list[int]) -> int:
+    """The smallest token count ``>= x`` whose residue mod ``period`` is one of ``residues`` (sorted)."""
+    base, rest = divmod(x, period)
+    i = bisect.bisect_left(residues, rest)
+    return base * period + (residues[i] if i < len(residues) else period + residues[0])
 
 
-def track_points(shape: Shape, world_size: int, *, per_octave: int, max_tokens: int) -> dict[int, np.ndarray]:
+def track_points(shape: Shape, world_size: int, *, per_octave: int, max_tokens: int) -> dict[int, list[int]]:
     """Per split class of ``shape``'s token counts, the counts it is first decided at: the class's count at
-    or above every count below :data:`FINE_BELOW` and every :func:`token_grid` point, sorted int."""
+    or above every count below :data:`FINE_BELOW` and every :func:`token_grid` point, sorted."""
     period, residues = class_residues(world_size, shape[4])
-    base = np.r_[
-        np.arange(1, FINE_BELOW), token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens)
-    ]
-    return {c: np.unique(snap_up(base, period, r)) for c, r in residues.items() if len(r)}
+    grid = token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens).tolist()
+    base = [*range(1, FINE_BELOW), *grid]
+    return {c: sorted({next_in_class(x, period, r) for x in base}) for c, r in residues.items() if r}
 
 
 @dataclass(eq=False)
@@ -329,17 +328,14 @@ class _Track:
     max_splits: int
     period: int
     residues: list[int]
-    """The class's token counts mod ``period``, sorted."""
+    """The class's token counts mod ``period``, sorted (:func:`class_residues`)."""
     answers: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
     """Token count -> (recommended column, predicted speedups ``[S]``, neighbours; -1: not counted)."""
 
     def between(self, lo: int, hi: int) -> int | None:
         """A token count of this class strictly between ``lo`` and ``hi`` near half-way, or None."""
         for x in ((lo + hi) // 2, lo + 1):
-            base, rest = divmod(x, self.period)
-            i = bisect.bisect_left(self.residues, rest)
-            up = self.residues[i] if i < len(self.residues) else self.period + self.residues[0]
-            m = base * self.period + up
+            m = next_in_class(x, self.period, self.residues)
             if lo < m < hi:
                 return m
         return None
@@ -451,9 +447,9 @@ def build_schedule_table(
         for c, points in track_points(
             shape, world_size, per_octave=per_octave, max_tokens=max_tokens
         ).items():
-            track = _Track(shape=shape, max_splits=c, period=period, residues=residues[c].tolist())
+            track = _Track(shape=shape, max_splits=c, period=period, residues=residues[c])
             tracks.append(track)
-            asks += [(track, int(m)) for m in points]
+            asks += [(track, m) for m in points]
     _ask(predictor, asks, **settings)
     # between neighbours whose answers differ, ask half-way until they are neighbours in their class
     pending = []

@@ -3,7 +3,6 @@ schedule that cannot run; exports the model cannot back are refused in one line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ficco.features import Scenario, Schedule, candidates, feature_matrix, get_hardware
+from ficco.features import Scenario, Schedule, feature_matrix, get_hardware
 from ficco.features.schedule import max_splits
 from ficco.features.schedule_table import FingerprintMismatch, ScheduleTableFile
 from ficco.runtime.sources import TableSource
@@ -177,56 +176,15 @@ def test_shapes_no_table_can_hold_are_refused_naming_each(predictor):
     assert "op must be one of" in str(err.value) and "multiple of world_size" in str(err.value)
 
 
-def register_sim_model(root: Path, hardware_id: str = "h200x4", world_size: int = 4) -> str:
-    """A small model fitted on simulated times of ``hardware_id`` at ``world_size``, registered and
-    promoted under ``<hardware_id>-sim``; its version."""
-    from ficco.harness.sim import SimBackend
-    from ficco.training.coverage import Coverage
-    from ficco.training.fit import TrainConfig, fit_pair_model
-    from ficco.training.model import SCHEDULES
-    from ficco.training.policy import DecisionPolicy, ModePolicy
-    from ficco.training.registry import promote, register
-    from ficco.training.table import ScheduleTable
-
-    hw = get_hardware(hardware_id)
-    sim, rng = SimBackend(hw), np.random.default_rng(0)
-    scenarios, times = [], []
-    for _ in range(200):
-        op, m = str(rng.choice(["ag_gemm", "gemm_rs"])), world_size * int(rng.choice([16, 256, 2048]))
-        n, k = (int(128 * rng.integers(4, 129)) for _ in range(2))
-        s = Scenario(op=op, m=m, n=n, k=k, world_size=world_size, hardware=hw)
-        row = np.full(len(SCHEDULES), np.nan)
-        schedules = candidates(s)
-        row[[SCHEDULES.index(str(c)) for c in schedules]] = sim.schedule_ms(s, schedules)
-        scenarios.append(s)
-        times.append(row)
-    times = np.asarray(times)
-    n = len(scenarios)
-    table = ScheduleTable(
-        scenario_ids=np.asarray([s.key() for s in scenarios], dtype=object),
-        modes=np.asarray(["graph"] * n, dtype=object), families=np.asarray(["grid"] * n, dtype=object),
-        scenarios=tuple(scenarios), X=feature_matrix(scenarios), times_ms=times,
-        in_best=times <= 1.01 * np.nanmin(times, axis=1, keepdims=True), async_tp_ms=np.full(n, np.nan),
-    )  # fmt: skip
-    model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=0, n_jobs=1)
-    model_id = f"{hardware_id}-sim"
-    version = register(
-        root, model_id, scorer=model, ratio=model, policy=ModePolicy.uniform(DecisionPolicy()),
-        dataset_hash="sim0000000000000", coverage=Coverage.of(table.scenarios, table.modes),
-        info={"hardware": dataclasses.replace(hw, id=model_id).to_dict(), "world_sizes": [world_size],
-              "ops": ["ag_gemm", "gemm_rs"], "dataset": {"backends": ["sim"], "path": "simulated"}},
-    )  # fmt: skip
-    promote(root, model_id, version)
-    return version
-
-
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "ficco.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
 def test_a_simulated_model_exports_when_asked_marked_simulated(tmp_path):
-    register_sim_model(tmp_path / "models")
+    from tests.service.conftest import train_version
+
+    train_version(tmp_path / "models", "h200x4-sim", world_size=4)
     common = ["export", "--registry", str(tmp_path / "models"), "--hardware", "h200x4-sim", "--tp", "4",
               "--mode", "graph", "--shape", "ag_gemm:4096:4096", "--out", str(tmp_path / "t")]  # fmt: skip
     refused = run_cli(*common)
