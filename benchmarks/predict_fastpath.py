@@ -6,9 +6,10 @@
         --dataset datasets/h200x2 --dataset datasets/h200x2-moe                     # a registered version
 
 1. Single decision: ``Predictor.recommend([scenario], mode)`` (features, pairs, both forests, fallback,
-   the Recommendation) on one core (the process is pinned to CPU 0, XGBoost to one thread), for
-   ``--single`` distinct scenarios after a warm-up, on the fast path (``training.fastpath``) and on the
-   reference path (``xgboost.Booster.inplace_predict``); median and p90 microseconds.
+   the measured neighbours, the Recommendation) on one core (the process is pinned to CPU 0, XGBoost to one
+   thread), for ``--single`` distinct scenarios after a warm-up, on the fast path (``training.fastpath``)
+   and on the reference path (``xgboost.Booster.inplace_predict``), and the neighbour count alone
+   (``training.coverage``, part of ``recommend``); median and p90 microseconds.
 2. Batch: ``recommend`` of 10,000 distinct scenarios (the predictor picks its path by batch size),
    ``--reps`` times; best and median seconds.
 3. Equality: with ``--dataset`` (repeat it to combine datasets), the fast and the reference path's picks on
@@ -52,7 +53,8 @@ def random_scenarios(count: int, seed: int, hardware) -> list:
 
 def time_single(predictor, scenarios: list, mode: str, path: str) -> list[float]:
     """Microseconds of each one-scenario decision: ``decide`` (features, both forests, pick, fallback) on
-    the ``fast`` or ``reference`` path, or ``recommend`` (the fast decision and the Recommendation)."""
+    the ``fast`` or ``reference`` path, ``recommend`` (the fast decision, the neighbour count and the
+    Recommendation), or ``neighbours`` (the count alone)."""
     from ficco.features import feature_matrix
 
     out = []
@@ -60,6 +62,8 @@ def time_single(predictor, scenarios: list, mode: str, path: str) -> list[float]
         start = time.perf_counter()
         if path == "recommend":
             predictor.recommend([s], mode=mode)
+        elif path == "neighbours":
+            predictor.coverage.count([s], mode)
         else:
             predictor.decide(feature_matrix([s]), [mode], fast=path == "fast")
         out.append((time.perf_counter() - start) * 1e6)
@@ -99,7 +103,10 @@ def main() -> None:
                      "single": {}, "batch_10k": {}}  # fmt: skip
     for mode in ("eager", "graph"):
         time_single(predictor, single[:50], mode, "recommend")  # warm-up
-        for path in ("fast", "recommend", "reference"):
+        paths = ("fast", "recommend", "reference") + (
+            ("neighbours",) if predictor.coverage is not None else ()
+        )
+        for path in paths:
             us = time_single(predictor, single, mode, path)
             results["single"][f"{mode}/{path}"] = {
                 "median_us": statistics.median(us), "p90_us": float(np.percentile(us, 90)),

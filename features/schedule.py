@@ -27,6 +27,7 @@ plus, on overlapped schedules only, the resource knobs before ``/hp``: ``/cta<N>
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -238,6 +239,35 @@ SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
 """Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
 SCHEDULE_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCHEDULES)}
 """The column of each schedule string in :data:`SCHEDULES`."""
+
+
+def max_splits(rows: int, world_size: int) -> int:
+    """The largest ``finer`` split count whose sub-chunks divide ``rows`` (a scenario's split rows,
+    ``Scenario.rows``) among ``world_size`` ranks evenly, 1 if none does: ``finer/sN`` runs exactly when
+    ``N <= max_splits`` (the splits divide one another)."""
+    for splits in _SPLITS_DOWN:
+        if rows % (world_size * splits) == 0:
+            return splits
+    return 1
+
+
+_SPLITS_DOWN = tuple(sorted(FINER_SPLITS, reverse=True))
+
+
+def range_starts(points: Sequence[int], picks: Sequence[object]) -> tuple[list[int], list[int]]:
+    """The one breakpoint rule of token-range tables (the compile pass's ``ScheduleTable`` and ``ficco
+    export``'s): over sorted token counts ``points`` decided ``picks``, a range of equal consecutive picks
+    starts at the geometric mean of its first point and the point before it (rounded, above that point), so
+    every decided point gets its own pick and a token count between two points that decided differently
+    gets the pick of the nearer one by ratio. Returns each range's first index into ``points`` and its
+    start (the first range starts at ``points[0]``)."""
+    firsts, starts = [0], [int(points[0])]
+    for i in range(1, len(points)):
+        if picks[i] != picks[i - 1]:
+            lo, hi = int(points[i - 1]), int(points[i])
+            firsts.append(i)
+            starts.append(max(lo + 1, round(math.sqrt(lo * hi))))
+    return firsts, starts
 
 
 def candidates(scenario: Scenario) -> list[Schedule]:

@@ -5,13 +5,19 @@ per-device kernel tables (``E=8,N=14336,device_name=NVIDIA_H200.json``)::
 
     op=tp_overlap,device_name=NVIDIA_H200,tp=2,mode=graph,dtype=bf16.json
 
-It holds, for every (op, n, k) (and, for MoE ops, experts and top_k), the sorted token counts ``m`` where
-the model's pick changes (``breakpoints``) and one range per breakpoint: the schedule, its predicted
-speedup over serial and a confidence (the margin over the runner-up schedule, and whether that margin is
-outside the best set's 1% floor). A lookup of ``m`` returns the range of the largest breakpoint ``<= m``:
-at every point of the export's token grid (``grid`` in the file) that is exactly what the model picks, and
-between grid points it is the pick at the grid point below. Beside the tables: the model version, the
-training datasets' content hashes, the hardware fingerprint of the measured machine and the format version.
+It holds, for every (op, n, k) (and, for MoE ops, experts and top_k), one *track* per split class: the
+token counts whose split rows (``m``, MoE ``m * top_k``) divide among the ranks into at most 8, 4, 2 or 1
+``finer`` sub-chunks each (``features.schedule.max_splits``). A ``finer/sN`` schedule runs exactly where
+``N`` is at most that, so each track holds only schedules that run at every one of its token counts, and
+the model, which sees the split count, is asked at token counts of each class apart. A track holds the
+sorted token counts where the model's pick (or whether it is off the measured map) changes
+(``breakpoints``) and one range per breakpoint: the schedule, its predicted speedup over serial, a
+confidence (the margin over the runner-up schedule, and whether that margin is outside the best set's 1%
+floor) and the fewest measured neighbours. A lookup of ``m``: the track of ``m``'s split class, then the
+range of its largest breakpoint ``<= m`` (:meth:`Entry.lookup`). Breakpoints follow the rule of every
+token-range table (``features.schedule.range_starts``); at every token count the export decided (``grid``
+in the file) the lookup is exactly what the model picks. Beside the tables: the model version, the training
+datasets' content hashes, the hardware fingerprint of the measured machine and the format version.
 
 ``ficco export`` writes these files (``training.export``); ``runtime.TableSource.load`` reads them and
 refuses a file whose fingerprint is not the loading machine's. Reading needs no xgboost.
@@ -24,18 +30,19 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ficco.features.schedule import FINER_SPLITS, Schedule, max_splits
 from ficco.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ficco-schedule-table"
 """The ``format`` field of every table file."""
-FORMAT_VERSION = 1
-"""The ``format_version`` this code writes and reads."""
+FORMAT_VERSION = 2
+"""The ``format_version`` this code writes and reads (2: one track per split class)."""
 FINGERPRINT_KEYS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count")
 """What a table's timings depend on that both a model card and a machine can state (``harness.fingerprint``
 reads them with ``nvidia-smi``): measured on GPUs or simulated, the GPU model (an NVLink H200 and a PCIe
@@ -72,71 +79,122 @@ def hardware_fingerprint(fields: dict[str, Any]) -> str:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Range:
-    """What the model picks from one breakpoint up to the next."""
+    """What the model picks from one breakpoint up to the next, at the token counts of one split class."""
 
     schedule: str
-    """Canonical schedule string (``serial/sm`` where the model's own fallback fired)."""
+    """Canonical schedule string (``serial/sm`` where the model's own fallback fired); it runs at every token
+    count of its split class (:class:`Track`)."""
     predicted_speedup: float
-    """Predicted ``t_serial / t_schedule`` at the range's first token count."""
+    """Predicted ``t_serial / t_schedule`` at the range's first decided token count."""
     min_speedup: float
-    """Lowest predicted speedup of the schedule over the range's grid points."""
+    """Lowest predicted speedup of the schedule over the range's decided token counts."""
     runner_up: str | None
     """The schedule of highest predicted speedup after the pick at the first token count (None: none)."""
     margin: float
-    """Smallest predicted ``speedup(pick) / speedup(runner-up) - 1`` over the range's grid points (the
-    time-ratio regressor's; negative where the ranker and the regressor disagree)."""
+    """Smallest predicted ``speedup(pick) / speedup(runner-up) - 1`` over the range's decided token counts
+    (the time-ratio regressor's; negative where the ranker and the regressor disagree)."""
     confident: bool
     """``margin >= BEST_SET_FLOOR``: the runner-up is outside the model's best set everywhere in the range."""
+    neighbours: int | None = None
+    """Fewest measured neighbours (``training.coverage``) over the range's decided token counts; None for a
+    model that carries no coverage. A range lies wholly on or wholly off the measured map."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Track:
+    """The ranges of one (op, n, k) at the token counts of one split class: those whose split rows divide
+    among the ranks into at most ``max_splits`` sub-chunks each (``features.schedule.max_splits``), where
+    ``finer/sN`` runs exactly for ``N <= max_splits``."""
+
+    max_splits: int
+    """1, 2, 4 or 8 (``features.schedule.FINER_SPLITS``)."""
+    breakpoints: tuple[int, ...]
+    """Sorted token counts ``m`` where a range starts; the first is the class's smallest decided count."""
+    ranges: tuple[Range, ...]
+    """One per breakpoint."""
+
+    def __post_init__(self) -> None:
+        where = f"Track(max_splits={self.max_splits})"
+        if self.max_splits not in (1, *FINER_SPLITS):
+            raise ValueError(f"{where}: max_splits must be one of {[1, *FINER_SPLITS]}")
+        if len(self.breakpoints) != len(self.ranges) or not self.breakpoints:
+            raise ValueError(
+                f"{where}: needs one range per breakpoint and at least one; got {len(self.breakpoints)} "
+                f"breakpoints and {len(self.ranges)} ranges"
+            )
+        if list(self.breakpoints) != sorted(set(self.breakpoints)):
+            raise ValueError(f"{where}: breakpoints must be strictly increasing; got {self.breakpoints}")
+        for r in self.ranges:
+            if Schedule.parse(r.schedule).splits > self.max_splits:
+                raise ValueError(
+                    f"{where}: {r.schedule} cannot run where the rows split {self.max_splits} ways"
+                )
+
+    def lookup(self, m: int) -> Range:
+        """The range of the largest breakpoint ``<= m`` (the first range below the first breakpoint)."""
+        return self.ranges[max(0, bisect.bisect_right(self.breakpoints, m) - 1)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_splits": self.max_splits, "breakpoints": list(self.breakpoints),
+                "ranges": [r.to_dict() for r in self.ranges]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Track:
+        return cls(max_splits=int(data["max_splits"]), breakpoints=tuple(int(b) for b in data["breakpoints"]),
+                   ranges=tuple(Range(**r) for r in data["ranges"]))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Entry:
-    """The ranges of one (op, n, k, experts, top_k) over the token axis."""
+    """The tracks of one (op, n, k, experts, top_k) over the token axis, one per split class."""
 
     op: str
     n: int
     k: int
     experts: int = 0
     top_k: int = 0
-    breakpoints: tuple[int, ...]
-    """Sorted token counts ``m`` where a range starts; the first is the grid's smallest."""
-    ranges: tuple[Range, ...]
-    """One per breakpoint."""
+    tracks: tuple[Track, ...]
+    """By ``max_splits``, largest first; a class no token count of this shape falls in has none."""
+    _of_class: dict[int, Track] = field(init=False, repr=False, compare=False)
+    """Split class -> its track, or (a class the table was not built for) the nearest coarser class's."""
 
     def __post_init__(self) -> None:
-        if len(self.breakpoints) != len(self.ranges) or not self.breakpoints:
+        splits = [t.max_splits for t in self.tracks]
+        if not splits or splits != sorted(set(splits), reverse=True):
             raise ValueError(
-                f"Entry {self.key}: needs one range per breakpoint and at least one; got "
-                f"{len(self.breakpoints)} breakpoints and {len(self.ranges)} ranges"
+                f"Entry {self.key}: needs tracks of distinct max_splits, largest first; got {splits}"
             )
-        if list(self.breakpoints) != sorted(set(self.breakpoints)):
-            raise ValueError(
-                f"Entry {self.key}: breakpoints must be strictly increasing; got {self.breakpoints}"
-            )
+        of_class = {c: next((t for t in self.tracks if t.max_splits <= c), self.tracks[-1])
+                    for c in (1, *FINER_SPLITS)}  # fmt: skip
+        object.__setattr__(self, "_of_class", of_class)
 
     @property
     def key(self) -> tuple[str, int, int, int, int]:
         return (self.op, self.n, self.k, self.experts, self.top_k)
 
-    def lookup(self, m: int) -> Range:
-        """The range of the largest breakpoint ``<= m`` (the first range below the grid)."""
-        return self.ranges[max(0, bisect.bisect_right(self.breakpoints, m) - 1)]
+    def track(self, m: int, world_size: int) -> Track:
+        """The track of token count ``m`` at ``world_size``: its split class's, else (a class the table was
+        not built for) the nearest coarser one's, whose schedules also run at ``m``."""
+        return self._of_class[max_splits(m * self.top_k if self.top_k else m, world_size)]
+
+    def lookup(self, m: int, world_size: int) -> Range:
+        """The range that answers token count ``m`` at ``world_size`` (module docstring)."""
+        return self.track(m, world_size).lookup(m)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op, "n": self.n, "k": self.k, "experts": self.experts, "top_k": self.top_k,
-            "breakpoints": list(self.breakpoints), "ranges": [r.to_dict() for r in self.ranges],
+            "tracks": [t.to_dict() for t in self.tracks],
         }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Entry:
         return cls(
             op=data["op"], n=int(data["n"]), k=int(data["k"]), experts=int(data.get("experts", 0)),
-            top_k=int(data.get("top_k", 0)), breakpoints=tuple(int(b) for b in data["breakpoints"]),
-            ranges=tuple(Range(**r) for r in data["ranges"]),
+            top_k=int(data.get("top_k", 0)), tracks=tuple(Track.from_dict(t) for t in data["tracks"]),
         )  # fmt: skip
 
 
@@ -179,7 +237,7 @@ class ScheduleTableFile:
         """Write the table under ``directory`` by its file name; returns the path."""
         path = Path(directory) / f"op=tp_overlap,{artifact_name(self.header)}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
         return path
 
     @classmethod

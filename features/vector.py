@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ficco.features.scenario import MOE_OPS, OPS, Scenario
-from ficco.features.schedule import FINER_SPLITS
+from ficco.features.schedule import FINER_SPLITS, max_splits
 
 FEATURE_SCHEMA_VERSION = "fv3"
 """The schema new models are trained on.
@@ -67,9 +67,9 @@ def wave_fill(rows: float, n: int, sm_count: int) -> float:
 
 
 def max_finer_splits(scenario: Scenario) -> int:
-    """The largest ``finer`` split count whose sub-chunks divide the rows evenly (1 if none does)."""
-    ok = [s for s in FINER_SPLITS if scenario.rows % (scenario.world_size * s) == 0]
-    return max(ok, default=1)
+    """The largest ``finer`` split count whose sub-chunks divide the rows evenly (1 if none does;
+    ``features.schedule.max_splits``)."""
+    return max_splits(scenario.rows, scenario.world_size)
 
 
 def feature_dict(scenario: Scenario) -> dict[str, float]:

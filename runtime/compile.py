@@ -48,7 +48,6 @@ graph cached while another compiled it would leave the other waiting in that agr
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +59,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from ficco.features import Mode, Schedule, ScheduleTable
+from ficco.features.schedule import range_starts
 from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
 from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
@@ -83,13 +83,11 @@ _FILES = tuple(
 
 def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
     """One schedule string, or a token-range table that switches at the geometric mean of two neighbouring
-    ``points`` that decided differently."""
-    bounds, picks = [0], [schedules[0]]
-    for lo, hi, schedule in zip(points, points[1:], schedules[1:], strict=False):
-        if schedule != picks[-1]:
-            bounds.append(max(bounds[-1] + 1, round(math.sqrt(lo * hi))))
-            picks.append(schedule)
-    return str(ScheduleTable(bounds=tuple(bounds), schedules=tuple(picks)))
+    ``points`` that decided differently (``features.schedule.range_starts``, the rule ``ficco export``'s
+    tables share), its first range from 0."""
+    firsts, starts = range_starts(points, schedules)
+    bounds = (0, *starts[1:])
+    return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
 
 
 # The pass ---------------------------------------------------------------------------------------------------

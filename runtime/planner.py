@@ -22,6 +22,11 @@ Rules it keeps:
 4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
    without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
    (:meth:`Planner.prepare`, or one eager warm-up call).
+5. **Off the measured map, serial.** A graph-mode answer whose source counts fewer measured neighbours than
+   ``training.coverage.OFF_MAP_BELOW`` (no training row of its op and mode within 2x in m, n and k) runs
+   ``serial/sm`` unless ``off_map="model"``: such picks were the slow ones on held-out families
+   (``docs/planner.md`` has the numbers); with ``off_map="model"`` check the plan in place
+   (``runtime.verify.verify_plan``).
 
 Where schedules come from is said one way across ficco's runtimes: :func:`as_planner` turns a planner, a
 source, a schedule or table string, a schedule function or None (this machine's measured model) into the
@@ -47,6 +52,11 @@ from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, S
 from ficco.features.hardware import hardware_of
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
+from ficco.training.coverage import OFF_MAP_BELOW, off_map
+
+OffMap = Literal["serial", "model"]
+OFF_MAP_CHOICES: tuple[str, ...] = ("serial", "model")
+"""What runs for an answer off the measured map: ``serial/sm`` (the default) or the model's pick."""
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +112,8 @@ class Decision:
     kept: str | None = None
     """Set when this is the last plan's decision, kept because the source failed after a swap or refresh
     (why it failed); None otherwise."""
+    neighbours: int | None = None
+    """The answer's measured-neighbour count (``Answer.neighbours``); None when the source does not say."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,6 +143,10 @@ class Planner:
         Longest a step waits for the source in total, seconds (outside a step: per call); >= 0.
     group : ProcessGroup, optional
         The tensor-parallel group whose ranks must agree (default: the world, when initialised).
+    off_map : {"serial", "model"}, default="serial"
+        What runs for an answer off the measured map (fewer measured neighbours than
+        ``training.coverage.OFF_MAP_BELOW`` of the mode): ``serial/sm`` (the reason in the log and the
+        table), or the source's pick (then check the plan in place, ``runtime.verify.verify_plan``).
     """
 
     def __init__(
@@ -141,9 +157,12 @@ class Planner:
         hardware: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         group: dist.ProcessGroup | None = None,
+        off_map: OffMap = "serial",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Planner.mode must be one of {list(MODES)}; got {mode!r}")
+        if off_map not in OFF_MAP_CHOICES:
+            raise ValueError(f"Planner.off_map must be one of {list(OFF_MAP_CHOICES)}; got {off_map!r}")
         if not (isinstance(timeout_s, int | float) and timeout_s >= 0):
             raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
         self.source = source
@@ -155,6 +174,7 @@ class Planner:
         GPUs at the group's size (``h200x4`` for 4 ranks)."""
         self.timeout_s = float(timeout_s)
         self.group = group
+        self.off_map = off_map
         self.decisions: dict[OpKey, Decision] = {}
         self.uses: dict[tuple[str, str, OpKey | str], None] = {}
         """Every (layer, direction, key it ran, or a description of a plain GEMM) seen, in order."""
@@ -344,7 +364,7 @@ class Planner:
             return [_fallback(f"the source gave {len(answers)} answers for {len(keys)} scenarios")] * len(
                 keys
             )
-        return [_decision(a, s) for a, s in zip(answers, scenarios, strict=True)]
+        return [_decision(a, s, self.mode, self.off_map) for a, s in zip(answers, scenarios, strict=True)]
 
     def _wait_for(self, keys: Sequence[OpKey], scenarios: list[Scenario], timeout_s: float | None) -> list:
         """The source's answers for ``scenarios``, asked on the worker thread and waited for at most what
@@ -374,7 +394,8 @@ class Planner:
                 if not future.done():
                     continue
                 try:
-                    updates[key] = _decision(future.result()[i], self._scenario(key))
+                    answer = future.result()[i]
+                    updates[key] = _decision(answer, self._scenario(key), self.mode, self.off_map)
                 except Exception as err:
                     updates[key] = _fallback(f"the source failed: {type(err).__name__}: {err}")
         if group is not None:
@@ -440,6 +461,7 @@ class Planner:
                         "shape": key,
                         "schedule": "-",
                         "predicted_speedup": None,
+                        "neighbours": None,
                         "note": "",
                         "origin": "",
                         "ran": "-",
@@ -460,6 +482,7 @@ class Planner:
                     "schedule": str(d.schedule) if d else "(not decided)",
                     "ran": run.ran if run is not None else "(not run)",
                     "predicted_speedup": d.predicted_speedup if d else None,
+                    "neighbours": d.neighbours if d else None,
                     "note": "; ".join(n for n in notes if n),
                     "origin": d.origin if d else "",
                 }
@@ -468,7 +491,7 @@ class Planner:
 
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
-        header = ["layer", "direction", "shape", "schedule", "ran", "predicted speedup", "note"]
+        header = ["layer", "direction", "shape", "schedule", "ran", "predicted speedup", "neighbours", "note"]
         rows = [
             [
                 r["layer"],
@@ -477,6 +500,7 @@ class Planner:
                 r["schedule"],
                 r["ran"],
                 "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x",
+                "-" if r["neighbours"] is None else str(r["neighbours"]),
                 r["note"],
             ]
             for r in self.rows()
@@ -490,23 +514,33 @@ class Planner:
             self._pool = None
 
 
-def _decision(answer: Answer, scenario: Scenario) -> Decision:
-    """The decision for one answer: its schedule if it is a valid candidate, else ``serial/sm``."""
+def _decision(answer: Answer, scenario: Scenario, mode: Mode, off_map_rule: OffMap = "serial") -> Decision:
+    """The decision for one answer: its schedule if it is a valid candidate (and, under the ``serial``
+    off-map rule, on the measured map), else ``serial/sm``."""
+    near = answer.neighbours
     if answer.fallback:
         return _fallback(
-            f"the source fell back: {answer.fallback_reason or 'no reason given'}", answer.origin
+            f"the source fell back: {answer.fallback_reason or 'no reason given'}", answer.origin, near
         )
     try:
         schedule = Schedule.parse(answer.schedule)
         schedule.check(scenario)
     except ValueError as err:
-        return _fallback(f"the source answered an unusable schedule: {err}", answer.origin)
+        return _fallback(f"the source answered an unusable schedule: {err}", answer.origin, near)
+    if schedule != SERIAL and off_map_rule == "serial" and off_map(near, mode):
+        reason = (
+            f"off the measured map: {near} measured neighbours (fewer than {OFF_MAP_BELOW[mode]}) for "
+            f"{schedule}; Planner(off_map='model') runs it (then check it in place with verify_plan)"
+        )
+        return _fallback(reason, answer.origin, near)
     speedup = 1.0 if schedule == SERIAL else answer.predicted_speedup
-    return Decision(schedule=schedule, predicted_speedup=speedup, origin=answer.origin)
+    return Decision(schedule=schedule, predicted_speedup=speedup, origin=answer.origin, neighbours=near)
 
 
-def _fallback(reason: str, origin: str = "planner") -> Decision:
-    return Decision(schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin)
+def _fallback(reason: str, origin: str = "planner", neighbours: int | None = None) -> Decision:
+    return Decision(
+        schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin, neighbours=neighbours
+    )
 
 
 def _broadcast(value, group: dist.ProcessGroup):

@@ -26,7 +26,7 @@ from ficco.features import (
     ScheduleTable,
     parse_schedule_table,
 )
-from ficco.features.schedule_table import ScheduleTableFile
+from ficco.features.schedule_table import Entry, ScheduleTableFile
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,10 @@ class Answer:
     model_backend: str | None = None
     """``measured`` or ``simulated``: what the answering model was trained on (``features.provenance``);
     None for a source without a model (fixed schedules, tables) or a server that does not say."""
+    neighbours: int | None = None
+    """Measured neighbours of the scenario in the answering model's training data (``training.coverage``;
+    a table's: the fewest over the range); None when the source does not say (fixed schedules, a model
+    without coverage). Fewer than ``training.coverage.OFF_MAP_BELOW`` is an answer off the measured map."""
 
 
 class ScheduleSource(Protocol):
@@ -61,7 +65,7 @@ class ScheduleSource(Protocol):
 def answer_from(rec: Any, origin: str) -> Answer:
     """An ``Answer`` from a predictor ``Recommendation`` (either version) or a service
     ``RecommendationPublic``: both carry ``schedule``, ``predicted_speedup``, ``fallback`` and
-    ``fallback_reason``."""
+    ``fallback_reason`` (and, from newer models and servers, ``model_backend`` and ``neighbours``)."""
     return Answer(
         schedule=str(rec.schedule),
         predicted_speedup=None if rec.predicted_speedup is None else float(rec.predicted_speedup),
@@ -69,6 +73,7 @@ def answer_from(rec: Any, origin: str) -> Answer:
         fallback_reason=rec.fallback_reason,
         origin=origin,
         model_backend=getattr(rec, "model_backend", None),
+        neighbours=getattr(rec, "neighbours", None),
     )
 
 
@@ -273,9 +278,11 @@ class TableSource(_EachScenario):
     ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when given (which returns an
     ``Answer``).
 
-    An exported table answers ``m`` with the range of its largest breakpoint ``<= m``: exactly the model's
-    pick at the export's token grid. One decision is a dict lookup and a bisection
-    (``benchmarks/table_lookup.py`` times it).
+    An exported table answers ``m`` from the track of its split class with the range of its largest
+    breakpoint ``<= m`` (``features.schedule_table.Entry.lookup``): a schedule that runs at ``m``, and
+    exactly the model's pick at every token count the export decided. One decision is a dict lookup, the
+    split class and a bisection (``benchmarks/table_lookup.py`` times it and measures the agreement with
+    the model at random token counts).
     """
 
     def __init__(
@@ -290,16 +297,24 @@ class TableSource(_EachScenario):
         self.tables = tuple(tables)
         self.on_missing = on_missing
         self.origin = origin
-        self._ranges: dict[tuple, tuple[list[int], list[Answer]]] = {}
-        """(op, n, k, experts, top_k, world_size, mode, dtype) -> (breakpoints, one answer per range)."""
+        self._entries: dict[tuple, tuple[Entry, dict[int, list[Answer]]]] = {}
+        """(op, n, k, experts, top_k, world_size, mode, dtype) -> (the entry, one answer per range of each
+        track, by the track's ``max_splits``)."""
         for t in self.tables:
             for (op, n, k, experts, top_k), entry in t.entries.items():
-                answers = [
-                    Answer(schedule=r.schedule, predicted_speedup=r.predicted_speedup, origin=t.origin)
-                    for r in entry.ranges
-                ]
-                key = (op, n, k, experts, top_k, t.world_size, t.mode, t.dtype)
-                self._ranges[key] = (list(entry.breakpoints), answers)
+                answers = {
+                    track.max_splits: [
+                        Answer(
+                            schedule=r.schedule,
+                            predicted_speedup=r.predicted_speedup,
+                            origin=t.origin,
+                            neighbours=r.neighbours,
+                        )
+                        for r in track.ranges
+                    ]
+                    for track in entry.tracks
+                }
+                self._entries[(op, n, k, experts, top_k, t.world_size, t.mode, t.dtype)] = (entry, answers)
 
     @classmethod
     def load(
@@ -340,10 +355,11 @@ class TableSource(_EachScenario):
         if hit is not None:
             return hit
         s = scenario
-        found = self._ranges.get((s.op, s.n, s.k, s.experts, s.top_k, s.world_size, mode, s.dtype))
+        found = self._entries.get((s.op, s.n, s.k, s.experts, s.top_k, s.world_size, mode, s.dtype))
         if found is not None:
-            breakpoints, answers = found
-            return answers[max(0, bisect.bisect_right(breakpoints, s.m) - 1)]
+            entry, answers = found
+            track = entry.track(s.m, s.world_size)
+            return answers[track.max_splits][max(0, bisect.bisect_right(track.breakpoints, s.m) - 1)]
         if self.on_missing is not None:
             return self.on_missing(scenario, mode)
         return _serial(f"{scenario.key()} ({mode}) is not in the table", self.origin)

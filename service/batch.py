@@ -33,6 +33,7 @@ from ficco.service.schemas import (
     ScoresPublic,
 )
 from ficco.service.scoring import score_model, score_models
+from ficco.service.tables import build_job
 
 CHUNK = 500
 """Scenarios validated, and answers serialised, per native call, so that error locations are offset
@@ -144,5 +145,6 @@ def answer_score(
     return score_model(served, request, default_hardware=default_hardware).model_dump_json().encode()
 
 
-JOBS = {"recommend": answer_batch, "score": answer_score_batch, "score_one": answer_score}
-"""The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``."""
+JOBS = {"recommend": answer_batch, "score": answer_score_batch, "score_one": answer_score, "table": build_job}
+"""The batch worker's jobs by kind: ``fn(body, served, max_batch=..., default_hardware=...) -> bytes``
+(``table``: a schedule table, ``service.tables``)."""

@@ -40,6 +40,7 @@ _COPIED = (
     "hardware_id",
     "model_backend",
     "host_factor",
+    "neighbours",
 )
 """The response fields that a ``training.predictor.Recommendation`` holds under the same name."""
 

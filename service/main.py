@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import shutil
@@ -38,6 +39,7 @@ from ficco.service.core.offload import add_batch_components
 from ficco.service.core.store import ModelStore
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score, tables
+from ficco.service.tables import TableCache, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,13 @@ def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
     )
 
 
+async def _prefetch_table(state: Any, served: Any, request: dict[str, Any]) -> bytes:
+    """Build (or find) one default table of ``service.tables.prefetch``: the shape grid's."""
+    from ficco.training.export import grid_shapes
+
+    return await tables.answer_table(state, served, shapes=grid_shapes(), **request)
+
+
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
     """Build the app from ``settings`` (default: the environment); ``store`` replaces the registry's (the
     caller then owns it and closes it)."""
@@ -163,6 +172,12 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
         )
         await workers.start(await asyncio.to_thread(store.current_versions))
+        # Schedule tables: one worker of their own, started by its first job (service.tables)
+        app.state.tables = TableCache(settings.TABLE_CACHE_MB << 20)
+        app.state.table_gate = BatchGate(
+            concurrency=1, queue=settings.TABLE_QUEUE, retry_after_s=settings.BATCH_RETRY_AFTER_S
+        )
+        app.state.table_workers = BatchWorkers(_worker_options(settings, store), count=1)
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         # The loaded models and imports stay for the process's life: out of the collector's sight, a full
@@ -172,6 +187,9 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         tasks = [asyncio.create_task(workers.supervise(lambda: store.versions))]
         if settings.RELOAD_POLL_S > 0:
             tasks.append(asyncio.create_task(store.watch(settings.RELOAD_POLL_S)))
+        if settings.TABLE_PREFETCH:
+            tasks.append(asyncio.create_task(prefetch(lambda: store.served, functools.partial(
+                _prefetch_table, app.state))))  # fmt: skip
         try:
             yield
         finally:
@@ -180,6 +198,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await workers.close()
+            await app.state.table_workers.close()
             if owns_store:
                 store.close()
                 if store.snapshot is not None:

@@ -9,6 +9,7 @@ from typing import Any
 from ficco.features.provenance import SIMULATED
 from ficco.service.schemas import PairScore, RecommendationPublic, ScorePublic
 from ficco.tables import text_table
+from ficco.training.coverage import off_map_note
 
 PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
 """The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""
@@ -29,6 +30,7 @@ SCORE_CSV_COLUMNS = (
     "predicted_speedup",
     "fallback",
     "pick_reason",
+    "neighbours",
     "serial_us",
     "predicted_us",
     "saved_us_per_layer",
@@ -60,7 +62,8 @@ def score_table(result: ScorePublic) -> str:
             "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up: QKV and gate/up fused "
             "along n) and one GEMM+reduce-scatter (attn_mlp_out: attention-out and down fused along k)"
         )
-    header = ["pair", "op", "m", "n", "k", "x/layer", "schedule", "speedup", "serial_us", "saved_us/layer"]
+    header = ["pair", "op", "m", "n", "k", "x/layer", "schedule", "speedup", "neighbours", "serial_us",
+              "saved_us/layer"]  # fmt: skip
     for entry in result.data:
         rows = [
             [
@@ -72,6 +75,7 @@ def score_table(result: ScorePublic) -> str:
                 str(p.per_layer),
                 p.schedule + (" (fallback)" if p.fallback else ""),
                 _num(p.predicted_speedup, 3),
+                "-" if p.neighbours is None else str(p.neighbours),
                 _num(p.serial_us),
                 _num(p.saved_us_per_layer),
             ]
@@ -132,6 +136,7 @@ def _score_rows(writer: Any, result: ScorePublic) -> None:
                     p.predicted_speedup,
                     p.fallback,
                     p.pick_reason,
+                    p.neighbours,
                     p.serial_us,
                     p.predicted_us,
                     p.saved_us_per_layer,
@@ -150,6 +155,8 @@ def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:
     ]
     if rec.pick_reason and not rec.fallback:
         lines.append(f"why not the fastest predicted: {rec.pick_reason}")
+    if rec.neighbours is not None:
+        lines.append(f"measured neighbours: {rec.neighbours}{off_map_note(rec.neighbours, rec.mode)}")
     lines.append(_served_line(rec))
     if rec.range_note:
         lines.append(f"note: {rec.range_note}")

@@ -19,6 +19,7 @@ from ficco.features._validate import check_keys
 from ficco.features.host import HOST_FACTOR_RANGE
 from ficco.features.provenance import ModelBackend
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
+from ficco.training.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
@@ -38,6 +39,12 @@ HOST_FACTOR_DESCRIPTION = (
 PICK_REASON_DESCRIPTION = (
     "Why schedule is not the one of highest predicted speedup: the fallback, a tie within the model's "
     "noise band, or the model's ranker ordering it first against the regressor's speedups; null when it is."
+)
+NEIGHBOURS_DESCRIPTION = (
+    "Measured neighbours: rows of the answering model's training data with the same op, mode, world size "
+    f"and dtype and m, n, k each within {NEIGHBOUR_FACTOR}x of the scenario's. Fewer than "
+    f"{OFF_MAP_BELOW['graph']} in graph mode is an answer off the measured map, which the runtime planner "
+    "runs serial/sm by default (docs/planner.md); null from a model that carries no coverage."
 )
 MODEL_BACKEND_DESCRIPTION = (
     "measured: the model was trained on GPU measurements only; simulated: on simulated rows (registered "
@@ -141,6 +148,7 @@ class RecommendationPublic(BaseModel):
         description="The host factor the answer is for (the model's training data's unless the request "
         "named one); null from servers that predate it.",
     )
+    neighbours: int | None = Field(default=None, description=NEIGHBOURS_DESCRIPTION)
     requested_hardware: str = Field(description="Hardware id the request named (or the server default).")
     hardware_substitution: str | None = Field(
         description="Null when the requested hardware's own model answered; else the profile used and why."
@@ -190,6 +198,9 @@ KV_LAYOUT_DESCRIPTION = (
 )
 MAX_SCORE_CONFIGS = 64
 """Most model configs in one POST /v1/score/batch."""
+MAX_TABLE_SHAPES = 64
+"""Most shapes one POST /v1/tables may ask for (listed, or a posted config's): a table asks the model at
+about 1,500 token counts per shape, so 64 shapes are ~10^5 decisions (seconds of a worker's CPU)."""
 
 
 class ScoreSettings(_Request):
@@ -257,6 +268,7 @@ class PairScore(BaseModel):
     fallback: bool
     fallback_reason: str | None
     pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
+    neighbours: int | None = Field(default=None, description=NEIGHBOURS_DESCRIPTION)
     serial_us: float = Field(
         description="Estimated serial time of one call, microseconds (see serial_time_estimate)."
     )
@@ -365,6 +377,27 @@ class ReadyPublic(BaseModel):
     last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")
 
 
+# Tables
+class TableRequest(_Request):
+    """POST /v1/tables/{hardware_id}: which table, for which shapes."""
+
+    tp: int = Field(
+        2, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE, description="World size (tensor-parallel degree)."
+    )
+    mode: Mode = Field("graph", description=MODE_DESCRIPTION)
+    dtype: DType = Field("bf16", description="Element type.")
+    config: dict[str, Any] | None = Field(None, description="A Hugging Face config.json: its layers' shapes.")
+    shapes: list[str] | None = Field(
+        None,
+        max_length=MAX_TABLE_SHAPES,
+        description=f"op:n:k (dense) or op:n:k:experts:top_k (MoE) shapes, at most {MAX_TABLE_SHAPES} (with "
+        "a config's).",
+    )
+    allow_simulated: bool = Field(
+        False, description="Serve the table of a model trained on simulated data, marked simulated."
+    )
+
+
 def _num(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
@@ -398,7 +431,7 @@ def _allowed(info: FieldInfo) -> str:
 
 ALLOWED: dict[str, str] = {
     name: _allowed(info)
-    for model in (ScenarioIn, RecommendBatchRequest, ScoreRequest)
+    for model in (TableRequest, ScenarioIn, RecommendBatchRequest, ScoreRequest)
     for name, info in model.model_fields.items()
 }
 """Field name -> what it accepts; the field names are unique across the request schemas."""

@@ -136,6 +136,7 @@ def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
         fallback=rec.fallback,
         fallback_reason=rec.fallback_reason,
         pick_reason=rec.pick_reason,
+        neighbours=rec.neighbours,
     )
 
 
@@ -148,6 +149,7 @@ def _score(
     fallback: bool,
     fallback_reason: str | None,
     pick_reason: str | None = None,
+    neighbours: int | None = None,
 ) -> PairScore:
     """The pair with its answer: the roofline serial time, and with a predicted ``speedup`` the predicted
     time and the saving per layer (None without one)."""
@@ -165,6 +167,7 @@ def _score(
         fallback=fallback,
         fallback_reason=fallback_reason,
         pick_reason=pick_reason,
+        neighbours=neighbours,
         serial_us=serial_us,
         predicted_us=predicted_us,
         saved_us_per_layer=None if predicted_us is None else (serial_us - predicted_us) * pair.per_layer,

@@ -1,44 +1,43 @@
-"""``ficco export``: a model's picks as tables runtimes load (``features.schedule_table``), and drop-in
-artifacts for runtimes that can only choose between serial and PyTorch async-TP.
+"""``ficco export``: a model's picks as schedule tables runtimes load (``features.schedule_table``).
 
     ficco export --hardware h200x2 --config datasets/model_configs --tp 2 --out tables/
     ficco export --hardware h200x2 --dataset datasets/h200x2-unseen --format vllm --out tables/
-    ficco export --hardware h200x2 --config datasets/model_configs --format autoheuristic --out tables/
 
-Formats:
+One schedule table per (world size, mode, dtype) of every (op, n, k) asked for, built here with numpy and
+the model alone (the service's ``/v1/tables`` builds its tables here too). The drop-in artifacts for
+runtimes that choose only between serial and PyTorch async-TP (``--format vllm|autoheuristic``) are
+``training.dropin``'s (training code).
 
-- ``tables`` (default): one schedule table per (world size, mode, dtype) of every (op, n, k) asked for.
-  The model is asked at every point of the token grid (:func:`token_grid`); the breakpoints are the grid
-  points where its pick changes.
-- ``vllm``: per (hidden size, tp, dtype) the fewest tokens from which PyTorch async-TP is predicted faster
-  than serial for the hidden size's GEMMs from there on, the numbers that replace vLLM's
-  ``SP_MIN_HIDDEN_SIZE`` and ``SP_MIN_PER_GPU_SIZE_MB`` for this machine (None: never).
-- ``autoheuristic``: a plain Python module, ``should_fuse(op, m, n, k) -> bool``, the fuse/no-fuse decision
-  of PyTorch's micro-pipeline pass, from the same model per (op, n, k) over the token grid.
+How a table is built (:func:`build_schedule_table`). The model sees how many ``finer`` sub-chunks a token
+count's rows split into (``features.schedule.max_splits``), and a ``finer/sN`` schedule runs only where
+they split ``N`` ways, so the token axis is taken one split class at a time: per (op, n, k) and class, the
+model is asked at the class's token counts next to every point of :func:`token_grid` (every token count
+below :data:`FINE_BELOW`, then :data:`PER_OCTAVE` points per doubling), and between two neighbouring
+counts whose answers differ (the pick, or whether it is off the measured map) at the count half-way
+between, until the two are neighbours in the class. The ranges follow the breakpoint rule of every
+token-range table (``features.schedule.range_starts``).
 
-Both drop-in artifacts come from ``training.baselines.AsyncTPModel`` (what ``ficco evaluate`` scores as
-``ficco_async_tp_threshold``) fitted on the model's own training datasets, and carry in their header their
-evaluation on ficco's data next to vLLM's rule and the per-scenario oracle.
-
-Refused: hardware without a model, a model trained on simulated data or on other world sizes (unless
-``allow_simulated``, which marks every file ``"simulated": true``).
+Refused (:class:`ExportRefused`): a world size the model was not trained at (never extrapolated), a model
+trained on simulated data unless ``allow_simulated`` (its files are marked ``"simulated": true``), shapes of
+ops the model has no data for or that no scenario can have.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
+import itertools
 import logging
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ficco.features import MODES, Scenario, feature_matrix, get_hardware, roofline_comm_us, roofline_gemm_us
+from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, feature_matrix
+from ficco.features.provenance import SIMULATED, registry_id
+from ficco.features.schedule import FINER_SPLITS, max_splits, range_starts
 from ficco.features.schedule_table import (
     BEST_SET_FLOOR,
     FORMAT,
@@ -46,11 +45,11 @@ from ficco.features.schedule_table import (
     Entry,
     Range,
     ScheduleTableFile,
-    artifact_name,
+    Track,
     hardware_fingerprint,
 )
-from ficco.files import write_text_atomic
-from ficco.training.model import SCHEDULES, SERIAL_INDEX
+from ficco.training.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW, off_map
+from ficco.training.pairs import SCHEDULES, SERIAL_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +59,42 @@ PER_OCTAVE = 16
 """Grid points per doubling of the token count above :data:`FINE_BELOW`: consecutive points differ by at
 most 1/16 (6.25%) of the smaller."""
 FINE_BELOW = 64
-"""Below this many tokens (decode batches) the grid holds every multiple of the world size."""
-FINE_STEP = 64
-"""Where two neighbouring grid points get different picks, the model is asked at every multiple of this
-many tokens between them (of ``lcm(FINE_STEP, world_size)``), so a breakpoint sits within it of the change."""
+"""Below this many tokens (decode batches) the grid holds every token count."""
+MAX_STEP = 512
+"""Most tokens between two grid points (the top octaves' steps: the model's picks follow GEMM waves of a
+few hundred rows, which a step of 1/16 of 32k tokens would straddle)."""
 MAX_TOKENS = 65536
 """The grid's last token count: the largest of the datasets; a lookup above it gets the last range."""
-FORMATS = ("tables", "vllm", "autoheuristic")
+DECIDE_ROWS = 4096
+"""Token counts the model is asked at per call (bounds the pair matrix to about 25 MB)."""
+SPLIT_CLASSES: tuple[int, ...] = tuple(sorted((1, *FINER_SPLITS), reverse=True))
+"""The split classes of a table's tracks, largest first (``features.schedule.max_splits``)."""
 
 
 class ExportRefused(ValueError):
-    """An export the model cannot back with measurements."""
+    """An export the model cannot back with its training data."""
+
+
+class InvalidShapes(ValueError):
+    """Shapes no table can be built for; ``errors`` holds ``(index, shape, why)`` of each."""
+
+    def __init__(self, errors: list[tuple[int, Shape, str]]) -> None:
+        self.errors = errors
+        listed = "; ".join(f"{':'.join(map(str, shape))}: {why}" for _, shape, why in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        super().__init__(f"{len(errors)} shape(s) cannot be tabled: {listed}{more}")
 
 
 def token_grid(world_size: int, *, per_octave: int = PER_OCTAVE, max_tokens: int = MAX_TOKENS) -> np.ndarray:
-    """Token counts the model is asked at, sorted int ``[G]``: every multiple of ``world_size`` below
-    :data:`FINE_BELOW`, then ``per_octave`` points per doubling (each octave ``[b, 2b)`` in steps of
-    ``b / per_octave``), up to ``max_tokens``; every point a multiple of ``world_size``."""
+    """Token counts the drop-in artifacts are decided at (``training.dropin``), sorted int ``[G]``: every
+    multiple of ``world_size`` below :data:`FINE_BELOW`, then ``per_octave`` points per doubling (each
+    octave ``[b, 2b)`` in steps of ``b / per_octave``, at most :data:`MAX_STEP`), up to ``max_tokens``;
+    every point a multiple of
+    ``world_size``. A schedule table's tracks are decided next to these points (:func:`track_points`)."""
     points = list(range(world_size, FINE_BELOW, world_size))
     base = FINE_BELOW
     while base < max_tokens:
-        step = max(world_size, base // per_octave)
+        step = max(world_size, min(base // per_octave, MAX_STEP))
         points += range(base, min(2 * base, max_tokens + 1), step)
         base *= 2
     points.append(max_tokens)
@@ -89,23 +103,23 @@ def token_grid(world_size: int, *, per_octave: int = PER_OCTAVE, max_tokens: int
 
 
 def grid_description(world_size: int, per_octave: int = PER_OCTAVE, max_tokens: int = MAX_TOKENS) -> dict:
-    """How fine :func:`token_grid` is, for the table header."""
+    """How a table's token counts are chosen and looked up, for its header."""
     return {
-        "world_size_multiples_below": FINE_BELOW,
+        "every_count_below": FINE_BELOW,
         "points_per_octave": per_octave,
         "max_tokens": max_tokens,
         "n_points": len(token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens)),
-        "refined_to": math.lcm(FINE_STEP, world_size),
-        "rule": f"every multiple of {world_size} tokens below {FINE_BELOW}, then {per_octave} points per "
-        f"doubling (steps of 1/{per_octave} of the octave's start, at least {world_size}) up to "
-        f"{max_tokens}, and every multiple of {math.lcm(FINE_STEP, world_size)} tokens between two points "
-        "whose picks differ; a lookup of m returns "
-        "the range of the largest breakpoint <= m: the model's pick at every grid point, and between grid "
-        f"points the pick at the grid point below (above {max_tokens}: the last range)",
+        "rule": f"per split class (the largest of {list(SPLIT_CLASSES)} finer sub-chunks the rows divide "
+        f"into among {world_size} ranks), the class's token count at or above every count below "
+        f"{FINE_BELOW} and {per_octave} points per doubling up to {max_tokens}, and between two counts whose "
+        "answers differ, the counts half-way between until the two are neighbours in the class",
+        "lookup": "the track of m's split class (rows = m, MoE m * top_k; the largest s of "
+        f"{list(SPLIT_CLASSES)} with rows % (world_size * s) == 0), then the range of its largest breakpoint "
+        f"<= m (the first range below the first breakpoint; above {max_tokens}: the last range)",
     }
 
 
-# What the model is and where it was measured ---------------------------------------------------------
+# What the model is and where it was trained ------------------------------------------------------------
 
 
 def training_fingerprint(card: dict[str, Any]) -> dict[str, Any]:
@@ -116,24 +130,40 @@ def training_fingerprint(card: dict[str, Any]) -> dict[str, Any]:
     return {"backend": backend, "gpu_name": hw["gpu_name"], "gpu_count": int(hw["gpu_count"])}
 
 
+def trained_world_sizes(card: dict[str, Any]) -> tuple[int, ...]:
+    """The world sizes a model was trained at: its card's ``world_sizes``, else its hardware's GPU count
+    (the models registered before the field was recorded measured their whole machine)."""
+    recorded = card.get("world_sizes")
+    return tuple(int(w) for w in recorded) if recorded else (int(card["hardware"]["gpu_count"]),)
+
+
 def check_measured(card: dict[str, Any], world_size: int, *, allow_simulated: bool) -> bool:
-    """Whether an export at ``world_size`` would be simulated (returned when ``allow_simulated``); else
-    :class:`ExportRefused` naming why: the model's data are not GPU measurements, or of other world sizes
-    (its card's ``world_sizes``; cards from before that field: its hardware's GPU count)."""
-    backends = card.get("dataset", {}).get("backends", [])
-    measured_sizes = set(card.get("world_sizes") or [int(card["hardware"]["gpu_count"])])
-    why = []
-    if backends != ["gpu"]:
-        why.append(f"its training data come from backends {backends}, not GPU measurements")
-    if world_size not in measured_sizes:
-        why.append(f"it was measured at world sizes {sorted(measured_sizes)}, not {world_size}")
-    if why and not allow_simulated:
+    """Whether an export at ``world_size`` is simulated (returned when ``allow_simulated``); else
+    :class:`ExportRefused` naming why: a world size the model was not trained at (refused whatever the flag:
+    a table never extrapolates past its model's world sizes), or training data that are not GPU
+    measurements."""
+    model = f"model {card['hardware_id']}/{card['version']}"
+    sizes = trained_world_sizes(card)
+    if world_size not in sizes:
+        gpu = card["hardware"]["gpu_name"]
+        fits = sorted((p.gpu_count, p.id) for p in KNOWN_HARDWARE.values()
+                      if p.gpu_name == gpu and p.gpu_count >= world_size)  # fmt: skip
+        target = fits[0][1] if fits else f"<a profile of {world_size} {gpu}>"
         raise ExportRefused(
-            f"model {card['hardware_id']}/{card['version']} cannot back a table at tp={world_size}: "
-            f"{'; '.join(why)}. Measure this machine (`ficco retrain`), or pass --allow-simulated to export "
+            f"{model} was trained at world sizes {list(sizes)}, not {world_size}: a table never extrapolates "
+            f"past them (--tp {' or '.join(map(str, sizes))}). Measure {world_size} GPUs (`ficco retrain "
+            f"--hardware {target} --tp {world_size}` on such a machine), or train a simulated model "
+            f"(`ficco retrain --backend sim --hardware {target} --tp {world_size}`) and export it with "
+            f"`--hardware {registry_id(target, SIMULATED)} --allow-simulated`"
+        )
+    backends = card.get("dataset", {}).get("backends", [])
+    if backends != ["gpu"] and not allow_simulated:
+        raise ExportRefused(
+            f"{model} cannot back a table: its training data come from backends {backends}, not GPU "
+            "measurements. Measure this machine (`ficco retrain`), or pass --allow-simulated to export "
             "tables marked simulated"
         )
-    return bool(why)
+    return backends != ["gpu"]
 
 
 def model_header(predictor: Any, host_factor: float) -> dict[str, Any]:
@@ -146,6 +176,7 @@ def model_header(predictor: Any, host_factor: float) -> dict[str, Any]:
         "objective": card.get("objective"),
         "policy": card.get("policy"),
         "host_factor": host_factor,
+        "coverage": getattr(predictor, "coverage", None) is not None,
     }
 
 
@@ -177,6 +208,7 @@ def export_header(
         "model": model_header(predictor, host_factor),
         "datasets": datasets_header(card),
         "grid": grid,
+        "neighbours": {"factor": NEIGHBOUR_FACTOR, "off_map_below": OFF_MAP_BELOW[mode]},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
@@ -184,12 +216,13 @@ def export_header(
 # Shapes ---------------------------------------------------------------------------------------------
 
 
-def config_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str, hardware_id: str) -> list[Shape]:
+def config_shapes(
+    paths: Sequence[str | Path], *, tp: int, dtype: str, hardware: HardwareProfile
+) -> list[Shape]:
     """Every (op, n, k, experts, top_k) of the layers of the Hugging Face configs in ``paths`` (files or
     directories, ``features.model_config``) at tensor-parallel degree ``tp``."""
     from ficco.features.model_config import config_paths, layer_pairs, load_model_config
 
-    hardware = get_hardware(hardware_id)
     shapes: dict[Shape, None] = {}
     for path in paths:
         for file in config_paths(path):
@@ -207,24 +240,46 @@ GRID_SIZES: tuple[int, ...] = (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 1
 def grid_shapes() -> list[Shape]:
     """The dense shape grid a table is built for when no model config is given: both tensor-parallel ops
     at every (n, k) of :data:`GRID_SIZES`."""
-    return [(op, n, k, 0, 0) for op in ("ag_gemm", "gemm_rs") for n in GRID_SIZES for k in GRID_SIZES]
+    return [(op, n, k, 0, 0) for op in DENSE_OPS for n in GRID_SIZES for k in GRID_SIZES]
 
 
 def dataset_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str) -> list[Shape]:
-    """Every (op, n, k, experts, top_k) of the datasets in ``paths`` at world size ``tp`` and ``dtype``."""
+    """Every (op, n, k, experts, top_k) of the datasets in ``paths`` at world size ``tp`` and ``dtype``,
+    each dataset read on its own (datasets that share scenarios give their shapes once)."""
     from ficco.features.dataset import load_datasets
 
-    df, _ = load_datasets([Path(p) for p in paths])
-    df = df[(df["world_size"] == tp) & (df["dtype"] == dtype)]
-    keys = df[["op", "n", "k", "experts", "top_k"]].drop_duplicates().itertuples(index=False)
-    return sorted((str(op), int(n), int(k), int(e), int(t)) for op, n, k, e, t in keys)
+    shapes: set[Shape] = set()
+    for path in paths:
+        df, _ = load_datasets([Path(path)])
+        df = df[(df["world_size"] == tp) & (df["dtype"] == dtype)]
+        keys = df[["op", "n", "k", "experts", "top_k"]].drop_duplicates().itertuples(index=False)
+        shapes |= {(str(op), int(n), int(k), int(e), int(t)) for op, n, k, e, t in keys}
+    return sorted(shapes)
 
 
-def grid_scenarios(shape: Shape, grid: np.ndarray, *, world_size: int, dtype: str, hardware_id: str):
+def check_shapes(shapes: Sequence[Shape], *, world_size: int, dtype: str, hardware: HardwareProfile,
+                 ops: Sequence[str]) -> None:  # fmt: skip
+    """:class:`InvalidShapes` naming every shape of an op outside ``ops`` (the model's measured ops) or that
+    no scenario of ``world_size`` and ``dtype`` on ``hardware`` can have (``features.Scenario``'s rules)."""
+    errors = []
+    for i, shape in enumerate(shapes):
+        op, n, k, experts, top_k = shape
+        try:
+            Scenario(op=op, m=16 * world_size, n=n, k=k, dtype=dtype, world_size=world_size,
+                     hardware=hardware, experts=experts, top_k=top_k)  # fmt: skip
+        except (ValueError, TypeError) as err:
+            errors.append((i, shape, str(err)))
+            continue
+        if op not in ops:
+            errors.append((i, shape, f"the model has no measured data for op {op!r} (it has {list(ops)})"))
+    if errors:
+        raise InvalidShapes(errors)
+
+
+def grid_scenarios(shape: Shape, grid: np.ndarray, *, world_size: int, dtype: str, hardware: HardwareProfile):
     """The scenarios of ``shape`` at every token count of ``grid`` it can run (MoE: ``m * top_k``
     divisible by the world size), and those token counts."""
     op, n, k, experts, top_k = shape
-    hardware = get_hardware(hardware_id)
     out, ms = [], []
     for m in grid.tolist():
         try:
@@ -239,9 +294,90 @@ def grid_scenarios(shape: Shape, grid: np.ndarray, *, world_size: int, dtype: st
 # Schedule tables ---------------------------------------------------------------------------------------
 
 
-def entry_of(shape: Shape, ms: np.ndarray, final: np.ndarray, speedups: np.ndarray) -> Entry:
-    """One table entry from the model's picks over the token grid: ``ms`` ``[G]``, recommended columns
-    ``final`` ``[G]``, predicted speedups of every schedule ``[G, S]`` (NaN: cannot run)."""
+def class_residues(world_size: int, top_k: int) -> tuple[int, dict[int, list[int]]]:
+    """The period ``P`` of the split classes over token counts (``16 * world_size``: rows split at most 8
+    ways per rank) and, per class, the token counts ``m mod P`` in it, sorted (a scenario's rows divide
+    among the ranks; MoE rows are ``m * top_k``)."""
+    period = 2 * max(FINER_SPLITS) * world_size
+    rows = [m * (top_k or 1) for m in range(period)]
+    classes = [max_splits(r, world_size) if r % world_size == 0 else 0 for r in rows]  # 0: no scenario
+    return period, {c: [m for m, found in enumerate(classes) if found == c] for c in SPLIT_CLASSES}
+
+
+def next_in_class(x: int, period: int, residues: list[int]) -> int:
+    """The smallest token count ``>= x`` whose residue mod ``period`` is one of ``residues`` (sorted)."""
+    base, rest = divmod(x, period)
+    i = bisect.bisect_left(residues, rest)
+    return base * period + (residues[i] if i < len(residues) else period + residues[0])
+
+
+def track_points(shape: Shape, world_size: int, *, per_octave: int, max_tokens: int) -> dict[int, list[int]]:
+    """Per split class of ``shape``'s token counts, the counts it is first decided at: the class's count at
+    or above every count below :data:`FINE_BELOW` and every :func:`token_grid` point, sorted."""
+    period, residues = class_residues(world_size, shape[4])
+    grid = token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens).tolist()
+    base = [*range(1, FINE_BELOW), *grid]
+    return {c: sorted({next_in_class(x, period, r) for x in base}) for c, r in residues.items() if r}
+
+
+@dataclass(eq=False)
+class _Track:
+    """One (shape, split class) while it is decided: the token counts asked and the answers."""
+
+    shape: Shape
+    max_splits: int
+    period: int
+    residues: list[int]
+    """The class's token counts mod ``period``, sorted (:func:`class_residues`)."""
+    answers: dict[int, tuple[int, np.ndarray, int]] = field(default_factory=dict)
+    """Token count -> (recommended column, predicted speedups ``[S]``, neighbours; -1: not counted)."""
+
+    def between(self, lo: int, hi: int) -> int | None:
+        """A token count of this class strictly between ``lo`` and ``hi`` near half-way, or None."""
+        for x in ((lo + hi) // 2, lo + 1):
+            m = next_in_class(x, self.period, self.residues)
+            if lo < m < hi:
+                return m
+        return None
+
+    def key(self, m: int, mode: str) -> tuple[int, bool]:
+        """What a range holds alike at token count ``m``: the pick, and whether it is off the measured map."""
+        final, _, near = self.answers[m]
+        return final, near >= 0 and off_map(near, mode)
+
+
+def _ask(predictor: Any, asks: list[tuple[_Track, int]], *, world_size: int, mode: str, dtype: str,
+         hardware: HardwareProfile, host_factor: float) -> None:  # fmt: skip
+    """Decide every (track, token count) of ``asks`` into the tracks' answers, in batches of
+    :data:`DECIDE_ROWS`."""
+    coverage = getattr(predictor, "coverage", None)
+    for start in range(0, len(asks), DECIDE_ROWS):
+        part = asks[start : start + DECIDE_ROWS]
+        scenarios = [
+            Scenario(op=t.shape[0], m=m, n=t.shape[1], k=t.shape[2], dtype=dtype, world_size=world_size,
+                     hardware=hardware, experts=t.shape[3], top_k=t.shape[4])
+            for t, m in part
+        ]  # fmt: skip
+        d = predictor.decide(feature_matrix(scenarios), [mode] * len(part), host_factor=host_factor)
+        near = np.full(len(part), -1)
+        if coverage is not None:
+            by_shape: dict[Shape, list[int]] = {}
+            for i, (t, _) in enumerate(part):
+                by_shape.setdefault(t.shape, []).append(i)
+            for (op, n, k, _, _), index in by_shape.items():
+                ms = np.array([part[i][1] for i in index])
+                near[index] = coverage.count_tokens(op, mode, world_size, dtype, n, k, ms)
+        for i, (t, m) in enumerate(part):
+            t.answers[m] = (int(d.final[i]), d.speedups[i], int(near[i]))
+
+
+def track_of(track: _Track, mode: str) -> Track:
+    """The :class:`features.schedule_table.Track` of a decided track: ranges where the pick or whether it
+    is off the measured map changes (``features.schedule.range_starts``), each with its stats."""
+    ms = sorted(track.answers)
+    final = np.array([track.answers[m][0] for m in ms])
+    speedups = np.stack([track.answers[m][1] for m in ms])
+    near = np.array([track.answers[m][2] for m in ms])
     rows = np.arange(len(ms))
     pick = np.where(final == SERIAL_INDEX, 1.0, speedups[rows, final])
     others = speedups.copy()
@@ -250,10 +386,9 @@ def entry_of(shape: Shape, ms: np.ndarray, final: np.ndarray, speedups: np.ndarr
     runner = others.argmax(axis=1)
     runner_speedup = others[rows, runner]
     margin = np.where(np.isfinite(runner_speedup), pick / runner_speedup - 1.0, np.inf)
-    starts = np.flatnonzero(np.r_[True, final[1:] != final[:-1]])
-    ends = np.r_[starts[1:], len(ms)]
+    firsts, starts = range_starts(ms, [track.key(m, mode) for m in ms])
     ranges = []
-    for a, b in zip(starts, ends, strict=True):
+    for a, b in zip(firsts, [*firsts[1:], len(ms)], strict=True):
         low = float(margin[a:b].min())
         ranges.append(
             Range(
@@ -263,11 +398,10 @@ def entry_of(shape: Shape, ms: np.ndarray, final: np.ndarray, speedups: np.ndarr
                 runner_up=SCHEDULES[runner[a]] if np.isfinite(runner_speedup[a]) else None,
                 margin=round(low, 4) if np.isfinite(low) else 1e9,
                 confident=bool(low >= BEST_SET_FLOOR),
+                neighbours=int(near[a:b].min()) if near[a] >= 0 else None,
             )
         )
-    op, n, k, experts, top_k = shape
-    return Entry(op=op, n=n, k=k, experts=experts, top_k=top_k,
-                 breakpoints=tuple(int(m) for m in ms[starts]), ranges=tuple(ranges))  # fmt: skip
+    return Track(max_splits=track.max_splits, breakpoints=tuple(starts), ranges=tuple(ranges))
 
 
 def build_schedule_table(
@@ -283,10 +417,12 @@ def build_schedule_table(
     max_tokens: int = MAX_TOKENS,
 ) -> ScheduleTableFile:
     """The schedule table of ``predictor`` (a ``training.predictor.Predictor``) for ``shapes`` in one
-    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's).
+    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's); module
+    docstring.
 
-    Raises :class:`ExportRefused` for a model that cannot back it (:func:`check_measured`) and
-    ``ValueError`` for an unknown mode or no shapes.
+    Raises :class:`ExportRefused` for a model that cannot back it (:func:`check_measured`),
+    :class:`InvalidShapes` for shapes it cannot hold (:func:`check_shapes`) and ``ValueError`` for an
+    unknown mode or no shapes.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
@@ -294,239 +430,49 @@ def build_schedule_table(
         raise ValueError("no shapes to export: give model configs, datasets or --shape op:n:k")
     card = predictor.card
     simulated = check_measured(card, world_size, allow_simulated=allow_simulated)
+    hardware = predictor.profile
+    check_shapes(shapes, world_size=world_size, dtype=dtype, hardware=hardware,
+                 ops=card.get("ops") or DENSE_OPS)  # fmt: skip
     factor = predictor.host_factor if host_factor is None else host_factor
-    grid = token_grid(world_size, per_octave=per_octave, max_tokens=max_tokens)
-    hw = predictor.hardware_id
-
-    def decide(points: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """(token counts it can run, picks, speedups) of every shape at its ``points``, in one batch."""
-        per_shape = [grid_scenarios(s, g, world_size=world_size, dtype=dtype, hardware_id=hw)
-                     for s, g in zip(shapes, points, strict=True)]  # fmt: skip
-        scenarios = [sc for scs, _ in per_shape for sc in scs]
-        if not scenarios:
-            return [(ms, ms, np.empty((0, len(SCHEDULES)))) for _, ms in per_shape]
-        d = predictor.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=factor)
-        bounds = np.cumsum([0] + [len(ms) for _, ms in per_shape])
-        return [(ms, d.final[a:b], d.speedups[a:b]) for (_, ms), a, b in
-                zip(per_shape, bounds[:-1], bounds[1:], strict=True)]  # fmt: skip
-
-    # 1. every shape on the coarse grid; 2. every fine step inside each interval whose ends differ
-    coarse = decide([grid] * len(shapes))
-    fine_step = math.lcm(FINE_STEP, world_size)
-    refine = []
-    for ms, final, _ in coarse:
-        changed = np.flatnonzero(final[1:] != final[:-1])
-        inside = [np.arange((ms[i] // fine_step + 1) * fine_step, ms[i + 1], fine_step) for i in changed]
-        refine.append(np.concatenate([np.empty(0, dtype=np.int64), *inside]).astype(np.int64))
-    fine = decide(refine)
-    entries = {}
-    for shape, (ms, final, speedups), (ms2, final2, speedups2) in zip(shapes, coarse, fine, strict=True):
-        if not len(ms):
-            continue
-        order = np.argsort(np.r_[ms, ms2], kind="stable")
-        merged = (np.r_[ms, ms2][order], np.r_[final, final2][order], np.r_[speedups, speedups2][order])
-        entry = entry_of(shape, *merged)
-        entries[entry.key] = entry
-    grid_text = grid_description(world_size, per_octave, max_tokens)
+    settings = {
+        "world_size": world_size,
+        "mode": mode,
+        "dtype": dtype,
+        "hardware": hardware,
+        "host_factor": factor,
+    }
+    tracks, asks = [], []
+    for shape in dict.fromkeys(shapes):
+        period, residues = class_residues(world_size, shape[4])
+        for c, points in track_points(
+            shape, world_size, per_octave=per_octave, max_tokens=max_tokens
+        ).items():
+            track = _Track(shape=shape, max_splits=c, period=period, residues=residues[c])
+            tracks.append(track)
+            asks += [(track, m) for m in points]
+    _ask(predictor, asks, **settings)
+    # between neighbours whose answers differ, ask half-way until they are neighbours in their class
+    pending = []
+    for t in tracks:
+        ms = sorted(t.answers)
+        pending += [(t, a, b) for a, b in itertools.pairwise(ms) if t.key(a, mode) != t.key(b, mode)]
+    while pending:
+        halves = [(t, lo, t.between(lo, hi), hi) for t, lo, hi in pending]
+        halves = [h for h in halves if h[2] is not None]
+        _ask(predictor, [(t, mid) for t, _, mid, _ in halves], **settings)
+        pending = [(t, a, b) for t, lo, mid, hi in halves for a, b in ((lo, mid), (mid, hi))
+                   if t.key(a, mode) != t.key(b, mode)]  # fmt: skip
+    entries: dict[Shape, list[Track]] = {}
+    for track in tracks:
+        entries.setdefault(track.shape, []).append(track_of(track, mode))
+    grid = grid_description(world_size, per_octave, max_tokens)
     header = export_header(predictor, FORMAT, world_size=world_size, mode=mode, dtype=dtype,
-                           host_factor=factor, simulated=simulated, grid=grid_text)  # fmt: skip
-    return ScheduleTableFile(header=header, entries=entries)
-
-
-# Drop-in artifacts: serial or PyTorch async-TP --------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class FuseRanges:
-    """Where ficco's async-TP model fuses, per (op, n, k) over the token grid, in one (tp, mode, dtype)."""
-
-    starts: dict[tuple[str, int, int], list[int]]
-    """Token counts where the decision changes (the first is the grid's smallest)."""
-    fuse: dict[tuple[str, int, int], list[bool]]
-    """The decision from each start on."""
-    log_ratio: dict[tuple[str, int, int], np.ndarray]
-    """Predicted ``log(t_async_tp / t_serial)`` at every grid point."""
-    grid: dict[tuple[str, int, int], np.ndarray]
-    """The grid points of each shape."""
-
-
-def fuse_ranges(model: Any, shapes: Sequence[Shape], *, world_size: int, mode: str, dtype: str,
-                hardware_id: str, host_factor: float) -> FuseRanges:  # fmt: skip
-    """``model`` (a fitted ``training.baselines.AsyncTPModel``) over the token grid of every dense shape."""
-    grid = token_grid(world_size)
-    starts, fuse, ratios, grids = {}, {}, {}, {}
-    for shape in shapes:
-        if shape[3]:  # MoE: PyTorch has no async-TP for an all-to-all
-            continue
-        scs, ms = grid_scenarios(shape, grid, world_size=world_size, dtype=dtype, hardware_id=hardware_id)
-        X = feature_matrix(scs)
-        ratio = model.predict_log_ratio(X, np.full(len(ms), mode, dtype=object), host_factor)
-        on = -ratio >= np.log1p(model.min_gain_.get(mode, 0.0))
-        change = np.flatnonzero(np.r_[True, on[1:] != on[:-1]])
-        key = shape[:3]
-        starts[key], fuse[key] = ms[change].tolist(), on[change].tolist()
-        ratios[key], grids[key] = ratio, ms
-    return FuseRanges(starts=starts, fuse=fuse, log_ratio=ratios, grid=grids)
-
-
-def vllm_thresholds(ranges: FuseRanges, scenarios_of: dict[tuple[str, int, int], list[Scenario]],
-                    min_gain: float) -> dict[int, int | None]:  # fmt: skip
-    """Per hidden size (``k`` of an all-gather, ``n`` of a reduce-scatter), the fewest grid tokens from
-    which the roofline-weighted mean predicted log ratio of the hidden size's GEMMs stays below
-    ``-log(1 + min_gain)`` (async-TP predicted faster) up to the grid's end; None: not at the grid's end."""
-    from ficco.training.peer_rules import rule_hidden_size
-
-    by_hidden: dict[int, list[tuple[str, int, int]]] = {}
-    for key, scs in scenarios_of.items():
-        by_hidden.setdefault(rule_hidden_size(scs[0]), []).append(key)
-    out = {}
-    for hidden, keys in sorted(by_hidden.items()):
-        grid = ranges.grid[keys[0]]
-        weights = np.array([[roofline_gemm_us(s) + roofline_comm_us(s) for s in scenarios_of[k]]
-                            for k in keys])  # fmt: skip
-        mean = (np.stack([ranges.log_ratio[k] for k in keys]) * weights).sum(0) / weights.sum(0)
-        fused = mean <= -np.log1p(min_gain)
-        if not fused[-1]:
-            out[hidden] = None
-            continue
-        last_serial = np.flatnonzero(~fused)
-        out[hidden] = int(grid[last_serial[-1] + 1]) if len(last_serial) else int(grid[0])
-    return out
-
-
-def autoheuristic_module(ranges: FuseRanges, header: dict[str, Any]) -> str:
-    """The text of a Python module with ``should_fuse(op, m, n, k) -> bool`` (module docstring)."""
-    import pprint
-
-    table = {f"{op}:{n}:{k}": [ranges.starts[(op, n, k)], ranges.fuse[(op, n, k)]]
-             for op, n, k in sorted(ranges.starts)}  # fmt: skip
-    return f'''"""Fuse/no-fuse decision of PyTorch's micro-pipeline TP pass for one machine, generated by
-`ficco export --format autoheuristic` from ficco's model restricted to serial or async-TP.
-
-Device {header["device_name"]}, tp={header["world_size"]}, mode={header["mode"]}, dtype={header["dtype"]};
-model {header["model"]["hardware_id"]}/{header["model"]["version"]}. A shape not in RANGES is not fused.
-Its evaluation on ficco's data is in HEADER["evaluation"].
-"""
-
-import bisect
-
-HEADER = {pprint.pformat(json.loads(json.dumps(header)), width=110, sort_dicts=False)}
-
-RANGES = {pprint.pformat(table, width=110, compact=True)}
-"""op:n:k -> (token counts where the decision changes, fuse from each on)."""
-
-
-def should_fuse(op: str, m: int, n: int, k: int) -> bool:
-    """True: run PyTorch's fused async-TP op for this GEMM of m tokens; False: serial."""
-    found = RANGES.get(f"{{op}}:{{n}}:{{k}}")
-    if found is None:
-        return False
-    starts, fuse = found
-    return fuse[max(0, bisect.bisect_right(starts, m) - 1)]
-'''
-
-
-def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> tuple[Any, Any]:
-    """``training.baselines.AsyncTPModel`` (both modes), fitted on the model's training datasets (read from
-    the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's), and
-    their table."""
-    from ficco.training.baselines import AsyncTPModel
-    from ficco.training.table import load_dataset_table
-
-    paths = str(card.get("dataset", {}).get("path", "")).split(" + ")
-    missing = [p for p in paths if not Path(p).is_dir()]
-    if missing:
-        raise ExportRefused(
-            f"the drop-in formats fit ficco's async-TP model on the model's training datasets {paths}, and "
-            f"{missing} are not here; run the export where they are (the repository root)"
-        )
-    loaded = load_dataset_table(*paths)
-    if loaded.hash != card.get("dataset", {}).get("hash", card.get("dataset_hash")):
-        raise ExportRefused(
-            f"the datasets {paths} hash to {loaded.hash}, not the card's {card.get('dataset_hash')}: they "
-            "changed since the model was trained"
-        )
-    table = loaded.table
-    return AsyncTPModel(seed=seed).fit(table), table
-
-
-def score_fuse_rule(
-    fuse_of: Any, paths: Sequence[str | Path], *, world_size: int, mode: str, dtype: str, training: str
-) -> dict[str, Any]:
-    """The serial-or-async-TP metrics (``training.evaluate.serial_or_async_tp_score``) of ``fuse_of``
-    (scenario -> bool, or None where it has no answer: serial) beside vLLM's rule and the oracle, on each
-    dataset of ``paths`` (rows of ``world_size``, ``mode`` and ``dtype`` that measured async-TP)."""
-    from ficco.training.evaluate import serial_or_async_tp_score
-    from ficco.training.peer_rules import vllm_sp_rule
-    from ficco.training.table import load_dataset_table
-
-    out = {}
-    for path in paths:
-        table = load_dataset_table(path).table
-        keep = (table.modes == mode) & np.isfinite(table.async_tp_ms)
-        keep &= np.array([s.world_size == world_size and s.dtype == dtype for s in table.scenarios])
-        sub = table.subset(keep)
-        if not len(sub):
-            continue
-        answers = [fuse_of(s) for s in sub.scenarios]
-        mine = np.array([bool(a) for a in answers])
-        with np.errstate(invalid="ignore"):
-            oracle = sub.async_tp_ms < sub.serial_ms
-        out[str(path)] = {
-            "in_training_data": str(path) in training.split(" + "),
-            "n_not_covered": sum(a is None for a in answers),
-            "this_artifact": serial_or_async_tp_score(sub, mine)[0],
-            "vllm_sp_rule": serial_or_async_tp_score(sub, vllm_sp_rule(sub.scenarios))[0],
-            "oracle_serial_or_async_tp": serial_or_async_tp_score(sub, oracle)[0],
-        }
-    return out
-
-
-def write_vllm(model: Any, ranges: FuseRanges, header: dict[str, Any], out: Path, score_on: Sequence) -> Path:
-    """The vLLM thresholds file of one (tp, mode, dtype) (module docstring), evaluated on ``score_on``."""
-    from ficco.training.peer_rules import rule_hidden_size
-
-    w, mode, dtype, hw = header["world_size"], header["mode"], header["dtype"], header["hardware_id"]
-    scenarios_of = {key: grid_scenarios((*key, 0, 0), ranges.grid[key], world_size=w, dtype=dtype,
-                                        hardware_id=hw)[0] for key in ranges.grid}  # fmt: skip
-    thresholds = vllm_thresholds(ranges, scenarios_of, model.min_gain_.get(mode, 0.0))
-
-    def fuse_of(s: Scenario) -> bool | None:
-        hidden = rule_hidden_size(s)
-        if hidden not in thresholds:
-            return None
-        return thresholds[hidden] is not None and s.m >= thresholds[hidden]
-
-    header["evaluation"] = score_fuse_rule(fuse_of, score_on, world_size=w, mode=mode, dtype=dtype,
-                                           training=header["datasets"][0]["path"])  # fmt: skip
-    header["replaces"] = (
-        "SP_MIN_HIDDEN_SIZE and SP_MIN_PER_GPU_SIZE_MB of vllm/compilation/passes/fusion/"
-        "sequence_parallelism.py: get_sequence_parallelism_threshold(hidden_size, tp_size, "
-        "element_size) returns thresholds[hidden_size] for this device, tp and dtype (null: off)"
-    )
-    rows = [{"hidden_size": h, "tp": w, "dtype": dtype, "min_tokens": t} for h, t in thresholds.items()]
-    path = out / f"op=sp_async_tp,{artifact_name(header)}.json"
-    write_text_atomic(path, json.dumps({**header, "thresholds": rows}, indent=1) + "\n")
-    return path
-
-
-def write_autoheuristic(ranges: FuseRanges, header: dict[str, Any], out: Path, score_on: Sequence) -> Path:
-    """The ``should_fuse`` module of one (tp, mode, dtype) (module docstring), evaluated on ``score_on``."""
-
-    def fuse_of(s: Scenario) -> bool | None:
-        key = (s.op, s.n, s.k)
-        if key not in ranges.starts:
-            return None
-        return ranges.fuse[key][max(0, bisect.bisect_right(ranges.starts[key], s.m) - 1)]
-
-    header["evaluation"] = score_fuse_rule(
-        fuse_of, score_on, world_size=header["world_size"], mode=header["mode"], dtype=header["dtype"],
-        training=header["datasets"][0]["path"],
-    )  # fmt: skip
-    name = f"async_tp_fuse,{artifact_name(header)}".replace("=", "_").replace(",", "__")
-    path = out / f"{name}.py"
-    write_text_atomic(path, autoheuristic_module(ranges, header))
-    return path
+                           host_factor=factor, simulated=simulated, grid=grid)  # fmt: skip
+    table = {
+        shape: Entry(op=shape[0], n=shape[1], k=shape[2], experts=shape[3], top_k=shape[4], tracks=tuple(ts))
+        for shape, ts in entries.items()
+    }
+    return ScheduleTableFile(header=header, entries=table)
 
 
 def export(
@@ -537,36 +483,13 @@ def export(
     world_size: int,
     modes: Sequence[str] = MODES,
     dtype: str = "bf16",
-    fmt: str = "tables",
     host_factor: float | None = None,
     allow_simulated: bool = False,
-    score_on: Sequence[str | Path] = (),
 ) -> list[Path]:
-    """Write ``fmt`` (:data:`FORMATS`) for every mode of ``modes`` under ``out``; the paths written."""
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {list(FORMATS)}; got {fmt!r}")
-    out = Path(out)
-    if fmt == "tables":
-        return [
-            build_schedule_table(predictor, shapes, world_size=world_size, mode=mode, dtype=dtype,
-                                 host_factor=host_factor, allow_simulated=allow_simulated).write(out)
-            for mode in modes
-        ]  # fmt: skip
-    simulated = check_measured(predictor.card, world_size, allow_simulated=allow_simulated)
-    factor = predictor.host_factor if host_factor is None else host_factor
-    model, _ = fit_async_tp_model(predictor.card)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for mode in modes:
-        ranges = fuse_ranges(model, shapes, world_size=world_size, mode=mode, dtype=dtype,
-                             hardware_id=predictor.hardware_id, host_factor=factor)  # fmt: skip
-        header = export_header(
-            predictor, f"ficco-{fmt}", world_size=world_size, mode=mode, dtype=dtype, host_factor=factor,
-            simulated=simulated, grid=grid_description(world_size),
-        )  # fmt: skip
-        header["model"]["async_tp_min_gain"] = model.min_gain_.get(mode, 0.0)
-        if fmt == "vllm":
-            written.append(write_vllm(model, ranges, header, out, score_on))
-        else:
-            written.append(write_autoheuristic(ranges, header, out, score_on))
-    return written
+    """Write the schedule table of every mode of ``modes`` under ``out`` (:func:`build_schedule_table`);
+    the paths written."""
+    return [
+        build_schedule_table(predictor, shapes, world_size=world_size, mode=mode, dtype=dtype,
+                             host_factor=host_factor, allow_simulated=allow_simulated).write(Path(out))
+        for mode in modes
+    ]  # fmt: skip

@@ -18,6 +18,9 @@ from ficco.errors import fail
 from ficco.features import DEFAULT_HARDWARE_ID, MODES, OPS
 from ficco.training.options import DTypeOption, HostFactorOption, RegistryOption
 
+FORMATS = ("tables", "vllm", "autoheuristic")
+"""``--format``: schedule tables (``training.export``) or a drop-in artifact (``training.dropin``)."""
+
 
 def _shape(text: str) -> tuple[str, int, int, int, int]:
     """``op:n:k`` or ``op:n:k:experts:top_k`` as an export shape; BadParameter naming the forms."""
@@ -69,7 +72,8 @@ def export_command(
         bool,
         typer.Option(
             "--allow-simulated",
-            help="Export for a model of simulated data or another world size; files are marked simulated.",
+            help="Export a model trained on simulated data (e.g. --hardware h200x4-sim); its files are "
+            "marked simulated. A world size the model was not trained at is refused whatever this flag.",
         ),
     ] = False,
     score_on: Annotated[
@@ -81,24 +85,32 @@ def export_command(
 ) -> None:
     """Write a model's schedule tables (per world size, mode and dtype: token breakpoints of every (op, n, k))
     or drop-in thresholds for vLLM / PyTorch's async-TP pass, for runtimes to load at start-up."""
-    from ficco.training.export import ExportRefused, config_shapes, dataset_shapes, export
+    from ficco.training.export import check_measured, config_shapes, dataset_shapes, export
     from ficco.training.registry import ModelLoadError, default_model_root, load_predictor
 
     try:
         predictor = load_predictor(registry or default_model_root(), hardware, version)
     except ModelLoadError as err:
         raise fail(f"cannot export for hardware {hardware!r}: {err}") from None
-    shapes = list(dict.fromkeys([
-        *(config_shapes(config, tp=tp, dtype=dtype, hardware_id=hardware) if config else []),
-        *(dataset_shapes(dataset, tp=tp, dtype=dtype) if dataset else []),
-        *(_shape(s) for s in shape or []),
-    ]))  # fmt: skip
-    try:
-        paths = export(
-            predictor, out=out, shapes=shapes, world_size=tp, modes=mode or list(MODES), dtype=dtype, fmt=fmt,
-            host_factor=host_factor, allow_simulated=allow_simulated, score_on=score_on or [],
-        )  # fmt: skip
-    except (ExportRefused, ValueError) as err:
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {list(FORMATS)}; got {fmt!r}")
+    try:  # a refusal, a bad config or dataset, a shape no table can hold: one line each
+        check_measured(predictor.card, tp, allow_simulated=allow_simulated)
+        shapes = list(dict.fromkeys([
+            *(config_shapes(config, tp=tp, dtype=dtype, hardware=predictor.profile) if config else []),
+            *(dataset_shapes(dataset, tp=tp, dtype=dtype) if dataset else []),
+            *(_shape(s) for s in shape or []),
+        ]))  # fmt: skip
+        settings = {"out": out, "shapes": shapes, "world_size": tp, "modes": mode or list(MODES),
+                    "dtype": dtype, "host_factor": host_factor,
+                    "allow_simulated": allow_simulated}  # fmt: skip
+        if fmt == "tables":
+            paths = export(predictor, **settings)
+        else:
+            from ficco.training.dropin import write_dropin
+
+            paths = write_dropin(predictor, fmt, score_on=score_on or [], **settings)
+    except (ValueError, OSError) as err:  # ExportRefused and InvalidShapes are ValueErrors
         raise fail(str(err)) from None
     for path in paths:
         typer.echo(str(path))

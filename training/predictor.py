@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ficco.features import FEATURE_NAMES, MODES, Scenario, feature_matrix
+from ficco.features import FEATURE_NAMES, MODES, HardwareProfile, Scenario, feature_matrix, get_hardware
 from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
 from ficco.training.booster import NumpyBooster
+from ficco.training.coverage import Coverage
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.pairs import (
     DESCRIPTORS,
@@ -75,6 +76,10 @@ class Recommendation:
     host_factor: float
     """The host factor the eager answer is for (``features.host``; the model's training data's unless the
     caller gave its machine's)."""
+    neighbours: int | None = None
+    """Training rows of the same op, mode, world size and dtype with m, n and k each within 2x of the
+    scenario's (``training.coverage``): how near the answer is to a measurement; None for a model that
+    carries no coverage."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -102,7 +107,8 @@ class Predictor:
     scorer is the regressor), the fallback policy and the model card.
 
     Both models must share one feature schema (``PairModel.feature_schema_``, any of
-    ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained.
+    ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained. ``coverage``: where the
+    training rows lie (``training.coverage``), for the answers' neighbour counts; None: not counted.
     """
 
     def __init__(
@@ -114,8 +120,10 @@ class Predictor:
         card: dict[str, Any],
         version: str,
         hardware_id: str,
+        coverage: Coverage | None = None,
     ) -> None:
         self.scorer = scorer
+        self.coverage = coverage
         self.ratio = ratio
         self.policy = policy
         """The fallback per mode."""
@@ -155,6 +163,13 @@ class Predictor:
         return (
             f"Predictor(hardware_id={self.hardware_id!r}, version={self.version!r}, backend={self.backend!r})"
         )
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The hardware profile the model was trained on: its card's ``hardware`` object (a simulated
+        model's is named ``<id>-sim``), else the built-in profile of ``hardware_id``."""
+        data = self.card.get("hardware")
+        return HardwareProfile.from_dict(data) if isinstance(data, dict) else get_hardware(self.hardware_id)
 
     def _reference(
         self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
@@ -248,6 +263,11 @@ class Predictor:
         rows = np.arange(len(scenarios))
         behind = (speedups[rows, top] > speedups[rows, d.final]).tolist()
         fallback_reasons = [reason(speedup[i]) if fallback[i] else None for i in range(len(scenarios))]
+        near = (
+            [None] * len(scenarios)
+            if self.coverage is None
+            else self.coverage.count(scenarios, mode).tolist()
+        )
         return [
             Recommendation(
                 schedule=schedules[i],
@@ -268,6 +288,7 @@ class Predictor:
                 hardware_id=self.hardware_id,
                 model_backend=self.backend,
                 host_factor=d.host_factor,
+                neighbours=near[i],
             )
             for i in range(len(scenarios))
         ]

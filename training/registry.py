@@ -6,6 +6,8 @@ Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_R
     <root>/<hardware_id>/<version>/ratio.ubj     the time-ratio regressor, when the picker is the ranker
     <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics (ceiling and per
                                                  family included), fallback policy, ops, modes, software
+    <root>/<hardware_id>/<version>/coverage.npy  where the training rows lie (``training.coverage``): the
+                                                 answers' measured-neighbour counts (absent: not counted)
     <root>/<hardware_id>/CURRENT                 the current version, one line
 
 Models trained on simulated rows live under ``<hardware_id>-sim`` (``features.provenance``): ``register``
@@ -37,6 +39,7 @@ from ficco.features.hardware import KNOWN_HARDWARE, NEW_PROFILE_HINT, did_you_me
 from ficco.features.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 from ficco.files import model_root, write_text_atomic
 from ficco.training.booster import load_pair_model
+from ficco.training.coverage import COVERAGE_FILE, Coverage
 from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
 from ficco.training.policy import ModePolicy
 from ficco.training.predictor import Predictor
@@ -86,6 +89,7 @@ def register(
     policy: ModePolicy,
     dataset_hash: str,
     info: dict[str, Any],
+    coverage: Coverage | None = None,
     created_at: datetime | None = None,
 ) -> str:
     """Write a new version of ``hardware_id``'s model and return its version string (not promoted).
@@ -93,7 +97,8 @@ def register(
     ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
     the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
     files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
-    when the picker is the time-ratio regressor (one file then). The card's ``model_backend`` (given in
+    when the picker is the time-ratio regressor (one file then). ``coverage`` (the training rows' shapes,
+    ``training.coverage``) is written beside the model files. The card's ``model_backend`` (given in
     ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
     (``features.provenance``): ValueError otherwise.
     """
@@ -120,6 +125,7 @@ def register(
         "objective": scorer.objective,
         "policy": policy.to_dict(),
         "files": {"scorer": MODEL_FILE, "ratio": MODEL_FILE if ratio is scorer else RATIO_FILE},
+        **({"coverage": {"file": COVERAGE_FILE, "rows": len(coverage)}} if coverage is not None else {}),
         "software": {**info.get("software", {}), **_software()},
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=hw_dir))
@@ -128,6 +134,8 @@ def register(
         scorer.save_model(tmp / MODEL_FILE)
         if ratio is not scorer:
             ratio.save_model(tmp / RATIO_FILE)
+        if coverage is not None:
+            coverage.save(tmp / COVERAGE_FILE)
         (tmp / CARD_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, hw_dir / version)
     except BaseException:
@@ -213,6 +221,40 @@ def _read_card(version_dir: Path) -> dict[str, Any]:
     return card
 
 
+def add_coverage(root: str | Path, hardware_id: str, version: str | None = None) -> Path:
+    """Write ``coverage.npy`` (``training.coverage``) into a registered version (None: the current one)
+    from the datasets its card names, read from the working directory; the file written. ValueError when
+    they are missing or their content hash is not the card's (they changed since the model was trained).
+    The model files and the card stay as they are: no prediction changes.
+
+        python -c "from ficco.training.registry import add_coverage; add_coverage('models', 'h200x2')"
+    """
+    from ficco.training.table import load_dataset_table
+
+    version = version or current_version(root, hardware_id)
+    directory = Path(root) / hardware_id / str(version)
+    card = _read_card(directory)
+    data = card.get("dataset", {})
+    paths = [p for p in str(data.get("path", "")).split(" + ") if p]
+    missing = [p for p in paths if not Path(p).exists()]
+    if not paths or missing:
+        absent = missing or "none named"
+        raise ValueError(
+            f"model {hardware_id}/{version}: its training datasets {paths} are not here ({absent}); run from "
+            "the directory its card's paths are relative to"
+        )
+    loaded = load_dataset_table(*paths, repeats=data.get("repeats", []))
+    expected = data.get("hash", card.get("dataset_hash"))
+    if loaded.hash != expected:
+        raise ValueError(
+            f"the datasets {paths} hash to {loaded.hash}, not the card's {expected}: they changed since the "
+            "model was trained, so they do not say where it was measured"
+        )
+    path = directory / COVERAGE_FILE
+    Coverage.of(loaded.table.scenarios, loaded.table.modes).save(path)
+    return path
+
+
 def load_predictor(root: str | Path, hardware_id: str, version: str | None = None) -> Predictor:
     """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`.
 
@@ -255,6 +297,8 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         same = card["files"]["ratio"] == card["files"]["scorer"]
         ratio = scorer if same else load_pair_model(version_dir / card["files"]["ratio"])
         policy = ModePolicy.from_dict(card["policy"])
+        coverage_file = version_dir / COVERAGE_FILE
+        coverage = Coverage.load(coverage_file) if coverage_file.is_file() else None
     except FeatureSchemaError as err:
         raise ModelLoadError(str(err)) from None
     except Exception as err:  # XGBoostError, OSError, ValueError, TypeError: all mean a damaged model
@@ -278,5 +322,5 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         )
     return Predictor(
         scorer=scorer, ratio=ratio, policy=policy, card=card, version=version,
-        hardware_id=hardware_id,
+        hardware_id=hardware_id, coverage=coverage,
     )  # fmt: skip

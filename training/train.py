@@ -78,6 +78,7 @@ def register_trained(
 
     import pandas as pd
 
+    from ficco.training.coverage import Coverage
     from ficco.training.registry import register
 
     table = dataset.table
@@ -91,6 +92,7 @@ def register_trained(
         ratio=trained.ratio,
         policy=trained.choice.policy,
         dataset_hash=dataset.hash,
+        coverage=Coverage.of(table.scenarios, table.modes),
         info={
             "dataset": dataset.info,
             "model_backend": backend,

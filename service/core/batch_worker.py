@@ -56,9 +56,9 @@ from typing import Any, Literal, NoReturn
 log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
-JobKind = Literal["recommend", "score", "score_one"]
-"""What a job's body is: a ``/v1/recommend/batch``, ``/v1/score/batch`` or ``/v1/score`` request
-(``batch.JOBS``)."""
+JobKind = Literal["recommend", "score", "score_one", "table"]
+"""What a job's body is: a ``/v1/recommend/batch``, ``/v1/score/batch`` or ``/v1/score`` request, or a
+schedule table (``batch.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""

@@ -91,6 +91,15 @@ class Settings(ModelSettings):
     the server and other normal-priority work leave idle, so single requests beside back-to-back batches
     keep their latency; on a machine busy with other work batches then wait), ``low`` (``nice 19``: a
     small share even then) or ``normal``."""
+    TABLE_QUEUE: int = Field(default=8, ge=0, le=1024)
+    """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
+    get 429 with Retry-After."""
+    TABLE_CACHE_MB: int = Field(default=64, ge=1, le=1 << 16)
+    """Memory for built schedule tables (gzip-compressed: a 242-shape grid table is 0.2-0.25 MB), least
+    recently used out first."""
+    TABLE_PREFETCH: bool = True
+    """Build the tables ``GET /v1/tables`` serves (per world size, mode and training dtype of each model) as
+    soon as a model version loads, in the table worker."""
     GIL_SWITCH_INTERVAL_S: float = Field(default=0.0005, gt=0.0, le=0.1)
     """``sys.setswitchinterval`` of the server process: how long the prediction thread (micro-batched
     single requests, ``/v1/score``) may hold the GIL before the event loop gets it. Set when batches still

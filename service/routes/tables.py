@@ -3,59 +3,39 @@
 A runtime fetches its table once at start-up and caches it on disk (``ServiceClient.fetch_table``), never
 per step. Every answer carries an ``ETag`` built from the model version, the hardware fingerprint and the
 request (world size, mode, dtype, shapes); a request whose ``If-None-Match`` names it gets 304 and no body.
-A promoted model (a new version) changes the ETag. GET builds the table for the dense shape grid
-(``training.export.grid_shapes``); POST for the layers of a posted Hugging Face config, or listed shapes.
-Tables are built once per (model version, request) and kept in memory.
+A promoted model (a new version) changes the ETag. GET serves the dense shape grid
+(``training.export.grid_shapes``), built when the model loads; POST the layers of a posted Hugging Face
+config, or listed shapes (at most ``MAX_TABLE_SHAPES``). Tables are built in a worker process and kept
+compressed in a bounded cache (``service.tables``); the answer is gzip-encoded for clients that accept it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import threading
-from typing import Annotated, Any, Literal
+import asyncio
+import gzip
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
+from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode
+from ficco.service.core.admission import BatchGate
+from ficco.service.core.batch_worker import BatchWorkers
 from ficco.service.deps import ServedDep
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
-from ficco.service.routes.responses import BODY_ERRORS, MODEL_ERRORS
+from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
+from ficco.service.schemas import MAX_TABLE_SHAPES, TableRequest
+from ficco.service.tables import TableCache, check_table, job_body, model_fingerprint, table_etag
 
 TABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "The table (format features.schedule_table), with its ETag."},
     304: {"description": "Not modified: If-None-Match names the current ETag."},
     **BODY_ERRORS,
     **MODEL_ERRORS,
+    **BUSY_ERRORS,
 }
-MAX_SHAPES = 1024
-"""Most shapes one POST may list."""
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=TABLE_RESPONSES)
-
-_LOCK = threading.Lock()
-
-
-class TableRequest(BaseModel):
-    """POST /v1/tables/{hardware_id}: which table, for which shapes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tp: int = Field(2, ge=2, le=8, description="World size (tensor-parallel degree).")
-    mode: Literal["eager", "graph"] = Field("graph", description="Execution mode.")
-    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Element type.")
-    config: dict[str, Any] | None = Field(None, description="A Hugging Face config.json: its layers' shapes.")
-    shapes: list[str] | None = Field(
-        None, max_length=MAX_SHAPES, description="op:n:k (dense) or op:n:k:experts:top_k (MoE) shapes."
-    )
-    allow_simulated: bool = Field(False, description="Serve a table the model cannot back, marked simulated.")
-
-
-def table_etag(version: str, fingerprint: str, tp: int, mode: str, dtype: str, shapes: list) -> str:
-    """A strong ETag of one table: model version, hardware fingerprint and the request."""
-    text = json.dumps([version, fingerprint, tp, mode, dtype, shapes])
-    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:
@@ -66,24 +46,23 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def _shapes(body: TableRequest, hardware_id: str) -> list:
-    """The export shapes of a POST body; InvalidFieldsError naming a bad field."""
-    from ficco.features import get_hardware
+def _posted_shapes(body: TableRequest, profile: Any) -> tuple[list[tuple], list[list[str | int]]]:
+    """The shapes a POST body asks for (its config's layers, then its listed shapes, each once) and where
+    each comes from in the body; ``InvalidFieldsError`` naming a bad field or too many shapes."""
     from ficco.features.model_config import ModelConfig, layer_pairs
 
-    out: dict[tuple, None] = {}
+    out: dict[tuple, list[str | int]] = {}
     if body.config is not None:
         try:
             config = ModelConfig.from_hf_dict(str(body.config.get("_name_or_path", "posted")), body.config)
-            pairs = layer_pairs(config, tp=body.tp, tokens=body.tp * 64, dtype=body.dtype,
-                                hardware=get_hardware(hardware_id))  # fmt: skip
+            pairs = layer_pairs(config, tp=body.tp, tokens=body.tp * 64, dtype=body.dtype, hardware=profile)
         except (ValueError, KeyError, TypeError) as err:
             raise InvalidFieldsError(
                 [field_error(["body", "config"], "<config>", str(err), allowed="a config ficco reads")]
             ) from None
         for p in pairs:
             s = p.scenario
-            out.setdefault((s.op, s.n, s.k, s.experts, s.top_k), None)
+            out.setdefault((s.op, s.n, s.k, s.experts, s.top_k), ["body", "config"])
     for i, text in enumerate(body.shapes or []):
         parts = text.split(":")
         try:
@@ -95,82 +74,104 @@ def _shapes(body: TableRequest, hardware_id: str) -> list:
             raise InvalidFieldsError(
                 [field_error(["body", "shapes", i], text, msg, allowed="op:n:k or op:n:k:experts:top_k")]
             ) from None
-        out.setdefault((parts[0], *numbers, *[0, 0][: 5 - len(parts)]), None)
+        out.setdefault((parts[0], *numbers, *[0, 0][: 5 - len(parts)]), ["body", "shapes", i])
     if not out:
         msg = "give a Hugging Face config or a list of shapes (GET serves the shape grid)"
         raise InvalidFieldsError([field_error(["body"], None, msg, allowed="config or shapes")])
-    return list(out)
+    if len(out) > MAX_TABLE_SHAPES:
+        msg = (
+            f"a table request holds at most {MAX_TABLE_SHAPES} shapes (MAX_TABLE_SHAPES, a config's and the "
+            f"listed ones together); got {len(out)}. Split it into several requests"
+        )
+        raise InvalidFieldsError(
+            [field_error(["body"], len(out), msg, allowed=f"at most {MAX_TABLE_SHAPES}")]
+        )
+    return list(out), list(out.values())
 
 
-def _answer(
-    request: Request, served: ServedDep, hardware_id: str, body: TableRequest, shapes: list,
-    if_none_match: str | None,
+async def answer_table(
+    state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
+    shapes: list[tuple], allow_simulated: bool,
+) -> bytes:  # fmt: skip
+    """The table's gzip-compressed JSON: from the cache, or built by the table worker behind its gate
+    (``service.tables``; the app's ``state`` holds them). ``served`` is the request's snapshot (the
+    versions the worker answers with)."""
+    model = served[hardware_id]
+    etag = table_etag(model.version, model_fingerprint(model.predictor), tp, mode, dtype, shapes,
+                      allow_simulated)  # fmt: skip
+    cache: TableCache = state.tables
+    gate: BatchGate = state.table_gate
+    workers: BatchWorkers = state.table_workers
+    job = job_body(hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes, allow_simulated=allow_simulated)
+    versions = {hw: m.version for hw, m in served.items()}
+    return await cache.get(etag, lambda: gate.run(workers.answer, "table", job, versions))
+
+
+async def _respond(
+    request: Request, served: ServedDep, hardware_id: str, body: TableRequest, shapes: list[tuple] | None,
+    if_none_match: str | None, accept_encoding: str | None,
 ) -> Response:  # fmt: skip
-    """The table (200 with its ETag), 304 when ``If-None-Match`` names it, 404 for hardware without a
-    served model, 422 for a table the model cannot back."""
-    from ficco.features.schedule_table import hardware_fingerprint
-    from ficco.training.export import ExportRefused, build_schedule_table, training_fingerprint
-
+    """The table (200 with its ETag) of ``shapes`` (None: the POST body's), 304 when ``If-None-Match``
+    names it, 404 for hardware without a served model, 422 for a table the model cannot back or a shape it
+    cannot hold."""
     model = served.get(hardware_id)
     if model is None:
         raise UnknownHardwareError(
-            f"no model is served for hardware {hardware_id!r}; tables are only built from a model measured "
-            f"on that hardware (served: {sorted(served)})",
+            f"no model is served for hardware {hardware_id!r}; tables are only built from a model trained "
+            f"for that hardware id (served: {sorted(served)}; a simulated model is '<hardware>-sim')",
             sorted(served),
         )
     predictor = model.predictor
-    fingerprint = hardware_fingerprint(training_fingerprint(predictor.card))
-    etag = table_etag(predictor.version, fingerprint, body.tp, body.mode, body.dtype,
-                      [list(s) for s in shapes] + [body.allow_simulated])  # fmt: skip
-    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if shapes is None:
+        shapes, locs, tp_loc = *_posted_shapes(body, predictor.profile), ["body", "tp"]
+    else:
+        locs, tp_loc = [["query"]] * len(shapes), ["query", "tp"]
+    simulated = check_table(predictor, tp=body.tp, dtype=body.dtype, shapes=shapes,
+                            allow_simulated=body.allow_simulated, shape_locs=locs, tp_loc=tp_loc)  # fmt: skip
+    etag = table_etag(predictor.version, model_fingerprint(predictor), body.tp, body.mode, body.dtype, shapes,
+                      simulated)  # fmt: skip
+    headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
     if _matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    cache: dict[str, dict] = request.app.state.__dict__.setdefault("tables", {})
-    with _LOCK:
-        table = cache.get(etag)
-        if table is None:
-            try:
-                built = build_schedule_table(
-                    predictor, shapes, world_size=body.tp, mode=body.mode, dtype=body.dtype,
-                    allow_simulated=body.allow_simulated,
-                )  # fmt: skip
-            except ExportRefused as err:
-                raise InvalidFieldsError(
-                    [
-                        field_error(
-                            ["query", "tp"], body.tp, str(err), allowed="world sizes the model measured"
-                        )
-                    ]
-                ) from None
-            table = cache[etag] = built.to_dict()
-    return JSONResponse(table, headers=headers)
+    packed = await answer_table(request.app.state, served, hardware_id, tp=body.tp, mode=body.mode,
+                                dtype=body.dtype, shapes=shapes, allow_simulated=simulated)  # fmt: skip
+    if "gzip" in (accept_encoding or "").lower():
+        return Response(
+            packed, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"}
+        )
+    return Response(await asyncio.to_thread(gzip.decompress, packed), media_type="application/json",
+                    headers=headers)  # fmt: skip
 
 
 @router.get("/{hardware_id}")
-def read_table(
+async def read_table(
     request: Request,
     served: ServedDep,
     hardware_id: str,
-    tp: Annotated[int, Query(ge=2, le=8, description="World size (tensor-parallel degree).")] = 2,
-    mode: Literal["eager", "graph"] = "graph",
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16",
+    tp: Annotated[
+        int, Query(ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE, description="World size (tensor-parallel degree).")
+    ] = 2,
+    mode: Mode = "graph",
+    dtype: DType = "bf16",
     allow_simulated: bool = False,
     if_none_match: Annotated[str | None, Header()] = None,
+    accept_encoding: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The served model's schedule table of the dense shape grid for one (tp, mode, dtype)."""
     from ficco.training.export import grid_shapes
 
     body = TableRequest(tp=tp, mode=mode, dtype=dtype, allow_simulated=allow_simulated)
-    return _answer(request, served, hardware_id, body, grid_shapes(), if_none_match)
+    return await _respond(request, served, hardware_id, body, grid_shapes(), if_none_match, accept_encoding)
 
 
 @router.post("/{hardware_id}")
-def create_table(
+async def create_table(
     request: Request,
     served: ServedDep,
     hardware_id: str,
     body: TableRequest,
     if_none_match: Annotated[str | None, Header()] = None,
+    accept_encoding: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The served model's schedule table for a posted model config's layers (or listed shapes)."""
-    return _answer(request, served, hardware_id, body, _shapes(body, hardware_id), if_none_match)
+    return await _respond(request, served, hardware_id, body, None, if_none_match, accept_encoding)

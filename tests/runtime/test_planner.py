@@ -46,6 +46,34 @@ def test_asks_once_per_shape_and_mode():
     assert source.asked[-1] == (64, "graph")
 
 
+class NeighbourSource(CountingSource):
+    """Answers ``shard/dma`` with ``neighbours`` measured neighbours."""
+
+    def __init__(self, neighbours: int | None):
+        super().__init__()
+        self.neighbours = neighbours
+
+    def recommend(self, scenarios, mode):
+        return [Answer(schedule="shard/dma", predicted_speedup=1.3, neighbours=self.neighbours)] * len(
+            scenarios
+        )
+
+
+def test_a_graph_answer_off_the_measured_map_runs_serial_unless_asked(caplog):
+    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"):
+        off = Planner(NeighbourSource(0), mode="graph")
+        assert str(off.schedule(_request())) == "serial/sm"
+    decision = next(iter(off.decisions.values()))
+    assert decision.neighbours == 0 and "off the measured map: 0 measured neighbours" in decision.reason
+    assert "off the measured map" in caplog.text and "| 0 |" in off.table()
+    assert str(Planner(NeighbourSource(0), mode="graph", off_map="model").schedule(_request())) == "shard/dma"
+    assert str(Planner(NeighbourSource(3), mode="graph").schedule(_request())) == "shard/dma"
+    assert str(Planner(NeighbourSource(None), mode="graph").schedule(_request())) == "shard/dma"  # unknown
+    assert str(Planner(NeighbourSource(0), mode="eager").schedule(_request())) == "shard/dma"
+    with pytest.raises(ValueError, match="off_map must be one of"):
+        Planner(NeighbourSource(0), off_map="verify")
+
+
 def test_prepare_asks_in_one_batch():
     source = CountingSource()
     planner = Planner(source)
@@ -161,8 +189,9 @@ def test_table_lists_layers_directions_and_speedups():
     planner.schedule(_request(64, op="gemm_rs", layer="mlp.up", direction="bwd-input"))
     planner.note("mlp.up", "bwd-weight", "gemm [16, 64] @ [64, 32], kept gathered input")
     table = planner.table().splitlines()
-    assert table[0] == "| layer | direction | shape | schedule | ran | predicted speedup | note |"
-    assert table[2] == "| mlp.up | fwd | ag_gemm m=64 n=32 k=16 | shard/dma | (not run) | 1.30x |  |"
+    header = "| layer | direction | shape | schedule | ran | predicted speedup | neighbours | note |"
+    assert table[0] == header
+    assert table[2] == "| mlp.up | fwd | ag_gemm m=64 n=32 k=16 | shard/dma | (not run) | 1.30x | - |  |"
     assert table[3].startswith("| mlp.up | bwd-input | gemm_rs m=64 n=32 k=16 | shard/dma | (not run) |")
     assert table[4].startswith(
         "| mlp.up | bwd-weight | gemm [16, 64] @ [64, 32], kept gathered input | - | - | -"

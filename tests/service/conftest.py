@@ -82,14 +82,25 @@ def train_version(
 ) -> str:
     """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
     ``ops``, as the first models had) at ``world_size`` ranks (default 2, and a card without
-    ``world_sizes``, as the first models had), register it under ``root``; the version."""
+    ``world_sizes``, as the first models had), register it under ``root``; the version. A
+    ``<hardware>-sim`` id gets a simulated model's card (backends ``sim``, its world size)."""
+    import dataclasses
+
+    from ficco.features.provenance import MEASURED, is_sim_id, registry_id
+    from ficco.training.coverage import Coverage
     from ficco.training.fit import TrainConfig, fit_pair_model
     from ficco.training.policy import DecisionPolicy, ModePolicy
     from ficco.training.registry import promote as promote_version
     from ficco.training.registry import register
 
-    table = sim_table(hardware_id, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)
+    base = registry_id(hardware_id, MEASURED)
+    table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)
     model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
+    simulated = (
+        {"dataset": {"backends": ["sim"], "path": "simulated"}, "world_sizes": [world_size or 2]}
+        if is_sim_id(hardware_id)
+        else {}
+    )
     version = register(
         root,
         hardware_id,
@@ -97,11 +108,13 @@ def train_version(
         ratio=model,
         policy=ModePolicy.uniform(DecisionPolicy(min_gain=0.01)),
         dataset_hash=f"sim{seed:013d}",
+        coverage=Coverage.of(table.scenarios, table.modes),
         info={
-            "hardware": get_hardware(hardware_id).to_dict(),
+            "hardware": dataclasses.replace(get_hardware(base), id=hardware_id).to_dict(),
             "metrics": {"seed": seed},
             **({"ops": sorted(ops)} if ops else {}),
             **({"world_sizes": [world_size]} if world_size else {}),
+            **simulated,
         },
     )
     if promote:
@@ -110,8 +123,10 @@ def train_version(
 
 
 def make_settings(root: Path, **overrides) -> Settings:
-    """Test settings: the given registry, no polling unless asked, no reload token unless given."""
-    return Settings(**{"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, **overrides})
+    """Test settings: the given registry, no polling and no table prefetch unless asked, no reload token
+    unless given."""
+    base = {"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, "TABLE_PREFETCH": False}
+    return Settings(**{**base, **overrides})
 
 
 @contextlib.contextmanager

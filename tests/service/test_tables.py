@@ -39,7 +39,10 @@ class CountingTransport(httpx.BaseTransport):
             headers=dict(request.headers),
         )
         self.codes.append(response.status_code)
-        return httpx.Response(response.status_code, content=response.content, headers=response.headers)
+        decoded = {
+            k: v for k, v in response.headers.items() if k not in ("content-encoding", "content-length")
+        }
+        return httpx.Response(response.status_code, content=response.content, headers=decoded)
 
 
 def test_table_answers_304_to_a_matching_if_none_match(client):
@@ -137,7 +140,7 @@ def test_planner_against_the_service_makes_one_table_request_and_no_per_shape_re
     transport.handle_request = allow_simulated
     with ServiceClient("http://service", transport=transport) as service:
         source = ServiceSource(service, tables=True, cache_dir=tmp_path, machine=None)
-        planner = Planner(source, mode="graph", timeout_s=60.0)
+        planner = Planner(source, mode="graph", timeout_s=60.0, off_map="model")  # every table answer runs
         requests = [
             OpRequest(
                 op=op, m=m, n=4096, k=k, dtype="bf16", world_size=2, layer=f"layers.{i}", direction="fwd"
@@ -158,3 +161,152 @@ def test_planner_against_the_service_makes_one_table_request_and_no_per_shape_re
     table = source._tables[(HARDWARE, 2, "graph", "bf16")]
     expected = table.answer(Scenario(op="ag_gemm", m=512, n=4096, k=4096), "graph").schedule
     assert str(planner.decisions[planner.key(requests[0])].schedule) == expected
+
+
+def test_a_post_over_the_shape_limit_is_a_422_naming_the_limit(client):
+    shapes = [f"ag_gemm:{128 * (i + 1)}:4096" for i in range(1024)]  # a 23 KB body
+    response = client.post(f"/v1/tables/{HARDWARE}", json={**SHAPES, "shapes": shapes})
+    assert response.status_code == 422 and "at most 64" in response.text
+    config = {
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+    }  # fmt: skip
+    both = client.post(f"/v1/tables/{HARDWARE}", json={**SHAPES, "config": config, "shapes": shapes[:62]})
+    assert both.status_code == 422 and "at most 64 shapes" in both.json()["detail"][0]["msg"]
+    assert "got 65" in both.json()["detail"][0]["msg"]  # the config's 4 and 62 listed, one of them the same
+
+
+def test_unknown_and_out_of_range_shapes_are_refused_each_located(client):
+    shapes = [
+        "ag_gemm:4096:4096",
+        "foo:1:1",
+        "a2a_gemm:4096:4096:7:2",
+        "ag_gemm:4096:2097152",
+        "gemm_rs:0:64",
+    ]
+    response = client.post(f"/v1/tables/{HARDWARE}", json={**SHAPES, "shapes": shapes})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert [d["loc"] for d in detail] == [["body", "shapes", i] for i in (1, 2, 3, 4)]
+    assert "op must be one of" in detail[0]["msg"] and "multiple of world_size" in detail[1]["msg"]
+
+
+def test_world_sizes_the_model_was_not_trained_at_are_refused_whatever_the_flag(client):
+    for allow in ("false", "true"):
+        response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 4, "allow_simulated": allow})
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["query", "tp"] and "trained at world sizes [2], not 4" in error["msg"]
+
+
+def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, start, train):
+    train(model_root, "h200x4-sim", world_size=4)
+    with start(model_root) as client:
+        path = "/v1/tables/h200x4-sim"
+        refused = client.get(path, params={"tp": 4})
+        assert refused.status_code == 422 and "not GPU measurements" in refused.text
+        table = client.get(path, params={"tp": 4, "allow_simulated": "true"})
+        assert table.status_code == 200, table.text
+        data = table.json()
+        assert data["simulated"] is True and data["world_size"] == 4 and data["hardware_id"] == "h200x4-sim"
+        assert len(data["entries"]) == 242  # the shape grid
+        wrong_size = client.get(path, params={"tp": 2, "allow_simulated": "true"})
+        assert wrong_size.status_code == 422 and "trained at world sizes [4], not 2" in wrong_size.text
+        missing = client.get("/v1/tables/h100x8-sim", params={"tp": 8, "allow_simulated": "true"})
+        assert missing.status_code == 404 and "h200x4-sim" in missing.json()["known_ids"]
+
+
+def test_tables_are_gzip_encoded_for_clients_that_accept_it(client):
+    body = {**SHAPES, "shapes": ["gemm_rs:2048:2048"]}
+    packed = client.post(f"/v1/tables/{HARDWARE}", json=body, headers={"Accept-Encoding": "gzip"})
+    plain = client.post(f"/v1/tables/{HARDWARE}", json=body, headers={"Accept-Encoding": "identity"})
+    assert packed.headers["content-encoding"] == "gzip" and "content-encoding" not in plain.headers
+    assert packed.json() == plain.json() and packed.headers["etag"] == plain.headers["etag"]
+    assert packed.headers["vary"] == "Accept-Encoding"
+
+
+def test_table_builds_run_in_the_table_worker_and_are_kept(client):
+    body = {**SHAPES, "shapes": ["ag_gemm:3072:5120"]}
+    first = client.post(f"/v1/tables/{HARDWARE}", json=body)
+    state = client.app.state
+    assert state.table_workers.pids, "the table was built in the serving process"
+    assert first.headers["etag"] in state.tables and state.tables.bytes > 0
+
+
+def test_table_cache_builds_each_table_once_and_keeps_at_most_its_bytes():
+    import asyncio
+
+    from ficco.service.tables import TableCache
+
+    builds: list[str] = []
+
+    def builder(name: str, size: int):
+        async def build() -> bytes:
+            builds.append(name)
+            await asyncio.sleep(0.01)
+            return b"x" * size
+
+        return build
+
+    async def scenario() -> None:
+        cache = TableCache(max_bytes=10)
+        same = await asyncio.gather(*(cache.get('"a"', builder("a", 4)) for _ in range(5)))
+        assert same == [b"xxxx"] * 5 and builds == ["a"]  # five requests, one build
+        await cache.get('"b"', builder("b", 4))
+        await cache.get('"a"', builder("a", 4))  # a hit: a is now the most recent
+        await cache.get('"c"', builder("c", 4))  # 12 bytes > 10: b (least recent) goes
+        assert '"b"' not in cache and '"a"' in cache and '"c"' in cache and cache.bytes == 8
+        await cache.get('"big"', builder("big", 11))  # larger than the cache: served, not kept
+        assert '"big"' not in cache and builds == ["a", "b", "c", "big"]
+
+    asyncio.run(scenario())
+
+
+def test_grid_tables_are_built_when_a_model_loads(registry_root, start, wait_for):
+    with start(registry_root, TABLE_PREFETCH=True) as client:
+        cache = client.app.state.tables
+        assert wait_for(lambda: len(cache._tables) == 2, timeout_s=240), "graph and eager grid tables"
+        held = cache.bytes
+        response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 2, "allow_simulated": "true"})
+        assert response.status_code == 200 and response.headers["etag"] in cache and cache.bytes == held
+
+
+BLOCKER = """
+import sys
+
+# An install with the [service] extra alone: the training stack and torch are not there (importing them
+# raises ModuleNotFoundError, importlib.util.find_spec answers None).
+for name in ("sklearn", "pandas", "torch", "pyarrow", "matplotlib"):
+    sys.modules[name] = None
+"""
+SERVICE_ONLY = """
+import sys, warnings
+warnings.filterwarnings("ignore")
+from fastapi.testclient import TestClient
+from ficco.service.core.config import Settings
+from ficco.service.main import create_app
+settings = Settings(MODEL_ROOT=sys.argv[1], RELOAD_POLL_S=0, TABLE_PREFETCH=False)
+with TestClient(create_app(settings)) as client:
+    got = client.get("/v1/tables/h200x2", params={"tp": 2, "mode": "eager", "allow_simulated": "true"})
+    posted = client.post("/v1/tables/h200x2", json={"tp": 2, "shapes": ["ag_gemm:4096:4096"],
+                                                    "allow_simulated": True})
+    answer = client.post("/v1/recommend", json={"op": "ag_gemm", "m": 4096, "n": 4096, "k": 4096})
+    print(got.status_code, len(got.json()["entries"]), posted.status_code, len(posted.json()["entries"]),
+          answer.status_code, answer.json()["neighbours"] is not None,
+          sorted(m for m in ("sklearn", "pandas", "torch") if sys.modules.get(m) is not None))
+"""
+
+
+def test_tables_work_where_only_the_service_extra_is_installed(registry_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)  # also read by the worker processes it starts
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])}
+    done = subprocess.run([sys.executable, "-c", SERVICE_ONLY, str(registry_root)], capture_output=True,
+                          text=True, env=env, timeout=280, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["200", "242", "200", "1", "200", "True", "[]"], done.stdout

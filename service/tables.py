@@ -1,0 +1,199 @@
+"""Schedule tables in the service: built in a worker process of their own, kept compressed in a bounded
+cache, the shape grid's built as soon as a model loads.
+
+A table (``training.export.build_schedule_table``, numpy and the model alone) asks the model at about 1,500
+token counts per (op, n, k): seconds of CPU for a model config's few shapes, tens of seconds for the
+242-shape grid. In the serving process that CPU (and the GIL) would be taken from single requests, so the
+server only checks a request (world size, shapes, the model) and computes its ETag; the table itself is
+built by a worker process (``service.core.batch_worker``, the ``table`` job of ``service.batch.JOBS``) at
+the batch workers' low CPU priority, behind a gate of its own (one build at a time, ``FICCO_TABLE_QUEUE``
+waiting, then 429), so a table build never delays a batch. The worker sends the table back as
+gzip-compressed JSON (a grid table is 5-6 MB of JSON, 0.2-0.25 MB compressed), which the server keeps by
+ETag (:class:`TableCache`: at most ``FICCO_TABLE_CACHE_MB``, least recently used out first) and sends as
+it is to clients that accept gzip. Requests for a table being built wait for that one build.
+
+When a model version is loaded, :func:`prefetch` builds the tables ``GET /v1/tables`` serves for it: per
+world size the model was trained at, each mode and each dtype of its training data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gzip
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from ficco.features import MODES
+from ficco.features.schedule_table import hardware_fingerprint
+from ficco.service.errors import InvalidFieldsError, field_error
+
+log = logging.getLogger(__name__)
+
+PREFETCH_POLL_S = 1.0
+"""How often :func:`prefetch` looks for a newly loaded model version, seconds."""
+DTYPES_BY_INDEX = ("bf16", "fp16", "fp32")
+"""``features.DTYPES`` in the order ``training.coverage`` numbers them."""
+
+
+def table_etag(version: str, fingerprint: str, tp: int, mode: str, dtype: str, shapes: Sequence,
+               allow_simulated: bool) -> str:  # fmt: skip
+    """A strong ETag of one table: model version, hardware fingerprint and the request."""
+    text = json.dumps([version, fingerprint, tp, mode, dtype, [list(s) for s in shapes], allow_simulated])
+    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
+
+
+def model_fingerprint(predictor: Any) -> str:
+    """The hardware fingerprint of a model's training machine (``training.export.training_fingerprint``)."""
+    from ficco.training.export import training_fingerprint
+
+    return hardware_fingerprint(training_fingerprint(predictor.card))
+
+
+def check_table(predictor: Any, *, tp: int, dtype: str, shapes: Sequence, allow_simulated: bool,
+                shape_locs: Sequence[Sequence[str | int]], tp_loc: Sequence[str]) -> bool:  # fmt: skip
+    """The checks a table request passes before any build: the model backs the world size (and, unless
+    ``allow_simulated``, was measured), and every shape is one a table can hold; whether the table is
+    simulated. ``InvalidFieldsError`` (422) locating each refusal: the world size at ``tp_loc``, shape ``i``
+    at ``shape_locs[i]``."""
+    from ficco.training.export import DENSE_OPS, ExportRefused, InvalidShapes, check_measured, check_shapes
+
+    try:
+        simulated = check_measured(predictor.card, tp, allow_simulated=allow_simulated)
+    except ExportRefused as err:
+        allowed = "a world size the model was trained at; allow_simulated for a simulated model"
+        raise InvalidFieldsError([field_error(list(tp_loc), tp, str(err), "not_measured", allowed)]) from None
+    try:
+        check_shapes(shapes, world_size=tp, dtype=dtype, hardware=predictor.profile,
+                     ops=predictor.card.get("ops") or DENSE_OPS)  # fmt: skip
+    except InvalidShapes as err:
+        allowed = "a shape of an op the model measured that a scenario of this world size can have"
+        raise InvalidFieldsError(
+            [field_error(list(shape_locs[i]), ":".join(map(str, s)), why, "value_error", allowed)
+             for i, s, why in err.errors]
+        ) from None  # fmt: skip
+    return simulated
+
+
+def job_body(hardware_id: str, *, tp: int, mode: str, dtype: str, shapes: Sequence,
+             allow_simulated: bool) -> bytes:  # fmt: skip
+    """The ``table`` job a worker runs (:func:`build_job`), as JSON bytes."""
+    request = {"hardware_id": hardware_id, "tp": tp, "mode": mode, "dtype": dtype,
+               "shapes": [list(s) for s in shapes], "allow_simulated": allow_simulated}  # fmt: skip
+    return json.dumps(request).encode()
+
+
+def build_job(body: bytes, served: Mapping[str, Any], *, max_batch: int, default_hardware: str) -> bytes:
+    """The worker's ``table`` job: the table a :func:`job_body` asks for, as gzip-compressed compact JSON;
+    blocking, CPU-bound. A refusal (the server checks first, so only a model that changed meanwhile) is an
+    ``InvalidFieldsError``."""
+    from ficco.service.errors import UnknownHardwareError
+    from ficco.training.export import build_schedule_table
+
+    job = json.loads(body)
+    model = served.get(job["hardware_id"])
+    if model is None:
+        raise UnknownHardwareError(f"no model is served for hardware {job['hardware_id']!r}", sorted(served))
+    try:
+        table = build_schedule_table(
+            model.predictor, [tuple(s) for s in job["shapes"]], world_size=job["tp"], mode=job["mode"],
+            dtype=job["dtype"], allow_simulated=job["allow_simulated"],
+        )  # fmt: skip
+    except ValueError as err:  # ExportRefused, InvalidShapes
+        raise InvalidFieldsError([field_error(["body"], None, str(err))]) from None
+    text = json.dumps(table.to_dict(), separators=(",", ":"))
+    return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+
+
+class TableCache:
+    """Built tables (gzip-compressed JSON) by ETag, at most ``max_bytes`` in all, least recently used out
+    first, and the builds in flight: every request for a table being built waits for that one build.
+
+    Use from one event loop only."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._tables: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._building: dict[str, asyncio.Future[bytes]] = {}
+        self.bytes = 0
+        """Bytes held now."""
+
+    def __contains__(self, etag: str) -> bool:
+        return etag in self._tables or etag in self._building
+
+    async def get(self, etag: str, build: Callable[[], Awaitable[bytes]]) -> bytes:
+        """The table of ``etag``: cached, being built (waited for), or built now by ``build()``. A build
+        outlives a request that stops waiting (its table is kept for the next); a failed one is not kept."""
+        found = self._tables.get(etag)
+        if found is not None:
+            self._tables.move_to_end(etag)
+            return found
+        future = self._building.get(etag)
+        if future is None:
+            future = self._building[etag] = asyncio.ensure_future(build())
+            future.add_done_callback(lambda done: self._done(etag, done))
+        return await asyncio.shield(future)
+
+    def _done(self, etag: str, future: asyncio.Future[bytes]) -> None:
+        self._building.pop(etag, None)
+        if future.cancelled() or future.exception() is not None:
+            return
+        table = future.result()
+        if len(table) > self.max_bytes:
+            log.warning("a table of %d bytes exceeds FICCO_TABLE_CACHE_MB; served, not kept", len(table))
+            return
+        self._tables[etag] = table
+        self.bytes += len(table)
+        while self.bytes > self.max_bytes:
+            _, dropped = self._tables.popitem(last=False)
+            self.bytes -= len(dropped)
+
+
+def trained_dtypes(predictor: Any) -> tuple[str, ...]:
+    """The dtypes of a model's training rows (its coverage's; bf16 for a model without one)."""
+    coverage = getattr(predictor, "coverage", None)
+    if coverage is None or not len(coverage):
+        return ("bf16",)
+    return tuple(DTYPES_BY_INDEX[i] for i in sorted(set(coverage.rows[:, 3].tolist())))
+
+
+def default_tables(hardware_id: str, predictor: Any) -> list[dict[str, Any]]:
+    """The ``GET /v1/tables/{hardware_id}`` requests a model can answer: per world size it was trained at,
+    mode and training dtype, the shape grid (simulated models: with ``allow_simulated``)."""
+    from ficco.training.export import trained_world_sizes
+
+    simulated = predictor.card.get("dataset", {}).get("backends") != ["gpu"]
+    return [
+        {"hardware_id": hardware_id, "tp": tp, "mode": mode, "dtype": dtype, "allow_simulated": simulated}
+        for tp in trained_world_sizes(predictor.card)
+        for mode in MODES
+        for dtype in trained_dtypes(predictor)
+    ]
+
+
+async def prefetch(
+    served: Callable[[], Mapping[str, Any]],
+    fetch: Callable[[Mapping[str, Any], dict[str, Any]], Awaitable[bytes]],
+) -> None:
+    """Never returns: every :data:`PREFETCH_POLL_S`, for each model version of ``served()`` not seen before,
+    ``await fetch(snapshot, request)`` for each of its :func:`default_tables`, one at a time (a failure is
+    logged; the table is built when first asked for)."""
+    seen: set[tuple[str, str]] = set()
+    while True:
+        snapshot = served()
+        for hw, model in snapshot.items():
+            if (hw, model.version) in seen:
+                continue
+            seen.add((hw, model.version))
+            for request in default_tables(hw, model.predictor):
+                try:
+                    await fetch(snapshot, request)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # e.g. the table gate is full: built on first request instead
+                    log.warning("prefetch of the %s table %s failed: %s", hw, request, err)
+            log.info("tables of %s %s built", hw, model.version)
+        await asyncio.sleep(PREFETCH_POLL_S)
