@@ -195,9 +195,9 @@ _barrier_timeout_ms = BARRIER_TIMEOUT_MS
 COPY_STREAMS_ENV = "FICCO_COPY_STREAMS"
 """Environment variable naming the copy arrangement (``CopyStreams`` string form) a process starts with."""
 DEFAULT_COPY_STREAMS = "1"
-"""The copy arrangement when ``FICCO_COPY_STREAMS`` is not set: one side stream that the peers' copies share in
-ring order (``benchmarks/results/copy-arrangements-h200x4.md``: at 4 ranks the fastest arrangement, geomean
-1.008x the best per item against 1.141x for one stream per peer; at 2 ranks the two are the same)."""
+"""The copy arrangement when ``FICCO_COPY_STREAMS`` is not set: one side stream that the peers' copies share
+in ring order (``benchmarks/results/copy-arrangements-h200x4.md``: at 4 ranks the fastest arrangement,
+geomean 1.008x the best per item against 1.141x for one stream per peer; at 2 ranks the two are the same)."""
 
 
 def _copy_streams_from_env() -> CopyStreams:
