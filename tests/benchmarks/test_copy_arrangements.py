@@ -10,6 +10,7 @@ import pytest
 from executor_world import run_world
 
 from benchmarks import copy_arrangements as probe
+from ficco.executor.context import DEFAULT_COPY_STREAMS
 
 NAMES = ["per_peer", "2", "1"]
 
@@ -98,7 +99,7 @@ def _dry_run(rank: int, world_size: int, out: str) -> dict:
 def test_dry_run_checks_and_times_every_variant_and_schedule_under_every_arrangement(tmp_path):
     result = run_world(4, _dry_run, str(tmp_path))[0]
     names = result["meta"]["arrangements"]
-    assert names == ["per_peer", "2", "1"] and result["meta"]["current"] == "per_peer"
+    assert names == ["per_peer", "2", "1"] and result["meta"]["current"] == DEFAULT_COPY_STREAMS
     assert [r["mbytes"] for r in result["allgather"]] == list(probe.DRY_RUN_SIZES_MIB)
     for row in result["allgather"]:
         assert set(row["ms"]) == {"nccl", *(f"dma:{a}" for a in names)}, row  # every check passed

@@ -269,9 +269,9 @@ def test_hardware_id_comes_from_the_gpu_name(monkeypatch):
         ("NVIDIA H200", 2, "h200x2"),
         ("NVIDIA H200", 4, "h200x4"),
         ("NVIDIA H100 80GB HBM3", 2, "h100x2"),
-        ("NVIDIA A100-SXM4-80GB", 2, "a100-sxm4-80gbx2"),
+        ("NVIDIA A100-SXM4-80GB", 2, "a100x2"),  # no built-in profile: the GPU model as a slug
     ]:
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert bench.hardware_id(cuda, world) == want
     assert bench.hardware_id(torch.device("cpu"), 2) == "cpu"
     assert bench.hardware_id(torch.device("cpu"), 4) == "cpux4"

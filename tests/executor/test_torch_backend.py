@@ -175,10 +175,11 @@ def test_a_placement_pins_the_main_thread_before_timing_and_is_recorded(results)
 
 
 def test_the_protocol_records_the_expert_gemms_and_the_copy_arrangement(results):
+    from ficco.executor.context import DEFAULT_COPY_STREAMS
     from ficco.executor.experts import GROUPED_MIN_GEMMS
 
     assert results[0]["protocol"]["expert_gemms"] == f"grouped from {GROUPED_MIN_GEMMS}"
-    assert results[0]["protocol"]["copy_streams"] == "per_peer"  # the executor's copy arrangement
+    assert results[0]["protocol"]["copy_streams"] == DEFAULT_COPY_STREAMS  # the executor's copy arrangement
 
 
 def test_time_rounds_gives_one_time_per_round_the_same_on_every_rank(results):
