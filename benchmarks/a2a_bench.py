@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
     from ficco import executor
-    from ficco.harness.fingerprint import cpu_fingerprint, gpu_fingerprint
+    from ficco.features.fingerprint import cpu_fingerprint, gpu_fingerprint
 
     w, rank = dist.get_world_size(), dist.get_rank()
     cuda = not args.cpu_dry_run

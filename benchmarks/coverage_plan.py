@@ -69,9 +69,8 @@ MOE_TOP_K = (1, 2, 4, 8)
 def candidates(hw, *, tp: int, count: int, seed: int, max_serial_ms: float) -> list[tuple[str, object]]:
     """``(family, Scenario)`` candidates (module docstring, step 1), none a committed dataset holds."""
     from ficco.features import SERIAL, Scenario
-    from ficco.features.dataset import load_dataset
+    from ficco.features.dataset import GRID_FAMILY, load_dataset
     from ficco.features.model_config import layer_pairs, load_model_configs
-    from ficco.harness.plan import GRID_FAMILY
     from ficco.harness.sim import SimBackend
 
     rng = np.random.default_rng(seed)
@@ -164,7 +163,8 @@ def choose(scenarios: list, near: dict[str, np.ndarray], spread: np.ndarray, ind
 def make_plan(args: argparse.Namespace) -> None:
     """``plan``: choose the scenarios and write the plan (module docstring)."""
     from ficco.features import MODES, feature_matrix
-    from ficco.harness.plan import GRID_FAMILY, Plan, estimate_sweep
+    from ficco.features.dataset import GRID_FAMILY
+    from ficco.harness.plan import Plan, estimate_sweep
     from ficco.tables import text_table
     from ficco.training.coverage import Coverage
     from ficco.training.registry import load_predictor

@@ -53,6 +53,8 @@ BACKENDS = ("gpu", "gloo", "sim")
 HARDWARE_KEYS = ("gpu_name", "gpu_count", "interconnect", "world_size")
 """Fingerprint keys that datasets loaded together must share (with the hardware profile); driver and
 software versions may differ."""
+GRID_FAMILY = "grid"
+"""The ``family`` of a sweep plan's synthetic shape grid (the other families are model-config names)."""
 
 COLUMNS: dict[str, str] = {
     "scenario_id": "str",

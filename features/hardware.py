@@ -187,3 +187,29 @@ def find_hardware(hardware_id: str, root: str | Path) -> HardwareProfile:
         f"built-in ids are {sorted(KNOWN_HARDWARE)}, custom ones registered under {root} are {registered} (a "
         f"profile JSON file given as --hardware registers its id). {NEW_PROFILE_HINT}"
     )
+
+
+def load_hardware(value: str, root: str | Path | None = None) -> HardwareProfile:
+    """The profile ``value`` names: a built-in id, a custom id registered under the model registry ``root``
+    (default: ``ficco.files.model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if hardware),
+    which registers its id there for the other commands. ``ValueError`` naming what is wrong and what is
+    allowed otherwise (a registry id of simulated models, an unknown id, a file that cannot be read)."""
+    from ficco.features.provenance import MEASURED, is_sim_id, registry_id
+
+    if is_sim_id(value):
+        raise ValueError(
+            f"{value!r} is the registry id of simulated models; name the hardware itself, "
+            f"{registry_id(value, MEASURED)!r} (with --backend sim for a simulated sweep)"
+        )
+    if value in KNOWN_HARDWARE:
+        return KNOWN_HARDWARE[value]
+    if root is None:
+        from ficco.files import model_root
+
+        root = model_root()
+    try:
+        if value.endswith(".json"):
+            return register_profile(root, HardwareProfile.from_json(Path(value).read_text()))
+        return find_hardware(value, root)
+    except OSError as err:
+        raise ValueError(str(err)) from None

@@ -41,29 +41,13 @@ class BenchBackend(StrEnum):
 
 
 def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProfile:
-    """A built-in profile id, a custom one registered under the model registry ``root`` (default:
-    ``ficco.files.model_root()``), or a JSON file holding a ``HardwareProfile`` (what-if
-    hardware), which registers its id there for the other commands."""
-    from ficco.features import HardwareProfile
-    from ficco.features.hardware import KNOWN_HARDWARE, find_hardware, register_profile
-    from ficco.features.provenance import MEASURED, is_sim_id, registry_id
+    """``--hardware``'s profile (``features.hardware.load_hardware``: a built-in id, a registered one, or a
+    profile JSON file it registers under ``root``); a bad value exits with one ``error:`` line."""
+    from ficco.features.hardware import load_hardware
 
-    if is_sim_id(value):
-        raise fail(
-            f"--hardware {value!r} is the registry id of simulated models; name the hardware itself, "
-            f"--hardware {registry_id(value, MEASURED)} (with --backend sim for a simulated sweep)"
-        )
     try:
-        if value in KNOWN_HARDWARE:
-            return KNOWN_HARDWARE[value]
-        if root is None:
-            from ficco.files import model_root
-
-            root = model_root()
-        if value.endswith(".json"):
-            return register_profile(root, HardwareProfile.from_json(Path(value).read_text()))
-        return find_hardware(value, root)
-    except (OSError, ValueError) as err:
+        return load_hardware(value, root)
+    except ValueError as err:
         raise fail(f"--hardware {value!r}: {err}") from None
 
 

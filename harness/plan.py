@@ -31,6 +31,7 @@ from ficco.features import (
     get_hardware,
 )
 from ficco.features._validate import check_int
+from ficco.features.dataset import GRID_FAMILY
 from ficco.features.model_config import ModelConfig, layer_pairs
 from ficco.harness.backend import Timing
 from ficco.harness.sim import SimBackend
@@ -53,8 +54,6 @@ GRID_M = (128, 65536)
 """Range of the grid's ``m`` (tokens), log-uniform."""
 GRID_NK = (512, 57344)
 """Range of the grid's ``n`` and ``k``, log-uniform."""
-GRID_FAMILY = "grid"
-"""The family name of the plan's synthetic shape grid (the other families are model-config names)."""
 
 UNTIMED_CALLS = 2
 """Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from ficco.features import HardwareProfile, Scenario, candidates
 from ficco.features.dataset import FORMAT, MANIFEST, NOISE, PLAN, load_noise, read_manifest, rows_frame
+from ficco.features.fingerprint import fingerprint_differences
 from ficco.harness.backend import PROTOCOL_BEFORE, Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import result_rows, write_json_atomic, write_parquet_atomic
-from ficco.harness.fingerprint import fingerprint_differences
 from ficco.harness.labels import label_result
 from ficco.harness.plan import Plan, evenly_spaced
 from ficco.harness.shards import provenance

@@ -274,7 +274,7 @@ class TorchBackend:
 
     def fingerprint(self) -> dict:
         """GPU, driver, CUDA, torch, NCCL and interconnect (``gpu``), or CPU model and torch (``gloo``)."""
-        from ficco.harness.fingerprint import cpu_fingerprint, gpu_fingerprint
+        from ficco.features.fingerprint import cpu_fingerprint, gpu_fingerprint
 
         return gpu_fingerprint(self.world_size) if self.name == "gpu" else cpu_fingerprint(self.world_size)
 

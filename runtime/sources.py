@@ -176,7 +176,7 @@ class ServiceSource:
             table = self.client.fetch_table(
                 key[0], tp=key[1], mode=mode, dtype=key[3], config=self.config, cache_dir=self.cache_dir
             )
-            from ficco.harness.fingerprint import machine_fingerprint
+            from ficco.features.fingerprint import machine_fingerprint
 
             here = machine_fingerprint(table.world_size) if self.machine == "auto" else self.machine
             if here is not None:
@@ -330,8 +330,8 @@ class TableSource(_EachScenario):
         so); None checks nothing. A table of another fingerprint raises ``FingerprintMismatch`` naming
         both fingerprints.
         """
+        from ficco.features.fingerprint import machine_fingerprint
         from ficco.features.schedule_table import table_paths
-        from ficco.harness.fingerprint import machine_fingerprint
 
         tables = []
         for path in table_paths(paths):

@@ -68,9 +68,12 @@ def _hardware_id(value: str | None, settings: ModelSettings) -> str | None:
     under the model root, as ``ficco bench`` and ``ficco retrain`` do); an id stays as given."""
     if value is None or not value.endswith(".json"):
         return value
-    from ficco.harness.launch import hardware_profile
+    from ficco.features.hardware import load_hardware
 
-    return hardware_profile(value, settings.MODEL_ROOT).id
+    try:
+        return load_hardware(value, settings.MODEL_ROOT).id
+    except ValueError as err:
+        raise fail(f"--hardware {value!r}: {err}") from None
 
 
 def _offline_request(

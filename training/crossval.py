@@ -24,7 +24,7 @@ from sklearn.model_selection import GroupKFold
 from tqdm import tqdm
 
 from ficco.features import MODES
-from ficco.harness.plan import GRID_FAMILY
+from ficco.features.dataset import GRID_FAMILY
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs

@@ -45,7 +45,7 @@ class ScheduleTable:
     modes: np.ndarray
     """Execution mode of each row, ``"eager"`` or ``"graph"``, str ``[n]``."""
     families: np.ndarray
-    """Model-config name or ``harness.plan.GRID_FAMILY`` of each scenario, str ``[n]``."""
+    """Model-config name or ``features.dataset.GRID_FAMILY`` of each scenario, str ``[n]``."""
     scenarios: tuple[Scenario, ...]
     """The scenarios themselves, ``[n]``."""
     X: np.ndarray

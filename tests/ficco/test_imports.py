@@ -1,4 +1,5 @@
-"""No import circle: neither between ficco's packages nor between the modules of one package.
+"""Which folder may import which (:data:`ALLOWED`, the README's architecture table), and no import circle:
+neither between ficco's packages nor between the modules of one package.
 
 Every ``import`` in the source counts, those inside functions too, except the ones under
 ``if TYPE_CHECKING:`` (annotations only, never run)."""
@@ -6,10 +7,26 @@ Every ``import`` in the source counts, those inside functions too, except the on
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("features", "executor", "harness", "training", "service", "runtime", "ficco", "benchmarks")
+PRODUCT = ("features", "executor", "harness", "training", "service", "runtime", "ficco", "ficco.cli")
+ALLOWED: dict[str, set[str]] = {
+    "ficco": set(),  # the helpers every package shares (files, tables, rounds, errors, extras)
+    "features": {"ficco"},
+    "executor": {"features", "ficco"},
+    "harness": {"executor", "features", "ficco"},
+    "training": {"harness", "features", "ficco"},  # `ficco retrain` runs a harness sweep
+    "service": {"training", "features", "ficco"},  # never torch: no executor, no harness
+    "runtime": {"executor", "training", "features", "ficco"},
+    "ficco.cli": {"harness", "training", "service", "features", "ficco"},
+    "benchmarks": set(PRODUCT),
+}
+"""Layer -> the layers it may import: data flows scenario -> executor timings (harness) -> dataset -> model
+(training) -> recommendation (service, runtime) -> executor, and each layer imports only what lies below it.
+Nothing in the product imports ``benchmarks`` or the tests' support modules."""
 
 
 def _modules() -> dict[str, Path]:
@@ -96,6 +113,66 @@ def _package(module: str) -> str:
     """The layer a module belongs to: its package, but ``ficco.cli`` (the command line, on top of every
     package) apart from ``ficco``'s helpers (files, tables, rounds, errors: below every package)."""
     return module if module == "ficco.cli" else module.split(".")[0]
+
+
+def _layer_imports() -> dict[str, dict[str, list[str]]]:
+    """Layer -> each other layer it imports -> the ``module -> module`` imports that do."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for name, targets in _graph().items():
+        for target in targets:
+            if _package(target) != _package(name):
+                found.setdefault(_package(name), {}).setdefault(_package(target), []).append(
+                    f"{name} -> {target}"
+                )
+    return found
+
+
+def test_every_layer_imports_only_what_the_table_allows():
+    wrong = {
+        f"{layer} -> {other}": arrows
+        for layer, imported in _layer_imports().items()
+        for other, arrows in imported.items()
+        if other not in ALLOWED[layer]
+    }
+    assert wrong == {}
+
+
+def test_no_product_module_imports_test_support():
+    support = {p.stem for p in (REPO / "tests").rglob("*.py")} | {"tests", "conftest"}
+    found = []
+    for name, path in _modules().items():
+        if _package(name) not in PRODUCT:
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            heads = []
+            if isinstance(node, ast.Import):
+                heads = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                heads = [node.module.split(".")[0]]
+            found += [f"{name} imports {head}" for head in heads if head in support]
+    assert found == []
+
+
+def _readme_imports() -> dict[str, set[str]]:
+    """The README architecture table's ``imports`` column: folder -> the folders it names (``ficco/``'s cell
+    names the helpers' imports, then after ``;`` the CLI's)."""
+    section = (REPO / "README.md").read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        folder = re.fullmatch(r"`(\w+)/`", cells[0])
+        if len(cells) != 3 or folder is None:
+            continue
+        mine, _, cli = cells[2].partition(";")
+        out[folder.group(1)] = set(re.findall(r"`(\w+)/`", mine))
+        if folder.group(1) == "ficco":
+            out["ficco.cli"] = set(re.findall(r"`(\w+)/`", cli))
+    return out
+
+
+def test_the_readme_states_the_allowed_imports():
+    stated = {layer: named for layer, named in _readme_imports().items() if layer != "benchmarks"}
+    assert stated == {layer: allowed for layer, allowed in ALLOWED.items() if layer != "benchmarks"}
 
 
 def test_no_package_imports_itself_round_a_circle():

@@ -14,6 +14,8 @@ import subprocess
 from collections import Counter
 from typing import Any
 
+from ficco.features.schedule_table import FINGERPRINT_KEYS
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU = re.compile(r"GPU\d+")
 
@@ -111,7 +113,5 @@ def machine_fingerprint(world_size: int) -> dict[str, Any] | None:
 
     if not torch.cuda.is_available():
         return None
-    from ficco.features.schedule_table import FINGERPRINT_KEYS
-
     found = gpu_fingerprint(world_size)
     return {k: found.get(k) for k in FINGERPRINT_KEYS}

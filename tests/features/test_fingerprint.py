@@ -2,7 +2,7 @@
 
 import pytest
 
-from ficco.harness.fingerprint import cpu_fingerprint, fingerprint_differences, parse_topology
+from ficco.features.fingerprint import cpu_fingerprint, fingerprint_differences, parse_topology
 
 H200X2 = """\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
 GPU0\t X \tNV18\t0-47\t0\t\tN/A
