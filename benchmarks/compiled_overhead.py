@@ -1,7 +1,7 @@
 r"""Host time per op: the eager executor's call against the same op as ``torch.ops.ficco`` custom op, eager
 and inside a ``torch.compile(fullgraph=True)`` graph.
 
-    # one GPU, no torchrun: rank 0 of a pretend 2-rank world (harness.loopback)
+    # one GPU, no torchrun: rank 0 of a pretend 2-rank world (benchmarks.support.loopback)
     python3 -m benchmarks.compiled_overhead --out OUT/compiled-overhead.json
     # plumbing check on the CPU (the loopback world's CPU mode; the numbers are the CPU's, not a GPU's)
     python3 -m benchmarks.compiled_overhead --device cpu --batch 20 --rounds 3 --out /tmp/overhead.json
@@ -55,8 +55,8 @@ import torch
 import torch.distributed as dist
 from torch._inductor import config as inductor_config
 
+from benchmarks.support.loopback import loopback_world
 from ficco import executor
-from ficco.harness.loopback import loopback_world
 from ficco.tables import markdown_table
 
 SCHEDULES = ("serial/sm", "shard/dma", "finer/dma/s2/chunk", "finer/sm/s4/shard")

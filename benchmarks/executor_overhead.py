@@ -32,11 +32,11 @@ share) after the warm-up; run the script several times per policy to see how muc
 time moves with where the kernel put it (``benchmarks.studies.host.host_placement`` does; the JSON's
 ``address_space`` says whether the process ran with its address-space layout randomised).
 
-``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0
-of a world of ``--world-size`` ranks (``harness.loopback``): torch's fake process group, whose collectives
-and point-to-point calls return at once and move nothing, and the copy-engine executor's peer memory one
-local buffer per rank on this GPU, its device barrier a one-element add (one kernel launch, as the real
-barrier is). What it times is the executor's own host path on a real GPU: planning, transports, views,
+``--loopback`` (one process, one GPU; ``--device cpu`` checks the mode itself): the process plays rank 0 of a
+world of ``--world-size`` ranks (``benchmarks.support.loopback``): torch's fake process group, whose
+collectives and point-to-point calls return at once and move nothing, and the copy-engine executor's peer
+memory one local buffer per rank on this GPU, its device barrier a one-element add (one kernel launch, as the
+real barrier is). What it times is the executor's own host path on a real GPU: planning, transports, views,
 events, stream switches, the copies' and GEMMs' launches, without NCCL's host cost (the ``sm`` schedules'
 NCCL calls cost nothing here; ``--primitives`` on two GPUs prices them) and with no result to check;
 ``--primitives`` then times the blocks that need no peer. For finding and cutting host time when only one
@@ -92,7 +92,7 @@ DENSE_OPS = ("ag_gemm", "gemm_rs")
 """The tensor-parallel ops (the MoE ops take a routing)."""
 KNOCKOUTS = {
     "gemms": ("torch.mm",),
-    "barriers": ("ficco.harness.loopback.LoopbackPeerMemory.barrier",),
+    "barriers": ("ficco.benchmarks.support.loopback.LoopbackPeerMemory.barrier",),
     "events": ("torch.cuda.Event.record", "torch.cuda.Stream.wait_event"),
     "stream switches": ("torch.cuda.set_stream",),
 }
@@ -256,7 +256,7 @@ def main() -> None:
     from ficco import executor
 
     if args.loopback:
-        from ficco.harness.loopback import loopback_world
+        from benchmarks.support.loopback import loopback_world
 
         world = loopback_world(args.world_size, args.device)
     else:

@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         rerender(args.render, markdown, plot)
         return None
     if args.loopback:
-        from ficco.harness.loopback import loopback_world
+        from benchmarks.support.loopback import loopback_world
 
         world = loopback_world(2, args.device)
     else:

@@ -269,7 +269,8 @@ def render_markdown(summary: dict) -> str:
             f"**Simulated:** {', '.join(sorted(simulated))} come from the analytic model of "
             "`harness/sim.py`; no hardware was used for them and their numbers are not measurements. Its "
             "constants were fitted to 2 x H200 measurements; how transfer bandwidth changes with the number "
-            "of peers, to one all-gather benchmark run at 2 and at 4 ranks (`harness/sim_reference.py`, "
+            "of peers, to one all-gather benchmark run at 2 and at 4 ranks "
+            "(`benchmarks/support/sim_reference.py`, "
             "`WORLD_SIZE_TABLE`). Everything else at 4 GPUs, and all of 8 GPUs, is an extrapolation.",
             "",
         ]

@@ -97,7 +97,7 @@ def byte_view(
     buffer: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, byte_offset: int
 ) -> torch.Tensor:
     """A ``shape``/``dtype`` view of the uint8 ``buffer`` starting at ``byte_offset`` (the peer memories that
-    are plain byte tensors: :class:`HostPeerMemory`, ``harness.loopback.LoopbackPeerMemory``)."""
+    are plain byte tensors: :class:`HostPeerMemory`, ``benchmarks.support.loopback.LoopbackPeerMemory``)."""
     raw = buffer[byte_offset : byte_offset + math.prod(shape) * dtype.itemsize]
     return raw.view(dtype).view(tuple(shape))
 

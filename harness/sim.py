@@ -62,7 +62,7 @@ class SimConstants:
     contention pair) come from :func:`calibrate` on a 60-scenario smoke sweep of this project's executor
     on 2 x H200 (the first 60 scenarios of the default plan): the reference probes did not run the
     executor's pipeline. (2) Every other constant
-    comes from :func:`calibrate` on ``sim_reference.reference_frame()`` (the tables of
+    comes from :func:`calibrate` on ``benchmarks.support.sim_reference.reference_frame()`` (the tables of
     ``shared/reference/h200x2-measurements.md``) with (1) held fixed; table names below are its sections.
     Rounded to 3 digits. The defaults reproduce the reference times with a median error of about 6% and
     pick a schedule within 5% of the smoke sweep's best in 3 of 4 scenarios; refit them to a measured
@@ -88,9 +88,9 @@ class SimConstants:
     """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines.
     'Decomposition loss' table (1.04-1.16 for the large shapes) and the 'finer s2' / 'finer s4' columns."""
     nccl_latency_us: float = 53.3
-    """Latency of one NCCL collective, at any world size. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB
-    (0.06-0.13 ms); the 4-rank all-gather of ``sim_reference.WORLD_SIZE_TABLE`` took about as long at 1-4 MiB
-    (0.086 ms) as the 2-rank one (0.071-0.081 ms), so it does not grow by a step per peer."""
+    """Latency of one NCCL collective, at any world size. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB (0.06-0.13
+    ms); the 4-rank all-gather of ``benchmarks.support.sim_reference.WORLD_SIZE_TABLE`` took about as long at
+    1-4 MiB (0.086 ms) as the 2-rank one (0.071-0.081 ms), so it does not grow by a step per peer."""
     nccl_bw_frac: float = 0.513
     """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``. 'NCCL AG' / 'NCCL RS'
     at 64-256 MB (about 230 GB/s of 450)."""
@@ -109,9 +109,9 @@ class SimConstants:
     nccl_peer_gain: float = 0.181
     """How NCCL's bandwidth (collectives, and point-to-point rounds that reach every peer at once) grows with
     the peers a transfer reaches: the 2-rank bandwidth times ``peers ** nccl_peer_gain``. Fitted to
-    ``sim_reference.WORLD_SIZE_TABLE`` (the same all-gather benchmark at 2 and 4 ranks: NCCL 1.19-1.20x faster
-    at 4 ranks at 64 and 256 MiB received per GPU), least squares of the log time ratio at both sizes with
-    the other constants held; one 4-rank machine, so 8-rank figures extrapolate."""
+    ``benchmarks.support.sim_reference.WORLD_SIZE_TABLE`` (the same all-gather benchmark at 2 and 4 ranks:
+    NCCL 1.19-1.20x faster at 4 ranks at 64 and 256 MiB received per GPU), least squares of the log time ratio
+    at both sizes with the other constants held; one 4-rank machine, so 8-rank figures extrapolate."""
     ce_peer_loss: float = 0.569
     """How the copy engines' bandwidth falls with the peers a transfer reaches (``serial/dma`` and
     ``finer/dma`` rounds push to every peer at once, ``shard`` rounds to one): the 2-rank bandwidth times

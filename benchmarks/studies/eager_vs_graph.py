@@ -2,18 +2,17 @@ r"""Does an eager executor call cost the larger of its host time and its device 
 
     python3 -m benchmarks.studies.eager_vs_graph --out OUT/eager-vs-graph-loopback-h200.json      # one GPU
 
-In an eager call the host issues the work while the GPU runs what it already has, so a call should take
-about the larger of the two; anything in the executor that makes the host wait for the device (a
-synchronisation, a blocking copy) would turn that into their sum. On one GPU, as rank 0 of a loopback world
-of two (``harness.loopback``: no peer, copies into local buffers, NCCL calls that return at once), for each
-op, shape of :data:`CASES` and schedule of ``--schedules``: ``eager_us``, a block of ``--calls`` calls timed
-between CUDA events from an idle device; ``host_us``, the host's time to issue that block; ``graph_us``, the
-same calls captured into one CUDA graph and replayed (device time alone). Rounds (``--rounds``) interleave
+In an eager call the host issues the work while the GPU runs what it already has, so a call should take about
+the larger of the two; anything in the executor that makes the host wait for the device (a synchronisation, a
+blocking copy) would turn that into their sum. On one GPU, as rank 0 of a loopback world of two
+(``benchmarks.support.loopback``: no peer, copies into local buffers, NCCL calls that return at once), for
+each op, shape of :data:`CASES` and schedule of ``--schedules``: ``eager_us``, a block of ``--calls`` calls
+timed between CUDA events from an idle device; ``host_us``, the host's time to issue that block; ``graph_us``,
+the same calls captured into one CUDA graph and replayed (device time alone). Rounds (``--rounds``) interleave
 the three; each is the median over rounds, per call. The results committed beside it were measured with the
 main thread kept off CPUs in their slow state (a placement policy the harness no longer has; see
-``docs/protocol.md``); this runs under ``share``. Prints a table with
-``max(host, graph)`` and ``host + graph`` beside ``eager`` and writes the rows to ``--out``.
-"""
+``docs/protocol.md``); this runs under ``share``. Prints a table with ``max(host, graph)`` and ``host +
+graph`` beside ``eager`` and writes the rows to ``--out``."""
 
 from __future__ import annotations
 
@@ -102,8 +101,8 @@ def main() -> None:
 
     import torch
 
+    from benchmarks.support.loopback import loopback_world
     from ficco import executor
-    from ficco.harness.loopback import loopback_world
 
     if not torch.cuda.is_available():
         sys.exit("error: this needs a CUDA GPU")

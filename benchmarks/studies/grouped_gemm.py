@@ -122,20 +122,6 @@ def make_variants(a, b, rows: list[int]) -> dict[str, Callable[[], object]]:
     }
 
 
-def executor_units(op: str, routing, schedule: str, rank: int = 0) -> list:
-    """``rank``'s blocks of expert GEMMs (``executor.experts.ExpertGemms``) of one call of ``schedule`` on
-    ``op`` under ``routing`` (a ``features.Routing``), in the plan's unit order."""
-    from ficco.executor.experts import RoutedState
-    from ficco.executor.plan import make_plan
-    from ficco.features import OP_SPECS, Schedule
-
-    s, direction = Schedule.parse(schedule), OP_SPECS[op].direction
-    plan = make_plan(direction, routing.world_size, s.granularity, s.splits, s.grain)
-    state = RoutedState(routing=routing, rank=rank)
-    gemms = state.unit_gemms(plan, state.layout(direction, plan.splits))
-    return [gemms[id(unit)] for unit in plan.units]
-
-
 def unit_variants(op: str, gemms, a, b, out) -> dict[str, Callable[[], object]]:
     """``loop`` and ``grouped`` of one block: the dispatch's ``a`` holds the block's rows, the combine's
     every expert-major row; both write into ``out``."""
@@ -293,6 +279,7 @@ def _unit_cases(head: dict, b, gen, top_k: int, *, cuda: bool, rounds: int, seed
     balanced: one record each (yielded as measured)."""
     import torch
 
+    from benchmarks.support.expert_blocks import executor_units
     from ficco.features import Routing
 
     op, k, n = head["op"], head["k"], head["n"]

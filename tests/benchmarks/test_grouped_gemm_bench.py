@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.studies import grouped_gemm as bench
+from benchmarks.support.expert_blocks import executor_units
 from ficco.features import Routing
 
 
@@ -30,7 +31,7 @@ def test_units_dry_run_checks_every_block_of_every_schedule(tmp_path):
     for op in ("a2a_gemm", "gemm_a2a"):
         for schedule in bench.UNIT_SCHEDULES:
             blocks = [c for c in cases if (c["op"], c["schedule"]) == (op, schedule)]
-            units = bench.executor_units(
+            units = executor_units(
                 op, Routing.synthetic(tokens=8, top_k=2, experts=4, world_size=2), schedule
             )
             assert [c["segments"] for c in blocks] == [len(u.segments) for u in units] and blocks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.studies import grouped_gemm as bench
+from benchmarks.support.expert_blocks import executor_units
 from ficco.executor import experts, ops
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
 from ficco.features import Routing
@@ -40,7 +40,7 @@ def _blocks(op: str, routing: Routing, rank: int) -> list[ExpertGemms]:
     """The whole expert-major buffer's block, then every block of every plan shape of ``rank``."""
     schedules = ("serial/dma", "shard/dma", "finer/dma/s2/chunk", "finer/dma/s4/chunk")
     blocks = [ExpertGemms.whole(RoutedState(routing=routing, rank=rank).expert_rows)]
-    return blocks + [g for s in schedules for g in bench.executor_units(op, routing, s, rank)]
+    return blocks + [g for s in schedules for g in executor_units(op, routing, s, rank)]
 
 
 ROUTINGS = {

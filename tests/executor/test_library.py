@@ -221,8 +221,8 @@ def test_a_gathered_input_nothing_uses_costs_no_reduce_scatter_in_the_backward()
     import torch
     import torch.distributed as dist
 
+    from benchmarks.support.loopback import loopback_world
     from ficco.executor import library
-    from ficco.harness.loopback import loopback_world
 
     calls = []
     real = library._reduce_scatter
@@ -252,7 +252,7 @@ def test_a_call_signature_remembered_in_one_world_is_forgotten_with_it():
     import torch
     import torch.distributed as dist
 
-    from ficco.harness.loopback import loopback_world
+    from benchmarks.support.loopback import loopback_world
 
     a, b = torch.randn(4, 8), torch.randn(8, 8)
     rows = []

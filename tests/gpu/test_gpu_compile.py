@@ -1,7 +1,7 @@
 """One-GPU tests (marker ``gpu``) of ``ficco.runtime.compile`` on CUDA: a sequence-parallel MLP block
 (all-gather -> up matmul -> GELU -> down matmul -> reduce-scatter, what a DTensor plan's compiled graph
 holds) is compiled after ``enable()``, run, then captured into CUDA graphs and replayed, in a loopback world
-(``harness.loopback``: rank 0 of 2 or 4, peers that hold zeros, collectives that move nothing).
+(``benchmarks.support.loopback``: rank 0 of 2 or 4, peers that hold zeros, collectives that move nothing).
 
 Checked: both collectives became ficco ops with the copy-engine schedule asked for, and each ran it (no
 fallback, ``executor.library.run_report``); the compiled forward gives serial's answer for zero peers
@@ -22,8 +22,8 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from replays import replayed_grads
 
+from benchmarks.support.loopback import loopback_world
 from ficco import executor
-from ficco.harness.loopback import loopback_world
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,5 +1,5 @@
 """One-GPU tests (marker ``gpu``) of the ``torch.ops.ficco`` custom ops in a loopback world
-(``harness.loopback``: this process is rank 0, peers hold zeros, collectives move nothing):
+(``benchmarks.support.loopback``: this process is rank 0, peers hold zeros, collectives move nothing):
 
 - a training step of the runtime layers compiled with ``torch.compile(fullgraph=True)`` (Inductor), then
   captured into CUDA graphs (``runtime.GraphedCall``), leaves the eager step's gradients on every replay;
@@ -17,8 +17,8 @@ import warnings
 import pytest
 import torch
 
+from benchmarks.support.loopback import loopback_world
 from ficco import executor
-from ficco.harness.loopback import loopback_world
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,5 +1,5 @@
 """One-GPU tests (marker ``gpu``) of the executor's CUDA stream, event and graph-capture code at 2, 4 and 8
-ranks, in a loopback world (``harness.loopback``): this process is rank 0 of a pretend world whose
+ranks, in a loopback world (``benchmarks.support.loopback``): this process is rank 0 of a pretend world whose
 collectives move nothing and whose peer memory is local and zeroed, so the side lanes, events, barriers and
 captures of 4 and 8 ranks run on a machine with one GPU. Every op, case and schedule of the 2-GPU check
 (``executor_gpu_check``: all 30 schedules; the MoE ops on their four routings, grouped expert GEMMs
@@ -17,9 +17,9 @@ import pytest
 import torch
 from replays import replayed_grads
 
+from benchmarks.support.loopback import loopback_world
 from ficco import executor
 from ficco.features import OP_SPECS, Routing, Scenario, candidates
-from ficco.harness.loopback import loopback_world
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.studies import grouped_gemm as bench
+from benchmarks.support.expert_blocks import executor_units
 from ficco.executor.context import CaptureError
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_eligible, grouped_matmul
 from ficco.features import Routing
@@ -26,9 +26,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 def _blocks(op: str, routing: Routing) -> list[ExpertGemms]:
     """Rank 0's whole expert-major buffer's block, then its blocks under shard and finer s4."""
     blocks = [ExpertGemms.whole(RoutedState(routing=routing, rank=0).expert_rows)]
-    return blocks + [
-        g for s in ("shard/dma", "finer/dma/s4/chunk") for g in bench.executor_units(op, routing, s)
-    ]
+    return blocks + [g for s in ("shard/dma", "finer/dma/s4/chunk") for g in executor_units(op, routing, s)]
 
 
 ROUTINGS = {

@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from benchmarks.support.sim_reference import WORLD_SIZE_TABLE, reference_frame
 from ficco.features import (
     SERIAL,
     HardwareProfile,
@@ -17,7 +18,6 @@ from ficco.features import (
 from ficco.features.dataset import rows_frame, scenario_from_row
 from ficco.harness.dataset import result_rows
 from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, agreement, calibrate
-from ficco.harness.sim_reference import WORLD_SIZE_TABLE, reference_frame
 
 
 def _serial_ms(sim, **shape) -> float:

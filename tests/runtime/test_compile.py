@@ -38,7 +38,7 @@ LLAMA_LAYERS = 2
 @pytest.fixture
 def world():
     """This process as rank 0 of 2 (a fake group: the pass only reads the group's size)."""
-    from ficco.harness.loopback import loopback_world
+    from benchmarks.support.loopback import loopback_world
 
     with loopback_world(2, "cpu"):
         yield dist.group.WORLD.group_name
@@ -319,7 +319,7 @@ def test_a_gather_whose_matmul_the_pattern_misses_at_batch_one_is_reported(world
 
 
 def test_a_group_outside_the_executors_sizes_is_left():
-    from ficco.harness.loopback import loopback_world
+    from benchmarks.support.loopback import loopback_world
 
     with loopback_world(16, "cpu"):
         fn, args = _attention_like(dist.group.WORLD.group_name)

@@ -164,7 +164,7 @@ def test_layer_rejects_bad_shapes():
 
 
 def test_a_layer_takes_schedules_or_ops_not_both():
-    from ficco.harness.loopback import loopback_world
+    from benchmarks.support.loopback import loopback_world
     from ficco.runtime import ColumnParallelLinear, PlannedOps
 
     with loopback_world(2, "cpu"):

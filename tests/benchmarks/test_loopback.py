@@ -1,14 +1,14 @@
-"""harness.loopback on the CPU: one process as rank 0 of a pretend world; the copy-engine schedules see peers
-that hold zeros, and a second world cannot start inside the first (``tests/gpu/test_gpu_loopback.py`` runs
-every schedule on a GPU)."""
+"""benchmarks.support.loopback on the CPU: one process as rank 0 of a pretend world; the copy-engine schedules
+see peers that hold zeros, and a second world cannot start inside the first
+(``tests/gpu/test_gpu_loopback.py`` runs every schedule on a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from benchmarks.support.loopback import loopback_world
 from ficco import executor
-from ficco.harness.loopback import loopback_world
 
 
 def test_copy_engine_schedules_see_zero_peers_and_the_world_ends_with_the_block():
