@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks import REPO, plot_speedups, rerender, write_results
 from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
@@ -78,6 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ficco import executor
+from ficco.executor.ops import all_gather_single
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, load_model_config
 from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
@@ -94,7 +95,8 @@ from ficco.runtime import (
     verify_plan,
 )
 from ficco.runtime.graphs import GraphedCall
-from ficco.runtime.overlap import DifferentiableOps, start_all_gather_rows
+from ficco.runtime.overlap import OverlapOps
+from ficco.runtime.planner import Direction, OpRequest
 from ficco.runtime.timing import time_interleaved
 from ficco.tables import markdown_table
 
@@ -222,6 +224,129 @@ class Block(nn.Module):
         """Every overlapped op one step at ``tokens`` runs (``runtime.OpRequest``)."""
         layers = (self.qkv, self.out, self.gate_up, self.down)
         return [r for layer in layers for r in layer.requests(tokens, backward=backward)]
+
+
+# Forward-only ops and their autograd -------------------------------------------------------------------
+
+
+class ForwardOps(Protocol):
+    """The forward values of the pair alone, on 2-D row shards (no autograd): what :class:`DifferentiableOps`
+    wraps."""
+
+    world_size: int
+    rank: int
+
+    def all_gather_matmul(
+        self, a_shard: torch.Tensor, b: torch.Tensor, request: OpRequest | None, *, return_gathered: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``A @ b`` with ``A [m, k]`` gathered from ``a_shard [m/w, k]``; with ``return_gathered`` also A."""
+        ...
+
+    def matmul_reduce_scatter(
+        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest | None
+    ) -> torch.Tensor:
+        """This rank's rows ``[m/w, n]`` of the sum over ranks of ``a [m, k] @ b [k, n]``."""
+        ...
+
+    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Start gathering ``a_shard [m/w, k]`` into ``[m, k]``; returns it and ``wait()``."""
+        ...
+
+
+class DifferentiableOps(OverlapOps):
+    """:class:`OverlapOps` over forward-only ops (``ForwardOps``), with the backward the ficco ops register
+    (``executor.library``: each op's input gradient is the other op on the transposed weight; the weight
+    gradient multiplies the gathered input, kept or gathered again beside that op), for the variants whose
+    ops have no autograd of their own: PyTorch's async-TP ops and the compute-only ops."""
+
+    def __init__(self, ops: ForwardOps) -> None:
+        self.ops = ops
+        self.world_size, self.rank = ops.world_size, ops.rank
+
+    def all_gather_matmul(self, a_shard, bs, request, backward_request, *, return_gathered):
+        (b,) = bs
+        if not (torch.is_grad_enabled() and (a_shard.requires_grad or b.requires_grad)):
+            out = self.ops.all_gather_matmul(a_shard, b, request, return_gathered=return_gathered)
+            return (out[1], [out[0]]) if return_gathered else (a_shard.new_empty(0), [out])
+        y, a = _ColumnFn.apply(a_shard, b, self.ops, request, backward_request, return_gathered)
+        return a, [y]
+
+    def matmul_reduce_scatter(self, a, b, request, backward_request):
+        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+            return self.ops.matmul_reduce_scatter(a, b, request)
+        return _RowFn.apply(a, b, self.ops, request, backward_request)
+
+    def note(self, layer: str, direction: Direction, what: str) -> None:
+        note = getattr(self.ops, "note", None)
+        if note is not None:
+            note(layer, direction, what)
+
+
+class _ColumnFn(torch.autograd.Function):
+    """all-gather -> GEMM forward; backward GEMM -> reduce-scatter (input) and a GEMM (weight)."""
+
+    @staticmethod
+    def forward(ctx, a_shard, b, ops, request, backward_request, keep):
+        if keep:
+            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=True)
+        else:
+            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=False), a_shard.new_empty(0)
+        ctx.save_for_backward(a if keep else a_shard, b)
+        ctx.ops, ctx.backward_request, ctx.keep = ops, backward_request, keep
+        ctx.mark_non_differentiable(a)
+        return y, a
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_a):
+        saved, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        grad_y = grad_y.contiguous()
+        a, wait = saved, None
+        if need_b and not ctx.keep:  # started before the input gradient's op, waited for after it
+            a, wait = ctx.ops.start_all_gather(saved)
+        grad_a = ctx.ops.matmul_reduce_scatter(grad_y, b.t(), ctx.backward_request) if need_a else None
+        grad_b = None
+        if need_b:
+            if wait is not None:
+                wait()
+            grad_b = a.t() @ grad_y
+        return grad_a, grad_b, None, None, None, None
+
+
+class _RowFn(torch.autograd.Function):
+    """GEMM -> reduce-scatter forward; backward all-gather -> GEMM (input), whose gathered gradient also
+    feeds the weight's GEMM."""
+
+    @staticmethod
+    def forward(ctx, a, b, ops, request, backward_request):
+        ctx.save_for_backward(a, b)
+        ctx.ops, ctx.backward_request = ops, backward_request
+        return ops.matmul_reduce_scatter(a, b, request)
+
+    @staticmethod
+    def backward(ctx, grad_shard):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        grad_shard = grad_shard.contiguous()
+        if not need_b:
+            grad_a = ctx.ops.all_gather_matmul(grad_shard, b.t(), ctx.backward_request, return_gathered=False)
+            return (grad_a if need_a else None), None, None, None, None
+        grad_a, grad = ctx.ops.all_gather_matmul(
+            grad_shard, b.t(), ctx.backward_request, return_gathered=True
+        )
+        return (grad_a if need_a else None), a.t() @ grad, None, None, None
+
+
+def start_all_gather_rows(
+    a_shard: torch.Tensor, group: dist.ProcessGroup | None, world_size: int
+) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Start ``[m/w, k]`` row shards -> ``[m, k]`` (rank order) with the group's all-gather collective, as
+    async work: returns the destination and the work's ``wait`` (on GPUs it makes the caller's stream wait,
+    so work issued in between overlaps the gather)."""
+    a_shard = a_shard.contiguous()
+    out = a_shard.new_empty((a_shard.shape[0] * world_size, a_shard.shape[1]))
+    work = all_gather_single(out, a_shard, group=group, async_op=True)
+    return out, work.wait
 
 
 class AsyncTPOps:

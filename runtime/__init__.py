@@ -27,7 +27,7 @@ Layering: imports ``features``, ``executor`` and ``training`` (the predictor); `
 
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.layers import ColumnParallelLinear, RowParallelLinear, apply_ops
-from ficco.runtime.overlap import DifferentiableOps, OverlapOps, PlannedOps
+from ficco.runtime.overlap import OverlapOps, PlannedOps
 from ficco.runtime.planner import Decision, OpKey, OpRequest, OpShape, Planner, Schedules, as_planner
 from ficco.runtime.sources import (
     Answer,
@@ -43,7 +43,6 @@ __all__ = [
     "Answer",
     "ColumnParallelLinear",
     "Decision",
-    "DifferentiableOps",
     "FixedSource",
     "FunctionSource",
     "GraphedCall",

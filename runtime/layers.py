@@ -144,7 +144,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
         group: ``PlannedOps(schedules)``; None: this machine's measured model).
     ops : OverlapOps, optional
         Runs the overlapped ops instead (another group: ``PlannedOps(schedules, group)``; another
-        implementation: ``runtime.overlap.DifferentiableOps``); not with ``schedules``.
+        differentiable implementation of ``runtime.overlap.OverlapOps``); not with ``schedules``.
     name : str, default=""
         Shown in the planner's decision table (``runtime.apply_ops`` fills in the module path).
     keep_gathered : bool, default=True

@@ -1,15 +1,13 @@
 """The two overlapped ops the layers call, behind one small interface.
 
 ``PlannedOps`` runs them as ``torch.ops.ficco`` custom ops (``executor.library``) under the planner's
-schedules: their autograd is registered on the ops, so the layers' forward and backward trace into one
-graph under ``torch.compile``. Any other implementation with the same methods (``OverlapOps``) may stand in;
-one that computes only the forward values (``ForwardOps``, e.g. PyTorch's async-TP ops, which have no
-autograd) gets the same backward derivation through :class:`DifferentiableOps`.
+schedules: their autograd is registered on the ops (the one backward derivation), so the layers' forward and
+backward trace into one graph under ``torch.compile``. Any other differentiable implementation with the same
+methods (``OverlapOps``) may stand in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -17,7 +15,6 @@ import torch.distributed as dist
 
 from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
 from ficco.executor.checks import DTYPES
-from ficco.executor.ops import all_gather_single
 from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
 
 
@@ -97,126 +94,6 @@ class PlannedOps(OverlapOps):
     def prepare(self, requests: list[OpRequest]) -> None:
         """Decide ``requests`` in one batch (a layer's first call at a shape)."""
         self.planner.prepare(requests)
-
-
-class ForwardOps(Protocol):
-    """The forward values of the pair alone, on 2-D row shards (no autograd): what :class:`DifferentiableOps`
-    wraps."""
-
-    world_size: int
-    rank: int
-
-    def all_gather_matmul(
-        self, a_shard: torch.Tensor, b: torch.Tensor, request: OpRequest | None, *, return_gathered: bool
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``A @ b`` with ``A [m, k]`` gathered from ``a_shard [m/w, k]``; with ``return_gathered`` also A."""
-        ...
-
-    def matmul_reduce_scatter(
-        self, a: torch.Tensor, b: torch.Tensor, request: OpRequest | None
-    ) -> torch.Tensor:
-        """This rank's rows ``[m/w, n]`` of the sum over ranks of ``a [m, k] @ b [k, n]``."""
-        ...
-
-    def start_all_gather(self, a_shard: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Start gathering ``a_shard [m/w, k]`` into ``[m, k]``; returns it and ``wait()``."""
-        ...
-
-
-class DifferentiableOps(OverlapOps):
-    """:class:`OverlapOps` over forward-only ops (``ForwardOps``), with the backward the ficco ops register
-    (``executor.library``: each op's input gradient is the other op on the transposed weight; the weight
-    gradient multiplies the gathered input, kept or gathered again beside that op). For implementations
-    other than ficco's, such as PyTorch's async-TP ops in ``benchmarks/block_bench.py``."""
-
-    def __init__(self, ops: ForwardOps) -> None:
-        self.ops = ops
-        self.world_size, self.rank = ops.world_size, ops.rank
-
-    def all_gather_matmul(self, a_shard, bs, request, backward_request, *, return_gathered):
-        (b,) = bs
-        if not (torch.is_grad_enabled() and (a_shard.requires_grad or b.requires_grad)):
-            out = self.ops.all_gather_matmul(a_shard, b, request, return_gathered=return_gathered)
-            return (out[1], [out[0]]) if return_gathered else (a_shard.new_empty(0), [out])
-        y, a = _ColumnFn.apply(a_shard, b, self.ops, request, backward_request, return_gathered)
-        return a, [y]
-
-    def matmul_reduce_scatter(self, a, b, request, backward_request):
-        if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-            return self.ops.matmul_reduce_scatter(a, b, request)
-        return _RowFn.apply(a, b, self.ops, request, backward_request)
-
-    def note(self, layer: str, direction: Direction, what: str) -> None:
-        note = getattr(self.ops, "note", None)
-        if note is not None:
-            note(layer, direction, what)
-
-
-class _ColumnFn(torch.autograd.Function):
-    """all-gather -> GEMM forward; backward GEMM -> reduce-scatter (input) and a GEMM (weight)."""
-
-    @staticmethod
-    def forward(ctx, a_shard, b, ops, request, backward_request, keep):
-        if keep:
-            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=True)
-        else:
-            y, a = ops.all_gather_matmul(a_shard, b, request, return_gathered=False), a_shard.new_empty(0)
-        ctx.save_for_backward(a if keep else a_shard, b)
-        ctx.ops, ctx.backward_request, ctx.keep = ops, backward_request, keep
-        ctx.mark_non_differentiable(a)
-        return y, a
-
-    @staticmethod
-    def backward(ctx, grad_y, _grad_a):
-        saved, b = ctx.saved_tensors
-        need_a, need_b = ctx.needs_input_grad[:2]
-        grad_y = grad_y.contiguous()
-        a, wait = saved, None
-        if need_b and not ctx.keep:  # started before the input gradient's op, waited for after it
-            a, wait = ctx.ops.start_all_gather(saved)
-        grad_a = ctx.ops.matmul_reduce_scatter(grad_y, b.t(), ctx.backward_request) if need_a else None
-        grad_b = None
-        if need_b:
-            if wait is not None:
-                wait()
-            grad_b = a.t() @ grad_y
-        return grad_a, grad_b, None, None, None, None
-
-
-class _RowFn(torch.autograd.Function):
-    """GEMM -> reduce-scatter forward; backward all-gather -> GEMM (input), whose gathered gradient also
-    feeds the weight's GEMM."""
-
-    @staticmethod
-    def forward(ctx, a, b, ops, request, backward_request):
-        ctx.save_for_backward(a, b)
-        ctx.ops, ctx.backward_request = ops, backward_request
-        return ops.matmul_reduce_scatter(a, b, request)
-
-    @staticmethod
-    def backward(ctx, grad_shard):
-        a, b = ctx.saved_tensors
-        need_a, need_b = ctx.needs_input_grad[:2]
-        grad_shard = grad_shard.contiguous()
-        if not need_b:
-            grad_a = ctx.ops.all_gather_matmul(grad_shard, b.t(), ctx.backward_request, return_gathered=False)
-            return (grad_a if need_a else None), None, None, None, None
-        grad_a, grad = ctx.ops.all_gather_matmul(
-            grad_shard, b.t(), ctx.backward_request, return_gathered=True
-        )
-        return (grad_a if need_a else None), a.t() @ grad, None, None, None
-
-
-def start_all_gather_rows(
-    a_shard: torch.Tensor, group: dist.ProcessGroup | None, world_size: int
-) -> tuple[torch.Tensor, Callable[[], None]]:
-    """Start ``[m/w, k]`` row shards -> ``[m, k]`` (rank order) with the group's all-gather collective, as
-    async work: returns the destination and the work's ``wait`` (on GPUs it makes the caller's stream wait,
-    so work issued in between overlaps the gather)."""
-    a_shard = a_shard.contiguous()
-    out = a_shard.new_empty((a_shard.shape[0] * world_size, a_shard.shape[1]))
-    work = all_gather_single(out, a_shard, group=group, async_op=True)
-    return out, work.wait
 
 
 def dtype_name(dtype: torch.dtype) -> str:
