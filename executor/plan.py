@@ -265,19 +265,3 @@ def _starts(rows: tuple[int, ...] | list[int]) -> tuple[int, ...]:
         out.append(total)
         total += n
     return tuple(out)
-
-
-def shard_rows_of(unit: Unit, *, rank: int, world_size: int, shard_rows: int, splits: int) -> slice:
-    """The split rows ``[start, stop)`` that ``unit`` covers on ``rank`` (``shard_rows`` = m / world_size)."""
-    if unit.offset is None:
-        return slice(0, world_size * shard_rows)
-    owner = (rank + unit.offset) % world_size
-    sub_rows = shard_rows // splits
-    start = owner * shard_rows + unit.first_sub * sub_rows
-    return slice(start, start + unit.n_subs * sub_rows)
-
-
-def sub_rows_of(piece: Piece, *, shard_rows: int, splits: int) -> slice:
-    """The rows of ``piece`` within its shard (``[sub * R / splits, (sub + 1) * R / splits)``)."""
-    sub_rows = shard_rows // splits
-    return slice(piece.sub * sub_rows, (piece.sub + 1) * sub_rows)

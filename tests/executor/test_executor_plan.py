@@ -6,11 +6,21 @@ import pytest
 import torch
 
 from ficco.executor.lanes import InlineLanes
-from ficco.executor.plan import Layout, Piece, lane_of, make_plan, shard_rows_of
+from ficco.executor.plan import Layout, Piece, Unit, lane_of, make_plan
 from ficco.executor.transport import PointToPointTransport
 from ficco.features import all_schedules
 
 OVERLAPPED = [s for s in all_schedules() if s.granularity != "serial"]
+
+
+def shard_rows_of(unit: Unit, *, rank: int, world_size: int, shard_rows: int, splits: int) -> slice:
+    """The split rows ``[start, stop)`` that ``unit`` covers on ``rank`` (``shard_rows`` = m / world_size)."""
+    if unit.offset is None:
+        return slice(0, world_size * shard_rows)
+    owner = (rank + unit.offset) % world_size
+    sub_rows = shard_rows // splits
+    start = owner * shard_rows + unit.first_sub * sub_rows
+    return slice(start, start + unit.n_subs * sub_rows)
 
 
 def _plan(direction, world_size, schedule):
