@@ -12,8 +12,6 @@
 #   3. benchmarks.executor_bench: every ag_gemm/gemm_rs schedule on the TP=4 layer shapes, bandwidth sweep,
 #      copy-engine probes, realized overlap and the goals                                    [~3 min]
 #   4. benchmarks.a2a_bench: the MoE all-to-all alone, NCCL against the copy engines         [~1 min]
-#   5. benchmarks.studies.resource_knobs at 4 ranks, then at 2 ranks on GPUs 0-1 with what time is left
-#                                                                                           [~2 min]
 # Results: the JSON and markdown of every step in $RESULTS (default benchmarks/results), packed with the logs
 # ($LOGS, default .tp4-logs) into $OUT/tp4-results.tgz (extract it at the repository root); $OUT/tp4.log is
 # the summary printed here. Nothing else is written to $OUT.
@@ -76,22 +74,9 @@ grep -E "^goal:|shapes skipped|^wall time" "$LOGS/executor-bench.log"
 run a2a "$(cap 80)" "$RANKS" -m benchmarks.a2a_bench "${DRY[@]}" --out "$RESULTS" --rounds 10
 grep -E "^crossover|^goal" "$LOGS/a2a.log"
 
-# 5. The resource knobs at 4 ranks, then at 2 on GPUs 0-1
-t="$(cap 110)"
-run knobs-w4 "$t" "$RANKS" -m benchmarks.studies.resource_knobs "${DRY[@]}" --out "$RESULTS" --budget-s $((t - 50))
-grep -A8 "^## Verdict" "$LOGS/knobs-w4.log" | head -9
-t="$(cap 100)"
-if [ "$t" -ge 60 ]; then
-    CUDA_VISIBLE_DEVICES="$(echo "${CUDA_VISIBLE_DEVICES:-0,1}" | cut -d, -f1-2)" \
-        run knobs-w2 "$t" 2 -m benchmarks.studies.resource_knobs "${DRY[@]}" --out "$RESULTS" --budget-s $((t - 45))
-    grep -A8 "^## Verdict" "$LOGS/knobs-w2.log" | head -9
-else
-    echo "knobs at 2 ranks skipped: ${t} s left"
-fi
-
 echo "[$SECONDS s] packing"
 tar czf "$OUT/tp4-results.tgz" "$RESULTS"/copy-arrangements-*.json "$RESULTS"/copy-arrangements-*.md \
     "$RESULTS"/executor-*x"$TP"*.json "$RESULTS"/executor-*x"$TP"*.md "$RESULTS"/a2a-*x"$TP".json \
-    "$RESULTS"/a2a-*x"$TP".md "$RESULTS"/knobs-*x[24].json "$RESULTS"/knobs-*x[24].md "$LOGS" 2>/dev/null
+    "$RESULTS"/a2a-*x"$TP".md "$LOGS" 2>/dev/null
 tar tzf "$OUT/tp4-results.tgz" | grep -v "/$"
 echo "[$SECONDS s] done; FICCO_COPY_STREAMS=$SHIP"

@@ -1,5 +1,5 @@
-"""Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, twin NCCL groups (high
-priority, CTA caps), SM carve-outs, and the transports built over them.
+"""Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, the high-priority twin
+NCCL group, and the transports built over them.
 
 Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
 path only looks things up; tensors are allocated outside any CUDA graph memory pool the caller allocates to
@@ -29,7 +29,6 @@ from ficco.executor.capture import refuse_capture as refuse_capture
 from ficco.executor.experts import RoutedState
 from ficco.executor.lanes import CopyStreams, DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import HostPeerMemory, SymmetricPeerMemory, Workspace
-from ficco.executor.resources import SMCarveout, nccl_options
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
 from ficco.features.routing import Routing
 
@@ -60,10 +59,8 @@ class GroupContext:
     """Side streams, keyed by (count, high priority)."""
     workspace: Workspace | None = None
     """Peer memory for the copy-engine executor (created on first use)."""
-    p2p_groups: dict[tuple[bool, int | None], dist.ProcessGroup] = field(default_factory=dict)
-    """Twin NCCL groups of the ``sm`` pieces, keyed by (high priority, CTA cap) (created on first use)."""
-    carveouts: dict[int, SMCarveout] = field(default_factory=dict)
-    """The GEMMs' SM carve-out of each size (created on first use)."""
+    p2p_high: dist.ProcessGroup | None = None
+    """The twin NCCL group whose internal stream runs at high priority (created on first use)."""
     transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
     """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
     dropped with the buffers and whenever the peer memory is reallocated."""
@@ -130,41 +127,21 @@ class GroupContext:
             log.info("peer memory grown to %.1f MiB per half on %s", half_bytes / 2**20, self.device)
         return self.workspace
 
-    def p2p_group(
-        self, high_priority: bool, ctas: int | None = None, what: str = "this call"
-    ) -> dist.ProcessGroup:
+    def p2p_group(self, high_priority: bool, what: str = "this call") -> dist.ProcessGroup:
         """The group point-to-point pieces use: on CUDA, ``/hp`` schedules use a twin NCCL group whose
-        internal stream runs at high priority, and ``/cta<N>`` ones a twin created with ``max_ctas = N``;
-        each twin is created on first use (:class:`CaptureError` naming ``what`` if that first use is inside
-        CUDA graph capture). On the CPU, and for neither knob: ``group`` itself."""
-        if not self.is_cuda or (not high_priority and ctas is None):
+        internal stream runs at high priority, created on first use (:class:`CaptureError` naming ``what`` if
+        that first use is inside CUDA graph capture); otherwise ``group`` itself."""
+        if not (self.is_cuda and high_priority):
             return self.group
-        key = (high_priority, ctas)
-        group = self.p2p_groups.get(key)
-        if group is None:
-            priority = "high-priority " if high_priority else ""
-            capped = f" capped at {ctas} CTAs" if ctas is not None else ""
-            twin = f"the {priority}NCCL group{capped}"
-            refuse_capture(self.device, what, f"creates {twin}")
-            group = self.p2p_groups[key] = dist.new_group(
-                ranks=self.global_ranks,
-                backend="nccl",
-                pg_options=nccl_options(high_priority, ctas),
-                use_local_synchronization=True,
+        if self.p2p_high is None:
+            refuse_capture(self.device, what, "creates the high-priority NCCL group")
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
+            self.p2p_high = dist.new_group(
+                ranks=self.global_ranks, backend="nccl", pg_options=options, use_local_synchronization=True
             )
-            log.info("created %s on %s", twin, self.device)
-        return group
-
-    def carveout(self, sms: int | None) -> contextlib.AbstractContextManager:
-        """What a call's GEMMs run inside: on CUDA with ``sms`` set, an :class:`SMCarveout` of ``sms`` SMs
-        (made on first use; ValueError naming the device's SM count if ``sms`` leaves none); otherwise a
-        context that does nothing."""
-        if sms is None or not self.is_cuda:
-            return _NOTHING
-        carve = self.carveouts.get(sms)
-        if carve is None:
-            carve = self.carveouts[sms] = SMCarveout(self.device, sms)
-        return carve
+            log.info("created the high-priority NCCL group on %s", self.device)
+        return self.p2p_high
 
     def quiesce(self) -> None:
         """Host-side: wait until every rank's device work is done (used off the hot path only)."""
@@ -181,8 +158,6 @@ class GroupContext:
         return HostPeerMemory(nbytes, self.group, self.global_ranks, self.rank)
 
 
-_NOTHING = contextlib.nullcontext()
-"""The context a call without a carve-out runs its GEMMs in (reusable)."""
 _contexts: dict[tuple[str, str], GroupContext] = {}
 _checked: dict[tuple, GroupContext] = {}
 """The context of each call signature whose checks passed: a repeated call skips the checks and the

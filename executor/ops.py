@@ -1,12 +1,10 @@
 """The public operations: all-gather -> GEMM, GEMM -> reduce-scatter, and the MoE all-to-all -> expert GEMMs
 and expert GEMMs -> all-to-all, under any schedule.
 
-Each op validates its arguments (``executor.checks``), then either runs the reference (``serial/sm``:
-the collective, then the GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline
-engine a transport and a short GEMM closure. A schedule's resource knobs (``/cta<N>``: the ``sm`` pieces on a
-capped twin communicator; ``/carve<N>``: the pipelined GEMMs leave SMs free; ``executor.resources``) apply to
-every op. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops; ``run_op`` and
-``communicate`` take an op by name.
+Each op validates its arguments (``executor.checks``), then either runs the reference (``serial/sm``: the
+collective, then the GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline engine a
+transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops;
+``run_op`` and ``communicate`` take an op by name.
 """
 
 from __future__ import annotations
@@ -126,8 +124,7 @@ def run_all_gather_matmul(
             for one, c in zip(bs, cs, strict=True):
                 torch.mm(rows, one, out=c[block])
 
-        with ctx.carveout(schedule.carveout):
-            run_pipeline(plan, transport, consume)
+        run_pipeline(plan, transport, consume)
         if gathered is not None:
             slots = gathered.view(w, shard_rows, k)
             if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
@@ -189,8 +186,7 @@ def run_matmul_reduce_scatter(
     def produce(rows: torch.Tensor, unit: Unit) -> None:
         torch.mm(a[transport.split_rows(unit)], b, out=rows)
 
-    with ctx.carveout(schedule.carveout):
-        run_pipeline(plan, transport, produce)
+    run_pipeline(plan, transport, produce)
     _reduce_into(c, transport.own_rows(), transport.received())
     return c
 
@@ -277,8 +273,7 @@ def all_to_all_matmul(
             rows = expert_major
         gemms[id(unit)].dispatch(rows, b, y, weights)
 
-    with ctx.carveout(schedule.carveout):
-        run_pipeline(plan, transport, consume)
+    run_pipeline(plan, transport, consume)
     return y
 
 
@@ -364,8 +359,7 @@ def matmul_all_to_all(
             return
         gemms[id(unit)].combine(h, b, own_out if unit.offset == 0 else rows, weights)
 
-    with ctx.carveout(schedule.carveout):
-        run_pipeline(plan, transport, produce)
+    run_pipeline(plan, transport, produce)
     if plan.units[-1].offset is None:  # serial: the own block is in staging
         own_out.copy_(staging[own_source])
     if dma:  # the peers' blocks landed in peer memory
@@ -675,7 +669,7 @@ def _transport(
     caller's stream). ``cache``: where the transport is kept (default ``ctx.transports``; the MoE ops keep
     theirs with their routing).
 
-    Built once per (executor, priority, CTA cap, plan, destination buffer, layout, lanes, copy arrangement)
+    Built once per (executor, priority, plan, destination buffer, layout, lanes, copy arrangement)
     and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer
     memory (dma) or the cached ``received`` buffer (sm), so the two halves of the double buffering get one
     transport each.
@@ -704,7 +698,6 @@ def _transport(
     key = (
         schedule.executor,
         high_priority,
-        schedule.ctas,
         id(plan),
         "bound" if bind_dest else id(dest),
         id(layout),
@@ -724,7 +717,7 @@ def _transport(
         transport = PeerCopyTransport(workspace=workspace, lanes=lanes_of_call, **common)
     else:
         transport = PointToPointTransport(
-            group=ctx.p2p_group(high_priority, schedule.ctas, what=f"schedule {schedule}"),
+            group=ctx.p2p_group(high_priority, what=f"schedule {schedule}"),
             global_ranks=ctx.global_ranks,
             lanes=ctx.get_lanes(1, False),  # only issues NCCL work; NCCL's own stream carries the priority
             **common,

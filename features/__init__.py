@@ -8,17 +8,14 @@ from ficco.features.ops import OP_SPECS, OpSpec
 from ficco.features.routing import Routing
 from ficco.features.scenario import DENSE_OPS, DTYPE_BYTES, DTYPES, MODES, MOE_OPS, OPS, Mode, Scenario
 from ficco.features.schedule import (
-    CTA_CAPS,
     SCHEDULE_FAMILIES,
     SCHEDULE_INDEX,
     SCHEDULES,
     SERIAL,
-    SM_CARVEOUTS,
     Schedule,
     ScheduleTable,
     all_schedules,
     candidates,
-    knob_variants,
     parse_schedule_table,
 )
 from ficco.features.vector import (
@@ -33,7 +30,6 @@ from ficco.features.vector import (
 )
 
 __all__ = [
-    "CTA_CAPS",
     "DEFAULT_HARDWARE_ID",
     "DENSE_OPS",
     "DTYPES",
@@ -50,7 +46,6 @@ __all__ = [
     "SCHEDULE_FAMILIES",
     "SCHEDULE_INDEX",
     "SERIAL",
-    "SM_CARVEOUTS",
     "HardwareProfile",
     "Mode",
     "OpSpec",
@@ -64,7 +59,6 @@ __all__ = [
     "feature_matrix",
     "feature_vector",
     "get_hardware",
-    "knob_variants",
     "parse_schedule_table",
     "roofline_comm_us",
     "roofline_gemm_us",

@@ -6,9 +6,6 @@ Canonical string form (parses and prints back exactly)::
     shard/<executor>[/hp]                              e.g. shard/dma, shard/sm/hp
     finer/<executor>/s<splits>/<grain>[/hp]            e.g. finer/dma/s4/chunk/hp
 
-plus, on overlapped schedules only, the resource knobs before ``/hp``: ``/cta<N>`` (``sm`` only) and
-``/carve<N>``, e.g. ``shard/sm/cta8``, ``finer/dma/s4/chunk/carve16/hp``.
-
 - granularity ``serial``: the whole collective, then the whole GEMM (compute grain ``whole``).
 - granularity ``shard``: one chunk per rank (what PyTorch async-TP and TransformerEngine do); one GEMM
   per shard (grain ``shard``), the GEMM on one shard overlapping the transfer of the next.
@@ -17,12 +14,6 @@ plus, on overlapped schedules only, the resource knobs before ``/hp``: ``/cta<N>
   shard.
 - executor ``sm``: NCCL kernels on the SMs; ``dma``: the GPU's copy engines (peer copies).
 - ``/hp``: the communication stream runs at high priority (only for overlapped schedules).
-- ``/cta<N>``: NCCL moves the pieces with at most ``N`` CTAs (a communicator created with ``max_ctas=N``,
-  ConCCL's compute-unit partitioning); ``/carve<N>``: the GEMMs leave ``N`` SMs free for the communication
-  (cuBLASLt's SM-count target, torch's ``_set_sm_carveout_experimental``; the occupancy shaping of Cui and
-  Pericas). These knobs are outside the design space the datasets and models cover (:func:`all_schedules`):
-  :func:`knob_variants` lists them for ``benchmarks.studies.resource_knobs``, which measures whether they ever
-  change the best schedule.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -47,13 +38,8 @@ Priority = Literal["normal", "high"]
 
 GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 EXECUTORS: tuple[str, ...] = get_args(Executor)
-GRAINS: tuple[str, ...] = get_args(Grain)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 FINER_SPLITS: tuple[int, ...] = (2, 4, 8)
-CTA_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-"""Allowed ``Schedule.ctas``: NCCL's CTAs (channels) per collective, at most."""
-SM_CARVEOUTS: tuple[int, ...] = (8, 16, 32, 64)
-"""Allowed ``Schedule.carveout``: SMs the GEMMs leave free (an H100/H200 has 132)."""
 SCHEDULE_FAMILIES: tuple[str, ...] = tuple(f"{g}/{e}" for g in GRANULARITIES for e in EXECUTORS)
 """Every ``granularity/executor`` (:attr:`Schedule.family`), serial first: what plots colour schedules by."""
 _GRAINS_OF: dict[str, tuple[str, ...]] = {
@@ -61,10 +47,7 @@ _GRAINS_OF: dict[str, tuple[str, ...]] = {
     "shard": ("shard",),
     "finer": ("chunk", "shard"),
 }
-_FORMS = (
-    "serial/<sm|dma>, shard/<sm|dma>[/cta<N>][/carve<N>][/hp] or "
-    "finer/<sm|dma>/s<2|4|8>/<chunk|shard>[/cta<N>][/carve<N>][/hp]"
-)
+_FORMS = "serial/<sm|dma>, shard/<sm|dma>[/hp] or finer/<sm|dma>/s<2|4|8>/<chunk|shard>[/hp]"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,12 +65,6 @@ class Schedule(JsonRoundTrip):
     (serial -> whole, shard -> shard, finer -> chunk)."""
     priority: Priority = "normal"
     """Communication-stream priority; ``high`` only for overlapped (non-serial) schedules."""
-    ctas: int | None = None
-    """NCCL CTA cap of the pieces (one of :data:`CTA_CAPS`; ``sm`` overlapped schedules only); None: NCCL's
-    own choice."""
-    carveout: int | None = None
-    """SMs the GEMMs leave free while communication runs (one of :data:`SM_CARVEOUTS`; overlapped schedules
-    only); None: the GEMMs may use every SM."""
 
     def __post_init__(self) -> None:
         check_choice("Schedule", "granularity", self.granularity, GRANULARITIES)
@@ -103,25 +80,11 @@ class Schedule(JsonRoundTrip):
                 f"Schedule.splits must be 1 for granularity {self.granularity!r} (only 'finer' splits "
                 f"shards); got {self.splits!r}"
             )
-        for name, value, allowed in (
-            ("priority", self.priority, "normal"),
-            ("ctas", self.ctas, None),
-            ("carveout", self.carveout, None),
-        ):
-            if self.granularity == "serial" and value != allowed:
-                raise ValueError(
-                    f"Schedule.{name} must be {allowed!r} for granularity 'serial' (nothing overlaps); "
-                    f"got {value!r}"
-                )
-        if self.ctas is not None:
-            check_choice("Schedule", "ctas", self.ctas, CTA_CAPS)
-            if self.executor != "sm":
-                raise ValueError(
-                    f"Schedule.ctas caps NCCL's CTAs, so it needs executor 'sm'; got executor "
-                    f"{self.executor!r} with ctas {self.ctas!r}"
-                )
-        if self.carveout is not None:
-            check_choice("Schedule", "carveout", self.carveout, SM_CARVEOUTS)
+        if self.granularity == "serial" and self.priority != "normal":
+            raise ValueError(
+                "Schedule.priority must be 'normal' for granularity 'serial' (nothing overlaps); "
+                f"got {self.priority!r}"
+            )
 
     @property
     def overlapped(self) -> bool:
@@ -134,19 +97,10 @@ class Schedule(JsonRoundTrip):
         ``finer/dma``."""
         return f"{self.granularity}/{self.executor}"
 
-    @property
-    def knobs(self) -> bool:
-        """True when a resource knob is set (``ctas`` or ``carveout``): outside :func:`all_schedules`."""
-        return self.ctas is not None or self.carveout is not None
-
     def __str__(self) -> str:
         parts = [self.granularity, self.executor]
         if self.granularity == "finer":
             parts += [f"s{self.splits}", self.grain]
-        if self.ctas is not None:
-            parts.append(f"cta{self.ctas}")
-        if self.carveout is not None:
-            parts.append(f"carve{self.carveout}")
         if self.priority == "high":
             parts.append("hp")
         return "/".join(parts)
@@ -162,12 +116,6 @@ class Schedule(JsonRoundTrip):
             if parts[-1] == "hp":
                 priority = "high"
                 parts = parts[:-1]
-            knobs = {"ctas": None, "carveout": None}
-            for name, prefix in (("carveout", "carve"), ("ctas", "cta")):  # the string's order, reversed
-                field = parts[-1] if parts else ""
-                if field.startswith(prefix) and field[len(prefix) :].isdigit():
-                    knobs[name] = int(field[len(prefix) :])
-                    parts = parts[:-1]
             granularity, executor, *rest = parts
             splits, grain = 1, None
             if granularity == "finer":
@@ -178,12 +126,7 @@ class Schedule(JsonRoundTrip):
             elif rest:
                 raise ValueError(f"unexpected fields {rest}")
             schedule = cls(
-                granularity=granularity,
-                executor=executor,
-                splits=splits,
-                grain=grain,
-                priority=priority,
-                **knobs,
+                granularity=granularity, executor=executor, splits=splits, grain=grain, priority=priority
             )
         except ValueError as err:
             raise ValueError(f"unknown schedule {text!r}: {err}. Allowed forms: {_FORMS}") from None
@@ -212,24 +155,6 @@ def all_schedules() -> list[Schedule]:
         for g in _GRAINS_OF["finer"]
         for p in PRIORITIES
     ]
-    return out
-
-
-def knob_variants(
-    schedules: Sequence[Schedule],
-    ctas: Sequence[int] = (),
-    carveouts: Sequence[int] = (),
-) -> list[Schedule]:
-    """Every schedule of ``schedules`` that a knob applies to, once per value of ``ctas`` (``sm``
-    overlapped schedules) and of ``carveouts`` (overlapped schedules), one knob at a time; ValueError naming
-    a value outside :data:`CTA_CAPS` / :data:`SM_CARVEOUTS`."""
-    out = []
-    for schedule in schedules:
-        if not schedule.overlapped or schedule.knobs:
-            continue
-        if schedule.executor == "sm":
-            out += [replace(schedule, ctas=n) for n in ctas]
-        out += [replace(schedule, carveout=n) for n in carveouts]
     return out
 
 

@@ -489,16 +489,11 @@ class SimBackend:
         return {key: float(v[0]) / 1e3 for key, v in out.items()}
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
-        """Simulate every schedule in every mode (``graph``: no host time, the calls are replayed); one
-        that cannot run ``scenario``, or carries a resource knob (the simulator has no model of them), is
-        recorded as failed. With ``noise``, each of the ``rounds`` rounds draws its own log-normal factor."""
+        """Simulate every schedule in every mode (``graph``: no host time, the calls are replayed); one that
+        cannot run ``scenario`` is recorded as failed. With ``noise``, each of the ``rounds`` rounds draws its
+        own log-normal factor."""
         runnable, errors = [], {}
         for i, schedule in enumerate(schedules):
-            if schedule.knobs:
-                errors[i] = (
-                    f"the simulator has no model of the resource knobs of {schedule}; measure it on GPUs"
-                )
-                continue
             try:
                 schedule.check(scenario)
                 runnable.append(i)

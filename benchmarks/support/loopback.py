@@ -8,8 +8,8 @@ sizes the machine has no GPUs for (``tests/gpu/test_gpu_loopback.py``). Inside :
   collective and point-to-point call returns at once and moves nothing;
 - the copy-engine executor's peer memory is :class:`LoopbackPeerMemory`: one local, zeroed buffer per rank,
   so this rank's pushes land in buffers nobody reads and what it receives stays zero;
-- the twin NCCL groups of ``/hp`` and ``/cta<N>`` schedules are the fake group itself (it has no NCCL stream
-  whose priority or CTA count could differ).
+- the high-priority twin NCCL group of ``/hp`` schedules is the fake group itself (it has no NCCL stream
+  whose priority could differ).
 
 Nothing computed there is a multi-GPU result: every peer's contribution is missing (zero on the copy
 engines, whatever the receive buffer held under the fake NCCL calls).

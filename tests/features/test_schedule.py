@@ -5,16 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ficco.features import (
-    CTA_CAPS,
     SCHEDULE_FAMILIES,
     SERIAL,
-    SM_CARVEOUTS,
     Scenario,
     Schedule,
     all_schedules,
     candidates,
     get_hardware,
-    knob_variants,
 )
 from ficco.features.schedule import FINER_SPLITS
 
@@ -34,9 +31,6 @@ def test_all_schedules_are_distinct_and_serial_first():
         "shard/sm/hp",
         "finer/dma/s4/chunk/hp",
         "finer/sm/s8/shard",
-        "shard/sm/cta8",
-        "finer/sm/s2/chunk/cta1/carve64/hp",
-        "shard/dma/carve16",
     ],
 )
 def test_parse_prints_back_exactly(text):
@@ -56,13 +50,9 @@ def test_parse_prints_back_exactly(text):
         ("finer/dma", "not enough values"),
         ("", "not enough values"),
         ("finer/dma/s04/chunk", "not canonical, write 'finer/dma/s4/chunk'"),
-        ("shard/sm/cta3", "Schedule.ctas must be one of [1, 2, 4, 8, 16, 32]; got 3"),
-        ("shard/dma/cta8", "Schedule.ctas caps NCCL's CTAs, so it needs executor 'sm'"),
-        ("shard/sm/carve12", "Schedule.carveout must be one of [8, 16, 32, 64]; got 12"),
-        ("serial/sm/carve16", "Schedule.carveout must be None for granularity 'serial'"),
-        ("serial/sm/cta8", "Schedule.ctas must be None for granularity 'serial'"),
-        ("shard/sm/carve16/cta8", "unexpected fields ['carve16']"),
-        ("shard/sm/hp/cta8", "unexpected fields ['hp']"),
+        ("shard/sm/cta8", "unexpected fields ['cta8']"),  # the resource knobs were measured and left
+        ("finer/dma/s4/chunk/carve16/hp", "too many values"),
+        ("shard/sm/hp/hp", "unexpected fields ['hp']"),
     ],
 )
 def test_parse_rejects_unknown_schedule_with_allowed_forms(text, message):
@@ -86,25 +76,6 @@ def test_direct_construction_errors_name_field():
         Schedule(granularity="shard", priority="max")
 
 
-def test_knobs_stay_outside_the_design_space_and_variants_list_them():
-    assert not any(s.knobs for s in all_schedules())
-    base = [Schedule.parse(t) for t in ("serial/sm", "shard/sm", "shard/dma/hp", "finer/sm/s2/chunk")]
-    got = [str(s) for s in knob_variants(base, ctas=(2, 8), carveouts=(16,))]
-    assert got == [
-        "shard/sm/cta2",
-        "shard/sm/cta8",
-        "shard/sm/carve16",
-        "shard/dma/carve16/hp",
-        "finer/sm/s2/chunk/cta2",
-        "finer/sm/s2/chunk/cta8",
-        "finer/sm/s2/chunk/carve16",
-    ]
-    assert all(s.knobs for s in knob_variants(base, ctas=CTA_CAPS, carveouts=SM_CARVEOUTS))
-    assert knob_variants(knob_variants(base, ctas=(2,)), ctas=(8,)) == []  # one knob at a time
-    with pytest.raises(ValueError, match=r"Schedule\.carveout must be one of .*; got 7"):
-        knob_variants(base, carveouts=(7,))
-
-
 def test_default_grain_follows_granularity():
     assert Schedule().grain == "whole"
     assert Schedule(granularity="shard").grain == "shard"
@@ -112,7 +83,7 @@ def test_default_grain_follows_granularity():
 
 
 def test_json_round_trip():
-    for s in [*all_schedules(), *knob_variants(all_schedules(), ctas=(4,), carveouts=(32,))]:
+    for s in all_schedules():
         assert Schedule.from_json(s.to_json()) == s
 
 
@@ -131,9 +102,7 @@ def test_check_names_schedule_scenario_and_divisor():
         Schedule.parse("finer/dma/s8/chunk").check(Scenario(m=12, n=64, k=64))
 
 
-_schedule = st.sampled_from(
-    [*all_schedules(), *knob_variants(all_schedules(), ctas=CTA_CAPS, carveouts=SM_CARVEOUTS)]
-)
+_schedule = st.sampled_from(all_schedules())
 
 
 @given(_schedule)

@@ -8,11 +8,10 @@
 For every op of ``features.OP_SPECS`` (its shapes and whether it takes a routing come from the table), on
 each case of ``cases`` (the MoE ops, 2 local experts: a balanced routing, rank 0 taking 1.5x, and every row
 sent to rank 0, which leaves the other ranks empty blocks; and 16 local experts, balanced, whose blocks of
->= ``GROUPED_MIN_GEMMS`` expert GEMMs run grouped), every candidate schedule (all 30) and the knob variants
-(``/cta4``, ``/carve32``) of ``KNOBBED``: two eager warm-up calls, an eager call compared with serial/sm
-(bf16 tolerance, same shape and strides), then the call captured into a ``torch.cuda.CUDAGraph`` and
-replayed with new data copied into its static inputs, compared with serial on that data; after the eager
-calls, torch's SM carve-out and preferred BLAS library must be back as they were. Rank 0 prints one line per
+>= ``GROUPED_MIN_GEMMS`` expert GEMMs run grouped), every candidate schedule (all 30): two eager warm-up
+calls, an eager call compared with serial/sm (bf16 tolerance, same shape and strides), then the call captured
+into a ``torch.cuda.CUDAGraph`` and replayed with new data copied into its static inputs, compared with serial
+on that data. Rank 0 prints one line per
 (op, case, schedule, mode) ``CHECK <op> <case> <schedule> <mode> ok|FAIL <detail>`` and ``ALL OK`` at the
 end; exits 1 on any failure.
 """
@@ -31,13 +30,11 @@ import torch
 import torch.distributed as dist
 
 from ficco import executor
-from ficco.features import OP_SPECS, Routing, Scenario, candidates, get_hardware, knob_variants
+from ficco.features import OP_SPECS, Routing, Scenario, candidates, get_hardware
 
 M, N, K = 1024, 512, 256
 """Small shapes: every schedule's split divides them at up to 8 ranks (dense: M rows, K the reduction of
 ag_gemm and the summed one of gemm_rs; MoE: M / 4 tokens per rank, top-2, so M / 2 routed rows)."""
-KNOBBED = ("shard/sm", "shard/dma", "finer/sm/s2/chunk/hp", "finer/dma/s4/shard")
-"""Schedules also checked with a CTA cap (``sm``) and an SM carve-out."""
 RTOL = 2e-2
 """Relative error (max abs difference over max abs of serial) allowed for bf16."""
 
@@ -94,14 +91,10 @@ def _check(scenario: Scenario, schedule, device: torch.device) -> list[tuple[str
 
     a, b = _inputs(scenario, 1, device)
     want = run(a, b, "serial/sm").clone()
-    settings = (torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library())
     for _ in range(2):
         run(a, b, schedule)
     torch.cuda.synchronize()
     out = [("eager", _compare(run(a, b, schedule), want))]
-    after = (torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library())
-    if after != settings:
-        out[0] = ("eager", f"carve-out and BLAS library {after} after the call, {settings} before")
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -132,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         failures = 0
         for op in ops:
             for label, scenario in cases(op, world):
-                plain = candidates(scenario)
-                knobbed = knob_variants([s for s in plain if str(s) in KNOBBED], ctas=(4,), carveouts=(32,))
-                for schedule in plain + knobbed:
+                for schedule in candidates(scenario):
                     for mode, why in _check(scenario, schedule, device):
                         flags = torch.tensor([0 if not why else 1], device=device)
                         dist.all_reduce(flags)

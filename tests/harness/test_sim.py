@@ -13,7 +13,6 @@ from ficco.features import (
     Schedule,
     all_schedules,
     candidates,
-    knob_variants,
 )
 from ficco.features.dataset import rows_frame, scenario_from_row
 from ficco.harness.dataset import result_rows
@@ -131,14 +130,6 @@ def test_measure_marks_every_row_ok_and_unrunnable_schedules_failed(h200):
     assert by_schedule["finer/dma/s4/chunk"].ok and np.isfinite(by_schedule["finer/dma/s4/chunk"].median_ms)
     rows = result_rows("grid", s, result, "sim")
     assert {r["backend"] for r in rows} == {"sim"}
-
-
-def test_knob_schedules_fail_in_the_simulator_instead_of_passing_for_their_plain_twins(h200):
-    s = Scenario(m=4096, n=256, k=256, hardware=h200)
-    knobbed = knob_variants([Schedule.parse("shard/sm")], ctas=(8,), carveouts=(16,))
-    result = SimBackend(h200).measure(s, [SERIAL, *knobbed])
-    assert [m.ok for m in result.measurements] == [True, False, False] * len(result.baselines)  # per mode
-    assert "no model of the resource knobs of shard/sm/cta8" in result.measurements[1].error
 
 
 def test_noise_is_seeded_per_scenario_and_spreads_percentiles(h200):
