@@ -159,11 +159,11 @@ class GroupContext:
 
 
 _contexts: dict[tuple[str, str], GroupContext] = {}
-_checked: dict[tuple, GroupContext] = {}
-"""The context of each call signature whose checks passed: a repeated call skips the checks and the
-context lookup (a few microseconds of Python per call)."""
-_reset_with: list[dict] = []
-"""Caches :func:`reset` clears too (:func:`clear_on_reset`)."""
+checked_calls: dict[tuple, object] = {}
+"""The executor's one per-call-signature cache: what each call signature whose checks passed resolved to
+(``executor.ops``: its group context; ``executor.library``: the schedule it runs and that context), so that a
+repeated call skips the checks and the lookups (a few microseconds of Python per call). Keys hold everything
+the checks look at; ``executor.ops`` keys hold the group, ``executor.library`` keys its name."""
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
@@ -252,34 +252,21 @@ def poison_buffers() -> None:
         ctx.quiesce()
 
 
-def checked_context(key: tuple | None) -> GroupContext | None:
-    """The context of a call whose signature ``key`` (``checks.call_key``) already passed the checks."""
-    return _checked.get(key) if key is not None else None
-
-
-def remember_checked(key: tuple | None, ctx: GroupContext) -> None:
-    """Remember that the call signature ``key`` passed its checks on ``ctx`` (None: nothing to remember)."""
-    if key is None:
-        return
-    if len(_checked) >= CHECKED_MAX:
-        _checked.clear()
-    _checked[key] = ctx
-
-
-def clear_on_reset(cache: dict) -> dict:
-    """Register ``cache`` (another module's dict whose values hold contexts: ``executor.library``'s call
-    signatures) to be cleared with the contexts by :func:`reset`; returns it."""
-    _reset_with.append(cache)
-    return cache
+def remember_checked(key: tuple | None, value):
+    """Keep ``value`` in :data:`checked_calls` as what the call signature ``key`` resolved to (None: a call
+    only the full checks can explain, nothing kept); returns ``value``."""
+    if key is not None:
+        if len(checked_calls) >= CHECKED_MAX:
+            checked_calls.clear()
+        checked_calls[key] = value
+    return value
 
 
 def reset() -> None:
-    """Forget every context (after ``destroy_process_group``; tests start a new group per world size), and
-    every cache registered with :func:`clear_on_reset`."""
+    """Forget every context and every checked call signature (after ``destroy_process_group``; tests start a
+    new group per world size)."""
     _contexts.clear()
-    _checked.clear()
-    for cache in _reset_with:
-        cache.clear()
+    checked_calls.clear()
 
 
 @contextlib.contextmanager

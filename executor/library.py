@@ -52,7 +52,8 @@ Bad input never breaks a step: a schedule that cannot run at a shape (its splits
 runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
 each op ran at each shape, against what it was asked, is in :func:`run_report` (the planner's table shows
 it). The per-call work beyond the executor is one dict lookup: this call signature's schedule and executor
-context, kept once the executor's checks passed, so a repeated call runs the executor's body directly.
+context, kept once the executor's checks passed (the executor's one check cache,
+``executor.context.checked_calls``), so a repeated call runs the executor's body directly.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from ficco.executor.checks import (
     check_matrix,
     shape_str,
 )
-from ficco.executor.context import GroupContext, clear_on_reset, get_context
+from ficco.executor.context import GroupContext, checked_calls, get_context, remember_checked
 from ficco.executor.experts import routed_state
 from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
 from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
@@ -118,10 +119,6 @@ class OpRun:
     """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
 
 
-_resolved: dict[tuple, tuple[Schedule, GroupContext]] = clear_on_reset({})
-"""This call signature's schedule and executor context: the hot path's one lookup."""
-RESOLVED_MAX = 4096
-"""Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _runs: dict[tuple, OpRun] = {}
 """(op, m, n, k, dtype, world_size, asked) -> what ran, in first-run order."""
 
@@ -137,9 +134,9 @@ def ran(op: str, m: int, n: int, k: int, dtype: str, world_size: int, asked: str
 
 
 def clear_run_report() -> None:
-    """Forget what ran (and the resolved schedules: the next call of each signature decides again)."""
+    """Forget what ran (and the checked call signatures: the next call of each decides again)."""
     _runs.clear()
-    _resolved.clear()
+    checked_calls.clear()
 
 
 _LIB = torch.library.Library("ficco", "DEF")
@@ -220,7 +217,7 @@ def all_gather_matmul(
         key += (bs[0].shape, bs[0].dtype, bs[0].device)
     else:
         key += tuple((b.shape, b.dtype, b.device) for b in bs)
-    hit = _resolved.get(key)
+    hit = checked_calls.get(key)
     if hit is None:
         hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name)
     run, ctx = hit
@@ -338,7 +335,7 @@ def matmul_reduce_scatter(
     rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
     key = ("gemm_rs", group_name, schedule, reduce_op, scatter_dim, a.shape, a.dtype, a.device)
     key += (b.shape, b.dtype, b.device)
-    hit = _resolved.get(key)
+    hit = checked_calls.get(key)
     if hit is None:
         _check_reduce_op(reduce_op)
         hit = _resolve(key, "gemm_rs", rows, b, schedule, group_name)
@@ -628,10 +625,7 @@ def _resolve(
         (op, m, n, k, dtype, w, asked),
         OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
     )
-    if len(_resolved) >= RESOLVED_MAX:
-        _resolved.clear()
-    hit = _resolved[key] = (run, get_context(group, rows.device))
-    return hit
+    return remember_checked(key, (run, get_context(group, rows.device)))
 
 
 def _check_dim(name: str, dim: int, ndim: int) -> int:

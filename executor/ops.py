@@ -28,7 +28,7 @@ from ficco.executor.checks import (
 )
 from ficco.executor.context import (
     GroupContext,
-    checked_context,
+    checked_calls,
     copy_streams,
     get_context,
     refuse_capture,
@@ -508,7 +508,7 @@ def _checked_context(
     """The call's group context; its arguments are checked (``a`` named and shaped as ``a_spec`` says, then
     ``check``) only the first time this call signature is seen (``executor.checks.call_key``)."""
     key = call_key(op, a, b, out, schedule, group)
-    ctx = checked_context(key)
+    ctx = checked_calls.get(key)
     if ctx is None:
         check_matrix(a_spec[0], a, a_spec[1])
         ctx = get_context(group, a.device)
@@ -529,7 +529,7 @@ def _checked_routed_context(
     """:func:`_checked_context` of a MoE op: the routing is part of the call signature."""
     key = call_key(op, a, b, out, schedule, group)
     key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
-    ctx = checked_context(key)
+    ctx = checked_calls.get(key)
     if ctx is None:
         dispatch = op == "a2a_gemm"
         a_name = "x" if dispatch else "h"

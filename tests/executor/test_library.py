@@ -247,12 +247,15 @@ def test_a_gathered_input_nothing_uses_costs_no_reduce_scatter_in_the_backward()
 
 
 def test_a_call_signature_remembered_in_one_world_is_forgotten_with_it():
-    """The ops remember each call signature's schedule and executor context; a world torn down and one of
-    another size started with the same group name must not reuse the old context (its size, its group)."""
+    """The ops remember each call signature's schedule and executor context, in the executor's one check
+    cache beside the executor's own calls; a world torn down and one of another size started with the same
+    group name must not reuse the old context (its size, its group)."""
     import torch
     import torch.distributed as dist
 
     from benchmarks.support.loopback import loopback_world
+    from ficco import executor
+    from ficco.executor.context import checked_calls
 
     a, b = torch.randn(4, 8), torch.randn(8, 8)
     rows = []
@@ -261,6 +264,9 @@ def test_a_call_signature_remembered_in_one_world_is_forgotten_with_it():
             group = dist.group.WORLD.group_name
             _, (c,) = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, "shard/dma")
             _, (c,) = torch.ops.ficco.all_gather_matmul(a, [b], 0, group, "shard/dma")  # the remembered path
+            executor.all_gather_matmul(a, b, "shard/dma")
+            assert len(checked_calls) == 2  # the custom op's signature and the executor's, one cache
             rows.append((group, c.shape[0]))
+        assert checked_calls == {}
     assert rows[0][0] == rows[1][0]  # the same name for both worlds' groups
     assert [n for _, n in rows] == [8, 16]
