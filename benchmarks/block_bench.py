@@ -54,7 +54,6 @@ variant's output (and, in training, the input and weight gradients of its first 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
@@ -595,19 +594,10 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 # One point --------------------------------------------------------------------------------------------------
 
 
-PREPARE_TIMEOUT_S = 30.0
-"""How long planning before a point may wait for the planner's source (start-up, not a step)."""
-
-
 def maybe_prepare(ops: Any, requests: list) -> None:
     """Plan a point's ops before its first step (what a runtime does at start-up or before a capture)."""
     if isinstance(ops, PlannedOps):
-        ops.planner.prepare(requests, timeout_s=PREPARE_TIMEOUT_S)
-
-
-def step_context(ops: Any):
-    """The planner's step (decisions frozen, bounded waits) for planned ops; nothing for the others."""
-    return ops.planner.step() if isinstance(ops, PlannedOps) else contextlib.nullcontext()
+        ops.planner.prepare(requests)
 
 
 def run_train_point(
@@ -628,9 +618,8 @@ def run_train_point(
         x.grad = None
         for p in params:
             p.grad = None
-        with step_context(block.qkv.ops):
-            y = block(x)
-            y.backward(g)
+        y = block(x)
+        y.backward(g)
         return y
 
     def captured_step() -> torch.Tensor:
@@ -723,7 +712,7 @@ def make_variants(phase: str, sources: dict[str, Any], device: torch.device) -> 
     mode = PHASES[phase].mode
 
     def planned(source: Any) -> PlannedOps:
-        return PlannedOps(Planner(source, mode=mode, hardware=HARDWARE, timeout_s=sources["timeout_s"]))
+        return PlannedOps(Planner(source, mode=mode, hardware=HARDWARE))
 
     # A captured training step runs no async-TP (its fused ops' backward under capture is untested): a capture
     # that fails leaves the variants after it a broken CUDA state.
@@ -781,7 +770,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     log(rank0, f"oracle: {len(keys) - len(missing)} ops from {oracle_from}, measuring {len(missing)} here")
     measured = measure_missing(missing, pool, device, dtype, reps=args.oracle_reps)
     oracle = {**oracle, **measured}
-    sources = {"planner": planner, "oracle": oracle, "timeout_s": args.planner_timeout_s}
+    sources = {"planner": planner, "oracle": oracle}
     out = args.out / (
         "block-smoke.json" if args.cpu_smoke else f"block-{HARDWARE}{'-quick' if args.quick else ''}.json"
     )
@@ -1039,7 +1028,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure an op the dataset lacks over every candidate, not the dataset's winners",
     )
     p.add_argument("--budget-s", type=float, default=250.0, help="no point starts after this many seconds")
-    p.add_argument("--planner-timeout-s", type=float, default=0.25, help="the planner's bound per step")
     p.add_argument("--plan-file", type=Path, default=PLAN_FILE, help="answers for a machine without xgboost")
     p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")

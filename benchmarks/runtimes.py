@@ -260,14 +260,11 @@ def build_group(name: str, phase: Phase, ctx: RunContext) -> Group:
     with torch.device(ctx.device):
         base = llama.TransformerBlocks(args, tp_degree=ctx.world_size)
     base.layers.to(ctx.dtype)  # the rotary frequencies stay complex64
-    eager = RestrictedPlanner(ctx.source, mode=phase.mode, hardware=ctx.planner_hardware,
-                              timeout_s=ctx.planner_timeout_s)  # fmt: skip
+    eager = RestrictedPlanner(ctx.source, mode=phase.mode, hardware=ctx.planner_hardware)
     eager.use(ctx.eager_fix)
     planners = {
         "ficco_eager": eager,
-        "ficco_compile": Planner(
-            ctx.source, mode=phase.mode, hardware=ctx.planner_hardware, timeout_s=ctx.planner_timeout_s
-        ),
+        "ficco_compile": Planner(ctx.source, mode=phase.mode, hardware=ctx.planner_hardware),
     }
     serial = parallelized(base, ctx.mesh, torch_styles)
     modules: dict[str, nn.Module] = {"serial": serial}
@@ -318,7 +315,6 @@ class RunContext:
     """``dynamic`` or ``static`` token count in the compiled variants."""
     source: PredictorSource
     planner_hardware: str
-    planner_timeout_s: float
     eager_fix: str
     """The restriction ``ficco_eager`` itself runs (``planned``: none)."""
     async_tp_reason: str | None
@@ -663,7 +659,6 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         shapes=args.shapes,
         source=source,
         planner_hardware=planner_hw,
-        planner_timeout_s=args.planner_timeout_s,
         eager_fix=args.eager_fix,
         async_tp_reason=async_tp_reason,
         hardware=hardware,
@@ -789,7 +784,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="no point starts that would end after this many seconds (as long as this run's longest point "
         "of its phase)",
     )
-    p.add_argument("--planner-timeout-s", type=float, default=5.0, help="the planners' bound per call")
     p.add_argument("--fresh", action="store_true", help="ignore the points of an earlier run in --out")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)

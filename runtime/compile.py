@@ -62,16 +62,13 @@ from ficco.features import Mode, Schedule, ScheduleTable
 from ficco.features.schedule import range_starts
 from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
-from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner
+from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner, deprecated_timeout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
 """Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling. The table
 switches schedule at the geometric mean of two neighbouring points that decided differently."""
-DECIDE_TIMEOUT_S = 60.0
-"""Longest the pass waits for a planner's source per graph, seconds: compile time affords more than a step,
-and an answer that comes later cannot change a compiled graph."""
 _FILES = tuple(
     str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py", "planner.py", "sources.py")
 )
@@ -104,16 +101,12 @@ class FiccoPass(CustomGraphPass):
         mode: Mode = "eager",
         hardware: str | None = None,
         token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
-        timeout_s: float = DECIDE_TIMEOUT_S,
     ) -> None:
         points = tuple(token_points)
         valid = all(isinstance(p, int) and p >= 1 for p in points) and list(points) == sorted(set(points))
         if not (points and valid):
             raise ValueError(f"token_points must be increasing positive ints; got {list(token_points)!r}")
-        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
         self.planner = as_planner(schedules, mode=mode, hardware=hardware)
-        self.timeout_s = float(timeout_s)
         self.token_points = points
         from torch._dynamo.utils import counters
 
@@ -183,7 +176,7 @@ class FiccoPass(CustomGraphPass):
         """Each request's schedule and, where the planner fell back to serial, why: decided in one batch
         (rank 0 of the planner's group asks a collective source, every rank agrees)."""
         planner = self.planner
-        planner.prepare(requests, timeout_s=self.timeout_s)
+        planner.prepare(requests)
         return [(planner.schedule(r), planner.decisions[planner.key(r)].reason or "") for r in requests]
 
 
@@ -251,7 +244,7 @@ def enable(
     mode: Mode = "eager",
     hardware: str | None = None,
     token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
-    timeout_s: float = DECIDE_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> CompileReport:
     """Install :class:`FiccoPass` on ``torch._inductor.config.post_grad_custom_post_pass`` for every later
     ``torch.compile`` (beside the passes already there; a previous ficco pass is replaced).
@@ -274,17 +267,17 @@ def enable(
         size); a planner keeps its own.
     token_points : sequence of int, default=DEFAULT_TOKEN_POINTS
         Token counts, increasing, at which a dynamic-shape op is decided.
-    timeout_s : float, default=DECIDE_TIMEOUT_S
-        Longest a planner's source is waited for per graph, seconds.
+    timeout_s : deprecated
+        Does nothing (the source bounds its own wait: ``ServiceClient(timeout_s=...)``); goes in the next
+        release.
 
     Returns
     -------
     CompileReport
         Filled as graphs compile: what was rewritten, what was left and why.
     """
-    ficco_pass = FiccoPass(
-        schedules, mode=mode, hardware=hardware, token_points=token_points, timeout_s=timeout_s
-    )
+    deprecated_timeout("ficco.runtime.compile.enable(timeout_s=...)", timeout_s)
+    ficco_pass = FiccoPass(schedules, mode=mode, hardware=hardware, token_points=token_points)
     others = [p for p in _installed() if not isinstance(p, FiccoPass)]
     if others and not hasattr(custom_graph_pass, "get_custom_graph_passes"):
         raise ValueError(
@@ -311,7 +304,6 @@ def _installed() -> list:
 
 
 __all__ = [
-    "DECIDE_TIMEOUT_S",
     "DEFAULT_TOKEN_POINTS",
     "CompileReport",
     "FiccoPass",

@@ -1,24 +1,22 @@
 """The planner: one schedule per (op, m, n, k, dtype, world size, mode), asked once and kept.
 
-    planner = Planner(PredictorSource.load(hardware_id="h200x2"), timeout_s=0.2)
+    planner = Planner(PredictorSource.load(hardware_id="h200x2"))
     for batch in data:
-        with planner.step():              # decisions frozen for the step; late answers land between steps
-            loss = model(batch).sum()
-            loss.backward()
+        loss = model(batch).sum()         # each new shape is decided at its first call, then kept
+        loss.backward()
     print(planner.table())                # layer, direction, shape, schedule, what ran, predicted speedup
 
 Rules it keeps:
 
-1. **Ask once.** A decision is cached until :meth:`Planner.swap` or :meth:`Planner.refresh`, which take
-   effect between steps only: a model or service swap never changes a schedule inside a step.
-2. **Bounded waits.** Inside a step the planner waits for its source at most ``timeout_s`` in total
-   (outside a step, per call). A source that is late, raises, or answers with its own fallback gives
-   ``serial/sm``, and the log says why; after a swap or refresh, such a key keeps the last plan's schedule
-   instead. A late answer is not lost: it is picked up at the next step's start.
+1. **Ask once.** A decision is kept for the planner's life; only an in-place trial (:meth:`Planner.override`,
+   ``runtime.verify``) or a pin to serial (:meth:`Planner.pin`) changes what runs.
+2. **Fall back, never fail.** A source that raises, or answers with its own fallback or a schedule that
+   cannot run the shape, gives ``serial/sm``, and the log says why. The source bounds its own wait: a local
+   model or a table answers at once, ``ServiceClient(timeout_s=..., retries=...)`` bounds a service's.
 3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
    same schedule even if only one rank's network failed (a differing schedule would hang the collective).
    A source whose answers are immediate and alike on every rank (``deterministic``: a fixed schedule, a
-   table, a function) is asked on each rank instead, with no bound and no broadcast.
+   table, a function) is asked on each rank instead, with no broadcast.
 4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
    without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
    (:meth:`Planner.prepare`, or one eager warm-up call).
@@ -35,13 +33,12 @@ planner that ``runtime.tp``'s styles, ``runtime.compile.enable`` and the layers'
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import logging
-import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -61,10 +58,7 @@ OFF_MAP_CHOICES: tuple[str, ...] = ("serial", "model")
 log = logging.getLogger(__name__)
 
 Direction = Literal["fwd", "bwd-input", "bwd-weight"]
-DIRECTIONS: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight")
 """Where a layer runs an op: its forward, the input gradient, or the weight gradient."""
-DEFAULT_TIMEOUT_S = 0.25
-"""Longest a step waits for the schedule source, seconds (in total per step)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,11 +101,6 @@ class Decision:
     """Why ``serial/sm`` runs instead of the source's pick; None when the source's pick runs."""
     origin: str = ""
     """Who decided (the source's origin, or ``planner`` for a fallback of the planner's own)."""
-    pending: bool = False
-    """True while the source's answer is still outstanding (it timed out; checked at the next step)."""
-    kept: str | None = None
-    """Set when this is the last plan's decision, kept because the source failed after a swap or refresh
-    (why it failed); None otherwise."""
     neighbours: int | None = None
     """The answer's measured-neighbour count (``Answer.neighbours``); None when the source does not say."""
 
@@ -139,14 +128,15 @@ class Planner:
     hardware : str, optional
         Hardware id of the scenarios asked about; default: the source's own (a local model's), else
         ``h200x2`` (for a larger group, the same GPUs at its size: ``h200x4`` for 4 ranks).
-    timeout_s : float, default=DEFAULT_TIMEOUT_S
-        Longest a step waits for the source in total, seconds (outside a step: per call); >= 0.
     group : ProcessGroup, optional
         The tensor-parallel group whose ranks must agree (default: the world, when initialised).
     off_map : {"serial", "model"}, default="serial"
         What runs for an answer off the measured map (fewer measured neighbours than
         ``training.coverage.OFF_MAP_BELOW`` of the mode): ``serial/sm`` (the reason in the log and the
         table), or the source's pick (then check the plan in place, ``runtime.verify.verify_plan``).
+    timeout_s : deprecated
+        Does nothing (the source bounds its own wait: ``ServiceClient(timeout_s=...)``); goes in the next
+        release.
     """
 
     def __init__(
@@ -155,16 +145,15 @@ class Planner:
         *,
         mode: Mode = "eager",
         hardware: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
         group: dist.ProcessGroup | None = None,
         off_map: OffMap = "serial",
+        timeout_s: float | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Planner.mode must be one of {list(MODES)}; got {mode!r}")
         if off_map not in OFF_MAP_CHOICES:
             raise ValueError(f"Planner.off_map must be one of {list(OFF_MAP_CHOICES)}; got {off_map!r}")
-        if not (isinstance(timeout_s, int | float) and timeout_s >= 0):
-            raise ValueError(f"Planner.timeout_s must be a number of seconds >= 0; got {timeout_s!r}")
+        deprecated_timeout("Planner(timeout_s=...)", timeout_s)
         self.source = source
         self.mode = mode
         given = hardware or getattr(source, "hardware_id", None)
@@ -172,7 +161,6 @@ class Planner:
         self._hardware_given = given is not None
         """False when the hardware is the default: then a group larger than it is asked about as the same
         GPUs at the group's size (``h200x4`` for 4 ranks)."""
-        self.timeout_s = float(timeout_s)
         self.group = group
         self.off_map = off_map
         self.decisions: dict[OpKey, Decision] = {}
@@ -184,67 +172,18 @@ class Planner:
         """Keys that run another schedule than their decision for now (``override``: in-place trials)."""
         self._recording: set[OpKey] | None = None
         """While ``recording()`` runs: the keys looked up."""
-        self._pending: dict[OpKey, tuple[cf.Future, int]] = {}
-        """Keys whose answer timed out -> (the source call, the key's index in its answers)."""
-        self._pool: cf.ThreadPoolExecutor | None = None
-        self._in_step = False
-        self._step_deadline: float | None = None
-        self._swap_to: ScheduleSource | None = None
-        self._last_plan: dict[OpKey, Decision] = {}
-        """The source's decisions before the last swap or refresh: what runs where the new source fails."""
-
-    # Steps and swaps -----------------------------------------------------------------------------------
 
     @contextmanager
     def step(self) -> Iterator[None]:
-        """One training or inference step: the source is waited on for ``timeout_s`` in total, and swaps
-        or refreshes asked for inside it apply when it ends. Collective: every rank of the group enters it."""
-        if self._in_step:
-            raise RuntimeError("Planner.step() is already active; steps do not nest")
-        self._collect_late_answers()
-        self._in_step = True
-        self._step_deadline = time.monotonic() + self.timeout_s
-        try:
-            yield
-        finally:
-            self._in_step = False
-            self._step_deadline = None
-            if self._swap_to is not None:
-                source, self._swap_to = self._swap_to, None
-                self._apply_swap(source)
-
-    def swap(self, source: ScheduleSource) -> None:
-        """Use ``source`` from now on, forgetting every decision; inside a step, from the step's end.
-
-        Call it on every rank of the group (each forgets its decisions; the next use decides collectively).
-        """
-        if self._in_step:
-            log.info("planner: source swap deferred to the end of the step")
-            self._swap_to = source
-        else:
-            self._apply_swap(source)
-
-    def refresh(self) -> None:
-        """Ask the source again for every shape (e.g. after the service loaded a new model); inside a step,
-        from the step's end. On every rank of the group, like :meth:`swap`."""
-        self.swap(self.source)
-
-    def _apply_swap(self, source: ScheduleSource) -> None:
-        for future, _ in self._pending.values():
-            future.cancel()
-        self._pending.clear()
-        forgotten = len(self.decisions)
-        self._last_plan.update((k, d) for k, d in self.decisions.items() if d.reason is None)
-        self.decisions.clear()
-        self._overrides.clear()
-        self._by_request.clear()
-        forget = getattr(self.source, "forget", None)
-        if forget is not None:
-            forget()
-        self.source = source
-        log.info(
-            "planner: source is now %s; %d decisions forgotten", getattr(source, "origin", source), forgotten
+        """Deprecated, does nothing: decisions never change inside a step (nor between steps, but by
+        :meth:`override` and :meth:`pin`). Goes in the next release."""
+        warnings.warn(
+            "Planner.step() is deprecated and does nothing (decisions never change by themselves); drop the "
+            "with-block. It goes in the next release.",
+            DeprecationWarning,
+            stacklevel=3,
         )
+        yield
 
     # Decisions --------------------------------------------------------------------------------------------
 
@@ -302,10 +241,8 @@ class Planner:
 
     def prepare(self, requests: Iterable[OpRequest], *, timeout_s: float | None = None) -> None:
         """Decide every request's op now, in one batch (before a CUDA graph capture, or the first step).
-
-        ``timeout_s`` bounds this wait instead of the planner's own bound (start-up can afford more than a
-        step); None keeps the planner's.
-        """
+        ``timeout_s`` is deprecated and does nothing."""
+        deprecated_timeout("Planner.prepare(timeout_s=...)", timeout_s)
         keys = []
         for r in requests:
             key = self.key(r)
@@ -313,9 +250,9 @@ class Planner:
             if key not in self.decisions and key not in keys:
                 keys.append(key)
         if keys:
-            self._decide(keys, timeout_s)
+            self._decide(keys)
 
-    def _decide(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> None:
+    def _decide(self, keys: Sequence[OpKey]) -> None:
         """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
         if _capturing() and not getattr(self.source, "deterministic", False):
             for key in keys:
@@ -328,36 +265,23 @@ class Planner:
                 )
             return
         if getattr(self.source, "deterministic", False):  # alike on every rank, at once: nothing to agree
-            decisions = self._ask(keys, timeout_s)
+            decisions = self._ask(keys)
         else:
             group = self._agree_group()
-            decisions = self._ask(keys, timeout_s) if group is None or dist.get_rank(group) == 0 else None
+            decisions = self._ask(keys) if group is None or dist.get_rank(group) == 0 else None
             if group is not None:
                 decisions = _broadcast(decisions, group)
         for key, decision in zip(keys, decisions, strict=True):
-            self._set(key, self._keep_last_plan(key, decision))
+            self._set(key, decision)
 
-    def _keep_last_plan(self, key: OpKey, decision: Decision) -> Decision:
-        """``decision``, or the last plan's decision for ``key`` where the source failed to give one (every
-        rank holds the same last plan, so the ranks still agree)."""
-        last = self._last_plan.get(key)
-        if decision.reason is None or last is None:
-            return decision
-        return replace(last, pending=decision.pending, kept=decision.reason)
-
-    def _ask(self, keys: Sequence[OpKey], timeout_s: float | None = None) -> list[Decision]:
-        """The source's decisions for ``keys``, waiting at most what is left of the bound."""
+    def _ask(self, keys: Sequence[OpKey]) -> list[Decision]:
+        """The source's decisions for ``keys``."""
         try:
             scenarios = [self._scenario(key) for key in keys]
         except ValueError as err:
             return [_fallback(f"not a valid scenario: {err}") for _ in keys]
         try:
-            if getattr(self.source, "deterministic", False):
-                answers = self.source.recommend(scenarios, self.mode)
-            else:
-                answers = self._wait_for(keys, scenarios, timeout_s)
-        except cf.TimeoutError as late:
-            return [replace(_fallback(str(late)), pending=True) for _ in keys]
+            answers = self.source.recommend(scenarios, self.mode)
         except Exception as err:
             return [_fallback(f"the source failed: {type(err).__name__}: {err}") for _ in keys]
         if len(answers) != len(keys):
@@ -366,56 +290,10 @@ class Planner:
             )
         return [_decision(a, s, self.mode, self.off_map) for a, s in zip(answers, scenarios, strict=True)]
 
-    def _wait_for(self, keys: Sequence[OpKey], scenarios: list[Scenario], timeout_s: float | None) -> list:
-        """The source's answers for ``scenarios``, asked on the worker thread and waited for at most what
-        is left of the bound; ``cf.TimeoutError`` saying so when late (``keys`` are then pending)."""
-        if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-planner")
-        future = self._pool.submit(self.source.recommend, scenarios, self.mode)
-        wait_s = self._wait_left() if timeout_s is None else timeout_s
-        try:
-            return future.result(timeout=wait_s)
-        except cf.TimeoutError:
-            for i, key in enumerate(keys):
-                self._pending[key] = (future, i)
-            raise cf.TimeoutError(
-                f"the source did not answer within {wait_s:.3g} s (asked again at the next step)"
-            ) from None
-
-    def _collect_late_answers(self) -> None:
-        """At a step's start: decisions whose answer arrived late replace their fallback (collective)."""
-        if not self._pending:
-            return
-        group = self._agree_group()
-        updates: dict[OpKey, Decision] | None = None
-        if group is None or dist.get_rank(group) == 0:
-            updates = {}
-            for key, (future, i) in self._pending.items():
-                if not future.done():
-                    continue
-                try:
-                    answer = future.result()[i]
-                    updates[key] = _decision(answer, self._scenario(key), self.mode, self.off_map)
-                except Exception as err:
-                    updates[key] = _fallback(f"the source failed: {type(err).__name__}: {err}")
-        if group is not None:
-            updates = _broadcast(updates, group)
-        for key, decision in updates.items():
-            self._pending.pop(key, None)
-            self._set(key, self._keep_last_plan(key, decision))
-
     def _set(self, key: OpKey, decision: Decision) -> None:
         self.decisions[key] = decision
         self._by_request.clear()
-        if decision.kept is not None:
-            log.warning(
-                "planner: %s %s -> %s, kept from the last plan because %s",
-                key.shape,
-                key.mode,
-                decision.schedule,
-                decision.kept,
-            )
-        elif decision.reason is None:
+        if decision.reason is None:
             log.info(
                 "planner: %s %s -> %s (predicted %.2fx, %s)",
                 key.shape,
@@ -428,11 +306,6 @@ class Planner:
             log.warning(
                 "planner: %s %s -> %s because %s", key.shape, key.mode, decision.schedule, decision.reason
             )
-
-    def _wait_left(self) -> float:
-        if self._step_deadline is None:
-            return self.timeout_s
-        return max(0.0, self._step_deadline - time.monotonic())
 
     def _scenario(self, key: OpKey) -> Scenario:
         hardware = self.hardware
@@ -471,7 +344,7 @@ class Planner:
             d = self.decisions.get(key)
             schedule = str(self._overrides.get(key, d.schedule)) if d else None
             run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule) if d else None
-            notes = [d.reason or (d.kept and f"kept from the last plan: {d.kept}") or ""] if d else []
+            notes = [d.reason or ""] if d else []
             if run is not None and run.reason is not None:
                 notes.append(f"ran {run.ran}: {run.reason}")
             out.append(
@@ -507,12 +380,6 @@ class Planner:
         ]
         return markdown_table(header, rows)
 
-    def close(self) -> None:
-        """Stop the worker thread (a pending answer is dropped)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
 
 def _decision(answer: Answer, scenario: Scenario, mode: Mode, off_map_rule: OffMap = "serial") -> Decision:
     """The decision for one answer: its schedule if it is a valid candidate (and, under the ``serial``
@@ -541,6 +408,18 @@ def _fallback(reason: str, origin: str = "planner", neighbours: int | None = Non
     return Decision(
         schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin, neighbours=neighbours
     )
+
+
+def deprecated_timeout(what: str, timeout_s: float | None) -> None:
+    """Warn that ``what`` (a ``timeout_s`` given) does nothing: the source bounds its own wait."""
+    if timeout_s is not None:
+        warnings.warn(
+            f"{what} is deprecated and does nothing: the source bounds its own wait (a local model or a "
+            "table answers at once; ServiceClient(timeout_s=..., retries=...) bounds the service's). It goes "
+            "in the next release.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
 
 def _broadcast(value, group: dist.ProcessGroup):

@@ -142,13 +142,6 @@ class ServiceSource:
     def hardware_id(self) -> str | None:
         return None
 
-    def forget(self) -> None:
-        """Drop the client's answer cache and the fetched tables (the planner's refresh: the service may
-        serve a new model; a table is fetched again, a 304 when its ETag still holds)."""
-        cache = self.client.cache
-        self.client.cache = type(cache)(cache.maxsize)
-        self._tables.clear()
-
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
         if self.tables:
             return [self._table_of(s, mode).answer(s, mode) for s in scenarios]

@@ -1,10 +1,9 @@
-"""Planner: asks once per shape, bounded waits, fallbacks with reasons, swaps between steps only, rank
-agreement, no asking during a CUDA graph capture, and the decision table."""
+"""Planner: asks once per shape, fallbacks with reasons, rank agreement, no asking during a CUDA graph
+capture, the decision table, and the deprecated step() and timeout_s."""
 
 from __future__ import annotations
 
 import logging
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,16 +18,15 @@ def _request(m: int = 64, op: str = "ag_gemm", layer: str = "qkv", direction: st
 
 
 class CountingSource:
-    """Answers ``schedule`` (after ``delay_s``), counting the scenarios asked about; ``error`` raises."""
+    """Answers ``schedule``, counting the scenarios asked about; ``error`` raises."""
 
-    def __init__(self, schedule: str = "shard/dma", *, delay_s: float = 0.0, error: Exception | None = None):
-        self.schedule, self.delay_s, self.error = schedule, delay_s, error
+    def __init__(self, schedule: str = "shard/dma", *, error: Exception | None = None):
+        self.schedule, self.error = schedule, error
         self.asked: list[tuple[int, str]] = []
         self.origin = "counting"
 
     def recommend(self, scenarios, mode):
         self.asked += [(s.m, mode) for s in scenarios]
-        time.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
         return [Answer(schedule=self.schedule, predicted_speedup=1.3, origin=self.origin) for _ in scenarios]
@@ -83,39 +81,6 @@ def test_prepare_asks_in_one_batch():
     assert len(source.asked) == 2
 
 
-def test_timeout_falls_back_then_late_answer_lands_at_next_step(caplog):
-    source = CountingSource(delay_s=0.3)
-    planner = Planner(source, timeout_s=0.02)
-    request = _request(64)  # a layer keeps its requests: the planner's fast path must see the new answer
-    with caplog.at_level(logging.WARNING, "ficco.runtime.planner"), planner.step():
-        start = time.monotonic()
-        assert str(planner.schedule(request)) == "serial/sm"
-        assert str(planner.schedule(request)) == "serial/sm"
-        assert time.monotonic() - start < 0.2
-    assert "did not answer within" in caplog.text
-    time.sleep(0.4)  # the answer arrives between steps
-    with planner.step():
-        assert str(planner.schedule(request)) == "shard/dma"
-    assert len(source.asked) == 1
-
-
-def test_prepare_may_wait_longer_than_a_step():
-    planner = Planner(CountingSource(delay_s=0.1), timeout_s=0.01)
-    planner.prepare([_request(64)], timeout_s=5)
-    assert str(planner.schedule(_request(64))) == "shard/dma"
-
-
-def test_step_waits_at_most_the_bound_in_total():
-    source = CountingSource(delay_s=0.2)
-    planner = Planner(source, timeout_s=0.1)
-    with planner.step():
-        start = time.monotonic()
-        for m in (64, 128, 256, 512):
-            assert str(planner.schedule(_request(m))) == "serial/sm"
-        assert time.monotonic() - start < 0.18  # one bound for the step, not one per shape
-    planner.close()
-
-
 @pytest.mark.parametrize(
     ("source", "reason"),
     [
@@ -149,29 +114,6 @@ def test_source_fallback_answer_runs_serial():
     assert "low confidence" in planner.rows()[0]["note"]
 
 
-def test_swap_inside_a_step_applies_after_it():
-    planner = Planner(FixedSource("shard/sm"))
-    request = _request()
-    with planner.step():
-        assert str(planner.schedule(request)) == "shard/sm"
-        planner.swap(FixedSource("shard/dma"))
-        assert str(planner.schedule(request)) == "shard/sm"  # frozen for the rest of the step
-        assert str(planner.schedule(_request(128))) == "shard/sm"  # new shapes still ask the old source
-    with planner.step():
-        assert str(planner.schedule(request)) == "shard/dma"
-    with pytest.raises(RuntimeError, match="steps do not nest"), planner.step(), planner.step():
-        pass
-
-
-def test_refresh_asks_again():
-    source = CountingSource()
-    planner = Planner(source)
-    planner.schedule(_request())
-    planner.refresh()
-    planner.schedule(_request())
-    assert len(source.asked) == 2
-
-
 def test_capture_decides_serial_without_asking(monkeypatch):
     source = CountingSource()
     planner = Planner(source)
@@ -198,30 +140,26 @@ def test_table_lists_layers_directions_and_speedups():
     )
 
 
-def test_a_source_that_fails_after_a_refresh_keeps_the_last_plan():
-    source = CountingSource("finer/dma/s2/chunk")
-    planner = Planner(source)
-    assert str(planner.schedule(_request(64))) == "finer/dma/s2/chunk"
-    source.error = RuntimeError("service down")
-    planner.refresh()
-    decision_schedule = planner.schedule(_request(64))
-    assert str(decision_schedule) == "finer/dma/s2/chunk"  # not serial/sm: the step keeps running the plan
-    (row,) = planner.rows()
-    assert row["note"] == "kept from the last plan: the source failed: RuntimeError: service down"
-    assert str(planner.schedule(_request(128))) == "serial/sm"  # a new shape has no last plan
-
-
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match=r"Planner.mode must be one of \['eager', 'graph'\]; got 'lazy'"):
         Planner(FixedSource("serial/sm"), mode="lazy")
-    with pytest.raises(ValueError, match=r"Planner.timeout_s must be a number of seconds >= 0; got -1"):
-        Planner(FixedSource("serial/sm"), timeout_s=-1)
+
+
+def test_the_deprecated_step_and_timeouts_warn_and_change_nothing():
+    source = CountingSource()
+    with pytest.warns(DeprecationWarning, match=r"Planner\(timeout_s=...\) is deprecated and does nothing"):
+        planner = Planner(source, timeout_s=0.25)
+    with pytest.warns(DeprecationWarning, match=r"Planner.step\(\) is deprecated"), planner.step():
+        assert str(planner.schedule(_request(64))) == "shard/dma"
+    with pytest.warns(DeprecationWarning, match=r"prepare\(timeout_s=...\) .* ServiceClient\(timeout_s"):
+        planner.prepare([_request(128)], timeout_s=5)
+    assert source.asked == [(64, "eager"), (128, "eager")]
 
 
 def _agreement_world(rank: int, world_size: int) -> list[str]:
     """Rank 1's source always fails and rank 0's answers: every rank must run rank 0's schedules."""
     source = CountingSource("shard/sm") if rank == 0 else CountingSource(error=RuntimeError("down"))
-    planner = Planner(source, timeout_s=5)
+    planner = Planner(source)
     out = [str(planner.schedule(_request(m))) for m in (64, 128)]
     assert rank == 0 or not source.asked  # only rank 0 asks
     return out
@@ -314,20 +252,17 @@ def test_as_planner_of_none_loads_the_model_of_the_detected_hardware(monkeypatch
     assert loaded == ["h200x2", "h100x2"]
 
 
-def test_deterministic_sources_answer_on_each_rank_without_a_bound(monkeypatch):
-    """A function source is asked at once, even inside a step whose bound is spent, and during a capture."""
+def test_deterministic_sources_are_asked_even_during_a_capture(monkeypatch):
+    """A function source is plain Python, alike on every rank: asked during a capture too."""
     from ficco.runtime import FunctionSource
 
-    def slow(op, m, n, k, dtype, world_size):
-        time.sleep(0.05)
+    def pick(op, m, n, k, dtype, world_size):
         return "shard/dma" if m >= 128 else "finer/sm/s2/chunk"
 
-    planner = Planner(FunctionSource(slow), timeout_s=0.0)
-    with planner.step():
-        assert str(planner.schedule(_request(128))) == "shard/dma"
+    planner = Planner(FunctionSource(pick))
+    assert str(planner.schedule(_request(128))) == "shard/dma"
     monkeypatch.setattr(planner_module, "_capturing", lambda: True)
     assert str(planner.schedule(_request(64))) == "finer/sm/s2/chunk"
-    assert planner._pool is None  # no worker thread was needed
 
 
 def test_a_failing_function_source_costs_one_shape_its_overlap():

@@ -140,7 +140,7 @@ def test_planner_against_the_service_makes_one_table_request_and_no_per_shape_re
     transport.handle_request = allow_simulated
     with ServiceClient("http://service", transport=transport) as service:
         source = ServiceSource(service, tables=True, cache_dir=tmp_path, machine=None)
-        planner = Planner(source, mode="graph", timeout_s=60.0, off_map="model")  # every table answer runs
+        planner = Planner(source, mode="graph", off_map="model")  # every table answer runs
         requests = [
             OpRequest(
                 op=op, m=m, n=4096, k=k, dtype="bf16", world_size=2, layer=f"layers.{i}", direction="fwd"
@@ -152,10 +152,8 @@ def test_planner_against_the_service_makes_one_table_request_and_no_per_shape_re
         planner.prepare(requests)
         for r in requests:
             planner.schedule(r)
-        with planner.step():
-            planner.schedule(OpRequest(op="ag_gemm", m=2048, n=4096, k=4096, dtype="bf16", world_size=2,
-                                       layer="late", direction="fwd"))  # fmt: skip
-        planner.close()
+        planner.schedule(OpRequest(op="ag_gemm", m=2048, n=4096, k=4096, dtype="bf16", world_size=2,
+                                   layer="late", direction="fwd"))  # fmt: skip
     assert transport.requests == [("GET", f"/v1/tables/{HARDWARE}")]
     assert all(d.origin.startswith("table ") for d in planner.decisions.values())
     table = source._tables[(HARDWARE, 2, "graph", "bf16")]
