@@ -185,7 +185,7 @@ class _EachScenario:
     origin: str
     deterministic = True
     """Its answers are immediate and equal on every rank: a planner over it asks it on each rank, without a
-    bounded wait or a broadcast (no collective)."""
+    broadcast (no collective)."""
     cache_key: str | None = None
     """What its answers depend on, for the compile pass's graph cache; None: unknown (no cache)."""
 
