@@ -241,7 +241,8 @@ def clear_buffers() -> None:
 def poison_buffers() -> None:
     """Fill every cached buffer and this rank's peer memory with NaN (collective over each group).
 
-    Test-only: quiesces each group before and after, so no peer is still reading or writing.
+    For correctness checks (the harness's and the tests'): quiesces each group before and after, so no peer
+    is still reading or writing.
     """
     for ctx in _contexts.values():
         ctx.quiesce()

@@ -153,6 +153,21 @@ def test_no_product_module_imports_test_support():
     assert found == []
 
 
+def test_only_the_studies_own_tests_import_the_studies():
+    """Tests of the product import no finished study (what they share with one: ``benchmarks.support``)."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.parent.name == "benchmarks":
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if any(n == "benchmarks.studies" or n.startswith("benchmarks.studies.") for n in names):
+                found.append(str(path.relative_to(REPO)))
+    assert found == []
+
+
 def _readme_imports() -> dict[str, set[str]]:
     """The README architecture table's ``imports`` column: folder -> the folders it names (``ficco/``'s cell
     names the helpers' imports, then after ``;`` the CLI's)."""
