@@ -349,7 +349,7 @@ def start_all_gather_rows(
 
 
 class AsyncTPOps:
-    """PyTorch's async-TP ops as the runtime's ``ForwardOps`` (``DifferentiableOps`` adds the autograd)."""
+    """PyTorch's async-TP ops as ``ForwardOps`` (``DifferentiableOps`` adds the autograd)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         import torch.distributed._symmetric_memory  # noqa: F401 (registers torch.ops.symm_mem)
