@@ -80,7 +80,7 @@ from torch import nn
 from ficco import executor
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, load_model_config
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.runtime import (
     Answer,
     ColumnParallelLinear,

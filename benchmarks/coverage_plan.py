@@ -117,9 +117,9 @@ def bagged_spread(scenarios: list, picks: dict[str, np.ndarray], *, bags: int, s
     regressors (bootstrap samples of the training datasets' scenarios) of the predicted
     ``log(t_pick / t_serial)`` of ``picks[mode]`` (columns), float ``[n]``."""
     from ficco.features import feature_matrix
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.fit import RATIO_CONFIG, fit_pair_model
     from ficco.training.model import pair_costs
-    from ficco.training.table import load_dataset_table
 
     table = load_dataset_table(*(REPO / p for p in TRAINING)).table
     ids = np.unique(table.scenario_ids)

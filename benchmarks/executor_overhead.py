@@ -27,7 +27,7 @@ path's when a process's host time moves. Prints a table (median microseconds per
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
 for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
-``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.affinity``: none,
+``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.cpu_placement``: none,
 share) after the warm-up; run the script several times per policy to see how much a fresh process's host
 time moves with where the kernel put it (``benchmarks.studies.host.host_placement`` does; the JSON's
 ``address_space`` says whether the process ran with its address-space layout randomised).
@@ -66,8 +66,8 @@ from unittest import mock
 
 from ficco.features import OP_SPECS
 from ficco.files import write_text_atomic
-from ficco.harness.affinity import PIN_POLICIES, placement_from_env
-from ficco.harness.host_speed import (
+from ficco.harness.cpu_placement import PIN_POLICIES, placement_from_env
+from ficco.harness.host_factor import (
     executor_calls,
     routed_calls,
     time_host_calls,
@@ -228,8 +228,8 @@ def main() -> None:
         "--pin",
         choices=PIN_POLICIES,
         default="none",
-        help="where each rank's threads run (harness.affinity), applied after the warm-up (--loopback: the "
-        "process as local rank LOCAL_RANK of LOCAL_WORLD_SIZE, 0 of 1 when unset)",
+        help="where each rank's threads run (harness.cpu_placement), applied after the warm-up (--loopback: "
+        "the process as local rank LOCAL_RANK of LOCAL_WORLD_SIZE, 0 of 1 when unset)",
     )
     parser.add_argument(
         "--loopback",

@@ -118,7 +118,7 @@ def main() -> None:
             seconds.append(time.perf_counter() - start)
         results["batch_10k"][mode] = {"best_s": min(seconds), "median_s": statistics.median(seconds)}
     if args.dataset:
-        from ficco.training.table import load_dataset_table
+        from ficco.training.dataset_table import load_dataset_table
 
         table = load_dataset_table(*args.dataset).table
         fast = predictor.decide(table.X, table.modes, fast=True)

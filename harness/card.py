@@ -418,7 +418,7 @@ def _host_speed(df: pd.DataFrame) -> str:
     return (
         "## Host speed\n\n"
         f"Host factor of the measuring machine: {value}: the median eager time over the executor's host "
-        "price (`features.host.estimate_host_factor`) where the host bounds the eager time (the graph "
+        "price (`features.launch_cost.estimate_host_factor`) where the host bounds the eager time (the graph "
         "replay of the same schedule takes less than half of it). Eager times of small shapes follow it, "
         "so their labels hold for machines of a similar factor; a model records its training data's, and "
         "`Predictor.recommend(..., host_factor=...)` answers for another machine's."

@@ -30,8 +30,8 @@ import typer
 
 from ficco.errors import FAILURE, fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
 from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN, PinPolicy
 from ficco.harness.emit import Engine
 from ficco.harness.launch import (
     REPO_ROOT,
@@ -198,8 +198,8 @@ def bench(
     pin: Annotated[
         PinPolicy,
         typer.Option(
-            help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
-            "share (each rank an equal, disjoint share of the CPUs' physical cores; every committed "
+            help="Where each rank's threads run (gpu/gloo; harness.cpu_placement): none (the kernel "
+            "decides), share (each rank an equal, disjoint share of the CPUs' physical cores; every committed "
             "dataset was measured so).",
         ),
     ] = DEFAULT_PIN,
@@ -657,7 +657,7 @@ def host_factor(
     out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
 ) -> None:
     """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny
-    shapes over its price (harness/host_speed.py), the value `--host-factor` of `ficco recommend` and
+    shapes over its price (harness/host_factor.py), the value `--host-factor` of `ficco recommend` and
     `ficco score`, and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card
     gives the same figure from minutes of GPU time ("Host speed")."""
     from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
@@ -666,7 +666,7 @@ def host_factor(
     count = nproc or (gpu_count() if bench_backend is BenchBackend.gpu else 2)
     count = process_count(bench_backend, count, count)
     device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
-    command = [*torchrun_prefix(count), "-m", "ficco.harness.host_speed", "--device", device]
+    command = [*torchrun_prefix(count), "-m", "ficco.harness.host_factor", "--device", device]
     command += ["--rounds", str(rounds), "--batch", str(batch), "--pin", pin.value]
     command += ["--out", str(out)] if out is not None else []
     typer.echo("running: " + " ".join(command), err=True)

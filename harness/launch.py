@@ -21,8 +21,8 @@ import typer
 
 from ficco.errors import fail, fail_on_value_error
 from ficco.features import OPS
-from ficco.harness.affinity import DEFAULT_PIN
 from ficco.harness.backend import Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class WorkerSettings:
     deadline: float | None = None
     """``time.time()`` after which no scenario starts (None: no limit)."""
     pin: str = DEFAULT_PIN
-    """Where each rank's threads run (``harness.affinity.PIN_POLICIES``)."""
+    """Where each rank's threads run (``harness.cpu_placement.PIN_POLICIES``)."""
 
 
 def torchrun_command(

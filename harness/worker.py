@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from ficco.features import MODES
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.harness.backend import Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not

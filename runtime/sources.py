@@ -83,7 +83,7 @@ class PredictorSource:
     def __init__(self, predictor: Any, host_factor: float | None = None) -> None:
         self.predictor = predictor
         self.host_factor = host_factor
-        """This machine's host factor (``features.host``) for eager answers; None: the model's own."""
+        """This machine's host factor (``features.launch_cost``) for eager answers; None: the model's own."""
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
         if getattr(predictor, "backend", None):
             self.origin += f" ({predictor.backend})"
@@ -125,7 +125,8 @@ class ServiceSource:
 
     client: Any
     host_factor: float | None = None
-    """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
+    """This machine's host factor (``features.launch_cost``) for eager answers; None: the served model's
+    own."""
     _: KW_ONLY
     tables: bool = False
     config: dict[str, Any] | None = None

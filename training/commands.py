@@ -57,7 +57,7 @@ def _registry(path: Path | None) -> Path:
 
 
 def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     try:
         return load_dataset_table(*datasets, repeats=repeats or ())

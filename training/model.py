@@ -2,7 +2,7 @@
 
 A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
+schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
 :func:`pair_matrix`. Three
 objectives, chosen by grouped cross-validation (``training.crossval``); the shipped model is ``ndcg``:
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, HardwareProfile, Scenario, feature_matrix, get_hardware
-from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
+from ficco.features.launch_cost import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
 from ficco.training.booster import NumpyBooster
 from ficco.training.coverage import Coverage
@@ -74,8 +74,8 @@ class Recommendation:
     model_backend: ModelBackend
     """``measured`` (trained on GPU measurements only) or ``simulated`` (``features.provenance``)."""
     host_factor: float
-    """The host factor the eager answer is for (``features.host``; the model's training data's unless the
-    caller gave its machine's)."""
+    """The host factor the eager answer is for (``features.launch_cost``; the model's training data's unless
+    the caller gave its machine's)."""
     neighbours: int | None = None
     """Training rows of the same op, mode, world size and dtype with m, n and k each within 2x of the
     scenario's (``training.coverage``): how near the answer is to a measurement; None for a model that
@@ -99,7 +99,7 @@ class Decision:
     speedups: np.ndarray
     """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
     host_factor: float
-    """The host factor the eager rows were answered for (``features.host``)."""
+    """The host factor the eager rows were answered for (``features.launch_cost``)."""
 
 
 class Predictor:
@@ -142,13 +142,13 @@ class Predictor:
         self.feature_schema = scorer.feature_schema_
         """The schema of both models' pairs."""
         self.host_factor = check_host_factor(card.get("host_factor", 1.0))
-        """The host factor of the training data (``features.host``): eager answers are for a machine of
+        """The host factor of the training data (``features.launch_cost``): eager answers are for a machine of
         this host speed unless the caller names its own (models registered before it was recorded: 1)."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
         tails = {m: [float(m == "graph")] for m in MODES}
         self._host_columns = None
-        """fv3: the columns of ``features.host.host_over_gpu`` that eager pairs read, one per twin (schedules
-        of equal launches share one, so their pruned trees can be shared); None before fv3."""
+        """fv3: the columns of ``features.launch_cost.host_over_gpu`` that eager pairs read, one per twin
+        (schedules of equal launches share one, so their pruned trees can be shared); None before fv3."""
         linked = None
         if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
             tails["graph"].append(0.0)  # graph mode: no host time
@@ -210,7 +210,7 @@ class Predictor:
     ) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
 
-        ``host_factor``: the machine's (``features.host.check_host_factor``; None: the training data's,
+        ``host_factor``: the machine's (``features.launch_cost.check_host_factor``; None: the training data's,
         :attr:`host_factor`); it moves eager answers only. ``fast``: True = the numpy fast path, False =
         XGBoost's own prediction, None = by batch size.
         """

@@ -229,7 +229,7 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
 
         python -c "from ficco.training.registry import add_coverage; add_coverage('models', 'h200x2')"
     """
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     version = version or current_version(root, hardware_id)
     directory = Path(root) / hardware_id / str(version)

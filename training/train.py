@@ -17,11 +17,11 @@ import numpy as np
 from ficco.features import Scenario
 from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
+from ficco.training.dataset_table import DatasetTable, LoadedDataset
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.model import PairModel
 from ficco.training.policy import POLICY_GRID, DecisionPolicy
-from ficco.training.table import LoadedDataset, ScheduleTable
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ class TrainedModel:
 
 
 def train_model(
-    table: ScheduleTable,
+    table: DatasetTable,
     *,
-    noise: ScheduleTable | None = None,
+    noise: DatasetTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,

@@ -209,8 +209,8 @@ def mode_scores(table, picks: np.ndarray, noise=None, rescore=None) -> dict:
 def study(unseen_paths: tuple[str, ...], refits: int = 0) -> dict:
     """Every candidate's scores (module docstring)."""
     from ficco.training.crossval import cv_folds, cv_groups
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import unseen
-    from ficco.training.table import load_dataset_table
 
     loaded = load_dataset_table(*(REPO / p for p in TRAINING))
     table, noise = loaded.table, loaded.noise

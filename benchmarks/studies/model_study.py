@@ -425,9 +425,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="XGBoost threads")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.fit import CONFIG_GRID
     from ficco.training.policy import DecisionPolicy
-    from ficco.training.table import load_dataset_table
 
     configs = {c.key(): c for c in CONFIG_GRID}
     if args.config is not None and args.config not in configs:

@@ -103,9 +103,9 @@ def summarise(table, picks: np.ndarray, near: np.ndarray) -> dict:
 
 def study() -> dict:
     """Both sets' summaries (module docstring)."""
+    from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
     from ficco.training.registry import load_predictor
-    from ficco.training.table import concat_tables, load_dataset_table
 
     predictor = load_predictor(REPO / "models", "h200x2")
     if predictor.coverage is None:

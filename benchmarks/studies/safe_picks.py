@@ -222,8 +222,8 @@ def async_tp_tradeoff(table, tests: dict, folds: np.ndarray) -> dict:
 def study() -> dict:
     """Both questions' results (module docstring)."""
     from ficco.training.crossval import cv_folds, cv_groups
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import unseen
-    from ficco.training.table import load_dataset_table
 
     loaded = load_dataset_table(*(REPO / p for p in gs.TRAINING))
     table, noise = loaded.table, loaded.noise

@@ -17,7 +17,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.service.core.batch_worker import Priority
+from ficco.service.core.worker_pool import Priority
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"
@@ -77,7 +77,7 @@ class Settings(ModelSettings):
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
     BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
-    """Batches answered at once, each by one batch worker process (``service.core.batch_worker``): this
+    """Batches answered at once, each by one batch worker process (``service.core.worker_pool``): this
     many worker processes run beside the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""

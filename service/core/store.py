@@ -35,7 +35,7 @@ from ficco.features.provenance import (
 )
 from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from ficco.service.cache import RecommendationCache
-from ficco.service.core.batching import MicroBatcher, predict_split
+from ficco.service.core.micro_batch import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
 
 log = logging.getLogger(__name__)

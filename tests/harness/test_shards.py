@@ -85,7 +85,7 @@ def test_four_shards_gathered_equal_the_unsharded_sweep(bench, small_sweep, whol
 
 
 def test_train_records_the_gathered_content_hash(bench, small_sweep, tmp_path):
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     out = sharded(bench, small_sweep, tmp_path / "ds", 2)
     assert gather(out, "--out", out).exit_code == 0

@@ -53,7 +53,7 @@ def test_only_graph_answers_without_a_neighbour_are_off_the_map():
 
 
 def test_the_shipped_models_coverage_is_its_training_datasets_and_answers_carry_it():
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     predictor = load_predictor(REPO / "models", "h200x2")
     paths = [REPO / p for p in predictor.card["dataset"]["path"].split(" + ")]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ficco.features import FEATURE_NAMES
-from ficco.features.host import TWIN_OF, host_over_gpu
+from ficco.features.launch_cost import TWIN_OF, host_over_gpu
 from ficco.training.fastpath import SpecialisedForest
 from ficco.training.fit import training_pairs
 from ficco.training.model import DESCRIPTORS, OBJECTIVES, PAIR_FEATURE_NAMES, PairModel, pair_costs

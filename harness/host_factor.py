@@ -1,17 +1,17 @@
 r"""This machine's host speed, measured within seconds: the executor's host time per eager call over its price
 (a host factor, no unit).
 
-A model answers eager-mode questions for a machine of a given host factor (``features.host``). A sweep gives
-a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
+A model answers eager-mode questions for a machine of a given host factor (``features.launch_cost``). A sweep
+gives a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
 takes minutes of GPU time; this measures it directly. Tiny shapes make the GPU work negligible, so an eager
 call's wall time is the host's time to issue it: each (op, schedule) of :data:`CASES` is called in
 interleaved, shuffled rounds of ``batch`` calls (:func:`time_host_calls`, the loop
 ``benchmarks/executor_overhead.py`` times with), and the factor is the median over cases of the measured
-microseconds per call (the slowest rank's) over :func:`features.host.host_us`. The prices are fitted to the
-same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
+microseconds per call (the slowest rank's) over :func:`features.launch_cost.host_us`. The prices are fitted to
+the same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
 reads about 1.
 
-    torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_speed --out host.json   # or:
+    torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_factor --out host.json   # or:
     ficco host-factor                                                                      # all local GPUs
 
 Inside a running job (a process group already up), :func:`measure_host_factor` does the same in about a
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ficco.features import Schedule
-from ficco.features.host import HOST_FACTOR_RANGE, host_us
+from ficco.features.launch_cost import HOST_FACTOR_RANGE, host_us
 from ficco.files import write_text_atomic
 from ficco.rounds import interleaved_rounds
 
@@ -74,10 +74,10 @@ def time_host_calls(
     ``sync()`` (CUDA: device synchronise and a barrier) and ends when its last call returns: on CUDA it
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
-    ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use). ``around(case)``: a context
-    each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
-    after its timing."""
+    ``after_warmup`` runs once between the warm-up and the rounds (e.g.
+    ``harness.cpu_placement.Placement.apply``, which moves the threads the warm-up started: NCCL starts
+    some on first use). ``around(case)``: a context each of the case's batches runs in (warm-up included),
+    entered before the batch's ``sync()`` and left after its timing."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
@@ -113,7 +113,7 @@ class HostCase:
     measured_us: float
     """Median over rounds of the slowest rank's microseconds per call."""
     priced_us: float
-    """``features.host.host_us`` of the call."""
+    """``features.launch_cost.host_us`` of the call."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -277,11 +277,11 @@ def measure_host_factor(
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
-    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+    from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
     from ficco.harness.worker import SAFE_ENV
 
     p = argparse.ArgumentParser(
-        prog="python -m ficco.harness.host_speed", description=__doc__.splitlines()[0]
+        prog="python -m ficco.harness.host_factor", description=__doc__.splitlines()[0]
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
