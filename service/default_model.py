@@ -21,7 +21,7 @@ def ensure_default_model(settings: Settings) -> str:
     Raises ``FileNotFoundError`` when training is needed and the shipped dataset is missing, and
     ``ValueError`` when it is of other hardware or holds rows that were not measured on GPUs.
     """
-    from ficco.training.registry import current_version, promote
+    from ficco.training.predict.registry import current_version, promote
 
     hw, root = settings.DEFAULT_HARDWARE, settings.MODEL_ROOT
     version = current_version(root, hw)

@@ -19,7 +19,7 @@ from ficco.features._validate import check_keys
 from ficco.features.launch_cost import HOST_FACTOR_RANGE
 from ficco.features.provenance import ModelBackend
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
-from ficco.training.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW
+from ficco.training.predict.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32

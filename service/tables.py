@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 PREFETCH_POLL_S = 1.0
 """How often :func:`prefetch` looks for a newly loaded model version, seconds."""
 DTYPES_BY_INDEX = ("bf16", "fp16", "fp32")
-"""``features.DTYPES`` in the order ``training.coverage`` numbers them."""
+"""``features.DTYPES`` in the order ``training.predict.coverage`` numbers them."""
 
 
 def table_etag(version: str, fingerprint: str, tp: int, mode: str, dtype: str, shapes: Sequence,

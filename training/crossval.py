@@ -7,7 +7,7 @@ group of its own. At most ``MAX_FOLDS`` folds.
 
 Selection without nested refits: each configuration is fitted once per fold, which gives a held-out
 prediction of every row under every configuration. Fold ``f`` is then predicted with the configuration
-and the decision policy of each mode (``training.policy.ModePolicy``) of lowest mean loss
+and the decision policy of each mode (``training.predict.policy.ModePolicy``) of lowest mean loss
 (``training.metrics.pick_loss``) on the *other* folds' held-out predictions (a mode's policy on that
 mode's rows; the configuration, one model for both modes, on all rows under those policies), so fold
 ``f``'s labels never choose how fold ``f`` is predicted. The model that ships uses the choice of lowest loss
@@ -29,7 +29,7 @@ from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
-from ficco.training.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import score, score_times
 from ficco.training.model import pair_costs
-from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, apply_policy
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ficco.features import FEATURE_SCHEMA_VERSION, SCHEDULE_INDEX, SCHEDULES
-from ficco.training.pairs import (
+from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
     PAIR_FEATURE_NAMES,
@@ -58,7 +58,7 @@ from ficco.training.pairs import (
     valid_mask,
 )
 
-__all__ = [  # the pair names are training.pairs'; the training code imports them from here too
+__all__ = [  # the pair names are training.predict.pairs'; the training code imports them from here too
     "DESCRIPTORS",
     "HOST_FEATURE_NAME",
     "MAX_GRADE",
@@ -113,7 +113,7 @@ class PairModel(BaseEstimator):
         ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``);
         ``ndcg``: ``XGBRanker`` (``rank:ndcg``) on :func:`relevance_grades`.
     n_estimators : int, default=150
-        Boosting rounds. The fast path (``training.fastpath``) walks every tree, so fewer is faster.
+        Boosting rounds. The fast path (``training.predict.fastpath``) walks every tree, so fewer is faster.
     max_depth : int, default=6
         Depth of each tree.
     learning_rate : float, default=0.1

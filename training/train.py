@@ -21,7 +21,7 @@ from ficco.training.dataset_table import DatasetTable, LoadedDataset
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.model import PairModel
-from ficco.training.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def register_trained(
 
     import pandas as pd
 
-    from ficco.training.coverage import Coverage
-    from ficco.training.registry import register
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.registry import register
 
     table = dataset.table
     backend = rows_backend(dataset.info["backends"])

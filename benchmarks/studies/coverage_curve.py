@@ -94,8 +94,8 @@ def study(args: argparse.Namespace) -> dict:
     from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
     from ficco.training.fit import TrainConfig
-    from ficco.training.policy import ModePolicy
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.policy import ModePolicy
+    from ficco.training.predict.registry import load_predictor
 
     card = load_predictor(args.models, args.hardware).card
     choice = Choice(config=TrainConfig(**card["config"]), policy=ModePolicy.from_dict(card["policy"]))

@@ -10,7 +10,7 @@ model fitted on all the training data scored on the four unseen-family sets):
    applied to graph-mode picks, or to both modes (``+eager``):
 
    - ``fallback_<g>``: serial/sm where the time-ratio regressor predicts the pick less than ``g`` faster
-     than serial (``training.policy``'s fallback);
+     than serial (``training.predict.policy``'s fallback);
    - ``veto_classifier``: a classifier of "more than 2% slower than serial" over the pair features (XGBoost
      ``binary:logistic``, depth 6, 100 trees); the best-ranked schedule whose probability is at most a
      threshold is picked (serial/sm is never vetoed), the threshold chosen per fold on the other folds'
@@ -68,7 +68,7 @@ def classifier(table):
 def slow_probability(booster, table) -> np.ndarray:
     """The classifier's probability of each valid (row, schedule) being slow, ``[n, S]`` (0: serial/sm or
     invalid)."""
-    from ficco.training.pairs import SERIAL_INDEX, valid_mask
+    from ficco.training.predict.pairs import SERIAL_INDEX, valid_mask
 
     Z, rows, cols = gs.pairs(table, valid_mask(table.X), None)
     out = np.zeros(table.times_ms.shape)
@@ -80,7 +80,7 @@ def slow_probability(booster, table) -> np.ndarray:
 def neighbour_veto(train, test) -> np.ndarray:
     """Where ``train``'s neighbours of each ``test`` row measured a schedule slow, bool ``[n_test, S]``
     (module docstring)."""
-    from ficco.training.pairs import SERIAL_INDEX
+    from ficco.training.predict.pairs import SERIAL_INDEX
 
     def shape(t):
         return np.log2([[s.rows, s.n, s.k] for s in t.scenarios]), [(s.op, s.world_size) for s in t.scenarios]
@@ -105,9 +105,9 @@ def apply(cost: np.ndarray, veto: np.ndarray, on: np.ndarray) -> np.ndarray:
 
 
 def fallback(cost: np.ndarray, ratio: np.ndarray, modes: np.ndarray, gain: float, both: bool) -> np.ndarray:
-    """The picks under ``training.policy``'s fallback at ``gain`` in graph mode (and eager mode when
+    """The picks under ``training.predict.policy``'s fallback at ``gain`` in graph mode (and eager mode when
     ``both``): serial/sm where the regressor's predicted speedup of the pick is below ``1 + gain``."""
-    from ficco.training.policy import DecisionPolicy, ModePolicy, apply_policy
+    from ficco.training.predict.policy import DecisionPolicy, ModePolicy, apply_policy
 
     on, off = DecisionPolicy(min_gain=gain), DecisionPolicy()
     return apply_policy(cost, ratio, ModePolicy(eager=on if both else off, graph=on), modes)[0]

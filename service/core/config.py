@@ -26,8 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_model_root() -> Path:
-    """The registry ``ficco train``/``report``/``retrain`` use: ``training.registry.default_model_root``."""
-    from ficco.training.registry import default_model_root
+    """The registry ``ficco train``/``report``/``retrain`` use:
+    ``training.predict.registry.default_model_root``."""
+    from ficco.training.predict.registry import default_model_root
 
     return default_model_root()
 

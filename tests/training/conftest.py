@@ -27,7 +27,7 @@ from ficco.features import (
 from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import TrainConfig
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES
-from ficco.training.policy import DecisionPolicy
+from ficco.training.predict.policy import DecisionPolicy
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 MOE_CONFIGS_DIR = CONFIGS_DIR.parent / "moe_configs"

@@ -1,4 +1,4 @@
-"""training.coverage: neighbours counted as defined, stored with a model, answered with every pick."""
+"""training.predict.coverage: neighbours counted as defined, stored with a model, answered with every pick."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ficco.features import Scenario, get_hardware
-from ficco.training.coverage import COVERAGE_FILE, Coverage, off_map
-from ficco.training.registry import load_predictor
+from ficco.training.predict.coverage import COVERAGE_FILE, Coverage, off_map
+from ficco.training.predict.registry import load_predictor
 
 REPO = Path(__file__).resolve().parents[2]
 H200X2 = get_hardware("h200x2")

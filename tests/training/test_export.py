@@ -23,7 +23,7 @@ from ficco.training.export import (
     export,
     token_grid,
 )
-from ficco.training.registry import load_predictor
+from ficco.training.predict.registry import load_predictor
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ficco.features import Scenario, candidates, get_hardware
-from ficco.training.policy import DecisionPolicy, ModePolicy
-from ficco.training.predictor import Predictor
+from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+from ficco.training.predict.predictor import Predictor
 
 
 def _predictor(trained, policy=None):

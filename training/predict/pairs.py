@@ -4,7 +4,8 @@ A pair is the scenario's feature vector, a short description of the schedule (gr
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
 schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
 :func:`pair_matrix`. Training (``training.model``, scikit-learn and XGBoost) and answering
-(``training.predictor``, numpy) both build their pairs here; ``training.model`` exports these names too.
+(``training.predict.predictor``, numpy) both build their pairs here; ``training.model`` exports these names
+too.
 """
 
 from __future__ import annotations
