@@ -73,10 +73,6 @@ from ficco.harness.host_factor import (
     time_host_calls,
     tiny_operands,
 )
-from ficco.harness.worker import SAFE_ENV
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
 
 SCHEDULES = (
     "serial/sm",

@@ -251,14 +251,14 @@ def run_torchrun(
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
     for phase in ("sweep", "noise") if settings.remeasure else ("sweep",):
         if phase == "noise" and not sweep_complete(plan, out):
-            typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
+            typer.echo("the sweep is not complete: the re-measure waits for the same command again", err=True)
             break
         command = torchrun_command(out, nproc=nproc, device=device, phase=phase, settings=settings)
         typer.echo("running: " + " ".join(command), err=True)
         code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
         if code != 0:
             typer.echo(
-                f"error: torchrun ({phase}) exited with {code}; `ficco bench --resume` continues where it "
+                f"error: torchrun ({phase}) exited with {code}; the same `ficco bench` continues where it "
                 "stopped",
                 err=True,
             )

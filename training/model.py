@@ -162,17 +162,8 @@ class PairModel(BaseEstimator):
         """The unfitted XGBoost estimator of ``objective``."""
         import xgboost as xgb
 
-        common = {
-            "n_estimators": self.n_estimators,
-            "max_depth": self.max_depth,
-            "learning_rate": self.learning_rate,
-            "min_child_weight": self.min_child_weight,
-            "reg_lambda": self.reg_lambda,
-            "random_state": self.random_state,
-            "n_jobs": self.n_jobs,
-            "tree_method": "hist",
-            "verbosity": 0,
-        }
+        common = {k: v for k, v in self.get_params().items() if k != "objective"}  # XGBoost's, by name
+        common |= {"tree_method": "hist", "verbosity": 0}
         if self.objective == "rank":
             return xgb.XGBRanker(objective="rank:pairwise", **common)
         if self.objective == "ndcg":

@@ -22,13 +22,9 @@ Prints both tables and writes the JSON (``--out``). Single-threaded XGBoost; the
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import numpy as np
 
-from benchmarks import REPO
+from benchmarks import REPO, study_main
 
 TRAINING = ("datasets/h200x2", "datasets/h200x2-moe")
 UNSEEN = ("datasets/h200x2-unseen", "datasets/h200x2-unseen-v3", "datasets/h200x2-heldout",
@@ -149,16 +145,7 @@ def text(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "off-map-h200x2.json")
-    args = parser.parse_args()
-    results = study()
-    print(text(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    study_main(__doc__, REPO / "reports" / "off-map-h200x2.json", study, text)
 
 
 if __name__ == "__main__":

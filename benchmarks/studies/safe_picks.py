@@ -29,13 +29,11 @@ Prints both tables and writes the JSON (``--out``). Single-threaded XGBoost; the
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import REPO
+from benchmarks import REPO, study_main
 from benchmarks.studies import graph_study as gs
 
 FALLBACK_GAINS = (0.0, 0.02, 0.05)
@@ -276,17 +274,8 @@ def async_tp_table(trade: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "safe-picks-h200x2.json")
-    args = parser.parse_args()
-    results = study()
-    print(pick_model_table(results["pick_model"]))
-    print(async_tp_table(results["async_tp_drop_in"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    tables = (lambda r: pick_model_table(r["pick_model"]), lambda r: async_tp_table(r["async_tp_drop_in"]))
+    study_main(__doc__, REPO / "reports" / "safe-picks-h200x2.json", study, *tables)
 
 
 if __name__ == "__main__":

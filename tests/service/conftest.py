@@ -87,11 +87,11 @@ def train_version(
     import dataclasses
 
     from ficco.features.provenance import MEASURED, is_sim_id, registry_id
-    from ficco.training.coverage import Coverage
     from ficco.training.fit import TrainConfig, fit_pair_model
-    from ficco.training.policy import DecisionPolicy, ModePolicy
-    from ficco.training.registry import promote as promote_version
-    from ficco.training.registry import register
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+    from ficco.training.predict.registry import promote as promote_version
+    from ficco.training.predict.registry import register
 
     base = registry_id(hardware_id, MEASURED)
     table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)

@@ -19,7 +19,7 @@ import pytest
 
 from ficco.service.core.admission import BatchGate, BusyError
 from ficco.service.core.worker_pool import WorkerOptions
-from ficco.training.registry import current_version, list_models, promote
+from ficco.training.predict.registry import current_version, list_models, promote
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}
 HARDWARE = "h200x2"

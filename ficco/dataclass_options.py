@@ -1,0 +1,124 @@
+"""Command-line options generated from a settings dataclass: one source of names, defaults, help and bounds.
+
+A field that is also an option is declared with :func:`option` (its help and bounds in the field's metadata,
+as ``transformers.HfArgumentParser`` reads them); its flag is the field name with dashes (``max_rounds`` ->
+``--max-rounds``). The same fields then serve every front end::
+
+    @dataclass(frozen=True, kw_only=True)
+    class Timing:
+        rounds: int = option(5, "fewest interleaved rounds", min=1, max=100)
+
+    add_arguments(parser, Timing)               # argparse: a worker, a benchmark
+    timing = from_arguments(Timing, args, parser)
+    @typer_options(Timing, "timing")            # typer: the parameter ``timing`` becomes --rounds ...
+    def bench(timing: Timing, ...): ...
+
+A value out of its bounds, or one the dataclass refuses (its ``__post_init__`` raising ``ValueError``), is a
+usage error naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import Field, field, fields
+from typing import Annotated, Any, TypeVar, get_type_hints
+
+T = TypeVar("T")
+
+
+def option(default: Any, help: str, *, min: float | None = None, max: float | None = None) -> Any:
+    """A dataclass field with ``default`` that is also the option ``--<name>`` (``help``, bounds)."""
+    return field(default=default, metadata={"help": help, "min": min, "max": max})
+
+
+def flag(name: str) -> str:
+    """The option of field ``name``: ``--max-rounds`` for ``max_rounds``."""
+    return "--" + name.replace("_", "-")
+
+
+def _options(cls: type) -> list[tuple[Field, type]]:
+    """The option fields of ``cls`` with their types, in declaration order."""
+    hints = get_type_hints(cls)
+    return [(f, hints[f.name]) for f in fields(cls) if "help" in f.metadata]
+
+
+def _bounds_error(f: Field, value: Any) -> str | None:
+    """Why ``value`` is outside the bounds of field ``f`` (None: within them)."""
+    low, high = f.metadata["min"], f.metadata["max"]
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"{flag(f.name)} must be in [{low}, {high}]; got {value}"
+    return None
+
+
+def _build(cls: type[T], values: dict[str, Any]) -> T:
+    """``cls(**values)``; a ``ValueError`` comes back naming flags instead of ``Class.field``."""
+    try:
+        return cls(**values)
+    except ValueError as err:
+        message = str(err)
+        for f, _ in _options(cls):
+            message = message.replace(f"{cls.__name__}.{f.name}", flag(f.name))
+        raise ValueError(message) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, **defaults: Any) -> None:
+    """Add an option per option field of ``cls`` to ``parser``, with ``defaults`` (field name -> value)
+    in place of the dataclass's own; :func:`from_arguments` reads them back."""
+    for f, kind in _options(cls):
+        default = defaults.get(f.name, f.default)
+        parser.add_argument(
+            flag(f.name), type=kind, default=default, help=f"{f.metadata['help']} ({default})"
+        )
+
+
+def from_arguments(cls: type[T], args: argparse.Namespace, parser: argparse.ArgumentParser) -> T:
+    """The ``cls`` of the options :func:`add_arguments` added; a bad value stops through ``parser.error``."""
+    values = {f.name: getattr(args, f.name) for f, _ in _options(cls)}
+    for f, _ in _options(cls):
+        if (why := _bounds_error(f, values[f.name])) is not None:
+            parser.error(why)
+    try:
+        return _build(cls, values)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def typer_options(cls: type, param: str, *, panel: str | None = None) -> Callable[[Callable], Callable]:
+    """Decorate a typer command: its parameter ``param`` (a ``cls``) becomes one option per option field of
+    ``cls`` (flag, default, help, bounds; under the help panel ``panel``), and the command is called with
+    the ``cls`` they give (a ``typer.BadParameter`` for one the dataclass refuses)."""
+    import typer
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        kind = signature.parameters[param].kind
+        generated = [
+            inspect.Parameter(
+                f.name,
+                kind,
+                default=f.default,
+                annotation=Annotated[hint, typer.Option(flag(f.name), rich_help_panel=panel, **f.metadata)],
+            )
+            for f, hint in _options(cls)
+        ]
+        names = [p.name for p in generated]
+        parameters = [
+            q for p in signature.parameters.values() for q in (generated if p.name == param else [p])
+        ]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            try:
+                kwargs[param] = _build(cls, {name: kwargs.pop(name) for name in names})
+            except ValueError as err:
+                raise typer.BadParameter(str(err)) from None
+            return command(**kwargs)
+
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run
+
+    return decorate
