@@ -31,6 +31,7 @@ import typer
 from ficco.dataclass_options import typer_options
 from ficco.errors import fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, DENSE_OPS, MOE_OPS, OPS
+from ficco.files import work_root
 from ficco.harness.backend import Timing
 from ficco.harness.cpu_placement import DEFAULT_PIN, PinPolicy
 from ficco.harness.launch import (
@@ -144,8 +145,8 @@ def sweep_job(
         typer.Option(
             min=0,
             max=10_000_000,
-            help="Measure only N planned scenarios spread evenly over the plan (0: all): a quick check of "
-            "a machine or a protocol, e.g. --sample 48 --remeasure 48 for its run-to-run noise.",
+            help="Measure only N planned scenarios spread evenly over the plan (0: all): a quick check, e.g. "
+            "--sample 48 --remeasure 48 for the run-to-run noise.",
         ),
     ] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
@@ -154,8 +155,8 @@ def sweep_job(
         typer.Option(
             min=0,
             max=100_000,
-            help="After the sweep, measure this many finished scenarios again into noise.parquet, in a "
-            "separate process and a shuffled order (the card's noise numbers; >= 64 for a dataset).",
+            help="After the sweep, measure this many finished scenarios again (another process and order) "
+            "into noise.parquet: the card's noise numbers; >= 64 for a dataset.",
         ),
     ] = 0,
     modes: Annotated[
@@ -183,8 +184,8 @@ def sweep_job(
         typer.Option(
             min=0.0,
             max=1e6,
-            help="Minutes after which no new scenario starts (0: no limit); the dataset stays consistent "
-            "and the same command continues it. The re-measure runs only once the sweep is complete.",
+            help="Minutes after which no new scenario starts (0: no limit); the same command continues the "
+            "dataset. The re-measure runs once the sweep is complete.",
         ),
     ] = 0.0,
     noise: Annotated[
@@ -209,21 +210,13 @@ def sweep_job(
         max_serial_ms=max_serial_ms, include_moe=bool(set(measured) & set(MOE_OPS)), seed=seed,
         ops=measured, sample=sample,
     )  # fmt: skip
-    settings = WorkerSettings(
-        modes=_modes(modes, backend),
-        timing=timing,
-        remeasure=remeasure,
-        flush_seconds=flush_seconds,
-        deadline=time.time() + 60 * time_budget if time_budget else None,
-        pin=pin.value,
-    )
-    from ficco.files import work_root
-
+    deadline = time.time() + 60 * time_budget if time_budget else None
+    settings = WorkerSettings(modes=_modes(modes, backend), timing=timing, remeasure=remeasure,
+                              flush_seconds=flush_seconds, deadline=deadline, pin=pin.value)  # fmt: skip
     suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
-    return SweepJob(
-        plan=plan, out=out or work_root() / "datasets" / f"{hw.id}{suffix}", hardware=hw, backend=backend,
-        settings=settings, seed=seed, noise=noise, calibrate_from=calibrate_from,
-    )  # fmt: skip
+    out = out or work_root() / "datasets" / f"{hw.id}{suffix}"
+    return SweepJob(plan=plan, out=out, hardware=hw, backend=backend, settings=settings, seed=seed,
+                    noise=noise, calibrate_from=calibrate_from)  # fmt: skip
 
 
 @functools.wraps(sweep_job)  # typer reads the options from sweep_job's signature

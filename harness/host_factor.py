@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from ficco.features.routing import Routing
 
 SCHEDULES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/dma/s4/chunk", "finer/dma/s4/shard")
 CASES: tuple[tuple[str, str], ...] = tuple((op, s) for op in ("ag_gemm", "gemm_rs") for s in SCHEDULES)
@@ -170,11 +169,11 @@ def tiny_operands(
     if device is None:
         cuda = dist.get_backend(group) == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    randn = _seeded_randn(rank, device)
+    randn = seeded_randn(rank, device)
     return randn(rows // w, width), randn(rows, width), randn(width, width)
 
 
-def _seeded_randn(rank: int, device: torch.device) -> Callable[..., torch.Tensor]:
+def seeded_randn(rank: int, device: torch.device) -> Callable[..., torch.Tensor]:
     """``randn(*shape)``: random tensors from a generator seeded by ``rank``, on ``device``, bf16 on CUDA and
     fp32 on the CPU (the operands of the host-time cases)."""
     import torch
@@ -198,32 +197,6 @@ def executor_calls(
     ops = {
         "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
         "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
-    }
-    return {(op, s): functools.partial(ops[op], s) for op, s in cases}
-
-
-def routed_calls(
-    cases: Sequence[tuple[str, str]],
-    routing: Routing,
-    width: int,
-    device: torch.device,
-    group: dist.ProcessGroup | None = None,
-) -> dict[tuple[str, str], Callable[[], object]]:
-    """One executor call per (MoE op, schedule) of ``cases`` under ``routing`` (a ``features.Routing``), on
-    random ``width``-wide rows and ``[local experts, width, width]`` weights on ``device`` (bf16 on CUDA,
-    fp32 on the CPU; seeded by the rank), keyed by the case: ``a2a_gemm`` dispatches this rank's routed
-    rows, ``gemm_a2a`` combines the rows its experts received."""
-    import torch.distributed as dist
-
-    from ficco import executor
-
-    rank = dist.get_rank(group)
-    randn = _seeded_randn(rank, device)
-    x, h = randn(sum(routing.sent(rank)), width), randn(sum(routing.received(rank)), width)
-    b = randn(routing.local_experts, width, width)
-    ops = {
-        "a2a_gemm": lambda s: executor.all_to_all_matmul(x, b, routing, s, group),
-        "gemm_a2a": lambda s: executor.matmul_all_to_all(h, b, routing, s, group),
     }
     return {(op, s): functools.partial(ops[op], s) for op, s in cases}
 
