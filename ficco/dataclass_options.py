@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import Field, field, fields
 from typing import Annotated, Any, TypeVar, get_type_hints
@@ -45,43 +46,31 @@ def _options(cls: type) -> list[tuple[Field, type]]:
     return [(f, hints[f.name]) for f in fields(cls) if "help" in f.metadata]
 
 
-def _bounds_error(f: Field, value: Any) -> str | None:
-    """Why ``value`` is outside the bounds of field ``f`` (None: within them)."""
-    low, high = f.metadata["min"], f.metadata["max"]
-    if (low is not None and value < low) or (high is not None and value > high):
-        return f"{flag(f.name)} must be in [{low}, {high}]; got {value}"
-    return None
-
-
 def _build(cls: type[T], values: dict[str, Any]) -> T:
-    """``cls(**values)``; a ``ValueError`` comes back naming flags instead of ``Class.field``."""
+    """``cls(**values)`` after each option's bounds are checked; a ``ValueError`` names the flag
+    (``--max-rounds``, where the dataclass says ``Timing.max_rounds``)."""
+    for f, _ in _options(cls):
+        low, high, value = f.metadata["min"], f.metadata["max"], values[f.name]
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{flag(f.name)} must be in [{low}, {high}]; got {value}")
     try:
         return cls(**values)
     except ValueError as err:
-        message = str(err)
-        for f, _ in _options(cls):
-            message = message.replace(f"{cls.__name__}.{f.name}", flag(f.name))
-        raise ValueError(message) from None
+        raise ValueError(re.sub(rf"\b{cls.__name__}\.(\w+)", lambda m: flag(m[1]), str(err))) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, **defaults: Any) -> None:
     """Add an option per option field of ``cls`` to ``parser``, with ``defaults`` (field name -> value)
     in place of the dataclass's own; :func:`from_arguments` reads them back."""
     for f, kind in _options(cls):
-        default = defaults.get(f.name, f.default)
-        parser.add_argument(
-            flag(f.name), type=kind, default=default, help=f"{f.metadata['help']} ({default})"
-        )
+        value = defaults.get(f.name, f.default)
+        parser.add_argument(flag(f.name), type=kind, default=value, help=f"{f.metadata['help']} ({value})")
 
 
 def from_arguments(cls: type[T], args: argparse.Namespace, parser: argparse.ArgumentParser) -> T:
     """The ``cls`` of the options :func:`add_arguments` added; a bad value stops through ``parser.error``."""
-    values = {f.name: getattr(args, f.name) for f, _ in _options(cls)}
-    for f, _ in _options(cls):
-        if (why := _bounds_error(f, values[f.name])) is not None:
-            parser.error(why)
     try:
-        return _build(cls, values)
+        return _build(cls, {f.name: getattr(args, f.name) for f, _ in _options(cls)})
     except ValueError as err:
         parser.error(str(err))
 
@@ -105,9 +94,8 @@ def typer_options(cls: type, param: str, *, panel: str | None = None) -> Callabl
             for f, hint in _options(cls)
         ]
         names = [p.name for p in generated]
-        parameters = [
-            q for p in signature.parameters.values() for q in (generated if p.name == param else [p])
-        ]
+        given = signature.parameters.values()
+        parameters = [q for p in given for q in (generated if p.name == param else [p])]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
