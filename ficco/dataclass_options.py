@@ -75,6 +75,11 @@ def from_arguments(cls: type[T], args: argparse.Namespace, parser: argparse.Argu
         parser.error(str(err))
 
 
+def to_argv(settings: Any) -> list[str]:
+    """The options that give the dataclass ``settings`` back, for a subprocess: ``["--rounds", "5", ...]``."""
+    return [x for f, _ in _options(type(settings)) for x in (flag(f.name), str(getattr(settings, f.name)))]
+
+
 def typer_options(cls: type, param: str, *, panel: str | None = None) -> Callable[[Callable], Callable]:
     """Decorate a typer command: its parameter ``param`` (a ``cls``) becomes one option per option field of
     ``cls`` (flag, default, help, bounds; under the help panel ``panel``), and the command is called with

@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.dataclass_options import typer_options
+from ficco.dataclass_options import to_argv, typer_options
 from ficco.errors import fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID, DENSE_OPS, MOE_OPS, OPS
 from ficco.files import work_root
 from ficco.harness.backend import Timing
 from ficco.harness.cpu_placement import DEFAULT_PIN, PinPolicy
+from ficco.harness.host_factor import HostTiming
 from ficco.harness.launch import (
     REPO_ROOT,
     BenchBackend,
@@ -426,7 +427,9 @@ class HostBackend(StrEnum):
     gloo = BenchBackend.gloo.value
 
 
+@typer_options(HostTiming, "timing")
 def host_factor(
+    *,
     backend: Annotated[
         HostBackend,
         typer.Option(
@@ -437,10 +440,7 @@ def host_factor(
     nproc: Annotated[
         int | None, typer.Option(min=2, help="Processes (default: the detected GPUs; gloo: 2).")
     ] = None,
-    rounds: Annotated[
-        int, typer.Option(min=3, max=1000, help="Shuffled rounds, a batch of every case each.")
-    ] = 10,
-    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per timed batch.")] = 50,
+    timing: HostTiming,
     pin: Annotated[
         PinPolicy,
         typer.Option(
@@ -461,7 +461,7 @@ def host_factor(
     count = process_count(bench_backend, count, count)
     device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
     command = [*torchrun_prefix(count), "-m", "ficco.harness.host_factor", "--device", device]
-    command += ["--rounds", str(rounds), "--batch", str(batch), "--pin", pin.value]
+    command += [*to_argv(timing), "--pin", pin.value]
     command += ["--out", str(out)] if out is not None else []
     typer.echo("running: " + " ".join(command), err=True)
     code = subprocess.run(command, env=launch_env(), cwd=REPO_ROOT, check=False).returncode

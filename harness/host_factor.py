@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ficco.dataclass_options import add_arguments, from_arguments, option
 from ficco.features import Schedule
 from ficco.features.launch_cost import HOST_FACTOR_RANGE, host_us
 from ficco.files import write_text_atomic
@@ -101,6 +102,15 @@ def time_host_calls(
     interleaved_rounds(cases, run_round, rounds=rounds, seed=seed)
     sync()
     return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostTiming:
+    """How ``ficco host-factor`` times the cases; its fields are the options of the command and of this
+    module's ``main`` (``ficco.dataclass_options``)."""
+
+    rounds: int = option(10, "Shuffled rounds, a batch of every case each.", min=3, max=1000)
+    batch: int = option(50, "Calls per timed batch.", min=1, max=10_000)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -257,11 +267,11 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m ficco.harness.host_factor", description=__doc__.splitlines()[0]
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
-    p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
-    p.add_argument("--batch", type=int, default=50, help="calls per timed batch")
+    add_arguments(p, HostTiming)
     p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
     p.add_argument("--out", type=Path, help="JSON file to write (rank 0)")
     args = p.parse_args(argv)
+    timing = from_arguments(HostTiming, args, p)
     os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
@@ -270,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
-        speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)
+        speed = measure_host_factor(**asdict(timing), after_warmup=placement.apply)
         if dist.get_rank() == 0:
             print(speed.summary(), flush=True)
             if args.out is not None:

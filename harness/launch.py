@@ -172,22 +172,20 @@ def torchrun_command(
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
     for one ``phase`` (``sweep`` or ``noise``)."""
+    from ficco.dataclass_options import to_argv
     from ficco.features.dataset import PLAN
 
     worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
     options = {
         "--phase": phase,
         "--modes": ",".join(settings.modes),
-        "--rounds": settings.timing.rounds,
-        "--max-rounds": settings.timing.max_rounds,
-        "--block-ms": settings.timing.block_ms,
-        "--timed-ms": settings.timing.timed_ms,
         "--remeasure": settings.remeasure,
         "--flush-seconds": settings.flush_seconds,
         "--deadline": settings.deadline or 0.0,
         "--pin": settings.pin,
     }
-    return [*torchrun_prefix(nproc), *worker, *(str(x) for pair in options.items() for x in pair)]
+    worker += [str(x) for pair in options.items() for x in pair]
+    return [*torchrun_prefix(nproc), *worker, *to_argv(settings.timing)]
 
 
 def torchrun_prefix(nproc: int) -> list[str]:

@@ -11,8 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from benchmarks.step_timing import StepTiming, add_step_timing, timing_settings
-from ficco.dataclass_options import add_arguments, flag, from_arguments, typer_options
+from ficco.dataclass_options import add_arguments, flag, from_arguments, to_argv, typer_options
 from ficco.harness.backend import Timing
+from ficco.harness.host_factor import HostTiming
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,3 +77,10 @@ def test_each_benchmark_gives_its_own_step_timing_defaults():
     assert timing_settings(args, parser) == dataclasses.asdict(StepTiming(warmup=2, rounds=3, reps=9))
     with pytest.raises(SystemExit):
         timing_settings(parser.parse_args(["--max-rounds", "2"]), parser)
+
+
+@pytest.mark.parametrize("settings", [Timing(rounds=7, timed_ms=0.0), HostTiming(rounds=4, batch=9)])
+def test_to_argv_gives_a_subprocess_the_same_settings(settings):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, type(settings))
+    assert from_arguments(type(settings), parser.parse_args(to_argv(settings)), parser) == settings
