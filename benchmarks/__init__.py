@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ficco.files import write_text_atomic
+from ficco.harness.worker import SAFE_ENV
+
+os.environ.update(SAFE_ENV)  # NVLink multicast off in every tool: before torch.distributed initialises NCCL
 
 REPO = Path(__file__).resolve().parents[1]
 """The repository root (a source checkout: the benchmarks read its datasets and model configs)."""
@@ -59,6 +62,22 @@ def write_results(
     write_text_atomic(path.with_suffix(".md"), render(result))
     with contextlib.suppress(ImportError):
         plot(result, path.with_suffix(".png"))
+
+
+def study_main(doc: str, out: Path, study: Callable[[], dict], *tables: Callable[[dict], str]) -> None:
+    """The ``main`` of a study whose one option is ``--out`` (default ``out``): run ``study``, print each of
+    ``tables`` of its results, and write the results there as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args()
+    results = study()
+    for table in tables:
+        print(table(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 def torchrun_main(

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,10 +62,6 @@ from benchmarks.variants import (
     time_variants,
 )
 from ficco.files import write_text_atomic
-from ficco.harness.worker import SAFE_ENV
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
 
 MIN_BYTES, MAX_BYTES = 64 << 10, 256 << 20
 """Bytes each rank sends in one all-to-all (itself included), doubling from the first to the last."""

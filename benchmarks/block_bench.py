@@ -57,30 +57,24 @@ import argparse
 import functools
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchmarks import REPO, plot_speedups, rerender, write_results
-from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
-from ficco.harness.worker import SAFE_ENV
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import REPO, plot_speedups, rerender, write_results
+from benchmarks.step_timing import add_step_timing, timing_settings
 from ficco import executor
 from ficco.executor.ops import all_gather_single
 from ficco.features import SERIAL, Scenario, Schedule, candidates, get_hardware
 from ficco.features.model_config import ModelConfig, load_model_config
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.runtime import (
     Answer,
     ColumnParallelLinear,
@@ -660,7 +654,7 @@ def run_train_point(
             runnable[name] = (functools.partial(activate, ops, keep), call)
         except Exception as err:  # the same on every rank (a refused or uncapturable op): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    times, host = time_interleaved(runnable, device=device, **timing_settings(args))
+    times, host = time_interleaved(runnable, device=device, **args.timing)
     runnable.clear()  # the graphs go before the next point's
     return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
@@ -695,7 +689,7 @@ def run_inference_point(block: Block, variants: dict[str, Any], tokens: int, arg
             runnable[name] = (activate, call)
         except Exception as err:  # the same on every rank (e.g. an op that cannot be captured): recorded
             failures[name] = f"{type(err).__name__}: {str(err)[:300]}"
-    times, host = time_interleaved(runnable, device=device, **timing_settings(args))
+    times, host = time_interleaved(runnable, device=device, **args.timing)
     runnable.clear()  # the graphs go before the next point's
     return {"times": times, "host": host, "rel_err": errors, "errors": failures, "verify": verdicts}
 
@@ -784,7 +778,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             "oracle_measured_ops": len(measured),
             "oracle_dataset_ops": len(keys) - len(missing),
             "oracle_pool": pool or "every candidate",
-            **timing_settings(args),
+            **args.timing,
             "pin": args.pin,
             "seq_len": seq_len,
             "dtype": str(dtype),
@@ -1032,7 +1026,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write-plan", type=Path, help="write the plan file (CPU, no torchrun) and exit")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
-    check_step_timing(p, args)
+    args.timing = timing_settings(args, p)
     return args
 
 

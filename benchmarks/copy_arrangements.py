@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -57,11 +56,7 @@ from benchmarks.variants import (
     time_variants,
 )
 from ficco.files import write_text_atomic
-from ficco.harness.worker import SAFE_ENV
 from ficco.tables import markdown_table
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
 
 ARRANGEMENTS = ("per_peer", "4", "2", "1")
 """Copy arrangements tried (``executor.lanes.CopyStreams`` strings); one of those giving the same lanes at

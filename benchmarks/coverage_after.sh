@@ -25,7 +25,7 @@ done
 #    vLLM's rule (model_on_async_tp_rows against vllm_sp_rule, on the same rows)
 "$PY" - "$after" <<'PYEOF'
 import glob, json, sys
-from ficco.training.registry import promote
+from ficco.training.predict.registry import promote
 version = sys.argv[1]
 main = json.load(open("benchmarks/results/evaluate-h200x2.json"))
 misses = [f"{mode} family-holdout regret {main['modes'][mode]['family_holdout']['model']['geomean_regret']:.2%} > {goal:.1%}"

@@ -15,7 +15,7 @@ regressors disagree most, measured with the harness into a dataset of their own.
    n and k. Held-out model families (``unseen_configs``) are never candidates; neither are scenarios a
    committed dataset holds, nor ones whose simulated serial time exceeds ``--max-serial-ms``.
 2. Scores of each candidate, with the shipped model (``models/``, current ``--hardware``): its measured
-   neighbours in each mode (``training.coverage``), and the spread (standard deviation over ``--bags``
+   neighbours in each mode (``training.predict.coverage``), and the spread (standard deviation over ``--bags``
    time-ratio regressors fitted on bootstrap samples of its training datasets' scenarios) of the predicted
    ``log(t_pick / t_serial)`` of the model's own pick, the larger over the modes.
 3. Greedy choice, ``--dense`` dense and ``--moe`` MoE scenarios: each time the candidate of fewest
@@ -116,9 +116,9 @@ def bagged_spread(scenarios: list, picks: dict[str, np.ndarray], *, bags: int, s
     regressors (bootstrap samples of the training datasets' scenarios) of the predicted
     ``log(t_pick / t_serial)`` of ``picks[mode]`` (columns), float ``[n]``."""
     from ficco.features import feature_matrix
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.fit import RATIO_CONFIG, fit_pair_model
     from ficco.training.model import pair_costs
-    from ficco.training.table import load_dataset_table
 
     table = load_dataset_table(*(REPO / p for p in TRAINING)).table
     ids = np.unique(table.scenario_ids)
@@ -141,7 +141,7 @@ def choose(scenarios: list, near: dict[str, np.ndarray], spread: np.ndarray, ind
            count: int) -> list[int]:  # fmt: skip
     """``count`` of the candidates ``index`` (module docstring, step 3): fewest neighbours first, the
     largest spread among equals, each choice a neighbour of the candidates near it from then on."""
-    from ficco.training.coverage import NEIGHBOUR_FACTOR
+    from ficco.training.predict.coverage import NEIGHBOUR_FACTOR
 
     counts = np.minimum(*near.values()).astype(np.int64)[index]
     shape = np.array([(s.m, s.n, s.k) for s in (scenarios[i] for i in index)], dtype=np.int64)
@@ -166,8 +166,8 @@ def make_plan(args: argparse.Namespace) -> None:
     from ficco.features.dataset import GRID_FAMILY
     from ficco.harness.plan import Plan, estimate_sweep
     from ficco.tables import text_table
-    from ficco.training.coverage import Coverage
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.registry import load_predictor
 
     predictor = load_predictor(args.models, args.hardware)
     hw = predictor.profile

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -41,11 +40,7 @@ from pathlib import Path
 from benchmarks import REPO, machine_id, say, torchrun_main
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
-from ficco.harness.worker import SAFE_ENV
 from ficco.tables import text_table
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B", "Mixtral-8x7B-v0.1", "Qwen2.5-72B")
 """Model configs (``datasets/model_configs/<name>.json``) whose TP=2 layers give the shapes."""

@@ -27,7 +27,7 @@ path's when a process's host time moves. Prints a table (median microseconds per
 batches, maximum over ranks) and writes the same rows as JSON to ``--out``. ``--profile CALLS`` adds, per
 (op, schedule), the functions where rank 0's host time goes (cProfile, which inflates small calls; read it
 for proportions; or, ``--profiler torch``, torch's ops and c10d's calls by torch.profiler), under
-``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.affinity``: none,
+``profiles`` in the JSON. ``--pin`` places each rank's threads on the host (``harness.cpu_placement``: none,
 share) after the warm-up; run the script several times per policy to see how much a fresh process's host
 time moves with where the kernel put it (``benchmarks.studies.host.host_placement`` does; the JSON's
 ``address_space`` says whether the process ran with its address-space layout randomised).
@@ -55,28 +55,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from unittest import mock
 
 from ficco.features import OP_SPECS
 from ficco.files import write_text_atomic
-from ficco.harness.affinity import PIN_POLICIES, placement_from_env
-from ficco.harness.host_speed import (
-    executor_calls,
-    routed_calls,
-    time_host_calls,
-    tiny_operands,
-)
-from ficco.harness.worker import SAFE_ENV
+from ficco.harness.cpu_placement import PIN_POLICIES, placement_from_env
+from ficco.harness.host_factor import executor_calls, seeded_randn, time_host_calls, tiny_operands
 
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from ficco.features.routing import Routing
 
 SCHEDULES = (
     "serial/sm",
@@ -228,8 +227,8 @@ def main() -> None:
         "--pin",
         choices=PIN_POLICIES,
         default="none",
-        help="where each rank's threads run (harness.affinity), applied after the warm-up (--loopback: the "
-        "process as local rank LOCAL_RANK of LOCAL_WORLD_SIZE, 0 of 1 when unset)",
+        help="where each rank's threads run (harness.cpu_placement), applied after the warm-up (--loopback: "
+        "the process as local rank LOCAL_RANK of LOCAL_WORLD_SIZE, 0 of 1 when unset)",
     )
     parser.add_argument(
         "--loopback",
@@ -265,6 +264,32 @@ def main() -> None:
         rows, profiles = measure(args, device)
         if dist.get_rank() == 0:
             write(args, rows, profiles)
+
+
+def routed_calls(
+    cases: Sequence[tuple[str, str]],
+    routing: Routing,
+    width: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> dict[tuple[str, str], Callable[[], object]]:
+    """One executor call per (MoE op, schedule) of ``cases`` under ``routing`` (a ``features.Routing``), on
+    random ``width``-wide rows and ``[local experts, width, width]`` weights on ``device`` (bf16 on CUDA,
+    fp32 on the CPU; seeded by the rank), keyed by the case: ``a2a_gemm`` dispatches this rank's routed
+    rows, ``gemm_a2a`` combines the rows its experts received."""
+    import torch.distributed as dist
+
+    from ficco import executor
+
+    rank = dist.get_rank(group)
+    randn = seeded_randn(rank, device)
+    x, h = randn(sum(routing.sent(rank)), width), randn(sum(routing.received(rank)), width)
+    b = randn(routing.local_experts, width, width)
+    ops = {
+        "a2a_gemm": lambda s: executor.all_to_all_matmul(x, b, routing, s, group),
+        "gemm_a2a": lambda s: executor.matmul_all_to_all(h, b, routing, s, group),
+    }
+    return {(op, s): functools.partial(ops[op], s) for op, s in cases}
 
 
 def moe_routing(args: argparse.Namespace, world_size: int):

@@ -4,9 +4,9 @@
 #   bash benchmarks/gpu_dataset.sh HARDWARE SECONDS [more `ficco bench` options]
 #   e.g. bash benchmarks/gpu_dataset.sh h200x2 540 --remeasure 64
 #   DATASET=datasets/h200x2-unseen bash benchmarks/gpu_dataset.sh h200x2 570 --configs datasets/unseen_configs
-#   bash benchmarks/gpu_dataset.sh auto 570 --remeasure 64 --include-moe --grid 280   # TP = every GPU here
-#   SHARDS=2 bash benchmarks/gpu_dataset.sh auto 570 --remeasure 64 --include-moe --grid 280  # 8 GPUs: two
-#       TP=4 sweeps at once, each on 4 GPUs and half the CPUs (`ficco bench --shard`), gathered once complete
+#   bash benchmarks/gpu_dataset.sh auto 570 --remeasure 64 --ops all --grid 280   # TP = every GPU here
+#   SHARDS=2 bash benchmarks/gpu_dataset.sh auto 570 --remeasure 64 --ops all --grid 280  # 8 GPUs: two
+#       TP=4 sweeps at once, each on 4 GPUs and half the CPUs (`ficco fleet shard`), gathered once complete
 # HARDWARE: a profile id, or `auto` for the GPUs found (h200x4 on 4 H200s, h100x4 on 4 H100s; with SHARDS, the
 # GPUs of one shard). DATASET: the dataset directory (default datasets/HARDWARE). FICCO_COPY_STREAMS, when
 # set, is the executor's copy arrangement for the whole sweep (the dataset records it and refuses to resume
@@ -26,13 +26,12 @@ print(h(torch.cuda.get_device_name(0), $TP))")"
 fi
 DIR="${DATASET:-datasets/$HW}"; NAME="$(basename "$DIR")"
 MINUTES="$($PY -c "print(max(($SECONDS_LEFT - 60) / 60, 0.5))")"
-BENCH=("$PY" -m ficco.cli bench --backend "$BACKEND" --hardware "$HW" --tp "$TP" --nproc "$TP")
+SWEEP=(--backend "$BACKEND" --hardware "$HW" --tp "$TP")
 echo "dataset $DIR: $SHARDS x TP=$TP of $GPUS GPUs ($HWID), copy arrangement ${FICCO_COPY_STREAMS:-default}," \
     "time budget $MINUTES min"
 if [ "$SHARDS" -eq 1 ]; then
-    RESUME=(); [ -f "$DIR/manifest.json" ] && RESUME=(--resume)
-    echo "${RESUME[*]:-fresh}"
-    "${BENCH[@]}" --out "$DIR" "${RESUME[@]}" --time-budget "$MINUTES" --flush-seconds 30 "$@" \
+    [ -f "$DIR/manifest.json" ] && echo "continuing" || echo "fresh"
+    "$PY" -m ficco.cli bench "${SWEEP[@]}" --out "$DIR" --time-budget "$MINUTES" --flush-seconds 30 "$@" \
         2> "$OUT/dataset-$NAME.err" | tail -25
     echo "bench rc=${PIPESTATUS[0]}"; tail -5 "$OUT/dataset-$NAME.err"
 else
@@ -42,7 +41,8 @@ else
         devices="$(seq -s, $((i * TP)) $((i * TP + TP - 1)))"
         cpus="$(echo "${CPUS[@]:$((i * PER)):$PER}" | tr ' ' ,)"
         echo "shard $i/$SHARDS: GPUs $devices, CPUs ${cpus%%,*}..${cpus##*,}"
-        CUDA_VISIBLE_DEVICES="$devices" taskset -c "$cpus" "${BENCH[@]}" --out "$DIR" --shard "$i/$SHARDS" \
+        CUDA_VISIBLE_DEVICES="$devices" taskset -c "$cpus" "$PY" -m ficco.cli fleet shard --shard "$i/$SHARDS" \
+            "${SWEEP[@]}" --out "$DIR" \
             --time-budget "$MINUTES" --flush-seconds 30 "$@" > "$OUT/dataset-$NAME-$i.log" 2>&1 &
     done
     wait

@@ -7,9 +7,10 @@
 
 1. Single decision: ``Predictor.recommend([scenario], mode)`` (features, pairs, both forests, fallback,
    the measured neighbours, the Recommendation) on one core (the process is pinned to CPU 0, XGBoost to one
-   thread), for ``--single`` distinct scenarios after a warm-up, on the fast path (``training.fastpath``)
-   and on the reference path (``xgboost.Booster.inplace_predict``), and the neighbour count alone
-   (``training.coverage``, part of ``recommend``); median and p90 microseconds.
+   thread), for ``--single`` distinct scenarios after a warm-up, on the fast path
+   (``training.predict.fastpath``) and on the reference path (``xgboost.Booster.inplace_predict``), and the
+   neighbour count alone (``training.predict.coverage``, part of ``recommend``); median and p90
+   microseconds.
 2. Batch: ``recommend`` of 10,000 distinct scenarios (the predictor picks its path by batch size),
    ``--reps`` times; best and median seconds.
 3. Equality: with ``--dataset`` (repeat it to combine datasets), the fast and the reference path's picks on
@@ -85,7 +86,7 @@ def main() -> None:
 
     from ficco.features import get_hardware
     from ficco.tables import text_table
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.registry import load_predictor
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -118,7 +119,7 @@ def main() -> None:
             seconds.append(time.perf_counter() - start)
         results["batch_10k"][mode] = {"best_s": min(seconds), "median_s": statistics.median(seconds)}
     if args.dataset:
-        from ficco.training.table import load_dataset_table
+        from ficco.training.dataset_table import load_dataset_table
 
         table = load_dataset_table(*args.dataset).table
         fast = predictor.decide(table.X, table.modes, fast=True)

@@ -73,7 +73,6 @@ import functools
 import gc
 import itertools
 import json
-import os
 import re
 import time
 import types
@@ -83,13 +82,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import REPO, machine_id, rerender, write_results
-from benchmarks.step_timing import add_step_timing, check_step_timing, timing_settings
-from ficco.harness.worker import SAFE_ENV
-
-# NVLink multicast stays off in NCCL, PyTorch symmetric memory and NVSHMEM: set before torch loads them.
-os.environ.update(SAFE_ENV)
-
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor.parallel as torch_styles
@@ -97,12 +89,13 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from benchmarks import llama
+from benchmarks import REPO, llama, machine_id, rerender, write_results
 from benchmarks.block_bench import _nothing, device_name, load_models, log, rel_err
 from benchmarks.no_comm import NoCommPass
 from benchmarks.restricted_planner import PLANNED, RESTRICTIONS, RestrictedPlanner
 from benchmarks.runtimes_report import markdown, plot, point_line
 from benchmarks.step_profile import profile_split
+from benchmarks.step_timing import add_step_timing, timing_settings
 from ficco import executor
 from ficco.executor.ops import all_gather_single, reduce_scatter_single
 from ficco.features import Scenario
@@ -570,7 +563,7 @@ def planner_source(hardware: str, world_size: int, cpu: bool) -> tuple[Predictor
     model, which answers for ``h200x2`` only (on the CPU at more than 2 ranks every op then runs
     ``serial/sm``, with the reason in the log). A GPU run at more than 2 ranks without its hardware's model
     stops: every ficco op would run ``serial/sm``."""
-    from ficco.training.registry import ModelLoadError
+    from ficco.training.predict.registry import ModelLoadError
 
     try:
         return PredictorSource.load(hardware_id=hardware), hardware
@@ -667,7 +660,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         variants=tuple(args.variants),
         diagnose_max_tokens=args.diagnose_max_tokens,
         verify=args.verify,
-        timing=timing_settings(args),
+        timing=args.timing,
     )
     # --shapes static: a cache entry per token count and compiled variant (torch < 2.7: cache_size_limit)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -787,7 +780,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="ignore the points of an earlier run in --out")
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
-    check_step_timing(p, args, "layers", "batch")
+    args.timing = timing_settings(args, p)
+    for name in ("layers", "batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
     if args.tokens and any(t < 1 for t in args.tokens):
         p.error(f"--tokens must be positive; got {args.tokens}")
     unknown = [m for m in args.models if not (REPO / "datasets" / "model_configs" / f"{m}.json").exists()]

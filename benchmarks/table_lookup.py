@@ -37,9 +37,9 @@ from ficco.features import Scenario, Schedule, feature_matrix
 from ficco.features.schedule import max_splits
 from ficco.runtime.sources import PredictorSource, TableSource
 from ficco.tables import text_table
+from ficco.training.dataset_table import load_dataset_table
 from ficco.training.export import dataset_shapes, export, token_grid
-from ficco.training.registry import load_predictor
-from ficco.training.table import load_dataset_table
+from ficco.training.predict.registry import load_predictor
 
 DEFAULT_DATASETS = sorted(p for p in (REPO / "datasets").glob("h200x2*") if (p / "manifest.json").exists())
 GOAL_AGREEMENT = 0.98

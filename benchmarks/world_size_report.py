@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     loaded = [load_dataset_table(path) for path in args.datasets]
     sizes = [_world_size(d) for d in loaded]
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def world_size_summary(loaded: list, *, seed: int = 0, n_jobs: int = 1, progress: bool = False) -> dict:
-    """The report's numbers for ``loaded`` (``training.table.LoadedDataset``, one per world size):
+    """The report's numbers for ``loaded`` (``training.dataset_table.LoadedDataset``, one per world size):
     ``datasets``, ``best_schedules``, ``overlap`` and ``transfer`` (see the module docstring); ``progress``:
     a bar per cross-validation."""
     from ficco.training.crossval import cross_validate

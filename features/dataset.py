@@ -1,7 +1,7 @@
 """The dataset format, its one home: columns, manifest, label times, and reading a dataset.
 
 The harness writes datasets (``harness.dataset``, ``harness.labels``), training reads them
-(``training.table``); both take the format from here. One Parquet row per (scenario, schedule, mode),
+(``training.dataset_table``); both take the format from here. One Parquet row per (scenario, schedule, mode),
 append-only parts and a manifest.
 
 Directory layout (``ficco bench --out DIR``)::
@@ -311,11 +311,11 @@ def scenario_from_row(row: Any, hardware: HardwareProfile) -> Scenario:
 
 
 def host_factor_of(df: pd.DataFrame) -> float:
-    """The measuring machine's host factor (``features.host.estimate_host_factor``) from dataset rows: the
-    eager and graph times of each (scenario, schedule) measured ok in both modes against its host price;
+    """The measuring machine's host factor (``features.launch_cost.estimate_host_factor``) from dataset rows:
+    the eager and graph times of each (scenario, schedule) measured ok in both modes against its host price;
     NaN when no eager time is host-bound."""
     from ficco.features import SCHEDULE_INDEX
-    from ficco.features.host import estimate_host_factor, op_prices
+    from ficco.features.launch_cost import estimate_host_factor, op_prices
 
     timed = with_label_times(df[df["ok"].astype(bool)])
     keys = ["scenario_id", "schedule", "op", "world_size", "experts"]

@@ -96,8 +96,8 @@ class Range:
     confident: bool
     """``margin >= BEST_SET_FLOOR``: the runner-up is outside the model's best set everywhere in the range."""
     neighbours: int | None = None
-    """Fewest measured neighbours (``training.coverage``) over the range's decided token counts; None for a
-    model that carries no coverage. A range lies wholly on or wholly off the measured map."""
+    """Fewest measured neighbours (``training.predict.coverage``) over the range's decided token counts; None
+    for a model that carries no coverage. A range lies wholly on or wholly off the measured map."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from typer.core import TyperGroup
 from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, os_error_line, usage_line
 from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
+from ficco.harness import deprecated_bench
+from ficco.harness.fleet import commands as fleet_commands
 from ficco.service import commands as service_commands
 from ficco.training import commands as training_commands
 
@@ -29,7 +32,8 @@ log = logging.getLogger("ficco.cli")
 
 class FiccoGroup(TyperGroup):
     """The ``ficco`` group: a usage error of any subcommand (an unknown option, a value of the wrong type, a
-    missing argument) is one ``error:`` line and exit status 2 instead of click's box."""
+    missing argument) is one ``error:`` line and exit status 2 instead of click's box; the last release's
+    ``ficco bench`` spellings run as their new commands (``harness.deprecated_bench``)."""
 
     def main(
         self,
@@ -39,6 +43,7 @@ class FiccoGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        args = deprecated_bench.rewrite(sys.argv[1:] if args is None else args, os.environ)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -68,7 +73,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = (harness_commands, training_commands, service_commands)
+COMMAND_MODULES = (harness_commands, fleet_commands, training_commands, service_commands)
 """Modules with a ``register(app)`` function that adds their subcommands, in help order."""
 
 LOG_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)

@@ -4,10 +4,10 @@ The core (numpy, typer, pydantic) answers ``recommend``, ``score`` and ``version
 pyproject.toml add the rest::
 
     pip install 'ficco[service]'    # ficco serve
-    pip install 'ficco[data]'       # ficco dataset gather, bench --backend sim (pandas, pyarrow, plots)
+    pip install 'ficco[data]'       # ficco dataset card|gather, bench --backend sim (pandas, pyarrow, plots)
     pip install 'ficco[train]'      # ficco train, evaluate, report, export, retrain --backend sim
-    pip install 'ficco[executor]'   # ficco bench, host-factor (torch; the GPU machine's image brings its own)
-    pip install 'ficco[fleet]'      # ficco bench --ray
+    pip install 'ficco[executor]'   # ficco bench, fleet shard, host-factor (torch; the GPU machine's own)
+    pip install 'ficco[fleet]'      # ficco fleet run (Ray)
 
 A command whose extra is missing stops before it starts with ``error: ficco bench needs tqdm, which
 `pip install -e '.[executor]'` installs`` and exit status 1, and an import that fails later (a code path
@@ -46,6 +46,10 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "retrain": ("train", EXTRA_MODULES["train"]),
     "export": ("train", EXTRA_MODULES["train"]),
     "bench": ("executor", DATA_MODULES),
+    "fleet shard": ("executor", DATA_MODULES),
+    "fleet run": ("fleet", (*EXTRA_MODULES["fleet"], *DATA_MODULES)),
+    "fleet emit": ("data", DATA_MODULES),
+    "dataset card": ("data", DATA_MODULES),
     "dataset gather": ("data", DATA_MODULES),
     "host-factor": ("executor", EXTRA_MODULES["executor"]),
 }
@@ -62,7 +66,7 @@ def command_extras(
     command: str, options: Mapping[str, Any] | None = None
 ) -> list[tuple[str, tuple[str, ...]]]:
     """(extra, modules checked before the start) of ``command`` run with ``options`` (its parsed options):
-    ``bench --backend sim`` needs only ``data``, and ``--ray`` adds ``fleet``."""
+    ``bench --backend sim`` needs only ``data``."""
     options = options or {}
     own = COMMAND_EXTRAS.get(command)
     if own is None:
@@ -70,10 +74,7 @@ def command_extras(
     backend = str(getattr(options.get("backend"), "value", options.get("backend")))
     if command == "bench" and backend == "sim":
         own = ("data", DATA_MODULES)
-    needs = [own]
-    if command == "bench" and options.get("ray") is not None:
-        needs.append(("fleet", EXTRA_MODULES["fleet"]))
-    return needs
+    return [own]
 
 
 def install_command(extra: str) -> str:

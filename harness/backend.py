@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ficco.dataclass_options import option
 from ficco.features import Scenario, Schedule
 
 ROUNDS = 5
@@ -40,16 +41,34 @@ the MoE ops; one copy-engine side stream per peer): a resume compares with these
 class Timing:
     """How long and how often the timing protocol (``harness.torch_backend``) times each item: blocks of
     about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. One object carries these from
-    the command line to the worker processes, the backend, the manifest and the sweep estimate."""
+    the command line to the worker processes, the backend, the manifest and the sweep estimate; its fields
+    are the options ``--rounds``, ``--max-rounds``, ``--block-ms`` and ``--timed-ms`` of ``ficco bench`` and
+    the worker (``ficco.dataclass_options``)."""
 
-    rounds: int = ROUNDS
-    """Fewest interleaved rounds per scenario and mode (>= 1; a dataset uses >= 5)."""
-    max_rounds: int = MAX_ROUNDS
-    """Most rounds per scenario and mode (>= ``rounds``)."""
-    block_ms: float = BLOCK_MS
-    """Target ms of one timed block of ``serial/sm`` calls (> 0)."""
-    timed_ms: float = TIMED_MS
-    """Target timed ms per scenario and mode (>= 0; 0: always ``rounds``)."""
+    rounds: int = option(
+        ROUNDS,
+        "Fewest interleaved rounds per scenario and mode (gpu/gloo); >= 5 for a dataset.",
+        min=1,
+        max=100,
+    )
+    max_rounds: int = option(
+        MAX_ROUNDS,
+        "Most rounds per scenario and mode (gpu/gloo): cheap scenarios get more rounds, up to this, while "
+        "their timed work stays under --timed-ms.",
+        min=1,
+        max=1000,
+    )
+    block_ms: float = option(
+        BLOCK_MS, "Target ms of one timed block of serial calls (gpu/gloo).", min=0.05, max=100.0
+    )
+    timed_ms: float = option(
+        TIMED_MS,
+        "Target timed ms per scenario and mode (gpu/gloo): sets the rounds between --rounds and --max-rounds "
+        "from the first round's length; eager mode gets 3x this, for its 10th-percentile labels (0: always "
+        "--rounds).",
+        min=0.0,
+        max=1e6,
+    )
 
     def __post_init__(self) -> None:
         for name in ("rounds", "max_rounds"):

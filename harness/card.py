@@ -1,7 +1,7 @@
 """The dataset card: ``card.md`` and one PNG per op and mode of the best schedule over the (m, n*k) plane.
 
 ``write_card(directory)`` reads only the dataset directory (manifest, parts, ``noise.parquet``,
-``plan.json``), so ``ficco bench --card-only`` regenerates it at any time.
+``plan.json``), so ``ficco dataset card`` regenerates it at any time.
 """
 
 from __future__ import annotations
@@ -394,7 +394,9 @@ def _noise_table(columns: tuple, rows: list[tuple[str, dict[str, float]]]) -> st
 
 def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
     if noise is None or noise.empty:
-        return "## Run-to-run noise\n\nNot measured (run `ficco bench --resume --remeasure N`)."
+        return (
+            "## Run-to-run noise\n\nNot measured (run the sweep's `ficco bench` again with `--remeasure N`)."
+        )
     runs = {m: (df[df["mode"] == m], noise[noise["mode"] == m]) for m in MODES if (noise["mode"] == m).any()}
     return (
         "## Run-to-run noise\n\nThe re-measured scenarios (`noise.parquet`) were measured again in a "
@@ -418,7 +420,7 @@ def _host_speed(df: pd.DataFrame) -> str:
     return (
         "## Host speed\n\n"
         f"Host factor of the measuring machine: {value}: the median eager time over the executor's host "
-        "price (`features.host.estimate_host_factor`) where the host bounds the eager time (the graph "
+        "price (`features.launch_cost.estimate_host_factor`) where the host bounds the eager time (the graph "
         "replay of the same schedule takes less than half of it). Eager times of small shapes follow it, "
         "so their labels hold for machines of a similar factor; a model records its training data's, and "
         "`Predictor.recommend(..., host_factor=...)` answers for another machine's."

@@ -1,38 +1,40 @@
-"""``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario.
+"""``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario; ``ficco dataset
+card|gather``; ``ficco host-factor``. The fleet verbs (``ficco fleet run|emit|shard``) are
+``harness.fleet.commands``.
 
     ficco bench --out datasets/h200x2 --remeasure 64          # all local GPUs through torchrun
-    ficco bench --out datasets/h200x2 --resume                # continue after a crash or Ctrl-C
-    ficco bench --out datasets/h200x2-moe --include-moe       # the MoE configs' all-to-all pairs too
-    ficco bench --backend sim --out /tmp/sim --include-moe    # no GPU: the analytic model
+    ficco bench --out datasets/h200x2 --remeasure 64          # again: continues after a crash or Ctrl-C
+    ficco bench --out datasets/h200x2-moe --ops all           # the MoE configs' all-to-all pairs too
+    ficco bench --backend sim --out /tmp/sim --ops all        # no GPU: the analytic model
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
-    ficco bench --card-only --out datasets/h200x2             # rewrite card.md and the plots
-    ficco bench --tp 8 --out /shared/h100x8 --shard 2/16      # one shard (docs/fleet.md)
-    ficco bench --tp 8 --out /shared/h100x8 --ray auto        # every shard on Ray, then gathered
-    ficco bench --tp 8 --out /shared/h100x8 --emit slurm --shards 16   # a job array script
-    ficco dataset gather /shared/h100x8/shards --out /shared/h100x8    # the shards into one dataset
+    ficco dataset card datasets/h200x2                        # rewrite card.md and the plots
+    ficco fleet run auto --tp 8 --out /shared/h100x8          # every shard on Ray, then gathered
 
-Heavy imports (torch, pandas, matplotlib) happen inside the command.
+Heavy imports (torch, pandas, matplotlib) happen inside the commands.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
-import math
 import subprocess
 import time
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import FAILURE, fail, fail_on_value_error
-from ficco.features import DEFAULT_HARDWARE_ID, OPS
-from ficco.harness.affinity import DEFAULT_PIN, PinPolicy
-from ficco.harness.backend import BLOCK_MS, MAX_ROUNDS, ROUNDS, TIMED_MS, Timing
-from ficco.harness.emit import Engine
+from ficco.dataclass_options import to_argv, typer_options
+from ficco.errors import fail, fail_on_value_error
+from ficco.features import DEFAULT_HARDWARE_ID, DENSE_OPS, MOE_OPS, OPS
+from ficco.files import work_root
+from ficco.harness.backend import Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN, PinPolicy
+from ficco.harness.host_factor import HostTiming
 from ficco.harness.launch import (
     REPO_ROOT,
     BenchBackend,
@@ -47,9 +49,10 @@ from ficco.harness.launch import (
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
 if TYPE_CHECKING:
+    import click
+
     from ficco.features import HardwareProfile
     from ficco.harness.plan import Plan
-    from ficco.harness.shards import Shard
 
 log = logging.getLogger(__name__)
 
@@ -57,43 +60,46 @@ log = logging.getLogger(__name__)
 BENCH_HELP = (
     "Measure every candidate schedule of every planned scenario and write the labelled dataset.\n\n"
     "The plan: each model config in --configs expanded into the pairs of one layer (QKV and MLP up as "
-    "all-gather -> GEMM, attention out and MLP down as GEMM -> reduce-scatter; with --include-moe, an MoE "
-    "layer's dispatch and combine as all-to-all -> expert GEMMs and back) for every --tokens value, "
+    "all-gather -> GEMM, attention out and MLP down as GEMM -> reduce-scatter; with the MoE ops in --ops, "
+    "an MoE layer's dispatch and combine as all-to-all -> expert GEMMs and back) for every --tokens value, "
     "plus --grid log-uniform shapes between the models. The simulated GPU time of the sweep is printed "
-    "first. The sweep resumes after a crash (--resume) and ends by writing card.md and the plots."
+    "first. The same command again continues the dataset in --out (after a crash, Ctrl-C or "
+    "--time-budget); the sweep ends by writing card.md and the plots. `ficco fleet` runs it as shards "
+    "across machines."
 )
 
 
-def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
-    """The execution modes of ``--modes``: a non-empty subset of ``MODES`` (gloo: ``eager`` only)."""
-    from ficco.features import MODES
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepJob:
+    """One sweep as ``ficco bench``'s options give it: the plan, where it goes and how it is measured."""
 
-    if value is None:
-        return ("eager",) if backend is BenchBackend.gloo else MODES
-    modes = tuple(m.strip() for m in value.split(",") if m.strip())
-    allowed = ("eager",) if backend is BenchBackend.gloo else MODES
-    if not modes or any(m not in allowed for m in modes):
-        raise fail(
-            f"--modes must be comma-separated values of {list(allowed)} with --backend {backend}; "
-            f"got {value!r}"
-        )
-    return tuple(m for m in MODES if m in modes)
+    plan: Plan
+    out: Path
+    hardware: HardwareProfile
+    backend: BenchBackend
+    settings: WorkerSettings
+    seed: int
+    """Seed of the grid (in the plan) and of the simulator's noise."""
+    noise: float
+    calibrate_from: Path | None
 
 
-def bench(
-    ctx: typer.Context,
+@typer_options(Timing, "timing", panel="Timing protocol (gpu/gloo)")
+def sweep_job(
+    *,
     backend: Annotated[
         BenchBackend,
         typer.Option(
-            help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes "
-            "through torchrun (checks the pipeline, times mean nothing); sim: the analytic model."
+            help="gpu: every local GPU through torchrun (NCCL + copy engines), --tp of them; gloo: --tp CPU "
+            "processes through torchrun (checks the pipeline, times mean nothing); sim: the analytic model."
         ),
     ] = BenchBackend.gpu,
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Dataset directory. Default: datasets/<hardware> (gpu), datasets/<hardware>-sim, "
-            "datasets/<hardware>-gloo, in the checkout (installed: in ~/.local/share/ficco)."
+            help="Dataset directory, new or one to continue. Default: datasets/<hardware> (gpu), "
+            "datasets/<hardware>-sim, datasets/<hardware>-gloo, in the checkout (installed: in "
+            "~/.local/share/ficco)."
         ),
     ] = None,
     configs: Annotated[
@@ -102,8 +108,8 @@ def bench(
     tp: Annotated[
         int,
         typer.Option(
-            help="Tensor-parallel degree = world size of every scenario: 2 to the --hardware's GPU count "
-            "(at most 8)."
+            help="Tensor-parallel degree = world size of every scenario = processes: 2 to the --hardware's "
+            "GPU count (at most 8)."
         ),
     ] = 2,
     tokens: Annotated[
@@ -127,36 +133,33 @@ def bench(
             "HardwareProfile JSON file, which registers its id for every command."
         ),
     ] = DEFAULT_HARDWARE_ID,
-    include_moe: Annotated[
-        bool,
-        typer.Option(
-            "--include-moe",
-            help="Add the expert-parallel pairs of the MoE configs: all-to-all -> expert GEMMs (a2a_gemm) "
-            "and expert GEMMs -> all-to-all (gemm_a2a), at balanced routing.",
-        ),
-    ] = False,
     ops: Annotated[
-        str | None,
+        str,
         typer.Option(
-            help="Comma-separated ops to keep (default: every op; ag_gemm, gemm_rs, a2a_gemm, gemm_a2a), "
-            "e.g. a2a_gemm,gemm_a2a with --include-moe for MoE rows only."
+            help=f"Comma-separated ops to measure, of {', '.join(OPS)}, or all. The MoE ops "
+            f"({', '.join(MOE_OPS)}: all-to-all -> expert GEMMs and back, at balanced routing) add the MoE "
+            "configs' expert-parallel pairs."
         ),
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the dataset in --out (skips finished scenarios).")
-    ] = False,
+    ] = ",".join(DENSE_OPS),
+    sample: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=10_000_000,
+            help="Measure only N planned scenarios spread evenly over the plan (0: all): a quick check, e.g. "
+            "--sample 48 --remeasure 48 for the run-to-run noise.",
+        ),
+    ] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
     remeasure: Annotated[
         int,
         typer.Option(
             min=0,
             max=100_000,
-            help="After the sweep, measure this many finished scenarios again into noise.parquet, in a "
-            "separate process and a shuffled order (the card's noise numbers; >= 64 for a dataset).",
+            help="After the sweep, measure this many finished scenarios again (another process and order) "
+            "into noise.parquet: the card's noise numbers; >= 64 for a dataset.",
         ),
     ] = 0,
-    nproc: Annotated[
-        int | None, typer.Option(help="Processes for gpu/gloo (default: detected GPUs, or --tp for gloo).")
-    ] = None,
     modes: Annotated[
         str | None,
         typer.Option(
@@ -164,65 +167,15 @@ def bench(
             "(replayed from a CUDA graph; not on gloo). Default: eager,graph (gpu, sim), eager (gloo)."
         ),
     ] = None,
-    rounds: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=100,
-            help="Fewest interleaved rounds per scenario and mode (gpu/gloo); >= 5 for a dataset.",
-        ),
-    ] = ROUNDS,
-    max_rounds: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            max=1000,
-            help="Most rounds per scenario and mode (gpu/gloo): cheap scenarios get more rounds, up to this, "
-            "while their timed work stays under --timed-ms.",
-        ),
-    ] = MAX_ROUNDS,
-    block_ms: Annotated[
-        float,
-        typer.Option(min=0.05, max=100.0, help="Target ms of one timed block of serial calls (gpu/gloo)."),
-    ] = BLOCK_MS,
-    timed_ms: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1e6,
-            help="Target timed ms per scenario and mode (gpu/gloo): sets the rounds between --rounds and "
-            "--max-rounds from the first round's length; eager mode gets 3x this, for its 10th-percentile "
-            "labels (0: always --rounds).",
-        ),
-    ] = TIMED_MS,
+    timing: Timing,
     pin: Annotated[
         PinPolicy,
         typer.Option(
-            help="Where each rank's threads run (gpu/gloo; harness.affinity): none (the kernel decides), "
-            "share (each rank an equal, disjoint share of the CPUs' physical cores; every committed "
-            "dataset was measured so).",
+            help="Where each rank's threads run (gpu/gloo; harness.cpu_placement): none (the kernel "
+            "decides), share (each rank an equal, disjoint share of the CPUs' physical cores; every "
+            "committed dataset was measured so).",
         ),
     ] = DEFAULT_PIN,
-    seed: Annotated[int, typer.Option(help="Seed of the grid and of the sim noise.")] = 0,
-    noise: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
-    ] = 0.0,
-    calibrate_from: Annotated[
-        Path | None,
-        typer.Option(help="Sim only: refit the model's constants to this measured dataset first."),
-    ] = None,
-    limit: Annotated[
-        int, typer.Option(min=0, max=10_000_000, help="Measure only the first N planned scenarios (0: all).")
-    ] = 0,
-    sample: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=10_000_000,
-            help="Measure only N planned scenarios spread evenly over the plan (0: all): a quick check of "
-            "a machine or a protocol, e.g. --sample 48 --remeasure 48 for its run-to-run noise.",
-        ),
-    ] = 0,
     flush_seconds: Annotated[
         float,
         typer.Option(min=0.0, max=3600.0, help="Seconds between dataset writes (what a crash can lose)."),
@@ -232,140 +185,69 @@ def bench(
         typer.Option(
             min=0.0,
             max=1e6,
-            help="Minutes after which no new scenario starts (0: no limit); the dataset stays consistent "
-            "and the same command with --resume continues it. The re-measure runs only once the sweep is "
-            "complete.",
+            help="Minutes after which no new scenario starts (0: no limit); the same command continues the "
+            "dataset. The re-measure runs once the sweep is complete.",
         ),
     ] = 0.0,
-    shard: Annotated[
-        str | None,
-        typer.Option(
-            help="Measure only shard I/N of the plan (0 <= I < N; balanced by estimated GPU time) into "
-            "OUT/shards/shard-I-of-N, resuming it if started; default: from SLURM_ARRAY_TASK_ID and "
-            "SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX and FICCO_SHARD_COUNT, when set. "
-            "`ficco dataset gather OUT/shards --out OUT` unions the shards.",
-            rich_help_panel="Fleet",
-        ),
+    noise: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Sim only: log-normal noise on every time.")
+    ] = 0.0,
+    calibrate_from: Annotated[
+        Path | None,
+        typer.Option(help="Sim only: refit the model's constants to this measured dataset first."),
     ] = None,
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            metavar="ADDRESS",
-            help="Run every shard as a Ray task on the cluster at ADDRESS (auto: the running one; local: "
-            "start one here), each in a placement group of one node, retried and resumed when it fails, "
-            "then gather them into --out (needs ficco\\[fleet]).",
-            rich_help_panel="Fleet",
-        ),
-    ] = None,
-    emit: Annotated[
-        Engine | None,
-        typer.Option(
-            help="Write the job that runs the shards on a cluster scheduler into OUT/shards/ (slurm: a job "
-            "array script; k8s: an indexed Job manifest) and print the gather command to run after.",
-            rich_help_panel="Fleet",
-        ),
-    ] = None,
-    shards: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=100_000,
-            help="Shards of --ray and --emit (0: --ray, one per node that fits; --emit needs a count).",
-            rich_help_panel="Fleet",
-        ),
-    ] = 0,
-    share_nodes: Annotated[
-        bool,
-        typer.Option(
-            "--share-nodes",
-            help="Let shards of --ray/--emit share a GPU node (--tp GPUs each) instead of holding it whole: "
-            "faster, but co-tenants share NVLink and host, which disturbs overlap timing (the card says so).",
-            rich_help_panel="Fleet",
-        ),
-    ] = False,
-    max_retries: Annotated[
-        int,
-        typer.Option(
-            min=0, max=100, help="Retries of a failed shard (--ray, --emit k8s).", rich_help_panel="Fleet"
-        ),
-    ] = 3,
-    image: Annotated[
-        str,
-        typer.Option(
-            help="Container image of --emit k8s (ficco with a CUDA torch).", rich_help_panel="Fleet"
-        ),
-    ] = "ficco-bench:latest",
-    card_only: Annotated[
-        bool, typer.Option("--card-only", help="Only rewrite card.md and the plots of --out, then stop.")
-    ] = False,
-    relabel: Annotated[
-        bool,
-        typer.Option(
-            "--relabel",
-            help="With --card-only: first recompute in_best_set of every row from its stored rounds under "
-            "the current label rule (eager: 10th percentile, graph: median), rewriting files that change.",
-        ),
-    ] = False,
-) -> None:
-    """Measure every candidate schedule of every scenario of the plan and write the labelled dataset
-    (help text: ``BENCH_HELP``)."""
+) -> SweepJob:
+    """The sweep ``ficco bench`` runs with these options (its help: ``BENCH_HELP``); the fleet verbs read
+    the ``ficco bench`` options of theirs through it (:func:`parse_sweep`)."""
     hw = hardware_profile(hardware)
-    suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
-    from ficco.files import work_root
-
-    out = out or work_root() / "datasets" / f"{hw.id}{suffix}"
-    if relabel and not card_only:
-        raise fail("--relabel goes with --card-only (it rewrites the labels of an existing dataset)")
-    if card_only:
-        if relabel:
-            _relabel(out)
-        _write_card(out)
-        return
-    _check_options(backend, max_serial_ms=max_serial_ms, noise=noise)
+    if not max_serial_ms > 0:
+        raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
+    if noise and backend is not BenchBackend.sim:
+        raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
     check_tp(tp, hw)
-    if max_rounds < rounds:
-        raise fail(f"--max-rounds must be >= --rounds={rounds}; got {max_rounds}")
-    settings = WorkerSettings(
-        modes=_modes(modes, backend),
-        timing=Timing(rounds=rounds, max_rounds=max_rounds, block_ms=block_ms, timed_ms=timed_ms),
-        remeasure=remeasure,
-        flush_seconds=flush_seconds,
-        deadline=time.time() + 60 * time_budget if time_budget else None,
-        pin=pin.value,
-    )
+    measured = OPS if ops.strip() == "all" else tuple(op.strip() for op in ops.split(",") if op.strip())
     plan = build_plan(
-        configs,
-        hw,
-        tp=tp,
-        tokens=parse_tokens(tokens, tp, DEFAULT_TOKENS),
-        grid=grid,
-        max_serial_ms=max_serial_ms,
-        include_moe=include_moe,
-        seed=seed,
-        ops=[op.strip() for op in ops.split(",") if op.strip()] if ops else OPS,
-        limit=limit,
-        sample=sample,
-    )
-    if ray is not None or emit is not None:
-        if shard is not None:
-            raise fail("--shard runs one shard here; --ray and --emit run every shard (drop --shard)")
-        _run_fleet(
-            ctx, plan, out.resolve(), ray=ray, emit=emit, shards=shards, share_nodes=share_nodes,
-            max_retries=max_retries, image=image, backend=backend, tp=tp,
-        )  # fmt: skip
-        return
-    part = _shard(shard)
-    if part is not None:
-        plan, out, settings = _shard_run(plan, part, out, hw, settings)
-        resume = True  # a shard's directory is always resumed
-    _check_fresh_or_resume(out, resume)
-    if resume:
-        _check_same_plan_settings(out, plan)
+        configs, hw, tp=tp, tokens=parse_tokens(tokens, tp, DEFAULT_TOKENS), grid=grid,
+        max_serial_ms=max_serial_ms, include_moe=bool(set(measured) & set(MOE_OPS)), seed=seed,
+        ops=measured, sample=sample,
+    )  # fmt: skip
+    deadline = time.time() + 60 * time_budget if time_budget else None
+    settings = WorkerSettings(modes=_modes(modes, backend), timing=timing, remeasure=remeasure,
+                              flush_seconds=flush_seconds, deadline=deadline, pin=pin.value)  # fmt: skip
+    suffix = {"gpu": "", "gloo": "-gloo", "sim": "-sim"}[backend.value]
+    out = out or work_root() / "datasets" / f"{hw.id}{suffix}"
+    return SweepJob(plan=plan, out=out, hardware=hw, backend=backend, settings=settings, seed=seed,
+                    noise=noise, calibrate_from=calibrate_from)  # fmt: skip
 
+
+@functools.wraps(sweep_job)  # typer reads the options from sweep_job's signature
+def bench(**options: Any) -> None:
+    """Measure the sweep of ``options`` into its ``--out`` (continuing what is there), then write its card."""
+    job = sweep_job(**options)
+    measure(job)
+    _write_card(job.out)
+
+
+def parse_sweep(args: Sequence[str]) -> tuple[SweepJob, click.Context]:
+    """The sweep of the ``ficco bench`` options ``args`` and the click context that parsed them (which
+    options were given: ``harness.fleet.commands.forwarded_options``); a bad option is a usage error
+    naming ``ficco bench --help``."""
+    app = typer.Typer()
+    app.command()(sweep_job)
+    command = typer.main.get_command(app)
+    ctx = command.make_context("ficco bench", list(args))
+    return ctx.invoke(command.callback, **ctx.params), ctx
+
+
+def measure(job: SweepJob) -> None:
+    """Sweep ``job`` into ``job.out``, continuing the dataset there (refused when its plan settings
+    differ), after printing the plan and the GPU time it takes."""
     from ficco.harness.plan import estimate_sweep
 
+    plan, settings = job.plan, job.settings
+    _check_same_plan_settings(job.out, plan)
     estimate = estimate_sweep(
-        plan, hw, modes=settings.modes, timing=settings.timing, remeasure=settings.remeasure
+        plan, job.hardware, modes=settings.modes, timing=settings.timing, remeasure=settings.remeasure
     )
     plan = dataclasses.replace(
         plan, settings={**plan.settings, "estimated_minutes": round(estimate.seconds / 60, 2)}
@@ -373,163 +255,31 @@ def bench(
     typer.echo(
         f"plan: {len(plan)} scenarios from {len(plan.families)} "
         f"{'family' if len(plan.families) == 1 else 'families'} ({', '.join(plan.families)}); "
-        f"{len(plan.dropped)} model scenarios over {max_serial_ms} ms left out",
+        f"{len(plan.dropped)} model scenarios over {plan.settings['max_serial_ms']} ms left out",
         err=True,
     )
-    typer.echo(f"GPU sweep estimate on {hw.id}: {estimate.summary()}", err=True)
-    if backend is BenchBackend.sim:
-        _run_sim(plan, out, seed=seed, noise=noise, calibrate_from=calibrate_from, settings=settings)
+    typer.echo(f"GPU sweep estimate on {job.hardware.id}: {estimate.summary()}", err=True)
+    if job.backend is BenchBackend.sim:
+        _run_sim(dataclasses.replace(job, plan=plan))
     else:
-        run_torchrun(plan, out, backend=backend, tp=tp, nproc=nproc, settings=settings)
-    if part is None:
-        _write_card(out)
-    else:
-        from ficco.harness.emit import gather_command
-
-        typer.echo(f"shard {part}: {out}; once every shard is done: {gather_command(out.parents[1])}")
+        tp = plan.settings["tp"]
+        run_torchrun(plan, job.out, backend=job.backend, tp=tp, nproc=tp, settings=settings)
 
 
-def _shard(value: str | None) -> Shard | None:
-    """The shard of ``--shard``, else of the job array environment (``harness.shards.shard_from_env``)."""
-    import os
+def _modes(value: str | None, backend: BenchBackend) -> tuple[str, ...]:
+    """The execution modes of ``--modes``: a non-empty subset of ``MODES`` (gloo: ``eager`` only)."""
+    from ficco.features import MODES
 
-    from ficco.harness.shards import Shard, shard_from_env
-
-    try:
-        return Shard.parse(value) if value is not None else shard_from_env(os.environ)
-    except ValueError as err:
-        raise fail(f"--shard: {err}") from None
-
-
-def _shard_run(
-    plan: Plan, part: Shard, out: Path, hw: HardwareProfile, settings: WorkerSettings
-) -> tuple[Plan, Path, WorkerSettings]:
-    """``(plan, out, settings)`` of shard ``part``: its part of the plan, its directory (always resumed;
-    refused if it holds another plan's shard), the settings with its share of the re-measure; records the
-    run."""
-    from ficco.features.dataset import PLAN, read_manifest
-    from ficco.harness.plan import scenario_seconds
-    from ficco.harness.shards import plan_hash, record_run, shard_dir, shard_plan
-
-    sub = shard_plan(plan, part, scenario_seconds(plan, hw, modes=settings.modes, timing=settings.timing))
-    directory = shard_dir(out, part)
-    if (directory / PLAN).is_file():
-        before = json.loads((directory / PLAN).read_text())["settings"].get("shard", {})
-        if before.get("plan_hash") != plan_hash(sub):
-            raise fail(
-                f"{directory} holds shard {part} of another plan (hash {str(before.get('plan_hash'))[:16]}, "
-                f"this one {plan_hash(sub)[:16]}): run it with the options it was started with, or choose "
-                "another --out"
-            )
-    with fail_on_value_error():
-        manifest = read_manifest(directory)
-    record_run(directory, finished_before=0 if manifest is None else len(manifest["finished"]))
-    typer.echo(f"shard {part}: {len(sub)} of {len(plan)} scenarios into {directory}", err=True)
-    return sub, directory, dataclasses.replace(settings, remeasure=math.ceil(settings.remeasure / part.count))
-
-
-FLEET_OPTIONS = (
-    "shard", "ray", "emit", "shards", "share_nodes", "max_retries", "image", "out", "resume", "card_only",
-    "relabel",
-)  # fmt: skip
-"""``ficco bench`` options that a shard's own command does not repeat (the fleet sets them)."""
-
-
-def forwarded_options(ctx: typer.Context) -> list[str]:
-    """The options of this ``ficco bench`` that each shard's command repeats: those given on the command
-    line or in the environment, less ``FLEET_OPTIONS``, paths made absolute."""
-    argv: list[str] = []
-    for param in ctx.command.params:
-        name = param.name
-        if param.param_type_name != "option" or name in FLEET_OPTIONS:
-            continue
-        source = ctx.get_parameter_source(name)
-        if source is None or source.name == "DEFAULT":
-            continue
-        value = ctx.params[name]
-        if param.is_flag:
-            argv += [param.opts[0]] if value else []
-            continue
-        if isinstance(value, Path) or (name == "hardware" and str(value).endswith(".json")):
-            value = Path(value).resolve()
-        argv += [param.opts[0], str(getattr(value, "value", value))]
-    return argv
-
-
-def _run_fleet(
-    ctx: typer.Context,
-    plan: Plan,
-    out: Path,
-    *,
-    ray: str | None,
-    emit: Engine | None,
-    shards: int,
-    share_nodes: bool,
-    max_retries: int,
-    image: str,
-    backend: BenchBackend,
-    tp: int,
-) -> None:
-    """``--emit``: write the scheduler's job; ``--ray``: run the shards on Ray and gather them."""
-    import sys
-
-    argv = forwarded_options(ctx)
-    if backend is BenchBackend.gpu and "--nproc" not in argv:  # a shard's node may hold more GPUs than --tp
-        argv += ["--nproc", str(tp)]
-    from ficco.harness.shards import ShardedSweep
-
-    fleet = {"out": out, "backend": backend.value, "world_size": tp, "share_nodes": share_nodes}
-    if emit is not None:
-        from ficco.harness.emit import Engine, gather_command, write_job
-
-        if ray is not None or shards < 1:
-            raise fail("--emit writes a job for --shards N shards (N >= 1), without --ray")
-        head = [sys.executable, "-m", "ficco.cli"] if emit is Engine.slurm else ["ficco"]
-        command = [*head, "bench", *argv, "--out", str(out)]
-        sweep = ShardedSweep(shards=shards, max_retries=max_retries, **fleet)
-        path = write_job(emit, command, sweep, hardware_id=plan.settings["hardware_id"], image=image)
-        typer.echo(f"wrote {path} ({shards} shards of {len(plan)} scenarios)")
-        typer.echo(f"after every shard has finished: {gather_command(out)}")
-        return
-    from ficco.harness import fleet as ray_fleet
-    from ficco.harness.gather import gather
-
-    try:
-        ray_fleet.connect(ray)
-        count = shards or ray_fleet.default_shards(backend.value, tp, share_nodes)
-        typer.echo(f"ray: {count} shards of {len(plan)} scenarios", err=True)
-        sweep = ShardedSweep(shards=count, max_retries=max_retries, **fleet)
-        dirs = ray_fleet.run_on_ray(ray, sweep, argv=argv, scenarios=len(plan))
-        done = gather(dirs, out)
-    except ConnectionError as err:  # no cluster to run on: a failure, not a bad value
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(FAILURE) from None
-    except (ValueError, RuntimeError) as err:
-        raise fail(str(err)) from None
-    typer.echo(
-        f"gathered {done.shards} shards into {out}: {done.rows} rows, content hash {done.rows_hash[:16]}"
-    )
-
-
-def _check_options(backend: BenchBackend, *, max_serial_ms: float, noise: float) -> None:
-    """Raise a clean exit naming the first option not allowed with ``backend`` (typer checks the ranges)."""
-    if not max_serial_ms > 0:
-        raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
-    if noise and backend is not BenchBackend.sim:
-        raise fail(f"--noise applies to --backend sim only; got --backend {backend.value}")
-
-
-def _check_fresh_or_resume(out: Path, resume: bool) -> None:
-    """Refuse to add to an existing dataset unless ``--resume`` was given."""
-    from ficco.features.dataset import read_manifest
-
-    with fail_on_value_error():
-        existing = read_manifest(out)
-    if existing is not None and not resume:
+    allowed = ("eager",) if backend is BenchBackend.gloo else MODES
+    if value is None:
+        return allowed
+    modes = tuple(m.strip() for m in value.split(",") if m.strip())
+    if not modes or any(m not in allowed for m in modes):
         raise fail(
-            f"{out} already holds a dataset ({len(existing['finished'])} scenarios); pass --resume to "
-            "continue it, or choose another --out"
+            f"--modes must be comma-separated values of {list(allowed)} with --backend {backend}; "
+            f"got {value!r}"
         )
+    return tuple(m for m in MODES if m in modes)
 
 
 PLAN_OPTIONS = {
@@ -537,84 +287,75 @@ PLAN_OPTIONS = {
     "tokens": "--tokens",
     "grid_size": "--grid",
     "hardware_id": "--hardware",
-    "include_moe": "--include-moe",
     "ops": "--ops",
     "max_serial_ms": "--max-serial-ms",
     "seed": "--seed",
     "configs": "--configs",
 }
-"""Plan settings (``plan.json``'s ``settings``) a resumed sweep must share, and the option giving each."""
+"""Plan settings (``plan.json``'s ``settings``) a continued sweep must share, and the option giving each."""
 
 
-def _option_value(value: Any) -> str:
-    """A plan setting as it would be typed on the command line (lists comma-joined)."""
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+def _option_values(settings: dict[str, Any]) -> dict[str, str]:
+    """The plan ``settings`` of ``PLAN_OPTIONS`` as typed on the command line (lists comma-joined; ``ops``:
+    those measured, an MoE op only with the plan's ``include_moe``)."""
+    ops = settings.get("ops")
+    if ops is not None:
+        settings = {**settings, "ops": [op for op in ops if op not in MOE_OPS or settings.get("include_moe")]}
+    values = {key: settings.get(key) for key in PLAN_OPTIONS if key in settings}
+    return {
+        key: ",".join(map(str, v)) if isinstance(v, list | tuple) else str(v) for key, v in values.items()
+    }
 
 
 def _check_same_plan_settings(out: Path, plan: Plan) -> None:
-    """Refuse ``--resume`` whose plan settings differ from the dataset's ``plan.json`` (the card would
-    then contradict its own table); the message names each differing option with both values."""
+    """Refuse to continue the dataset in ``out`` when its ``plan.json`` has other plan settings (the card
+    would then contradict its own table); the message names each differing option with both values."""
     from ficco.features.dataset import PLAN
 
     path = out / PLAN
     if not path.is_file():
         return
     try:
-        before = json.loads(path.read_text())["settings"]
+        before = _option_values(json.loads(path.read_text())["settings"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise fail(f"cannot read the plan of the dataset to resume, {path}: {err}") from None
+        raise fail(f"cannot read the plan of the dataset to continue, {path}: {err}") from None
+    now = _option_values(plan.settings)
     differ = [
-        f"{option} {_option_value(plan.settings.get(key))} (the dataset's: {_option_value(before[key])})"
+        f"{option} {now.get(key)} (the dataset's: {before[key]})"
         for key, option in PLAN_OPTIONS.items()
-        if key in before and before[key] != plan.settings.get(key)
+        if key in before and before[key] != now.get(key)
     ]
     if differ:
         raise fail(
-            f"--resume of {out} with other plan settings than it was started with: {'; '.join(differ)}. "
-            "Resume with the dataset's settings, or choose another --out"
+            f"{out} holds a dataset of other plan settings: {'; '.join(differ)}. Give the dataset's "
+            "settings to continue it, or choose another --out"
         )
-    log.info("resuming %s with the same plan settings", out)
+    log.info("continuing %s with the same plan settings", out)
 
 
-def _run_sim(
-    plan: Plan,
-    out: Path,
-    *,
-    seed: int,
-    noise: float,
-    calibrate_from: Path | None,
-    settings: WorkerSettings,
-) -> None:
-    """Sweep in this process with the simulator (calibrated on ``calibrate_from`` when given), with the
-    settings' modes, noise remeasures, flush interval and deadline (simulated times need no timing protocol
-    and no CPU placement)."""
+def _run_sim(job: SweepJob) -> None:
+    """Sweep ``job`` in this process with the simulator (calibrated on ``job.calibrate_from`` when given),
+    with its settings' modes, noise remeasures, flush interval and deadline (simulated times need no timing
+    protocol and no CPU placement)."""
     from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep
 
-    constants = DEFAULT_CONSTANTS
-    if calibrate_from is not None:
+    constants, source, settings = DEFAULT_CONSTANTS, job.calibrate_from, job.settings
+    if source is not None:
         try:
-            constants = calibrate(load_dataset(calibrate_from), dataset_hardware(calibrate_from))
+            constants = calibrate(load_dataset(source), dataset_hardware(source))
         except ValueError as err:
-            raise fail(f"--calibrate-from {calibrate_from}: {err}") from None
-        typer.echo(f"sim constants calibrated on {calibrate_from}: {constants}", err=True)
-    hardware, modes = plan[0][1].hardware, settings.modes
+            raise fail(f"--calibrate-from {source}: {err}") from None
+        typer.echo(f"sim constants calibrated on {source}: {constants}", err=True)
     flush = {"flush_seconds": settings.flush_seconds, "deadline": settings.deadline}
+    sim = functools.partial(
+        SimBackend, job.hardware, noise=job.noise, constants=constants, modes=settings.modes
+    )
     with fail_on_value_error():
-        backend = SimBackend(hardware, seed=seed, noise=noise, constants=constants, modes=modes)
-        run_sweep(plan, backend, out, **flush)
-        if settings.remeasure and sweep_complete(plan, out):  # a fresh backend (a fresh process): other draws
-            backend = SimBackend(hardware, seed=seed + 1, noise=noise, constants=constants, modes=modes)
-            run_noise(plan, backend, out, settings.remeasure, **flush)
-
-
-def _relabel(out: Path) -> None:
-    from ficco.harness.dataset import relabel_dataset
-
-    with fail_on_value_error():
-        changed = relabel_dataset(out)
-    typer.echo(f"relabelled {out}: in_best_set changed on {changed} rows")
+        run_sweep(job.plan, sim(seed=job.seed), job.out, **flush)
+        if settings.remeasure and sweep_complete(job.plan, job.out):  # another process: other draws
+            run_noise(job.plan, sim(seed=job.seed + 1), job.out, settings.remeasure, **flush)
 
 
 def _write_card(out: Path) -> None:
@@ -625,61 +366,32 @@ def _write_card(out: Path) -> None:
     typer.echo(f"dataset card: {card}")
 
 
-class HostBackend(StrEnum):
-    """The ``BenchBackend`` values that have a host to measure (the simulator has none)."""
-
-    gpu = BenchBackend.gpu.value
-    gloo = BenchBackend.gloo.value
-
-
-def host_factor(
-    backend: Annotated[
-        HostBackend,
+def dataset_card(
+    directory: Annotated[Path, typer.Argument(help="Dataset directory (written by `ficco bench`).")],
+    relabel: Annotated[
+        bool,
         typer.Option(
-            help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes (checks "
-            "the command; the factor then means nothing)."
+            "--relabel",
+            help="First recompute in_best_set of every row from its stored rounds under the current label "
+            "rule (eager: 10th percentile, graph: median), rewriting the files that change.",
         ),
-    ] = HostBackend.gpu,
-    nproc: Annotated[
-        int | None, typer.Option(min=2, help="Processes (default: the detected GPUs; gloo: 2).")
-    ] = None,
-    rounds: Annotated[
-        int, typer.Option(min=3, max=1000, help="Shuffled rounds, a batch of every case each.")
-    ] = 10,
-    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Calls per timed batch.")] = 50,
-    pin: Annotated[
-        PinPolicy,
-        typer.Option(
-            help="Where each rank's threads run, as in `ficco bench --pin`. Default share: a runtime's "
-            "process stays on its CPUs, and that is the host a model is asked about."
-        ),
-    ] = DEFAULT_PIN,
-    out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
+    ] = False,
 ) -> None:
-    """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny
-    shapes over its price (harness/host_speed.py), the value `--host-factor` of `ficco recommend` and
-    `ficco score`, and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card
-    gives the same figure from minutes of GPU time ("Host speed")."""
-    from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
+    """Rewrite a dataset's card.md and plots from its rows (after a protocol or card change)."""
+    if relabel:
+        from ficco.harness.dataset import relabel_dataset
 
-    bench_backend = BenchBackend(backend.value)
-    count = nproc or (gpu_count() if bench_backend is BenchBackend.gpu else 2)
-    count = process_count(bench_backend, count, count)
-    device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
-    command = [*torchrun_prefix(count), "-m", "ficco.harness.host_speed", "--device", device]
-    command += ["--rounds", str(rounds), "--batch", str(batch), "--pin", pin.value]
-    command += ["--out", str(out)] if out is not None else []
-    typer.echo("running: " + " ".join(command), err=True)
-    code = subprocess.run(command, env=launch_env(), cwd=REPO_ROOT, check=False).returncode
-    if code:
-        raise typer.Exit(code)
+        with fail_on_value_error():
+            changed = relabel_dataset(directory)
+        typer.echo(f"relabelled {directory}: in_best_set changed on {changed} rows")
+    _write_card(directory)
 
 
 def gather_command(
     parts: Annotated[
         list[Path],
         typer.Argument(
-            help="Shard directories (`ficco bench --shard I/N` writes OUT/shards/shard-I-of-N), or folders "
+            help="Shard directories (`ficco fleet shard` writes OUT/shards/shard-I-of-N), or folders "
             "holding them (OUT or OUT/shards)."
         ),
     ],
@@ -694,7 +406,7 @@ def gather_command(
     """Union the shards of one sweep into one dataset: refuses shards of different fingerprints, protocols
     or plans (naming the keys that differ) and missing or unfinished shards, keeps each row once, and
     writes the dataset, its card (shards, machines, GPU time) and the content hash of its rows."""
-    from ficco.harness.gather import gather
+    from ficco.harness.fleet.gather import gather
 
     with fail_on_value_error():
         done = gather(parts, out, partial=partial)
@@ -708,12 +420,63 @@ def gather_command(
         )
 
 
+class HostBackend(StrEnum):
+    """The ``BenchBackend`` values that have a host to measure (the simulator has none)."""
+
+    gpu = BenchBackend.gpu.value
+    gloo = BenchBackend.gloo.value
+
+
+@typer_options(HostTiming, "timing")
+def host_factor(
+    *,
+    backend: Annotated[
+        HostBackend,
+        typer.Option(
+            help="gpu: every local GPU through torchrun (NCCL + copy engines); gloo: CPU processes (checks "
+            "the command; the factor then means nothing)."
+        ),
+    ] = HostBackend.gpu,
+    nproc: Annotated[
+        int | None, typer.Option(min=2, help="Processes (default: the detected GPUs; gloo: 2).")
+    ] = None,
+    timing: HostTiming,
+    pin: Annotated[
+        PinPolicy,
+        typer.Option(
+            help="Where each rank's threads run, as in `ficco bench --pin`. Default share: a runtime's "
+            "process stays on its CPUs, and that is the host a model is asked about."
+        ),
+    ] = DEFAULT_PIN,
+    out: Annotated[Path | None, typer.Option(help="Also write the result as JSON here.")] = None,
+) -> None:
+    """Measure this machine's host factor within seconds: the executor's host time per eager call of tiny
+    shapes over its price (harness/host_factor.py), the value `--host-factor` of `ficco recommend` and
+    `ficco score`, and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card
+    gives the same figure from minutes of GPU time ("Host speed")."""
+    from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
+
+    bench_backend = BenchBackend(backend.value)
+    count = nproc or (gpu_count() if bench_backend is BenchBackend.gpu else 2)
+    count = process_count(bench_backend, count, count)
+    device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
+    command = [*torchrun_prefix(count), "-m", "ficco.harness.host_factor", "--device", device]
+    command += [*to_argv(timing), "--pin", pin.value]
+    command += ["--out", str(out)] if out is not None else []
+    typer.echo("running: " + " ".join(command), err=True)
+    code = subprocess.run(command, env=launch_env(), cwd=REPO_ROOT, check=False).returncode
+    if code:
+        raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``ficco bench``, ``ficco host-factor`` and ``ficco dataset gather`` to ``app``."""
+    """Add ``ficco bench``, ``ficco dataset card|gather`` and ``ficco host-factor`` to ``app``."""
     app.command("bench", help=BENCH_HELP)(bench)
-    app.command("host-factor")(host_factor)
     dataset = typer.Typer(
-        help="Work on measured datasets: gather the shards of a sweep into one.", no_args_is_help=True
+        help="Work on measured datasets: rewrite a card, gather the shards of a sweep into one.",
+        no_args_is_help=True,
     )
+    dataset.command("card")(dataset_card)
     dataset.command("gather")(gather_command)
     app.add_typer(dataset, name="dataset")
+    app.command("host-factor")(host_factor)

@@ -21,8 +21,8 @@ import typer
 
 from ficco.errors import fail, fail_on_value_error
 from ficco.features import OPS
-from ficco.harness.affinity import DEFAULT_PIN
 from ficco.harness.backend import Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class WorkerSettings:
     deadline: float | None = None
     """``time.time()`` after which no scenario starts (None: no limit)."""
     pin: str = DEFAULT_PIN
-    """Where each rank's threads run (``harness.affinity.PIN_POLICIES``)."""
+    """Where each rank's threads run (``harness.cpu_placement.PIN_POLICIES``)."""
 
 
 def torchrun_command(
@@ -156,22 +156,20 @@ def torchrun_command(
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command running ``ficco.harness.worker`` on ``nproc`` ranks
     for one ``phase`` (``sweep`` or ``noise``)."""
+    from ficco.dataclass_options import to_argv
     from ficco.features.dataset import PLAN
 
     worker = ["-m", "ficco.harness.worker", "--plan", str(out / PLAN), "--out", str(out), "--device", device]
     options = {
         "--phase": phase,
         "--modes": ",".join(settings.modes),
-        "--rounds": settings.timing.rounds,
-        "--max-rounds": settings.timing.max_rounds,
-        "--block-ms": settings.timing.block_ms,
-        "--timed-ms": settings.timing.timed_ms,
         "--remeasure": settings.remeasure,
         "--flush-seconds": settings.flush_seconds,
         "--deadline": settings.deadline or 0.0,
         "--pin": settings.pin,
     }
-    return [*torchrun_prefix(nproc), *worker, *(str(x) for pair in options.items() for x in pair)]
+    worker += [str(x) for pair in options.items() for x in pair]
+    return [*torchrun_prefix(nproc), *worker, *to_argv(settings.timing)]
 
 
 def torchrun_prefix(nproc: int) -> list[str]:
@@ -235,14 +233,14 @@ def run_torchrun(
     device = "cuda" if backend is BenchBackend.gpu else "cpu"
     for phase in ("sweep", "noise") if settings.remeasure else ("sweep",):
         if phase == "noise" and not sweep_complete(plan, out):
-            typer.echo("the sweep is not complete: the re-measure waits for a --resume", err=True)
+            typer.echo("the sweep is not complete: the re-measure waits for the same command again", err=True)
             break
         command = torchrun_command(out, nproc=nproc, device=device, phase=phase, settings=settings)
         typer.echo("running: " + " ".join(command), err=True)
         code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
         if code != 0:
             typer.echo(
-                f"error: torchrun ({phase}) exited with {code}; `ficco bench --resume` continues where it "
+                f"error: torchrun ({phase}) exited with {code}; the same `ficco bench` continues where it "
                 "stopped",
                 err=True,
             )

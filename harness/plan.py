@@ -339,7 +339,7 @@ def scenario_seconds(
     timing: Timing | None = None,
 ) -> list[float]:
     """The simulated GPU seconds of each scenario of ``plan`` under the protocol (``estimate_sweep``'s
-    terms, one scenario at a time): what ``harness.shards`` balances the shards of a sweep by."""
+    terms, one scenario at a time): what ``harness.fleet.shards`` balances the shards of a sweep by."""
     timing = Timing() if timing is None else timing
     return [sum(_scenario_cost(sim, s, modes, timing)[:2]) for sim, s in _priced(plan, hardware, modes)]
 

@@ -33,9 +33,9 @@ from ficco.features.dataset import FORMAT, MANIFEST, NOISE, PLAN, load_noise, re
 from ficco.features.fingerprint import fingerprint_differences
 from ficco.harness.backend import PROTOCOL_BEFORE, Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import result_rows, write_json_atomic, write_parquet_atomic
+from ficco.harness.fleet.shards import provenance
 from ficco.harness.labels import label_result
 from ficco.harness.plan import Plan, evenly_spaced
-from ficco.harness.shards import provenance
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -290,7 +290,7 @@ class _Sink:
 
 
 class _PartSink(_Sink):
-    """Each flush: a new part (with the sweep's ``harness.shards.provenance`` in its metadata), then the
+    """Each flush: a new part (with the sweep's ``harness.fleet.shards.provenance`` in its metadata), then the
     manifest listing it (see the module docstring)."""
 
     def __init__(

@@ -56,8 +56,8 @@ import numpy as np
 from ficco.features import MODES, OP_SPECS, SERIAL, Routing, Scenario, Schedule
 from ficco.features.dataset import BASELINE_KEYS
 from ficco.features.ops import OpShapes
-from ficco.harness.affinity import Placement
 from ficco.harness.backend import Measurement, ScenarioResult, Timing
+from ficco.harness.cpu_placement import Placement
 from ficco.rounds import interleaved_rounds
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class TorchBackend:
         Device barriers of the copy-engine executor trap after this long instead of hanging (0: never).
     seed : int, default=0
         Added to each scenario's seed, to draw other inputs and other round orders.
-    placement : harness.affinity.Placement, optional
+    placement : harness.cpu_placement.Placement, optional
         Where this rank's threads run; applied before each scenario's timed rounds (after its checks and
         captures, which may start threads). Default: left to the kernel (policy ``none``).
     """

@@ -15,9 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from ficco.dataclass_options import add_arguments, from_arguments
 from ficco.features import MODES
-from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 from ficco.harness.backend import Timing
+from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not
@@ -31,22 +32,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--phase", choices=("sweep", "noise"), default="sweep", help="what to measure")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated execution modes to time")
-    default = Timing()
-    p.add_argument("--rounds", type=int, default=default.rounds, help="fewest rounds per scenario and mode")
-    p.add_argument(
-        "--max-rounds", type=int, default=default.max_rounds, help="most rounds per scenario and mode"
-    )
-    p.add_argument(
-        "--block-ms", type=float, default=default.block_ms, help="target ms of a timed block of serial calls"
-    )
-    p.add_argument(
-        "--timed-ms", type=float, default=default.timed_ms, help="target timed ms per scenario and mode"
-    )
+    add_arguments(p, Timing)
     p.add_argument("--remeasure", type=int, default=0, help="noise phase: scenarios to measure again")
     p.add_argument("--deadline", type=float, default=0.0, help="unix time after which no scenario starts")
     p.add_argument("--flush-seconds", type=float, default=10.0, help="seconds between dataset writes")
     p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.timing = from_arguments(Timing, args, p)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,11 +67,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         modes = tuple(m for m in args.modes.split(",") if m)
         deadline = args.deadline or None
-        timing = Timing(
-            rounds=args.rounds, max_rounds=args.max_rounds, block_ms=args.block_ms, timed_ms=args.timed_ms
-        )
         seed = 1 if args.phase == "noise" else 0  # the re-measure: other inputs and round orders
-        backend = TorchBackend(device=args.device, modes=modes, timing=timing, seed=seed, placement=placement)
+        backend = TorchBackend(
+            device=args.device, modes=modes, timing=args.timing, seed=seed, placement=placement
+        )
         if args.phase == "sweep":
             run_sweep(plan, backend, args.out, flush_seconds=args.flush_seconds, deadline=deadline)
         else:

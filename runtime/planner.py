@@ -21,8 +21,8 @@ Rules it keeps:
    without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
    (:meth:`Planner.prepare`, or one eager warm-up call).
 5. **Off the measured map, serial.** A graph-mode answer whose source counts fewer measured neighbours than
-   ``training.coverage.OFF_MAP_BELOW`` (no training row of its op and mode within 2x in m, n and k) runs
-   ``serial/sm`` unless ``off_map="model"``: such picks were the slow ones on held-out families
+   ``training.predict.coverage.OFF_MAP_BELOW`` (no training row of its op and mode within 2x in m, n and k)
+   runs ``serial/sm`` unless ``off_map="model"``: such picks were the slow ones on held-out families
    (``docs/planner.md`` has the numbers); with ``off_map="model"`` check the plan in place
    (``runtime.verify.verify_plan``).
 
@@ -49,7 +49,7 @@ from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, S
 from ficco.features.hardware import hardware_of
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
-from ficco.training.coverage import OFF_MAP_BELOW, off_map
+from ficco.training.predict.coverage import OFF_MAP_BELOW, off_map
 
 OffMap = Literal["serial", "model"]
 OFF_MAP_CHOICES: tuple[str, ...] = ("serial", "model")
@@ -132,7 +132,7 @@ class Planner:
         The tensor-parallel group whose ranks must agree (default: the world, when initialised).
     off_map : {"serial", "model"}, default="serial"
         What runs for an answer off the measured map (fewer measured neighbours than
-        ``training.coverage.OFF_MAP_BELOW`` of the mode): ``serial/sm`` (the reason in the log and the
+        ``training.predict.coverage.OFF_MAP_BELOW`` of the mode): ``serial/sm`` (the reason in the log and the
         table), or the source's pick (then check the plan in place, ``runtime.verify.verify_plan``).
     timeout_s : deprecated
         Does nothing (the source bounds its own wait: ``ServiceClient(timeout_s=...)``); goes in the next

@@ -49,9 +49,10 @@ class Answer:
     """``measured`` or ``simulated``: what the answering model was trained on (``features.provenance``);
     None for a source without a model (fixed schedules, tables) or a server that does not say."""
     neighbours: int | None = None
-    """Measured neighbours of the scenario in the answering model's training data (``training.coverage``;
-    a table's: the fewest over the range); None when the source does not say (fixed schedules, a model
-    without coverage). Fewer than ``training.coverage.OFF_MAP_BELOW`` is an answer off the measured map."""
+    """Measured neighbours of the scenario in the answering model's training data
+    (``training.predict.coverage``; a table's: the fewest over the range); None when the source does not say
+    (fixed schedules, a model without coverage). Fewer than ``training.predict.coverage.OFF_MAP_BELOW`` is an
+    answer off the measured map."""
 
 
 class ScheduleSource(Protocol):
@@ -78,12 +79,12 @@ def answer_from(rec: Any, origin: str) -> Answer:
 
 
 class PredictorSource:
-    """A local ``training.predictor.Predictor`` (``training.registry.load_predictor``)."""
+    """A local ``training.predict.predictor.Predictor`` (``training.predict.registry.load_predictor``)."""
 
     def __init__(self, predictor: Any, host_factor: float | None = None) -> None:
         self.predictor = predictor
         self.host_factor = host_factor
-        """This machine's host factor (``features.host``) for eager answers; None: the model's own."""
+        """This machine's host factor (``features.launch_cost``) for eager answers; None: the model's own."""
         self.origin = f"model {getattr(predictor, 'hardware_id', '?')}/{getattr(predictor, 'version', '?')}"
         if getattr(predictor, "backend", None):
             self.origin += f" ({predictor.backend})"
@@ -97,8 +98,9 @@ class PredictorSource:
         host_factor: float | None = None,
     ):
         """Load ``hardware_id``'s current (or ``version``) model from the registry at ``root``
-        (None: ``training.registry.default_model_root()``), to answer for a machine of ``host_factor``."""
-        from ficco.training.registry import default_model_root, load_predictor
+        (None: ``training.predict.registry.default_model_root()``), to answer for a machine of
+        ``host_factor``."""
+        from ficco.training.predict.registry import default_model_root, load_predictor
 
         return cls(load_predictor(root or default_model_root(), hardware_id, version), host_factor)
 
@@ -125,7 +127,8 @@ class ServiceSource:
 
     client: Any
     host_factor: float | None = None
-    """This machine's host factor (``features.host``) for eager answers; None: the served model's own."""
+    """This machine's host factor (``features.launch_cost``) for eager answers; None: the served model's
+    own."""
     _: KW_ONLY
     tables: bool = False
     config: dict[str, Any] | None = None
@@ -359,13 +362,13 @@ class TableSource(_EachScenario):
 
 
 def local_source() -> tuple[PredictorSource | None, str]:
-    """The measured model of this machine's GPUs from the local registry (``training.registry``): the
+    """The measured model of this machine's GPUs from the local registry (``training.predict.registry``): the
     built-in hardware of CUDA's device name and count (``features.hardware.hardware_of``), and its
     description; ``(None, why)`` where there is none."""
     import torch
 
     from ficco.features.hardware import hardware_of
-    from ficco.training.registry import ModelLoadError
+    from ficco.training.predict.registry import ModelLoadError
 
     if not torch.cuda.is_available():
         return None, "no CUDA GPU here"

@@ -141,7 +141,7 @@ def serve(
     """
     import uvicorn
 
-    from ficco.service.core.protocol import ConnectionLimits, with_limits
+    from ficco.service.core.protocol import with_limits
     from ficco.service.default_model import ensure_default_model
     from ficco.service.main import create_app
 
@@ -155,16 +155,9 @@ def serve(
     if sock is None:
         return
     app = create_app(settings)
-    limits = ConnectionLimits(
-        header_timeout_s=settings.HEADER_TIMEOUT_S,
-        max_header_bytes=settings.MAX_HEADER_BYTES,
-        max_headers=settings.MAX_HEADERS,
-        body_timeout_s=settings.BODY_TIMEOUT_S,
-        max_connections_per_client=settings.MAX_CONNECTIONS_PER_CLIENT,
-    )
     config = uvicorn.Config(
         app,
-        http=with_limits(limits, app.state.metrics.reject),
+        http=with_limits(settings, app.state.metrics.reject),
         h11_max_incomplete_event_size=settings.MAX_HEADER_BYTES,
         limit_concurrency=settings.MAX_CONNECTIONS,
         host=settings.HOST,

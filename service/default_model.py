@@ -21,7 +21,7 @@ def ensure_default_model(settings: Settings) -> str:
     Raises ``FileNotFoundError`` when training is needed and the shipped dataset is missing, and
     ``ValueError`` when it is of other hardware or holds rows that were not measured on GPUs.
     """
-    from ficco.training.registry import current_version, promote
+    from ficco.training.predict.registry import current_version, promote
 
     hw, root = settings.DEFAULT_HARDWARE, settings.MODEL_ROOT
     version = current_version(root, hw)
@@ -35,7 +35,7 @@ def ensure_default_model(settings: Settings) -> str:
             f"(no manifest.json); set FICCO_MODEL_ROOT to a registry with a model, or FICCO_DATASET_ROOT"
         )
     from ficco.features.provenance import MEASURED, rows_backend
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.train import register_trained, train_model
 
     log.info("no current %s model under %s: training one from %s (runs once)", hw, root, dataset)

@@ -42,11 +42,11 @@ _COPIED = (
     "host_factor",
     "neighbours",
 )
-"""The response fields that a ``training.predictor.Recommendation`` holds under the same name."""
+"""The response fields that a ``training.predict.predictor.Recommendation`` holds under the same name."""
 
 
 def _public(rec: Any, resolution: Resolution, scenario: Scenario) -> RecommendationPublic:
-    """The response item for a ``training.predictor.Recommendation`` of ``scenario`` answered under
+    """The response item for a ``training.predict.predictor.Recommendation`` of ``scenario`` answered under
     ``resolution``, with a note when the scenario lies far past the model's training data.
 
     Built without re-validation: every field comes typed from the predictor (str, float, bool).

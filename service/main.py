@@ -2,7 +2,7 @@
 
 The lifespan loads every registered hardware's current model once (never per request), from a private
 snapshot of the registry's files (``ModelStore``'s ``snapshot``, removed at shutdown), starts the batch
-worker processes (``service.core.batch_worker``, loading from the same snapshot), their supervisor (a
+worker processes (``service.core.worker_pool``, loading from the same snapshot), their supervisor (a
 worker that exits is started again) and the registry watcher that swaps in newly promoted versions, and
 stops them at shutdown. ``uvicorn
 ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one from its
@@ -31,12 +31,12 @@ from fastapi.staticfiles import StaticFiles
 
 from ficco import __version__
 from ficco.service.core.admission import BatchGate, BusyError
-from ficco.service.core.batch_worker import BatchWorkers, WorkerLostError, WorkerOptions
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 from ficco.service.core.offload import add_batch_components
 from ficco.service.core.store import ModelStore
+from ficco.service.core.worker_pool import WorkerLostError, WorkerOptions, WorkerPool
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score, tables
 from ficco.service.tables import TableCache, prefetch
@@ -168,7 +168,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
             store.snapshot = Path(tempfile.mkdtemp(prefix="ficco-models-"))
         # The workers start first, with the versions CURRENT names (copied into the store's snapshot),
         # and load and warm up in their own processes while this one loads the same versions.
-        app.state.batch_workers = workers = BatchWorkers(
+        app.state.batch_workers = workers = WorkerPool(
             _worker_options(settings, store), count=settings.BATCH_CONCURRENCY
         )
         await workers.start(await asyncio.to_thread(store.current_versions))
@@ -177,7 +177,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         app.state.table_gate = BatchGate(
             concurrency=1, queue=settings.TABLE_QUEUE, retry_after_s=settings.BATCH_RETRY_AFTER_S
         )
-        app.state.table_workers = BatchWorkers(_worker_options(settings, store), count=1)
+        app.state.table_workers = WorkerPool(_worker_options(settings, store), count=1)
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
         # The loaded models and imports stay for the process's life: out of the collector's sight, a full

@@ -9,7 +9,7 @@ from typing import Any
 from ficco.features.provenance import SIMULATED
 from ficco.service.schemas import PairScore, RecommendationPublic, ScorePublic
 from ficco.tables import text_table
-from ficco.training.coverage import off_map_note
+from ficco.training.predict.coverage import off_map_note
 
 PARALLEL_BLOCK_PAIRS = ("qkv_mlp_up", "attn_mlp_out")
 """The pairs of a parallel attention+MLP block (features.model_config, Cohere)."""

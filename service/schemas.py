@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from ficco.features._validate import check_keys
-from ficco.features.host import HOST_FACTOR_RANGE
+from ficco.features.launch_cost import HOST_FACTOR_RANGE
 from ficco.features.provenance import ModelBackend
 from ficco.features.scenario import MAX_DIM, MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode, Op
-from ficco.training.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW
+from ficco.training.predict.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW
 
 MAX_EXPERTS = 1024
 MAX_TOKEN_COUNTS = 32
@@ -31,8 +31,8 @@ MODE_DESCRIPTION = (
 )
 HostFactor = Annotated[float, Field(ge=HOST_FACTOR_RANGE[0], le=HOST_FACTOR_RANGE[1])]
 HOST_FACTOR_DESCRIPTION = (
-    "Eager mode: this machine's host time per launch over the executor's host prices (features.host; a "
-    "dataset card's 'Host speed' gives a measured machine's); null = the model's training data's. A slower "
+    "Eager mode: this machine's host time per launch over the executor's host prices (features.launch_cost; "
+    "a dataset card's 'Host speed' gives a measured machine's); null = the model's training data's. A slower "
     "host moves small shapes toward schedules of fewer launches."
 )
 
@@ -378,23 +378,28 @@ class ReadyPublic(BaseModel):
 
 
 # Tables
-class TableRequest(_Request):
-    """POST /v1/tables/{hardware_id}: which table, for which shapes."""
+class TableQuery(BaseModel):
+    """GET /v1/tables/{hardware_id}'s query, and what every table request names: which table."""
 
     tp: int = Field(
         2, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE, description="World size (tensor-parallel degree)."
     )
     mode: Mode = Field("graph", description=MODE_DESCRIPTION)
     dtype: DType = Field("bf16", description="Element type.")
+    allow_simulated: bool = Field(
+        False, description="Serve the table of a model trained on simulated data, marked simulated."
+    )
+
+
+class TableRequest(_Request, TableQuery):
+    """POST /v1/tables/{hardware_id}: which table, for which shapes."""
+
     config: dict[str, Any] | None = Field(None, description="A Hugging Face config.json: its layers' shapes.")
     shapes: list[str] | None = Field(
         None,
         max_length=MAX_TABLE_SHAPES,
         description=f"op:n:k (dense) or op:n:k:experts:top_k (MoE) shapes, at most {MAX_TABLE_SHAPES} (with "
         "a config's).",
-    )
-    allow_simulated: bool = Field(
-        False, description="Serve the table of a model trained on simulated data, marked simulated."
     )
 
 

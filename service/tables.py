@@ -5,7 +5,7 @@ A table (``training.export.build_schedule_table``, numpy and the model alone) as
 token counts per (op, n, k): seconds of CPU for a model config's few shapes, tens of seconds for the
 242-shape grid. In the serving process that CPU (and the GIL) would be taken from single requests, so the
 server only checks a request (world size, shapes, the model) and computes its ETag; the table itself is
-built by a worker process (``service.core.batch_worker``, the ``table`` job of ``service.batch.JOBS``) at
+built by a worker process (``service.core.worker_pool``, the ``table`` job of ``service.worker_jobs.JOBS``) at
 the batch workers' low CPU priority, behind a gate of its own (one build at a time, ``FICCO_TABLE_QUEUE``
 waiting, then 429), so a table build never delays a batch. The worker sends the table back as
 gzip-compressed JSON (a grid table is 5-6 MB of JSON, 0.2-0.25 MB compressed), which the server keeps by
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 PREFETCH_POLL_S = 1.0
 """How often :func:`prefetch` looks for a newly loaded model version, seconds."""
 DTYPES_BY_INDEX = ("bf16", "fp16", "fp32")
-"""``features.DTYPES`` in the order ``training.coverage`` numbers them."""
+"""``features.DTYPES`` in the order ``training.predict.coverage`` numbers them."""
 
 
 def table_etag(version: str, fingerprint: str, tp: int, mode: str, dtype: str, shapes: Sequence,

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from ficco.features import roofline_comm_us, roofline_gemm_us
-from ficco.features.host import host_over_gpu
+from ficco.features.launch_cost import host_over_gpu
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.metrics import mean_loss, pick_loss
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES, SERIAL_INDEX, valid_mask
 from ficco.training.peer_rules import pytorch_autoheuristic, vllm_sp_rule
-from ficco.training.table import ScheduleTable
 
 FIXED: dict[str, str] = {
     "always_serial": "serial/sm",
@@ -53,18 +53,18 @@ _GRID_LEVELS = 9
 """Candidate thresholds per heuristic feature: the 0, 1/8, ..., 1 quantiles of the training rows."""
 
 
-def fixed_picks(table: ScheduleTable, schedule: int) -> np.ndarray:
+def fixed_picks(table: DatasetTable, schedule: int) -> np.ndarray:
     """Pick ``schedule`` (a column index) for every scenario it can run and serial/sm elsewhere: ``[n]``."""
     return np.where(valid_mask(table.X)[:, schedule], schedule, SERIAL_INDEX)
 
 
-def fit_best_fixed(table: ScheduleTable, among: tuple[str, ...] = SCHEDULES) -> int:
+def fit_best_fixed(table: DatasetTable, among: tuple[str, ...] = SCHEDULES) -> int:
     """Column index of the schedule in ``among`` of lowest mean loss on ``table`` (ties: canonical order)."""
     losses = [mean_loss(table, fixed_picks(table, SCHEDULE_INDEX[s])) for s in among]
     return SCHEDULE_INDEX[among[int(np.argmin(losses))]]
 
 
-def _heuristic_features(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _heuristic_features(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """log2 of (roofline t_gemm + t_comm in us, t_comm / t_gemm, shard rows), each ``[n]``."""
     gemm = np.array([roofline_gemm_us(s) for s in table.scenarios])
     comm = np.array([roofline_comm_us(s) for s in table.scenarios])
@@ -89,7 +89,7 @@ class SizeHeuristic:
     finer: int
     """Column index of the schedule of the top tier (shard where it cannot run)."""
 
-    def picks(self, table: ScheduleTable) -> np.ndarray:
+    def picks(self, table: DatasetTable) -> np.ndarray:
         """The rule's schedule column index for every scenario of ``table``, ``[n]``."""
         total, ratio, rows = _heuristic_features(table)
         serial = (total < self.min_log2_total_us) | (ratio < self.min_log2_comm_ratio)
@@ -97,7 +97,7 @@ class SizeHeuristic:
         return np.where(serial, self.serial, np.where(finer, self.finer, self.shard))
 
 
-def fit_size_heuristic(table: ScheduleTable) -> SizeHeuristic:
+def fit_size_heuristic(table: DatasetTable) -> SizeHeuristic:
     """Choose the tier schedules, then the three thresholds, by exhaustive search for the lowest mean loss.
 
     The tier schedules are the best fixed serial, shard and finer schedules; the thresholds range over the
@@ -133,7 +133,7 @@ def fit_size_heuristic(table: ScheduleTable) -> SizeHeuristic:
     )  # fmt: skip
 
 
-def baseline_picks(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.ndarray]:
+def baseline_picks(train: DatasetTable, test: DatasetTable) -> dict[str, np.ndarray]:
     """Every baseline fitted on ``train`` and applied to ``test``: name -> column indices ``[n_test]``."""
     picks = {name: fixed_picks(test, SCHEDULE_INDEX[s]) for name, s in FIXED.items()}
     picks["best_fixed"] = fixed_picks(test, fit_best_fixed(train))
@@ -160,12 +160,13 @@ def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.
 
 MIN_GAINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
 """Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (the decision policy's
-grid, ``training.policy.POLICY_GRID``, without "never fall back"), chosen by grouped cross-validation."""
+grid, ``training.predict.policy.POLICY_GRID``, without "never fall back"), chosen by grouped
+cross-validation."""
 _INNER_FOLDS = 3
 """Folds of :class:`AsyncTPModel`'s choice of ``min_gain`` (model families held out)."""
 
 
-def _fit_regressor(table: ScheduleTable, *, seed: int, n_jobs: int) -> Any:
+def _fit_regressor(table: DatasetTable, *, seed: int, n_jobs: int) -> Any:
     """XGBoost regressor of ``log(t_async_tp / t_serial)`` on :func:`async_tp_matrix` of ``table``'s rows
     (all measured async-TP), with the pair model's time-ratio hyper-parameters."""
     import xgboost as xgb
@@ -200,7 +201,7 @@ class AsyncTPModel:
     """Per mode: async-TP runs where its predicted speedup over serial is at least ``1 + min_gain_``
     (a mode without training rows: 0)."""
 
-    def fit(self, table: ScheduleTable) -> AsyncTPModel:
+    def fit(self, table: DatasetTable) -> AsyncTPModel:
         """Learn from ``table``'s rows that measured async-TP; ValueError when none did."""
         from ficco.training.crossval import cv_folds, cv_groups
 
@@ -244,12 +245,12 @@ class AsyncTPModel:
         bool ``[n]``."""
         return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(self.gain_of(modes))
 
-    def fuse(self, table: ScheduleTable) -> np.ndarray:
+    def fuse(self, table: DatasetTable) -> np.ndarray:
         """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""
         return self.fuse_rows(table.X, table.modes, table.host_factor)
 
 
-def serial_or_async_tp(train: ScheduleTable, test: ScheduleTable, *, seed: int = 0) -> dict[str, np.ndarray]:
+def serial_or_async_tp(train: DatasetTable, test: DatasetTable, *, seed: int = 0) -> dict[str, np.ndarray]:
     """Every peer rule (:data:`PEER_RULES`) on ``test``'s rows, ficco's fitted on ``train``: name -> bool
     ``[n_test]``, True = async-TP. The oracle reads ``test``'s own times (False where async-TP was not
     measured); ficco's rule is serial everywhere when ``train`` measured no async-TP."""

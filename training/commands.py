@@ -57,7 +57,7 @@ def _registry(path: Path | None) -> Path:
 
 
 def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     try:
         return load_dataset_table(*datasets, repeats=repeats or ())
@@ -181,7 +181,7 @@ def train_command(
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from ficco.features.provenance import backend_of_id
-    from ficco.training import registry as reg
+    from ficco.training.predict import registry as reg
     from ficco.training.train import register_trained, train_model
 
     loaded = _load(dataset, repeat)
@@ -216,7 +216,7 @@ def report_command(
     of the model, the baselines and the noise ceiling in one plot, and the predicted schedule map next to
     the measured one per op."""
     from ficco.training.evaluate import evaluate
-    from ficco.training.registry import ModelLoadError, load_predictor
+    from ficco.training.predict.registry import ModelLoadError, load_predictor
     from ficco.training.report import write_report
 
     loaded = _load(dataset, repeat)
@@ -311,7 +311,7 @@ def retrain_command(
     from ficco.features.provenance import MEASURED, SIMULATED, backend_of_id, registry_id
     from ficco.harness.launch import build_plan, check_tp, hardware_profile, parse_tokens
     from ficco.training.metrics import REPORTED
-    from ficco.training.registry import ModelLoadError, load_predictor
+    from ficco.training.predict.registry import ModelLoadError, load_predictor
     from ficco.training.retrain import informative_subset, retrain
 
     root = _registry(registry)

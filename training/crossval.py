@@ -7,7 +7,7 @@ group of its own. At most ``MAX_FOLDS`` folds.
 
 Selection without nested refits: each configuration is fitted once per fold, which gives a held-out
 prediction of every row under every configuration. Fold ``f`` is then predicted with the configuration
-and the decision policy of each mode (``training.policy.ModePolicy``) of lowest mean loss
+and the decision policy of each mode (``training.predict.policy.ModePolicy``) of lowest mean loss
 (``training.metrics.pick_loss``) on the *other* folds' held-out predictions (a mode's policy on that
 mode's rows; the configuration, one model for both modes, on all rows under those policies), so fold
 ``f``'s labels never choose how fold ``f`` is predicted. The model that ships uses the choice of lowest loss
@@ -25,11 +25,11 @@ from tqdm import tqdm
 
 from ficco.features import MODES
 from ficco.features.dataset import GRID_FAMILY
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
-from ficco.training.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
-from ficco.training.table import ScheduleTable
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,12 @@ MAX_FOLDS = 8
 """Most folds cross-validation runs (each fits every configuration once)."""
 
 
-def gemm_flops(table: ScheduleTable) -> np.ndarray:
+def gemm_flops(table: DatasetTable) -> np.ndarray:
     """GEMM FLOPs of each row's scenario (``Scenario.gemm_flops``), float64 ``[n]``."""
     return np.array([s.gemm_flops for s in table.scenarios], dtype=np.float64)
 
 
-def cv_groups(table: ScheduleTable) -> np.ndarray:
+def cv_groups(table: DatasetTable) -> np.ndarray:
     """The cross-validation group of each row, str ``[n]``: its family, or ``grid/q<i>`` for the grid."""
     groups = table.families.astype(object).copy()
     grid = table.families == GRID_FAMILY
@@ -65,7 +65,7 @@ def cv_folds(groups: np.ndarray, max_folds: int = MAX_FOLDS) -> np.ndarray:
     return folds
 
 
-def region_holdout(table: ScheduleTable, quantile: float = 0.75) -> np.ndarray:
+def region_holdout(table: DatasetTable, quantile: float = 0.75) -> np.ndarray:
     """The size-extrapolation split: True for rows in the top ``1 - quantile`` of GEMM FLOPs, ``[n]``."""
     flops = gemm_flops(table)
     return flops >= np.quantile(flops, quantile)
@@ -103,7 +103,7 @@ class CrossValidation:
 
 
 def held_out_costs(
-    table: ScheduleTable,
+    table: DatasetTable,
     folds: np.ndarray,
     configs: tuple[TrainConfig, ...],
     *,
@@ -134,7 +134,7 @@ def held_out_costs(
     return cost, ratio
 
 
-def _loss(table: ScheduleTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
+def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
     """:func:`pick_loss` of each row's held-out pick under ``policy`` in every mode, ``[n]``."""
     final = apply_policy(cost, ratio, ModePolicy.uniform(policy), table.modes)[0]
     return pick_loss(table.time_of(final)[0], table.best_ms, table.serial_ms)
@@ -165,7 +165,7 @@ def choose(
 
 
 def cross_validate(
-    table: ScheduleTable,
+    table: DatasetTable,
     *,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,

@@ -133,7 +133,7 @@ def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> tuple[Any, Any
     the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's), and
     their table."""
     from ficco.training.baselines import AsyncTPModel
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     paths = str(card.get("dataset", {}).get("path", "")).split(" + ")
     missing = [p for p in paths if not Path(p).is_dir()]
@@ -158,9 +158,9 @@ def score_fuse_rule(
     """The serial-or-async-TP metrics (``training.evaluate.serial_or_async_tp_score``) of ``fuse_of``
     (scenario -> bool, or None where it has no answer: serial) beside vLLM's rule and the oracle, on each
     dataset of ``paths`` (rows of ``world_size``, ``mode`` and ``dtype`` that measured async-TP)."""
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import serial_or_async_tp_score
     from ficco.training.peer_rules import vllm_sp_rule
-    from ficco.training.table import load_dataset_table
 
     out = {}
     for path in paths:

@@ -39,11 +39,11 @@ import numpy as np
 from ficco.features import MODES
 from ficco.training.baselines import FIXED, PEER_RULES, baseline_picks, serial_or_async_tp
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.metrics import score, score_times
 from ficco.training.model import pair_costs
-from ficco.training.policy import POLICY_GRID, DecisionPolicy, apply_policy
-from ficco.training.table import ScheduleTable
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, apply_policy
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ BASELINE_NOTES: dict[str, str] = {
     "first_sweep_best": "rescored only: the training sweep's fastest schedules scored against the "
     "independent sweep",
     "model_at_training_host_factor": "transfer only, when the transfer dataset's machine has another host "
-    "factor (features.host): the model asked at the training data's host factor instead of the test "
+    "factor (features.launch_cost): the model asked at the training data's host factor instead of the test "
     "machine's own",
 }
 
@@ -91,7 +91,7 @@ class Evaluation:
     """Family-holdout regret ``t / t_best - 1`` of each picker, per mode (for the report's CDF plot)."""
 
 
-def held_out_baselines(table: ScheduleTable, folds: np.ndarray) -> dict[str, np.ndarray]:
+def held_out_baselines(table: DatasetTable, folds: np.ndarray) -> dict[str, np.ndarray]:
     """Every pick baseline, each fold's fitted on the other folds of the same mode and op group (dense or
     MoE: a fixed schedule or size rule is the baseline of one kind of op): name -> ``[n]``."""
     out: dict[str, np.ndarray] = {}
@@ -109,7 +109,7 @@ def held_out_baselines(table: ScheduleTable, folds: np.ndarray) -> dict[str, np.
 
 
 def serial_or_async_tp_score(
-    table: ScheduleTable, fused: np.ndarray
+    table: DatasetTable, fused: np.ndarray
 ) -> tuple[dict[str, Any], np.ndarray] | None:
     """Metrics and regrets ``[n']`` of choosing PyTorch async-TP where ``fused`` (bool ``[n]``) and serial/sm
     elsewhere, over the rows that measured async-TP (None if none).
@@ -127,12 +127,12 @@ def serial_or_async_tp_score(
     return score_times(sub, t, top1=t <= sub.best_ms, in_best=t <= edge), t / sub.best_ms - 1.0
 
 
-def async_tp_score(table: ScheduleTable) -> tuple[dict[str, Any], np.ndarray] | None:
+def async_tp_score(table: DatasetTable) -> tuple[dict[str, Any], np.ndarray] | None:
     """:func:`serial_or_async_tp_score` of always PyTorch async-TP."""
     return serial_or_async_tp_score(table, np.ones(len(table), dtype=bool))
 
 
-def held_out_peer_rules(table: ScheduleTable, folds: np.ndarray, *, seed: int) -> dict[str, np.ndarray]:
+def held_out_peer_rules(table: DatasetTable, folds: np.ndarray, *, seed: int) -> dict[str, np.ndarray]:
     """Every peer rule on every row, ficco's fitted per fold on the other folds' rows (both modes: the mode
     is one of its features): name -> bool ``[n]``, True = async-TP."""
     out = {name: np.zeros(len(table), dtype=bool) for name in PEER_RULES}
@@ -143,14 +143,14 @@ def held_out_peer_rules(table: ScheduleTable, folds: np.ndarray, *, seed: int) -
     return out
 
 
-def ceiling_picks(table: ScheduleTable, noise: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
+def ceiling_picks(table: DatasetTable, noise: DatasetTable) -> tuple[np.ndarray, np.ndarray]:
     """The re-measure's fastest schedule of each of ``table``'s rows it re-measured: (rows of ``table``
     ``[n']``, schedule columns ``[n']``)."""
     rows, other = aligned_rows(table, noise)
     return rows, noise.best[other]
 
 
-def aligned_rows(table: ScheduleTable, other: ScheduleTable) -> tuple[np.ndarray, np.ndarray]:
+def aligned_rows(table: DatasetTable, other: DatasetTable) -> tuple[np.ndarray, np.ndarray]:
     """The (scenario, mode) rows both tables hold: (rows of ``table`` ``[n']``, the same rows of ``other``
     ``[n']``)."""
     index = {(s, m): i for i, (s, m) in enumerate(zip(other.scenario_ids, other.modes, strict=True))}
@@ -162,7 +162,7 @@ def aligned_rows(table: ScheduleTable, other: ScheduleTable) -> tuple[np.ndarray
 
 
 def rescored_summary(
-    table: ScheduleTable, picks: dict[str, np.ndarray], rescore: ScheduleTable
+    table: DatasetTable, picks: dict[str, np.ndarray], rescore: DatasetTable
 ) -> dict[str, Any]:
     """Every picker's picks on ``table``'s rows (one mode) scored against ``rescore``'s labels of the same
     (scenario, mode), and ``first_sweep_best``; ``{}`` when the tables share no row."""
@@ -176,9 +176,9 @@ def rescored_summary(
 
 
 def pickers_summary(
-    table: ScheduleTable,
+    table: DatasetTable,
     picks: dict[str, np.ndarray],
-    noise: ScheduleTable | None,
+    noise: DatasetTable | None,
     peers: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Metrics of every picker (``model``, baselines, ``always_async_tp``, the serial-or-async-TP ``peers``
@@ -208,9 +208,9 @@ def pickers_summary(
 
 
 def by_op_group(
-    table: ScheduleTable,
+    table: DatasetTable,
     picks: dict[str, np.ndarray],
-    noise: ScheduleTable | None,
+    noise: DatasetTable | None,
     peers: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`pickers_summary` of the dense rows and of the MoE rows apart, when ``table`` has both (else
@@ -233,8 +233,8 @@ def by_op_group(
 
 
 def fit_and_pick(
-    train: ScheduleTable,
-    test: ScheduleTable,
+    train: DatasetTable,
+    test: DatasetTable,
     choice: Choice,
     *,
     seed: int,
@@ -256,10 +256,10 @@ def fit_and_pick(
 
 
 def split_summary(
-    train: ScheduleTable,
-    test: ScheduleTable,
+    train: DatasetTable,
+    test: DatasetTable,
     choice: Choice,
-    noise: ScheduleTable | None,
+    noise: DatasetTable | None,
     *,
     seed: int,
     n_jobs: int,
@@ -283,7 +283,7 @@ def split_summary(
     return out
 
 
-def split_baselines(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.ndarray]:
+def split_baselines(train: DatasetTable, test: DatasetTable) -> dict[str, np.ndarray]:
     """Every pick baseline of ``test``'s rows (one mode), each row's fitted on ``train``'s rows of its mode
     and op group, as :func:`held_out_baselines` fits them per fold: name -> ``[n]``; ``{}`` when some op
     group of ``test`` has no training rows of that mode."""
@@ -299,7 +299,7 @@ def split_baselines(train: ScheduleTable, test: ScheduleTable) -> dict[str, np.n
     return out
 
 
-def unseen(test: ScheduleTable, train: ScheduleTable) -> tuple[ScheduleTable, int]:
+def unseen(test: DatasetTable, train: DatasetTable) -> tuple[DatasetTable, int]:
     """``test``'s rows whose scenario ``train`` does not hold (a transfer test scores scenarios the model has
     not seen; a dataset of other families may still share shapes with the training data), and how many of
     ``test``'s scenarios were left out for it; raises ``ValueError`` when none is left."""
@@ -312,7 +312,7 @@ def unseen(test: ScheduleTable, train: ScheduleTable) -> tuple[ScheduleTable, in
     return test.subset(fresh), shared
 
 
-def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
+def per_family(table: DatasetTable, picks: np.ndarray) -> dict[str, dict[str, Any]]:
     """Metrics of ``picks`` on each family's rows."""
     return {
         f: score(table.subset(table.families == f), picks[table.families == f])
@@ -321,12 +321,12 @@ def per_family(table: ScheduleTable, picks: np.ndarray) -> dict[str, dict[str, A
 
 
 def evaluate(
-    table: ScheduleTable,
+    table: DatasetTable,
     *,
-    noise: ScheduleTable | None = None,
-    transfer: ScheduleTable | None = None,
-    transfer_noise: ScheduleTable | None = None,
-    rescore: ScheduleTable | None = None,
+    noise: DatasetTable | None = None,
+    transfer: DatasetTable | None = None,
+    transfer_noise: DatasetTable | None = None,
+    rescore: DatasetTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,

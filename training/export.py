@@ -48,8 +48,8 @@ from ficco.features.schedule_table import (
     Track,
     hardware_fingerprint,
 )
-from ficco.training.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW, off_map
-from ficco.training.pairs import SCHEDULES, SERIAL_INDEX
+from ficco.training.predict.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW, off_map
+from ficco.training.predict.pairs import SCHEDULES, SERIAL_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ def build_schedule_table(
     per_octave: int = PER_OCTAVE,
     max_tokens: int = MAX_TOKENS,
 ) -> ScheduleTableFile:
-    """The schedule table of ``predictor`` (a ``training.predictor.Predictor``) for ``shapes`` in one
+    """The schedule table of ``predictor`` (a ``training.predict.predictor.Predictor``) for ``shapes`` in one
     (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's); module
     docstring.
 

@@ -86,7 +86,7 @@ def export_command(
     """Write a model's schedule tables (per world size, mode and dtype: token breakpoints of every (op, n, k))
     or drop-in thresholds for vLLM / PyTorch's async-TP pass, for runtimes to load at start-up."""
     from ficco.training.export import check_measured, config_shapes, dataset_shapes, export
-    from ficco.training.registry import ModelLoadError, default_model_root, load_predictor
+    from ficco.training.predict.registry import ModelLoadError, default_model_root, load_predictor
 
     try:
         predictor = load_predictor(registry or default_model_root(), hardware, version)

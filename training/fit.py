@@ -1,4 +1,4 @@
-"""Fitting the pair model to a schedule table: training configurations and the training pairs.
+"""Fitting the pair model to a dataset table: training configurations and the training pairs.
 
 Every measured (scenario, mode, schedule) of a table becomes one training pair (``training.model``), its
 target ``log(t / t_serial)``; the (scenario, mode) row is the ranker's query.
@@ -11,8 +11,8 @@ from typing import Literal
 
 import numpy as np
 
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.model import PAIR_FEATURE_NAMES, PairModel, pair_matrix
-from ficco.training.table import ScheduleTable
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,7 +58,7 @@ decision near 100 us) is trained on ``rank:ndcg`` with graded relevance; why the
 ``docs/results.md`` (predictor)."""
 
 
-def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def training_pairs(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every measured pair of ``table`` (at its host factor): pair matrix ``[N, P]``, ``log(t / t_serial)``
     ``[N]`` and query id (the table row) ``[N]``, sorted by query."""
     measured = np.isfinite(table.times_ms)
@@ -68,7 +68,7 @@ def training_pairs(table: ScheduleTable) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def fit_pair_model(
-    table: ScheduleTable, config: TrainConfig, *, seed: int, n_jobs: int, masked: tuple[str, ...] = ()
+    table: DatasetTable, config: TrainConfig, *, seed: int, n_jobs: int, masked: tuple[str, ...] = ()
 ) -> PairModel:
     """Fit the pair model of ``config`` on every measured pair of ``table``.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ficco.training.table import ScheduleTable
+from ficco.training.dataset_table import DatasetTable
 
 WITHIN = 0.02
 """Tolerance of ``within_2pct`` (a pick within 2% of the best counts as good)."""
@@ -39,7 +39,7 @@ def pick_loss(t_pick: np.ndarray, t_best: np.ndarray, t_serial: np.ndarray) -> n
 
 
 def score_times(
-    table: ScheduleTable, t: np.ndarray, *, top1: np.ndarray, in_best: np.ndarray
+    table: DatasetTable, t: np.ndarray, *, top1: np.ndarray, in_best: np.ndarray
 ) -> dict[str, float | int]:
     """Metrics of picks given as their measured times ``t`` (ms ``[n]``), whether each is the measured best
     (bool ``[n]``) and whether it lies in the best set (bool ``[n]``); see the module docstring."""
@@ -63,7 +63,7 @@ def score_times(
     }
 
 
-def score(table: ScheduleTable, picks: np.ndarray) -> dict[str, float | int]:
+def score(table: DatasetTable, picks: np.ndarray) -> dict[str, float | int]:
     """Metrics of ``picks`` (schedule column indices ``[n]``) on ``table``; see the module docstring.
 
     ``n_unmeasured_picks`` counts picks without a measurement, charged the scenario's slowest time.
@@ -76,7 +76,7 @@ def score(table: ScheduleTable, picks: np.ndarray) -> dict[str, float | int]:
     return {**out, "n_unmeasured_picks": int(unmeasured.sum())}
 
 
-def mean_loss(table: ScheduleTable, picks: np.ndarray) -> float:
+def mean_loss(table: DatasetTable, picks: np.ndarray) -> float:
     """Mean :func:`pick_loss` of ``picks`` on ``table`` (NaN for an empty table)."""
     if len(table) == 0:
         return float("nan")

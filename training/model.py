@@ -2,7 +2,7 @@
 
 A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
+schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
 :func:`pair_matrix`. Three
 objectives, chosen by grouped cross-validation (``training.crossval``); the shipped model is ``ndcg``:
 
@@ -42,7 +42,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ficco.features import FEATURE_SCHEMA_VERSION, SCHEDULE_INDEX, SCHEDULES
-from ficco.training.pairs import (
+from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
     PAIR_FEATURE_NAMES,
@@ -58,7 +58,7 @@ from ficco.training.pairs import (
     valid_mask,
 )
 
-__all__ = [  # the pair names are training.pairs'; the training code imports them from here too
+__all__ = [  # the pair names are training.predict.pairs'; the training code imports them from here too
     "DESCRIPTORS",
     "HOST_FEATURE_NAME",
     "MAX_GRADE",
@@ -113,7 +113,7 @@ class PairModel(BaseEstimator):
         ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``);
         ``ndcg``: ``XGBRanker`` (``rank:ndcg``) on :func:`relevance_grades`.
     n_estimators : int, default=150
-        Boosting rounds. The fast path (``training.fastpath``) walks every tree, so fewer is faster.
+        Boosting rounds. The fast path (``training.predict.fastpath``) walks every tree, so fewer is faster.
     max_depth : int, default=6
         Depth of each tree.
     learning_rate : float, default=0.1
@@ -162,17 +162,8 @@ class PairModel(BaseEstimator):
         """The unfitted XGBoost estimator of ``objective``."""
         import xgboost as xgb
 
-        common = {
-            "n_estimators": self.n_estimators,
-            "max_depth": self.max_depth,
-            "learning_rate": self.learning_rate,
-            "min_child_weight": self.min_child_weight,
-            "reg_lambda": self.reg_lambda,
-            "random_state": self.random_state,
-            "n_jobs": self.n_jobs,
-            "tree_method": "hist",
-            "verbosity": 0,
-        }
+        common = {k: v for k, v in self.get_params().items() if k != "objective"}  # XGBoost's, by name
+        common |= {"tree_method": "hist", "verbosity": 0}
         if self.objective == "rank":
             return xgb.XGBRanker(objective="rank:pairwise", **common)
         if self.objective == "ndcg":

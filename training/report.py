@@ -19,10 +19,10 @@ import numpy as np
 
 from ficco.features import SCHEDULE_FAMILIES, Schedule
 from ficco.tables import markdown_table
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.evaluate import Evaluation
 from ficco.training.metrics import REPORTED, reported_cells
 from ficco.training.model import SCHEDULES
-from ficco.training.table import ScheduleTable
 
 
 def _kind(schedule: str) -> int:
@@ -30,7 +30,7 @@ def _kind(schedule: str) -> int:
     return SCHEDULE_FAMILIES.index(Schedule.parse(schedule).family)
 
 
-def plot_confusion(table: ScheduleTable, picks: np.ndarray, path: Path) -> None:
+def plot_confusion(table: DatasetTable, picks: np.ndarray, path: Path) -> None:
     """Counts of (measured best, picked) over the schedules that occur in either, as a heat map."""
     import matplotlib.pyplot as plt
 
@@ -82,7 +82,7 @@ def plot_regret_cdf(regrets: dict[str, np.ndarray], path: Path, title: str) -> N
 
 
 def plot_schedule_map(
-    table: ScheduleTable, picks: np.ndarray, op: str, predicted_label: str, path: Path
+    table: DatasetTable, picks: np.ndarray, op: str, predicted_label: str, path: Path
 ) -> None:
     """Measured best (left) and ``picks`` (right) of ``op``'s scenarios over (n*k, m), log axes."""
     import matplotlib.pyplot as plt
@@ -120,7 +120,7 @@ def _metrics_table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def write_report(
-    table: ScheduleTable,
+    table: DatasetTable,
     evaluation: Evaluation,
     out_dir: str | Path,
     *,

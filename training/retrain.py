@@ -23,9 +23,9 @@ import numpy as np
 
 from ficco.features import MODES, feature_matrix
 from ficco.features.provenance import MEASURED, ModelBackend, rows_backend
+from ficco.training.dataset_table import DatasetTable, load_dataset_table
 from ficco.training.metrics import mean_loss, score
-from ficco.training.predictor import Predictor
-from ficco.training.table import ScheduleTable, load_dataset_table
+from ficco.training.predict.predictor import Predictor
 from ficco.training.train import register_trained, train_model
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class RetrainOutcome:
 
 
 def compare(
-    table: ScheduleTable, new_loss: float, current: Predictor | None, backend: ModelBackend = MEASURED
+    table: DatasetTable, new_loss: float, current: Predictor | None, backend: ModelBackend = MEASURED
 ) -> tuple[bool, str, dict[str, Any] | None]:
     """Whether the new model beats ``current`` on ``table``: (better, reason, current's metrics).
 
@@ -142,7 +142,7 @@ def retrain(
     (``training.train.register_trained``); ``current`` must be the current model of that registry id.
     """
     from ficco.features.dataset import read_manifest
-    from ficco.training.registry import promote
+    from ficco.training.predict.registry import promote
 
     out = Path(out_dir)
     measure(plan, out)

@@ -17,11 +17,11 @@ import numpy as np
 from ficco.features import Scenario
 from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
+from ficco.training.dataset_table import DatasetTable, LoadedDataset
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
 from ficco.training.model import PairModel
-from ficco.training.policy import POLICY_GRID, DecisionPolicy
-from ficco.training.table import LoadedDataset, ScheduleTable
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ class TrainedModel:
 
 
 def train_model(
-    table: ScheduleTable,
+    table: DatasetTable,
     *,
-    noise: ScheduleTable | None = None,
+    noise: DatasetTable | None = None,
     seed: int = 0,
     n_jobs: int = 1,
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
@@ -78,8 +78,8 @@ def register_trained(
 
     import pandas as pd
 
-    from ficco.training.coverage import Coverage
-    from ficco.training.registry import register
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.registry import register
 
     table = dataset.table
     backend = rows_backend(dataset.info["backends"])

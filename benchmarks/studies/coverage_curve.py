@@ -68,8 +68,8 @@ def coverage_split(coverage, plan_ids: list[str]) -> tuple[list, object]:
 
 def step(base, coverage, train_ids: list[str], k: int, test, unseen: dict, choice, folds, seed: int) -> dict:
     """The scores of one step: the first ``k`` of ``train_ids`` added (module docstring)."""
+    from ficco.training.dataset_table import concat_tables
     from ficco.training.evaluate import fit_and_pick
-    from ficco.training.table import concat_tables
 
     added = coverage.subset(np.isin(coverage.scenario_ids, train_ids[:k]))
     picks = np.zeros(len(base), dtype=np.int64)
@@ -91,11 +91,11 @@ def study(args: argparse.Namespace) -> dict:
     """Every step's scores (module docstring)."""
     from ficco.harness.plan import Plan
     from ficco.training.crossval import Choice, cv_folds, cv_groups
+    from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
     from ficco.training.fit import TrainConfig
-    from ficco.training.policy import ModePolicy
-    from ficco.training.registry import load_predictor
-    from ficco.training.table import concat_tables, load_dataset_table
+    from ficco.training.predict.policy import ModePolicy
+    from ficco.training.predict.registry import load_predictor
 
     card = load_predictor(args.models, args.hardware).card
     choice = Choice(config=TrainConfig(**card["config"]), policy=ModePolicy.from_dict(card["policy"]))

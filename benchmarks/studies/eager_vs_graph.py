@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ficco.files import write_text_atomic
-from ficco.harness.affinity import placement_for_rank
+from ficco.harness.cpu_placement import placement_for_rank
 from ficco.tables import text_table
 
 CASES: tuple[tuple[str, int, int, int], ...] = (

@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     from ficco.features import FEATURE_SCHEMA_VERSION
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     table = load_dataset_table(*args.dataset).table
     full, full_picks = run(table, (), n_jobs=args.jobs)

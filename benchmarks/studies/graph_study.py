@@ -91,7 +91,7 @@ def wave_columns(table) -> np.ndarray:
 
 def pairs(table, valid: np.ndarray, extra: Extra) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pair matrix of ``table``'s ``valid`` (row, schedule) cells with ``extra``'s columns appended."""
-    from ficco.training.pairs import pair_matrix
+    from ficco.training.predict.pairs import pair_matrix
 
     Z, (rows, cols) = pair_matrix(table.X, table.modes, valid=valid, host_factor=table.host_factor)
     if extra is not None:
@@ -121,7 +121,7 @@ def fit(table, extra: Extra, *, objective: str = "ndcg", seed: int = 0, **params
 def costs(booster, table, extra: Extra, *, objective: str = "ndcg") -> np.ndarray:
     """Cost (lower is faster) of every valid schedule of each row, ``[n, S]`` (+inf: invalid); for the
     regressor, its predicted ``log(t / t_serial)`` (0 for serial/sm, by definition)."""
-    from ficco.training.pairs import SERIAL_INDEX, valid_mask
+    from ficco.training.predict.pairs import SERIAL_INDEX, valid_mask
 
     Z, rows, cols = pairs(table, valid_mask(table.X), extra)
     out = np.full(table.times_ms.shape, np.inf)
@@ -165,7 +165,7 @@ def decide(
 ) -> np.ndarray:
     """Picks ``[n]`` from ranker costs and regressor log ratios ``[n, S]`` under a graph-mode ``rule``
     (``("blend", a)`` or ``("margin", m)``; None: the ranker's own pick)."""
-    from ficco.training.pairs import SERIAL_INDEX
+    from ficco.training.predict.pairs import SERIAL_INDEX
 
     graph = modes == "graph"
     if rule is not None and rule[0] == "blend":
@@ -209,8 +209,8 @@ def mode_scores(table, picks: np.ndarray, noise=None, rescore=None) -> dict:
 def study(unseen_paths: tuple[str, ...], refits: int = 0) -> dict:
     """Every candidate's scores (module docstring)."""
     from ficco.training.crossval import cv_folds, cv_groups
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import unseen
-    from ficco.training.table import load_dataset_table
 
     loaded = load_dataset_table(*(REPO / p for p in TRAINING))
     table, noise = loaded.table, loaded.noise

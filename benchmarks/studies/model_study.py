@@ -18,8 +18,8 @@ does any change to the model or its fallback generalise better to unseen model f
 2. Fallback margins (``fallback``, dense rows): the pick falls back to serial/sm when a signal of its gain
    over serial is below a per-mode margin, chosen on the other folds' held-out picks (mean
    ``training.metrics.pick_loss``), never on the fold it is applied to. Signals: the time-ratio
-   regressor's predicted ``log(t_serial / t_pick)`` (what ``training.policy`` uses, there with one margin
-   for both modes), and the ranker's score of the pick minus serial/sm's.
+   regressor's predicted ``log(t_serial / t_pick)`` (what ``training.predict.policy`` uses, there with one
+   margin for both modes), and the ranker's score of the pick minus serial/sm's.
 3. Generalisation (``generalization``): on the training data of the shipped model (dense and MoE rows,
    ``--repeat`` sweeps pooled), the shipped ranker with its per-mode ``min_gain`` fallback (``current``)
    against candidate changes, each with its own options (margins, widths) chosen per mode on the other
@@ -128,7 +128,7 @@ def log_regret(table, picks: np.ndarray) -> np.ndarray:
 def held_out_picks(table, folds: np.ndarray, config, policy, *, n_jobs: int) -> np.ndarray:
     """Held-out recommended columns ``[n]`` of ``config`` under ``policy`` (``training.crossval``)."""
     from ficco.training.crossval import held_out_costs
-    from ficco.training.policy import ModePolicy, apply_policy
+    from ficco.training.predict.policy import ModePolicy, apply_policy
 
     cost, ratio = held_out_costs(table, folds, (config,), seed=0, n_jobs=n_jobs, progress=False)
     return apply_policy(cost[0], ratio, ModePolicy.uniform(policy), table.modes)[0]
@@ -331,7 +331,7 @@ def candidate_options(pred: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray
     """Each of :data:`CANDIDATES`' picks under every option, from :func:`split_predictions`: name ->
     (picks ``[n_options, n]``, a label per option)."""
     from ficco.training.model import SERIAL_INDEX
-    from ficco.training.policy import POLICY_GRID
+    from ficco.training.predict.policy import POLICY_GRID
 
     gains = [p.min_gain for p in POLICY_GRID]
     margins = [-np.inf if g is None else np.log1p(g) for g in gains]
@@ -339,7 +339,8 @@ def candidate_options(pred: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray
     serial = np.full(len(rows), SERIAL_INDEX)
 
     def fallback(cost: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """``training.policy``'s rule: serial/sm below ``min_gain`` of the regressor's predicted speedup."""
+        """``training.predict.policy``'s rule: serial/sm below ``min_gain`` of the regressor's predicted
+        speedup."""
         raw = cost.argmin(axis=1)
         return margin_options(raw, -pred["log_ratio"][rows, raw], serial, margins), [
             f"min_gain={g}" for g in gains
@@ -425,9 +426,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="XGBoost threads")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.fit import CONFIG_GRID
-    from ficco.training.policy import DecisionPolicy
-    from ficco.training.table import load_dataset_table
+    from ficco.training.predict.policy import DecisionPolicy
 
     configs = {c.key(): c for c in CONFIG_GRID}
     if args.config is not None and args.config not in configs:

@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.studies.off_map --out reports/off-map-h200x2.json
 
-A measured neighbour (``training.coverage``) of a scenario is a training row of the same op, mode, world
-size and dtype whose m, n and k each lie within 2x of the scenario's. Two sets of picks:
+A measured neighbour (``training.predict.coverage``) of a scenario is a training row of the same op, mode,
+world size and dtype whose m, n and k each lie within 2x of the scenario's. Two sets of picks:
 
 1. **Family holdout** of the shipped model's training data (``datasets/h200x2`` + ``datasets/h200x2-moe``,
    ``ficco evaluate``'s folds): each fold picked by the shipped configuration and fallback policy (the
@@ -22,13 +22,9 @@ Prints both tables and writes the JSON (``--out``). Single-threaded XGBoost; the
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import numpy as np
 
-from benchmarks import REPO
+from benchmarks import REPO, study_main
 
 TRAINING = ("datasets/h200x2", "datasets/h200x2-moe")
 UNSEEN = ("datasets/h200x2-unseen", "datasets/h200x2-unseen-v3", "datasets/h200x2-heldout",
@@ -44,10 +40,10 @@ SLOW = 1.02
 def held_out(table, card: dict) -> tuple[np.ndarray, np.ndarray]:
     """Each family-holdout fold's picks (the card's configuration and policy fitted on the other folds)
     and neighbour counts in those folds, int ``[n]`` each."""
-    from ficco.training.coverage import Coverage
     from ficco.training.crossval import cv_folds, cv_groups, held_out_costs
     from ficco.training.fit import TrainConfig
-    from ficco.training.policy import ModePolicy, apply_policy
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.policy import ModePolicy, apply_policy
 
     folds = cv_folds(cv_groups(table))
     config = TrainConfig(**card["config"])
@@ -103,13 +99,13 @@ def summarise(table, picks: np.ndarray, near: np.ndarray) -> dict:
 
 def study() -> dict:
     """Both sets' summaries (module docstring)."""
+    from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
-    from ficco.training.registry import load_predictor
-    from ficco.training.table import concat_tables, load_dataset_table
+    from ficco.training.predict.registry import load_predictor
 
     predictor = load_predictor(REPO / "models", "h200x2")
     if predictor.coverage is None:
-        raise SystemExit("the current h200x2 model carries no coverage; see training/coverage.py")
+        raise SystemExit("the current h200x2 model carries no coverage; see training/predict/coverage.py")
     table = load_dataset_table(*(REPO / p for p in TRAINING)).table
     picks, near = held_out(table, predictor.card)
     tests = [unseen(load_dataset_table(REPO / p).table, table)[0] for p in UNSEEN]
@@ -149,16 +145,7 @@ def text(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "off-map-h200x2.json")
-    args = parser.parse_args()
-    results = study()
-    print(text(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    study_main(__doc__, REPO / "reports" / "off-map-h200x2.json", study, text)
 
 
 if __name__ == "__main__":

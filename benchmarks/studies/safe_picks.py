@@ -10,7 +10,7 @@ model fitted on all the training data scored on the four unseen-family sets):
    applied to graph-mode picks, or to both modes (``+eager``):
 
    - ``fallback_<g>``: serial/sm where the time-ratio regressor predicts the pick less than ``g`` faster
-     than serial (``training.policy``'s fallback);
+     than serial (``training.predict.policy``'s fallback);
    - ``veto_classifier``: a classifier of "more than 2% slower than serial" over the pair features (XGBoost
      ``binary:logistic``, depth 6, 100 trees); the best-ranked schedule whose probability is at most a
      threshold is picked (serial/sm is never vetoed), the threshold chosen per fold on the other folds'
@@ -29,13 +29,11 @@ Prints both tables and writes the JSON (``--out``). Single-threaded XGBoost; the
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import REPO
+from benchmarks import REPO, study_main
 from benchmarks.studies import graph_study as gs
 
 FALLBACK_GAINS = (0.0, 0.02, 0.05)
@@ -68,7 +66,7 @@ def classifier(table):
 def slow_probability(booster, table) -> np.ndarray:
     """The classifier's probability of each valid (row, schedule) being slow, ``[n, S]`` (0: serial/sm or
     invalid)."""
-    from ficco.training.pairs import SERIAL_INDEX, valid_mask
+    from ficco.training.predict.pairs import SERIAL_INDEX, valid_mask
 
     Z, rows, cols = gs.pairs(table, valid_mask(table.X), None)
     out = np.zeros(table.times_ms.shape)
@@ -80,7 +78,7 @@ def slow_probability(booster, table) -> np.ndarray:
 def neighbour_veto(train, test) -> np.ndarray:
     """Where ``train``'s neighbours of each ``test`` row measured a schedule slow, bool ``[n_test, S]``
     (module docstring)."""
-    from ficco.training.pairs import SERIAL_INDEX
+    from ficco.training.predict.pairs import SERIAL_INDEX
 
     def shape(t):
         return np.log2([[s.rows, s.n, s.k] for s in t.scenarios]), [(s.op, s.world_size) for s in t.scenarios]
@@ -105,9 +103,9 @@ def apply(cost: np.ndarray, veto: np.ndarray, on: np.ndarray) -> np.ndarray:
 
 
 def fallback(cost: np.ndarray, ratio: np.ndarray, modes: np.ndarray, gain: float, both: bool) -> np.ndarray:
-    """The picks under ``training.policy``'s fallback at ``gain`` in graph mode (and eager mode when
+    """The picks under ``training.predict.policy``'s fallback at ``gain`` in graph mode (and eager mode when
     ``both``): serial/sm where the regressor's predicted speedup of the pick is below ``1 + gain``."""
-    from ficco.training.policy import DecisionPolicy, ModePolicy, apply_policy
+    from ficco.training.predict.policy import DecisionPolicy, ModePolicy, apply_policy
 
     on, off = DecisionPolicy(min_gain=gain), DecisionPolicy()
     return apply_policy(cost, ratio, ModePolicy(eager=on if both else off, graph=on), modes)[0]
@@ -222,8 +220,8 @@ def async_tp_tradeoff(table, tests: dict, folds: np.ndarray) -> dict:
 def study() -> dict:
     """Both questions' results (module docstring)."""
     from ficco.training.crossval import cv_folds, cv_groups
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import unseen
-    from ficco.training.table import load_dataset_table
 
     loaded = load_dataset_table(*(REPO / p for p in gs.TRAINING))
     table, noise = loaded.table, loaded.noise
@@ -276,17 +274,8 @@ def async_tp_table(trade: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "safe-picks-h200x2.json")
-    args = parser.parse_args()
-    results = study()
-    print(pick_model_table(results["pick_model"]))
-    print(async_tp_table(results["async_tp_drop_in"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    tables = (lambda r: pick_model_table(r["pick_model"]), lambda r: async_tp_table(r["async_tp_drop_in"]))
+    study_main(__doc__, REPO / "reports" / "safe-picks-h200x2.json", study, *tables)
 
 
 if __name__ == "__main__":

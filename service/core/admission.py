@@ -1,7 +1,7 @@
 """Admission of large batches: at most ``concurrency`` run at once, ``queue`` more wait, and any further
 batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up.
 
-The batches themselves run in the batch worker processes (``service.core.batch_worker``), one per slot;
+The batches themselves run in the batch worker processes (``service.core.worker_pool``), one per slot;
 the gate bounds how many requests hold a body or an answer: a batch counts until its answer is sent
 (``core.offload``), so answers that clients do not read hold bounded memory.
 """

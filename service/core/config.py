@@ -17,7 +17,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.service.core.batch_worker import Priority
+from ficco.service.core.worker_pool import Priority
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"
@@ -26,8 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_model_root() -> Path:
-    """The registry ``ficco train``/``report``/``retrain`` use: ``training.registry.default_model_root``."""
-    from ficco.training.registry import default_model_root
+    """The registry ``ficco train``/``report``/``retrain`` use:
+    ``training.predict.registry.default_model_root``."""
+    from ficco.training.predict.registry import default_model_root
 
     return default_model_root()
 
@@ -77,7 +78,7 @@ class Settings(ModelSettings):
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
     BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
-    """Batches answered at once, each by one batch worker process (``service.core.batch_worker``): this
+    """Batches answered at once, each by one batch worker process (``service.core.worker_pool``): this
     many worker processes run beside the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""

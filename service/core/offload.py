@@ -1,4 +1,4 @@
-"""Handing a batch request to the batch worker processes (``service.core.batch_worker``): its content
+"""Handing a batch request to the batch worker processes (``service.core.worker_pool``): its content
 type checked, its body passed on as received, behind the app's ``BatchGate`` (``service.core.admission``:
 429 with Retry-After when full).
 
@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.types import Receive, Scope, Send
 
 from ficco.service.core.admission import BatchGate
-from ficco.service.core.batch_worker import BatchWorkers, JobKind
+from ficco.service.core.worker_pool import JobKind, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def answer_in_worker(request: Request, kind: JobKind, served: Mapping[str,
     if not is_json(request.headers.get("content-type")):
         raise RequestValidationError([{"loc": ("body",), "input": body, "msg": "", "type": "content_type"}])
     gate: BatchGate = request.app.state.score_gate if kind == "score_one" else request.app.state.batch_gate
-    workers: BatchWorkers = request.app.state.batch_workers
+    workers: WorkerPool = request.app.state.batch_workers
     versions = {hw: model.version for hw, model in served.items()}
     release = gate.admit()
     try:

@@ -1,13 +1,13 @@
 """uvicorn's HTTP/1.1 protocol (httptools' C parser when installed, else h11) with limits on how a request's
 bytes arrive, however they are split:
 
-- headers: a connection that does not complete a request's line and headers within ``header_timeout_s``
-  of opening (or of its previous response) is closed; a request line and headers over ``max_header_bytes``
-  or of more than ``max_headers`` lines are answered 431 before the parser sees them (sent in one piece
+- headers: a connection that does not complete a request's line and headers within ``HEADER_TIMEOUT_S``
+  of opening (or of its previous response) is closed; a request line and headers over ``MAX_HEADER_BYTES``
+  or of more than ``MAX_HEADERS`` lines are answered 431 before the parser sees them (sent in one piece
   or byte by byte), and the connection is closed;
-- body: a request whose body has not fully arrived ``body_timeout_s`` after its headers is answered 408
+- body: a request whose body has not fully arrived ``BODY_TIMEOUT_S`` after its headers is answered 408
   and closed (a slow or never-ending body cannot hold a connection);
-- clients: one client address holds at most ``max_connections_per_client`` connections at once; a further
+- clients: one client address holds at most ``MAX_CONNECTIONS_PER_CLIENT`` connections at once; a further
   one is closed at once.
 
 uvicorn times out idle keep-alive connections only once a first request was answered, and cancels that
@@ -19,30 +19,20 @@ size limit is ``core.limits``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+if TYPE_CHECKING:
+    from ficco.service.core.config import Settings
 
 log = logging.getLogger(__name__)
 
 END_OF_HEADERS = b"\r\n\r\n"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ConnectionLimits:
-    """The limits of :func:`with_limits` (``Settings``: ``FICCO_HEADER_TIMEOUT_S`` and the others)."""
-
-    header_timeout_s: float = 10.0
-    max_header_bytes: int = 16384
-    max_headers: int = 100
-    body_timeout_s: float = 30.0
-    max_connections_per_client: int = 256
-    """0: no limit (a load balancer in front makes every client one address)."""
 
 
 def _refusal(status: str, detail: str) -> bytes:
@@ -65,8 +55,8 @@ class LimitsMixin:
     transport: asyncio.Transport
     client: Any
 
-    limits: ConnectionLimits = ConnectionLimits()
-    """Set per server by ``with_limits``."""
+    limits: Settings
+    """The server's settings, whose limits apply; set per server by ``with_limits``."""
     on_reject: Callable[[str], None] = staticmethod(lambda reason: None)
     """Set per server by ``with_limits``: counts a refusal by reason."""
     clients: ClassVar[Counter[str]] = Counter()
@@ -77,7 +67,7 @@ class LimitsMixin:
         self._timer: asyncio.TimerHandle | None = None
         self._host = str(self.client[0]) if self.client else ""
         self.clients[self._host] += 1
-        cap = self.limits.max_connections_per_client
+        cap = self.limits.MAX_CONNECTIONS_PER_CLIENT
         if cap and self.clients[self._host] > cap:
             log.info("closing %s: over %d connections from this client", self.client, cap)
             self._refuse("connections_per_client")
@@ -107,7 +97,7 @@ class LimitsMixin:
             self._awaiting_headers = False
             self._cancel_timer()
             if cycle.more_body:
-                self._timer = self.loop.call_later(self.limits.body_timeout_s, self._drop_slow_body, cycle)
+                self._timer = self.loop.call_later(self.limits.BODY_TIMEOUT_S, self._drop_slow_body, cycle)
 
     def _within_header_limits(self, data: bytes) -> bool:
         """Count ``data`` toward the request line and headers (up to their end, if it is in ``data``);
@@ -117,12 +107,12 @@ class LimitsMixin:
         head = seen if end < 0 else seen[: end + len(END_OF_HEADERS)]
         size = self._header_bytes + len(head) - len(self._head_tail)
         lines = self._header_lines + head.count(b"\r\n") - self._head_tail.count(b"\r\n")
-        if size > self.limits.max_header_bytes or lines > self.limits.max_headers + 2:
+        if size > self.limits.MAX_HEADER_BYTES or lines > self.limits.MAX_HEADERS + 2:
             log.info("answering 431 to %s: headers over %d bytes or %d lines", self.client,
-                     self.limits.max_header_bytes, self.limits.max_headers)  # fmt: skip
+                     self.limits.MAX_HEADER_BYTES, self.limits.MAX_HEADERS)  # fmt: skip
             detail = (
-                f"request line and headers are over the limit of {self.limits.max_header_bytes} bytes "
-                f"(FICCO_MAX_HEADER_BYTES) or {self.limits.max_headers} headers (FICCO_MAX_HEADERS)"
+                f"request line and headers are over the limit of {self.limits.MAX_HEADER_BYTES} bytes "
+                f"(FICCO_MAX_HEADER_BYTES) or {self.limits.MAX_HEADERS} headers (FICCO_MAX_HEADERS)"
             )
             self._refuse("header_too_large", "431 Request Header Fields Too Large", detail)
             return False
@@ -137,7 +127,7 @@ class LimitsMixin:
         waiting_after = getattr(self, "cycle", None)  # a new request replaces the cycle
         self._awaiting_headers = waiting_after is None or waiting_after.response_complete
         self._header_bytes, self._header_lines, self._head_tail = 0, 0, b""
-        self._timer = self.loop.call_later(self.limits.header_timeout_s, self._drop_if_idle, waiting_after)
+        self._timer = self.loop.call_later(self.limits.HEADER_TIMEOUT_S, self._drop_if_idle, waiting_after)
 
     def _cancel_timer(self) -> None:
         if getattr(self, "_timer", None) is not None:
@@ -146,14 +136,14 @@ class LimitsMixin:
 
     def _drop_if_idle(self, waiting_after: Any) -> None:
         if getattr(self, "cycle", None) is waiting_after and not self.transport.is_closing():
-            log.info("closing %s: no request headers within %g s", self.client, self.limits.header_timeout_s)
+            log.info("closing %s: no request headers within %g s", self.client, self.limits.HEADER_TIMEOUT_S)
             self._refuse("header_timeout")
 
     def _drop_slow_body(self, cycle: Any) -> None:
         if cycle is getattr(self, "cycle", None) and cycle.more_body and not self.transport.is_closing():
             log.info("answering 408 to %s: body incomplete %g s after its headers", self.client,
-                     self.limits.body_timeout_s)  # fmt: skip
-            wait = self.limits.body_timeout_s
+                     self.limits.BODY_TIMEOUT_S)  # fmt: skip
+            wait = self.limits.BODY_TIMEOUT_S
             detail = f"the request body did not arrive within {wait:g} s (FICCO_BODY_TIMEOUT_S)"
             self._refuse("body_timeout", "408 Request Timeout", detail, answered=not cycle.response_started)
 
@@ -167,13 +157,11 @@ class LimitsMixin:
         self.transport.close()
 
 
-def with_limits(
-    limits: ConnectionLimits, on_reject: Callable[[str], None] | None = None
-) -> type[asyncio.Protocol]:
+def with_limits(settings: Settings, on_reject: Callable[[str], None] | None = None) -> type[asyncio.Protocol]:
     """uvicorn's own HTTP protocol (``AutoHTTPProtocol``: httptools when installed, the C parser costs less
-    per request than h11) with ``limits``, each refusal counted by ``on_reject(reason)``, for
+    per request than h11) with the limits of ``settings``, each refusal counted by ``on_reject(reason)``, for
     ``uvicorn.run(http=...)``."""
-    attributes = {"limits": limits, "clients": Counter()}
+    attributes = {"limits": settings, "clients": Counter()}
     if on_reject is not None:
         attributes["on_reject"] = staticmethod(on_reject)
     return type("LimitsProtocol", (LimitsMixin, AutoHTTPProtocol), attributes)

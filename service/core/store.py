@@ -35,14 +35,14 @@ from ficco.features.provenance import (
 )
 from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from ficco.service.cache import RecommendationCache
-from ficco.service.core.batching import MicroBatcher, predict_split
+from ficco.service.core.micro_batch import MicroBatcher, predict_split
 from ficco.service.errors import NoModelError, UnknownHardwareError
 
 log = logging.getLogger(__name__)
 
 
 class Predictor(Protocol):
-    """What the service needs of ``training.predictor.Predictor`` (a loaded model)."""
+    """What the service needs of ``training.predict.predictor.Predictor`` (a loaded model)."""
 
     version: str
     hardware_id: str
@@ -58,7 +58,7 @@ class ServedModel:
     """One loaded predictor with the hardware profile it was trained on and its answer cache."""
 
     predictor: Predictor
-    """The loaded model (``training.predictor.Predictor``)."""
+    """The loaded model (``training.predict.predictor.Predictor``)."""
     profile: HardwareProfile
     """The profile scenarios are built on when this model answers."""
     cache: RecommendationCache
@@ -318,7 +318,7 @@ class ModelStore:
     ``cache_size`` answers are cached per model; ``threads`` is the XGBoost thread count of each loaded
     predictor; ``bulk_threads`` the threads a large batch is split over. ``registry`` is a module with
     ``list_models(root)``, ``current_version(root, hw)`` and ``load_predictor(root, hw, version)``
-    (default: ``training.registry``).
+    (default: ``training.predict.registry``).
 
     ``snapshot``: a directory each version's files are copied into before the version is loaded from
     the copy (a registry of its own, ``<snapshot>/<hw>/<version>/``). The server's batch workers load
@@ -358,7 +358,7 @@ class ModelStore:
     @property
     def registry(self) -> Any:
         if self._registry is None:
-            self._registry = importlib.import_module("ficco.training.registry")
+            self._registry = importlib.import_module("ficco.training.predict.registry")
         return self._registry
 
     @property

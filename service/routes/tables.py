@@ -18,13 +18,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 
-from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE, DType, Mode
 from ficco.service.core.admission import BatchGate
-from ficco.service.core.batch_worker import BatchWorkers
+from ficco.service.core.worker_pool import WorkerPool
 from ficco.service.deps import ServedDep
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
 from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
-from ficco.service.schemas import MAX_TABLE_SHAPES, TableRequest
+from ficco.service.schemas import MAX_TABLE_SHAPES, TableQuery, TableRequest
 from ficco.service.tables import TableCache, check_table, job_body, model_fingerprint, table_etag
 
 TABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -101,7 +100,7 @@ async def answer_table(
                       allow_simulated)  # fmt: skip
     cache: TableCache = state.tables
     gate: BatchGate = state.table_gate
-    workers: BatchWorkers = state.table_workers
+    workers: WorkerPool = state.table_workers
     job = job_body(hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes, allow_simulated=allow_simulated)
     versions = {hw: m.version for hw, m in served.items()}
     return await cache.get(etag, lambda: gate.run(workers.answer, "table", job, versions))
@@ -148,19 +147,14 @@ async def read_table(
     request: Request,
     served: ServedDep,
     hardware_id: str,
-    tp: Annotated[
-        int, Query(ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE, description="World size (tensor-parallel degree).")
-    ] = 2,
-    mode: Mode = "graph",
-    dtype: DType = "bf16",
-    allow_simulated: bool = False,
+    query: Annotated[TableQuery, Query()],
     if_none_match: Annotated[str | None, Header()] = None,
     accept_encoding: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The served model's schedule table of the dense shape grid for one (tp, mode, dtype)."""
     from ficco.training.export import grid_shapes
 
-    body = TableRequest(tp=tp, mode=mode, dtype=dtype, allow_simulated=allow_simulated)
+    body = TableRequest(**query.model_dump())
     return await _respond(request, served, hardware_id, body, grid_shapes(), if_none_match, accept_encoding)
 
 

@@ -11,7 +11,7 @@ import sys
 from executor_world import run_world
 
 from benchmarks import REPO, executor_overhead
-from ficco.harness.affinity import placement_from_env
+from ficco.harness.cpu_placement import placement_from_env
 
 
 def _run(rank: int, world_size: int, out: str) -> tuple[set[int], set[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.studies import safe_picks
-from ficco.training.pairs import SERIAL_INDEX
+from ficco.training.predict.pairs import SERIAL_INDEX
 
 
 def test_a_vetoed_schedule_gives_way_to_the_next_ranked_one():

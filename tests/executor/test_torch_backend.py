@@ -47,7 +47,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
     import torch
 
     from ficco import executor
-    from ficco.harness.affinity import placement_for_rank
+    from ficco.harness.cpu_placement import placement_for_rank
     from ficco.harness.torch_backend import TorchBackend, _Case
 
     real = dict(executor.OP_FUNCTIONS)

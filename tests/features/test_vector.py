@@ -72,8 +72,8 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError(f"features imported {name}, which is neither stdlib nor numpy")
 sys.meta_path.insert(0, Block())
 from ficco import features
-from ficco.features import host
-host.host_over_gpu(features.feature_matrix([features.Scenario()]))
+from ficco.features import launch_cost
+launch_cost.host_over_gpu(features.feature_matrix([features.Scenario()]))
 """
 
 

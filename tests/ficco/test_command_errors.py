@@ -73,14 +73,23 @@ CASES: list[tuple[str, int]] = [
     ("bench --backend sim --tokens abc --out {out}", BAD),
     ("bench --backend sim --hardware h2002 --out {out}", BAD),
     ("bench --backend sim --hardware {broken} --out {out}", BAD),
-    ("bench --backend sim --out {text} --limit 1", BAD),
+    ("bench --backend sim --out {text} --sample 1", BAD),
     ("bench --backend sim --modes bad --out {out}", BAD),
-    ("bench --backend sim --shard 5/2 --out {out}", BAD),
-    ("bench --backend sim --ray bogus --out {out} --limit 1", FAILED),
-    ("bench --backend sim --ray 127.0.0.1:1 --out {out} --limit 1", FAILED),
-    ("bench --backend sim --calibrate-from {missing} --out {out} --limit 1", BAD),
-    ("bench --card-only --out {missing}", BAD),
-    # dataset gather, host-factor
+    ("bench --backend sim --ops all,bad --out {out}", BAD),
+    ("bench --backend sim --calibrate-from {missing} --out {out} --sample 1", BAD),
+    ("bench --backend sim --rounds 5 --max-rounds 4 --out {out}", BAD),
+    # fleet: shards, Ray clusters, scheduler jobs, the sweep's options after the verb's
+    ("fleet shard --shard 5/2 --backend sim --out {out}", BAD),
+    ("fleet shard --backend sim --out {out}", BAD),  # no --shard and no job array
+    ("fleet run bogus --backend sim --out {out} --sample 1", FAILED),
+    ("fleet run 127.0.0.1:1 --backend sim --out {out} --sample 1", FAILED),
+    ("fleet run --backend sim auto", BAD),  # the address goes first
+    ("fleet emit k8s --backend sim --out {out}", BAD),  # no --shards
+    ("fleet emit lsf --shards 2 --out {out}", BAD),
+    ("fleet emit slurm --shards 2 --no-such-option --out {out}", BAD),
+    # dataset card and gather, host-factor
+    ("dataset card {missing}", BAD),
+    ("dataset card", BAD),
     ("dataset gather {missing} --out {out}", BAD),
     ("dataset gather {empty} --out {out}", BAD),
     ("dataset gather", BAD),
@@ -182,7 +191,8 @@ MISSING = [  # (modules taken away, command, the extra the line names)
     ("pandas", "dataset gather {empty} --out {out}", "data"),
     ("pandas", "bench --backend sim --out {out}", "data"),
     ("tqdm", "bench --backend gloo --out {out}", "executor"),
-    ("ray", "bench --backend sim --ray auto --out {out}", "fleet"),
+    ("ray", "fleet run auto --backend sim --out {out}", "fleet"),
+    ("pandas", "dataset card {empty}", "data"),
     ("fastapi", "serve", "service"),
     ("sklearn", "export --shape ag_gemm:4096:4096 --out {out}", "train"),
     ("xgboost", "train --dataset {missing}", "train"),

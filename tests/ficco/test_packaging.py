@@ -313,7 +313,7 @@ def test_executor_extra_benches_into_the_user_folder(venv, tmp_path, user_env):
             "num_hidden_layers": 1, "model_type": "llama"}  # fmt: skip
     (configs / "Tiny.json").write_text(json.dumps(tiny))
     bench = ["bench", "--backend", "gloo", "--configs", configs, "--tokens", "128", "--grid", "0"]
-    bench += ["--limit", "2", "--modes", "eager", "--rounds", "2", "--max-rounds", "3", "--timed-ms", "1e6"]
+    bench += ["--sample", "2", "--modes", "eager", "--rounds", "2", "--max-rounds", "3", "--timed-ms", "1e6"]
     _run(bin_dir / "ficco", *bench, cwd=tmp_path, env=user_env)
     out = Path(user_env["XDG_DATA_HOME"]) / "ficco" / "datasets" / "h200x2-gloo"
     assert (out / "manifest.json").is_file() and (out / "card.md").is_file()

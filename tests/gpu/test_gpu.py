@@ -86,22 +86,22 @@ def test_harness_smoke_sweep(tmp_path):
     shutil.copy(REPO / "datasets" / "model_configs" / "Llama-3.1-8B.json", configs)
     args = ["--backend", "gpu", "--grid", "4", "--tokens", "1024", "--configs", str(configs)]
     args += ["--out", str(tmp_path / "sweep")]
-    args += ["--tp", str(GPUS), "--nproc", str(GPUS)]
+    args += ["--tp", str(GPUS)]
     proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 @pytest.mark.timeout(600)
-def test_harness_smoke_sweep_include_moe(tmp_path):
-    """``ficco bench --backend gpu --include-moe`` measures a MoE layer's pairs: Mixtral-8x7B at 1k tokens
+def test_harness_smoke_sweep_moe_ops(tmp_path):
+    """``ficco bench --backend gpu --ops all`` measures a MoE layer's pairs: Mixtral-8x7B at 1k tokens
     (QKV, attention out, the dispatch a2a_gemm and the combine gemm_a2a), every schedule ok in both modes."""
     from ficco.features.dataset import load_dataset
 
     configs = tmp_path / "configs"
     configs.mkdir()
     shutil.copy(REPO / "datasets" / "model_configs" / "Mixtral-8x7B-v0.1.json", configs)
-    args = ["--backend", "gpu", "--include-moe", "--grid", "0", "--tokens", "1024", "--configs", str(configs)]
-    args += ["--out", str(tmp_path / "sweep"), "--tp", str(GPUS), "--nproc", str(GPUS)]
+    args = ["--backend", "gpu", "--ops", "all", "--grid", "0", "--tokens", "1024", "--configs", str(configs)]
+    args += ["--out", str(tmp_path / "sweep"), "--tp", str(GPUS)]
     proc = _run([sys.executable, "-m", "ficco.cli", "bench", *args], timeout=580)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     df = load_dataset(tmp_path / "sweep")

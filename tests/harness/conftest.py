@@ -1,5 +1,5 @@
 """Shared fixtures of the harness tests: the h200x2 profile, a small plan, tiny dense and MoE configs, and
-``ficco bench`` in process with a small simulated sweep (the sharded-sweep tests)."""
+``ficco bench`` and ``ficco fleet`` in process with a small simulated sweep (the sharded-sweep tests)."""
 
 from __future__ import annotations
 
@@ -63,16 +63,27 @@ def tiny_moe_configs(tmp_path) -> Path:
     return _config_folder(tmp_path / "moe-configs", "TinyMoE", config)
 
 
-def _bench(*args) -> str:
-    result = CliRunner().invoke(app, ["bench", *map(str, args)])
+def _ficco(*args) -> str:
+    result = CliRunner().invoke(app, list(map(str, args)))
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def _bench(*args) -> str:
+    return _ficco("bench", *args)
 
 
 @pytest.fixture(scope="session")
 def bench():
     """``bench(*args)``: ``ficco bench *args`` in process; its output (the test fails on a non-zero exit)."""
     return _bench
+
+
+@pytest.fixture(scope="session")
+def fleet():
+    """``fleet(verb, *args)``: ``ficco fleet VERB *args`` in process; its output (the test fails on a non-zero
+    exit)."""
+    return lambda *args: _ficco("fleet", *args)
 
 
 @pytest.fixture(scope="session")

@@ -153,7 +153,7 @@ def test_host_factor_of_a_dataset_reads_its_host_bound_eager_times():
 
     from ficco.features import Schedule
     from ficco.features.dataset import host_factor_of
-    from ficco.features.host import host_us
+    from ficco.features.launch_cost import host_us
 
     rows = []
     for sid, op, bound in (("small", "ag_gemm", True), ("large", "gemm_rs", False)):

@@ -1,4 +1,4 @@
-"""``ficco bench --ray`` on one local Ray cluster of 2 CPUs (module-scoped; CPU only): a 4-shard simulated
+"""``ficco fleet run`` on one local Ray cluster of 2 CPUs (module-scoped; CPU only): a 4-shard simulated
 sweep gathers to the unsharded rows, a shard whose Ray worker is killed mid-shard is retried and resumes,
 and a 2-shard gloo sweep gives the plan's scenarios x schedules."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from ficco.features import candidates
 from ficco.features.dataset import dataset_hash, load_dataset, read_manifest
-from ficco.harness.fleet import shard_bundle
+from ficco.harness.fleet.ray_tasks import shard_bundle
+from ficco.harness.fleet.shards import read_runs
 from ficco.harness.plan import Plan
-from ficco.harness.shards import read_runs
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -64,9 +64,9 @@ def cluster(tmp_path_factory):
         os.environ["PYTHONPATH"] = before
 
 
-def test_four_ray_shards_gather_to_the_unsharded_rows(bench, small_sweep, cluster, whole, tmp_path):
+def test_four_ray_shards_gather_to_the_unsharded_rows(fleet, small_sweep, cluster, whole, tmp_path):
     out = tmp_path / "ds"
-    printed = bench(*small_sweep, "--out", out, "--ray", "auto", "--shards", "4")
+    printed = fleet("run", "auto", "--shards", "4", *small_sweep, "--out", out)
     assert "gathered 4 shards" in printed
     assert dataset_hash(out) == dataset_hash(whole)
     shards = read_manifest(out)["gathered"]["shards"]
@@ -75,9 +75,9 @@ def test_four_ray_shards_gather_to_the_unsharded_rows(bench, small_sweep, cluste
     assert "## Shards" in (out / "card.md").read_text()
 
 
-def test_a_killed_ray_task_is_retried_and_resumes_its_shard(bench, small_sweep, cluster, whole, tmp_path):
+def test_a_killed_ray_task_is_retried_and_resumes_its_shard(fleet, small_sweep, cluster, whole, tmp_path):
     out = tmp_path / "kill-me"
-    bench(*small_sweep, "--out", out, "--ray", "auto", "--shards", "4")
+    fleet("run", "auto", "--shards", "4", *small_sweep, "--out", out)
     assert (out / "killed-once").exists()  # the first run of shard 1 was killed
     runs = read_runs(out / "shards" / "shard-00001-of-00004")
     assert [r["finished_before"] for r in runs] == [0, 2]  # retried, resumed after its 2 scenarios
@@ -88,11 +88,11 @@ def test_a_killed_ray_task_is_retried_and_resumes_its_shard(bench, small_sweep, 
 
 
 def test_two_ray_shards_on_gloo_give_the_plans_scenarios_and_schedules(
-    bench, cluster, tiny_configs, tmp_path
+    fleet, cluster, tiny_configs, tmp_path
 ):
     out = tmp_path / "ds"
-    tiny = ("--configs", tiny_configs, "--tokens", "256", "--grid", "0", "--limit", "2", "--rounds", "1")
-    bench("--backend", "gloo", *tiny, "--timed-ms", "0", "--out", out, "--ray", "auto", "--shards", "2")
+    tiny = ("--configs", tiny_configs, "--tokens", "256", "--grid", "0", "--sample", "2", "--rounds", "1")
+    fleet("run", "auto", "--shards", "2", "--backend", "gloo", *tiny, "--timed-ms", "0", "--out", out)
     plan = Plan.from_json((out / "plan.json").read_text())
     expected = {(s.key(), "eager", str(c)) for _, s in plan for c in candidates(s)}
     rows = load_dataset(out)

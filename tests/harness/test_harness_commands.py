@@ -1,4 +1,5 @@
-"""`ficco bench`: options and their errors, the sim path end to end, resume, and the gloo path."""
+"""`ficco bench`: options and their errors, the sim path end to end, continuing a dataset, the gloo path;
+`ficco dataset card`; the last release's spellings."""
 
 import importlib.util
 import json
@@ -21,6 +22,7 @@ from ficco.features.dataset import (
 from ficco.harness.backend import Timing
 from ficco.harness.commands import register
 from ficco.harness.dataset import label_table
+from ficco.harness.deprecated_bench import rewrite
 from ficco.harness.launch import WorkerSettings, torchrun_command
 from ficco.harness.worker import SAFE_ENV, parse_args
 
@@ -34,6 +36,14 @@ def app() -> typer.Typer:
 
     @app.command("version")  # a second command keeps `bench` a subcommand, as in `ficco`
     def version() -> None: ...
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def ficco() -> typer.Typer:
+    """The ``ficco`` command line itself (its group rewrites the last release's spellings)."""
+    from ficco.cli import app
 
     return app
 
@@ -70,53 +80,64 @@ def test_bench_sim_writes_dataset_card_and_estimate(app, tiny_configs, tmp_path)
     assert settings["estimated_minutes"] > 0
 
 
-def test_bench_refuses_existing_dataset_without_resume(app, tiny_configs, tmp_path):
-    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--limit", "2")).exit_code == 0
+def test_bench_again_continues_the_dataset(app, tiny_configs, tmp_path):
+    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--sample", "2")).exit_code == 0
     again = _bench(app, *_small(tiny_configs, tmp_path / "ds"))
-    assert again.exit_code == 2 and "already holds a dataset (2 scenarios); pass --resume" in again.output
-    resumed = _bench(app, *_small(tiny_configs, tmp_path / "ds", "--resume"))
-    assert resumed.exit_code == 0 and "2 of 7 scenarios already measured" in resumed.output
+    assert again.exit_code == 0 and "2 of 7 scenarios already measured" in again.output
     assert len(read_manifest(tmp_path / "ds")["finished"]) == 7
 
 
-def test_bench_resume_with_other_plan_settings_is_refused_naming_them(app, tiny_configs, tmp_path):
-    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--limit", "2")).exit_code == 0
+def test_bench_into_a_dataset_of_other_plan_settings_is_refused_naming_them(app, tiny_configs, tmp_path):
+    assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--sample", "2")).exit_code == 0
     plan_before = (tmp_path / "ds" / "plan.json").read_text()
-    args = [a if a != "3" else "5" for a in _small(tiny_configs, tmp_path / "ds", "--resume", "--seed", "7")]
+    args = [
+        a if a != "3" else "5" for a in _small(tiny_configs, tmp_path / "ds", "--seed", "7", "--ops", "all")
+    ]
     result = _bench(app, *args)
     assert result.exit_code == 2, result.output
     assert "--grid 5 (the dataset's: 3)" in result.output and "--seed 7 (the dataset's: 0)" in result.output
+    assert "--ops ag_gemm,gemm_rs,a2a_gemm,gemm_a2a (the dataset's: ag_gemm,gemm_rs)" in result.output
     assert (tmp_path / "ds" / "plan.json").read_text() == plan_before
 
 
-def test_bench_card_only_regenerates_the_card(app, tiny_configs, tmp_path):
-    _bench(app, *_small(tiny_configs, tmp_path / "ds"))
+def test_a_dense_dataset_of_the_last_release_continues_under_the_default_ops(app, tiny_configs, tmp_path):
+    """Its plan lists every op with ``include_moe`` off: the ops it measured are the dense ones, today's
+    default."""
+    out = tmp_path / "ds"
+    assert _bench(app, *_small(tiny_configs, out, "--sample", "2")).exit_code == 0
+    plan = json.loads((out / "plan.json").read_text())
+    plan["settings"]["ops"] = ["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    again = _bench(app, *_small(tiny_configs, out))
+    assert again.exit_code == 0 and "2 of 7 scenarios already measured" in again.output
+
+
+def test_dataset_card_regenerates_the_card(ficco, tiny_configs, tmp_path):
+    assert _bench(ficco, *_small(tiny_configs, tmp_path / "ds")).exit_code == 0
     (tmp_path / "ds" / "card.md").unlink()
-    result = _bench(app, "--card-only", "--out", tmp_path / "ds")
+    result = CliRunner().invoke(ficco, ["dataset", "card", str(tmp_path / "ds")])
     assert result.exit_code == 0 and (tmp_path / "ds" / "card.md").exists()
-    missing = _bench(app, "--card-only", "--out", tmp_path / "nothing")
+    missing = CliRunner().invoke(ficco, ["dataset", "card", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "is not a ficco dataset" in missing.output
 
 
-def test_bench_relabel_rewrites_stale_best_sets_and_keeps_the_rows(app, tiny_configs, tmp_path):
+def test_dataset_card_relabel_rewrites_stale_best_sets_and_keeps_the_rows(ficco, tiny_configs, tmp_path):
     import pandas as pd
 
     from ficco.features.dataset import COLUMNS, MANIFEST, load_dataset
 
     out = tmp_path / "ds"
-    _bench(app, *_small(tiny_configs, out))
+    _bench(ficco, *_small(tiny_configs, out))
     part = out / json.loads((out / MANIFEST).read_text())["parts"][0]["file"]
     fresh = pd.read_parquet(part)
     pd.DataFrame(fresh.assign(in_best_set=~fresh["in_best_set"])).to_parquet(part, index=False)  # stale
-    result = _bench(app, "--card-only", "--relabel", "--out", out)
+    result = CliRunner().invoke(ficco, ["dataset", "card", str(out), "--relabel"])
     assert result.exit_code == 0, result.output
     assert f"in_best_set changed on {len(fresh)} rows" in result.output
     rewritten = pd.read_parquet(part)
     assert list(rewritten.columns) == list(COLUMNS)  # the derived time_ms is not stored
     assert rewritten["in_best_set"].tolist() == fresh["in_best_set"].tolist()
     assert "time_ms" in load_dataset(out).columns
-    lone = _bench(app, "--relabel", "--out", out)
-    assert lone.exit_code == 2 and "--relabel goes with --card-only" in lone.output
 
 
 @pytest.mark.parametrize(
@@ -217,21 +238,46 @@ def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch
     assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
 
 
-def test_bench_gloo_nproc_must_equal_tp(app, tiny_configs, tmp_path):
-    result = _bench(
-        app,
-        "--backend",
-        "gloo",
-        "--configs",
-        tiny_configs,
-        "--grid",
-        "0",
-        "--nproc",
-        "3",
-        "--out",
-        tmp_path / "ds",
+def test_bench_keeps_to_its_option_budget(ficco):
+    """The sweep's own options; dataset cards and fleets are verbs of their own."""
+    bench = typer.main.get_command(ficco).commands["bench"]
+    assert len([p for p in bench.params if p.name != "help"]) <= 22
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("bench --card-only --relabel --out D", "dataset card D --relabel"),
+        ("-v bench --tp 8 --ray auto --shards 4 --out D", "-v fleet run auto --shards 4 --tp 8 --out D"),
+        (
+            "bench --emit=k8s --shards 2 --image I --share-nodes --out D",
+            "fleet emit k8s --shards 2 --share-nodes --image I --out D",
+        ),
+        ("bench --shard 1/4 --resume --out D", "fleet shard --shard 1/4 --out D"),
+        ("bench --include-moe --limit 3 --nproc 2 --out D", "bench --out D --ops all --sample 3"),
+        ("bench --include-moe --ops a2a_gemm --out D", "bench --ops a2a_gemm --out D"),
+        ("bench --out D", "bench --out D"),
+        ("serve --port 1", "serve --port 1"),
+    ],
+)
+def test_the_last_releases_bench_spellings_become_the_new_commands(old, new, capsys):
+    assert rewrite(old.split(), {}) == new.split()
+    assert ("warning:" in capsys.readouterr().err) == (old != new)
+
+
+def test_bench_in_a_job_array_task_measures_its_shard_as_before():
+    env = {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"}
+    assert rewrite(["bench", "--out", "D"], env) == ["fleet", "shard", "--out", "D"]
+
+
+def test_an_old_spelling_runs_and_says_what_to_use(ficco, tiny_configs, tmp_path):
+    args = [*_small(tiny_configs, tmp_path / "ds", "--limit", "2", "--resume")]
+    result = CliRunner().invoke(ficco, ["bench", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: `ficco bench` with --limit, --resume is the spelling of the last release" in result.output
     )
-    assert result.exit_code == 2 and "--tp 2 must equal the number of processes (3)" in result.output
+    assert "--sample 2`" in result.output and len(read_manifest(tmp_path / "ds")["finished"]) == 2
 
 
 def test_torchrun_command_runs_the_worker_on_every_rank(tmp_path):
@@ -293,7 +339,7 @@ def _bench_gloo(configs: Path, out: Path, *extra: str) -> subprocess.CompletedPr
 )
 def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     out = tmp_path / "gloo"
-    extra = ("--limit", "2", "--modes", "eager", "--max-rounds", "3", "--timed-ms", "1000000")
+    extra = ("--sample", "2", "--modes", "eager", "--max-rounds", "3", "--timed-ms", "1000000")
     done = _bench_gloo(tiny_configs, out, *extra, "--remeasure", "1")
     df = load_dataset(out)
     assert df["scenario_id"].nunique() == 2 and set(df["backend"]) == {"gloo"}
@@ -310,9 +356,9 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_gloo_include_moe_measures_the_moe_pairs(tiny_moe_configs, tmp_path):
+def test_bench_gloo_moe_ops_measure_the_moe_pairs(tiny_moe_configs, tmp_path):
     out = tmp_path / "gloo-moe"
-    _bench_gloo(tiny_moe_configs, out, "--include-moe", "--limit", "4", "--max-rounds", "2")
+    _bench_gloo(tiny_moe_configs, out, "--ops", "all", "--sample", "4", "--max-rounds", "2")
     df = load_dataset(out)
     assert df.groupby("op")["scenario_id"].nunique().to_dict() == {
         "a2a_gemm": 1,

@@ -1,5 +1,5 @@
 """Sharded sweeps without Ray: the split, the job array environment, ``ficco dataset gather`` and the jobs
-``ficco bench --emit`` writes (``harness.shards``, ``harness.gather``, ``harness.emit``)."""
+``ficco fleet emit`` writes (``harness.fleet.shards``, ``harness.fleet.gather``, ``harness.fleet.emit``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from ficco.cli import app
 from ficco.features.dataset import dataset_hash, load_dataset, read_manifest
 from ficco.harness.dataset import part_metadata
-from ficco.harness.shards import Shard, assign, read_runs, shard_from_env
+from ficco.harness.fleet.shards import Shard, assign, read_runs, shard_from_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +26,9 @@ def gather(*args) -> CliRunner:
     return CliRunner().invoke(app, ["dataset", "gather", *map(str, args)])
 
 
-def sharded(bench, small_sweep: tuple, out: Path, count: int, *extra) -> Path:
+def sharded(fleet, small_sweep: tuple, out: Path, count: int, *extra) -> Path:
     for index in range(count):
-        bench(*small_sweep, "--out", out, "--shard", f"{index}/{count}", *extra)
+        fleet("shard", "--shard", f"{index}/{count}", *small_sweep, "--out", out, *extra)
     return out
 
 
@@ -63,8 +63,8 @@ def test_shard_from_slurm_and_kubernetes_environment():
 # Shards and gather ------------------------------------------------------------------------------------------
 
 
-def test_four_shards_gathered_equal_the_unsharded_sweep(bench, small_sweep, whole, tmp_path):
-    out = sharded(bench, small_sweep, tmp_path / "ds", 4)
+def test_four_shards_gathered_equal_the_unsharded_sweep(fleet, small_sweep, whole, tmp_path):
+    out = sharded(fleet, small_sweep, tmp_path / "ds", 4)
     result = gather(out / "shards", "--out", out)
     assert result.exit_code == 0, result.output
     assert dataset_hash(out) == dataset_hash(whole)  # the same rows (simulated)
@@ -84,18 +84,18 @@ def test_four_shards_gathered_equal_the_unsharded_sweep(bench, small_sweep, whol
     assert "simulated: no GPU was used" in card
 
 
-def test_train_records_the_gathered_content_hash(bench, small_sweep, tmp_path):
-    from ficco.training.table import load_dataset_table
+def test_train_records_the_gathered_content_hash(fleet, small_sweep, tmp_path):
+    from ficco.training.dataset_table import load_dataset_table
 
-    out = sharded(bench, small_sweep, tmp_path / "ds", 2)
+    out = sharded(fleet, small_sweep, tmp_path / "ds", 2)
     assert gather(out, "--out", out).exit_code == 0
     assert load_dataset_table(out).hash == read_manifest(out)["gathered"]["rows_hash"]
 
 
-def test_a_shard_run_again_resumes_and_measures_nothing_twice(bench, small_sweep, tmp_path):
+def test_a_shard_run_again_resumes_and_measures_nothing_twice(fleet, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    first = bench(*small_sweep, "--out", out, "--shard", "1/2")
-    again = bench(*small_sweep, "--out", out, "--shard", "1/2")
+    first = fleet("shard", "--shard", "1/2", *small_sweep, "--out", out)
+    again = fleet("shard", "--shard", "1/2", *small_sweep, "--out", out)
     directory = out / "shards" / "shard-00001-of-00002"
     manifest = read_manifest(directory)
     planned = len(json.loads((directory / "plan.json").read_text())["entries"])
@@ -106,37 +106,37 @@ def test_a_shard_run_again_resumes_and_measures_nothing_twice(bench, small_sweep
     assert not rows.duplicated(["scenario_id", "mode", "schedule"]).any()
 
 
-def test_a_shard_directory_of_another_plan_is_refused(bench, small_sweep, tmp_path):
+def test_a_shard_directory_of_another_plan_is_refused(fleet, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*small_sweep, "--out", out, "--shard", "0/2")
+    fleet("shard", "--shard", "0/2", *small_sweep, "--out", out)
     result = CliRunner().invoke(
-        app, ["bench", *small_sweep, "--out", str(out), "--shard", "0/2", "--grid", "9"]
+        app, ["fleet", "shard", "--shard", "0/2", *map(str, small_sweep), "--out", str(out), "--grid", "9"]
     )
     assert result.exit_code != 0 and "another plan" in result.output
 
 
-def test_gather_refuses_two_fingerprints_naming_the_keys(bench, small_sweep, tmp_path):
+def test_gather_refuses_two_fingerprints_naming_the_keys(fleet, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*small_sweep, "--out", out, "--shard", "0/2")
-    bench(*small_sweep, "--out", out, "--shard", "1/2", "--noise", "0.05")
+    fleet("shard", "--shard", "0/2", *small_sweep, "--out", out)
+    fleet("shard", "--shard", "1/2", *small_sweep, "--out", out, "--noise", "0.05")
     result = gather(out, "--out", tmp_path / "gathered")
     assert result.exit_code != 0
     assert "fingerprint.noise: 0.0 (shards 0/2) vs 0.05 (shards 1/2)" in result.output
     assert read_manifest(tmp_path / "gathered") is None
 
 
-def test_gather_refuses_two_plans_naming_the_plan_hash(bench, small_sweep, tmp_path):
+def test_gather_refuses_two_plans_naming_the_plan_hash(fleet, small_sweep, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    bench(*small_sweep, "--out", a, "--shard", "0/2")
-    bench(*small_sweep, "--out", b, "--shard", "1/2", "--tokens", "1024")
+    fleet("shard", "--shard", "0/2", *small_sweep, "--out", a)
+    fleet("shard", "--shard", "1/2", *small_sweep, "--out", b, "--tokens", "1024")
     result = gather(a, b, "--out", tmp_path / "gathered")
     assert result.exit_code != 0 and "plan_hash:" in result.output
 
 
-def test_gather_reports_missing_shards_and_partial_says_so(bench, small_sweep, tmp_path):
+def test_gather_reports_missing_shards_and_partial_says_so(fleet, small_sweep, tmp_path):
     out = tmp_path / "ds"
-    bench(*small_sweep, "--out", out, "--shard", "0/3")
-    bench(*small_sweep, "--out", out, "--shard", "2/3")
+    fleet("shard", "--shard", "0/3", *small_sweep, "--out", out)
+    fleet("shard", "--shard", "2/3", *small_sweep, "--out", out)
     refused = gather(out, "--out", out)
     assert refused.exit_code != 0 and "missing shard(s) [1] of 3" in refused.output
     result = gather(out, "--out", out, "--partial")
@@ -144,8 +144,8 @@ def test_gather_reports_missing_shards_and_partial_says_so(bench, small_sweep, t
     assert "**Incomplete:** missing shards [1]" in (out / "card.md").read_text()
 
 
-def test_gather_keeps_a_shard_held_twice_once(bench, small_sweep, whole, tmp_path):
-    out = sharded(bench, small_sweep, tmp_path / "ds", 2)
+def test_gather_keeps_a_shard_held_twice_once(fleet, small_sweep, whole, tmp_path):
+    out = sharded(fleet, small_sweep, tmp_path / "ds", 2)
     copy = tmp_path / "copy" / "shard-00001-of-00002"
     shutil.copytree(out / "shards" / "shard-00001-of-00002", copy)
     result = gather(out / "shards", copy, "--out", tmp_path / "gathered")
@@ -158,9 +158,9 @@ def test_gather_keeps_a_shard_held_twice_once(bench, small_sweep, whole, tmp_pat
 
 
 @pytest.mark.slow
-def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(bench, small_sweep, whole, tmp_path):
+def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(fleet, small_sweep, whole, tmp_path):
     out = tmp_path / "ds"
-    printed = bench(*small_sweep, "--out", out, "--emit", "slurm", "--shards", "2")
+    printed = fleet("emit", "slurm", "--shards", "2", *small_sweep, "--out", out)
     script = out / "shards" / "bench.sbatch"
     assert f"ficco dataset gather {out / 'shards'} --out {out}" in printed
     assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
@@ -177,37 +177,22 @@ def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(bench, sma
     assert [(r["engine"], r["job"]) for r in runs] == [("slurm", "7")]
 
 
-def test_emit_slurm_gpu_holds_whole_nodes_unless_shared(bench, llama_configs, tmp_path):
-    bench(
-        "--configs", llama_configs, "--out", tmp_path / "a", "--emit", "slurm", "--shards", "3", "--tp", "2"
-    )
+def test_emit_slurm_gpu_holds_whole_nodes_unless_shared(fleet, llama_configs, tmp_path):
+    fleet("emit", "slurm", "--shards", "3", "--configs", llama_configs, "--out", tmp_path / "a", "--tp", "2")
     text = (tmp_path / "a" / "shards" / "bench.sbatch").read_text()
     assert "#SBATCH --gres=gpu:2" in text and "#SBATCH --exclusive" in text
-    assert "--nproc 2 --out" in text and "FICCO_SHARED_NODE" not in text  # 2 of the node's GPUs
-    bench(
-        *(
-            "--configs",
-            llama_configs,
-            "--out",
-            tmp_path / "b",
-            "--emit",
-            "slurm",
-            "--shards",
-            "3",
-            "--share-nodes",
-        )
-    )
+    assert "fleet shard --configs" in text and "--tp 2 --out" in text and "FICCO_SHARED_NODE" not in text
+    shared_nodes = ("--shards", "3", "--share-nodes")
+    fleet("emit", "slurm", *shared_nodes, "--configs", llama_configs, "--out", tmp_path / "b")
     shared = (tmp_path / "b" / "shards" / "bench.sbatch").read_text()
     assert "--exclusive" not in shared and "export FICCO_SHARED_NODE=1" in shared
 
 
-def test_emit_k8s_manifest_parses_as_an_indexed_job(bench, llama_configs, tmp_path):
+def test_emit_k8s_manifest_parses_as_an_indexed_job(fleet, llama_configs, tmp_path):
     from kubernetes.client import ApiClient
 
     out = tmp_path / "ds"
-    bench(
-        "--configs", llama_configs, "--out", out, "--emit", "k8s", "--shards", "4", "--image", "reg/ficco:1"
-    )
+    fleet("emit", "k8s", "--shards", "4", "--image", "reg/ficco:1", "--configs", llama_configs, "--out", out)
     manifest = json.loads((out / "shards" / "bench-job.json").read_text())
     client = ApiClient()
     job = client._ApiClient__deserialize(manifest, "V1Job")  # the client's own model classes
@@ -217,22 +202,23 @@ def test_emit_k8s_manifest_parses_as_an_indexed_job(bench, llama_configs, tmp_pa
     container = spec.template.spec.containers[0]
     assert container.resources.limits == {"nvidia.com/gpu": "2"}
     assert {"name": "FICCO_SHARD_COUNT", "value": "4"} in client.sanitize_for_serialization(container.env)
-    assert container.command[:2] == ["ficco", "bench"] and container.command[-2:] == ["--out", str(out)]
+    assert container.command[:3] == ["ficco", "fleet", "shard"]
+    assert container.command[-2:] == ["--out", str(out)]
     assert spec.template.spec.affinity.pod_anti_affinity is not None  # one shard per node
     assert sys.executable not in container.command
 
 
 def test_emit_needs_a_shard_count(llama_configs, tmp_path):
     result = CliRunner().invoke(
-        app, ["bench", "--configs", str(llama_configs), "--out", str(tmp_path), "--emit", "k8s"]
+        app, ["fleet", "emit", "k8s", "--configs", str(llama_configs), "--out", str(tmp_path)]
     )
     assert result.exit_code != 0 and "--shards N" in result.output
 
 
-def test_a_card_of_shards_that_shared_a_node_says_so(bench, small_sweep, tmp_path, monkeypatch):
+def test_a_card_of_shards_that_shared_a_node_says_so(fleet, small_sweep, tmp_path, monkeypatch):
     out = tmp_path / "ds"
-    bench(*small_sweep, "--out", out, "--shard", "0/2")
+    fleet("shard", "--shard", "0/2", *small_sweep, "--out", out)
     monkeypatch.setenv("FICCO_SHARED_NODE", "1")  # as --share-nodes sets it for GPU shards
-    bench(*small_sweep, "--out", out, "--shard", "1/2")
+    fleet("shard", "--shard", "1/2", *small_sweep, "--out", out)
     assert gather(out, "--out", out).exit_code == 0
     assert "**Co-tenancy:**" in (out / "card.md").read_text()

@@ -36,7 +36,7 @@ from ficco.runtime import (  # noqa: E402
     verify_plan,
 )
 from ficco.runtime.graphs import GraphedCall  # noqa: E402
-from ficco.training.registry import default_model_root  # noqa: E402
+from ficco.training.predict.registry import default_model_root  # noqa: E402
 
 SIZES = (4096, 1024, 2048, 1024)
 """Tokens, in, hidden, out of the MLP."""

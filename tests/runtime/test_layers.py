@@ -101,7 +101,7 @@ def _mlp_world(
 
 @pytest.fixture(scope="module")
 def worlds() -> dict[int, list[dict]]:
-    from ficco.training.registry import default_model_root
+    from ficco.training.predict.registry import default_model_root
 
     root = str(default_model_root())
     return {w: run_world(w, _mlp_world, root if w == 2 else None) for w in (2, 4)}

@@ -230,7 +230,7 @@ def test_as_planner_of_none_loads_the_model_of_the_detected_hardware(monkeypatch
     import torch
 
     from ficco.runtime import as_planner, sources
-    from ficco.training.registry import ModelLoadError
+    from ficco.training.predict.registry import ModelLoadError
 
     loaded = []
 

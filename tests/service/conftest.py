@@ -32,11 +32,11 @@ HARDWARE = "h200x2"
 def sim_table(
     hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS, world_size: int = 2
 ):
-    """A ``training.table.ScheduleTable`` of ``n`` random scenarios of ``ops`` at ``world_size`` ranks, timed
-    by the simulator (MoE ones with 8 experts, 2 per token)."""
+    """A ``training.dataset_table.DatasetTable`` of ``n`` random scenarios of ``ops`` at ``world_size`` ranks,
+    timed by the simulator (MoE ones with 8 experts, 2 per token)."""
     from ficco.harness.sim import SimBackend
+    from ficco.training.dataset_table import DatasetTable
     from ficco.training.model import SCHEDULES
-    from ficco.training.table import ScheduleTable
 
     hw = get_hardware(hardware_id)
     sim = SimBackend(hw)
@@ -59,7 +59,7 @@ def sim_table(
         scenarios.append(s)
         times.append(row)
     times = np.asarray(times)
-    return ScheduleTable(
+    return DatasetTable(
         scenario_ids=np.asarray([s.key() for s in scenarios], dtype=object),
         modes=np.asarray(["eager"] * n, dtype=object),
         families=np.asarray(["grid"] * n, dtype=object),
@@ -87,11 +87,11 @@ def train_version(
     import dataclasses
 
     from ficco.features.provenance import MEASURED, is_sim_id, registry_id
-    from ficco.training.coverage import Coverage
     from ficco.training.fit import TrainConfig, fit_pair_model
-    from ficco.training.policy import DecisionPolicy, ModePolicy
-    from ficco.training.registry import promote as promote_version
-    from ficco.training.registry import register
+    from ficco.training.predict.coverage import Coverage
+    from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+    from ficco.training.predict.registry import promote as promote_version
+    from ficco.training.predict.registry import register
 
     base = registry_id(hardware_id, MEASURED)
     table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)

@@ -22,7 +22,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def shipped():
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.registry import load_predictor
 
     return load_predictor(REPO / "models", "h200x2")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ficco.service.core.admission import BatchGate, BusyError
-from ficco.service.core.batch_worker import WorkerOptions
-from ficco.training.registry import current_version, list_models, promote
+from ficco.service.core.worker_pool import WorkerOptions
+from ficco.training.predict.registry import current_version, list_models, promote
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}
 HARDWARE = "h200x2"
@@ -189,12 +189,12 @@ def test_workers_exit_when_the_server_dies(registry_root, tmp_path, wait_for):
 
 
 def test_a_worker_is_ready_once_it_has_loaded_and_warmed_up(registry_root):
-    from ficco.service.core.batch_worker import BatchWorker
+    from ficco.service.core.worker_pool import WorkerProcess
 
     version = current_version(registry_root, HARDWARE)
 
     async def scenario():
-        worker = BatchWorker(WorkerOptions(model_root=str(registry_root), priority="normal"))
+        worker = WorkerProcess(WorkerOptions(model_root=str(registry_root), priority="normal"))
         await worker.start({HARDWARE: version})
         try:
             assert not worker.ready  # a process just started has not loaded anything yet
@@ -208,10 +208,10 @@ def test_a_worker_is_ready_once_it_has_loaded_and_warmed_up(registry_root):
 
 
 def test_readyz_waits_for_the_batch_workers(client, monkeypatch, wait_for):
-    from ficco.service.core.batch_worker import BatchWorker
+    from ficco.service.core.worker_pool import WorkerProcess
 
     assert wait_for(lambda: client.get("/readyz").status_code == 200)
-    monkeypatch.setattr(BatchWorker, "ready", property(lambda self: False))
+    monkeypatch.setattr(WorkerProcess, "ready", property(lambda self: False))
     cold = client.get("/readyz")
     assert cold.status_code == 503
     assert cold.json()["batch_workers_ready"] is False and cold.json()["serving"]

@@ -29,7 +29,7 @@ def test_lone_surrogate_in_batch_item_hardware_is_422(client):
 def _corrupt_version_promoted(model_root, start, damage):
     """A served client after a corrupt version was promoted and the reload failed; yields the client and
     the version it still serves."""
-    from ficco.training.registry import current_version, list_models, promote
+    from ficco.training.predict.registry import current_version, list_models, promote
 
     with start(model_root) as client:
         served = current_version(model_root, HW)
@@ -41,7 +41,7 @@ def _corrupt_version_promoted(model_root, start, damage):
 
 
 def test_readyz_clears_reload_error_after_rollback_to_served_version(model_root, start, damage):
-    from ficco.training.registry import promote
+    from ficco.training.predict.registry import promote
 
     with _corrupt_version_promoted(model_root, start, damage) as (client, served):
         assert client.get("/readyz").json()["last_reload_error"] is not None

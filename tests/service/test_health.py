@@ -10,7 +10,7 @@ def test_read_health_ok(client):
 
 
 def test_read_ready_names_served_model(client, registry_root, wait_for):
-    from ficco.training.registry import current_version
+    from ficco.training.predict.registry import current_version
 
     assert wait_for(lambda: client.get("/readyz").status_code == 200)  # once the batch worker is warm
     response = client.get("/readyz")

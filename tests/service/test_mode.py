@@ -20,7 +20,7 @@ def test_mode_field_defaults_to_eager_and_refuses_others(client):
 
 
 def test_mode_reaches_the_predictor_on_every_path(registry_root, start, monkeypatch):
-    from ficco.training.predictor import Predictor
+    from ficco.training.predict.predictor import Predictor
 
     seen: list[str] = []
     original = Predictor.recommend
@@ -74,7 +74,7 @@ def test_cli_mode_option_is_checked(registry_root):
 def test_host_factor_reaches_the_predictor_and_keys_the_cache(registry_root, start, monkeypatch):
     """A request's host factor is the one its answer is for, on the single, batch and score paths; answers
     for other factors are cached apart; out of range is refused naming the field and the range."""
-    from ficco.training.predictor import Predictor
+    from ficco.training.predict.predictor import Predictor
 
     seen: list[float | None] = []
     original = Predictor.recommend

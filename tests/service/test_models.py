@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from ficco.training.registry import current_version, list_models, promote
+from ficco.training.predict.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"
 TOKEN = "test-reload-token-0123456789"

@@ -11,7 +11,8 @@ import time
 
 import uvicorn
 
-from ficco.service.core.protocol import ConnectionLimits, with_limits
+from ficco.service.core.config import Settings
+from ficco.service.core.protocol import with_limits
 
 
 async def _app(scope, receive, send):
@@ -30,7 +31,7 @@ REJECTED: list[str] = []
 def _serve(**limits) -> tuple[uvicorn.Server, int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    chosen = ConnectionLimits(**{"header_timeout_s": 0.2, "max_header_bytes": 4096, **limits})
+    chosen = Settings(**{"HEADER_TIMEOUT_S": 0.2, "MAX_HEADER_BYTES": 4096, **limits})
     protocol = with_limits(chosen, REJECTED.append)
     config = uvicorn.Config(_app, http=protocol, log_level="warning", timeout_keep_alive=60)
     server = uvicorn.Server(config)
@@ -100,7 +101,7 @@ def test_headers_over_the_limit_get_431_and_a_closed_connection():
 def test_headers_over_the_limits_in_one_piece_or_byte_by_byte_get_431():
     """100 KiB of headers or 5,000 header lines sent whole (the parser completes them in one call), and
     5 KiB sent a byte at a time: each 431 before the app runs."""
-    server, port = _serve(header_timeout_s=5.0, max_headers=100)
+    server, port = _serve(HEADER_TIMEOUT_S=5.0, MAX_HEADERS=100)
     try:
         before = len(REJECTED)
         whole = b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n"
@@ -125,7 +126,7 @@ def test_headers_over_the_limits_in_one_piece_or_byte_by_byte_get_431():
 
 
 def test_a_body_that_does_not_arrive_in_time_gets_408():
-    server, port = _serve(body_timeout_s=0.3)
+    server, port = _serve(BODY_TIMEOUT_S=0.3)
     try:
         stalled = socket.create_connection(("127.0.0.1", port))
         stalled.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"a" * 10)
@@ -140,7 +141,7 @@ def test_a_body_that_does_not_arrive_in_time_gets_408():
 
 
 def test_one_client_holds_a_bounded_number_of_connections():
-    server, port = _serve(header_timeout_s=5.0, max_connections_per_client=3)
+    server, port = _serve(HEADER_TIMEOUT_S=5.0, MAX_CONNECTIONS_PER_CLIENT=3)
     try:
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
         extra = socket.create_connection(("127.0.0.1", port))

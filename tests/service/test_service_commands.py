@@ -138,7 +138,7 @@ def test_recommend_empty_registry_exits_2(tmp_path):
 
 
 def test_serve_prepare_only_keeps_registered_model(registry_root, caplog):
-    from ficco.training.registry import current_version
+    from ficco.training.predict.registry import current_version
 
     before = current_version(registry_root, HARDWARE)
     with caplog.at_level(logging.INFO):
@@ -162,8 +162,8 @@ def test_serve_prepare_only_trains_default_model_from_dataset(tmp_path, monkeypa
     from ficco.harness.sweep import run_sweep
     from ficco.training import train
     from ficco.training.fit import TrainConfig
-    from ficco.training.policy import DecisionPolicy
-    from ficco.training.registry import current_version, load_predictor
+    from ficco.training.predict.policy import DecisionPolicy
+    from ficco.training.predict.registry import current_version, load_predictor
 
     hw = get_hardware(HARDWARE)
     rng = np.random.default_rng(0)

@@ -45,7 +45,7 @@ def test_server_settings_do_not_break_offline_commands(env, registry_root, monke
 
 def test_default_registry_is_the_repositorys_from_any_directory(tmp_path, monkeypatch):
     from ficco.service.core.config import ModelSettings
-    from ficco.training.registry import default_model_root
+    from ficco.training.predict.registry import default_model_root
 
     monkeypatch.delenv("FICCO_MODEL_ROOT", raising=False)
     monkeypatch.chdir(tmp_path)

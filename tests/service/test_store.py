@@ -12,8 +12,8 @@ from ficco.features import get_hardware
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.store import ModelStore, resolve_hardware
 from ficco.service.errors import NoModelError, UnknownHardwareError
-from ficco.training import registry
-from ficco.training.registry import current_version, list_models, promote
+from ficco.training.predict import registry
+from ficco.training.predict.registry import current_version, list_models, promote
 
 HARDWARE = "h200x2"
 
@@ -75,7 +75,7 @@ def test_cache_evicts_least_recently_used():
 
 
 class _BreakableRegistry:
-    """ficco.training.registry, whose ``list_models`` raises once ``broken`` is set."""
+    """ficco.training.predict.registry, whose ``list_models`` raises once ``broken`` is set."""
 
     broken = False
 

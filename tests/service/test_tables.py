@@ -10,7 +10,7 @@ from ficco.features import Scenario
 from ficco.runtime import Planner, ServiceSource
 from ficco.runtime.planner import OpRequest
 from ficco.service.client import ServiceClient, ServiceError
-from ficco.training.registry import current_version, promote
+from ficco.training.predict.registry import current_version, promote
 
 HARDWARE = "h200x2"
 TOKEN = "test-reload-token-0123456789"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ficco.cli import app
 from ficco.features import Scenario, candidates, get_hardware
-from ficco.training.registry import current_version
+from ficco.training.predict.registry import current_version
 
 FOUR = "h200x4"
 

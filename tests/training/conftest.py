@@ -24,10 +24,10 @@ from ficco.features import (
     roofline_comm_us,
     roofline_gemm_us,
 )
+from ficco.training.dataset_table import DatasetTable
 from ficco.training.fit import TrainConfig
 from ficco.training.model import SCHEDULE_INDEX, SCHEDULES
-from ficco.training.policy import DecisionPolicy
-from ficco.training.table import ScheduleTable
+from ficco.training.predict.policy import DecisionPolicy
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 MOE_CONFIGS_DIR = CONFIGS_DIR.parent / "moe_configs"
@@ -148,7 +148,7 @@ def frame() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def table(frame):
-    from ficco.training.table import build_table
+    from ficco.training.dataset_table import build_table
 
     return build_table(frame, get_hardware("h200x2"))
 
@@ -214,7 +214,7 @@ def fast_policies():
 
 
 @pytest.fixture
-def tiny_table() -> ScheduleTable:
+def tiny_table() -> DatasetTable:
     """Three scenarios, times in ms:
 
     0: serial 1.0, shard/dma 0.5 (best)
@@ -227,7 +227,7 @@ def tiny_table() -> ScheduleTable:
     times[1, [serial, shard_dma]] = [1.0, 1.2]
     times[2, [serial, shard_dma, shard_sm]] = [2.0, 1.0, 1.01]
     scenarios = (Scenario(),) * 3
-    return ScheduleTable(
+    return DatasetTable(
         scenario_ids=np.array(["a", "b", "c"], dtype=object),
         modes=np.array(["eager"] * 3, dtype=object),
         families=np.array(["f", "f", "g"], dtype=object),

@@ -1,5 +1,5 @@
-"""Answering without XGBoost: the shipped model read with numpy (training/booster.py) decides as the XGBoost
-model does, on the fast path and on a batch large enough for the reference path."""
+"""Answering without XGBoost: the shipped model read with numpy (training/predict/booster.py) decides as the
+XGBoost model does, on the fast path and on a batch large enough for the reference path."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import xgboost as xgb
 
 from ficco.features import Scenario, feature_matrix
 from ficco.files import SHIPPED_MODELS
-from ficco.training import booster as booster_module
-from ficco.training.booster import NumpyBooster, SavedPairModel, read_ubjson
 from ficco.training.model import PairModel
-from ficco.training.registry import current_version, load_predictor
+from ficco.training.predict import booster as booster_module
+from ficco.training.predict.booster import NumpyBooster, SavedPairModel, read_ubjson
+from ficco.training.predict.registry import current_version, load_predictor
 
 CURRENT = SHIPPED_MODELS / "h200x2" / str(current_version(SHIPPED_MODELS, "h200x2"))
 
@@ -85,8 +85,10 @@ def test_numpy_model_walks_every_tree_like_xgboost(both):
 def test_numpy_model_takes_the_fast_path_for_a_large_batch(both, monkeypatch):
     with_xgboost, numpy_only = both
     X = _scenarios(50)
-    monkeypatch.setattr("ficco.training.predictor.FAST_PATH_MAX_CURSORS", 0)  # XGBoost would take its own
-    monkeypatch.setattr("ficco.training.fastpath.CHUNK_CURSORS", 1)  # one row at a time
+    monkeypatch.setattr(
+        "ficco.training.predict.predictor.FAST_PATH_MAX_CURSORS", 0
+    )  # XGBoost would take its own
+    monkeypatch.setattr("ficco.training.predict.fastpath.CHUNK_CURSORS", 1)  # one row at a time
     chunked = numpy_only.decide(X, ["graph"] * len(X))
     whole = with_xgboost.decide(X, ["graph"] * len(X), fast=True)
     np.testing.assert_array_equal(chunked.final, whole.final)

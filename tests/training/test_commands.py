@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ficco.cli import app
-from ficco.training.registry import current_version, load_predictor
+from ficco.training.predict.registry import current_version, load_predictor
 
 runner = CliRunner()
 

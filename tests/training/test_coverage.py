@@ -1,4 +1,4 @@
-"""training.coverage: neighbours counted as defined, stored with a model, answered with every pick."""
+"""training.predict.coverage: neighbours counted as defined, stored with a model, answered with every pick."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ficco.features import Scenario, get_hardware
-from ficco.training.coverage import COVERAGE_FILE, Coverage, off_map
-from ficco.training.registry import load_predictor
+from ficco.training.predict.coverage import COVERAGE_FILE, Coverage, off_map
+from ficco.training.predict.registry import load_predictor
 
 REPO = Path(__file__).resolve().parents[2]
 H200X2 = get_hardware("h200x2")
@@ -53,7 +53,7 @@ def test_only_graph_answers_without_a_neighbour_are_off_the_map():
 
 
 def test_the_shipped_models_coverage_is_its_training_datasets_and_answers_carry_it():
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     predictor = load_predictor(REPO / "models", "h200x2")
     paths = [REPO / p for p in predictor.card["dataset"]["path"].split(" + ")]

@@ -42,7 +42,7 @@ def test_cross_validation_beats_always_serial(table, fast_configs, fast_policies
 
 def test_choose_takes_each_modes_best_policy_and_the_config_best_under_them():
     from ficco.training.crossval import choose
-    from ficco.training.policy import DecisionPolicy
+    from ficco.training.predict.policy import DecisionPolicy
 
     policies = (DecisionPolicy(), DecisionPolicy(min_gain=0.0), DecisionPolicy(min_gain=0.02))
     modes = np.array(["eager", "eager", "graph", "graph"], dtype=object)

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from ficco.training.dataset_table import build_table
 from ficco.training.evaluate import ceiling_picks, evaluate
-from ficco.training.table import build_table
 
 METRICS = ("top1", "in_best_set", "geomean_regret", "p95_regret", "max_regret", "n_slower_than_serial_2pct")
 
@@ -74,8 +74,8 @@ def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fa
 
 def test_split_baselines_fit_each_op_group_on_its_own_rows(sim_dataset, sim_moe_dataset):
     from ficco.training.baselines import baseline_picks
+    from ficco.training.dataset_table import load_dataset_table
     from ficco.training.evaluate import split_baselines
-    from ficco.training.table import load_dataset_table
 
     both = load_dataset_table(sim_dataset, sim_moe_dataset).table
     eager = both.subset(both.modes == "eager")

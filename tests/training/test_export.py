@@ -23,7 +23,7 @@ from ficco.training.export import (
     export,
     token_grid,
 )
-from ficco.training.registry import load_predictor
+from ficco.training.predict.registry import load_predictor
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
@@ -118,7 +118,7 @@ def test_table_decides_every_token_count_below_64_and_the_grid_exactly(predictor
 
 @pytest.mark.slow
 def test_exported_tables_reproduce_the_model_on_every_committed_dataset(predictor, tmp_path):
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     shapes = sorted({s for d in DATASETS for s in dataset_shapes([d], tp=2, dtype="bf16")})[::4]
     paths = export(predictor, out=tmp_path, shapes=shapes, world_size=2)  # a quarter of the shapes: time

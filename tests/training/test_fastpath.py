@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from ficco.features import FEATURE_NAMES
-from ficco.features.host import TWIN_OF, host_over_gpu
-from ficco.training.fastpath import SpecialisedForest
+from ficco.features.launch_cost import TWIN_OF, host_over_gpu
 from ficco.training.fit import training_pairs
 from ficco.training.model import DESCRIPTORS, OBJECTIVES, PAIR_FEATURE_NAMES, PairModel, pair_costs
-from ficco.training.policy import DecisionPolicy, ModePolicy
-from ficco.training.predictor import Predictor
+from ficco.training.predict.fastpath import SpecialisedForest
+from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+from ficco.training.predict.predictor import Predictor
 from tests.training.test_fit import split_columns
 
 
@@ -52,7 +52,7 @@ def test_fast_and_reference_paths_pick_the_same_on_the_whole_dataset(trained, ta
 
 
 def test_fv2_model_fast_and_reference_paths_pick_the_same(table):
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.registry import load_predictor
     from tests.training.test_registry import SHIPPED, shipped_versions
 
     predictor = load_predictor(SHIPPED, "h200x2", shipped_versions("fv2")[-1])
@@ -80,7 +80,7 @@ def _walk(tree, x):
 
 
 def test_flat_trees_store_a_recurring_child_pair_once_and_walk_like_the_trees():
-    from ficco.training.fastpath import FlatTrees
+    from ficco.training.predict.fastpath import FlatTrees
 
     shared = (1, 0.5, ("leaf", 2.0), ("leaf", 3.0))
     trees = [(0, 0.5, ("leaf", 1.0), shared), (2, -1.0, ("leaf", 4.0), shared), shared, ("leaf", 5.0)]

@@ -8,7 +8,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from ficco.features import Scenario, candidates, feature_matrix, get_hardware
-from ficco.features.host import host_over_gpu
+from ficco.features.launch_cost import host_over_gpu
 from ficco.training.fit import training_pairs
 from ficco.training.model import (
     OBJECTIVES,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ficco.training.model import SCHEDULE_INDEX, SERIAL_INDEX
-from ficco.training.policy import DecisionPolicy, ModePolicy, apply_policy
+from ficco.training.predict.policy import DecisionPolicy, ModePolicy, apply_policy
 
 
 def test_min_gain_out_of_range_names_the_value():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ficco.features import Scenario, candidates, get_hardware
-from ficco.training.policy import DecisionPolicy, ModePolicy
-from ficco.training.predictor import Predictor
+from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+from ficco.training.predict.predictor import Predictor
 
 
 def _predictor(trained, policy=None):
@@ -61,7 +61,7 @@ def test_each_mode_falls_back_under_its_own_policy(trained, table):
 
 def test_a_slower_host_moves_eager_answers_toward_fewer_launches_and_leaves_graph_alone(trained, table):
     """The host factor scales the eager host-time pair column only; the default is the model card's."""
-    from ficco.features.host import host_prices
+    from ficco.features.launch_cost import host_prices
 
     predictor = Predictor(scorer=trained.scorer, ratio=trained.ratio, policy=trained.choice.policy,
                           card={"host_factor": 1.25}, version="v1", hardware_id="h200x2")  # fmt: skip

@@ -12,7 +12,7 @@ from ficco.features.provenance import (
     registry_id,
     rows_backend,
 )
-from ficco.training import registry
+from ficco.training.predict import registry
 
 
 def test_only_gpu_rows_are_measured():

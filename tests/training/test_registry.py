@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ficco.features import FEATURE_SCHEMA_VERSION
-from ficco.training import registry
-from ficco.training.policy import DecisionPolicy, ModePolicy
-from ficco.training.registry import (
+from ficco.training.predict import registry
+from ficco.training.predict.policy import DecisionPolicy, ModePolicy
+from ficco.training.predict.registry import (
     ModelLoadError,
     current_version,
     list_models,

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ficco.cli import app
-from ficco.training.registry import current_version, list_models
+from ficco.training.predict.registry import current_version, list_models
 from ficco.training.retrain import compare, decision_margin, farthest_points, informative_subset
 
 runner = CliRunner()
@@ -26,7 +26,7 @@ def test_farthest_points_spreads_and_stops_at_duplicates():
 
 def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
     from ficco.harness.plan import Plan
-    from ficco.training.predictor import Predictor
+    from ficco.training.predict.predictor import Predictor
 
     eager = table.subset(table.modes == "eager")
     plan = Plan(entries=tuple(zip(eager.families, eager.scenarios, strict=True)), settings={"tp": 2})
@@ -161,7 +161,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     from ficco.runtime.sources import PredictorSource
     from ficco.service.core.config import Settings
     from ficco.service.main import create_app
-    from ficco.training.registry import load_predictor
+    from ficco.training.predict.registry import load_predictor
 
     before = _tree(shipped_copy)
     measured_version = current_version(shipped_copy, "h200x2")

@@ -6,8 +6,8 @@ r"""How much a fresh process's host time per executor call moves with where its 
         --jobs 4 --out OUT/host-placement-loopback-h200.json
 
 Eager-mode labels of small shapes are host time, and two processes on the same machine measured it up to
-15% apart (`harness.affinity`; a one-GPU loopback benchmark moved up to 1.5x between processes, even pinned
-with ``taskset``). This runs ``benchmarks/executor_overhead.py`` as ``--jobs`` fresh jobs (torchrun, or
+15% apart (`harness.cpu_placement`; a one-GPU loopback benchmark moved up to 1.5x between processes, even
+pinned with ``taskset``). This runs ``benchmarks/executor_overhead.py`` as ``--jobs`` fresh jobs (torchrun, or
 with ``--loopback`` one plain process on one GPU) per CPU placement policy (``--policies``) and address-space
 layout (``--layouts``: ``random``, the kernel's default; ``fixed``, the job run under ``setarch -R``, so that
 every process lays its heap, libraries and stacks out alike), interleaved: job ``j`` of every (policy,
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from benchmarks import REPO
 from ficco.files import write_text_atomic
-from ficco.harness.affinity import PIN_POLICIES
+from ficco.harness.cpu_placement import PIN_POLICIES
 from ficco.harness.launch import torchrun_prefix
 from ficco.rounds import interleaved_rounds
 from ficco.tables import text_table

@@ -2,7 +2,7 @@
 # The host side of a GPU machine in one call (about 5 minutes on 2 x H200); results go to $OUT.
 #   bash benchmarks/studies/host/host_probe.sh [HARDWARE]        e.g. ... host_probe.sh h200x2
 # 1. benchmarks.studies.host.host_placement: host time per executor call over fresh torchrun jobs, per CPU
-#    placement policy (harness.affinity), with the pure-Python reference beside the calls;
+#    placement policy (harness.cpu_placement), with the pure-Python reference beside the calls;
 # 2. benchmarks.executor_overhead --primitives --profiler torch: each schedule's host time, its building
 #    blocks alone, and where torch.profiler sees the host time go (c10d's NCCL calls included);
 # 3. ficco host-factor: the host factor, measured within seconds, to hold against the factor a sweep on the

@@ -7,7 +7,7 @@ On one H200 machine, fresh processes timed the executor's host path up to 1.8x a
 and a fixed piece of pure Python moved with it, 4.2-4.5 us per call in some rounds and 7-9 us in others,
 within one process too (``benchmarks/results/host-placement-loopback-h200.json``). Eager labels of small
 shapes are host time, so this decides how far a re-measure can agree with a sweep. Here the interpreter's
-speed (``harness.host_speed.python_work``, ``--batch`` calls per sample) is sampled as a time series by
+speed (``harness.host_factor.python_work``, ``--batch`` calls per sample) is sampled as a time series by
 worker processes pinned to one CPU each (``--cpus``): first every CPU alone for ``--alone`` seconds, one
 after another, then all of them together for ``--seconds``.
 

@@ -3,7 +3,7 @@
 ``PairModel.save_model`` writes XGBoost's UBJSON (universal binary JSON: the document ``Booster.save_raw
 ("json")`` gives, in binary). :func:`read_ubjson` decodes it; :class:`NumpyBooster` holds the document and
 offers the part of ``xgboost.Booster`` that answering uses: ``save_raw("json")`` (what
-``training.fastpath`` compiles), ``inplace_predict`` (every tree walked with ``fastpath.FlatTrees``),
+``training.predict.fastpath`` compiles), ``inplace_predict`` (every tree walked with ``fastpath.FlatTrees``),
 ``attr`` and ``set_param``. :func:`load_pair_model` picks the booster by what is installed; the fast path's
 answers are the same either way (``tests/training/test_booster.py``).
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ficco.training.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune
-from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, check_feature_schema
+from ficco.training.predict.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune
+from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_feature_schema
 
 _NUMBERS = {b"i": ">b", b"U": ">B", b"I": ">h", b"l": ">i", b"L": ">q", b"d": ">f", b"D": ">d"}
 """UBJSON's number markers and their big-endian ``struct`` formats."""
@@ -185,8 +185,8 @@ def load_pair_model(path: str | PathLike) -> Any:
     installed (``ficco[train]``), else a :class:`SavedPairModel` on XGBoost's own booster when XGBoost is
     (``ficco[service]``: large batches take its multi-threaded prediction, 3 to 6 times faster than the
     numpy walk at 10,000 scenarios), else on a :class:`NumpyBooster` (the core). Raises ``ValueError`` (or
-    XGBoost's error) for a file that is not a PairModel, ``training.pairs.FeatureSchemaError`` for another
-    feature schema."""
+    XGBoost's error) for a file that is not a PairModel, ``training.predict.pairs.FeatureSchemaError`` for
+    another feature schema."""
     if importlib.util.find_spec("xgboost") is None:
         return SavedPairModel(NumpyBooster.load(path), str(path))
     if importlib.util.find_spec("sklearn") is not None:

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from ficco.cli import app
 from ficco.features import Schedule
-from ficco.features.host import host_us
-from ficco.harness.host_speed import CASES, CPU_DEVICE, HostCase, HostSpeed, time_host_calls
+from ficco.features.launch_cost import host_us
+from ficco.harness.host_factor import CASES, CPU_DEVICE, HostCase, HostSpeed, time_host_calls
 
 
 class FakeClock:
@@ -65,7 +65,7 @@ def test_summary_says_what_a_gloo_factor_is_and_how_to_use_a_gpu_one():
 
 
 def _measure(rank: int, world_size: int) -> dict:
-    from ficco.harness.host_speed import measure_host_factor
+    from ficco.harness.host_factor import measure_host_factor
 
     return measure_host_factor(rounds=3, batch=2, warmup=1).to_dict()
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from ficco.harness.affinity import Placement, parse_cpulist, physical_cores, plan_placement
+from ficco.harness.cpu_placement import Placement, parse_cpulist, physical_cores, plan_placement
 
 
 def test_parse_cpulist_ranges_and_singles():

@@ -1,15 +1,15 @@
-"""``ficco bench --ray ADDRESS``: the shards of a sweep as Ray tasks, one placement group each, then gathered.
+"""``ficco fleet run ADDRESS``: the shards of a sweep as Ray tasks, one placement group each, then gathered.
 
-Each shard (``harness.shards``) is one task that runs ``ficco bench ... --shard I/N`` in a subprocess, the
-usual sweep with one process per GPU under torchrun (gloo: per CPU rank; sim: in that process), inside a
-placement group of one bundle packed on one node (``STRICT_PACK``): ``{"GPU": W}`` (by default ``{"GPU":
-G}``, the node's every GPU, so that no other shard shares its NVLink and host; ``--share-nodes`` packs
-shards W GPUs apart and the card says so), ``{"CPU": W}`` for gloo and ``{"CPU": 1}`` for sim. A task whose
-worker dies (a preempted node, a killed process) is retried by Ray (``max_retries``), and one whose sweep
-exits non-zero too (``retry_exceptions``); the retry resumes the shard from its dataset directory, so the
-output folder must be on storage every node sees. A progress bar counts finished scenarios over all shards
-(read from the shards' manifests), and the finished shards are gathered into ``--out``
-(``harness.gather``).
+Each shard (``harness.fleet.shards``) is one task that runs ``ficco fleet shard --shard I/N ...`` in a
+subprocess, the usual sweep with one process per GPU under torchrun (gloo: per CPU rank; sim: in that
+process), inside a placement group of one bundle packed on one node (``STRICT_PACK``): ``{"GPU": W}`` (by
+default ``{"GPU": G}``, the node's every GPU, so that no other shard shares its NVLink and host;
+``--share-nodes`` packs shards W GPUs apart and the card says so), ``{"CPU": W}`` for gloo and ``{"CPU": 1}``
+for sim. A task whose worker dies (a preempted node, a killed process) is retried by Ray (``max_retries``),
+and one whose sweep exits non-zero too (``retry_exceptions``); the retry resumes the shard from its dataset
+directory, so the output folder must be on storage every node sees. A progress bar counts finished scenarios
+over all shards (read from the shards' manifests), and the finished shards are gathered into ``--out``
+(``harness.fleet.gather``).
 
 Ray is an optional dependency (``pip install 'ficco[fleet]'``).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ficco.features.dataset import read_manifest
-from ficco.harness.shards import Shard, ShardedSweep, shard_dir
+from ficco.harness.fleet.shards import Shard, ShardedSweep, shard_dir
 
 POLL_SECONDS = 1.0
 """Seconds between progress updates while shards run."""
@@ -65,14 +65,15 @@ def shard_bundle(
 
 
 def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str]) -> int:
-    """The Ray task of one shard: ``ficco bench *argv --out out --shard I/N`` in a subprocess, its output
-    appended to the shard's ``LOG``; returns the scenarios the shard has finished. Raises ``ShardFailed``
-    when the subprocess fails."""
+    """The Ray task of one shard: ``ficco fleet shard --shard I/N *argv --out out`` in a subprocess, its
+    output appended to the shard's ``LOG``; returns the scenarios the shard has finished. Raises
+    ``ShardFailed`` when the subprocess fails."""
     from ficco.harness.launch import REPO_ROOT, launch_env
 
     directory = shard_dir(out, shard)
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "ficco.cli", "bench", *argv, "--out", str(out), "--shard", str(shard)]
+    command = [sys.executable, "-m", "ficco.cli", "fleet", "shard", "--shard", str(shard), *argv]
+    command += ["--out", str(out)]
     with open(directory / LOG, "a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
@@ -86,8 +87,8 @@ def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str])
 
 
 def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenarios: int) -> list[Path]:
-    """Run the shards of ``sweep``, the sweep ``argv`` (``ficco bench`` options, without ``--out`` and
-    ``--shard``), as Ray tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
+    """Run the shards of ``sweep``, the sweep ``argv`` (``ficco bench`` options, without ``--out``), as Ray
+    tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
     one here; else a Ray address), with a progress bar over the plan's ``scenarios``; returns the shard
     directories. Raises ``RuntimeError`` naming the shards that failed after their retries."""
     import ray
@@ -169,8 +170,8 @@ def default_shards(backend: str, world_size: int, share_nodes: bool) -> int:
 
 
 CONNECT_TIMEOUT_S = 10.0
-"""Seconds ``--ray ADDRESS`` waits for the cluster's head to accept a connection (Ray itself would retry for
-minutes, silently)."""
+"""Seconds ``ficco fleet run ADDRESS`` waits for the cluster's head to accept a connection (Ray itself would
+retry for minutes, silently)."""
 
 
 def head_address(address: str) -> tuple[str, int] | None:
@@ -195,11 +196,11 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     try:
         head = head_address(address)
     except ValueError as err:
-        raise ConnectionError(f"--ray {address}: {err}; give auto, local or HOST:PORT") from None
+        raise ConnectionError(f"Ray address {address!r}: {err}; give auto, local or HOST:PORT") from None
     except ConnectionError:
         raise ConnectionError(
-            f"--ray {address}: no running Ray cluster found (RAY_ADDRESS is unset and this machine started "
-            "none): start one (`ray start --head`) and name its address, or pass --ray local"
+            f"Ray address {address!r}: no running Ray cluster found (RAY_ADDRESS is unset and this machine "
+            "started none): start one (`ray start --head`) and name its address, or give local"
         ) from None
     if head is None:
         return
@@ -210,13 +211,13 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             f"no answer within {timeout_s:g} s" if isinstance(err, TimeoutError) else str(err.strerror or err)
         )
         raise ConnectionError(
-            f"--ray {address}: no Ray cluster answers at {head[0]}:{head[1]} ({why.lower()}); start its head "
-            f"there (`ray start --head --port {head[1]}`), or pass --ray local to start one on this machine"
+            f"Ray address {address!r}: no Ray cluster answers at {head[0]}:{head[1]} ({why.lower()}); start "
+            f"its head there (`ray start --head --port {head[1]}`), or give local to start one here"
         ) from None
 
 
 def connect(address: str) -> None:
-    """Connect to (``auto``, an address) or start (``local``) the Ray cluster of ``--ray`` once; a head that
+    """Connect to (``auto``, an address) or start (``local``) the Ray cluster at ``address`` once; a head that
     does not answer within ``CONNECT_TIMEOUT_S`` is a ``ConnectionError`` (:func:`check_reachable`)."""
     import ray
 

@@ -1,14 +1,14 @@
 """A loaded model that answers "which schedule for this scenario, in this execution mode?".
 
->>> from ficco.training.registry import load_predictor                  # doctest: +SKIP
+>>> from ficco.training.predict.registry import load_predictor                  # doctest: +SKIP
 >>> predictor = load_predictor("models", "h200x2")                       # doctest: +SKIP
 >>> [r.schedule for r in predictor.recommend([Scenario(m=1024)], mode="graph")]  # doctest: +SKIP
 ['serial/sm']
 
 Two evaluation paths give the same picks: the reference path (``xgboost.Booster.inplace_predict``) and
-the fast path (``training.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few scenarios;
-:meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and the
-reference path for larger batches, where XGBoost's own loop is faster.
+the fast path (``training.predict.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few
+scenarios; :meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and
+the reference path for larger batches, where XGBoost's own loop is faster.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, HardwareProfile, Scenario, feature_matrix, get_hardware
-from ficco.features.host import TWIN_OF, check_host_factor, host_over_gpu
+from ficco.features.launch_cost import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
-from ficco.training.booster import NumpyBooster
-from ficco.training.coverage import Coverage
-from ficco.training.fastpath import SpecialisedForest
-from ficco.training.pairs import (
+from ficco.training.predict.booster import NumpyBooster
+from ficco.training.predict.coverage import Coverage
+from ficco.training.predict.fastpath import SpecialisedForest
+from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
     PAIR_FEATURE_NAMES_OF,
@@ -36,16 +36,19 @@ from ficco.training.pairs import (
     pair_matrix,
     valid_mask,
 )
-from ficco.training.policy import ModePolicy
+from ficco.training.predict.policy import ModePolicy
 
-if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
+if (
+    TYPE_CHECKING
+):  # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
     from ficco.training.model import PairModel
 
 _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
-prediction is faster (a model read without XGBoost, ``training.booster``, always takes the fast path)."""
+prediction is faster (a model read without XGBoost, ``training.predict.booster``, always takes the fast
+path)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,11 +77,11 @@ class Recommendation:
     model_backend: ModelBackend
     """``measured`` (trained on GPU measurements only) or ``simulated`` (``features.provenance``)."""
     host_factor: float
-    """The host factor the eager answer is for (``features.host``; the model's training data's unless the
-    caller gave its machine's)."""
+    """The host factor the eager answer is for (``features.launch_cost``; the model's training data's unless
+    the caller gave its machine's)."""
     neighbours: int | None = None
     """Training rows of the same op, mode, world size and dtype with m, n and k each within 2x of the
-    scenario's (``training.coverage``): how near the answer is to a measurement; None for a model that
+    scenario's (``training.predict.coverage``): how near the answer is to a measurement; None for a model that
     carries no coverage."""
 
 
@@ -99,7 +102,7 @@ class Decision:
     speedups: np.ndarray
     """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
     host_factor: float
-    """The host factor the eager rows were answered for (``features.host``)."""
+    """The host factor the eager rows were answered for (``features.launch_cost``)."""
 
 
 class Predictor:
@@ -108,7 +111,7 @@ class Predictor:
 
     Both models must share one feature schema (``PairModel.feature_schema_``, any of
     ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained. ``coverage``: where the
-    training rows lie (``training.coverage``), for the answers' neighbour counts; None: not counted.
+    training rows lie (``training.predict.coverage``), for the answers' neighbour counts; None: not counted.
     """
 
     def __init__(
@@ -142,13 +145,13 @@ class Predictor:
         self.feature_schema = scorer.feature_schema_
         """The schema of both models' pairs."""
         self.host_factor = check_host_factor(card.get("host_factor", 1.0))
-        """The host factor of the training data (``features.host``): eager answers are for a machine of
+        """The host factor of the training data (``features.launch_cost``): eager answers are for a machine of
         this host speed unless the caller names its own (models registered before it was recorded: 1)."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
         tails = {m: [float(m == "graph")] for m in MODES}
         self._host_columns = None
-        """fv3: the columns of ``features.host.host_over_gpu`` that eager pairs read, one per twin (schedules
-        of equal launches share one, so their pruned trees can be shared); None before fv3."""
+        """fv3: the columns of ``features.launch_cost.host_over_gpu`` that eager pairs read, one per twin
+        (schedules of equal launches share one, so their pruned trees can be shared); None before fv3."""
         linked = None
         if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
             tails["graph"].append(0.0)  # graph mode: no host time
@@ -210,7 +213,7 @@ class Predictor:
     ) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
 
-        ``host_factor``: the machine's (``features.host.check_host_factor``; None: the training data's,
+        ``host_factor``: the machine's (``features.launch_cost.check_host_factor``; None: the training data's,
         :attr:`host_factor`); it moves eager answers only. ``fast``: True = the numpy fast path, False =
         XGBoost's own prediction, None = by batch size.
         """
@@ -252,7 +255,7 @@ class Predictor:
             raise ValueError(
                 f"this model was trained for hardware {self.hardware_id!r}; {len(foreign)} scenario(s) are "
                 f"on other hardware, e.g. {foreign[0]}. Load the model of that hardware (list them with "
-                "ficco.training.registry.list_models)"
+                "ficco.training.predict.registry.list_models)"
             )
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=host_factor)
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms

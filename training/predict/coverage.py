@@ -11,8 +11,8 @@ runs ``serial/sm`` there by default (``docs/planner.md``).
 A model carries its coverage beside its files (``coverage.npy``, int32 ``[rows, 7]``: the columns of
 :data:`COLUMNS`), written at registration from the training table; numpy reads it without pickle, so the
 service answers the count with numpy alone. A model registered before coverage was recorded can be given
-one from the datasets its card names (``training.registry.add_coverage``; their content hash must still be
-the card's), which changes no prediction: the model files and the card stay as they are.
+one from the datasets its card names (``training.predict.registry.add_coverage``; their content hash must
+still be the card's), which changes no prediction: the model files and the card stay as they are.
 """
 
 from __future__ import annotations

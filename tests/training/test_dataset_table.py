@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ficco.features import get_hardware
+from ficco.training.dataset_table import build_table
 from ficco.training.model import SCHEDULES
-from ficco.training.table import build_table
 
 
 def test_build_table_labels_match_harness_label_table(frame, table):

@@ -1,4 +1,5 @@
-"""Gather: the shards of one sweep (``harness.shards``), measured on any number of machines, into one dataset.
+"""Gather: the shards of one sweep (``harness.fleet.shards``), measured on any number of machines, into one
+dataset.
 
 ``gather(paths, out)`` reads shard directories (or folders holding them), and refuses shards that do not
 belong together, naming every key that differs with the shards on each side: the backend, the hardware
@@ -32,7 +33,7 @@ from ficco.features.dataset import (
     read_manifest,
 )
 from ficco.harness.dataset import write_json_atomic, write_parquet_atomic
-from ficco.harness.shards import SHARDS_DIR, code_version, read_runs
+from ficco.harness.fleet.shards import SHARDS_DIR, code_version, read_runs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,7 +100,7 @@ def find_shards(paths: Sequence[str | Path]) -> list[Path]:
         if not inner:
             raise ValueError(
                 f"{path} is neither a shard directory (it has no {MANIFEST}) nor a folder of shard-* "
-                "directories (`ficco bench --shard I/N --out DIR` writes DIR/shards/shard-*)"
+                "directories (`ficco fleet shard --shard I/N --out DIR` writes DIR/shards/shard-*)"
             )
         found += inner
     return list(dict.fromkeys(found))
@@ -117,7 +118,7 @@ def read_shard(directory: Path) -> ShardDir:
     if "shard" not in plan.get("settings", {}):
         raise ValueError(
             f"{directory} is a whole dataset, not a shard (its {PLAN} has no settings.shard); gather "
-            "takes the directories `ficco bench --shard I/N` writes"
+            "takes the directories `ficco fleet shard` writes"
         )
     return ShardDir(directory=directory, manifest=manifest, plan=plan)
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ficco.features import MODES
-from ficco.training.pairs import SERIAL_INDEX
+from ficco.training.predict.pairs import SERIAL_INDEX
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

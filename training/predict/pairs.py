@@ -2,9 +2,10 @@
 
 A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
 splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.host``; 0 in graph mode), see
+schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
 :func:`pair_matrix`. Training (``training.model``, scikit-learn and XGBoost) and answering
-(``training.predictor``, numpy) both build their pairs here; ``training.model`` exports these names too.
+(``training.predict.predictor``, numpy) both build their pairs here; ``training.model`` exports these names
+too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ficco.features import (
     SERIAL,
     Schedule,
 )
-from ficco.features.host import host_over_gpu
+from ficco.features.launch_cost import host_over_gpu
 
 SERIAL_INDEX = SCHEDULE_INDEX[str(SERIAL)]
 
@@ -34,8 +35,8 @@ SCHEDULE_FEATURE_NAMES = ("sched_serial", "sched_shard", "sched_finer", "sched_d
                           "sched_chunk_grain", "sched_high_priority", "mode_graph")  # fmt: skip
 """The pair's columns after the scenario features: the schedule's fields, then the mode."""
 HOST_FEATURE_NAME = "eager_host_over_gpu"
-"""fv3's last pair column: ``features.host.host_over_gpu`` of the pair's schedule in eager mode, 0 in graph
-mode (a replayed CUDA graph issues nothing from the host)."""
+"""fv3's last pair column: ``features.launch_cost.host_over_gpu`` of the pair's schedule in eager mode, 0 in
+graph mode (a replayed CUDA graph issues nothing from the host)."""
 PAIR_FEATURE_NAMES_OF: dict[str, tuple[str, ...]] = {
     "fv2": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES),
     "fv3": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES, HOST_FEATURE_NAME),
@@ -134,7 +135,7 @@ def pair_matrix(
 
     ``X`` ``[n, F]`` scenario features, ``modes`` ``[n]``, ``valid`` bool ``[n, S]`` (default
     :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own),
-    ``host_factor`` the machine's (``features.host.host_over_gpu``; fv3's eager pairs). Returns the
+    ``host_factor`` the machine's (``features.launch_cost.host_over_gpu``; fv3's eager pairs). Returns the
     pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]`` (float32: what XGBoost compares its
     thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
     """

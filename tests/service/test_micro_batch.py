@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ficco.features import Scenario
-from ficco.service.core.batching import MicroBatcher, predict_split
+from ficco.service.core.micro_batch import MicroBatcher, predict_split
 
 
 class GatedPredict:

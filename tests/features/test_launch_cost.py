@@ -21,7 +21,7 @@ from ficco.features import (
     roofline_comm_us,
     roofline_gemm_us,
 )
-from ficco.features.host import (
+from ficco.features.launch_cost import (
     FIT_TOLERANCE,
     HOST_FACTOR_RANGE,
     TWIN_OF,

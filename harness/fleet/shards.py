@@ -1,7 +1,8 @@
 """Shards of a sweep: one deterministic, disjoint part of a plan per machine, balanced by estimated GPU time.
 
-``ficco bench --shard I/N`` (or, without it, the array index of a Slurm job array or a Kubernetes indexed
-Job, see :func:`shard_from_env`) measures shard ``I`` of ``N`` into ``OUT/shards/shard-0000I-of-0000N/``, an
+``ficco fleet shard --shard I/N`` (or, without it, the array index of a Slurm job array or a Kubernetes
+indexed Job, see :func:`shard_from_env`) measures shard ``I`` of ``N`` into
+``OUT/shards/shard-0000I-of-0000N/``, an
 ordinary dataset directory (``harness.dataset``) whose ``plan.json`` holds the shard's part of the plan and,
 in ``settings["shard"]``, where it comes from: its index and count, the hash of the whole plan
 (:func:`plan_hash`) and the plan positions it measures. Running the same command again resumes the shard.
@@ -11,7 +12,7 @@ The split: every scenario's GPU time under the protocol is estimated with the si
 other floating-point libraries compute the same split, and the scenarios are dealt longest first to the
 shard with the least time so far (ties: lower index); each shard keeps the plan order. Every part a shard
 writes carries its provenance in the Parquet metadata (:func:`provenance`): the backend's fingerprint,
-the plan hash, the code version and the shard. ``harness.gather`` unions the shards into one dataset.
+the plan hash, the code version and the shard. ``harness.fleet.gather`` unions the shards into one dataset.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ VOLATILE_SETTINGS = ("estimated_minutes", "shard")
 """Plan settings left out of :func:`plan_hash`: they differ between the shards of one plan."""
 SHARD_COUNT_ENV = "FICCO_SHARD_COUNT"
 """Environment variable with the shard count beside ``JOB_COMPLETION_INDEX`` (Kubernetes sets only the
-index; the manifest of ``ficco bench --emit k8s`` sets this to the Job's completions)."""
+index; the manifest of ``ficco fleet emit k8s`` sets this to the Job's completions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ class Shard:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ShardedSweep:
-    """A sweep run as shards on a cluster (``ficco bench --emit`` / ``--ray``): what its jobs need."""
+    """A sweep run as shards on a cluster (``ficco fleet emit`` / ``run``): what its jobs need."""
 
     out: Path
     """The dataset folder (``--out``); the shards measure into its ``SHARDS_DIR``."""

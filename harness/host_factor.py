@@ -1,17 +1,17 @@
 r"""This machine's host speed, measured within seconds: the executor's host time per eager call over its price
 (a host factor, no unit).
 
-A model answers eager-mode questions for a machine of a given host factor (``features.host``). A sweep gives
-a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
+A model answers eager-mode questions for a machine of a given host factor (``features.launch_cost``). A sweep
+gives a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
 takes minutes of GPU time; this measures it directly. Tiny shapes make the GPU work negligible, so an eager
 call's wall time is the host's time to issue it: each (op, schedule) of :data:`CASES` is called in
 interleaved, shuffled rounds of ``batch`` calls (:func:`time_host_calls`, the loop
 ``benchmarks/executor_overhead.py`` times with), and the factor is the median over cases of the measured
-microseconds per call (the slowest rank's) over :func:`features.host.host_us`. The prices are fitted to the
-same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
+microseconds per call (the slowest rank's) over :func:`features.launch_cost.host_us`. The prices are fitted to
+the same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
 reads about 1.
 
-    torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_speed --out host.json   # or:
+    torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_factor --out host.json   # or:
     ficco host-factor                                                                      # all local GPUs
 
 Inside a running job (a process group already up), :func:`measure_host_factor` does the same in about a
@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ficco.dataclass_options import add_arguments, from_arguments, option
 from ficco.features import Schedule
-from ficco.features.host import HOST_FACTOR_RANGE, host_us
+from ficco.features.launch_cost import HOST_FACTOR_RANGE, host_us
 from ficco.files import write_text_atomic
 from ficco.rounds import interleaved_rounds
 
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from ficco.features.routing import Routing
 
 SCHEDULES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/dma/s4/chunk", "finer/dma/s4/shard")
 CASES: tuple[tuple[str, str], ...] = tuple((op, s) for op in ("ag_gemm", "gemm_rs") for s in SCHEDULES)
@@ -74,10 +74,10 @@ def time_host_calls(
     ``sync()`` (CUDA: device synchronise and a barrier) and ends when its last call returns: on CUDA it
     measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
     (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
-    ``after_warmup`` runs once between the warm-up and the rounds (e.g. ``harness.affinity.Placement.apply``,
-    which moves the threads the warm-up started: NCCL starts some on first use). ``around(case)``: a context
-    each of the case's batches runs in (warm-up included), entered before the batch's ``sync()`` and left
-    after its timing."""
+    ``after_warmup`` runs once between the warm-up and the rounds (e.g.
+    ``harness.cpu_placement.Placement.apply``, which moves the threads the warm-up started: NCCL starts
+    some on first use). ``around(case)``: a context each of the case's batches runs in (warm-up included),
+    entered before the batch's ``sync()`` and left after its timing."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
@@ -105,6 +105,15 @@ def time_host_calls(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class HostTiming:
+    """How ``ficco host-factor`` times the cases; its fields are the options of the command and of this
+    module's ``main`` (``ficco.dataclass_options``)."""
+
+    rounds: int = option(10, "Shuffled rounds, a batch of every case each.", min=3, max=1000)
+    batch: int = option(50, "Calls per timed batch.", min=1, max=10_000)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HostCase:
     """One timed (op, schedule): its host microseconds per call and its price."""
 
@@ -113,7 +122,7 @@ class HostCase:
     measured_us: float
     """Median over rounds of the slowest rank's microseconds per call."""
     priced_us: float
-    """``features.host.host_us`` of the call."""
+    """``features.launch_cost.host_us`` of the call."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -170,11 +179,11 @@ def tiny_operands(
     if device is None:
         cuda = dist.get_backend(group) == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    randn = _seeded_randn(rank, device)
+    randn = seeded_randn(rank, device)
     return randn(rows // w, width), randn(rows, width), randn(width, width)
 
 
-def _seeded_randn(rank: int, device: torch.device) -> Callable[..., torch.Tensor]:
+def seeded_randn(rank: int, device: torch.device) -> Callable[..., torch.Tensor]:
     """``randn(*shape)``: random tensors from a generator seeded by ``rank``, on ``device``, bf16 on CUDA and
     fp32 on the CPU (the operands of the host-time cases)."""
     import torch
@@ -198,32 +207,6 @@ def executor_calls(
     ops = {
         "ag_gemm": lambda s: executor.all_gather_matmul(shard, b, s, group),
         "gemm_rs": lambda s: executor.matmul_reduce_scatter(full, b, s, group),
-    }
-    return {(op, s): functools.partial(ops[op], s) for op, s in cases}
-
-
-def routed_calls(
-    cases: Sequence[tuple[str, str]],
-    routing: Routing,
-    width: int,
-    device: torch.device,
-    group: dist.ProcessGroup | None = None,
-) -> dict[tuple[str, str], Callable[[], object]]:
-    """One executor call per (MoE op, schedule) of ``cases`` under ``routing`` (a ``features.Routing``), on
-    random ``width``-wide rows and ``[local experts, width, width]`` weights on ``device`` (bf16 on CUDA,
-    fp32 on the CPU; seeded by the rank), keyed by the case: ``a2a_gemm`` dispatches this rank's routed
-    rows, ``gemm_a2a`` combines the rows its experts received."""
-    import torch.distributed as dist
-
-    from ficco import executor
-
-    rank = dist.get_rank(group)
-    randn = _seeded_randn(rank, device)
-    x, h = randn(sum(routing.sent(rank)), width), randn(sum(routing.received(rank)), width)
-    b = randn(routing.local_experts, width, width)
-    ops = {
-        "a2a_gemm": lambda s: executor.all_to_all_matmul(x, b, routing, s, group),
-        "gemm_a2a": lambda s: executor.matmul_all_to_all(h, b, routing, s, group),
     }
     return {(op, s): functools.partial(ops[op], s) for op, s in cases}
 
@@ -277,18 +260,18 @@ def measure_host_factor(
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: measure on every rank, rank 0 prints the summary and writes ``--out``."""
-    from ficco.harness.affinity import DEFAULT_PIN, PIN_POLICIES, placement_from_env
+    from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
     from ficco.harness.worker import SAFE_ENV
 
     p = argparse.ArgumentParser(
-        prog="python -m ficco.harness.host_speed", description=__doc__.splitlines()[0]
+        prog="python -m ficco.harness.host_factor", description=__doc__.splitlines()[0]
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL) or cpu (gloo)")
-    p.add_argument("--rounds", type=int, default=10, help="shuffled rounds, a batch of every case each")
-    p.add_argument("--batch", type=int, default=50, help="calls per timed batch")
+    add_arguments(p, HostTiming)
     p.add_argument("--pin", choices=PIN_POLICIES, default=DEFAULT_PIN, help="where the rank's threads run")
     p.add_argument("--out", type=Path, help="JSON file to write (rank 0)")
     args = p.parse_args(argv)
+    timing = from_arguments(HostTiming, args, p)
     os.environ.update(SAFE_ENV)
     import torch.distributed as dist
 
@@ -297,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
-        speed = measure_host_factor(rounds=args.rounds, batch=args.batch, after_warmup=placement.apply)
+        speed = measure_host_factor(**asdict(timing), after_warmup=placement.apply)
         if dist.get_rank() == 0:
             print(speed.summary(), flush=True)
             if args.out is not None:

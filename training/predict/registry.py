@@ -6,7 +6,8 @@ Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_R
     <root>/<hardware_id>/<version>/ratio.ubj     the time-ratio regressor, when the picker is the ranker
     <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics (ceiling and per
                                                  family included), fallback policy, ops, modes, software
-    <root>/<hardware_id>/<version>/coverage.npy  where the training rows lie (``training.coverage``): the
+    <root>/<hardware_id>/<version>/coverage.npy  where the training rows lie (``training.predict.coverage``):
+    the
                                                  answers' measured-neighbour counts (absent: not counted)
     <root>/<hardware_id>/CURRENT                 the current version, one line
 
@@ -38,13 +39,15 @@ from ficco.features import FEATURE_NAMES
 from ficco.features.hardware import KNOWN_HARDWARE, NEW_PROFILE_HINT, did_you_mean, registered_profile
 from ficco.features.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
 from ficco.files import model_root, write_text_atomic
-from ficco.training.booster import load_pair_model
-from ficco.training.coverage import COVERAGE_FILE, Coverage
-from ficco.training.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
-from ficco.training.policy import ModePolicy
-from ficco.training.predictor import Predictor
+from ficco.training.predict.booster import load_pair_model
+from ficco.training.predict.coverage import COVERAGE_FILE, Coverage
+from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaError, check_feature_schema
+from ficco.training.predict.policy import ModePolicy
+from ficco.training.predict.predictor import Predictor
 
-if TYPE_CHECKING:  # answering needs no scikit-learn: a loaded model may be a training.booster.SavedPairModel
+if (
+    TYPE_CHECKING
+):  # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
     from ficco.training.model import PairModel
 
 log = logging.getLogger(__name__)
@@ -98,7 +101,7 @@ def register(
     the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
     files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
     when the picker is the time-ratio regressor (one file then). ``coverage`` (the training rows' shapes,
-    ``training.coverage``) is written beside the model files. The card's ``model_backend`` (given in
+    ``training.predict.coverage``) is written beside the model files. The card's ``model_backend`` (given in
     ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
     (``features.provenance``): ValueError otherwise.
     """
@@ -222,14 +225,14 @@ def _read_card(version_dir: Path) -> dict[str, Any]:
 
 
 def add_coverage(root: str | Path, hardware_id: str, version: str | None = None) -> Path:
-    """Write ``coverage.npy`` (``training.coverage``) into a registered version (None: the current one)
-    from the datasets its card names, read from the working directory; the file written. ValueError when
+    """Write ``coverage.npy`` (``training.predict.coverage``) into a registered version (None: the current
+    one) from the datasets its card names, read from the working directory; the file written. ValueError when
     they are missing or their content hash is not the card's (they changed since the model was trained).
     The model files and the card stay as they are: no prediction changes.
 
-        python -c "from ficco.training.registry import add_coverage; add_coverage('models', 'h200x2')"
+        python -c "from ficco.training.predict.registry import add_coverage; add_coverage('models', 'h200x2')"
     """
-    from ficco.training.table import load_dataset_table
+    from ficco.training.dataset_table import load_dataset_table
 
     version = version or current_version(root, hardware_id)
     directory = Path(root) / hardware_id / str(version)
@@ -284,7 +287,7 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         if version is None:
             raise ModelLoadError(
                 f"no current model for hardware {hardware_id!r} under {root}: none was promoted; versions "
-                f"are {versions}. Promote one (training.registry.promote) or {_TRAIN_HINT}"
+                f"are {versions}. Promote one (training.predict.registry.promote) or {_TRAIN_HINT}"
             )
     if version not in versions:
         raise ModelLoadError(f"no model {hardware_id}/{version} under {root}; versions are {versions}")

@@ -1,12 +1,12 @@
-"""Answering a batch body: raw JSON bytes in, the JSON answer's bytes out.
+"""The jobs of the worker processes: a request body's raw JSON bytes in, the JSON answer's bytes out.
 
 :func:`answer_batch` (``POST /v1/recommend/batch``), :func:`answer_score_batch` (``POST
 /v1/score/batch``) and :func:`answer_score` (``POST /v1/score``) are the whole jobs, blocking and
 CPU-bound (~0.3-0.6 s for 10,000 scenarios, or 64 model configs at 32 token counts, on one core): they
 parse and validate the body, answer through ``engine.recommend_scenarios`` / ``scoring`` (so a batch
 gives the same answers as one request per item) and serialise the answer. The server runs them in its
-batch worker processes (``service.core.batch_worker``, ``JOBS``), never in the process that serves single
-recommendations.
+worker processes (``service.core.worker_pool``, ``JOBS``), never in the process that serves single
+recommendations; the fourth job, ``table``, builds a schedule table (``service.tables.build_job``).
 
 Any body is refused with a 422 naming what is wrong, whatever its shape or depth: bad JSON, JSON
 nested deeper than the parser's recursion allows, a top level or a list that is another type.

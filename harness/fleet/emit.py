@@ -1,8 +1,8 @@
-"""``ficco bench --emit slurm|k8s``: the job that runs a sweep's shards on a cluster scheduler.
+"""``ficco fleet emit slurm|k8s``: the job that runs a sweep's shards on a cluster scheduler.
 
 - **slurm**: a job array script, one array task per shard, each on one node with the sweep's GPUs
   (``--gres=gpu:W``; ``--exclusive`` unless ``--share-nodes``: co-tenancy disturbs overlap timing). A task
-  reads its shard from ``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT`` (``harness.shards``).
+  reads its shard from ``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT`` (``harness.fleet.shards``).
 - **k8s**: an indexed Job (``completionMode: Indexed``), one pod per shard reading ``JOB_COMPLETION_INDEX``
   and ``FICCO_SHARD_COUNT``; a per-index retry budget (``backoffLimitPerIndex``), ``nvidia.com/gpu: W``,
   and a pod anti-affinity on the host name (one shard per node) unless ``--share-nodes``. The output
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ficco.files import write_text_atomic
-from ficco.harness.shards import SHARD_COUNT_ENV, SHARDS_DIR, ShardedSweep
+from ficco.harness.fleet.shards import SHARD_COUNT_ENV, SHARDS_DIR, ShardedSweep
 
 
 class Engine(StrEnum):
@@ -46,7 +46,7 @@ def gather_command(out: Path) -> str:
 
 
 def slurm_script(command: Sequence[str], sweep: ShardedSweep, *, name: str) -> str:
-    """The ``sbatch`` job array script running ``command`` (``ficco bench`` with ``--out``, no
+    """The ``sbatch`` job array script running ``command`` (``ficco fleet shard`` with ``--out``, no
     ``--shard``) once per shard of ``sweep``."""
     out = sweep.out
     gpu = sweep.backend == "gpu"
@@ -63,8 +63,8 @@ def slurm_script(command: Sequence[str], sweep: ShardedSweep, *, name: str) -> s
     ]
     lines = [
         "#!/bin/bash",
-        f"# ficco bench, {sweep.shards} shards: one array task per shard "
-        "(written by `ficco bench --emit slurm`).",
+        f"# ficco fleet, {sweep.shards} shards: one array task per shard "
+        "(written by `ficco fleet emit slurm`).",
         "# Submit: sbatch " + shlex.quote(str(out / SHARDS_DIR / SCRIPT[Engine.slurm])),
         "# A task run again (scontrol requeue JOBID_I; --requeue lets Slurm requeue a preempted one)",
         "# resumes its shard. After every task has finished:",
@@ -85,8 +85,8 @@ def slurm_script(command: Sequence[str], sweep: ShardedSweep, *, name: str) -> s
 def k8s_job(
     command: Sequence[str], sweep: ShardedSweep, *, name: str, image: str, claim: str = K8S_PVC
 ) -> dict[str, Any]:
-    """The ``batch/v1`` indexed Job running ``command`` (``ficco bench`` with ``--out``) once per shard of
-    ``sweep``."""
+    """The ``batch/v1`` indexed Job running ``command`` (``ficco fleet shard`` with ``--out``) once per shard
+    of ``sweep``."""
     labels = {"app.kubernetes.io/name": "ficco-bench", "ficco/sweep": name}
     resources = (
         {"limits": {"nvidia.com/gpu": str(sweep.world_size)}}

@@ -8,8 +8,8 @@ shapes that host time exceeds the GPU work, and the eager time of a schedule is 
 1. :func:`launch_counts`: what one eager call of ``schedule`` on ``op`` launches on the busiest rank, by
    kind. The counts follow the executor's plans (``executor.plan.make_plan``: the units are the GEMMs, the
    rounds the transfer batches, their pieces the copies) and transports (``executor.transport``: which
-   events and barriers a call records and waits for); ``tests/features/test_host.py`` checks them against
-   the executor's own plans and segments.
+   events and barriers a call records and waits for); ``tests/features/test_launch_cost.py`` checks them
+   against the executor's own plans and segments.
 2. :data:`HOST_COSTS`: microseconds of host time per launch of each kind, fitted to the executor's measured
    host time per call (``benchmarks.executor_overhead`` on 2 x H200,
    ``benchmarks/results/executor-overhead-h200x2.json``; the test checks every measured schedule is within
@@ -231,7 +231,8 @@ def check_host_factor(host_factor: float) -> float:
     if not lo <= value <= hi:  # NaN fails too
         raise ValueError(
             f"host_factor must be in [{lo:g}, {hi:g}] (the host's time per launch over "
-            f"features.host.HOST_COSTS' prices; 1 = the machine they were fitted on); got {host_factor!r}"
+            f"features.launch_cost.HOST_COSTS' prices; 1 = the machine they were fitted on); "
+            f"got {host_factor!r}"
         )
     return value
 

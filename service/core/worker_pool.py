@@ -1,5 +1,6 @@
-"""The batch worker: separate processes that answer ``POST /v1/recommend/batch`` and ``POST
-/v1/score/batch`` bodies at a lower CPU priority than the process serving single requests.
+"""The worker pool: separate processes that answer ``POST /v1/recommend/batch``, ``POST /v1/score/batch``
+and ``POST /v1/score`` bodies and build schedule tables, at a lower CPU priority than the process serving
+single requests.
 
 A 10,000-scenario batch is ~0.3-0.6 s of CPU (parsing, validation, prediction, serialisation). In a thread
 of the serving process it shares the GIL with the event loop, and on a 2-core machine the cores too:
@@ -28,11 +29,11 @@ by the model version single requests are answered by, across hot reloads and ``C
 come back by kind and are raised again in the server as the same exceptions (:func:`raise_error`), so a
 batch's 422, 404 and 503 answers read as before.
 
-A worker exits when its socket closes (the server exited, however it exited); ``BatchWorkers.close``
+A worker exits when its socket closes (the server exited, however it exited); ``WorkerPool.close``
 terminates it at shutdown. It runs in a session of its own, so a Ctrl-C reaches the server only.
 
 Only the standard library is imported at module level: the worker lowers its priority before it imports
-the model code (``python -m ficco.service.core.batch_worker``, started by :class:`BatchWorker`).
+the model code (``python -m ficco.service.core.worker_pool``, started by :class:`WorkerProcess`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-log = logging.getLogger("ficco.service.core.batch_worker")  # also when run as __main__
+log = logging.getLogger("ficco.service.core.worker_pool")  # also when run as __main__
 
 Priority = Literal["idle", "low", "normal"]
 JobKind = Literal["recommend", "score", "score_one", "table"]
 """What a job's body is: a ``/v1/recommend/batch``, ``/v1/score/batch`` or ``/v1/score`` request, or a
-schedule table (``batch.JOBS``)."""
+schedule table (``worker_jobs.JOBS``)."""
 PRIORITIES: tuple[str, ...] = ("idle", "low", "normal")
 """``idle``: ``SCHED_IDLE`` (runs only on otherwise idle CPU; ``nice 19`` where not allowed); ``low``:
 ``nice 19``; ``normal``: the server's own priority."""
@@ -201,9 +202,9 @@ def lower_priority(priority: str) -> str:
 
 def serve(sock: socket.socket, options: WorkerOptions) -> None:
     """The worker's loop: answer jobs from ``sock`` one at a time until the server closes it."""
-    from ficco.service.batch import JOBS
     from ficco.service.core.store import ModelStore
     from ficco.service.errors import NoModelError
+    from ficco.service.worker_jobs import JOBS
 
     store = ModelStore(
         Path(options.model_root),
@@ -257,7 +258,7 @@ def warm_up(store: Any, options: WorkerOptions) -> None:
     (``WARM_UP_CONFIG``) with each served model of ``store`` and drop the answers: the first real batch
     then finds every import done, every code path compiled and the thread pools started. A failure is
     logged, never raised (the worker still serves)."""
-    from ficco.service.batch import JOBS
+    from ficco.service.worker_jobs import JOBS
 
     for hw, model in store.served.items():
         ops = [op for op in ("ag_gemm", "gemm_rs") if model.unmeasured(op) is None]
@@ -283,7 +284,7 @@ def warm_up(store: Any, options: WorkerOptions) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m ficco.service.core.batch_worker --fd N --options JSON``."""
+    """Entry point of ``python -m ficco.service.core.worker_pool --fd N --options JSON``."""
     parser = argparse.ArgumentParser(description="ficco's batch worker process (the server starts it).")
     parser.add_argument("--fd", type=int, required=True, help="file descriptor of the socket to the server")
     parser.add_argument("--options", required=True, help="WorkerOptions as a JSON object")
@@ -310,7 +311,7 @@ def _worker_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": home if not path else os.pathsep.join([home, path])}
 
 
-class BatchWorker:
+class WorkerProcess:
     """One worker process and the server's end of its socket; one job at a time. Use from one event loop."""
 
     def __init__(self, options: WorkerOptions) -> None:
@@ -436,7 +437,7 @@ class BatchWorker:
             await asyncio.to_thread(process.wait)
 
 
-class BatchWorkers:
+class WorkerPool:
     """``count`` batch worker processes; ``answer`` runs a job on an idle one. Use from one event loop.
 
     The caller bounds the jobs in flight (``BatchGate``); a job whose request is cancelled (the client
@@ -444,14 +445,14 @@ class BatchWorkers:
     """
 
     def __init__(self, options: WorkerOptions, *, count: int = 1) -> None:
-        self.workers = [BatchWorker(options) for _ in range(count)]
-        self._idle: asyncio.Queue[BatchWorker] = asyncio.Queue()
+        self.workers = [WorkerProcess(options) for _ in range(count)]
+        self._idle: asyncio.Queue[WorkerProcess] = asyncio.Queue()
         for worker in self.workers:
             self._idle.put_nowait(worker)
 
     @property
     def ready(self) -> bool:
-        """True when every worker has loaded its models and warmed up (``BatchWorker.ready``)."""
+        """True when every worker has loaded its models and warmed up (``WorkerProcess.ready``)."""
         return all(worker.ready for worker in self.workers)
 
     @property
@@ -466,13 +467,13 @@ class BatchWorkers:
             await worker.start(versions, warm_up_first=True)
 
     async def answer(self, kind: JobKind, body: bytes, versions: Mapping[str, str]) -> bytes:
-        """``BatchWorker.answer`` on the next idle worker."""
+        """``WorkerProcess.answer`` on the next idle worker."""
         worker = await self._idle.get()
         job = asyncio.ensure_future(worker.answer(kind, body, versions))
         job.add_done_callback(lambda done: self._release(worker, done))
         return await asyncio.shield(job)
 
-    def _release(self, worker: BatchWorker, done: asyncio.Future) -> None:
+    def _release(self, worker: WorkerProcess, done: asyncio.Future) -> None:
         self._idle.put_nowait(worker)
         if not done.cancelled():
             done.exception()  # retrieved: an abandoned job's error is not logged as never retrieved
@@ -490,7 +491,7 @@ class BatchWorkers:
                     log.exception("starting a batch worker again failed")
 
     async def close(self) -> None:
-        """Stop every worker (see ``BatchWorker.stop``)."""
+        """Stop every worker (see ``WorkerProcess.stop``)."""
         for worker in self.workers:
             await worker.stop()
 

@@ -1,4 +1,4 @@
-"""The schedule table: a measured dataset reshaped to one row per (scenario, mode), the form training needs.
+"""The dataset table: a measured dataset reshaped to one row per (scenario, mode), the form training needs.
 
 Rows are (scenario, execution mode) pairs; the columns of ``times_ms`` are every schedule of the design
 space in canonical order
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class ScheduleTable:
+class DatasetTable:
     """Per-(scenario, mode) arrays of a dataset. ``n`` rows, ``S = len(SCHEDULES)`` schedules."""
 
     scenario_ids: np.ndarray
@@ -59,7 +59,7 @@ class ScheduleTable:
     dropped: dict[str, int] = field(default_factory=dict)
     """Scenarios of the dataset left out, by reason."""
     host_factor: float = 1.0
-    """The measuring machine's host time per launch over ``features.host.HOST_COSTS``' prices
+    """The measuring machine's host time per launch over ``features.launch_cost.HOST_COSTS``' prices
     (``features.dataset.host_factor_of`` its sweep; 1 when not measurable): the scale of the eager
     host-time pair feature of every row."""
 
@@ -102,10 +102,10 @@ class ScheduleTable:
         unmeasured = np.isnan(t)
         return np.where(unmeasured, np.nanmax(self.times_ms, axis=1), t), unmeasured
 
-    def subset(self, index: np.ndarray) -> ScheduleTable:
+    def subset(self, index: np.ndarray) -> DatasetTable:
         """The rows ``index`` (int indices or a bool mask) as a new table."""
         index = np.flatnonzero(index) if np.asarray(index).dtype == bool else np.asarray(index)
-        return ScheduleTable(
+        return DatasetTable(
             scenario_ids=self.scenario_ids[index],
             modes=self.modes[index],
             families=self.families[index],
@@ -118,14 +118,14 @@ class ScheduleTable:
         )
 
 
-def concat_tables(*tables: ScheduleTable) -> ScheduleTable:
+def concat_tables(*tables: DatasetTable) -> DatasetTable:
     """The rows of ``tables`` in order as one table (the first's host factor; what was dropped, summed)."""
     first = tables[0]
     dropped: dict[str, int] = {}
     for t in tables:
         for reason, count in t.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + count
-    return ScheduleTable(
+    return DatasetTable(
         scenario_ids=np.concatenate([t.scenario_ids for t in tables]),
         modes=np.concatenate([t.modes for t in tables]),
         families=np.concatenate([t.families for t in tables]),
@@ -144,7 +144,7 @@ def build_table(
     hardware: HardwareProfile,
     modes: Sequence[str] | None = None,
     repeats: Sequence[pd.DataFrame] = (),
-) -> ScheduleTable:
+) -> DatasetTable:
     """Reshape dataset rows (one per scenario, schedule and mode, the ``features.dataset`` schema) into a
     table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
 
@@ -191,7 +191,7 @@ def build_table(
     scenarios = tuple(by_id[sid] for sid, _ in kept)
     X_by_id = dict(zip(by_id, feature_matrix(by_id.values()), strict=True))
     X = np.stack([X_by_id[sid] for sid, _ in kept])
-    return ScheduleTable(
+    return DatasetTable(
         scenario_ids=np.asarray([sid for sid, _ in kept], dtype=object),
         modes=np.asarray([mode for _, mode in kept], dtype=object),
         families=first["family"].astype(str).to_numpy(dtype=object),
@@ -243,9 +243,9 @@ class LoadedDataset:
 
     paths: tuple[Path, ...]
     """The dataset directories (or one Parquet file), in the order their rows were concatenated."""
-    table: ScheduleTable
+    table: DatasetTable
     """One row per (scenario, mode)."""
-    noise: ScheduleTable | None
+    noise: DatasetTable | None
     """The independent re-measures (``noise.parquet``) as a table; None if no dataset has one."""
     hardware: HardwareProfile
     """The profile the datasets were measured or simulated on."""
