@@ -51,9 +51,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from benchmarks import REPO
 
@@ -69,8 +71,9 @@ SCORE_CLIENTS = 4
 """Clients posting maximal score batches back to back in phase 5."""
 HAMMER_CLIENTS = 4
 """Clients per endpoint sending requests back to back in phase 6."""
-HAMMERED = "/v1/score,/v1/score/batch"
-"""Phase 6's endpoints by default (``--hammer``)."""
+HAMMERED = "/v1/score,/v1/score/batch,GET /v1/tables/h200x2,/v1/tables/h200x2"
+"""Phase 6's endpoints by default (``--hammer``): scoring, single and batched, and the schedule tables (the
+grid's, served from the cache, and posted shape lists that are new every time, each a build)."""
 REQUEST_TIMEOUT_S = 10.0
 """Longest wait for one request (connect + answer), seconds; a request past it counts as an error."""
 GENERATOR_START_S = 30.0
@@ -374,7 +377,8 @@ def write_results(results: dict, out: Path) -> str:
         f"(goal p99 <= {GOALS['p99_ms_at_100_beside_hammering']} ms); answers by endpoint "
         f"{json.dumps(h['answers'])} (429 = refused while busy, retried after Retry-After). CPU over the "
         f"phase: server {h['server_cpu_s']:g} s, batch worker {h['batch_worker_cpu_s']:g} s; machine "
-        f"{h['machine_busy_pct']:g}% busy\n\n## Goals\n\n"
+        f"{h['machine_busy_pct']:g}% busy; the server and its workers' largest resident memory "
+        f"{h.get('peak_rss_mib', float('nan')):g} MiB\n\n## Goals\n\n"
         + "\n".join(f"- {k}: {'met' if v else 'NOT met'}" for k, v in results["goals_met"].items())
         + "\n"
     )
@@ -398,12 +402,17 @@ def score_batch_body() -> dict:
 
 
 def beside_phase(
-    port: int, rate: float, duration: float, seed: int, loads: list[tuple[str, bytes | None, int]]
+    port: int,
+    rate: float,
+    duration: float,
+    seed: int,
+    loads: list[tuple[str, bytes | Callable[[], bytes] | None, int]],
 ) -> dict:
     """Single requests at ``rate`` (unseen scenarios, open loop) while, per ``(endpoint, body, clients)`` of
-    ``loads``, ``clients`` client threads send ``body`` to ``endpoint`` back to back (``GET <path>``: a GET,
-    else a POST of ``body``); the single requests' latencies (ms) and how each endpoint was answered
-    (``answers``: endpoint -> HTTP status -> count; 429 is waited out as Retry-After says)."""
+    ``loads``, ``clients`` client threads send ``body`` (or what ``body()`` makes, anew for each request) to
+    ``endpoint`` back to back (``GET <path>``: a GET, else a POST of ``body``); the single requests'
+    latencies (ms) and how each endpoint was answered (``answers``: endpoint -> HTTP status -> count; 429 is
+    waited out as Retry-After says)."""
     stop = threading.Event()
     answers: dict[str, dict[str, int]] = {endpoint: {} for endpoint, _, _ in loads}
     lock = threading.Lock()
@@ -413,11 +422,19 @@ def beside_phase(
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             while not stop.is_set():
                 try:
+                    # the answer is read as it came (gzip stays compressed): the load generator shares the
+                    # server's 2 cores, and a client inflating every 0.2 MB table to its 7 MB of JSON would
+                    # take the CPU the server under test needs
                     if method == "GET":
-                        response = client.get(path)
+                        request = client.build_request("GET", path)
                     else:
+                        body = payload() if callable(payload) else payload
                         headers = {"content-type": "application/json"}
-                        response = client.post(path, content=payload, headers=headers)
+                        request = client.build_request("POST", path, content=body, headers=headers)
+                    response = client.send(request, stream=True)
+                    for _ in response.iter_raw():
+                        pass
+                    response.close()
                     code = str(response.status_code)
                     if response.status_code == 429:  # as a client should: wait as told
                         stop.wait(float(response.headers.get("retry-after", 1)))
@@ -456,16 +473,36 @@ def score_body() -> dict:
     return {"config": config, "tp": 2, "tokens": [4096, 16384]}
 
 
-BODIES = {"/v1/score": score_body, "/v1/score/batch": score_batch_body}
-"""The body each POST endpoint of ``--hammer`` is sent."""
+def table_shapes_body(seed: int) -> Callable[[], bytes]:
+    """POST /v1/tables bodies, a new one per call: ``MAX_TABLE_SHAPES`` dense shapes (``op:n:k``, n and k
+    log-uniform in [512, 65536]) that no earlier body asked for, so every request is a build."""
+    from ficco.service.schemas import MAX_TABLE_SHAPES
+
+    rng = np.random.default_rng(seed)
+    lock = threading.Lock()
+
+    def body() -> bytes:
+        with lock:
+            dims = np.exp(rng.uniform(np.log(512), np.log(65536), size=(MAX_TABLE_SHAPES, 2))).astype(int)
+            ops = rng.choice(["ag_gemm", "gemm_rs"], size=MAX_TABLE_SHAPES)
+        shapes = [f"{op}:{n}:{k}" for op, (n, k) in zip(ops, dims, strict=True)]
+        return json.dumps({"tp": 2, "mode": "graph", "shapes": shapes}).encode()
+
+    return body
+
+
+BODIES: dict[str, Callable[[], bytes | Callable[[], bytes]]] = {
+    "/v1/score": lambda: json.dumps(score_body()).encode(),
+    "/v1/score/batch": lambda: json.dumps(score_batch_body()).encode(),
+    "/v1/tables/h200x2": lambda: table_shapes_body(seed=7),
+}
+"""What each POST endpoint of ``--hammer`` is sent: its body, or (the tables) a maker of a new body per
+request."""
 
 
 def hammer_phase(port: int, rate: float, duration: float, seed: int, endpoints: list[str]) -> dict:
     """Single requests at ``rate`` beside ``HAMMER_CLIENTS`` clients per endpoint of ``endpoints``."""
-    loads = [
-        (e, None if e.startswith("GET ") else json.dumps(BODIES[e]()).encode(), HAMMER_CLIENTS)
-        for e in endpoints
-    ]
+    loads = [(e, None if e.startswith("GET ") else BODIES[e](), HAMMER_CLIENTS) for e in endpoints]
     return {**beside_phase(port, rate, duration, seed, loads), "clients_per_endpoint": HAMMER_CLIENTS}
 
 
@@ -486,16 +523,44 @@ def score_isolation_phase(port: int, rate: float, duration: float, seed: int) ->
 
 
 def _with_cpu(pid: int, run) -> dict:
-    """``run()``'s result with the CPU seconds of the server and its batch workers over it, and how busy
-    the whole machine was (%)."""
+    """``run()``'s result with the CPU seconds of the server and its batch workers over it, how busy the
+    whole machine was (%), and the largest resident memory of the server with its workers (MiB, sampled
+    every 0.2 s)."""
     cpu_s, worker_s, machine = server_cpu_s(pid), children_cpu_s(pid), machine_jiffies()
-    result = run()
+    peak, done = [tree_rss_mib(pid)], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            with contextlib.suppress(OSError):
+                peak[0] = max(peak[0], tree_rss_mib(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = run()
+    finally:
+        done.set()
+        sampler.join()
     return {
         **result,
         "server_cpu_s": round(server_cpu_s(pid) - cpu_s, 2),
         "batch_worker_cpu_s": round(children_cpu_s(pid) - worker_s, 2),
         "machine_busy_pct": busy_pct(machine, machine_jiffies()),
+        "peak_rss_mib": round(peak[0], 1),
     }
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and its child processes (the server and its workers), MiB (Linux)."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        pids += [int(c) for c in (task / "children").read_text().split()]
+    total_kib = 0
+    for p in pids:
+        with contextlib.suppress(OSError):
+            lines = Path(f"/proc/{p}/status").read_text().splitlines()
+            total_kib += int(next(line.split()[1] for line in lines if line.startswith("VmRSS:")))
+    return total_kib / 1024
 
 
 def machine_jiffies() -> tuple[int, int]:

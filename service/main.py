@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from ficco import __version__
-from ficco.service.core.admission import BatchGate, BusyError
+from ficco.service.core.admission import BatchGate, BusyError, ClientRate
 from ficco.service.core.config import Settings, load_settings
 from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
@@ -174,6 +174,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         await workers.start(await asyncio.to_thread(store.current_versions))
         # Schedule tables: one worker of their own, started by its first job (service.tables)
         app.state.tables = TableCache(settings.TABLE_CACHE_MB << 20)
+        app.state.table_rate = ClientRate(settings.TABLE_REQUESTS_PER_S, what="schedule tables")
         app.state.table_gate = BatchGate(
             concurrency=1, queue=settings.TABLE_QUEUE, retry_after_s=settings.BATCH_RETRY_AFTER_S
         )

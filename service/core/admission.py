@@ -1,5 +1,6 @@
 """Admission of large batches: at most ``concurrency`` run at once, ``queue`` more wait, and any further
-batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up.
+batch is refused at once (``BusyError``: 429 with Retry-After) instead of piling up; and of requests a
+client has no reason to repeat quickly (schedule tables): at most so many per second from one address.
 
 The batches themselves run in the batch worker processes (``service.core.worker_pool``), one per slot;
 the gate bounds how many requests hold a body or an answer: a batch counts until its answer is sent
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -72,3 +75,46 @@ class BatchGate:
             return await self.run_admitted(fn, *args)
         finally:
             release()
+
+
+class ClientRate:
+    """At most ``per_s`` requests a second from one client address, in bursts of up to ``2 * per_s``
+    (a token bucket per address); a further request gets ``BusyError`` (429, Retry-After: when its next
+    token comes). ``per_s`` 0: no limit. Buckets of addresses that are full again are forgotten once
+    ``max_clients`` are kept, so the bookkeeping stays bounded.
+
+    Use from one event loop only (the buckets are not locked).
+    """
+
+    def __init__(self, per_s: float, *, what: str, max_clients: int = 10_000) -> None:
+        self.per_s = per_s
+        self.burst = max(1.0, 2 * per_s)
+        self.what = what
+        """What is limited, for the refusal's message (e.g. ``schedule tables``)."""
+        self.max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """Address -> (tokens, when they were counted, ``time.monotonic``)."""
+
+    def take(self, client: str) -> None:
+        """Count one request of ``client``, or ``BusyError`` when its bucket is empty."""
+        if self.per_s <= 0:
+            return
+        now = time.monotonic()
+        tokens, then = self._buckets.get(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.per_s)
+        if tokens < 1:
+            retry = max(1, math.ceil((1 - tokens) / self.per_s))
+            raise BusyError(
+                f"at most {self.per_s:g} requests a second for {self.what} from one client; retry after "
+                f"{retry} s",
+                retry,
+            )
+        if len(self._buckets) >= self.max_clients and client not in self._buckets:
+            self._forget_full(now)
+        self._buckets[client] = (tokens - 1, now)
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that have refilled (their clients are back to a fresh start anyway)."""
+        full = [c for c, (t, then) in self._buckets.items() if t + (now - then) * self.per_s >= self.burst]
+        for client in full or list(self._buckets)[: len(self._buckets) // 2]:
+            del self._buckets[client]

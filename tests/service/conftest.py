@@ -123,9 +123,15 @@ def train_version(
 
 
 def make_settings(root: Path, **overrides) -> Settings:
-    """Test settings: the given registry, no polling and no table prefetch unless asked, no reload token
-    unless given."""
-    base = {"MODEL_ROOT": root, "RELOAD_POLL_S": 0, "RELOAD_TOKEN": None, "TABLE_PREFETCH": False}
+    """Test settings: the given registry, no polling, no table prefetch and no per-client table rate unless
+    asked (every test's requests come from one address), no reload token unless given."""
+    base = {
+        "MODEL_ROOT": root,
+        "RELOAD_POLL_S": 0,
+        "RELOAD_TOKEN": None,
+        "TABLE_PREFETCH": False,
+        "TABLE_REQUESTS_PER_S": 0,
+    }
     return Settings(**{**base, **overrides})
 
 

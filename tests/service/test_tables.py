@@ -308,3 +308,37 @@ def test_tables_work_where_only_the_service_extra_is_installed(registry_root, tm
                           text=True, env=env, timeout=280, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["200", "242", "200", "1", "200", "True", "[]"], done.stdout
+
+
+def test_a_client_past_its_table_requests_a_second_gets_429_with_retry_after(registry_root, start):
+    # 0.01 a second: a burst of 1 (the floor), and no token comes back within the test
+    with start(registry_root, TABLE_REQUESTS_PER_S=0.01) as client:
+        codes = [client.post(f"/v1/tables/{HARDWARE}", json=SHAPES).status_code for _ in range(3)]
+        assert codes == [200, 429, 429], codes
+        refused = client.get(f"/v1/tables/{HARDWARE}")  # GET and POST share the client's bucket
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 60
+        assert "0.01 requests a second for schedule tables" in refused.text
+        # other endpoints are not limited by it
+        answer = client.post("/v1/recommend", json={"op": "ag_gemm", "m": 4096, "n": 4096, "k": 4096})
+        assert answer.status_code == 200
+
+
+def test_client_rate_refills_and_keeps_its_bookkeeping_bounded(monkeypatch):
+    from ficco.service.core import admission
+    from ficco.service.core.admission import BusyError, ClientRate
+
+    now = [100.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: now[0])
+    rate = ClientRate(1.0, what="tables", max_clients=4)
+    rate.take("a")
+    rate.take("a")
+    with pytest.raises(BusyError) as refused:
+        rate.take("a")
+    assert refused.value.retry_after_s == 1
+    rate.take("b")  # another address has its own bucket
+    now[0] += 1.0
+    rate.take("a")  # one token back after a second
+    for client in "cdefgh":
+        rate.take(client)
+    assert len(rate._buckets) <= 4
+    assert ClientRate(0, what="tables").take("a") is None  # 0: no limit
