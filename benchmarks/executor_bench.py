@@ -38,6 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from benchmarks import REPO, machine_id, say, torchrun_main
+from benchmarks.support.alone import time_rounds
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.tables import text_table
@@ -279,7 +280,7 @@ def _bandwidth_row(backend, mib: int) -> dict:
     for key, kind in (("nccl_ms", "sm"), ("dma_ms", "dma")):
         try:
             row[key] = statistics.median(
-                backend.time_rounds(lambda kind=kind: executor.communicate("ag_gemm", shard, kind))
+                time_rounds(backend, lambda kind=kind: executor.communicate("ag_gemm", shard, kind))
             )
         except Exception as err:  # one size failing must not lose the others
             row[key], row[f"{key}_error"] = None, f"{type(err).__name__}: {err}"
@@ -318,11 +319,11 @@ def measure_copies(backend, mib: int) -> dict:
                 if rank == src:
                     remote[dst][src].copy_(x)
 
-            ms = statistics.median(backend.time_rounds(push))
+            ms = statistics.median(time_rounds(backend, push))
             pairs.append({"src": src, "dst": dst, "mbytes": mib, "ms": ms, "gbps": report.gbps(mib, ms)})
     push_all = []
     for streams in PUSH_STREAMS:
-        ms = statistics.median(backend.time_rounds(_push_all(x, remote, rank, streams, workspace.barrier)))
+        ms = statistics.median(time_rounds(backend, _push_all(x, remote, rank, streams, workspace.barrier)))
         mbytes = mib * (w - 1)
         row = {"streams_per_peer": streams, "mbytes": mbytes, "ms": ms, "gbps": report.gbps(mbytes, ms)}
         push_all.append(row)

@@ -213,31 +213,6 @@ class TorchBackend:
             executor.clear_buffers()
             gc.enable()
 
-    def time_rounds(self, run: Callable[[], object], *, untimed: int = 2) -> list[float]:
-        """Per-call ms of ``run`` in each of ``timing.rounds`` rounds (collective): ``untimed`` warm-up
-        calls, then per round the ranks aligned and one call timed (CUDA events; CPU: host clock), the
-        maximum over ranks. For timing one thing alone (e.g. a collective's bandwidth); schedules go
-        through ``measure``."""
-        import torch
-
-        for _ in range(untimed):
-            run()
-        times = []
-        for _ in range(self.timing.rounds):
-            self._align()
-            if self.name == "gpu":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                run()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                run()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return self._max_over_ranks(times)
-
     def agree(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (one all-reduce)."""
         return bool(self._max_over_ranks([float(flag)])[0])
