@@ -80,6 +80,36 @@ def study_main(doc: str, out: Path, study: Callable[[], dict], *tables: Callable
     print(f"wrote {args.out}")
 
 
+def torchrun_parser(
+    prog: str, description: str, *, name: str, rounds: int, min_rounds: int = 5, dry_run: str = "gloo, tiny"
+) -> Any:
+    """An ``argparse`` parser with the options of every tool timed under torchrun that writes a results JSON:
+    ``--out``, ``--name`` (default ``name``), ``--rounds`` (default ``rounds``, at least ``min_rounds``),
+    ``--render`` and ``--cpu-dry-run`` (``dry_run`` says what it runs); :func:`parse_torchrun_args` checks
+    them."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
+    p.add_argument("--name", help=f"file stem of the outputs (default: {name})")
+    p.add_argument("--rounds", type=int, default=rounds, help=f"rounds (>= {min_rounds}; {rounds})")
+    p.add_argument("--render", type=Path, help="only re-render the markdown of this JSON (no torchrun)")
+    p.add_argument("--cpu-dry-run", action="store_true", help=f"check the script without a GPU ({dry_run})")
+    p.set_defaults(min_rounds=min_rounds)
+    return p
+
+
+def parse_torchrun_args(parser: Any, argv: list[str] | None) -> Any:
+    """``parser``'s arguments (:func:`torchrun_parser`'s), refusing a run without ``--out`` (unless
+    ``--render``) and fewer rounds than its ``min_rounds`` (the medians are published)."""
+    args = parser.parse_args(argv)
+    if args.render is None and args.out is None:
+        parser.error("--out is required (unless --render)")
+    if args.rounds < args.min_rounds:
+        parser.error(f"--rounds must be >= {args.min_rounds} (the medians are published); got {args.rounds}")
+    return args
+
+
 def torchrun_main(
     args: Any, run: Callable[[Any], Any], render: Callable[[dict], str], *, timeout: timedelta | None = None
 ) -> Any:

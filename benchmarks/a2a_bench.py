@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import machine_id, say, torchrun_main
+from benchmarks import machine_id, parse_torchrun_args, say, torchrun_main, torchrun_parser
 from benchmarks.variants import (
     CALLS,
     BatchedCopies,
@@ -90,23 +90,15 @@ VARIANTS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="benchmarks/a2a_bench.py",
-        description="Time the all-to-all alone, NCCL against the copy engines (run under torchrun).",
+    p = torchrun_parser(
+        "benchmarks/a2a_bench.py",
+        "Time the all-to-all alone, NCCL against the copy engines (run under torchrun).",
+        name="a2a-<hardware id>, e.g. a2a-h200x4",
+        rounds=ROUNDS,
     )
-    p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
     p.add_argument("--op", choices=("a2a_gemm", "gemm_a2a"), default="a2a_gemm", help="dispatch or combine")
-    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per size (>= 5; {ROUNDS})")
-    p.add_argument("--name", help="file stem of the outputs (default: a2a-<hardware id>, e.g. a2a-h200x4)")
     p.add_argument("--no-batched", action="store_true", help="leave out the cudaMemcpyBatchAsync variant")
-    p.add_argument("--render", type=Path, help="only re-render the markdown of this JSON (no torchrun)")
-    p.add_argument("--cpu-dry-run", action="store_true", help="check the script without a GPU (gloo, tiny)")
-    args = p.parse_args(argv)
-    if args.render is None and args.out is None:
-        p.error("--out is required (unless --render)")
-    if args.rounds < 5:
-        p.error(f"--rounds must be >= 5 (the medians are published); got {args.rounds}")
-    return args
+    return parse_torchrun_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> dict | None:

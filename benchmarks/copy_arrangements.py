@@ -45,7 +45,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import machine_id, say, torchrun_main
+from benchmarks import machine_id, parse_torchrun_args, say, torchrun_main, torchrun_parser
 from benchmarks.variants import (
     BatchedCopies,
     agreed_reasons,
@@ -95,22 +95,17 @@ GOAL_MIB = 64
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.copy_arrangements",
-        description="Time the executor's copy arrangements against NCCL and say which to ship (torchrun).",
+    p = torchrun_parser(
+        "python -m benchmarks.copy_arrangements",
+        "Time the executor's copy arrangements against NCCL and say which to ship (torchrun).",
+        name="copy-arrangements-<hardware id>",
+        rounds=ROUNDS,
     )
-    p.add_argument("--out", type=Path, help="folder of the JSON and markdown results (rank 0 writes)")
-    p.add_argument("--name", help="file stem (default: copy-arrangements-<hardware id>)")
-    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per size (>= 5; {ROUNDS})")
     p.add_argument("--budget-s", type=float, default=150.0, help="no schedule shape starts after this")
     p.add_argument("--no-schedules", action="store_true", help="the all-gather alone only")
-    p.add_argument("--render", type=Path, help="only re-render the markdown of this JSON (no torchrun)")
-    p.add_argument("--cpu-dry-run", action="store_true", help="check the script without a GPU (gloo, tiny)")
-    args = p.parse_args(argv)
-    if args.render is None and args.out is None:
-        p.error("--out is required (unless --render)")
-    if args.rounds < 5 or args.budget_s <= 0:
-        p.error(f"--rounds must be >= 5 and --budget-s > 0; got {args.rounds} and {args.budget_s}")
+    args = parse_torchrun_args(p, argv)
+    if args.budget_s <= 0:
+        p.error(f"--budget-s must be > 0; got {args.budget_s}")
     return args
 
 

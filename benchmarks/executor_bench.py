@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import REPO, machine_id, say, torchrun_main
+from benchmarks import REPO, machine_id, parse_torchrun_args, say, torchrun_main, torchrun_parser
+from benchmarks.support.alone import time_rounds
 from ficco.files import write_text_atomic
 from ficco.harness.backend import BLOCK_MS, ROUNDS, Timing
 from ficco.tables import text_table
@@ -139,32 +140,23 @@ def plan_shapes(quick: bool, world_size: int, scale_down: int = 1) -> list[Shape
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.executor_bench",
-        description="Check and time every executor schedule on real layer shapes (run under torchrun).",
+    p = torchrun_parser(
+        "python -m benchmarks.executor_bench",
+        "Check and time every executor schedule on real layer shapes (run under torchrun).",
+        name="executor-<hardware id>",
+        rounds=ROUNDS,
+        min_rounds=ROUNDS,
+        dry_run="gloo, quick shapes / 32",
     )
-    p.add_argument("--out", type=Path, help="folder for the JSON and markdown results (rank 0 writes)")
     p.add_argument("--quick", action="store_true", help="smoke test: 4 small shapes and 4 all-gather sizes")
     p.add_argument(
         "--budget-s", type=float, help="seconds for measuring, from after start-up (default 420; quick 120)"
     )
-    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per shape (>= {ROUNDS})")
     p.add_argument("--block-ms", type=float, default=BLOCK_MS, help="target ms of one timed block (> 0)")
-    p.add_argument("--name", help="file stem of the outputs (default: executor-<hardware id>)")
-    p.add_argument(
-        "--render", type=Path, help="only re-render the markdown of this JSON (no GPU, no torchrun)"
-    )
-    p.add_argument(
-        "--cpu-dry-run", action="store_true", help="check the script without a GPU: gloo, quick shapes / 32"
-    )
     p.add_argument(
         "--strict", action="store_true", help="exit with status 1 if any schedule or baseline failed"
     )
-    args = p.parse_args(argv)
-    if args.render is None and args.out is None:
-        p.error("--out is required (unless --render)")
-    if args.rounds < ROUNDS:
-        p.error(f"--rounds must be >= {ROUNDS} (the medians are published); got {args.rounds}")
+    args = parse_torchrun_args(p, argv)
     if not args.block_ms > 0:
         p.error(f"--block-ms must be > 0; got {args.block_ms}")
     args.quick = args.quick or args.cpu_dry_run
@@ -279,7 +271,7 @@ def _bandwidth_row(backend, mib: int) -> dict:
     for key, kind in (("nccl_ms", "sm"), ("dma_ms", "dma")):
         try:
             row[key] = statistics.median(
-                backend.time_rounds(lambda kind=kind: executor.communicate("ag_gemm", shard, kind))
+                time_rounds(backend, lambda kind=kind: executor.communicate("ag_gemm", shard, kind))
             )
         except Exception as err:  # one size failing must not lose the others
             row[key], row[f"{key}_error"] = None, f"{type(err).__name__}: {err}"
@@ -318,11 +310,11 @@ def measure_copies(backend, mib: int) -> dict:
                 if rank == src:
                     remote[dst][src].copy_(x)
 
-            ms = statistics.median(backend.time_rounds(push))
+            ms = statistics.median(time_rounds(backend, push))
             pairs.append({"src": src, "dst": dst, "mbytes": mib, "ms": ms, "gbps": report.gbps(mib, ms)})
     push_all = []
     for streams in PUSH_STREAMS:
-        ms = statistics.median(backend.time_rounds(_push_all(x, remote, rank, streams, workspace.barrier)))
+        ms = statistics.median(time_rounds(backend, _push_all(x, remote, rank, streams, workspace.barrier)))
         mbytes = mib * (w - 1)
         row = {"streams_per_peer": streams, "mbytes": mbytes, "ms": ms, "gbps": report.gbps(mbytes, ms)}
         push_all.append(row)

@@ -49,7 +49,7 @@ over the step's own tokens, no KV cache). Variants, on the same weights and inpu
   planned step, every op serial, each op alone serial: ``verify``). ``--eager-fix`` runs ``ficco_eager``
   itself under one of them.
 
-``training/end_to_end.py`` holds the comparisons: each variant over its baseline, the limit share
+``benchmarks/support/end_to_end.py`` holds the comparisons: each variant over its baseline, the limit share
 ``(serial_compile - no_comm) / serial_compile`` and the realized share of the limit, and the done-when.
 
 Per point, before timing, every variant's output (training: also the input gradient and every parameter's
@@ -96,6 +96,7 @@ from benchmarks.restricted_planner import PLANNED, RESTRICTIONS, RestrictedPlann
 from benchmarks.runtimes_report import markdown, plot, point_line
 from benchmarks.step_profile import profile_split
 from benchmarks.step_timing import add_step_timing, timing_settings
+from benchmarks.support import end_to_end as e2e
 from ficco import executor
 from ficco.executor.ops import all_gather_single, reduce_scatter_single
 from ficco.features import Scenario
@@ -106,7 +107,6 @@ from ficco.runtime.compile import FiccoPass
 from ficco.runtime.graphs import GraphedCall
 from ficco.runtime.planner import OpKey
 from ficco.runtime.timing import time_interleaved
-from ficco.training import end_to_end as e2e
 from ficco.training.peer_rules import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
 
 MODELS = ("Llama-3.1-8B", "Llama-3.1-70B")

@@ -2,7 +2,7 @@
 JSON, and the one-line summary of a point. No torch: ``--render`` and the tests read finished JSON.
 
 The comparisons themselves (each variant over its baseline, the limit and the realized share, the
-done-when) are ``ficco.training.end_to_end``'s, which the results page (``ficco results``) uses too.
+done-when) are ``benchmarks.support.end_to_end``'s, which the results page (``ficco results``) uses too.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from benchmarks import speedup_axes
 from benchmarks.step_profile import KINDS, dominant
+from benchmarks.support import end_to_end as e2e
 from ficco.tables import markdown_table
-from ficco.training import end_to_end as e2e
 
 TITLES = {"train": "training step, eager or compiled per layer", "inference": "forward, CUDA graph"}
 """What a phase's steps run, for the plot's panels; also the panels' order."""

@@ -100,12 +100,10 @@ def build_plan(
     include_moe: bool,
     seed: int,
     ops: Sequence[str] = OPS,
-    limit: int = 0,
     sample: int = 0,
 ) -> Plan:
-    """The plan of ``configs`` at ``tp`` ranks on ``hw`` (its first ``limit`` scenarios when ``limit`` > 0,
-    then ``sample`` of them spread evenly over it when ``sample`` > 0); model configs that do not fit are
-    skipped with a message naming why."""
+    """The plan of ``configs`` at ``tp`` ranks on ``hw`` (``sample`` of its scenarios spread evenly over it
+    when ``sample`` > 0); model configs that do not fit are skipped with a message naming why."""
     from ficco.features.model_config import load_model_configs
     from ficco.harness.plan import evenly_spaced, plan_scenarios
 
@@ -123,8 +121,6 @@ def build_plan(
         )
     for name, why in plan.settings["skipped_configs"].items():
         typer.echo(f"skipping model config {name} at tp={tp}: {why}", err=True)
-    if limit:
-        plan = dataclasses.replace(plan, entries=plan.entries[:limit])
     if sample:
         plan = dataclasses.replace(plan, entries=tuple(evenly_spaced(plan.entries, sample)))
     if not len(plan):

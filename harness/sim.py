@@ -478,16 +478,6 @@ class SimBackend:
         """Noise-free simulated time of each schedule, ms: shape ``[len(schedules)]``."""
         return _schedule_us(self.constants, _encode([(scenario, s) for s in schedules])) / 1e3
 
-    def gemm_ms(self, scenario: Scenario, pieces: int = 1) -> float:
-        """Time of the scenario's GEMM split into ``pieces`` row blocks run back to back, ms."""
-        x = _encode([(scenario, Schedule())])
-        return pieces * float(_unit_us(self.constants, x, x["rows"] / pieces, pieces * x["w"] ** 0)[0]) / 1e3
-
-    def baselines_ms(self, scenario: Scenario) -> dict[str, float]:
-        """Noise-free baselines (``BASELINE_KEYS``) of ``scenario``, ms."""
-        out = _baselines_us(self.constants, _encode([(scenario, Schedule())]))
-        return {key: float(v[0]) / 1e3 for key, v in out.items()}
-
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
         """Simulate every schedule in every mode (``graph``: no host time, the calls are replayed); one that
         cannot run ``scenario`` is recorded as failed. With ``noise``, each of the ``rounds`` rounds draws its

@@ -5,36 +5,20 @@ schedules, and ranks stay in lockstep even when a schedule fails (they agree on 
 all-reduce). For each scenario:
 
 1. seeded random inputs, fresh per scenario and different per rank, shaped as ``features.OP_SPECS`` says
-   (the MoE ops under ``Routing.for_scenario``: the scenario's ``imbalance``, the same on every rank), in
-   ``sets`` rotating copies (enough that a small GEMM's operands are not served from L2 between calls, as
-   they never are inside a layer stack), and the ``serial/sm`` reference output of each set;
+   (the MoE ops under ``Routing.for_scenario``), in ``sets`` rotating copies (so a small GEMM's operands
+   are not served from L2 between calls), and the ``serial/sm`` reference output of each set;
 2. per schedule: poison the executor's buffers and the output with NaN, run once, compare with the
-   reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails);
-3. ``graph`` mode (CUDA): each schedule's block of ``calls`` calls is captured into one CUDA graph after
-   two eager warm-up calls, replayed once on poisoned outputs and checked the same way;
-4. the timing protocol (``Timing``): interleaved rounds, each visiting every schedule of a mode and the
-   baselines (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP; these only
-   in the first ``timing.rounds`` rounds) in a freshly shuffled order, the same on every rank; the two
-   modes take turns. A block is ``calls`` calls, sized once per scenario and mode so that a block of
-   ``serial/sm`` lasts about ``timing.block_ms``; the first round's total time sets how many rounds the
-   mode gets (``Timing.rounds_for``: about ``timing.timed_ms`` of timed work, three times that in eager mode,
-   within ``[timing.rounds, timing.max_rounds]``). A round's time of an item is the block's per-call time, the
-   maximum over ranks; the dataset keeps every round's time (``round_ms``).
+   reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails); in ``graph`` mode
+   (CUDA) the block of ``calls`` calls is captured into one CUDA graph and checked the same way;
+3. the timing protocol (``Timing``; docs/protocol.md): interleaved rounds of every schedule of a mode and
+   the baselines (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP) in a
+   shuffled order, the same on every rank; eager blocks start from ranks aligned on the host, graph rounds
+   are queued on the device behind a spin kernel. A round's time of an item is the block's per-call time
+   (CUDA events; CPU: ``time.perf_counter``), the maximum over ranks; the dataset keeps every round's time
+   (``round_ms``).
 
-   - ``eager`` (and gloo): before each block the ranks are aligned on the host (a one-element
-     all-reduce, then a host synchronisation), so that each block starts from an idle device and the
-     host time of its calls lands in it, led by one untimed call;
-   - ``graph`` (CUDA): a whole round is queued on the device without a host synchronisation: a spin
-     kernel holds the GPU while the host queues, then per item a one-element all-reduce on the stream
-     (both GPUs leave it together: the ranks are aligned on the device, outside the timed region), the
-     start event, the replays and the end event. No host launch latency or wake-up jitter lands between
-     the events.
-
-The baselines of the MoE ops: the GEMM alone is the grouped GEMM over the rank's local experts
-(``executor.grouped_matmul``), the collectives alone are the dispatch's or the combine's all-to-all
-(``executor.communicate``); PyTorch has no async-TP op for an all-to-all, so ``async_tp_ms`` is NaN.
-
-Timing: CUDA events around each block; on the CPU, ``time.perf_counter`` around it. ``phase_seconds``
+The MoE ops' baselines: the grouped GEMM over the rank's local experts and the dispatch's or combine's
+all-to-all; PyTorch has no async-TP op for an all-to-all (``async_tp_ms`` is NaN). ``phase_seconds``
 keeps the wall time spent per phase (inputs, checks, captures, timing per mode) for the sweep's report.
 """
 
@@ -212,31 +196,6 @@ class TorchBackend:
             items.clear()  # graphs go before the buffers they replay into
             executor.clear_buffers()
             gc.enable()
-
-    def time_rounds(self, run: Callable[[], object], *, untimed: int = 2) -> list[float]:
-        """Per-call ms of ``run`` in each of ``timing.rounds`` rounds (collective): ``untimed`` warm-up
-        calls, then per round the ranks aligned and one call timed (CUDA events; CPU: host clock), the
-        maximum over ranks. For timing one thing alone (e.g. a collective's bandwidth); schedules go
-        through ``measure``."""
-        import torch
-
-        for _ in range(untimed):
-            run()
-        times = []
-        for _ in range(self.timing.rounds):
-            self._align()
-            if self.name == "gpu":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                run()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                run()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return self._max_over_ranks(times)
 
     def agree(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (one all-reduce)."""

@@ -20,29 +20,13 @@ Inductor compiles (forward, backward, inference) and rewrites, on a tensor-paral
 - PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
   pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
 
-Each op gets its schedule at compile time. A static token count (the op's ``m``: gathered rows, batch
-included) is decided once; a dynamic one is decided at each of ``token_points`` and the op gets a
-token-range table (``features.ScheduleTable``, ``"0:serial/sm;91:shard/dma"``), whose entry it picks per
-call with a bisect (no host round trip, safe in a CUDA graph).
-
-Every other collective of the graph is in the report beside what was rewritten (``runtime.compile_report``),
-with the reason it was left: ``bias``, ``fp8 scaled matmul``, ``layout``, ``dtype``, ``dynamic shape``,
-``unsupported group``, ``shared output``, ``reduce op``, ``no pattern`` (a collective that reaches a matmul
-only in a form PyTorch's patterns do not match), ``all-reduce`` (ficco overlaps none), ``no ficco op`` (an
-all-to-all, a gather of a matmul's output), ``no matmul`` (an embedding's, a norm's or a weight gradient's
-collective). When a graph has a group's collectives beside
-matmuls but none was rewritten, the pass warns (no silent no-op).
-
-Schedules come from ``enable(schedules)``: anything ``runtime.as_planner`` takes (a planner, a source, a
-schedule or table string, a schedule function; none: this machine's measured model, else ``serial/sm``
-with one warning), the same forms as ``runtime.tp``'s styles and the layers take.
-
-Graph cache: the pass's ``uuid`` keys Inductor's FX graph cache on the pass's files, the schedule source (a
-fixed schedule or table, a plain function's code) and the token points, so a cached graph got the same
-schedules when it was first compiled; the report lists only the graphs compiled in this process
-(:attr:`CompileReport.cache_hits` counts the others). A measured model or the service decides collectively
-(rank 0 asks, every rank of the group agrees), so with one the pass bypasses the cache: a rank that found a
-graph cached while another compiled it would leave the other waiting in that agreement.
+Each op gets its schedule at compile time (:func:`enable`'s ``schedules``: anything ``runtime.as_planner``
+takes): a static token count once, a dynamic one at each of ``token_points``, giving a token-range table
+(``features.ScheduleTable``) the op resolves per call without a host round trip. Every other collective
+of the graph is in the report with the reason it was left (``runtime.compile_report``); a graph with a
+group's collectives beside matmuls and nothing rewritten gets a warning. The pass's ``uuid`` keys
+Inductor's FX graph cache on the schedule source; a source that decides collectively (a measured model,
+the service) bypasses the cache. docs/runtimes.md has the reasons, the cache rules and the measurements.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``ficco train``, ``ficco evaluate``, ``ficco report`` and ``ficco retrain`` (and ``ficco export``, from
-``training.export_command``).
+"""``ficco train``, ``ficco evaluate``, ``ficco report``, ``ficco results`` and ``ficco retrain`` (and
+``ficco export``, from ``training.export_command``).
 
     ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
     ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ficco.errors import fail, fail_on_value_error
+from ficco.errors import FAILURE, fail, fail_on_value_error
 from ficco.features import DEFAULT_HARDWARE_ID
 from ficco.files import SHIPPED, work_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
 from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
-from ficco.training.results import results_command
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -238,6 +237,25 @@ def report_command(
         predicted=predicted, predicted_label=label,
     )  # fmt: skip
     typer.echo(f"report: {path}")
+
+
+def results_command(
+    out: Annotated[Path, typer.Option("--out", help="Where to write the page.")] = Path("docs/results.md"),
+) -> None:
+    """Write the results page from a source checkout's committed evaluations and benchmark results
+    (``python -m benchmarks.results_page``, developer tooling an installed ficco does not hold)."""
+    import subprocess
+    import sys
+
+    from ficco import CHECKOUT
+
+    if CHECKOUT is None or not (CHECKOUT / "benchmarks" / "results_page.py").is_file():
+        message = "ficco results renders the page from a source checkout's committed results: run it in one"
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(FAILURE)
+    out.parent.mkdir(parents=True, exist_ok=True)  # a path that cannot be written: the CLI's one error line
+    command = [sys.executable, "-m", "benchmarks.results_page", "--out", str(out.resolve())]
+    raise typer.Exit(subprocess.run(command, cwd=CHECKOUT).returncode)
 
 
 def retrain_command(

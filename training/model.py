@@ -53,6 +53,7 @@ from ficco.training.predict.pairs import (
     check_feature_schema,
     check_modes,
     check_X,
+    check_Z,
     pair_matrix,
     schedule_indices,
     valid_mask,
@@ -208,12 +209,7 @@ class PairModel(BaseEstimator):
         """Raw outputs of pairs ``Z`` ``[N, n_features_in_]``: predicted ``log(t / t_serial)`` (``ratio``) or
         scores (``rank``, higher = faster), float64 ``[N]``."""
         check_is_fitted(self, "booster_")
-        Z = np.asarray(Z, dtype=np.float32)
-        if Z.ndim != 2 or Z.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"Z must have {self.n_features_in_} columns (pair_matrix of feature schema "
-                f"{self.feature_schema_!r}); got shape {Z.shape}"
-            )
+        Z = check_Z(Z, self.n_features_in_, self.feature_schema_)
         if len(Z) == 0:
             return np.empty(0)
         return np.asarray(self.booster_.inplace_predict(Z), dtype=np.float64)

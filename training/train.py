@@ -8,13 +8,11 @@ thread count).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ficco.features import Scenario
 from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
 from ficco.training.dataset_table import DatasetTable, LoadedDataset
@@ -116,15 +114,6 @@ def register_trained(
         },
     )
     return model_id, version
-
-
-def _m_range(scenarios: Sequence[Scenario]) -> dict[str, list[int]]:
-    """Per op, [smallest, largest] ``m`` of the training scenarios (the card's ``m_range``: answers far
-    outside it say they extrapolate, ``features.provenance.range_note``)."""
-    rows: dict[str, list[int]] = {}
-    for s in scenarios:
-        rows.setdefault(s.op, []).append(s.m)
-    return {op: [min(ms), max(ms)] for op, ms in sorted(rows.items())}
 
 
 def choice_reason(evaluation: Evaluation) -> str:

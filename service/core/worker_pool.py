@@ -2,19 +2,17 @@
 and ``POST /v1/score`` bodies and build schedule tables, at a lower CPU priority than the process serving
 single requests.
 
-A 10,000-scenario batch is ~0.3-0.6 s of CPU (parsing, validation, prediction, serialisation). In a thread
-of the serving process it shares the GIL with the event loop, and on a 2-core machine the cores too:
-single requests beside back-to-back batches waited 40-67 ms at p99 (200 req/s, measured). In a process
-of its own the GIL is not shared, and at ``SCHED_IDLE`` (``FICCO_BATCH_PRIORITY``) the kernel runs the
-worker only on CPU time that the server, and anything else at normal priority, leaves idle::
+A batch in a thread of the serving process would share the GIL with the event loop (and, on a small
+machine, the cores): in a process of its own at ``SCHED_IDLE`` (``FICCO_BATCH_PRIORITY``) the kernel runs the
+worker only on CPU time the server leaves idle (docs/service.md)::
 
     server (event loop):   read body | send job ...........................| read answer | reply
     worker (SCHED_IDLE):              | parse, validate, predict, serialise |
 
 The two talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the bytes); no
 Python objects cross, only JSON and the HTTP bodies. A worker's first frame says it is ready: it has
-loaded its models and answered one batch of each kind with each (``warm_up``; a cold worker took 2.3-2.6
-s over its first 10,000-scenario batch), and ``/readyz`` waits for it::
+loaded its models and answered one batch of each kind with each (``warm_up``), and ``/readyz`` waits for
+it::
 
     ready:   {"ready": true, "serving": {hardware id: version}}
 

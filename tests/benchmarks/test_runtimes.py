@@ -16,7 +16,7 @@ from executor_world import run_world
 
 from benchmarks import runtimes as bench
 from benchmarks import runtimes_report as report
-from ficco.training import end_to_end as e2e
+from benchmarks.support import end_to_end as e2e
 
 ARGV = ["--device", "cpu", "--tokens", "32", "--layers", "2", "--warmup", "1", "--rounds", "1", "--reps", "1",
         "--timed-ms", "0"]  # fmt: skip
@@ -201,7 +201,7 @@ def test_results_from_before_the_compiled_baselines_still_render(tmp_path):
     assert "ficco eager over eager serial, worst point: 1.19x" in md
     report.plot(OLD, tmp_path / "old.png")
     assert (tmp_path / "old.png").stat().st_size > 0
-    from ficco.training.results import end_to_end_section
+    from benchmarks.results_page import end_to_end_section
 
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)

@@ -11,6 +11,7 @@ import re
 import pytest
 from executor_world import run_world
 
+from benchmarks.support.alone import time_rounds
 from ficco.features import Scenario, Schedule, candidates, get_hardware
 from ficco.harness.backend import Timing
 
@@ -78,7 +79,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "fingerprint": backend.fingerprint(),
             "identity": (backend.name, backend.rank, backend.world_size),
             "protocol": backend.protocol(),
-            "alone": backend.time_rounds(lambda: executor.communicate("ag_gemm", a_shard, "dma")),
+            "alone": time_rounds(backend, lambda: executor.communicate("ag_gemm", a_shard, "dma")),
             "sized": pinned.measure(RS, candidates(RS)[:3]),
             "pinned": (pinned.protocol()["pin"], placement.threads, sorted(os.sched_getaffinity(0))),
             "phases": sorted(backend.phase_seconds),

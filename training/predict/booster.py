@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ficco.training.predict.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune
-from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_feature_schema
+from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_feature_schema, check_Z
 
 _NUMBERS = {b"i": ">b", b"U": ">B", b"I": ">h", b"l": ">i", b"L": ">q", b"d": ">f", b"D": ">d"}
 """UBJSON's number markers and their big-endian ``struct`` formats."""
@@ -166,12 +166,7 @@ class SavedPairModel:
 
     def predict(self, Z: Any) -> np.ndarray:
         """Raw outputs of pairs ``Z`` ``[N, n_features_in_]`` (``PairModel.predict``), float64 ``[N]``."""
-        Z = np.asarray(Z, dtype=np.float32)
-        if Z.ndim != 2 or Z.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"Z must have {self.n_features_in_} columns (pair_matrix of feature schema "
-                f"{self.feature_schema_!r}); got shape {Z.shape}"
-            )
+        Z = check_Z(Z, self.n_features_in_, self.feature_schema_)
         return self.booster_.inplace_predict(Z) if len(Z) else np.empty(0)
 
     def cost(self, Z: Any) -> np.ndarray:

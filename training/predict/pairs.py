@@ -113,6 +113,17 @@ def check_X(X: Any) -> np.ndarray:
     return X
 
 
+def check_Z(Z: Any, columns: int, schema: str) -> np.ndarray:
+    """Pairs ``Z`` as float32 ``[N, columns]`` (``pair_matrix`` of feature schema ``schema``); ValueError
+    naming the expected and found shape."""
+    Z = np.asarray(Z, dtype=np.float32)
+    if Z.ndim != 2 or Z.shape[1] != columns:
+        raise ValueError(
+            f"Z must have {columns} columns (pair_matrix of feature schema {schema!r}); got shape {Z.shape}"
+        )
+    return Z
+
+
 def valid_mask(X: np.ndarray) -> np.ndarray:
     """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order).
 

@@ -1,25 +1,22 @@
-"""``ficco results``: the results page (``docs/results.md``), generated from the committed results.
+"""The results page (``docs/results.md``), generated from the committed results.
 
 Every number on the page is read from a committed file (the evaluations, the benchmarks' JSON, the current
-model's card), so the page cannot drift from its data; ``tests/training/test_results.py`` fails when the
-committed page differs from what this writes.
+model's card), so the page cannot drift from its data; ``tests/benchmarks/test_results_page.py`` fails when
+the committed page differs from what this writes. ``ficco results`` runs it in a checkout.
 
-    ficco results --out docs/results.md
+    python -m benchmarks.results_page --out docs/results.md
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from ficco import CHECKOUT
-from ficco.errors import FAILURE
+from benchmarks.support import end_to_end
 from ficco.files import write_text_atomic
 from ficco.tables import markdown_table
-from ficco.training import end_to_end
 
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout whose committed results the page reads."""
@@ -367,19 +364,15 @@ def render_results(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-def results_command(
-    out: Annotated[Path, typer.Option("--out", help="Where to write the page.")] = Path("docs/results.md"),
-) -> None:
-    """Write the results page from the committed evaluations and benchmark results (of a source checkout:
-    an installed ficco has none)."""
-    if CHECKOUT is None:
-        typer.echo(
-            "error: ficco results renders the page from a source checkout's committed results "
-            f"({RESULTS}/, models/), which an installed ficco does not hold: run it in a checkout of the "
-            "repository",
-            err=True,
-        )
-        raise typer.Exit(FAILURE)
+def main(argv: list[str] | None = None) -> None:
+    """Write the results page from the committed evaluations and benchmark results."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("docs/results.md"), help="Where to write the page.")
+    out = parser.parse_args(argv).out
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, render_results())
-    typer.echo(f"results: {out}")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,19 +1,20 @@
-"""docs/results.md is what ``ficco results`` writes from the committed results, to the byte."""
+"""docs/results.md is what ``python -m benchmarks.results_page`` (and ``ficco results`` in a checkout) writes
+from the committed results, to the byte."""
 
 import json
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from benchmarks.results_page import render_results
 from ficco.cli import app
-from ficco.training.results import render_results
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_results_page_is_the_generated_one():
     committed = (REPO / "docs" / "results.md").read_text()
-    stale = "docs/results.md is stale: run `ficco results --out docs/results.md`"
+    stale = "docs/results.md is stale: run `python -m benchmarks.results_page --out docs/results.md`"
     assert committed == render_results(REPO), stale
 
 
@@ -22,6 +23,14 @@ def test_the_command_writes_the_page(tmp_path):
     done = CliRunner().invoke(app, ["results", "--out", str(out)])
     assert done.exit_code == 0, done.output
     assert out.read_text() == render_results(REPO) and "| eager | model |" in out.read_text()
+
+
+def test_the_command_needs_a_checkout(monkeypatch, tmp_path):
+    """An installed ficco (no checkout, so no ``benchmarks/``) says in one line what the command needs."""
+    monkeypatch.setattr("ficco.CHECKOUT", None)
+    done = CliRunner().invoke(app, ["results", "--out", str(tmp_path / "results.md")])
+    assert done.exit_code == 1 and "source checkout" in done.output
+    assert not (tmp_path / "results.md").exists()
 
 
 def _write(root: Path, name: str, data: dict) -> None:
@@ -38,7 +47,7 @@ def test_the_four_gpu_section_reads_each_committed_result_and_states_the_goals(t
     """Nothing without four-GPU results; with them, the model against its goals (eager 2%, graph 1.5%, vLLM's
     rule 10x the model's regret), the copy arrangement shipped, the all-gather, the knobs' verdicts and the
     world-size shares, each from its file."""
-    from ficco.training.results import four_gpu_section
+    from benchmarks.results_page import four_gpu_section
 
     assert four_gpu_section(tmp_path) == []
     results = "benchmarks/results"
