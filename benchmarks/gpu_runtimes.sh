@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu_runtimes.sh [SECONDS] [more benchmarks.runtimes options]
 #   e.g. TP=4 bash benchmarks/gpu_runtimes.sh 560
 #        bash benchmarks/gpu_runtimes.sh 560 --models Llama-3.1-70B --phases train --tokens 4096 8192
+#        # after a change to ficco's eager path: those variants and serial again at the points measured,
+#        # then the points not measured yet
+#        bash benchmarks/gpu_runtimes.sh 560 --phases train --redo ficco_eager ficco_eager:all_serial
 # SECONDS (default 560) bounds the whole call; no point starts that this run expects to end after
 # SECONDS - 75 s (each point takes about as long as the longest of its phase so far).
 set -uo pipefail

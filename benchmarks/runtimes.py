@@ -62,13 +62,17 @@ gaps; ``benchmarks/step_profile.py``). ``comm_share``: the step's collectives al
 over the serial step. Timing: ``runtime.timing.time_interleaved`` (interleaved shuffled rounds, ranks
 aligned, the slowest rank's time, the median step). Results are written after each point; a run skips the
 points its JSON already has (``--fresh`` starts over) and starts no point it expects to end after
-``--budget-s`` (expected: the longest point of the same phase so far in this run).
+``--budget-s`` (expected: the longest point of the same phase so far in this run). After a change to
+ficco's eager path, ``--redo ficco_eager ficco_eager:all_serial`` measures those variants again beside
+serial at the points the JSON has (the others keep their numbers; ``redone`` says which), then runs the
+points it lacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import gc
 import itertools
@@ -320,6 +324,8 @@ class RunContext:
     variants: tuple[str, ...]
     """The variants built besides ``serial`` (``--variants``)."""
     diagnose_max_tokens: int
+    diagnoses: tuple[str, ...]
+    """The diagnoses timed at the diagnosed points (:data:`DIAGNOSES`, or those ``--redo`` names)."""
     verify: bool
     timing: dict[str, Any]
 
@@ -366,7 +372,7 @@ def runnables(group: Group, phase: Phase, x: torch.Tensor, g: torch.Tensor, diag
         activate = functools.partial(planner.use, ctx.eager_fix) if name == "ficco_eager" else _nothing
         out[name] = Runnable(activate=activate, check=make_step(name, False), step=make_step(name, True))
     if diagnose:
-        for name in DIAGNOSES:
+        for name in ctx.diagnoses:
             restriction = name.split(":", 1)[1]
             out[name] = Runnable(
                 activate=functools.partial(planner.use, restriction),
@@ -392,6 +398,7 @@ def run_point(model: str, phase_name: str, tokens: int, group: Group, ctx: RunCo
     if phase.backward:
         x.requires_grad_()
     diagnose = phase.backward and tokens <= ctx.diagnose_max_tokens and "ficco_eager" in group.modules
+    diagnose = diagnose and bool(ctx.diagnoses)
     graphs_before = group.ficco_pass.report.graphs
 
     def outputs(name: str, y: torch.Tensor) -> list[torch.Tensor]:
@@ -659,6 +666,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         llama_args=llama_args,
         variants=tuple(args.variants),
         diagnose_max_tokens=args.diagnose_max_tokens,
+        diagnoses=DIAGNOSES,
         verify=args.verify,
         timing=args.timing,
     )
@@ -690,22 +698,29 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     path = output_path(args.out, hardware, args.loopback)
     result = load_previous(path, meta, args.fresh) or {"points": []}
     result["meta"], result["skipped"] = meta, []
-    done = {(p["model"], p["phase"], p["tokens"]) for p in result["points"]}
+    done = {(p["model"], p["phase"], p["tokens"]): p for p in result["points"]}
+    redo = tuple(args.redo)
     group_key, group = None, None
     longest: dict[str, float] = {}  # phase -> this run's longest point, s: what the next one may take
     for model, phase_name, tokens in points:
-        if (model, phase_name, tokens) in done:
+        previous = done.get((model, phase_name, tokens))
+        if previous is not None and (not redo or previous.get("redone", {}).get("variants") == list(redo)):
             continue
         if time.monotonic() - started + longest.get(phase_name, 0.0) > args.budget_s:
             result["skipped"].append({"model": model, "phase": phase_name, "tokens": tokens})
             continue
-        if group_key != (model, phase_name):
+        point_ctx = ctx if previous is None else redo_context(ctx, redo)
+        if group_key != (model, phase_name, point_ctx.variants):
             group = None
             release(device)
-            group_key, group = (model, phase_name), build_group(model, PHASES[phase_name], ctx)
-        point = run_point(model, phase_name, tokens, group, ctx)
-        result["points"].append(point)
+            group_key = (model, phase_name, point_ctx.variants)
+            group = build_group(model, PHASES[phase_name], point_ctx)
+        point = run_point(model, phase_name, tokens, group, point_ctx)
         longest[phase_name] = max(longest.get(phase_name, 0.0), point["wall_s"])
+        if previous is None:
+            result["points"].append(point)
+        else:
+            point = redone(previous, point, redo)
         log(rank0, point_line(point))
         if rank0:
             write_results(result, path, markdown, plot)
@@ -717,6 +732,27 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         write_results(result, path, markdown, plot)
         print(json.dumps(result["summary"], indent=1), flush=True)
     return result
+
+
+def redo_context(ctx: RunContext, redo: tuple[str, ...]) -> RunContext:
+    """What a point measured before runs again (``--redo``): ``serial``, ``ficco_eager`` and the diagnoses
+    ``redo`` names, nothing compiled and no plan verification."""
+    diagnoses = tuple(v for v in redo if v in DIAGNOSES)
+    return dataclasses.replace(ctx, variants=("ficco_eager",), diagnoses=diagnoses, verify=False)
+
+
+def redone(previous: dict, point: dict, redo: tuple[str, ...]) -> dict:
+    """``previous`` (a point of the JSON, updated in place) with ``serial``'s, the collectives' and the
+    ``redo`` variants' numbers of ``point`` (measured again in the same rounds); the other variants keep
+    theirs, and ``redone`` says which were measured again, when and how long it took."""
+    names = ("serial", *redo)
+    for key in ("step_ms", "host_ms", "rel_err", "errors", "profile"):
+        previous.setdefault(key, {})
+        previous[key] |= {v: point[key][v] for v in names if v in point.get(key, {})}
+    previous["ops"] |= {v: point["ops"][v] for v in names if v in point["ops"]}
+    previous["comm_only_ms"], previous["comm_share"] = point["comm_only_ms"], point["comm_share"]
+    previous["redone"] = {"variants": list(redo), "torch": torch.__version__, "wall_s": point["wall_s"]}
+    return previous
 
 
 def release(device: torch.device) -> None:
@@ -778,6 +814,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of its phase)",
     )
     p.add_argument("--fresh", action="store_true", help="ignore the points of an earlier run in --out")
+    p.add_argument(
+        "--redo",
+        nargs="+",
+        choices=("ficco_eager", *DIAGNOSES),
+        default=[],
+        help="at the points --out's JSON already has (within --models/--phases/--tokens), measure these "
+        "variants again beside serial (in the same rounds) and replace their numbers and serial's; the "
+        "other variants keep theirs. Once per point and set of variants (its 'redone' says which); the "
+        "points not measured yet then run in full",
+    )
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
     args.timing = timing_settings(args, p)

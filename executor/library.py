@@ -10,16 +10,24 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
     torch.ops.ficco.matmul_reduce_scatter(
         Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name, str schedule,
         str backward_schedule="") -> Tensor
+    torch.ops.ficco.matmuls_reduce_scatter(
+        Tensor[] a, Tensor[] b, str reduce_op, int scatter_dim, str group_name, str schedule,
+        str backward_schedule="") -> Tensor
 
 - ``all_gather_matmul`` gathers ``a_shard`` along ``gather_dim`` over the c10d group named ``group_name``
   (``torch.distributed.distributed_c10d._resolve_process_group``) and returns ``(A, [A @ b for b in bs])``:
   the gathered A when ``return_a``, else an empty tensor. One gather feeds every weight (q/k/v, gate/up).
   ``a_shard`` may be N-D: ``[batch, seq/w, hidden]`` with ``gather_dim=1`` (sequence parallel, as
-  torchtitan lays it out) or ``[tokens/w, hidden]`` with ``gather_dim=0``; as PyTorch's op does, the gather
-  dim is moved to the front, the rest flattened into rows, and the outputs moved back (``A [batch, seq,
-  hidden]``, ``C_i [batch, seq, n_i]``). ``b`` is ``[hidden, n_i]`` (``nn.Linear.weight.t()``).
+  torchtitan lays it out) or ``[tokens/w, hidden]`` with ``gather_dim=0``. The outputs are contiguous in the
+  input's layout (``A [batch, seq, hidden]``, ``C_i [batch, seq, n_i]``): each GEMM writes its rows where
+  they belong (one per rank and batch), so nothing downstream copies them, and only a returned ``A`` costs
+  a copy (rank-major to batch-major), the one PyTorch's gather along the sequence makes.
+  ``b`` is ``[hidden, n_i]`` (``nn.Linear.weight.t()``).
 - ``matmul_reduce_scatter`` computes ``a @ b`` and reduce-scatters it along ``scatter_dim``
-  (``a [batch, seq, k] -> [batch, seq/w, n]``); ``reduce_op`` is ``"sum"``.
+  (``a [batch, seq, k] -> [batch, seq/w, n]``, contiguous, the GEMMs reading ``a`` where it lies);
+  ``reduce_op`` is ``"sum"``. ``matmuls_reduce_scatter(Tensor[] a, Tensor[] b, ...)`` (the same other
+  arguments) reduce-scatters ``sum_i a[i] @ b[i]``, each GEMM accumulating into the one partial (no
+  concatenated operands): the input gradient of a gather that fed several weights.
 - ``schedule`` is one schedule string (``"serial/sm"``, ``"shard/dma"``, ``"finer/dma/s2/chunk"``:
   ``features.Schedule``) or a token-range table ``"M0:SCHED0;M1:SCHED1;..."`` (``features.ScheduleTable``:
   ``SCHED_i`` for ``M >= M_i``, ``M0 = 0``) where ``M`` is the gathered (all-gather) or full
@@ -37,11 +45,13 @@ They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_m
   the rows routed over the whole group. Each one's input gradient is the other op on ``b^T``; the experts'
   weight gradients multiply the dispatched rows (dispatched again in the backward).
 - Autograd: the input gradient of ``all_gather_matmul`` is ``matmul_reduce_scatter`` of the output
-  gradients against ``b^T`` (one op for all weights), the weights' gradients ``A^T @ grad_C`` (the gathered
-  A kept when ``return_a``, else gathered again beside that op); the input gradient of
-  ``matmul_reduce_scatter`` is ``all_gather_matmul`` of the output gradient against ``b^T``, whose gathered
-  gradient also gives ``grad_b = a^T @ grad``. This is Megatron-LM's sequence-parallel pair, which
-  ``runtime.layers`` runs through these ops.
+  gradient against ``b^T`` (``matmuls_reduce_scatter`` of every weight's: one op for all), the weights'
+  gradients ``A^T @ grad_C`` (the gathered A kept when ``return_a``, else gathered again beside that op);
+  the input gradient of ``matmul_reduce_scatter`` (of each ``a[i]``) is ``all_gather_matmul`` of the
+  output gradient against ``b^T`` (every ``b[i]^T``), whose gathered gradient also gives ``grad_b = a^T @
+  grad``. A weight gradient has its weight's layout (``b = weight.t()`` gets ``(grad^T @ a)^T``), so
+  autograd accumulates it into the parameter without a copy, as PyTorch's linear's. This is Megatron-LM's
+  sequence-parallel pair, which ``runtime.layers`` runs through these ops.
 - Each op has a twin without autograd, ``torch.ops.ficco._<name>`` (the same schema and kernel; its
   ``backward_schedule`` is unused): what the public op's autograd kernel runs, inside a
   ``torch.autograd.Function`` when a gradient is needed. Graphs that ``torch.compile`` traces therefore
@@ -59,6 +69,7 @@ context, kept once the executor's checks passed (the executor's one check cache,
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -210,8 +221,6 @@ def all_gather_matmul(
     backward_schedule: str = "",
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """See the module docstring; ``a_shard`` gathered along ``gather_dim``, times each of ``bs``."""
-    flat = a_shard.dim() == 2 and gather_dim in (0, -2)  # [tokens/w, k]: rows already, no views to make
-    rows, lead = (a_shard, None) if flat else _front_rows(a_shard, gather_dim)  # [s * rest, k], (s, *rest)
     key = ("ag_gemm", group_name, schedule, gather_dim, a_shard.shape, a_shard.dtype, a_shard.device)
     if len(bs) == 1:
         key += (bs[0].shape, bs[0].dtype, bs[0].device)
@@ -219,19 +228,16 @@ def all_gather_matmul(
         key += tuple((b.shape, b.dtype, b.device) for b in bs)
     hit = checked_calls.get(key)
     if hit is None:
-        hit = _resolve(key, "ag_gemm", rows, tuple(bs), schedule, group_name)
+        _check_dim("gather_dim", gather_dim, a_shard.dim())
+        hit = _resolve(key, "ag_gemm", _rows(a_shard), tuple(bs), schedule, group_name)
     run, ctx = hit
-    cs, gathered = _run_all_gather_matmul(ctx, rows, bs, run, return_a)
-    w = ctx.world_size
-    if gathered is None:
-        gathered = a_shard.new_empty(0)
-    if flat:
-        return gathered, cs
-    full = (lead[0] * w, *lead[1:])
-    cs = [c.view(*full, c.shape[1]).movedim(0, gather_dim) for c in cs]
-    if not return_a:
-        return gathered, cs
-    return gathered.view(*full, rows.shape[1]).movedim(0, gather_dim), cs
+    rows = _rows(a_shard)
+    dim = gather_dim % a_shard.dim()
+    batch = math.prod(a_shard.shape[:dim])
+    cs, gathered = _run_all_gather_matmul(ctx, rows, bs, run, return_a, batch=batch)
+    full = _gathered_shape(a_shard.shape, dim, ctx.world_size)
+    cs = [c.view(*full[:-1], c.shape[1]) for c in cs]
+    return (gathered.view(full) if return_a else a_shard.new_empty(0)), cs
 
 
 def _all_gather_matmul_fake(
@@ -239,10 +245,9 @@ def _all_gather_matmul_fake(
 ):
     w = _resolve_process_group(group_name).size()
     gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
-    x = a_shard.movedim(gather_dim, 0)
-    full = (x.shape[0] * w, *x.shape[1:-1])
-    cs = [a_shard.new_empty((*full, b.shape[1])).movedim(0, gather_dim) for b in bs]
-    a = a_shard.new_empty((*full, x.shape[-1])).movedim(0, gather_dim) if return_a else a_shard.new_empty(0)
+    full = _gathered_shape(a_shard.shape, gather_dim, w)
+    cs = [a_shard.new_empty((*full[:-1], b.shape[1])) for b in bs]
+    a = a_shard.new_empty(full) if return_a else a_shard.new_empty(0)
     return a, cs
 
 
@@ -285,28 +290,30 @@ class _AllGatherMatmul(_OpFunction):
         need_b = any(need_bs)
         gathered = saved
         if need_b and not ctx.return_a:  # started before the input gradient's op, waited for after it
-            shard = saved.movedim(dim, 0).contiguous()
-            gathered = _all_gather(shard, 0, group_name).movedim(0, dim)
+            gathered = _gather_along(saved, dim, group_name)
         grad_shard = None
-        if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op: [grad_C_1, ...] @ [b_1^T; ...]
+        if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op, the GEMMs accumulating in place
             live = [(g, b) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
             parts = []
-            if live:
-                g_cat = live[0][0] if len(live) == 1 else torch.cat([g for g, _ in live], dim=-1)
-                b_t = live[0][1].t() if len(live) == 1 else torch.cat([b.t() for _, b in live], dim=0)
+            if len(live) == 1:
+                g, b = live[0]
                 parts.append(
-                    torch.ops.ficco.matmul_reduce_scatter(g_cat, b_t, "sum", dim, group_name, *ctx.schedules)
+                    torch.ops.ficco.matmul_reduce_scatter(g, b.t(), "sum", dim, group_name, *ctx.schedules)
+                )
+            elif live:
+                gs, bts = [g for g, _ in live], [b.t() for _, b in live]
+                parts.append(
+                    torch.ops.ficco.matmuls_reduce_scatter(gs, bts, "sum", dim, group_name, *ctx.schedules)
                 )
             if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
                 parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
             grad_shard = sum(parts[1:], parts[0]) if parts else None
         grad_bs = [None] * len(bs)
         if need_b:
-            k = gathered.shape[-1]
-            a_rows = gathered.movedim(dim, 0).reshape(-1, k)
+            a_rows = _rows(gathered)
             grad_bs = [
-                a_rows.t() @ g.movedim(dim, 0).reshape(-1, g.shape[-1]) if g is not None and need else None
-                for g, need in zip(grad_cs, need_bs, strict=True)
+                _weight_grad(a_rows, g, b) if g is not None and need else None
+                for g, b, need in zip(grad_cs, bs, need_bs, strict=True)
             ]
         return (grad_shard, *(None,) * (_AG_FIXED_ARGS - 1), *grad_bs)
 
@@ -331,28 +338,60 @@ def matmul_reduce_scatter(
     backward_schedule: str = "",
 ) -> torch.Tensor:
     """See the module docstring; ``a @ b`` reduce-scattered along ``scatter_dim``."""
-    flat = a.dim() == 2 and scatter_dim in (0, -2)  # [tokens, k]: rows already, no views to make
-    rows, lead = (a, None) if flat else _front_rows(a, scatter_dim)  # [s * rest, k], (s, *rest)
-    key = ("gemm_rs", group_name, schedule, reduce_op, scatter_dim, a.shape, a.dtype, a.device)
-    key += (b.shape, b.dtype, b.device)
+    return _reduce_scattered((a,), (b,), reduce_op, scatter_dim, group_name, schedule)
+
+
+def matmuls_reduce_scatter(
+    a: list[torch.Tensor],
+    b: list[torch.Tensor],
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: str,
+    schedule: str,
+    backward_schedule: str = "",
+) -> torch.Tensor:
+    """See the module docstring; ``sum_i a[i] @ b[i]`` reduce-scattered along ``scatter_dim``."""
+    return _reduce_scattered(tuple(a), tuple(b), reduce_op, scatter_dim, group_name, schedule)
+
+
+def _reduce_scattered(
+    a: tuple[torch.Tensor, ...],
+    b: tuple[torch.Tensor, ...],
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: str,
+    schedule: str,
+) -> torch.Tensor:
+    """``sum_i a[i] @ b[i]`` (``a[i] [..., k_i]``, ``b[i] [k_i, n]``) reduce-scattered along ``scatter_dim``
+    on the executor: the kernel of both reduce-scatter ops."""
+    key = ("gemm_rs", group_name, schedule, reduce_op, scatter_dim)
+    key += tuple((x.shape, x.dtype, x.device) for x in a) + tuple((y.shape, y.dtype, y.device) for y in b)
     hit = checked_calls.get(key)
     if hit is None:
         _check_reduce_op(reduce_op)
-        hit = _resolve(key, "gemm_rs", rows, b, schedule, group_name)
+        _check_pairs(a, b)
+        _check_scatter_size(a[0], _check_dim("scatter_dim", scatter_dim, a[0].dim()), group_name)
+        hit = _resolve(key, "gemm_rs", tuple(map(_rows, a)), b, schedule, group_name)
     run, ctx = hit
-    c = _run_matmul_reduce_scatter(ctx, rows, b, run)
-    w = ctx.world_size
-    if flat:
-        return c
-    return c.view(lead[0] // w, *lead[1:], b.shape[1]).movedim(0, scatter_dim)
+    first = a[0]
+    dim = scatter_dim % first.dim()
+    rows = _rows(first) if len(a) == 1 else tuple(map(_rows, a))
+    c = _run_matmul_reduce_scatter(
+        ctx, rows, b[0] if len(b) == 1 else b, run, batch=math.prod(first.shape[:dim])
+    )
+    return c.view(_scattered_shape(first.shape, dim, ctx.world_size, b[0].shape[1]))
 
 
 def _matmul_reduce_scatter_fake(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
     _check_reduce_op(reduce_op)
     w = _resolve_process_group(group_name).size()
     scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
-    x = a.movedim(scatter_dim, 0)
-    return a.new_empty((x.shape[0] // w, *x.shape[1:-1], b.shape[1])).movedim(0, scatter_dim)
+    return a.new_empty(_scattered_shape(a.shape, scatter_dim, w, b.shape[1]))
+
+
+def _matmuls_reduce_scatter_fake(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule=""):
+    _check_pairs(tuple(a), tuple(b))
+    return _matmul_reduce_scatter_fake(a[0], b[0], reduce_op, scatter_dim, group_name, schedule)
 
 
 class _MatmulReduceScatter(_OpFunction):
@@ -365,29 +404,81 @@ class _MatmulReduceScatter(_OpFunction):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         a, b, _reduce_op, scatter_dim, group_name, schedule, backward_schedule = inputs
-        ctx.scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
-        ctx.group_name = group_name
-        ctx.schedules = (backward_schedule or schedule, schedule)
+        _keep_scatter(ctx, a, scatter_dim, group_name, schedule, backward_schedule)
         ctx.save_for_backward(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        dim = ctx.scatter_dim
-        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (need_a or need_b):
-            return _grads(ctx, None, None)
-        gathered, (grad_a,) = torch.ops.ficco.all_gather_matmul(
-            grad.contiguous(), [b.t()], dim, ctx.group_name, ctx.schedules[0], need_b, ctx.schedules[1]
+        (grad_a,), (grad_b,) = _scatter_grads(ctx, grad, (a,), (b,), ctx.needs_input_grad[:2])
+        return _grads(ctx, grad_a, grad_b)
+
+
+class _MatmulsReduceScatter(_OpFunction):
+    """``matmuls_reduce_scatter`` with its gradients: ``apply(reduce_op, scatter_dim, group_name, schedule,
+    backward_schedule, *a, *b)`` (a Function takes tensors, not lists)."""
+
+    @staticmethod
+    def flatten(a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule) -> tuple:
+        return (reduce_op, scatter_dim, group_name, schedule, backward_schedule, *a, *b)
+
+    @staticmethod
+    def forward(reduce_op, scatter_dim, group_name, schedule, backward_schedule, *ab):
+        a, b = list(ab[: len(ab) // 2]), list(ab[len(ab) // 2 :])
+        args = (a, b, reduce_op, scatter_dim, group_name, schedule, backward_schedule)
+        return torch.ops.ficco._matmuls_reduce_scatter.default(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _reduce_op, scatter_dim, group_name, schedule, backward_schedule, *ab = inputs
+        _keep_scatter(ctx, ab[0], scatter_dim, group_name, schedule, backward_schedule)
+        ctx.save_for_backward(*ab)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ab = ctx.saved_tensors
+        half = len(ab) // 2
+        grads_a, grads_b = _scatter_grads(
+            ctx, grad, ab[:half], ab[half:], ctx.needs_input_grad[_RS_FIXED_ARGS:]
         )
-        grad_b = None
-        if need_b:
-            a_rows = a.movedim(dim, 0).reshape(-1, a.shape[-1])
-            grad_b = a_rows.t() @ gathered.movedim(dim, 0).reshape(-1, gathered.shape[-1])
-        return _grads(ctx, grad_a if need_a else None, grad_b)
+        return (*(None,) * _RS_FIXED_ARGS, *grads_a, *grads_b)
+
+
+_RS_FIXED_ARGS = 5
+"""``_MatmulsReduceScatter.apply``'s arguments before the tensors."""
+
+
+def _keep_scatter(ctx, a: torch.Tensor, scatter_dim: int, group_name: str, schedule: str, backward: str):
+    """What a reduce-scatter op's backward needs besides its tensors."""
+    ctx.scatter_dim = _check_dim("scatter_dim", scatter_dim, a.dim())
+    ctx.group_name = group_name
+    ctx.schedules = (backward or schedule, schedule)
+
+
+def _scatter_grads(
+    ctx, grad: torch.Tensor, a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], needs: tuple[bool, ...]
+) -> tuple[list, list]:
+    """The gradients of ``sum_i a[i] @ b[i]`` reduce-scattered, given this rank's output gradient ``grad``
+    (``needs``: which of ``*a, *b`` need one): ``grad_a[i]`` from one ``all_gather_matmul`` of ``grad``
+    against every ``b[i]^T``, whose gathered gradient gives ``grad_b[i] = a[i]^T @ grad``."""
+    need_a, need_b = needs[: len(a)], needs[len(a) :]
+    if not (any(need_a) or any(need_b)):
+        return [None] * len(a), [None] * len(b)
+    gathered, grads_a = torch.ops.ficco.all_gather_matmul(
+        grad.contiguous(), [y.t() for y in b], ctx.scatter_dim, ctx.group_name, ctx.schedules[0], any(need_b),
+        ctx.schedules[1],
+    )  # fmt: skip
+    grads_a = [g if need else None for g, need in zip(grads_a, need_a, strict=True)]
+    grads_b = [
+        _weight_grad(_rows(x), gathered, y) if need else None for x, y, need in zip(a, b, need_b, strict=True)
+    ]
+    return grads_a, grads_b
 
 
 matmul_reduce_scatter = _define_pair(matmul_reduce_scatter, _matmul_reduce_scatter_fake, _MatmulReduceScatter)
+matmuls_reduce_scatter = _define_pair(
+    matmuls_reduce_scatter, _matmuls_reduce_scatter_fake, _MatmulsReduceScatter
+)
 
 
 # The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
@@ -575,19 +666,78 @@ def _grads(ctx, grad_a, grad_b) -> tuple:
     return (grad_a, grad_b) + (None,) * (len(ctx.needs_input_grad) - 2)
 
 
-def _front_rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """``x`` with ``dim`` moved to the front and the rest but the last dim flattened into rows: ``[rows,
-    features]`` (a copy only when that is not a view), and the leading shape the rows came from."""
-    dim = _check_dim("gather_dim/scatter_dim", dim, x.dim())
-    moved = x.movedim(dim, 0)
-    return moved.reshape(-1, moved.shape[-1]), tuple(moved.shape[:-1])
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., k]`` as rows ``[-1, k]`` in its own order (a view of a contiguous ``x``)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _gathered_shape(shape: torch.Size, dim: int, world_size: int) -> tuple[int, ...]:
+    """The shape of a shard ``shape`` gathered along ``dim`` over ``world_size`` ranks."""
+    return (*shape[:dim], shape[dim] * world_size, *shape[dim + 1 :])
+
+
+def _scattered_shape(shape: torch.Size, dim: int, world_size: int, n: int) -> tuple[int, ...]:
+    """The shape of this rank's part of ``a [..., k] @ b [k, n]`` (``a``'s ``shape``) scattered along
+    ``dim`` over ``world_size`` ranks."""
+    return (*shape[:dim], shape[dim] // world_size, *shape[dim + 1 : -1], n)
+
+
+def _check_pairs(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
+    """ValueError naming the pair unless ``a`` and ``b`` are as many (at least one) and every pair has the
+    first's rows, dtype and output columns (the shapes of each pair the executor's checks see)."""
+    if not a or len(a) != len(b):
+        raise ValueError(
+            f"matmuls_reduce_scatter takes as many a as b, at least one; got {len(a)} and {len(b)}"
+        )
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x.shape[:-1] != a[0].shape[:-1] or x.dtype != a[0].dtype or y.shape[-1] != b[0].shape[-1]:
+            raise ValueError(
+                f"matmuls_reduce_scatter: pair {i} (a {shape_str(x.shape)} {x.dtype}, b "
+                f"{shape_str(y.shape)}) does not match pair 0 (a {shape_str(a[0].shape)} {a[0].dtype}, b "
+                f"{shape_str(b[0].shape)}): "
+                "every a needs pair 0's rows and dtype, every b its columns"
+            )
+
+
+def _check_scatter_size(a: torch.Tensor, dim: int, group_name: str) -> None:
+    """ValueError naming the size when dim ``dim`` of ``a`` does not split evenly over the group."""
+    w = _resolve_process_group(group_name).size()
+    if a.shape[dim] % w:
+        raise ValueError(
+            f"matmul_reduce_scatter: a has shape {shape_str(a.shape)}; its scatter_dim ({dim}) must be a "
+            f"multiple of the group's {w} ranks"
+        )
+
+
+def _gather_along(shard: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    """``shard`` all-gathered along ``dim`` (the functional collective): rank-major rows put in place with
+    one copy where ``dim`` has dims before it of more than one element, as PyTorch's gather along a dim
+    makes one."""
+    k = shard.shape[-1]
+    flat = _all_gather(_rows(shard).contiguous(), 0, group_name)  # [w * rows, k], rank-major
+    w = _resolve_process_group(group_name).size()
+    batch = math.prod(shard.shape[:dim])
+    full = _gathered_shape(shard.shape, dim, w)
+    if batch == 1:
+        return flat.view(full)
+    return flat.view(w, batch, -1, k).transpose(0, 1).reshape(full)
+
+
+def _weight_grad(a_rows: torch.Tensor, grad: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a_rows^T @ grad`` (``[k, n]``, ``grad``'s rows flattened) in ``b``'s layout: ``b`` transposed
+    (``nn.Linear.weight.t()``) gets ``(grad^T @ a_rows)^T``, so that the parameter's gradient is contiguous
+    as PyTorch's is (autograd's accumulation copies any other layout into the parameter's)."""
+    g_rows = _rows(grad)
+    if b.dim() == 2 and b.stride(0) == 1 and b.stride(1) != 1:
+        return (g_rows.t() @ a_rows).t()
+    return a_rows.t() @ g_rows
 
 
 def _resolve(
     key: tuple,
     op: str,
-    rows: torch.Tensor,
-    b: torch.Tensor | tuple[torch.Tensor, ...],
+    rows: torch.Tensor | tuple[torch.Tensor, ...],
+    b: tuple[torch.Tensor, ...],
     asked: str,
     group_name: str,
 ) -> tuple[Schedule, GroupContext]:
@@ -595,28 +745,33 @@ def _resolve(
     holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
     table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
     (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
-    caller's, and raised."""
+    caller's, and raised. ``ag_gemm``: ``rows`` the shard's, ``b`` every weight; ``gemm_rs``: the rows of
+    each ``a`` and its weight (``n`` their common columns, ``k`` the sum of theirs)."""
     group = _resolve_process_group(group_name)
     w = group.size()
     gather = op == "ag_gemm"
-    m = rows.shape[0] * w if gather else rows.shape[0]
+    pairs = [(rows, b)] if gather else list(zip(rows, b, strict=True))
+    first = pairs[0][0]
+    m = first.shape[0] * w if gather else first.shape[0]
     pick = parse_schedule_table(asked).at(m)
     check = check_all_gather_matmul if gather else check_matmul_reduce_scatter
-    check_matrix("a_shard" if gather else "a", rows, "[m/world_size, k]" if gather else "[m, k]")
-    check(rows, b, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
+    for a, bb in pairs:
+        check_matrix("a_shard" if gather else "a", a, "[m/world_size, k]" if gather else "[m, k]")
+        check(a, bb, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:
-        check(rows, b, pick, w, None)
+        for a, bb in pairs:
+            check(a, bb, pick, w, None)
     except ValueError as err:
         reason = str(err)
     run = pick if reason is None else SERIAL
-    bs = b if isinstance(b, tuple) else (b,)
-    n, k = sum(t.shape[1] for t in bs), rows.shape[1]
-    dtype = DTYPES[rows.dtype]
+    n = sum(t.shape[1] for t in b) if gather else b[0].shape[1]
+    k = first.shape[1] if gather else sum(a.shape[1] for a, _ in pairs)
+    dtype = DTYPES[first.dtype]
     if reason is not None:
         name = "all_gather_matmul" if gather else "matmul_reduce_scatter"
         warnings.warn(
-            f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(rows.shape)}): "
+            f"ficco.{name} ({op} m={m} n={n} k={k} {dtype}, world_size={w}, input {shape_str(first.shape)}): "
             f"schedule {pick} cannot run at this shape, running {SERIAL} instead: {reason}",
             ScheduleFallbackWarning,
             stacklevel=3,
@@ -625,7 +780,7 @@ def _resolve(
         (op, m, n, k, dtype, w, asked),
         OpRun(op=op, m=m, n=n, k=k, dtype=dtype, world_size=w, asked=asked, ran=str(run), reason=reason),
     )
-    return remember_checked(key, (run, get_context(group, rows.device)))
+    return remember_checked(key, (run, get_context(group, first.device)))
 
 
 def _check_dim(name: str, dim: int, ndim: int) -> int:
@@ -649,6 +804,7 @@ __all__ = [
     "clear_run_report",
     "matmul_all_to_all",
     "matmul_reduce_scatter",
+    "matmuls_reduce_scatter",
     "ran",
     "run_report",
 ]

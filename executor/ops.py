@@ -9,6 +9,7 @@ transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``feature
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -103,34 +104,61 @@ def run_all_gather_matmul(
     schedule: Schedule,
     return_gathered: bool = False,
     out: torch.Tensor | None = None,
+    batch: int = 1,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx`` (``executor.library`` keeps
-    the context of each checked call signature): ``([C_i [m, n_i] per weight], A [m, k] or None)``."""
+    the context of each checked call signature): ``([C_i [m, n_i] per weight], A [m, k] or None)``.
+
+    ``batch``: the shards' rows are ``batch`` groups of rows (``[batch, rows/batch, k]``: sequences of a
+    sequence-parallel shard) and ``C`` and ``A`` hold every rank's group of each batch together, batch-major
+    (``[batch, w * rows/batch, n]``, the gather along the sequence); each GEMM writes its rows straight to
+    their place, so no layout copy is made but the gathered ``A``'s (one, where it is returned)."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     w, m = ctx.world_size, shard_rows * ctx.world_size
     cs = [out] if out is not None else [a_shard.new_empty((m, one.shape[1])) for one in bs]
     gathered = a_shard.new_empty((m, k)) if return_gathered else None
     if schedule.granularity == "serial" and schedule.executor == "sm":
-        dest = gathered if gathered is not None else ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype)
-        _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs)
-    else:
-        plan = make_plan("gather", w, schedule.granularity, schedule.splits, schedule.grain)
-        dest = gathered.view(w, shard_rows, k) if gathered is not None else None
-        transport = _transport(ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest)
+        if gathered is not None and batch == 1:
+            _all_gather_matmul_fallback(a_shard, bs, ctx.group, gathered, cs)
+        else:
+            dest = ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype)
+            if gathered is None:
+                segments = _batch_segments(0, m, shard_rows, w, batch) if batch > 1 else _WHOLE
+                _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs, segments)
+            else:  # the gathered A batch-major, as PyTorch's gather along the sequence makes it: one copy
+                all_gather_single(dest.view(m, k), a_shard, group=ctx.group)
+                _batch_major(gathered, batch, w).copy_(dest.view(w, batch, -1, k).transpose(0, 1))
+                for one, c in zip(bs, cs, strict=True):
+                    torch.mm(gathered, one, out=c)
+        return cs, gathered
+    plan = make_plan("gather", w, schedule.granularity, schedule.splits, schedule.grain)
+    dest = gathered.view(w, shard_rows, k) if gathered is not None and batch == 1 else None
+    transport = _transport(ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest)
 
-        def consume(rows: torch.Tensor, unit: Unit) -> None:
-            block = transport.split_rows(unit)
+    def consume(rows: torch.Tensor, unit: Unit) -> None:
+        block = transport.split_rows(unit)
+        if batch == 1:
             for one, c in zip(bs, cs, strict=True):
                 torch.mm(rows, one, out=c[block])
+            return
+        for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
+            for one, c in zip(bs, cs, strict=True):
+                torch.mm(rows[piece], one, out=c[place])
 
-        run_pipeline(plan, transport, consume)
-        if gathered is not None:
-            slots = gathered.view(w, shard_rows, k)
-            if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
-                for q in range(w):
-                    slots[q].copy_(transport.dest[q])
-            slots[ctx.rank].copy_(a_shard)
+    run_pipeline(plan, transport, consume)
+    if gathered is not None:
+        if batch > 1:
+            places = _batch_major(gathered, batch, w)
+            for q in range(w):
+                source = a_shard if q == ctx.rank else transport.dest[q]
+                places[:, q].copy_(source.view(batch, -1, k))
+            return cs, gathered
+        slots = gathered.view(w, shard_rows, k)
+        if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
+            for q in range(w):
+                slots[q].copy_(transport.dest[q])
+        slots[ctx.rank].copy_(a_shard)
     return cs, gathered
 
 
@@ -169,26 +197,76 @@ def matmul_reduce_scatter(
 
 
 def run_matmul_reduce_scatter(
-    ctx: GroupContext, a: torch.Tensor, b: torch.Tensor, schedule: Schedule, out: torch.Tensor | None = None
+    ctx: GroupContext,
+    a: torch.Tensor | tuple[torch.Tensor, ...],
+    b: torch.Tensor | tuple[torch.Tensor, ...],
+    schedule: Schedule,
+    out: torch.Tensor | None = None,
+    batch: int = 1,
 ) -> torch.Tensor:
-    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``."""
-    a = a.contiguous()
-    m, n, w = a.shape[0], b.shape[1], ctx.world_size
+    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``.
+
+    ``a`` and ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is what is
+    scattered, each block's GEMMs accumulating in place (no concatenated operands). ``batch``: ``a``'s rows
+    are ``batch`` groups, each holding every rank's rows in rank order (``[batch, m / batch, k]`` scattered
+    along its second dim: the sequence) and the result is this rank's rows of each (``[batch, m / (w
+    batch), n]``); the GEMMs read ``a``'s rows where they lie, no layout copy is made."""
+    a, b = ((a,), (b,)) if isinstance(a, torch.Tensor) else (a, b)
+    a = tuple(x.contiguous() for x in a)
+    m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
-    c = out if out is not None else a.new_empty((shard_rows, n))
-    partial = ctx.buffer("partial", (m, n), a.dtype)
+    c = out if out is not None else a[0].new_empty((shard_rows, n))
+    partial = ctx.buffer("partial", (m, n), a[0].dtype)
     if schedule.granularity == "serial" and schedule.executor == "sm":
-        _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c)
+        _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c, batch)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
     transport = _transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
 
     def produce(rows: torch.Tensor, unit: Unit) -> None:
-        torch.mm(a[transport.split_rows(unit)], b, out=rows)
+        block = transport.split_rows(unit)
+        if batch == 1:
+            _matmuls(a, b, block, rows)
+            return
+        for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
+            _matmuls(a, b, place, rows[piece])
 
     run_pipeline(plan, transport, produce)
     _reduce_into(c, transport.own_rows(), transport.received())
     return c
+
+
+def _matmuls(
+    a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], rows: slice, out: torch.Tensor
+) -> None:
+    """``out = sum_i a[i][rows] @ b[i]``: one GEMM, the others accumulating into ``out`` (beta 1)."""
+    torch.mm(a[0][rows], b[0], out=out)
+    for x, y in zip(a[1:], b[1:], strict=True):
+        out.addmm_(x[rows], y)
+
+
+@functools.lru_cache(maxsize=1024)
+def _batch_segments(
+    start: int, stop: int, shard_rows: int, world_size: int, batch: int
+) -> tuple[tuple[slice, slice], ...]:
+    """The rows ``[start, stop)`` of a rank-major ``[w, shard_rows]`` block (the executor's order: rank,
+    batch, row) as ``(piece, place)`` pairs: ``piece`` relative to ``start``, ``place`` the same rows in the
+    batch-major order (batch, rank, row) of ``batch`` groups of ``shard_rows / batch`` rows per rank."""
+    per = shard_rows // batch
+    out, row = [], start
+    while row < stop:
+        q, within = divmod(row, shard_rows)
+        group, j = divmod(within, per)
+        size = min(per - j, stop - row)
+        place = (group * world_size + q) * per + j
+        out.append((slice(row - start, row - start + size), slice(place, place + size)))
+        row += size
+    return tuple(out)
+
+
+def _batch_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
+    """``rows [m, k]`` in batch-major order as ``[batch, w, m / (w batch), k]`` (a view)."""
+    return rows.view(batch, world_size, -1, rows.shape[-1])
 
 
 def all_to_all_matmul(
@@ -540,25 +618,43 @@ def _checked_routed_context(
     return ctx
 
 
+_WHOLE = ((slice(None), slice(None)),)
+"""Every row where it is: the segments of a rank-major layout (``batch`` 1)."""
+
+
 def _all_gather_matmul_fallback(
     a_shard: torch.Tensor,
     bs: Sequence[torch.Tensor],
     group: dist.ProcessGroup,
     gathered: torch.Tensor,
     outs: Sequence[torch.Tensor],
+    segments: tuple[tuple[slice, slice], ...] = _WHOLE,
 ) -> None:
-    """The reference: the collective all-gather into ``gathered [m, k]``, then one GEMM per weight of
-    ``bs`` into its ``outs``."""
+    """The reference: the collective all-gather into ``gathered [m, k]`` (rank-major), then one GEMM per
+    weight of ``bs`` and ``(piece, place)`` of ``segments`` (:func:`_batch_segments`; default: every row
+    in place) into its ``outs``."""
     all_gather_single(gathered, a_shard, group=group)
     for b, out in zip(bs, outs, strict=True):
-        torch.mm(gathered, b, out=out)
+        for piece, place in segments:
+            torch.mm(gathered[piece], b, out=out[place])
 
 
 def _matmul_reduce_scatter_fallback(
-    a: torch.Tensor, b: torch.Tensor, group: dist.ProcessGroup, partial: torch.Tensor, out: torch.Tensor
+    a: tuple[torch.Tensor, ...],
+    b: tuple[torch.Tensor, ...],
+    group: dist.ProcessGroup,
+    partial: torch.Tensor,
+    out: torch.Tensor,
+    batch: int = 1,
 ) -> None:
-    """The reference: one GEMM into ``partial [m, n]``, then the collective reduce-scatter into ``out``."""
-    torch.mm(a, b, out=partial)
+    """The reference: the GEMMs (``sum_i a[i] @ b[i]``) into ``partial [m, n]`` (rank-major; from
+    batch-major ``a``, one per rank and batch), then the collective reduce-scatter into ``out``."""
+    m = partial.shape[0]
+    if batch == 1:
+        _matmuls(a, b, slice(None), partial)
+    else:
+        for piece, place in _batch_segments(0, m, out.shape[0], m // out.shape[0], batch):
+            _matmuls(a, b, place, partial[piece])
     reduce_scatter_single(out, partial, group=group)
 
 

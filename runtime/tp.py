@@ -520,10 +520,9 @@ def _hand_off(
     backward = backward_follows(shard, *weights)
     fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
     gathered, outs = torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, True, bwd)
-    # contiguous as PyTorch's gather returns it (a view across batch and sequence must work): one copy where
-    # the op's rank-major rows put the batch inside (dim > 0 with more than one sequence), as PyTorch's
-    # all-gather along that dim copies too
-    gathered = gathered.detach().contiguous()
+    # contiguous, as PyTorch's gather returns it (the op put the rank-major rows in place, the one copy
+    # PyTorch's all-gather along the sequence makes too)
+    gathered = gathered.detach()
     handed = _GatheredInput.apply(shard, dim, mesh.get_local_rank(), None if local else mesh, (gathered,))
     record = _HandOff(
         input=handed, outputs={id(c): y for c, y in zip(consumers, outs, strict=True)}, consumers=consumers

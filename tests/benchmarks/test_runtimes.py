@@ -75,9 +75,10 @@ def test_what_ran_is_reported_per_variant(cpu_run):
     calls = {v: o["calls"] for v, o in train["ops"].items()}
     assert not any(name.startswith("ficco::") for name in calls["serial"])
     # two layers: q/k/v and w1/w3 gather once each, wo and w2 scatter; the backward runs the other op of
-    # each. Each op runs its twin without autograd: what the compiled graphs hold too
-    for op in ("all_gather_matmul", "matmul_reduce_scatter"):
-        assert calls["ficco_eager"][f"ficco::{op}"] == calls["ficco_eager"][f"ficco::_{op}"] == 8
+    # each (of q/k/v and w1/w3: the reduce-scatter of the summed GEMMs). Each op runs its twin without
+    # autograd: what the compiled graphs hold too
+    for op, count in (("all_gather_matmul", 8), ("matmul_reduce_scatter", 4), ("matmuls_reduce_scatter", 4)):
+        assert calls["ficco_eager"][f"ficco::{op}"] == calls["ficco_eager"][f"ficco::_{op}"] == count
     assert {r["layer"] for r in train["ops"]["ficco_eager"]["ran"]} == {
         f"layers.{i}.{m}"
         for i in range(2)
@@ -109,6 +110,29 @@ def test_cpu_run_writes_json_markdown_plot_and_resumes(cpu_run):
     assert path.with_suffix(".png").stat().st_size > 0
     # the second run found both points done: the same timings, nothing measured again
     assert again["points"] == result["points"]
+
+
+def _redo_run(rank: int, world_size: int, out: str) -> tuple[dict, dict]:
+    redo = ["--phases", "train", "--redo", "ficco_eager", "ficco_eager:all_serial"]
+    return _cpu_run(rank, world_size, out, *redo), _cpu_run(rank, world_size, out, *redo)
+
+
+@pytest.mark.slow
+def test_redo_measures_the_named_variants_and_serial_again(cpu_run):
+    result, _, out = cpu_run
+    first, second = run_world(2, _redo_run, str(out), timeout_s=300)[0]
+    before, after = result["points"][1], first["points"][1]
+    assert after["redone"]["variants"] == ["ficco_eager", "ficco_eager:all_serial"]
+    # measured again: serial (the baseline, in the same rounds) and the named variants, checked again
+    assert all(after["step_ms"][v] > 0 for v in ("serial", "ficco_eager", "ficco_eager:all_serial"))
+    assert after["rel_err"]["ficco_eager"] <= e2e.TOLERANCE["fp32"]
+    assert after["ops"]["ficco_eager"]["calls"]
+    # the rest keep their numbers; the inference point was not asked for
+    for v in ("serial_compile", "ficco_compile", "no_comm", "ficco_eager:bwd_serial", "ficco_eager:sm_only"):
+        assert after["step_ms"][v] == before["step_ms"][v], v
+    assert first["points"][0] == result["points"][0]
+    # a second call finds the point redone for these variants: nothing measured again
+    assert second["points"] == first["points"]
 
 
 def _tp4_run(rank: int, world_size: int, out: str) -> dict:

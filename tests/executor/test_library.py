@@ -23,7 +23,12 @@ def _ops_world(rank: int, world_size: int) -> dict:
 
     group = dist.group.WORLD.group_name
     ag, rs = torch.ops.ficco.all_gather_matmul, torch.ops.ficco.matmul_reduce_scatter
-    twins = {ag: torch.ops.ficco._all_gather_matmul, rs: torch.ops.ficco._matmul_reduce_scatter}
+    rs_sum = torch.ops.ficco.matmuls_reduce_scatter
+    twins = {
+        ag: torch.ops.ficco._all_gather_matmul,
+        rs: torch.ops.ficco._matmul_reduce_scatter,
+        rs_sum: torch.ops.ficco._matmuls_reduce_scatter,
+    }
     gen = torch.Generator().manual_seed(5)  # the same full tensors on every rank
     batch, seq, k, n1, n2 = 2, 4 * world_size, 12, 4, 3
     x = torch.randn(batch, seq, k, generator=gen)
@@ -32,7 +37,7 @@ def _ops_world(rank: int, world_size: int) -> dict:
     s = seq // world_size
     mine = slice(rank * s, (rank + 1) * s)
     ks = slice(rank * k // world_size, (rank + 1) * k // world_size)
-    out: dict = {"errors": {}, "opchecks": 0}
+    out: dict = {"errors": {}, "opchecks": 0, "layouts": {}}
 
     def err(got, want):
         return float((got - want).norm() / want.norm())
@@ -57,6 +62,12 @@ def _ops_world(rank: int, world_size: int) -> dict:
         for op in (rs, twins[rs]):
             torch.library.opcheck(op.default, args)
             out["opchecks"] += 1
+    summed = ([x, x[..., :5]], [b1, b1[:5]], "sum", 1, group, "finer/sm/s2/chunk")
+    for op in () if world_size > 2 else (rs_sum, twins[rs_sum]):
+        torch.library.opcheck(op.default, summed)
+        out["opchecks"] += 1
+    x4 = torch.randn(2, seq, 3, k, generator=gen)  # dims before and after the gathered one
+    w4 = torch.randn(n1, k, generator=gen)  # nn.Linear's weight: the op takes its transpose
 
     # values and gradients against autograd on the full tensors
     for schedule in FAMILIES:
@@ -70,6 +81,9 @@ def _ops_world(rank: int, world_size: int) -> dict:
             ((ref[0] @ ref[1]) * g1).sum().add(((ref[0] @ ref[2]) * g2).sum()).add(
                 (ref[0] * x).sum() * return_a
             ).backward()
+            # the outputs in the input's layout, contiguous: nothing downstream copies them
+            layouts = [c1, c2, a] if return_a else [c1, c2]
+            out["layouts"][("ag", schedule, return_a)] = all(t.is_contiguous() for t in layouts)
             out["errors"][("ag", schedule, return_a)] = {
                 "c1": err(c1, x @ b1),
                 "c2": err(c2, x @ b2),
@@ -90,6 +104,35 @@ def _ops_world(rank: int, world_size: int) -> dict:
             "y": err(y, (x @ b1)[:, mine]),
             "x": err(xa.grad, ref[0].grad[..., ks]),
             "b": err(wb.grad, ref[1].grad[ks]),
+        }
+        # the reduce-scatter of two GEMMs summed, each accumulating in place
+        k2 = slice(0, 5)
+        parts = [t.clone().requires_grad_() for t in (x[..., ks], x[..., k2], b1[ks], b1.flip(0)[k2])]
+        y = rs_sum(parts[:2], parts[2:], "sum", 1, group, schedule)
+        (y * g1[:, mine]).sum().backward()
+        # ranks hold slices of k for the first pair, the same whole operands for the second: the sum over
+        # ranks is x @ b1 plus world_size times the second product
+        want = x @ b1 + world_size * (x[..., k2] @ b1.flip(0)[k2])
+        g_rows = g1.flatten(0, 1)
+        out["errors"][("rs_sum", schedule)] = {
+            "y": err(y, want[:, mine]),
+            "x1": err(parts[0].grad, g1 @ b1[ks].t()),
+            "x2": err(parts[1].grad, g1 @ b1.flip(0)[k2].t()),
+            "b1": err(parts[2].grad, x[..., ks].flatten(0, 1).t() @ g_rows),
+            "b2": err(parts[3].grad, x[..., k2].flatten(0, 1).t() @ g_rows),
+        }
+        # a 4-D input gathered along dim 1 against nn.Linear's transposed weight: the weight's gradient is
+        # contiguous in the parameter's layout, as PyTorch's is
+        xs4, wt = x4[:, mine].clone().requires_grad_(), w4.clone().requires_grad_()
+        _, (c4,) = ag(xs4, [wt.t()], 1, group, schedule, False)
+        (c4 * c4).sum().backward()
+        ref = [t.clone().requires_grad_() for t in (x4, w4)]
+        (lambda c: (c * c).sum())(ref[0] @ ref[1].t()).backward()
+        out["layouts"][("ag4", schedule)] = c4.is_contiguous() and wt.grad.is_contiguous()
+        out["errors"][("ag4", schedule)] = {
+            "c": err(c4, x4 @ w4.t()),
+            "x": err(xs4.grad, world_size * ref[0].grad[:, mine]),
+            "w": err(wt.grad, ref[1].grad),
         }
 
     # a schedule that cannot run at this shape: serial, one warning, reported
@@ -117,17 +160,18 @@ def worlds() -> dict[int, list[dict]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_opcheck_passes_for_every_op(worlds, world_size):
-    assert all(report["opchecks"] == (10 if world_size == 2 else 0) for report in worlds[world_size])
+    assert all(report["opchecks"] == (12 if world_size == 2 else 0) for report in worlds[world_size])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_values_and_gradients_match_autograd_for_every_family(worlds, world_size):
     for rank, report in enumerate(worlds[world_size]):
-        assert len(report["errors"]) == len(FAMILIES) * 3
+        assert len(report["errors"]) == len(FAMILIES) * 5
         for case, errs in report["errors"].items():
             bad = {k: e for k, e in errs.items() if not e <= 1e-5}
             assert not bad, f"rank {rank} {case}: relative errors {bad}"
+        assert all(report["layouts"].values()), report["layouts"]
 
 
 @pytest.mark.slow

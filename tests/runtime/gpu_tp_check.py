@@ -45,6 +45,7 @@ CASES = [
     Case(model="llama", seq=SEQ, sp=False, dtype="bf16"),
     Case(model="llama", seq=SEQ),
     Case(model="llama", seq=SEQ, dtype="bf16", batch=1, prepare="torch"),
+    Case(model="llama", seq=SEQ, dtype="bf16", batch=3),  # sub-chunks of the shard across its sequences
     Case(model="gemma", seq=SEQ, dtype="bf16"),
     Case(model="phi3_mlp", seq=SEQ, flat=True, dtype="bf16"),
     Case(model="reshaping_mlp", seq=SEQ, local=True),
