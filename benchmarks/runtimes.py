@@ -65,7 +65,7 @@ points its JSON already has (``--fresh`` starts over) and starts no point it exp
 ``--budget-s`` (expected: the longest point of the same phase so far in this run). After a change to
 ficco's eager path, ``--redo ficco_eager ficco_eager:all_serial`` measures those variants again beside
 serial at the points the JSON has (the others keep their numbers; ``redone`` says which), then runs the
-points it lacks.
+points it lacks; ``--redo all`` measures those points again in full (every variant, compiled ones too).
 """
 
 from __future__ import annotations
@@ -709,7 +709,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         if time.monotonic() - started + longest.get(phase_name, 0.0) > args.budget_s:
             result["skipped"].append({"model": model, "phase": phase_name, "tokens": tokens})
             continue
-        point_ctx = ctx if previous is None else redo_context(ctx, redo)
+        point_ctx = ctx if previous is None or redo == ("all",) else redo_context(ctx, redo)
         if group_key != (model, phase_name, point_ctx.variants):
             group = None
             release(device)
@@ -721,6 +721,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             result["points"].append(point)
         else:
             point = redone(previous, point, redo)
+            result["points"][result["points"].index(previous)] = point
         log(rank0, point_line(point))
         if rank0:
             write_results(result, path, markdown, plot)
@@ -744,7 +745,11 @@ def redo_context(ctx: RunContext, redo: tuple[str, ...]) -> RunContext:
 def redone(previous: dict, point: dict, redo: tuple[str, ...]) -> dict:
     """``previous`` (a point of the JSON, updated in place) with ``serial``'s, the collectives' and the
     ``redo`` variants' numbers of ``point`` (measured again in the same rounds); the other variants keep
-    theirs, and ``redone`` says which were measured again, when and how long it took."""
+    theirs, and ``redone`` says which were measured again, when and how long it took. ``redo`` ``("all",)``:
+    ``point`` itself, marked redone."""
+    if redo == ("all",):
+        point["redone"] = {"variants": ["all"], "torch": torch.__version__, "wall_s": point["wall_s"]}
+        return point
     names = ("serial", *redo)
     for key in ("step_ms", "host_ms", "rel_err", "errors", "profile"):
         previous.setdefault(key, {})
@@ -817,15 +822,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--redo",
         nargs="+",
-        choices=("ficco_eager", *DIAGNOSES),
+        choices=("all", "ficco_eager", *DIAGNOSES),
         default=[],
         help="at the points --out's JSON already has (within --models/--phases/--tokens), measure these "
         "variants again beside serial (in the same rounds) and replace their numbers and serial's; the "
-        "other variants keep theirs. Once per point and set of variants (its 'redone' says which); the "
+        "other variants keep theirs ('all': every variant again, compiled ones too). Once per point and set "
+        "of variants (its 'redone' says which); the "
         "points not measured yet then run in full",
     )
     p.add_argument("--render", type=Path, help="re-render the markdown and plot of a JSON and exit")
     args = p.parse_args(argv)
+    if "all" in args.redo and len(args.redo) > 1:
+        p.error(f"--redo all measures every variant again; name it alone (got {' '.join(args.redo)})")
     args.timing = timing_settings(args, p)
     for name in ("layers", "batch"):
         if getattr(args, name) < 1:

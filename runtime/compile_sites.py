@@ -399,10 +399,10 @@ def _reduce_scatter_site(
     adds: list[torch.fx.Node],
     layers: tuple[str, ...],
 ) -> Site:
-    """The site of a reduce-scatter of one matmul's output (``adds`` empty) or of the sum of several (the
-    ``adds`` of :func:`_summed_matmuls`): one ``matmul_reduce_scatter`` of the inputs concatenated along
-    the features and the weights along the rows, ``[A_1 | A_2] @ [B_1; B_2] = A_1 @ B_1 + A_2 @ B_2``, as
-    ficco's own backward runs a column-parallel input gradient."""
+    """The site of a reduce-scatter of one matmul's output (``adds`` empty: one ``matmul_reduce_scatter``)
+    or of the sum of several (the ``adds`` of :func:`_summed_matmuls`: one ``matmuls_reduce_scatter``, each
+    block's matmuls accumulating in one buffer, as ficco's own backward runs a column-parallel input
+    gradient)."""
     if any(isinstance(mm, _ScaledMatmul) for mm in matmuls):
         raise _Refused("fp8 scaled matmul", f"a _scaled_mm producer; {_DTYPES_RUN}")
     world_size = _group_size(rs.group_name)
@@ -431,14 +431,16 @@ def _reduce_scatter_site(
     def apply(schedule: str) -> None:
         graph = rs.wait_tensor_node.graph
         with graph.inserting_before(rs.wait_tensor_node):
-            a, b = matmuls[0].A_node, matmuls[0].B_node
-            if adds:  # one matmul over the concatenated operands
-                a = graph.call_function(aten.cat.default, args=([mm.A_node for mm in matmuls], -1))
-                b = graph.call_function(aten.cat.default, args=([mm.B_node for mm in matmuls], 0))
-            fused = graph.call_function(
-                torch.ops.ficco._matmul_reduce_scatter.default,
-                args=(a, b, reduce_op, scatter_dim, rs.group_name, schedule),
-            )
+            if adds:  # every matmul accumulating into one buffer, no concatenated operands
+                op = torch.ops.ficco._matmuls_reduce_scatter.default
+                a, b = [mm.A_node for mm in matmuls], [mm.B_node for mm in matmuls]
+            else:
+                op, a, b = (
+                    torch.ops.ficco._matmul_reduce_scatter.default,
+                    matmuls[0].A_node,
+                    matmuls[0].B_node,
+                )
+            fused = graph.call_function(op, args=(a, b, reduce_op, scatter_dim, rs.group_name, schedule))
             rs.replace_with(fused)
             rs.erase()
             for add in adds:  # root first: each has no user left once the one above it is gone

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import types
 from pathlib import Path
 
@@ -133,6 +134,32 @@ def test_redo_measures_the_named_variants_and_serial_again(cpu_run):
     assert first["points"][0] == result["points"][0]
     # a second call finds the point redone for these variants: nothing measured again
     assert second["points"] == first["points"]
+
+
+def _redo_all_run(rank: int, world_size: int, out: str) -> tuple[dict, dict]:
+    redo = ["--phases", "train", "--redo", "all"]
+    return _cpu_run(rank, world_size, out, *redo), _cpu_run(rank, world_size, out, *redo)
+
+
+@pytest.mark.slow
+def test_redo_all_measures_the_points_again_with_every_variant(cpu_run, tmp_path):
+    result, _, out = cpu_run
+    shutil.copytree(out, tmp_path / "out")  # the first run's JSON, whatever other tests redo in out
+    first, second = run_world(2, _redo_all_run, str(tmp_path / "out"), timeout_s=300)[0]
+    before, after = result["points"][1], first["points"][1]
+    assert after["redone"]["variants"] == ["all"] and len(first["points"]) == len(result["points"])
+    assert set(after["step_ms"]) == set(before["step_ms"])
+    # every variant measured again, the compiled ones too
+    assert all(
+        after["step_ms"][v] != before["step_ms"][v] for v in ("serial_compile", "ficco_compile", "serial")
+    )
+    assert first["points"][0] == result["points"][0]  # the inference point was not asked for
+    assert second["points"] == first["points"]
+
+
+def test_redo_all_is_named_alone():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--redo", "all", "ficco_eager"])
 
 
 def _tp4_run(rank: int, world_size: int, out: str) -> dict:

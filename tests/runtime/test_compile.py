@@ -25,6 +25,7 @@ from ficco.runtime.compile import FiccoPass
 
 FICCO_AG = torch.ops.ficco._all_gather_matmul.default
 FICCO_RS = torch.ops.ficco._matmul_reduce_scatter.default
+FICCO_RSS = torch.ops.ficco._matmuls_reduce_scatter.default
 C10D = ("all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor")
 # torch 2.13 renamed the functional collectives; 2.11 (the GPU image) has only the old names
 all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
@@ -143,19 +144,20 @@ def _sum_of_matmuls(group: str):
     return fn, (torch.randn(2, 8, 12), torch.randn(2, 8, 12), torch.randn(12, 16), torch.randn(12, 16))
 
 
-def test_a_reduce_scatter_of_summed_matmuls_becomes_one_op_over_their_concatenated_operands(world):
+def test_a_reduce_scatter_of_summed_matmuls_becomes_one_op_over_their_operands_without_concatenating(world):
     fn, args = _sum_of_matmuls(world)
     gm = _trace(fn, *args)
     ficco_pass = FiccoPass("finer/sm/s2/chunk")
     ficco_pass(gm.graph)
     targets = _targets(gm)
-    assert targets.count(FICCO_RS) == 1 and torch.ops.aten.mm.default not in targets
     assert (
-        not [t for t in targets if any(c in str(t) for c in C10D)]
-        and torch.ops.aten.add.Tensor not in targets
+        targets.count(FICCO_RSS) == 1 and FICCO_RS not in targets and torch.ops.aten.mm.default not in targets
     )
-    rs = next(n for n in gm.graph.nodes if n.target is FICCO_RS)
-    assert [a.target for a in rs.args[:2]] == [torch.ops.aten.cat.default] * 2 and rs.args[3] == 1
+    assert not [t for t in targets if any(c in str(t) for c in C10D)]
+    assert torch.ops.aten.add.Tensor not in targets and torch.ops.aten.cat.default not in targets
+    rs = next(n for n in gm.graph.nodes if n.target is FICCO_RSS)
+    a, b = rs.args[:2]
+    assert [x.op for x in a + b] == ["placeholder"] * 4 and rs.args[3] == 1  # the operands themselves
     (row,) = ficco_pass.report.rewritten
     assert (row.op, row.found, row.m, row.n, row.k) == ("gemm_rs", "sum of matmuls", 16, (16,), 24)
     assert not ficco_pass.report.left
