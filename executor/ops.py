@@ -115,6 +115,8 @@ def run_all_gather_matmul(
     their place, so no layout copy is made but the gathered ``A``'s (one, where it is returned)."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
+    if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:
+        return _gather_rank_major(ctx, a_shard, bs, schedule, return_gathered, out, batch)
     w, m = ctx.world_size, shard_rows * ctx.world_size
     cs = [out] if out is not None else [a_shard.new_empty((m, one.shape[1])) for one in bs]
     gathered = a_shard.new_empty((m, k)) if return_gathered else None
@@ -215,6 +217,9 @@ def run_matmul_reduce_scatter(
     a = tuple(x.contiguous() for x in a)
     m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
+    if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:  # the rows rank-major: one copy of each a
+        a = tuple(x.view(batch, w, -1, x.shape[1]).transpose(0, 1).reshape(m, x.shape[1]) for x in a)
+        batch = 1
     c = out if out is not None else a[0].new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a[0].dtype)
     if schedule.granularity == "serial" and schedule.executor == "sm":
@@ -236,6 +241,30 @@ def run_matmul_reduce_scatter(
     return c
 
 
+def _gather_rank_major(
+    ctx: GroupContext,
+    a_shard: torch.Tensor,
+    bs: tuple[torch.Tensor, ...],
+    schedule: Schedule,
+    return_gathered: bool,
+    out: torch.Tensor | None,
+    batch: int,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """:func:`run_all_gather_matmul` of ``batch`` groups (``a_shard [rows, k]``) with its GEMMs over the
+    gathered rows in rank order (one GEMM per block, each weight read once), then every output (and the
+    gathered ``A``) moved into batch-major order: one copy of each."""
+    w = ctx.world_size
+    cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered)
+    outs = [out] if out is not None else [torch.empty_like(c) for c in cs]
+    for c, dest in zip(cs, outs, strict=True):
+        _batch_major(dest, batch, w).copy_(c.view(w, batch, -1, c.shape[1]).transpose(0, 1))
+    if gathered is None:
+        return outs, None
+    moved = torch.empty_like(gathered)
+    _batch_major(moved, batch, w).copy_(gathered.view(w, batch, -1, gathered.shape[1]).transpose(0, 1))
+    return outs, moved
+
+
 def _matmuls(
     a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], rows: slice, out: torch.Tensor
 ) -> None:
@@ -243,6 +272,14 @@ def _matmuls(
     torch.mm(a[0][rows], b[0], out=out)
     for x, y in zip(a[1:], b[1:], strict=True):
         out.addmm_(x[rows], y)
+
+
+SEGMENT_MIN_ROWS = 512
+"""Rows of one rank and batch group below which a batched call (``batch`` > 1) runs its GEMMs over the
+rows in rank order and moves them once (a copy of the outputs for the gather, of the input for the
+reduce-scatter) instead of one GEMM per rank and group where the rows lie: a GEMM of fewer rows is bound
+by reading its weight (bf16 on H100/H200 reaches the FLOP rate at about 300 rows), so one per group would
+read the weight once per group. docs/runtimes.md has the measurements."""
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,7 +2,9 @@
 ``torch.library.opcheck`` (schema, fake implementation, autograd registration, AOT dispatch with dynamic
 shapes) for every op over gather/scatter dims, several weights and schedule tables; values and gradients
 against plain autograd on the full tensors for a schedule of every family; a schedule that cannot run at a
-shape runs serial with one warning and is reported."""
+shape runs serial with one warning and is reported. Every world runs twice: with batched (sequence-parallel)
+calls' GEMMs where the rows lie (one per rank and sequence) and over rank-major rows moved once
+(``executor.ops.SEGMENT_MIN_ROWS``)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ FAMILIES = ["serial/sm", "serial/dma", "shard/sm", "shard/dma/hp", "finer/sm/s2/
 TABLE = "0:serial/sm;16:finer/dma/s2/chunk;64:shard/sm"
 
 
-def _ops_world(rank: int, world_size: int) -> dict:
+def _ops_world(rank: int, world_size: int, segment_min_rows: int) -> dict:
     import warnings
 
     import torch
+
+    from ficco.executor import ops
+
+    ops.SEGMENT_MIN_ROWS = segment_min_rows  # 1: every batched call segmented; large: every one rank-major
     import torch.distributed as dist
 
     from ficco.executor import library
@@ -154,7 +160,7 @@ def _ops_world(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def worlds() -> dict[int, list[dict]]:
-    return {w: run_world(w, _ops_world) for w in (2, 4)}
+    return {w: run_world(w, _ops_world, 1) + run_world(w, _ops_world, 1 << 30) for w in (2, 4)}
 
 
 @pytest.mark.slow
