@@ -41,6 +41,12 @@ SLOW = 1.02
 """A pick more than 2% slower than serial/sm."""
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout where it lies inside it (results name no machine's folders)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def scores(table, picks: np.ndarray) -> dict:
     """Per mode: rows, geometric-mean regret and slow picks of ``picks`` on ``table``."""
     times = table.time_of(picks)[0]
@@ -110,7 +116,7 @@ def study(args: argparse.Namespace) -> dict:
     steps = sorted({min(k, len(train_ids)) for k in args.steps} | {len(train_ids)})
     return {
         "model_config": card["config"], "policy": card["policy"],
-        "base": [str(p) for p in args.base], "coverage": str(args.coverage),
+        "base": [_shown(p) for p in args.base], "coverage": _shown(args.coverage),
         "coverage_scenarios": {"trainable": len(train_ids), "test": len(set(test.scenario_ids))},
         "steps": [step(base, coverage, train_ids, k, test, sets, choice, folds, args.seed) for k in steps],
     }  # fmt: skip
