@@ -500,10 +500,12 @@ BODIES: dict[str, Callable[[], bytes | Callable[[], bytes]]] = {
 request."""
 
 
-def hammer_phase(port: int, rate: float, duration: float, seed: int, endpoints: list[str]) -> dict:
-    """Single requests at ``rate`` beside ``HAMMER_CLIENTS`` clients per endpoint of ``endpoints``."""
-    loads = [(e, None if e.startswith("GET ") else BODIES[e](), HAMMER_CLIENTS) for e in endpoints]
-    return {**beside_phase(port, rate, duration, seed, loads), "clients_per_endpoint": HAMMER_CLIENTS}
+def hammer_phase(
+    port: int, rate: float, duration: float, seed: int, endpoints: list[str], clients: int = HAMMER_CLIENTS
+) -> dict:
+    """Single requests at ``rate`` beside ``clients`` clients per endpoint of ``endpoints``."""
+    loads = [(e, None if e.startswith("GET ") else BODIES[e](), clients) for e in endpoints]
+    return {**beside_phase(port, rate, duration, seed, loads), "clients_per_endpoint": clients}
 
 
 def isolation_phase(port: int, rate: float, duration: float, size: int, seed: int) -> dict:
@@ -633,6 +635,12 @@ def main() -> None:
         default=HAMMERED,
         help="comma-separated endpoints phase 6 hammers: POST paths of BODIES, or 'GET <path>'",
     )
+    parser.add_argument(
+        "--hammer-clients",
+        type=int,
+        default=HAMMER_CLIENTS,
+        help="clients per endpoint in phase 6, each sending requests back to back",
+    )
     args = parser.parse_args()
 
     if args.quiet_load:
@@ -671,9 +679,12 @@ def main() -> None:
         scoring = _with_cpu(proc.pid, lambda: score_isolation_phase(port, 100, args.duration, seed=8000))
         print(f"100 req/s beside {SCORE_CLIENTS} clients of maximal score batches: {scoring}", flush=True)
         endpoints = [e.strip() for e in args.hammer.split(",") if e.strip()]
-        hammering = _with_cpu(proc.pid, lambda: hammer_phase(port, 100, args.duration, 9000, endpoints))
+        hammering = _with_cpu(
+            proc.pid, lambda: hammer_phase(port, 100, args.duration, 9000, endpoints, args.hammer_clients)
+        )
         print(
-            f"100 req/s beside {HAMMER_CLIENTS} clients per endpoint of {endpoints}: {hammering}", flush=True
+            f"100 req/s beside {args.hammer_clients} clients per endpoint of {endpoints}: {hammering}",
+            flush=True,
         )
         model = model_info(port)
     finally:
@@ -710,7 +721,8 @@ def main() -> None:
             f"p99 <= 25 ms at 100 req/s beside {SCORE_CLIENTS} clients of maximal score batches, no errors": (
                 scoring["p99_ms"] <= GOALS["p99_ms_at_100_beside_score_batches"] and not scoring["errors"]
             ),
-            f"p99 <= 10 ms at 100 req/s beside {HAMMER_CLIENTS} clients per endpoint hammering, no errors": (
+            f"p99 <= 10 ms at 100 req/s beside {args.hammer_clients} clients per endpoint hammering, "
+            "no errors": (
                 hammering["p99_ms"] <= GOALS["p99_ms_at_100_beside_hammering"] and not hammering["errors"]
             ),
             "batch of 10,000 <= 1 s": batch["median_s"] <= GOALS["batch_10k_s"],
