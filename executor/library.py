@@ -375,10 +375,7 @@ def _reduce_scattered(
     run, ctx = hit
     first = a[0]
     dim = scatter_dim % first.dim()
-    rows = _rows(first) if len(a) == 1 else tuple(map(_rows, a))
-    c = _run_matmul_reduce_scatter(
-        ctx, rows, b[0] if len(b) == 1 else b, run, batch=math.prod(first.shape[:dim])
-    )
+    c = _run_matmul_reduce_scatter(ctx, tuple(map(_rows, a)), b, run, batch=math.prod(first.shape[:dim]))
     return c.view(_scattered_shape(first.shape, dim, ctx.world_size, b[0].shape[1]))
 
 

@@ -130,7 +130,7 @@ def run_all_gather_matmul(
                 _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs, segments)
             else:  # the gathered A batch-major, as PyTorch's gather along the sequence makes it: one copy
                 all_gather_single(dest.view(m, k), a_shard, group=ctx.group)
-                _batch_major(gathered, batch, w).copy_(dest.view(w, batch, -1, k).transpose(0, 1))
+                _batch_major(gathered, batch, w).copy_(_rank_major(dest.view(m, k), batch, w))
                 for one, c in zip(bs, cs, strict=True):
                     torch.mm(gathered, one, out=c)
         return cs, gathered
@@ -214,12 +214,13 @@ def run_matmul_reduce_scatter(
     along its second dim: the sequence) and the result is this rank's rows of each (``[batch, m / (w
     batch), n]``); the GEMMs read ``a``'s rows where they lie, no layout copy is made."""
     a, b = ((a,), (b,)) if isinstance(a, torch.Tensor) else (a, b)
-    a = tuple(x.contiguous() for x in a)
     m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
     if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:  # the rows rank-major: one copy of each a
-        a = tuple(x.view(batch, w, -1, x.shape[1]).transpose(0, 1).reshape(m, x.shape[1]) for x in a)
+        a = tuple(x.reshape(batch, w, -1, x.shape[1]).transpose(0, 1).reshape(m, x.shape[1]) for x in a)
         batch = 1
+    else:
+        a = tuple(x.contiguous() for x in a)
     c = out if out is not None else a[0].new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a[0].dtype)
     if schedule.granularity == "serial" and schedule.executor == "sm":
@@ -257,11 +258,11 @@ def _gather_rank_major(
     cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered)
     outs = [out] if out is not None else [torch.empty_like(c) for c in cs]
     for c, dest in zip(cs, outs, strict=True):
-        _batch_major(dest, batch, w).copy_(c.view(w, batch, -1, c.shape[1]).transpose(0, 1))
+        _batch_major(dest, batch, w).copy_(_rank_major(c, batch, w))
     if gathered is None:
         return outs, None
     moved = torch.empty_like(gathered)
-    _batch_major(moved, batch, w).copy_(gathered.view(w, batch, -1, gathered.shape[1]).transpose(0, 1))
+    _batch_major(moved, batch, w).copy_(_rank_major(gathered, batch, w))
     return outs, moved
 
 
@@ -304,6 +305,12 @@ def _batch_segments(
 def _batch_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
     """``rows [m, k]`` in batch-major order as ``[batch, w, m / (w batch), k]`` (a view)."""
     return rows.view(batch, world_size, -1, rows.shape[-1])
+
+
+def _rank_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
+    """``rows [m, k]`` in rank-major order (rank, batch, row) as ``[batch, w, m / (w batch), k]`` (a strided
+    view, indexed as :func:`_batch_major`'s)."""
+    return rows.view(world_size, batch, -1, rows.shape[-1]).transpose(0, 1)
 
 
 def all_to_all_matmul(

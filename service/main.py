@@ -133,10 +133,9 @@ def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
 
 
 async def _prefetch_table(state: Any, served: Any, request: dict[str, Any]) -> bytes:
-    """Build (or find) one default table of ``service.tables.prefetch``: the shape grid's."""
-    from ficco.training.export import grid_shapes
-
-    return await tables.answer_table(state, served, shapes=grid_shapes(), **request)
+    """Build (or find) one default table of ``service.tables.prefetch``: the shape grid's, under the ETag
+    ``GET`` finds it by."""
+    return await tables.answer_grid_table(state, served, **request)
 
 
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:

@@ -91,15 +91,11 @@ def _posted_shapes(body: TableRequest, profile: Any) -> tuple[list[tuple], list[
 
 async def answer_table(
     state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
-    shapes: list[tuple], allow_simulated: bool, etag: str | None = None,
+    shapes: list[tuple], allow_simulated: bool, etag: str,
 ) -> bytes:  # fmt: skip
     """The table's gzip-compressed JSON: from the cache, or built by the table worker behind its gate
     (``service.tables``; the app's ``state`` holds them). ``served`` is the request's snapshot (the
-    versions the worker answers with); ``etag``: the table's (``table_etag``), computed here when None."""
-    model = served[hardware_id]
-    if etag is None:
-        etag = table_etag(model.version, model_fingerprint(model.predictor), tp, mode, dtype, shapes,
-                          allow_simulated)  # fmt: skip
+    versions the worker answers with); ``etag``: the table's (:func:`_checked`)."""
     cache: TableCache = state.tables
     gate: BatchGate = state.table_gate
     workers: WorkerPool = state.table_workers
@@ -134,6 +130,18 @@ def _grid_checked(
     shapes = grid_shapes()
     query = TableQuery(tp=tp, mode=mode, dtype=dtype, allow_simulated=allow_simulated)
     return shapes, *_checked(predictor, query, shapes, [["query"]] * len(shapes), ["query", "tp"])
+
+
+async def answer_grid_table(
+    state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
+    allow_simulated: bool,
+) -> bytes:  # fmt: skip
+    """:func:`answer_table` of the shape grid (what ``GET`` serves and ``service.tables.prefetch`` builds),
+    checked once per served model and query (:func:`_grid_checked`)."""
+    predictor = served[hardware_id].predictor
+    shapes, simulated, etag = _grid_checked(predictor, tp, mode, dtype, allow_simulated)
+    return await answer_table(state, served, hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes,
+                              allow_simulated=simulated, etag=etag)  # fmt: skip
 
 
 async def _respond(
