@@ -128,6 +128,7 @@ def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
         max_batch=settings.MAX_BATCH,
         default_hardware=settings.DEFAULT_HARDWARE,
         priority=settings.BATCH_PRIORITY,
+        cpus=settings.WORKER_CPUS,
         log_level=settings.LOG_LEVEL,
     )
 

@@ -10,6 +10,7 @@ Precedence: command-line options > environment > the defaults below.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.service.core.worker_pool import Priority
+from ficco.service.core.worker_pool import Priority, worker_cpus
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"
@@ -92,6 +93,9 @@ class Settings(ModelSettings):
     the server and other normal-priority work leave idle, so single requests beside back-to-back batches
     keep their latency; on a machine busy with other work batches then wait), ``low`` (``nice 19``: a
     small share even then) or ``normal``."""
+    WORKER_CPUS: str = "all"
+    """CPUs the batch and table workers run on once warm: ``all``, ``spare`` (every CPU but the lowest, so
+    one core and its caches serve single requests alone) or a list such as ``1,3-5``."""
     TABLE_QUEUE: int = Field(default=8, ge=0, le=1024)
     """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
     get 429 with Retry-After."""
@@ -143,6 +147,13 @@ class Settings(ModelSettings):
                 f"FICCO_RELOAD_TOKEN must be at least {MIN_TOKEN_CHARS} non-blank characters; "
                 f"got {len(value.get_secret_value().strip())}. Unset it to turn the reload endpoint off."
             )
+        return value
+
+    @field_validator("WORKER_CPUS")
+    @classmethod
+    def _check_cpus(cls, value: str) -> str:
+        if hasattr(os, "sched_getaffinity"):
+            worker_cpus(value, os.sched_getaffinity(0))
         return value
 
 

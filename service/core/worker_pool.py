@@ -89,6 +89,8 @@ class WorkerOptions:
     """Hardware id of items that name none (``FICCO_DEFAULT_HARDWARE``)."""
     priority: Priority = "idle"
     """CPU priority of the worker (``FICCO_BATCH_PRIORITY``; see ``PRIORITIES``)."""
+    cpus: str = "all"
+    """CPUs the worker runs on once warm (``FICCO_WORKER_CPUS``; see :func:`worker_cpus`)."""
     log_level: str = "info"
     """Level of the worker's log lines (``FICCO_LOG_LEVEL``); they go to the server's stderr."""
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -198,6 +200,45 @@ def lower_priority(priority: str) -> str:
     return "nice 19"
 
 
+def worker_cpus(spec: str, allowed: set[int]) -> set[int]:
+    """The CPUs ``spec`` names out of ``allowed`` (this process's affinity): ``all``; ``spare``, every CPU
+    but the lowest (the server's caches and one core stay free of batch and table work; ``all`` on a
+    single CPU); or a list such as ``1,3-5``. ``ValueError`` names a spec that is none of these or that
+    leaves no allowed CPU."""
+    if spec == "all":
+        return set(allowed)
+    if spec == "spare":
+        return set(allowed) - {min(allowed)} or set(allowed)
+    try:
+        named = set()
+        for part in spec.split(","):
+            first, _, last = part.strip().partition("-")
+            named.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"worker CPUs must be 'all', 'spare' or a list like '1,3-5'; got {spec!r}") from None
+    if not named & allowed:
+        raise ValueError(f"worker CPUs {spec!r} name none of the CPUs allowed here {sorted(allowed)}")
+    return named & allowed
+
+
+def pin_cpus(spec: str) -> str:
+    """Run every thread of this process (and those started later) on the CPUs ``spec`` names
+    (:func:`worker_cpus`); returns them as text, or ``any`` where affinity is not supported."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "any"
+    cpus = worker_cpus(spec, os.sched_getaffinity(0))
+    tasks = Path("/proc/self/task")
+    for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+    return ",".join(map(str, sorted(cpus)))
+
+
+def settle(options: WorkerOptions) -> str:
+    """Lower this worker's priority and pin its CPUs as ``options`` say; what was applied, as text."""
+    return f"{lower_priority(options.priority)} on CPUs {pin_cpus(options.cpus)}"
+
+
 def serve(sock: socket.socket, options: WorkerOptions) -> None:
     """The worker's loop: answer jobs from ``sock`` one at a time until the server closes it."""
     from ficco.service.core.store import ModelStore
@@ -216,7 +257,7 @@ def serve(sock: socket.socket, options: WorkerOptions) -> None:
         log.error("%s; the next batch tries again", err)
     warm_up(store, options)
     if options.warm_up_first:
-        log.info("batch worker %d now at priority %s", os.getpid(), lower_priority(options.priority))
+        log.info("batch worker %d now at priority %s", os.getpid(), settle(options))
     serving = {hw: m.version for hw, m in store.served.items()}
     log.info("batch worker %d ready, serving %s", os.getpid(), serving)
     try:
@@ -288,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", required=True, help="WorkerOptions as a JSON object")
     args = parser.parse_args(argv)
     options = WorkerOptions(**json.loads(args.options))
-    applied = "normal, until warm" if options.warm_up_first else lower_priority(options.priority)
+    applied = "normal, until warm" if options.warm_up_first else settle(options)
     logging.basicConfig(
         level=options.log_level.upper(), format="%(levelname)s:     %(name)s (batch worker): %(message)s"
     )

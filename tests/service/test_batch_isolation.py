@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ficco.service.core.admission import BatchGate, BusyError
-from ficco.service.core.worker_pool import WorkerOptions
+from ficco.service.core.worker_pool import WorkerOptions, worker_cpus
 from ficco.training.predict.registry import current_version, list_models, promote
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}
@@ -95,6 +95,39 @@ def test_concurrency_starts_one_worker_per_slot(registry_root, start, wait_for):
         pids = client.app.state.batch_workers.pids
         assert len(set(pids)) == 2
         assert wait_for(lambda: all(os.getpriority(os.PRIO_PROCESS, pid) == 19 for pid in pids))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_workers_run_on_the_cpus_they_were_given(registry_root, start, wait_for):
+    allowed = os.sched_getaffinity(0)
+    with start(registry_root, WORKER_CPUS=str(max(allowed))) as client:
+        assert client.post("/v1/recommend/batch", json={"scenarios": [GOOD]}).status_code == 200
+        (pid,) = client.app.state.batch_workers.pids
+        threads = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        assert wait_for(lambda: all(os.sched_getaffinity(tid) == {max(allowed)} for tid in threads))
+    assert os.sched_getaffinity(0) == allowed  # the server's own stay as they were
+
+
+@pytest.mark.parametrize(
+    ("spec", "allowed", "cpus"),
+    [
+        ("all", {0, 1, 2}, {0, 1, 2}),
+        ("spare", {2, 5, 7}, {5, 7}),
+        ("spare", {3}, {3}),
+        ("1,3-4", {0, 1, 3, 9}, {1, 3}),
+    ],
+)
+def test_worker_cpus_reads_each_spelling(spec, allowed, cpus):
+    assert worker_cpus(spec, allowed) == cpus
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("odd", "'all', 'spare' or a list"), ("8-9", r"none of the CPUs allowed here \[0, 1\]")],
+)
+def test_bad_worker_cpus_say_what_is_allowed(spec, message):
+    with pytest.raises(ValueError, match=message):
+        worker_cpus(spec, {0, 1})
 
 
 def test_bad_priority_names_the_allowed_values():
