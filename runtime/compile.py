@@ -8,25 +8,10 @@ micro-pipeline TP pass (async-TP) rewrites into ficco's ops.
     model(tokens).sum().backward()                      # compiles; each rewrite logs one line
     print(report.table())                               # what was rewritten, what was left and why
 
-The pass (:class:`FiccoPass`, on ``torch._inductor.config.post_grad_custom_post_pass``) runs on every graph
-Inductor compiles (forward, backward, inference) and rewrites, on a tensor-parallel group of 2 to 8 ranks
-(``runtime.compile_sites`` has the patterns, PyTorch's own):
-
-- all-gather -> wait -> one or more matmuls of the gathered input into ``torch.ops.ficco.all_gather_matmul``
-  (matmuls that share one gather, ``wq/wk/wv`` or ``w1/w3``, become one op with several weights);
-- matmul -> reduce-scatter into ``torch.ops.ficco.matmul_reduce_scatter``;
-- matmuls whose outputs are summed -> reduce-scatter (a column-parallel input gradient whose weights share
-  the input: q/k/v, gate/up) into one ``matmul_reduce_scatter`` of the concatenated operands;
-- PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
-  pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
-
-Each op gets its schedule at compile time (:func:`enable`'s ``schedules``: anything ``runtime.as_planner``
-takes): a static token count once, a dynamic one at each of ``token_points``, giving a token-range table
-(``features.ScheduleTable``) the op resolves per call without a host round trip. Every other collective
-of the graph is in the report with the reason it was left (``runtime.compile_report``); a graph with a
-group's collectives beside matmuls and nothing rewritten gets a warning. The pass's ``uuid`` keys
-Inductor's FX graph cache on the schedule source; a source that decides collectively (a measured model,
-the service) bypasses the cache. docs/runtimes.md has the reasons, the cache rules and the measurements.
+:class:`FiccoPass` (on ``torch._inductor.config.post_grad_custom_post_pass``) finds the sites with
+``runtime.compile_sites`` and decides each op's schedule at compile time: once for a static token count, a
+token-range table over ``token_points`` for a dynamic one. What it rewrites, the report's reasons and
+Inductor's graph cache: docs/runtimes.md ("Use with torch.compile").
 """
 
 from __future__ import annotations
@@ -59,9 +44,6 @@ _FILES = tuple(
 """What a rewrite depends on besides the schedule source: the pass, its patterns and the planner's rules."""
 
 
-# Schedule sources -------------------------------------------------------------------------------------------
-
-
 def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
     """One schedule string, or a token-range table that switches at the geometric mean of two neighbouring
     ``points`` that decided differently (``features.schedule.range_starts``, the rule ``ficco export``'s
@@ -71,12 +53,9 @@ def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
     return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
 
 
-# The pass ---------------------------------------------------------------------------------------------------
-
-
 class FiccoPass(CustomGraphPass):
-    """The Inductor pass :func:`enable` installs (the module docstring says what it rewrites); its
-    :attr:`report` fills as graphs compile. The parameters are :func:`enable`'s."""
+    """The Inductor pass :func:`enable` installs; its :attr:`report` fills as graphs compile. The parameters
+    are :func:`enable`'s."""
 
     def __init__(
         self,
@@ -219,9 +198,6 @@ def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-# Installing -------------------------------------------------------------------------------------------------
-
-
 def enable(
     schedules: Schedules = None,
     *,
@@ -236,13 +212,9 @@ def enable(
     Parameters
     ----------
     schedules : Planner, ScheduleSource, Schedule, str, callable or None, default=None
-        Where each op's schedule comes from, as ``runtime.as_planner`` takes it: a ``runtime.Planner`` (its
-        mode, hardware and group); a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``,
-        ``TableSource``, ``FixedSource``, ``FunctionSource``), behind a planner of ``mode`` and ``hardware``;
-        one schedule or token-range table for every op (``"shard/dma"``); a function ``(op, m, n, k, dtype,
-        world_size) -> schedule`` (``features.Scenario`` conventions, ``n`` summed over the weights of one
-        gather), asked on every rank; None: the measured model of this machine's GPUs in the local registry
-        (``serial/sm`` with one warning where there is none).
+        Where each op's schedule comes from, in any form ``runtime.as_planner`` takes (a function is asked
+        ``(op, m, n, k, dtype, world_size)`` on every rank, ``n`` summed over the weights of one gather;
+        None: this machine's measured model, else ``serial/sm`` with one warning).
     mode : {"eager", "graph"}, default="eager"
         The execution mode a source is asked about (``graph`` for a step captured with
         ``runtime.GraphedCall``); a planner keeps its own.

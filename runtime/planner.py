@@ -6,29 +6,10 @@
         loss.backward()
     print(planner.table())                # layer, direction, shape, schedule, what ran, predicted speedup
 
-Rules it keeps:
-
-1. **Ask once.** A decision is kept for the planner's life; only an in-place trial (:meth:`Planner.override`,
-   ``runtime.verify``) or a pin to serial (:meth:`Planner.pin`) changes what runs.
-2. **Fall back, never fail.** A source that raises, or answers with its own fallback or a schedule that
-   cannot run the shape, gives ``serial/sm``, and the log says why. The source bounds its own wait: a local
-   model or a table answers at once, ``ServiceClient(timeout_s=..., retries=...)`` bounds a service's.
-3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
-   same schedule even if only one rank's network failed (a differing schedule would hang the collective).
-   A source whose answers are immediate and alike on every rank (``deterministic``: a fixed schedule, a
-   table, a function) is asked on each rank instead, with no broadcast.
-4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
-   without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
-   (:meth:`Planner.prepare`, or one eager warm-up call).
-5. **Off the measured map, serial.** A graph-mode answer whose source counts fewer measured neighbours than
-   ``training.predict.coverage.OFF_MAP_BELOW`` (no training row of its op and mode within 2x in m, n and k)
-   runs ``serial/sm`` unless ``off_map="model"``: such picks were the slow ones on held-out families
-   (``docs/planner.md`` has the numbers); with ``off_map="model"`` check the plan in place
-   (``runtime.verify.verify_plan``).
-
-Where schedules come from is said one way across ficco's runtimes: :func:`as_planner` turns a planner, a
-source, a schedule or table string, a schedule function or None (this machine's measured model) into the
-planner that ``runtime.tp``'s styles, ``runtime.compile.enable`` and the layers' ``PlannedOps`` use.
+A failing or unusable answer, one first needed inside a CUDA graph capture, and a graph-mode answer off the
+measured map run ``serial/sm``, with the reason in the log; rank 0 of the group asks and broadcasts, so
+every rank runs the same schedule. :func:`as_planner` turns every form of ``schedules=`` the runtimes take
+into a planner. The rules and their measurements: docs/planner.md.
 """
 
 from __future__ import annotations
