@@ -235,17 +235,13 @@ class Planner:
 
     def _decide(self, keys: Sequence[OpKey]) -> None:
         """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
-        if _capturing() and not getattr(self.source, "deterministic", False):
+        deterministic = getattr(self.source, "deterministic", False)
+        if _capturing() and not deterministic:
+            why = "first asked during a CUDA graph capture, where the planner asks no one"
             for key in keys:
-                self._set(
-                    key,
-                    _fallback(
-                        "first asked during a CUDA graph capture, where the planner asks "
-                        "no one; call Planner.prepare before capturing"
-                    ),
-                )
+                self._set(key, _fallback(f"{why}; call Planner.prepare before capturing"))
             return
-        if getattr(self.source, "deterministic", False):  # alike on every rank, at once: nothing to agree
+        if deterministic:  # alike on every rank, at once: nothing to agree
             decisions = self._ask(keys)
         else:
             group = self._agree_group()
@@ -266,9 +262,8 @@ class Planner:
         except Exception as err:
             return [_fallback(f"the source failed: {type(err).__name__}: {err}") for _ in keys]
         if len(answers) != len(keys):
-            return [_fallback(f"the source gave {len(answers)} answers for {len(keys)} scenarios")] * len(
-                keys
-            )
+            why = f"the source gave {len(answers)} answers for {len(keys)} scenarios"
+            return [_fallback(why)] * len(keys)
         return [_decision(a, s, self.mode, self.off_map) for a, s in zip(answers, scenarios, strict=True)]
 
     def _set(self, key: OpKey, decision: Decision) -> None:
@@ -307,40 +302,26 @@ class Planner:
         """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""
         out = []
         for layer, direction, key in self.uses:
-            if isinstance(key, str):
-                out.append(
-                    {
-                        "layer": layer,
-                        "direction": direction,
-                        "shape": key,
-                        "schedule": "-",
-                        "predicted_speedup": None,
-                        "neighbours": None,
-                        "note": "",
-                        "origin": "",
-                        "ran": "-",
-                    }
-                )
-                continue
-            d = self.decisions.get(key)
-            schedule = str(self._overrides.get(key, d.schedule)) if d else None
-            run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule) if d else None
-            notes = [d.reason or ""] if d else []
-            if run is not None and run.reason is not None:
-                notes.append(f"ran {run.ran}: {run.reason}")
-            out.append(
-                {
-                    "layer": layer,
-                    "direction": direction,
-                    "shape": key.shape,
-                    "schedule": str(d.schedule) if d else "(not decided)",
+            row = {"layer": layer, "direction": direction, "shape": key, "schedule": "-", "ran": "-"}
+            row |= {"predicted_speedup": None, "neighbours": None, "note": "", "origin": ""}
+            if isinstance(key, OpKey):  # a planned op, not a plain GEMM
+                row |= {"shape": key.shape, "schedule": "(not decided)", "ran": "(not run)"}
+            d = self.decisions.get(key) if isinstance(key, OpKey) else None
+            if d is not None:
+                schedule = str(self._overrides.get(key, d.schedule))
+                run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule)
+                notes = [d.reason or ""]
+                if run is not None and run.reason is not None:
+                    notes.append(f"ran {run.ran}: {run.reason}")
+                row |= {
+                    "schedule": str(d.schedule),
                     "ran": run.ran if run is not None else "(not run)",
-                    "predicted_speedup": d.predicted_speedup if d else None,
-                    "neighbours": d.neighbours if d else None,
+                    "predicted_speedup": d.predicted_speedup,
+                    "neighbours": d.neighbours,
                     "note": "; ".join(n for n in notes if n),
-                    "origin": d.origin if d else "",
+                    "origin": d.origin,
                 }
-            )
+            out.append(row)
         return out
 
     def table(self) -> str:
@@ -430,20 +411,16 @@ def as_planner(
     hardware: str | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> Planner:
-    """The planner that ``schedules`` names: the one way ``runtime.tp``'s styles (``schedules=``),
-    ``runtime.compile.enable`` and the layers (``PlannedOps``, ``schedules=``) take their schedules.
+    """The planner that ``schedules`` names, in any of its forms (docs/planner.md):
 
     - a ``Planner``: itself (its own mode, hardware and group);
-    - a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``, ``TableSource``, ``FixedSource``,
-      ``FunctionSource``): a planner over it in ``mode``, about ``hardware``, agreeing over ``group``;
-    - a schedule or token-range table string (``"shard/dma"``, ``"0:serial/sm;2048:shard/dma"``) or a
-      ``features.Schedule``: a planner over ``FixedSource``;
+    - a ``ScheduleSource``: a planner over it in ``mode``, about ``hardware``, agreeing over ``group``;
+    - a schedule or token-range table string, or a ``features.Schedule``: a planner over ``FixedSource``;
     - a function ``(op, m, n, k, dtype, world_size) -> schedule``: a planner over ``FunctionSource``;
-    - None: the measured model of this machine's GPUs in the local registry (``sources.local_source``);
-      where there is none, ``serial/sm`` for every op, with one warning saying why.
+    - None: this machine's measured model (``sources.local_source``), else ``serial/sm`` with one warning.
 
-    A form other than a planner gets one planner per (value, mode, hardware, group), so every layer given
-    the same source shares its decisions and its table: ``as_planner(x) is as_planner(x)``.
+    Every form but a planner gets one planner per (value, mode, hardware, group), shared by every layer
+    given it: ``as_planner(x) is as_planner(x)``.
     """
     if isinstance(schedules, Planner):
         return schedules
