@@ -145,37 +145,15 @@ class FiccoPass(CustomGraphPass):
 
 def _rewrite(site: Site, index: int, direction: Direction, schedule: str, note: str) -> Rewrite:
     """The report's entry of a rewrite made, logged in one line."""
+    shared = {
+        f: getattr(site, f) for f in ("op", "layers", "found", "group", "world_size", "n", "k", "dtype")
+    }
     m = int(site.m) if is_concrete_int(site.m) else None
-    log.info(
-        "ficco.runtime.compile: graph %d (%s) %s %s on group %s (w=%d): m=%s n=%s k=%d %s -> %s%s",
-        index,
-        direction,
-        site.op,
-        ",".join(site.layers),
-        site.group,
-        site.world_size,
-        "dyn" if m is None else m,
-        "+".join(map(str, site.n)),
-        site.k,
-        site.dtype,
-        schedule,
-        f" ({note})" if note else "",
-    )
-    return Rewrite(
-        op=site.op,
-        graph=index,
-        direction=direction,
-        layers=site.layers,
-        found=site.found,
-        group=site.group,
-        world_size=site.world_size,
-        m=m,
-        n=site.n,
-        k=site.k,
-        dtype=site.dtype,
-        schedule=schedule,
-        note=note,
-    )
+    r = Rewrite(graph=index, direction=direction, m=m, schedule=schedule, note=note, **shared)
+    what = f"{r.op} {','.join(r.layers)} on group {r.group} (w={r.world_size}): {r.shape} -> {schedule}"
+    what += f" ({note})" if note else ""
+    log.info("ficco.runtime.compile: graph %d (%s) %s", index, direction, what)
+    return r
 
 
 def _is_backward(graph: torch.fx.Graph) -> bool:

@@ -13,6 +13,7 @@ report accounts for every collective of the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import re
@@ -77,15 +78,7 @@ class Skipped:
 
     def left(self, graph: int, direction: Direction) -> Left:
         """The report's entry for it in graph ``graph``."""
-        return Left(
-            op=self.op,
-            graph=graph,
-            direction=direction,
-            layers=self.layers,
-            group=self.group,
-            reason=self.reason,
-            detail=self.detail,
-        )
+        return Left(graph=graph, direction=direction, **dataclasses.asdict(self))
 
 
 class _Refused(Exception):
