@@ -13,7 +13,7 @@ gradients' shapes, and CUDA graphs: docs/planner.md.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -127,20 +127,9 @@ class ColumnParallelLinear(_TensorParallelLinear):
     _fwd_op, _sharded = "ag_gemm", 1
 
     def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        schedules: Schedules = None,
-        ops: OverlapOps | None = None,
-        name: str = "",
-        keep_gathered: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, in_features: int, out_features: int, *, keep_gathered: bool = True, **kwargs: Any
     ) -> None:
-        super().__init__(
-            in_features, out_features, schedules=schedules, ops=ops, name=name, device=device, dtype=dtype
-        )
+        super().__init__(in_features, out_features, **kwargs)
         self.keep_gathered = keep_gathered
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:

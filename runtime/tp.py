@@ -260,13 +260,7 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             return _pytorchs_forward(self, x, f"an uneven input (dim {dim} of size {x.shape[dim]})")
         _check_even_output(self, state, x)
         local = x.to_local() if isinstance(x, DTensor) else x
-        weight = self.weight.to_local()
-        m = local.numel() // local.shape[-1] * state.world_size
-        backward = backward_follows(local, weight)
-        fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
-        _, (y,) = torch.ops.ficco.all_gather_matmul(
-            local, [weight.t()], dim, state.group_name, fwd, False, bwd
-        )
+        _, (y,) = _all_gather_matmul(state, local, [self.weight.to_local().t()], dim, return_a=False)
         return _colwise_output(self, state, y)
     if isinstance(layout, Replicate):  # every rank holds the input: the local GEMM under Megatron's f
         _check_even_output(self, state, x)
@@ -276,6 +270,18 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if layout is None:
         why = "its input is a DTensor of another layout than input_layouts"
     return _pytorchs_forward(self, x, why)
+
+
+def _all_gather_matmul(
+    state: _State, shard: torch.Tensor, weights: list[torch.Tensor], dim: int, *, return_a: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``torch.ops.ficco.all_gather_matmul`` of ``shard [..., k]`` gathered along ``dim`` against each
+    ``weights[i] [k, n_i]``, under the schedules ``state``'s planner decides for the shape."""
+    m = shard.numel() // shard.shape[-1] * state.world_size
+    n = sum(w.shape[1] for w in weights)
+    backward = backward_follows(shard, *weights)
+    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
+    return torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, return_a, bwd)
 
 
 def _colwise_output(self: nn.Linear, state: _State, y: torch.Tensor) -> torch.Tensor:
@@ -482,13 +488,8 @@ def _hand_off(
     rather than a ``Replicate()`` DTensor."""
     shard = input.to_local() if isinstance(input, DTensor) else input
     dim %= shard.dim()
-    state: _State = consumers[0]._ficco_tp
-    weights = [c.weight.to_local().t() for c in consumers]  # [k, n_i]
-    m = shard.numel() // shard.shape[-1] * state.world_size
-    n = sum(w.shape[1] for w in weights)
-    backward = backward_follows(shard, *weights)
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
-    gathered, outs = torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, True, bwd)
+    weights = [c.weight.to_local().t() for c in consumers]
+    gathered, outs = _all_gather_matmul(consumers[0]._ficco_tp, shard, weights, dim, return_a=True)
     # contiguous, as PyTorch's gather returns it (the op put the rank-major rows in place, the one copy
     # PyTorch's all-gather along the sequence makes too)
     gathered = gathered.detach()
