@@ -36,8 +36,7 @@ from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner, d
 log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
-"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling. The table
-switches schedule at the geometric mean of two neighbouring points that decided differently."""
+"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling."""
 _FILES = tuple(
     str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py", "planner.py", "sources.py")
 )
@@ -77,9 +76,8 @@ class FiccoPass(CustomGraphPass):
 
     def uuid(self) -> bytes | None:
         """Keys the FX graph cache on the pass's files, the schedule source and the token points; None (no
-        cache) for a source decided collectively (a model, the service: a rank that found a graph cached
-        while another compiled it would leave the other waiting in the agreement) or whose answers may
-        depend on state (a closure, a bound method, global data a function reads)."""
+        cache) for a source decided collectively (a rank that found a graph cached would leave the others
+        waiting in the agreement) or whose answers may depend on state (docs/runtimes.md)."""
         source = self.planner.source
         key = getattr(source, "cache_key", None) if getattr(source, "deterministic", False) else None
         if key is None:
@@ -114,19 +112,9 @@ class FiccoPass(CustomGraphPass):
                 else sorted({-(-p // w) * w for p in self.token_points})  # rows divide among the ranks
             )
             spans.append((len(requests), points))
-            requests += [
-                OpRequest(
-                    op=site.op,
-                    m=m,
-                    n=sum(site.n),
-                    k=site.k,
-                    dtype=site.dtype,
-                    world_size=w,
-                    layer=",".join(site.layers),
-                    direction=direction,
-                )
-                for m in points
-            ]
+            shape = {"op": site.op, "n": sum(site.n), "k": site.k, "dtype": site.dtype, "world_size": w}
+            layer = ",".join(site.layers)
+            requests += [OpRequest(m=m, layer=layer, direction=direction, **shape) for m in points]
         answers = self._schedules(requests) if requests else []
         out = []
         for start, points in spans:

@@ -93,7 +93,6 @@ class OpRequest(OpShape):
     layer: str
     """The layer's name, e.g. ``layers.0.attn.qkv``."""
     direction: Direction
-    """``fwd``, ``bwd-input`` or ``bwd-weight``."""
 
 
 class Planner:
@@ -102,8 +101,7 @@ class Planner:
     Parameters
     ----------
     source : ScheduleSource
-        Where schedules come from (``runtime.sources``: ``PredictorSource``, ``ServiceSource``,
-        ``FixedSource``, ``TableSource``).
+        Where schedules come from (``runtime.sources``).
     mode : {"eager", "graph"}, default="eager"
         Execution mode the layers run in (``graph``: replayed from a CUDA graph, inference and decode).
     hardware : str, optional
@@ -166,18 +164,13 @@ class Planner:
         )
         yield
 
-    # Decisions --------------------------------------------------------------------------------------------
-
     def key(self, shape: OpShape) -> OpKey:
         """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
         return OpKey(mode=self.mode, **_shape_fields(shape))
 
     def schedule(self, request: OpRequest) -> Schedule:
-        """The schedule of ``request``'s op (decided now if new).
-
-        The hot path is one lookup by the request's identity: layers keep their requests, and hashing a
-        request or a key field by field would cost more than the rest of the call.
-        """
+        """The schedule of ``request``'s op (decided now if new). The hot path is one lookup by the request's
+        identity: layers keep their requests, and hashing one field by field would cost more than the call."""
         hit = self._by_request.get(id(request))
         if hit is not None and hit[0] is request:
             return hit[1]
@@ -295,8 +288,6 @@ class Planner:
             return None
         group = self.group if self.group is not None else dist.group.WORLD
         return group if dist.get_world_size(group) > 1 else None
-
-    # Reporting -----------------------------------------------------------------------------------------
 
     def rows(self) -> list[dict]:
         """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""

@@ -144,18 +144,10 @@ class ServiceSource:
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
         if self.tables:
             return [self._table_of(s, mode).answer(s, mode) for s in scenarios]
+        machine = {} if self.host_factor is None else {"host_factor": self.host_factor}
         bodies = [
-            {
-                "op": s.op,
-                "m": s.m,
-                "n": s.n,
-                "k": s.k,
-                "dtype": s.dtype,
-                "world_size": s.world_size,
-                "hardware": s.hardware.id,
-                "mode": mode,
-                **({} if self.host_factor is None else {"host_factor": self.host_factor}),
-            }
+            {"op": s.op, "m": s.m, "n": s.n, "k": s.k, "dtype": s.dtype, "world_size": s.world_size}
+            | {"hardware": s.hardware.id, "mode": mode, **machine}
             for s in scenarios
         ]
         return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]

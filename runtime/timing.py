@@ -1,9 +1,8 @@
 """Timing whole steps on a process group: interleaved rounds, ranks aligned, the slowest rank's time.
 
-Used where a runtime compares variants of the same step in place (``runtime.verify``) and by the
-end-to-end block benchmark (``benchmarks/block_bench.py``); the rounds are
-:func:`ficco.rounds.interleaved_rounds`'s. Collective: every rank of the group calls it with the same
-variants in the same order, and every rank gets the same numbers back.
+Used by ``runtime.verify`` and ``benchmarks/block_bench.py``; the rounds are
+:func:`ficco.rounds.interleaved_rounds`'s. Collective: every rank calls it with the same variants in the same
+order, and gets the same numbers back.
 """
 
 from __future__ import annotations

@@ -53,9 +53,8 @@ _default = _Default()
 
 
 def set_default_schedules(schedules: Schedules) -> None:
-    """Deprecated: the schedule source of every ficco style built without ``schedules=`` (None: this
-    machine's measured model). Pass ``schedules=`` instead, e.g. ``functools.partial(ColwiseParallel,
-    schedules=planner)`` in a plan."""
+    """Deprecated (pass ``schedules=`` to the styles, e.g. ``functools.partial(ColwiseParallel,
+    schedules=planner)``): the schedule source of every ficco style built without one."""
     warnings.warn(
         "ficco.runtime.tp.set_default_schedules is deprecated: pass schedules= to the styles, e.g. "
         "functools.partial(ColwiseParallel, schedules=planner) in the plan",
@@ -504,12 +503,10 @@ def _hand_off(
 
 
 class _GatheredInput(torch.autograd.Function):
-    """The gathered input a prepared module receives (computed by the op, handed in a tuple), as a
-    function of this rank's shard: a ``Replicate()`` DTensor on ``mesh``, or with ``mesh`` None the local
-    tensor. Its gradient gives the shard's as PyTorch's ``Shard(d) -> Replicate()`` gather does in its
-    backward: a DTensor's redistributed to ``Shard(dim)`` (a partial sum reduce-scattered, a replicated one
-    sliced), a local tensor's (complete on every rank, as a replicated tensor's is) sliced to this rank's
-    rows."""
+    """The gathered input (computed by the op, handed in a tuple) as a function of this rank's shard: a
+    ``Replicate()`` DTensor on ``mesh``, or the local tensor (``mesh`` None). Its backward is PyTorch's
+    ``Shard(d) -> Replicate()`` gather's: a DTensor gradient redistributed to ``Shard(dim)``, a local one
+    (complete on every rank) sliced to this rank's rows."""
 
     @staticmethod
     def forward(ctx, shard, dim, rank, mesh, gathered):
