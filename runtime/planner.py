@@ -318,19 +318,12 @@ class Planner:
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
         header = ["layer", "direction", "shape", "schedule", "ran", "predicted speedup", "neighbours", "note"]
-        rows = [
-            [
-                r["layer"],
-                r["direction"],
-                r["shape"],
-                r["schedule"],
-                r["ran"],
-                "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x",
-                "-" if r["neighbours"] is None else str(r["neighbours"]),
-                r["note"],
-            ]
-            for r in self.rows()
-        ]
+        rows = []
+        for r in self.rows():
+            speedup = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x"
+            neighbours = "-" if r["neighbours"] is None else str(r["neighbours"])
+            cells = [r[c] for c in ("layer", "direction", "shape", "schedule", "ran")]
+            rows.append([*cells, speedup, neighbours, r["note"]])
         return markdown_table(header, rows)
 
 
@@ -358,9 +351,8 @@ def _decision(answer: Answer, scenario: Scenario, mode: Mode, off_map_rule: OffM
 
 
 def _fallback(reason: str, origin: str = "planner", neighbours: int | None = None) -> Decision:
-    return Decision(
-        schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin, neighbours=neighbours
-    )
+    """A ``serial/sm`` decision, with the reason."""
+    return Decision(schedule=SERIAL, reason=reason, origin=origin, neighbours=neighbours)
 
 
 def deprecated_timeout(what: str, timeout_s: float | None) -> None:

@@ -46,15 +46,10 @@ class Verdict:
 
     def table(self) -> str:
         """The variants' times as a markdown table (and the confirmation's), the winner marked."""
-        rows = [
-            [
-                name,
-                f"{ms:.3f}",
-                f"{self.confirm_ms[name]:.3f}" if name in self.confirm_ms else "-",
-                "kept" if name == self.winner else "",
-            ]
-            for name, ms in self.times_ms.items()
-        ]
+        rows = []
+        for name, ms in self.times_ms.items():
+            confirm = f"{self.confirm_ms[name]:.3f}" if name in self.confirm_ms else "-"
+            rows.append([name, f"{ms:.3f}", confirm, "kept" if name == self.winner else ""])
         return markdown_table(["variant", "step ms", "confirmation ms", ""], rows)
 
     def to_dict(self) -> dict[str, Any]:
