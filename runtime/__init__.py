@@ -16,12 +16,9 @@ and a planner that asks a local model or the service once per shape.
     verify_plan(planner, lambda: step, device=x_shard.device)     # the plan against serial in place
     print(planner.table())                                        # schedules, speedups, what was pinned
 
-Schedules are said one way everywhere (the layers' ``schedules=``, ``runtime.tp``'s styles,
-``runtime.compile.enable``): anything :func:`as_planner` takes, a planner, a source, a schedule or table
-string, a schedule function, or None for this machine's measured model.
-
-Layering: imports ``features``, ``executor`` and ``training`` (the predictor); ``ServiceSource`` takes a
-``service.client.ServiceClient`` built by the caller. Nothing in ficco imports it.
+``schedules=`` (the layers, ``runtime.tp``'s styles, ``runtime.compile.enable``) takes anything
+:func:`as_planner` takes. Imports ``features``, ``executor`` and ``training``; ``ServiceSource`` takes a
+``service.client.ServiceClient`` built by the caller; nothing else in ficco imports ``runtime``.
 """
 
 from ficco.runtime.graphs import GraphedCall

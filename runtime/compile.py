@@ -8,25 +8,10 @@ micro-pipeline TP pass (async-TP) rewrites into ficco's ops.
     model(tokens).sum().backward()                      # compiles; each rewrite logs one line
     print(report.table())                               # what was rewritten, what was left and why
 
-The pass (:class:`FiccoPass`, on ``torch._inductor.config.post_grad_custom_post_pass``) runs on every graph
-Inductor compiles (forward, backward, inference) and rewrites, on a tensor-parallel group of 2 to 8 ranks
-(``runtime.compile_sites`` has the patterns, PyTorch's own):
-
-- all-gather -> wait -> one or more matmuls of the gathered input into ``torch.ops.ficco.all_gather_matmul``
-  (matmuls that share one gather, ``wq/wk/wv`` or ``w1/w3``, become one op with several weights);
-- matmul -> reduce-scatter into ``torch.ops.ficco.matmul_reduce_scatter``;
-- matmuls whose outputs are summed -> reduce-scatter (a column-parallel input gradient whose weights share
-  the input: q/k/v, gate/up) into one ``matmul_reduce_scatter`` of the concatenated operands;
-- PyTorch's ``symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, where the micro-pipeline
-  pass (``torch._inductor.config._micro_pipeline_tp``) already produced them, into the same ficco ops.
-
-Each op gets its schedule at compile time (:func:`enable`'s ``schedules``: anything ``runtime.as_planner``
-takes): a static token count once, a dynamic one at each of ``token_points``, giving a token-range table
-(``features.ScheduleTable``) the op resolves per call without a host round trip. Every other collective
-of the graph is in the report with the reason it was left (``runtime.compile_report``); a graph with a
-group's collectives beside matmuls and nothing rewritten gets a warning. The pass's ``uuid`` keys
-Inductor's FX graph cache on the schedule source; a source that decides collectively (a measured model,
-the service) bypasses the cache. docs/runtimes.md has the reasons, the cache rules and the measurements.
+:class:`FiccoPass` (on ``torch._inductor.config.post_grad_custom_post_pass``) finds the sites with
+``runtime.compile_sites`` and decides each op's schedule at compile time: once for a static token count, a
+token-range table over ``token_points`` for a dynamic one. What it rewrites, the report's reasons and
+Inductor's graph cache: docs/runtimes.md ("Use with torch.compile").
 """
 
 from __future__ import annotations
@@ -51,15 +36,11 @@ from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner, d
 log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
-"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling. The table
-switches schedule at the geometric mean of two neighbouring points that decided differently."""
+"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling."""
 _FILES = tuple(
     str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py", "planner.py", "sources.py")
 )
 """What a rewrite depends on besides the schedule source: the pass, its patterns and the planner's rules."""
-
-
-# Schedule sources -------------------------------------------------------------------------------------------
 
 
 def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
@@ -71,12 +52,9 @@ def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
     return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
 
 
-# The pass ---------------------------------------------------------------------------------------------------
-
-
 class FiccoPass(CustomGraphPass):
-    """The Inductor pass :func:`enable` installs (the module docstring says what it rewrites); its
-    :attr:`report` fills as graphs compile. The parameters are :func:`enable`'s."""
+    """The Inductor pass :func:`enable` installs; its :attr:`report` fills as graphs compile. The parameters
+    are :func:`enable`'s."""
 
     def __init__(
         self,
@@ -98,9 +76,8 @@ class FiccoPass(CustomGraphPass):
 
     def uuid(self) -> bytes | None:
         """Keys the FX graph cache on the pass's files, the schedule source and the token points; None (no
-        cache) for a source decided collectively (a model, the service: a rank that found a graph cached
-        while another compiled it would leave the other waiting in the agreement) or whose answers may
-        depend on state (a closure, a bound method, global data a function reads)."""
+        cache) for a source decided collectively (a rank that found a graph cached would leave the others
+        waiting in the agreement) or whose answers may depend on state (docs/runtimes.md)."""
         source = self.planner.source
         key = getattr(source, "cache_key", None) if getattr(source, "deterministic", False) else None
         if key is None:
@@ -135,19 +112,9 @@ class FiccoPass(CustomGraphPass):
                 else sorted({-(-p // w) * w for p in self.token_points})  # rows divide among the ranks
             )
             spans.append((len(requests), points))
-            requests += [
-                OpRequest(
-                    op=site.op,
-                    m=m,
-                    n=sum(site.n),
-                    k=site.k,
-                    dtype=site.dtype,
-                    world_size=w,
-                    layer=",".join(site.layers),
-                    direction=direction,
-                )
-                for m in points
-            ]
+            shape = {"op": site.op, "n": sum(site.n), "k": site.k, "dtype": site.dtype, "world_size": w}
+            layer = ",".join(site.layers)
+            requests += [OpRequest(m=m, layer=layer, direction=direction, **shape) for m in points]
         answers = self._schedules(requests) if requests else []
         out = []
         for start, points in spans:
@@ -166,37 +133,15 @@ class FiccoPass(CustomGraphPass):
 
 def _rewrite(site: Site, index: int, direction: Direction, schedule: str, note: str) -> Rewrite:
     """The report's entry of a rewrite made, logged in one line."""
+    shared = {
+        f: getattr(site, f) for f in ("op", "layers", "found", "group", "world_size", "n", "k", "dtype")
+    }
     m = int(site.m) if is_concrete_int(site.m) else None
-    log.info(
-        "ficco.runtime.compile: graph %d (%s) %s %s on group %s (w=%d): m=%s n=%s k=%d %s -> %s%s",
-        index,
-        direction,
-        site.op,
-        ",".join(site.layers),
-        site.group,
-        site.world_size,
-        "dyn" if m is None else m,
-        "+".join(map(str, site.n)),
-        site.k,
-        site.dtype,
-        schedule,
-        f" ({note})" if note else "",
-    )
-    return Rewrite(
-        op=site.op,
-        graph=index,
-        direction=direction,
-        layers=site.layers,
-        found=site.found,
-        group=site.group,
-        world_size=site.world_size,
-        m=m,
-        n=site.n,
-        k=site.k,
-        dtype=site.dtype,
-        schedule=schedule,
-        note=note,
-    )
+    r = Rewrite(graph=index, direction=direction, m=m, schedule=schedule, note=note, **shared)
+    what = f"{r.op} {','.join(r.layers)} on group {r.group} (w={r.world_size}): {r.shape} -> {schedule}"
+    what += f" ({note})" if note else ""
+    log.info("ficco.runtime.compile: graph %d (%s) %s", index, direction, what)
+    return r
 
 
 def _is_backward(graph: torch.fx.Graph) -> bool:
@@ -219,9 +164,6 @@ def _warn_unrewritten(index: int, direction: str, rewritten: list[Rewrite], left
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-# Installing -------------------------------------------------------------------------------------------------
-
-
 def enable(
     schedules: Schedules = None,
     *,
@@ -236,13 +178,9 @@ def enable(
     Parameters
     ----------
     schedules : Planner, ScheduleSource, Schedule, str, callable or None, default=None
-        Where each op's schedule comes from, as ``runtime.as_planner`` takes it: a ``runtime.Planner`` (its
-        mode, hardware and group); a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``,
-        ``TableSource``, ``FixedSource``, ``FunctionSource``), behind a planner of ``mode`` and ``hardware``;
-        one schedule or token-range table for every op (``"shard/dma"``); a function ``(op, m, n, k, dtype,
-        world_size) -> schedule`` (``features.Scenario`` conventions, ``n`` summed over the weights of one
-        gather), asked on every rank; None: the measured model of this machine's GPUs in the local registry
-        (``serial/sm`` with one warning where there is none).
+        Where each op's schedule comes from, in any form ``runtime.as_planner`` takes (a function is asked
+        ``(op, m, n, k, dtype, world_size)`` on every rank, ``n`` summed over the weights of one gather;
+        None: this machine's measured model, else ``serial/sm`` with one warning).
     mode : {"eager", "graph"}, default="eager"
         The execution mode a source is asked about (``graph`` for a step captured with
         ``runtime.GraphedCall``); a planner keeps its own.

@@ -74,6 +74,13 @@ class Rewrite(Collective):
     note: str = ""
     """Why ``schedule`` is serial where the source's pick could not be had; empty otherwise."""
 
+    @property
+    def shape(self) -> str:
+        """``m=4096 n=1024+1024 k=4096 bf16`` (``m=dyn`` for a dynamic token count)."""
+        return (
+            f"m={'dyn' if self.m is None else self.m} n={'+'.join(map(str, self.n))} k={self.k} {self.dtype}"
+        )
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Left(Collective):
@@ -121,10 +128,9 @@ class CompileReport:
         rewritten op ran so far in this process."""
         rows = []
         for r in self.rewritten:
-            shape = f"m={'dyn' if r.m is None else r.m} n={'+'.join(map(str, r.n))} k={r.k} {r.dtype}"
             ran = _ran_text(self.ran(r), r.m is None)
             note = r.note or f"rewritten ({r.found})"
-            rows.append(r.row(shape=f"{shape} w={r.world_size}", schedule=r.schedule, ran=ran, note=note))
+            rows.append(r.row(shape=f"{r.shape} w={r.world_size}", schedule=r.schedule, ran=ran, note=note))
         for x in self.left:
             rows.append(x.row(shape="", schedule="left", ran="", note=f"{x.reason}: {x.detail}"))
         return rows

@@ -1,18 +1,13 @@
 """Where the compile pass (``runtime.compile``) can put ficco's ops in an Inductor post-grad graph, and the
-graph surgery that puts them there.
-
-The patterns are PyTorch's own: ``find_all_gather_patterns``, ``find_reduce_scatter_patterns`` and the
-matmul finders of ``torch/_inductor/fx_passes/micro_pipeline_tp.py`` (the micro-pipeline TP pass, async-TP),
-so the pass sees what async-TP sees; the checks here are ficco's (its ops take no bias, run bf16/fp16/fp32,
-gather and scatter rows, on groups of 2 to 8 ranks) and each refusal says why.
-
-:func:`find_sites` returns, per graph, a :class:`Site` for each rewrite it can make (its shape, and
-``apply(schedule)``, which makes it) and a :class:`Skipped` for each collective it leaves, so that the
-report accounts for every collective of the graph.
+graph surgery that puts them there. The patterns are those of PyTorch's micro-pipeline TP pass (async-TP,
+``torch/_inductor/fx_passes/micro_pipeline_tp.py``); the checks are ficco's, and each refusal says why.
+:func:`find_sites` gives a :class:`Site` per rewrite it can make and a :class:`Skipped` per collective left,
+so that the report accounts for every collective of the graph (docs/runtimes.md lists the reasons).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import re
@@ -77,15 +72,7 @@ class Skipped:
 
     def left(self, graph: int, direction: Direction) -> Left:
         """The report's entry for it in graph ``graph``."""
-        return Left(
-            op=self.op,
-            graph=graph,
-            direction=direction,
-            layers=self.layers,
-            group=self.group,
-            reason=self.reason,
-            detail=self.detail,
-        )
+        return Left(graph=graph, direction=direction, **dataclasses.asdict(self))
 
 
 class _Refused(Exception):

@@ -4,21 +4,9 @@
     static_x.copy_(next_x)
     y = step()                                      # one replay; y is valid until the next replay
 
-Before capturing, ``warmup`` eager calls (default 2, on a side stream) let the planner decide every op's
-schedule (no planner call reaches the network during a capture: an op first seen there runs ``serial/sm``)
-and let the executor allocate its buffers, side streams and peer memory, which a capture cannot do. A
-training step (forward and backward) captures too when it zeroes its gradients in place instead of dropping
-them (``benchmarks/block_bench.py``'s ``train_graph`` phase) and returns its output detached.
-
-Two captures, replayed in turn: the copy-engine executor double-buffers its peer memory, call ``n`` using
-half ``n % 2``, and a half is safe to overwrite only two calls later. A capture freezes each call's half, so
-a graph with an odd number of copy-engine calls, replayed back to back, would reuse a half on consecutive
-calls. The second capture starts where the first one left the parity, so alternating the two keeps the
-halves alternating whatever the count (with an even count the two graphs are the same). What this cannot
-fix (the executor's to fix, with a device-side parity or a barrier at the start of a call): replays of two
-``GraphedCall`` objects interleaved, or an eager copy-engine call right after a replay of the first
-capture, reuse a half on consecutive calls when the copy-engine call count is odd. Replay an even number of
-times before eager calls, and one ``GraphedCall`` at a time.
+Two captures, replayed in turn, keep the copy-engine executor's double-buffered peer memory alternating
+halves. Replay one ``GraphedCall`` at a time, and an even number of times before eager calls (docs/planner.md
+says why).
 """
 
 from __future__ import annotations

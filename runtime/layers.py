@@ -1,51 +1,25 @@
-"""Tensor-parallel linear layers with sequence parallelism, overlapped by ficco (the Megatron-LM pair).
+"""Tensor-parallel linear layers with sequence parallelism, overlapped by ficco (the Megatron-LM pair)::
 
-``ColumnParallelLinear`` (QKV, MLP gate/up): the input arrives sharded by tokens, is all-gathered and
-multiplied by this rank's column block of the weight::
+    column:  x_shard [T/w, in] --all-gather--> x [T, in] @ W_r [in, out/w] = y [T, out/w]
+    row:     x [T, in/w] @ W_r [in/w, out] = P_r [T, out] --reduce-scatter--> y_shard [T/w, out]
 
-    x_shard [T/w, in]  --all-gather-->  x [T, in]  @  W_r [in, out/w]  =  y [T, out/w]
-
-``RowParallelLinear`` (attention out, MLP down): each rank multiplies its slice of the features by its row
-block of the weight, and the partial sums are reduce-scattered back to token shards::
-
-    x [T, in/w]  @  W_r [in/w, out]  =  P_r [T, out]  --reduce-scatter-->  y_shard [T/w, out]
-
-Their backward passes are each other's op (Megatron-LM's "sequence parallel" derivation):
-
-    column: grad_x_shard = reduce_scatter(grad_y @ W_r^T)   (gemm_rs: m=T, n=in, k=out/w)
-            grad_W_r     = x^T @ grad_y                     (needs the gathered x: kept or gathered again)
-    row:    grad_x       = all_gather(grad_y_shard) @ W_r^T (ag_gemm: m=T, n=in/w, k=out)
-            grad_W_r     = x^T @ all_gather(grad_y_shard)   (the gathered grad_y of the line above)
-
-Each of the four overlapped ops runs its own schedule (``ops``: a ``runtime.overlap.PlannedOps`` asks the
-planner per shape and runs ``torch.ops.ficco.all_gather_matmul`` / ``matmul_reduce_scatter``, whose
-registered autograd is this derivation: ``executor.library``). The layers hold no autograd code of their
-own. Weights are stored ``[in, out]``-major (``W_r`` above, the executor's ``b``), not
-``nn.Linear``'s ``[out, in]``; no bias (Llama-style blocks have none). Inputs are 2-D (tokens, features).
-
-CUDA graphs: a call does no host synchronisation once its shapes were decided; run two eager calls before
-capturing (they decide the schedules and let the executor allocate its buffers and peer memory).
+Each layer's input gradient runs the other layer's op on the transposed weight (Megatron-LM's "sequence
+parallel" derivation, registered as the ``torch.ops.ficco`` ops' autograd: the layers hold none of their
+own); each of the four ops asks the planner for its own schedule. Weights are stored ``[in, out]`` (the
+executor's ``b``), not ``nn.Linear``'s ``[out, in]``; no bias; inputs are 2-D (tokens, features). The
+gradients' shapes, and CUDA graphs: docs/planner.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ficco.runtime.overlap import OverlapOps, PlannedOps, backward_follows, dtype_name, request_pair
 from ficco.runtime.planner import OpRequest, Schedules
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Requests:
-    """The ops one layer runs at one token count."""
-
-    fwd: OpRequest
-    bwd_input: OpRequest
 
 
 class _TensorParallelLinear(nn.Module):
@@ -83,34 +57,38 @@ class _TensorParallelLinear(nn.Module):
         self.name = name
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight.T, a=math.sqrt(5))  # nn.Linear's init, on [out, in]
-        self._requests: dict[tuple[int, str, int], _Requests] = {}
+        self._requests: dict[tuple[int, str, int], tuple[OpRequest, OpRequest]] = {}
         self._prepared: set[tuple[int, bool]] = set()
 
     def requests(self, tokens: int, *, backward: bool = True) -> list[OpRequest]:
         """The overlapped ops of one call at ``tokens`` (T, all ranks together), forward and backward."""
-        r = self._requests_at(tokens)
-        return [r.fwd, r.bwd_input] if backward else [r.fwd]
+        fwd, bwd_input = self._requests_at(tokens)
+        return [fwd, bwd_input] if backward else [fwd]
 
-    def _requests_at(self, tokens: int) -> _Requests:
-        """The ops at ``tokens``, kept per (tokens, dtype, group size)."""
+    def _requests_at(self, tokens: int) -> tuple[OpRequest, OpRequest]:
+        """The forward's op at ``tokens`` (by the weight shard ``[k, n]``) and the input gradient's (by its
+        transpose), kept per (tokens, dtype, group size)."""
         key = (tokens, dtype_name(self.weight.dtype), self.ops.world_size)
-        r = self._requests.get(key)
-        if r is None:
-            r = self._requests[key] = self._make_requests(tokens, key[1], key[2])
-        return r
+        pair = self._requests.get(key)
+        if pair is None:
+            k, n = self.weight.shape
+            pair = self._requests[key] = request_pair(
+                self._fwd_op, m=tokens, n=n, k=k, dtype=key[1], world_size=key[2], layer=self.name
+            )
+        return pair
 
-    def _planned(self, tokens: int, backward: bool) -> _Requests:
+    def _planned(self, tokens: int, backward: bool) -> tuple[OpRequest, OpRequest]:
         """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
         and with ``backward`` the input gradient's op too) in one batch."""
-        r = self._requests_at(tokens)
-        if (id(r), backward) not in self._prepared:
+        pair = self._requests_at(tokens)
+        if (id(pair), backward) not in self._prepared:
             prepare = getattr(self.ops, "prepare", None)
             if prepare is not None:
-                prepare([r.fwd, r.bwd_input] if backward else [r.fwd])
+                prepare(self.requests(tokens, backward=backward))
             if backward:
                 self.ops.note(self.name, "bwd-weight", self._weight_gemm(tokens))
-            self._prepared.add((id(r), backward))
-        return r
+            self._prepared.add((id(pair), backward))
+        return pair
 
     def _weight_gemm(self, tokens: int) -> str:
         """The weight gradient's GEMM at ``tokens`` (a plain GEMM, shown in the decision table)."""
@@ -123,17 +101,9 @@ class _TensorParallelLinear(nn.Module):
         with torch.no_grad():
             self.weight.copy_(full.narrow(self._sharded, self.ops.rank * size, size))
 
-    def _make_requests(self, tokens: int, dtype: str, world_size: int) -> _Requests:
-        """The forward multiplies by the weight shard ``[k, n]``, the input gradient by its transpose."""
-        k, n = self.weight.shape
-        fwd, bwd_input = request_pair(
-            self._fwd_op, m=tokens, n=n, k=k, dtype=dtype, world_size=world_size, layer=self.name
-        )
-        return _Requests(fwd=fwd, bwd_input=bwd_input)
-
 
 class ColumnParallelLinear(_TensorParallelLinear):
-    """all-gather -> GEMM: ``x_shard [T/w, in] -> y [T, out/w]`` (see the module docstring).
+    """all-gather -> GEMM: ``x_shard [T/w, in] -> y [T, out/w]`` (docs/planner.md).
 
     Parameters
     ----------
@@ -157,33 +127,22 @@ class ColumnParallelLinear(_TensorParallelLinear):
     _fwd_op, _sharded = "ag_gemm", 1
 
     def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        schedules: Schedules = None,
-        ops: OverlapOps | None = None,
-        name: str = "",
-        keep_gathered: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, in_features: int, out_features: int, *, keep_gathered: bool = True, **kwargs: Any
     ) -> None:
-        super().__init__(
-            in_features, out_features, schedules=schedules, ops=ops, name=name, device=device, dtype=dtype
-        )
+        super().__init__(in_features, out_features, **kwargs)
         self.keep_gathered = keep_gathered
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x_shard, self.in_features, "[T/w, in]")
         backward = backward_follows(x_shard, self.weight)
-        r = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
+        fwd, bwd_input = self._planned(x_shard.shape[0] * self.ops.world_size, backward)
         # keep_gathered: the op returns the gathered input, which its autograd keeps for the weight
         # gradient; otherwise the backward gathers it again beside the input gradient's op
         _, (y,) = self.ops.all_gather_matmul(
             x_shard,
             [self.weight],
-            r.fwd,
-            r.bwd_input if backward else None,
+            fwd,
+            bwd_input if backward else None,
             return_gathered=backward and self.keep_gathered,
         )
         return y
@@ -197,7 +156,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
 
 class RowParallelLinear(_TensorParallelLinear):
-    """GEMM -> reduce-scatter: ``x [T, in/w] -> y_shard [T/w, out]`` (see the module docstring).
+    """GEMM -> reduce-scatter: ``x [T, in/w] -> y_shard [T/w, out]`` (docs/planner.md).
 
     Parameters
     ----------
@@ -210,8 +169,8 @@ class RowParallelLinear(_TensorParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("RowParallelLinear", x, self.weight.shape[0], "[T, in/w]")
         backward = backward_follows(x, self.weight)
-        r = self._planned(x.shape[0], backward)
-        return self.ops.matmul_reduce_scatter(x, self.weight, r.fwd, r.bwd_input if backward else None)
+        fwd, bwd_input = self._planned(x.shape[0], backward)
+        return self.ops.matmul_reduce_scatter(x, self.weight, fwd, bwd_input if backward else None)
 
     def _weight_gemm(self, tokens: int) -> str:
         k = self.weight.shape[0]

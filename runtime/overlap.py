@@ -1,9 +1,8 @@
 """The two overlapped ops the layers call, behind one small interface.
 
-``PlannedOps`` runs them as ``torch.ops.ficco`` custom ops (``executor.library``) under the planner's
-schedules: their autograd is registered on the ops (the one backward derivation), so the layers' forward and
-backward trace into one graph under ``torch.compile``. Any other differentiable implementation with the same
-methods (``OverlapOps``) may stand in.
+``PlannedOps`` runs them as ``torch.ops.ficco`` custom ops under the planner's schedules (their autograd is
+registered on the ops, so a layer's forward and backward trace into one ``torch.compile`` graph); any other
+differentiable implementation of ``OverlapOps`` may stand in.
 """
 
 from __future__ import annotations

@@ -6,29 +6,10 @@
         loss.backward()
     print(planner.table())                # layer, direction, shape, schedule, what ran, predicted speedup
 
-Rules it keeps:
-
-1. **Ask once.** A decision is kept for the planner's life; only an in-place trial (:meth:`Planner.override`,
-   ``runtime.verify``) or a pin to serial (:meth:`Planner.pin`) changes what runs.
-2. **Fall back, never fail.** A source that raises, or answers with its own fallback or a schedule that
-   cannot run the shape, gives ``serial/sm``, and the log says why. The source bounds its own wait: a local
-   model or a table answers at once, ``ServiceClient(timeout_s=..., retries=...)`` bounds a service's.
-3. **Ranks agree.** The group's rank 0 asks the source and broadcasts the decision, so every rank runs the
-   same schedule even if only one rank's network failed (a differing schedule would hang the collective).
-   A source whose answers are immediate and alike on every rank (``deterministic``: a fixed schedule, a
-   table, a function) is asked on each rank instead, with no broadcast.
-4. **No host work inside a CUDA graph capture.** A decision first needed during capture is ``serial/sm``
-   without asking anyone (a deterministic source is asked: it is plain Python); plan before capturing
-   (:meth:`Planner.prepare`, or one eager warm-up call).
-5. **Off the measured map, serial.** A graph-mode answer whose source counts fewer measured neighbours than
-   ``training.predict.coverage.OFF_MAP_BELOW`` (no training row of its op and mode within 2x in m, n and k)
-   runs ``serial/sm`` unless ``off_map="model"``: such picks were the slow ones on held-out families
-   (``docs/planner.md`` has the numbers); with ``off_map="model"`` check the plan in place
-   (``runtime.verify.verify_plan``).
-
-Where schedules come from is said one way across ficco's runtimes: :func:`as_planner` turns a planner, a
-source, a schedule or table string, a schedule function or None (this machine's measured model) into the
-planner that ``runtime.tp``'s styles, ``runtime.compile.enable`` and the layers' ``PlannedOps`` use.
+A failing or unusable answer, one first needed inside a CUDA graph capture, and a graph-mode answer off the
+measured map run ``serial/sm``, with the reason in the log; rank 0 of the group asks and broadcasts, so
+every rank runs the same schedule. :func:`as_planner` turns every form of ``schedules=`` the runtimes take
+into a planner. The rules and their measurements: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -112,7 +93,6 @@ class OpRequest(OpShape):
     layer: str
     """The layer's name, e.g. ``layers.0.attn.qkv``."""
     direction: Direction
-    """``fwd``, ``bwd-input`` or ``bwd-weight``."""
 
 
 class Planner:
@@ -121,8 +101,7 @@ class Planner:
     Parameters
     ----------
     source : ScheduleSource
-        Where schedules come from (``runtime.sources``: ``PredictorSource``, ``ServiceSource``,
-        ``FixedSource``, ``TableSource``).
+        Where schedules come from (``runtime.sources``).
     mode : {"eager", "graph"}, default="eager"
         Execution mode the layers run in (``graph``: replayed from a CUDA graph, inference and decode).
     hardware : str, optional
@@ -185,18 +164,13 @@ class Planner:
         )
         yield
 
-    # Decisions --------------------------------------------------------------------------------------------
-
     def key(self, shape: OpShape) -> OpKey:
         """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
         return OpKey(mode=self.mode, **_shape_fields(shape))
 
     def schedule(self, request: OpRequest) -> Schedule:
-        """The schedule of ``request``'s op (decided now if new).
-
-        The hot path is one lookup by the request's identity: layers keep their requests, and hashing a
-        request or a key field by field would cost more than the rest of the call.
-        """
+        """The schedule of ``request``'s op (decided now if new). The hot path is one lookup by the request's
+        identity: layers keep their requests, and hashing one field by field would cost more than the call."""
         hit = self._by_request.get(id(request))
         if hit is not None and hit[0] is request:
             return hit[1]
@@ -254,17 +228,13 @@ class Planner:
 
     def _decide(self, keys: Sequence[OpKey]) -> None:
         """Decide ``keys`` (none cached): on rank 0 of the group ask the source, then agree by broadcast."""
-        if _capturing() and not getattr(self.source, "deterministic", False):
+        deterministic = getattr(self.source, "deterministic", False)
+        if _capturing() and not deterministic:
+            why = "first asked during a CUDA graph capture, where the planner asks no one"
             for key in keys:
-                self._set(
-                    key,
-                    _fallback(
-                        "first asked during a CUDA graph capture, where the planner asks "
-                        "no one; call Planner.prepare before capturing"
-                    ),
-                )
+                self._set(key, _fallback(f"{why}; call Planner.prepare before capturing"))
             return
-        if getattr(self.source, "deterministic", False):  # alike on every rank, at once: nothing to agree
+        if deterministic:  # alike on every rank, at once: nothing to agree
             decisions = self._ask(keys)
         else:
             group = self._agree_group()
@@ -285,9 +255,8 @@ class Planner:
         except Exception as err:
             return [_fallback(f"the source failed: {type(err).__name__}: {err}") for _ in keys]
         if len(answers) != len(keys):
-            return [_fallback(f"the source gave {len(answers)} answers for {len(keys)} scenarios")] * len(
-                keys
-            )
+            why = f"the source gave {len(answers)} answers for {len(keys)} scenarios"
+            return [_fallback(why)] * len(keys)
         return [_decision(a, s, self.mode, self.off_map) for a, s in zip(answers, scenarios, strict=True)]
 
     def _set(self, key: OpKey, decision: Decision) -> None:
@@ -320,64 +289,41 @@ class Planner:
         group = self.group if self.group is not None else dist.group.WORLD
         return group if dist.get_world_size(group) > 1 else None
 
-    # Reporting -----------------------------------------------------------------------------------------
-
     def rows(self) -> list[dict]:
         """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""
         out = []
         for layer, direction, key in self.uses:
-            if isinstance(key, str):
-                out.append(
-                    {
-                        "layer": layer,
-                        "direction": direction,
-                        "shape": key,
-                        "schedule": "-",
-                        "predicted_speedup": None,
-                        "neighbours": None,
-                        "note": "",
-                        "origin": "",
-                        "ran": "-",
-                    }
-                )
-                continue
-            d = self.decisions.get(key)
-            schedule = str(self._overrides.get(key, d.schedule)) if d else None
-            run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule) if d else None
-            notes = [d.reason or ""] if d else []
-            if run is not None and run.reason is not None:
-                notes.append(f"ran {run.ran}: {run.reason}")
-            out.append(
-                {
-                    "layer": layer,
-                    "direction": direction,
-                    "shape": key.shape,
-                    "schedule": str(d.schedule) if d else "(not decided)",
+            row = {"layer": layer, "direction": direction, "shape": key, "schedule": "-", "ran": "-"}
+            row |= {"predicted_speedup": None, "neighbours": None, "note": "", "origin": ""}
+            if isinstance(key, OpKey):  # a planned op, not a plain GEMM
+                row |= {"shape": key.shape, "schedule": "(not decided)", "ran": "(not run)"}
+            d = self.decisions.get(key) if isinstance(key, OpKey) else None
+            if d is not None:
+                schedule = str(self._overrides.get(key, d.schedule))
+                run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule)
+                notes = [d.reason or ""]
+                if run is not None and run.reason is not None:
+                    notes.append(f"ran {run.ran}: {run.reason}")
+                row |= {
+                    "schedule": str(d.schedule),
                     "ran": run.ran if run is not None else "(not run)",
-                    "predicted_speedup": d.predicted_speedup if d else None,
-                    "neighbours": d.neighbours if d else None,
+                    "predicted_speedup": d.predicted_speedup,
+                    "neighbours": d.neighbours,
                     "note": "; ".join(n for n in notes if n),
-                    "origin": d.origin if d else "",
+                    "origin": d.origin,
                 }
-            )
+            out.append(row)
         return out
 
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
         header = ["layer", "direction", "shape", "schedule", "ran", "predicted speedup", "neighbours", "note"]
-        rows = [
-            [
-                r["layer"],
-                r["direction"],
-                r["shape"],
-                r["schedule"],
-                r["ran"],
-                "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x",
-                "-" if r["neighbours"] is None else str(r["neighbours"]),
-                r["note"],
-            ]
-            for r in self.rows()
-        ]
+        rows = []
+        for r in self.rows():
+            speedup = "-" if r["predicted_speedup"] is None else f"{r['predicted_speedup']:.2f}x"
+            neighbours = "-" if r["neighbours"] is None else str(r["neighbours"])
+            cells = [r[c] for c in ("layer", "direction", "shape", "schedule", "ran")]
+            rows.append([*cells, speedup, neighbours, r["note"]])
         return markdown_table(header, rows)
 
 
@@ -405,9 +351,8 @@ def _decision(answer: Answer, scenario: Scenario, mode: Mode, off_map_rule: OffM
 
 
 def _fallback(reason: str, origin: str = "planner", neighbours: int | None = None) -> Decision:
-    return Decision(
-        schedule=SERIAL, predicted_speedup=None, reason=reason, origin=origin, neighbours=neighbours
-    )
+    """A ``serial/sm`` decision, with the reason."""
+    return Decision(schedule=SERIAL, reason=reason, origin=origin, neighbours=neighbours)
 
 
 def deprecated_timeout(what: str, timeout_s: float | None) -> None:
@@ -449,20 +394,16 @@ def as_planner(
     hardware: str | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> Planner:
-    """The planner that ``schedules`` names: the one way ``runtime.tp``'s styles (``schedules=``),
-    ``runtime.compile.enable`` and the layers (``PlannedOps``, ``schedules=``) take their schedules.
+    """The planner that ``schedules`` names, in any of its forms (docs/planner.md):
 
     - a ``Planner``: itself (its own mode, hardware and group);
-    - a ``ScheduleSource`` (``PredictorSource``, ``ServiceSource``, ``TableSource``, ``FixedSource``,
-      ``FunctionSource``): a planner over it in ``mode``, about ``hardware``, agreeing over ``group``;
-    - a schedule or token-range table string (``"shard/dma"``, ``"0:serial/sm;2048:shard/dma"``) or a
-      ``features.Schedule``: a planner over ``FixedSource``;
+    - a ``ScheduleSource``: a planner over it in ``mode``, about ``hardware``, agreeing over ``group``;
+    - a schedule or token-range table string, or a ``features.Schedule``: a planner over ``FixedSource``;
     - a function ``(op, m, n, k, dtype, world_size) -> schedule``: a planner over ``FunctionSource``;
-    - None: the measured model of this machine's GPUs in the local registry (``sources.local_source``);
-      where there is none, ``serial/sm`` for every op, with one warning saying why.
+    - None: this machine's measured model (``sources.local_source``), else ``serial/sm`` with one warning.
 
-    A form other than a planner gets one planner per (value, mode, hardware, group), so every layer given
-    the same source shares its decisions and its table: ``as_planner(x) is as_planner(x)``.
+    Every form but a planner gets one planner per (value, mode, hardware, group), shared by every layer
+    given it: ``as_planner(x) is as_planner(x)``.
     """
     if isinstance(schedules, Planner):
         return schedules

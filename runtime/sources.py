@@ -1,9 +1,7 @@
-"""Where a planner's schedules come from: a local ``Predictor``, the HTTP service, or a fixed schedule.
-
-Every source answers a batch of scenarios in one call, ``source.recommend(scenarios) -> list[Answer]``,
-and may be slow or fail: the planner bounds the wait and falls back (``runtime.planner``). ``Answer`` is the
-one shape a planner reads, whatever the source returns; ``answer_from`` builds it from a predictor's
-``Recommendation`` (old or new field set) or the service's ``RecommendationPublic``.
+"""Where a planner's schedules come from: a local ``Predictor``, the HTTP service, exported tables, a fixed
+schedule or a function. Every source answers a batch of scenarios in one call, ``source.recommend(scenarios,
+mode) -> list[Answer]``, and bounds its own wait; ``answer_from`` builds the ``Answer`` a planner reads from a
+predictor's ``Recommendation`` or the service's ``RecommendationPublic``.
 """
 
 from __future__ import annotations
@@ -118,11 +116,9 @@ class PredictorSource:
 class ServiceSource:
     """The recommendation service, through a ``service.client.ServiceClient``.
 
-    With ``tables=True`` it asks no shape at all: at the first decision of a (world size, mode, dtype) it
-    fetches the served model's schedule table once (``ServiceClient.fetch_table``: the shape grid, or the
-    layers of ``config``; cached on disk under ``cache_dir`` by fingerprint and revalidated by ETag) and
-    answers every shape from it (:class:`TableSource`); a shape the table lacks gets ``serial/sm`` with the
-    reason. ``machine`` is checked against the table's fingerprint as :meth:`TableSource.load` does.
+    ``tables=True``: at the first decision of a (world size, mode, dtype), fetch the served model's schedule
+    table once (``ServiceClient.fetch_table`` with ``config`` and ``cache_dir``; ``machine`` checked as
+    :meth:`TableSource.load` does) and answer every shape from it (docs/tables.md, "Tables over HTTP").
     """
 
     client: Any
@@ -148,18 +144,10 @@ class ServiceSource:
     def recommend(self, scenarios: Sequence[Scenario], mode: Mode) -> list[Answer]:
         if self.tables:
             return [self._table_of(s, mode).answer(s, mode) for s in scenarios]
+        machine = {} if self.host_factor is None else {"host_factor": self.host_factor}
         bodies = [
-            {
-                "op": s.op,
-                "m": s.m,
-                "n": s.n,
-                "k": s.k,
-                "dtype": s.dtype,
-                "world_size": s.world_size,
-                "hardware": s.hardware.id,
-                "mode": mode,
-                **({} if self.host_factor is None else {"host_factor": self.host_factor}),
-            }
+            {"op": s.op, "m": s.m, "n": s.n, "k": s.k, "dtype": s.dtype, "world_size": s.world_size}
+            | {"hardware": s.hardware.id, "mode": mode, **machine}
             for s in scenarios
         ]
         return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
@@ -271,14 +259,8 @@ class TableSource(_EachScenario):
     """Schedules looked up in tables: exported schedule tables (``features.schedule_table``, what
     ``ficco export`` writes; :meth:`load`), and/or a dict keyed by ``(op, m, n, k, mode)`` (e.g. the per-op
     best of a measured dataset), which wins where both hold a shape. A scenario in neither gets
-    ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` when given (which returns an
-    ``Answer``).
-
-    An exported table answers ``m`` from the track of its split class with the range of its largest
-    breakpoint ``<= m`` (``features.schedule_table.Entry.lookup``): a schedule that runs at ``m``, and
-    exactly the model's pick at every token count the export decided. One decision is a dict lookup, the
-    split class and a bisection (``benchmarks/table_lookup.py`` times it and measures the agreement with
-    the model at random token counts).
+    ``serial/sm`` with the reason, or ``on_missing(scenario, mode)`` (an ``Answer``) when given. An exported
+    table answers ``m`` by ``features.schedule_table.Entry.lookup``'s rule (docs/tables.md, "Lookup").
     """
 
     def __init__(
@@ -319,13 +301,10 @@ class TableSource(_EachScenario):
         machine: dict[str, Any] | Literal["auto"] | None = "auto",
         on_missing: Callable[[Scenario, Mode], Answer] | None = None,
     ) -> TableSource:
-        """The exported tables in ``paths`` (files or directories).
-
-        ``machine``: the loading machine's fingerprint fields (``features.schedule_table.FINGERPRINT_KEYS``);
-        ``"auto"`` reads them from this machine's GPUs (nothing is checked without CUDA, and the log says
-        so); None checks nothing. A table of another fingerprint raises ``FingerprintMismatch`` naming
-        both fingerprints.
-        """
+        """The exported tables in ``paths`` (files or directories), checked against ``machine``: the loading
+        machine's fingerprint fields (``features.schedule_table.FINGERPRINT_KEYS``); ``"auto"`` reads them
+        from this machine's GPUs (without CUDA the log says nothing was checked); None checks nothing. A
+        table of another fingerprint raises ``FingerprintMismatch`` naming both fingerprints."""
         from ficco.features.fingerprint import machine_fingerprint
         from ficco.features.schedule_table import table_paths
 

@@ -1,9 +1,8 @@
 """Timing whole steps on a process group: interleaved rounds, ranks aligned, the slowest rank's time.
 
-Used where a runtime compares variants of the same step in place (``runtime.verify``) and by the
-end-to-end block benchmark (``benchmarks/block_bench.py``); the rounds are
-:func:`ficco.rounds.interleaved_rounds`'s. Collective: every rank of the group calls it with the same
-variants in the same order, and every rank gets the same numbers back.
+Used by ``runtime.verify`` and ``benchmarks/block_bench.py``; the rounds are
+:func:`ficco.rounds.interleaved_rounds`'s. Collective: every rank calls it with the same variants in the same
+order, and gets the same numbers back.
 """
 
 from __future__ import annotations
@@ -74,7 +73,8 @@ def time_interleaved(
             host[name].append(issued / reps)
 
     def more_rounds() -> int:
-        return _rounds_for(steps, reps, timed_ms, rounds, max_rounds or rounds, device, group)
+        fastest = min(_slowest([statistics.median(ms) for ms in steps.values()], device, group))
+        return max(rounds, min(max_rounds or rounds, math.ceil(timed_ms / (reps * max(fastest, 1e-6)))))
 
     done = interleaved_rounds(
         names,
@@ -91,21 +91,6 @@ def time_interleaved(
         times[name] = statistics.median(mine[: done * reps])
         hosts[name] = statistics.median(mine[done * reps :])
     return times, hosts
-
-
-def _rounds_for(
-    steps: dict[str, list[float]],
-    reps: int,
-    timed_ms: float,
-    least: int,
-    most: int,
-    device: torch.device,
-    group: dist.ProcessGroup | None,
-) -> int:
-    """Rounds that time the fastest variant (its first round's median step, slowest rank) for about
-    ``timed_ms``, within ``[least, most]``; the same on every rank."""
-    fastest = min(_slowest([statistics.median(ms) for ms in steps.values()], device, group))
-    return max(least, min(most, math.ceil(timed_ms / (reps * max(fastest, 1e-6)))))
 
 
 def _slowest(values: list[float], device: torch.device, group: dist.ProcessGroup | None) -> list[float]:

@@ -9,41 +9,10 @@ ficco by changing its imports; schedules are given the way torchtitan swaps its 
     apply_tp(model, tp_mesh, ...)            # the plan itself is unchanged
     ficco.runtime.tp.name_modules(model)     # optional: module paths in the planner's table and the log
 
-**The rule.** For every plan, the outputs and every gradient are those of the same plan under PyTorch's
-styles (the same collectives' math, in another order: fp32 within 1e-5, bf16 within its rounding), and a
-parameter PyTorch keeps replicated gets the same gradient on every rank. Where ficco's ops cannot reproduce
+Outputs and gradients are those of the same plan under PyTorch's styles; where ficco's ops cannot reproduce
 PyTorch's semantics, the module runs PyTorch's own style, and the log and the planner's table say so once
-per module and reason. A shape the tensor-parallel ranks cannot share evenly where the plan hands out
-local shards is a ``ValueError`` on every rank, before any collective.
-
-What each style runs (sequence parallel, ``Shard(1)`` on ``[batch, seq, hidden]``, as torchtitan lays out
-its activations; 2-D ``[tokens, hidden]`` with ``Shard(0)`` alike):
-
-- ``PrepareModuleInput`` with an input ``Shard(d) -> Replicate()`` whose module has ficco
-  ``ColwiseParallel`` children (q/k/v; w1/w3): ONE ``torch.ops.ficco.all_gather_matmul`` of the shard against
-  every such child's weight, before the module runs. The module gets the real gathered input (a
-  ``Replicate()`` DTensor, or the local tensor with ``use_local_output=True``, as PyTorch's style gives it),
-  usable by anything; a child called with exactly that input takes its output from the op. A child that
-  gets something else (the module viewed, cast or normalised its input first) computes from what it got,
-  as PyTorch's child would; the op's output for it goes unused, the log says so once, and from the next
-  call on that child is left out of the op.
-- ``ColwiseParallel`` (``nn.Linear``): a ``Shard(d)`` input (torchtitan's ``output`` layer) runs
-  ``all_gather_matmul``; a replicated input, the local GEMM, whose input gradient is all-reduced in the
-  backward (Megatron's ``f``, what PyTorch's style does through DTensor). Output ``Shard(-1)``,
-  redistributed to ``output_layouts`` as PyTorch's style does.
-- ``RowwiseParallel`` (``nn.Linear`` with ``output_layouts=Shard(d)``): ``matmul_reduce_scatter``; a bias is
-  added to the scattered rows and its gradient all-reduced (PyTorch's replicated bias gradient).
-- PyTorch's own style: ``nn.Embedding``; a linear with a forward of its own (a subclass, a wrapper's
-  patch); a row-wise all-reduce (``output_layouts=Replicate()``); a mesh of more than one dimension; a group
-  outside ficco's 2 to 8 ranks; an uneven weight shard; a dtype ficco's ops do not run; an input or output
-  layout ficco's ops do not take (a DTensor input of another layout than the style's, a gather or scatter
-  of the features); and ``SequenceParallel`` (PyTorch's, re-exported).
-
-Parameters are sharded exactly as PyTorch's styles shard them (DTensors, same placements), so optimizers,
-checkpoints and FSDP see the same model. Schedules come from ``schedules=`` on the linear styles, in any
-form ``runtime.as_planner`` takes (a ``Planner``, a source, a schedule or token-range table string, a
-function; None: this machine's measured model, else ``serial/sm`` with one warning), decided once per shape
-over the style's mesh group.
+per module and reason. Parameters are sharded as PyTorch's styles shard them. What each style runs, and
+when PyTorch's runs instead: docs/runtimes.md ("Use with torchtitan").
 """
 
 from __future__ import annotations
@@ -84,9 +53,8 @@ _default = _Default()
 
 
 def set_default_schedules(schedules: Schedules) -> None:
-    """Deprecated: the schedule source of every ficco style built without ``schedules=`` (None: this
-    machine's measured model). Pass ``schedules=`` instead, e.g. ``functools.partial(ColwiseParallel,
-    schedules=planner)`` in a plan."""
+    """Deprecated (pass ``schedules=`` to the styles, e.g. ``functools.partial(ColwiseParallel,
+    schedules=planner)``): the schedule source of every ficco style built without one."""
     warnings.warn(
         "ficco.runtime.tp.set_default_schedules is deprecated: pass schedules= to the styles, e.g. "
         "functools.partial(ColwiseParallel, schedules=planner) in the plan",
@@ -291,13 +259,7 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             return _pytorchs_forward(self, x, f"an uneven input (dim {dim} of size {x.shape[dim]})")
         _check_even_output(self, state, x)
         local = x.to_local() if isinstance(x, DTensor) else x
-        weight = self.weight.to_local()
-        m = local.numel() // local.shape[-1] * state.world_size
-        backward = backward_follows(local, weight)
-        fwd, bwd = state.schedule_strings("ag_gemm", m, *weight.shape, local.dtype, backward)
-        _, (y,) = torch.ops.ficco.all_gather_matmul(
-            local, [weight.t()], dim, state.group_name, fwd, False, bwd
-        )
+        _, (y,) = _all_gather_matmul(state, local, [self.weight.to_local().t()], dim, return_a=False)
         return _colwise_output(self, state, y)
     if isinstance(layout, Replicate):  # every rank holds the input: the local GEMM under Megatron's f
         _check_even_output(self, state, x)
@@ -307,6 +269,18 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if layout is None:
         why = "its input is a DTensor of another layout than input_layouts"
     return _pytorchs_forward(self, x, why)
+
+
+def _all_gather_matmul(
+    state: _State, shard: torch.Tensor, weights: list[torch.Tensor], dim: int, *, return_a: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``torch.ops.ficco.all_gather_matmul`` of ``shard [..., k]`` gathered along ``dim`` against each
+    ``weights[i] [k, n_i]``, under the schedules ``state``'s planner decides for the shape."""
+    m = shard.numel() // shard.shape[-1] * state.world_size
+    n = sum(w.shape[1] for w in weights)
+    backward = backward_follows(shard, *weights)
+    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
+    return torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, return_a, bwd)
 
 
 def _colwise_output(self: nn.Linear, state: _State, y: torch.Tensor) -> torch.Tensor:
@@ -443,7 +417,7 @@ class _HandOff:
 
 class PrepareModuleInput(_TorchPrepareModuleInput):
     """PyTorch's ``PrepareModuleInput`` (same arguments) whose ``Shard(d) -> Replicate()`` input feeds the
-    module's ficco ``ColwiseParallel`` children as one ``all_gather_matmul`` (module docstring)."""
+    module's ficco ``ColwiseParallel`` children as one ``all_gather_matmul`` (docs/runtimes.md)."""
 
     _module: nn.Module | None = None
     """The module whose inputs PyTorch's pre-hook is preparing (set by the pre-hook that runs before it),
@@ -513,13 +487,8 @@ def _hand_off(
     rather than a ``Replicate()`` DTensor."""
     shard = input.to_local() if isinstance(input, DTensor) else input
     dim %= shard.dim()
-    state: _State = consumers[0]._ficco_tp
-    weights = [c.weight.to_local().t() for c in consumers]  # [k, n_i]
-    m = shard.numel() // shard.shape[-1] * state.world_size
-    n = sum(w.shape[1] for w in weights)
-    backward = backward_follows(shard, *weights)
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
-    gathered, outs = torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, True, bwd)
+    weights = [c.weight.to_local().t() for c in consumers]
+    gathered, outs = _all_gather_matmul(consumers[0]._ficco_tp, shard, weights, dim, return_a=True)
     # contiguous, as PyTorch's gather returns it (the op put the rank-major rows in place, the one copy
     # PyTorch's all-gather along the sequence makes too)
     gathered = gathered.detach()
@@ -534,12 +503,10 @@ def _hand_off(
 
 
 class _GatheredInput(torch.autograd.Function):
-    """The gathered input a prepared module receives (computed by the op, handed in a tuple), as a
-    function of this rank's shard: a ``Replicate()`` DTensor on ``mesh``, or with ``mesh`` None the local
-    tensor. Its gradient gives the shard's as PyTorch's ``Shard(d) -> Replicate()`` gather does in its
-    backward: a DTensor's redistributed to ``Shard(dim)`` (a partial sum reduce-scattered, a replicated one
-    sliced), a local tensor's (complete on every rank, as a replicated tensor's is) sliced to this rank's
-    rows."""
+    """The gathered input (computed by the op, handed in a tuple) as a function of this rank's shard: a
+    ``Replicate()`` DTensor on ``mesh``, or the local tensor (``mesh`` None). Its backward is PyTorch's
+    ``Shard(d) -> Replicate()`` gather's: a DTensor gradient redistributed to ``Shard(dim)``, a local one
+    (complete on every rank) sliced to this rank's rows."""
 
     @staticmethod
     def forward(ctx, shard, dim, rank, mesh, gathered):

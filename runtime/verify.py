@@ -5,28 +5,9 @@
     verdict = verify_plan(planner, lambda: GraphedCall(forward), device=device)   # graph: a fresh capture
     print(verdict.table())
 
-Why. The model learned from each op timed alone. A whole step adds what no isolated measurement sees: the
-host time of everything else in the step (autograd, attention, norms), which can make the step host-bound
-so that overlap gains nothing and the executor's extra host time is paid in full, and the neighbours of
-each op on the GPU: per-op best schedules can make a host-bound step slower than serial although each of
-them beat serial alone (``benchmarks/results/block-h200x2.json``).
-
-What it does (collective: every rank of the group calls it, in the same place):
-
-1. runs the step once as planned, recording the keys it uses; the planned keys are those whose schedule
-   is not ``serial/sm``;
-2. times, interleaved (``runtime.timing.time_interleaved``, the slowest rank's time, so every rank sees
-   the same numbers and decides the same), the step as planned, the step with every planned key
-   ``serial/sm``, and (``flips``) the step with each planned key alone ``serial/sm``;
-3. the fastest of these, if it beats the plan by more than ``margin``, is timed again against the plan
-   alone (``2 x rounds`` fresh rounds): the fastest of many noisy medians is biased low, so only a gain
-   that holds on fresh measurements counts. If it holds, the keys the variant runs serially are pinned to
-   ``serial/sm`` (``Planner.pin``, the times in the reason), and the others keep their schedule.
-
-Cost: ``2 + keys`` variants (``2`` without flips) x (``warmup + rounds x reps``) steps, plus ``2 x 2 x rounds
-x reps`` when a variant is confirmed, once per set of shapes. The step must be safe to repeat (forward and
-backward without the optimizer's update). A graph-mode plan is checked on captures made for it, and must be
-captured again after a pin.
+Collective (every rank calls it, in the same place): the planned step is timed against every planned op
+``serial/sm`` and each one alone ``serial/sm``; a variant that beats the plan again on fresh rounds has the
+ops it runs serially pinned to ``serial/sm``. Why, the steps and their cost: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -65,15 +46,10 @@ class Verdict:
 
     def table(self) -> str:
         """The variants' times as a markdown table (and the confirmation's), the winner marked."""
-        rows = [
-            [
-                name,
-                f"{ms:.3f}",
-                f"{self.confirm_ms[name]:.3f}" if name in self.confirm_ms else "-",
-                "kept" if name == self.winner else "",
-            ]
-            for name, ms in self.times_ms.items()
-        ]
+        rows = []
+        for name, ms in self.times_ms.items():
+            confirm = f"{self.confirm_ms[name]:.3f}" if name in self.confirm_ms else "-"
+            rows.append([name, f"{ms:.3f}", confirm, "kept" if name == self.winner else ""])
         return markdown_table(["variant", "step ms", "confirmation ms", ""], rows)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +72,7 @@ def verify_plan(
     margin: float = 0.01,
     flips: bool = True,
 ) -> Verdict:
-    """Time the planned step against serial variants and pin what loses (module docstring).
+    """Time the planned step against serial variants and pin what loses (docs/planner.md).
 
     Parameters
     ----------
