@@ -15,21 +15,14 @@ from ficco.features import Scenario, Schedule
 ROUNDS = 5
 """Fewest interleaved rounds per scenario and mode in the timing protocol (``harness.torch_backend``)."""
 MAX_ROUNDS = 96
-"""Most interleaved rounds per scenario and mode: cheap scenarios, whose rounds are short and whose times
-spread most from round to round (small shapes), get more of them (``Timing.rounds_for``)."""
+"""Most interleaved rounds per scenario and mode (cheap, noisy scenarios get more: ``Timing.rounds_for``)."""
 BLOCK_MS = 0.5
-"""Target length of one timed block of ``serial/sm`` calls, ms. Graph-mode blocks are queued on the device
-behind an in-stream rank alignment, so launch jitter does not land in them and short blocks lose nothing;
-drift over seconds is what remains, which many short interleaved rounds average out better than few long
-ones (reference measurements on 2 x H200: round-to-round spread 3-13% at any block length)."""
+"""Target length of one timed block of ``serial/sm`` calls, ms (why short blocks: docs/protocol.md)."""
 TIMED_MS = 250.0
 """Timed milliseconds one scenario spends per mode: the rounds run until their total reaches this, within
-``[ROUNDS, MAX_ROUNDS]`` (a scenario of 34 items of 0.5 ms blocks gets about 15 rounds, one of 10 ms calls
-``ROUNDS``); eager mode gets ``EAGER_TIMED_FACTOR`` times as much."""
+``[ROUNDS, MAX_ROUNDS]``; eager mode gets ``EAGER_TIMED_FACTOR`` times as much."""
 EAGER_TIMED_FACTOR = 3.0
-"""Eager mode's timed work over graph mode's. Eager labels are a low quantile over rounds
-(``features.dataset.LABEL_STAT``), which needs many rounds to be steady; 3x rather than 4x keeps a full
-614-scenario sweep with its re-measure inside 25 minutes (``estimate_sweep``)."""
+"""Eager mode's timed work over graph mode's (its low-quantile labels need more rounds; docs/protocol.md)."""
 
 PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
 """Protocol settings that a dataset's manifest did not record before they became settings, as those
@@ -40,10 +33,8 @@ the MoE ops; one copy-engine side stream per peer): a resume compares with these
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timing:
     """How long and how often the timing protocol (``harness.torch_backend``) times each item: blocks of
-    about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. One object carries these from
-    the command line to the worker processes, the backend, the manifest and the sweep estimate; its fields
-    are the options ``--rounds``, ``--max-rounds``, ``--block-ms`` and ``--timed-ms`` of ``ficco bench`` and
-    the worker (``ficco.dataclass_options``)."""
+    about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. Its fields are options of
+    ``ficco bench`` and the worker (``ficco.dataclass_options``)."""
 
     rounds: int = option(
         ROUNDS,

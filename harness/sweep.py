@@ -1,21 +1,6 @@
-"""The sweep: every candidate schedule of every planned scenario, written so that nothing is lost; and the
-independent re-measure of some of them (``run_noise``) that the card's noise numbers come from.
-
-Crash safety (``kill -9`` at any point, then the same command again):
-
-1. Rows are buffered and flushed about every ``flush_seconds`` as a new part: written to a temporary
-   file, fsynced, then renamed to ``parts/part-XXXXX.parquet`` (``os.replace``).
-2. Only then is the manifest rewritten (temporary file + ``os.replace``) to list the part and its finished
-   scenario ids. A part not in the manifest (a crash between 1 and 2) is ignored, and overwritten by the
-   next flush, which takes the same index.
-3. On start the manifest's finished ids are skipped: nothing is measured twice, nothing written twice.
-
-Under torchrun every rank runs ``run_sweep`` with the same plan: all ranks read the manifest before their
-first (collective) ``measure``, so they skip the same scenarios in the same order; only rank 0 writes.
-
-The re-measure runs in another process than the sweep (``ficco bench`` launches it separately), visits
-its scenarios in a shuffled order and is measured with another seed (other inputs, other round orders), so
-what it shares with the sweep is the machine and the protocol, not the moment or the state of a process.
+"""The sweep: every candidate schedule of every planned scenario, written so that a crash loses nothing
+(append-only parts, then the manifest that lists them); and the independent re-measure of some of them
+(``run_noise``) that the card's noise numbers come from. See docs/protocol.md, "Writing" and "Noise".
 """
 
 from __future__ import annotations
@@ -291,7 +276,7 @@ class _Sink:
 
 class _PartSink(_Sink):
     """Each flush: a new part (with the sweep's ``harness.fleet.shards.provenance`` in its metadata), then the
-    manifest listing it (see the module docstring)."""
+    manifest listing it."""
 
     def __init__(
         self, out: Path, manifest: dict, writer: bool, flush_seconds: float, metadata: dict | None
