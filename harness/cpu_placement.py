@@ -1,18 +1,6 @@
-"""Where a rank's threads run on the host: CPU placement for timing.
-
-Eager-mode times of small shapes are the host's time to issue the executor's work, so they follow the
-speed of the CPUs the rank's threads run on (the host studies under ``benchmarks/studies/host/`` and
-``docs/protocol.md`` say how much that speed moves on the GPU machines).
-
-Policies (``PIN_POLICIES``):
-
-- ``none``: leave placement to the kernel;
-- ``share``: each local rank gets an equal, disjoint share of the allowed CPUs' physical cores for all its
-  threads (every committed dataset was measured so).
-
-CPU sets come from ``os.sched_getaffinity`` and Linux's sysfs (``/sys/devices/system/cpu`` for SMT
-siblings, ``/sys/bus/pci/devices/<bus id>/local_cpulist`` for the GPU's NUMA-local CPUs); where sysfs
-says nothing, every allowed CPU counts as its own core and as local.
+"""Where a rank's threads run on the host (``PIN_POLICIES``): ``none`` leaves it to the kernel, ``share``
+gives each local rank an equal, disjoint share of the allowed CPUs' physical cores. CPU sets come from
+``os.sched_getaffinity`` and Linux's sysfs. See docs/protocol.md, "CPU placement".
 """
 
 from __future__ import annotations

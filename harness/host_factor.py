@@ -1,15 +1,6 @@
 r"""This machine's host speed, measured within seconds: the executor's host time per eager call over its price
-(a host factor, no unit).
-
-A model answers eager-mode questions for a machine of a given host factor (``features.launch_cost``). A sweep
-gives a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
-takes minutes of GPU time; this measures it directly. Tiny shapes make the GPU work negligible, so an eager
-call's wall time is the host's time to issue it: each (op, schedule) of :data:`CASES` is called in
-interleaved, shuffled rounds of ``batch`` calls (:func:`time_host_calls`, the loop
-``benchmarks/executor_overhead.py`` times with), and the factor is the median over cases of the measured
-microseconds per call (the slowest rank's) over :func:`features.launch_cost.host_us`. The prices are fitted to
-the same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
-reads about 1.
+(a host factor, no unit): the median over :data:`CASES` of the slowest rank's microseconds per call of tiny
+shapes (:func:`time_host_calls`) over :func:`features.launch_cost.host_us`. See docs/protocol.md, "The host".
 
     torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_factor --out host.json   # or:
     ficco host-factor                                                                      # all local GPUs

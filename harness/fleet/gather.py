@@ -1,16 +1,7 @@
 """Gather: the shards of one sweep (``harness.fleet.shards``), measured on any number of machines, into one
-dataset.
-
-``gather(paths, out)`` reads shard directories (or folders holding them), and refuses shards that do not
-belong together, naming every key that differs with the shards on each side: the backend, the hardware
-profile, the fingerprint (GPU, driver, CUDA, torch, NCCL, interconnect, world size; CPU for gloo; model and
-constants for sim), the timing protocol, the plan hash and the shard count. It reports shards that are
-missing or not finished (and refuses them unless ``partial``), drops rows measured twice (a shard copied or
-run twice: the first directory given wins), and writes an ordinary dataset directory: one part per shard
-(with its provenance in the Parquet metadata), the re-measures, the whole plan, a manifest whose
-``gathered`` entry lists the shards, the machines and runs of each, the sweep time and the content hash of
-the rows (``harness.dataset.frame_hash``, the hash ``ficco train`` records as the model's
-``dataset_hash``), and the dataset card with a "Shards" section (:func:`shards_section`).
+ordinary dataset directory. ``gather`` refuses shards that do not belong together (naming every key that
+differs) and missing or unfinished ones unless ``partial``, keeps each row once, and records the shards,
+machines and runs in the manifest's ``gathered`` entry. See docs/fleet.md, "Gather".
 """
 
 from __future__ import annotations

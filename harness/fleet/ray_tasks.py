@@ -1,17 +1,8 @@
 """``ficco fleet run ADDRESS``: the shards of a sweep as Ray tasks, one placement group each, then gathered.
 
-Each shard (``harness.fleet.shards``) is one task that runs ``ficco fleet shard --shard I/N ...`` in a
-subprocess, the usual sweep with one process per GPU under torchrun (gloo: per CPU rank; sim: in that
-process), inside a placement group of one bundle packed on one node (``STRICT_PACK``): ``{"GPU": W}`` (by
-default ``{"GPU": G}``, the node's every GPU, so that no other shard shares its NVLink and host;
-``--share-nodes`` packs shards W GPUs apart and the card says so), ``{"CPU": W}`` for gloo and ``{"CPU": 1}``
-for sim. A task whose worker dies (a preempted node, a killed process) is retried by Ray (``max_retries``),
-and one whose sweep exits non-zero too (``retry_exceptions``); the retry resumes the shard from its dataset
-directory, so the output folder must be on storage every node sees. A progress bar counts finished scenarios
-over all shards (read from the shards' manifests), and the finished shards are gathered into ``--out``
-(``harness.fleet.gather``).
-
-Ray is an optional dependency (``pip install 'ficco[fleet]'``).
+Each task runs ``ficco fleet shard --shard I/N ...`` in a subprocess inside a placement group of one bundle
+packed on one node (:func:`shard_bundle`); Ray retries a task whose worker dies or whose sweep fails, and the
+retry resumes the shard. Ray is an optional dependency (``pip install 'ficco[fleet]'``). See docs/fleet.md.
 """
 
 from __future__ import annotations

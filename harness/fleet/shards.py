@@ -1,18 +1,8 @@
 """Shards of a sweep: one deterministic, disjoint part of a plan per machine, balanced by estimated GPU time.
 
-``ficco fleet shard --shard I/N`` (or, without it, the array index of a Slurm job array or a Kubernetes
-indexed Job, see :func:`shard_from_env`) measures shard ``I`` of ``N`` into
-``OUT/shards/shard-0000I-of-0000N/``, an
-ordinary dataset directory (``harness.dataset``) whose ``plan.json`` holds the shard's part of the plan and,
-in ``settings["shard"]``, where it comes from: its index and count, the hash of the whole plan
-(:func:`plan_hash`) and the plan positions it measures. Running the same command again resumes the shard.
-
-The split: every scenario's GPU time under the protocol is estimated with the simulator
-(``harness.plan.scenario_seconds``), rounded to ``COST_DIGITS`` significant digits so that machines with
-other floating-point libraries compute the same split, and the scenarios are dealt longest first to the
-shard with the least time so far (ties: lower index); each shard keeps the plan order. Every part a shard
-writes carries its provenance in the Parquet metadata (:func:`provenance`): the backend's fingerprint,
-the plan hash, the code version and the shard. ``harness.fleet.gather`` unions the shards into one dataset.
+Shard ``I`` of ``N`` measures into ``OUT/shards/shard-0000I-of-0000N/``, an ordinary dataset directory
+whose ``plan.json`` records in ``settings["shard"]`` its index, count, the whole plan's hash and its
+positions; every part carries its :func:`provenance`. See docs/fleet.md, "Shards".
 """
 
 from __future__ import annotations
