@@ -25,9 +25,9 @@ EAGER_TIMED_FACTOR = 3.0
 """Eager mode's timed work over graph mode's (its low-quantile labels need more rounds; docs/protocol.md)."""
 
 PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
-"""Protocol settings that a dataset's manifest did not record before they became settings, as those
-datasets were measured (every rank's threads on an equal share of the CPUs; one ``torch.mm`` per expert in
-the MoE ops; one copy-engine side stream per peer): a resume compares with these."""
+"""Protocol settings as datasets measured before they became settings were measured (a resume compares with
+these): every rank's threads on an equal share of the CPUs, one ``torch.mm`` per expert, one copy-engine side
+stream per peer."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,8 +83,7 @@ class Timing:
         return int(min(self.max_rounds, max(self.rounds, math.ceil(timed / round_ms))))
 
     def to_dict(self) -> dict:
-        """The settings as JSON-ready values, with eager mode's share of timed work (the manifest's
-        ``protocol`` holds them, so a resume under another protocol is refused)."""
+        """The settings as JSON-ready values, with eager mode's share of timed work (the manifest's)."""
         return {
             "rounds": self.rounds,
             "max_rounds": self.max_rounds,
@@ -109,20 +108,18 @@ class Measurement:
     p90_ms: float = float("nan")
     """90th percentile over ``round_ms``; NaN if failed."""
     round_ms: tuple[float, ...] = ()
-    """Per-call time of each interleaved round (the median of the round's repetitions, each the maximum
-    over ranks), in round order; empty if failed."""
+    """Per-call time of each interleaved round (the maximum over ranks), in round order; empty if failed."""
     ok: bool = True
     """False when the schedule raised, timed out or produced a result different from serial."""
     error: str = ""
     """Why it failed (one line); empty when ``ok``."""
     in_best_set: bool = False
-    """Cannot be told apart from the fastest ok schedule of the same scenario and mode at the measured
-    noise (``harness.labels.best_set``); set by ``harness.labels.label_result``, False when failed."""
+    """Cannot be told apart from the fastest ok schedule of its scenario and mode (``harness.labels``)."""
 
     @classmethod
     def from_rounds(cls, schedule: str, mode: str, round_ms: Sequence[float]) -> Measurement:
-        """The measurement of ``schedule`` in ``mode`` whose per-round times are ``round_ms`` (ms, at least
-        one): median, 10th and 90th percentiles over the rounds."""
+        """The measurement whose per-round times are ``round_ms`` (ms, at least one), with its median, 10th
+        and 90th percentiles."""
         p10, median, p90 = np.percentile(np.asarray(round_ms, dtype=float), [10, 50, 90])
         return cls(
             schedule=schedule, mode=mode, median_ms=float(median), p10_ms=float(p10), p90_ms=float(p90),
@@ -156,8 +153,7 @@ class Backend(Protocol):
     """The modes ``measure`` times every schedule in (a subset of ``features.MODES``, in that order)."""
 
     def protocol(self) -> dict:
-        """The timing protocol's settings (modes, rounds, ...), JSON-serialisable: a dataset is resumed
-        only with the same ones."""
+        """The timing protocol's settings, JSON-serialisable: a dataset resumes only under the same ones."""
         ...
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
@@ -166,13 +162,11 @@ class Backend(Protocol):
         ...
 
     def agree(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any rank (collective under torchrun: every rank calls it together),
-        so that every rank takes the same decision."""
+        """Whether ``flag`` holds on any rank (collective under torchrun), so every rank decides alike."""
         ...
 
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
-        """Run ``scenario`` once untimed before the first measurement of a process (lazy initialisation:
-        library handles, communicator connections, peer memory); a no-op where nothing is lazy."""
+        """Run ``scenario`` once untimed before a process's first measurement (lazy initialisation)."""
         ...
 
     def fingerprint(self) -> dict:
