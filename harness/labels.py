@@ -28,10 +28,8 @@ RESAMPLES = 1000
 
 
 def relabel(df: pd.DataFrame, *, seed: int = 0, alpha: float = ALPHA) -> pd.DataFrame:
-    """``df`` (dataset rows) with ``in_best_set`` recomputed from ``round_ms`` under the current rule, per
-    (scenario, mode), as ``label_result`` sets it at measuring time (failed rows stay out of the set); the
-    rows keep their order, under a fresh index. ``alpha``: the bootstrap level (``best_set``; a study of the
-    rule may try others)."""
+    """``df`` (dataset rows) with ``in_best_set`` recomputed from ``round_ms`` per (scenario, mode), as
+    ``label_result`` sets it (``alpha``: ``best_set``'s); the rows keep their order, under a fresh index."""
     out = df.reset_index(drop=True)
     flags = np.zeros(len(out), dtype=bool)
     for (_, mode), group in out.groupby(["scenario_id", "mode"], sort=False):

@@ -132,14 +132,9 @@ def plan_scenarios(
     seed: int = 0,
     ops: Sequence[str] = OPS,
 ) -> Plan:
-    """Build the plan (docs/protocol.md, "The plan").
-
-    ``include_moe`` adds the MoE configs' expert-parallel pairs (``a2a_gemm`` / ``gemm_a2a``, balanced
-    routing); the grid holds ``ag_gemm`` and ``gemm_rs`` only. ``ops``: only scenarios of these ops (the
-    grid too; an MoE op also needs ``include_moe``). Model configs whose layers do not split ``tp``
-    ways are left out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError``
-    naming a bad argument.
-    """
+    """Build the plan (docs/protocol.md, "The plan"): scenarios of ``ops`` only, the MoE ops' only with
+    ``include_moe``; the grid holds dense ops. Configs whose layers do not split ``tp`` ways are listed with
+    the reason in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad argument."""
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware, ops)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
@@ -282,8 +277,7 @@ class SweepEstimate:
 
 
 def evenly_spaced(items: Sequence[T], count: int) -> list[T]:
-    """``count`` of ``items`` spread evenly over them, in order (all of them if fewer): item
-    ``floor(i * len / count)`` for ``i < count``."""
+    """``count`` of ``items`` spread evenly over them, in order (all of them if fewer)."""
     if count >= len(items):
         return list(items)
     step = len(items) / count
