@@ -14,7 +14,7 @@ import math
 import zlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -459,14 +459,9 @@ def calibrate(
     unknown = sorted(set(fixed) - set(names))
     if unknown:
         raise ValueError(f"calibrate: fixed names {unknown} are not SimConstants fields; allowed: {names}")
-    cache: dict[str, Scenario] = {}
-
-    def scenario(row: Any) -> Scenario:
-        if row.scenario_id not in cache:
-            cache[row.scenario_id] = scenario_from_row(row, hardware)
-        return cache[row.scenario_id]
-
-    sched_x = _encode([(scenario(r), Schedule.parse(r.schedule)) for r in ok.itertuples()])
+    first = df.drop_duplicates("scenario_id").itertuples()
+    scenarios = {row.scenario_id: scenario_from_row(row, hardware) for row in first}
+    sched_x = _encode([(scenarios[r.scenario_id], Schedule.parse(r.schedule)) for r in ok.itertuples()])
     sched_y = np.log(ok["median_ms"].to_numpy(dtype=float) * 1e3)
     group = ok["scenario_id"].factorize()[0]
     group_size = np.bincount(group)
@@ -474,7 +469,7 @@ def calibrate(
     for key in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"):
         sub = df[np.isfinite(df[key].to_numpy(dtype=float))].drop_duplicates(["scenario_id", key])
         if not sub.empty:
-            x = _encode([(scenario(r), Schedule()) for r in sub.itertuples()])
+            x = _encode([(scenarios[r.scenario_id], Schedule()) for r in sub.itertuples()])
             base_obs.append((key, x, np.log(sub[key].to_numpy(dtype=float) * 1e3)))
 
     free = [n for n in names if n not in set(fixed)]

@@ -366,14 +366,12 @@ class TorchBackend:
     def _time_round(self, items: list[_Item], order: list[int], *, queued: bool) -> None:
         """One round over ``items[i]`` for ``i`` in ``order``: each item's per-call time, the maximum over
         ranks, is appended to its ``times``; an item that raised on any rank gets the agreed error."""
-        local = np.zeros(len(items))
-        failed = np.zeros(len(items))
         errors: dict[int, str] = {}
-        timed = self._queued_round if queued else self._aligned_round
-        for i, value in timed([(i, items[i]) for i in order], errors).items():
-            local[i] = value
-        for i in errors:
-            failed[i] = 1.0
+        run_round = self._queued_round if queued else self._aligned_round
+        timed = run_round([(i, items[i]) for i in order], errors)
+        local, failed = np.zeros(len(items)), np.zeros(len(items))
+        local[list(timed)] = list(timed.values())
+        failed[list(errors)] = 1.0
         merged = self._max_over_ranks([*local, *failed])
         for i in order:
             if merged[len(items) + i]:

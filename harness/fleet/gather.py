@@ -149,11 +149,8 @@ def check_same_sweep(shards: Sequence[ShardDir]) -> None:
 
 
 def gather(paths: Sequence[str | Path], out: str | Path, *, partial: bool = False) -> Gathered:
-    """Union the shards ``paths`` (see :func:`find_shards`) into dataset ``out`` (see the module docstring).
-
-    Raises ``ValueError`` for shards of different sweeps (:func:`check_same_sweep`), for missing or
-    unfinished shards unless ``partial``, and when ``out`` already holds a dataset.
-    """
+    """Union the shards ``paths`` (:func:`find_shards`) into dataset ``out``. Raises ``ValueError`` for shards
+    of different sweeps, missing or unfinished shards unless ``partial``, and an ``out`` holding a dataset."""
     import pandas as pd
 
     out = Path(out)
@@ -248,12 +245,11 @@ def _entry_ids(plan: dict[str, Any]) -> list[str]:
 def _new_rows(frame: pd.DataFrame, seen: set[tuple[str, str, str]]) -> tuple[pd.DataFrame, int]:
     """``frame`` without rows whose ``ROW_KEY`` is in ``seen`` or repeated within it (``seen`` grows);
     returns the kept rows and how many were dropped."""
-    keys = list(zip(*(frame[c] for c in ROW_KEY), strict=True))
-    keep = []
-    for key in keys:
-        keep.append(key not in seen)
-        seen.add(key)
-    kept = frame[keep].reset_index(drop=True)
+    import pandas as pd
+
+    keys = pd.MultiIndex.from_frame(frame[ROW_KEY])
+    kept = frame[~(keys.isin(seen) | keys.duplicated())].reset_index(drop=True)
+    seen.update(keys)
     return kept, len(frame) - len(kept)
 
 

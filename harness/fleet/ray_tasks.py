@@ -32,9 +32,9 @@ class ShardFailed(RuntimeError):
 def shard_bundle(
     backend: str, world_size: int, *, share_nodes: bool, node_gpus: Sequence[float]
 ) -> dict[str, float]:
-    """The one bundle a shard's placement group holds: ``{"GPU": ...}`` (gpu; the whole node unless
-    ``share_nodes``), ``{"CPU": world_size}`` (gloo) or ``{"CPU": 1}`` (sim). ``node_gpus``: the GPUs of
-    each alive node of the cluster. ``ValueError`` names why no node fits."""
+    """The one bundle a shard's placement group holds, given the GPUs of each alive node (``node_gpus``):
+    gpu, the whole node unless ``share_nodes``; gloo ``world_size`` CPUs; sim 1. ``ValueError`` says why no
+    node fits."""
     if backend == "sim":
         return {"CPU": 1}
     if backend == "gloo":
@@ -79,8 +79,7 @@ def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str])
 
 def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenarios: int) -> list[Path]:
     """Run the shards of ``sweep``, the sweep ``argv`` (``ficco bench`` options, without ``--out``), as Ray
-    tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
-    one here; else a Ray address), with a progress bar over the plan's ``scenarios``; returns the shard
+    tasks on the connected cluster, with a progress bar over the plan's ``scenarios``; returns the shard
     directories. Raises ``RuntimeError`` naming the shards that failed after their retries."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group

@@ -141,9 +141,8 @@ def plan_hash(plan: Plan) -> str:
 
 
 def shard_plan(plan: Plan, shard: Shard, costs: Sequence[float]) -> Plan:
-    """The part of ``plan`` that ``shard`` measures (plan order), ``costs`` being each scenario's estimated
-    seconds (``harness.plan.scenario_seconds``); its ``settings["shard"]`` records the shard, the hash of
-    the whole plan, the positions it measures and its estimated seconds."""
+    """The part of ``plan`` that ``shard`` measures (plan order) given each scenario's estimated seconds
+    ``costs``; its ``settings["shard"]`` records the shard, the plan hash, its positions and seconds."""
     if len(costs) != len(plan):
         raise ValueError(f"costs must give one time per plan scenario ({len(plan)}); got {len(costs)}")
     owner = assign(costs, shard.count)
@@ -172,8 +171,7 @@ def shard_dir(out: Path, shard: Shard) -> Path:
 
 
 def code_version() -> str:
-    """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty`` with uncommitted changes) in a git
-    checkout."""
+    """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty``) in a git checkout."""
     from ficco import CHECKOUT, __version__
 
     if CHECKOUT is None:  # an installed ficco: no git checkout to read
