@@ -15,35 +15,26 @@ from ficco.features import Scenario, Schedule
 ROUNDS = 5
 """Fewest interleaved rounds per scenario and mode in the timing protocol (``harness.torch_backend``)."""
 MAX_ROUNDS = 96
-"""Most interleaved rounds per scenario and mode: cheap scenarios, whose rounds are short and whose times
-spread most from round to round (small shapes), get more of them (``Timing.rounds_for``)."""
+"""Most interleaved rounds per scenario and mode (cheap, noisy scenarios get more: ``Timing.rounds_for``)."""
 BLOCK_MS = 0.5
-"""Target length of one timed block of ``serial/sm`` calls, ms. Graph-mode blocks are queued on the device
-behind an in-stream rank alignment, so launch jitter does not land in them and short blocks lose nothing;
-drift over seconds is what remains, which many short interleaved rounds average out better than few long
-ones (reference measurements on 2 x H200: round-to-round spread 3-13% at any block length)."""
+"""Target length of one timed block of ``serial/sm`` calls, ms (why short blocks: docs/protocol.md)."""
 TIMED_MS = 250.0
 """Timed milliseconds one scenario spends per mode: the rounds run until their total reaches this, within
-``[ROUNDS, MAX_ROUNDS]`` (a scenario of 34 items of 0.5 ms blocks gets about 15 rounds, one of 10 ms calls
-``ROUNDS``); eager mode gets ``EAGER_TIMED_FACTOR`` times as much."""
+``[ROUNDS, MAX_ROUNDS]``; eager mode gets ``EAGER_TIMED_FACTOR`` times as much."""
 EAGER_TIMED_FACTOR = 3.0
-"""Eager mode's timed work over graph mode's. Eager labels are a low quantile over rounds
-(``features.dataset.LABEL_STAT``), which needs many rounds to be steady; 3x rather than 4x keeps a full
-614-scenario sweep with its re-measure inside 25 minutes (``estimate_sweep``)."""
+"""Eager mode's timed work over graph mode's (its low-quantile labels need more rounds; docs/protocol.md)."""
 
 PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
-"""Protocol settings that a dataset's manifest did not record before they became settings, as those
-datasets were measured (every rank's threads on an equal share of the CPUs; one ``torch.mm`` per expert in
-the MoE ops; one copy-engine side stream per peer): a resume compares with these."""
+"""Protocol settings as datasets measured before they became settings were measured (a resume compares with
+these): every rank's threads on an equal share of the CPUs, one ``torch.mm`` per expert, one copy-engine side
+stream per peer."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timing:
     """How long and how often the timing protocol (``harness.torch_backend``) times each item: blocks of
-    about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. One object carries these from
-    the command line to the worker processes, the backend, the manifest and the sweep estimate; its fields
-    are the options ``--rounds``, ``--max-rounds``, ``--block-ms`` and ``--timed-ms`` of ``ficco bench`` and
-    the worker (``ficco.dataclass_options``)."""
+    about ``block_ms``, rounds sized by time within ``[rounds, max_rounds]``. Its fields are options of
+    ``ficco bench`` and the worker (``ficco.dataclass_options``)."""
 
     rounds: int = option(
         ROUNDS,
@@ -92,8 +83,7 @@ class Timing:
         return int(min(self.max_rounds, max(self.rounds, math.ceil(timed / round_ms))))
 
     def to_dict(self) -> dict:
-        """The settings as JSON-ready values, with eager mode's share of timed work (the manifest's
-        ``protocol`` holds them, so a resume under another protocol is refused)."""
+        """The settings as JSON-ready values, with eager mode's share of timed work (the manifest's)."""
         return {
             "rounds": self.rounds,
             "max_rounds": self.max_rounds,
@@ -118,20 +108,18 @@ class Measurement:
     p90_ms: float = float("nan")
     """90th percentile over ``round_ms``; NaN if failed."""
     round_ms: tuple[float, ...] = ()
-    """Per-call time of each interleaved round (the median of the round's repetitions, each the maximum
-    over ranks), in round order; empty if failed."""
+    """Per-call time of each interleaved round (the maximum over ranks), in round order; empty if failed."""
     ok: bool = True
     """False when the schedule raised, timed out or produced a result different from serial."""
     error: str = ""
     """Why it failed (one line); empty when ``ok``."""
     in_best_set: bool = False
-    """Cannot be told apart from the fastest ok schedule of the same scenario and mode at the measured
-    noise (``harness.labels.best_set``); set by ``harness.labels.label_result``, False when failed."""
+    """Cannot be told apart from the fastest ok schedule of its scenario and mode (``harness.labels``)."""
 
     @classmethod
     def from_rounds(cls, schedule: str, mode: str, round_ms: Sequence[float]) -> Measurement:
-        """The measurement of ``schedule`` in ``mode`` whose per-round times are ``round_ms`` (ms, at least
-        one): median, 10th and 90th percentiles over the rounds."""
+        """The measurement whose per-round times are ``round_ms`` (ms, at least one), with its median, 10th
+        and 90th percentiles."""
         p10, median, p90 = np.percentile(np.asarray(round_ms, dtype=float), [10, 50, 90])
         return cls(
             schedule=schedule, mode=mode, median_ms=float(median), p10_ms=float(p10), p90_ms=float(p90),
@@ -165,8 +153,7 @@ class Backend(Protocol):
     """The modes ``measure`` times every schedule in (a subset of ``features.MODES``, in that order)."""
 
     def protocol(self) -> dict:
-        """The timing protocol's settings (modes, rounds, ...), JSON-serialisable: a dataset is resumed
-        only with the same ones."""
+        """The timing protocol's settings, JSON-serialisable: a dataset resumes only under the same ones."""
         ...
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
@@ -175,13 +162,11 @@ class Backend(Protocol):
         ...
 
     def agree(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any rank (collective under torchrun: every rank calls it together),
-        so that every rank takes the same decision."""
+        """Whether ``flag`` holds on any rank (collective under torchrun), so every rank decides alike."""
         ...
 
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
-        """Run ``scenario`` once untimed before the first measurement of a process (lazy initialisation:
-        library handles, communicator connections, peer memory); a no-op where nothing is lazy."""
+        """Run ``scenario`` once untimed before a process's first measurement (lazy initialisation)."""
         ...
 
     def fingerprint(self) -> dict:

@@ -246,8 +246,7 @@ def _best_sets(df: pd.DataFrame, labels: pd.DataFrame) -> str:
 
 
 def _twin_row(df: pd.DataFrame, mode: str) -> list[str]:
-    """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%] (rows of
-    ``mode``)."""
+    """[pairs, share differing beyond noise, share hp faster by > 1%, share hp slower by > 1%]."""
     ok = with_label_times(df[df["ok"]])
     quantile = label_quantile(mode)
     hp = ok[ok["schedule"].str.endswith("/hp")]
@@ -270,16 +269,13 @@ def _twin_row(df: pd.DataFrame, mode: str) -> list[str]:
 
 
 def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
-    """Run-to-run noise of the re-measured scenarios, in one mode (pass rows of one mode): relative
-    differences of the label times (``time_ms``) of every (scenario, schedule) ok in both runs (median, p90,
-    max); the share
-    of scenarios whose fastest schedule in the second run lies in the first run's best set; the median
-    best-set size of the first run; the share whose fastest schedule changed, with the median loss of
-    keeping the first run's pick in the second."""
+    """Run-to-run noise of the re-measured scenarios, rows of one mode: the relative differences of the
+    label times of the pairs ok in both runs (median, p90, max), the share of scenarios whose second-run
+    fastest lies in the first run's best set, the first run's median best-set size, and the share whose
+    fastest changed with the median loss of keeping the first run's pick."""
     keys = ["scenario_id", "schedule"]
     df, noise = with_label_times(df), with_label_times(noise)
-    both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
-    both = both[both["ok"] & both["ok_2"]]
+    both = _both_ok(df, noise)
     rel = (both["time_ms_2"] - both["time_ms"]).abs() / both["time_ms"]
     first = label_table(df[df["scenario_id"].isin(noise["scenario_id"])]).set_index("scenario_id")
     second = label_table(noise).set_index("scenario_id")
@@ -305,22 +301,26 @@ def noise_summary(df: pd.DataFrame, noise: pd.DataFrame) -> dict[str, float]:
     }
 
 
+def _both_ok(df: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
+    """The (scenario, schedule) pairs ok in both runs: ``time_ms`` of the first run, ``time_ms_2`` of the
+    second."""
+    keys = ["scenario_id", "schedule"]
+    both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
+    return both[both["ok"] & both["ok_2"]]
+
+
 NOISE_SIZE_EDGES_MS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0)
 """Serial-time edges (ms, the first run's ``serial/sm`` in that mode) of the card's noise-by-size table:
 sub-millisecond eager times are mostly host time, whose speed drifts between runs."""
 
 
 def noise_by_size(df: pd.DataFrame, noise: pd.DataFrame) -> list[dict[str, float]]:
-    """Run-to-run relative difference (median, p90) of the re-measured pairs in one mode (rows of one
-    mode), by the scenario's serial time in the first run (``NOISE_SIZE_EDGES_MS``); also with each
-    scenario's median shift between the runs taken out (``shifted``: what a common drift of the whole
-    scenario, e.g. the host's speed, leaves of the differences between its schedules), and that shift
-    itself (``shift_median``: the median over the bucket's scenarios of the second run's time over the
-    first's; two sweeps of other sessions differ by it where the host's speed sets eager times)."""
-    keys = ["scenario_id", "schedule"]
+    """Run-to-run relative difference (median, p90) of the re-measured pairs, rows of one mode, by the
+    scenario's first-run serial time (``NOISE_SIZE_EDGES_MS``); also with each scenario's median shift
+    between the runs taken out (``shifted``: what a drift of the whole scenario, e.g. the host's speed,
+    leaves), and that shift (``shift_median``: the bucket's median second-run over first-run time)."""
     df, noise = with_label_times(df), with_label_times(noise)
-    both = df[[*keys, "time_ms", "ok"]].merge(noise[[*keys, "time_ms", "ok"]], on=keys, suffixes=("", "_2"))
-    both = both[both["ok"] & both["ok_2"]].copy()
+    both = _both_ok(df, noise).copy()
     log_ratio = np.log(both["time_ms_2"] / both["time_ms"])
     both["rel"] = np.abs(np.expm1(log_ratio))
     shift = log_ratio.groupby(both["scenario_id"]).transform("median")
@@ -462,8 +462,7 @@ def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) ->
 
 
 def _plot_best(labels: pd.DataFrame, op: str, mode: str, directory: Path) -> Path:
-    """Scatter of the best schedule family over (m, n*k) for ``op`` in ``mode``, log axes; returns the PNG
-    path."""
+    """Scatter of the best schedule family over (m, n*k) for ``op`` in ``mode``; returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,16 +1,9 @@
 """``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario; ``ficco dataset
-card|gather``; ``ficco host-factor``. The fleet verbs (``ficco fleet run|emit|shard``) are
-``harness.fleet.commands``.
+card|gather``; ``ficco host-factor`` (docs/cli.md). Heavy imports (torch, pandas, matplotlib) happen inside
+the commands.
 
-    ficco bench --out datasets/h200x2 --remeasure 64          # all local GPUs through torchrun
-    ficco bench --out datasets/h200x2 --remeasure 64          # again: continues after a crash or Ctrl-C
-    ficco bench --out datasets/h200x2-moe --ops all           # the MoE configs' all-to-all pairs too
-    ficco bench --backend sim --out /tmp/sim --ops all        # no GPU: the analytic model
+    ficco bench --out datasets/h200x2 --remeasure 64          # all local GPUs; again: continues the dataset
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
-    ficco dataset card datasets/h200x2                        # rewrite card.md and the plots
-    ficco fleet run auto --tp 8 --out /shared/h100x8          # every shard on Ray, then gathered
-
-Heavy imports (torch, pandas, matplotlib) happen inside the commands.
 """
 
 from __future__ import annotations
@@ -197,8 +190,7 @@ def sweep_job(
         typer.Option(help="Sim only: refit the model's constants to this measured dataset first."),
     ] = None,
 ) -> SweepJob:
-    """The sweep ``ficco bench`` runs with these options (its help: ``BENCH_HELP``); the fleet verbs read
-    the ``ficco bench`` options of theirs through it (:func:`parse_sweep`)."""
+    """The sweep ``ficco bench`` runs with these options (the fleet verbs' too, :func:`parse_sweep`)."""
     hw = hardware_profile(hardware)
     if not max_serial_ms > 0:
         raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
@@ -229,9 +221,8 @@ def bench(**options: Any) -> None:
 
 
 def parse_sweep(args: Sequence[str]) -> tuple[SweepJob, click.Context]:
-    """The sweep of the ``ficco bench`` options ``args`` and the click context that parsed them (which
-    options were given: ``harness.fleet.commands.forwarded_options``); a bad option is a usage error
-    naming ``ficco bench --help``."""
+    """The sweep of the ``ficco bench`` options ``args`` and the click context that parsed them; a bad
+    option is a usage error naming ``ficco bench --help``."""
     app = typer.Typer()
     app.command()(sweep_job)
     command = typer.main.get_command(app)
@@ -334,9 +325,8 @@ def _check_same_plan_settings(out: Path, plan: Plan) -> None:
 
 
 def _run_sim(job: SweepJob) -> None:
-    """Sweep ``job`` in this process with the simulator (calibrated on ``job.calibrate_from`` when given),
-    with its settings' modes, noise remeasures, flush interval and deadline (simulated times need no timing
-    protocol and no CPU placement)."""
+    """Sweep ``job`` in this process with the simulator (calibrated on ``job.calibrate_from`` when given);
+    simulated times need no timing protocol and no CPU placement."""
     from ficco.features.dataset import dataset_hardware, load_dataset
     from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
     from ficco.harness.sweep import run_noise, run_sweep

@@ -1,18 +1,6 @@
-"""Where a rank's threads run on the host: CPU placement for timing.
-
-Eager-mode times of small shapes are the host's time to issue the executor's work, so they follow the
-speed of the CPUs the rank's threads run on (the host studies under ``benchmarks/studies/host/`` and
-``docs/protocol.md`` say how much that speed moves on the GPU machines).
-
-Policies (``PIN_POLICIES``):
-
-- ``none``: leave placement to the kernel;
-- ``share``: each local rank gets an equal, disjoint share of the allowed CPUs' physical cores for all its
-  threads (every committed dataset was measured so).
-
-CPU sets come from ``os.sched_getaffinity`` and Linux's sysfs (``/sys/devices/system/cpu`` for SMT
-siblings, ``/sys/bus/pci/devices/<bus id>/local_cpulist`` for the GPU's NUMA-local CPUs); where sysfs
-says nothing, every allowed CPU counts as its own core and as local.
+"""Where a rank's threads run on the host (``PIN_POLICIES``): ``none`` leaves it to the kernel, ``share``
+gives each local rank an equal, disjoint share of the allowed CPUs' physical cores. CPU sets come from
+``os.sched_getaffinity`` and Linux's sysfs. See docs/protocol.md, "CPU placement".
 """
 
 from __future__ import annotations
@@ -32,16 +20,13 @@ class PinPolicy(StrEnum):
 
 PIN_POLICIES = tuple(policy.value for policy in PinPolicy)
 DEFAULT_PIN = PinPolicy.share
-"""The policy of ``ficco bench --pin`` and ``ficco host-factor --pin``: the one every committed dataset was
-measured under, and the one a runtime's process, which stays on its CPUs, runs under."""
+"""The policy of ``--pin``: every committed dataset's, and a runtime's process's, which stays on its CPUs."""
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_PCI = Path("/sys/bus/pci/devices")
 
 
 def parse_cpulist(text: str) -> list[int]:
-    """CPUs of a Linux cpulist such as ``"0-3,8,10-11"`` (sysfs, ``taskset -c``), sorted.
-
-    Raises ``ValueError`` naming the bad entry."""
+    """CPUs of a Linux cpulist such as ``"0-3,8,10-11"``, sorted; ``ValueError`` names a bad entry."""
     cpus: set[int] = set()
     for part in text.strip().split(","):
         if not part:
@@ -147,11 +132,9 @@ def plan_placement(
     cores: list[tuple[int, ...]],
     local: set[int] | None = None,
 ) -> Placement:
-    """Where local rank ``local_rank`` of ``local_world_size`` runs, by ``policy`` (``PIN_POLICIES``).
-
-    ``cpus``: the CPUs the process may use; ``cores``: those CPUs as physical cores
-    (:func:`physical_cores`); ``local``: the CPUs local to this rank's GPU, if known. Ranks get disjoint,
-    equal shares of whole cores, in order; with fewer cores than ranks every rank keeps every CPU."""
+    """Where local rank ``local_rank`` of ``local_world_size`` runs, by ``policy``, given the ``cpus`` the
+    process may use, those as physical ``cores`` and the CPUs ``local`` to its GPU (if known). Ranks get
+    disjoint, equal shares of whole cores, in order; with fewer cores than ranks each keeps every CPU."""
     if policy not in PIN_POLICIES:
         raise ValueError(f"pin policy {policy!r} is not one of {', '.join(PIN_POLICIES)}")
     if not 0 <= local_rank < local_world_size:

@@ -68,9 +68,8 @@ def result_rows(
 
 
 def write_parquet_atomic(path: Path, frame: pd.DataFrame, metadata: dict[str, Any] | None = None) -> None:
-    """Write dataset rows ``frame`` (their stored ``COLUMNS``; derived ones such as ``time_ms`` stay out) to
-    ``path`` via a temporary file, fsync and ``os.replace``; ``metadata`` (JSON-serialisable) goes into the
-    file's key-value metadata under ``PART_METADATA_KEY`` (read back by :func:`part_metadata`)."""
+    """Write the stored ``COLUMNS`` of dataset rows ``frame`` to ``path`` atomically; ``metadata``
+    (JSON-serialisable) goes into the file's key-value metadata (read back by :func:`part_metadata`)."""
     with replacing(path) as tmp:
         if metadata is None:
             frame[list(COLUMNS)].to_parquet(tmp, index=False)
@@ -100,9 +99,8 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def relabel_dataset(directory: str | Path) -> int:
-    """Recompute ``in_best_set`` of every part and of the re-measure of dataset ``directory`` from the
-    stored rounds under the current label rule (``harness.labels.relabel``), rewriting each file that
-    changes (atomically); returns how many rows changed."""
+    """Recompute ``in_best_set`` of dataset ``directory`` (parts and re-measure) under the current label
+    rule (``harness.labels.relabel``), rewriting each file that changes; returns how many rows changed."""
     import pandas as pd
 
     directory = Path(directory)

@@ -1,15 +1,6 @@
 r"""This machine's host speed, measured within seconds: the executor's host time per eager call over its price
-(a host factor, no unit).
-
-A model answers eager-mode questions for a machine of a given host factor (``features.launch_cost``). A sweep
-gives a machine's factor (its card's "Host speed": eager times over the prices where the host bounds them) but
-takes minutes of GPU time; this measures it directly. Tiny shapes make the GPU work negligible, so an eager
-call's wall time is the host's time to issue it: each (op, schedule) of :data:`CASES` is called in
-interleaved, shuffled rounds of ``batch`` calls (:func:`time_host_calls`, the loop
-``benchmarks/executor_overhead.py`` times with), and the factor is the median over cases of the measured
-microseconds per call (the slowest rank's) over :func:`features.launch_cost.host_us`. The prices are fitted to
-the same measurement (``benchmarks/results/executor-overhead-h200x2.json``), so the machine that measured them
-reads about 1.
+(a host factor, no unit): the median over :data:`CASES` of the slowest rank's microseconds per call of tiny
+shapes (:func:`time_host_calls`) over :func:`features.launch_cost.host_us`. See docs/protocol.md, "The host".
 
     torchrun --standalone --nproc-per-node 2 -m ficco.harness.host_factor --out host.json   # or:
     ficco host-factor                                                                      # all local GPUs
@@ -46,8 +37,7 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("serial/sm", "serial/dma", "shard/sm", "shard/dma", "finer/dma/s4/chunk", "finer/dma/s4/shard")
 CASES: tuple[tuple[str, str], ...] = tuple((op, s) for op in ("ag_gemm", "gemm_rs") for s in SCHEDULES)
-"""(op, schedule) pairs timed: the reference, both transports at shard granularity and the finer copy-engine
-schedules, the launches the eager labels of small shapes are made of."""
+"""(op, schedule) pairs timed: the launches the eager labels of small shapes are made of."""
 CPU_DEVICE = "CPU (gloo)"
 """``HostSpeed.device`` of a gloo measurement."""
 ROWS, WIDTH = 64, 64
@@ -66,18 +56,13 @@ def time_host_calls(
     after_warmup: Callable[[], object] | None = None,
     around: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
 ) -> list[dict[Hashable, list[float]]]:
-    """Microseconds per call of each of ``calls``, per round, by each of ``clocks``.
+    """Microseconds per call of each of ``calls``, per round, by each of ``clocks`` (functions of seconds):
+    one ``{case: [us per call, per round]}`` per clock.
 
-    ``warmup`` untimed calls of each, then ``rounds`` rounds that each time one batch of ``batch`` calls of
-    every case, in an order shuffled anew every round (the same on every rank for the same ``seed``), so
-    that drift of the host's speed and warm-up land on no case in particular. A batch starts after
-    ``sync()`` (CUDA: device synchronise and a barrier) and ends when its last call returns: on CUDA it
-    measures how fast the host issues work. Returns one ``{case: [us per call, per round]}`` per clock
-    (``clocks``: functions of seconds, e.g. ``time.perf_counter``, ``time.thread_time``).
-    ``after_warmup`` runs once between the warm-up and the rounds (e.g.
-    ``harness.cpu_placement.Placement.apply``, which moves the threads the warm-up started: NCCL starts
-    some on first use). ``around(case)``: a context each of the case's batches runs in (warm-up included),
-    entered before the batch's ``sync()`` and left after its timing."""
+    ``warmup`` untimed calls of each, then ``rounds`` interleaved rounds (shuffled by ``seed``) that each
+    time one batch of ``batch`` calls of every case, from ``sync()`` until its last call returns (on CUDA:
+    how fast the host issues work). ``after_warmup`` runs once before the rounds (e.g. ``Placement.apply``);
+    ``around(case)`` is a context each of the case's batches runs in, ``sync()`` included."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
     for case in cases:
@@ -106,8 +91,7 @@ def time_host_calls(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HostTiming:
-    """How ``ficco host-factor`` times the cases; its fields are the options of the command and of this
-    module's ``main`` (``ficco.dataclass_options``)."""
+    """How ``ficco host-factor`` times the cases; its fields are the command's options."""
 
     rounds: int = option(10, "Shuffled rounds, a batch of every case each.", min=3, max=1000)
     batch: int = option(50, "Calls per timed batch.", min=1, max=10_000)
@@ -169,9 +153,8 @@ class HostSpeed:
 def tiny_operands(
     rows: int, width: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's ``A_shard [rows / w, width]``, ``A [rows, width]`` and ``B [width, width]`` (random,
-    seeded by the rank), on ``device`` (default: the group's, the current GPU for NCCL, else the CPU);
-    bf16 on CUDA, fp32 on the CPU."""
+    """This rank's ``A_shard [rows / w, width]``, ``A [rows, width]`` and ``B [width, width]``
+    (``seeded_randn``), on ``device`` (default: the group's: the current GPU for NCCL, else the CPU)."""
     import torch
     import torch.distributed as dist
 
@@ -220,10 +203,8 @@ def measure_host_factor(
     seed: int = 0,
     after_warmup: Callable[[], object] | None = None,
 ) -> HostSpeed:
-    """Time :data:`CASES` on this process group's devices (collective: every rank calls it) and return the
-    host factor (``after_warmup``: see :func:`time_host_calls`). Needs an initialised process
-    group of >= 2 ranks (NCCL on CUDA; gloo runs, but its times are the CPU transfers', not a GPU machine's
-    host speed)."""
+    """Time :data:`CASES` on this process group's devices (collective; >= 2 ranks) and return the host
+    factor (``after_warmup``: see :func:`time_host_calls`). On gloo it measures the CPU transfers instead."""
     import torch
     import torch.distributed as dist
 

@@ -1,24 +1,6 @@
-"""Labels with confidence: a schedule's time, and which schedules cannot be told apart from the fastest at
-the measured noise.
-
-**A schedule's time** (its label, ``time_ms``) is a statistic over its interleaved rounds, chosen per mode
-(``features.dataset.LABEL_STAT``): the median in ``graph`` mode, where the device runs without the host and
-the rounds spread evenly; the 10th percentile in ``eager`` mode, where per-call times of small shapes are the
-host's speed at issuing the calls, and what disturbs the host only ever adds time. The dataset keeps both
-statistics and every round, so a label can be recomputed under another rule (``relabel``).
-
-**The best set.** A scenario's schedules are timed in interleaved rounds (``harness.torch_backend``): round
-``r`` of every schedule ran within the same few milliseconds, so rounds pair across schedules and drift
-(clocks, neighbours) lands on a whole round rather than on one schedule. With ``Q`` the mode's label
-statistic, the best set of a scenario and mode is::
-
-    best     = argmin_s Q_r T[s, r]
-    in_set_s = Q(T[s]) <= (1 + margin) * Q(T[best])                                 # the floor
-               or quantile_alpha( Q(T[s, R*]) / Q(T[best, R*]) ) <= 1 + margin
-
-over paired bootstrap resamples ``R*`` of the rounds: a schedule leaves the set only when it is slower
-than the fastest by more than ``margin`` in at least ``1 - alpha`` of the resamples. ``margin`` is never
-below 1%, the issue's floor and about the run-to-run spread of large GEMMs.
+"""Labels with confidence: which schedules of a scenario and mode cannot be told apart from the fastest at
+the measured noise (the best set: a paired bootstrap over the interleaved rounds, never narrower than 1%).
+See docs/protocol.md, "Labels".
 """
 
 from __future__ import annotations
@@ -46,10 +28,8 @@ RESAMPLES = 1000
 
 
 def relabel(df: pd.DataFrame, *, seed: int = 0, alpha: float = ALPHA) -> pd.DataFrame:
-    """``df`` (dataset rows) with ``in_best_set`` recomputed from ``round_ms`` under the current rule, per
-    (scenario, mode), as ``label_result`` sets it at measuring time (failed rows stay out of the set); the
-    rows keep their order, under a fresh index. ``alpha``: the bootstrap level (``best_set``; a study of the
-    rule may try others)."""
+    """``df`` (dataset rows) with ``in_best_set`` recomputed from ``round_ms`` per (scenario, mode), as
+    ``label_result`` sets it (``alpha``: ``best_set``'s); the rows keep their order, under a fresh index."""
     out = df.reset_index(drop=True)
     flags = np.zeros(len(out), dtype=bool)
     for (_, mode), group in out.groupby(["scenario_id", "mode"], sort=False):

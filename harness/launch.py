@@ -52,8 +52,7 @@ def hardware_profile(value: str, root: str | Path | None = None) -> HardwareProf
 
 
 def check_tp(tp: int, hw: HardwareProfile) -> int:
-    """``tp`` when it is a world size ``hw`` can run (2 to its GPU count, at most 8); otherwise a clean exit
-    naming the hardware's GPU count."""
+    """``tp`` when ``hw`` can run that world size (2 to its GPU count, at most 8); else a clean exit."""
     from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 
     top = min(MAX_WORLD_SIZE, hw.gpu_count)
@@ -67,9 +66,8 @@ def check_tp(tp: int, hw: HardwareProfile) -> int:
 
 
 def parse_tokens(value: str | None, tp: int, default: Sequence[int]) -> list[int]:
-    """The token counts of ``--tokens``; not given (None): ``default``, each rounded up to a multiple of
-    ``tp`` (so that every world size runs with the defaults). A clean exit for a value that is not a list
-    of positive integers."""
+    """The token counts of ``--tokens`` (None: ``default``, each rounded up to a multiple of ``tp``); a
+    clean exit for a value that is not a list of positive integers."""
     if value is None:
         return sorted({-(-t // tp) * tp for t in default})
     try:
@@ -130,21 +128,15 @@ def build_plan(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerSettings:
-    """What every ``ficco.harness.worker`` process of a sweep is told beside its plan (``ficco bench``'s
-    options of the same names)."""
+    """What every ``ficco.harness.worker`` process of a sweep is told beside its plan: ``ficco bench``'s
+    options of the same names (``deadline``: the ``time.time()`` after which no scenario starts)."""
 
     modes: tuple[str, ...]
-    """Execution modes timed."""
     timing: Timing = dataclasses.field(default_factory=Timing)
-    """Block length and rounds of the timing protocol."""
     remeasure: int = 0
-    """Scenarios measured again into noise.parquet once the sweep is complete."""
     flush_seconds: float = 10.0
-    """Seconds between dataset writes."""
     deadline: float | None = None
-    """``time.time()`` after which no scenario starts (None: no limit)."""
     pin: str = DEFAULT_PIN
-    """Where each rank's threads run (``harness.cpu_placement.PIN_POLICIES``)."""
 
 
 def torchrun_command(
@@ -199,14 +191,6 @@ def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
     return nproc
 
 
-def _require_rank_modules() -> None:
-    """Fail here, with the one line of ``ficco.cli``, when a module every rank imports is missing, instead
-    of every rank crashing and the sweep advising ``--resume``."""
-    from ficco.extras import DATA_MODULES, require_modules
-
-    require_modules(("torch", *DATA_MODULES))
-
-
 def run_torchrun(
     plan: Plan,
     out: Path,
@@ -218,11 +202,13 @@ def run_torchrun(
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""
+    from ficco.extras import DATA_MODULES, require_modules
     from ficco.features.dataset import PLAN
     from ficco.harness.dataset import write_json_atomic
 
     nproc = process_count(backend, tp, nproc)
-    _require_rank_modules()
+    # Fail here with one error line when a module every rank imports is missing, not on every rank.
+    require_modules(("torch", *DATA_MODULES))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / PLAN, json.loads(plan.to_json()))
     env = launch_env()

@@ -1,11 +1,6 @@
-"""The sweep plan: which scenarios to measure, from real model configs plus a log-uniform grid.
-
-``plan_scenarios`` expands every model config into the pairs of one layer (``features.model_config``)
-for each token count, keeps the first family of every scenario id (recording the others in
-``Plan.shared``), drops scenarios whose simulated serial time exceeds ``max_serial_ms`` (each costs about
-500 of its serial times under the timing protocol, and the communication/GEMM ratio of ``ag_gemm`` and
-``gemm_rs`` does not depend on ``m``), then adds ``grid_size`` grid shapes between the real ones.
-``estimate_sweep`` says how long the GPU sweep of the plan will take, from the simulator.
+"""The sweep plan: which scenarios to measure, from real model configs plus a log-uniform grid
+(``plan_scenarios``), and how long the GPU sweep of a plan takes, from the simulator (``estimate_sweep``).
+See docs/protocol.md, "The plan".
 """
 
 from __future__ import annotations
@@ -40,33 +35,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TOKENS: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-"""Token counts per layer call (sequence x micro-batch): decode and small-batch serving (128-512) to
-long-sequence prefill and training (64k)."""
+"""Token counts per layer call (sequence x micro-batch)."""
 DEFAULT_GRID = 260
-"""Grid scenarios added to the real ones. With the shipped configs at tp=2 the default plan holds 614
-scenarios (354 from 11 model families), which the simulator puts at about 17 minutes of 2 x H200 time in
-both modes with 64 re-measured (``estimate_sweep``)."""
+"""Grid scenarios added to the real ones."""
 DEFAULT_MAX_SERIAL_MS = 20.0
-"""Scenarios whose simulated ``serial/sm`` time exceeds this, ms, are left out of the plan (and listed in
-it): at tp=2, Llama-3.1-405B's layers at >= 16k tokens and 70B's MLP at >= 32k. Each would cost about 10 s
-of GPU time (30 schedules and 4 baselines x 2 modes x 7 calls)."""
+"""Scenarios whose simulated ``serial/sm`` time exceeds this, ms, are left out of the plan (and listed)."""
 GRID_M = (128, 65536)
 """Range of the grid's ``m`` (tokens), log-uniform."""
 GRID_NK = (512, 57344)
 """Range of the grid's ``n`` and ``k``, log-uniform."""
 
 UNTIMED_CALLS = 2
-"""Calls per timed item outside its timed blocks, on average: eager items run their check once, graph items
-two warm-up calls and the replay that checks the capture."""
+"""Calls per timed item outside its timed blocks, on average (checks, warm-ups, capture checks)."""
 BLOCK_OVERHEAD_MS = {"eager": 0.15, "graph": 0.02}
-"""Wall time per timed block beyond its calls, by mode: eager, the rank alignment on the host (an
-all-reduce and a host synchronisation) and reading the events; graph, the in-stream all-reduce of a round
-queued on the device."""
+"""Wall time per timed block beyond its calls, ms, by mode (rank alignment, events)."""
 ITEM_OVERHEAD_MS = 3.0
-"""Wall time per timed item beyond its calls: the output check against serial, agreement all-reduces,
-graph capture and instantiation."""
+"""Wall time per timed item beyond its calls, ms (check, agreement, graph capture)."""
 SCENARIO_OVERHEAD_MS = 60.0
-"""Wall time per scenario beyond its items (rotating inputs, the serial reference outputs, buffers)."""
+"""Wall time per scenario beyond its items, ms (rotating inputs, serial references, buffers)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,14 +132,9 @@ def plan_scenarios(
     seed: int = 0,
     ops: Sequence[str] = OPS,
 ) -> Plan:
-    """Build the plan (see the module docstring).
-
-    ``include_moe`` adds the MoE configs' expert-parallel pairs (``a2a_gemm`` / ``gemm_a2a``, balanced
-    routing); the grid holds ``ag_gemm`` and ``gemm_rs`` only. ``ops``: only scenarios of these ops (the
-    grid too; an MoE op also needs ``include_moe``). Model configs whose layers do not split ``tp``
-    ways are left out and listed, with the reason, in ``settings["skipped_configs"]``. Raises ``ValueError``
-    naming a bad argument.
-    """
+    """Build the plan (docs/protocol.md, "The plan"): scenarios of ``ops`` only, the MoE ops' only with
+    ``include_moe``; the grid holds dense ops. Configs whose layers do not split ``tp`` ways are listed with
+    the reason in ``settings["skipped_configs"]``. Raises ``ValueError`` naming a bad argument."""
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware, ops)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
@@ -296,8 +277,7 @@ class SweepEstimate:
 
 
 def evenly_spaced(items: Sequence[T], count: int) -> list[T]:
-    """``count`` of ``items`` spread evenly over them, in order (all of them if fewer): item
-    ``floor(i * len / count)`` for ``i < count``."""
+    """``count`` of ``items`` spread evenly over them, in order (all of them if fewer)."""
     if count >= len(items):
         return list(items)
     step = len(items) / count
@@ -312,14 +292,9 @@ def estimate_sweep(
     timing: Timing | None = None,
     remeasure: int = 0,
 ) -> SweepEstimate:
-    """The protocol of ``harness.torch_backend`` priced with the simulator: per scenario and mode, blocks of
-    ``calls = clamp(timing.block_ms / serial time in that mode, 1, MAX_CALLS)`` calls (plus one leading
-    call when several, in eager mode), ``Timing.rounds_for`` the first round's length rounds of every
-    schedule (baselines: ``timing.rounds``), plus ``UNTIMED_CALLS`` untimed calls each (check, warm-up,
-    graph capture and its check), and the per-block, per-item and per-scenario overheads; each of the
+    """The protocol of ``harness.torch_backend`` priced with the simulator (``_scenario_cost``); each of the
     ``remeasure`` scenarios adds the plan's mean cost."""
-    timing = Timing() if timing is None else timing
-    costs = [_scenario_cost(sim, s, modes, timing) for sim, s in _priced(plan, hardware, modes)]
+    costs = _costs(plan, hardware, modes, timing)
     timed = sum(c[0] for c in costs)
     overhead = sum(c[1] for c in costs)
     rows = sum(c[2] for c in costs)
@@ -340,23 +315,28 @@ def scenario_seconds(
 ) -> list[float]:
     """The simulated GPU seconds of each scenario of ``plan`` under the protocol (``estimate_sweep``'s
     terms, one scenario at a time): what ``harness.fleet.shards`` balances the shards of a sweep by."""
-    timing = Timing() if timing is None else timing
-    return [sum(_scenario_cost(sim, s, modes, timing)[:2]) for sim, s in _priced(plan, hardware, modes)]
+    return [timed + overhead for timed, overhead, _ in _costs(plan, hardware, modes, timing)]
 
 
-def _priced(
-    plan: Sequence[tuple[str, Scenario]], hardware: HardwareProfile, modes: Sequence[str]
-) -> Iterator[tuple[SimBackend, Scenario]]:
-    """``(simulator, scenario)`` for each scenario of ``plan``: one simulator of ``hardware`` for all."""
+def _costs(
+    plan: Sequence[tuple[str, Scenario]],
+    hardware: HardwareProfile,
+    modes: Sequence[str],
+    timing: Timing | None,
+) -> list[tuple[float, float, int]]:
+    """``_scenario_cost`` of each scenario of ``plan``, priced by one simulator of ``hardware``."""
     sim = SimBackend(hardware, modes=tuple(modes))
-    return ((sim, scenario) for _, scenario in plan)
+    timing = Timing() if timing is None else timing
+    return [_scenario_cost(sim, scenario, modes, timing) for _, scenario in plan]
 
 
 def _scenario_cost(
     sim: SimBackend, scenario: Scenario, modes: Sequence[str], timing: Timing
 ) -> tuple[float, float, int]:
-    """``(timed seconds, overhead seconds, rows)`` of one scenario under the protocol (see
-    ``estimate_sweep``)."""
+    """``(timed seconds, overhead seconds, rows)`` of one scenario under the protocol: per mode, blocks of
+    ``clamp(timing.block_ms / serial time, 1, MAX_CALLS)`` calls (plus one leading call when several, in eager
+    mode), ``Timing.rounds_for`` rounds (baselines: ``timing.rounds``), ``UNTIMED_CALLS`` untimed calls per
+    item, and the overheads."""
     from ficco.harness.torch_backend import MAX_CALLS
 
     schedules = candidates(scenario)

@@ -1,30 +1,8 @@
 """The simulated backend: an analytic model of GEMM, transfer, contention and launch times.
 
-It answers ``Backend.measure`` in microseconds of CPU time, so CI, the retraining job and what-if studies
-of other hardware can run the whole pipeline without a GPU. Times are built from five pieces; the GPU
-ones scale with the hardware profile (peak FLOP/s, HBM and link bandwidth, SM count), so a profile other
-than the measured one gives a what-if answer:
-
-- **GEMM**: roofline ``max(FLOPs / (peak * eff), bytes / (HBM * hbm_eff)) + launch``, where ``eff`` falls
-  for GEMMs too small to fill the SMs (waves of 128x256 tiles) and for short K loops; a GEMM split into
-  ``c`` kernels pays the roofline of each plus ``split_loss * (1 - 1/c)``.
-- **Transfer**: ``latency + bytes / bandwidth``: NCCL collectives (``serial/sm``), NCCL point-to-point
-  rounds (pipelined ``sm``) and copy-engine rounds (``dma``). Copy engines are latency-bound at small sizes
-  and, at 2 ranks, faster than NCCL at large ones. The bandwidth of a transfer that reaches every peer at
-  once (collectives, ``serial`` and ``finer`` rounds) changes with the number of peers, up for NCCL and
-  down for the copy engines, as one benchmark measured it at 2 and 4 ranks; beyond 4 ranks that is an
-  extrapolation.
-- **Contention**: while a transfer is in flight the GEMM runs ``1 + gemm_slowdown`` times slower and the
-  transfer ``1 + comm_slowdown`` times slower; NCCL kernels compete for SMs, copy engines barely do.
-  ``/hp`` relieves the transfer and costs the GEMM a little more.
-- **Pipelines**: the executor's plans (``executor.plan``): the own shard is one GEMM; all-gathers consume
-  peer pieces as their rounds land, reduce-scatters send each peer unit's pieces when its GEMM ends and
-  close with the owner's add.
-- **Host**: a pipelined call cannot run faster than the CPU issues it (a fixed part, a part per round and
-  one per GEMM): small scenarios are host-bound, which is why serial wins there.
-
-Constants live in :class:`SimConstants`; :func:`calibrate` refits them to any measured dataset and
-:func:`agreement` scores the simulator's picks against measured labels.
+``SimBackend`` answers ``Backend.measure`` from the model (rows say ``backend="sim"``), scaled by the hardware
+profile; :class:`SimConstants` holds its constants, :func:`calibrate` refits them to a measured dataset and
+:func:`agreement` scores the simulator's picks against measured labels. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -36,7 +14,7 @@ import math
 import zlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,105 +34,61 @@ _TILE_M, _TILE_N = 128, 256
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimConstants:
-    """Calibration constants of the simulator (times in microseconds).
-
-    Two sources. (1) Executor-only constants (the ``host_*`` ones, ``p2p_latency_us`` and the NCCL
-    contention pair) come from :func:`calibrate` on a 60-scenario smoke sweep of this project's executor
-    on 2 x H200 (the first 60 scenarios of the default plan): the reference probes did not run the
-    executor's pipeline. (2) Every other constant
-    comes from :func:`calibrate` on ``benchmarks.support.sim_reference.reference_frame()`` (the tables of
-    ``shared/reference/h200x2-measurements.md``) with (1) held fixed; table names below are its sections.
-    Rounded to 3 digits. The defaults reproduce the reference times with a median error of about 6% and
-    pick a schedule within 5% of the smoke sweep's best in 3 of 4 scenarios; refit them to a measured
-    dataset with ``calibrate`` (``ficco bench --backend sim --calibrate-from DIR``).
-    """
+    """Calibration constants of the simulator (times in microseconds). Where each default comes from:
+    docs/simulator.md; refit them with ``calibrate`` (``ficco bench --backend sim --calibrate-from DIR``)."""
 
     gemm_eff: float = 0.764
-    """Fraction of the bf16 peak a large GEMM reaches. 'GEMM' columns of the all-gather, copy-engine pull
-    and reduce-scatter tables (8192^3: 1.29-1.33 ms, about 800 TFLOP/s of 989)."""
+    """Fraction of the bf16 peak a large GEMM reaches."""
     gemm_wave_half: float = 0.0373
-    """Waves of 128x256 output tiles over the SMs at which a GEMM reaches half that efficiency (the ramp
-    of GEMMs too small to fill the GPU). The 1024- and 2048-row GEMMs of the same columns."""
+    """Waves of 128x256 output tiles over the SMs at which a GEMM reaches half that efficiency."""
     gemm_k_half: float = 256.0
-    """K at which the main loop reaches half efficiency (``k / (k + k_half)``). The small-K GEMMs of the
-    reduce-scatter table (16384,2048,4096 and 65536,1024,4096: K per rank 1024 and 512)."""
+    """K at which the main loop reaches half efficiency (``k / (k + k_half)``)."""
     gemm_launch_us: float = 10.8
-    """Fixed GPU cost of one GEMM (or add) kernel. The 'Decomposition loss' table (1024,4096,4096 in 8 and
-    16 blocks: about 18 and 16 us a block) and the 1024,4096,4096 GEMMs (0.05-0.10 ms)."""
+    """Fixed GPU cost of one GEMM (or add) kernel."""
     hbm_eff: float = 1.0
-    """Fraction of the HBM bandwidth memory-bound kernels reach; at its upper bound 1 (the reference data
-    only see it through the add of copy-engine reduce-scatters, 'CE shard' at 65536,1024,4096)."""
+    """Fraction of the HBM bandwidth memory-bound kernels reach."""
     split_loss: float = 0.145
-    """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines.
-    'Decomposition loss' table (1.04-1.16 for the large shapes) and the 'finer s2' / 'finer s4' columns."""
+    """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines."""
     nccl_latency_us: float = 53.3
-    """Latency of one NCCL collective, at any world size. 'NCCL AG' / 'NCCL RS' columns at 4-16 MB (0.06-0.13
-    ms); the 4-rank all-gather of ``benchmarks.support.sim_reference.WORLD_SIZE_TABLE`` took about as long at
-    1-4 MiB (0.086 ms) as the 2-rank one (0.071-0.081 ms), so it does not grow by a step per peer."""
+    """Latency of one NCCL collective, at any world size."""
     nccl_bw_frac: float = 0.513
-    """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``. 'NCCL AG' / 'NCCL RS'
-    at 64-256 MB (about 230 GB/s of 450)."""
+    """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``."""
     p2p_latency_us: float = 46.2
-    """GPU-side latency of one round of NCCL point-to-point transfers in the executor's pipeline. Smoke
-    sweep (1)."""
+    """GPU-side latency of one round of NCCL point-to-point transfers in the executor's pipeline."""
     ce_latency_us: float = 32.7
-    """GPU-side latency of one copy-engine round with both directions busy. 'CE pull' and 'CE push alone'
-    at 16 MB (0.08-0.09 ms); one direction alone, the 'Copy engine' table gives about 41 us (23 GB/s at
-    1 MB)."""
+    """GPU-side latency of one copy-engine round with both directions busy."""
     ce_bw_frac: float = 0.877
-    """Copy-engine bandwidth per direction with both directions busy, as a fraction of ``link_gbps``:
-    about 300 GB/s at 64 MB and 370 GB/s at 256 MB with the latency ('CE pull' / 'CE push alone'; one
-    direction alone reaches 388 GB/s at 1 GB). Every collective is bidirectional, so the model uses
-    only this curve."""
+    """Copy-engine bandwidth per direction, both directions busy, as a fraction of ``link_gbps``."""
     nccl_peer_gain: float = 0.181
-    """How NCCL's bandwidth (collectives, and point-to-point rounds that reach every peer at once) grows with
-    the peers a transfer reaches: the 2-rank bandwidth times ``peers ** nccl_peer_gain``. Fitted to
-    ``benchmarks.support.sim_reference.WORLD_SIZE_TABLE`` (the same all-gather benchmark at 2 and 4 ranks:
-    NCCL 1.19-1.20x faster at 4 ranks at 64 and 256 MiB received per GPU), least squares of the log time ratio
-    at both sizes with the other constants held; one 4-rank machine, so 8-rank figures extrapolate."""
+    """NCCL bandwidth to ``peers`` peers at once: the 2-rank bandwidth times ``peers ** nccl_peer_gain``."""
     ce_peer_loss: float = 0.569
-    """How the copy engines' bandwidth falls with the peers a transfer reaches (``serial/dma`` and
-    ``finer/dma`` rounds push to every peer at once, ``shard`` rounds to one): the 2-rank bandwidth times
-    ``peers ** -ce_peer_loss``. Fitted the same way: 0.56x the 2-rank bandwidth at 4 ranks in
-    ``WORLD_SIZE_TABLE`` (1.249 against 0.705 ms for 256 MiB received per GPU); the same caveat. (Both
-    world-size constants are positive, as ``calibrate`` fits every constant's logarithm.)"""
+    """Copy-engine bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** -ce_peer_loss``."""
     sm_gemm_slowdown: float = 1.02
-    """GEMM slowdown while NCCL kernels run beside it. Smoke sweep (1); the reference 'C3 NCCL % of ideal'
-    column (21-71% of the ideal overlap, against 81-88% for copy engines) agrees in direction."""
+    """GEMM slowdown while NCCL kernels run beside it."""
     sm_comm_slowdown: float = 0.182
-    """NCCL slowdown while a GEMM holds the SMs. Smoke sweep (1)."""
+    """NCCL slowdown while a GEMM holds the SMs."""
     dma_gemm_slowdown: float = 0.0233
-    """GEMM slowdown while copy engines move data. 'shard' / 'finer' columns of the copy-engine pull table
-    and 'CE shard' of the reduce-scatter table (the probe's 20% slower local-half GEMM is mostly the
-    launch and split costs, booked separately here)."""
+    """GEMM slowdown while copy engines move data."""
     dma_comm_slowdown: float = 0.151
-    """Copy-engine slowdown beside a GEMM (HBM traffic). Same columns."""
+    """Copy-engine slowdown beside a GEMM (HBM traffic)."""
     hp_comm_relief: float = 0.475
-    """Fraction of the transfer slowdown a high-priority communication stream removes. 'shard,
-    high-prio stream' column, together with ``hp_gemm_penalty``."""
+    """Fraction of the transfer slowdown a high-priority communication stream removes."""
     hp_gemm_penalty: float = 0.313
-    """Extra GEMM slowdown, relative, when the communication stream has high priority. 'shard,
-    high-prio stream' column (8192^3: 1.65 vs 1.48 ms)."""
+    """Extra GEMM slowdown, relative, when the communication stream has high priority."""
     host_p2p_call_us: float = 167.0
-    """CPU time to issue a pipelined NCCL executor call, fixed part (stream fork and join, grouped
-    point-to-point setup). Smoke sweep (1): ``finer/sm/sN/shard`` of small scenarios takes 0.3-0.85 ms
-    whatever the shape, growing with N only."""
+    """CPU time to issue a pipelined NCCL executor call, fixed part."""
     host_p2p_round_us: float = 66.4
-    """CPU time per point-to-point round. Smoke sweep (1), the slope over N of ``finer/sm/sN/shard``."""
+    """CPU time per point-to-point round."""
     host_ce_call_us: float = 108.0
-    """CPU time to issue a copy-engine executor call, fixed part (side streams, barrier kernels, events).
-    Smoke sweep (1): ``finer/dma/sN/shard`` of small scenarios, 0.23 ms at N=2 to 0.54 ms at N=8."""
+    """CPU time to issue a copy-engine executor call, fixed part."""
     host_ce_round_us: float = 41.9
-    """CPU time per copy round (copies, barrier and wait of one round). Smoke sweep (1), slope over N."""
+    """CPU time per copy round (copies, barrier and wait of one round)."""
     host_unit_us: float = 37.1
-    """CPU time per GEMM unit of a pipelined call. Smoke sweep (1): ``finer/dma/s8/chunk`` (9 GEMMs)
-    against ``finer/dma/s8/shard`` (2 GEMMs), 0.68 vs 0.54 ms."""
+    """CPU time per GEMM unit of a pipelined call."""
     chunk_sync_us: float = 1.97
-    """GPU cost of each overlapped GEMM chunk beyond its launch (event wait, stream switch). 'finer s2'
-    and 'finer s4' columns."""
+    """GPU cost of each overlapped GEMM chunk beyond its launch (event wait, stream switch)."""
     async_tp_overhead_us: float = 208.0
-    """PyTorch async-TP (``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``) over a shard/dma
-    pipeline. Async-TP table (1024,4096,4096: 0.49 vs 0.12 ms serial)."""
+    """Extra time of PyTorch async-TP (``torch.ops.symm_mem`` fused ops) over a shard/dma pipeline."""
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -173,13 +107,7 @@ class SimConstants:
 
 
 DEFAULT_CONSTANTS = SimConstants()
-_UPPER_BOUND = {
-    "gemm_eff": 1.0,
-    "hbm_eff": 1.0,
-    "nccl_bw_frac": 1.0,
-    "ce_bw_frac": 1.0,
-    "hp_comm_relief": 1.0,
-}
+_UPPER_BOUND = dict.fromkeys(("gemm_eff", "hbm_eff", "nccl_bw_frac", "ce_bw_frac", "hp_comm_relief"), 1.0)
 """Constants that are fractions of a hardware rate (or of a slowdown) and cannot exceed 1."""
 
 # Encoding: one row per (scenario, schedule) as parallel arrays ----------------------------------------
@@ -188,58 +116,37 @@ _GRAN_CODE = {"serial": 0, "shard": 1, "finer": 2}
 
 
 def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]:
-    """Arrays of shape ``[len(pairs)]`` describing each (scenario, schedule) for the vectorised model."""
+    """Arrays of shape ``[len(pairs)]`` describing each (scenario, schedule) for the vectorised model
+    (``pairs`` non-empty)."""
     rows = []
     for s, sch in pairs:
-        hw = s.hardware
-        spec = OP_SPECS[s.op]
+        hw, spec = s.hardware, OP_SPECS[s.op]
         moe = spec.moe
         rows.append(
-            (
-                spec.comm_first,
-                spec.collective == "reduce_scatter",
-                spec.collective != "all_to_all",  # async-TP: PyTorch fuses all-gather and reduce-scatter
-                s.m * (s.top_k * s.imbalance if moe else 1.0),  # compute rows on the busiest rank
-                s.n,
-                s.k,
-                s.dtype_bytes,
-                hw.peak_bf16_tflops / (FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
-                hw.hbm_gbps,
-                hw.link_gbps,
-                hw.sm_count,
-                s.world_size,
-                s.experts // s.world_size if moe else 1,
-                s.comm_bytes,
-                _GRAN_CODE[sch.granularity],
-                sch.executor == "dma",
-                sch.splits,
-                sch.grain == "chunk",
-                sch.priority == "high",
-            )
+            {
+                "comm_first": spec.comm_first,
+                "reduces": spec.collective == "reduce_scatter",
+                # async-TP: PyTorch fuses all-gather and reduce-scatter, not all-to-all
+                "async_tp": spec.collective != "all_to_all",
+                "rows": s.m * (s.top_k * s.imbalance if moe else 1.0),  # compute rows on the busiest rank
+                "n": s.n,
+                "k": s.k,
+                "b": s.dtype_bytes,
+                "peak": hw.peak_bf16_tflops / (FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
+                "hbm": hw.hbm_gbps,
+                "link": hw.link_gbps,
+                "sm": hw.sm_count,
+                "w": s.world_size,
+                "groups": s.experts // s.world_size if moe else 1,
+                "vol": s.comm_bytes,
+                "gran": _GRAN_CODE[sch.granularity],
+                "dma": sch.executor == "dma",
+                "splits": sch.splits,
+                "chunk": sch.grain == "chunk",
+                "hp": sch.priority == "high",
+            }
         )
-    cols = np.array(rows, dtype=np.float64).reshape(len(rows), 19).T
-    names = (
-        "comm_first",
-        "reduces",
-        "async_tp",
-        "rows",
-        "n",
-        "k",
-        "b",
-        "peak",
-        "hbm",
-        "link",
-        "sm",
-        "w",
-        "groups",
-        "vol",
-        "gran",
-        "dma",
-        "splits",
-        "chunk",
-        "hp",
-    )
-    return dict(zip(names, cols, strict=True))
+    return {key: np.array([row[key] for row in rows], dtype=np.float64) for key in rows[0]}
 
 
 # Model pieces (all times in microseconds) ---------------------------------------------------------------
@@ -317,10 +224,7 @@ def plan_counts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Transfer rounds, peer GEMM units and the peers each round reaches of the executor's plan
     (``executor.plan.make_plan``), shape ``[N]`` each, for world sizes ``w``, granularity codes ``gran``
-    (0 serial, 1 shard, 2 finer), ``splits`` and ``chunk`` (grain chunk). Serial: one round to every peer,
-    no peer unit (one GEMM over all rows); shard: ``w - 1`` rounds of one peer each and as many peer units;
-    finer: ``splits`` rounds to every peer, ``(w - 1) * splits`` peer units (grain chunk) or ``w - 1`` (grain
-    shard). tests/harness/test_sim.py ties these to ``make_plan``."""
+    (0 serial, 1 shard, 2 finer), ``splits`` and ``chunk`` (grain chunk); docs/simulator.md, "Pipelines"."""
     rounds = np.where(gran == 0, 1, np.where(gran == 2, splits, w - 1))
     peer_units = np.where(gran == 0, 0, np.where(chunk & (gran == 2), (w - 1) * splits, w - 1))
     round_peers = np.where(gran == 1, 1, w - 1)
@@ -328,18 +232,9 @@ def plan_counts(
 
 
 def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
-    """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``:
-
-    - ``serial/sm``: the NCCL collective, then the whole GEMM;
-    - every other schedule runs the executor's pipeline: ``serial/dma`` one copy round then the GEMM;
-      ``shard`` w - 1 rounds (one per peer) and one GEMM per shard; ``finer`` ``splits`` rounds and, with
-      grain ``chunk``, one GEMM per piece, with grain ``shard``, one GEMM per peer shard once all of its
-      pieces moved. The own shard is always one GEMM, first for all-gather, last for reduce-scatter;
-      pipelined reduce-scatters end with the owner's add.
-
-    A pipelined call takes the longer of its GPU timeline and the CPU time to issue it (``_host_us``):
-    small scenarios are bound by the host, large ones by the GPU.
-    """
+    """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``
+    (docs/simulator.md, "Pipelines"); a pipelined call takes the longer of its GPU timeline and the CPU time
+    to issue it (``_host_us``)."""
     w, splits, hp = x["w"], x["splits"], x["hp"]
     dma = x["dma"].astype(bool)
     gather = x["comm_first"] > 0
@@ -441,13 +336,9 @@ def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.nda
 
 
 class SimBackend:
-    """``Backend`` answering from the analytic model; every row it yields is ``backend="sim"``.
-
-    ``noise`` > 0 multiplies each median by ``exp(noise * z)``, z standard normal, drawn from a generator
-    seeded by ``(seed, scenario key, schedule, n)`` where ``n`` counts this object's earlier measurements of
-    the scenario: a resumed sweep reproduces the same rows, and a re-measurement (noise table) in the same
-    process draws new ones.
-    """
+    """``Backend`` answering from the analytic model; every row it yields is ``backend="sim"``. ``noise``
+    in [0, 1]: each round's time times ``exp(noise * z)``, z standard normal, reproducible per seed,
+    scenario, schedule, mode and earlier measurements of the scenario (docs/simulator.md)."""
 
     name = "sim"
     rank = 0
@@ -554,15 +445,10 @@ def calibrate(
     prior_weight: float = 0.02,
     iterations: int = 60,
 ) -> SimConstants:
-    """Refit the constants to measured times: least squares on log times, Levenberg-Marquardt.
-
-    ``df`` has the dataset columns (``harness.dataset``): each ok eager row's ``median_ms`` is one
-    observation of its schedule; each distinct baseline value of a scenario is one observation of that
-    baseline, weighted by ``baseline_weight``. Constants named in ``fixed`` keep their ``start`` values. A
-    weak pull of weight ``prior_weight`` towards ``start`` keeps constants the data do not determine (say,
-    NCCL contention in a copy-engine-only dataset) where they were. Returns the fitted constants (4
-    significant digits).
-    """
+    """Refit the constants to the measured times of ``df`` (dataset rows): least squares on log times,
+    Levenberg-Marquardt (docs/simulator.md). Baseline observations weigh ``baseline_weight``, the pull
+    towards ``start`` ``prior_weight``; constants named in ``fixed`` keep their ``start`` values. Returns the
+    fitted constants (4 significant digits)."""
     from ficco.features.dataset import scenario_from_row
 
     df = df[df["mode"] == "eager"]  # the host terms are fitted to eager calls
@@ -573,14 +459,9 @@ def calibrate(
     unknown = sorted(set(fixed) - set(names))
     if unknown:
         raise ValueError(f"calibrate: fixed names {unknown} are not SimConstants fields; allowed: {names}")
-    cache: dict[str, Scenario] = {}
-
-    def scenario(row: Any) -> Scenario:
-        if row.scenario_id not in cache:
-            cache[row.scenario_id] = scenario_from_row(row, hardware)
-        return cache[row.scenario_id]
-
-    sched_x = _encode([(scenario(r), Schedule.parse(r.schedule)) for r in ok.itertuples()])
+    first = df.drop_duplicates("scenario_id").itertuples()
+    scenarios = {row.scenario_id: scenario_from_row(row, hardware) for row in first}
+    sched_x = _encode([(scenarios[r.scenario_id], Schedule.parse(r.schedule)) for r in ok.itertuples()])
     sched_y = np.log(ok["median_ms"].to_numpy(dtype=float) * 1e3)
     group = ok["scenario_id"].factorize()[0]
     group_size = np.bincount(group)
@@ -588,7 +469,7 @@ def calibrate(
     for key in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"):
         sub = df[np.isfinite(df[key].to_numpy(dtype=float))].drop_duplicates(["scenario_id", key])
         if not sub.empty:
-            x = _encode([(scenario(r), Schedule()) for r in sub.itertuples()])
+            x = _encode([(scenarios[r.scenario_id], Schedule()) for r in sub.itertuples()])
             base_obs.append((key, x, np.log(sub[key].to_numpy(dtype=float) * 1e3)))
 
     free = [n for n in names if n not in set(fixed)]

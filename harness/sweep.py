@@ -1,21 +1,6 @@
-"""The sweep: every candidate schedule of every planned scenario, written so that nothing is lost; and the
-independent re-measure of some of them (``run_noise``) that the card's noise numbers come from.
-
-Crash safety (``kill -9`` at any point, then the same command again):
-
-1. Rows are buffered and flushed about every ``flush_seconds`` as a new part: written to a temporary
-   file, fsynced, then renamed to ``parts/part-XXXXX.parquet`` (``os.replace``).
-2. Only then is the manifest rewritten (temporary file + ``os.replace``) to list the part and its finished
-   scenario ids. A part not in the manifest (a crash between 1 and 2) is ignored, and overwritten by the
-   next flush, which takes the same index.
-3. On start the manifest's finished ids are skipped: nothing is measured twice, nothing written twice.
-
-Under torchrun every rank runs ``run_sweep`` with the same plan: all ranks read the manifest before their
-first (collective) ``measure``, so they skip the same scenarios in the same order; only rank 0 writes.
-
-The re-measure runs in another process than the sweep (``ficco bench`` launches it separately), visits
-its scenarios in a shuffled order and is measured with another seed (other inputs, other round orders), so
-what it shares with the sweep is the machine and the protocol, not the moment or the state of a process.
+"""The sweep: every candidate schedule of every planned scenario, written so that a crash loses nothing
+(append-only parts, then the manifest that lists them); and the independent re-measure of some of them
+(``run_noise``) that the card's noise numbers come from. See docs/protocol.md, "Writing" and "Noise".
 """
 
 from __future__ import annotations
@@ -59,12 +44,10 @@ def run_sweep(
     flush_seconds: float = FLUSH_SECONDS,
     deadline: float | None = None,
 ) -> Path:
-    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``; with a
-    ``deadline`` (``time.time()`` seconds), start no scenario after it (the rest waits for a resume).
-
-    Returns ``out_dir``. Raises ``FingerprintMismatch`` naming the differing keys when ``out_dir`` was
-    measured with another fingerprint, ``ValueError`` for a plan mixing hardware profiles.
-    """
+    """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``, starting none
+    after ``deadline`` (``time.time()`` seconds); returns ``out_dir``. Raises ``FingerprintMismatch`` naming
+    the differing keys when ``out_dir`` was measured with another fingerprint or protocol, ``ValueError`` for
+    a plan mixing hardware profiles."""
     out = Path(out_dir)
     writer = backend.rank == 0
     manifest = _open_manifest(out, backend, _plan_hardware(plan), writer)
@@ -92,12 +75,9 @@ def run_noise(
     flush_seconds: float = FLUSH_SECONDS,
     deadline: float | None = None,
 ) -> Path:
-    """Top ``noise.parquet`` up to ``count`` re-measured scenarios of the finished sweep in ``out_dir``:
-    targets spread evenly over the plan, visited in an order shuffled by ``order_seed``; ``deadline`` as in
-    ``run_sweep``.
-
-    Raises ``ValueError`` when ``out_dir`` holds no sweep, ``FingerprintMismatch`` as ``run_sweep``.
-    """
+    """Top ``noise.parquet`` up to ``count`` re-measured scenarios of the finished sweep in ``out_dir``,
+    spread evenly over the plan and visited in an order shuffled by ``order_seed``. Raises ``ValueError``
+    when ``out_dir`` holds no sweep; otherwise as ``run_sweep``."""
     import numpy as np
 
     out = Path(out_dir)
@@ -290,8 +270,7 @@ class _Sink:
 
 
 class _PartSink(_Sink):
-    """Each flush: a new part (with the sweep's ``harness.fleet.shards.provenance`` in its metadata), then the
-    manifest listing it (see the module docstring)."""
+    """Each flush: a new part (its metadata: the sweep's provenance), then the manifest listing it."""
 
     def __init__(
         self, out: Path, manifest: dict, writer: bool, flush_seconds: float, metadata: dict | None
@@ -312,8 +291,7 @@ class _PartSink(_Sink):
 
 
 class _NoiseSink(_Sink):
-    """Each flush rewrites ``noise.parquet`` whole. Its scenario ids are the only record of what was
-    re-measured, so a crash cannot leave a duplicate behind."""
+    """Each flush rewrites ``noise.parquet`` whole (so a crash cannot leave a duplicate behind)."""
 
     def __init__(self, out: Path, existing: pd.DataFrame, writer: bool, flush_seconds: float) -> None:
         super().__init__(out, writer, flush_seconds, len(existing))

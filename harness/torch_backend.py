@@ -1,25 +1,9 @@
 """TorchBackend: times the executor's schedules inside an initialised torch.distributed process group.
 
 One process per rank (torchrun); ``measure`` is collective: every rank calls it with the same scenario and
-schedules, and ranks stay in lockstep even when a schedule fails (they agree on each outcome by an
-all-reduce). For each scenario:
-
-1. seeded random inputs, fresh per scenario and different per rank, shaped as ``features.OP_SPECS`` says
-   (the MoE ops under ``Routing.for_scenario``), in ``sets`` rotating copies (so a small GEMM's operands
-   are not served from L2 between calls), and the ``serial/sm`` reference output of each set;
-2. per schedule: poison the executor's buffers and the output with NaN, run once, compare with the
-   reference (relative Frobenius error <= 1e-2 for bf16/fp16, 1e-4 for fp32; NaN fails); in ``graph`` mode
-   (CUDA) the block of ``calls`` calls is captured into one CUDA graph and checked the same way;
-3. the timing protocol (``Timing``; docs/protocol.md): interleaved rounds of every schedule of a mode and
-   the baselines (GEMM alone, NCCL collective alone, copy-engine transfer alone, PyTorch async-TP) in a
-   shuffled order, the same on every rank; eager blocks start from ranks aligned on the host, graph rounds
-   are queued on the device behind a spin kernel. A round's time of an item is the block's per-call time
-   (CUDA events; CPU: ``time.perf_counter``), the maximum over ranks; the dataset keeps every round's time
-   (``round_ms``).
-
-The MoE ops' baselines: the grouped GEMM over the rank's local experts and the dispatch's or combine's
-all-to-all; PyTorch has no async-TP op for an all-to-all (``async_tp_ms`` is NaN). ``phase_seconds``
-keeps the wall time spent per phase (inputs, checks, captures, timing per mode) for the sweep's report.
+schedules, and the ranks agree on every outcome. Each scenario: seeded rotating inputs and serial references,
+a check of every schedule on poisoned buffers, then interleaved timed rounds of the schedules and baselines.
+See docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -54,17 +38,15 @@ TOLERANCE: dict[str, float] = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
 EXECUTOR_OPS: tuple[str, ...] = tuple(OP_SPECS)
 """Ops the executor runs: every op of ``features.OP_SPECS``, the MoE all-to-alls included."""
 ROTATE_BYTES = 256 << 20
-"""Input sets rotate until a block touches at least this many bytes of operands (4x the H200's 60 MB L2)."""
+"""Input sets rotate until a block touches at least this many bytes of operands (beyond L2)."""
 MAX_SETS = 8
 """Most rotating input sets per scenario."""
 MAX_CALLS = 64
 """Most calls per timed block (small shapes)."""
 MAX_GRAPH_CALLS = 2
-"""Most calls captured in one graph: a block replays it several times. Graph-mode rounds are queued on the
-device, where back-to-back replays of a two-call graph cost no more than one long graph."""
+"""Most calls captured in one graph (a block replays it several times)."""
 SPIN_CYCLES = 2_000_000
-"""GPU clock cycles the spin kernel holds the device at the start of a queued round (about 1 ms at the
-H200's boost clock, longer at idle clocks) while the host queues the round's first items."""
+"""GPU clock cycles the spin kernel holds the device at the start of a queued round (about 1 ms on H200)."""
 _ERROR_CHARS = 300
 """Longest error message kept in a Measurement (one line)."""
 
@@ -103,7 +85,7 @@ class TorchBackend:
     modes : tuple of {"eager", "graph"}, default=MODES
         Execution modes to time; ``graph`` needs CUDA (on the CPU only ``eager`` is allowed).
     timing : Timing, default=Timing()
-        Block length and rounds (see the module docstring); blocks hold 1 to ``MAX_CALLS`` calls.
+        Block length and rounds; blocks hold 1 to ``MAX_CALLS`` calls.
     timeout_s : float, default=120.0
         Device barriers of the copy-engine executor trap after this long instead of hanging (0: never).
     seed : int, default=0
@@ -159,8 +141,7 @@ class TorchBackend:
     # Backend protocol ---------------------------------------------------------------------------------
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
-        """Check and time every schedule on ``scenario`` in every mode (collective; see the module
-        docstring)."""
+        """Check and time every schedule on ``scenario`` in every mode (collective)."""
         from ficco import executor
 
         if scenario.world_size != self.world_size:
@@ -202,8 +183,7 @@ class TorchBackend:
         return bool(self._max_over_ranks([float(flag)])[0])
 
     def warm_up(self, scenario: Scenario, schedules: list[Schedule]) -> None:
-        """One untimed pass (one round) over ``scenario``: the first scenario of a process otherwise pays
-        for cuBLAS handles, NCCL connections and peer-memory rendezvous inside its timed rounds."""
+        """One untimed pass (one round) over ``scenario``, so that lazy initialisation stays out of timing."""
         timing, phases = self.timing, dict(self.phase_seconds)
         self.timing = dataclasses.replace(timing, rounds=1, max_rounds=1)
         try:
@@ -212,10 +192,8 @@ class TorchBackend:
             self.timing, self.phase_seconds = timing, phases
 
     def protocol(self) -> dict:
-        """Modes, the ``Timing`` settings, the protocol's fixed limits, how graph rounds are aligned, the CPU
-        placement policy of the ranks' threads (``pin``), how the MoE ops run their expert GEMMs
-        (``expert_gemms``: grouped from ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs a block) and the
-        executor's copy arrangement (``copy_streams``: ``executor.copy_streams()``)."""
+        """Modes, ``Timing`` settings, fixed limits, graph-round alignment, CPU placement (``pin``), the MoE
+        expert GEMMs' grouping and the executor's copy arrangement (``copy_streams``)."""
         from ficco import executor
         from ficco.executor.experts import GROUPED_MIN_GEMMS
 
@@ -303,10 +281,9 @@ class TorchBackend:
     def _capture(
         self, item: _Item, case: _Case, run: Callable[[int], object], calls: int, *, check: bool
     ) -> _Item:
-        """Capture ``run`` into one CUDA graph of ``graph_calls(calls)`` calls (input set ``j % sets`` for
-        call ``j``) after two eager warm-up calls; a block replays it until about ``calls`` calls ran. With
-        ``check``, replay it once on poisoned outputs and compare every written set with serial. Sets
-        ``item.block`` and ``item.calls``, or the agreed ``item.error``."""
+        """Capture ``run`` into one CUDA graph of ``graph_calls(calls)`` calls after two eager warm-up calls;
+        a block replays it until about ``calls`` calls ran. With ``check``, replay it once on poisoned outputs
+        and compare with serial. Sets ``item.block`` and ``item.calls``, or the agreed ``item.error``."""
         import torch
 
         from ficco import executor
@@ -347,11 +324,9 @@ class TorchBackend:
     # Timing -------------------------------------------------------------------------------------------
 
     def _time_rounds(self, items: list[_Item], seed: int) -> None:
-        """Time the runnable items in interleaved rounds (module docstring, step 4;
-        :func:`ficco.rounds.interleaved_rounds`): per round, each mode's items in a freshly shuffled order
-        (the same on every rank), the modes taking turns; after a mode's first round, ``Timing.rounds_for``
-        its total block time sets how many rounds it gets. Every rank computes the same counts from the same
-        maxima over ranks."""
+        """Time the runnable items in interleaved rounds (:func:`ficco.rounds.interleaved_rounds`), the modes
+        taking turns; after a mode's first round, ``Timing.rounds_for`` its total block time sets how many
+        rounds it gets (the same on every rank, from maxima over ranks)."""
         modes = [mode for mode in self.modes if any(item.mode == mode for item in items)]
         wanted = dict.fromkeys(modes, self.timing.rounds)
         done = 0
@@ -391,14 +366,12 @@ class TorchBackend:
     def _time_round(self, items: list[_Item], order: list[int], *, queued: bool) -> None:
         """One round over ``items[i]`` for ``i`` in ``order``: each item's per-call time, the maximum over
         ranks, is appended to its ``times``; an item that raised on any rank gets the agreed error."""
-        local = np.zeros(len(items))
-        failed = np.zeros(len(items))
         errors: dict[int, str] = {}
-        timed = self._queued_round if queued else self._aligned_round
-        for i, value in timed([(i, items[i]) for i in order], errors).items():
-            local[i] = value
-        for i in errors:
-            failed[i] = 1.0
+        run_round = self._queued_round if queued else self._aligned_round
+        timed = run_round([(i, items[i]) for i in order], errors)
+        local, failed = np.zeros(len(items)), np.zeros(len(items))
+        local[list(timed)] = list(timed.values())
+        failed[list(errors)] = 1.0
         merged = self._max_over_ranks([*local, *failed])
         for i in order:
             if merged[len(items) + i]:
@@ -609,8 +582,7 @@ class _Case:
 
     def eager_item(self, item: _Item, run: Callable[[int], object], calls: int) -> _Item:
         """``item`` timed as blocks of ``calls`` eager calls of ``run``, the input set rotating across blocks
-        too; a block of several calls is led by one untimed call, so that it starts with the host a call
-        ahead of the GPU, as in a stream of layers, rather than from an idle, synchronised start."""
+        too; a block of several calls is led by one untimed call (docs/protocol.md, "Blocks")."""
 
         def one() -> None:
             run(self._next)
@@ -666,8 +638,8 @@ def _set_numel(shapes: OpShapes) -> int:
 
 def graph_calls(calls: int) -> tuple[int, int]:
     """``(calls per graph, replays per block)`` for a block of about ``calls`` calls: one replay of one
-    call, or replays of an even number of calls (at most ``MAX_GRAPH_CALLS``), so that back-to-back replays
-    keep alternating the copy-engine executor's double-buffered halves."""
+    call, or replays of an even number of calls (at most ``MAX_GRAPH_CALLS``): the copy-engine executor's
+    double-buffered halves alternate."""
     if calls <= 1:
         return 1, 1
     per_graph = min(MAX_GRAPH_CALLS, calls + calls % 2)

@@ -21,8 +21,8 @@ from ficco.harness.backend import Timing
 from ficco.harness.cpu_placement import DEFAULT_PIN, PIN_POLICIES, placement_from_env
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: the lent machines do not
-support it reliably, and the executor's copy-engine path does not need it."""
+"""NVLink multicast (NVLS) off for NCCL, PyTorch symmetric memory and NVSHMEM: not every machine supports it
+reliably, and the executor's copy-engine path does not need it."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

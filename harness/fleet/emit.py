@@ -1,16 +1,6 @@
-"""``ficco fleet emit slurm|k8s``: the job that runs a sweep's shards on a cluster scheduler.
-
-- **slurm**: a job array script, one array task per shard, each on one node with the sweep's GPUs
-  (``--gres=gpu:W``; ``--exclusive`` unless ``--share-nodes``: co-tenancy disturbs overlap timing). A task
-  reads its shard from ``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT`` (``harness.fleet.shards``).
-- **k8s**: an indexed Job (``completionMode: Indexed``), one pod per shard reading ``JOB_COMPLETION_INDEX``
-  and ``FICCO_SHARD_COUNT``; a per-index retry budget (``backoffLimitPerIndex``), ``nvidia.com/gpu: W``,
-  and a pod anti-affinity on the host name (one shard per node) unless ``--share-nodes``. The output
-  folder is a PersistentVolumeClaim mounted at the same path as ``--out``, so the gather command works
-  wherever that volume is mounted. Written as JSON, which ``kubectl apply -f`` reads.
-
-A shard that stops (preemption, a node failure) resumes where it stopped when the scheduler reruns it.
-After every shard is done, ``gather_command`` unions them into the dataset.
+"""``ficco fleet emit slurm|k8s``: the job that runs a sweep's shards on a cluster scheduler: a Slurm job
+array script (:func:`slurm_script`) or a Kubernetes indexed Job (:func:`k8s_job`), one task per shard, each
+resuming its shard when rerun. See docs/fleet.md, "Slurm and Kubernetes".
 """
 
 from __future__ import annotations

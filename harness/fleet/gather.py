@@ -1,16 +1,7 @@
 """Gather: the shards of one sweep (``harness.fleet.shards``), measured on any number of machines, into one
-dataset.
-
-``gather(paths, out)`` reads shard directories (or folders holding them), and refuses shards that do not
-belong together, naming every key that differs with the shards on each side: the backend, the hardware
-profile, the fingerprint (GPU, driver, CUDA, torch, NCCL, interconnect, world size; CPU for gloo; model and
-constants for sim), the timing protocol, the plan hash and the shard count. It reports shards that are
-missing or not finished (and refuses them unless ``partial``), drops rows measured twice (a shard copied or
-run twice: the first directory given wins), and writes an ordinary dataset directory: one part per shard
-(with its provenance in the Parquet metadata), the re-measures, the whole plan, a manifest whose
-``gathered`` entry lists the shards, the machines and runs of each, the sweep time and the content hash of
-the rows (``harness.dataset.frame_hash``, the hash ``ficco train`` records as the model's
-``dataset_hash``), and the dataset card with a "Shards" section (:func:`shards_section`).
+ordinary dataset directory. ``gather`` refuses shards that do not belong together (naming every key that
+differs) and missing or unfinished ones unless ``partial``, keeps each row once, and records the shards,
+machines and runs in the manifest's ``gathered`` entry. See docs/fleet.md, "Gather".
 """
 
 from __future__ import annotations
@@ -158,11 +149,8 @@ def check_same_sweep(shards: Sequence[ShardDir]) -> None:
 
 
 def gather(paths: Sequence[str | Path], out: str | Path, *, partial: bool = False) -> Gathered:
-    """Union the shards ``paths`` (see :func:`find_shards`) into dataset ``out`` (see the module docstring).
-
-    Raises ``ValueError`` for shards of different sweeps (:func:`check_same_sweep`), for missing or
-    unfinished shards unless ``partial``, and when ``out`` already holds a dataset.
-    """
+    """Union the shards ``paths`` (:func:`find_shards`) into dataset ``out``. Raises ``ValueError`` for shards
+    of different sweeps, missing or unfinished shards unless ``partial``, and an ``out`` holding a dataset."""
     import pandas as pd
 
     out = Path(out)
@@ -257,12 +245,11 @@ def _entry_ids(plan: dict[str, Any]) -> list[str]:
 def _new_rows(frame: pd.DataFrame, seen: set[tuple[str, str, str]]) -> tuple[pd.DataFrame, int]:
     """``frame`` without rows whose ``ROW_KEY`` is in ``seen`` or repeated within it (``seen`` grows);
     returns the kept rows and how many were dropped."""
-    keys = list(zip(*(frame[c] for c in ROW_KEY), strict=True))
-    keep = []
-    for key in keys:
-        keep.append(key not in seen)
-        seen.add(key)
-    kept = frame[keep].reset_index(drop=True)
+    import pandas as pd
+
+    keys = pd.MultiIndex.from_frame(frame[ROW_KEY])
+    kept = frame[~(keys.isin(seen) | keys.duplicated())].reset_index(drop=True)
+    seen.update(keys)
     return kept, len(frame) - len(kept)
 
 

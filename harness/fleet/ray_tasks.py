@@ -1,17 +1,8 @@
 """``ficco fleet run ADDRESS``: the shards of a sweep as Ray tasks, one placement group each, then gathered.
 
-Each shard (``harness.fleet.shards``) is one task that runs ``ficco fleet shard --shard I/N ...`` in a
-subprocess, the usual sweep with one process per GPU under torchrun (gloo: per CPU rank; sim: in that
-process), inside a placement group of one bundle packed on one node (``STRICT_PACK``): ``{"GPU": W}`` (by
-default ``{"GPU": G}``, the node's every GPU, so that no other shard shares its NVLink and host;
-``--share-nodes`` packs shards W GPUs apart and the card says so), ``{"CPU": W}`` for gloo and ``{"CPU": 1}``
-for sim. A task whose worker dies (a preempted node, a killed process) is retried by Ray (``max_retries``),
-and one whose sweep exits non-zero too (``retry_exceptions``); the retry resumes the shard from its dataset
-directory, so the output folder must be on storage every node sees. A progress bar counts finished scenarios
-over all shards (read from the shards' manifests), and the finished shards are gathered into ``--out``
-(``harness.fleet.gather``).
-
-Ray is an optional dependency (``pip install 'ficco[fleet]'``).
+Each task runs ``ficco fleet shard --shard I/N ...`` in a subprocess inside a placement group of one bundle
+packed on one node (:func:`shard_bundle`); Ray retries a task whose worker dies or whose sweep fails, and the
+retry resumes the shard. Ray is an optional dependency (``pip install 'ficco[fleet]'``). See docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -41,9 +32,9 @@ class ShardFailed(RuntimeError):
 def shard_bundle(
     backend: str, world_size: int, *, share_nodes: bool, node_gpus: Sequence[float]
 ) -> dict[str, float]:
-    """The one bundle a shard's placement group holds: ``{"GPU": ...}`` (gpu; the whole node unless
-    ``share_nodes``), ``{"CPU": world_size}`` (gloo) or ``{"CPU": 1}`` (sim). ``node_gpus``: the GPUs of
-    each alive node of the cluster. ``ValueError`` names why no node fits."""
+    """The one bundle a shard's placement group holds, given the GPUs of each alive node (``node_gpus``):
+    gpu, the whole node unless ``share_nodes``; gloo ``world_size`` CPUs; sim 1. ``ValueError`` says why no
+    node fits."""
     if backend == "sim":
         return {"CPU": 1}
     if backend == "gloo":
@@ -88,8 +79,7 @@ def run_shard(argv: Sequence[str], shard: Shard, out: Path, env: dict[str, str])
 
 def run_on_ray(address: str, sweep: ShardedSweep, *, argv: Sequence[str], scenarios: int) -> list[Path]:
     """Run the shards of ``sweep``, the sweep ``argv`` (``ficco bench`` options, without ``--out``), as Ray
-    tasks on the cluster at ``address`` (``auto``: the running one; ``local``: start
-    one here; else a Ray address), with a progress bar over the plan's ``scenarios``; returns the shard
+    tasks on the connected cluster, with a progress bar over the plan's ``scenarios``; returns the shard
     directories. Raises ``RuntimeError`` naming the shards that failed after their retries."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group

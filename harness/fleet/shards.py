@@ -1,18 +1,8 @@
 """Shards of a sweep: one deterministic, disjoint part of a plan per machine, balanced by estimated GPU time.
 
-``ficco fleet shard --shard I/N`` (or, without it, the array index of a Slurm job array or a Kubernetes
-indexed Job, see :func:`shard_from_env`) measures shard ``I`` of ``N`` into
-``OUT/shards/shard-0000I-of-0000N/``, an
-ordinary dataset directory (``harness.dataset``) whose ``plan.json`` holds the shard's part of the plan and,
-in ``settings["shard"]``, where it comes from: its index and count, the hash of the whole plan
-(:func:`plan_hash`) and the plan positions it measures. Running the same command again resumes the shard.
-
-The split: every scenario's GPU time under the protocol is estimated with the simulator
-(``harness.plan.scenario_seconds``), rounded to ``COST_DIGITS`` significant digits so that machines with
-other floating-point libraries compute the same split, and the scenarios are dealt longest first to the
-shard with the least time so far (ties: lower index); each shard keeps the plan order. Every part a shard
-writes carries its provenance in the Parquet metadata (:func:`provenance`): the backend's fingerprint,
-the plan hash, the code version and the shard. ``harness.fleet.gather`` unions the shards into one dataset.
+Shard ``I`` of ``N`` measures into ``OUT/shards/shard-0000I-of-0000N/``, an ordinary dataset directory
+whose ``plan.json`` records in ``settings["shard"]`` its index, count, the whole plan's hash and its
+positions; every part carries its :func:`provenance`. See docs/fleet.md, "Shards".
 """
 
 from __future__ import annotations
@@ -151,9 +141,8 @@ def plan_hash(plan: Plan) -> str:
 
 
 def shard_plan(plan: Plan, shard: Shard, costs: Sequence[float]) -> Plan:
-    """The part of ``plan`` that ``shard`` measures (plan order), ``costs`` being each scenario's estimated
-    seconds (``harness.plan.scenario_seconds``); its ``settings["shard"]`` records the shard, the hash of
-    the whole plan, the positions it measures and its estimated seconds."""
+    """The part of ``plan`` that ``shard`` measures (plan order) given each scenario's estimated seconds
+    ``costs``; its ``settings["shard"]`` records the shard, the plan hash, its positions and seconds."""
     if len(costs) != len(plan):
         raise ValueError(f"costs must give one time per plan scenario ({len(plan)}); got {len(costs)}")
     owner = assign(costs, shard.count)
@@ -182,8 +171,7 @@ def shard_dir(out: Path, shard: Shard) -> Path:
 
 
 def code_version() -> str:
-    """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty`` with uncommitted changes) in a git
-    checkout."""
+    """``ficco.__version__``, plus ``+g<commit>`` (and ``.dirty``) in a git checkout."""
     from ficco import CHECKOUT, __version__
 
     if CHECKOUT is None:  # an installed ficco: no git checkout to read
