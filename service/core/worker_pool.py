@@ -1,34 +1,13 @@
 """The worker pool: separate processes that answer ``POST /v1/recommend/batch``, ``POST /v1/score/batch``
 and ``POST /v1/score`` bodies and build schedule tables, at a lower CPU priority than the process serving
-single requests.
+single requests (``FICCO_BATCH_PRIORITY``, default ``SCHED_IDLE``) and on the CPUs ``FICCO_WORKER_CPUS``
+names.
 
-A batch in a thread of the serving process would share the GIL with the event loop (and, on a small
-machine, the cores): in a process of its own at ``SCHED_IDLE`` (``FICCO_BATCH_PRIORITY``) the kernel runs the
-worker only on CPU time the server leaves idle (docs/service.md)::
-
-    server (event loop):   read body | send job ...........................| read answer | reply
-    worker (SCHED_IDLE):              | parse, validate, predict, serialise |
-
-The two talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the bytes); no
-Python objects cross, only JSON and the HTTP bodies. A worker's first frame says it is ready: it has
-loaded its models and answered one batch of each kind with each (``warm_up``), and ``/readyz`` waits for
-it::
-
-    ready:   {"ready": true, "serving": {hardware id: version}}
-
-    job:     {"kind": "recommend" | "score" | "score_one", "versions": {hardware id: version}}
-             then the request body as received
-    answer:  {"ok": true}                           then the response body
-         or  {"error": kind, ...}                   then an empty frame
-
-``versions`` is the server's snapshot of the models it serves for that request: the worker serves exactly
-those (``ModelStore.serve_versions``), never what ``CURRENT`` says at that moment, so a batch is answered
-by the model version single requests are answered by, across hot reloads and ``CURRENT`` flips. Errors
-come back by kind and are raised again in the server as the same exceptions (:func:`raise_error`), so a
-batch's 422, 404 and 503 answers read as before.
-
-A worker exits when its socket closes (the server exited, however it exited); ``WorkerPool.close``
-terminates it at shutdown. It runs in a session of its own, so a Ctrl-C reaches the server only.
+Server and worker talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the
+bytes): a ready frame once the worker has loaded and warmed its models, then per job a header (kind and
+the model versions the server serves for that request) and the request body, answered by a header
+(``ok`` or an error kind, raised again in the server as the same exception by :func:`raise_error`) and the
+response body. A worker exits when its socket closes. The protocol in full: docs/service.md#the-worker-protocol.
 
 Only the standard library is imported at module level: the worker lowers its priority before it imports
 the model code (``python -m ficco.service.core.worker_pool``, started by :class:`WorkerProcess`).
