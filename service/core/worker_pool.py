@@ -7,7 +7,8 @@ Server and worker talk over a socket pair in length-prefixed frames (8-byte big-
 bytes): a ready frame once the worker has loaded and warmed its models, then per job a header (kind and
 the model versions the server serves for that request) and the request body, answered by a header
 (``ok`` or an error kind, raised again in the server as the same exception by :func:`raise_error`) and the
-response body. A worker exits when its socket closes. The protocol in full: docs/service.md#the-worker-protocol.
+response body. A worker exits when its socket closes. The protocol in full:
+docs/service.md#the-worker-protocol.
 
 Only the standard library is imported at module level: the worker lowers its priority before it imports
 the model code (``python -m ficco.service.core.worker_pool``, started by :class:`WorkerProcess`).
