@@ -1,23 +1,10 @@
 """The expert side of the MoE ops: where each (source rank, local expert) block of rows lies, and the
 expert GEMMs over a block.
 
-Two row orders meet on a rank (``features.routing``). The all-to-all moves rows *source-major*: the block
-from (dispatch) or to (combine) rank ``q`` holds, in local-expert order, ``counts[q][rank][e]`` rows for
-expert ``e``. The experts work *expert-major*: expert ``e``'s rows from every source, contiguous, sources in
-rank order. A pipelined GEMM covers part of one source's block; the serial reference covers every row, so
-it permutes the whole source-major buffer first (dispatch) or after (combine), with one ``index_select``, as
-a runtime's token permutation does.
-
-The GEMMs over a block (:class:`ExpertGemms`) run one of two ways:
-
-- ``loop``: one ``torch.mm`` per expert the block touches, reading source-major rows and writing
-  expert-major ones (dispatch) or the reverse (combine): no copy, one launch per expert;
-- ``grouped``: one ``torch._grouped_mm`` over the block (CUTLASS grouped GEMM on Hopper), whose output is
-  a new tensor in the block's row order: the dispatch copies it to its expert-major rows with one
-  ``index_copy_``, the combine first gathers its rows with one ``index_select`` and copies the product out.
-
-``grouped`` runs where torch's grouped GEMM takes the operands (:func:`grouped_eligible`) and the block
-touches at least :data:`GROUPED_MIN_GEMMS` experts.
+The all-to-all moves rows *source-major* (the block from or to rank ``q``, in local-expert order); the experts
+work *expert-major* (each expert's rows from every source, contiguous). :class:`ExpertGemms` runs a block's
+GEMMs as a loop of ``torch.mm`` (no copy) or, where :func:`grouped_eligible` and the block touches at least
+:data:`GROUPED_MIN_GEMMS` experts, one ``torch._grouped_mm``. See docs/executor.md ("Expert GEMMs").
 """
 
 from __future__ import annotations
