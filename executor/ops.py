@@ -10,6 +10,7 @@ transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``feature
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -223,8 +224,10 @@ def run_matmul_reduce_scatter(
         a = tuple(x.contiguous() for x in a)
     c = out if out is not None else a[0].new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a[0].dtype)
-    if schedule.granularity == "serial" and schedule.executor == "sm":
-        _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c, batch)
+    if schedule.granularity == "serial" and schedule.executor == "sm":  # the GEMMs, then the collective
+        for piece, place in _batch_segments(0, m, shard_rows, w, batch) if batch > 1 else _WHOLE:
+            _matmuls(a, b, place, partial[piece])
+        reduce_scatter_single(c, partial, group=ctx.group)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
     transport = _transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
@@ -277,10 +280,8 @@ def _matmuls(
 
 SEGMENT_MIN_ROWS = 512
 """Rows of one rank and batch group below which a batched call (``batch`` > 1) runs its GEMMs over the
-rows in rank order and moves them once (a copy of the outputs for the gather, of the input for the
-reduce-scatter) instead of one GEMM per rank and group where the rows lie: a GEMM of fewer rows is bound
-by reading its weight (bf16 on H100/H200 reaches the FLOP rate at about 300 rows), so one per group would
-read the weight once per group. docs/runtimes.md has the measurements."""
+rows in rank order and moves them once (the gather's outputs, the reduce-scatter's input) instead of one
+GEMM per rank and group where the rows lie (docs/executor.md, "Batched calls")."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -369,9 +370,9 @@ def all_to_all_matmul(
         _expert_gemms(ctx, state, schedule, x, b)
         rows = state.cut(ctx.rows_buffer("received", k, x.dtype, received), received)
         expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
-        return _all_to_all_matmul_fallback(
-            x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, out
-        )
+        _all_to_all(rows, x, state.layout("gather", 1), ctx.group)  # by source rank
+        torch.index_select(rows, 0, perm, out=expert_major)  # by local expert
+        return grouped_matmul(expert_major, b, experts, out)
     y = out if out is not None else x.new_empty((received, b.shape[2]))
     plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("gather", plan.splits)
@@ -451,8 +452,9 @@ def matmul_all_to_all(
     if schedule.granularity == "serial" and schedule.executor == "sm":
         inverse = _permutation(ctx, state, schedule)[1]
         _expert_gemms(ctx, state, schedule, h, b)
-        layout = state.layout("scatter", 1)
-        _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, staging, y)
+        expert_major = grouped_matmul(h, b, experts)
+        torch.index_select(expert_major, 0, inverse, out=staging)  # by the rank each row goes back to
+        _all_to_all(y, staging, state.layout("scatter", 1), ctx.group)
         return y
     plan = make_plan("scatter", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("scatter", plan.splits)
@@ -593,7 +595,7 @@ def _communicate_all_to_all(
     dest_shape = (sum(layout.recv_rows), width)
     if executor == "sm":
         received = state.cut(ctx.rows_buffer("received", width, x.dtype, dest_shape[0]), dest_shape[0])
-        dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=ctx.group)
+        _all_to_all(received, x, layout, ctx.group)
         return
     plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
     lanes = _streams_lanes(streams, plan)
@@ -683,59 +685,9 @@ def _all_gather_matmul_fallback(
             torch.mm(gathered[piece], b, out=out[place])
 
 
-def _matmul_reduce_scatter_fallback(
-    a: tuple[torch.Tensor, ...],
-    b: tuple[torch.Tensor, ...],
-    group: dist.ProcessGroup,
-    partial: torch.Tensor,
-    out: torch.Tensor,
-    batch: int = 1,
-) -> None:
-    """The reference: the GEMMs (``sum_i a[i] @ b[i]``) into ``partial [m, n]`` (rank-major; from
-    batch-major ``a``, one per rank and batch), then the collective reduce-scatter into ``out``."""
-    m = partial.shape[0]
-    if batch == 1:
-        _matmuls(a, b, slice(None), partial)
-    else:
-        for piece, place in _batch_segments(0, m, out.shape[0], m // out.shape[0], batch):
-            _matmuls(a, b, place, partial[piece])
-    reduce_scatter_single(out, partial, group=group)
-
-
-def _all_to_all_matmul_fallback(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    group: dist.ProcessGroup,
-    layout: Layout,
-    perm: torch.Tensor,
-    expert_rows: tuple[int, ...],
-    received: torch.Tensor,
-    expert_major: torch.Tensor,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    """The reference: the collective all-to-all into ``received`` (by source rank), the permutation into
-    ``expert_major`` (by local expert), then the local experts' GEMMs into ``out`` (:func:`grouped_matmul`).
-    Returns ``out``, or the grouped GEMM's own output where ``out`` is None."""
-    dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=group)
-    torch.index_select(received, 0, perm, out=expert_major)
-    return grouped_matmul(expert_major, b, expert_rows, out)
-
-
-def _matmul_all_to_all_fallback(
-    h: torch.Tensor,
-    b: torch.Tensor,
-    group: dist.ProcessGroup,
-    layout: Layout,
-    inverse: torch.Tensor,
-    expert_rows: tuple[int, ...],
-    produced: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
-    """The reference: the local experts' GEMMs (:func:`grouped_matmul`), the permutation into ``produced`` (by
-    the rank each row goes back to), then the collective all-to-all into ``out``."""
-    expert_major = grouped_matmul(h, b, expert_rows)
-    torch.index_select(expert_major, 0, inverse, out=produced)
-    dist.all_to_all_single(out, produced, list(layout.recv_rows), list(layout.send_rows), group=group)
+def _all_to_all(out: torch.Tensor, x: torch.Tensor, layout: Layout, group: dist.ProcessGroup) -> None:
+    """The collective all-to-all of ``x``'s blocks (one per receiver) into ``out`` (one per sender)."""
+    dist.all_to_all_single(out, x, list(layout.recv_rows), list(layout.send_rows), group=group)
 
 
 def _expert_gemms(
@@ -797,29 +749,23 @@ def _transport(
     cut: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
     cache: dict | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
-    """The schedule's transport, bound to ``source``.
+    """The schedule's transport, bound to ``source``: built once per (executor, priority, plan, destination
+    buffer, layout, lanes, copy arrangement) and kept in ``cache`` (default ``ctx.transports``; the MoE ops
+    keep theirs with their routing), so that a call reuses its views and row ranges.
 
-    ``dest`` (sm): receive the pieces into it instead of a cached buffer; with ``bind_dest`` the transport
-    is kept and bound to each call's ``dest`` (its views re-made when the tensor changes), without it the
-    transport is built for the call and not kept (a caller's ``dest`` is new every call). ``layout``: where
-    each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's
-    destination is a grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by
-    ``cut`` (``RoutedState.cut``: the same view every call with the routing). ``lanes``: copy lanes (dma;
-    default: as the executor's copy arrangement says, ``lanes.copy_lanes``; 0: none, everything on the
-    caller's stream). ``cache``: where the transport is kept (default ``ctx.transports``; the MoE ops keep
-    theirs with their routing).
-
-    Built once per (executor, priority, plan, destination buffer, layout, lanes, copy arrangement)
-    and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer
-    memory (dma) or the cached ``received`` buffer (sm), so the two halves of the double buffering get one
-    transport each.
+    ``dest`` (sm): receive into it instead of a cached buffer; with ``bind_dest`` the transport is kept and
+    bound to each call's ``dest``, without it built for this call only. ``layout``: where each peer's block
+    lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's destination is a
+    grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by ``cut``
+    (``RoutedState.cut``). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes`` of the copy
+    arrangement; 0: everything on the caller's stream).
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
     arrangement = copy_streams() if schedule.executor == "dma" and lanes is None else None
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
-        workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
+        workspace = ctx.get_workspace(math.prod(needed) * source.dtype.itemsize, what=f"schedule {schedule}")
         if layout is None:
             dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
         else:
@@ -879,13 +825,6 @@ def _reduce_into(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tens
     torch.add(own, received[0], out=out)
     for part in received[1:]:
         out.add_(part)
-
-
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    numel = 1
-    for size in shape:
-        numel *= size
-    return numel * dtype.itemsize
 
 
 _SERIAL_DMA = Schedule(granularity="serial", executor="dma")
