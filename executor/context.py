@@ -1,12 +1,9 @@
 """Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, the high-priority twin
 NCCL group, and the transports built over them.
 
-Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
-path only looks things up; tensors are allocated outside any CUDA graph memory pool the caller allocates to
-(``executor.allocation``: Inductor's CUDA graph trees warm a graph up inside its pool). ``clear_buffers``
-drops the per-shape buffers and the transports that view them (a sweep over many shapes calls it between
-shapes); ``poison_buffers`` fills every cached buffer with NaN so that a schedule that forgets to move a
-piece cannot pass a correctness check on stale data.
+Everything here is made on the first call that needs it (outside CUDA graph memory pools:
+``executor.allocation``); a call on the hot path only looks things up. ``clear_buffers`` drops the per-shape
+buffers (a sweep calls it between shapes); ``poison_buffers`` fills them with NaN for correctness checks.
 """
 
 from __future__ import annotations
@@ -171,8 +168,7 @@ COPY_STREAMS_ENV = "FICCO_COPY_STREAMS"
 """Environment variable naming the copy arrangement (``CopyStreams`` string form) a process starts with."""
 DEFAULT_COPY_STREAMS = "1"
 """The copy arrangement when ``FICCO_COPY_STREAMS`` is not set: one side stream that the peers' copies share
-in ring order (``benchmarks/results/copy-arrangements-h200x4.md``: at 4 ranks the fastest arrangement,
-geomean 1.008x the best per item against 1.141x for one stream per peer; at 2 ranks the two are the same)."""
+in ring order (the fastest at 4 ranks: docs/executor.md, "Copy arrangement")."""
 
 
 def _copy_streams_from_env() -> CopyStreams:

@@ -13,12 +13,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
+from itertools import accumulate
 
 import torch
 
 from ficco.executor.allocation import persistent
 from ficco.executor.capture import refuse_capture
-from ficco.executor.plan import Layout, Plan
+from ficco.executor.plan import Layout, Plan, block_starts
 from ficco.features.routing import Routing
 
 Segment = tuple[int, int, int, int]
@@ -78,12 +79,11 @@ class ExpertGemms:
     def whole(cls, group_rows: tuple[int, ...]) -> ExpertGemms:
         """Every row of an expert-major buffer of ``group_rows[e]`` rows per expert (kept per ``group_rows``,
         so that its device tensors are made once)."""
-        segments, start = [], 0
-        for e, rows in enumerate(group_rows):
-            if rows:
-                segments.append((start, start + rows, e, start))
-            start += rows
-        return cls(tuple(segments), len(group_rows))
+        starts = block_starts(group_rows)
+        segments = tuple(
+            (s, s + n, e, s) for e, (s, n) in enumerate(zip(starts, group_rows, strict=True)) if n
+        )
+        return cls(segments, len(group_rows))
 
     @property
     def rows(self) -> int:
@@ -101,12 +101,11 @@ class ExpertGemms:
         """``(offs, index)`` on ``device`` (class docstring), made on first use."""
         found = self._tensors.get(device)
         if found is None:
-            ends, row_ends = [0] * self.experts, 0
+            ends = [0] * self.experts
             for _start, stop, e, _row in self.segments:
                 ends[e] = stop
-            for e in range(self.experts):  # empty experts end where the one before ends
-                row_ends = ends[e] = max(ends[e], row_ends)
-            offs = torch.tensor(ends, dtype=torch.int32)
+            # empty experts end where the one before ends
+            offs = torch.tensor(list(accumulate(ends, max)), dtype=torch.int32)
             index = None
             if not self.aligned:
                 parts = [torch.arange(row, row + stop - start) for start, stop, _e, row in self.segments]

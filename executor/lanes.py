@@ -89,8 +89,7 @@ class DeviceLanes:
         """The caller streams seen, by stream id (:meth:`caller_stream`)."""
 
     def caller_stream(self) -> torch.cuda.Stream:
-        """The current stream of the lanes' device: ``torch.cuda.current_stream()`` without building a new
-        ``Stream`` object every call (a few microseconds of host time): the one made for its id before."""
+        """``torch.cuda.current_stream()`` of the lanes' device, without a new ``Stream`` object per call."""
         index = self._device_index if self._device_index is not None else torch.cuda.current_device()
         stream_id, device_index, device_type = torch._C._cuda_getCurrentStream(index)
         stream = self._callers.get(stream_id)
@@ -161,14 +160,11 @@ class DeviceLanes:
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
     ) -> None:
         """After the copies of round ``key`` on ``lanes`` (:meth:`mark_copied`), run ``barrier`` on the
-        signal lane and remember the moment it completes under ``key`` (for :meth:`wait_signal`). The lane
-        that ran the barrier stays current (the caller goes :meth:`home` before its next GEMM).
+        signal lane, left current, and remember its completion under ``key`` (for :meth:`wait_signal`).
 
-        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its
-        copies in stream order (call it before issuing anything else on that lane, and without
-        :meth:`mark_copied`), instead of on the signal lane (no event pair between the two lanes, and the
-        call need not fork or join the signal lane). Only for a call with one round on one lane: it runs
-        no other barrier that could then overlap this one.
+        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its copies
+        (call it before anything else on that lane, without :meth:`mark_copied`). Only for a call with one
+        round on one lane, which runs no other barrier that could overlap this one.
         """
         if on_copy_lane:
             (index,) = lanes

@@ -18,8 +18,10 @@ land, and splits each block into ``splits`` sub-chunks of near-equal size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import Literal
 
 Direction = Literal["gather", "scatter"]
@@ -192,11 +194,11 @@ class Layout:
             direction=direction,
             rank=rank,
             splits=splits,
-            send_start=_starts(moved[rank]),
+            send_start=block_starts(moved[rank]),
             send_rows=tuple(moved[rank]),
-            recv_start=_starts(into[rank]),
+            recv_start=block_starts(into[rank]),
             recv_rows=tuple(into[rank]),
-            remote_start=tuple(_starts(into[p])[rank] for p in range(w)),
+            remote_start=tuple(block_starts(into[p])[rank] for p in range(w)),
             dest_rows=tuple(sum(into[p]) for p in range(w)),
         )
 
@@ -258,10 +260,6 @@ class Layout:
         return slice(start + lo, start + hi)
 
 
-def _starts(rows: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def block_starts(rows: Sequence[int]) -> tuple[int, ...]:
     """Running sums: where each of consecutive blocks of ``rows`` starts."""
-    out, total = [], 0
-    for n in rows:
-        out.append(total)
-        total += n
-    return tuple(out)
+    return tuple(accumulate(rows, initial=0))[:-1]
