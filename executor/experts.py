@@ -279,21 +279,11 @@ def routed_state(states: OrderedDict, routing: Routing, rank: int) -> RoutedStat
 def grouped_matmul(
     a: torch.Tensor, b: torch.Tensor, group_rows: tuple[int, ...] | list[int], out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``out[rows of group e] = a[rows of group e] @ b[e]`` over consecutive row ranges of ``group_rows[e]``
-    rows (the MoE ops' expert GEMM; the GEMM alone): one grouped GEMM or one ``torch.mm`` per non-empty group,
-    as :class:`ExpertGemms` chooses.
-
-    Parameters
-    ----------
-    a : Tensor, shape [sum(group_rows), k]
-    b : Tensor, shape [len(group_rows), k, n]
-    group_rows : sequence of int
-        Rows of each group, in order.
-    out : Tensor, shape [sum(group_rows), n], optional
-        Where to write; without it, the grouped GEMM's own output is returned (no copy).
-
-    The grouped form's first call for a ``group_rows`` on a device copies its offsets to the device, which
-    CUDA graph capture cannot record (:class:`~ficco.executor.capture.CaptureError`): call it once eagerly.
+    """``out[rows of group e] = a[rows of group e] @ b[e]`` over consecutive ranges of ``group_rows[e]`` rows
+    (the MoE ops' expert GEMM alone): ``a [sum(group_rows), k]``, ``b [len(group_rows), k, n]``, ``out
+    [sum(group_rows), n]`` (None: a new tensor, or the grouped GEMM's own output). One grouped GEMM or one
+    ``torch.mm`` per non-empty group, as :class:`ExpertGemms` chooses; the grouped form's first call for a
+    ``group_rows`` on a device raises :class:`~ficco.executor.capture.CaptureError` inside CUDA graph capture.
     """
     gemms = ExpertGemms.whole(tuple(group_rows))
     if gemms.grouped(a, b):

@@ -107,13 +107,10 @@ def run_all_gather_matmul(
     out: torch.Tensor | None = None,
     batch: int = 1,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx`` (``executor.library`` keeps
-    the context of each checked call signature): ``([C_i [m, n_i] per weight], A [m, k] or None)``.
-
-    ``batch``: the shards' rows are ``batch`` groups of rows (``[batch, rows/batch, k]``: sequences of a
-    sequence-parallel shard) and ``C`` and ``A`` hold every rank's group of each batch together, batch-major
-    (``[batch, w * rows/batch, n]``, the gather along the sequence); each GEMM writes its rows straight to
-    their place, so no layout copy is made but the gathered ``A``'s (one, where it is returned)."""
+    """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx``: ``([C_i [m, n_i] per weight],
+    A [m, k] or None)``. ``batch``: the shards' rows are ``batch`` groups (``[batch, rows/batch, k]``, a
+    sequence-parallel shard) and ``C`` and ``A`` come batch-major (``[batch, w * rows/batch, n]``, the gather
+    along the sequence), each GEMM writing its rows in place (docs/executor.md, "Batched calls")."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:
@@ -207,13 +204,10 @@ def run_matmul_reduce_scatter(
     out: torch.Tensor | None = None,
     batch: int = 1,
 ) -> torch.Tensor:
-    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``.
-
-    ``a`` and ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is what is
-    scattered, each block's GEMMs accumulating in place (no concatenated operands). ``batch``: ``a``'s rows
-    are ``batch`` groups, each holding every rank's rows in rank order (``[batch, m / batch, k]`` scattered
-    along its second dim: the sequence) and the result is this rank's rows of each (``[batch, m / (w
-    batch), n]``); the GEMMs read ``a``'s rows where they lie, no layout copy is made."""
+    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``. ``a`` and
+    ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is scattered, the GEMMs
+    accumulating in place. ``batch``: ``a [batch, m / batch, k]`` is scattered along the sequence, to this
+    rank's ``[batch, m / (w batch), n]``, the GEMMs reading ``a``'s rows where they lie."""
     a, b = ((a,), (b,)) if isinstance(a, torch.Tensor) else (a, b)
     m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
@@ -335,13 +329,9 @@ def all_to_all_matmul(
     b : Tensor, shape [experts / w, k, n]
         This rank's experts' weights (expert ``e``: ``b[e]``); same dtype and device as ``x``.
     routing : features.Routing
-        Rows per (source rank, destination rank, local expert); the same on every rank. Uneven and empty
-        blocks are fine.
+        Rows per (source rank, destination rank, local expert); the same on every rank; blocks may be empty.
     schedule : Schedule or str
-        Any schedule: ``serial`` (the whole all-to-all, then the experts' GEMMs), ``shard`` (the GEMMs on
-        a source's rows start once they have landed, one source after another) or ``finer`` (every block
-        split again, all sources at once). Blocks split into near-equal sub-chunks, so every schedule runs
-        every routing.
+        Any schedule (docs/executor.md, "The MoE pair", says what each granularity overlaps).
     group : ProcessGroup, optional
         The expert-parallel group (default: the world). NCCL for CUDA tensors, gloo for CPU tensors.
     out : Tensor, shape [sum(routing.received(rank)), n], optional
@@ -350,14 +340,8 @@ def all_to_all_matmul(
     Returns
     -------
     Tensor [sum(routing.received(rank)), n]: by local expert, then by source rank (each expert's rows
-    contiguous, as a grouped GEMM takes them); the rows from rank ``q`` for expert ``e`` are ``x_q``'s
-    rows for (this rank, ``e``), in ``x_q``'s order, times ``b[e]``.
-
-    Unpipelined::
-
-        received = all_to_all_single(x, routing.received(rank), routing.sent(rank))  # by source rank
-        rows = received permuted to expert-major order
-        for e: out[rows of e] = rows[rows of e] @ b[e]
+    contiguous); the rows from rank ``q`` for expert ``e`` are ``x_q``'s rows for (this rank, ``e``), in
+    ``x_q``'s order, times ``b[e]``.
     """
     schedule = as_schedule(schedule)
     ctx = _checked_routed_context("a2a_gemm", x, b, routing, out, schedule, group)
@@ -377,14 +361,7 @@ def all_to_all_matmul(
     plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("gather", plan.splits)
     transport = _transport(
-        ctx,
-        plan,
-        schedule,
-        source=x,
-        dest_shape=(received, k),
-        layout=layout,
-        cut=state.cut,
-        cache=state.transports,
+        ctx, plan, schedule, source=x, dest_shape=(received, k), layout=layout, routed=state
     )
     gemms = _expert_gemms(ctx, state, schedule, x, b, plan, layout)
     weights = _loop_weights(gemms, b, ctx.device)
@@ -422,9 +399,7 @@ def matmul_all_to_all(
     routing : features.Routing
         The dispatch's routing (the combine sends its rows back the other way).
     schedule : Schedule or str
-        Any schedule: ``serial`` (the experts' GEMMs, then the whole all-to-all), ``shard`` (the rows for
-        one rank computed and sent while the next rank's are computed; this rank's own rows last) or
-        ``finer`` (every block split again).
+        Any schedule (docs/executor.md, "The MoE pair").
     group : ProcessGroup, optional
         The expert-parallel group (default: the world).
     out : Tensor, shape [sum(routing.sent(rank)), n], optional
@@ -434,11 +409,6 @@ def matmul_all_to_all(
     -------
     Tensor [sum(routing.sent(rank)), n]: row ``i`` is the expert output of the dispatch's ``x[i]`` on this
     rank (by destination rank, then its local expert, as ``x`` was).
-
-    Unpipelined::
-
-        for e: p[rows of e] = h[rows of e] @ b[e]
-        out = all_to_all_single(p permuted to source-major order, routing.sent(rank), routing.received(rank))
     """
     schedule = as_schedule(schedule)
     ctx = _checked_routed_context("gemm_a2a", h, b, routing, out, schedule, group)
@@ -468,8 +438,7 @@ def matmul_all_to_all(
         dest=None if dma else y,  # sm: receive straight into the result
         bind_dest=not dma,
         layout=layout,
-        cut=state.cut,
-        cache=state.transports,
+        routed=state,
     )
     gemms = _expert_gemms(ctx, state, schedule, h, b, plan, layout)
     weights = _loop_weights(gemms, b, ctx.device)
@@ -531,10 +500,8 @@ def communicate(
     rank)), n]`` (the copy-engine versions include the copy of the rows a rank keeps, as NCCL's
     ``all_to_all_single`` does).
 
-    ``streams`` (copy engines): ``auto``, as a ``serial/dma`` schedule moves them (the executor's copy
-    arrangement, ``executor.copy_streams()``: one side stream per peer, or fewer, down to every copy on the
-    caller's stream); ``per_peer``, one side stream per peer whatever the arrangement; ``current``, every copy
-    and the barrier on the caller's stream, no fork or join.
+    ``streams`` (copy engines): ``auto``, as a ``serial/dma`` schedule moves them (``executor.copy_streams``);
+    ``per_peer``, one side stream per peer; ``current``, every copy and the barrier on the caller's stream.
     """
     spec = OP_SPECS.get(op)
     if spec is None or executor not in ("sm", "dma") or streams not in ("auto", "current", "per_peer"):
@@ -600,15 +567,7 @@ def _communicate_all_to_all(
     plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
     lanes = _streams_lanes(streams, plan)
     transport = _transport(
-        ctx,
-        plan,
-        _SERIAL_DMA,
-        source=x,
-        dest_shape=dest_shape,
-        layout=layout,
-        lanes=lanes,
-        cut=state.cut,
-        cache=state.transports,
+        ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape, layout=layout, lanes=lanes, routed=state
     )
     transport.keep_own()  # on the caller's stream, beside the copy lanes when there are any
     run_pipeline(plan, transport, None)
@@ -715,9 +674,8 @@ def _expert_gemms(
 def _loop_weights(
     gemms: dict[int, ExpertGemms], b: torch.Tensor, device: torch.device
 ) -> tuple[torch.Tensor, ...] | None:
-    """``b.unbind(0)`` (``[k, n]`` per local expert) once per call for the blocks that loop over their
-    experts, or None when every block has its grouped tensors (unbinding a hundred experts costs tens of
-    microseconds of host time; a block that loops after all unbinds ``b`` itself)."""
+    """``b.unbind(0)`` once per call for the blocks that loop over their experts, or None when every block
+    has its grouped tensors (unbinding a hundred experts costs tens of microseconds of host time)."""
     if all(unit.ready(device) for unit in gemms.values()):
         return None
     return b.unbind(0)
@@ -746,19 +704,18 @@ def _transport(
     bind_dest: bool = False,
     layout: Layout | None = None,
     lanes: int | None = None,
-    cut: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-    cache: dict | None = None,
+    routed: RoutedState | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
     """The schedule's transport, bound to ``source``: built once per (executor, priority, plan, destination
-    buffer, layout, lanes, copy arrangement) and kept in ``cache`` (default ``ctx.transports``; the MoE ops
-    keep theirs with their routing), so that a call reuses its views and row ranges.
+    buffer, layout, lanes, copy arrangement) and kept (in ``ctx.transports``, or with the MoE ops' ``routed``
+    state), so that a call reuses its views and row ranges.
 
     ``dest`` (sm): receive into it instead of a cached buffer; with ``bind_dest`` the transport is kept and
     bound to each call's ``dest``, without it built for this call only. ``layout``: where each peer's block
     lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's destination is a
-    grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by ``cut``
-    (``RoutedState.cut``). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes`` of the copy
-    arrangement; 0: everything on the caller's stream).
+    grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by ``routed.cut``
+    (the same view every call with the routing). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes``
+    of the copy arrangement; 0: everything on the caller's stream).
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
@@ -769,15 +726,15 @@ def _transport(
         if layout is None:
             dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
         else:
-            dest = cut(workspace.rows(ctx.rank, width, source.dtype), rows)
+            dest = routed.cut(workspace.rows(ctx.rank, width, source.dtype), rows)
         keep = True
     else:
         keep = dest is None or bind_dest
         if dest is None and layout is None:
             dest = ctx.buffer("received", dest_shape, source.dtype)
         elif dest is None:
-            dest = cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
-    cache = ctx.transports if cache is None else cache
+            dest = routed.cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
+    cache = ctx.transports if routed is None else routed.transports
     # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
     # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
     # destination bound anew every call is not part of the key.
