@@ -59,12 +59,11 @@ class GroupContext:
     p2p_high: dist.ProcessGroup | None = None
     """The twin NCCL group whose internal stream runs at high priority (created on first use)."""
     transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
-    """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
-    dropped with the buffers and whenever the peer memory is reallocated."""
+    """Transports over these buffers and peer memory (keyed by ``executor.ops``); dropped with the buffers
+    and when the peer memory grows."""
     routed: OrderedDict[Routing, RoutedState] = field(default_factory=OrderedDict)
-    """What the MoE ops derived from their last ``ROUTED_MAX`` routings (layouts, row segments, the
-    permutation, and the transports over them); dropped with the buffers, its transports with the peer
-    memory."""
+    """What the MoE ops derived from their last ``ROUTED_MAX`` routings; dropped with the buffers, its
+    transports when the peer memory grows."""
 
     @property
     def is_cuda(self) -> bool:
@@ -82,10 +81,9 @@ class GroupContext:
         return out
 
     def rows_buffer(self, name: str, width: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
-        """A cached uninitialised ``[capacity, width]`` tensor with ``capacity >= rows`` (a power of two,
-        allocated again, larger, when a call needs more rows): one per (name, width, dtype) for row counts
-        that change from call to call, such as the rows an all-to-all routes to this rank, so that they do
-        not pile up buffers. Callers cut it to their rows (``RoutedState.cut``)."""
+        """A cached uninitialised ``[capacity, width]`` tensor, ``capacity >= rows`` a power of two (grown
+        when a call needs more): one per (name, width, dtype) for row counts that change from call to call
+        (an all-to-all's), so they do not pile up buffers; callers cut it (``RoutedState.cut``)."""
         key = (name, width, dtype)
         out = self.buffers.get(key)
         if out is None or out.shape[0] < rows:
@@ -157,10 +155,9 @@ class GroupContext:
 
 _contexts: dict[tuple[str, str], GroupContext] = {}
 checked_calls: dict[tuple, object] = {}
-"""The executor's one per-call-signature cache: what each call signature whose checks passed resolved to
-(``executor.ops``: its group context; ``executor.library``: the schedule it runs and that context), so that a
-repeated call skips the checks and the lookups (a few microseconds of Python per call). Keys hold everything
-the checks look at; ``executor.ops`` keys hold the group, ``executor.library`` keys its name."""
+"""What each call signature whose checks passed resolved to (``executor.ops``: its group context;
+``executor.library``: the schedule it runs and that context), so that a repeated call skips the checks and
+lookups. Keys hold everything the checks look at (``executor.ops``: the group; ``library``: its name)."""
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
@@ -271,10 +268,8 @@ def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Ite
     """This torchrun rank's default process group and its device, for the ``with`` block.
 
     ``device="cuda"``: NCCL bound to GPU ``LOCAL_RANK`` (made the current device); ``"cpu"``: gloo.
-    ``timeout``: how long a collective waits before the group gives up (torch's default when None). A group
-    that already exists is used and left up. Otherwise, on exit, the executor's contexts (which hold the
-    group and its peer memory) are dropped before the group is destroyed: left to interpreter exit, gloo's
-    still-joinable threads abort the process ("terminate called without an active exception").
+    ``timeout``: how long a collective waits (torch's default when None). A group that already exists is
+    used and left up; one made here is destroyed on exit.
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -296,6 +291,8 @@ def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Ite
     try:
         yield here
     finally:
+        # drop the contexts (they hold the group and its peer memory) first: left to interpreter exit, gloo's
+        # still-joinable threads abort the process ("terminate called without an active exception")
         reset()
         gc.collect()
         dist.destroy_process_group()

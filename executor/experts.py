@@ -172,8 +172,7 @@ class RoutedState:
     layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
     """Per (direction, splits): the all-to-all's blocks (dispatch: ``gather``, combine: ``scatter``)."""
     gemms: dict[tuple[int, int], tuple[Plan, dict[int, ExpertGemms]]] = field(default_factory=dict)
-    """Per (id of plan, id of layout): the plan (held, so that its id names it) and each unit's expert GEMMs,
-    by ``id(unit)``."""
+    """Per (id of plan, id of layout): the plan (held, so its id names it) and its units' GEMMs by id."""
     permutations: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """Per device: (expert-major row ``i`` <- source-major row ``perm[i]``, and its inverse)."""
     transports: dict[tuple, object] = field(default_factory=dict)

@@ -155,9 +155,6 @@ def _define_pair(kernel, fake, function: type[_OpFunction]):
     return public
 
 
-# all_gather_matmul ------------------------------------------------------------------------------------------
-
-
 def all_gather_matmul(
     a_shard: torch.Tensor,
     bs: list[torch.Tensor],
@@ -270,9 +267,6 @@ _AG_FIXED_ARGS = 6
 
 
 all_gather_matmul = _define_pair(all_gather_matmul, _all_gather_matmul_fake, _AllGatherMatmul)
-
-
-# matmul_reduce_scatter --------------------------------------------------------------------------------------
 
 
 def matmul_reduce_scatter(
@@ -425,9 +419,6 @@ matmuls_reduce_scatter = _define_pair(
 )
 
 
-# The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
-
-
 def all_to_all_matmul(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -559,13 +550,8 @@ def _routing(counts: tuple[int, ...], world_size: int) -> Routing:
             f"counts must hold world_size * world_size * experts/world_size ints (Routing.counts flattened); "
             f"got {len(counts)} for world_size={world_size}"
         )
-    it = iter(counts)
-    return Routing(
-        counts=tuple(
-            tuple(tuple(next(it) for _ in range(per_pair)) for _ in range(world_size))
-            for _ in range(world_size)
-        )
-    )
+    pairs = [counts[i : i + per_pair] for i in range(0, len(counts), per_pair)]  # by (src, dst)
+    return Routing(counts=[pairs[src * world_size : (src + 1) * world_size] for src in range(world_size)])
 
 
 def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor, asked: str) -> Schedule:
@@ -595,14 +581,8 @@ def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Te
 def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
     """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
     group, routing = _group_routing(ctx.counts, ctx.group_name)
-    out, start = [], 0
-    for size in routing.expert_rows(group.rank()):
-        out.append(rows[start : start + size].t() @ grad[start : start + size])
-        start += size
-    return torch.stack(out)
-
-
-# Shared parts -----------------------------------------------------------------------------------------------
+    sizes = routing.expert_rows(group.rank())
+    return torch.stack([x.t() @ g for x, g in zip(rows.split(sizes), grad.split(sizes), strict=True)])
 
 
 def _grads(ctx, grad_a, grad_b) -> tuple:
@@ -685,12 +665,11 @@ def _resolve(
     asked: str,
     group_name: str,
 ) -> tuple[Schedule, GroupContext]:
-    """The schedule a call signature runs and the executor's context it runs on (kept under ``key``, which
-    holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
-    table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
-    (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
-    caller's, and raised. ``ag_gemm``: ``rows`` the shard's, ``b`` every weight; ``gemm_rs``: the rows of
-    each ``a`` and its weight (``n`` their common columns, ``k`` the sum of theirs)."""
+    """The schedule a call signature runs, and its executor context, kept under ``key``: the table's pick at
+    this row count, or ``serial/sm`` with one warning when the executor's checks refuse it (every rank alike);
+    errors serial would raise too are raised. ``ag_gemm``: ``rows`` the shard's, ``b`` every weight;
+    ``gemm_rs``: the rows of each ``a`` and its weight (``n`` their common columns, ``k`` the sum of theirs).
+    """
     group = _resolve_process_group(group_name)
     w = group.size()
     gather = op == "ag_gemm"

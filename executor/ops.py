@@ -676,9 +676,7 @@ def _loop_weights(
 ) -> tuple[torch.Tensor, ...] | None:
     """``b.unbind(0)`` once per call for the blocks that loop over their experts, or None when every block
     has its grouped tensors (unbinding a hundred experts costs tens of microseconds of host time)."""
-    if all(unit.ready(device) for unit in gemms.values()):
-        return None
-    return b.unbind(0)
+    return None if all(unit.ready(device) for unit in gemms.values()) else b.unbind(0)
 
 
 def _permutation(

@@ -173,12 +173,8 @@ def _remembered(views: dict, key: Hashable, make: Callable[[], T]) -> T:
 
 class PointToPointTransport(_Transport):
     """``sm``: each batch of pieces is what ``batch_isend_irecv`` issues (an NCCL group on CUDA, gloo's
-    sends and receives on the CPU).
-
-    On CUDA, gather batches are issued from a copy lane forked before the first GEMM, so NCCL's stream,
-    which waits for the stream current at issue time, does not wait for that GEMM. Scatter batches are
-    issued from the caller's stream right after the GEMM that produced them, which is the wait they need;
-    scatter therefore uses no lane and forks and joins none.
+    sends and receives on the CPU); gather issues from a copy lane, scatter from the caller's stream
+    (docs/executor.md, "Transports").
     """
 
     def __init__(self, *, group: dist.ProcessGroup, global_ranks: list[int], **kwargs) -> None:
