@@ -121,12 +121,9 @@ class ExpertGemms:
         weights: Sequence[torch.Tensor] | None = None,
         grouped: bool | None = None,
     ) -> None:
-        """``out[expert-major rows] = rows @ b[e]`` per segment.
-
-        ``rows [block rows, k]`` in block order, ``b [experts, k, n]``, ``out [expert-major rows, n]``;
-        ``weights``: ``b.unbind(0)`` when the caller has it (the loop indexes it); ``grouped`` forces the way
-        (default: :meth:`grouped`).
-        """
+        """``out[expert-major rows] = rows @ b[e]`` per segment: ``rows [block rows, k]``, ``b [experts, k,
+        n]``, ``out [expert-major rows, n]``; ``weights``: ``b.unbind(0)`` when the caller has it;
+        ``grouped`` forces the way (default: :meth:`grouped`)."""
         if self.grouped(rows, b) if grouped is None else grouped:
             offs, index = self.tensors(rows.device)
             product = torch._grouped_mm(rows[: self.rows], b, offs=offs)

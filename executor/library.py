@@ -63,9 +63,9 @@ class OpRun:
     """What one op ran at one shape (``features.Scenario`` conventions), against what it was asked."""
 
     op: str
-    """``ag_gemm`` (all_gather_matmul) or ``gemm_rs`` (matmul_reduce_scatter)."""
+    """The op's ``features.OP_SPECS`` name (``ag_gemm``, ``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``)."""
     m: int
-    """Gathered (ag_gemm) or full (gemm_rs) rows, batch included."""
+    """Gathered (ag_gemm) or full (gemm_rs) rows, batch included; the MoE ops: rows routed over the group."""
     n: int
     """Output columns (the weights' together for several weights)."""
     k: int

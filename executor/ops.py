@@ -83,16 +83,7 @@ def all_gather_matmul(
     """
     schedule = as_schedule(schedule)
     bs = (b,) if isinstance(b, torch.Tensor) else tuple(b)
-    ctx = _checked_context(
-        "ag_gemm",
-        a_shard,
-        bs if len(bs) > 1 else b,
-        out,
-        schedule,
-        group,
-        ("a_shard", "[m/world_size, k]"),
-        check_all_gather_matmul,
-    )
+    ctx = _checked_context("ag_gemm", a_shard, bs if len(bs) > 1 else b, out, schedule, group)
     cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered, out)
     c = cs[0] if isinstance(b, torch.Tensor) else cs
     return (c, gathered) if return_gathered else c
@@ -190,9 +181,7 @@ def matmul_reduce_scatter(
     Tensor [m / w, n]: rank ``r`` gets ``sum over ranks of P[r*m/w : (r+1)*m/w]``.
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_context(
-        "gemm_rs", a, b, out, schedule, group, ("a", "[m, k]"), check_matmul_reduce_scatter
-    )
+    ctx = _checked_context("gemm_rs", a, b, out, schedule, group)
     return run_matmul_reduce_scatter(ctx, a, b, schedule, out)
 
 
@@ -344,7 +333,7 @@ def all_to_all_matmul(
     ``x_q``'s order, times ``b[e]``.
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_routed_context("a2a_gemm", x, b, routing, out, schedule, group)
+    ctx = _checked_context("a2a_gemm", x, b, out, schedule, group, routing)
     x = x.contiguous()
     state = routed_state(ctx.routed, routing, ctx.rank)
     k, received = x.shape[1], sum(routing.received(ctx.rank))
@@ -411,7 +400,7 @@ def matmul_all_to_all(
     rank (by destination rank, then its local expert, as ``x`` was).
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_routed_context("gemm_a2a", h, b, routing, out, schedule, group)
+    ctx = _checked_context("gemm_a2a", h, b, out, schedule, group, routing)
     h = h.contiguous()
     state = routed_state(ctx.routed, routing, ctx.rank)
     received, n = h.shape[0], b.shape[2]
@@ -585,41 +574,48 @@ def _checked_context(
     out: torch.Tensor | None,
     schedule: Schedule,
     group: dist.ProcessGroup | None,
-    a_spec: tuple[str, str],
-    check: Callable[..., None],
+    routing: Routing | None = None,
 ) -> GroupContext:
-    """The call's group context; its arguments are checked (``a`` named and shaped as ``a_spec`` says, then
-    ``check``) only the first time this call signature is seen (``executor.checks.call_key``)."""
+    """The call's group context; its arguments are checked (:func:`_check_call`) only the first time this
+    call signature is seen (``executor.checks.call_key``; the MoE ops' routing is part of it)."""
     key = call_key(op, a, b, out, schedule, group)
+    if OP_SPECS[op].moe:
+        key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
     ctx = checked_calls.get(key)
     if ctx is None:
-        check_matrix(a_spec[0], a, a_spec[1])
-        ctx = get_context(group, a.device)
-        check(a, b, schedule, ctx.world_size, out)
-        remember_checked(key, ctx)
+        ctx = remember_checked(key, _check_call(op, a, b, out, schedule, group, routing))
     return ctx
 
 
-def _checked_routed_context(
+_A_SPECS = {
+    "ag_gemm": ("a_shard", "[m/world_size, k]"),
+    "gemm_rs": ("a", "[m, k]"),
+    "a2a_gemm": ("x", "[rows, k]"),
+    "gemm_a2a": ("h", "[rows, k]"),
+}
+"""The name and shape of each op's first argument, as its errors give them."""
+
+
+def _check_call(
     op: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    routing: Routing,
-    out: torch.Tensor | None,
+    a: object,
+    b: object,
+    out: object,
     schedule: Schedule,
     group: dist.ProcessGroup | None,
+    routing: object,
 ) -> GroupContext:
-    """:func:`_checked_context` of a MoE op: the routing is part of the call signature."""
-    key = call_key(op, a, b, out, schedule, group)
-    key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
-    ctx = checked_calls.get(key)
-    if ctx is None:
+    """Every check of one call of ``op`` (the first argument's first: its device names the context)."""
+    a_name, a_shape = _A_SPECS[op]
+    check_matrix(a_name, a, a_shape)
+    ctx = get_context(group, a.device)
+    if op == "ag_gemm":
+        check_all_gather_matmul(a, b, schedule, ctx.world_size, out)
+    elif op == "gemm_rs":
+        check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
+    else:
         dispatch = op == "a2a_gemm"
-        a_name = "x" if dispatch else "h"
-        check_matrix(a_name, a, "[rows, k]")
-        ctx = get_context(group, a.device)
         check_routed_matmul(a_name, a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch)
-        remember_checked(key, ctx)
     return ctx
 
 

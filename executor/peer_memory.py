@@ -25,15 +25,12 @@ class PeerMemory(Protocol):
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
         """A ``shape``/``dtype`` view of group rank ``peer``'s buffer, starting at ``byte_offset``."""
-        ...
 
     def barrier(self) -> None:
         """Every rank's writes issued before this call are visible to every rank after it."""
-        ...
 
     def local_bytes(self) -> torch.Tensor:
         """This rank's whole buffer as uint8 (for poisoning in tests)."""
-        ...
 
 
 class SymmetricPeerMemory:
