@@ -1,8 +1,6 @@
-"""Argument checks, run on every rank before any communication.
-
-They look only at the calling rank's tensors and the schedule, so they are deterministic and every rank
-raises the same ``ValueError`` together instead of hanging in a collective. (Shapes that differ between
-ranks cannot be seen without communicating; keeping them equal is the caller's job.)
+"""Argument checks, run on every rank before any communication: they look only at the calling rank's tensors
+and the schedule, so every rank raises the same ``ValueError`` together instead of hanging in a collective
+(shapes that differ between ranks are the caller's to keep equal).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Per-(group, device) state cached across calls: ranks, buffers, lanes, peer memory, the high-priority twin
 NCCL group, and the transports built over them.
 
-Everything here is allocated on the first call that needs it and reused afterwards; a call on the hot
-path only looks things up; tensors are allocated outside any CUDA graph memory pool the caller allocates to
-(``executor.allocation``: Inductor's CUDA graph trees warm a graph up inside its pool). ``clear_buffers``
-drops the per-shape buffers and the transports that view them (a sweep over many shapes calls it between
-shapes); ``poison_buffers`` fills every cached buffer with NaN so that a schedule that forgets to move a
-piece cannot pass a correctness check on stale data.
+Everything here is made on the first call that needs it (outside CUDA graph memory pools:
+``executor.allocation``); a call on the hot path only looks things up. ``clear_buffers`` drops the per-shape
+buffers (a sweep calls it between shapes); ``poison_buffers`` fills them with NaN for correctness checks.
 """
 
 from __future__ import annotations
@@ -62,12 +59,11 @@ class GroupContext:
     p2p_high: dist.ProcessGroup | None = None
     """The twin NCCL group whose internal stream runs at high priority (created on first use)."""
     transports: dict[tuple, PeerCopyTransport | PointToPointTransport] = field(default_factory=dict)
-    """Transports over this context's buffers and peer memory, kept by ``executor.ops`` (keyed there);
-    dropped with the buffers and whenever the peer memory is reallocated."""
+    """Transports over these buffers and peer memory (keyed by ``executor.ops``); dropped with the buffers
+    and when the peer memory grows."""
     routed: OrderedDict[Routing, RoutedState] = field(default_factory=OrderedDict)
-    """What the MoE ops derived from their last ``ROUTED_MAX`` routings (layouts, row segments, the
-    permutation, and the transports over them); dropped with the buffers, its transports with the peer
-    memory."""
+    """What the MoE ops derived from their last ``ROUTED_MAX`` routings; dropped with the buffers, its
+    transports when the peer memory grows."""
 
     @property
     def is_cuda(self) -> bool:
@@ -85,10 +81,9 @@ class GroupContext:
         return out
 
     def rows_buffer(self, name: str, width: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
-        """A cached uninitialised ``[capacity, width]`` tensor with ``capacity >= rows`` (a power of two,
-        allocated again, larger, when a call needs more rows): one per (name, width, dtype) for row counts
-        that change from call to call, such as the rows an all-to-all routes to this rank, so that they do
-        not pile up buffers. Callers cut it to their rows (``RoutedState.cut``)."""
+        """A cached uninitialised ``[capacity, width]`` tensor, ``capacity >= rows`` a power of two (grown
+        when a call needs more): one per (name, width, dtype) for row counts that change from call to call
+        (an all-to-all's), so they do not pile up buffers; callers cut it (``RoutedState.cut``)."""
         key = (name, width, dtype)
         out = self.buffers.get(key)
         if out is None or out.shape[0] < rows:
@@ -160,10 +155,9 @@ class GroupContext:
 
 _contexts: dict[tuple[str, str], GroupContext] = {}
 checked_calls: dict[tuple, object] = {}
-"""The executor's one per-call-signature cache: what each call signature whose checks passed resolved to
-(``executor.ops``: its group context; ``executor.library``: the schedule it runs and that context), so that a
-repeated call skips the checks and the lookups (a few microseconds of Python per call). Keys hold everything
-the checks look at; ``executor.ops`` keys hold the group, ``executor.library`` keys its name."""
+"""What each call signature whose checks passed resolved to (``executor.ops``: its group context;
+``executor.library``: the schedule it runs and that context), so that a repeated call skips the checks and
+lookups. Keys hold everything the checks look at (``executor.ops``: the group; ``library``: its name)."""
 CHECKED_MAX = 4096
 """Call signatures remembered at most (a sweep over many shapes starts over when it is full)."""
 _barrier_timeout_ms = BARRIER_TIMEOUT_MS
@@ -171,8 +165,7 @@ COPY_STREAMS_ENV = "FICCO_COPY_STREAMS"
 """Environment variable naming the copy arrangement (``CopyStreams`` string form) a process starts with."""
 DEFAULT_COPY_STREAMS = "1"
 """The copy arrangement when ``FICCO_COPY_STREAMS`` is not set: one side stream that the peers' copies share
-in ring order (``benchmarks/results/copy-arrangements-h200x4.md``: at 4 ranks the fastest arrangement,
-geomean 1.008x the best per item against 1.141x for one stream per peer; at 2 ranks the two are the same)."""
+in ring order (the fastest at 4 ranks: docs/executor.md, "Copy arrangement")."""
 
 
 def _copy_streams_from_env() -> CopyStreams:
@@ -275,10 +268,8 @@ def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Ite
     """This torchrun rank's default process group and its device, for the ``with`` block.
 
     ``device="cuda"``: NCCL bound to GPU ``LOCAL_RANK`` (made the current device); ``"cpu"``: gloo.
-    ``timeout``: how long a collective waits before the group gives up (torch's default when None). A group
-    that already exists is used and left up. Otherwise, on exit, the executor's contexts (which hold the
-    group and its peer memory) are dropped before the group is destroyed: left to interpreter exit, gloo's
-    still-joinable threads abort the process ("terminate called without an active exception").
+    ``timeout``: how long a collective waits (torch's default when None). A group that already exists is
+    used and left up; one made here is destroyed on exit.
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -300,6 +291,8 @@ def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Ite
     try:
         yield here
     finally:
+        # drop the contexts (they hold the group and its peer memory) first: left to interpreter exit, gloo's
+        # still-joinable threads abort the process ("terminate called without an active exception")
         reset()
         gc.collect()
         dist.destroy_process_group()

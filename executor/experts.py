@@ -1,23 +1,10 @@
 """The expert side of the MoE ops: where each (source rank, local expert) block of rows lies, and the
 expert GEMMs over a block.
 
-Two row orders meet on a rank (``features.routing``). The all-to-all moves rows *source-major*: the block
-from (dispatch) or to (combine) rank ``q`` holds, in local-expert order, ``counts[q][rank][e]`` rows for
-expert ``e``. The experts work *expert-major*: expert ``e``'s rows from every source, contiguous, sources in
-rank order. A pipelined GEMM covers part of one source's block; the serial reference covers every row, so
-it permutes the whole source-major buffer first (dispatch) or after (combine), with one ``index_select``, as
-a runtime's token permutation does.
-
-The GEMMs over a block (:class:`ExpertGemms`) run one of two ways:
-
-- ``loop``: one ``torch.mm`` per expert the block touches, reading source-major rows and writing
-  expert-major ones (dispatch) or the reverse (combine): no copy, one launch per expert;
-- ``grouped``: one ``torch._grouped_mm`` over the block (CUTLASS grouped GEMM on Hopper), whose output is
-  a new tensor in the block's row order: the dispatch copies it to its expert-major rows with one
-  ``index_copy_``, the combine first gathers its rows with one ``index_select`` and copies the product out.
-
-``grouped`` runs where torch's grouped GEMM takes the operands (:func:`grouped_eligible`) and the block
-touches at least :data:`GROUPED_MIN_GEMMS` experts.
+The all-to-all moves rows *source-major* (the block from or to rank ``q``, in local-expert order); the experts
+work *expert-major* (each expert's rows from every source, contiguous). :class:`ExpertGemms` runs a block's
+GEMMs as a loop of ``torch.mm`` (no copy) or, where :func:`grouped_eligible` and the block touches at least
+:data:`GROUPED_MIN_GEMMS` experts, one ``torch._grouped_mm``. See docs/executor.md ("Expert GEMMs").
 """
 
 from __future__ import annotations
@@ -26,12 +13,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
+from itertools import accumulate
 
 import torch
 
 from ficco.executor.allocation import persistent
 from ficco.executor.capture import refuse_capture
-from ficco.executor.plan import Layout, Plan
+from ficco.executor.plan import Layout, Plan, block_starts
 from ficco.features.routing import Routing
 
 Segment = tuple[int, int, int, int]
@@ -91,12 +79,11 @@ class ExpertGemms:
     def whole(cls, group_rows: tuple[int, ...]) -> ExpertGemms:
         """Every row of an expert-major buffer of ``group_rows[e]`` rows per expert (kept per ``group_rows``,
         so that its device tensors are made once)."""
-        segments, start = [], 0
-        for e, rows in enumerate(group_rows):
-            if rows:
-                segments.append((start, start + rows, e, start))
-            start += rows
-        return cls(tuple(segments), len(group_rows))
+        starts = block_starts(group_rows)
+        segments = tuple(
+            (s, s + n, e, s) for e, (s, n) in enumerate(zip(starts, group_rows, strict=True)) if n
+        )
+        return cls(segments, len(group_rows))
 
     @property
     def rows(self) -> int:
@@ -114,12 +101,11 @@ class ExpertGemms:
         """``(offs, index)`` on ``device`` (class docstring), made on first use."""
         found = self._tensors.get(device)
         if found is None:
-            ends, row_ends = [0] * self.experts, 0
+            ends = [0] * self.experts
             for _start, stop, e, _row in self.segments:
                 ends[e] = stop
-            for e in range(self.experts):  # empty experts end where the one before ends
-                row_ends = ends[e] = max(ends[e], row_ends)
-            offs = torch.tensor(ends, dtype=torch.int32)
+            # empty experts end where the one before ends
+            offs = torch.tensor(list(accumulate(ends, max)), dtype=torch.int32)
             index = None
             if not self.aligned:
                 parts = [torch.arange(row, row + stop - start) for start, stop, _e, row in self.segments]
@@ -135,12 +121,9 @@ class ExpertGemms:
         weights: Sequence[torch.Tensor] | None = None,
         grouped: bool | None = None,
     ) -> None:
-        """``out[expert-major rows] = rows @ b[e]`` per segment.
-
-        ``rows [block rows, k]`` in block order, ``b [experts, k, n]``, ``out [expert-major rows, n]``;
-        ``weights``: ``b.unbind(0)`` when the caller has it (the loop indexes it); ``grouped`` forces the way
-        (default: :meth:`grouped`).
-        """
+        """``out[expert-major rows] = rows @ b[e]`` per segment: ``rows [block rows, k]``, ``b [experts, k,
+        n]``, ``out [expert-major rows, n]``; ``weights``: ``b.unbind(0)`` when the caller has it;
+        ``grouped`` forces the way (default: :meth:`grouped`)."""
         if self.grouped(rows, b) if grouped is None else grouped:
             offs, index = self.tensors(rows.device)
             product = torch._grouped_mm(rows[: self.rows], b, offs=offs)
@@ -186,8 +169,7 @@ class RoutedState:
     layouts: dict[tuple[str, int], Layout] = field(default_factory=dict)
     """Per (direction, splits): the all-to-all's blocks (dispatch: ``gather``, combine: ``scatter``)."""
     gemms: dict[tuple[int, int], tuple[Plan, dict[int, ExpertGemms]]] = field(default_factory=dict)
-    """Per (id of plan, id of layout): the plan (held, so that its id names it) and each unit's expert GEMMs,
-    by ``id(unit)``."""
+    """Per (id of plan, id of layout): the plan (held, so its id names it) and its units' GEMMs by id."""
     permutations: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """Per device: (expert-major row ``i`` <- source-major row ``perm[i]``, and its inverse)."""
     transports: dict[tuple, object] = field(default_factory=dict)
@@ -293,21 +275,11 @@ def routed_state(states: OrderedDict, routing: Routing, rank: int) -> RoutedStat
 def grouped_matmul(
     a: torch.Tensor, b: torch.Tensor, group_rows: tuple[int, ...] | list[int], out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``out[rows of group e] = a[rows of group e] @ b[e]`` over consecutive row ranges of ``group_rows[e]``
-    rows (the MoE ops' expert GEMM; the GEMM alone): one grouped GEMM or one ``torch.mm`` per non-empty group,
-    as :class:`ExpertGemms` chooses.
-
-    Parameters
-    ----------
-    a : Tensor, shape [sum(group_rows), k]
-    b : Tensor, shape [len(group_rows), k, n]
-    group_rows : sequence of int
-        Rows of each group, in order.
-    out : Tensor, shape [sum(group_rows), n], optional
-        Where to write; without it, the grouped GEMM's own output is returned (no copy).
-
-    The grouped form's first call for a ``group_rows`` on a device copies its offsets to the device, which
-    CUDA graph capture cannot record (:class:`~ficco.executor.capture.CaptureError`): call it once eagerly.
+    """``out[rows of group e] = a[rows of group e] @ b[e]`` over consecutive ranges of ``group_rows[e]`` rows
+    (the MoE ops' expert GEMM alone): ``a [sum(group_rows), k]``, ``b [len(group_rows), k, n]``, ``out
+    [sum(group_rows), n]`` (None: a new tensor, or the grouped GEMM's own output). One grouped GEMM or one
+    ``torch.mm`` per non-empty group, as :class:`ExpertGemms` chooses; the grouped form's first call for a
+    ``group_rows`` on a device raises :class:`~ficco.executor.capture.CaptureError` inside CUDA graph capture.
     """
     gemms = ExpertGemms.whole(tuple(group_rows))
     if gemms.grouped(a, b):

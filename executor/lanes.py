@@ -1,27 +1,10 @@
 """Side streams ("lanes") that carry the communication beside the GEMMs on the current stream.
 
-``DeviceLanes`` holds CUDA streams at one priority: ``copy`` lanes for the pieces (one per peer when all
-peers move at once) and one ``signal`` lane for the device barriers that publish landed pieces. Ordering is
-done with stream waits and CUDA events only, never with host synchronisation. ``InlineLanes`` runs everything
-on the caller's stream, in program order, so every method is a no-op but the barrier: the CPU path, and on
-CUDA a call with nothing to overlap its copies with (``executor.communicate`` on two ranks), which then
-skips every fork, join and event.
-
-Fork and join are explicit and mirrored, over the lanes a call uses only (the signal lane only when the
-call runs barriers on it; a call with one round on one copy lane runs its barrier on that lane)::
-
-    forked.record(current); lane.wait_event(forked)      # fork: the lane sees everything issued before
-    set_stream(lane); ...                                # work on the lane
-    done.record(lane); current.wait_event(done)          # join: the caller sees everything the lane did
-
-This is ``lane.wait_stream(current)`` / ``current.wait_stream(lane)`` without the new event that each
-``wait_stream`` creates: the events are created once per ``DeviceLanes`` and re-recorded every call. A
-re-record is safe because every wait is enqueued right after the record it needs (a stream wait captures
-the event's most recent record at enqueue time), and nothing re-records the event in between. Between
-fork and join the lanes keep the caller's stream that fork saw and switch with ``torch.cuda.set_stream``
-(one current-stream query per call instead of one per record, wait and ``with torch.cuda.stream``), and
-only when the lane changes: issuing a round leaves its lane current, and ``home()`` (called by every wait,
-by ``join`` and before each GEMM) switches back to the caller's stream once.
+``DeviceLanes``: CUDA ``copy`` lanes for the pieces and one ``signal`` lane for the device barriers that
+publish landed pieces, ordered with stream waits and CUDA events only, never host synchronisation.
+``InlineLanes``: everything on the caller's stream in program order (the CPU, and a CUDA call with nothing to
+overlap its copies with). ``CopyStreams``: how many copy lanes a call gets. See docs/executor.md ("Lanes")
+for the fork/join protocol and why reusing its events is safe.
 """
 
 from __future__ import annotations
@@ -106,8 +89,7 @@ class DeviceLanes:
         """The caller streams seen, by stream id (:meth:`caller_stream`)."""
 
     def caller_stream(self) -> torch.cuda.Stream:
-        """The current stream of the lanes' device: ``torch.cuda.current_stream()`` without building a new
-        ``Stream`` object every call (a few microseconds of host time): the one made for its id before."""
+        """``torch.cuda.current_stream()`` of the lanes' device, without a new ``Stream`` object per call."""
         index = self._device_index if self._device_index is not None else torch.cuda.current_device()
         stream_id, device_index, device_type = torch._C._cuda_getCurrentStream(index)
         stream = self._callers.get(stream_id)
@@ -178,14 +160,11 @@ class DeviceLanes:
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
     ) -> None:
         """After the copies of round ``key`` on ``lanes`` (:meth:`mark_copied`), run ``barrier`` on the
-        signal lane and remember the moment it completes under ``key`` (for :meth:`wait_signal`). The lane
-        that ran the barrier stays current (the caller goes :meth:`home` before its next GEMM).
+        signal lane, left current, and remember its completion under ``key`` (for :meth:`wait_signal`).
 
-        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its
-        copies in stream order (call it before issuing anything else on that lane, and without
-        :meth:`mark_copied`), instead of on the signal lane (no event pair between the two lanes, and the
-        call need not fork or join the signal lane). Only for a call with one round on one lane: it runs
-        no other barrier that could then overlap this one.
+        ``on_copy_lane``: ``lanes`` is a single copy lane and the barrier runs on it, right behind its copies
+        (call it before anything else on that lane, without :meth:`mark_copied`). Only for a call with one
+        round on one lane, which runs no other barrier that could overlap this one.
         """
         if on_copy_lane:
             (index,) = lanes
@@ -213,12 +192,9 @@ class CopyStreams:
     """How many side streams a copy-engine (``dma``) call spreads the pieces of its peers over, by the bytes
     of one piece: the executor's copy arrangement (``executor.set_copy_streams``, ``FICCO_COPY_STREAMS``).
 
-    String form (:meth:`parse`): ``per_peer`` (one side stream per peer: every peer's piece of a round in
-    flight at once), ``<n>`` (at most ``n`` side streams, which the peers share in ring order: ``1`` moves one
-    piece at a time, peer after peer, as PyTorch's low-contention all-gather does), or a table by the MiB of
-    one piece, ``"0:<streams>;<MiB>:<streams>;..."``, e.g. ``0:1;16:per_peer`` (pieces under 16 MiB one
-    after another, larger ones one stream per peer). A call whose copies end up on one side stream with no
-    GEMM to overlap them with (``serial``) issues them on the caller's stream instead (:func:`copy_lanes`).
+    String form (:meth:`parse`): ``per_peer``, ``<n>`` (at most ``n`` streams the peers share in ring order)
+    or a table by the MiB of one piece, ``"0:<streams>;<MiB>:<streams>;..."``, e.g. ``0:1;16:per_peer``
+    (docs/executor.md, "Copy arrangement").
     """
 
     bounds: tuple[int, ...] = (0,)

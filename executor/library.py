@@ -1,69 +1,21 @@
-"""The executor's ops as PyTorch custom ops (``torch.ops.ficco``): what torch.compile, CUDA graphs and
-DTensor plans call, with fake (meta) implementations for tracing and autograd registered.
+"""The executor's ops as PyTorch custom ops (``torch.ops.ficco``), with fake kernels and autograd: what
+torch.compile, CUDA graphs and DTensor plans call. They mirror PyTorch's
+``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``, plus the schedule::
 
-They mirror PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``
-(names, argument order and semantics), plus the schedule::
+    all_gather_matmul(Tensor a_shard, Tensor[] bs, int gather_dim, str group_name, str schedule,
+                      bool return_a=False, str backward_schedule="") -> (Tensor, Tensor[])
+    matmul_reduce_scatter(Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name,
+                          str schedule, str backward_schedule="") -> Tensor
+    matmuls_reduce_scatter(Tensor[] a, Tensor[] b, ...the same...) -> Tensor  # sum_i a[i] @ b[i]
+    all_to_all_matmul(Tensor x, Tensor b, int[] counts, str group_name, str schedule,
+                      str backward_schedule="") -> Tensor  # dispatch, then expert GEMMs
+    matmul_all_to_all(Tensor h, Tensor b, int[] counts, ...the same...) -> Tensor  # expert GEMMs, combine
 
-    torch.ops.ficco.all_gather_matmul(
-        Tensor a_shard, Tensor[] bs, int gather_dim, str group_name, str schedule,
-        bool return_a=False, str backward_schedule="") -> (Tensor, Tensor[])
-    torch.ops.ficco.matmul_reduce_scatter(
-        Tensor a, Tensor b, str reduce_op, int scatter_dim, str group_name, str schedule,
-        str backward_schedule="") -> Tensor
-    torch.ops.ficco.matmuls_reduce_scatter(
-        Tensor[] a, Tensor[] b, str reduce_op, int scatter_dim, str group_name, str schedule,
-        str backward_schedule="") -> Tensor
-
-- ``all_gather_matmul`` gathers ``a_shard`` along ``gather_dim`` over the c10d group named ``group_name``
-  (``torch.distributed.distributed_c10d._resolve_process_group``) and returns ``(A, [A @ b for b in bs])``:
-  the gathered A when ``return_a``, else an empty tensor. One gather feeds every weight (q/k/v, gate/up).
-  ``a_shard`` may be N-D: ``[batch, seq/w, hidden]`` with ``gather_dim=1`` (sequence parallel, as
-  torchtitan lays it out) or ``[tokens/w, hidden]`` with ``gather_dim=0``. The outputs are contiguous in the
-  input's layout (``A [batch, seq, hidden]``, ``C_i [batch, seq, n_i]``): each GEMM writes its rows where
-  they belong (one per rank and batch), so nothing downstream copies them, and only a returned ``A`` costs
-  a copy (rank-major to batch-major), the one PyTorch's gather along the sequence makes.
-  ``b`` is ``[hidden, n_i]`` (``nn.Linear.weight.t()``).
-- ``matmul_reduce_scatter`` computes ``a @ b`` and reduce-scatters it along ``scatter_dim``
-  (``a [batch, seq, k] -> [batch, seq/w, n]``, contiguous, the GEMMs reading ``a`` where it lies);
-  ``reduce_op`` is ``"sum"``. ``matmuls_reduce_scatter(Tensor[] a, Tensor[] b, ...)`` (the same other
-  arguments) reduce-scatters ``sum_i a[i] @ b[i]``, each GEMM accumulating into the one partial (no
-  concatenated operands): the input gradient of a gather that fed several weights.
-- ``schedule`` is one schedule string (``"serial/sm"``, ``"shard/dma"``, ``"finer/dma/s2/chunk"``:
-  ``features.Schedule``) or a token-range table ``"M0:SCHED0;M1:SCHED1;..."`` (``features.ScheduleTable``:
-  ``SCHED_i`` for ``M >= M_i``, ``M0 = 0``) where ``M`` is the gathered (all-gather) or full
-  (reduce-scatter) row count, batch included; the op resolves it at run time with a bisect, no host round
-  trip. ``backward_schedule`` is what the gradient's op runs (the other op of the pair, same ``M``);
-  empty: ``schedule``.
-- The MoE pair, with the executor's arguments (``features.Routing.counts`` flattened to ``int[]``)::
-
-      torch.ops.ficco.all_to_all_matmul(Tensor x, Tensor b, int[] counts, str group_name, str schedule,
-                                        str backward_schedule="") -> Tensor
-      torch.ops.ficco.matmul_all_to_all(Tensor h, Tensor b, int[] counts, str group_name, str schedule,
-                                        str backward_schedule="") -> Tensor
-
-  (dispatch then expert GEMMs, ``b [experts/w, k, n]``; expert GEMMs then combine). A table's ``M`` is
-  the rows routed over the whole group. Each one's input gradient is the other op on ``b^T``; the experts'
-  weight gradients multiply the dispatched rows (dispatched again in the backward).
-- Autograd: the input gradient of ``all_gather_matmul`` is ``matmul_reduce_scatter`` of the output
-  gradient against ``b^T`` (``matmuls_reduce_scatter`` of every weight's: one op for all), the weights'
-  gradients ``A^T @ grad_C`` (the gathered A kept when ``return_a``, else gathered again beside that op);
-  the input gradient of ``matmul_reduce_scatter`` (of each ``a[i]``) is ``all_gather_matmul`` of the
-  output gradient against ``b^T`` (every ``b[i]^T``), whose gathered gradient also gives ``grad_b = a^T @
-  grad``. A weight gradient has its weight's layout (``b = weight.t()`` gets ``(grad^T @ a)^T``), so
-  autograd accumulates it into the parameter without a copy, as PyTorch's linear's. This is Megatron-LM's
-  sequence-parallel pair, which ``runtime.layers`` runs through these ops.
-- Each op has a twin without autograd, ``torch.ops.ficco._<name>`` (the same schema and kernel; its
-  ``backward_schedule`` is unused): what the public op's autograd kernel runs, inside a
-  ``torch.autograd.Function`` when a gradient is needed. Graphs that ``torch.compile`` traces therefore
-  hold the twin, and a compiled call reaches the executor through PyTorch's C++ autograd fallback instead
-  of a Python autograd kernel; the compile pass (``runtime.compile``) inserts the twins too.
-
-Bad input never breaks a step: a schedule that cannot run at a shape (its splits do not divide the rows)
-runs ``serial/sm``, with one :class:`ScheduleFallbackWarning` naming the op, the shape and the reason. What
-each op ran at each shape, against what it was asked, is in :func:`run_report` (the planner's table shows
-it). The per-call work beyond the executor is one dict lookup: this call signature's schedule and executor
-context, kept once the executor's checks passed (the executor's one check cache,
-``executor.context.checked_calls``), so a repeated call runs the executor's body directly.
+``schedule`` is a schedule string or a token-range table (``features.ScheduleTable``); ``counts`` is
+``features.Routing.counts`` flattened. Each op has a twin without autograd, ``torch.ops.ficco._<name>``. A
+schedule that cannot run at a shape runs ``serial/sm`` with one :class:`ScheduleFallbackWarning`;
+:func:`run_report` says what ran. Layouts, gradients and the dispatch path: docs/runtimes.md ("The ops")
+and docs/executor.md ("Custom ops").
 """
 
 from __future__ import annotations
@@ -111,9 +63,9 @@ class OpRun:
     """What one op ran at one shape (``features.Scenario`` conventions), against what it was asked."""
 
     op: str
-    """``ag_gemm`` (all_gather_matmul) or ``gemm_rs`` (matmul_reduce_scatter)."""
+    """The op's ``features.OP_SPECS`` name (``ag_gemm``, ``gemm_rs``, ``a2a_gemm``, ``gemm_a2a``)."""
     m: int
-    """Gathered (ag_gemm) or full (gemm_rs) rows, batch included."""
+    """Gathered (ag_gemm) or full (gemm_rs) rows, batch included; the MoE ops: rows routed over the group."""
     n: int
     """Output columns (the weights' together for several weights)."""
     k: int
@@ -155,12 +107,10 @@ _LIB = torch.library.Library("ficco", "DEF")
 
 
 def _define(kernel, name: str | None = None):
-    """Define ``ficco::<name>`` (default: the kernel's name) as ``torch.library.custom_op`` would (the schema
-    its annotations give, ``torch.library.infer_schema``; functional; tagged pt2-compliant) and register
-    ``kernel`` as its implementation for every device (``CompositeExplicitAutograd``) with ``Library.impl``,
-    wrapped in ``torch.compiler.disable`` (Dynamo never traces the kernel, whoever calls it): the dispatcher
-    calls it without ``custom_op``'s per-call Python wrapper (its output-aliasing and kernel-kind checks
-    around each call). Returns the op (``torch.ops.ficco.<name>``)."""
+    """Define ``ficco::<name>`` (default: the kernel's name) with the schema ``kernel``'s annotations give,
+    and register ``kernel``, wrapped in ``torch.compiler.disable``, for every device with ``Library.impl``
+    (no ``custom_op`` wrapper per call: docs/executor.md, "Custom ops"). Returns ``torch.ops.ficco.<name>``.
+    """
     name = name or kernel.__name__
     schema = torch.library.infer_schema(kernel, mutates_args=())
     _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
@@ -182,13 +132,10 @@ class _OpFunction(torch.autograd.Function):
 
 
 def _define_pair(kernel, fake, function: type[_OpFunction]):
-    """Define ``ficco::<name>`` (``kernel``'s name) and its twin without autograd ``ficco::_<name>``, both
-    with :func:`_define`'s schema and ``kernel``; ``fake`` is the twin's fake kernel. The public op's kernel
-    at the autograd key, also registered as its ``CompositeImplicitAutograd`` decomposition, runs
-    ``function`` (its forward calls the twin) when grad mode is on and a tensor argument requires grad, else
-    the twin: tracing (Dynamo, AOTAutograd, ``make_fx``) decomposes the public op into the twin, and under
-    inference mode (no autograd key) the dispatcher calls ``kernel`` directly. Returns the public op
-    (``torch.ops.ficco.<name>``)."""
+    """Define ``ficco::<name>`` (``kernel``'s name) and its twin without autograd ``ficco::_<name>`` with
+    :func:`_define`; ``fake`` is the twin's fake kernel. The public op's autograd kernel (also its
+    ``CompositeImplicitAutograd`` decomposition) runs ``function`` when a tensor argument requires grad under
+    grad mode, else the twin (docs/executor.md, "Custom ops"). Returns the public op."""
     name = kernel.__name__
     twin = _define(kernel, "_" + name)
     torch.library.register_fake(f"ficco::_{name}", fake, lib=_LIB)
@@ -206,9 +153,6 @@ def _define_pair(kernel, fake, function: type[_OpFunction]):
     for key in ("Autograd", "CompositeImplicitAutograd"):
         _LIB.impl(name, torch.compiler.disable(composite), key)
     return public
-
-
-# all_gather_matmul ------------------------------------------------------------------------------------------
 
 
 def all_gather_matmul(
@@ -323,9 +267,6 @@ _AG_FIXED_ARGS = 6
 
 
 all_gather_matmul = _define_pair(all_gather_matmul, _all_gather_matmul_fake, _AllGatherMatmul)
-
-
-# matmul_reduce_scatter --------------------------------------------------------------------------------------
 
 
 def matmul_reduce_scatter(
@@ -478,9 +419,6 @@ matmuls_reduce_scatter = _define_pair(
 )
 
 
-# The MoE pair: all_to_all_matmul (dispatch, expert GEMMs), matmul_all_to_all (expert GEMMs, combine) ---
-
-
 def all_to_all_matmul(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -612,13 +550,8 @@ def _routing(counts: tuple[int, ...], world_size: int) -> Routing:
             f"counts must hold world_size * world_size * experts/world_size ints (Routing.counts flattened); "
             f"got {len(counts)} for world_size={world_size}"
         )
-    it = iter(counts)
-    return Routing(
-        counts=tuple(
-            tuple(tuple(next(it) for _ in range(per_pair)) for _ in range(world_size))
-            for _ in range(world_size)
-        )
-    )
+    pairs = [counts[i : i + per_pair] for i in range(0, len(counts), per_pair)]  # by (src, dst)
+    return Routing(counts=[pairs[src * world_size : (src + 1) * world_size] for src in range(world_size)])
 
 
 def _resolve_routed(op: str, routing: Routing, a: torch.Tensor, b: torch.Tensor, asked: str) -> Schedule:
@@ -648,14 +581,8 @@ def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Te
 def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
     """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
     group, routing = _group_routing(ctx.counts, ctx.group_name)
-    out, start = [], 0
-    for size in routing.expert_rows(group.rank()):
-        out.append(rows[start : start + size].t() @ grad[start : start + size])
-        start += size
-    return torch.stack(out)
-
-
-# Shared parts -----------------------------------------------------------------------------------------------
+    sizes = routing.expert_rows(group.rank())
+    return torch.stack([x.t() @ g for x, g in zip(rows.split(sizes), grad.split(sizes), strict=True)])
 
 
 def _grads(ctx, grad_a, grad_b) -> tuple:
@@ -738,12 +665,11 @@ def _resolve(
     asked: str,
     group_name: str,
 ) -> tuple[Schedule, GroupContext]:
-    """The schedule a call signature runs and the executor's context it runs on (kept under ``key``, which
-    holds everything the executor's checks look at: a repeated call runs the executor's body directly): the
-    table's pick at this row count, or ``serial/sm`` with one warning when the executor's checks refuse it
-    (any rank refuses alike: they look at shapes only). Errors that serial would raise too are the
-    caller's, and raised. ``ag_gemm``: ``rows`` the shard's, ``b`` every weight; ``gemm_rs``: the rows of
-    each ``a`` and its weight (``n`` their common columns, ``k`` the sum of theirs)."""
+    """The schedule a call signature runs, and its executor context, kept under ``key``: the table's pick at
+    this row count, or ``serial/sm`` with one warning when the executor's checks refuse it (every rank alike);
+    errors serial would raise too are raised. ``ag_gemm``: ``rows`` the shard's, ``b`` every weight;
+    ``gemm_rs``: the rows of each ``a`` and its weight (``n`` their common columns, ``k`` the sum of theirs).
+    """
     group = _resolve_process_group(group_name)
     w = group.size()
     gather = op == "ag_gemm"

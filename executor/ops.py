@@ -10,6 +10,7 @@ transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``feature
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -82,16 +83,7 @@ def all_gather_matmul(
     """
     schedule = as_schedule(schedule)
     bs = (b,) if isinstance(b, torch.Tensor) else tuple(b)
-    ctx = _checked_context(
-        "ag_gemm",
-        a_shard,
-        bs if len(bs) > 1 else b,
-        out,
-        schedule,
-        group,
-        ("a_shard", "[m/world_size, k]"),
-        check_all_gather_matmul,
-    )
+    ctx = _checked_context("ag_gemm", a_shard, bs if len(bs) > 1 else b, out, schedule, group)
     cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered, out)
     c = cs[0] if isinstance(b, torch.Tensor) else cs
     return (c, gathered) if return_gathered else c
@@ -106,13 +98,10 @@ def run_all_gather_matmul(
     out: torch.Tensor | None = None,
     batch: int = 1,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx`` (``executor.library`` keeps
-    the context of each checked call signature): ``([C_i [m, n_i] per weight], A [m, k] or None)``.
-
-    ``batch``: the shards' rows are ``batch`` groups of rows (``[batch, rows/batch, k]``: sequences of a
-    sequence-parallel shard) and ``C`` and ``A`` hold every rank's group of each batch together, batch-major
-    (``[batch, w * rows/batch, n]``, the gather along the sequence); each GEMM writes its rows straight to
-    their place, so no layout copy is made but the gathered ``A``'s (one, where it is returned)."""
+    """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx``: ``([C_i [m, n_i] per weight],
+    A [m, k] or None)``. ``batch``: the shards' rows are ``batch`` groups (``[batch, rows/batch, k]``, a
+    sequence-parallel shard) and ``C`` and ``A`` come batch-major (``[batch, w * rows/batch, n]``, the gather
+    along the sequence), each GEMM writing its rows in place (docs/executor.md, "Batched calls")."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
     if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:
@@ -192,9 +181,7 @@ def matmul_reduce_scatter(
     Tensor [m / w, n]: rank ``r`` gets ``sum over ranks of P[r*m/w : (r+1)*m/w]``.
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_context(
-        "gemm_rs", a, b, out, schedule, group, ("a", "[m, k]"), check_matmul_reduce_scatter
-    )
+    ctx = _checked_context("gemm_rs", a, b, out, schedule, group)
     return run_matmul_reduce_scatter(ctx, a, b, schedule, out)
 
 
@@ -206,13 +193,10 @@ def run_matmul_reduce_scatter(
     out: torch.Tensor | None = None,
     batch: int = 1,
 ) -> torch.Tensor:
-    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``.
-
-    ``a`` and ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is what is
-    scattered, each block's GEMMs accumulating in place (no concatenated operands). ``batch``: ``a``'s rows
-    are ``batch`` groups, each holding every rank's rows in rank order (``[batch, m / batch, k]`` scattered
-    along its second dim: the sequence) and the result is this rank's rows of each (``[batch, m / (w
-    batch), n]``); the GEMMs read ``a``'s rows where they lie, no layout copy is made."""
+    """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``. ``a`` and
+    ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is scattered, the GEMMs
+    accumulating in place. ``batch``: ``a [batch, m / batch, k]`` is scattered along the sequence, to this
+    rank's ``[batch, m / (w batch), n]``, the GEMMs reading ``a``'s rows where they lie."""
     a, b = ((a,), (b,)) if isinstance(a, torch.Tensor) else (a, b)
     m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
@@ -223,8 +207,10 @@ def run_matmul_reduce_scatter(
         a = tuple(x.contiguous() for x in a)
     c = out if out is not None else a[0].new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a[0].dtype)
-    if schedule.granularity == "serial" and schedule.executor == "sm":
-        _matmul_reduce_scatter_fallback(a, b, ctx.group, partial, c, batch)
+    if schedule.granularity == "serial" and schedule.executor == "sm":  # the GEMMs, then the collective
+        for piece, place in _batch_segments(0, m, shard_rows, w, batch) if batch > 1 else _WHOLE:
+            _matmuls(a, b, place, partial[piece])
+        reduce_scatter_single(c, partial, group=ctx.group)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
     transport = _transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
@@ -277,10 +263,8 @@ def _matmuls(
 
 SEGMENT_MIN_ROWS = 512
 """Rows of one rank and batch group below which a batched call (``batch`` > 1) runs its GEMMs over the
-rows in rank order and moves them once (a copy of the outputs for the gather, of the input for the
-reduce-scatter) instead of one GEMM per rank and group where the rows lie: a GEMM of fewer rows is bound
-by reading its weight (bf16 on H100/H200 reaches the FLOP rate at about 300 rows), so one per group would
-read the weight once per group. docs/runtimes.md has the measurements."""
+rows in rank order and moves them once (the gather's outputs, the reduce-scatter's input) instead of one
+GEMM per rank and group where the rows lie (docs/executor.md, "Batched calls")."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -334,13 +318,9 @@ def all_to_all_matmul(
     b : Tensor, shape [experts / w, k, n]
         This rank's experts' weights (expert ``e``: ``b[e]``); same dtype and device as ``x``.
     routing : features.Routing
-        Rows per (source rank, destination rank, local expert); the same on every rank. Uneven and empty
-        blocks are fine.
+        Rows per (source rank, destination rank, local expert); the same on every rank; blocks may be empty.
     schedule : Schedule or str
-        Any schedule: ``serial`` (the whole all-to-all, then the experts' GEMMs), ``shard`` (the GEMMs on
-        a source's rows start once they have landed, one source after another) or ``finer`` (every block
-        split again, all sources at once). Blocks split into near-equal sub-chunks, so every schedule runs
-        every routing.
+        Any schedule (docs/executor.md, "The MoE pair", says what each granularity overlaps).
     group : ProcessGroup, optional
         The expert-parallel group (default: the world). NCCL for CUDA tensors, gloo for CPU tensors.
     out : Tensor, shape [sum(routing.received(rank)), n], optional
@@ -349,17 +329,11 @@ def all_to_all_matmul(
     Returns
     -------
     Tensor [sum(routing.received(rank)), n]: by local expert, then by source rank (each expert's rows
-    contiguous, as a grouped GEMM takes them); the rows from rank ``q`` for expert ``e`` are ``x_q``'s
-    rows for (this rank, ``e``), in ``x_q``'s order, times ``b[e]``.
-
-    Unpipelined::
-
-        received = all_to_all_single(x, routing.received(rank), routing.sent(rank))  # by source rank
-        rows = received permuted to expert-major order
-        for e: out[rows of e] = rows[rows of e] @ b[e]
+    contiguous); the rows from rank ``q`` for expert ``e`` are ``x_q``'s rows for (this rank, ``e``), in
+    ``x_q``'s order, times ``b[e]``.
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_routed_context("a2a_gemm", x, b, routing, out, schedule, group)
+    ctx = _checked_context("a2a_gemm", x, b, out, schedule, group, routing)
     x = x.contiguous()
     state = routed_state(ctx.routed, routing, ctx.rank)
     k, received = x.shape[1], sum(routing.received(ctx.rank))
@@ -369,21 +343,14 @@ def all_to_all_matmul(
         _expert_gemms(ctx, state, schedule, x, b)
         rows = state.cut(ctx.rows_buffer("received", k, x.dtype, received), received)
         expert_major = state.cut(ctx.rows_buffer("expert_rows", k, x.dtype, received), received)
-        return _all_to_all_matmul_fallback(
-            x, b, ctx.group, state.layout("gather", 1), perm, experts, rows, expert_major, out
-        )
+        _all_to_all(rows, x, state.layout("gather", 1), ctx.group)  # by source rank
+        torch.index_select(rows, 0, perm, out=expert_major)  # by local expert
+        return grouped_matmul(expert_major, b, experts, out)
     y = out if out is not None else x.new_empty((received, b.shape[2]))
     plan = make_plan("gather", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("gather", plan.splits)
     transport = _transport(
-        ctx,
-        plan,
-        schedule,
-        source=x,
-        dest_shape=(received, k),
-        layout=layout,
-        cut=state.cut,
-        cache=state.transports,
+        ctx, plan, schedule, source=x, dest_shape=(received, k), layout=layout, routed=state
     )
     gemms = _expert_gemms(ctx, state, schedule, x, b, plan, layout)
     weights = _loop_weights(gemms, b, ctx.device)
@@ -421,9 +388,7 @@ def matmul_all_to_all(
     routing : features.Routing
         The dispatch's routing (the combine sends its rows back the other way).
     schedule : Schedule or str
-        Any schedule: ``serial`` (the experts' GEMMs, then the whole all-to-all), ``shard`` (the rows for
-        one rank computed and sent while the next rank's are computed; this rank's own rows last) or
-        ``finer`` (every block split again).
+        Any schedule (docs/executor.md, "The MoE pair").
     group : ProcessGroup, optional
         The expert-parallel group (default: the world).
     out : Tensor, shape [sum(routing.sent(rank)), n], optional
@@ -433,14 +398,9 @@ def matmul_all_to_all(
     -------
     Tensor [sum(routing.sent(rank)), n]: row ``i`` is the expert output of the dispatch's ``x[i]`` on this
     rank (by destination rank, then its local expert, as ``x`` was).
-
-    Unpipelined::
-
-        for e: p[rows of e] = h[rows of e] @ b[e]
-        out = all_to_all_single(p permuted to source-major order, routing.sent(rank), routing.received(rank))
     """
     schedule = as_schedule(schedule)
-    ctx = _checked_routed_context("gemm_a2a", h, b, routing, out, schedule, group)
+    ctx = _checked_context("gemm_a2a", h, b, out, schedule, group, routing)
     h = h.contiguous()
     state = routed_state(ctx.routed, routing, ctx.rank)
     received, n = h.shape[0], b.shape[2]
@@ -451,8 +411,9 @@ def matmul_all_to_all(
     if schedule.granularity == "serial" and schedule.executor == "sm":
         inverse = _permutation(ctx, state, schedule)[1]
         _expert_gemms(ctx, state, schedule, h, b)
-        layout = state.layout("scatter", 1)
-        _matmul_all_to_all_fallback(h, b, ctx.group, layout, inverse, experts, staging, y)
+        expert_major = grouped_matmul(h, b, experts)
+        torch.index_select(expert_major, 0, inverse, out=staging)  # by the rank each row goes back to
+        _all_to_all(y, staging, state.layout("scatter", 1), ctx.group)
         return y
     plan = make_plan("scatter", ctx.world_size, schedule.granularity, schedule.splits, schedule.grain)
     layout = state.layout("scatter", plan.splits)
@@ -466,8 +427,7 @@ def matmul_all_to_all(
         dest=None if dma else y,  # sm: receive straight into the result
         bind_dest=not dma,
         layout=layout,
-        cut=state.cut,
-        cache=state.transports,
+        routed=state,
     )
     gemms = _expert_gemms(ctx, state, schedule, h, b, plan, layout)
     weights = _loop_weights(gemms, b, ctx.device)
@@ -529,10 +489,8 @@ def communicate(
     rank)), n]`` (the copy-engine versions include the copy of the rows a rank keeps, as NCCL's
     ``all_to_all_single`` does).
 
-    ``streams`` (copy engines): ``auto``, as a ``serial/dma`` schedule moves them (the executor's copy
-    arrangement, ``executor.copy_streams()``: one side stream per peer, or fewer, down to every copy on the
-    caller's stream); ``per_peer``, one side stream per peer whatever the arrangement; ``current``, every copy
-    and the barrier on the caller's stream, no fork or join.
+    ``streams`` (copy engines): ``auto``, as a ``serial/dma`` schedule moves them (``executor.copy_streams``);
+    ``per_peer``, one side stream per peer; ``current``, every copy and the barrier on the caller's stream.
     """
     spec = OP_SPECS.get(op)
     if spec is None or executor not in ("sm", "dma") or streams not in ("auto", "current", "per_peer"):
@@ -593,20 +551,12 @@ def _communicate_all_to_all(
     dest_shape = (sum(layout.recv_rows), width)
     if executor == "sm":
         received = state.cut(ctx.rows_buffer("received", width, x.dtype, dest_shape[0]), dest_shape[0])
-        dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=ctx.group)
+        _all_to_all(received, x, layout, ctx.group)
         return
     plan = make_plan(direction, ctx.world_size, "serial", 1, "whole")
     lanes = _streams_lanes(streams, plan)
     transport = _transport(
-        ctx,
-        plan,
-        _SERIAL_DMA,
-        source=x,
-        dest_shape=dest_shape,
-        layout=layout,
-        lanes=lanes,
-        cut=state.cut,
-        cache=state.transports,
+        ctx, plan, _SERIAL_DMA, source=x, dest_shape=dest_shape, layout=layout, lanes=lanes, routed=state
     )
     transport.keep_own()  # on the caller's stream, beside the copy lanes when there are any
     run_pipeline(plan, transport, None)
@@ -624,41 +574,48 @@ def _checked_context(
     out: torch.Tensor | None,
     schedule: Schedule,
     group: dist.ProcessGroup | None,
-    a_spec: tuple[str, str],
-    check: Callable[..., None],
+    routing: Routing | None = None,
 ) -> GroupContext:
-    """The call's group context; its arguments are checked (``a`` named and shaped as ``a_spec`` says, then
-    ``check``) only the first time this call signature is seen (``executor.checks.call_key``)."""
+    """The call's group context; its arguments are checked (:func:`_check_call`) only the first time this
+    call signature is seen (``executor.checks.call_key``; the MoE ops' routing is part of it)."""
     key = call_key(op, a, b, out, schedule, group)
+    if OP_SPECS[op].moe:
+        key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
     ctx = checked_calls.get(key)
     if ctx is None:
-        check_matrix(a_spec[0], a, a_spec[1])
-        ctx = get_context(group, a.device)
-        check(a, b, schedule, ctx.world_size, out)
-        remember_checked(key, ctx)
+        ctx = remember_checked(key, _check_call(op, a, b, out, schedule, group, routing))
     return ctx
 
 
-def _checked_routed_context(
+_A_SPECS = {
+    "ag_gemm": ("a_shard", "[m/world_size, k]"),
+    "gemm_rs": ("a", "[m, k]"),
+    "a2a_gemm": ("x", "[rows, k]"),
+    "gemm_a2a": ("h", "[rows, k]"),
+}
+"""The name and shape of each op's first argument, as its errors give them."""
+
+
+def _check_call(
     op: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    routing: Routing,
-    out: torch.Tensor | None,
+    a: object,
+    b: object,
+    out: object,
     schedule: Schedule,
     group: dist.ProcessGroup | None,
+    routing: object,
 ) -> GroupContext:
-    """:func:`_checked_context` of a MoE op: the routing is part of the call signature."""
-    key = call_key(op, a, b, out, schedule, group)
-    key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
-    ctx = checked_calls.get(key)
-    if ctx is None:
+    """Every check of one call of ``op`` (the first argument's first: its device names the context)."""
+    a_name, a_shape = _A_SPECS[op]
+    check_matrix(a_name, a, a_shape)
+    ctx = get_context(group, a.device)
+    if op == "ag_gemm":
+        check_all_gather_matmul(a, b, schedule, ctx.world_size, out)
+    elif op == "gemm_rs":
+        check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
+    else:
         dispatch = op == "a2a_gemm"
-        a_name = "x" if dispatch else "h"
-        check_matrix(a_name, a, "[rows, k]")
-        ctx = get_context(group, a.device)
         check_routed_matmul(a_name, a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch)
-        remember_checked(key, ctx)
     return ctx
 
 
@@ -683,59 +640,9 @@ def _all_gather_matmul_fallback(
             torch.mm(gathered[piece], b, out=out[place])
 
 
-def _matmul_reduce_scatter_fallback(
-    a: tuple[torch.Tensor, ...],
-    b: tuple[torch.Tensor, ...],
-    group: dist.ProcessGroup,
-    partial: torch.Tensor,
-    out: torch.Tensor,
-    batch: int = 1,
-) -> None:
-    """The reference: the GEMMs (``sum_i a[i] @ b[i]``) into ``partial [m, n]`` (rank-major; from
-    batch-major ``a``, one per rank and batch), then the collective reduce-scatter into ``out``."""
-    m = partial.shape[0]
-    if batch == 1:
-        _matmuls(a, b, slice(None), partial)
-    else:
-        for piece, place in _batch_segments(0, m, out.shape[0], m // out.shape[0], batch):
-            _matmuls(a, b, place, partial[piece])
-    reduce_scatter_single(out, partial, group=group)
-
-
-def _all_to_all_matmul_fallback(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    group: dist.ProcessGroup,
-    layout: Layout,
-    perm: torch.Tensor,
-    expert_rows: tuple[int, ...],
-    received: torch.Tensor,
-    expert_major: torch.Tensor,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    """The reference: the collective all-to-all into ``received`` (by source rank), the permutation into
-    ``expert_major`` (by local expert), then the local experts' GEMMs into ``out`` (:func:`grouped_matmul`).
-    Returns ``out``, or the grouped GEMM's own output where ``out`` is None."""
-    dist.all_to_all_single(received, x, list(layout.recv_rows), list(layout.send_rows), group=group)
-    torch.index_select(received, 0, perm, out=expert_major)
-    return grouped_matmul(expert_major, b, expert_rows, out)
-
-
-def _matmul_all_to_all_fallback(
-    h: torch.Tensor,
-    b: torch.Tensor,
-    group: dist.ProcessGroup,
-    layout: Layout,
-    inverse: torch.Tensor,
-    expert_rows: tuple[int, ...],
-    produced: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
-    """The reference: the local experts' GEMMs (:func:`grouped_matmul`), the permutation into ``produced`` (by
-    the rank each row goes back to), then the collective all-to-all into ``out``."""
-    expert_major = grouped_matmul(h, b, expert_rows)
-    torch.index_select(expert_major, 0, inverse, out=produced)
-    dist.all_to_all_single(out, produced, list(layout.recv_rows), list(layout.send_rows), group=group)
+def _all_to_all(out: torch.Tensor, x: torch.Tensor, layout: Layout, group: dist.ProcessGroup) -> None:
+    """The collective all-to-all of ``x``'s blocks (one per receiver) into ``out`` (one per sender)."""
+    dist.all_to_all_single(out, x, list(layout.recv_rows), list(layout.send_rows), group=group)
 
 
 def _expert_gemms(
@@ -763,12 +670,9 @@ def _expert_gemms(
 def _loop_weights(
     gemms: dict[int, ExpertGemms], b: torch.Tensor, device: torch.device
 ) -> tuple[torch.Tensor, ...] | None:
-    """``b.unbind(0)`` (``[k, n]`` per local expert) once per call for the blocks that loop over their
-    experts, or None when every block has its grouped tensors (unbinding a hundred experts costs tens of
-    microseconds of host time; a block that loops after all unbinds ``b`` itself)."""
-    if all(unit.ready(device) for unit in gemms.values()):
-        return None
-    return b.unbind(0)
+    """``b.unbind(0)`` once per call for the blocks that loop over their experts, or None when every block
+    has its grouped tensors (unbinding a hundred experts costs tens of microseconds of host time)."""
+    return None if all(unit.ready(device) for unit in gemms.values()) else b.unbind(0)
 
 
 def _permutation(
@@ -794,44 +698,37 @@ def _transport(
     bind_dest: bool = False,
     layout: Layout | None = None,
     lanes: int | None = None,
-    cut: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-    cache: dict | None = None,
+    routed: RoutedState | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
-    """The schedule's transport, bound to ``source``.
+    """The schedule's transport, bound to ``source``: built once per (executor, priority, plan, destination
+    buffer, layout, lanes, copy arrangement) and kept (in ``ctx.transports``, or with the MoE ops' ``routed``
+    state), so that a call reuses its views and row ranges.
 
-    ``dest`` (sm): receive the pieces into it instead of a cached buffer; with ``bind_dest`` the transport
-    is kept and bound to each call's ``dest`` (its views re-made when the tensor changes), without it the
-    transport is built for the call and not kept (a caller's ``dest`` is new every call). ``layout``: where
-    each peer's block lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's
-    destination is a grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by
-    ``cut`` (``RoutedState.cut``: the same view every call with the routing). ``lanes``: copy lanes (dma;
-    default: as the executor's copy arrangement says, ``lanes.copy_lanes``; 0: none, everything on the
-    caller's stream). ``cache``: where the transport is kept (default ``ctx.transports``; the MoE ops keep
-    theirs with their routing).
-
-    Built once per (executor, priority, plan, destination buffer, layout, lanes, copy arrangement)
-    and kept, so a call reuses its views and row ranges; the destination is this call's half of the peer
-    memory (dma) or the cached ``received`` buffer (sm), so the two halves of the double buffering get one
-    transport each.
+    ``dest`` (sm): receive into it instead of a cached buffer; with ``bind_dest`` the transport is kept and
+    bound to each call's ``dest``, without it built for this call only. ``layout``: where each peer's block
+    lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's destination is a
+    grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by ``routed.cut``
+    (the same view every call with the routing). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes``
+    of the copy arrangement; 0: everything on the caller's stream).
     """
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
     arrangement = copy_streams() if schedule.executor == "dma" and lanes is None else None
     if schedule.executor == "dma":
         needed = (max(layout.dest_rows), width) if layout is not None else dest_shape
-        workspace = ctx.get_workspace(_nbytes(needed, source.dtype), what=f"schedule {schedule}")
+        workspace = ctx.get_workspace(math.prod(needed) * source.dtype.itemsize, what=f"schedule {schedule}")
         if layout is None:
             dest = workspace.slots(ctx.rank, dest_shape, source.dtype)
         else:
-            dest = cut(workspace.rows(ctx.rank, width, source.dtype), rows)
+            dest = routed.cut(workspace.rows(ctx.rank, width, source.dtype), rows)
         keep = True
     else:
         keep = dest is None or bind_dest
         if dest is None and layout is None:
             dest = ctx.buffer("received", dest_shape, source.dtype)
         elif dest is None:
-            dest = cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
-    cache = ctx.transports if cache is None else cache
+            dest = routed.cut(ctx.rows_buffer("received", width, source.dtype, rows), rows)
+    cache = ctx.transports if routed is None else routed.transports
     # By identity: a kept transport holds its plan, layout and dest, so these ids name live objects only
     # (and hashing a plan's nested tuples on every call would cost more than the lookup saves). A
     # destination bound anew every call is not part of the key.
@@ -879,13 +776,6 @@ def _reduce_into(out: torch.Tensor, own: torch.Tensor, received: list[torch.Tens
     torch.add(own, received[0], out=out)
     for part in received[1:]:
         out.add_(part)
-
-
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    numel = 1
-    for size in shape:
-        numel *= size
-    return numel * dtype.itemsize
 
 
 _SERIAL_DMA = Schedule(granularity="serial", executor="dma")

@@ -1,14 +1,10 @@
 """Memory every rank of a group can write into: the copy-engine (``dma``) executor's receive buffers.
 
-On CUDA it is PyTorch symmetric memory (``torch.distributed._symmetric_memory``: ``empty`` +
-``rendezvous``, ``get_buffer(peer, ...)`` for a peer's buffer, ``barrier`` for a device-side barrier).
-A ``tensor.copy_`` into a peer's buffer is a peer-to-peer ``cudaMemcpyAsync``: the copy engines move it
-over NVLink and no SM is used. On the CPU the same protocol runs over files in ``/dev/shm`` that every
-rank maps (``torch.from_file(shared=True)``), with a gloo barrier, so CI checks the buffer layout and the
-double buffering without a GPU.
-
-``Workspace`` owns one such memory per (group, device): two halves used by alternate calls (double
-buffering), grown on demand, never allocated on the hot path once large enough.
+CUDA: PyTorch symmetric memory (a ``tensor.copy_`` into a peer's buffer is a peer-to-peer copy over NVLink
+that uses no SM). CPU: files in ``/dev/shm`` that every rank maps, with a gloo barrier, so CI checks the
+buffer layout and the double buffering without a GPU. ``Workspace`` owns one such memory per (group,
+device): two halves used by alternate calls, grown on demand, never allocated on the hot path once large
+enough. See docs/executor.md ("Peer memory").
 """
 
 from __future__ import annotations
@@ -29,15 +25,12 @@ class PeerMemory(Protocol):
 
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
         """A ``shape``/``dtype`` view of group rank ``peer``'s buffer, starting at ``byte_offset``."""
-        ...
 
     def barrier(self) -> None:
         """Every rank's writes issued before this call are visible to every rank after it."""
-        ...
 
     def local_bytes(self) -> torch.Tensor:
         """This rank's whole buffer as uint8 (for poisoning in tests)."""
-        ...
 
 
 class SymmetricPeerMemory:
@@ -55,8 +48,7 @@ class SymmetricPeerMemory:
     def view(self, peer: int, shape: Sequence[int], dtype: torch.dtype, byte_offset: int) -> torch.Tensor:
         if 0 in shape:  # addresses nothing (an all-to-all block of no rows): no peer pointer needed
             return torch.empty(tuple(shape), dtype=dtype, device=self._buffer.device)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return self._handle.get_buffer(peer, tuple(shape), dtype, byte_offset // itemsize)
+        return self._handle.get_buffer(peer, tuple(shape), dtype, byte_offset // dtype.itemsize)
 
     def barrier(self) -> None:
         self._handle.barrier(channel=0, timeout_ms=self._timeout_ms)
@@ -158,9 +150,7 @@ class Workspace:
         """Grow to at least ``half_bytes`` per half (collective: every rank calls it with the same size)."""
         if self.fits(half_bytes):
             return
-        size = MIN_HALF_BYTES
-        while size < half_bytes:
-            size *= 2
+        size = max(MIN_HALF_BYTES, 1 << (half_bytes - 1).bit_length())  # a power of two
         if self._memory is not None:
             self._quiesce()  # no rank may still touch the old buffer when it is freed
         self._memory, self._views = None, {}
@@ -179,8 +169,7 @@ class Workspace:
     def rows(self, peer: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         """``peer``'s whole current half as rows of ``width`` ``dtype`` values (cached view): one view per
         width whatever the blocks in it, for layouts that change from call to call (all-to-all routings)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return self.slots(peer, (self.half_bytes // (width * itemsize), width), dtype)
+        return self.slots(peer, (self.half_bytes // (width * dtype.itemsize), width), dtype)
 
     def barrier(self) -> None:
         """A device (CUDA) or gloo (CPU) barrier over the group, on the current stream."""

@@ -23,27 +23,8 @@ def run_pipeline(plan: Plan, transport: Transport, compute: Compute | None) -> N
     gather issues the GEMMs that need no transfer (the own shard) first, then every round of transfers
     (their lanes were forked before that GEMM, so they do not wait for it), then each remaining GEMM after
     a wait for its pieces. scatter sends each unit's pieces right after the GEMM that produced them, the
-    own shard's GEMM last, overlapping the last transfers.
+    own shard's GEMM last, overlapping the last transfers. See docs/executor.md for the streams this makes.
     """
-    # Lanes, gather, finer s2 on two ranks, copy engines ("cpJ" = push of sub-chunk J, "b" = device
-    # barrier publishing round J, "mm own" / "mm pJ" = GEMM on the own shard / on the peer's sub-chunk J):
-    #
-    #   current : [      mm own       ][ mm p0 ][ mm p1 ]      mm p0 waits for b0, mm p1 for b1
-    #   copy 0  : [ cp0 ][ cp1 ]
-    #   signal  :        [b0]   [b1]
-    #
-    # (sm: the same shape, with NCCL's stream in place of copy 0 + signal, and work.wait() for the b's;
-    # dma with one round on one lane, e.g. shard on two ranks: the barrier runs on copy 0, right behind
-    # the push, and the signal lane stays idle)
-    #
-    # scatter, shard on two ranks, copy engines ("mm peer" = GEMM producing the peer's rows):
-    #
-    #   current : [ mm peer ][   mm own   ][b][ add ]
-    #   copy 0  :            [ cp peer ]
-    #
-    # The GEMM on the own shard runs while the copy engines move data; the copies use no SMs, so
-    # the GEMM loses only memory bandwidth to them. Still unsolved: a barrier kernel queued behind a
-    # GEMM that fills every SM starts only when that GEMM ends (high-priority lanes narrow the gap).
     transport.begin()
     if compute is None:
         for batch in plan.rounds:

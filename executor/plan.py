@@ -1,25 +1,23 @@
 """Decomposition plans: which pieces move in which order, and which GEMMs consume or produce them.
 
-A plan is plain Python over rank *offsets*, so the same plan serves every rank and two ranks' plans
-always match piece for piece (what point-to-point transports need). Rows are the split rows of the
-scenario (``m``): rank ``q`` owns the shard ``[q * R, (q + 1) * R)`` with ``R = m / world_size``, and
-``finer`` splits each shard into ``splits`` sub-chunks of ``R / splits`` rows.
+A plan is plain Python over rank *offsets*, so the same plan serves every rank and two ranks' plans match
+piece for piece. Rank ``q`` owns the shard ``[q * R, (q + 1) * R)`` of the split rows (``R = m / w``);
+``finer`` splits each shard into ``splits`` sub-chunks.
 
 ``gather`` (all-gather -> GEMM): rank ``r`` receives piece ``(offset, sub)`` from rank ``(r + offset) % w``
 and sends its own sub-chunk ``sub`` to rank ``(r - offset) % w``; a unit's GEMM consumes pieces.
 ``scatter`` (GEMM -> reduce-scatter): a unit's GEMM produces the partial rows of the shard owned by rank
 ``(r + offset) % w``; piece ``(offset, sub)`` is sent there, and the same piece arrives from
-``(r - offset) % w``.
-
-The MoE all-to-alls use the same plans (dispatch: ``gather``, combine: ``scatter``) over blocks of
-different sizes: a :class:`Layout` says, per peer, which rows a rank sends and where the rows it receives
-land, and splits each block into ``splits`` sub-chunks of near-equal size.
+``(r - offset) % w``. The MoE all-to-alls use the same plans (dispatch: ``gather``, combine: ``scatter``)
+over blocks of any size, which a :class:`Layout` places.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import Literal
 
 Direction = Literal["gather", "scatter"]
@@ -85,8 +83,6 @@ def make_plan(direction: Direction, world_size: int, granularity: str, splits: i
     - ``finer``: round ``j`` moves sub-chunk ``j`` of every peer's shard at once (one lane per peer);
       grain ``chunk`` runs one GEMM per piece, grain ``shard`` one GEMM per peer shard once all of its
       sub-chunks have moved.
-
-    Plans are immutable and cached (a call on the hot path only looks one up).
     """
     if world_size < 2:
         raise ValueError(f"make_plan needs world_size >= 2; got {world_size}")
@@ -192,11 +188,11 @@ class Layout:
             direction=direction,
             rank=rank,
             splits=splits,
-            send_start=_starts(moved[rank]),
+            send_start=block_starts(moved[rank]),
             send_rows=tuple(moved[rank]),
-            recv_start=_starts(into[rank]),
+            recv_start=block_starts(into[rank]),
             recv_rows=tuple(into[rank]),
-            remote_start=tuple(_starts(into[p])[rank] for p in range(w)),
+            remote_start=tuple(block_starts(into[p])[rank] for p in range(w)),
             dest_rows=tuple(sum(into[p]) for p in range(w)),
         )
 
@@ -258,10 +254,6 @@ class Layout:
         return slice(start + lo, start + hi)
 
 
-def _starts(rows: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def block_starts(rows: Sequence[int]) -> tuple[int, ...]:
     """Running sums: where each of consecutive blocks of ``rows`` starts."""
-    out, total = [], 0
-    for n in rows:
-        out.append(total)
-        total += n
-    return tuple(out)
+    return tuple(accumulate(rows, initial=0))[:-1]

@@ -1,33 +1,14 @@
 """How pieces move: point-to-point ops (``sm``: NCCL kernels; gloo on the CPU) or peer copies (``dma``).
 
-Both transports speak the same verbs to the pipeline engine (``executor.pipeline``):
-
-- ``begin()`` / ``end()``: fork the lanes the transport uses off the caller's stream / join them back;
-- ``issue(pieces)``: start moving these pieces (gather: receive them; scatter: send them, right after
-  the GEMM that produced them); ``issue_rounds(rounds)``: the same for several whole rounds of a gather
-  plan at once;
-- ``wait(pieces)``: the caller's stream waits until these pieces have landed (gather);
-- ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter); ``split_rows(unit)``: which
-  split rows (of ``C`` for gather, of ``A`` for scatter) that GEMM covers.
-
-Buffers. Rows move in blocks, one per (sender, receiver) pair, which ``plan.Layout`` places. all-gather:
-``source`` is the rank's ``A_shard [R, k]``, sent whole to every peer; pieces land in ``dest [w, R, k]``
-(slot ``q`` = rank ``q``'s shard). reduce-scatter: GEMMs write the partial product into ``source [m, n]``;
-peers' partial rows of this rank's shard land in ``dest [w, R, n]`` (slot ``q`` = from rank ``q``), listed by
-``received()``. all-to-all: ``source [rows sent, width]`` holds one block per receiver, ``dest [rows
-received, width]`` one block per sender, of any sizes.
-
-Reuse. A transport is built once per (plan, layout, buffers) and kept by ``executor.ops`` across calls: every
-view of ``dest`` and of peer memory, and every row range, is made on first use and remembered;
-``bind(source)`` hands it each call's ``source``, and views of ``source`` are remembered while the same
-tensor comes back (``bind(source, dest)`` likewise for a point-to-point transport receiving into the
-caller's tensor).
+Both transports speak the verbs of :class:`Transport` to ``executor.pipeline``; ``executor.ops`` keeps each
+one across calls (``bind`` hands it each call's tensors). See docs/executor.md ("Transports") for the
+buffers they fill and what they remember.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,9 +17,17 @@ from ficco.executor.lanes import DeviceLanes, InlineLanes
 from ficco.executor.peer_memory import Workspace
 from ficco.executor.plan import Layout, Piece, Plan, Unit, lane_of
 
+T = TypeVar("T")
+
 
 class Transport(Protocol):
-    """The verbs the pipeline engine uses (see the module docstring)."""
+    """The verbs the pipeline engine uses.
+
+    ``begin()`` / ``end()``: fork the lanes off the caller's stream / join them back; ``issue(pieces)``: start
+    moving them (gather: receive; scatter: send, right after the GEMM that produced them); ``issue_rounds``:
+    several whole rounds of a gather plan at once; ``wait(pieces)``: the caller's stream waits until they
+    have landed (gather); ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter).
+    """
 
     def begin(self) -> None: ...
     def issue(self, pieces: tuple[Piece, ...]) -> None: ...
@@ -78,6 +67,9 @@ class _Transport:
         self._split_rows: dict[int, slice] = {}
         """Row range of each unit, keyed by ``id(unit)`` (the plan keeps its units alive, and hashing a
         frozen dataclass costs a Python call)."""
+        self._round_of = {piece: j for j, batch in enumerate(plan.rounds) for piece in batch}
+        self._wait_rounds: dict[int, list[int]] = {}
+        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
         self._set_dest(dest)
         self.source = source
         self._source_ptr = source.data_ptr()
@@ -99,14 +91,6 @@ class _Transport:
             return
         self.source, self._source_ptr = source, ptr
         self._source_views.clear()
-
-    def peer_to(self, piece: Piece) -> int:
-        """The rank this rank sends ``piece`` to."""
-        return self.layout.peer_to(piece)
-
-    def peer_from(self, piece: Piece) -> int:
-        """The rank this rank receives ``piece`` from."""
-        return self.layout.peer_from(piece)
 
     def outgoing(self, piece: Piece) -> torch.Tensor:
         """The rows sent as ``piece``: the own sub-chunk (all-gather), a partial of the receiver's shard
@@ -130,6 +114,10 @@ class _Transport:
     def incoming(self, piece: Piece) -> torch.Tensor:
         """Where ``piece`` lands here: the sender's block of ``dest``, rows of the sub-chunk."""
         return _remembered(self._views, ("in", id(piece)), lambda: self.flat[self.layout.landed(piece)])
+
+    def rounds_of(self, pieces: tuple[Piece, ...]) -> list[int]:
+        """gather: the rounds of the plan that ``pieces`` arrive in, in order."""
+        return _remembered(self._wait_rounds, id(pieces), lambda: sorted({self._round_of[p] for p in pieces}))
 
     def split_rows(self, unit: Unit) -> slice:
         """The rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank: of the destination (gather:
@@ -175,7 +163,7 @@ class _Transport:
         return received
 
 
-def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _remembered(views: dict, key: Hashable, make: Callable[[], T]) -> T:
     """``views[key]``, made by ``make()`` on first use."""
     view = views.get(key)
     if view is None:
@@ -185,12 +173,8 @@ def _remembered(views: dict, key: Hashable, make: Callable[[], torch.Tensor]) ->
 
 class PointToPointTransport(_Transport):
     """``sm``: each batch of pieces is what ``batch_isend_irecv`` issues (an NCCL group on CUDA, gloo's
-    sends and receives on the CPU).
-
-    On CUDA, gather batches are issued from a copy lane forked before the first GEMM, so NCCL's stream,
-    which waits for the stream current at issue time, does not wait for that GEMM. Scatter batches are
-    issued from the caller's stream right after the GEMM that produced them, which is the wait they need;
-    scatter therefore uses no lane and forks and joins none.
+    sends and receives on the CPU); gather issues from a copy lane, scatter from the caller's stream
+    (docs/executor.md, "Transports").
     """
 
     def __init__(self, *, group: dist.ProcessGroup, global_ranks: list[int], **kwargs) -> None:
@@ -204,51 +188,32 @@ class PointToPointTransport(_Transport):
         self._coalesce = self.source.is_cuda and self._direct
         """CUDA (NCCL): those calls as one coalesced group, as ``batch_isend_irecv`` issues them for NCCL;
         gloo does not coalesce: each send and receive is its own work."""
-        self._group_ranks = [dist.get_group_rank(group, g) for g in global_ranks] if self._direct else []
         self._batches: list[list] = []
         """This call's works, one list per issued batch (gather: per round of the plan, in order)."""
-        self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
-        self._wait_rounds: dict[int, list[int]] = {}
-        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
 
     def begin(self) -> None:
         self._batches.clear()
         if self._gather:
             self.lanes.fork(signal=False)
 
-    def _ops(self, pieces: tuple[Piece, ...]) -> list[dist.P2POp]:
-        """The send and receive of each piece (kept while the same ``source`` is bound); rows of no size
-        are neither sent nor received (both ends see the same block sizes, so they skip the same ones)."""
-        ops = []
-        for piece in pieces:
-            tag = piece.offset * self.plan.splits + piece.sub  # the same on both ends; gloo matches by it
-            sent, received = self.outgoing(piece), self.incoming(piece)
-            if sent.numel():
-                ops.append(
-                    dist.P2POp(dist.isend, sent, self.global_ranks[self.peer_to(piece)], self.group, tag)
-                )
-            if received.numel():
-                recv_from = self.global_ranks[self.peer_from(piece)]
-                ops.append(dist.P2POp(dist.irecv, received, recv_from, self.group, tag))
-        return ops
-
-    def _sends_and_receives(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """Per piece and direction: (is send, what moves, group rank, tag), pieces of no rows left out. What
-        moves is the piece for a send (its rows of the source bound at the call: :meth:`outgoing`) and the
-        one-element list of its destination rows for a receive."""
-        moves = []
-        for piece in pieces:
-            tag = piece.offset * self.plan.splits + piece.sub
-            if self.outgoing(piece).numel():
-                moves.append((True, piece, self._group_ranks[self.peer_to(piece)], tag))
-            received = self.incoming(piece)
-            if received.numel():
-                moves.append((False, [received], self._group_ranks[self.peer_from(piece)], tag))
-        return moves
-
     def _moves(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """:meth:`_sends_and_receives` of ``pieces``, worked out once per destination."""
-        return _remembered(self._views, ("moves", id(pieces)), lambda: self._sends_and_receives(pieces))
+        """Per piece and direction: (is send, what moves, group rank of the peer, tag), pieces of no rows
+        left out (both ends see the same block sizes, so they skip the same ones); worked out once per
+        destination. What moves is the piece for a send (its rows of the source bound at the call:
+        :meth:`outgoing`) and the one-element list of its destination rows for a receive."""
+
+        def make() -> list[tuple]:
+            moves = []
+            for piece in pieces:
+                tag = piece.offset * self.plan.splits + piece.sub  # the same on both ends; gloo matches by it
+                if self.outgoing(piece).numel():
+                    moves.append((True, piece, self.layout.peer_to(piece), tag))
+                received = self.incoming(piece)
+                if received.numel():
+                    moves.append((False, [received], self.layout.peer_from(piece), tag))
+            return moves
+
+        return _remembered(self._views, ("moves", id(pieces)), make)
 
     def _coalesced(self, pieces: tuple[Piece, ...]) -> list:
         """One NCCL group of every send and receive of ``pieces``; its one work (none if nothing moves).
@@ -274,8 +239,19 @@ class PointToPointTransport(_Transport):
         ]
 
     def _batched(self, pieces: tuple[Piece, ...]) -> list:
-        """``batch_isend_irecv`` of ``pieces`` (a group that is no plain ``ProcessGroup``); its works."""
-        ops = _remembered(self._source_views, ("ops", id(pieces)), lambda: self._ops(pieces))
+        """``batch_isend_irecv`` of ``pieces`` (a group that is no plain ``ProcessGroup``); its works. The ops
+        are kept while the same ``source`` is bound."""
+
+        def make() -> list[dist.P2POp]:
+            ranks = self.global_ranks
+            return [
+                dist.P2POp(dist.isend, self.outgoing(moved), ranks[peer], self.group, tag)
+                if is_send
+                else dist.P2POp(dist.irecv, moved[0], ranks[peer], self.group, tag)
+                for is_send, moved, peer, tag in self._moves(pieces)
+            ]
+
+        ops = _remembered(self._source_views, ("ops", id(pieces)), make)
         return dist.batch_isend_irecv(ops) if ops else []
 
     def issue(self, pieces: tuple[Piece, ...]) -> None:
@@ -296,10 +272,7 @@ class PointToPointTransport(_Transport):
             self.issue(pieces)
 
     def wait(self, pieces: tuple[Piece, ...]) -> None:
-        rounds = self._wait_rounds.get(id(pieces))
-        if rounds is None:
-            rounds = self._wait_rounds[id(pieces)] = sorted({self._round_of[p] for p in pieces})
-        for index in rounds:
+        for index in self.rounds_of(pieces):
             for work in self._batches[index]:
                 work.wait()  # CUDA: the current stream waits for NCCL's stream; CPU: blocks
             self._batches[index] = []
@@ -313,20 +286,9 @@ class PointToPointTransport(_Transport):
 
 
 class PeerCopyTransport(_Transport):
-    """``dma``: copy engines push pieces into the receiver's peer memory; device barriers publish them.
-
-    gather: round ``j`` pushes this rank's sub-chunk ``j`` into each receiver's slot for this rank (the
-    peers spread over the copy lanes the call was given, ``executor.lanes.copy_lanes``: one per peer, or
-    fewer shared in ring order), then a barrier on the signal lane; once it completes, every piece of round
-    ``j`` has landed here and the GEMMs waiting for that round may start. A plan with one round on one copy
-    lane runs that barrier on the copy lane itself, right behind its copies: stream order then does what the
-    copy-to-signal event did (its pushes complete before the barrier starts), and with one barrier in the
-    call and every call's lanes joined before the next call forks them, barriers still never overlap.
-    scatter: each produced piece is pushed into its owner's slot for this rank as soon as its GEMM is
-    done (on the device: the host issues the pushes after the call's last GEMM, each behind an event
-    recorded after its own GEMM); one barrier at the end, then the owner reduces. Every call passes at
-    least one barrier, which makes the double buffering safe (``Workspace``).
-    ``dest`` must be this rank's current half of ``workspace``, shaped ``[w, R, width]``.
+    """``dma``: copy engines push pieces into the receiver's peer memory; device barriers publish them
+    (docs/executor.md, "Transports", has the ordering). ``dest`` must be this rank's current half of
+    ``workspace``, shaped ``[w, R, width]``.
     """
 
     def __init__(self, *, workspace: Workspace, **kwargs) -> None:
@@ -344,13 +306,10 @@ class PeerCopyTransport(_Transport):
         self._signal = self._gather and not self._barrier_on_copy_lane
         self._round_index = {id(batch): j for j, batch in enumerate(self.plan.rounds)}
         """gather: the round (and ``signal_after`` key) of each batch of ``plan.rounds``, by identity."""
-        self._round_of = {piece: j for j, batch in enumerate(self.plan.rounds) for piece in batch}
         self._round_lanes = [sorted({lane_of(p, count) for p in batch}) for batch in self.plan.rounds]
         """gather: the copy lanes each round's pieces use (the signal lane waits for these)."""
         self._lane_of = {id(p): lane_of(p, count) for u in self.plan.units for p in u.pieces}
         self._lane_of |= {id(p): lane_of(p, count) for batch in self.plan.rounds for p in batch}
-        self._wait_keys: dict[int, list[int]] = {}
-        """gather: the rounds a unit's pieces arrive in, keyed by ``id(unit.pieces)``."""
         self._produced: list[tuple[Piece, ...]] = []
         """scatter: the pieces each GEMM of this call produced, in order (pushed in ``end``)."""
         self._scatter_lanes: dict[int, list[int]] = {}
@@ -418,16 +377,13 @@ class PeerCopyTransport(_Transport):
         return _remembered(
             self._views,
             ("remote", piece),
-            lambda: self.remote[self.peer_to(piece)][self.layout.remote(piece)],
+            lambda: self.remote[self.layout.peer_to(piece)][self.layout.remote(piece)],
         )
 
     def wait(self, pieces: tuple[Piece, ...]) -> None:
         if not self._gather:
             return  # what lands here is published by the barrier in end()
-        keys = self._wait_keys.get(id(pieces))
-        if keys is None:
-            keys = self._wait_keys[id(pieces)] = sorted({self._round_of[p] for p in pieces})
-        for key in keys:
+        for key in self.rounds_of(pieces):
             self.lanes.wait_signal(key)
 
     def end(self) -> None:

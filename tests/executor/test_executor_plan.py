@@ -112,7 +112,7 @@ def test_point_to_point_ends_agree_on_every_piece(direction):
         for batch in plan.rounds:
             for piece in batch:
                 for r, end in enumerate(ends):
-                    assert ends[end.peer_to(piece)].peer_from(piece) == r, (schedule, piece, r)
+                    assert ends[end.layout.peer_to(piece)].layout.peer_from(piece) == r, (schedule, piece, r)
 
 
 @pytest.mark.parametrize("direction", ["gather", "scatter"])

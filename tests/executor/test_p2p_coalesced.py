@@ -55,7 +55,7 @@ def test_coalesced_gather_sends_the_own_rows_and_receives_every_peer(granularity
         dest=dest,
         lanes=InlineLanes(),
     )
-    transport._coalesce, transport._group_ranks = True, [0, 1, 2]  # what a CUDA source selects
+    transport._coalesce = True  # what a CUDA source selects
     seen = []
     run_pipeline(plan, transport, lambda rows, unit: seen.append(rows.clone()))
 
