@@ -81,13 +81,15 @@ class _TensorParallelLinear(nn.Module):
         """The ops of a call at ``tokens``; the first such call has the ops' planner decide them (forward,
         and with ``backward`` the input gradient's op too) in one batch."""
         pair = self._requests_at(tokens)
-        if (id(pair), backward) not in self._prepared:
+        # keyed by the forward's OpRequest: torch.compile traces id() of an object made outside the
+        # compiled region, not of a tuple
+        if (id(pair[0]), backward) not in self._prepared:
             prepare = getattr(self.ops, "prepare", None)
             if prepare is not None:
                 prepare(self.requests(tokens, backward=backward))
             if backward:
                 self.ops.note(self.name, "bwd-weight", self._weight_gemm(tokens))
-            self._prepared.add((id(pair), backward))
+            self._prepared.add((id(pair[0]), backward))
         return pair
 
     def _weight_gemm(self, tokens: int) -> str:

@@ -144,11 +144,15 @@ def test_the_block_benchmarks_graphed_training_step_runs_every_variant():
     variant of the phase is captured, replayed and timed. The numbers are not the block's (no peer sends
     anything): this runs the code path on a GPU."""
     import argparse
+    from dataclasses import asdict
 
     from benchmarks import block_bench as bench
+    from benchmarks.step_timing import StepTiming
     from ficco.runtime import FixedSource
 
-    args = argparse.Namespace(warmup=1, rounds=2, reps=2, timed_ms=0.0, max_rounds=2)
+    args = argparse.Namespace(
+        timing=asdict(StepTiming(warmup=1, rounds=2, reps=2, timed_ms=0.0, max_rounds=2))
+    )
     with loopback_world(2) as device:
         ops = bench.ShapeOnlyOps(2, 0)
         block = bench.Block(bench.CPU_SMOKE, ops, seq_len=16, device=device, dtype=torch.bfloat16)
