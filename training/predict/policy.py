@@ -25,7 +25,7 @@ from ficco.training.predict.pairs import SERIAL_INDEX
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DecisionPolicy:
-    """When a pick falls back to serial/sm (module docstring)."""
+    """When a pick falls back to serial/sm (docs/training.md)."""
 
     min_gain: float | None = None
     """Fall back when the pick's predicted speedup over serial is below ``1 + min_gain``, in [0, 1);
