@@ -1,14 +1,9 @@
 """Where ficco's files live, and files that readers see whole.
 
-Roots: the shipped data (the model registry in ``models/``, the model configs in ``datasets/``) lies in the
-checkout, or, installed, inside the package, where it is read-only; what ficco writes (models it trains,
-datasets it measures, retrain runs) goes to ``$FICCO_MODEL_ROOT`` or the checkout, else to the user's data
-directory (``$XDG_DATA_HOME/ficco``, by default ``~/.local/share/ficco``), never into site-packages.
-
-Atomic files: written beside their place, flushed to disk, then renamed over it.
-
-A reader (or a crash at any moment) finds the old file or the new one, never a part of one: the dataset's
-manifest and plan while a sweep runs, the registry's ``CURRENT``, the benchmarks' results::
+Roots: the shipped data (models, model configs) in the checkout or, read-only, inside the package; what
+ficco writes goes to ``$FICCO_MODEL_ROOT`` or the checkout, else to ``$XDG_DATA_HOME/ficco``
+(docs/install.md). Atomic files are written beside their place, flushed, then renamed over it, so a reader
+(or a crash) finds the old file or the new one, never a part of one::
 
     write_text_atomic(out / "manifest.json", text)
     with replacing(out / "noise.parquet") as tmp:  # for writers that want a path

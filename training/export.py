@@ -1,25 +1,10 @@
 """``ficco export``: a model's picks as schedule tables runtimes load (``features.schedule_table``).
 
-    ficco export --hardware h200x2 --config datasets/model_configs --tp 2 --out tables/
-    ficco export --hardware h200x2 --dataset datasets/h200x2-unseen --format vllm --out tables/
-
-One schedule table per (world size, mode, dtype) of every (op, n, k) asked for, built here with numpy and
-the model alone (the service's ``/v1/tables`` builds its tables here too). The drop-in artifacts for
-runtimes that choose only between serial and PyTorch async-TP (``--format vllm|autoheuristic``) are
-``training.dropin``'s (training code).
-
-How a table is built (:func:`build_schedule_table`). The model sees how many ``finer`` sub-chunks a token
-count's rows split into (``features.schedule.max_splits``), and a ``finer/sN`` schedule runs only where
-they split ``N`` ways, so the token axis is taken one split class at a time: per (op, n, k) and class, the
-model is asked at the class's token counts next to every point of :func:`token_grid` (every token count
-below :data:`FINE_BELOW`, then :data:`PER_OCTAVE` points per doubling), and between two neighbouring
-counts whose answers differ (the pick, or whether it is off the measured map) at the count half-way
-between, until the two are neighbours in the class. The ranges follow the breakpoint rule of every
-token-range table (``features.schedule.range_starts``).
-
-Refused (:class:`ExportRefused`): a world size the model was not trained at (never extrapolated), a model
-trained on simulated data unless ``allow_simulated`` (its files are marked ``"simulated": true``), shapes of
-ops the model has no data for or that no scenario can have.
+:func:`build_schedule_table` asks the model, one split class at a time, next to every point of
+:func:`token_grid` and between neighbouring counts whose answers differ, with numpy and the model alone (the
+service's ``/v1/tables`` builds here too). :class:`ExportRefused`: a world size the model was not trained
+at, or simulated training data without ``allow_simulated``. The drop-in artifacts
+(``--format vllm|autoheuristic``) are ``training.dropin``'s. See docs/tables.md.
 """
 
 from __future__ import annotations
@@ -417,8 +402,7 @@ def build_schedule_table(
     max_tokens: int = MAX_TOKENS,
 ) -> ScheduleTableFile:
     """The schedule table of ``predictor`` (a ``training.predict.predictor.Predictor``) for ``shapes`` in one
-    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's); module
-    docstring.
+    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's).
 
     Raises :class:`ExportRefused` for a model that cannot back it (:func:`check_measured`),
     :class:`InvalidShapes` for shapes it cannot hold (:func:`check_shapes`) and ``ValueError`` for an

@@ -1,13 +1,8 @@
 """``ficco report``: a markdown page with PNG plots of how the model does on a dataset.
 
-Per execution mode (``<mode>`` = eager or graph):
-
-- ``confusion-<mode>.png``: measured best schedule against the held-out pick (counts; rows = measured best).
-- ``regret_cdf-<mode>.png``: distribution of ``t_picked / t_best - 1`` for the model, every baseline and
-  the noise ceiling, in one plot.
-- ``map-<op>-<mode>.png``: per op, the measured best schedule over (n*k, m) next to the predicted one
-  (held-out cross-validation picks, or a registered model's recommendations), coloured by
-  granularity/executor.
+Per execution mode: ``confusion-<mode>.png`` (measured best against held-out pick), ``regret_cdf-<mode>.png``
+(the model, every baseline and the noise ceiling) and per op ``map-<op>-<mode>.png`` (measured against
+predicted best schedule over (n*k, m), coloured by granularity/executor).
 """
 
 from __future__ import annotations

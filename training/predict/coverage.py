@@ -1,18 +1,10 @@
 """Where a model was measured: its training rows' shapes, and how many of them lie near a scenario.
 
-A *measured neighbour* of a scenario in one execution mode is a training row of the same op, mode, world
-size and dtype whose ``m``, ``n`` and ``k`` each lie within a factor :data:`NEIGHBOUR_FACTOR` (2) of the
-scenario's. The count says how far an answer reaches past the measurements: on ``datasets/h200x2``'s family
-holdout, graph picks with no neighbour in the training folds were more than 2% slower than serial far more
-often than picks with many (``benchmarks/studies/off_map.py`` measures it per count). An answer in a mode
-with fewer neighbours than that mode's :data:`OFF_MAP_BELOW` is *off the measured map*; the runtime planner
-runs ``serial/sm`` there by default (``docs/planner.md``).
-
-A model carries its coverage beside its files (``coverage.npy``, int32 ``[rows, 7]``: the columns of
-:data:`COLUMNS`), written at registration from the training table; numpy reads it without pickle, so the
-service answers the count with numpy alone. A model registered before coverage was recorded can be given
-one from the datasets its card names (``training.predict.registry.add_coverage``; their content hash must
-still be the card's), which changes no prediction: the model files and the card stay as they are.
+A *measured neighbour* is a training row of the same op, mode, world size and dtype with ``m``, ``n`` and
+``k`` each within :data:`NEIGHBOUR_FACTOR` (2) of the scenario's; fewer than the mode's
+:data:`OFF_MAP_BELOW` puts an answer *off the measured map*. A model carries its coverage as
+``coverage.npy`` (int32 ``[rows, 7]``, the columns of :data:`COLUMNS`), read with numpy alone. See
+docs/models.md, "Where a model was measured", and docs/planner.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """From the pair model's outputs to a recommendation: the pick, then the safe fallback.
 
-1. Pick: among the schedules valid for the scenario, the one of lowest predicted cost (the predicted
-   ``log(t / t_serial)`` of the regressor, or the negated score of the ranker).
-2. Safe fallback: overlap that goes wrong is worse than no overlap (async-TP runs up to 4x slower than
-   serial on small shapes), so a pick whose predicted gain over serial (from the time-ratio regressor) is
-   below ``min_gain``, i.e. within measurement noise, falls back to serial/sm.
-
-``min_gain`` is chosen per execution mode (:class:`ModePolicy`) by cross-validation (``training.crossval``)
-and stored in the model card: eager picks pay the executor's host time, which the regressor's gain misses
-more often than in graph mode (docs/models.md, "The fallback to serial", has the cross-validated losses).
+The pick is the valid schedule of lowest predicted cost; a pick whose predicted gain over serial is below
+the mode's ``min_gain`` (:class:`ModePolicy`, chosen by cross-validation) falls back to serial/sm. See
+docs/training.md and docs/models.md, "The fallback to serial".
 """
 
 from __future__ import annotations

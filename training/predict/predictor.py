@@ -5,10 +5,8 @@
 >>> [r.schedule for r in predictor.recommend([Scenario(m=1024)], mode="graph")]  # doctest: +SKIP
 ['serial/sm']
 
-Two evaluation paths give the same picks: the reference path (``xgboost.Booster.inplace_predict``) and
-the fast path (``training.predict.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few
-scenarios; :meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and
-the reference path for larger batches, where XGBoost's own loop is faster.
+:meth:`Predictor.decide` takes the numpy fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees), XGBoost's
+own prediction for larger batches; both give the same picks (docs/training.md, "The fast path").
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """The model registry: versioned models per hardware profile on disk, and the current one of each.
 
-Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_ROOT`` overrides)::
-
-    <root>/<hardware_id>/<version>/model.ubj     the pair model that picks (XGBoost UBJSON, never pickle)
-    <root>/<hardware_id>/<version>/ratio.ubj     the time-ratio regressor, when the picker is the ranker
-    <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics (ceiling and per
-                                                 family included), fallback policy, ops, modes, software
-    <root>/<hardware_id>/<version>/coverage.npy  where the training rows lie (``training.predict.coverage``):
-    the
-                                                 answers' measured-neighbour counts (absent: not counted)
-    <root>/<hardware_id>/CURRENT                 the current version, one line
-
-Models trained on simulated rows live under ``<hardware_id>-sim`` (``features.provenance``): ``register``
-refuses a simulated model under a measured id (and the reverse), and ``promote`` checks the card again, so a
-simulated model never becomes the current model of measured hardware.
-
-A version (``<UTC time>-<dataset hash[:8]>``) is written into a temporary directory and renamed into
-place, and ``CURRENT`` is replaced with ``os.replace``: a crash leaves either the old state or the new
-one, never a half-written model.
+``<root>/<hardware_id>/<version>/`` holds a model's files and card, ``<root>/<hardware_id>/CURRENT`` names
+the promoted version; both are written atomically. Simulated models live under ``<hardware_id>-sim`` and
+are never promoted over measured ones. See docs/models.md.
 """
 
 from __future__ import annotations
@@ -45,9 +30,8 @@ from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaErr
 from ficco.training.predict.policy import ModePolicy
 from ficco.training.predict.predictor import Predictor
 
-if (
-    TYPE_CHECKING
-):  # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+# answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+if TYPE_CHECKING:
     from ficco.training.model import PairModel
 
 log = logging.getLogger(__name__)
