@@ -211,10 +211,8 @@ def check_host_factor(host_factor: float) -> float:
 
 def estimate_host_factor(eager_ms: np.ndarray, graph_ms: np.ndarray, prices_us: np.ndarray) -> float:
     """A machine's host factor from a sweep: the median of eager time over :func:`host_prices` across the
-    (scenario, schedule) pairs whose graph time is below :data:`HOST_BOUND_SHARE` of the eager time.
-
-    Arrays ``[n, S]`` (times in ms, prices in us; NaN where unmeasured). NaN when no pair is host-bound.
-    """
+    (scenario, schedule) pairs whose graph time is below :data:`HOST_BOUND_SHARE` of the eager time. Arrays
+    ``[n, S]`` (times in ms, prices in us; NaN where unmeasured); NaN when no pair is host-bound."""
     eager_us, graph_us = np.asarray(eager_ms) * 1e3, np.asarray(graph_ms) * 1e3
     prices_us = np.asarray(prices_us)
     with np.errstate(invalid="ignore"):

@@ -263,11 +263,8 @@ def _read(name: str, model_type: str, family: Family, data: dict[str, Any]) -> M
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
-    """Load one Hugging Face ``config.json``, or a model folder holding one; the name is the file's stem
-    (the folder's name for ``config.json``).
-
-    Raises ``ValueError`` naming the file for unreadable JSON and for missing, bad or unknown keys.
-    """
+    """Load one Hugging Face ``config.json``, or a model folder holding one, named by :func:`config_name`;
+    ``ValueError`` naming the file for unreadable JSON and for missing, bad or unknown keys."""
     path = Path(path)
     if path.is_dir():
         path = path / CONFIG_FILE
@@ -366,12 +363,9 @@ def layer_pairs(
     hardware: HardwareProfile | None = None,
     kv_layout: KvLayout = "megatron",
 ) -> list[LayerPair]:
-    """The pairs of one forward layer of ``config`` at tensor-parallel degree ``tp`` over ``tokens`` tokens.
-
-    Shapes as in docs/shapes.md; ``hardware`` defaults to ``h200x2``; ``kv_layout`` is ``megatron``
-    (KV heads must split tp ways) or ``vllm`` (fewer KV heads than ranks are replicated). Raises
-    ``ValueError`` naming the model, the field and the divisibility rule when the model cannot be split.
-    """
+    """The pairs of one forward layer of ``config`` at tensor-parallel degree ``tp`` over ``tokens`` tokens
+    (docs/shapes.md) on ``hardware`` (default ``h200x2``); ``ValueError`` naming the model, the field and
+    the divisibility rule when the model cannot be split under ``kv_layout``."""
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     c = config
     if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1 and tokens % tp == 0):

@@ -122,12 +122,8 @@ class Scenario(JsonRoundTrip):
 
     @property
     def comm_bytes(self) -> float:
-        """Bytes one rank receives from its peers in the collective (the busiest rank for MoE).
-
-        ``ag_gemm``: the ``w - 1`` peer shards of A, ``(w-1)/w * m * k``; ``gemm_rs``: ``w - 1`` partial
-        row blocks of C, ``(w-1)/w * m * n``; MoE: ``(w-1)/w`` of the routed rows, of width ``k`` (dispatch)
-        or ``n`` (combine).
-        """
+        """Bytes one rank (for MoE the busiest) receives from its peers: ``(w-1)/w`` of the split rows, of
+        width :attr:`comm_width` (``ag_gemm``: A's peer shards; ``gemm_rs``: C's partial row blocks)."""
         w = self.world_size
         load = self.imbalance if self.op in MOE_OPS else 1.0
         return (w - 1) / w * self.rows * self.comm_width * self.dtype_bytes * load

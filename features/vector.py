@@ -134,12 +134,8 @@ def feature_matrix(scenarios: Iterable[Scenario]) -> np.ndarray:
 
 
 def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
-    """:func:`feature_dict` of every scenario, computed column-wise: float64 ``[n, len(FEATURE_NAMES)]``.
-
-    The sizes come from the scenarios' own properties (one home for their formulas); the features' formulas
-    are those of :func:`feature_dict`, :func:`gemm_waves`, :func:`wave_fill` and :func:`max_finer_splits`
-    over arrays.
-    """
+    """:func:`feature_dict` of every scenario, computed column-wise (the same formulas over arrays, the sizes
+    from the scenarios' own properties): float64 ``[n, len(FEATURE_NAMES)]``."""
     raw = np.array(
         [
             (

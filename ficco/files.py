@@ -76,13 +76,10 @@ def writable_model_root() -> Path:
 @contextmanager
 def replacing(path: str | Path, *, mode: int | None = None) -> Iterator[Path]:
     """A temporary path in ``path``'s folder to write the new content to; on a clean exit it is flushed
-    to disk (``os.fsync``) and renamed over ``path`` (``os.replace``, atomic within a file system).
-
-    On an error the temporary file is removed and ``path`` is left as it was. The temporary name is
-    hidden and unique (``.<name>.<random>.tmp``), so concurrent writers do not write into each other's.
-    ``mode`` sets the new file's permission bits; by default they are what ``open`` gives (0o666 less
-    the umask).
-    """
+    to disk (``os.fsync``) and renamed over ``path`` (``os.replace``, atomic within a file system); on an
+    error it is removed and ``path`` is left as it was. The name is hidden and unique
+    (``.<name>.<random>.tmp``), so concurrent writers do not collide. ``mode``: the new file's permission
+    bits (default: what ``open`` gives, 0o666 less the umask)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:

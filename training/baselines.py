@@ -71,12 +71,8 @@ class SizeHeuristic:
 
 
 def fit_size_heuristic(table: DatasetTable) -> SizeHeuristic:
-    """Choose the tier schedules, then the three thresholds, by exhaustive search for the lowest mean loss.
-
-    The tier schedules are the best fixed serial, shard and finer schedules; the thresholds range over the
-    0, 1/8, ..., 1 quantiles of each feature on ``table`` and +-inf (a rule always or never applies), so
-    the best serial schedule alone is one of the candidates.
-    """
+    """The tier schedules (the best fixed serial, shard and finer ones), then the three thresholds of lowest
+    mean loss over the 0, 1/8, ..., 1 quantiles of each feature on ``table`` and +-inf (docs/training.md)."""
     serial, shard, finer = (
         fit_best_fixed(table, tuple(s for s in SCHEDULES if s.startswith(f"{granularity}/")))
         for granularity in ("serial", "shard", "finer")
@@ -157,12 +153,9 @@ def _fit_regressor(table: DatasetTable, *, seed: int, n_jobs: int) -> Any:
 
 @dataclass(kw_only=True, slots=True)
 class AsyncTPModel:
-    """ficco's model of the serial-or-async-TP choice: one XGBoost regressor of ``log(t_async_tp /
-    t_serial)`` over both execution modes (the mode is a feature, as in the pair model; the pair model's
-    time-ratio configuration, ``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that
-    leaves serial, ``min_gain_`` (of :data:`MIN_GAINS`, lowest held-out ``training.metrics.pick_loss``
-    under grouped cross-validation over the training rows' model families, as the pick model's fallback
-    threshold is chosen)."""
+    """ficco's model of the serial-or-async-TP choice: one regressor of ``log(t_async_tp / t_serial)`` over
+    both modes (``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that leaves serial,
+    ``min_gain_``, of :data:`MIN_GAINS` by grouped cross-validation (docs/training.md)."""
 
     seed: int = 0
     """XGBoost seed."""

@@ -133,14 +133,11 @@ def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: Deci
 def choose(
     loss: np.ndarray, modes: np.ndarray, rows: np.ndarray, policies: tuple[DecisionPolicy, ...]
 ) -> tuple[int, ModePolicy, np.ndarray]:
-    """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``).
-
-    ``loss`` ``[n_configs, n_policies, n]``: each row's loss under every (configuration, policy). Per
-    configuration, each mode gets the policy of lowest mean loss on that mode's rows; the configuration of
-    lowest mean loss under those policies wins (ties: the earlier configuration and policy). Returns its
-    index, the :class:`ModePolicy` (a mode without rows gets the first policy) and the mean loss of every
-    configuration ``[n_configs]``.
-    """
+    """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``), from each
+    row's ``loss`` under every (configuration, policy), ``[n_configs, n_policies, n]``: per configuration each
+    mode's best policy on its rows, then the best configuration under those (ties: the earlier). Returns its
+    index, the :class:`ModePolicy` (a mode without rows: the first policy) and every configuration's mean
+    loss ``[n_configs]``."""
     total = np.zeros(len(loss))
     best: list[dict[str, int]] = [{} for _ in loss]
     for mode in sorted(set(modes[rows].tolist())):
@@ -164,11 +161,8 @@ def cross_validate(
     progress: bool = False,
     masked: tuple[str, ...] = (),
 ) -> CrossValidation:
-    """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``:
-    pair columns every model is fitted without (a feature ablation).
-
-    Raises ``ValueError`` if the table has fewer than 2 groups.
-    """
+    """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``: pair
+    columns every model is fitted without (a feature ablation). ``ValueError`` for fewer than 2 groups."""
     groups = cv_groups(table)
     if len(set(groups)) < 2:
         raise ValueError(

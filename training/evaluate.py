@@ -89,11 +89,8 @@ def serial_or_async_tp_score(
     table: DatasetTable, fused: np.ndarray
 ) -> tuple[dict[str, Any], np.ndarray] | None:
     """Metrics and regrets ``[n']`` of choosing PyTorch async-TP where ``fused`` (bool ``[n]``) and serial/sm
-    elsewhere, over the rows that measured async-TP (None if none).
-
-    A time counts as top1 when it is no slower than the best schedule, and as in the best set when it is no
-    slower than the slowest schedule of the best set.
-    """
+    elsewhere, over the rows that measured async-TP (None if none); a time no slower than the best (the best
+    set's slowest) counts as top1 (in the best set)."""
     has = np.isfinite(table.async_tp_ms)
     if not has.any():
         return None

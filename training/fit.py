@@ -70,12 +70,9 @@ def training_pairs(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndar
 def fit_pair_model(
     table: DatasetTable, config: TrainConfig, *, seed: int, n_jobs: int, masked: tuple[str, ...] = ()
 ) -> PairModel:
-    """Fit the pair model of ``config`` on every measured pair of ``table``.
-
-    ``masked``: pair columns (``training.model.PAIR_FEATURE_NAMES``) held at 0 in training. No tree splits
-    on a constant column, so the model is the one fitted without it: a feature ablation
-    (``benchmarks.studies.feature_ablation``). ValueError for a name that is not a pair column.
-    """
+    """Fit the pair model of ``config`` on every measured pair of ``table``. ``masked``: pair columns held
+    at 0, on which no tree splits, so the model is the one fitted without them (a feature ablation,
+    ``benchmarks.studies.feature_ablation``); ValueError for a name that is not a pair column."""
     unknown = sorted(set(masked) - set(PAIR_FEATURE_NAMES))
     if unknown:
         raise ValueError(f"masked must name pair columns {list(PAIR_FEATURE_NAMES)}; got {unknown}")

@@ -19,10 +19,8 @@ REPORTED: tuple[str, ...] = ("top1", "in_best_set", "geomean_regret", "p95_regre
 
 
 def pick_loss(t_pick: np.ndarray, t_best: np.ndarray, t_serial: np.ndarray) -> np.ndarray:
-    """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``.
-
-    The quantity model selection, the decision policy and the fitted baselines minimise (its mean).
-    """
+    """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``, whose
+    mean model selection, the decision policy and the fitted baselines minimise."""
     return np.log(t_pick / t_best) + REGRESSION_PENALTY * np.maximum(0.0, np.log(t_pick / t_serial))
 
 

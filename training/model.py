@@ -138,11 +138,8 @@ class PairModel(BaseEstimator):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Z: Any, y: Any, *, qid: Any = None) -> PairModel:
-        """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``.
-
-        ``qid`` ``[N]`` (int, sorted ascending) names the (scenario, mode) query of each pair; the rankers
-        need it (pairs are compared only within a query), ``ratio`` ignores it.
-        """
+        """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``;
+        ``qid`` ``[N]`` (int, sorted) names each pair's (scenario, mode) query, which the rankers need."""
         Z = np.asarray(Z, dtype=np.float32)
         y = np.asarray(y, dtype=np.float64)
         if Z.ndim != 2 or Z.shape[1] != len(PAIR_FEATURE_NAMES):
@@ -196,11 +193,8 @@ class PairModel(BaseEstimator):
 
     @classmethod
     def load_model(cls, path: str | PathLike) -> PairModel:
-        """Read a file written by :meth:`save_model`; its parameters and learned state come back.
-
-        Raises ``xgboost.core.XGBoostError`` for a file XGBoost cannot parse, :class:`FeatureSchemaError`
-        for another feature schema, and ``ValueError`` for a model of another estimator.
-        """
+        """Read a file written by :meth:`save_model`; ``xgboost.core.XGBoostError`` for a file XGBoost cannot
+        parse, :class:`FeatureSchemaError` for another feature schema, ``ValueError`` for another model."""
         import xgboost as xgb
 
         booster = xgb.Booster()

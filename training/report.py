@@ -123,11 +123,8 @@ def write_report(
     predicted: np.ndarray | None = None,
     predicted_label: str = "predicted (held out)",
 ) -> Path:
-    """Write ``report.md`` and its PNGs into ``out_dir``; return the markdown path.
-
-    ``predicted`` (schedule column indices ``[n]``) replaces the held-out picks in the schedule maps,
-    e.g. a registered model's recommendations.
-    """
+    """Write ``report.md`` and its PNGs into ``out_dir``; return the markdown path. ``predicted`` (schedule
+    columns ``[n]``, e.g. a registered model's) replaces the held-out picks in the schedule maps."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -128,11 +128,8 @@ def retrain(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> RetrainOutcome:
-    """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``.
-
-    Measured rows register under the hardware id, simulated ones under ``<id>-sim``
-    (``training.train.register_trained``); ``current`` must be the current model of that registry id.
-    """
+    """Measure ``plan`` into ``out_dir``, train on it, register (``training.train.register_trained``), and
+    promote when better than ``current``, the current model of that registry id."""
     from ficco.features.dataset import read_manifest
     from ficco.training.predict.registry import promote
 

@@ -176,12 +176,10 @@ class SavedPairModel:
 
 
 def load_pair_model(path: str | PathLike) -> Any:
-    """The pair model saved at ``path``: a ``training.model.PairModel`` when XGBoost and scikit-learn are
-    installed (``ficco[train]``), else a :class:`SavedPairModel` on XGBoost's own booster when XGBoost is
-    (``ficco[service]``: large batches take its multi-threaded prediction, 3 to 6 times faster than the
-    numpy walk at 10,000 scenarios), else on a :class:`NumpyBooster` (the core). Raises ``ValueError`` (or
-    XGBoost's error) for a file that is not a PairModel, ``training.predict.pairs.FeatureSchemaError`` for
-    another feature schema."""
+    """The pair model saved at ``path``: a ``training.model.PairModel`` with scikit-learn and XGBoost, else a
+    :class:`SavedPairModel` on XGBoost's booster (docs/training.md, "The fast path") or, without XGBoost, on
+    a :class:`NumpyBooster`. ``ValueError`` (or XGBoost's error) for a file that is not a PairModel,
+    ``FeatureSchemaError`` for another feature schema."""
     if importlib.util.find_spec("xgboost") is None:
         return SavedPairModel(NumpyBooster.load(path), str(path))
     if importlib.util.find_spec("sklearn") is not None:

@@ -104,10 +104,8 @@ class FlatTrees:
 
 
 def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
-    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link).
-
-    Raises ``ValueError`` for a multi-output booster or categorical splits.
-    """
+    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link);
+    ``ValueError`` for a multi-output booster or categorical splits."""
     learner = json.loads(bytes(booster.save_raw("json")))["learner"]
     model = learner["gradient_booster"]["model"]
     if any(g != 0 for g in model["tree_info"]):

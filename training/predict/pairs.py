@@ -125,12 +125,8 @@ def check_Z(Z: Any, columns: int, schema: str) -> np.ndarray:
 
 
 def valid_mask(X: np.ndarray) -> np.ndarray:
-    """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order).
-
-    A schedule needs the split rows divisible by ``world_size * splits`` (:meth:`Schedule.check`).
-    Serial and shard (splits 1) always run; the finer splits 2, 4, 8 divide one another, so ``finer/sN``
-    runs exactly when ``N <= max_finer_splits``.
-    """
+    """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order). Serial
+    and shard always run; ``finer/sN`` exactly when ``N <= max_finer_splits`` (:meth:`Schedule.check`)."""
     return _SPLITS[None, :] <= check_X(X)[:, _MAX_FINER_SPLITS, None]
 
 

@@ -109,11 +109,8 @@ def apply_policy(
     cost: np.ndarray, log_ratio: np.ndarray, policy: ModePolicy, modes: Sequence[str]
 ) -> tuple[np.ndarray, ...]:
     """Picks from costs ``[n, S]`` (+inf = invalid) and predicted ``log(t / t_serial)`` ``[n, S]`` of rows
-    in ``modes`` ``[n]``, each falling back under its mode's policy.
-
-    Returns ``(final, raw, fallback, speedup)``: recommended column ``[n]``, the model's own pick ``[n]``,
-    where the fallback fired (bool ``[n]``) and the raw pick's predicted speedup over serial ``[n]``.
-    """
+    in ``modes`` ``[n]``, each falling back under its mode's policy: ``(final, raw, fallback, speedup)``, the
+    recommended column, the model's own pick, where the fallback fired and the raw pick's speedup, ``[n]``."""
     raw = cost.argmin(axis=1)
     rows = np.arange(len(raw))
     speedup = np.exp(-log_ratio[rows, raw])

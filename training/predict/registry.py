@@ -81,13 +81,10 @@ def register(
 ) -> str:
     """Write a new version of ``hardware_id``'s model and return its version string (not promoted).
 
-    ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
-    the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
-    files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
-    when the picker is the time-ratio regressor (one file then). ``coverage`` (the training rows' shapes,
-    ``training.predict.coverage``) is written beside the model files. The card's ``model_backend`` (given in
-    ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
-    (``features.provenance``): ValueError otherwise.
+    ``info`` (dataset, metrics, hyper-parameters, ...) goes into the card beside the fields the registry
+    fills in. ``ratio`` is ``scorer`` itself when the picker is the time-ratio regressor (one file then);
+    ``coverage`` is written beside the model files. ValueError when the card's ``model_backend`` (given, or
+    from ``info["dataset"]["backends"]``) is not ``hardware_id``'s (``features.provenance``).
     """
     backend = model_backend(info)
     _check_backend(hardware_id, backend, "register")
@@ -142,11 +139,8 @@ def _check_backend(hardware_id: str, backend: str, action: str) -> None:
 
 
 def promote(root: str | Path, hardware_id: str, version: str) -> None:
-    """Make ``version`` the current model of ``hardware_id`` (atomic: write a temp file, then os.replace).
-
-    ValueError for a version not registered there, or whose card's backend is not ``hardware_id``'s (a
-    simulated model never becomes the current model of measured hardware).
-    """
+    """Make ``version`` the current model of ``hardware_id`` (atomically); ValueError for a version not
+    registered there, or whose card's backend is not ``hardware_id``'s."""
     hw_dir = Path(root) / hardware_id
     if not (hw_dir / version / CARD_FILE).is_file():
         raise ValueError(
@@ -172,10 +166,8 @@ def current_version(root: str | Path, hardware_id: str) -> str | None:
 
 
 def list_models(root: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """Every registered model: hardware id -> cards, oldest first.
-
-    A card that cannot be read is listed as ``{"version": ..., "error": ...}``.
-    """
+    """Every registered model: hardware id -> cards, oldest first (``{"version", "error"}`` for an
+    unreadable card)."""
     root = Path(root)
     out: dict[str, list[dict[str, Any]]] = {}
     if not root.is_dir():
@@ -243,12 +235,9 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
 
 
 def load_predictor(root: str | Path, hardware_id: str, version: str | None = None) -> Predictor:
-    """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`.
-
-    A model of any schema in ``features.FEATURE_SCHEMAS`` loads (an fv2 model builds fv2 pairs). Raises
-    :class:`ModelLoadError` with a message saying what to do for a missing model, a corrupt card or model
-    file, and a model trained on a feature schema this code does not compute.
-    """
+    """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`, of any
+    schema in ``features.FEATURE_SCHEMAS``; :class:`ModelLoadError` saying what to do for a missing model, a
+    corrupt card or model file, or a feature schema this code does not compute."""
     root = Path(root)
     hw_dir = root / hardware_id
     versions = _versions(hw_dir)
