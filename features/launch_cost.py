@@ -27,10 +27,8 @@ class LaunchCounts:
     calls: int = 1
     """Executor calls: argument lookup, output allocation and the Python around the launches (always 1)."""
     gemms: int = 0
-    """GEMM launches (``torch.mm``): one per GEMM unit of the plan, per local expert its rows touch (MoE).
-    The MoE counts are the executor's loop, which measured every committed MoE row; blocks of
-    ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs or more now run as one grouped GEMM and its row copies
-    (datasets record it: protocol ``expert_gemms``), counted here once MoE rows are measured that way."""
+    """GEMM launches (``torch.mm``): one per GEMM unit of the plan, per local expert its rows touch (MoE: the
+    executor's loop, which measured every committed MoE row, not its grouped GEMM, ``expert_gemms``)."""
     kernels: int = 0
     """Other torch kernels on the caller's stream: the reduce-scatter's adds, the MoE permutation, local
     copies of the own rows."""

@@ -29,10 +29,9 @@ FORMAT = "ficco-schedule-table"
 FORMAT_VERSION = 2
 """The ``format_version`` this code writes and reads (2: one track per split class)."""
 FINGERPRINT_KEYS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count")
-"""What a table's timings depend on that both a model card and a machine can state (``features.fingerprint``
-reads them with ``nvidia-smi``): measured on GPUs or simulated, the GPU model (an NVLink H200 and a PCIe
-``H200 NVL`` differ here) and how many. Driver, CUDA and torch versions are left out, so an upgrade does not
-orphan a table."""
+"""What a table's timings depend on that both a model card and a machine can state: measured or simulated,
+the GPU model (an NVLink H200 and a PCIe ``H200 NVL`` differ) and count; versions are left out
+(docs/tables.md)."""
 BEST_SET_FLOOR = 0.01
 """A margin below this (1%) cannot be told from noise (the best set's floor, ``harness.labels``)."""
 

@@ -128,9 +128,8 @@ def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.
 
 
 MIN_GAINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
-"""Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (the decision policy's
-grid, ``training.predict.policy.POLICY_GRID``, without "never fall back"), chosen by grouped
-cross-validation."""
+"""Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (``POLICY_GRID`` without
+"never fall back")."""
 _INNER_FOLDS = 3
 """Folds of :class:`AsyncTPModel`'s choice of ``min_gain`` (model families held out)."""
 

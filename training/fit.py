@@ -53,9 +53,7 @@ CONFIG_GRID: tuple[TrainConfig, ...] = (
     TrainConfig(objective="ndcg", max_depth=6, n_estimators=100, learning_rate=0.15),
 )
 """Candidates for cross-validation, the regressor first (ties in the selection go to it: it alone also
-gives the fallback its time ratio). The ranker (no more than 100 trees, which keeps the fast path's single
-decision near 100 us) is trained on ``rank:ndcg`` with graded relevance; why these settings:
-``docs/results.md`` (predictor)."""
+gives the fallback its time ratio); the ranker's settings: docs/training.md."""
 
 
 def training_pairs(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

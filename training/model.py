@@ -69,9 +69,8 @@ __all__ = [  # the pair names are training.predict.pairs'; the training code imp
 OBJECTIVES = ("ratio", "rank", "ndcg")
 """The pair model's objectives (docs/training.md); every one but ``ratio`` ranks within a query."""
 RELEVANCE_STEP = 0.01
-"""Slowdown behind the query's fastest schedule per relevance grade of the ``ndcg`` objective, in
-``log(t / t_best)`` (about 1%): the best set's floor (``harness.labels``), below which two schedules'
-order is measurement noise."""
+"""Slowdown per relevance grade of the ``ndcg`` objective, in ``log(t / t_best)`` (about 1%, the best set's
+floor, below which two schedules' order is measurement noise)."""
 MAX_GRADE = 31
 """The fastest schedule's grade: XGBoost's NDCG with exponential gain takes grades up to 31."""
 
@@ -197,17 +196,15 @@ class PairModel(BaseEstimator):
         parse, :class:`FeatureSchemaError` for another feature schema, ``ValueError`` for another model."""
         import xgboost as xgb
 
+        from ficco.training.predict.booster import SavedPairModel
+
         booster = xgb.Booster()
         booster.load_model(str(path))
-        kind = booster.attr("ficco_estimator")
-        if kind != cls.__name__:
-            raise ValueError(f"{path} holds a {kind or 'foreign XGBoost'} model, not a {cls.__name__}")
-        schema = booster.attr("ficco_feature_schema") or "<none>"
-        check_feature_schema(schema, str(path))
-        estimator = cls(**json.loads(booster.attr("ficco_params")))
+        saved = SavedPairModel(booster, str(path))  # checks the estimator and the feature schema
+        estimator = cls(**saved.params)
         estimator.booster_ = booster
-        estimator.feature_schema_ = schema
-        estimator.n_features_in_ = len(PAIR_FEATURE_NAMES_OF[schema])
+        estimator.feature_schema_ = saved.feature_schema_
+        estimator.n_features_in_ = saved.n_features_in_
         return estimator
 
 

@@ -1,11 +1,8 @@
 """A saved pair model read and evaluated with numpy alone, so that answering needs no XGBoost.
 
-``PairModel.save_model`` writes XGBoost's UBJSON (universal binary JSON: the document ``Booster.save_raw
-("json")`` gives, in binary). :func:`read_ubjson` decodes it; :class:`NumpyBooster` holds the document and
-offers the part of ``xgboost.Booster`` that answering uses: ``save_raw("json")`` (what
-``training.predict.fastpath`` compiles), ``inplace_predict`` (every tree walked with ``fastpath.FlatTrees``),
-``attr`` and ``set_param``. :func:`load_pair_model` picks the booster by what is installed; the fast path's
-answers are the same either way (``tests/training/test_booster.py``).
+:func:`read_ubjson` decodes the UBJSON ``PairModel.save_model`` writes; :class:`NumpyBooster` offers the part
+of ``xgboost.Booster`` answering uses (``save_raw("json")``, ``inplace_predict``, ``attr``, ``set_param``);
+:func:`load_pair_model` picks the booster by what is installed, with the same answers either way.
 """
 
 from __future__ import annotations

@@ -25,11 +25,8 @@ world size, dtype (index in ``features.DTYPES``), then m, n, k (``features.Scena
 NEIGHBOUR_FACTOR = 2
 """A training row is a neighbour when each of its m, n, k is within this factor of the scenario's."""
 OFF_MAP_BELOW: dict[str, int] = {"eager": 0, "graph": 1}
-"""Per mode, an answer with fewer measured neighbours than this is off the measured map. Graph: no
-neighbour. On the family holdout of ``datasets/h200x2`` (``reports/off-map-h200x2.json``) 17 of 145 graph
-picks without a neighbour were more than 2% slower than serial/sm, and 0 of 334 with 10 or more; eager
-picks are slow alike with or without neighbours (6 of 145, 8 of 334: the host's speed, not the map), so no
-eager answer is off the map."""
+"""Per mode, an answer with fewer measured neighbours than this is off the measured map: graph answers
+without a neighbour; no eager answer (why: docs/planner.md, "Off the measured map")."""
 
 
 def off_map(neighbours: int | None, mode: str) -> bool:

@@ -44,8 +44,7 @@ _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
-prediction is faster (a model read without XGBoost, ``training.predict.booster``, always takes the fast
-path)."""
+prediction is faster (a model read without XGBoost always takes the fast path)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
