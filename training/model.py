@@ -196,15 +196,17 @@ class PairModel(BaseEstimator):
         parse, :class:`FeatureSchemaError` for another feature schema, ``ValueError`` for another model."""
         import xgboost as xgb
 
-        from ficco.training.predict.booster import SavedPairModel
-
         booster = xgb.Booster()
         booster.load_model(str(path))
-        saved = SavedPairModel(booster, str(path))  # checks the estimator and the feature schema
-        estimator = cls(**saved.params)
+        kind = booster.attr("ficco_estimator")
+        if kind != cls.__name__:
+            raise ValueError(f"{path} holds a {kind or 'foreign XGBoost'} model, not a {cls.__name__}")
+        schema = booster.attr("ficco_feature_schema") or "<none>"
+        check_feature_schema(schema, str(path))
+        estimator = cls(**json.loads(booster.attr("ficco_params")))
         estimator.booster_ = booster
-        estimator.feature_schema_ = saved.feature_schema_
-        estimator.n_features_in_ = saved.n_features_in_
+        estimator.feature_schema_ = schema
+        estimator.n_features_in_ = len(PAIR_FEATURE_NAMES_OF[schema])
         return estimator
 
 
