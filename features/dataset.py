@@ -1,29 +1,8 @@
 """The dataset format, its one home: columns, manifest, label times, and reading a dataset.
 
-The harness writes datasets (``harness.dataset``, ``harness.labels``), training reads them
-(``training.dataset_table``); both take the format from here. One Parquet row per (scenario, schedule, mode),
-append-only parts and a manifest.
-
-Directory layout (``ficco bench --out DIR``)::
-
-    DIR/manifest.json              hardware profile, fingerprint, protocol, finished scenario ids, parts
-    DIR/parts/part-00000.parquet   append-only; a part not listed in the manifest is ignored
-    DIR/noise.parquet              the independent re-measure (another process, another order), same columns
-    DIR/plan.json                  the plan the sweep ran (settings, scenarios, families sharing a scenario)
-    DIR/card.md, DIR/*.png         the dataset card and its plots
-
-A manifest may list ``superseded`` schedules (schedule -> why): rows measured with an executor that no
-longer runs them; training leaves them out (``load_datasets``, ``load_repeats``).
-
-Columns (``COLUMNS``): the scenario (``scenario_id`` = ``Scenario.key()``, ``family``, ``op``, ``m``, ``n``,
-``k``, ``dtype``, ``world_size``, ``experts``, ``top_k``, ``imbalance``, ``hardware_id``), the schedule, the
-execution ``mode`` (``features.MODES``) and its timing: ``median_ms`` (per call, the median over the
-interleaved rounds), ``p10_ms``/``p90_ms`` (over the rounds), ``round_ms`` (each round's per-call time, so
-anyone can recompute the confidence), ``ok``, ``error``, ``in_best_set`` (``harness.labels``); ``backend``
-(gpu, gloo or sim) and the scenario's baselines in that mode (:data:`BASELINE_KEYS`, ms).
-Times are NaN and ``round_ms`` empty where a schedule failed. Loading adds ``time_ms``, the schedule's time
-that labels, training and the card use: per mode, the statistic :data:`LABEL_STAT` names
-(eager: ``p10_ms``, graph: ``median_ms``); it is derived, never stored.
+One Parquet row per (scenario, schedule, mode) in append-only parts listed by a manifest; the harness writes
+datasets, training reads them. Loading adds ``time_ms``, the label time (:data:`LABEL_STAT`). See
+docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -78,7 +57,7 @@ SCENARIO_COLUMNS = ("scenario_id", "family", *SHAPE_FIELDS, "hardware_id", "back
 """The per-scenario columns ``label_table`` keeps."""
 
 LABEL_STAT: dict[str, str] = {"eager": "p10_ms", "graph": "median_ms"}
-"""Per mode, the dataset column that is a schedule's time (see the module docstring)."""
+"""Per mode, the dataset column that is a schedule's time (docs/protocol.md)."""
 QUANTILE: dict[str, float] = {"p10_ms": 0.10, "median_ms": 0.50}
 """The quantile over rounds each label column holds (``Measurement.from_rounds``)."""
 
@@ -110,10 +89,8 @@ def rows_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def validate_frame(df: pd.DataFrame, source: str = "dataset") -> pd.DataFrame:
-    """Check ``df`` has every column of ``COLUMNS`` with the right kind and known backends; return it.
-
-    Raises ``ValueError`` naming ``source``, the missing columns or the columns of the wrong dtype.
-    """
+    """``df`` once it has every column of ``COLUMNS`` with the right kind and known backends and modes;
+    else ``ValueError`` naming ``source`` and the missing, mistyped or unknown values."""
     from pandas.api import types
 
     missing = [c for c in COLUMNS if c not in df.columns]
@@ -194,13 +171,9 @@ def dataset_hardware(path: str | Path) -> HardwareProfile:
 
 
 def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The measurement rows and the re-measured rows (None if none) of one or more datasets, concatenated
-    in the order given, without the schedules a manifest lists as ``superseded``.
-
-    One path may be a directory or a Parquet file (no re-measure), as for :func:`load_dataset`. Several
-    must be directories measured on the same hardware (:func:`check_same_hardware`) with no scenario id in
-    common; ``ValueError`` names the differing key or the shared ids otherwise.
-    """
+    """The measurement rows and the re-measured rows (None if none) of one or more datasets, in the order
+    given, without their ``superseded`` schedules. One path may be a Parquet file; several must be
+    directories of the same hardware with no scenario id in common (``ValueError`` names the difference)."""
     import pandas as pd
 
     if not paths:
@@ -226,13 +199,9 @@ def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def load_repeats(rows: pd.DataFrame, paths: Sequence[str | Path], like: str | Path) -> list[pd.DataFrame]:
-    """The rows of repeat sweeps ``paths``: independent measurements (another session, another machine
-    lease) of scenarios that ``rows`` holds, on the hardware of dataset ``like``; one frame per sweep,
-    without its ``superseded`` schedules.
-
-    Raises ``ValueError`` for a repeat of other hardware, or one holding scenarios ``rows`` lacks (a
-    repeat re-measures; it adds no scenario).
-    """
+    """The rows of repeat sweeps ``paths`` (independent re-measures of scenarios ``rows`` holds, on the
+    hardware of dataset ``like``), one frame per sweep without its ``superseded`` schedules; ``ValueError``
+    for a repeat of other hardware or one holding scenarios ``rows`` lacks."""
     out = []
     known = set(rows["scenario_id"])
     for path in paths:

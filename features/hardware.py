@@ -63,12 +63,8 @@ def _h100(count: int) -> HardwareProfile:
 KNOWN_HARDWARE: dict[str, HardwareProfile] = {
     p.id: p
     for p in (
-        _h200(2),
-        _h200(4),
-        _h200(8),
-        _h100(2),
-        _h100(4),
-        _h100(8),
+        *map(_h200, (2, 4, 8)),
+        *map(_h100, (2, 4, 8)),
         HardwareProfile(
             id="mi300xx8",
             gpu_name="AMD Instinct MI300X",

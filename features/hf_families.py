@@ -1,13 +1,8 @@
 """How each Hugging Face ``model_type`` is read: which keys give the layer shapes, which it ignores, and
 the layer's structure (gated MLP, MoE keys, latent attention, parallel attention+MLP block).
 
-One ``Family`` per architecture. A key a family does not list is refused (ficco cannot tell whether it
-changes the shapes). Two sets hold keys beyond the families': ``PRETRAINED_CONFIG_KEYS``, the attributes of
-``transformers.PretrainedConfig`` itself, which every model's config class inherits (a config saved with
-all its values, not only the non-default ones, holds them all), and ``DECODER_KEYS``, what the decoder
-config classes read here all define (vocabulary, positions, initialisation, dropout, activation). The few
-base-class keys that would change a layer (pruned heads, cross-attention, an encoder) must keep their
-default value (``BASE_DEFAULTS``).
+One ``Family`` per architecture; a key no family set lists is refused, and the base-class keys that would
+change a layer must keep their default (``BASE_DEFAULTS``). See docs/shapes.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The executor's host time per call: launch counts of a schedule, priced per kind, over the GPU work.
 
-An eager call of the executor is issued from Python: every GEMM, collective, NCCL send/receive group, peer
-copy, device barrier and stream event costs host time whether its GPU work is large or small. On small
-shapes that host time exceeds the GPU work, and the eager time of a schedule is bounded below by it (the
-"host floor"); replayed from a CUDA graph (``graph`` mode), none of it is paid.
-
-1. :func:`launch_counts`: what one eager call of ``schedule`` on ``op`` launches on the busiest rank, by
-   kind. The counts follow the executor's plans (``executor.plan.make_plan``: the units are the GEMMs, the
-   rounds the transfer batches, their pieces the copies) and transports (``executor.transport``: which
-   events and barriers a call records and waits for); ``tests/features/test_launch_cost.py`` checks them
-   against the executor's own plans and segments.
-2. :data:`HOST_COSTS`: microseconds of host time per launch of each kind, fitted to the executor's measured
-   host time per call (``benchmarks.executor_overhead`` on 2 x H200,
-   ``benchmarks/results/executor-overhead-h200x2.json``; the test checks every measured schedule is within
-   :data:`FIT_TOLERANCE` of its price).
-3. :func:`host_us` prices one call; :func:`host_over_gpu` divides the price by the scenario's roofline GPU
-   work (GEMM + communication), for every schedule at once. That ratio is the pair feature
-   ``eager_host_over_gpu`` of feature schema fv3 (0 in graph mode).
-4. The host factor: machines differ in host speed, and eager times of small shapes with it. A host factor
-   scales the prices to a machine: :func:`estimate_host_factor` reads it off a sweep's host-bound eager
-   times; a model records its training data's, and a prediction may be asked for another machine's.
-
-Needs only numpy (``features`` runs on the GPU image too).
+:func:`launch_counts` (launches of one eager call, by kind) priced by :data:`HOST_COSTS` (us per launch,
+fitted to measured host times) gives :func:`host_us`; :func:`host_over_gpu` divides it by the roofline GPU
+work (the pair feature ``eager_host_over_gpu``), scaled by the machine's host factor. Needs only numpy. See
+docs/executor.md, "Host time per call".
 """
 
 from __future__ import annotations
@@ -45,10 +27,8 @@ class LaunchCounts:
     calls: int = 1
     """Executor calls: argument lookup, output allocation and the Python around the launches (always 1)."""
     gemms: int = 0
-    """GEMM launches (``torch.mm``): one per GEMM unit of the plan, per local expert its rows touch (MoE).
-    The MoE counts are the executor's loop, which measured every committed MoE row; blocks of
-    ``executor.experts.GROUPED_MIN_GEMMS`` GEMMs or more now run as one grouped GEMM and its row copies
-    (datasets record it: protocol ``expert_gemms``), counted here once MoE rows are measured that way."""
+    """GEMM launches (``torch.mm``): one per GEMM unit of the plan, per local expert its rows touch (MoE: the
+    executor's loop, which measured every committed MoE row, not its grouped GEMM, ``expert_gemms``)."""
     kernels: int = 0
     """Other torch kernels on the caller's stream: the reduce-scatter's adds, the MoE permutation, local
     copies of the own rows."""
@@ -88,9 +68,7 @@ class HostCosts:
 
 
 HOST_COSTS = HostCosts()
-"""Prices fitted to the 14 (op, schedule) rows of ``benchmarks/results/executor-overhead-h200x2.json``
-(``host_us_per_call``, median over rounds; 2 x H200, torch 2.11, NCCL 2.28): non-negative least squares of
-the relative error over these kinds (tied ones as one), rounded to 0.5 us; every row within 7%."""
+"""Prices fitted to ``benchmarks/results/executor-overhead-h200x2.json`` (docs/executor.md)."""
 FIT_TOLERANCE = 0.10
 """Largest relative error of :data:`HOST_COSTS` on a measured (op, schedule) the tests accept."""
 
@@ -104,9 +82,9 @@ def sub_block_gemms(experts: int, splits: int) -> int:
 
 @lru_cache(maxsize=4096)
 def launch_counts(op: str, world_size: int, schedule: Schedule, local_experts: int = 1) -> LaunchCounts:
-    """Launches of one eager call of ``schedule`` on ``op`` on the busiest rank (rank 0); see the module
-    docstring. ``local_experts`` (MoE ops: ``experts / world_size``) is the GEMMs a whole block of rows
-    needs."""
+    """Launches of one eager call of ``schedule`` on ``op`` on the busiest rank (rank 0), following the
+    executor's plans and transports. ``local_experts`` (MoE ops: ``experts / world_size``) is the GEMMs a
+    whole block of rows needs."""
     spec = OP_SPECS[op]
     w, peers = world_size, world_size - 1
     e = local_experts if spec.moe else 1
@@ -184,11 +162,8 @@ def op_prices(op: str, world_size: int, experts: int = 0) -> np.ndarray:
 
 
 def host_prices(X: np.ndarray) -> np.ndarray:
-    """:func:`host_us` of every schedule for each feature row, us float64 ``[n, S]``.
-
-    ``X`` ``[n, len(FEATURE_NAMES)]`` holds feature rows (``feature_matrix``); the op, world size and
-    experts are read from their columns. Columns are the schedules in canonical order
-    (``features.all_schedules``); one that cannot run the scenario still gets its price.
+    """:func:`host_us` of every schedule (canonical order, runnable or not) for each feature row of ``X``
+    ``[n, len(FEATURE_NAMES)]`` (op, world size and experts read from their columns): us float64 ``[n, S]``.
     """
     X = np.asarray(X, dtype=np.float64)
     if len(X) == 0:
@@ -204,13 +179,8 @@ def host_prices(X: np.ndarray) -> np.ndarray:
 
 
 def host_over_gpu(X: np.ndarray, host_factor: float = 1.0) -> np.ndarray:
-    """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``.
-
-    :func:`host_prices` times ``host_factor`` (this machine's host time per launch over the prices,
-    :func:`check_host_factor`) over the roofline GEMM and communication time read from ``X``'s columns, so
-    whoever holds a scenario's features can compute the ratio (the predictor's fast path does, per
-    schedule).
-    """
+    """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``: :func:`host_prices`
+    times ``host_factor`` over the roofline GEMM and communication time read from ``X``'s columns."""
     X = np.asarray(X, dtype=np.float64)
     gpu_us = np.exp2(X[:, _T_GEMM]) + np.exp2(X[:, _T_COMM])
     return host_prices(X) * (host_factor / gpu_us[:, None])
@@ -239,13 +209,8 @@ def check_host_factor(host_factor: float) -> float:
 
 def estimate_host_factor(eager_ms: np.ndarray, graph_ms: np.ndarray, prices_us: np.ndarray) -> float:
     """A machine's host factor from a sweep: the median of eager time over :func:`host_prices` across the
-    (scenario, schedule) pairs whose eager time the host bounds (graph time below :data:`HOST_BOUND_SHARE`
-    of the eager time).
-
-    Arrays ``[n, S]`` (times in ms, prices in us) of the same scenarios; NaN where unmeasured. Returns NaN
-    when no pair is host-bound (graph mode only, or large shapes only). Eager small shapes move with the
-    host's speed; their time over the price is that speed, measured the way the labels are.
-    """
+    (scenario, schedule) pairs whose graph time is below :data:`HOST_BOUND_SHARE` of the eager time. Arrays
+    ``[n, S]`` (times in ms, prices in us; NaN where unmeasured); NaN when no pair is host-bound."""
     eager_us, graph_us = np.asarray(eager_ms) * 1e3, np.asarray(graph_ms) * 1e3
     prices_us = np.asarray(prices_us)
     with np.errstate(invalid="ignore"):

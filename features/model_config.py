@@ -1,44 +1,8 @@
 """Model configs (Hugging Face ``config.json``, as downloaded) and the communication + GEMM pairs of a layer.
 
-A transformer layer under tensor parallelism of degree ``tp`` with sequence parallelism (Megatron-LM,
-PyTorch async-TP) runs four pairs per layer, one collective beside one GEMM each::
-
-    qkv        ag_gemm   m = tokens, k = hidden,            n = (heads/tp + 2 * kv_local) * head_dim
-    attn_out   gemm_rs   m = tokens, k = heads*head_dim/tp, n = hidden
-    mlp_up     ag_gemm   m = tokens, k = hidden,            n = 2 * intermediate / tp   (gate + up fused)
-    mlp_down   gemm_rs   m = tokens, k = intermediate / tp, n = hidden
-
-A plain (non-gated) MLP has ``n = intermediate / tp`` in ``mlp_up``. ``kv_local`` is
-``num_key_value_heads / tp``; with fewer KV heads than ranks the ``kv_layout`` option decides: ``megatron``
-(default) refuses, as Megatron-LM does (``num_query_groups`` must divide by tp), ``vllm`` replicates one KV
-head per rank (``kv_local = 1``). In an MoE layer the MLP pairs become expert-parallel all-to-alls over the
-same ``tp`` ranks, with ``m = tokens / tp`` tokens per rank::
-
-    moe_dispatch  a2a_gemm  k = hidden,          n = 2 * moe_intermediate   (gate + up of one expert)
-    moe_combine   gemm_a2a  k = moe_intermediate, n = hidden
-
-Shared experts (Qwen2-MoE, DeepSeek) run as a tensor-parallel MLP beside them (``shared_up``/``shared_down``,
-Megatron-LM's SharedExpertMLP); dense layers of an MoE stack (DeepSeek ``first_k_dense_replace``, Qwen
-``mlp_only_layers``/``decoder_sparse_step``) have the dense pairs. ``LayerPair.layers`` says in how many of
-the model's layers each pair runs.
-
-Multi-head latent attention (DeepSeek-V2/V3): the all-gathered tokens feed the down projections, which are
-replicated (Megatron-LM's MLA): ``qkv`` is ``ag_gemm`` with ``k = hidden`` and ``n = q_lora_rank +
-kv_lora_rank + qk_rope_head_dim`` (without ``q_lora_rank``, the full query projection
-``heads/tp * (qk_nope_head_dim + qk_rope_head_dim)`` takes its place); the up projections are local GEMMs
-with no collective; ``attn_out`` is ``gemm_rs`` with ``k = heads/tp * v_head_dim``.
-
-Parallel attention + MLP block (Cohere): both read one all-gathered input and their outputs are summed
-before one reduce-scatter, so a layer is two pairs: ``qkv_mlp_up`` (``ag_gemm``, QKV and gate+up fused
-along n) and ``attn_mlp_out`` (``gemm_rs``, attention-out and down fused along k).
-
-Configs are read by ``model_type`` (``features/hf_families.py``): keys a family does not list are refused,
-and so are the ``PretrainedConfig`` keys that would change a layer (pruned heads, cross-attention, an
-encoder) unless at their default; an unknown ``model_type`` is refused naming what ficco needs, and so is a
-config without ``model_type`` (reading it as one family would score another family's file wrongly, or
-refuse it with that family's errors). ``head_dim`` is the config's when present and not
-null (Gemma-2, Qwen3), otherwise ``hidden_size / num_attention_heads``; ``num_key_value_heads`` defaults to
-``num_attention_heads``.
+``ModelConfig.from_hf_dict`` reads a config by its ``model_type`` (``features/hf_families.py``), refusing
+keys it cannot score; :func:`layer_pairs` gives the pairs of one forward layer at tensor-parallel degree
+``tp`` (dense, MoE, shared experts, latent attention, parallel attention+MLP block). See docs/shapes.md.
 """
 
 from __future__ import annotations
@@ -78,7 +42,7 @@ class ModelConfig:
     num_key_value_heads: int = 8
     """Key/value heads (grouped-query attention); equal to the query heads for multi-head attention."""
     head_dim: int = 128
-    """Features per head (see the module docstring for the rule when the config has none)."""
+    """Features per head (docs/shapes.md has the rule when the config has none)."""
     num_hidden_layers: int = 32
     """Transformer layers."""
     gated_mlp: bool = True
@@ -155,7 +119,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, name: str, data: dict[str, Any]) -> ModelConfig:
-        """Read a parsed Hugging Face ``config.json`` as published (see the module docstring); raise
+        """Read a parsed Hugging Face ``config.json`` as published (docs/shapes.md); raise
         ``ValueError`` naming a missing, bad or unknown key, or an unknown ``model_type`` (and ``name``)."""
         if not isinstance(data, dict):
             raise ValueError(f"model config {name!r} must be a JSON object; got {type(data).__name__}")
@@ -299,11 +263,8 @@ def _read(name: str, model_type: str, family: Family, data: dict[str, Any]) -> M
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
-    """Load one Hugging Face ``config.json``, or a model folder holding one; the name is the file's stem
-    (the folder's name for ``config.json``).
-
-    Raises ``ValueError`` naming the file for unreadable JSON and for missing, bad or unknown keys.
-    """
+    """Load one Hugging Face ``config.json``, or a model folder holding one, named by :func:`config_name`;
+    ``ValueError`` naming the file for unreadable JSON and for missing, bad or unknown keys."""
     path = Path(path)
     if path.is_dir():
         path = path / CONFIG_FILE
@@ -402,12 +363,9 @@ def layer_pairs(
     hardware: HardwareProfile | None = None,
     kv_layout: KvLayout = "megatron",
 ) -> list[LayerPair]:
-    """The pairs of one forward layer of ``config`` at tensor-parallel degree ``tp`` over ``tokens`` tokens.
-
-    Shapes follow the module docstring; ``hardware`` defaults to ``h200x2``; ``kv_layout`` is ``megatron``
-    (KV heads must split tp ways) or ``vllm`` (fewer KV heads than ranks are replicated). Raises
-    ``ValueError`` naming the model, the field and the divisibility rule when the model cannot be split.
-    """
+    """The pairs of one forward layer of ``config`` at tensor-parallel degree ``tp`` over ``tokens`` tokens
+    (docs/shapes.md) on ``hardware`` (default ``h200x2``); ``ValueError`` naming the model, the field and
+    the divisibility rule when the model cannot be split under ``kv_layout``."""
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     c = config
     if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1 and tokens % tp == 0):

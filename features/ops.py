@@ -3,8 +3,7 @@ shapes of its operands, in one place.
 
 The executor, the harness, the simulator and the features read an op's properties from ``OP_SPECS`` instead
 of testing its name. What needs torch (the op's function, its serial reference) stays in ``executor.ops``,
-keyed by the same names. ``features.scenario`` documents the shape conventions; :meth:`OpSpec.shapes` turns
-them into numbers for one rank.
+keyed by the same names. :meth:`OpSpec.shapes` gives one rank's shapes (conventions: docs/shapes.md).
 """
 
 from __future__ import annotations

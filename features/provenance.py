@@ -1,14 +1,8 @@
 """Measured or simulated: where a model's training rows came from, and the registry id that follows.
 
-A model is *measured* when every row it was trained on came from GPUs (``ficco bench`` / ``ficco
-retrain`` with ``--backend gpu``); any row of the simulator (``sim``) or of CPU processes (``gloo``, whose
-times mean nothing) makes it *simulated*. A simulated model is registered apart, under its hardware id
-with ``SIM_SUFFIX`` (``h200x2-sim``), so that it is never promoted over, nor served in place of, the
-measured model of that hardware; it answers only when asked for by that id, and every answer says which
-kind of model gave it (``model_backend``).
-
-This module is the one home of the rule: the registry, the trainer, the predictor, the service and the
-commands all read it from here.
+Any row of the simulator (``sim``) or CPU processes (``gloo``) makes a model *simulated*, registered apart
+under ``<hardware_id>-sim`` (``SIM_SUFFIX``), never promoted over nor served for the measured model. The one
+home of the rule. See docs/models.md.
 """
 
 from __future__ import annotations

@@ -3,14 +3,7 @@
 ``counts[src][dst][e]`` is the number of rows rank ``src`` routes to local expert ``e`` of rank ``dst`` (the
 dispatch direction, ``a2a_gemm``; the combine, ``gemm_a2a``, sends the same rows back). Every rank holds the
 same counts: a runtime gets them from an all-gather of each rank's per-expert counts, which its router
-computes anyway. Row orders (``features.scenario`` has the shapes):
-
-- a rank's routed rows (the dispatch's input, the combine's output) are ordered by destination rank, then
-  by the destination's local expert, as ``all_to_all_single`` takes them;
-- the rows a rank's experts work on (the dispatch's output, the combine's input) are ordered by local
-  expert, then by source rank: each expert's rows are contiguous, as a grouped GEMM takes them.
-
-Pure Python: no numpy or torch needed.
+computes anyway. Row orders: docs/executor.md; shapes: docs/shapes.md. Pure Python (no numpy or torch).
 """
 
 from __future__ import annotations

@@ -1,33 +1,8 @@
 """Scenario: one collective + GEMM pair, with its sizes, dtype, world size and hardware.
 
-Shape conventions (per rank; ``w`` = ``world_size``):
-
-``ag_gemm``   all-gather -> GEMM (sequence-parallel input of a column-parallel linear: QKV, MLP up/gate).
-              Each rank holds ``A_shard[m / w, k]`` (a block of rows of A) and its own weight ``B[k, n]``
-              (``n`` is the rank's local column shard of the layer's output features). The all-gather
-              builds ``A[m, k]`` on every rank; the result is ``C = A @ B``, ``[m, n]``. Needs ``m % w == 0``.
-``gemm_rs``   GEMM -> reduce-scatter (row-parallel linear into sequence parallelism: attention out,
-              MLP down). Each rank holds ``A[m, k]`` and ``B[k, n]`` where ``k`` is the rank's slice of the
-              reduction dimension; the partial product ``A @ B`` is ``[m, n]``; the reduce-scatter over rows
-              leaves rank ``r`` with the sum over ranks of rows ``[r*m/w, (r+1)*m/w)``: ``[m / w, n]``.
-              Needs ``m % w == 0``.
-``a2a_gemm``  MoE dispatch (all-to-all) -> expert GEMM. ``m`` is tokens per rank; each token goes to
-              ``top_k`` of ``experts`` experts, ``experts / w`` of them on each rank. Every rank sends
-              ``m * top_k / w`` rows of ``k`` features to each rank (balanced routing) and then runs one GEMM
-              per local expert, ``[rows_e, k] @ [k, n]``. ``imbalance`` is the busiest rank's load over the
-              mean (1.0 = balanced). Needs ``(m * top_k) % w == 0`` and ``experts % w == 0``. Per rank:
-              ``x [m * top_k, k]`` (the routed rows, by destination rank, then its local expert) and
-              ``b [experts / w, k, n]`` -> ``[rows routed here, n]`` (by local expert, then source rank).
-``gemm_a2a``  expert GEMM -> MoE combine (all-to-all). The same rows as ``a2a_gemm``: per local expert
-              ``[rows_e, k] @ [k, n]``, then ``m * top_k / w`` rows of ``n`` features go back to each rank.
-              Per rank: ``h [rows routed here, k]`` (by local expert, then source rank) and
-              ``b [experts / w, k, n]`` -> ``[m * top_k, n]`` (in the order of the dispatch's ``x``).
-
-Which rows go where under uneven routing is a ``features.Routing``; ``Routing.for_scenario`` is the one the
-scenario's ``imbalance`` describes. ``features.OP_SPECS`` gives each op's collective, order and shapes.
-
-The "split rows" of a scenario (``Scenario.rows``) are the rows the communication is chunked along:
-``m`` for ``ag_gemm``/``gemm_rs``, ``m * top_k`` for the MoE ops.
+Ops ``ag_gemm``, ``gemm_rs``, ``a2a_gemm`` and ``gemm_a2a``; shapes are per rank (``OP_SPECS`` gives each
+op's collective, order and shapes). The split rows (``Scenario.rows``) are ``m``, or ``m * top_k`` for the
+MoE ops. See docs/shapes.md.
 """
 
 from __future__ import annotations
@@ -61,7 +36,7 @@ MAX_DIM = 1 << 20
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scenario(JsonRoundTrip):
-    """One communication + GEMM pair as a runtime meets it. Shapes: see the module docstring."""
+    """One communication + GEMM pair as a runtime meets it (shapes: docs/shapes.md)."""
 
     op: Op = "ag_gemm"
     """Which pair: ``ag_gemm``, ``gemm_rs``, ``a2a_gemm`` or ``gemm_a2a``."""
@@ -147,12 +122,8 @@ class Scenario(JsonRoundTrip):
 
     @property
     def comm_bytes(self) -> float:
-        """Bytes one rank receives from its peers in the collective (the busiest rank for MoE).
-
-        ``ag_gemm``: the ``w - 1`` peer shards of A, ``(w-1)/w * m * k``; ``gemm_rs``: ``w - 1`` partial
-        row blocks of C, ``(w-1)/w * m * n``; MoE: ``(w-1)/w`` of the routed rows, of width ``k`` (dispatch)
-        or ``n`` (combine).
-        """
+        """Bytes one rank (for MoE the busiest) receives from its peers: ``(w-1)/w`` of the split rows, of
+        width :attr:`comm_width` (``ag_gemm``: A's peer shards; ``gemm_rs``: C's partial row blocks)."""
         w = self.world_size
         load = self.imbalance if self.op in MOE_OPS else 1.0
         return (w - 1) / w * self.rows * self.comm_width * self.dtype_bytes * load

@@ -1,19 +1,8 @@
 """Schedule: how a scenario's communication and GEMM are decomposed, overlapped and executed.
 
-Canonical string form (parses and prints back exactly)::
-
-    serial/<executor>                                  e.g. serial/sm, serial/dma
-    shard/<executor>[/hp]                              e.g. shard/dma, shard/sm/hp
-    finer/<executor>/s<splits>/<grain>[/hp]            e.g. finer/dma/s4/chunk/hp
-
-- granularity ``serial``: the whole collective, then the whole GEMM (compute grain ``whole``).
-- granularity ``shard``: one chunk per rank (what PyTorch async-TP and TransformerEngine do); one GEMM
-  per shard (grain ``shard``), the GEMM on one shard overlapping the transfer of the next.
-- granularity ``finer``: each shard split again into ``splits`` sub-chunks, all peers' sub-chunks in flight
-  at once (FiCCO). Grain ``chunk``: one GEMM per arrived sub-chunk; grain ``shard``: one GEMM per completed
-  shard.
-- executor ``sm``: NCCL kernels on the SMs; ``dma``: the GPU's copy engines (peer copies).
-- ``/hp``: the communication stream runs at high priority (only for overlapped schedules).
+Canonical string form ``serial/<sm|dma>``, ``shard/<sm|dma>[/hp]`` or
+``finer/<sm|dma>/s<splits>/<chunk|shard>[/hp]``, e.g. ``finer/dma/s4/chunk/hp``; token-range tables of
+schedules (``ScheduleTable``). See docs/shapes.md.
 """
 
 from __future__ import annotations
@@ -180,12 +169,8 @@ _SPLITS_DOWN = tuple(sorted(FINER_SPLITS, reverse=True))
 
 
 def range_starts(points: Sequence[int], picks: Sequence[object]) -> tuple[list[int], list[int]]:
-    """The one breakpoint rule of token-range tables (the compile pass's ``ScheduleTable`` and ``ficco
-    export``'s): over sorted token counts ``points`` decided ``picks``, a range of equal consecutive picks
-    starts at the geometric mean of its first point and the point before it (rounded, above that point), so
-    every decided point gets its own pick and a token count between two points that decided differently
-    gets the pick of the nearer one by ratio. Returns each range's first index into ``points`` and its
-    start (the first range starts at ``points[0]``)."""
+    """The one breakpoint rule of token-range tables (docs/shapes.md) over sorted token counts ``points``
+    decided ``picks``: each range's first index into ``points`` and its start (the first at ``points[0]``)."""
     firsts, starts = [0], [int(points[0])]
     for i in range(1, len(points)):
         if picks[i] != picks[i - 1]:
@@ -211,10 +196,8 @@ def candidates(scenario: Scenario) -> list[Schedule]:
 class ScheduleTable:
     """Schedules by token count, for an op whose row count changes from call to call (dynamic shapes).
 
-    String form ``"M0:SCHED0;M1:SCHED1;..."``: ``SCHED_i`` runs for ``M_i <= m < M_{i+1}``, where ``m`` is
-    the op's gathered (all-gather -> GEMM) or full (GEMM -> reduce-scatter) row count; ``M0`` is 0 and the
-    bounds increase. A plain schedule string is the table of one entry (``"shard/dma"`` means
-    ``"0:shard/dma"``). Parse with :func:`parse_schedule_table` (cached), look up with :meth:`at` (a bisect).
+    String form ``"M0:SCHED0;M1:SCHED1;..."`` (docs/shapes.md); a plain schedule string is a table of one
+    entry. Parse with :func:`parse_schedule_table` (cached), look up with :meth:`at` (a bisect).
     """
 
     bounds: tuple[int, ...] = (0,)

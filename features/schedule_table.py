@@ -1,26 +1,11 @@
 """Exported schedule tables: what a runtime loads at start-up instead of asking a model per shape.
 
-One file per (hardware, world size, execution mode, dtype), named the way vLLM and SGLang name their
-per-device kernel tables (``E=8,N=14336,device_name=NVIDIA_H200.json``)::
-
-    op=tp_overlap,device_name=NVIDIA_H200,tp=2,mode=graph,dtype=bf16.json
-
-It holds, for every (op, n, k) (and, for MoE ops, experts and top_k), one *track* per split class: the
-token counts whose split rows (``m``, MoE ``m * top_k``) divide among the ranks into at most 8, 4, 2 or 1
-``finer`` sub-chunks each (``features.schedule.max_splits``). A ``finer/sN`` schedule runs exactly where
-``N`` is at most that, so each track holds only schedules that run at every one of its token counts, and
-the model, which sees the split count, is asked at token counts of each class apart. A track holds the
-sorted token counts where the model's pick (or whether it is off the measured map) changes
-(``breakpoints``) and one range per breakpoint: the schedule, its predicted speedup over serial, a
-confidence (the margin over the runner-up schedule, and whether that margin is outside the best set's 1%
-floor) and the fewest measured neighbours. A lookup of ``m``: the track of ``m``'s split class, then the
-range of its largest breakpoint ``<= m`` (:meth:`Entry.lookup`). Breakpoints follow the rule of every
-token-range table (``features.schedule.range_starts``); at every token count the export decided (``grid``
-in the file) the lookup is exactly what the model picks. Beside the tables: the model version, the training
-datasets' content hashes, the hardware fingerprint of the measured machine and the format version.
-
-``ficco export`` writes these files (``training.export``); ``runtime.TableSource.load`` reads them and
-refuses a file whose fingerprint is not the loading machine's. Reading needs no xgboost.
+One file per (hardware, world size, execution mode, dtype), e.g.
+``op=tp_overlap,device_name=NVIDIA_H200,tp=2,mode=graph,dtype=bf16.json``: per (op, n, k) (MoE: experts,
+top_k) an :class:`Entry` of one :class:`Track` per split class, each a sorted list of breakpoints with one
+:class:`Range` each; a header names the model, its datasets and the hardware fingerprint. ``ficco export``
+writes them (``training.export``), ``runtime.TableSource.load`` reads them; no xgboost needed. See
+docs/tables.md.
 """
 
 from __future__ import annotations
@@ -44,10 +29,9 @@ FORMAT = "ficco-schedule-table"
 FORMAT_VERSION = 2
 """The ``format_version`` this code writes and reads (2: one track per split class)."""
 FINGERPRINT_KEYS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count")
-"""What a table's timings depend on that both a model card and a machine can state (``features.fingerprint``
-reads them with ``nvidia-smi``): measured on GPUs or simulated, the GPU model (an NVLink H200 and a PCIe
-``H200 NVL`` differ here) and how many. Driver, CUDA and torch versions are left out, so an upgrade does not
-orphan a table."""
+"""What a table's timings depend on that both a model card and a machine can state: measured or simulated,
+the GPU model (an NVLink H200 and a PCIe ``H200 NVL`` differ) and count; versions are left out
+(docs/tables.md)."""
 BEST_SET_FLOOR = 0.01
 """A margin below this (1%) cannot be told from noise (the best set's floor, ``harness.labels``)."""
 
@@ -181,7 +165,7 @@ class Entry:
         return self._of_class[max_splits(m * self.top_k if self.top_k else m, world_size)]
 
     def lookup(self, m: int, world_size: int) -> Range:
-        """The range that answers token count ``m`` at ``world_size`` (module docstring)."""
+        """The range that answers token count ``m`` at ``world_size``: its track's :meth:`Track.lookup`."""
         return self.track(m, world_size).lookup(m)
 
     def to_dict(self) -> dict[str, Any]:

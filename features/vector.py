@@ -16,13 +16,7 @@ from ficco.features.scenario import MOE_OPS, OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS, max_splits
 
 FEATURE_SCHEMA_VERSION = "fv3"
-"""The schema new models are trained on.
-
-fv3 (from fv2): the same scenario vector; the model's pairs gain ``eager_host_over_gpu``, the schedule's
-eager host time over the scenario's GPU work (``features.launch_cost``, ``training.model.pair_matrix``).
-fv2 (from fv1): the four hardware columns (constant within a hardware profile, and a model serves one)
-are gone; ``chunk_wave_fill_s{1,2,4,8}`` are new. What each change did to the grouped-CV loss:
-``benchmarks.studies.feature_ablation`` and ``reports/feature-ablation*.json``."""
+"""The schema new models are trained on (what each version changed: docs/training.md)."""
 FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3")
 """The schemas this code computes, oldest first: a model of any of them loads (its pairs are built the way it
 was trained); a model of any other is refused."""
@@ -134,12 +128,8 @@ def feature_matrix(scenarios: Iterable[Scenario]) -> np.ndarray:
 
 
 def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
-    """:func:`feature_dict` of every scenario, computed column-wise: float64 ``[n, len(FEATURE_NAMES)]``.
-
-    The sizes come from the scenarios' own properties (one home for their formulas); the features' formulas
-    are those of :func:`feature_dict`, :func:`gemm_waves`, :func:`wave_fill` and :func:`max_finer_splits`
-    over arrays.
-    """
+    """:func:`feature_dict` of every scenario, computed column-wise (the same formulas over arrays, the sizes
+    from the scenarios' own properties): float64 ``[n, len(FEATURE_NAMES)]``."""
     raw = np.array(
         [
             (

@@ -1,10 +1,8 @@
 """ficco: a learned schedule predictor for compute/communication overlap, with a copy-engine executor.
 
-The subpackages are ``ficco.features``, ``ficco.executor``, ``ficco.harness``, ``ficco.training`` and
-``ficco.service``. An installed wheel holds them under ``ficco/`` (pyproject's ``package-dir`` maps them);
-a source checkout keeps them at the repository root, where the README's architecture table puts them, and
-this package's search path then includes that root, so ``import ficco.features`` works from a checkout
-(tests, torchrun scripts on a GPU machine) without installing anything.
+An installed wheel holds the subpackages (``ficco.features``, ``ficco.executor``, ``ficco.harness``,
+``ficco.training``, ``ficco.service``) under ``ficco/``; a source checkout keeps them at the repository
+root, which this package's search path then includes, so ``import ficco.features`` works uninstalled.
 """
 
 from pathlib import Path

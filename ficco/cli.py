@@ -1,10 +1,8 @@
 """The ``ficco`` command line: one app, each part of the project registers its own subcommands.
 
 Command modules import their heavy dependencies (torch, xgboost, fastapi) inside the commands, so
-``ficco --help`` stays fast and works with only the core installed. Each command first checks the extra it
-needs (``ficco.extras``): a missing one is one ``error:`` line naming the ``pip install`` to run, exit 1.
-Every other mistake is one ``error:`` line too (``ficco.errors``): exit 2 for a bad argument, 1 for a
-failure; ``-vv`` logs the traceback behind it.
+``ficco --help`` stays fast and works with only the core installed. A missing extra (``ficco.extras``) and
+every other mistake (``ficco.errors``) are one ``error:`` line each; ``-vv`` logs the traceback behind it.
 """
 
 from __future__ import annotations

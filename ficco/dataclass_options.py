@@ -1,8 +1,7 @@
 """Command-line options generated from a settings dataclass: one source of names, defaults, help and bounds.
 
-A field that is also an option is declared with :func:`option` (its help and bounds in the field's metadata,
-as ``transformers.HfArgumentParser`` reads them); its flag is the field name with dashes (``max_rounds`` ->
-``--max-rounds``). The same fields then serve every front end::
+A field declared with :func:`option` (help and bounds in its metadata, as ``transformers.HfArgumentParser``
+reads them) is the flag ``--field-name`` in every front end::
 
     @dataclass(frozen=True, kw_only=True)
     class Timing:
@@ -13,8 +12,7 @@ as ``transformers.HfArgumentParser`` reads them); its flag is the field name wit
     @typer_options(Timing, "timing")            # typer: the parameter ``timing`` becomes --rounds ...
     def bench(timing: Timing, ...): ...
 
-A value out of its bounds, or one the dataclass refuses (its ``__post_init__`` raising ``ValueError``), is a
-usage error naming the flag.
+A value out of its bounds, or one the dataclass refuses, is a usage error naming the flag.
 """
 
 from __future__ import annotations

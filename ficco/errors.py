@@ -1,10 +1,8 @@
 """How every ``ficco`` subcommand reports a mistake: one ``error:`` line on stderr, then exit status 2 for a
 bad argument (a value, a path or a file given) or 1 for a failure (a missing extra, a run that failed).
 
-``ficco.cli`` applies this to whatever a command lets through: click's usage errors (an unknown option, a
-value of the wrong type), a ``ValueError`` (a bad value found below the command) and an ``OSError`` (a path
-that cannot be read or written), so no ordinary mistake ends in a traceback; ``-vv`` logs the traceback
-behind the line.
+``ficco.cli`` applies this to click's usage errors, a ``ValueError`` and an ``OSError``, so no ordinary
+mistake ends in a traceback; ``-vv`` logs the traceback behind the line.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """What each ``ficco`` command needs beyond the core install, and the one line a missing piece gives.
 
-The core (numpy, typer, pydantic) answers ``recommend``, ``score`` and ``version``. The extras of
-pyproject.toml add the rest::
-
-    pip install 'ficco[service]'    # ficco serve
-    pip install 'ficco[data]'       # ficco dataset card|gather, bench --backend sim (pandas, pyarrow, plots)
-    pip install 'ficco[train]'      # ficco train, evaluate, report, export, retrain --backend sim
-    pip install 'ficco[executor]'   # ficco bench, fleet shard, host-factor (torch; the GPU machine's own)
-    pip install 'ficco[fleet]'      # ficco fleet run (Ray)
-
-A command whose extra is missing stops before it starts with ``error: ficco bench needs tqdm, which
-`pip install -e '.[executor]'` installs`` and exit status 1, and an import that fails later (a code path
-the table does not foresee) gives the same line instead of a traceback. The ``pip install`` named fits how
-this ficco is installed (:func:`install_command`): editable from a checkout, or the distribution by name.
+The core (numpy, typer, pydantic) answers ``recommend``, ``score`` and ``version``; the extras of
+pyproject.toml add the rest (docs/install.md). A command whose extra is missing stops before it starts with
+one ``error:`` line naming the ``pip install`` that fits how ficco is installed (:func:`install_command`),
+exit status 1; an import that fails later gives the same line instead of a traceback.
 """
 
 from __future__ import annotations

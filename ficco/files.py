@@ -1,14 +1,9 @@
 """Where ficco's files live, and files that readers see whole.
 
-Roots: the shipped data (the model registry in ``models/``, the model configs in ``datasets/``) lies in the
-checkout, or, installed, inside the package, where it is read-only; what ficco writes (models it trains,
-datasets it measures, retrain runs) goes to ``$FICCO_MODEL_ROOT`` or the checkout, else to the user's data
-directory (``$XDG_DATA_HOME/ficco``, by default ``~/.local/share/ficco``), never into site-packages.
-
-Atomic files: written beside their place, flushed to disk, then renamed over it.
-
-A reader (or a crash at any moment) finds the old file or the new one, never a part of one: the dataset's
-manifest and plan while a sweep runs, the registry's ``CURRENT``, the benchmarks' results::
+Roots: the shipped data (models, model configs) in the checkout or, read-only, inside the package; what
+ficco writes goes to ``$FICCO_MODEL_ROOT`` or the checkout, else to ``$XDG_DATA_HOME/ficco``
+(docs/install.md). Atomic files are written beside their place, flushed, then renamed over it, so a reader
+(or a crash) finds the old file or the new one, never a part of one::
 
     write_text_atomic(out / "manifest.json", text)
     with replacing(out / "noise.parquet") as tmp:  # for writers that want a path
@@ -81,13 +76,10 @@ def writable_model_root() -> Path:
 @contextmanager
 def replacing(path: str | Path, *, mode: int | None = None) -> Iterator[Path]:
     """A temporary path in ``path``'s folder to write the new content to; on a clean exit it is flushed
-    to disk (``os.fsync``) and renamed over ``path`` (``os.replace``, atomic within a file system).
-
-    On an error the temporary file is removed and ``path`` is left as it was. The temporary name is
-    hidden and unique (``.<name>.<random>.tmp``), so concurrent writers do not write into each other's.
-    ``mode`` sets the new file's permission bits; by default they are what ``open`` gives (0o666 less
-    the umask).
-    """
+    to disk (``os.fsync``) and renamed over ``path`` (``os.replace``, atomic within a file system); on an
+    error it is removed and ``path`` is left as it was. The name is hidden and unique
+    (``.<name>.<random>.tmp``), so concurrent writers do not collide. ``mode``: the new file's permission
+    bits (default: what ``open`` gives, 0o666 less the umask)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:

@@ -18,11 +18,8 @@ from collections.abc import Iterable, Sequence
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A GitHub markdown table: the header, the ``---`` rule, then one line per row (cells with ``str``).
-
-    Cells are written ``| a | b |``; an empty header cell (over a column of row names) is written ``| |``.
-    No trailing newline.
-    """
+    """A GitHub markdown table: the header, the ``---`` rule, then one ``| a | b |`` line per row (cells
+    with ``str``; an empty header cell is written ``| |``); no trailing newline."""
     lines = ["|" + "".join(f" {cell} |" if cell else " |" for cell in header), "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -32,11 +29,8 @@ def text_table(
     header: Sequence[str], rows: Iterable[Sequence[str]], *, align: str = "<", min_width: int = 0
 ) -> str:
     """Columns separated by two spaces, each as wide as its widest cell (header included, at least
-    ``min_width``), trailing spaces stripped; no trailing newline.
-
-    ``align`` is one character per column, ``<`` (left) or ``>`` (right), or one character for every
-    column. A header cell may be empty (over a column of row names).
-    """
+    ``min_width``), trailing spaces stripped; no trailing newline. ``align``: ``<`` (left) or ``>`` (right),
+    one character per column or one for all; a header cell may be empty (over a column of row names)."""
     table = [list(header), *(list(row) for row in rows)]
     aligns = align * len(header) if len(align) == 1 else align
     if len(aligns) != len(header) or set(aligns) - {"<", ">"}:

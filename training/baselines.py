@@ -1,32 +1,5 @@
-"""Baselines the model has to beat: fixed schedules and a size-threshold heuristic after the FiCCO paper.
-
-- ``always_serial``: serial/sm, what a framework without overlap does.
-- ``always_shard_dma``: shard/dma, ficco's executor doing what PyTorch async-TP does (one chunk per peer,
-  moved by the copy engines while the GEMM runs on the previous chunk).
-- ``always_async_tp``: PyTorch's own async-TP (the dataset's ``async_tp_ms``), scored in
-  ``training.evaluate`` from that column.
-- ``always_shard_sm``: shard/sm, the same overlap with NCCL kernels on the SMs (TransformerEngine-like).
-- ``best_fixed``: the one schedule with the lowest loss on the training folds.
-- ``size_heuristic``: FiCCO's heuristics pick a schedule from static operator sizes (their thresholds are
-  not published); ours is a three-tier rule on the roofline times of the GEMM and the collective, with
-  thresholds fitted on the training folds:
-
-      if t_gemm + t_comm < a  or  t_comm / t_gemm < b:  best serial schedule (too small or too little to hide)
-      elif shard_rows >= c:                            best finer schedule  (rows to spare for splitting)
-      else:                                            best shard schedule
-
-A fixed schedule that cannot run a scenario (finer splits the rows do not divide) falls back to serial/sm.
-
-The peer rules choose between the two things a runtime with only PyTorch's fused ops can run: serial/sm
-and PyTorch async-TP (the dataset's ``async_tp_ms``). Each is a boolean per scenario, True = async-TP
-(:func:`serial_or_async_tp`), scored in ``training.evaluate`` on the rows that measured async-TP:
-
-- ``vllm_sp_rule`` and ``pytorch_autoheuristic``: vLLM's sequence-parallelism threshold and PyTorch PR
-  #176943's fuse/no-fuse tree (``training.peer_rules``, where their thresholds and sources are).
-- ``ficco_async_tp_threshold``: ficco's model restricted to the same two choices, a drop-in for such a
-  runtime: a regressor of ``log(t_async_tp / t_serial)`` on the scenario features and the mode
-  (:class:`AsyncTPModel`, the pair model's time-ratio configuration), async-TP where it predicts a gain.
-- ``oracle_serial_or_async_tp``: the faster of the two per scenario, what any such rule can reach at best.
+"""Baselines the model has to beat: fixed schedules, a size-threshold heuristic after the FiCCO paper, and
+the peer rules that choose between serial/sm and PyTorch async-TP (True = async-TP). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -74,7 +47,7 @@ def _heuristic_features(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SizeHeuristic:
-    """The three-tier rule of the module docstring; thresholds are log2 values."""
+    """The three-tier size rule (docs/training.md); thresholds are log2 values."""
 
     min_log2_total_us: float
     """Serial below this roofline time of GEMM + collective (log2 microseconds)."""
@@ -98,12 +71,8 @@ class SizeHeuristic:
 
 
 def fit_size_heuristic(table: DatasetTable) -> SizeHeuristic:
-    """Choose the tier schedules, then the three thresholds, by exhaustive search for the lowest mean loss.
-
-    The tier schedules are the best fixed serial, shard and finer schedules; the thresholds range over the
-    0, 1/8, ..., 1 quantiles of each feature on ``table`` and +-inf (a rule always or never applies), so
-    the best serial schedule alone is one of the candidates.
-    """
+    """The tier schedules (the best fixed serial, shard and finer ones), then the three thresholds of lowest
+    mean loss over the 0, 1/8, ..., 1 quantiles of each feature on ``table`` and +-inf (docs/training.md)."""
     serial, shard, finer = (
         fit_best_fixed(table, tuple(s for s in SCHEDULES if s.startswith(f"{granularity}/")))
         for granularity in ("serial", "shard", "finer")
@@ -159,9 +128,8 @@ def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.
 
 
 MIN_GAINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
-"""Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (the decision policy's
-grid, ``training.predict.policy.POLICY_GRID``, without "never fall back"), chosen by grouped
-cross-validation."""
+"""Candidate gains :class:`AsyncTPModel` asks of async-TP before it leaves serial (``POLICY_GRID`` without
+"never fall back")."""
 _INNER_FOLDS = 3
 """Folds of :class:`AsyncTPModel`'s choice of ``min_gain`` (model families held out)."""
 
@@ -184,12 +152,9 @@ def _fit_regressor(table: DatasetTable, *, seed: int, n_jobs: int) -> Any:
 
 @dataclass(kw_only=True, slots=True)
 class AsyncTPModel:
-    """ficco's model of the serial-or-async-TP choice: one XGBoost regressor of ``log(t_async_tp /
-    t_serial)`` over both execution modes (the mode is a feature, as in the pair model; the pair model's
-    time-ratio configuration, ``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that
-    leaves serial, ``min_gain_`` (of :data:`MIN_GAINS`, lowest held-out ``training.metrics.pick_loss``
-    under grouped cross-validation over the training rows' model families, as the pick model's fallback
-    threshold is chosen)."""
+    """ficco's model of the serial-or-async-TP choice: one regressor of ``log(t_async_tp / t_serial)`` over
+    both modes (``training.fit.RATIO_CONFIG``), and per mode the least predicted gain that leaves serial,
+    ``min_gain_``, of :data:`MIN_GAINS` by grouped cross-validation (docs/training.md)."""
 
     seed: int = 0
     """XGBoost seed."""

@@ -1,15 +1,6 @@
 """``ficco train``, ``ficco evaluate``, ``ficco report``, ``ficco results`` and ``ficco retrain`` (and
-``ficco export``, from ``training.export_command``).
-
-    ficco evaluate --dataset datasets/h200x2 --out benchmarks/results/evaluate-h200x2.json
-    ficco train --dataset datasets/h200x2 --promote           # register (and promote) models/h200x2/<version>
-    ficco train --dataset datasets/h200x2 --dataset datasets/h200x2-moe   # dense and MoE rows together
-    ficco train --dataset datasets/h200x2 --repeat datasets/h200x2-swap-trial   # two sweeps' times pooled
-    ficco report --dataset datasets/h200x2 --out reports/h200x2
-    ficco retrain --hardware h200x2                           # GPU machine: sweep, train, promote if better
-    ficco retrain --backend sim --hardware h100x8 --budget 60 # CPU: the same job on the simulator
-
-Heavy imports (xgboost, pandas, matplotlib) happen inside the commands.
+``ficco export``, from ``training.export_command``); examples in docs/cli.md. Heavy imports (xgboost,
+pandas, matplotlib) happen inside the commands.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Grouped cross-validation: held-out predictions, and the choice of objective and fallback threshold.
 
-Folds hold out whole groups (scikit-learn's ``GroupKFold``), so every prediction is for scenarios the
-model never saw: a group is one model family (all scenarios of one model config, both modes), and the
-``grid`` family is split into its quartiles of GEMM FLOPs (``grid/q1`` smallest .. ``grid/q4``), each a
-group of its own. At most ``MAX_FOLDS`` folds.
-
-Selection without nested refits: each configuration is fitted once per fold, which gives a held-out
-prediction of every row under every configuration. Fold ``f`` is then predicted with the configuration
-and the decision policy of each mode (``training.predict.policy.ModePolicy``) of lowest mean loss
-(``training.metrics.pick_loss``) on the *other* folds' held-out predictions (a mode's policy on that
-mode's rows; the configuration, one model for both modes, on all rows under those policies), so fold
-``f``'s labels never choose how fold ``f`` is predicted. The model that ships uses the choice of lowest loss
-over all folds.
+Groups are model families (the ``grid`` family split by GEMM FLOPs quartile); each fold is predicted with
+the choice of lowest loss on the other folds' held-out predictions. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -143,14 +133,11 @@ def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: Deci
 def choose(
     loss: np.ndarray, modes: np.ndarray, rows: np.ndarray, policies: tuple[DecisionPolicy, ...]
 ) -> tuple[int, ModePolicy, np.ndarray]:
-    """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``).
-
-    ``loss`` ``[n_configs, n_policies, n]``: each row's loss under every (configuration, policy). Per
-    configuration, each mode gets the policy of lowest mean loss on that mode's rows; the configuration of
-    lowest mean loss under those policies wins (ties: the earlier configuration and policy). Returns its
-    index, the :class:`ModePolicy` (a mode without rows gets the first policy) and the mean loss of every
-    configuration ``[n_configs]``.
-    """
+    """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``), from each
+    row's ``loss`` under every (configuration, policy), ``[n_configs, n_policies, n]``: per configuration each
+    mode's best policy on its rows, then the best configuration under those (ties: the earlier). Returns its
+    index, the :class:`ModePolicy` (a mode without rows: the first policy) and every configuration's mean
+    loss ``[n_configs]``."""
     total = np.zeros(len(loss))
     best: list[dict[str, int]] = [{} for _ in loss]
     for mode in sorted(set(modes[rows].tolist())):
@@ -174,11 +161,8 @@ def cross_validate(
     progress: bool = False,
     masked: tuple[str, ...] = (),
 ) -> CrossValidation:
-    """Run grouped cross-validation over ``configs`` x ``policies``; see the module docstring. ``masked``:
-    pair columns every model is fitted without (a feature ablation).
-
-    Raises ``ValueError`` if the table has fewer than 2 groups.
-    """
+    """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``: pair
+    columns every model is fitted without (a feature ablation). ``ValueError`` for fewer than 2 groups."""
     groups = cv_groups(table)
     if len(set(groups)) < 2:
         raise ValueError(

@@ -1,10 +1,8 @@
 """The dataset table: a measured dataset reshaped to one row per (scenario, mode), the form training needs.
 
-Rows are (scenario, execution mode) pairs; the columns of ``times_ms`` are every schedule of the design
-space in canonical order
-(``training.model.SCHEDULES``, serial/sm first), NaN where the schedule was not measured, failed or
-cannot run the scenario. The label of a scenario is its fastest measured schedule (ties: canonical
-order, so serial wins a tie).
+The columns of ``times_ms`` are every schedule in canonical order (serial/sm first), NaN where the schedule
+was not measured, failed or cannot run; a scenario's label is its fastest measured schedule (ties: the
+canonical order, so serial wins a tie).
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ class DatasetTable:
     X: np.ndarray
     """Feature matrix, float64 ``[n, len(FEATURE_NAMES)]``."""
     times_ms: np.ndarray
-    """Median time of each schedule, ms, float64 ``[n, S]``; NaN = no successful measurement."""
+    """Label time (``time_ms``) of each schedule, ms, float64 ``[n, S]``; NaN = no successful measurement."""
     in_best: np.ndarray
     """Whether each schedule is in the row's best set (cannot be told from the fastest), bool ``[n, S]``."""
     async_tp_ms: np.ndarray
@@ -59,9 +57,8 @@ class DatasetTable:
     dropped: dict[str, int] = field(default_factory=dict)
     """Scenarios of the dataset left out, by reason."""
     host_factor: float = 1.0
-    """The measuring machine's host time per launch over ``features.launch_cost.HOST_COSTS``' prices
-    (``features.dataset.host_factor_of`` its sweep; 1 when not measurable): the scale of the eager
-    host-time pair feature of every row."""
+    """The measuring machine's host factor (``features.dataset.host_factor_of`` its sweep; 1 when not
+    measurable): the scale of the eager host-time pair feature of every row."""
 
     def __len__(self) -> int:
         return len(self.scenario_ids)
@@ -83,8 +80,7 @@ class DatasetTable:
 
     @property
     def op_groups(self) -> np.ndarray:
-        """``"moe"`` for rows of an expert-parallel op (``features.MOE_OPS``), else ``"dense"``, str
-        ``[n]``."""
+        """``"moe"`` for rows of an expert-parallel op, else ``"dense"``, str ``[n]``."""
         return np.asarray(["moe" if s.op in MOE_OPS else "dense" for s in self.scenarios], dtype=object)
 
     @property
@@ -93,11 +89,8 @@ class DatasetTable:
         return np.asarray(SCHEDULES, dtype=object)[self.best]
 
     def time_of(self, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Measured time of schedule ``picks[i]`` (column index) on scenario ``i``, ms ``[n]``.
-
-        A pick without a successful measurement is charged the scenario's slowest measured time (the
-        pessimistic choice); the second array flags those picks, bool ``[n]``.
-        """
+        """Measured time of schedule ``picks[i]`` (column index) on scenario ``i``, ms ``[n]``, the scenario's
+        slowest for a pick without a successful measurement; and which picks those are, bool ``[n]``."""
         t = self.times_ms[np.arange(len(self)), picks]
         unmeasured = np.isnan(t)
         return np.where(unmeasured, np.nanmax(self.times_ms, axis=1), t), unmeasured
@@ -124,19 +117,14 @@ def build_table(
     modes: Sequence[str] | None = None,
     repeats: Sequence[pd.DataFrame] = (),
 ) -> DatasetTable:
-    """Reshape dataset rows (one per scenario, schedule and mode, the ``features.dataset`` schema) into a
-    table with one row per (scenario, mode) of ``modes`` (default: every mode the dataset has).
+    """Reshape dataset rows (``features.dataset``) into one row per (scenario, mode) of ``modes`` (default:
+    every mode the dataset has).
 
-    ``repeats``: rows of independent repeat sweeps of the same scenarios (``features.dataset.load_repeats``).
-    A schedule's time (its ``time_ms``: ``features.dataset.LABEL_STAT``) is then the geometric mean of it over
-    every sweep that measured it, and it is in the best set if any sweep could not tell it from its fastest
-    (or it is the pooled fastest). Eager
-    times of small shapes follow the host's speed, which drifts between sessions (``datasets/
-    h200x2-swap-trial/README.md``): one sweep's label is one draw of it, several sweeps' mean a steadier one.
-
-    Rows without a successful serial/sm measurement are dropped (every metric is relative to it) and
-    counted in ``dropped``. Raises ``ValueError`` for a schedule string outside the design space or a
-    dataset left with no row.
+    With ``repeats`` (independent sweeps of the same scenarios) a schedule's time is the geometric mean of
+    its ``time_ms`` over the sweeps, and it is in the best set if any sweep's is (or it is the pooled
+    fastest): eager times of small shapes drift with the host (``datasets/h200x2-swap-trial/README.md``), and
+    several sweeps' mean is a steadier draw. Rows without a successful serial/sm are dropped and counted in
+    ``dropped``. ``ValueError`` for a schedule outside the design space or a dataset left with no row.
     """
     if modes is not None:
         df = df[df["mode"].isin(list(modes))]
@@ -236,13 +224,9 @@ class LoadedDataset:
 
 
 def load_dataset_table(*paths: str | Path, repeats: Sequence[str | Path] = ()) -> LoadedDataset:
-    """Read dataset directories ``paths`` (``ficco bench --out``; several: same hardware, disjoint
-    scenarios, see ``features.dataset.load_datasets``) into one :class:`LoadedDataset`, with the repeat
-    sweeps ``repeats`` of their scenarios pooled into the times (:func:`build_table`).
-
-    Raises ``ValueError`` (from ``features.dataset``) naming a missing manifest, bad columns, differing
-    hardware, shared scenario ids or a repeat's scenario the datasets lack.
-    """
+    """Read dataset directories ``paths`` (several: same hardware, disjoint scenarios) into one
+    :class:`LoadedDataset`, the repeat sweeps ``repeats`` pooled into the times (:func:`build_table`).
+    ``ValueError`` (from ``features.dataset``) names what is wrong with the data."""
     paths = tuple(Path(p) for p in paths)
     repeats = tuple(Path(p) for p in repeats)
     df, noise_df = load_datasets(paths)

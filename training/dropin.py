@@ -1,16 +1,8 @@
 """``ficco export --format vllm|autoheuristic``: ficco's model restricted to serial or PyTorch async-TP, as
-drop-in artifacts for runtimes that can only choose between the two (``docs/tables.md``).
-
-- ``vllm``: per (hidden size, tp, dtype) the fewest tokens from which PyTorch async-TP is predicted faster
-  than serial for the hidden size's GEMMs from there on, the numbers that replace vLLM's
-  ``SP_MIN_HIDDEN_SIZE`` and ``SP_MIN_PER_GPU_SIZE_MB`` for this machine (None: never).
-- ``autoheuristic``: a plain Python module, ``should_fuse(op, m, n, k) -> bool``, the fuse/no-fuse decision
-  of PyTorch's micro-pipeline pass, from the same model per (op, n, k) over the token grid.
-
-Both come from ``training.baselines.AsyncTPModel`` (what ``ficco evaluate`` scores as
-``ficco_async_tp_threshold``) fitted on the model's own training datasets, and carry in their header their
-evaluation on ficco's data next to vLLM's rule and the per-scenario oracle. Training code (scikit-learn,
-pandas): the schedule tables (``training.export``) need neither.
+drop-in artifacts for runtimes that can only choose between the two: vLLM's per (hidden size, tp, dtype)
+``min_tokens``, and a ``should_fuse(op, m, n, k) -> bool`` module for PyTorch's micro-pipeline pass. Both
+come from ``training.baselines.AsyncTPModel`` fitted on the model's own training datasets, with their
+evaluation in the header. See docs/tables.md, "Drop-in artifacts".
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """Evaluation on unseen scenarios against the noise ceiling: the JSON behind ``ficco evaluate --json``.
 
-Per execution mode, every picker is scored on held-out rows (``training.metrics``):
-
-- ``model``: the pair model's held-out picks with the safe fallback (``training.crossval``);
-- baselines (``training.baselines``; those that need fitting are fitted on the same training folds, on
-  that mode's rows): ``always_serial``, ``always_shard_dma``, ``always_shard_sm``, ``best_fixed``,
-  ``size_heuristic``, and ``always_async_tp`` (PyTorch's async-TP, from the ``async_tp_ms`` column);
-- the peer rules, each choosing serial/sm or PyTorch async-TP (``training.baselines.PEER_RULES``: vLLM's
-  sequence-parallelism threshold, PyTorch's learned fuse tree, ficco's model restricted to those two
-  choices, fitted like the baselines, and the per-scenario faster of the two), scored on the rows that
-  measured async-TP, beside ``model_on_async_tp_rows`` (the model's picks on the same rows);
-- ``ceiling``: the noise ceiling, the re-measure's own fastest schedules (``noise.parquet``) scored
-  against the sweep, over the re-measured rows: no model can be told to do better at this noise.
-
-Splits: ``family_holdout`` (grouped cross-validation: model families and grid regions held out; with
-``family_holdout_by_op_group`` beside it, the same picks scored on the dense and the MoE rows apart,
-when the table has both),
-``region_holdout`` (train below the 75th percentile of GEMM FLOPs, test on the largest quarter, with the
-configuration chosen by cross-validation), and ``transfer`` (train on one dataset, e.g. another world
-size, test on another's scenarios that the first does not hold; ``transfer_split`` counts both) when a
-second dataset is given.
-
-``rescored`` (with a ``rescore`` table: an independent sweep of the same scenarios, another session): the
-family-holdout picks of every picker scored against that sweep's labels instead, as an independent
-re-measurement scores them, beside ``first_sweep_best`` (the training sweep's own fastest schedules, what a
-perfect fit to the training labels would pick).
+Per execution mode, the model, the baselines, the peer rules and the noise ceiling scored on held-out rows
+of every split (``family_holdout``, ``region_holdout``, ``transfer``, ``rescored``). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -112,11 +89,8 @@ def serial_or_async_tp_score(
     table: DatasetTable, fused: np.ndarray
 ) -> tuple[dict[str, Any], np.ndarray] | None:
     """Metrics and regrets ``[n']`` of choosing PyTorch async-TP where ``fused`` (bool ``[n]``) and serial/sm
-    elsewhere, over the rows that measured async-TP (None if none).
-
-    A time counts as top1 when it is no slower than the best schedule, and as in the best set when it is no
-    slower than the slowest schedule of the best set.
-    """
+    elsewhere, over the rows that measured async-TP (None if none); a time no slower than the best (the best
+    set's slowest) counts as top1 (in the best set)."""
     has = np.isfinite(table.async_tp_ms)
     if not has.any():
         return None

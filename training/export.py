@@ -1,25 +1,10 @@
 """``ficco export``: a model's picks as schedule tables runtimes load (``features.schedule_table``).
 
-    ficco export --hardware h200x2 --config datasets/model_configs --tp 2 --out tables/
-    ficco export --hardware h200x2 --dataset datasets/h200x2-unseen --format vllm --out tables/
-
-One schedule table per (world size, mode, dtype) of every (op, n, k) asked for, built here with numpy and
-the model alone (the service's ``/v1/tables`` builds its tables here too). The drop-in artifacts for
-runtimes that choose only between serial and PyTorch async-TP (``--format vllm|autoheuristic``) are
-``training.dropin``'s (training code).
-
-How a table is built (:func:`build_schedule_table`). The model sees how many ``finer`` sub-chunks a token
-count's rows split into (``features.schedule.max_splits``), and a ``finer/sN`` schedule runs only where
-they split ``N`` ways, so the token axis is taken one split class at a time: per (op, n, k) and class, the
-model is asked at the class's token counts next to every point of :func:`token_grid` (every token count
-below :data:`FINE_BELOW`, then :data:`PER_OCTAVE` points per doubling), and between two neighbouring
-counts whose answers differ (the pick, or whether it is off the measured map) at the count half-way
-between, until the two are neighbours in the class. The ranges follow the breakpoint rule of every
-token-range table (``features.schedule.range_starts``).
-
-Refused (:class:`ExportRefused`): a world size the model was not trained at (never extrapolated), a model
-trained on simulated data unless ``allow_simulated`` (its files are marked ``"simulated": true``), shapes of
-ops the model has no data for or that no scenario can have.
+:func:`build_schedule_table` asks the model, one split class at a time, next to every point of
+:func:`token_grid` and between neighbouring counts whose answers differ, with numpy and the model alone (the
+service's ``/v1/tables`` builds here too). :class:`ExportRefused`: a world size the model was not trained
+at, or simulated training data without ``allow_simulated``. The drop-in artifacts
+(``--format vllm|autoheuristic``) are ``training.dropin``'s. See docs/tables.md.
 """
 
 from __future__ import annotations
@@ -86,11 +71,9 @@ class InvalidShapes(ValueError):
 
 
 def token_grid(world_size: int, *, per_octave: int = PER_OCTAVE, max_tokens: int = MAX_TOKENS) -> np.ndarray:
-    """Token counts the drop-in artifacts are decided at (``training.dropin``), sorted int ``[G]``: every
-    multiple of ``world_size`` below :data:`FINE_BELOW`, then ``per_octave`` points per doubling (each
-    octave ``[b, 2b)`` in steps of ``b / per_octave``, at most :data:`MAX_STEP`), up to ``max_tokens``;
-    every point a multiple of
-    ``world_size``. A schedule table's tracks are decided next to these points (:func:`track_points`)."""
+    """Token counts the drop-in artifacts are decided at (a schedule table's tracks next to them), sorted int
+    ``[G]``, multiples of ``world_size``: every one below :data:`FINE_BELOW`, then ``per_octave`` points per
+    doubling (steps of ``b / per_octave`` in ``[b, 2b)``, at most :data:`MAX_STEP`) up to ``max_tokens``."""
     points = list(range(world_size, FINE_BELOW, world_size))
     base = FINE_BELOW
     while base < max_tokens:
@@ -138,10 +121,9 @@ def trained_world_sizes(card: dict[str, Any]) -> tuple[int, ...]:
 
 
 def check_measured(card: dict[str, Any], world_size: int, *, allow_simulated: bool) -> bool:
-    """Whether an export at ``world_size`` is simulated (returned when ``allow_simulated``); else
-    :class:`ExportRefused` naming why: a world size the model was not trained at (refused whatever the flag:
-    a table never extrapolates past its model's world sizes), or training data that are not GPU
-    measurements."""
+    """Whether an export at ``world_size`` is simulated (allowed by ``allow_simulated``); else
+    :class:`ExportRefused` naming why: a world size the model was not trained at (whatever the flag), or
+    training data that are not GPU measurements."""
     model = f"model {card['hardware_id']}/{card['version']}"
     sizes = trained_world_sizes(card)
     if world_size not in sizes:
@@ -417,13 +399,9 @@ def build_schedule_table(
     max_tokens: int = MAX_TOKENS,
 ) -> ScheduleTableFile:
     """The schedule table of ``predictor`` (a ``training.predict.predictor.Predictor``) for ``shapes`` in one
-    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's); module
-    docstring.
-
-    Raises :class:`ExportRefused` for a model that cannot back it (:func:`check_measured`),
-    :class:`InvalidShapes` for shapes it cannot hold (:func:`check_shapes`) and ``ValueError`` for an
-    unknown mode or no shapes.
-    """
+    (world size, mode, dtype), on a machine of ``host_factor`` (None: the model's training data's). Raises
+    :class:`ExportRefused` (:func:`check_measured`), :class:`InvalidShapes` (:func:`check_shapes`) and
+    ``ValueError`` for an unknown mode or no shapes."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
     if not shapes:

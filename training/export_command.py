@@ -1,10 +1,5 @@
-"""``ficco export``: schedule tables and drop-in artifacts from a registered model (``training.export``).
-
-    ficco export --hardware h200x2 --config datasets/model_configs --out tables/
-    ficco export --hardware h200x2 --dataset datasets/h200x2-unseen --mode graph --out tables/
-    ficco export --hardware h200x2 --config datasets/unseen_configs --format vllm \\
-        --score-on datasets/h200x2-unseen --out tables/
-    ficco export --hardware h200x2 --shape ag_gemm:14336:4096 --format autoheuristic --out tables/
+"""``ficco export``: schedule tables and drop-in artifacts from a registered model (``training.export``);
+examples in docs/tables.md.
 """
 
 from __future__ import annotations

@@ -53,9 +53,7 @@ CONFIG_GRID: tuple[TrainConfig, ...] = (
     TrainConfig(objective="ndcg", max_depth=6, n_estimators=100, learning_rate=0.15),
 )
 """Candidates for cross-validation, the regressor first (ties in the selection go to it: it alone also
-gives the fallback its time ratio). The ranker (no more than 100 trees, which keeps the fast path's single
-decision near 100 us) is trained on ``rank:ndcg`` with graded relevance; why these settings:
-``docs/results.md`` (predictor)."""
+gives the fallback its time ratio); the ranker's settings: docs/training.md."""
 
 
 def training_pairs(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,12 +68,9 @@ def training_pairs(table: DatasetTable) -> tuple[np.ndarray, np.ndarray, np.ndar
 def fit_pair_model(
     table: DatasetTable, config: TrainConfig, *, seed: int, n_jobs: int, masked: tuple[str, ...] = ()
 ) -> PairModel:
-    """Fit the pair model of ``config`` on every measured pair of ``table``.
-
-    ``masked``: pair columns (``training.model.PAIR_FEATURE_NAMES``) held at 0 in training. No tree splits
-    on a constant column, so the model is the one fitted without it: a feature ablation
-    (``benchmarks.studies.feature_ablation``). ValueError for a name that is not a pair column.
-    """
+    """Fit the pair model of ``config`` on every measured pair of ``table``. ``masked``: pair columns held
+    at 0, on which no tree splits, so the model is the one fitted without them (a feature ablation,
+    ``benchmarks.studies.feature_ablation``); ValueError for a name that is not a pair column."""
     unknown = sorted(set(masked) - set(PAIR_FEATURE_NAMES))
     if unknown:
         raise ValueError(f"masked must name pair columns {list(PAIR_FEATURE_NAMES)}; got {unknown}")

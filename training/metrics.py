@@ -1,17 +1,5 @@
-"""How good a set of schedule picks is, measured against the dataset's times.
-
-For scenario ``i`` with pick time ``t_i``, best time ``b_i`` and serial/sm time ``s_i``:
-
-- ``top1``: fraction of picks that are the measured best schedule;
-- ``in_best_set``: fraction of picks inside the best set (cannot be told from the fastest at the noise);
-- ``within_2pct``: fraction with ``t_i <= 1.02 b_i``;
-- regret ``r_i = t_i / b_i - 1``: ``geomean_regret = exp(mean(log(t_i / b_i))) - 1``, ``p95_regret``
-  (linear interpolation), ``max_regret``;
-- ``captured_speedup = geomean(s_i / t_i) / geomean(s_i / b_i)``: the share of the oracle's speedup over
-  serial that the picks keep (1 = oracle; below 1/geomean(s_i / b_i) = slower than always-serial);
-- ``speedup_vs_serial = geomean(s_i / t_i)``, ``n_regressions_vs_serial`` (picks with ``t_i > s_i``) and
-  ``n_slower_than_serial_2pct`` (picks with ``t_i > 1.02 s_i``).
-"""
+"""How good a set of schedule picks is, measured against the dataset's times: ``top1``, ``in_best_set``,
+regrets ``t / t_best - 1``, speedups over serial/sm (definitions: docs/training.md)."""
 
 from __future__ import annotations
 
@@ -31,10 +19,8 @@ REPORTED: tuple[str, ...] = ("top1", "in_best_set", "geomean_regret", "p95_regre
 
 
 def pick_loss(t_pick: np.ndarray, t_best: np.ndarray, t_serial: np.ndarray) -> np.ndarray:
-    """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``.
-
-    The quantity model selection, the decision policy and the fitted baselines minimise (its mean).
-    """
+    """Serial-safe regret of each pick, ``[n]``: ``log(t/b) + REGRESSION_PENALTY * max(0, log(t/s))``, whose
+    mean model selection, the decision policy and the fitted baselines minimise."""
     return np.log(t_pick / t_best) + REGRESSION_PENALTY * np.maximum(0.0, np.log(t_pick / t_serial))
 
 
@@ -42,7 +28,7 @@ def score_times(
     table: DatasetTable, t: np.ndarray, *, top1: np.ndarray, in_best: np.ndarray
 ) -> dict[str, float | int]:
     """Metrics of picks given as their measured times ``t`` (ms ``[n]``), whether each is the measured best
-    (bool ``[n]``) and whether it lies in the best set (bool ``[n]``); see the module docstring."""
+    (bool ``[n]``) and whether it lies in the best set (bool ``[n]``); see docs/training.md."""
     if len(table) == 0:
         return {"n_scenarios": 0}
     best, serial = table.best_ms, table.serial_ms
@@ -64,10 +50,8 @@ def score_times(
 
 
 def score(table: DatasetTable, picks: np.ndarray) -> dict[str, float | int]:
-    """Metrics of ``picks`` (schedule column indices ``[n]``) on ``table``; see the module docstring.
-
-    ``n_unmeasured_picks`` counts picks without a measurement, charged the scenario's slowest time.
-    """
+    """Metrics of ``picks`` (schedule column indices ``[n]``) on ``table`` (:func:`score_times`), and
+    ``n_unmeasured_picks``: picks without a measurement, charged the scenario's slowest time."""
     if len(table) == 0:
         return {"n_scenarios": 0}
     t, unmeasured = table.time_of(picks)

@@ -1,24 +1,7 @@
 """One XGBoost model over (scenario, schedule, mode) pairs, on the scikit-learn estimator API.
 
-A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
-splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
-:func:`pair_matrix`. Three
-objectives, chosen by grouped cross-validation (``training.crossval``); the shipped model is ``ndcg``:
-
-- ``ratio``: ``XGBRegressor`` of ``log(t_schedule / t_serial)``; the pick is the lowest prediction and
-  the prediction itself is the time ratio the safe fallback needs;
-- ``rank``: ``XGBRanker`` (``rank:pairwise``) with one query per (scenario, mode), relevance
-  ``-log(t / t_serial)``; the pick is the highest score, and a ``ratio`` model beside it supplies the time
-  ratio;
-- ``ndcg``: the same ranker trained on ``rank:ndcg`` (LambdaMART, pairs from the top of each query) with
-  graded relevance: :func:`relevance_grades`, one grade per ``RELEVANCE_STEP`` (1%) of slowdown behind the
-  query's fastest schedule. Schedules within 1% of each other, which the measurement cannot order (the best
-  set's floor, ``harness.labels``), share a grade, so their measured order is not learned as if it were
-  real, and the loss weighs the top of the order, where the pick is.
-
-All save to XGBoost's own UBJSON with their parameters and the feature schema as booster attributes,
-never pickle.
+Objectives ``ratio`` (regressor of ``log(t / t_serial)``), ``rank`` and ``ndcg`` (rankers, one query per
+(scenario, mode)); saved as XGBoost UBJSON, never pickle. See docs/training.md.
 
 >>> from ficco.features import Scenario, feature_matrix
 >>> X = feature_matrix([Scenario(m=2**i) for i in range(10, 17)])
@@ -84,11 +67,10 @@ __all__ = [  # the pair names are training.predict.pairs'; the training code imp
 ]
 
 OBJECTIVES = ("ratio", "rank", "ndcg")
-"""The pair model's objectives (module docstring); every one but ``ratio`` ranks within a query."""
+"""The pair model's objectives (docs/training.md); every one but ``ratio`` ranks within a query."""
 RELEVANCE_STEP = 0.01
-"""Slowdown behind the query's fastest schedule per relevance grade of the ``ndcg`` objective, in
-``log(t / t_best)`` (about 1%): the best set's floor (``harness.labels``), below which two schedules'
-order is measurement noise."""
+"""Slowdown per relevance grade of the ``ndcg`` objective, in ``log(t / t_best)`` (about 1%, the best set's
+floor, below which two schedules' order is measurement noise)."""
 MAX_GRADE = 31
 """The fastest schedule's grade: XGBoost's NDCG with exponential gain takes grades up to 31."""
 
@@ -106,37 +88,11 @@ def relevance_grades(y: np.ndarray, qid: np.ndarray) -> np.ndarray:
 
 @dataclass(kw_only=True, repr=False, eq=False)  # the __init__ scikit-learn asks for: it stores each parameter
 class PairModel(BaseEstimator):
-    """XGBoost over (scenario, schedule, mode) pairs; ``objective`` says which (module docstring).
+    """XGBoost over (scenario, schedule, mode) pairs; ``objective`` says which (docs/training.md).
 
-    Parameters
-    ----------
-    objective : {"ratio", "rank", "ndcg"}, default="ratio"
-        ``ratio``: ``XGBRegressor`` of ``log(t / t_serial)``; ``rank``: ``XGBRanker`` (``rank:pairwise``);
-        ``ndcg``: ``XGBRanker`` (``rank:ndcg``) on :func:`relevance_grades`.
-    n_estimators : int, default=150
-        Boosting rounds. The fast path (``training.predict.fastpath``) walks every tree, so fewer is faster.
-    max_depth : int, default=6
-        Depth of each tree.
-    learning_rate : float, default=0.1
-        Shrinkage (XGBoost ``eta``).
-    min_child_weight : float, default=1.0
-        Least summed hessian in a leaf.
-    reg_lambda : float, default=1.0
-        L2 penalty on leaf values.
-    random_state : int, default=0
-        XGBoost seed.
-    n_jobs : int, default=1
-        Threads; fixed so that results do not depend on the machine.
-
-    Attributes
-    ----------
-    booster_ : xgboost.Booster
-        The fitted booster; its attributes carry the parameters and the feature schema.
-    feature_schema_ : str
-        The feature schema of its pairs: ``features.FEATURE_SCHEMA_VERSION`` when fitted here, the file's
-        when loaded (any of ``features.FEATURE_SCHEMAS``).
-    n_features_in_ : int
-        ``len(PAIR_FEATURE_NAMES_OF[feature_schema_])``.
+    Fitted attributes: ``booster_`` (the ``xgboost.Booster``; its attributes carry the parameters and the
+    feature schema), ``feature_schema_`` (``features.FEATURE_SCHEMA_VERSION`` when fitted here, the file's
+    when loaded) and ``n_features_in_`` (``len(PAIR_FEATURE_NAMES_OF[feature_schema_])``).
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -151,13 +107,21 @@ class PairModel(BaseEstimator):
     }
 
     objective: str = "ratio"
+    """``ratio`` (``XGBRegressor``), ``rank`` (``XGBRanker``, pairwise) or ``ndcg`` (``rank:ndcg``)."""
     n_estimators: int = 150
+    """Boosting rounds. The fast path (``training.predict.fastpath``) walks every tree, so fewer is faster."""
     max_depth: int = 6
+    """Depth of each tree."""
     learning_rate: float = 0.1
+    """Shrinkage (XGBoost ``eta``)."""
     min_child_weight: float = 1.0
+    """Least summed hessian in a leaf."""
     reg_lambda: float = 1.0
+    """L2 penalty on leaf values."""
     random_state: int = 0
+    """XGBoost seed."""
     n_jobs: int = 1
+    """Threads; fixed so that results do not depend on the machine."""
 
     def _xgb(self) -> Any:
         """The unfitted XGBoost estimator of ``objective``."""
@@ -173,11 +137,8 @@ class PairModel(BaseEstimator):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, Z: Any, y: Any, *, qid: Any = None) -> PairModel:
-        """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``.
-
-        ``qid`` ``[N]`` (int, sorted ascending) names the (scenario, mode) query of each pair; the rankers
-        need it (pairs are compared only within a query), ``ratio`` ignores it.
-        """
+        """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``;
+        ``qid`` ``[N]`` (int, sorted) names each pair's (scenario, mode) query, which the rankers need."""
         Z = np.asarray(Z, dtype=np.float32)
         y = np.asarray(y, dtype=np.float64)
         if Z.ndim != 2 or Z.shape[1] != len(PAIR_FEATURE_NAMES):
@@ -231,11 +192,8 @@ class PairModel(BaseEstimator):
 
     @classmethod
     def load_model(cls, path: str | PathLike) -> PairModel:
-        """Read a file written by :meth:`save_model`; its parameters and learned state come back.
-
-        Raises ``xgboost.core.XGBoostError`` for a file XGBoost cannot parse, :class:`FeatureSchemaError`
-        for another feature schema, and ``ValueError`` for a model of another estimator.
-        """
+        """Read a file written by :meth:`save_model`; ``xgboost.core.XGBoostError`` for a file XGBoost cannot
+        parse, :class:`FeatureSchemaError` for another feature schema, ``ValueError`` for another model."""
         import xgboost as xgb
 
         booster = xgb.Booster()

@@ -1,15 +1,7 @@
 """The peer rules that choose between serial and PyTorch async-TP by thresholds: vLLM's sequence-parallelism
-rule and PyTorch PR #176943's fuse/no-fuse tree (``training.baselines`` scores them against ficco's model).
-numpy and the feature types only, so that the benchmarks that run these rules on a GPU machine
-(``benchmarks/runtimes.py``) need none of the training stack.
-
-- ``vllm_sp_rule``: vLLM's sequence-parallelism threshold (``vllm/compilation/passes/fusion/
-  sequence_parallelism.py``, ``get_sequence_parallelism_threshold`` and ``is_applicable_for_range``): off
-  below ``SP_MIN_HIDDEN_SIZE`` hidden size on the GPU's compute capability, else on from
-  ``min_tokens = SP_MIN_PER_GPU_SIZE_MB * tp * MiB // (hidden * elem_bytes)`` tokens. The hidden size is the
-  GEMM's ``k`` for an all-gather (the gathered activations) and ``n`` for a reduce-scatter.
-- ``pytorch_autoheuristic``: the fuse/no-fuse tree of PyTorch PR #176943 (opt-in, not merged): ``m*n`` over
-  403M never fuses; ``m*n`` up to 14M fuses only when ``m*k`` exceeds 26M; otherwise it fuses.
+rule (``vllm_sp_rule``) and PyTorch PR #176943's fuse/no-fuse tree (``pytorch_autoheuristic``); their
+sources and thresholds: docs/training.md, "Baselines". numpy and the feature types only, so that the
+benchmarks that run these rules on a GPU machine (``benchmarks/runtimes.py``) need no training stack.
 """
 
 from __future__ import annotations

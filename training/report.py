@@ -1,13 +1,8 @@
 """``ficco report``: a markdown page with PNG plots of how the model does on a dataset.
 
-Per execution mode (``<mode>`` = eager or graph):
-
-- ``confusion-<mode>.png``: measured best schedule against the held-out pick (counts; rows = measured best).
-- ``regret_cdf-<mode>.png``: distribution of ``t_picked / t_best - 1`` for the model, every baseline and
-  the noise ceiling, in one plot.
-- ``map-<op>-<mode>.png``: per op, the measured best schedule over (n*k, m) next to the predicted one
-  (held-out cross-validation picks, or a registered model's recommendations), coloured by
-  granularity/executor.
+Per execution mode: ``confusion-<mode>.png`` (measured best against held-out pick), ``regret_cdf-<mode>.png``
+(the model, every baseline and the noise ceiling) and per op ``map-<op>-<mode>.png`` (measured against
+predicted best schedule over (n*k, m), coloured by granularity/executor).
 """
 
 from __future__ import annotations
@@ -128,11 +123,8 @@ def write_report(
     predicted: np.ndarray | None = None,
     predicted_label: str = "predicted (held out)",
 ) -> Path:
-    """Write ``report.md`` and its PNGs into ``out_dir``; return the markdown path.
-
-    ``predicted`` (schedule column indices ``[n]``) replaces the held-out picks in the schedule maps,
-    e.g. a registered model's recommendations.
-    """
+    """Write ``report.md`` and its PNGs into ``out_dir``; return the markdown path. ``predicted`` (schedule
+    columns ``[n]``, e.g. a registered model's) replaces the held-out picks in the schedule maps."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,13 +1,7 @@
 """The retraining job: measure a sweep, train, compare with the current model, register, promote if better.
 
-The job is one engine with the measurement passed in (``measure(plan, out_dir)``): on a GPU machine it
-runs the harness sweep through torchrun, on a CPU machine the simulator of a what-if hardware profile.
-``ficco retrain`` (``training.commands``) picks the measurement; CI runs the sim path end to end.
-
-With a budget, the sweep measures only the most informative scenarios of the plan: half (when a current
-model exists) those the current model is least sure about (the smallest predicted gap between its pick
-and the runner-up, in either mode), the rest a spread over the plan (farthest-point sampling in
-standardised feature space), so that a small budget still covers every op and size region.
+The measurement is passed in (``measure(plan, out_dir)``): the harness sweep on GPUs, or the simulator. With
+a budget, the sweep measures the plan's most informative scenarios. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -59,10 +53,8 @@ def decision_margin(predictor: Predictor, X: np.ndarray, mode: str) -> np.ndarra
 
 
 def informative_subset(plan: Plan, budget: int, predictor: Predictor | None) -> Plan:
-    """The ``budget`` most informative entries of ``plan``, in plan order.
-
-    See the module docstring; deterministic for a given plan and model.
-    """
+    """The ``budget`` most informative entries of ``plan``, in plan order (docs/training.md, "Retraining");
+    deterministic for a given plan and model."""
     if budget <= 0 or budget >= len(plan):
         return plan
     X = feature_matrix([s for _, s in plan])
@@ -136,11 +128,8 @@ def retrain(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> RetrainOutcome:
-    """Measure ``plan`` into ``out_dir``, train on it, register, and promote when better than ``current``.
-
-    Measured rows register under the hardware id, simulated ones under ``<id>-sim``
-    (``training.train.register_trained``); ``current`` must be the current model of that registry id.
-    """
+    """Measure ``plan`` into ``out_dir``, train on it, register (``training.train.register_trained``), and
+    promote when better than ``current``, the current model of that registry id."""
     from ficco.features.dataset import read_manifest
     from ficco.training.predict.registry import promote
 

@@ -66,12 +66,8 @@ def train_model(
 def register_trained(
     root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int
 ) -> tuple[str, str]:
-    """Register ``trained`` under ``root``; return ``(registry id, version)``.
-
-    The registry id is the dataset's hardware id when every row was measured on GPUs, else that id with
-    ``-sim`` (``features.provenance``): a model of simulated rows is registered apart, with its profile
-    renamed to that id, so it answers only when asked for by it.
-    """
+    """Register ``trained`` under ``root``; return ``(registry id, version)``: the dataset's hardware id, or
+    for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``)."""
     import dataclasses
 
     import pandas as pd

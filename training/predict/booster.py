@@ -1,11 +1,8 @@
 """A saved pair model read and evaluated with numpy alone, so that answering needs no XGBoost.
 
-``PairModel.save_model`` writes XGBoost's UBJSON (universal binary JSON: the document ``Booster.save_raw
-("json")`` gives, in binary). :func:`read_ubjson` decodes it; :class:`NumpyBooster` holds the document and
-offers the part of ``xgboost.Booster`` that answering uses: ``save_raw("json")`` (what
-``training.predict.fastpath`` compiles), ``inplace_predict`` (every tree walked with ``fastpath.FlatTrees``),
-``attr`` and ``set_param``. :func:`load_pair_model` picks the booster by what is installed; the fast path's
-answers are the same either way (``tests/training/test_booster.py``).
+:func:`read_ubjson` decodes the UBJSON ``PairModel.save_model`` writes; :class:`NumpyBooster` offers the part
+of ``xgboost.Booster`` answering uses (``save_raw("json")``, ``inplace_predict``, ``attr``, ``set_param``);
+:func:`load_pair_model` picks the booster by what is installed, with the same answers either way.
 """
 
 from __future__ import annotations
@@ -176,12 +173,10 @@ class SavedPairModel:
 
 
 def load_pair_model(path: str | PathLike) -> Any:
-    """The pair model saved at ``path``: a ``training.model.PairModel`` when XGBoost and scikit-learn are
-    installed (``ficco[train]``), else a :class:`SavedPairModel` on XGBoost's own booster when XGBoost is
-    (``ficco[service]``: large batches take its multi-threaded prediction, 3 to 6 times faster than the
-    numpy walk at 10,000 scenarios), else on a :class:`NumpyBooster` (the core). Raises ``ValueError`` (or
-    XGBoost's error) for a file that is not a PairModel, ``training.predict.pairs.FeatureSchemaError`` for
-    another feature schema."""
+    """The pair model saved at ``path``: a ``training.model.PairModel`` with scikit-learn and XGBoost, else a
+    :class:`SavedPairModel` on XGBoost's booster (docs/training.md, "The fast path") or, without XGBoost, on
+    a :class:`NumpyBooster`. ``ValueError`` (or XGBoost's error) for a file that is not a PairModel,
+    ``FeatureSchemaError`` for another feature schema."""
     if importlib.util.find_spec("xgboost") is None:
         return SavedPairModel(NumpyBooster.load(path), str(path))
     if importlib.util.find_spec("sklearn") is not None:

@@ -1,18 +1,10 @@
 """Where a model was measured: its training rows' shapes, and how many of them lie near a scenario.
 
-A *measured neighbour* of a scenario in one execution mode is a training row of the same op, mode, world
-size and dtype whose ``m``, ``n`` and ``k`` each lie within a factor :data:`NEIGHBOUR_FACTOR` (2) of the
-scenario's. The count says how far an answer reaches past the measurements: on ``datasets/h200x2``'s family
-holdout, graph picks with no neighbour in the training folds were more than 2% slower than serial far more
-often than picks with many (``benchmarks/studies/off_map.py`` measures it per count). An answer in a mode
-with fewer neighbours than that mode's :data:`OFF_MAP_BELOW` is *off the measured map*; the runtime planner
-runs ``serial/sm`` there by default (``docs/planner.md``).
-
-A model carries its coverage beside its files (``coverage.npy``, int32 ``[rows, 7]``: the columns of
-:data:`COLUMNS`), written at registration from the training table; numpy reads it without pickle, so the
-service answers the count with numpy alone. A model registered before coverage was recorded can be given
-one from the datasets its card names (``training.predict.registry.add_coverage``; their content hash must
-still be the card's), which changes no prediction: the model files and the card stay as they are.
+A *measured neighbour* is a training row of the same op, mode, world size and dtype with ``m``, ``n`` and
+``k`` each within :data:`NEIGHBOUR_FACTOR` (2) of the scenario's; fewer than the mode's
+:data:`OFF_MAP_BELOW` puts an answer *off the measured map*. A model carries its coverage as
+``coverage.npy`` (int32 ``[rows, 7]``, the columns of :data:`COLUMNS`), read with numpy alone. See
+docs/models.md, "Where a model was measured", and docs/planner.md.
 """
 
 from __future__ import annotations
@@ -33,11 +25,8 @@ world size, dtype (index in ``features.DTYPES``), then m, n, k (``features.Scena
 NEIGHBOUR_FACTOR = 2
 """A training row is a neighbour when each of its m, n, k is within this factor of the scenario's."""
 OFF_MAP_BELOW: dict[str, int] = {"eager": 0, "graph": 1}
-"""Per mode, an answer with fewer measured neighbours than this is off the measured map. Graph: no
-neighbour. On the family holdout of ``datasets/h200x2`` (``reports/off-map-h200x2.json``) 17 of 145 graph
-picks without a neighbour were more than 2% slower than serial/sm, and 0 of 334 with 10 or more; eager
-picks are slow alike with or without neighbours (6 of 145, 8 of 334: the host's speed, not the map), so no
-eager answer is off the map."""
+"""Per mode, an answer with fewer measured neighbours than this is off the measured map: graph answers
+without a neighbour; no eager answer (why: docs/planner.md, "Off the measured map")."""
 
 
 def off_map(neighbours: int | None, mode: str) -> bool:

@@ -1,29 +1,8 @@
 """The fast inference path: XGBoost forests compiled into flat numpy arrays, every tree walked at once.
 
-The reference path is ``xgboost.Booster.inplace_predict``; it costs a few hundred microseconds per call
-whatever the batch, which dominates a single-scenario decision (about 30 pairs). Here:
-
-1. Specialisation: a pair is (scenario features, schedule fields, mode), and a scenario is paired with at
-   most ``S`` schedules in one mode. For each (schedule, mode), every split on a schedule or mode column
-   is resolved at compile time, leaving trees over the scenario features only; identical pruned trees
-   are kept once. A pair column that depends on the scenario and the schedule both (fv3's eager host time
-   over GPU work) becomes a column of its own per schedule beside the scenario features, computed once per
-   scenario before the walk. On the h200x2 fv2 model the 2 x 100 trees x 30 schedules (6,000 tree walks
-   per decision) become about 2,000 distinct trees per mode.
-2. Walking: the distinct trees become one array per node field, the nodes of every tree numbered so that
-   a split's two children are adjacent (right = left + 1), a leaf pointing to itself with an infinite
-   threshold, and a pair of children that recurs (in another tree or elsewhere) stored once. One step
-   moves every (scenario, tree) cursor one level down::
-
-       node = left[node] + (x[scenario, feature[node]] >= threshold[node])
-
-   and after ``depth`` steps every cursor rests on its leaf (XGBoost goes right when ``x >= threshold``).
-3. Summing: for each schedule ``s`` and booster ``g``, the leaf values of the distinct trees standing
-   for its trees, summed in tree order (the same order whatever the batch size, so one scenario's answer
-   does not depend on its batch), plus the booster's base score give the margins ``[n, S, G]``.
-
-``tests/training/test_fastpath.py`` checks the picks equal the reference path's on a whole dataset;
-``benchmarks/predict_fastpath.py`` times it.
+Each (schedule, mode) prunes the forests to trees over the scenario features; the distinct trees are walked
+one level per step for every (scenario, tree) at once and summed in tree order, giving the same picks as
+``xgboost.Booster.inplace_predict`` (``tests/training/test_fastpath.py``). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -125,10 +104,8 @@ class FlatTrees:
 
 
 def booster_trees(booster: Any) -> tuple[list[dict[str, Any]], float]:
-    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link).
-
-    Raises ``ValueError`` for a multi-output booster or categorical splits.
-    """
+    """The JSON trees of a fitted single-output ``xgboost.Booster`` and its base score (identity link);
+    ``ValueError`` for a multi-output booster or categorical splits."""
     learner = json.loads(bytes(booster.save_raw("json")))["learner"]
     model = learner["gradient_booster"]["model"]
     if any(g != 0 for g in model["tree_info"]):
@@ -158,7 +135,7 @@ def prune(tree: dict[str, Any], fixed: dict[int, float], linked: dict[int, int] 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class SpecialisedForest:
     """``G`` boosters over pairs, specialised per (schedule, mode) into distinct trees over the scenario
-    features (module docstring). ``S`` schedules, ``G`` boosters."""
+    features (docs/training.md). ``S`` schedules, ``G`` boosters."""
 
     trees: dict[str, FlatTrees]
     """Per mode, its distinct pruned trees (a mode's one-row walk reads only its own nodes)."""

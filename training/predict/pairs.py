@@ -1,11 +1,5 @@
-"""Pairs of (scenario, schedule, mode): the rows the pair models of ``training.model`` read, with numpy alone.
-
-A pair is the scenario's feature vector, a short description of the schedule (granularity, executor,
-splits, grain, priority), the execution mode (eager or CUDA graph) and, from feature schema fv3 on, the
-schedule's eager host time over the scenario's GPU work (``features.launch_cost``; 0 in graph mode), see
-:func:`pair_matrix`. Training (``training.model``, scikit-learn and XGBoost) and answering
-(``training.predict.predictor``, numpy) both build their pairs here; ``training.model`` exports these names
-too.
+"""Pairs of (scenario, schedule, mode): the rows the pair models read, built with numpy alone for training
+and answering alike (docs/training.md); ``training.model`` exports these names too.
 """
 
 from __future__ import annotations
@@ -125,12 +119,8 @@ def check_Z(Z: Any, columns: int, schema: str) -> np.ndarray:
 
 
 def valid_mask(X: np.ndarray) -> np.ndarray:
-    """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order).
-
-    A schedule needs the split rows divisible by ``world_size * splits`` (:meth:`Schedule.check`).
-    Serial and shard (splits 1) always run; the finer splits 2, 4, 8 divide one another, so ``finer/sN``
-    runs exactly when ``N <= max_finer_splits``.
-    """
+    """Which schedules can run each scenario, from its features: bool ``[n, S]`` (canonical order). Serial
+    and shard always run; ``finer/sN`` exactly when ``N <= max_finer_splits`` (:meth:`Schedule.check`)."""
     return _SPLITS[None, :] <= check_X(X)[:, _MAX_FINER_SPLITS, None]
 
 

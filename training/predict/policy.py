@@ -1,14 +1,8 @@
 """From the pair model's outputs to a recommendation: the pick, then the safe fallback.
 
-1. Pick: among the schedules valid for the scenario, the one of lowest predicted cost (the predicted
-   ``log(t / t_serial)`` of the regressor, or the negated score of the ranker).
-2. Safe fallback: overlap that goes wrong is worse than no overlap (async-TP runs up to 4x slower than
-   serial on small shapes), so a pick whose predicted gain over serial (from the time-ratio regressor) is
-   below ``min_gain``, i.e. within measurement noise, falls back to serial/sm.
-
-``min_gain`` is chosen per execution mode (:class:`ModePolicy`) by cross-validation (``training.crossval``)
-and stored in the model card: eager picks pay the executor's host time, which the regressor's gain misses
-more often than in graph mode (docs/models.md, "The fallback to serial", has the cross-validated losses).
+The pick is the valid schedule of lowest predicted cost; a pick whose predicted gain over serial is below
+the mode's ``min_gain`` (:class:`ModePolicy`, chosen by cross-validation) falls back to serial/sm. See
+docs/training.md and docs/models.md, "The fallback to serial".
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from ficco.training.predict.pairs import SERIAL_INDEX
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DecisionPolicy:
-    """When a pick falls back to serial/sm (module docstring)."""
+    """When a pick falls back to serial/sm (docs/training.md)."""
 
     min_gain: float | None = None
     """Fall back when the pick's predicted speedup over serial is below ``1 + min_gain``, in [0, 1);
@@ -115,11 +109,8 @@ def apply_policy(
     cost: np.ndarray, log_ratio: np.ndarray, policy: ModePolicy, modes: Sequence[str]
 ) -> tuple[np.ndarray, ...]:
     """Picks from costs ``[n, S]`` (+inf = invalid) and predicted ``log(t / t_serial)`` ``[n, S]`` of rows
-    in ``modes`` ``[n]``, each falling back under its mode's policy.
-
-    Returns ``(final, raw, fallback, speedup)``: recommended column ``[n]``, the model's own pick ``[n]``,
-    where the fallback fired (bool ``[n]``) and the raw pick's predicted speedup over serial ``[n]``.
-    """
+    in ``modes`` ``[n]``, each falling back under its mode's policy: ``(final, raw, fallback, speedup)``, the
+    recommended column, the model's own pick, where the fallback fired and the raw pick's speedup, ``[n]``."""
     raw = cost.argmin(axis=1)
     rows = np.arange(len(raw))
     speedup = np.exp(-log_ratio[rows, raw])

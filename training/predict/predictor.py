@@ -5,10 +5,8 @@
 >>> [r.schedule for r in predictor.recommend([Scenario(m=1024)], mode="graph")]  # doctest: +SKIP
 ['serial/sm']
 
-Two evaluation paths give the same picks: the reference path (``xgboost.Booster.inplace_predict``) and
-the fast path (``training.predict.fastpath.SpecialisedForest``, numpy), which is much cheaper for a few
-scenarios; :meth:`Predictor.decide` takes the fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees) and
-the reference path for larger batches, where XGBoost's own loop is faster.
+:meth:`Predictor.decide` takes the numpy fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees), XGBoost's
+own prediction for larger batches; both give the same picks (docs/training.md, "The fast path").
 """
 
 from __future__ import annotations
@@ -38,17 +36,15 @@ from ficco.training.predict.pairs import (
 )
 from ficco.training.predict.policy import ModePolicy
 
-if (
-    TYPE_CHECKING
-):  # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+# answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+if TYPE_CHECKING:
     from ficco.training.model import PairModel
 
 _SCHEDULE_NAMES = np.asarray(SCHEDULES, dtype=object)
 """``SCHEDULES`` as an object array, to index with picks."""
 FAST_PATH_MAX_CURSORS = 4_000_000
 """Largest ``scenarios x distinct trees`` the fast path walks; beyond it XGBoost's own (multi-threaded)
-prediction is faster (a model read without XGBoost, ``training.predict.booster``, always takes the fast
-path)."""
+prediction is faster (a model read without XGBoost always takes the fast path)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,9 +76,8 @@ class Recommendation:
     """The host factor the eager answer is for (``features.launch_cost``; the model's training data's unless
     the caller gave its machine's)."""
     neighbours: int | None = None
-    """Training rows of the same op, mode, world size and dtype with m, n and k each within 2x of the
-    scenario's (``training.predict.coverage``): how near the answer is to a measurement; None for a model that
-    carries no coverage."""
+    """Measured neighbours of the scenario (``training.predict.coverage``): how near the answer is to a
+    measurement; None for a model that carries no coverage."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -107,12 +102,8 @@ class Decision:
 
 class Predictor:
     """The fitted pair model (``scorer``), the time-ratio regressor (``ratio``, the same object when the
-    scorer is the regressor), the fallback policy and the model card.
-
-    Both models must share one feature schema (``PairModel.feature_schema_``, any of
-    ``features.FEATURE_SCHEMAS``); pairs are built the way they were trained. ``coverage``: where the
-    training rows lie (``training.predict.coverage``), for the answers' neighbour counts; None: not counted.
-    """
+    scorer is the regressor), sharing one feature schema; the fallback policy, the model card and
+    ``coverage`` (the training rows' shapes for the answers' neighbour counts; None: not counted)."""
 
     def __init__(
         self,
@@ -211,12 +202,9 @@ class Predictor:
         host_factor: float | None = None,
         fast: bool | None = None,
     ) -> Decision:
-        """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]``.
-
-        ``host_factor``: the machine's (``features.launch_cost.check_host_factor``; None: the training data's,
-        :attr:`host_factor`); it moves eager answers only. ``fast``: True = the numpy fast path, False =
-        XGBoost's own prediction, None = by batch size.
-        """
+        """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]`` on a
+        machine of ``host_factor`` (None: the training data's; eager answers only). ``fast``: True = the numpy
+        fast path, False = XGBoost's own prediction, None = by batch size."""
         modes = check_modes(modes)
         host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
         valid = valid_mask(X)
@@ -238,18 +226,12 @@ class Predictor:
     def recommend(
         self, scenarios: Sequence[Scenario], mode: str = "eager", *, host_factor: float | None = None
     ) -> list[Recommendation]:
-        """One :class:`Recommendation` per scenario, in order, for execution ``mode`` (eager or graph) on a
-        machine of ``host_factor`` (:meth:`decide`).
-
-        Raises ``ValueError`` for a scenario on hardware other than the model's (a simulated model,
-        ``<id>-sim``, also answers scenarios on ``<id>``), an unknown mode or a host factor out of range.
-        """
+        """One :class:`Recommendation` per scenario, in order, for execution ``mode`` on a machine of
+        ``host_factor`` (:meth:`decide`); ``ValueError`` for a scenario on hardware other than the model's (a
+        ``<id>-sim`` model also answers ``<id>``), an unknown mode or a host factor out of range."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}; got {mode!r}")
-        own = {
-            self.hardware_id,
-            registry_id(self.hardware_id, MEASURED),
-        }  # a simulated model: its hardware's too
+        own = {self.hardware_id, registry_id(self.hardware_id, MEASURED)}  # a simulated model: its hardware's
         foreign = [s.key() for s in scenarios if s.hardware.id not in own]
         if foreign:
             raise ValueError(
@@ -316,9 +298,8 @@ class Predictor:
 
 
 def noise_band(card: dict[str, Any], mode: str) -> float:
-    """A model's noise band in ``mode``, from its card: the geometric-mean regret of the noise ceiling
-    (the re-measured picks scored against the sweep, ``training.evaluate``), i.e. how far apart two
-    measurements of the same best schedule typically are; 0 when the card has no ceiling."""
+    """A model's noise band in ``mode``: its card's noise-ceiling geometric-mean regret (how far apart two
+    measurements of the same best schedule typically are); 0 when the card has no ceiling."""
     try:
         band = card["metrics"]["modes"][mode]["family_holdout"]["ceiling"]["geomean_regret"]
         return max(0.0, float(band))

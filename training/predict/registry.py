@@ -1,23 +1,8 @@
 """The model registry: versioned models per hardware profile on disk, and the current one of each.
 
-Layout under a root (default ``models/`` at the repository root; ``FICCO_MODEL_ROOT`` overrides)::
-
-    <root>/<hardware_id>/<version>/model.ubj     the pair model that picks (XGBoost UBJSON, never pickle)
-    <root>/<hardware_id>/<version>/ratio.ubj     the time-ratio regressor, when the picker is the ranker
-    <root>/<hardware_id>/<version>/card.json     dataset hash, feature schema, metrics (ceiling and per
-                                                 family included), fallback policy, ops, modes, software
-    <root>/<hardware_id>/<version>/coverage.npy  where the training rows lie (``training.predict.coverage``):
-    the
-                                                 answers' measured-neighbour counts (absent: not counted)
-    <root>/<hardware_id>/CURRENT                 the current version, one line
-
-Models trained on simulated rows live under ``<hardware_id>-sim`` (``features.provenance``): ``register``
-refuses a simulated model under a measured id (and the reverse), and ``promote`` checks the card again, so a
-simulated model never becomes the current model of measured hardware.
-
-A version (``<UTC time>-<dataset hash[:8]>``) is written into a temporary directory and renamed into
-place, and ``CURRENT`` is replaced with ``os.replace``: a crash leaves either the old state or the new
-one, never a half-written model.
+``<root>/<hardware_id>/<version>/`` holds a model's files and card, ``<root>/<hardware_id>/CURRENT`` names
+the promoted version; both are written atomically. Simulated models live under ``<hardware_id>-sim`` and
+are never promoted over measured ones. See docs/models.md.
 """
 
 from __future__ import annotations
@@ -45,9 +30,8 @@ from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, FeatureSchemaErr
 from ficco.training.predict.policy import ModePolicy
 from ficco.training.predict.predictor import Predictor
 
-if (
-    TYPE_CHECKING
-):  # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+# answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
+if TYPE_CHECKING:
     from ficco.training.model import PairModel
 
 log = logging.getLogger(__name__)
@@ -97,13 +81,10 @@ def register(
 ) -> str:
     """Write a new version of ``hardware_id``'s model and return its version string (not promoted).
 
-    ``info`` (dataset description, metrics, hyper-parameters, ...) goes into the card beside the fields
-    the registry fills in: version, hardware_id, created_at, feature schema, objective, fallback policy,
-    files and software versions (merged into ``info["software"]`` if given). ``ratio`` is ``scorer`` itself
-    when the picker is the time-ratio regressor (one file then). ``coverage`` (the training rows' shapes,
-    ``training.predict.coverage``) is written beside the model files. The card's ``model_backend`` (given in
-    ``info``, or from ``info["dataset"]["backends"]``) must be the backend of ``hardware_id``
-    (``features.provenance``): ValueError otherwise.
+    ``info`` (dataset, metrics, hyper-parameters, ...) goes into the card beside the fields the registry
+    fills in. ``ratio`` is ``scorer`` itself when the picker is the time-ratio regressor (one file then);
+    ``coverage`` is written beside the model files. ValueError when the card's ``model_backend`` (given, or
+    from ``info["dataset"]["backends"]``) is not ``hardware_id``'s (``features.provenance``).
     """
     backend = model_backend(info)
     _check_backend(hardware_id, backend, "register")
@@ -158,11 +139,8 @@ def _check_backend(hardware_id: str, backend: str, action: str) -> None:
 
 
 def promote(root: str | Path, hardware_id: str, version: str) -> None:
-    """Make ``version`` the current model of ``hardware_id`` (atomic: write a temp file, then os.replace).
-
-    ValueError for a version not registered there, or whose card's backend is not ``hardware_id``'s (a
-    simulated model never becomes the current model of measured hardware).
-    """
+    """Make ``version`` the current model of ``hardware_id`` (atomically); ValueError for a version not
+    registered there, or whose card's backend is not ``hardware_id``'s."""
     hw_dir = Path(root) / hardware_id
     if not (hw_dir / version / CARD_FILE).is_file():
         raise ValueError(
@@ -188,10 +166,8 @@ def current_version(root: str | Path, hardware_id: str) -> str | None:
 
 
 def list_models(root: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """Every registered model: hardware id -> cards, oldest first.
-
-    A card that cannot be read is listed as ``{"version": ..., "error": ...}``.
-    """
+    """Every registered model: hardware id -> cards, oldest first (``{"version", "error"}`` for an
+    unreadable card)."""
     root = Path(root)
     out: dict[str, list[dict[str, Any]]] = {}
     if not root.is_dir():
@@ -259,12 +235,9 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
 
 
 def load_predictor(root: str | Path, hardware_id: str, version: str | None = None) -> Predictor:
-    """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`.
-
-    A model of any schema in ``features.FEATURE_SCHEMAS`` loads (an fv2 model builds fv2 pairs). Raises
-    :class:`ModelLoadError` with a message saying what to do for a missing model, a corrupt card or model
-    file, and a model trained on a feature schema this code does not compute.
-    """
+    """Load ``hardware_id``'s model ``version`` (None: the current one) as a :class:`Predictor`, of any
+    schema in ``features.FEATURE_SCHEMAS``; :class:`ModelLoadError` saying what to do for a missing model, a
+    corrupt card or model file, or a feature schema this code does not compute."""
     root = Path(root)
     hw_dir = root / hardware_id
     versions = _versions(hw_dir)
