@@ -93,9 +93,10 @@ class Settings(ModelSettings):
     the server and other normal-priority work leave idle, so single requests beside back-to-back batches
     keep their latency; on a machine busy with other work batches then wait), ``low`` (``nice 19``: a
     small share even then) or ``normal``."""
-    WORKER_CPUS: str = "all"
-    """CPUs the batch and table workers run on once warm: ``all``, ``spare`` (every CPU but the lowest, so
-    one core and its caches serve single requests alone) or a list such as ``1,3-5``."""
+    WORKER_CPUS: str = "spare"
+    """CPUs the batch and table workers run on once warm: ``spare`` (every CPU but the lowest, so one core
+    and its caches are left to single requests; all of them on a one-CPU machine), ``all`` or a list such
+    as ``1,3-5``."""
     TABLE_QUEUE: int = Field(default=8, ge=0, le=1024)
     """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
     get 429 with Retry-After."""

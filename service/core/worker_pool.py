@@ -69,7 +69,7 @@ class WorkerOptions:
     """Hardware id of items that name none (``FICCO_DEFAULT_HARDWARE``)."""
     priority: Priority = "idle"
     """CPU priority of the worker (``FICCO_BATCH_PRIORITY``; see ``PRIORITIES``)."""
-    cpus: str = "all"
+    cpus: str = "spare"
     """CPUs the worker runs on once warm (``FICCO_WORKER_CPUS``; see :func:`worker_cpus`)."""
     log_level: str = "info"
     """Level of the worker's log lines (``FICCO_LOG_LEVEL``); they go to the server's stderr."""
