@@ -41,13 +41,10 @@ class GroupContext:
     """What one process knows about one group on one device."""
 
     group: dist.ProcessGroup
-    """The process group the collectives run on."""
     device: torch.device
     """Where the tensors live (``cuda:<current>`` or ``cpu``)."""
     rank: int
-    """This process's rank in ``group``."""
     world_size: int
-    """Ranks in ``group``."""
     global_ranks: list[int]
     """Global rank of each group rank (point-to-point ops address global ranks)."""
     buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)

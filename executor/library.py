@@ -69,15 +69,12 @@ class OpRun:
     n: int
     """Output columns (the weights' together for several weights)."""
     k: int
-    """Reduction size."""
     dtype: str
     """``bf16``, ``fp16`` or ``fp32``."""
     world_size: int
-    """Ranks in the group."""
     asked: str
     """The schedule or table string the op was given."""
     ran: str
-    """The schedule that ran."""
     reason: str | None = None
     """Why ``ran`` is not the schedule ``asked`` gives at ``m``; None when it is."""
 
@@ -447,7 +444,6 @@ def matmul_all_to_all(
 
 
 _RUN_ROUTED = {"a2a_gemm": _run_all_to_all_matmul, "gemm_a2a": _run_matmul_all_to_all}
-"""The executor function of each MoE op."""
 
 
 def _run_routed(

@@ -700,17 +700,14 @@ def _transport(
     lanes: int | None = None,
     routed: RoutedState | None = None,
 ) -> PeerCopyTransport | PointToPointTransport:
-    """The schedule's transport, bound to ``source``: built once per (executor, priority, plan, destination
-    buffer, layout, lanes, copy arrangement) and kept (in ``ctx.transports``, or with the MoE ops' ``routed``
-    state), so that a call reuses its views and row ranges.
-
-    ``dest`` (sm): receive into it instead of a cached buffer; with ``bind_dest`` the transport is kept and
-    bound to each call's ``dest``, without it built for this call only. ``layout``: where each peer's block
-    lies (default: the shards of ``dest_shape = [w, R, width]``); a routed layout's destination is a
-    grow-only buffer of rows (dma: this half of the peer memory) cut to ``dest_shape`` by ``routed.cut``
-    (the same view every call with the routing). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes``
-    of the copy arrangement; 0: everything on the caller's stream).
-    """
+    """The schedule's transport, bound to ``source``, kept in ``ctx.transports`` (or the MoE ops' ``routed``
+    state) for later calls (docs/executor.md, "Transports": the key). ``dest`` (sm): receive into it instead
+    of a cached buffer; with ``bind_dest`` the transport is kept and bound to each call's ``dest``, without
+    it built for this call only. ``layout``: where each peer's block lies (default: the shards of
+    ``dest_shape = [w, R, width]``); a routed layout's destination is a grow-only buffer of rows (dma: this
+    half of the peer memory) cut to ``dest_shape`` by ``routed.cut`` (the same view every call with the
+    routing). ``lanes``: copy lanes (dma; default: ``lanes.copy_lanes`` of the copy arrangement; 0:
+    everything on the caller's stream)."""
     high_priority = schedule.priority == "high"
     rows, width = dest_shape[0], dest_shape[-1]
     arrangement = copy_streams() if schedule.executor == "dma" and lanes is None else None

@@ -54,7 +54,6 @@ class Plan:
     direction: Direction = "gather"
     """``gather`` (all-gather -> GEMM) or ``scatter`` (GEMM -> reduce-scatter)."""
     world_size: int = 2
-    """Ranks in the group."""
     splits: int = 1
     """Sub-chunks per shard (1 unless ``finer``)."""
     rounds: tuple[tuple[Piece, ...], ...] = ()
@@ -129,16 +128,11 @@ class Layout:
     """Where one rank's blocks lie, per peer ``p`` (the rank itself included): the block it sends to ``p``
     (rows of its source), the block it receives from ``p`` (rows of its destination), and where its block
     lands in ``p``'s destination. Sub-chunk ``j`` of a block of ``n`` rows is its rows
-    ``[j * n // splits, (j + 1) * n // splits)`` (exact shards when ``splits`` divides ``n``).
-
-    Built by :meth:`shards` (the all-gather and reduce-scatter: every block one shard) or :meth:`routed`
-    (the all-to-alls: blocks of any size, zero included).
-    """
+    ``[j * n // splits, (j + 1) * n // splits)`` (exact shards when ``splits`` divides ``n``)."""
 
     direction: Direction = "gather"
     """The plan direction: who the rank sends a piece to and receives it from (module docstring)."""
     rank: int = 0
-    """The rank this layout is for."""
     splits: int = 1
     """Sub-chunks per block."""
     send_start: tuple[int, ...] = (0, 0)

@@ -21,13 +21,7 @@ T = TypeVar("T")
 
 
 class Transport(Protocol):
-    """The verbs the pipeline engine uses.
-
-    ``begin()`` / ``end()``: fork the lanes off the caller's stream / join them back; ``issue(pieces)``: start
-    moving them (gather: receive; scatter: send, right after the GEMM that produced them); ``issue_rounds``:
-    several whole rounds of a gather plan at once; ``wait(pieces)``: the caller's stream waits until they
-    have landed (gather); ``rows(unit)``: the tensor the unit's GEMM reads (gather) or writes (scatter).
-    """
+    """The verbs the pipeline engine uses (docs/executor.md, "Transports", says what each does)."""
 
     def begin(self) -> None: ...
     def issue(self, pieces: tuple[Piece, ...]) -> None: ...
@@ -174,8 +168,7 @@ def _remembered(views: dict, key: Hashable, make: Callable[[], T]) -> T:
 class PointToPointTransport(_Transport):
     """``sm``: each batch of pieces is what ``batch_isend_irecv`` issues (an NCCL group on CUDA, gloo's
     sends and receives on the CPU); gather issues from a copy lane, scatter from the caller's stream
-    (docs/executor.md, "Transports").
-    """
+    (docs/executor.md, "Transports")."""
 
     def __init__(self, *, group: dist.ProcessGroup, global_ranks: list[int], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -288,8 +281,7 @@ class PointToPointTransport(_Transport):
 class PeerCopyTransport(_Transport):
     """``dma``: copy engines push pieces into the receiver's peer memory; device barriers publish them
     (docs/executor.md, "Transports", has the ordering). ``dest`` must be this rank's current half of
-    ``workspace``, shaped ``[w, R, width]``.
-    """
+    ``workspace``, shaped ``[w, R, width]``."""
 
     def __init__(self, *, workspace: Workspace, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -422,11 +422,8 @@ def _reduce_scatter_site(
                 op = torch.ops.ficco._matmuls_reduce_scatter.default
                 a, b = [mm.A_node for mm in matmuls], [mm.B_node for mm in matmuls]
             else:
-                op, a, b = (
-                    torch.ops.ficco._matmul_reduce_scatter.default,
-                    matmuls[0].A_node,
-                    matmuls[0].B_node,
-                )
+                op = torch.ops.ficco._matmul_reduce_scatter.default
+                a, b = matmuls[0].A_node, matmuls[0].B_node
             fused = graph.call_function(op, args=(a, b, reduce_op, scatter_dim, rs.group_name, schedule))
             rs.replace_with(fused)
             rs.erase()

@@ -158,13 +158,9 @@ class ColumnParallelLinear(_TensorParallelLinear):
 
 
 class RowParallelLinear(_TensorParallelLinear):
-    """GEMM -> reduce-scatter: ``x [T, in/w] -> y_shard [T/w, out]`` (docs/planner.md).
-
-    Parameters
-    ----------
-    As :class:`ColumnParallelLinear`'s, without ``keep_gathered``: here ``in_features`` must divide by the
-    group size, and the weight shard is ``[in/w, out]``.
-    """
+    """GEMM -> reduce-scatter: ``x [T, in/w] -> y_shard [T/w, out]`` (docs/planner.md). Parameters as
+    :class:`ColumnParallelLinear`'s, without ``keep_gathered``; ``in_features`` must divide by the group
+    size, and the weight shard is ``[in/w, out]``."""
 
     _fwd_op, _sharded = "gemm_rs", 0
 
