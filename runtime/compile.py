@@ -1,12 +1,6 @@
 """torch.compile runs ficco's schedules, model code unchanged: an Inductor pass that rewrites what PyTorch's
-micro-pipeline TP pass (async-TP) rewrites into ficco's ops.
-
-    import ficco.runtime.compile
-
-    report = ficco.runtime.compile.enable()             # this machine's measured model (runtime.as_planner)
-    model = torch.compile(model)                        # a DTensor tensor-parallel plan, e.g. torchtitan's
-    model(tokens).sum().backward()                      # compiles; each rewrite logs one line
-    print(report.table())                               # what was rewritten, what was left and why
+micro-pipeline TP pass (async-TP) rewrites into ficco's ops: ``report = ficco.runtime.compile.enable()``
+before the first ``torch.compile``; ``report.table()`` says what was rewritten, what was left and why.
 
 :class:`FiccoPass` (on ``torch._inductor.config.post_grad_custom_post_pass``) finds the sites with
 ``runtime.compile_sites`` and decides each op's schedule at compile time: once for a static token count, a

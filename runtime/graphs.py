@@ -1,9 +1,5 @@
 """Replay a forward, or a whole training step, from CUDA graphs: decide and warm up eagerly, then capture.
 
-    step = GraphedCall(lambda: block(static_x))     # two eager calls, then the capture
-    static_x.copy_(next_x)
-    y = step()                                      # one replay; y is valid until the next replay
-
 Two captures, replayed in turn, keep the copy-engine executor's double-buffered peer memory alternating
 halves. Replay one ``GraphedCall`` at a time, and an even number of times before eager calls (docs/planner.md
 says why).

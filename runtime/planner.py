@@ -1,11 +1,5 @@
 """The planner: one schedule per (op, m, n, k, dtype, world size, mode), asked once and kept.
 
-    planner = Planner(PredictorSource.load(hardware_id="h200x2"))
-    for batch in data:
-        loss = model(batch).sum()         # each new shape is decided at its first call, then kept
-        loss.backward()
-    print(planner.table())                # layer, direction, shape, schedule, what ran, predicted speedup
-
 A failing or unusable answer, one first needed inside a CUDA graph capture, and a graph-mode answer off the
 measured map run ``serial/sm``, with the reason in the log; rank 0 of the group asks and broadcasts, so
 every rank runs the same schedule. :func:`as_planner` turns every form of ``schedules=`` the runtimes take

@@ -1,13 +1,7 @@
 """Drop-ins for PyTorch's tensor-parallel styles that run ficco's overlapped ops: a plan written for
 ``torch.distributed.tensor.parallel.parallelize_module`` (torchtitan's Llama plan, ``apply_tp``) switches to
-ficco by changing its imports; schedules are given the way torchtitan swaps its float8 styles in::
-
-    # from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
-    from ficco.runtime.tp import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
-
-    colwise = functools.partial(ColwiseParallel, schedules=planner)  # or none: this machine's model
-    apply_tp(model, tp_mesh, ...)            # the plan itself is unchanged
-    ficco.runtime.tp.name_modules(model)     # optional: module paths in the planner's table and the log
+ficco by changing its imports; schedules are given the way torchtitan swaps its float8 styles in
+(``functools.partial(ColwiseParallel, schedules=planner)``).
 
 Outputs and gradients are those of the same plan under PyTorch's styles; where ficco's ops cannot reproduce
 PyTorch's semantics, the module runs PyTorch's own style, and the log and the planner's table say so once

@@ -1,10 +1,5 @@
 """Check a plan in place before trusting it: the planned step against the same step with ``serial/sm``.
 
-    planner.prepare(requests)
-    verdict = verify_plan(planner, lambda: train_step, device=device)   # eager: the step itself
-    verdict = verify_plan(planner, lambda: GraphedCall(forward), device=device)   # graph: a fresh capture
-    print(verdict.table())
-
 Collective (every rank calls it, in the same place): the planned step is timed against every planned op
 ``serial/sm`` and each one alone ``serial/sm``; a variant that beats the plan again on fresh rounds has the
 ops it runs serially pinned to ``serial/sm``. Why, the steps and their cost: docs/planner.md.
