@@ -229,11 +229,8 @@ def clear_buffers() -> None:
 
 
 def poison_buffers() -> None:
-    """Fill every cached buffer and this rank's peer memory with NaN (collective over each group).
-
-    For correctness checks (the harness's and the tests'): quiesces each group before and after, so no peer
-    is still reading or writing.
-    """
+    """Fill every cached buffer and this rank's peer memory with NaN, for correctness checks (collective
+    over each group: quiesces it before and after, so no peer is still reading or writing)."""
     for ctx in _contexts.values():
         ctx.quiesce()
         for buf in ctx.buffers.values():

@@ -191,11 +191,8 @@ class DeviceLanes:
 class CopyStreams:
     """How many side streams a copy-engine (``dma``) call spreads the pieces of its peers over, by the bytes
     of one piece: the executor's copy arrangement (``executor.set_copy_streams``, ``FICCO_COPY_STREAMS``).
-
     String form (:meth:`parse`): ``per_peer``, ``<n>`` (at most ``n`` streams the peers share in ring order)
-    or a table by the MiB of one piece, ``"0:<streams>;<MiB>:<streams>;..."``, e.g. ``0:1;16:per_peer``
-    (docs/executor.md, "Copy arrangement").
-    """
+    or ``"0:<streams>;<MiB>:<streams>;..."``, by MiB of a piece (docs/executor.md: "Copy arrangement")."""
 
     bounds: tuple[int, ...] = (0,)
     """Smallest piece of each entry, bytes: starts at 0, strictly increasing."""

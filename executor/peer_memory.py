@@ -107,10 +107,8 @@ def _shared_folder(nbytes: int) -> str:
 
 
 def maybe_register_symm_mem_group(group: dist.ProcessGroup) -> None:
-    """Register ``group`` with symmetric memory on torch < 2.11, which needs it before a rendezvous.
-
-    torch 2.11 resolves the group by name inside ``rendezvous`` and deprecates the registration call.
-    """
+    """Register ``group`` with symmetric memory on torch < 2.11, which needs it before a rendezvous (2.11
+    resolves the group by name inside ``rendezvous`` and deprecates the registration call)."""
     if _torch_version() >= (2, 11):
         return
     import torch.distributed._symmetric_memory as symm_mem
