@@ -166,14 +166,8 @@ class ServiceClient:
         name: str | None = None,
     ) -> ScorePublic:
         """Score a Hugging Face model config (as ``ficco score``)."""
-        body = {
-            "config": config,
-            "tp": tp,
-            "tokens": list(tokens),
-            "dtype": dtype,
-            "hardware": hardware,
-            "name": name,
-        }
+        body = {"config": config, "tp": tp, "tokens": list(tokens), "dtype": dtype, "hardware": hardware}
+        body["name"] = name
         return ScorePublic.model_validate(self._request("POST", "/v1/score", body))
 
     def fetch_table(

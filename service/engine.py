@@ -28,21 +28,10 @@ def build_scenario(item: ScenarioIn, model: ServedModel, loc: Sequence[str | int
         raise InvalidFieldsError([scenario_error(err, loc, values)]) from None
 
 
-_COPIED = (
-    "schedule",
-    "mode",
-    "predicted_speedups",
-    "predicted_speedup",
-    "fallback",
-    "fallback_reason",
-    "pick_reason",
-    "model_version",
-    "hardware_id",
-    "model_backend",
-    "host_factor",
-    "neighbours",
-)
-"""The response fields that a ``training.predict.predictor.Recommendation`` holds under the same name."""
+_ADDED = ("requested_hardware", "hardware_substitution", "range_note")
+"""The response fields the service adds; a ``training.predict.predictor.Recommendation`` holds every other
+field of ``RecommendationPublic`` under the same name."""
+_COPIED = tuple(name for name in RecommendationPublic.model_fields if name not in _ADDED)
 
 
 def _public(rec: Any, resolution: Resolution, scenario: Scenario) -> RecommendationPublic:
@@ -126,15 +115,8 @@ def _plan(
             continue
         unmeasured = model.unmeasured(item.op)
         if unmeasured is not None:
-            errors.append(
-                field_error(
-                    [*locs[i], "op"],
-                    item.op,
-                    unmeasured,
-                    "not_measured",
-                    f"one of {list(model.ops)} on {model.profile.id}",
-                )
-            )
+            allowed = f"one of {list(model.ops)} on {model.profile.id}"
+            errors.append(field_error([*locs[i], "op"], item.op, unmeasured, "not_measured", allowed))
             continue
         misses.setdefault((model.profile.id, item.mode, item.host_factor), []).append(
             _Miss(index=i, key=key, resolution=resolution, scenario=scenario)

@@ -100,12 +100,8 @@ def from_pydantic(error: dict[str, Any]) -> dict[str, Any]:
     that is not JSON at all (no JSON content type: FastAPI passes the raw bytes on) and a non-finite
     number (pydantic reports NaN as failing the bound it cannot be compared with).
     """
-    loc, value, msg, kind = (
-        error.get("loc", ()),
-        error.get("input"),
-        str(error.get("msg", "")),
-        error.get("type", ""),
-    )
+    loc, value = error.get("loc", ()), error.get("input")
+    msg, kind = str(error.get("msg", "")), error.get("type", "")
     if kind == "json_invalid":
         position = loc[-1] if loc else None
         reason = (error.get("ctx") or {}).get("error", msg)

@@ -1,12 +1,10 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
-The lifespan loads every registered hardware's current model once (never per request), from a private
-snapshot of the registry's files (``ModelStore``'s ``snapshot``, removed at shutdown), starts the batch
-worker processes (``service.core.worker_pool``, loading from the same snapshot), their supervisor (a
-worker that exits is started again) and the registry watcher that swaps in newly promoted versions, and
-stops them at shutdown. ``uvicorn
-ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one from its
-options (``create_app``).
+The lifespan loads every registered hardware's current model once, from a private snapshot of the
+registry's files (``ModelStore.snapshot``), starts the batch and table worker processes, their supervisor
+and the registry watcher, and stops them (and removes the snapshot) at shutdown.
+``uvicorn ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one
+from its options (``create_app``).
 """
 
 from __future__ import annotations
@@ -133,12 +131,6 @@ def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
     )
 
 
-async def _prefetch_table(state: Any, served: Any, request: dict[str, Any]) -> bytes:
-    """Build (or find) one default table of ``service.tables.prefetch``: the shape grid's, under the ETag
-    ``GET`` finds it by."""
-    return await tables.answer_grid_table(state, served, **request)
-
-
 def create_app(settings: Settings | None = None, *, store: ModelStore | None = None) -> FastAPI:
     """Build the app from ``settings`` (default: the environment); ``store`` replaces the registry's (the
     caller then owns it and closes it)."""
@@ -181,16 +173,13 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         app.state.table_workers = WorkerPool(_worker_options(settings, store), count=1)
         outcomes = await asyncio.to_thread(store.refresh)
         log.info("models under %s: %s", store.root, outcomes or "none registered")
-        # The loaded models and imports stay for the process's life: out of the collector's sight, a full
-        # collection takes ~20 ms instead of ~80 ms, all of it holding the GIL the event loop needs
-        # (measured when batches still ran in this process).
-        gc.freeze()
+        gc.freeze()  # the loaded models stay for life: shorter collections (docs/service.md#settings)
         tasks = [asyncio.create_task(workers.supervise(lambda: store.versions))]
         if settings.RELOAD_POLL_S > 0:
             tasks.append(asyncio.create_task(store.watch(settings.RELOAD_POLL_S)))
         if settings.TABLE_PREFETCH:
-            tasks.append(asyncio.create_task(prefetch(lambda: store.served, functools.partial(
-                _prefetch_table, app.state))))  # fmt: skip
+            grid_table = functools.partial(tables.answer_grid_table, app.state)  # under GET's ETag
+            tasks.append(asyncio.create_task(prefetch(lambda: store.served, grid_table)))
         try:
             yield
         finally:

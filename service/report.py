@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
 
 from ficco.features.provenance import SIMULATED
 from ficco.service.schemas import PairScore, RecommendationPublic, ScorePublic
@@ -107,41 +106,14 @@ def _pick_note(pair: PairScore) -> str | None:
 def score_csv(results: ScorePublic | list[ScorePublic]) -> str:
     """One row per (model, token count, pair), columns ``SCORE_CSV_COLUMNS``, one header."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(SCORE_CSV_COLUMNS)
+    writer = csv.DictWriter(out, SCORE_CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
     for result in results if isinstance(results, list) else [results]:
-        _score_rows(writer, result)
+        for entry in result.data:
+            for p in entry.pairs:
+                row = {**dict(p), **dict(p.scenario), "pair": p.name}  # the columns pick their fields
+                writer.writerow({**row, "model": result.model, "tokens": entry.tokens})
     return out.getvalue()
-
-
-def _score_rows(writer: Any, result: ScorePublic) -> None:
-    """``result``'s CSV rows."""
-    for entry in result.data:
-        for p in entry.pairs:
-            s = p.scenario
-            writer.writerow(
-                [
-                    result.model,
-                    entry.tokens,
-                    p.name,
-                    s.op,
-                    s.m,
-                    s.n,
-                    s.k,
-                    s.experts,
-                    s.top_k,
-                    p.per_layer,
-                    p.layers,
-                    p.schedule,
-                    p.predicted_speedup,
-                    p.fallback,
-                    p.pick_reason,
-                    p.neighbours,
-                    p.serial_us,
-                    p.predicted_us,
-                    p.saved_us_per_layer,
-                ]
-            )
 
 
 def recommendation_table(rec: RecommendationPublic, *, top: int = 5) -> str:

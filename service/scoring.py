@@ -57,17 +57,13 @@ def parse_config(request: ScoreRequest) -> ModelConfig:
         config = ModelConfig.from_hf_dict(model_name(request), request.config)
     except (ValueError, KeyError, TypeError) as err:
         raise InvalidFieldsError([field_error(["body", "config"], request.config, str(err))]) from None
-    if config.num_hidden_layers > MAX_LAYERS:
-        raise InvalidFieldsError(
-            [
-                field_error(
-                    ["body", "config", "num_hidden_layers"],
-                    config.num_hidden_layers,
-                    f"num_hidden_layers must be at most {MAX_LAYERS}; got {config.num_hidden_layers}",
-                    allowed=f"an int in [1, {MAX_LAYERS}]",
-                )
-            ]
+    layers = config.num_hidden_layers
+    if layers > MAX_LAYERS:
+        msg = f"num_hidden_layers must be at most {MAX_LAYERS}; got {layers}"
+        error = field_error(
+            ["body", "config", "num_hidden_layers"], layers, msg, allowed=f"an int in [1, {MAX_LAYERS}]"
         )
+        raise InvalidFieldsError([error])
     return config
 
 
@@ -118,56 +114,30 @@ def _item(pair: LayerPair, hardware: str, mode: str, host_factor: float | None) 
 
 NOT_MEASURED = "not measured"
 """The schedule shown for a pair whose op the model has no measured data for."""
+_UNMEASURED = {"measured": False, "schedule": NOT_MEASURED, "predicted_speedup": None, "fallback": True}
+"""The answer fields of a pair whose op the model has no measured data for."""
+_ANSWERED = ("schedule", "predicted_speedup", "fallback", "fallback_reason", "pick_reason", "neighbours")
+"""The fields of a ``PairScore`` that the model's answer gives."""
 
 
-def _unmeasured_score(pair: LayerPair, reason: str) -> PairScore:
-    """A pair the model cannot answer: its serial time counts, no schedule and no saving are projected."""
-    return _score(
-        pair, measured=False, schedule=NOT_MEASURED, speedup=None, fallback=True, fallback_reason=reason
-    )
-
-
-def _pair_score(pair: LayerPair, rec: RecommendationPublic) -> PairScore:
-    return _score(
-        pair,
-        measured=True,
-        schedule=rec.schedule,
-        speedup=rec.predicted_speedup,
-        fallback=rec.fallback,
-        fallback_reason=rec.fallback_reason,
-        pick_reason=rec.pick_reason,
-        neighbours=rec.neighbours,
-    )
-
-
-def _score(
-    pair: LayerPair,
-    *,
-    measured: bool,
-    schedule: str,
-    speedup: float | None,
-    fallback: bool,
-    fallback_reason: str | None,
-    pick_reason: str | None = None,
-    neighbours: int | None = None,
-) -> PairScore:
-    """The pair with its answer: the roofline serial time, and with a predicted ``speedup`` the predicted
-    time and the saving per layer (None without one)."""
+def _score(pair: LayerPair, rec: RecommendationPublic | None, reason: str | None = None) -> PairScore:
+    """The pair with the model's answer ``rec`` and its roofline serial time, and with a predicted speedup
+    the predicted time and the saving per layer (None without one). ``rec`` None: a pair the model cannot
+    answer (``reason``): its serial time counts, no schedule and no saving are projected."""
     s = pair.scenario
     serial_us = roofline_gemm_us(s) + roofline_comm_us(s)
+    if rec is None:
+        answer = {**_UNMEASURED, "fallback_reason": reason}
+    else:
+        answer = {"measured": True, **{name: getattr(rec, name) for name in _ANSWERED}}
+    speedup = answer.get("predicted_speedup")
     predicted_us = serial_us / speedup if speedup else None
     return PairScore(
         name=pair.name,
         per_layer=pair.per_layer,
         layers=pair.layers,
         scenario=ScenarioPublic(**_fields(pair)),
-        measured=measured,
-        schedule=schedule,
-        predicted_speedup=speedup,
-        fallback=fallback,
-        fallback_reason=fallback_reason,
-        pick_reason=pick_reason,
-        neighbours=neighbours,
+        **answer,
         serial_us=serial_us,
         predicted_us=predicted_us,
         saved_us_per_layer=None if predicted_us is None else (serial_us - predicted_us) * pair.per_layer,
@@ -214,7 +184,7 @@ def score_model(
 
     def pair_score(pair: LayerPair) -> PairScore:
         reason = model.unmeasured(pair.scenario.op)
-        return _unmeasured_score(pair, reason) if reason else _pair_score(pair, next(recs))
+        return _score(pair, None, reason) if reason else _score(pair, next(recs))
 
     card = model.predictor.card
     data = [

@@ -1,19 +1,10 @@
 """Schedule tables in the service: built in a worker process of their own, kept compressed in a bounded
 cache, the shape grid's built as soon as a model loads.
 
-A table (``training.export.build_schedule_table``, numpy and the model alone) asks the model at about 1,500
-token counts per (op, n, k): seconds of CPU for a model config's few shapes, tens of seconds for the
-242-shape grid. In the serving process that CPU (and the GIL) would be taken from single requests, so the
-server only checks a request (world size, shapes, the model) and computes its ETag; the table itself is
-built by a worker process (``service.core.worker_pool``, the ``table`` job of ``service.worker_jobs.JOBS``) at
-the batch workers' low CPU priority, behind a gate of its own (one build at a time, ``FICCO_TABLE_QUEUE``
-waiting, then 429), so a table build never delays a batch. The worker sends the table back as
-gzip-compressed JSON (a grid table is 5-6 MB of JSON, 0.2-0.25 MB compressed), which the server keeps by
-ETag (:class:`TableCache`: at most ``FICCO_TABLE_CACHE_MB``, least recently used out first) and sends as
-it is to clients that accept gzip. Requests for a table being built wait for that one build.
-
-When a model version is loaded, :func:`prefetch` builds the tables ``GET /v1/tables`` serves for it: per
-world size the model was trained at, each mode and each dtype of its training data.
+The server only checks a table request (world size, shapes, the model) and computes its ETag; the table
+itself (``training.export.build_schedule_table``) is built by a worker process (``service.core.worker_pool``,
+the ``table`` job of ``service.worker_jobs.JOBS``) behind a gate of its own, and kept gzip-compressed by
+ETag (:class:`TableCache`). Why, and the costs: docs/tables.md#tables-over-http.
 """
 
 from __future__ import annotations
@@ -176,10 +167,10 @@ def default_tables(hardware_id: str, predictor: Any) -> list[dict[str, Any]]:
 
 async def prefetch(
     served: Callable[[], Mapping[str, Any]],
-    fetch: Callable[[Mapping[str, Any], dict[str, Any]], Awaitable[bytes]],
+    fetch: Callable[..., Awaitable[bytes]],
 ) -> None:
     """Never returns: every :data:`PREFETCH_POLL_S`, for each model version of ``served()`` not seen before,
-    ``await fetch(snapshot, request)`` for each of its :func:`default_tables`, one at a time (a failure is
+    ``await fetch(snapshot, **request)`` for each of its :func:`default_tables`, one at a time (a failure is
     logged; the table is built when first asked for)."""
     seen: set[tuple[str, str]] = set()
     while True:
@@ -190,7 +181,7 @@ async def prefetch(
             seen.add((hw, model.version))
             for request in default_tables(hw, model.predictor):
                 try:
-                    await fetch(snapshot, request)
+                    await fetch(snapshot, **request)
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:  # e.g. the table gate is full: built on first request instead

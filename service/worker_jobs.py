@@ -1,15 +1,10 @@
 """The jobs of the worker processes: a request body's raw JSON bytes in, the JSON answer's bytes out.
 
 :func:`answer_batch` (``POST /v1/recommend/batch``), :func:`answer_score_batch` (``POST
-/v1/score/batch``) and :func:`answer_score` (``POST /v1/score``) are the whole jobs, blocking and
-CPU-bound (~0.3-0.6 s for 10,000 scenarios, or 64 model configs at 32 token counts, on one core): they
-parse and validate the body, answer through ``engine.recommend_scenarios`` / ``scoring`` (so a batch
-gives the same answers as one request per item) and serialise the answer. The server runs them in its
-worker processes (``service.core.worker_pool``, ``JOBS``), never in the process that serves single
-recommendations; the fourth job, ``table``, builds a schedule table (``service.tables.build_job``).
-
-Any body is refused with a 422 naming what is wrong, whatever its shape or depth: bad JSON, JSON
-nested deeper than the parser's recursion allows, a top level or a list that is another type.
+/v1/score/batch``) and :func:`answer_score` (``POST /v1/score``) parse and validate the body, answer through
+``engine.recommend_scenarios`` / ``scoring`` (so a batch gives the same answers as one request per item) and
+serialise the answer; ``table`` builds a schedule table (``service.tables.build_job``). Any body is refused
+with a 422 naming what is wrong, whatever its shape or depth.
 """
 
 from __future__ import annotations
@@ -108,16 +103,9 @@ def answer_batch(
     scenarios = _parse(body)
     count = len(scenarios)
     if count > max_batch:
-        raise InvalidFieldsError(
-            [
-                field_error(
-                    ["body", "scenarios"],
-                    count,
-                    f"a batch holds at most {max_batch} scenarios (FICCO_MAX_BATCH); got {count}. Split it.",
-                    allowed=f"at most {max_batch} items",
-                )
-            ]
-        )
+        msg = f"a batch holds at most {max_batch} scenarios (FICCO_MAX_BATCH); got {count}. Split it."
+        allowed = f"at most {max_batch} items"
+        raise InvalidFieldsError([field_error(["body", "scenarios"], count, msg, allowed=allowed)])
     locs = [["body", "scenarios", i] for i in range(count)]
     return _dump(recommend_scenarios(served, scenarios, default_hardware=default_hardware, locs=locs))
 

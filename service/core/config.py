@@ -44,19 +44,17 @@ class ModelSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     MODEL_ROOT: Path = Field(default_factory=_default_model_root)
-    """Model registry root: ``<root>/<hardware_id>/<version>/`` and ``<root>/<hardware_id>/CURRENT``.
-    Default: ``models/`` at the repository root, the same registry ``ficco train`` writes, from any
-    directory."""
+    """Model registry root (``<root>/<hardware_id>/<version>/``, ``<root>/<hardware_id>/CURRENT``); default:
+    the registry ``ficco train`` writes, ``models/`` at the repository root."""
     DEFAULT_HARDWARE: str = DEFAULT_HARDWARE_ID
     """Hardware id used when a request names none, and the model ``ficco serve`` makes sure exists."""
     DATASET_ROOT: Path = REPO_ROOT / "datasets"
     """Shipped datasets: ``ficco serve`` trains ``<root>/<DEFAULT_HARDWARE>`` when the registry is empty."""
     PREDICT_THREADS: int = Field(default=1, ge=1, le=256)
-    """XGBoost threads per prediction. 1 suits single-scenario requests: a second thread gains nothing on
-    one row and, on a busy 2-core machine, waits to be scheduled (10x the latency, measured)."""
+    """XGBoost threads per prediction (why 1: docs/service.md#settings)."""
     BATCH_THREADS: int = Field(default=1, ge=1, le=64)
     """Threads a large list of scenarios (>= 2,048 new ones: a batch in its worker process, ``ficco score``)
-    is split over. More cuts a lone batch's time on an otherwise idle machine."""
+    is split over."""
     CACHE_SIZE: int = Field(default=4096, ge=0)
     """Recommendations remembered per loaded model (LRU, keyed by the request's scenario); 0 = off."""
     LOG_LEVEL: str = "info"
@@ -79,50 +77,41 @@ class Settings(ModelSettings):
     RELOAD_POLL_S: float = Field(default=2.0, ge=0.0)
     """Seconds between checks of ``<root>/<hw>/CURRENT`` for a newly promoted model; 0 turns polling off."""
     BATCH_CONCURRENCY: int = Field(default=1, ge=1, le=64)
-    """Batches answered at once, each by one batch worker process (``service.core.worker_pool``): this
-    many worker processes run beside the server, each with the served models loaded."""
+    """Batches answered at once: this many batch worker processes (``service.core.worker_pool``) run beside
+    the server, each with the served models loaded."""
     BATCH_QUEUE: int = Field(default=4, ge=0, le=1024)
     """Batches that may wait for a slot; more get 429 with Retry-After."""
     SCORE_QUEUE: int = Field(default=32, ge=0, le=1024)
-    """Single ``POST /v1/score`` requests that may wait for a batch worker, counted apart from batches (a
-    full batch queue does not refuse them; each waits behind at most the batches admitted); more get 429."""
+    """Single ``POST /v1/score`` requests that may wait for a batch worker, counted apart from batches; more
+    get 429."""
     BATCH_RETRY_AFTER_S: int = Field(default=1, ge=1, le=3600)
     """The Retry-After (seconds) of a 429."""
     BATCH_PRIORITY: Priority = "idle"
-    """CPU priority of the batch workers: ``idle`` (Linux ``SCHED_IDLE``: a batch runs only on CPU time that
-    the server and other normal-priority work leave idle, so single requests beside back-to-back batches
-    keep their latency; on a machine busy with other work batches then wait), ``low`` (``nice 19``: a
-    small share even then) or ``normal``."""
+    """CPU priority of the batch workers: ``idle`` (Linux ``SCHED_IDLE``: only CPU time that normal-priority
+    work leaves idle), ``low`` (``nice 19``) or ``normal`` (docs/service.md#batches)."""
     WORKER_CPUS: str = "spare"
-    """CPUs the batch and table workers run on once warm: ``spare`` (every CPU but the lowest, so one core
-    and its caches are left to single requests; all of them on a one-CPU machine), ``all`` or a list such
-    as ``1,3-5``."""
+    """CPUs the batch and table workers run on once warm: ``spare``, ``all`` or a list such as ``1,3-5``
+    (``worker_pool.worker_cpus``)."""
     TABLE_QUEUE: int = Field(default=8, ge=0, le=1024)
     """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
     get 429 with Retry-After."""
     TABLE_CACHE_MB: int = Field(default=64, ge=1, le=1 << 16)
-    """Memory for built schedule tables (gzip-compressed: a 242-shape grid table is 0.2-0.25 MB), least
-    recently used out first."""
+    """Memory for built schedule tables (gzip-compressed), least recently used out first."""
     TABLE_REQUESTS_PER_S: float = Field(default=10.0, ge=0.0, le=1e6)
     """Schedule-table requests (GET and POST ``/v1/tables``) one client address may make a second, in
-    bursts of twice that; more get 429 with Retry-After (0: no limit; behind a proxy that makes every
-    client one address, raise it or set 0). A runtime fetches its table once at start-up; without the limit,
-    4 clients re-fetching the cached grid table back to back took the server's event loop (1,800 GETs a
-    second on 2 cores) and single recommendations waited: p99 41 ms at 100 req/s."""
+    bursts of twice that; more get 429 with Retry-After (0: no limit, e.g. behind a proxy)."""
     TABLE_PREFETCH: bool = True
     """Build the tables ``GET /v1/tables`` serves (per world size, mode and training dtype of each model) as
     soon as a model version loads, in the table worker."""
     GIL_SWITCH_INTERVAL_S: float = Field(default=0.0005, gt=0.0, le=0.1)
-    """``sys.setswitchinterval`` of the server process: how long the prediction thread (micro-batched
-    single requests, ``/v1/score``) may hold the GIL before the event loop gets it. Set when batches still
-    ran in a thread of the server: Python's 5 ms default let each loop step of a single request wait up
-    to 5 ms behind a running batch (p50 62 ms at 200 req/s beside batches, measured; 0.2 ms: 15 ms)."""
+    """``sys.setswitchinterval`` of the server process: how long the prediction thread may hold the GIL
+    before the event loop gets it (why not Python's 5 ms: docs/service.md#settings)."""
     HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Seconds a connection may take to send a request's headers (after opening, or after its previous
-    response) before it is closed: half-open connections do not hold the server's sockets forever."""
+    response) before it is closed."""
     MAX_HEADER_BYTES: int = Field(default=16384, ge=1024, le=1 << 20)
     """Longest request line and headers, bytes (h11's default); longer ones get 431 and the connection
-    is closed, so headers cannot fill the server's memory, however they are split."""
+    is closed."""
     MAX_HEADERS: int = Field(default=100, ge=8, le=10_000)
     """Most header lines of a request (Apache's LimitRequestFields default); more get 431."""
     BODY_TIMEOUT_S: float = Field(default=30.0, gt=0.0, le=3600.0)
@@ -137,8 +126,7 @@ class Settings(ModelSettings):
     """Seconds a batch answer may take to be read by its client; past it the connection is closed and the
     answer's memory freed (an unread answer holds its admission slot until then: ``FICCO_BATCH_QUEUE``)."""
     ACCESS_LOG: bool = False
-    """Log one line per request (uvicorn's access log). Off by default: /metrics counts requests per
-    endpoint and status, and a line per request is a write system call on every request."""
+    """Log one line per request (uvicorn's access log; off: /metrics counts requests, docs/service.md)."""
 
     @field_validator("RELOAD_TOKEN")
     @classmethod

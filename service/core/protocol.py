@@ -11,9 +11,8 @@ bytes arrive, however they are split:
   one is closed at once.
 
 uvicorn times out idle keep-alive connections only once a first request was answered, and cancels that
-timer as soon as any byte arrives; httptools sets no size limit on headers (one 50 MiB header cost the
-server 100 MB, measured). Every refusal is counted by ``on_reject(reason)`` (``/metrics``); the body's own
-size limit is ``core.limits``.
+timer as soon as any byte arrives; httptools sets no size limit on headers. Every refusal is counted by
+``on_reject(reason)`` (``/metrics``); the body's own size limit is ``core.limits``.
 """
 
 from __future__ import annotations

@@ -58,7 +58,6 @@ class ServedModel:
     """One loaded predictor with the hardware profile it was trained on and its answer cache."""
 
     predictor: Predictor
-    """The loaded model (``training.predict.predictor.Predictor``)."""
     profile: HardwareProfile
     """The profile scenarios are built on when this model answers."""
     cache: RecommendationCache
@@ -123,7 +122,6 @@ class Resolution:
     """Which served model answers a request, and why when it is not the requested hardware's own."""
 
     model: ServedModel
-    """The model that answers."""
     requested: str
     """The hardware id the request named (or the default)."""
     substitution: str | None
@@ -153,7 +151,8 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
     pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
     listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
     measured_id = registry_id(hardware_id, MEASURED)
-    base = _profile_for(measured_id, served)
+    own = served.get(measured_id)  # the profile: a served model's, else the built-in one, else None
+    base = own.profile if own is not None else KNOWN_HARDWARE.get(measured_id)
     target = measured_id if base is None else base.id
     bigger: list[tuple[int, str]] = []
     if base is not None and world_size > base.gpu_count:
@@ -199,12 +198,6 @@ def _ways(served: Mapping[str, ServedModel], target: str, world_size: int, reque
         f"Measure it with `ficco retrain --hardware {target} --tp {world_size}` on a machine of those GPUs, "
         f"{simulated} (its answers say model_backend=simulated)"
     )
-
-
-def _profile_for(hardware_id: str, served: Mapping[str, ServedModel]) -> HardwareProfile | None:
-    """The profile of a (measured) hardware id: a served model's, else the built-in one, else None."""
-    model = served.get(hardware_id)
-    return model.profile if model is not None else KNOWN_HARDWARE.get(hardware_id)
 
 
 def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
@@ -320,10 +313,8 @@ class ModelStore:
     ``list_models(root)``, ``current_version(root, hw)`` and ``load_predictor(root, hw, version)``
     (default: ``training.predict.registry``).
 
-    ``snapshot``: a directory each version's files are copied into before the version is loaded from
-    the copy (a registry of its own, ``<snapshot>/<hw>/<version>/``). The server's batch workers load
-    from it (``loads_from``), so a worker started later serves the very bytes this store serves, even
-    after the registry's files were changed or damaged in place.
+    ``snapshot``: a directory each version's files are copied into and loaded from (a registry of its own,
+    ``<snapshot>/<hw>/<version>/``), which the batch workers load from too (docs/service.md#readiness).
     """
 
     def __init__(
@@ -512,9 +503,9 @@ class ModelStore:
             model = self._build(hw, version, verify=verify)
         except Exception as err:  # corrupt or mismatched files: keep serving the previous model
             self._failed[hw] = version
-            if self._served.get(hw) is None or self._served[hw].version != version:
-                self._copied.discard((hw, version))  # a retry copies the registry's files again
             previous = self._served.get(hw)
+            if previous is None or previous.version != version:
+                self._copied.discard((hw, version))  # a retry copies the registry's files again
             keep = f"; still serving {previous.version}" if previous else "; no model serves it"
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return self.public_path(f"failed {version}: {err}")

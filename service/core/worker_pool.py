@@ -1,17 +1,10 @@
 """The worker pool: separate processes that answer ``POST /v1/recommend/batch``, ``POST /v1/score/batch``
 and ``POST /v1/score`` bodies and build schedule tables, at a lower CPU priority than the process serving
-single requests (``FICCO_BATCH_PRIORITY``, default ``SCHED_IDLE``) and on the CPUs ``FICCO_WORKER_CPUS``
-names.
+single requests (``FICCO_BATCH_PRIORITY``) and on the CPUs ``FICCO_WORKER_CPUS`` names.
 
-Server and worker talk over a socket pair in length-prefixed frames (8-byte big-endian length, then the
-bytes): a ready frame once the worker has loaded and warmed its models, then per job a header (kind and
-the model versions the server serves for that request) and the request body, answered by a header
-(``ok`` or an error kind, raised again in the server as the same exception by :func:`raise_error`) and the
-response body. A worker exits when its socket closes. The protocol in full:
-docs/service.md#the-worker-protocol.
-
-Only the standard library is imported at module level: the worker lowers its priority before it imports
-the model code (``python -m ficco.service.core.worker_pool``, started by :class:`WorkerProcess`).
+Server and worker talk over a socket pair in length-prefixed frames (docs/service.md#the-worker-protocol);
+an error comes back by kind and is raised again in the server (:func:`raise_error`). Only the standard
+library is imported at module level: the worker lowers its priority before it imports the model code.
 """
 
 from __future__ import annotations
@@ -53,26 +46,23 @@ MAX_BACKOFF_S = 30.0
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerOptions:
-    """What a worker needs from the server's settings; travels as JSON on the worker's command line."""
+    """What a worker needs from the server's settings (a field without a docstring is the ``FICCO_`` setting
+    of its name); travels as JSON on the worker's command line."""
 
     model_root: str = "models"
-    """The registry the server's store reads (``ModelStore.root``)."""
+    """The registry the server's store loads from (``ModelStore.loads_from``)."""
     cache_size: int = 4096
-    """Answers remembered per loaded model (``FICCO_CACHE_SIZE``)."""
     threads: int = 1
     """XGBoost threads per prediction (``FICCO_PREDICT_THREADS``)."""
     bulk_threads: int = 1
     """Threads a large batch is split over (``FICCO_BATCH_THREADS``)."""
     max_batch: int = 10_000
-    """Most scenarios in one batch (``FICCO_MAX_BATCH``)."""
     default_hardware: str = "h200x2"
-    """Hardware id of items that name none (``FICCO_DEFAULT_HARDWARE``)."""
     priority: Priority = "idle"
     """CPU priority of the worker (``FICCO_BATCH_PRIORITY``; see ``PRIORITIES``)."""
     cpus: str = "spare"
     """CPUs the worker runs on once warm (``FICCO_WORKER_CPUS``; see :func:`worker_cpus`)."""
     log_level: str = "info"
-    """Level of the worker's log lines (``FICCO_LOG_LEVEL``); they go to the server's stderr."""
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     """``{hardware id: version}`` to load at start (the server's models then); each job names its own."""
     warm_up_first: bool = False
@@ -159,13 +149,19 @@ def raise_error(reply: Mapping[str, Any]) -> NoReturn:
 # --- the worker process ---------------------------------------------------------------------------------
 
 
+def _thread_ids() -> list[int]:
+    """This process's thread ids (Linux sets priority and affinity per thread); ``[0]`` (this thread) where
+    ``/proc`` does not list them."""
+    tasks = Path("/proc/self/task")
+    return [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+
+
 def lower_priority(priority: str) -> str:
     """Lower the CPU priority of every thread of this process to ``priority`` (see ``PRIORITIES``; Linux
     sets it per thread, and threads started later inherit their starter's); returns what was applied."""
     if priority == "normal":
         return "normal"
-    tasks = Path("/proc/self/task")
-    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    tids = _thread_ids()
     if priority == "idle" and hasattr(os, "sched_setscheduler"):
         try:
             for tid in tids:
@@ -207,8 +203,7 @@ def pin_cpus(spec: str) -> str:
     if not hasattr(os, "sched_setaffinity"):
         return "any"
     cpus = worker_cpus(spec, os.sched_getaffinity(0))
-    tasks = Path("/proc/self/task")
-    for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
+    for tid in _thread_ids():
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cpus)
     return ",".join(map(str, sorted(cpus)))

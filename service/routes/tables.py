@@ -1,12 +1,9 @@
 """GET and POST /v1/tables/{hardware_id}: the served model's schedule tables (features.schedule_table).
 
-A runtime fetches its table once at start-up and caches it on disk (``ServiceClient.fetch_table``), never
-per step. Every answer carries an ``ETag`` built from the model version, the hardware fingerprint and the
-request (world size, mode, dtype, shapes); a request whose ``If-None-Match`` names it gets 304 and no body.
-A promoted model (a new version) changes the ETag. GET serves the dense shape grid
-(``training.export.grid_shapes``), built when the model loads; POST the layers of a posted Hugging Face
-config, or listed shapes (at most ``MAX_TABLE_SHAPES``). Tables are built in a worker process and kept
-compressed in a bounded cache (``service.tables``); the answer is gzip-encoded for clients that accept it.
+GET serves the dense shape grid (``training.export.grid_shapes``), POST the layers of a posted Hugging Face
+config or listed shapes; every answer carries an ``ETag`` (model version, hardware fingerprint, request) and
+is gzip-encoded for clients that accept it. The tables are built and cached by ``service.tables``; what
+clients see: docs/tables.md#tables-over-http.
 """
 
 from __future__ import annotations
@@ -123,8 +120,7 @@ def _grid_checked(
     predictor: Any, tp: int, mode: str, dtype: str, allow_simulated: bool
 ) -> tuple[list[tuple], bool, str]:
     """The shape grid's table request (GET) checked once per served model and query: (shapes, simulated,
-    etag). A GET answered from the table cache then costs no Python over the grid's shapes (measured on 2
-    cores: 2.2 ms of server CPU per cached GET before, the event loop's share of 4 clients re-fetching)."""
+    etag); a GET answered from the table cache then costs no Python over the grid's shapes."""
     from ficco.training.export import grid_shapes
 
     shapes = grid_shapes()
