@@ -63,11 +63,8 @@ class Gathered:
     """What :func:`gather` wrote and found."""
 
     out: Path
-    """The dataset directory written."""
     shards: int
-    """Shard directories gathered."""
     rows: int
-    """Rows written."""
     duplicates: int
     """Rows dropped because an earlier shard directory held them."""
     missing_shards: list[int]
