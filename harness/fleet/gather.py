@@ -38,9 +38,7 @@ class ShardDir:
     """One shard directory as read by :func:`read_shard`."""
 
     directory: Path
-    """The shard's dataset directory."""
     manifest: dict[str, Any]
-    """Its ``manifest.json``."""
     plan: dict[str, Any]
     """Its ``plan.json`` (the shard's part of the plan; ``settings["shard"]`` says which)."""
 
