@@ -192,10 +192,7 @@ def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
                     "repeat: load_repeats)"
                 )
     noise = [_current(n, p) for p in paths if (n := load_noise(p)) is not None]
-    return (
-        pd.concat(frames, ignore_index=True),
-        pd.concat(noise, ignore_index=True) if noise else None,
-    )
+    return (pd.concat(frames, ignore_index=True), pd.concat(noise, ignore_index=True) if noise else None)
 
 
 def load_repeats(rows: pd.DataFrame, paths: Sequence[str | Path], like: str | Path) -> list[pd.DataFrame]:

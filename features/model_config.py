@@ -44,7 +44,6 @@ class ModelConfig:
     head_dim: int = 128
     """Features per head (docs/shapes.md has the rule when the config has none)."""
     num_hidden_layers: int = 32
-    """Transformer layers."""
     gated_mlp: bool = True
     """Gate + up projections (up GEMM of 2x the width) or a single up projection."""
     parallel_block: bool = False

@@ -30,7 +30,6 @@ class OpShapes:
     b: tuple[int, ...] = (1, 1)
     """The weight: ``[k, n]``, or ``[experts / w, k, n]`` for the MoE ops."""
     out: tuple[int, ...] = (1, 1)
-    """The op's result."""
     comm: tuple[int, ...] = (1, 1)
     """What ``executor.communicate`` moves alone: ``a`` (comm first), or the GEMM's output (GEMM first)."""
 
@@ -50,7 +49,6 @@ class OpSpec:
     """Routed rows, one GEMM per local expert: the op needs a :class:`Routing` and ``b`` is
     ``[experts / w, k, n]``."""
     executor_fn: str = "all_gather_matmul"
-    """The ``ficco.executor`` function that runs the op."""
     a_rows: Rows = "shard"
     """Rows of ``a`` on a rank: ``shard`` (m / w), ``all`` (m), ``sent`` (the rows the rank routes, m *
     top_k) or ``received`` (the rows routed to the rank's experts)."""

@@ -152,7 +152,6 @@ SERIAL = Schedule(granularity="serial", executor="sm")
 SCHEDULES: tuple[str, ...] = tuple(str(s) for s in all_schedules())
 """Every schedule string in canonical order (serial/sm first): the column order of schedule arrays."""
 SCHEDULE_INDEX: dict[str, int] = {s: i for i, s in enumerate(SCHEDULES)}
-"""The column of each schedule string in :data:`SCHEDULES`."""
 
 
 def max_splits(rows: int, world_size: int) -> int:

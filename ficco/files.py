@@ -26,7 +26,6 @@ SHIPPED = CHECKOUT or Path(__file__).resolve().parent
 """Where the shipped ``models/`` (the registry) and ``datasets/`` (model configs) lie: the checkout, or the
 installed ``ficco`` package (read-only: site-packages may belong to root, and an upgrade replaces it)."""
 SHIPPED_MODELS = SHIPPED / "models"
-"""The shipped model registry."""
 MODEL_ROOT_ENV = "FICCO_MODEL_ROOT"
 """The variable naming the model registry to read and write."""
 

@@ -408,8 +408,7 @@ def _noise(df: pd.DataFrame, noise: pd.DataFrame | None) -> str:
         "of the differences between its schedules; 'shift': that drift, the second run's time over the "
         "first's (median scenario):\n\n"
         + _noise_table(
-            _NOISE_BY_SIZE_COLUMNS,
-            [(mode, b) for mode, both in runs.items() for b in noise_by_size(*both)],
+            _NOISE_BY_SIZE_COLUMNS, [(mode, b) for mode, both in runs.items() for b in noise_by_size(*both)]
         )
     )
 
@@ -483,10 +482,7 @@ def _plot_best(labels: pd.DataFrame, op: str, mode: str, directory: Path) -> Pat
                 alpha=0.85,
                 edgecolors="none",
             )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("m (rows)")
-    ax.set_ylabel("n * k")
+    ax.set(xscale="log", yscale="log", xlabel="m (rows)", ylabel="n * k")
     ax.set_title(f"{op}, {mode}: best schedule family ({len(sub)} scenarios)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="best")

@@ -1,12 +1,5 @@
 """The ``ficco bench`` spellings of the release before ``ficco dataset card`` and ``ficco fleet``, rewritten
-to the new ones with a warning that names them; they go in the next release.
-
-    ficco bench --card-only [--relabel] --out DIR     ->  ficco dataset card DIR [--relabel]
-    ficco bench --ray ADDRESS [--shards N] ...         ->  ficco fleet run ADDRESS [--shards N] ...
-    ficco bench --emit ENGINE --shards N [--image] ... ->  ficco fleet emit ENGINE --shards N [--image] ...
-    ficco bench --shard I/N ... (or in a job array)    ->  ficco fleet shard [--shard I/N] ...
-    --include-moe -> --ops all (unless --ops is given); --limit N -> --sample N; --resume: dropped (the same
-    command continues a dataset); --nproc N: dropped (the processes are --tp)
+to the new ones with a warning that names them; they go in the next release. The mapping: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -220,13 +220,7 @@ def measure_host_factor(
         dist.barrier(group)
 
     (times,) = time_host_calls(
-        calls,
-        rounds=rounds,
-        batch=batch,
-        warmup=warmup,
-        seed=seed,
-        sync=sync,
-        after_warmup=after_warmup,
+        calls, rounds=rounds, batch=batch, warmup=warmup, seed=seed, sync=sync, after_warmup=after_warmup
     )
     slowest = torch.tensor([statistics.median(times[case]) for case in CASES], dtype=torch.float64).to(device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)

@@ -42,12 +42,7 @@ def relabel(df: pd.DataFrame, *, seed: int = 0, alpha: float = ALPHA) -> pd.Data
 
 
 def best_set(
-    rounds: np.ndarray,
-    *,
-    quantile: float = 0.5,
-    margin: float = MARGIN,
-    alpha: float = ALPHA,
-    seed: int = 0,
+    rounds: np.ndarray, *, quantile: float = 0.5, margin: float = MARGIN, alpha: float = ALPHA, seed: int = 0
 ) -> np.ndarray:
     """Which schedules belong to the best set.
 

@@ -192,13 +192,7 @@ def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
 
 
 def run_torchrun(
-    plan: Plan,
-    out: Path,
-    *,
-    backend: BenchBackend,
-    tp: int,
-    nproc: int | None,
-    settings: WorkerSettings,
+    plan: Plan, out: Path, *, backend: BenchBackend, tp: int, nproc: int | None, settings: WorkerSettings
 ) -> None:
     """Write the plan file and sweep it with one ``ficco.harness.worker`` process per rank under torchrun,
     then (``settings.remeasure`` > 0) re-measure in a second torchrun job: another process, another order."""

@@ -254,7 +254,6 @@ class SweepEstimate:
     """How long a GPU sweep of a plan should take, from the simulator."""
 
     scenarios: int
-    """Scenarios in the plan."""
     remeasured: int
     """Scenarios measured a second time for the noise table."""
     rows: int

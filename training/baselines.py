@@ -157,9 +157,7 @@ class AsyncTPModel:
     ``min_gain_``, of :data:`MIN_GAINS` by grouped cross-validation (docs/training.md)."""
 
     seed: int = 0
-    """XGBoost seed."""
     n_jobs: int = 1
-    """XGBoost threads."""
     regressor_: Any = None
     """The fitted regressor (None before :meth:`fit`)."""
     min_gain_: dict[str, float] = field(default_factory=dict)

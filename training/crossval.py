@@ -66,7 +66,6 @@ class Choice:
     """A training configuration and fallback policy chosen together."""
 
     config: TrainConfig
-    """How the pick model is trained."""
     policy: ModePolicy
     """When its pick falls back to serial/sm, per mode."""
 

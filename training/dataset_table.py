@@ -121,10 +121,9 @@ def build_table(
     every mode the dataset has).
 
     With ``repeats`` (independent sweeps of the same scenarios) a schedule's time is the geometric mean of
-    its ``time_ms`` over the sweeps, and it is in the best set if any sweep's is (or it is the pooled
-    fastest): eager times of small shapes drift with the host (``datasets/h200x2-swap-trial/README.md``), and
-    several sweeps' mean is a steadier draw. Rows without a successful serial/sm are dropped and counted in
-    ``dropped``. ``ValueError`` for a schedule outside the design space or a dataset left with no row.
+    its ``time_ms`` over the sweeps (docs/training.md), and it is in the best set if any sweep's is (or it
+    is the pooled fastest). Rows without a successful serial/sm are dropped and counted in ``dropped``.
+    ``ValueError`` for a schedule outside the design space or a dataset left with no row.
     """
     if modes is not None:
         df = df[df["mode"].isin(list(modes))]

@@ -346,10 +346,7 @@ def evaluate(
             **({"transfer": transfer_split.get(mode, {})} if transfer_split is not None else {}),
             **({"rescored": rescored_summary(sub, picks, rescore)} if rescore is not None else {}),
             "per_family": per_family(sub, cv.final[on]),
-            "fallback": {
-                "n_fallbacks": int(fallback.sum()),
-                "without_fallback": score(sub, cv.raw[on]),
-            },
+            "fallback": {"n_fallbacks": int(fallback.sum()), "without_fallback": score(sub, cv.raw[on])},
         }
         ceiling = family_holdout.get("ceiling", {}).get("geomean_regret")
         model = family_holdout["model"]["geomean_regret"]

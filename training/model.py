@@ -111,7 +111,6 @@ class PairModel(BaseEstimator):
     n_estimators: int = 150
     """Boosting rounds. The fast path (``training.predict.fastpath``) walks every tree, so fewer is faster."""
     max_depth: int = 6
-    """Depth of each tree."""
     learning_rate: float = 0.1
     """Shrinkage (XGBoost ``eta``)."""
     min_child_weight: float = 1.0
@@ -119,7 +118,6 @@ class PairModel(BaseEstimator):
     reg_lambda: float = 1.0
     """L2 penalty on leaf values."""
     random_state: int = 0
-    """XGBoost seed."""
     n_jobs: int = 1
     """Threads; fixed so that results do not depend on the machine."""
 

@@ -43,8 +43,7 @@ def plot_confusion(table: DatasetTable, picks: np.ndarray, path: Path) -> None:
     labels = [SCHEDULES[c] for c in used]
     ax.set_xticks(range(len(used)), labels, rotation=90, fontsize=7)
     ax.set_yticks(range(len(used)), labels, fontsize=7)
-    ax.set_xlabel("picked (held out)")
-    ax.set_ylabel("measured best")
+    ax.set(xlabel="picked (held out)", ylabel="measured best")
     ax.set_title(f"top1 {np.mean(picks == table.best):.3f} over {len(table)} scenarios")
     fig.colorbar(image, ax=ax, label="log(1 + count)", shrink=0.7)
     fig.tight_layout()
@@ -63,11 +62,9 @@ def plot_regret_cdf(regrets: dict[str, np.ndarray], path: Path, title: str) -> N
         ax.step(regret, np.arange(1, len(regret) + 1) / len(regret), where="post", label=name,
                 linewidth=2.2 if name in ("model", "ceiling") else 1.2,
                 linestyle="--" if name == "ceiling" else "-")  # fmt: skip
-    ax.set_title(title)
     ax.set_xscale("symlog", linthresh=0.01)
-    ax.set_xlim(left=0)
+    ax.set(title=title, xlim=(0, None), xlabel="regret  t_picked / t_best - 1  (dotted: 2%)")
     ax.axvline(0.02, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("regret  t_picked / t_best - 1  (dotted: 2%)")
     ax.set_ylabel("fraction of scenarios")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
@@ -98,8 +95,7 @@ def plot_schedule_map(
                 ax.scatter(nk[sel], m[sel], s=22, color=colors[k], label=name, edgecolors="none")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("n * k")
-        ax.set_title(f"{op}: {title}")
+        ax.set(xlabel="n * k", title=f"{op}: {title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("m")
     handles = {h.get_label(): h for ax in axes for h in ax.collections}

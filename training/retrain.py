@@ -75,11 +75,9 @@ class RetrainOutcome:
     """What the retraining job did."""
 
     dataset: Path
-    """The dataset directory it measured."""
     model_id: str
     """The registry id it registered under: the hardware id, or ``<id>-sim`` for simulated rows."""
     version: str
-    """The version it registered."""
     promoted: bool
     """Whether the new version became current."""
     reason: str

@@ -38,9 +38,7 @@ class ShardDir:
     """One shard directory as read by :func:`read_shard`."""
 
     directory: Path
-    """The shard's dataset directory."""
     manifest: dict[str, Any]
-    """Its ``manifest.json``."""
     plan: dict[str, Any]
     """Its ``plan.json`` (the shard's part of the plan; ``settings["shard"]`` says which)."""
 
@@ -63,11 +61,8 @@ class Gathered:
     """What :func:`gather` wrote and found."""
 
     out: Path
-    """The dataset directory written."""
     shards: int
-    """Shard directories gathered."""
     rows: int
-    """Rows written."""
     duplicates: int
     """Rows dropped because an earlier shard directory held them."""
     missing_shards: list[int]

@@ -79,7 +79,6 @@ class ShardedSweep:
     out: Path
     """The dataset folder (``--out``); the shards measure into its ``SHARDS_DIR``."""
     shards: int
-    """How many shards."""
     backend: str
     """``gpu``, ``gloo`` or ``sim``."""
     world_size: int

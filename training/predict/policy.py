@@ -58,9 +58,7 @@ class ModePolicy:
     """A :class:`DecisionPolicy` per execution mode: what a model applies to its picks."""
 
     eager: DecisionPolicy = field(default_factory=DecisionPolicy)
-    """The fallback of eager picks."""
     graph: DecisionPolicy = field(default_factory=DecisionPolicy)
-    """The fallback of picks replayed from CUDA graphs."""
 
     def __post_init__(self) -> None:
         for mode in MODES:

@@ -120,7 +120,6 @@ class Predictor:
         self.coverage = coverage
         self.ratio = ratio
         self.policy = policy
-        """The fallback per mode."""
         self.card = card
         self.version = version
         self.hardware_id = hardware_id

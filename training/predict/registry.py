@@ -204,9 +204,7 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
     """Write ``coverage.npy`` (``training.predict.coverage``) into a registered version (None: the current
     one) from the datasets its card names, read from the working directory; the file written. ValueError when
     they are missing or their content hash is not the card's (they changed since the model was trained).
-    The model files and the card stay as they are: no prediction changes.
-
-        python -c "from ficco.training.predict.registry import add_coverage; add_coverage('models', 'h200x2')"
+    The model files and the card stay as they are: no prediction changes (docs/models.md).
     """
     from ficco.training.dataset_table import load_dataset_table
 
