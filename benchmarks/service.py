@@ -628,7 +628,12 @@ def main() -> None:
     )
     parser.add_argument("--model-root", type=Path, default=REPO / "models", help="model registry to serve")
     parser.add_argument("--rates", default="100,300,500", help="comma-separated request rates, req/s")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        help="seconds per phase (30: a p99 at 100 req/s is then the 30th-slowest of 3,000 requests)",
+    )
     parser.add_argument("--batch-reps", type=int, default=5, help="timed 10,000-scenario batches")
     parser.add_argument("--model-note", default="", help="how the served model was made (recorded)")
     parser.add_argument(
