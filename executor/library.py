@@ -234,18 +234,14 @@ class _AllGatherMatmul(_OpFunction):
             gathered = _gather_along(saved, dim, group_name)
         grad_shard = None
         if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op, the GEMMs accumulating in place
-            live = [(g, b) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
+            live = [(g, b.t()) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
+            scatter = ("sum", dim, group_name, *ctx.schedules)
             parts = []
             if len(live) == 1:
-                g, b = live[0]
-                parts.append(
-                    torch.ops.ficco.matmul_reduce_scatter(g, b.t(), "sum", dim, group_name, *ctx.schedules)
-                )
+                parts.append(torch.ops.ficco.matmul_reduce_scatter(*live[0], *scatter))
             elif live:
-                gs, bts = [g for g, _ in live], [b.t() for _, b in live]
-                parts.append(
-                    torch.ops.ficco.matmuls_reduce_scatter(gs, bts, "sum", dim, group_name, *ctx.schedules)
-                )
+                gs, bts = [g for g, _ in live], [bt for _, bt in live]
+                parts.append(torch.ops.ficco.matmuls_reduce_scatter(gs, bts, *scatter))
             if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
                 parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
             grad_shard = sum(parts[1:], parts[0]) if parts else None
