@@ -39,8 +39,7 @@ from ficco.executor.checks import (
 )
 from ficco.executor.context import GroupContext, checked_calls, get_context, remember_checked
 from ficco.executor.experts import routed_state
-from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
-from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
+from ficco.executor.ops import OP_FUNCTIONS
 from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
 from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
@@ -439,9 +438,6 @@ def matmul_all_to_all(
     return _run_routed("gemm_a2a", h, b, counts, group_name, schedule)
 
 
-_RUN_ROUTED = {"a2a_gemm": _run_all_to_all_matmul, "gemm_a2a": _run_matmul_all_to_all}
-
-
 def _run_routed(
     op: str, a: torch.Tensor, b: torch.Tensor, counts: list[int], group_name: str, schedule: str
 ) -> torch.Tensor:
@@ -449,7 +445,7 @@ def _run_routed(
     executor, under ``schedule``'s pick at this routing."""
     group, routing = _group_routing(counts, group_name)
     run = _resolve_routed(op, routing, a, b, schedule)
-    return _RUN_ROUTED[op](a, b, routing, run, group)
+    return OP_FUNCTIONS[op](a, b, routing, run, group)
 
 
 def _routed_fake(op: str):
