@@ -514,7 +514,9 @@ def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) ->
             a = _dispatched(a, ctx.counts, ctx.group_name)
         else:
             grad = _dispatched(grad, ctx.counts, ctx.group_name)
-        grad_b = _expert_weight_grads(a, grad, ctx)
+        group, routing = _group_routing(ctx.counts, ctx.group_name)
+        sizes = routing.expert_rows(group.rank())  # consecutive row ranges, one per local expert
+        grad_b = torch.stack([x.t() @ g for x, g in zip(a.split(sizes), grad.split(sizes), strict=True)])
     return _grads(ctx, grad_a, grad_b)
 
 
@@ -564,13 +566,6 @@ def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Te
     layout = state.layout("gather", 1)
     received = funcol.all_to_all_single(x, list(layout.recv_rows), list(layout.send_rows), group_name)
     return received.index_select(0, state.permutation(x.device)[0])
-
-
-def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
-    """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
-    group, routing = _group_routing(ctx.counts, ctx.group_name)
-    sizes = routing.expert_rows(group.rank())
-    return torch.stack([x.t() @ g for x, g in zip(rows.split(sizes), grad.split(sizes), strict=True)])
 
 
 def _grads(ctx, grad_a, grad_b) -> tuple:
