@@ -56,7 +56,7 @@ def shape_str(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def check_matrix(name: str, t: object, expected: str, dim: int = 2) -> torch.Tensor:
+def check_matrix(name: str, t: object, expected: str, dim: int = 2) -> None:
     """``t`` must be a ``dim``-D (default 2-D) floating tensor of a supported dtype on CPU or CUDA."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape {expected}; got {type(t).__name__}")
@@ -74,7 +74,6 @@ def check_matrix(name: str, t: object, expected: str, dim: int = 2) -> torch.Ten
             f"{name} is on {t.device} but the current CUDA device is cuda:{torch.cuda.current_device()}; "
             "call torch.cuda.set_device(local_rank) before using the executor"
         )
-    return t
 
 
 def check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:

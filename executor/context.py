@@ -267,12 +267,9 @@ def process_group(device: str = "cuda", timeout: timedelta | None = None) -> Ite
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    here = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        if device == "cuda"
-        else torch.device("cpu")
-    )
+    here = torch.device("cpu")
     if device == "cuda":
+        here = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(here)
     if dist.is_initialized():
         yield here

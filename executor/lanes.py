@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -69,11 +70,12 @@ class DeviceLanes:
         """Copy lanes (a call puts piece ``p`` on lane ``executor.plan.lane_of(p, count)``)."""
         self.signal = torch.cuda.Stream(device=device, priority=priority)
         """The lane that runs device barriers after copies and records when pieces have landed."""
-        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
+        # each event made on first use, then recorded again by every call
+        self._copied: defaultdict[tuple[int, int], torch.cuda.Event] = defaultdict(torch.cuda.Event)
         """Per (round key, copy lane): when that lane's copies of the round were issued."""
-        self._produced: dict[int, torch.cuda.Event] = {}
+        self._produced: defaultdict[int, torch.cuda.Event] = defaultdict(torch.cuda.Event)
         """Per key (a scatter unit): when the GEMM that produced its pieces was issued."""
-        self._landed: dict[int, torch.cuda.Event] = {}
+        self._landed: defaultdict[int, torch.cuda.Event] = defaultdict(torch.cuda.Event)
         self._forked = torch.cuda.Event()
         self._current: torch.cuda.Stream | None = None
         """The caller's stream, as ``fork`` saw it; the call runs on it until ``join``."""
@@ -138,10 +140,7 @@ class DeviceLanes:
     def mark_produced(self, key: int) -> None:
         """Remember, under ``key``, the work issued so far on the caller's stream (a GEMM that produced
         pieces), for :meth:`after_produced`."""
-        produced = self._produced.get(key)
-        if produced is None:
-            produced = self._produced[key] = torch.cuda.Event()
-        produced.record(self._current)
+        self._produced[key].record(self._current)
 
     def after_produced(self, index: int, key: int) -> None:
         """Copy lane ``index`` waits for the work marked under ``key`` (:meth:`mark_produced`)."""
@@ -151,10 +150,7 @@ class DeviceLanes:
         """Remember, under round ``key``, the copies issued so far on ``lanes`` (for :meth:`signal_after`:
         a call issues every round's copies first, then every round's barrier, switching lanes twice)."""
         for index in lanes:
-            copied = self._copied.get((key, index))
-            if copied is None:
-                copied = self._copied[key, index] = torch.cuda.Event()
-            copied.record(self.copy[index])
+            self._copied[key, index].record(self.copy[index])
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
@@ -175,10 +171,7 @@ class DeviceLanes:
             stream = self.signal
         self._switch(stream)
         barrier()
-        landed = self._landed.get(key)
-        if landed is None:
-            landed = self._landed[key] = torch.cuda.Event()
-        landed.record(stream)
+        self._landed[key].record(stream)
 
     def wait_signal(self, key: int) -> None:
         """The caller's stream waits until the barrier recorded under ``key`` has completed; it is made

@@ -39,8 +39,7 @@ from ficco.executor.checks import (
 )
 from ficco.executor.context import GroupContext, checked_calls, get_context, remember_checked
 from ficco.executor.experts import routed_state
-from ficco.executor.ops import all_to_all_matmul as _run_all_to_all_matmul
-from ficco.executor.ops import matmul_all_to_all as _run_matmul_all_to_all
+from ficco.executor.ops import OP_FUNCTIONS
 from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
 from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
@@ -234,18 +233,14 @@ class _AllGatherMatmul(_OpFunction):
             gathered = _gather_along(saved, dim, group_name)
         grad_shard = None
         if need_a:  # sum over the weights of grad_C_i @ b_i^T as one op, the GEMMs accumulating in place
-            live = [(g, b) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
+            live = [(g, b.t()) for g, b in zip(grad_cs, bs, strict=True) if g is not None]
+            scatter = ("sum", dim, group_name, *ctx.schedules)
             parts = []
             if len(live) == 1:
-                g, b = live[0]
-                parts.append(
-                    torch.ops.ficco.matmul_reduce_scatter(g, b.t(), "sum", dim, group_name, *ctx.schedules)
-                )
+                parts.append(torch.ops.ficco.matmul_reduce_scatter(*live[0], *scatter))
             elif live:
-                gs, bts = [g for g, _ in live], [b.t() for _, b in live]
-                parts.append(
-                    torch.ops.ficco.matmuls_reduce_scatter(gs, bts, "sum", dim, group_name, *ctx.schedules)
-                )
+                gs, bts = [g for g, _ in live], [bt for _, bt in live]
+                parts.append(torch.ops.ficco.matmuls_reduce_scatter(gs, bts, *scatter))
             if ctx.return_a and grad_a is not None and grad_a.numel():  # the gathered input's own use
                 parts.append(_reduce_scatter(grad_a.contiguous(), "sum", dim, group_name))
             grad_shard = sum(parts[1:], parts[0]) if parts else None
@@ -443,9 +438,6 @@ def matmul_all_to_all(
     return _run_routed("gemm_a2a", h, b, counts, group_name, schedule)
 
 
-_RUN_ROUTED = {"a2a_gemm": _run_all_to_all_matmul, "gemm_a2a": _run_matmul_all_to_all}
-
-
 def _run_routed(
     op: str, a: torch.Tensor, b: torch.Tensor, counts: list[int], group_name: str, schedule: str
 ) -> torch.Tensor:
@@ -453,7 +445,7 @@ def _run_routed(
     executor, under ``schedule``'s pick at this routing."""
     group, routing = _group_routing(counts, group_name)
     run = _resolve_routed(op, routing, a, b, schedule)
-    return _RUN_ROUTED[op](a, b, routing, run, group)
+    return OP_FUNCTIONS[op](a, b, routing, run, group)
 
 
 def _routed_fake(op: str):
@@ -522,7 +514,9 @@ def _routed_backward(ctx, grad: torch.Tensor, other, *, dispatch_input: bool) ->
             a = _dispatched(a, ctx.counts, ctx.group_name)
         else:
             grad = _dispatched(grad, ctx.counts, ctx.group_name)
-        grad_b = _expert_weight_grads(a, grad, ctx)
+        group, routing = _group_routing(ctx.counts, ctx.group_name)
+        sizes = routing.expert_rows(group.rank())  # consecutive row ranges, one per local expert
+        grad_b = torch.stack([x.t() @ g for x, g in zip(a.split(sizes), grad.split(sizes), strict=True)])
     return _grads(ctx, grad_a, grad_b)
 
 
@@ -572,13 +566,6 @@ def _dispatched(x: torch.Tensor, counts: list[int], group_name: str) -> torch.Te
     layout = state.layout("gather", 1)
     received = funcol.all_to_all_single(x, list(layout.recv_rows), list(layout.send_rows), group_name)
     return received.index_select(0, state.permutation(x.device)[0])
-
-
-def _expert_weight_grads(rows: torch.Tensor, grad: torch.Tensor, ctx) -> torch.Tensor:
-    """``[rows_e^T @ grad_e for each local expert e]`` over consecutive row ranges: ``[experts/w, k, n]``."""
-    group, routing = _group_routing(ctx.counts, ctx.group_name)
-    sizes = routing.expert_rows(group.rank())
-    return torch.stack([x.t() @ g for x, g in zip(rows.split(sizes), grad.split(sizes), strict=True)])
 
 
 def _grads(ctx, grad_a, grad_b) -> tuple:

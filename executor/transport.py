@@ -98,9 +98,7 @@ class _Transport:
         view = self._source_views.get(key)
         if view is not None:
             return view
-        rows_of = self._source_ranges.get(key)
-        if rows_of is None:
-            rows_of = self._source_ranges[key] = rows()
+        rows_of = _remembered(self._source_ranges, key, rows)
         whole = rows_of.start == 0 and rows_of.stop == self.source.shape[0]
         view = self._source_views[key] = self.source if whole else self.source[rows_of]
         return view
@@ -116,10 +114,7 @@ class _Transport:
     def split_rows(self, unit: Unit) -> slice:
         """The rows ``[start, stop)`` that ``unit``'s GEMM covers on this rank: of the destination (gather:
         for the dense ops, the rows of ``C``) or of the source (scatter: the rows of ``A``)."""
-        rows = self._split_rows.get(id(unit))
-        if rows is None:
-            rows = self._split_rows[id(unit)] = self.layout.split_rows(unit)
-        return rows
+        return _remembered(self._split_rows, id(unit), lambda: self.layout.split_rows(unit))
 
     def rows(self, unit: Unit) -> torch.Tensor:
         if self.plan.direction == "scatter" or unit.offset == 0:

@@ -49,9 +49,11 @@ class _TensorParallelLinear(nn.Module):
             )
         ops = ops if ops is not None else PlannedOps(schedules)
         shape = [in_features, out_features]
-        split = ("in_features", "out_features")[self._sharded]
-        _check_divides(f"{type(self).__name__}.{split}", shape[self._sharded], ops.world_size)
-        shape[self._sharded] //= ops.world_size
+        size, w = shape[self._sharded], ops.world_size
+        if not (isinstance(size, int) and size > 0 and size % w == 0):
+            what = f"{type(self).__name__}.{('in_features', 'out_features')[self._sharded]}"
+            raise ValueError(f"{what} must be a positive multiple of the group size {w}; got {size!r}")
+        shape[self._sharded] //= w
         self.in_features, self.out_features = in_features, out_features
         self.ops = ops
         self.name = name
@@ -187,11 +189,6 @@ def apply_ops(module: nn.Module, ops: OverlapOps) -> None:
             child.name = child.name or path
             child._requests.clear()
             child._prepared.clear()
-
-
-def _check_divides(what: str, value: int, world_size: int) -> None:
-    if not (isinstance(value, int) and value > 0 and value % world_size == 0):
-        raise ValueError(f"{what} must be a positive multiple of the group size {world_size}; got {value!r}")
 
 
 def _check_input(layer: str, x: torch.Tensor, features: int, expected: str) -> None:

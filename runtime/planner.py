@@ -233,8 +233,10 @@ class Planner:
         else:
             group = self._agree_group()
             decisions = self._ask(keys) if group is None or dist.get_rank(group) == 0 else None
-            if group is not None:
-                decisions = _broadcast(decisions, group)
+            if group is not None:  # rank 0's decisions on every rank
+                box = [decisions]
+                dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+                decisions = box[0]
         for key, decision in zip(keys, decisions, strict=True):
             self._set(key, decision)
 
@@ -359,13 +361,6 @@ def deprecated_timeout(what: str, timeout_s: float | None) -> None:
             DeprecationWarning,
             stacklevel=3,
         )
-
-
-def _broadcast(value, group: dist.ProcessGroup):
-    """Rank 0's ``value`` on every rank of ``group`` (a host-side collective)."""
-    box = [value]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    return box[0]
 
 
 def _capturing() -> bool:
