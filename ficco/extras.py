@@ -46,26 +46,22 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Per command: the extra to install for it and the modules checked before it starts. ``bench`` and
 ``retrain`` simulate without torch (``--backend sim``); the torch a GPU sweep needs is reported when it is
-first imported, before any rank starts. :func:`command_extras` adjusts this to the command's options."""
+first imported, before any rank starts. :func:`command_extra` adjusts this to the command's options."""
 
 
 class MissingExtraError(RuntimeError):
     """An optional dependency is not installed; the message is the one line to print."""
 
 
-def command_extras(
+def command_extra(
     command: str, options: Mapping[str, Any] | None = None
-) -> list[tuple[str, tuple[str, ...]]]:
-    """(extra, modules checked before the start) of ``command`` run with ``options`` (its parsed options):
-    ``bench --backend sim`` needs only ``data``."""
-    options = options or {}
-    own = COMMAND_EXTRAS.get(command)
-    if own is None:
-        return []
-    backend = str(getattr(options.get("backend"), "value", options.get("backend")))
-    if command == "bench" and backend == "sim":
-        own = ("data", DATA_MODULES)
-    return [own]
+) -> tuple[str, tuple[str, ...]] | None:
+    """(extra, modules checked before the start) of ``command`` run with ``options`` (its parsed options),
+    None for a command of the core: ``bench --backend sim`` needs only ``data``."""
+    backend = (options or {}).get("backend")
+    if command == "bench" and str(getattr(backend, "value", backend)) == "sim":
+        return ("data", DATA_MODULES)
+    return COMMAND_EXTRAS.get(command)
 
 
 def install_command(extra: str) -> str:
@@ -88,22 +84,22 @@ def missing_message(command: str | None, module: str, options: Mapping[str, Any]
     """``ficco <command> needs <module>, which `pip install ...[<extra>]` installs``: the command's extra
     when it installs ``module``, else the first extra that does; None when none does (a broken
     installation, not a missing extra)."""
-    own = [extra for extra, _ in command_extras(command or "", options)]
     extras = [e for e, modules in EXTRA_MODULES.items() if module in modules]
-    mine = [e for e in own if e in extras]
     if not extras:
         return None
+    own = command_extra(command or "", options)
+    extra = own[0] if own and own[0] in extras else extras[0]
     who = f"ficco {command}" if command else "ficco"
-    return f"{who} needs {module}, which `{install_command((mine or extras)[0])}` installs"
+    return f"{who} needs {module}, which `{install_command(extra)}` installs"
 
 
 def require(command: str, options: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`MissingExtraError` naming the first module ``command`` run with ``options`` starts
-    with (:func:`command_extras`) that is not installed."""
-    for _, modules in command_extras(command, options):
-        for module in modules:
-            if importlib.util.find_spec(module) is None:
-                raise MissingExtraError(missing_message(command, module, options))
+    with (:func:`command_extra`) that is not installed."""
+    own = command_extra(command, options)
+    for module in own[1] if own else ():
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(missing_message(command, module, options))
 
 
 def require_modules(modules: tuple[str, ...]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ficco.features import MODES
 from ficco.features.schedule_table import hardware_fingerprint
-from ficco.service.errors import InvalidFieldsError, field_error
+from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,6 @@ def build_job(body: bytes, served: Mapping[str, Any], *, max_batch: int, default
     """The worker's ``table`` job: the table a :func:`job_body` asks for, as gzip-compressed compact JSON;
     blocking, CPU-bound. A refusal (the server checks first, so only a model that changed meanwhile) is an
     ``InvalidFieldsError``."""
-    from ficco.service.errors import UnknownHardwareError
     from ficco.training.export import build_schedule_table
 
     job = json.loads(body)

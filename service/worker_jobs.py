@@ -40,11 +40,6 @@ _SCORES = TypeAdapter(ScoresPublic)
 M = TypeVar("M", bound=BaseModel)
 
 
-def _body_errors(err: ValidationError, *prefix: str | int) -> RequestValidationError:
-    """``err``'s errors located in the request body (under ``prefix``)."""
-    return RequestValidationError([{**e, "loc": ("body", *prefix, *e["loc"])} for e in err.errors()])
-
-
 def read_json(body: bytes) -> Any:
     """The parsed ``body``; ``RequestValidationError`` (``json_invalid``) for bytes that are not UTF-8,
     not JSON, or nested deeper than the parser's recursion limit allows."""
@@ -62,7 +57,7 @@ def _validate(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise _body_errors(err) from None
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
 
 
 def _parse(body: bytes) -> list[ScenarioIn]:

@@ -199,14 +199,11 @@ class AsyncTPModel:
             return np.empty(0)
         return np.asarray(self.regressor_.predict(async_tp_matrix(X, modes, host_factor)), dtype=np.float64)
 
-    def gain_of(self, modes: np.ndarray) -> np.ndarray:
-        """``min_gain_`` of each row's mode, ``[n]``."""
-        return np.array([self.min_gain_.get(m, 0.0) for m in np.asarray(modes).tolist()], dtype=np.float64)
-
     def fuse_rows(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
         """True where async-TP's predicted speedup over serial reaches ``1 + min_gain_`` of the row's mode,
         bool ``[n]``."""
-        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(self.gain_of(modes))
+        gain = np.array([self.min_gain_.get(m, 0.0) for m in np.asarray(modes).tolist()], dtype=np.float64)
+        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(gain)
 
     def fuse(self, table: DatasetTable) -> np.ndarray:
         """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""

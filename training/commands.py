@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ficco.errors import FAILURE, fail, fail_on_value_error
-from ficco.features import DEFAULT_HARDWARE_ID
-from ficco.files import SHIPPED, work_root
+from ficco.features import DEFAULT_HARDWARE_ID, MODES
+from ficco.files import SHIPPED, work_root, writable_model_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
 from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
@@ -41,8 +41,6 @@ class RetrainBackend(StrEnum):
 def _registry(path: Path | None) -> Path:
     """``--registry``, else the registry the training commands read and write
     (``ficco.files.writable_model_root``: never an installed package's)."""
-    from ficco.files import writable_model_root
-
     return path or writable_model_root()
 
 
@@ -398,7 +396,6 @@ def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
     """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
 
     def measure(plan: Plan, out: Path) -> None:
-        from ficco.features import MODES
         from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
         # The dataset protocol's defaults (rounds, block length), no re-measure.

@@ -120,10 +120,9 @@ def should_fuse(op: str, m: int, n: int, k: int) -> bool:
 '''
 
 
-def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> tuple[Any, Any]:
+def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> Any:
     """``training.baselines.AsyncTPModel`` (both modes), fitted on the model's training datasets (read from
-    the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's), and
-    their table."""
+    the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's)."""
     from ficco.training.baselines import AsyncTPModel
     from ficco.training.dataset_table import load_dataset_table
 
@@ -140,8 +139,7 @@ def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> tuple[Any, Any
             f"the datasets {paths} hash to {loaded.hash}, not the card's {card.get('dataset_hash')}: they "
             "changed since the model was trained"
         )
-    table = loaded.table
-    return AsyncTPModel(seed=seed).fit(table), table
+    return AsyncTPModel(seed=seed).fit(loaded.table)
 
 
 def score_fuse_rule(
@@ -242,7 +240,7 @@ def write_dropin(
         raise ValueError(f"a drop-in format is vllm or autoheuristic; got {fmt!r}")
     simulated = check_measured(predictor.card, world_size, allow_simulated=allow_simulated)
     factor = predictor.host_factor if host_factor is None else host_factor
-    model, _ = fit_async_tp_model(predictor.card)
+    model = fit_async_tp_model(predictor.card)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for mode in modes:

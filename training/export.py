@@ -148,26 +148,6 @@ def check_measured(card: dict[str, Any], world_size: int, *, allow_simulated: bo
     return backends != ["gpu"]
 
 
-def model_header(predictor: Any, host_factor: float) -> dict[str, Any]:
-    """The model part of every export's header."""
-    card = predictor.card
-    return {
-        "hardware_id": predictor.hardware_id,
-        "version": predictor.version,
-        "feature_schema": predictor.feature_schema,
-        "objective": card.get("objective"),
-        "policy": card.get("policy"),
-        "host_factor": host_factor,
-        "coverage": getattr(predictor, "coverage", None) is not None,
-    }
-
-
-def datasets_header(card: dict[str, Any]) -> list[dict[str, Any]]:
-    """The training datasets and their content hash (``harness.dataset.frame_hash``, from the card)."""
-    data = card.get("dataset", {})
-    return [{"path": data.get("path"), "hash": data.get("hash", card.get("dataset_hash"))}]
-
-
 def export_header(
     predictor: Any, fmt: str, *, world_size: int, mode: str, dtype: str, host_factor: float, simulated: bool,
     grid: dict[str, Any],
@@ -176,6 +156,7 @@ def export_header(
     fingerprint, whether simulated, the model, its training datasets, the grid and the time."""
     card = predictor.card
     fields = training_fingerprint(card)
+    data = card.get("dataset", {})
     return {
         "format": fmt,
         "format_version": FORMAT_VERSION,
@@ -187,8 +168,17 @@ def export_header(
         "fingerprint": hardware_fingerprint(fields),
         "fingerprint_fields": fields,
         "simulated": simulated,
-        "model": model_header(predictor, host_factor),
-        "datasets": datasets_header(card),
+        "model": {
+            "hardware_id": predictor.hardware_id,
+            "version": predictor.version,
+            "feature_schema": predictor.feature_schema,
+            "objective": card.get("objective"),
+            "policy": card.get("policy"),
+            "host_factor": host_factor,
+            "coverage": getattr(predictor, "coverage", None) is not None,
+        },
+        # the training datasets and their content hash (harness.dataset.frame_hash, from the card)
+        "datasets": [{"path": data.get("path"), "hash": data.get("hash", card.get("dataset_hash"))}],
         "grid": grid,
         "neighbours": {"factor": NEIGHBOUR_FACTOR, "off_map_below": OFF_MAP_BELOW[mode]},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),

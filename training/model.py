@@ -38,6 +38,7 @@ from ficco.training.predict.pairs import (
     check_X,
     check_Z,
     pair_matrix,
+    saved_pair_params,
     schedule_indices,
     valid_mask,
 )
@@ -196,12 +197,8 @@ class PairModel(BaseEstimator):
 
         booster = xgb.Booster()
         booster.load_model(str(path))
-        kind = booster.attr("ficco_estimator")
-        if kind != cls.__name__:
-            raise ValueError(f"{path} holds a {kind or 'foreign XGBoost'} model, not a {cls.__name__}")
-        schema = booster.attr("ficco_feature_schema") or "<none>"
-        check_feature_schema(schema, str(path))
-        estimator = cls(**json.loads(booster.attr("ficco_params")))
+        params, schema = saved_pair_params(booster, str(path))
+        estimator = cls(**params)
         estimator.booster_ = booster
         estimator.feature_schema_ = schema
         estimator.n_features_in_ = len(PAIR_FEATURE_NAMES_OF[schema])

@@ -8,7 +8,7 @@ thread count).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +68,6 @@ def register_trained(
 ) -> tuple[str, str]:
     """Register ``trained`` under ``root``; return ``(registry id, version)``: the dataset's hardware id, or
     for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``)."""
-    import dataclasses
-
     import pandas as pd
 
     from ficco.training.predict.coverage import Coverage
@@ -78,7 +76,7 @@ def register_trained(
     table = dataset.table
     backend = rows_backend(dataset.info["backends"])
     model_id = registry_id(dataset.hardware.id, backend)
-    hardware = dataclasses.replace(dataset.hardware, id=model_id)
+    hardware = replace(dataset.hardware, id=model_id)
     version = register(
         root,
         model_id,

@@ -18,20 +18,13 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ficco.features import DEFAULT_HARDWARE_ID
+from ficco.files import model_root
 from ficco.service.core.worker_pool import Priority, worker_cpus
 
 MIN_TOKEN_CHARS = 16
 ENV_PREFIX = "FICCO_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout (or, installed, the ``ficco`` package directory): where ``datasets/`` is looked for."""
-
-
-def _default_model_root() -> Path:
-    """The registry ``ficco train``/``report``/``retrain`` use:
-    ``training.predict.registry.default_model_root``."""
-    from ficco.training.predict.registry import default_model_root
-
-    return default_model_root()
 
 
 class SettingsError(ValueError):
@@ -43,7 +36,7 @@ class ModelSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    MODEL_ROOT: Path = Field(default_factory=_default_model_root)
+    MODEL_ROOT: Path = Field(default_factory=model_root)
     """Model registry root (``<root>/<hardware_id>/<version>/``, ``<root>/<hardware_id>/CURRENT``); default:
     the registry ``ficco train`` writes, ``models/`` at the repository root."""
     DEFAULT_HARDWARE: str = DEFAULT_HARDWARE_ID

@@ -15,10 +15,9 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -68,8 +67,6 @@ class ServedModel:
     """Threads a large list of scenarios is split over (``recommend_many``)."""
     bulk_threads: int = 1
     """How many chunks a large list is cut into."""
-    loaded_at: float = field(default_factory=time.time)
-    """Unix time the model was loaded."""
 
     @property
     def version(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ficco.training.predict.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune
-from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_feature_schema, check_Z
+from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_Z, saved_pair_params
 
 _NUMBERS = {b"i": ">b", b"U": ">B", b"I": ">h", b"l": ">i", b"L": ">q", b"d": ">f", b"D": ">d"}
 """UBJSON's number markers and their big-endian ``struct`` formats."""
@@ -145,12 +145,8 @@ class SavedPairModel:
     and parameters it was saved with, and its booster (``xgboost.Booster`` or :class:`NumpyBooster`)."""
 
     def __init__(self, booster: Any, source: str) -> None:
-        kind = booster.attr("ficco_estimator")
-        if kind != "PairModel":
-            raise ValueError(f"{source} holds a {kind or 'foreign XGBoost'} model, not a PairModel")
-        schema = booster.attr("ficco_feature_schema") or "<none>"
-        check_feature_schema(schema, source)
-        self.params: dict[str, Any] = json.loads(booster.attr("ficco_params"))
+        params, schema = saved_pair_params(booster, source)
+        self.params: dict[str, Any] = params
         self.objective: str = self.params["objective"]
         self.n_estimators: int = self.params["n_estimators"]
         self.booster_ = booster

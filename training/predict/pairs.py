@@ -4,6 +4,7 @@ and answering alike (docs/training.md); ``training.model`` exports these names t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,6 +74,17 @@ def check_feature_schema(found: str, source: str, *, hardware_id: str | None = N
             f"with `ficco train --dataset DIR --promote` (schema {FEATURE_SCHEMA_VERSION!r}), or measure "
             f"afresh with `ficco retrain --hardware {hw}`."
         )
+
+
+def saved_pair_params(booster: Any, source: str) -> tuple[dict[str, Any], str]:
+    """The parameters and feature schema a ``PairModel`` saved in ``booster``'s attributes (``source``: the
+    file, for errors); ValueError for another model, :class:`FeatureSchemaError` for another schema."""
+    kind = booster.attr("ficco_estimator")
+    if kind != "PairModel":
+        raise ValueError(f"{source} holds a {kind or 'foreign XGBoost'} model, not a PairModel")
+    schema = booster.attr("ficco_feature_schema") or "<none>"
+    check_feature_schema(schema, source)
+    return json.loads(booster.attr("ficco_params")), schema
 
 
 def schedule_indices(schedules: Sequence[str]) -> np.ndarray:
