@@ -169,7 +169,7 @@ class TorchBackend:
                     for schedule in schedules:
                         items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
                     items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
-            self.placement.apply()
+            self.placement.confine()
             self._time_rounds(items, self._order_seed(scenario))
             log.debug("placement after %s: %s", scenario.key(), self.placement.describe())
             return self._result(items, schedules)
