@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     placement = placement_from_env(args.pin, cuda)
     placement.confine()
     with executor.process_group("cuda" if cuda else "cpu") as device:
-        placement.apply()
+        placement.confine()
         try:
             return run(args, device)
         finally:

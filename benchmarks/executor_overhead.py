@@ -365,7 +365,7 @@ def measure(args: argparse.Namespace, device) -> tuple[list[dict], dict]:
         seed=args.seed,
         sync=sync,
         clocks=clocks,
-        after_warmup=placement.apply,
+        after_warmup=placement.confine,
         around=lambda case: knockout_patches(case[2]) if len(case) == 3 else contextlib.nullcontext(),
     )
     print(f"rank {rank}: placement after the rounds: {placement.describe()}", flush=True)

@@ -139,6 +139,13 @@ def require_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def read_rows(path: Path) -> pd.DataFrame:
+    """The dataset rows of one Parquet file, schema-checked (``validate_frame``, naming ``path``)."""
+    import pandas as pd
+
+    return validate_frame(pd.read_parquet(path), str(path))
+
+
 def load_dataset(path: str | Path) -> pd.DataFrame:
     """The measurement rows of a dataset directory (the parts its manifest lists, in order) or of one
     Parquet file, schema-checked (see ``validate_frame``), with their label times (``time_ms``)."""
@@ -146,23 +153,16 @@ def load_dataset(path: str | Path) -> pd.DataFrame:
 
     path = Path(path)
     if path.is_file():
-        return with_label_times(validate_frame(pd.read_parquet(path), str(path)))
-    manifest = require_manifest(path)
-    frames = [
-        validate_frame(pd.read_parquet(path / p["file"]), str(path / p["file"])) for p in manifest["parts"]
-    ]
-    if not frames:
-        return with_label_times(rows_frame([]))
-    return with_label_times(pd.concat(frames, ignore_index=True))
+        return with_label_times(read_rows(path))
+    frames = [read_rows(path / p["file"]) for p in require_manifest(path)["parts"]]
+    return with_label_times(pd.concat(frames, ignore_index=True) if frames else rows_frame([]))
 
 
 def load_noise(directory: str | Path) -> pd.DataFrame | None:
     """The re-measured rows of ``directory`` (``noise.parquet``) with their label times, or None if none
     were taken."""
-    import pandas as pd
-
     path = Path(directory) / NOISE
-    return with_label_times(validate_frame(pd.read_parquet(path), str(path))) if path.exists() else None
+    return with_label_times(read_rows(path)) if path.exists() else None
 
 
 def dataset_hardware(path: str | Path) -> HardwareProfile:

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 Collective = Literal["all_gather", "reduce_scatter", "all_to_all"]
 Rows = Literal["shard", "all", "sent", "received"]
-_ROWS_TEXT = {"shard": "m/w", "all": "m", "sent": "routed rows", "received": "expert rows"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,12 +62,6 @@ class OpSpec:
     def comm_width(self, k: int, n: int) -> int:
         """Columns of a communicated row: ``k`` (the GEMM's input moves) or ``n`` (its output moves)."""
         return k if self.comm_first else n
-
-    @property
-    def signature(self) -> str:
-        """The per-rank shapes in words, e.g. ``a [m/w, k], b [k, n] -> [m, n]``."""
-        b = "[experts/w, k, n]" if self.moe else "[k, n]"
-        return f"a [{_ROWS_TEXT[self.a_rows]}, k], b {b} -> [{_ROWS_TEXT[self.out_rows]}, n]"
 
     def shapes(self, scenario: Scenario, rank: int = 0, routing: Routing | None = None) -> OpShapes:
         """The operand shapes on ``rank`` (MoE: under ``routing``, default ``Routing.for_scenario``)."""

@@ -80,17 +80,12 @@ def gpu_local_cpus(device_index: int, sys_pci: Path = SYS_PCI) -> set[int] | Non
 
 @dataclass(frozen=True)
 class Placement:
-    """One local rank's CPUs: ``threads`` for all of its threads."""
+    """One local rank's CPUs (sorted): ``cpus`` for all of its threads."""
 
     policy: str
-    threads: tuple[int, ...]
+    cpus: tuple[int, ...]
     gpu_local: bool | None = None
-    """Whether ``threads`` lie on CPUs local to the rank's GPU; None where unknown."""
-
-    @property
-    def cpus(self) -> tuple[int, ...]:
-        """Every CPU of the rank."""
-        return tuple(sorted(self.threads))
+    """Whether ``cpus`` lie on CPUs local to the rank's GPU; None where unknown."""
 
     def confine(self) -> None:
         """Keep the calling thread, and every thread it starts from now on, within :attr:`cpus` (call it
@@ -98,19 +93,12 @@ class Placement:
         if self.policy != "none":
             os.sched_setaffinity(0, self.cpus)
 
-    def apply(self) -> int:
-        """Pin the calling thread (the main thread) to the share; the number of other threads moved (none:
-        threads started after :meth:`confine` inherit the share)."""
-        if self.policy != "none":
-            os.sched_setaffinity(0, self.threads)
-        return 0
-
     def describe(self) -> str:
         """One line for logs."""
         if self.policy == "none":
             return "none (the kernel places every thread)"
         where = {True: ", local to the GPU", False: ", not local to the GPU", None: ""}[self.gpu_local]
-        return f"share: every thread on CPUs {_cpulist(self.threads)}{where}"
+        return f"share: every thread on CPUs {_cpulist(self.cpus)}{where}"
 
 
 def _cpulist(cpus: tuple[int, ...]) -> str:
@@ -142,9 +130,9 @@ def plan_placement(
     if policy == "none" or not cpus:
         return Placement("none", tuple(cpus))
     per_rank = len(cores) // local_world_size
-    share = cores[local_rank * per_rank : (local_rank + 1) * per_rank] if per_rank else cores
-    threads = tuple(sorted(c for core in share for c in core))
-    return Placement("share", threads, gpu_local=None if local is None else set(threads) <= local)
+    own = cores[local_rank * per_rank : (local_rank + 1) * per_rank] if per_rank else cores
+    share = tuple(sorted(c for core in own for c in core))
+    return Placement("share", share, gpu_local=None if local is None else set(share) <= local)
 
 
 def placement_for_rank(

@@ -16,8 +16,8 @@ from ficco.features.dataset import (
     COLUMNS,
     NOISE,
     SCENARIO_COLUMNS,
+    read_rows,
     require_manifest,
-    validate_frame,
     with_label_times,
 )
 from ficco.files import replacing, write_text_atomic
@@ -101,15 +101,13 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def relabel_dataset(directory: str | Path) -> int:
     """Recompute ``in_best_set`` of dataset ``directory`` (parts and re-measure) under the current label
     rule (``harness.labels.relabel``), rewriting each file that changes; returns how many rows changed."""
-    import pandas as pd
-
     directory = Path(directory)
     files = [directory / p["file"] for p in require_manifest(directory)["parts"]]
     changed = 0
     for path in [*files, directory / NOISE]:
         if not path.exists():
             continue
-        stored = validate_frame(pd.read_parquet(path), str(path))
+        stored = read_rows(path)
         fresh = relabel(stored)
         flips = int((fresh["in_best_set"].to_numpy() != stored["in_best_set"].to_numpy()).sum())
         if flips:

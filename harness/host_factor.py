@@ -61,7 +61,7 @@ def time_host_calls(
 
     ``warmup`` untimed calls of each, then ``rounds`` interleaved rounds (shuffled by ``seed``) that each
     time one batch of ``batch`` calls of every case, from ``sync()`` until its last call returns (on CUDA:
-    how fast the host issues work). ``after_warmup`` runs once before the rounds (e.g. ``Placement.apply``);
+    how fast the host issues work). ``after_warmup`` runs once before the rounds (e.g. ``Placement.confine``);
     ``around(case)`` is a context each of the case's batches runs in, ``sync()`` included."""
     cases = list(calls)
     around = around or (lambda case: contextlib.nullcontext())
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     placement = placement_from_env(args.pin, cuda=args.device == "cuda")
     placement.confine()
     with executor.process_group(args.device):
-        speed = measure_host_factor(**asdict(timing), after_warmup=placement.apply)
+        speed = measure_host_factor(**asdict(timing), after_warmup=placement.confine)
         if dist.get_rank() == 0:
             print(speed.summary(), flush=True)
             if args.out is not None:

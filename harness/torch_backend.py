@@ -169,7 +169,7 @@ class TorchBackend:
                     for schedule in schedules:
                         items.append(self._schedule_item(case, schedule, mode, calls, checked[str(schedule)]))
                     items += [self._baseline_item(case, key, mode, calls) for key in BASELINE_KEYS]
-            self.placement.apply()
+            self.placement.confine()
             self._time_rounds(items, self._order_seed(scenario))
             log.debug("placement after %s: %s", scenario.key(), self.placement.describe())
             return self._result(items, schedules)
@@ -221,16 +221,14 @@ class TorchBackend:
         """Run ``schedule`` once on poisoned buffers and compare with serial; the agreed error or ``""``."""
         from ficco import executor
 
-        error = ""
-        try:
+        def check() -> str:
             schedule.check(case.scenario)
             executor.poison_buffers()
             case.outs[0].fill_(math.nan)
             case.run(schedule, 0)
-            error = case.compare(0)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        return self._agree(error)
+            return case.compare(0)
+
+        return self._agree(_try(check))
 
     def _calls_per_block(self, case: _Case, mode: str) -> int:
         """Calls per timed block in ``mode``: ``block_ms`` over the per-call time of ``serial/sm`` in that
@@ -343,7 +341,7 @@ class TorchBackend:
                     and (done < self.timing.rounds or not items[i].baseline)
                 ]
                 with self._phase(f"timing {mode}"):
-                    self._time_round(items, batch, queued=self._queued(mode))
+                    self._time_round(items, batch, queued=mode == "graph" and self.name == "gpu")
                 if done == 0:
                     round_ms = sum(items[i].times[-1] * items[i].calls for i in batch if items[i].times)
                     wanted[mode] = self.timing.rounds_for(round_ms, mode)
@@ -358,14 +356,10 @@ class TorchBackend:
         )
         log.debug("rounds per mode: %s", wanted)
 
-    def _queued(self, mode: str) -> bool:
-        """Whether ``mode``'s rounds are queued on the device (graph mode on CUDA) rather than aligned on
-        the host before every block."""
-        return mode == "graph" and self.name == "gpu"
-
     def _time_round(self, items: list[_Item], order: list[int], *, queued: bool) -> None:
-        """One round over ``items[i]`` for ``i`` in ``order``: each item's per-call time, the maximum over
-        ranks, is appended to its ``times``; an item that raised on any rank gets the agreed error."""
+        """One round over ``items[i]`` for ``i`` in ``order``, ``queued`` on the device (graph mode on CUDA)
+        or aligned on the host before every block: each item's per-call time, the maximum over ranks, is
+        appended to its ``times``; an item that raised on any rank gets the agreed error."""
         errors: dict[int, str] = {}
         run_round = self._queued_round if queued else self._aligned_round
         timed = run_round([(i, items[i]) for i in order], errors)

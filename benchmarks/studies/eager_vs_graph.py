@@ -107,7 +107,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("error: this needs a CUDA GPU")
     placement = placement_for_rank("share", 0, 1, 0)
-    placement.apply()
+    placement.confine()
     rows = []
     with loopback_world(2) as device:
         for op, m, n, k in CASES:

@@ -83,7 +83,7 @@ def run(
     job, argv = _sweep(bench)
     try:
         ray_tasks.connect(address)
-        count = shards or ray_tasks.default_shards(job.backend.value, _tp(job), share_nodes)
+        count = shards or ray_tasks.default_shards(job.backend.value, job.plan.settings["tp"], share_nodes)
         typer.echo(f"ray: {count} shards of {len(job.plan)} scenarios", err=True)
         sweep = _sharded(job, count, share_nodes=share_nodes, max_retries=max_retries)
         dirs = ray_tasks.run_on_ray(address, sweep, argv=argv, scenarios=len(job.plan))
@@ -175,17 +175,13 @@ def forwarded_options(ctx: click.Context) -> list[str]:
     return argv
 
 
-def _tp(job: SweepJob) -> int:
-    return job.plan.settings["tp"]
-
-
 def _sharded(job: SweepJob, shards: int, *, share_nodes: bool, max_retries: int) -> ShardedSweep:
     """The ``ShardedSweep`` of ``job`` in ``shards`` shards."""
     from ficco.harness.fleet.shards import ShardedSweep
 
     return ShardedSweep(
-        out=job.out, shards=shards, backend=job.backend.value, world_size=_tp(job), share_nodes=share_nodes,
-        max_retries=max_retries,
+        out=job.out, shards=shards, backend=job.backend.value, world_size=job.plan.settings["tp"],
+        share_nodes=share_nodes, max_retries=max_retries,
     )  # fmt: skip
 
 

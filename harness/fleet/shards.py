@@ -94,13 +94,11 @@ def shard_from_env(env: Mapping[str, str]) -> Shard | None:
     ``SLURM_ARRAY_TASK_COUNT``) or of a Kubernetes indexed Job pod (``JOB_COMPLETION_INDEX`` of
     ``SHARD_COUNT_ENV``); None outside both. ``ValueError`` names a variable that is set but unusable."""
     if "SLURM_ARRAY_TASK_ID" in env:
-        names = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
         first = int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-        index, count = _ints(env, names)
+        index, count = _ints(env, ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"))
         return Shard(index - first, count)
     if "JOB_COMPLETION_INDEX" in env:
-        index, count = _ints(env, ("JOB_COMPLETION_INDEX", SHARD_COUNT_ENV))
-        return Shard(index, count)
+        return Shard(*_ints(env, ("JOB_COMPLETION_INDEX", SHARD_COUNT_ENV)))
     return None
 
 

@@ -16,7 +16,7 @@ from ficco.harness.cpu_placement import placement_from_env
 
 def _run(rank: int, world_size: int, out: str) -> tuple[set[int], set[int]]:
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    expected = set(placement_from_env("share", False).threads)
+    expected = set(placement_from_env("share", False).cpus)
     sys.argv = ["executor_overhead.py", "--device", "cpu", "--pin", "share", "--schedules", "serial/sm",
                 "shard/dma", "--rounds", "2", "--batch", "2", "--warmup", "1", "--out", out]  # fmt: skip
     executor_overhead.main()

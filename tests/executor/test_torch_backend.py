@@ -81,7 +81,7 @@ def _measure_world(rank: int, world_size: int) -> dict:
             "protocol": backend.protocol(),
             "alone": time_rounds(backend, lambda: executor.communicate("ag_gemm", a_shard, "dma")),
             "sized": pinned.measure(RS, candidates(RS)[:3]),
-            "pinned": (pinned.protocol()["pin"], placement.threads, sorted(os.sched_getaffinity(0))),
+            "pinned": (pinned.protocol()["pin"], placement.cpus, sorted(os.sched_getaffinity(0))),
             "phases": sorted(backend.phase_seconds),
         }
     finally:
