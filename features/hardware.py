@@ -128,6 +128,18 @@ def hardware_id_of(gpu_name: str, gpu_count: int) -> str:
     return f"{slug or 'gpu'}x{gpu_count}"
 
 
+def check_gpu_model(profile: HardwareProfile, gpu_name: str) -> None:
+    """ValueError where ``gpu_name`` (the GPU found) is another model than ``profile``'s GPUs (measurements
+    of one GPU would be filed under another's id); names the id that fits. Names without a model pass."""
+    found, named = _gpu_model(gpu_name), _gpu_model(profile.gpu_name)
+    if found and named and found != named:
+        fits = hardware_id_of(gpu_name, profile.gpu_count)
+        raise ValueError(
+            f"hardware {profile.id} is a profile of {profile.gpu_name} GPUs, not of this machine's "
+            f"{gpu_name}: use hardware {fits} (a profile JSON file registers one not built in)"
+        )
+
+
 def _gpu_model(name: str) -> str:
     """The model in a GPU's name: ``NVIDIA H200`` -> ``H200``, ``AMD Instinct MI300X`` -> ``MI300X``; ''."""
     found = re.search(r"\b[A-Z]+\d{2,}[A-Z]*\b", name)

@@ -34,10 +34,10 @@ from ficco.harness.launch import (
     WorkerSettings,
     build_plan,
     check_tp,
-    hardware_profile,
     parse_tokens,
     run_torchrun,
     sweep_complete,
+    sweep_hardware,
 )
 from ficco.harness.plan import DEFAULT_GRID, DEFAULT_MAX_SERIAL_MS, DEFAULT_TOKENS
 
@@ -120,12 +120,15 @@ def sweep_job(
         typer.Option(help="Leave out model scenarios whose simulated serial time exceeds this (ms, > 0)."),
     ] = DEFAULT_MAX_SERIAL_MS,
     hardware: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
-            "HardwareProfile JSON file, which registers its id for every command."
+            "HardwareProfile JSON file, which registers its id for every command. Default: this machine's "
+            f"GPUs at --tp of them (gpu; e.g. h200x4), else {DEFAULT_HARDWARE_ID}. A gpu sweep refuses a "
+            "profile of another GPU model.",
+            show_default=False,
         ),
-    ] = DEFAULT_HARDWARE_ID,
+    ] = None,
     ops: Annotated[
         str,
         typer.Option(
@@ -191,7 +194,7 @@ def sweep_job(
     ] = None,
 ) -> SweepJob:
     """The sweep ``ficco bench`` runs with these options (the fleet verbs' too, :func:`parse_sweep`)."""
-    hw = hardware_profile(hardware)
+    hw = sweep_hardware(hardware, backend is BenchBackend.gpu, tp)
     if not max_serial_ms > 0:
         raise fail(f"--max-serial-ms must be > 0; got {max_serial_ms:g}")
     if noise and backend is not BenchBackend.sim:
@@ -444,10 +447,10 @@ def host_factor(
     shapes over its price (harness/host_factor.py), the value `--host-factor` of `ficco recommend` and
     `ficco score`, and `host_factor` of the service and `runtime.PredictorSource`, take. A sweep's card
     gives the same figure from minutes of GPU time ("Host speed")."""
-    from ficco.harness.launch import gpu_count, launch_env, process_count, torchrun_prefix
+    from ficco.harness.launch import gpu_names, launch_env, process_count, torchrun_prefix
 
     bench_backend = BenchBackend(backend.value)
-    count = nproc or (gpu_count() if bench_backend is BenchBackend.gpu else 2)
+    count = nproc or (len(gpu_names()) if bench_backend is BenchBackend.gpu else 2)
     count = process_count(bench_backend, count, count)
     device = "cuda" if bench_backend is BenchBackend.gpu else "cpu"
     command = [*torchrun_prefix(count), "-m", "ficco.harness.host_factor", "--device", device]

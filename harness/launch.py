@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ficco.errors import fail, fail_on_value_error
-from ficco.features import OPS
+from ficco.features import DEFAULT_HARDWARE_ID, OPS
 from ficco.harness.backend import Timing
 from ficco.harness.cpu_placement import DEFAULT_PIN
 from ficco.harness.plan import DEFAULT_MAX_SERIAL_MS
@@ -79,12 +79,26 @@ def parse_tokens(value: str | None, tp: int, default: Sequence[int]) -> list[int
     return tokens
 
 
-def gpu_count() -> int:
-    """GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
+def gpu_names() -> list[str]:
+    """The GPUs ``nvidia-smi -L`` lists, by name (``NVIDIA H200``); none without a driver."""
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return []
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
-    return sum(line.startswith("GPU ") for line in out.splitlines())
+    return [line.split(": ", 1)[1].split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")]
+
+
+def sweep_hardware(value: str | None, on_gpus: bool, tp: int) -> HardwareProfile:
+    """The profile a sweep files its rows under: ``--hardware``, else (``on_gpus``) this machine's GPUs at
+    ``tp`` of them (``h200x4``) or the default profile. On GPUs a profile of another GPU model exits with
+    one ``error:`` line naming the id that fits."""
+    from ficco.features.hardware import check_gpu_model, hardware_id_of
+
+    names = gpu_names() if on_gpus else []
+    hw = hardware_profile(value or (hardware_id_of(names[0], tp) if names else DEFAULT_HARDWARE_ID))
+    with fail_on_value_error():
+        if names:
+            check_gpu_model(hw, names[0])
+    return hw
 
 
 def build_plan(
@@ -178,7 +192,7 @@ def launch_env() -> dict[str, str]:
 def process_count(backend: BenchBackend, tp: int, nproc: int | None) -> int:
     """Processes to launch: ``--nproc``, else the detected GPUs (gpu) or ``--tp`` (gloo); must equal tp."""
     if backend is BenchBackend.gpu:
-        found = gpu_count()
+        found = len(gpu_names())
         nproc = nproc or found
         if found < max(nproc, 2):
             raise fail(f"--backend gpu needs {max(nproc, 2)} GPUs; nvidia-smi lists {found}")

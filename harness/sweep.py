@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ficco.features import HardwareProfile, Scenario, candidates
 from ficco.features.dataset import FORMAT, MANIFEST, NOISE, PLAN, load_noise, read_manifest, rows_frame
 from ficco.features.fingerprint import fingerprint_differences
+from ficco.features.hardware import check_gpu_model
 from ficco.harness.backend import PROTOCOL_BEFORE, Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import result_rows, write_json_atomic, write_parquet_atomic
 from ficco.harness.fleet.shards import provenance
@@ -129,6 +130,8 @@ def _open_manifest(
     """The existing manifest (after checking fingerprint and hardware) or a new one (written by rank 0).
     ``same_seed=False`` (the re-measure) lets the fingerprint's ``seed`` differ."""
     fingerprint = backend.fingerprint()
+    if hardware is not None and "gpu_name" in fingerprint:
+        check_gpu_model(hardware, fingerprint["gpu_name"])
     protocol = backend.protocol()
     manifest = read_manifest(out)
     if manifest is not None:

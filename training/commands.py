@@ -363,20 +363,24 @@ def retrain_command(
 
 
 def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBackend:
-    """``gpu`` or ``sim``: ``auto`` is ``gpu``; ``gpu`` on a machine of fewer than 2 GPUs stops with one line
-    (a measured model is only ever trained on measurements, and a simulated one only when asked for)."""
+    """``gpu`` or ``sim``: ``auto`` is ``gpu``; ``gpu`` on a machine of fewer than 2 GPUs, or of other GPUs
+    than ``hw``'s, stops with one line (a measured model is only ever trained on measurements of its GPUs,
+    and a simulated one only when asked for)."""
+    from ficco.features.hardware import check_gpu_model
     from ficco.features.provenance import SIMULATED, registry_id
-    from ficco.harness.launch import gpu_count
+    from ficco.harness.launch import gpu_names
 
     if backend is RetrainBackend.sim:
         return backend
-    found = gpu_count()
-    if found < 2:
+    names = gpu_names()
+    if len(names) < 2:
         raise fail(
-            f"retrain measures on GPUs and nvidia-smi lists {found} here: run it on a machine with "
+            f"retrain measures on GPUs and nvidia-smi lists {len(names)} here: run it on a machine with "
             f"{hw.id}'s GPUs, or pass --backend sim to train a simulated model (registered apart as "
             f"{registry_id(hw.id, SIMULATED)}; the measured {hw.id} model stays)"
         )
+    with fail_on_value_error():
+        check_gpu_model(hw, names[0])
     return RetrainBackend.gpu
 
 

@@ -249,7 +249,7 @@ def test_every_advised_command_runs_as_printed(paths, monkeypatch, tmp_path):
         raise Measuring
 
     monkeypatch.setattr(retrain, "retrain", measuring)
-    monkeypatch.setattr(launch, "gpu_count", lambda: 8)
+    monkeypatch.setattr(launch, "gpu_names", lambda: ["Some GPU"] * 8)  # no model name: any profile fits
     group = typer.main.get_command(app)
     advised = []
     for mistake in ADVICE:

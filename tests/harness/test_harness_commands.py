@@ -233,9 +233,47 @@ def test_host_factor_does_not_offer_the_simulator(app):
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
 def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
-    monkeypatch.setattr("ficco.harness.launch.gpu_count", lambda: 0)
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", list)
     result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
     assert result.exit_code == 2 and "--backend gpu needs 2 GPUs; nvidia-smi lists 0" in result.output
+
+
+@pytest.mark.parametrize(("tp", "hardware"), [(4, "h100x4"), (2, "h100x2")])
+def test_bench_gpu_files_its_rows_under_this_machines_gpus(
+    app, tiny_configs, tmp_path, monkeypatch, tp, hardware
+):
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 4)
+    planned = []
+
+    def run_torchrun(plan, out, **kwargs):
+        planned.append(plan)
+        raise typer.Exit(0)  # measured no further
+
+    monkeypatch.setattr("ficco.harness.commands.run_torchrun", run_torchrun)
+    args = ("--backend", "gpu", "--tp", tp, "--tokens", "1024", "--grid", "2", "--configs", tiny_configs)
+    result = _bench(app, *args, "--out", tmp_path / "ds")
+    assert result.exit_code == 0, result.output
+    assert {s.hardware.id for _, s in planned[0]} == {hardware}
+    assert f"GPU sweep estimate on {hardware}" in result.output
+
+
+def test_bench_gpu_refuses_a_profile_of_another_gpu_model(app, tiny_configs, tmp_path, monkeypatch):
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 2)
+    result = _bench(app, "--backend", "gpu", "--hardware", "h200x2", "--configs", tiny_configs)
+    message = (
+        "error: hardware h200x2 is a profile of NVIDIA H200 GPUs, not of this machine's NVIDIA H100 80GB"
+    )
+    assert result.exit_code == 2 and message in result.output and "use hardware h100x2 " in result.output
+    assert "Traceback" not in result.output
+
+
+def test_gpu_names_reads_nvidia_smi(monkeypatch):
+    from ficco.harness import launch
+
+    listed = "GPU 0: NVIDIA H200 (UUID: GPU-1a)\nGPU 1: NVIDIA H200 (UUID: GPU-2b)\n"
+    monkeypatch.setattr(launch.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listed))
+    assert launch.gpu_names() == ["NVIDIA H200", "NVIDIA H200"]
 
 
 def test_bench_keeps_to_its_option_budget(ficco):

@@ -292,3 +292,38 @@ def test_bench_time_budget_leaves_the_remeasure_for_a_resume(tmp_path, tiny_conf
     assert result.exit_code == 0, result.output
     assert "time budget reached after 0 of 7 scenarios" in result.output
     assert not (tmp_path / "ds" / "noise.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("gpu_name", "hardware_id", "fits"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h200x2", "h100x2"),
+        ("NVIDIA H200", "h100x4", "h200x4"),
+        ("NVIDIA B200", "h200x2", "b200x2"),
+    ],
+)
+def test_a_gpu_sweep_refuses_a_profile_of_another_gpu_model(tmp_path, gpu_name, hardware_id, fits):
+    """Measuring on one GPU model under another's profile would file the rows under the wrong id."""
+    hardware = get_hardware(hardware_id)
+
+    class OnGpu(SimBackend):
+        def fingerprint(self):
+            return {"backend": "gpu", "gpu_name": gpu_name, "world_size": hardware.gpu_count}
+
+    plan = plan_scenarios([], grid_size=2, hardware=hardware)
+    with pytest.raises(ValueError, match=f"GPUs, not of this machine's {gpu_name}: use hardware {fits} "):
+        run_sweep(plan, OnGpu(hardware), tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds" / "parts").exists()
+
+
+def test_a_gpu_sweep_runs_under_its_own_models_profile_whatever_the_cards_full_name(tmp_path):
+    hardware = get_hardware("h100x2")
+
+    class OnGpu(SimBackend):
+        def fingerprint(self):
+            return {"backend": "gpu", "gpu_name": "NVIDIA H100 80GB HBM3", "world_size": 2}
+
+    out = run_sweep(
+        plan_scenarios([], grid_size=2, hardware=hardware), OnGpu(hardware), tmp_path / "ds", progress=False
+    )
+    assert read_manifest(out)["hardware"]["id"] == "h100x2"

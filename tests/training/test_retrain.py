@@ -79,7 +79,7 @@ def test_retrain_gpu_measure_launches_the_sweep_worker_on_every_gpu(tmp_path, mo
     from ficco.training.commands import _measure_gpu
 
     launched = []
-    monkeypatch.setattr("ficco.harness.launch.gpu_count", lambda: 2)
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA H200"] * 2)
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: launched.append(command) or _Done())
     plan = plan_scenarios([], grid_size=2, hardware=get_hardware("h200x2"))
     _measure_gpu(2)(plan, tmp_path / "ds")
@@ -143,7 +143,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_retrain_without_gpus_stops_with_one_line_and_keeps_the_measured_model(
     shipped_copy, tmp_path, monkeypatch, backend
 ):
-    monkeypatch.setattr("ficco.harness.launch.gpu_count", lambda: 0)
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", list)
     before = _tree(shipped_copy)
     result = runner.invoke(app, ["retrain", *backend, "--out", str(tmp_path / "ds")])
     assert result.exit_code == 2
@@ -216,3 +216,13 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     on_the_machine = Scenario(hardware=get_hardware("h200x2"))  # what a runtime on that machine builds
     (answer,) = PredictorSource.load(str(shipped_copy), "h200x2-sim").recommend([on_the_machine], "eager")
     assert answer.model_backend == "simulated" and answer.origin.endswith("(simulated)")
+
+
+def test_retrain_on_other_gpus_than_the_hardwares_stops_with_one_line(shipped_copy, tmp_path, monkeypatch):
+    """A measured h200x2 model is never trained on H100 measurements: the stop names the id that fits."""
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 4)
+    before = _tree(shipped_copy)
+    result = runner.invoke(app, ["retrain", "--hardware", "h200x2", "--out", str(tmp_path / "ds")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "not of this machine's NVIDIA H100 80GB HBM3: use hardware h100x2 " in result.output
+    assert _tree(shipped_copy) == before and not (tmp_path / "ds").exists()
