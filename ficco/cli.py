@@ -91,9 +91,8 @@ def main(
     ] = 0,
 ) -> None:
     """Learned schedule predictor for compute/communication overlap on multi-GPU machines."""
-    if (
-        verbose
-    ):  # quiet by default: Python's root logger shows WARNING and above (``ficco serve`` sets its own)
+    # quiet by default: Python's root logger shows WARNING and above (``ficco serve`` sets its own)
+    if verbose:
         level = LOG_LEVELS[min(verbose, len(LOG_LEVELS) - 1)]
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("ficco").setLevel(level)
