@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, os_error_line, usage_line
+from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, fail, os_error_line, usage_line
 from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
 from ficco.harness import deprecated_bench
@@ -141,8 +141,7 @@ def _reported(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as err:
             message, code = os_error_line(err)
         log.debug("ficco %s stopped", name, exc_info=True)
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(code)
+        raise fail(message, code)
 
     return run
 
