@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, os_error_line, usage_line
+from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, fail, os_error_line, usage_line
 from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
 from ficco.harness import deprecated_bench
@@ -91,9 +91,8 @@ def main(
     ] = 0,
 ) -> None:
     """Learned schedule predictor for compute/communication overlap on multi-GPU machines."""
-    if (
-        verbose
-    ):  # quiet by default: Python's root logger shows WARNING and above (``ficco serve`` sets its own)
+    # quiet by default: Python's root logger shows WARNING and above (``ficco serve`` sets its own)
+    if verbose:
         level = LOG_LEVELS[min(verbose, len(LOG_LEVELS) - 1)]
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("ficco").setLevel(level)
@@ -142,8 +141,7 @@ def _reported(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as err:
             message, code = os_error_line(err)
         log.debug("ficco %s stopped", name, exc_info=True)
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(code)
+        raise fail(message, code)
 
     return run
 

@@ -28,10 +28,11 @@ ClickException: type[Exception] = next(
 """click's base of usage errors as the installed typer raises them (recent typers vendor click)."""
 
 
-def fail(message: str) -> typer.Exit:
-    """Print ``error: <message>`` on stderr and return the ``typer.Exit(2)`` for the caller to raise."""
+def fail(message: str, status: int = BAD_ARGUMENT) -> typer.Exit:
+    """Print ``error: <message>`` on stderr and return the ``typer.Exit(status)`` for the caller to raise
+    (2, a bad argument, unless told: :data:`FAILURE` for a failure)."""
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(BAD_ARGUMENT)
+    return typer.Exit(status)
 
 
 @contextmanager

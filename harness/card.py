@@ -43,12 +43,10 @@ def schedule_family(schedule: str) -> str:
     return Schedule.parse(schedule).family
 
 
-def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
-    """Write ``card.md`` and ``best-<op>.png`` into dataset ``directory``; return the card's path.
-
-    ``sim_agreement`` (measured datasets only) adds how often the simulator picks the measured best
-    schedule, with its default constants and calibrated on the other half of the scenarios.
-    """
+def write_card(directory: str | Path) -> Path:
+    """Write ``card.md`` and ``best-<op>.png`` into dataset ``directory``; return the card's path. A measured
+    dataset's card says how often the simulator picks the measured best schedule, with its default constants
+    and calibrated on the other half of the scenarios."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     if manifest is None:
@@ -77,7 +75,7 @@ def write_card(directory: str | Path, *, sim_agreement: bool = True) -> Path:
     ]
     if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
         sections.insert(3, shards_section(manifest))
-    if sim_agreement and manifest["backend"] != "sim" and not labels.empty:
+    if manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
     sections.append(
         "## Best schedule over the (m, n*k) plane\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots)

@@ -229,12 +229,10 @@ def run_torchrun(
         typer.echo("running: " + " ".join(command), err=True)
         code = subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
         if code != 0:
-            typer.echo(
-                f"error: torchrun ({phase}) exited with {code}; the same `ficco bench` continues where it "
-                "stopped",
-                err=True,
+            raise fail(
+                f"torchrun ({phase}) exited with {code}; the same `ficco bench` continues where it stopped",
+                code,
             )
-            raise typer.Exit(code)
 
 
 def sweep_complete(plan: Plan, out: Path) -> bool:

@@ -219,12 +219,4 @@ def _installed() -> list:
     return list(current) if isinstance(current, list | tuple) else [current]
 
 
-__all__ = [
-    "DEFAULT_TOKEN_POINTS",
-    "CompileReport",
-    "FiccoPass",
-    "Left",
-    "Rewrite",
-    "disable",
-    "enable",
-]
+__all__ = ["DEFAULT_TOKEN_POINTS", "CompileReport", "FiccoPass", "Left", "Rewrite", "disable", "enable"]

@@ -381,10 +381,7 @@ def _summed_matmuls(node: torch.fx.Node) -> tuple[list[_Matmul], list[torch.fx.N
 
 
 def _reduce_scatter_site(
-    rs: _ReduceScatterMatch,
-    matmuls: list[_Matmul],
-    adds: list[torch.fx.Node],
-    layers: tuple[str, ...],
+    rs: _ReduceScatterMatch, matmuls: list[_Matmul], adds: list[torch.fx.Node], layers: tuple[str, ...]
 ) -> Site:
     """The site of a reduce-scatter of one matmul's output (``adds`` empty: one ``matmul_reduce_scatter``)
     or of the sum of several (the ``adds`` of :func:`_summed_matmuls`: one ``matmuls_reduce_scatter``, each

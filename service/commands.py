@@ -168,8 +168,7 @@ def serve(
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     if not server.started:
-        typer.echo("error: the server did not start (the log above says why)", err=True)
-        raise typer.Exit(FAILURE)
+        raise fail("the server did not start (the log above says why)", FAILURE)
 
 
 def _listening(host: str, port: int) -> socket.socket:
@@ -179,12 +178,11 @@ def _listening(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as err:
-        typer.echo(
-            f"error: cannot listen on {host}:{port}: {err.strerror or err}; choose another port with --port "
+        raise fail(
+            f"cannot listen on {host}:{port}: {err.strerror or err}; choose another port with --port "
             "or FICCO_PORT (or another --host)",
-            err=True,
-        )
-        raise typer.Exit(FAILURE) from None
+            FAILURE,
+        ) from None
 
 
 def _read_config(file: Path) -> dict[str, Any]:

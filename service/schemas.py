@@ -65,6 +65,7 @@ WORLD_SIZE_DESCRIPTION = "Ranks in the tensor/expert-parallel group. " + WORLD_S
 
 Dim = Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
 WorldSize = Annotated[int, Field(strict=True, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE)]
+Experts = Annotated[int, Field(strict=True, ge=0, le=MAX_EXPERTS)]
 HardwareId = Annotated[str, Field(pattern=HARDWARE_PATTERN)]
 
 
@@ -92,12 +93,8 @@ class ScenarioIn(_Request):
     hardware: HardwareId | None = Field(
         default=None, description="Hardware id (e.g. h200x2); null = the server's default hardware."
     )
-    experts: int = Field(
-        default=0, strict=True, ge=0, le=MAX_EXPERTS, description="MoE only: experts; 0 dense."
-    )
-    top_k: int = Field(
-        default=0, strict=True, ge=0, le=MAX_EXPERTS, description="MoE only: experts per token."
-    )
+    experts: Experts = Field(default=0, description="MoE only: experts; 0 dense.")
+    top_k: Experts = Field(default=0, description="MoE only: experts per token.")
     imbalance: float = Field(
         default=1.0,
         strict=True,

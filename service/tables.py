@@ -164,10 +164,7 @@ def default_tables(hardware_id: str, predictor: Any) -> list[dict[str, Any]]:
     ]
 
 
-async def prefetch(
-    served: Callable[[], Mapping[str, Any]],
-    fetch: Callable[..., Awaitable[bytes]],
-) -> None:
+async def prefetch(served: Callable[[], Mapping[str, Any]], fetch: Callable[..., Awaitable[bytes]]) -> None:
     """Never returns: every :data:`PREFETCH_POLL_S`, for each model version of ``served()`` not seen before,
     ``await fetch(snapshot, **request)`` for each of its :func:`default_tables`, one at a time (a failure is
     logged; the table is built when first asked for)."""

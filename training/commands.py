@@ -240,8 +240,7 @@ def results_command(
 
     if CHECKOUT is None or not (CHECKOUT / "benchmarks" / "results_page.py").is_file():
         message = "ficco results renders the page from a source checkout's committed results: run it in one"
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(FAILURE)
+        raise fail(message, FAILURE)
     out.parent.mkdir(parents=True, exist_ok=True)  # a path that cannot be written: the CLI's one error line
     command = [sys.executable, "-m", "benchmarks.results_page", "--out", str(out.resolve())]
     raise typer.Exit(subprocess.run(command, cwd=CHECKOUT).returncode)

@@ -89,8 +89,7 @@ def run(
         dirs = ray_tasks.run_on_ray(address, sweep, argv=argv, scenarios=len(job.plan))
         done = gather(dirs, sweep.out)
     except ConnectionError as err:  # no cluster to run on: a failure, not a bad value
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(FAILURE) from None
+        raise fail(str(err), FAILURE) from None
     except (ValueError, RuntimeError) as err:
         raise fail(str(err)) from None
     typer.echo(

@@ -56,8 +56,8 @@ class LimitsMixin:
 
     limits: Settings
     """The server's settings, whose limits apply; set per server by ``with_limits``."""
-    on_reject: Callable[[str], None] = staticmethod(lambda reason: None)
-    """Set per server by ``with_limits``: counts a refusal by reason."""
+    on_reject: Callable[[str], None]
+    """Counts a refusal by reason; set per server by ``with_limits``."""
     clients: ClassVar[Counter[str]] = Counter()
     """Open connections per client address (per server, set by ``with_limits``)."""
 
@@ -156,11 +156,9 @@ class LimitsMixin:
         self.transport.close()
 
 
-def with_limits(settings: Settings, on_reject: Callable[[str], None] | None = None) -> type[asyncio.Protocol]:
+def with_limits(settings: Settings, on_reject: Callable[[str], None]) -> type[asyncio.Protocol]:
     """uvicorn's own HTTP protocol (``AutoHTTPProtocol``: httptools when installed, the C parser costs less
     per request than h11) with the limits of ``settings``, each refusal counted by ``on_reject(reason)``, for
     ``uvicorn.run(http=...)``."""
-    attributes = {"limits": settings, "clients": Counter()}
-    if on_reject is not None:
-        attributes["on_reject"] = staticmethod(on_reject)
+    attributes = {"limits": settings, "clients": Counter(), "on_reject": staticmethod(on_reject)}
     return type("LimitsProtocol", (LimitsMixin, AutoHTTPProtocol), attributes)

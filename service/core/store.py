@@ -24,14 +24,7 @@ from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
 from ficco.features.hardware import NEW_PROFILE_HINT, did_you_mean
-from ficco.features.provenance import (
-    MEASURED,
-    SIMULATED,
-    ModelBackend,
-    is_sim_id,
-    model_backend,
-    registry_id,
-)
+from ficco.features.provenance import MEASURED, SIMULATED, ModelBackend, is_sim_id, model_backend, registry_id
 from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.micro_batch import MicroBatcher, predict_split
