@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -70,12 +69,11 @@ class DeviceLanes:
         """Copy lanes (a call puts piece ``p`` on lane ``executor.plan.lane_of(p, count)``)."""
         self.signal = torch.cuda.Stream(device=device, priority=priority)
         """The lane that runs device barriers after copies and records when pieces have landed."""
-        # each event made on first use, then recorded again by every call
-        self._copied: defaultdict[tuple[int, int], torch.cuda.Event] = defaultdict(torch.cuda.Event)
+        self._copied: dict[tuple[int, int], torch.cuda.Event] = {}
         """Per (round key, copy lane): when that lane's copies of the round were issued."""
-        self._produced: defaultdict[int, torch.cuda.Event] = defaultdict(torch.cuda.Event)
+        self._produced: dict[int, torch.cuda.Event] = {}
         """Per key (a scatter unit): when the GEMM that produced its pieces was issued."""
-        self._landed: defaultdict[int, torch.cuda.Event] = defaultdict(torch.cuda.Event)
+        self._landed: dict[int, torch.cuda.Event] = {}
         self._forked = torch.cuda.Event()
         self._current: torch.cuda.Stream | None = None
         """The caller's stream, as ``fork`` saw it; the call runs on it until ``join``."""
@@ -140,7 +138,7 @@ class DeviceLanes:
     def mark_produced(self, key: int) -> None:
         """Remember, under ``key``, the work issued so far on the caller's stream (a GEMM that produced
         pieces), for :meth:`after_produced`."""
-        self._produced[key].record(self._current)
+        _record(self._produced, key, self._current)
 
     def after_produced(self, index: int, key: int) -> None:
         """Copy lane ``index`` waits for the work marked under ``key`` (:meth:`mark_produced`)."""
@@ -150,7 +148,7 @@ class DeviceLanes:
         """Remember, under round ``key``, the copies issued so far on ``lanes`` (for :meth:`signal_after`:
         a call issues every round's copies first, then every round's barrier, switching lanes twice)."""
         for index in lanes:
-            self._copied[key, index].record(self.copy[index])
+            _record(self._copied, (key, index), self.copy[index])
 
     def signal_after(
         self, lanes: Iterable[int], key: int, barrier: Callable[[], None], *, on_copy_lane: bool = False
@@ -171,13 +169,22 @@ class DeviceLanes:
             stream = self.signal
         self._switch(stream)
         barrier()
-        self._landed[key].record(stream)
+        _record(self._landed, key, stream)
 
     def wait_signal(self, key: int) -> None:
         """The caller's stream waits until the barrier recorded under ``key`` has completed; it is made
         current again."""
         self.home()
         self._current.wait_event(self._landed[key])
+
+
+def _record(events: dict, key: object, stream: torch.cuda.Stream) -> None:
+    """Record the work issued so far on ``stream`` in ``events[key]``, an event made on first use and reused
+    by every later call (a wait on a key never recorded raises ``KeyError``: a pipeline bug, not a no-op)."""
+    event = events.get(key)
+    if event is None:
+        event = events[key] = torch.cuda.Event()
+    event.record(stream)
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,3 +355,17 @@ def test_a_bad_copy_arrangement_in_the_environment_names_the_variable(monkeypatc
         context._copy_streams_from_env()
     monkeypatch.setenv(context.COPY_STREAMS_ENV, "0:1;16:per_peer")
     assert str(context._copy_streams_from_env()) == "0:1;16:per_peer"
+
+
+def test_waiting_on_work_never_recorded_is_an_error_not_a_no_op(cuda):
+    """A wait on a key nothing recorded would order nothing (a race); it raises instead."""
+    lanes = DeviceLanes(torch.device("cpu"), 2, high_priority=False)
+    lanes.fork(signal=True)
+    lanes.mark_produced(0)
+    lanes.after_produced(1, 0)  # recorded: fine
+    with pytest.raises(KeyError):
+        lanes.after_produced(1, 7)
+    with pytest.raises(KeyError):
+        lanes.signal_after([0], key=3, barrier=lambda: None)  # round 3's copies were never marked
+    with pytest.raises(KeyError):
+        lanes.wait_signal(5)
