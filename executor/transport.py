@@ -168,7 +168,6 @@ class PointToPointTransport(_Transport):
     def __init__(self, *, group: dist.ProcessGroup, global_ranks: list[int], **kwargs) -> None:
         super().__init__(**kwargs)
         self.group = group
-        self.global_ranks = global_ranks
         self._gather = self.plan.direction == "gather"
         self._direct = type(group) is dist.ProcessGroup
         """Each batch is the ``ProcessGroup.send``/``recv`` calls that ``batch_isend_irecv`` makes, without
@@ -176,6 +175,10 @@ class PointToPointTransport(_Transport):
         self._coalesce = self.source.is_cuda and self._direct
         """CUDA (NCCL): those calls as one coalesced group, as ``batch_isend_irecv`` issues them for NCCL;
         gloo does not coalesce: each send and receive is its own work."""
+        self._peers = [dist.get_group_rank(group, g) for g in global_ranks] if self._direct else global_ranks
+        """Each layout peer (a rank of the call's group) as ``group`` numbers it (direct: ``group`` may be the
+        high-priority twin, whose rank order need not be the call's group's), else its global rank (what
+        ``P2POp`` takes)."""
         self._batches: list[list] = []
         """This call's works, one list per issued batch (gather: per round of the plan, in order)."""
 
@@ -185,7 +188,7 @@ class PointToPointTransport(_Transport):
             self.lanes.fork(signal=False)
 
     def _moves(self, pieces: tuple[Piece, ...]) -> list[tuple]:
-        """Per piece and direction: (is send, what moves, group rank of the peer, tag), pieces of no rows
+        """Per piece and direction: (is send, what moves, the peer (:attr:`_peers`), tag), pieces of no rows
         left out (both ends see the same block sizes, so they skip the same ones); worked out once per
         destination. What moves is the piece for a send (its rows of the source bound at the call:
         :meth:`outgoing`) and the one-element list of its destination rows for a receive."""
@@ -195,10 +198,10 @@ class PointToPointTransport(_Transport):
             for piece in pieces:
                 tag = piece.offset * self.plan.splits + piece.sub  # the same on both ends; gloo matches by it
                 if self.outgoing(piece).numel():
-                    moves.append((True, piece, self.layout.peer_to(piece), tag))
+                    moves.append((True, piece, self._peers[self.layout.peer_to(piece)], tag))
                 received = self.incoming(piece)
                 if received.numel():
-                    moves.append((False, [received], self.layout.peer_from(piece), tag))
+                    moves.append((False, [received], self._peers[self.layout.peer_from(piece)], tag))
             return moves
 
         return _remembered(self._views, ("moves", id(pieces)), make)
@@ -231,11 +234,10 @@ class PointToPointTransport(_Transport):
         are kept while the same ``source`` is bound."""
 
         def make() -> list[dist.P2POp]:
-            ranks = self.global_ranks
             return [
-                dist.P2POp(dist.isend, self.outgoing(moved), ranks[peer], self.group, tag)
+                dist.P2POp(dist.isend, self.outgoing(moved), peer, self.group, tag)
                 if is_send
-                else dist.P2POp(dist.irecv, moved[0], ranks[peer], self.group, tag)
+                else dist.P2POp(dist.irecv, moved[0], peer, self.group, tag)
                 for is_send, moved, peer, tag in self._moves(pieces)
             ]
 

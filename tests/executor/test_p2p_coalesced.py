@@ -22,12 +22,14 @@ class RecordingGroup:
     def _start_coalescing(self, device: torch.device) -> None:
         self.calls.append(("start", str(device)))
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> None:
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
         self.calls.append(("send", dst, tag, tensors[0].data_ptr()))
+        return Work()  # gloo's per-op work (a coalesced group returns one at its end instead)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> None:
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
         tensors[0].fill_(src + 1)
         self.calls.append(("recv", src, tag))
+        return Work()
 
     def _end_coalescing(self, device: torch.device) -> Work:
         self.calls.append(("end",))
@@ -79,3 +81,23 @@ def test_coalesced_gather_sends_the_own_rows_and_receives_every_peer(granularity
     run_pipeline(plan, transport, lambda rows, unit: None)
     sends = [c for c in group.calls if c[0] == "send"]
     assert {c[3] for c in sends} == {other[j * (shard_rows // splits) :].data_ptr() for j in range(splits)}
+
+
+def test_direct_sends_address_the_peers_as_the_twin_group_numbers_them(monkeypatch):
+    """An ``/hp`` schedule sends on the high-priority twin group, whose rank order need not be the call's
+    group's: each layout peer is addressed by its rank in the group the sends go to."""
+    import ficco.executor.transport as transport_module
+
+    twin_rank = {10: 2, 11: 0, 12: 1}  # global rank -> rank in the twin group
+    monkeypatch.setattr(transport_module.dist, "ProcessGroup", RecordingGroup)  # a direct group
+    monkeypatch.setattr(transport_module.dist, "get_group_rank", lambda group, g: twin_rank[g])
+    plan = make_plan("gather", 3, "shard", 1, "shard")
+    group = RecordingGroup()
+    transport = PointToPointTransport(
+        group=group, global_ranks=[10, 11, 12], plan=plan, rank=1, source=torch.ones(4, 2),
+        dest=torch.zeros(3, 4, 2), lanes=InlineLanes(),
+    )  # fmt: skip
+    run_pipeline(plan, transport, lambda rows, unit: None)
+    sent_to = sorted(c[1] for c in group.calls if c[0] == "send")
+    received_from = sorted(c[1] for c in group.calls if c[0] == "recv")
+    assert sent_to == received_from == sorted([twin_rank[10], twin_rank[12]])  # layout peers 0 and 2
