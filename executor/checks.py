@@ -31,10 +31,12 @@ def as_schedule(schedule: Schedule | str) -> Schedule:
 _parse_schedule = lru_cache(maxsize=256)(Schedule.parse)
 
 
-def call_key(op: str, a: object, b: object, out: object, schedule: Schedule, group: object) -> tuple | None:
-    """Everything the checks of one call look at (None when ``a``, ``b`` or ``out`` is not a tensor, which
-    only the full checks can explain; ``b`` may be a tuple of tensors, the weights of one all-gather): calls
-    with equal keys pass or fail the checks alike."""
+def call_key(
+    op: str, a: object, b: object, out: object, schedule: Schedule, group: object, routing: object = None
+) -> tuple | None:
+    """Everything the checks of one call look at (None when ``a``, ``b`` or ``out`` is not a tensor, or a
+    MoE op's ``routing`` no ``Routing``, which only the full checks can explain; ``b`` may be a tuple of
+    tensors, the weights of one all-gather): calls with equal keys pass or fail the checks alike."""
     if not isinstance(a, torch.Tensor):
         return None
     if isinstance(b, torch.Tensor):
@@ -49,6 +51,10 @@ def call_key(op: str, a: object, b: object, out: object, schedule: Schedule, gro
         if not isinstance(out, torch.Tensor):
             return None
         key += (out.shape, out.dtype, out.device, out.is_contiguous())
+    if routing is not None:
+        if not isinstance(routing, Routing):
+            return None
+        key += (routing,)
     return key
 
 
@@ -155,6 +161,24 @@ def check_matmul_reduce_scatter(
             f"of world_size * splits = {world_size} * {schedule.splits} = {pieces}"
         )
     check_out(out, (m // world_size, b.shape[1]), "[m/world_size, n]", a)
+
+
+FIRST_ARGUMENTS = {
+    "ag_gemm": ("a_shard", "[m/world_size, k]"),
+    "gemm_rs": ("a", "[m, k]"),
+    "a2a_gemm": ("x", "[rows, k]"),
+    "gemm_a2a": ("h", "[rows, k]"),
+}
+"""The name and shape of each op's first argument, as its errors give them."""
+DENSE_CHECKS = {"ag_gemm": check_all_gather_matmul, "gemm_rs": check_matmul_reduce_scatter}
+"""The checks of a dense op's call, ``(a, b, schedule, world_size, out)``, once ``a`` passed
+:func:`check_first_argument`."""
+
+
+def check_first_argument(op: str, a: object) -> None:
+    """:func:`check_matrix` of ``op``'s first argument, named and shaped as :data:`FIRST_ARGUMENTS` says."""
+    name, shape = FIRST_ARGUMENTS[op]
+    check_matrix(name, a, shape)
 
 
 def check_routing(routing: object, world_size: int) -> Routing:

@@ -31,10 +31,9 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ficco.executor.checks import (
+    DENSE_CHECKS,
     DTYPES,
-    check_all_gather_matmul,
-    check_matmul_reduce_scatter,
-    check_matrix,
+    check_first_argument,
     shape_str,
 )
 from ficco.executor.context import GroupContext, checked_calls, get_context, remember_checked
@@ -660,9 +659,9 @@ def _resolve(
     first = pairs[0][0]
     m = first.shape[0] * w if gather else first.shape[0]
     pick = parse_schedule_table(asked).at(m)
-    check = check_all_gather_matmul if gather else check_matmul_reduce_scatter
+    check = DENSE_CHECKS[op]
     for a, bb in pairs:
-        check_matrix("a_shard" if gather else "a", a, "[m/world_size, k]" if gather else "[m, k]")
+        check_first_argument(op, a)
         check(a, bb, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
     reason = None
     try:

@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor.checks import (
+    DENSE_CHECKS,
+    FIRST_ARGUMENTS,
     as_schedule,
     call_key,
-    check_all_gather_matmul,
-    check_matmul_reduce_scatter,
+    check_first_argument,
     check_matrix,
     check_routed_matmul,
     check_routing,
@@ -578,22 +579,11 @@ def _checked_context(
 ) -> GroupContext:
     """The call's group context; its arguments are checked (:func:`_check_call`) only the first time this
     call signature is seen (``executor.checks.call_key``; the MoE ops' routing is part of it)."""
-    key = call_key(op, a, b, out, schedule, group)
-    if OP_SPECS[op].moe:
-        key = (*key, routing) if key is not None and isinstance(routing, Routing) else None
+    key = call_key(op, a, b, out, schedule, group, routing)
     ctx = checked_calls.get(key)
     if ctx is None:
         ctx = remember_checked(key, _check_call(op, a, b, out, schedule, group, routing))
     return ctx
-
-
-_A_SPECS = {
-    "ag_gemm": ("a_shard", "[m/world_size, k]"),
-    "gemm_rs": ("a", "[m, k]"),
-    "a2a_gemm": ("x", "[rows, k]"),
-    "gemm_a2a": ("h", "[rows, k]"),
-}
-"""The name and shape of each op's first argument, as its errors give them."""
 
 
 def _check_call(
@@ -606,16 +596,15 @@ def _check_call(
     routing: object,
 ) -> GroupContext:
     """Every check of one call of ``op`` (the first argument's first: its device names the context)."""
-    a_name, a_shape = _A_SPECS[op]
-    check_matrix(a_name, a, a_shape)
+    check_first_argument(op, a)
     ctx = get_context(group, a.device)
-    if op == "ag_gemm":
-        check_all_gather_matmul(a, b, schedule, ctx.world_size, out)
-    elif op == "gemm_rs":
-        check_matmul_reduce_scatter(a, b, schedule, ctx.world_size, out)
+    if op in DENSE_CHECKS:
+        DENSE_CHECKS[op](a, b, schedule, ctx.world_size, out)
     else:
         dispatch = op == "a2a_gemm"
-        check_routed_matmul(a_name, a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch)
+        check_routed_matmul(
+            FIRST_ARGUMENTS[op][0], a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch
+        )
     return ctx
 
 

@@ -7,11 +7,12 @@ import torch
 
 from ficco.executor.checks import (
     as_schedule,
+    call_key,
     check_all_gather_matmul,
     check_matmul_reduce_scatter,
     check_matrix,
 )
-from ficco.features import Schedule
+from ficco.features import Routing, Schedule
 
 FINER = Schedule.parse("finer/dma/s4/chunk")
 
@@ -94,3 +95,17 @@ def test_check_matmul_reduce_scatter_rejects_mismatches(a, out, message):
     with pytest.raises(ValueError) as err:
         check_matmul_reduce_scatter(a, torch.zeros(4, 6), FINER, 2, out)
     assert message in str(err.value)
+
+
+def test_a_calls_key_holds_a_moe_ops_routing_and_none_stands_for_what_only_the_checks_explain():
+    x, b = torch.ones(4, 2), torch.ones(1, 2, 3)
+    routing = Routing([[[1], [1]], [[1], [1]]])
+    serial = as_schedule("serial/sm")
+    dense = call_key("ag_gemm", x, torch.ones(2, 3), None, serial, None)
+    assert dense is not None and call_key("ag_gemm", x, torch.ones(2, 3), None, serial, None) == dense
+    routed = call_key("a2a_gemm", x, b, None, serial, None, routing)
+    assert routed[-1] is routing and routed != call_key(
+        "a2a_gemm", x, b, None, serial, None, Routing([[[2], [0]], [[1], [1]]])
+    )
+    assert call_key("a2a_gemm", x, b, None, serial, None, [[[1], [1]], [[1], [1]]]) is None  # not a Routing
+    assert call_key("ag_gemm", [[1.0]], b, None, serial, None) is None
