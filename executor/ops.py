@@ -120,7 +120,7 @@ def run_all_gather_matmul(
                 _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs, segments)
             else:  # the gathered A batch-major, as PyTorch's gather along the sequence makes it: one copy
                 all_gather_single(dest.view(m, k), a_shard, group=ctx.group)
-                _batch_major(gathered, batch, w).copy_(_rank_major(dest.view(m, k), batch, w))
+                _batch_major(gathered, batch, w).copy_(rank_major(dest.view(m, k), batch, w))
                 for one, c in zip(bs, cs, strict=True):
                     torch.mm(gathered, one, out=c)
         return cs, gathered
@@ -245,11 +245,11 @@ def _gather_rank_major(
     cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered)
     outs = [out] if out is not None else [torch.empty_like(c) for c in cs]
     for c, dest in zip(cs, outs, strict=True):
-        _batch_major(dest, batch, w).copy_(_rank_major(c, batch, w))
+        _batch_major(dest, batch, w).copy_(rank_major(c, batch, w))
     if gathered is None:
         return outs, None
     moved = torch.empty_like(gathered)
-    _batch_major(moved, batch, w).copy_(_rank_major(gathered, batch, w))
+    _batch_major(moved, batch, w).copy_(rank_major(gathered, batch, w))
     return outs, moved
 
 
@@ -292,7 +292,7 @@ def _batch_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tenso
     return rows.view(batch, world_size, -1, rows.shape[-1])
 
 
-def _rank_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
+def rank_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
     """``rows [m, k]`` in rank-major order (rank, batch, row) as ``[batch, w, m / (w batch), k]`` (a strided
     view, indexed as :func:`_batch_major`'s)."""
     return rows.view(world_size, batch, -1, rows.shape[-1]).transpose(0, 1)
