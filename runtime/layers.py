@@ -13,7 +13,7 @@ gradients' shapes, and CUDA graphs: docs/planner.md.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ class _TensorParallelLinear(nn.Module):
         if (id(pair[0]), backward) not in self._prepared:
             prepare = getattr(self.ops, "prepare", None)
             if prepare is not None:
-                prepare(self.requests(tokens, backward=backward))
+                prepare(list(pair) if backward else [pair[0]])
             if backward:
                 self.ops.note(self.name, "bwd-weight", self._weight_gemm(tokens))
             self._prepared.add((id(pair[0]), backward))
@@ -131,9 +131,20 @@ class ColumnParallelLinear(_TensorParallelLinear):
     _fwd_op, _sharded = "ag_gemm", 1
 
     def __init__(
-        self, in_features: int, out_features: int, *, keep_gathered: bool = True, **kwargs: Any
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        schedules: Schedules = None,
+        ops: OverlapOps | None = None,
+        name: str = "",
+        keep_gathered: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, **kwargs)
+        super().__init__(
+            in_features, out_features, schedules=schedules, ops=ops, name=name, device=device, dtype=dtype
+        )
         self.keep_gathered = keep_gathered
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:

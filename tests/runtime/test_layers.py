@@ -171,3 +171,17 @@ def test_a_layer_takes_schedules_or_ops_not_both():
         assert layer.ops.planner.source.origin == "fixed 0:serial/sm;64:shard/dma"
         with pytest.raises(ValueError, match=r"give schedules= .* or ops= .*, not both"):
             ColumnParallelLinear(4, 8, schedules="shard/dma", ops=PlannedOps("shard/dma"))
+
+
+def test_both_layers_show_every_keyword_they_take_and_a_misspelt_one_names_the_layer():
+    import inspect
+
+    from ficco.runtime import ColumnParallelLinear, RowParallelLinear
+
+    shared = {"schedules", "ops", "name", "device", "dtype"}
+    assert shared | {"keep_gathered"} <= set(inspect.signature(ColumnParallelLinear).parameters)
+    assert shared <= set(inspect.signature(RowParallelLinear).parameters)
+    with pytest.raises(
+        TypeError, match=r"ColumnParallelLinear.__init__\(\) got an unexpected keyword .*'schedule'"
+    ):
+        ColumnParallelLinear(8, 8, schedule="serial/sm")
