@@ -2,8 +2,9 @@
 
 A failing or unusable answer, one first needed inside a CUDA graph capture, and a graph-mode answer off the
 measured map run ``serial/sm``, with the reason in the log; rank 0 of the group asks and broadcasts, so
-every rank runs the same schedule. :func:`as_planner` turns every form of ``schedules=`` the runtimes take
-into a planner. The rules and their measurements: docs/planner.md.
+every rank runs the same schedule (a deterministic source, such as a fixed schedule, a table or a function,
+is asked on each rank, even during a capture). :func:`as_planner` turns every form of ``schedules=`` the
+runtimes take into a planner. The rules and their measurements: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -289,27 +290,32 @@ class Planner:
         """One row per (layer, direction, shape) seen, in order (the columns of :meth:`table`)."""
         out = []
         for layer, direction, key in self.uses:
-            row = {"layer": layer, "direction": direction, "shape": key, "schedule": "-", "ran": "-"}
-            row |= {"predicted_speedup": None, "neighbours": None, "note": "", "origin": ""}
+            row = {"layer": layer, "direction": direction, "shape": key, "schedule": "-"}
+            row |= {"predicted_speedup": None, "neighbours": None, "note": "", "origin": "", "ran": "-"}
             if isinstance(key, OpKey):  # a planned op, not a plain GEMM
-                row |= {"shape": key.shape, "schedule": "(not decided)", "ran": "(not run)"}
-            d = self.decisions.get(key) if isinstance(key, OpKey) else None
-            if d is not None:
-                schedule = str(self._overrides.get(key, d.schedule))
-                run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule)
-                notes = [d.reason or ""]
-                if run is not None and run.reason is not None:
-                    notes.append(f"ran {run.ran}: {run.reason}")
-                row |= {
-                    "schedule": str(d.schedule),
-                    "ran": run.ran if run is not None else "(not run)",
-                    "predicted_speedup": d.predicted_speedup,
-                    "neighbours": d.neighbours,
-                    "note": "; ".join(n for n in notes if n),
-                    "origin": d.origin,
-                }
+                row |= self._decision_cells(key)
             out.append(row)
         return out
+
+    def _decision_cells(self, key: OpKey) -> dict:
+        """The cells of :meth:`rows` that ``key``'s decision and what the executor ran fill in."""
+        d = self.decisions.get(key)
+        if d is None:
+            return {"shape": key.shape, "schedule": "(not decided)", "ran": "(not run)"}
+        schedule = str(self._overrides.get(key, d.schedule))
+        run = library.ran(key.op, key.m, key.n, key.k, key.dtype, key.world_size, schedule)
+        notes = [d.reason or ""]
+        if run is not None and run.reason is not None:
+            notes.append(f"ran {run.ran}: {run.reason}")
+        return {
+            "shape": key.shape,
+            "schedule": str(d.schedule),
+            "predicted_speedup": d.predicted_speedup,
+            "neighbours": d.neighbours,
+            "note": "; ".join(n for n in notes if n),
+            "origin": d.origin,
+            "ran": run.ran if run is not None else "(not run)",
+        }
 
     def table(self) -> str:
         """The decisions of the run as a markdown table."""
