@@ -1,8 +1,9 @@
 """ficco: a learned schedule predictor for compute/communication overlap, with a copy-engine executor.
 
 An installed wheel holds the subpackages (``ficco.features``, ``ficco.executor``, ``ficco.harness``,
-``ficco.training``, ``ficco.service``) under ``ficco/``; a source checkout keeps them at the repository
-root, which this package's search path then includes, so ``import ficco.features`` works uninstalled.
+``ficco.training``, ``ficco.service``, ``ficco.runtime``) under ``ficco/``; a source checkout keeps them at
+the repository root, which this package's search path then includes, so ``import ficco.features`` works
+uninstalled.
 """
 
 from pathlib import Path

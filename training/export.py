@@ -177,7 +177,7 @@ def export_header(
             "host_factor": host_factor,
             "coverage": getattr(predictor, "coverage", None) is not None,
         },
-        # the training datasets and their content hash (harness.dataset.frame_hash, from the card)
+        # the training datasets and their content hash (the card's: training.dataset_table.LoadedDataset.hash)
         "datasets": [{"path": data.get("path"), "hash": data.get("hash", card.get("dataset_hash"))}],
         "grid": grid,
         "neighbours": {"factor": NEIGHBOUR_FACTOR, "off_map_below": OFF_MAP_BELOW[mode]},

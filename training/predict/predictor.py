@@ -5,8 +5,9 @@
 >>> [r.schedule for r in predictor.recommend([Scenario(m=1024)], mode="graph")]  # doctest: +SKIP
 ['serial/sm']
 
-:meth:`Predictor.decide` takes the numpy fast path up to ``FAST_PATH_MAX_CURSORS`` (pairs x trees), XGBoost's
-own prediction for larger batches; both give the same picks (docs/training.md, "The fast path").
+:meth:`Predictor.decide` takes the numpy fast path up to ``FAST_PATH_MAX_CURSORS`` (scenarios x distinct
+trees), XGBoost's own prediction for larger batches; both give the same picks (docs/training.md,
+"The fast path").
 """
 
 from __future__ import annotations
