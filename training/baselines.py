@@ -199,11 +199,15 @@ class AsyncTPModel:
             return np.empty(0)
         return np.asarray(self.regressor_.predict(async_tp_matrix(X, modes, host_factor)), dtype=np.float64)
 
-    def fuse_rows(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
-        """True where async-TP's predicted speedup over serial reaches ``1 + min_gain_`` of the row's mode,
-        bool ``[n]``."""
+    def fuses(self, log_ratio: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        """True where a predicted ``log(t_async_tp / t_serial)`` ``[n]`` is a speedup of at least
+        ``1 + min_gain_`` of the row's mode (``modes`` ``[n]``), bool ``[n]``."""
         gain = np.array([self.min_gain_.get(m, 0.0) for m in np.asarray(modes).tolist()], dtype=np.float64)
-        return -self.predict_log_ratio(X, modes, host_factor) >= np.log1p(gain)
+        return -log_ratio >= np.log1p(gain)
+
+    def fuse_rows(self, X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
+        """:meth:`fuses` at the predicted ratios of feature rows ``X [n, F]`` in ``modes``, bool ``[n]``."""
+        return self.fuses(self.predict_log_ratio(X, modes, host_factor), modes)
 
     def fuse(self, table: DatasetTable) -> np.ndarray:
         """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""

@@ -54,8 +54,9 @@ def fuse_ranges(model: Any, shapes: Sequence[Shape], *, world_size: int, mode: s
             continue
         scs, ms = grid_scenarios(shape, grid, world_size=world_size, dtype=dtype, hardware=hardware)
         X = feature_matrix(scs)
-        ratio = model.predict_log_ratio(X, np.full(len(ms), mode, dtype=object), host_factor)
-        on = -ratio >= np.log1p(model.min_gain_.get(mode, 0.0))
+        modes = np.full(len(ms), mode, dtype=object)
+        ratio = model.predict_log_ratio(X, modes, host_factor)
+        on = model.fuses(ratio, modes)
         change = np.flatnonzero(np.r_[True, on[1:] != on[:-1]])
         key = shape[:3]
         starts[key], fuse[key] = ms[change].tolist(), on[change].tolist()
