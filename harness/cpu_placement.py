@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ficco.cpulists import format_cpulist, parse_cpulist
+
 
 class PinPolicy(StrEnum):
     """CPU placement policies (see the module docstring)."""
@@ -23,23 +25,6 @@ DEFAULT_PIN = PinPolicy.share
 """The policy of ``--pin``: every committed dataset's, and a runtime's process's, which stays on its CPUs."""
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_PCI = Path("/sys/bus/pci/devices")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """CPUs of a Linux cpulist such as ``"0-3,8,10-11"``, sorted; ``ValueError`` names a bad entry."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        try:
-            lo, hi = int(first), int(last or first)
-        except ValueError:
-            raise ValueError(f"bad cpulist entry {part!r} in {text.strip()!r}: want N or N-M") from None
-        if hi < lo:
-            raise ValueError(f"bad cpulist range {part!r}: {hi} < {lo}")
-        cpus.update(range(lo, hi + 1))
-    return sorted(cpus)
 
 
 def _read_cpulist(path: Path) -> list[int] | None:
@@ -98,18 +83,7 @@ class Placement:
         if self.policy == "none":
             return "none (the kernel places every thread)"
         where = {True: ", local to the GPU", False: ", not local to the GPU", None: ""}[self.gpu_local]
-        return f"share: every thread on CPUs {_cpulist(self.cpus)}{where}"
-
-
-def _cpulist(cpus: tuple[int, ...]) -> str:
-    """``cpus`` as a compact cpulist (``0-3,8``)."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+        return f"share: every thread on CPUs {format_cpulist(self.cpus)}{where}"
 
 
 def plan_placement(

@@ -178,20 +178,20 @@ def lower_priority(priority: str) -> str:
 
 def worker_cpus(spec: str, allowed: set[int]) -> set[int]:
     """The CPUs ``spec`` names out of ``allowed`` (this process's affinity): ``all``; ``spare``, every CPU
-    but the lowest (the server's caches and one core stay free of batch and table work; ``all`` on a
-    single CPU); or a list such as ``1,3-5``. ``ValueError`` names a spec that is none of these or that
-    leaves no allowed CPU."""
+    but the lowest, which batch and table work leave to the server (``all`` on a single CPU); or a cpulist
+    such as ``1,3-5``. ``ValueError`` names a spec that is none of these or that leaves no allowed CPU."""
+    from ficco.cpulists import parse_cpulist
+
     if spec == "all":
         return set(allowed)
     if spec == "spare":
         return set(allowed) - {min(allowed)} or set(allowed)
     try:
-        named = set()
-        for part in spec.split(","):
-            first, _, last = part.strip().partition("-")
-            named.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise ValueError(f"worker CPUs must be 'all', 'spare' or a list like '1,3-5'; got {spec!r}") from None
+        named, why = set(parse_cpulist(spec)), ""
+    except ValueError as err:
+        named, why = set(), f" ({err})"
+    if not named:
+        raise ValueError(f"worker CPUs must be 'all', 'spare' or a list like '1,3-5'; got {spec!r}{why}")
     if not named & allowed:
         raise ValueError(f"worker CPUs {spec!r} name none of the CPUs allowed here {sorted(allowed)}")
     return named & allowed
@@ -199,14 +199,16 @@ def worker_cpus(spec: str, allowed: set[int]) -> set[int]:
 
 def pin_cpus(spec: str) -> str:
     """Run every thread of this process (and those started later) on the CPUs ``spec`` names
-    (:func:`worker_cpus`); returns them as text, or ``any`` where affinity is not supported."""
+    (:func:`worker_cpus`); returns them as a cpulist, or ``any`` where affinity is not supported."""
+    from ficco.cpulists import format_cpulist
+
     if not hasattr(os, "sched_setaffinity"):
         return "any"
     cpus = worker_cpus(spec, os.sched_getaffinity(0))
     for tid in _thread_ids():
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cpus)
-    return ",".join(map(str, sorted(cpus)))
+    return format_cpulist(cpus)
 
 
 def settle(options: WorkerOptions) -> str:

@@ -5,18 +5,7 @@ import threading
 
 import pytest
 
-from ficco.harness.cpu_placement import Placement, parse_cpulist, physical_cores, plan_placement
-
-
-def test_parse_cpulist_ranges_and_singles():
-    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert parse_cpulist("5") == [5]
-
-
-@pytest.mark.parametrize("text", ["a-3", "4-2", "1-x"])
-def test_parse_cpulist_names_the_bad_entry(text):
-    with pytest.raises(ValueError, match="cpulist"):
-        parse_cpulist(text)
+from ficco.harness.cpu_placement import Placement, physical_cores, plan_placement
 
 
 def _fake_sysfs(tmp_path, siblings: dict[int, str]):

@@ -115,6 +115,7 @@ def test_workers_run_on_the_cpus_they_were_given(registry_root, start, wait_for)
         ("spare", {2, 5, 7}, {5, 7}),
         ("spare", {3}, {3}),
         ("1,3-4", {0, 1, 3, 9}, {1, 3}),
+        ("1, 3-4", {0, 1, 3, 9}, {1, 3}),
     ],
 )
 def test_worker_cpus_reads_each_spelling(spec, allowed, cpus):
@@ -123,7 +124,12 @@ def test_worker_cpus_reads_each_spelling(spec, allowed, cpus):
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("odd", "'all', 'spare' or a list"), ("8-9", r"none of the CPUs allowed here \[0, 1\]")],
+    [
+        ("odd", "'all', 'spare' or a list like '1,3-5'; got 'odd' \\(bad cpulist entry 'odd'"),
+        ("1-0", "got '1-0' \\(bad cpulist range '1-0': 0 < 1\\)"),
+        ("", "'all', 'spare' or a list like '1,3-5'; got ''$"),
+        ("8-9", r"none of the CPUs allowed here \[0, 1\]"),
+    ],
 )
 def test_bad_worker_cpus_say_what_is_allowed(spec, message):
     with pytest.raises(ValueError, match=message):
