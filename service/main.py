@@ -1,8 +1,9 @@
 """The FastAPI app: routers, error handlers, the body limit and metrics middleware, and the lifespan.
 
 The lifespan loads every registered hardware's current model once, from a private snapshot of the
-registry's files (``ModelStore.snapshot``), starts the batch and table worker processes, their supervisor
-and the registry watcher, and stops them (and removes the snapshot) at shutdown.
+registry's files (``ModelStore.snapshot``), starts the batch worker processes and their supervisor, the
+registry watcher and the table prefetch (each where its setting is on; the table worker starts with its
+first job), and stops them (and removes the snapshot) at shutdown.
 ``uvicorn ficco.service.main:app`` serves the app built from the environment; ``ficco serve`` builds one
 from its options (``create_app``).
 """

@@ -116,8 +116,8 @@ NOT_MEASURED = "not measured"
 """The schedule shown for a pair whose op the model has no measured data for."""
 _UNMEASURED = {"measured": False, "schedule": NOT_MEASURED, "predicted_speedup": None, "fallback": True}
 """The answer fields of a pair whose op the model has no measured data for."""
-_ANSWERED = ("schedule", "predicted_speedup", "fallback", "fallback_reason", "pick_reason", "neighbours")
-"""The fields of a ``PairScore`` that the model's answer gives."""
+_ANSWERED = tuple(name for name in PairScore.model_fields if name in RecommendationPublic.model_fields)
+"""The fields of a ``PairScore`` that the model's answer gives (those the two schemas share)."""
 
 
 def _score(pair: LayerPair, rec: RecommendationPublic | None, reason: str | None = None) -> PairScore:
