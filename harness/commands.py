@@ -33,6 +33,7 @@ from ficco.harness.launch import (
     BenchBackend,
     WorkerSettings,
     build_plan,
+    check_machine_gpus,
     check_tp,
     parse_tokens,
     run_torchrun,
@@ -124,8 +125,8 @@ def sweep_job(
         typer.Option(
             help="Hardware profile id (h200x2, h100x8, or a custom one registered before) or a "
             "HardwareProfile JSON file, which registers its id for every command. Default: this machine's "
-            f"GPUs at --tp of them (gpu; e.g. h200x4), else {DEFAULT_HARDWARE_ID}. A gpu sweep refuses a "
-            "profile of another GPU model.",
+            f"GPUs at --tp of them (ficco bench --backend gpu; e.g. h200x4), else {DEFAULT_HARDWARE_ID}. A "
+            "gpu sweep refuses a profile of another GPU model before it measures.",
             show_default=False,
         ),
     ] = None,
@@ -224,21 +225,27 @@ def bench(**options: Any) -> None:
 
 
 def parse_sweep(args: Sequence[str]) -> tuple[SweepJob, click.Context]:
-    """The sweep of the ``ficco bench`` options ``args`` and the click context that parsed them; a bad
-    option is a usage error naming ``ficco bench --help``."""
+    """The sweep of the ``ficco bench`` options ``args`` that a fleet verb was given, and the click context
+    that parsed them; a bad option is a usage error naming ``ficco bench --help``."""
     app = typer.Typer()
     app.command()(sweep_job)
     command = typer.main.get_command(app)
     ctx = command.make_context("ficco bench", list(args))
-    return ctx.invoke(command.callback, **ctx.params), ctx
+    # a fleet's launcher is not the machine that measures: --hardware defaults to the default profile,
+    # never to the launcher's GPUs (each shard checks its node's GPUs against it before measuring)
+    params = {**ctx.params, "hardware": ctx.params["hardware"] or DEFAULT_HARDWARE_ID}
+    return ctx.invoke(command.callback, **params), ctx
 
 
 def measure(job: SweepJob) -> None:
     """Sweep ``job`` into ``job.out``, continuing the dataset there (refused when its plan settings
-    differ), after printing the plan and the GPU time it takes."""
+    differ, or on GPUs of another model than its profile's), after printing the plan and the GPU time it
+    takes."""
     from ficco.harness.plan import estimate_sweep
 
     plan, settings = job.plan, job.settings
+    if job.backend is BenchBackend.gpu:
+        check_machine_gpus(job.hardware)
     _check_same_plan_settings(job.out, plan)
     estimate = estimate_sweep(
         plan, job.hardware, modes=settings.modes, timing=settings.timing, remeasure=settings.remeasure

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -79,26 +80,48 @@ def parse_tokens(value: str | None, tp: int, default: Sequence[int]) -> list[int
     return tokens
 
 
-def gpu_names() -> list[str]:
-    """The GPUs ``nvidia-smi -L`` lists, by name (``NVIDIA H200``); none without a driver."""
+@functools.cache
+def gpu_names() -> tuple[str, ...]:
+    """The GPUs ``nvidia-smi -L`` lists, by name (``NVIDIA H200``); none without a driver. Read once per
+    process (a sweep's launcher asks for the default profile, the process count and the model check)."""
     if shutil.which("nvidia-smi") is None:
-        return []
+        return ()
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
-    return [line.split(": ", 1)[1].split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")]
+    return tuple(
+        line.split(": ", 1)[1].split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")
+    )
 
 
 def sweep_hardware(value: str | None, on_gpus: bool, tp: int) -> HardwareProfile:
-    """The profile a sweep files its rows under: ``--hardware``, else (``on_gpus``) this machine's GPUs at
-    ``tp`` of them (``h200x4``) or the default profile. On GPUs a profile of another GPU model exits with
-    one ``error:`` line naming the id that fits."""
-    from ficco.features.hardware import check_gpu_model, hardware_id_of
+    """The profile a sweep files its rows under: ``--hardware``, else (``on_gpus``: it measures on this
+    machine) this machine's GPUs at ``tp`` of them (``h200x4``), else the default profile; a bad value, or
+    GPUs of no profile, exits with one ``error:`` line."""
+    from ficco.features.hardware import hardware_id_of, load_hardware
 
-    names = gpu_names() if on_gpus else []
-    hw = hardware_profile(value or (hardware_id_of(names[0], tp) if names else DEFAULT_HARDWARE_ID))
+    names = gpu_names() if on_gpus and value is None else ()
+    if not names:
+        return hardware_profile(value or DEFAULT_HARDWARE_ID)
+    derived = hardware_id_of(names[0], tp)
+    try:
+        return load_hardware(derived)
+    except ValueError:
+        raise fail(
+            f"this machine's {names[0]} GPUs have no hardware profile {derived!r}: pass --hardware with a "
+            "profile JSON file that describes them (docs/new-hardware.md)"
+        ) from None
+
+
+def check_machine_gpus(hw: HardwareProfile) -> None:
+    """Exit with one ``error:`` line, naming the profile that fits, where this machine's GPUs are another
+    model than ``hw``'s (the rows measured here would be filed under another machine); nothing without
+    GPUs. Called where a sweep is measured (``ficco bench``, ``fleet shard``, ``retrain``), before anything
+    is read or written."""
+    from ficco.features.hardware import check_gpu_model
+
+    names = gpu_names()
     with fail_on_value_error():
         if names:
             check_gpu_model(hw, names[0])
-    return hw
 
 
 def build_plan(

@@ -48,7 +48,7 @@ def run_sweep(
     """Measure every candidate schedule of every scenario of ``plan`` not yet in ``out_dir``, starting none
     after ``deadline`` (``time.time()`` seconds); returns ``out_dir``. Raises ``FingerprintMismatch`` naming
     the differing keys when ``out_dir`` was measured with another fingerprint or protocol, ``ValueError`` for
-    a plan mixing hardware profiles."""
+    a plan mixing hardware profiles or of a profile of other GPUs than the backend's."""
     out = Path(out_dir)
     writer = backend.rank == 0
     manifest = _open_manifest(out, backend, _plan_hardware(plan), writer)

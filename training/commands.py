@@ -365,9 +365,8 @@ def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBac
     """``gpu`` or ``sim``: ``auto`` is ``gpu``; ``gpu`` on a machine of fewer than 2 GPUs, or of other GPUs
     than ``hw``'s, stops with one line (a measured model is only ever trained on measurements of its GPUs,
     and a simulated one only when asked for)."""
-    from ficco.features.hardware import check_gpu_model
     from ficco.features.provenance import SIMULATED, registry_id
-    from ficco.harness.launch import gpu_names
+    from ficco.harness.launch import check_machine_gpus, gpu_names
 
     if backend is RetrainBackend.sim:
         return backend
@@ -378,8 +377,7 @@ def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBac
             f"{hw.id}'s GPUs, or pass --backend sim to train a simulated model (registered apart as "
             f"{registry_id(hw.id, SIMULATED)}; the measured {hw.id} model stays)"
         )
-    with fail_on_value_error():
-        check_gpu_model(hw, names[0])
+    check_machine_gpus(hw)  # before the plan and the current model are read
     return RetrainBackend.gpu
 
 

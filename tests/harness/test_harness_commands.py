@@ -267,13 +267,37 @@ def test_bench_gpu_refuses_a_profile_of_another_gpu_model(app, tiny_configs, tmp
     assert "Traceback" not in result.output
 
 
+def test_bench_gpu_on_gpus_of_no_profile_says_how_to_describe_them(app, tiny_configs, tmp_path, monkeypatch):
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA A100-SXM4-80GB"] * 2)
+    result = _bench(app, "--backend", "gpu", "--configs", tiny_configs, "--out", tmp_path / "ds")
+    message = (
+        "error: this machine's NVIDIA A100-SXM4-80GB GPUs have no hardware profile 'a100x2': pass --hardware"
+    )
+    assert result.exit_code == 2 and message in result.output and "did you mean" not in result.output
+
+
+def test_a_fleet_launcher_plans_the_named_or_default_profile_whatever_its_own_gpus(tiny_configs, monkeypatch):
+    """``fleet run`` and ``emit`` run where nothing is measured (a login node, a Ray head): their GPUs
+    neither pick the profile nor refuse one; each shard checks its node before measuring."""
+    from ficco.harness.commands import parse_sweep
+
+    monkeypatch.setattr("ficco.harness.launch.gpu_names", lambda: ["NVIDIA H100 80GB HBM3"] * 8)
+    for given, planned in [([], "h200x2"), (["--hardware", "h200x4", "--tp", "4"], "h200x4")]:
+        job, _ = parse_sweep(["--backend", "gpu", "--configs", str(tiny_configs), "--tokens", "1024", *given])
+        assert job.hardware.id == planned
+
+
 def test_gpu_names_reads_nvidia_smi(monkeypatch):
     from ficco.harness import launch
 
     listed = "GPU 0: NVIDIA H200 (UUID: GPU-1a)\nGPU 1: NVIDIA H200 (UUID: GPU-2b)\n"
     monkeypatch.setattr(launch.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listed))
-    assert launch.gpu_names() == ["NVIDIA H200", "NVIDIA H200"]
+    launch.gpu_names.cache_clear()  # read once per process
+    try:
+        assert launch.gpu_names() == ("NVIDIA H200", "NVIDIA H200")
+    finally:
+        launch.gpu_names.cache_clear()
 
 
 def test_bench_keeps_to_its_option_budget(ficco):
