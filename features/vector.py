@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ficco.features.scenario import MOE_OPS, OPS, Scenario
+from ficco.features.scenario import OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS, max_splits
 
 FEATURE_SCHEMA_VERSION = "fv3"
@@ -171,19 +171,3 @@ def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
 def _log2s(x: np.ndarray) -> np.ndarray:
     """:func:`_log2` over an array."""
     return np.log2(np.maximum(x, 1e-12))
-
-
-__all__ = [
-    "FEATURE_NAMES",
-    "FEATURE_SCHEMAS",
-    "FEATURE_SCHEMA_VERSION",
-    "MOE_OPS",
-    "feature_dict",
-    "feature_matrix",
-    "feature_vector",
-    "gemm_waves",
-    "max_finer_splits",
-    "roofline_comm_us",
-    "roofline_gemm_us",
-    "wave_fill",
-]
