@@ -63,8 +63,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(BusyError)
     async def _busy(request: Request, exc: BusyError) -> JSONResponse:
-        body, headers = {"detail": str(exc)}, {"Retry-After": str(exc.retry_after_s)}
-        return JSONResponse(body, status_code=status.HTTP_429_TOO_MANY_REQUESTS, headers=headers)
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse(
+            {"detail": str(exc)}, status_code=status.HTTP_429_TOO_MANY_REQUESTS, headers=headers
+        )
 
     @app.exception_handler(NoModelError)
     async def _no_model(request: Request, exc: NoModelError) -> JSONResponse:
@@ -72,8 +74,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WorkerLostError)
     async def _worker_lost(request: Request, exc: WorkerLostError) -> JSONResponse:
-        body, headers = {"detail": str(exc)}, {"Retry-After": "1"}
-        return JSONResponse(body, status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers=headers)
+        return JSONResponse(
+            {"detail": str(exc)},
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "1"},
+        )
 
 
 DOCS_ASSETS = "/docs/assets"
