@@ -209,8 +209,6 @@ def load_hardware(value: str, root: str | Path | None = None) -> HardwareProfile
             f"{value!r} is the registry id of simulated models; name the hardware itself, "
             f"{registry_id(value, MEASURED)!r} (with --backend sim for a simulated sweep)"
         )
-    if value in KNOWN_HARDWARE:
-        return KNOWN_HARDWARE[value]
     if root is None:
         from ficco.files import model_root
 

@@ -414,15 +414,3 @@ def layer_pairs(
             pair("shared_down", "gemm_rs", tokens, h, local, moe_layers),
         ]
     return out
-
-
-__all__ = [
-    "KV_LAYOUTS",
-    "LayerPair",
-    "ModelConfig",
-    "config_name",
-    "config_paths",
-    "layer_pairs",
-    "load_model_config",
-    "load_model_configs",
-]

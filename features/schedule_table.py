@@ -40,19 +40,12 @@ class FingerprintMismatch(ValueError):
     """A table was exported for another machine than the one loading it."""
 
 
-def device_name(gpu_name: str) -> str:
-    """The file-name form of a GPU name, as vLLM writes it: spaces and dashes become underscores
-    (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA_H100_80GB_HBM3``)."""
-    return gpu_name.replace(" ", "_").replace("-", "_")
-
-
 def artifact_name(header: dict[str, Any]) -> str:
     """``device_name=...,tp=...,mode=...,dtype=...`` of an export's header (its ``device_name`` the GPU
-    name, ``world_size``, ``mode``, ``dtype``): how the table files and the other exported files are named."""
-    return (
-        f"device_name={device_name(header['device_name'])},tp={header['world_size']},"
-        f"mode={header['mode']},dtype={header['dtype']}"
-    )
+    name, ``world_size``, ``mode``, ``dtype``): how the table files and the other exported files are named.
+    The GPU name is written as vLLM writes it, spaces and dashes as underscores: ``NVIDIA_H100_80GB_HBM3``."""
+    device = header["device_name"].replace(" ", "_").replace("-", "_")
+    return f"device_name={device},tp={header['world_size']},mode={header['mode']},dtype={header['dtype']}"
 
 
 def hardware_fingerprint(fields: dict[str, Any]) -> str:

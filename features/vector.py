@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ficco.features.scenario import MOE_OPS, OPS, Scenario
+from ficco.features.scenario import OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS, max_splits
 
 FEATURE_SCHEMA_VERSION = "fv3"
@@ -60,12 +60,6 @@ def wave_fill(rows: float, n: int, sm_count: int) -> float:
     return waves / math.ceil(waves)
 
 
-def max_finer_splits(scenario: Scenario) -> int:
-    """The largest ``finer`` split count whose sub-chunks divide the rows evenly (1 if none does;
-    ``features.schedule.max_splits``)."""
-    return max_splits(scenario.rows, scenario.world_size)
-
-
 def feature_dict(scenario: Scenario) -> dict[str, float]:
     """Named features of ``scenario`` in schema order. Sizes enter as log2, times in microseconds."""
     s, hw, w = scenario, scenario.hardware, scenario.world_size
@@ -91,7 +85,7 @@ def feature_dict(scenario: Scenario) -> dict[str, float]:
         "log2_shard_bytes": _log2(shard_rows * width * s.dtype_bytes),
         "gemm_waves": gemm_waves(s.rows, s.n, hw.sm_count),
         "shard_gemm_waves": gemm_waves(shard_rows, s.n, hw.sm_count),
-        "max_finer_splits": float(max_finer_splits(s)),
+        "max_finer_splits": float(max_splits(s.rows, s.world_size)),
         "experts": float(s.experts),
         "top_k": float(s.top_k),
         "imbalance": float(s.imbalance),
@@ -171,19 +165,3 @@ def _feature_columns(scenarios: list[Scenario]) -> np.ndarray:
 def _log2s(x: np.ndarray) -> np.ndarray:
     """:func:`_log2` over an array."""
     return np.log2(np.maximum(x, 1e-12))
-
-
-__all__ = [
-    "FEATURE_NAMES",
-    "FEATURE_SCHEMAS",
-    "FEATURE_SCHEMA_VERSION",
-    "MOE_OPS",
-    "feature_dict",
-    "feature_matrix",
-    "feature_vector",
-    "gemm_waves",
-    "max_finer_splits",
-    "roofline_comm_us",
-    "roofline_gemm_us",
-    "wave_fill",
-]

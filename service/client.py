@@ -166,8 +166,7 @@ class ServiceClient:
         name: str | None = None,
     ) -> ScorePublic:
         """Score a Hugging Face model config (as ``ficco score``)."""
-        body = {"config": config, "tp": tp, "tokens": list(tokens), "dtype": dtype, "hardware": hardware}
-        body["name"] = name
+        body = dict(config=config, tp=tp, tokens=list(tokens), dtype=dtype, hardware=hardware, name=name)
         return ScorePublic.model_validate(self._request("POST", "/v1/score", body))
 
     def fetch_table(

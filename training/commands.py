@@ -68,11 +68,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     cross-validated choice."""
     lines = []
     for mode, result in summary["modes"].items():
-        lines.append(f"[{mode}] family holdout")
-        lines.append(pickers_table(result["family_holdout"]))
+        lines += [f"[{mode}] family holdout", pickers_table(result["family_holdout"])]
         for group, pickers in result.get("family_holdout_by_op_group", {}).items():
-            lines.append(f"[{mode}] family holdout, {group} ops only")
-            lines.append(pickers_table(pickers))
+            lines += [f"[{mode}] family holdout, {group} ops only", pickers_table(pickers)]
         rescored = result.get("rescored", {})
         if rescored:
             regrets = ", ".join(

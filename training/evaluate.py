@@ -218,9 +218,8 @@ def fit_and_pick(
     """Fit the chosen model (and the time-ratio regressor) on ``train``; recommended columns of ``test``
     ``[n]``, one array per host factor of ``host_factors`` (default: ``test``'s own alone)."""
     model = fit_pair_model(train, choice.config, seed=seed, n_jobs=n_jobs)
-    ratio_model = model
-    if choice.config != RATIO_CONFIG:
-        ratio_model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+    same = choice.config == RATIO_CONFIG
+    ratio_model = model if same else fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
     picks = []
     for factor in host_factors or [test.host_factor]:
         cost = pair_costs(model, test.X, test.modes, factor)

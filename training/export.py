@@ -402,13 +402,7 @@ def build_schedule_table(
     check_shapes(shapes, world_size=world_size, dtype=dtype, hardware=hardware,
                  ops=card.get("ops") or DENSE_OPS)  # fmt: skip
     factor = predictor.host_factor if host_factor is None else host_factor
-    settings = {
-        "world_size": world_size,
-        "mode": mode,
-        "dtype": dtype,
-        "hardware": hardware,
-        "host_factor": factor,
-    }
+    settings = dict(world_size=world_size, mode=mode, dtype=dtype, hardware=hardware, host_factor=factor)
     tracks, asks = [], []
     for shape in dict.fromkeys(shapes):
         period, residues = class_residues(world_size, shape[4])

@@ -6,7 +6,7 @@ target ``log(t / t_serial)``; the (scenario, mode) row is the ranker's query.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
@@ -30,12 +30,7 @@ class TrainConfig:
     """XGBoost shrinkage, in (0, 1]."""
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "objective": self.objective,
-            "max_depth": self.max_depth,
-            "n_estimators": self.n_estimators,
-            "learning_rate": self.learning_rate,
-        }
+        return asdict(self)
 
     def estimator(self, *, seed: int, n_jobs: int) -> PairModel:
         """An unfitted ``training.model.PairModel`` of these hyper-parameters."""
