@@ -24,11 +24,6 @@ TIMED_MS = 250.0
 EAGER_TIMED_FACTOR = 3.0
 """Eager mode's timed work over graph mode's (its low-quantile labels need more rounds; docs/protocol.md)."""
 
-PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
-"""Protocol settings as datasets measured before they became settings were measured (a resume compares with
-these): every rank's threads on an equal share of the CPUs, one ``torch.mm`` per expert, one copy-engine side
-stream per peer."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timing:

@@ -17,7 +17,8 @@ from ficco.features import HardwareProfile, Scenario, candidates
 from ficco.features.dataset import FORMAT, MANIFEST, NOISE, PLAN, load_noise, read_manifest, rows_frame
 from ficco.features.fingerprint import fingerprint_differences
 from ficco.features.hardware import check_gpu_model
-from ficco.harness.backend import PROTOCOL_BEFORE, Backend, Measurement, ScenarioResult
+from ficco.features.label_source import PROTOCOL_BEFORE, label_version_of
+from ficco.harness.backend import Backend, Measurement, ScenarioResult
 from ficco.harness.dataset import result_rows, write_json_atomic, write_parquet_atomic
 from ficco.harness.fleet.shards import provenance
 from ficco.harness.labels import label_result
@@ -141,6 +142,8 @@ def _open_manifest(
             if same_seed or not d.startswith("seed:")
         ]
         recorded = PROTOCOL_BEFORE | manifest["protocol"]
+        if "label_version" in protocol:  # measured before the version was recorded: the one its settings give
+            recorded["label_version"] = label_version_of(manifest["protocol"])
         diff += [
             f"protocol {key}: dataset {recorded.get(key)!r}, now {value!r}"
             for key, value in protocol.items()

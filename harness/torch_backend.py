@@ -193,9 +193,11 @@ class TorchBackend:
 
     def protocol(self) -> dict:
         """Modes, ``Timing`` settings, fixed limits, graph-round alignment, CPU placement (``pin``), the MoE
-        expert GEMMs' grouping and the executor's copy arrangement (``copy_streams``)."""
+        expert GEMMs' grouping, the executor's copy arrangement (``copy_streams``) and its label version
+        (``features.label_source.LABEL_VERSION``)."""
         from ficco import executor
         from ficco.executor.experts import GROUPED_MIN_GEMMS
+        from ficco.features.label_source import LABEL_VERSION
 
         return {
             "modes": list(self.modes),
@@ -207,6 +209,7 @@ class TorchBackend:
             "pin": self.placement.policy,
             "expert_gemms": f"grouped from {GROUPED_MIN_GEMMS}",
             "copy_streams": str(executor.copy_streams()),
+            "label_version": LABEL_VERSION,
         }
 
     def fingerprint(self) -> dict:

@@ -10,9 +10,9 @@ run's fastest schedule, how much keeping its pick would lose, and how far single
 scenario's common shift taken out), and that shift by size (``shift``: the second sweep's time over the
 first's, the median scenario; in eager mode small shapes move with the host's speed, which differs between
 sessions). Only scenarios and schedules measured ok in both count. Each sweep's timing protocol (its
-manifest's, with ``harness.backend.PROTOCOL_BEFORE`` for what older manifests lack) goes into the JSON, and
-where the two differ (e.g. ``pin``: ``share`` against ``seek``, which times eager blocks at the host's usual
-speed) the printout says so, since the eager shift then includes that. Prints a table and writes JSON.
+manifest's, with ``features.label_source.PROTOCOL_BEFORE`` for what older manifests lack) goes into the JSON,
+and where the two differ (e.g. ``pin``: ``share`` against ``seek``, which times eager blocks at the host's
+usual speed) the printout says so, since the eager shift then includes that. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ficco.features import MODES
 from ficco.features.dataset import LABEL_STAT, load_dataset, read_manifest
-from ficco.harness.backend import PROTOCOL_BEFORE
+from ficco.features.label_source import PROTOCOL_BEFORE
 from ficco.harness.card import noise_by_size, noise_summary, size_label
 from ficco.tables import text_table
 
