@@ -19,7 +19,16 @@ from ficco.features import DEFAULT_HARDWARE_ID, MODES
 from ficco.files import SHIPPED, work_root, writable_model_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
-from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
+from ficco.training.options import (
+    DatasetOption,
+    ExtraOption,
+    JobsOption,
+    Learner,
+    LearnerOption,
+    RegistryOption,
+    RepeatOption,
+    SeedOption,
+)
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -44,13 +53,29 @@ def _registry(path: Path | None) -> Path:
     return path or writable_model_root()
 
 
-def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
+def _load(
+    datasets: list[Path],
+    repeats: list[Path] | None = None,
+    extra: list[Path] | None = None,
+    learner: Learner = Learner.sources,
+) -> Any:
+    """The datasets as ``training.dataset_table.load_dataset_table`` reads them, learned as ``learner``
+    says (``pooled``: one host factor, refused for datasets of different label sources); the CLI's one
+    error line for a bad dataset."""
     from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.promotion import pooled
 
     try:
-        return load_dataset_table(*datasets, repeats=repeats or ())
+        loaded = load_dataset_table(*datasets, repeats=repeats or (), extra=extra or ())
+        return pooled(loaded) if learner == Learner.pooled else loaded
     except (OSError, ValueError) as err:
-        named = " ".join([*map(str, datasets), *(f"--repeat {r}" for r in repeats or ())])
+        named = " ".join(
+            [
+                *map(str, datasets),
+                *(f"--repeat {r}" for r in repeats or ()),
+                *(f"--extra {e}" for e in extra or ()),
+            ]
+        )
         raise fail(f"--dataset {named}: {err}") from None
 
 
@@ -123,6 +148,8 @@ def evaluate_command(
         ),
     ] = None,
     repeat: RepeatOption = None,
+    extra: ExtraOption = None,
+    learner: LearnerOption = Learner.sources,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -134,7 +161,7 @@ def evaluate_command(
 
     if rescore is not None and rescore.resolve() in {p.resolve() for p in [*dataset, *(repeat or [])]}:
         raise fail(f"--rescore {rescore} is also a --dataset or --repeat: its labels trained the model")
-    loaded = _load(dataset, repeat)
+    loaded = _load(dataset, repeat, extra, learner)
     other = _load([transfer]) if transfer is not None else None
     independent = _load([rescore]).table if rescore is not None else None
     with fail_on_value_error():
@@ -158,9 +185,20 @@ def train_command(
     dataset: DatasetOption,
     registry: RegistryOption = None,
     promote: Annotated[
-        bool, typer.Option("--promote", help="Make the new version the current model.")
+        bool,
+        typer.Option(
+            "--promote",
+            help="Make the new version the current model if it beats the current model's recipe on the same "
+            "rows and folds (lower held-out loss, no mode's regret worse beyond the refits' noise band, no "
+            "more slow picks than vLLM's rule on its rows); the check and its numbers are printed.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --promote: promote without the check against the current.")
     ] = False,
     repeat: RepeatOption = None,
+    extra: ExtraOption = None,
+    learner: LearnerOption = Learner.sources,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -170,16 +208,58 @@ def train_command(
     from ficco.training.predict import registry as reg
     from ficco.training.train import register_trained, train_model
 
-    loaded = _load(dataset, repeat)
+    loaded = _load(dataset, repeat, extra, learner)
     root = _registry(registry)
     with fail_on_value_error():
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     typer.echo(format_summary(trained.evaluation.summary))
-    model_id, version = register_trained(root, trained, loaded, seed=seed)
+    verdict = None
+    if promote and not force:
+        verdict = _promotion_check(loaded, trained, root, seed=seed, jobs=jobs)
+    model_id, version = register_trained(
+        root,
+        trained,
+        loaded,
+        seed=seed,
+        learner=str(learner),
+        promotion=verdict.to_dict() if verdict else None,
+    )
     typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
-    if promote:
+    if promote and (verdict is None or verdict.better):
         reg.promote(root, model_id, version)
         typer.echo(f"promoted {model_id}/{version} to current")
+    elif promote:
+        typer.echo(f"not promoted: {verdict.reason} (--force promotes anyway)")
+
+
+def _promotion_check(loaded: Any, trained: Any, root: Path, *, seed: int, jobs: int) -> Any:
+    """The candidate against the current model's recipe on the same rows and folds
+    (``training.promotion``), printed; None when there is no current model to compare with."""
+    from ficco.features.provenance import registry_id, rows_backend
+    from ficco.training.predict.registry import current_card
+    from ficco.training.promotion import compare, current_recipe_evaluation, refit_band
+
+    model_id = registry_id(loaded.hardware.id, rows_backend(loaded.info["backends"]))
+    card = current_card(root, model_id)
+    if card is None:
+        typer.echo(f"no current {model_id} model: nothing to compare with")
+        return None
+    typer.echo(f"checking against the current {model_id} model's recipe on the same rows and folds ...")
+    with fail_on_value_error():
+        current = current_recipe_evaluation(loaded, card, seed=seed, n_jobs=jobs)
+        band = refit_band(loaded.table, trained.choice, seed=seed, n_jobs=jobs)
+    verdict = compare(trained.evaluation, current, band)
+    rows = [
+        [mode, f"{m['candidate_regret']:.2%}", f"{m['current_regret']:.2%}", f"+-{m['band']:.2%}",
+         str(m["candidate_slow"]), str(m["current_slow"]),
+         "n/a" if m["candidate_peer_slow"] is None
+         else f"{m['candidate_slow_on_peer_rows']} vs {m['candidate_peer_slow']}"]
+        for mode, m in verdict.modes.items()
+    ]  # fmt: skip
+    headers = ["mode", "regret", "current", "band", "slow picks", "current", "slow vs vLLM's rule"]
+    typer.echo(text_table(headers, rows))
+    typer.echo(("better: " if verdict.better else "not better: ") + verdict.reason)
+    return verdict
 
 
 def report_command(
@@ -215,7 +295,7 @@ def report_command(
         except ModelLoadError as err:
             raise fail(str(err)) from None
         table = loaded.table  # the model asked for the host of the machine that measured the dataset
-        predicted = predictor.decide(table.X, table.modes, host_factor=table.host_factor).final
+        predicted = predictor.decide(table.X, table.modes, host_factor=table.host_factors).final
         label = f"model {predictor.version} (may have trained on these)"
     evaluation = evaluate(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     path = write_report(

@@ -105,7 +105,7 @@ def compare(
     if current_backend != backend:
         why = f"the new data is {backend} and the current model {current_backend}: models are compared on "
         return False, why + "rows of their own kind only", None
-    picks = current.decide(table.X, table.modes, host_factor=table.host_factor).final
+    picks = current.decide(table.X, table.modes, host_factor=table.host_factors).final
     current_loss = mean_loss(table, picks)
     metrics = score(table, picks)
     better = new_loss < current_loss

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, HardwareProfile, Scenario, feature_matrix, get_hardware
+from ficco.features.label_source import LABEL_VERSION
 from ficco.features.launch_cost import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
 from ficco.training.predict.booster import NumpyBooster
@@ -27,8 +28,8 @@ from ficco.training.predict.fastpath import SpecialisedForest
 from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
+    LABEL_VERSION_NAME,
     PAIR_FEATURE_NAMES_OF,
-    SCHEDULE_FEATURE_NAMES,
     SCHEDULES,
     SERIAL_INDEX,
     check_modes,
@@ -97,8 +98,8 @@ class Decision:
     """Where serial/sm replaced ``raw``, bool ``[n]``."""
     speedups: np.ndarray
     """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
-    host_factor: float
-    """The host factor the eager rows were answered for (``features.launch_cost``)."""
+    host_factor: float | np.ndarray
+    """The host factor the eager rows were answered for (``features.launch_cost``), or each row's ``[n]``."""
 
 
 class Predictor:
@@ -139,15 +140,19 @@ class Predictor:
         """The host factor of the training data (``features.launch_cost``): eager answers are for a machine of
         this host speed unless the caller names its own (models registered before it was recorded: 1)."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
+        names = PAIR_FEATURE_NAMES_OF[self.feature_schema]
         tails = {m: [float(m == "graph")] for m in MODES}
+        if LABEL_VERSION_NAME in names:  # fv4: answers are for the executor this code runs
+            for tail in tails.values():
+                tail.append(float(LABEL_VERSION))
         self._host_columns = None
         """fv3: the columns of ``features.launch_cost.host_over_gpu`` that eager pairs read, one per twin
         (schedules of equal launches share one, so their pruned trees can be shared); None before fv3."""
         linked = None
-        if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
+        if HOST_FEATURE_NAME in names:
             tails["graph"].append(0.0)  # graph mode: no host time
             self._host_columns, column_of = np.unique(TWIN_OF, return_inverse=True)
-            linked = {"eager": (len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES), column_of)}
+            linked = {"eager": (names.index(HOST_FEATURE_NAME), column_of)}
         self._fast = SpecialisedForest.compile(
             boosters, DESCRIPTORS, {m: np.array(t) for m, t in tails.items()}, len(FEATURE_NAMES),
             linked=linked,
@@ -166,7 +171,7 @@ class Predictor:
         return HardwareProfile.from_dict(data) if isinstance(data, dict) else get_hardware(self.hardware_id)
 
     def _reference(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
         Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema, host_factor=host_factor)
@@ -178,7 +183,7 @@ class Predictor:
         return cost, log_ratio
 
     def _fast_path(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
@@ -187,7 +192,8 @@ class Predictor:
             on = slice(None) if len(present) == 1 else modes == mode
             rows = X[on]
             if self._host_columns is not None and mode == "eager":
-                host = host_over_gpu(rows, host_factor)[:, self._host_columns]
+                factor = host_factor[on] if np.ndim(host_factor) else host_factor
+                host = host_over_gpu(rows, factor)[:, self._host_columns]
                 rows = np.concatenate([rows, host], axis=1)
             margins = self._fast.predict(rows.astype(np.float32, copy=False), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
@@ -199,14 +205,22 @@ class Predictor:
         X: np.ndarray,
         modes: Sequence[str],
         *,
-        host_factor: float | None = None,
+        host_factor: float | np.ndarray | None = None,
         fast: bool | None = None,
     ) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]`` on a
-        machine of ``host_factor`` (None: the training data's; eager answers only). ``fast``: True = the numpy
-        fast path, False = XGBoost's own prediction, None = by batch size."""
+        machine of ``host_factor`` (None: the training data's; an array ``[n]``: each row's own, rows measured
+        on several machines; eager answers only). ``fast``: True = the numpy fast path, False = XGBoost's own
+        prediction, None = by batch size."""
         modes = check_modes(modes)
-        host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
+        if host_factor is None:
+            host_factor = self.host_factor
+        elif np.ndim(host_factor):
+            host_factor = np.asarray(host_factor, dtype=np.float64)
+            for factor in np.unique(host_factor):
+                check_host_factor(factor)
+        else:
+            host_factor = check_host_factor(host_factor)
         valid = valid_mask(X)
         if fast is None:
             cursors = len(X) * max(len(t.roots) for t in self._fast.trees.values())

@@ -165,6 +165,12 @@ def current_version(root: str | Path, hardware_id: str) -> str | None:
     return path.read_text().strip() or None
 
 
+def current_card(root: str | Path, hardware_id: str) -> dict[str, Any] | None:
+    """The card of ``hardware_id``'s current model, or None if none was promoted."""
+    version = current_version(root, hardware_id)
+    return None if version is None else _read_card(Path(root) / hardware_id / version)
+
+
 def list_models(root: str | Path) -> dict[str, list[dict[str, Any]]]:
     """Every registered model: hardware id -> cards, oldest first (``{"version", "error"}`` for an
     unreadable card)."""
