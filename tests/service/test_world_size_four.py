@@ -91,7 +91,7 @@ def test_score_and_export_at_tp_four(four_root, tmp_path):
     exported = runner.invoke(
         app,
         ["export", "--hardware", FOUR, "--tp", "4", "--shape", "ag_gemm:4096:8192", "--mode", "graph",
-         "--registry", str(four_root), "--out", str(tmp_path), "--allow-simulated"],
+         "--model-root", str(four_root), "--out", str(tmp_path), "--allow-simulated"],
     )  # fmt: skip
     assert exported.exit_code == 0, exported.output
     (written,) = tmp_path.glob("op=tp_overlap,*tp=4,mode=graph,dtype=bf16.json")

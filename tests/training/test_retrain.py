@@ -51,7 +51,7 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
 def test_retrain_end_to_end_on_the_simulator(tmp_path):
     registry = tmp_path / "models"
     args = ["retrain", "--backend", "sim", "--hardware", "h100x8", "--budget", "30", "--grid", "40",
-            "--tokens", "2048,8192", "--registry", str(registry)]  # fmt: skip
+            "--tokens", "2048,8192", "--model-root", str(registry)]  # fmt: skip
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "d1")])
     assert first.exit_code == 0, first.output
     assert "(simulated model): promoted to current (no usable current model)" in first.output
