@@ -167,6 +167,7 @@ def train_command(
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from ficco.features.provenance import backend_of_id
+    from ficco.harness.gaps import dataset_gaps, gaps_line
     from ficco.training.predict import registry as reg
     from ficco.training.train import register_trained, train_model
 
@@ -177,6 +178,11 @@ def train_command(
     typer.echo(format_summary(trained.evaluation.summary))
     model_id, version = register_trained(root, trained, loaded, seed=seed)
     typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
+    for path in loaded.paths:
+        gaps = dataset_gaps(path)
+        line = None if gaps is None else gaps_line(gaps)
+        if line:
+            typer.echo(f"data gaps: {line}")
     if promote:
         reg.promote(root, model_id, version)
         typer.echo(f"promoted {model_id}/{version} to current")

@@ -67,9 +67,12 @@ def register_trained(
     root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int
 ) -> tuple[str, str]:
     """Register ``trained`` under ``root``; return ``(registry id, version)``: the dataset's hardware id, or
-    for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``)."""
+    for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``). The card
+    records, beside the metrics, what each training dataset's plan holds that it lacks (``gaps``:
+    ``harness.gaps.dataset_gaps``)."""
     import pandas as pd
 
+    from ficco.harness.gaps import dataset_gaps
     from ficco.training.predict.coverage import Coverage
     from ficco.training.predict.registry import register
 
@@ -104,6 +107,7 @@ def register_trained(
             "choice_reason": choice_reason(trained.evaluation),
             "seed": seed,
             "metrics": trained.evaluation.summary,
+            "gaps": [gaps for path in dataset.paths if (gaps := dataset_gaps(path)) is not None],
             "software": {"pandas": pd.__version__},
         },
     )

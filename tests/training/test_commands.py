@@ -64,6 +64,10 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
     assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["dataset"]["hash"] == evaluate_json["dataset"]["hash"]
     assert version.endswith(evaluate_json["dataset"]["hash"][:8])
+    # what the data lacks (here only the noise re-measure): in the card and printed
+    (gaps,) = card["gaps"]
+    assert gaps["dataset"] == str(sim_dataset) and gaps["measured"] == gaps["planned"] > 0
+    assert gaps["to_remeasure"]["scenarios"] == 64 and "no noise re-measure" in result.output
 
 
 def test_evaluate_json_of_one_dataset_has_no_op_groups(evaluate_json):
