@@ -203,7 +203,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
         sim = client.post("/v1/recommend", json={**body, "hardware": "h200x2-sim"}).json()
         assert (sim["model_backend"], sim["hardware_substitution"]) == ("simulated", None)
         batch = client.post("/v1/recommend/batch", json={"scenarios": [{**body, "hardware": "h200x2-sim"}]})
-        assert batch.json()["data"][0]["model_backend"] == "simulated"
+        assert batch.json()["data"][0]["result"]["model_backend"] == "simulated"
         config_body = json.loads(Path(config).read_text())
         score = client.post(
             "/v1/score", json={"config": config_body, "tp": 2, "tokens": [4096], "hardware": "h200x2-sim"}
