@@ -196,7 +196,8 @@ def test_a_four_rank_group_plans_from_the_four_gpu_model_and_agrees():
     (_, reason, origin, near), (schedule, off_reason, _, none_near) = ranks[0]
     version = current_version(default_model_root(), "h200x4")
     assert origin == f"model h200x4/{version} (measured)" and near > 0 and reason is None
-    assert (schedule, none_near) == ("serial/sm", 0) and off_reason.startswith("off the measured map: 0")
+    assert (schedule, none_near) == ("serial/sm", 0)  # the model's own serial pick, or the planner's:
+    assert off_reason is None or off_reason.startswith("off the measured map: 0")
 
 
 def test_decisions_record_their_origin():
