@@ -41,6 +41,7 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fleet run": ("fleet", (*EXTRA_MODULES["fleet"], *DATA_MODULES)),
     "fleet emit": ("data", DATA_MODULES),
     "dataset card": ("data", DATA_MODULES),
+    "dataset compare": ("data", DATA_MODULES),
     "dataset gather": ("data", DATA_MODULES),
     "host-factor": ("executor", EXTRA_MODULES["executor"]),
 }
