@@ -291,7 +291,8 @@ def batch_phase(port: int, reps: int, size: int, seed: int) -> dict:
                 "/v1/recommend/batch", content=payload, headers={"content-type": "application/json"}
             )
             times.append(time.perf_counter() - start)
-            if response.status_code != 200 or response.json()["count"] != size:
+            answer = response.json() if response.status_code == 200 else {}
+            if answer.get("count") != size or answer.get("failed"):
                 raise RuntimeError(f"batch answered {response.status_code}: {response.text[:300]}")
     return {
         "size": size,

@@ -150,7 +150,13 @@ class ServiceSource:
             | {"hardware": s.hardware.id, "mode": mode, **machine}
             for s in scenarios
         ]
-        return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
+        answers = self.client.recommend_many(bodies, errors="return")  # each scenario answered or refused
+        return [
+            _serial(f"the service refused it: {a}", self.origin)
+            if isinstance(a, Exception)
+            else answer_from(a, self.origin)
+            for a in answers
+        ]
 
     def _table_of(self, scenario: Scenario, mode: Mode) -> TableSource:
         """The table source of ``scenario``'s (hardware, world size, dtype) in ``mode``, fetched once."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from ficco.features import MODES
 from ficco.features.schedule_table import hardware_fingerprint
+from ficco.service.core.store import known_ids
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
 
 log = logging.getLogger(__name__)
@@ -45,28 +46,36 @@ def model_fingerprint(predictor: Any) -> str:
 
 
 def check_table(predictor: Any, *, tp: int, dtype: str, shapes: Sequence, allow_simulated: bool,
-                shape_locs: Sequence[Sequence[str | int]], tp_loc: Sequence[str]) -> bool:  # fmt: skip
+                shape_locs: Sequence[Sequence[str | int]], tp_loc: Sequence[str],
+                errors: Sequence[dict[str, Any]] = ()) -> bool:  # fmt: skip
     """The checks a table request passes before any build: the model backs the world size (and, unless
     ``allow_simulated``, was measured), and every shape is one a table can hold; whether the table is
-    simulated. ``InvalidFieldsError`` (422) locating each refusal: the world size at ``tp_loc``, shape ``i``
-    at ``shape_locs[i]``."""
+    simulated. ``InvalidFieldsError`` (422) locating every refusal, after ``errors`` (found before): the
+    world size at ``tp_loc``, shape ``i`` at ``shape_locs[i]``."""
     from ficco.training.export import DENSE_OPS, ExportRefused, InvalidShapes, check_measured, check_shapes
 
+    found = list(errors)
+    simulated = False
     try:
         simulated = check_measured(predictor.card, tp, allow_simulated=allow_simulated)
     except ExportRefused as err:
         allowed = "a world size the model was trained at; allow_simulated for a simulated model"
-        raise InvalidFieldsError([field_error(list(tp_loc), tp, str(err), "not_measured", allowed)]) from None
+        found.append(field_error(list(tp_loc), tp, str(err), "not_measured", allowed))
     try:
         check_shapes(shapes, world_size=tp, dtype=dtype, hardware=predictor.profile,
                      ops=predictor.card.get("ops") or DENSE_OPS)  # fmt: skip
     except InvalidShapes as err:
         allowed = "a shape of an op the model measured that a scenario of this world size can have"
-        raise InvalidFieldsError(
-            [field_error(list(shape_locs[i]), ":".join(map(str, s)), why, "value_error", allowed)
-             for i, s, why in err.errors]
-        ) from None  # fmt: skip
+        found += [field_error(list(shape_locs[i]), ":".join(map(str, s)), why, "value_error", allowed)
+                  for i, s, why in err.errors]  # fmt: skip
+    if found:
+        raise InvalidFieldsError(sorted(found, key=_position))
     return simulated
+
+
+def _position(error: dict[str, Any]) -> tuple:
+    """An error item's location as a sort key: fields by name, list items by index (shape 2 before 10)."""
+    return tuple((0, part) if isinstance(part, int) else (1, str(part)) for part in error["loc"])
 
 
 def job_body(hardware_id: str, *, tp: int, mode: str, dtype: str, shapes: Sequence,
@@ -86,7 +95,9 @@ def build_job(body: bytes, served: Mapping[str, Any], *, max_batch: int, default
     job = json.loads(body)
     model = served.get(job["hardware_id"])
     if model is None:
-        raise UnknownHardwareError(f"no model is served for hardware {job['hardware_id']!r}", sorted(served))
+        raise UnknownHardwareError(
+            f"no model is served for hardware {job['hardware_id']!r}", known_ids(served)
+        )
     try:
         table = build_schedule_table(
             model.predictor, [tuple(s) for s in job["shapes"]], world_size=job["tp"], mode=job["mode"],

@@ -205,6 +205,7 @@ def train_command(
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from ficco.features.provenance import backend_of_id
+    from ficco.harness.gaps import dataset_gaps, gaps_line
     from ficco.training.predict import registry as reg
     from ficco.training.train import register_trained, train_model
 
@@ -225,6 +226,11 @@ def train_command(
         promotion=verdict.to_dict() if verdict else None,
     )
     typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
+    for path in loaded.paths:
+        gaps = dataset_gaps(path)
+        line = None if gaps is None else gaps_line(gaps)
+        if line:
+            typer.echo(f"data gaps: {line}")
     if promote and (verdict is None or verdict.better):
         reg.promote(root, model_id, version)
         typer.echo(f"promoted {model_id}/{version} to current")

@@ -59,9 +59,10 @@ LearnerOption = Annotated[
 RegistryOption = Annotated[
     Path | None,
     typer.Option(
-        "--registry",
+        "--model-root",
         help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ of the checkout, else "
-        "(installed) ~/.local/share/ficco/models, made from the shipped one.",
+        "(installed) ~/.local/share/ficco/models, made from the shipped one (--registry is its last "
+        "release's spelling).",
     ),
 ]
 SeedOption = Annotated[

@@ -77,9 +77,12 @@ def register_trained(
 ) -> tuple[str, str]:
     """Register ``trained`` under ``root``; return ``(registry id, version)``: the dataset's hardware id, or
     for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``). The card
-    records the ``learner`` (``sources`` or ``pooled``) and the ``promotion`` check's verdict, if one ran."""
+    records the ``learner`` (``sources`` or ``pooled``), the ``promotion`` check's verdict, if one ran, and,
+    beside the metrics, what each target dataset's plan holds that it lacks (``gaps``:
+    ``harness.gaps.dataset_gaps``)."""
     import pandas as pd
 
+    from ficco.harness.gaps import dataset_gaps
     from ficco.training.predict.coverage import Coverage
     from ficco.training.predict.registry import register
 
@@ -116,6 +119,7 @@ def register_trained(
             "learner": learner,
             **({"promotion": promotion} if promotion is not None else {}),
             "metrics": trained.evaluation.summary,
+            "gaps": [gaps for path in dataset.paths if (gaps := dataset_gaps(path)) is not None],
             "software": {"pandas": pd.__version__},
         },
     )

@@ -170,6 +170,36 @@ def test_ranks_agree_on_rank_zeros_decision():
     assert run_world(2, _agreement_world) == [["shard/sm", "shard/sm"]] * 2
 
 
+def _four_gpu_world(rank: int, world_size: int) -> list[tuple[str, str | None, str, int | None]]:
+    """Every rank plans a shape the 4-GPU sweep measured around and one far from any of its rows, in graph
+    mode, from the shipped h200x4 model; only rank 0 loads it and asks."""
+    from ficco.runtime import PredictorSource
+
+    source = PredictorSource.load(hardware_id="h200x4") if rank == 0 else CountingSource(error=OSError("x"))
+    planner = Planner(source, mode="graph", hardware="h200x4")
+    shapes = [(8192, 4096, 8192), (32768, 1024, 16384)]  # the second: the grid the 4-GPU sweep lacks
+    requests = [OpRequest(layer="x", direction="fwd", op="ag_gemm", m=m, n=n, k=k, dtype="bf16",
+                          world_size=world_size) for m, n, k in shapes]  # fmt: skip
+    planner.prepare(requests)
+    decisions = [planner.decisions[planner.key(r)] for r in requests]
+    return [(str(d.schedule), d.reason, d.origin, d.neighbours) for d in decisions]
+
+
+@pytest.mark.slow
+def test_a_four_rank_group_plans_from_the_four_gpu_model_and_agrees():
+    """At 4 gloo ranks the h200x4 model decides (rank 0 asks, every rank runs its answers), and a graph
+    answer off the 4-GPU measured map runs serial/sm saying so."""
+    from ficco.training.predict.registry import current_version, default_model_root
+
+    ranks = run_world(4, _four_gpu_world)
+    assert all(rank == ranks[0] for rank in ranks)
+    (_, reason, origin, near), (schedule, off_reason, _, none_near) = ranks[0]
+    version = current_version(default_model_root(), "h200x4")
+    assert origin == f"model h200x4/{version} (measured)" and near > 0 and reason is None
+    assert (schedule, none_near) == ("serial/sm", 0)  # the model's own serial pick, or the planner's:
+    assert off_reason is None or off_reason.startswith("off the measured map: 0")
+
+
 def test_decisions_record_their_origin():
     planner = Planner(FixedSource("shard/dma"))
     planner.schedule(_request())

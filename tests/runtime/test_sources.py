@@ -84,7 +84,8 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
             "hardware_substitution": None,
         }
         n = len(bodies[-1]["scenarios"])
-        return httpx.Response(200, json={"data": [answer] * n, "count": n})
+        items = [{"index": i, "status": "ok", "result": answer, "errors": None} for i in range(n)]
+        return httpx.Response(200, json={"data": items, "count": n, "failed": 0})
 
     source = _service(handler)
     answers = source.recommend(SCENARIOS, "eager")
@@ -104,6 +105,41 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
     client = ServiceClient("http://ficco.test", transport=httpx.MockTransport(handler), retries=0)
     ServiceSource(client, host_factor=1.6).recommend(SCENARIOS, "eager")
     assert [item["host_factor"] for item in bodies[-1]["scenarios"]] == [1.6, 1.6]
+
+
+def test_a_scenario_the_service_refuses_runs_serial_and_the_others_their_answers():
+    """The batch answers per item: a refused one is that scenario's serial fallback, with the service's
+    line; the rest keep their schedules."""
+    error = {
+        "loc": ["body", "scenarios", 1, "world_size"],
+        "field": "scenarios.1.world_size",
+        "input": 2,
+        "msg": "no model answers hardware 'h200x2' at world_size=2",
+        "type": "not_served",
+        "allowed": None,
+    }
+    answer = {
+        "schedule": "shard/dma",
+        "mode": "eager",
+        "predicted_speedups": {"serial/sm": 1.0, "shard/dma": 1.4},
+        "predicted_speedup": 1.4,
+        "fallback": False,
+        "fallback_reason": None,
+        "model_version": "v",
+        "hardware_id": "h200x2",
+        "requested_hardware": "h200x2",
+        "hardware_substitution": None,
+    }
+    items = [
+        {"index": 0, "status": "ok", "result": answer, "errors": None},
+        {"index": 1, "status": "error", "result": None, "errors": [error]},
+    ]
+    source = _service(lambda request: httpx.Response(200, json={"data": items, "count": 2, "failed": 1}))
+    ok, refused = source.recommend(SCENARIOS, "eager")
+    assert (ok.schedule, ok.fallback) == ("shard/dma", False)
+    assert (refused.schedule, refused.fallback) == ("serial/sm", True)
+    assert refused.fallback_reason.startswith("the service refused it: POST /v1/recommend/batch refused")
+    assert "world_size: no model answers hardware 'h200x2' at world_size=2" in refused.fallback_reason
 
 
 def test_service_down_runs_serial_with_the_reason():

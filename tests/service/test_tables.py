@@ -81,9 +81,17 @@ def test_table_of_a_model_without_measurements_is_refused_unless_asked(client):
     assert marked["simulated"] is True
 
 
-def test_table_for_hardware_without_a_served_model_is_404(client):
+def test_table_for_hardware_without_its_own_model_names_the_table_that_answers(client):
+    """Tables never come from another hardware's model: a known id whose answers would be substituted is a
+    422 at the path naming the substitute's table; an unknown id a 404 with every known id."""
     response = client.get("/v1/tables/h100x8", params={"tp": 2})
-    assert response.status_code == 404 and response.json()["known_ids"] == [HARDWARE]
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["path", "hardware_id"] and f"GET /v1/tables/{HARDWARE}?tp=2" in error["msg"]
+    assert error["allowed"] == f"a hardware id whose own model answers world_size=2: one of ['{HARDWARE}']"
+    unknown = client.get("/v1/tables/a100x8")
+    assert unknown.status_code == 404 and HARDWARE in unknown.json()["known_ids"]
+    assert "h100x8" in unknown.json()["known_ids"] and "(did you mean 'h100x8'?)" in unknown.json()["detail"]
 
 
 def test_table_of_a_posted_config_holds_its_layers(client):
@@ -194,7 +202,11 @@ def test_world_sizes_the_model_was_not_trained_at_are_refused_whatever_the_flag(
         response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 4, "allow_simulated": allow})
         assert response.status_code == 422, response.text
         (error,) = response.json()["detail"]
-        assert error["loc"] == ["query", "tp"] and "trained at world sizes [2], not 4" in error["msg"]
+        assert error["loc"] == ["query", "tp"] and error["type"] == "not_served"
+        assert (
+            "no model answers hardware 'h200x2' at world_size=4: the h200x2 model was trained at "
+            "world_size [2] only" in error["msg"]
+        )
 
 
 def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, start, train):
@@ -208,10 +220,13 @@ def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, st
         data = table.json()
         assert data["simulated"] is True and data["world_size"] == 4 and data["hardware_id"] == "h200x4-sim"
         assert len(data["entries"]) == 242  # the shape grid
+        assert client.get(path, params={"allow_simulated": "true"}).headers["etag"] == table.headers["etag"]
         wrong_size = client.get(path, params={"tp": 2, "allow_simulated": "true"})
-        assert wrong_size.status_code == 422 and "trained at world sizes [4], not 2" in wrong_size.text
+        assert wrong_size.status_code == 422 and "was trained at world_size [4] only" in wrong_size.text
         missing = client.get("/v1/tables/h100x8-sim", params={"tp": 8, "allow_simulated": "true"})
-        assert missing.status_code == 404 and "h200x4-sim" in missing.json()["known_ids"]
+        assert missing.status_code == 422 and "no simulated model of h100x8 is registered" in missing.text
+        unknown = client.get("/v1/tables/zz9-sim", params={"tp": 8, "allow_simulated": "true"})
+        assert unknown.status_code == 404 and "h200x4-sim" in unknown.json()["known_ids"]
 
 
 def test_tables_are_gzip_encoded_for_clients_that_accept_it(client):

@@ -185,7 +185,7 @@ def test_a_simulated_model_exports_when_asked_marked_simulated(tmp_path):
     from tests.service.conftest import train_version
 
     train_version(tmp_path / "models", "h200x4-sim", world_size=4)
-    common = ["export", "--registry", str(tmp_path / "models"), "--hardware", "h200x4-sim", "--tp", "4",
+    common = ["export", "--model-root", str(tmp_path / "models"), "--hardware", "h200x4-sim", "--tp", "4",
               "--mode", "graph", "--shape", "ag_gemm:4096:4096", "--out", str(tmp_path / "t")]  # fmt: skip
     refused = run_cli(*common)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1

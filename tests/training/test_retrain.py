@@ -51,7 +51,7 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
 def test_retrain_end_to_end_on_the_simulator(tmp_path):
     registry = tmp_path / "models"
     args = ["retrain", "--backend", "sim", "--hardware", "h100x8", "--budget", "30", "--grid", "40",
-            "--tokens", "2048,8192", "--registry", str(registry)]  # fmt: skip
+            "--tokens", "2048,8192", "--model-root", str(registry)]  # fmt: skip
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "d1")])
     assert first.exit_code == 0, first.output
     assert "(simulated model): promoted to current (no usable current model)" in first.output
@@ -210,7 +210,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
         sim = client.post("/v1/recommend", json={**body, "hardware": "h200x2-sim"}).json()
         assert (sim["model_backend"], sim["hardware_substitution"]) == ("simulated", None)
         batch = client.post("/v1/recommend/batch", json={"scenarios": [{**body, "hardware": "h200x2-sim"}]})
-        assert batch.json()["data"][0]["model_backend"] == "simulated"
+        assert batch.json()["data"][0]["result"]["model_backend"] == "simulated"
         config_body = json.loads(Path(config).read_text())
         score = client.post(
             "/v1/score", json={"config": config_body, "tp": 2, "tokens": [4096], "hardware": "h200x2-sim"}
