@@ -195,7 +195,8 @@ def _loss(summary: dict[str, Any]) -> float:
 
 
 def pooled(dataset: LoadedDataset, *, check: bool = True) -> LoadedDataset:
-    """``dataset`` learned as one source: every row at the target's one host factor. ``check``: refuse
+    """``dataset`` learned as one source: every row at the target's one host factor and its first source's
+    label version. ``check``: refuse
     (``ValueError``, one line naming two datasets and the settings that differ) when its rows come from
     label sources that differ."""
     from dataclasses import replace
@@ -215,4 +216,8 @@ def pooled(dataset: LoadedDataset, *, check: bool = True) -> LoadedDataset:
             )
     table = dataset.table
     factor = float(dataset.info.get("host_factor", table.host_factor))
-    return replace(dataset, table=replace(table, host_factors=np.full(len(table), factor)))
+    one = replace(
+        table, host_factors=np.full(len(table), factor), sources=np.zeros(len(table), dtype=np.int64),
+        label_sources=table.label_sources[:1],
+    )  # fmt: skip
+    return replace(dataset, table=one)

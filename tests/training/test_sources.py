@@ -76,7 +76,7 @@ def test_the_train_command_refuses_the_pooled_learner_naming_both_datasets(two_s
 
     old, new = two_sources
     args = ["train", "--dataset", str(old), "--dataset", str(new), "--learner", "pooled"]
-    result = CliRunner().invoke(app, [*args, "--registry", str(tmp_path)])
+    result = CliRunner().invoke(app, [*args, "--model-root", str(tmp_path)])
     assert result.exit_code == 2
     line = result.output.strip()
     assert line.count("\n") == 0 and "different label sources" in line and "label_version 2 vs 3" in line
@@ -186,13 +186,13 @@ def test_promotion_compares_on_the_same_rows_and_states_the_band(two_sources, tm
 
     old, new = two_sources
     runner = CliRunner()
-    first = runner.invoke(app, ["train", "--dataset", str(old), "--registry", str(tmp_path), "--promote"])
+    first = runner.invoke(app, ["train", "--dataset", str(old), "--model-root", str(tmp_path), "--promote"])
     assert first.exit_code == 0, first.output
     assert "nothing to compare with" in first.output
     model_id = next(p.name for p in tmp_path.iterdir() if p.is_dir())  # h200x2-sim: the rows are simulated
     before = current_version(tmp_path, model_id)
     again = runner.invoke(
-        app, ["train", "--dataset", str(old), "--extra", str(new), "--registry", str(tmp_path), "--promote"]
+        app, ["train", "--dataset", str(old), "--extra", str(new), "--model-root", str(tmp_path), "--promote"]
     )
     assert again.exit_code == 0, again.output
     assert "on the same rows and folds" in again.output and "band" in again.output
