@@ -7,6 +7,7 @@ the choice of lowest loss on the other folds' held-out predictions. See docs/tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,9 +124,9 @@ def held_out_costs(
     return cost, ratio
 
 
-def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
-    """:func:`pick_loss` of each row's held-out pick under ``policy`` in every mode, ``[n]``."""
-    final = apply_policy(cost, ratio, ModePolicy.uniform(policy), table.modes)[0]
+def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: ModePolicy) -> np.ndarray:
+    """:func:`pick_loss` of each row's held-out pick under ``policy``, ``[n]``."""
+    final = apply_policy(cost, ratio, policy, table.modes).final
     return pick_loss(table.time_of(final)[0], table.best_ms, table.serial_ms)
 
 
@@ -159,9 +160,12 @@ def cross_validate(
     n_jobs: int = 1,
     progress: bool = False,
     masked: tuple[str, ...] = (),
+    bands: Mapping[str, float] | None = None,
 ) -> CrossValidation:
     """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``: pair
-    columns every model is fitted without (a feature ablation). ``ValueError`` for fewer than 2 groups."""
+    columns every model is fitted without (a feature ablation); ``bands``: each mode's noise band
+    (``training.predict.policy``; a mode left out: ``DEFAULT_NOISE_BAND``), which every policy takes.
+    ``ValueError`` for fewer than 2 groups."""
     groups = cv_groups(table)
     if len(set(groups)) < 2:
         raise ValueError(
@@ -173,19 +177,21 @@ def cross_validate(
         table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress, masked=masked
     )
     # loss[c, p]: each row's held-out loss under configuration c with policy p in every mode
-    loss = np.stack(
-        [np.stack([_loss(table, cost[c], ratio, p) for p in policies]) for c in range(len(configs))]
-    )
+    bands = dict(bands or {})
+    loss = np.stack([
+        np.stack([_loss(table, cost[c], ratio, ModePolicy.uniform(p).with_bands(bands)) for p in policies])
+        for c in range(len(configs))
+    ])  # fmt: skip
     final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
     fallback = np.zeros(len(table), dtype=bool)
     for name in sorted(set(folds.tolist())):
         test = folds == name
         c, policy, _ = choose(loss, table.modes, ~test, policies)
         final[test], raw[test], fallback[test], _ = apply_policy(
-            cost[c, test], ratio[test], policy, table.modes[test]
+            cost[c, test], ratio[test], policy.with_bands(bands), table.modes[test]
         )
     c, policy, by_config = choose(loss, table.modes, np.ones(len(table), dtype=bool), policies)
-    choice = Choice(config=configs[c], policy=policy)
+    choice = Choice(config=configs[c], policy=policy.with_bands(bands))
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(
         "cross-validation loss by config %s; chose %s, %s", config_loss, choice.config.key(), choice.policy
