@@ -165,7 +165,11 @@ def test_wheel_holds_only_ficco_with_its_model_and_configs(built_wheel):
             assert f"{package.replace('.', '/')}/__init__.py" in names, folder
     assert "ficco/runtime/layers.py" in names and "ficco/service/core/config.py" in names
     current = (SHIPPED / "CURRENT").read_text().strip()
-    shipped = {f"ficco/models/h200x2/{current}/{p.name}" for p in (SHIPPED / current).iterdir()}
+    folder = SHIPPED / current
+    shipped = {
+        f"ficco/models/h200x2/{current}/{p.relative_to(folder)}" for p in folder.rglob("*") if p.is_file()
+    }
+    assert any("/tables/" in name for name in shipped)  # the grid tables the service serves unbuilt
     assert "ficco/models/h200x2/CURRENT" in names and shipped and shipped <= names
     configs = (REPO_ROOT / "datasets" / "model_configs").iterdir()
     assert {f"ficco/datasets/model_configs/{p.name}" for p in configs} <= names
@@ -181,9 +185,10 @@ def test_only_the_shipped_model_goes_into_the_wheel_and_the_image(context_copy, 
 
     current = (SHIPPED / "CURRENT").read_text().strip()
     data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert data["ficco.models"] == ["h200x2/CURRENT", f"h200x2/{current}/*"]
+    assert data["ficco.models"] == ["h200x2/CURRENT", f"h200x2/{current}/*", f"h200x2/{current}/tables/*"]
     rules = dockerignore_rules(REPO_ROOT / ".dockerignore")
     assert in_context(rules, f"models/h200x2/{current}/model.ubj")
+    assert in_context(rules, f"models/h200x2/{current}/tables/op=tp_overlap,x.json.gz")
     for trained in ("models/h200x2-sim/v1/model.ubj", "models/h200x2/20990101T000000Z-0/card.json"):
         assert not in_context(rules, trained), trained
     checkout = tmp_path / "checkout"
