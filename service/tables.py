@@ -165,7 +165,7 @@ class GridTables:
 
     pending: set[str] = field(default_factory=set)
     """:func:`request_name` of each grid table being loaded or built, or waiting for its turn."""
-    started: bool = False
+    first_pass_done: bool = False
     """True once every grid table of the versions served when the prefetch started was tried."""
 
 
@@ -193,5 +193,5 @@ async def prefetch(
         for hw, model in fresh:
             seen.add((hw, model.version))
             log.info("grid tables of %s %s ready", hw, model.version)
-        progress.started = progress.started or bool(snapshot)
+        progress.first_pass_done = progress.first_pass_done or bool(snapshot)
         await asyncio.sleep(PREFETCH_POLL_S)

@@ -28,7 +28,7 @@ async def read_ready(
     workers = getattr(request.app.state, "batch_workers", None)  # None: the lifespan has not run
     workers_ready = workers is not None and workers.ready
     grid = getattr(request.app.state, "grid_tables", None)  # None: no prefetch (tables built on request)
-    tables_ready = grid is None or grid.started
+    tables_ready = grid is None or grid.first_pass_done
     ready = bool(serving) and workers_ready and tables_ready
     if not ready:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
