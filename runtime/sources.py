@@ -168,7 +168,7 @@ class ServiceSource:
             )
             from ficco.features.fingerprint import machine_fingerprint
 
-            here = machine_fingerprint(table.world_size) if self.machine == "auto" else self.machine
+            here = machine_fingerprint() if self.machine == "auto" else self.machine
             if here is not None:
                 table.check_machine(here, f"the service's table for {key}")
             found = self._tables[key] = TableSource(tables=[table], origin=table.origin)
@@ -317,7 +317,7 @@ class TableSource(_EachScenario):
         tables = []
         for path in table_paths(paths):
             t = ScheduleTableFile.read(path)
-            here = machine_fingerprint(t.world_size) if machine == "auto" else machine
+            here = machine_fingerprint() if machine == "auto" else machine
             if here is not None:
                 t.check_machine(here, str(path))
             elif machine == "auto":

@@ -430,12 +430,25 @@ class HealthPublic(BaseModel):
 
 
 class ReadyPublic(BaseModel):
-    ready: bool = Field(description="True when a model is loaded and every batch worker is warm.")
+    ready: bool = Field(
+        description="True when a model is loaded, every batch worker is warm and (FICCO_TABLE_PREFETCH) the "
+        "grid tables GET /v1/tables serves for the versions served at start-up are ready."
+    )
     serving: dict[str, str] = Field(description="hardware id -> version being served.")
     batch_workers_ready: bool = Field(
         default=True,
         description="True when every batch worker process has loaded its models and answered a warm-up "
         "batch (batches sent before wait for it).",
+    )
+    grid_tables_ready: bool = Field(
+        default=True,
+        description="True once the grid tables of the versions served at start-up are loaded from the "
+        "model's folder or built (always true with FICCO_TABLE_PREFETCH off: built on first request).",
+    )
+    grid_tables_pending: list[str] = Field(
+        default_factory=list,
+        description="Grid tables not ready yet, e.g. 'h200x2 tp=2 graph bf16' (a newly promoted version's "
+        "too: those do not hold readiness back).",
     )
     default_hardware: str
     last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")

@@ -7,6 +7,7 @@ the choice of lowest loss on the other folds' held-out predictions. See docs/tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +133,9 @@ def held_out_costs(
     return cost, ratio
 
 
-def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
-    """:func:`pick_loss` of each row's held-out pick under ``policy`` in every mode, ``[n]``."""
-    final = apply_policy(cost, ratio, ModePolicy.uniform(policy), table.modes)[0]
+def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: ModePolicy) -> np.ndarray:
+    """:func:`pick_loss` of each row's held-out pick under ``policy``, ``[n]``."""
+    final = apply_policy(cost, ratio, policy, table.modes).final
     return pick_loss(table.time_of(final)[0], table.best_ms, table.serial_ms)
 
 
@@ -169,11 +170,13 @@ def cross_validate(
     progress: bool = False,
     masked: tuple[str, ...] = (),
     policy: ModePolicy | None = None,
+    bands: Mapping[str, float] | None = None,
 ) -> CrossValidation:
     """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``: pair
     columns every model is fitted without (a feature ablation). ``policy``: every fold decides under this
     one instead of choosing from ``policies`` (a given recipe, e.g. a registered model's, re-run on other
-    folds). ``ValueError`` for fewer than 2 groups."""
+    folds). ``bands``: each mode's noise band (``training.predict.policy``; a mode left out:
+    ``DEFAULT_NOISE_BAND``), which every policy takes. ``ValueError`` for fewer than 2 groups."""
     if policy is not None:
         policies = tuple(dict.fromkeys(policy.of(m) for m in MODES))
     configs = configs_for(table, configs)
@@ -189,19 +192,21 @@ def cross_validate(
         table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress, masked=masked
     )
     # loss[c, p]: each row's held-out loss under configuration c with policy p in every mode
-    loss = np.stack(
-        [np.stack([_loss(table, cost[c], ratio[c], p) for p in policies]) for c in range(len(configs))]
-    )
+    bands = dict(bands or {})
+    loss = np.stack([
+        np.stack([_loss(table, cost[c], ratio[c], ModePolicy.uniform(p).with_bands(bands)) for p in policies])
+        for c in range(len(configs))
+    ])  # fmt: skip
     final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
     fallback = np.zeros(len(table), dtype=bool)
     for name in sorted(set(folds[scored].tolist())):
         test = (folds == name) & scored
         c, chosen, _ = choose(loss, table.modes, scored & ~test, policies)
         final[test], raw[test], fallback[test], _ = apply_policy(
-            cost[c, test], ratio[c, test], policy or chosen, table.modes[test]
+            cost[c, test], ratio[c, test], (policy or chosen).with_bands(bands), table.modes[test]
         )
     c, chosen, by_config = choose(loss, table.modes, scored, policies)
-    choice = Choice(config=configs[c], policy=policy or chosen)
+    choice = Choice(config=configs[c], policy=(policy or chosen).with_bands(bands))
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(
         "cross-validation loss by config %s; chose %s, %s", config_loss, choice.config.key(), choice.policy

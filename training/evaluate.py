@@ -124,6 +124,21 @@ def ceiling_picks(table: DatasetTable, noise: DatasetTable) -> tuple[np.ndarray,
     return rows, noise.best[other]
 
 
+def noise_bands(table: DatasetTable, noise: DatasetTable | None) -> dict[str, float]:
+    """Each mode's noise band (``training.predict.policy``): the geometric-mean regret of the noise ceiling
+    (:func:`ceiling_picks`) over that mode's re-measured rows; a mode without any is left out (its policy
+    keeps ``DEFAULT_NOISE_BAND``)."""
+    if noise is None:
+        return {}
+    out = {}
+    for mode in sorted(set(table.modes.tolist())):
+        sub = table.subset(table.modes == mode)
+        rows, cols = ceiling_picks(sub, noise)
+        if len(rows):
+            out[mode] = max(0.0, float(score(sub.subset(rows), cols)["geomean_regret"]))
+    return out
+
+
 def aligned_rows(table: DatasetTable, other: DatasetTable) -> tuple[np.ndarray, np.ndarray]:
     """The (scenario, mode) rows both tables hold: (rows of ``table`` ``[n']``, the same rows of ``other``
     ``[n']``)."""
@@ -318,8 +333,9 @@ def evaluate(
     family-holdout picks also against that independent sweep's labels (``rescored``). ``policy``: decide
     under it rather than choose one (``training.crossval.cross_validate``)."""
     cv = cross_validate(
-        table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress, policy=policy
-    )
+        table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress, policy=policy,
+        bands=noise_bands(table, noise),
+    )  # fmt: skip
     scored = table.is_target
     target, folds = table.subset(scored), cv.folds[scored]
     baselines = held_out_baselines(target, folds)

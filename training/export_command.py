@@ -43,7 +43,18 @@ def _shapes(texts: list[str]) -> list[tuple[str, int, int, int, int]]:
 
 
 def export_command(
-    out: Annotated[Path, typer.Option("--out", help="Directory the files are written to.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Directory the files are written to (or --into-model).")
+    ] = None,
+    into_model: Annotated[
+        bool,
+        typer.Option(
+            "--into-model",
+            help="Write the grid tables `ficco serve` answers GET /v1/tables with (every world size, mode "
+            "and training dtype of the model) into the model's registry folder, where the service loads them "
+            "instead of building them at start-up; no other option but --hardware, --version, --model-root.",
+        ),
+    ] = False,
     hardware: Annotated[
         str, typer.Option("--hardware", help="Hardware id of the model.")
     ] = DEFAULT_HARDWARE_ID,
@@ -98,13 +109,28 @@ def export_command(
     """Write a model's schedule tables (per world size, mode and dtype: token breakpoints of every (op, n, k))
     or drop-in thresholds for vLLM / PyTorch's async-TP pass, for runtimes to load at start-up."""
     from ficco.features.scenario import default_world_size
-    from ficco.training.export import check_measured, config_shapes, dataset_shapes, export
+    from ficco.training.export import check_measured, config_shapes, dataset_shapes, export, write_grid_tables
     from ficco.training.predict.registry import ModelLoadError, default_model_root, load_predictor
 
+    if (out is None) == (not into_model):
+        raise fail("give --out DIR, or --into-model to write the served grid tables into the model's folder")
+    root = registry or default_model_root()
     try:
-        predictor = load_predictor(registry or default_model_root(), hardware, version)
+        predictor = load_predictor(root, hardware, version)
     except ModelLoadError as err:
         raise fail(f"cannot export for hardware {hardware!r}: {err}") from None
+    if into_model:
+        if config or dataset or shape or mode or fmt != "tables" or host_factor is not None or score_on:
+            raise fail(
+                "--into-model writes the served grid tables as they are: drop the other export options"
+            )
+        try:
+            paths = write_grid_tables(predictor, Path(root) / hardware / predictor.version)
+        except (ValueError, OSError) as err:
+            raise fail(str(err)) from None
+        for path in paths:
+            typer.echo(str(path))
+        return
     if fmt not in FORMATS:
         raise fail(f"--format must be one of {list(FORMATS)}; got {fmt!r}")
     tp = tp or default_world_size(predictor.profile)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
@@ -96,17 +96,23 @@ def _posted_shapes(
 
 async def answer_table(
     state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
-    shapes: list[tuple], allow_simulated: bool, etag: str,
+    shapes: list[tuple], allow_simulated: bool, etag: str, shipped: Callable[[], bytes | None] | None = None,
 ) -> bytes:  # fmt: skip
-    """The table's gzip-compressed JSON: from the cache, or built by the table worker behind its gate
-    (``service.tables``; the app's ``state`` holds them). ``served`` is the request's snapshot (the
-    versions the worker answers with); ``etag``: the table's (:func:`_checked`)."""
+    """The table's gzip-compressed JSON: from the cache, else ``shipped()`` (a grid table written into the
+    model's folder; None: not there), else built by the table worker behind its gate (``service.tables``;
+    the app's ``state`` holds them). ``served`` is the request's snapshot (the versions the worker answers
+    with); ``etag``: the table's (:func:`_checked`)."""
     cache: TableCache = state.tables
     gate: BatchGate = state.table_gate
     workers: WorkerPool = state.table_workers
     job = job_body(hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes, allow_simulated=allow_simulated)
     versions = {hw: m.version for hw, m in served.items()}
-    return await cache.get(etag, lambda: gate.run(workers.answer, "table", job, versions))
+
+    async def build() -> bytes:
+        found = None if shipped is None else await asyncio.to_thread(shipped)
+        return found if found is not None else await gate.run(workers.answer, "table", job, versions)
+
+    return await cache.get(etag, build)
 
 
 def _checked(
@@ -169,12 +175,17 @@ async def answer_grid_table(
     state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
     allow_simulated: bool,
 ) -> bytes:  # fmt: skip
-    """:func:`answer_table` of the shape grid (what ``GET`` serves and ``service.tables.prefetch`` builds),
-    checked once per served model and query (:func:`_grid_checked`)."""
+    """:func:`answer_table` of the shape grid (what ``GET`` serves and ``service.tables.prefetch`` loads),
+    checked once per served model and query (:func:`_grid_checked`): the table written into the model's
+    folder when it is current (``training.export.read_grid_table``), else built."""
+    from ficco.training.export import read_grid_table
+
     predictor = served[hardware_id].predictor
     shapes, simulated, etag = _grid_checked(predictor, tp, mode, dtype, allow_simulated)
+    folder = state.store.loads_from / hardware_id / predictor.version
+    shipped = functools.partial(read_grid_table, folder, predictor, tp=tp, mode=mode, dtype=dtype)
     return await answer_table(state, served, hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes,
-                              allow_simulated=simulated, etag=etag)  # fmt: skip
+                              allow_simulated=simulated, etag=etag, shipped=shipped)  # fmt: skip
 
 
 async def _respond(
@@ -198,9 +209,13 @@ async def _respond(
     headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
     if _matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    packed = await answer_table(request.app.state, served, hardware_id, tp=tp, mode=query.mode,
-                                dtype=query.dtype, shapes=shapes, allow_simulated=simulated,
-                                etag=etag)  # fmt: skip
+    state, q = request.app.state, query
+    if body is None:
+        packed = await answer_grid_table(state, served, hardware_id, tp=tp, mode=q.mode, dtype=q.dtype,
+                                         allow_simulated=q.allow_simulated)  # fmt: skip
+    else:
+        packed = await answer_table(state, served, hardware_id, tp=tp, mode=q.mode, dtype=q.dtype,
+                                    shapes=shapes, allow_simulated=simulated, etag=etag)  # fmt: skip
     if "gzip" in (accept_encoding or "").lower():
         return Response(
             packed, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"}

@@ -173,7 +173,9 @@ def test_wheel_holds_only_ficco_with_its_model_and_configs(built_wheel):
     assert "ficco/runtime/layers.py" in names and "ficco/service/core/config.py" in names
     for hw in SHIPPED_IDS:
         folder = REPO_ROOT / "models" / hw / _current(hw)
-        shipped = {f"ficco/models/{hw}/{_current(hw)}/{p.name}" for p in folder.iterdir()}
+        files = [p.relative_to(folder) for p in folder.rglob("*") if p.is_file()]
+        shipped = {f"ficco/models/{hw}/{_current(hw)}/{p}" for p in files}
+        assert any("/tables/" in name for name in shipped), hw  # the grid tables the service serves unbuilt
         assert f"ficco/models/{hw}/CURRENT" in names and shipped and shipped <= names, hw
     configs = (REPO_ROOT / "datasets" / "model_configs").iterdir()
     assert {f"ficco/datasets/model_configs/{p.name}" for p in configs} <= names
@@ -189,13 +191,16 @@ def test_only_the_shipped_model_goes_into_the_wheel_and_the_image(context_copy, 
 
     data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert data["ficco.models"] == [
-        f for hw in SHIPPED_IDS for f in (f"{hw}/CURRENT", f"{hw}/{_current(hw)}/*")
+        f
+        for hw in SHIPPED_IDS
+        for f in (f"{hw}/CURRENT", f"{hw}/{_current(hw)}/*", f"{hw}/{_current(hw)}/tables/*")
     ]
     rules = dockerignore_rules(REPO_ROOT / ".dockerignore")
     for hw in SHIPPED_IDS:
         assert in_context(rules, f"models/{hw}/{_current(hw)}/model.ubj") and in_context(
             rules, f"models/{hw}/CURRENT"
         )
+        assert in_context(rules, f"models/{hw}/{_current(hw)}/tables/op=tp_overlap,x.json.gz")
     for trained in ("models/h200x2-sim/v1/model.ubj", "models/h200x2/20990101T000000Z-0/card.json"):
         assert not in_context(rules, trained), trained
     checkout = tmp_path / "checkout"

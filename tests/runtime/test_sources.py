@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -187,3 +188,45 @@ def test_hardware_of_names_the_built_in_profile_of_a_device():
     assert hardware_of("NVIDIA H200", 8).id == "h200x8"
     assert hardware_of("AMD Instinct MI300X", 8).id == "mi300xx8"
     assert hardware_of("NVIDIA H200", 3) is None and hardware_of("NVIDIA A100-SXM4-80GB", 2) is None
+
+
+NO_TORCH = """
+import sys
+
+sys.modules["torch"] = None  # importing torch raises ModuleNotFoundError: an install without it
+from ficco.features import Scenario
+from ficco.runtime import TableSource
+
+source = TableSource.load(sys.argv[1])  # machine="auto": no nvidia-smi on PATH, no torch: nothing to check
+answer = source.recommend([Scenario(op="ag_gemm", m=4096, n=4096, k=4096)], "graph")[0]
+print(answer.schedule, sorted(m for m in sys.modules if m.startswith(("ficco.executor", "ficco.runtime."))))
+"""
+
+
+def test_table_source_reads_tables_without_torch(tmp_path):
+    """A runtime reads exported tables with neither torch nor the executor imported (``ficco.runtime``
+    imports its modules on first use), and checks no fingerprint where no GPU can be seen."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from ficco.files import SHIPPED_MODELS
+
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        pytest.skip("nvidia-smi is on the system PATH: the table's fingerprint would be checked here")
+    from ficco.training.export import build_schedule_table
+    from ficco.training.predict.registry import load_predictor
+
+    predictor = load_predictor(SHIPPED_MODELS, "h200x2")
+    table = build_schedule_table(predictor, [("ag_gemm", 4096, 4096, 0, 0)], world_size=2, mode="graph",
+                                 dtype="bf16")  # fmt: skip
+    table.write(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}  # no nvidia-smi; this checkout
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, str(tmp_path)], capture_output=True, text=True,
+                          env=env, check=False, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    schedule, modules = done.stdout.split(" ", 1)
+    expected = table.entries[("ag_gemm", 4096, 4096, 0, 0)].lookup(4096, 2).schedule
+    assert schedule == expected and modules.strip() == "['ficco.runtime.sources']"

@@ -3,6 +3,8 @@ the planner that fetches one table and asks no shape."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -275,13 +277,45 @@ def test_table_cache_builds_each_table_once_and_keeps_at_most_its_bytes():
     asyncio.run(scenario())
 
 
-def test_grid_tables_are_built_when_a_model_loads(registry_root, start, wait_for):
+def test_grid_tables_are_built_when_a_model_loads_and_ready_waits_for_them(registry_root, start, wait_for):
+    """A model without grid tables in its folder: they are built at start-up, and /readyz says 503 with
+    the tables pending until they are there."""
     with start(registry_root, TABLE_PREFETCH=True) as client:
         cache = client.app.state.tables
+        first = client.get("/readyz")
+        body = first.json()
+        building = first.status_code == 503 and not body["grid_tables_ready"] and body["grid_tables_pending"]
+        assert building or len(cache._tables) == 2, body
         assert wait_for(lambda: len(cache._tables) == 2, timeout_s=240), "graph and eager grid tables"
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
+        assert client.get("/readyz").json()["grid_tables_pending"] == []
         held = cache.bytes
         response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 2, "allow_simulated": "true"})
         assert response.status_code == 200 and response.headers["etag"] in cache and cache.bytes == held
+
+
+def test_grid_tables_shipped_with_the_model_are_served_without_a_build(start, wait_for):
+    """The shipped model's folder holds its grid tables (``ficco export --into-model``): ready means the
+    first GET answers from them at once, and the table worker never starts."""
+    import gzip
+
+    from ficco.files import SHIPPED_MODELS
+    from ficco.training.export import grid_table_path
+
+    with start(SHIPPED_MODELS, TABLE_PREFETCH=True) as client:
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=60)
+        ready = client.get("/readyz").json()
+        assert ready["grid_tables_ready"] and ready["grid_tables_pending"] == []
+        for mode in ("graph", "eager"):
+            got = client.get(
+                f"/v1/tables/{HARDWARE}", params={"tp": 2, "mode": mode}, headers={"Accept-Encoding": "gzip"}
+            )
+            assert got.status_code == 200
+            predictor = client.app.state.store.served[HARDWARE].predictor
+            path = grid_table_path(SHIPPED_MODELS / HARDWARE / predictor.version, predictor, tp=2, mode=mode,
+                                   dtype="bf16")  # fmt: skip
+            assert got.json() == json.loads(gzip.decompress(path.read_bytes()))
+        assert client.app.state.table_workers.pids == []  # nothing was built
 
 
 BLOCKER = """

@@ -286,7 +286,7 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         scorer = load_pair_model(version_dir / card["files"]["scorer"])
         same = card["files"]["ratio"] == card["files"]["scorer"]
         ratio = scorer if same else load_pair_model(version_dir / card["files"]["ratio"])
-        policy = ModePolicy.from_dict(card["policy"])
+        policy = ModePolicy.from_card(card)
         coverage_file = version_dir / COVERAGE_FILE
         coverage = Coverage.load(coverage_file) if coverage_file.is_file() else None
     except FeatureSchemaError as err:
