@@ -1,5 +1,5 @@
 """Priors for a new machine: what other machines' measurements and the simulator know, as a model that the new
-machine's own rows correct (docs/new-hardware.md, "Priors").
+machine's own rows correct (docs/training.md, "A new machine: priors and the order of the sweep").
 
 A :class:`Prior` predicts ``log(t / t_serial)`` of every (scenario, schedule, mode) pair on the target machine
 before any of its rows is measured. It averages up to three components, each a time-ratio regressor:
@@ -14,16 +14,17 @@ Each component answers only for the ops it has rows of. Their mean and their spr
 across components, how much the sources disagree) are distilled, on the pairs of the target's plan, into two
 regressors: :attr:`Prior.mean` and :attr:`Prior.spread`.
 
-:func:`fit_with_prior` then fits the target machine's rows on top of the prior. Three candidates are fitted
-per grouped cross-validation fold of the target rows and the one of lowest held-out loss is kept, with each
-mode's fallback threshold (``training.crossval.choose``), so the prior's weight is learned from the new rows:
+:func:`fit_with_prior` then fits the target machine's rows on top of the prior. The candidates below are
+fitted per grouped cross-validation fold of the target rows and, per mode, the (candidate, fallback threshold)
+kept is the one leaning most on the new rows among those within one standard error of the lowest held-out
+loss (:func:`_choose`), so the prior's weight is learned from the new rows and a wrong prior fades:
 
 - ``prior``: the prior alone;
 - ``prior+target``: an ``ndcg`` ranker boosted on the target rows from the prior's scores (XGBoost
   ``base_margin``: ``-PRIOR_SCALE`` x the prior's predicted log ratio), its trees and the prior's, scaled,
   merged into one booster; the time-ratio model is the prior plus residual trees fitted on the target rows;
 - ``target``: the ranker and the time-ratio regressor of ``training.fit.CONFIG_GRID`` on the target rows
-  alone (the prior ignored: a wrong prior fades).
+  alone (the prior ignored), from :data:`MIN_ALONE` target scenarios on.
 
 The time-ratio model behind the fallback adds ``SPREAD_WEIGHT`` x the spread for the prior's candidates (a
 pick the sources disagree on must promise more than ``min_gain`` under the pessimistic estimate), or not:
@@ -72,6 +73,10 @@ MIN_TREES = 10
 """Fewest trees a boosted candidate gets."""
 MAX_FOLDS = 4
 """Most cross-validation folds over the target rows (each fits every boosted candidate once)."""
+MIN_ALONE = 32
+"""Target scenarios from which the new rows alone are a candidate beside a prior: from fewer, a model of them
+alone lost to the prior at every budget replayed (``benchmarks/new_hardware.py``), and its held-out loss is
+too noisy to tell."""
 CANDIDATES = ("prior", "prior+target", "target")
 """What :func:`fit_with_prior` chooses between (ties: the earlier)."""
 
@@ -675,10 +680,12 @@ def fit_with_prior(
         loss = np.stack(
             [np.stack([_loss(target, *held[c.name], c.spread, p) for p in policies]) for c in candidates]
         )  # fmt: skip  [candidates, policies, rows]
+        alone = prior is None or n_scenarios >= MIN_ALONE
+        allowed = np.array([c.name != "target" or alone for c in candidates])
         for mode in sorted(set(target.modes.tolist())):
-            means = loss[:, :, target.modes == mode].mean(axis=2)
-            c, p = np.unravel_index(int(np.argmin(means)), means.shape)  # ties: the earlier candidate
+            c, p = _choose(loss[:, :, target.modes == mode], candidates, allowed)
             choice[mode], policy[mode] = candidates[c], policies[p]
+            means = loss[:, :, target.modes == mode].mean(axis=2)
             losses[mode] = {
                 cand.label: round(float(v), 6) for cand, v in zip(candidates, means.min(axis=1), strict=True)
             }
@@ -702,6 +709,25 @@ def fit_with_prior(
     }
     scorer, ratio = fitted.models(choice, info)
     return PriorFit(scorer=scorer, ratio=ratio, policy=ModePolicy(**policy), choice=info["choice"], info=info)
+
+
+def _choose(loss: np.ndarray, candidates: tuple[_Candidate, ...], allowed: np.ndarray) -> tuple[int, int]:
+    """The (candidate, policy) kept from one mode's held-out losses ``[candidates, policies, rows]`` among the
+    ``allowed`` candidates (bool ``[candidates]``): of the options within one standard error (of the rows'
+    paired differences) of the lowest mean loss, the one that leans most on the new rows (``target``, then
+    ``prior+target``, then ``prior``), then the lowest loss. Many options make the lowest held-out loss
+    optimistic; the rule keeps a prior only while it is clearly better than what the new rows say, so it
+    fades as they accumulate."""
+    n_policies = loss.shape[1]
+    flat = np.where(np.repeat(allowed, n_policies)[:, None], loss.reshape(-1, loss.shape[-1]), np.inf)
+    means = flat.mean(axis=1)
+    best = int(np.argmin(means))
+    with np.errstate(invalid="ignore"):
+        se = np.nan_to_num((flat - flat[best]).std(axis=1), nan=np.inf) / np.sqrt(max(flat.shape[1], 1))
+    close = np.flatnonzero(np.isfinite(means) & (means <= means[best] + se))
+    lean = np.array([CANDIDATES.index(candidates[i // n_policies].name) for i in close])
+    pick = close[np.lexsort((means[close], -lean))[0]]
+    return int(pick // n_policies), int(pick % n_policies)
 
 
 _PRIOR_WEIGHTS: dict[str, float | str] = {"prior": "prior alone", "prior+target": PRIOR_SCALE, "target": 0.0}

@@ -72,6 +72,7 @@ def test_the_same_command_continues_and_a_spent_budget_measures_nothing(budgeted
     more = runner.invoke(app, [*args, "--budget-minutes", "0.6"])
     assert more.exit_code == 0, more.output
     assert "prior: read from" in more.output
+    assert "current model's" in more.output  # the registered model of merged trees loaded and answered
     after = _is_prefix(out)
     assert len(after) > len(before) and after[: len(before)] == before
     assert _spent(out)[2] <= 0.6 * 60
