@@ -357,6 +357,48 @@ def retrain_command(
             help="Measure only this many scenarios, the most informative ones (0: the whole plan).",
         ),
     ] = 0,
+    budget_minutes: Annotated[
+        float,
+        typer.Option(
+            "--budget-minutes",
+            min=0.0,
+            help="Measure for this many device-minutes, in the order of what each scenario teaches (the "
+            "prior's uncertainty and the spread over the plan), checkpointing a model into OUT/checkpoints "
+            "as it goes, then train on top of the prior (0: the whole plan, no prior). The same command "
+            "again continues. Simulated sweeps count the simulator's estimate of the GPU time.",
+        ),
+    ] = 0.0,
+    checkpoint_minutes: Annotated[
+        float,
+        typer.Option(
+            "--checkpoint-minutes",
+            min=0.0,
+            help="With --budget-minutes: device-minutes before the first checkpoint; the next at twice, four "
+            "times, ... that, and at the budget (0: only at the budget).",
+        ),
+    ] = 1.0,
+    prior: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--prior",
+            help="With --budget-minutes: a measured dataset of another machine for the prior (repeat it). "
+            "Default: the datasets of the other machines' current models in the registry. The simulator of "
+            "--hardware always joins.",
+            show_default=False,
+        ),
+    ] = None,
+    no_prior: Annotated[
+        bool,
+        typer.Option("--no-prior", help="With --budget-minutes: train on the new rows alone, no prior."),
+    ] = False,
+    order_only: Annotated[
+        bool,
+        typer.Option(
+            "--order-only",
+            help="With --budget-minutes: write the prior and the order (OUT/order.json) and stop, for a "
+            "fleet to measure (`ficco fleet run --order OUT/order.json ...`, docs/fleet.md).",
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -402,7 +444,15 @@ def retrain_command(
     from ficco.harness.launch import build_plan, check_tp, hardware_profile, parse_tokens
     from ficco.training.metrics import REPORTED
     from ficco.training.predict.registry import ModelLoadError, load_predictor
-    from ficco.training.retrain import informative_subset, retrain
+    from ficco.training.retrain import (
+        ORDER_FILE,
+        informative_subset,
+        load_prior,
+        prior_datasets,
+        retrain,
+        retrain_within,
+        write_order,
+    )
 
     root = _registry(registry)
     hw = hardware_profile(hardware, root)
@@ -420,15 +470,37 @@ def retrain_command(
     plan = build_plan(
         configs, hw, tp=tp, tokens=token_list, grid=grid, include_moe=backend is RetrainBackend.sim, seed=seed
     )
-    plan = informative_subset(plan, budget, current)
-    typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
     measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
-    with fail_on_value_error():
-        outcome = retrain(
-            plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
-            log=lambda text: typer.echo(text, err=True),
-        )  # fmt: skip
-    typer.echo(format_summary(outcome.new_metrics))
+    log = lambda text: typer.echo(text, err=True)  # noqa: E731
+    if budget and budget_minutes:
+        raise fail("give --budget (scenarios) or --budget-minutes (device time), not both")
+    if budget_minutes:
+        typer.echo(f"retrain {model_id} on {backend.value}: {budget_minutes:g} device-minutes of a "
+                   f"{len(plan)}-scenario plan -> {out}", err=True)  # fmt: skip
+        with fail_on_value_error():
+            datasets = [] if no_prior else (prior if prior is not None else prior_datasets(root, hw.id))
+            the_prior = None if no_prior else load_prior(plan, out, datasets=datasets, seed=seed, n_jobs=jobs,
+                                                        log=log)  # fmt: skip
+            if order_only:
+                ordered_plan, _ = write_order(plan, the_prior, out)
+                typer.echo(f"wrote {out / ORDER_FILE}: {len(ordered_plan)} scenarios in the order to measure")
+                return
+            outcome = retrain_within(
+                plan, out, measure, budget_minutes=budget_minutes, prior=the_prior, registry=root,
+                current=current, simulated=backend is RetrainBackend.sim,
+                checkpoint_minutes=checkpoint_minutes, seed=seed, n_jobs=jobs, log=log,
+            )  # fmt: skip
+    else:
+        plan = informative_subset(plan, budget, current)
+        typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
+        with fail_on_value_error():
+            outcome = retrain(plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
+                              log=log)  # fmt: skip
+    if "modes" in outcome.new_metrics:
+        typer.echo(format_summary(outcome.new_metrics))
+    else:
+        typer.echo(f"chose {outcome.new_metrics['choice']} (held-out loss by candidate: "
+                   f"{outcome.new_metrics['cv_loss']})")  # fmt: skip
     if outcome.current_metrics is not None:
         cur = outcome.current_metrics
         typer.echo(
@@ -465,26 +537,27 @@ def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBac
     return RetrainBackend.gpu
 
 
-def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[[Plan, Path], None]:
-    """Measurement by the simulator of ``hw`` (in this process)."""
+def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[..., None]:
+    """Measurement by the simulator of ``hw`` (in this process): ``measure(plan, out, deadline=None)``."""
 
-    def measure(plan: Plan, out: Path) -> None:
+    def measure(plan: Plan, out: Path, deadline: float | None = None) -> None:
         from ficco.harness.sim import SimBackend
         from ficco.harness.sweep import run_sweep
 
-        run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out)
+        run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out, deadline=deadline)
 
     return measure
 
 
-def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
-    """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
+def _measure_gpu(tp: int) -> Callable[..., None]:
+    """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU;
+    ``measure(plan, out, deadline=None)`` starts no scenario after ``deadline`` (``time.time()``)."""
 
-    def measure(plan: Plan, out: Path) -> None:
+    def measure(plan: Plan, out: Path, deadline: float | None = None) -> None:
         from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
         # The dataset protocol's defaults (rounds, block length), no re-measure.
-        settings = WorkerSettings(modes=MODES)
+        settings = WorkerSettings(modes=MODES, deadline=deadline)
         run_torchrun(plan, out, backend=BenchBackend.gpu, tp=tp, nproc=None, settings=settings)
 
     return measure
