@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor import library
-from ficco.executor.layout import Rates, batch_extra_us, gemm_us
+from ficco.executor.layout import Rates, batch_extra_us, call_us, gemm_us
 from ficco.features import (
     DEFAULT_HARDWARE_ID,
     MODES,
@@ -388,31 +388,33 @@ def token_table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
 
 
 def priced(decision: Decision, scenario: Scenario, batch: int) -> Decision:
-    """``decision`` for an op whose rows hold ``batch`` sequences, with the GPU work its batched layout adds
-    priced in (``executor.layout.batch_extra_us``): the source predicted ``t_serial / t_schedule`` for
-    the op on one sequence; on ``batch`` both pay their layout's work (serial: PyTorch's copy of the
-    gathered input or the partial product; an overlapped schedule: its copies, or a weight read per
-    segment), the op's serial time estimated as its roofline GEMM and communication. The pick stays where
-    that predicts a speedup above 1, else ``serial/sm`` runs with the reason. Nothing to price for one
-    sequence, ``serial/sm`` or a source that predicts no speedup (a fixed schedule, a function)."""
+    """``decision`` for an op whose rows hold ``batch`` sequences, with the GPU work of its decomposition
+    priced in (``executor.layout``): the source predicted ``t_serial / t_schedule`` for the op on one
+    sequence. On ``batch`` both pay their layout's work (serial: PyTorch's copy of the gathered input or of
+    the partial product; an overlapped schedule: its copies, or a weight read per segment), and no schedule
+    ends before its own GEMMs and copies, whatever it overlaps; the op's serial time is estimated as its
+    roofline GEMM plus its communication at the link's bandwidth (no latency: what overlap can hide at
+    most). The pick stays where that predicts a speedup above 1, else ``serial/sm`` runs with the reason.
+    Nothing to price for one sequence (the source measured the decomposition there), ``serial/sm`` or a
+    source that predicts no speedup (a fixed schedule, a function)."""
     r = decision.predicted_speedup
     if batch <= 1 or decision.schedule == SERIAL or r is None or r <= 0:
         return decision
     s = scenario
     itemsize = s.dtype_bytes
-    shape = {"m": s.m, "n": s.n, "k": s.k, "batch": batch, "world_size": s.world_size}
-    shape |= {"itemsize": itemsize, "hardware": s.hardware}
-    extra = batch_extra_us(s.op, decision.schedule, **shape)
-    serial_extra = batch_extra_us(s.op, SERIAL, **shape)
-    rates = Rates.of(s.hardware, itemsize)
-    t_serial = gemm_us(s.m, s.n, s.k, itemsize, rates) + roofline_comm_us(s)
-    speedup = (t_serial + serial_extra) / (t_serial / r + extra)
+    shape = {"m": s.m, "n": s.n, "k": s.k, "world_size": s.world_size, "itemsize": itemsize}
+    shape |= {"hardware": s.hardware}
+    extra = batch_extra_us(s.op, decision.schedule, batch=batch, **shape)
+    serial_extra = batch_extra_us(s.op, SERIAL, batch=batch, **shape)
+    own = call_us(s.op, decision.schedule, batch=batch, **shape)
+    t_serial = gemm_us(s.m, s.n, s.k, itemsize, Rates.of(s.hardware, itemsize)) + roofline_comm_us(s)
+    speedup = (t_serial + serial_extra) / max(t_serial / r + extra, own)
     if speedup > 1.0:
         return dataclasses.replace(decision, predicted_speedup=speedup)
     reason = (
-        f"{decision.schedule} predicted {r:.2f}x on one sequence, {speedup:.2f}x on {batch}: its batched "
-        f"layout adds {extra:.0f} us of GPU work (serial's {serial_extra:.0f} us) to an op of about "
-        f"{t_serial:.0f} us"
+        f"{decision.schedule} predicted {r:.2f}x on one sequence, {speedup:.2f}x on {batch}: its GEMMs and "
+        f"copies take {own:.0f} us, its batched layout adds {extra:.0f} us (serial's {serial_extra:.0f} us) "
+        f"to an op of about {t_serial:.0f} us"
     )
     return _fallback(reason, decision.origin, decision.neighbours)
 

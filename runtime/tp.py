@@ -334,8 +334,8 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return _colwise_output(self, state, y)
     if isinstance(layout, Replicate):  # every rank holds the input: the local GEMM under Megatron's f
         _check_even_output(self, state, x)
-        y = F.linear(_replicated(x, state), self.weight.to_local())
-        return _colwise_output(self, state, y)
+        bias = None if self.bias is None else self.bias.to_local()
+        return _output(state, F.linear(_replicated(x, state), self.weight.to_local(), bias), Shard(-1))
     why = f"its input is laid out as {layout!r}"
     if layout is None:
         why = "its input is a DTensor of another layout than input_layouts"
@@ -364,11 +364,16 @@ def _all_gather_matmul(
 
 def _colwise_output(self: nn.Linear, state: _State, y: torch.Tensor) -> torch.Tensor:
     """A column-parallel layer's local output ``y`` (every row, this rank's columns) with its bias shard (a
-    complete gradient: every row is here; cast to ``y``'s dtype under autocast, as ``F.linear`` casts it) as
-    the style's output."""
+    complete gradient: every row is here) as the style's output."""
     if self.bias is not None:
-        y = y + self.bias.to_local().to(y.dtype)
+        y = _biased(y, self.bias.to_local())
     return _output(state, y, Shard(-1))
+
+
+def _biased(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``y + bias``; under autocast (``y`` narrower than ``bias``) added in ``bias``'s dtype and rounded to
+    ``y``'s once, as ``F.linear``'s GEMM adds its bias before it rounds."""
+    return y + bias if y.dtype == bias.dtype else (y + bias).to(y.dtype)
 
 
 def _gemm_dtype(module: nn.Linear, x: torch.Tensor) -> torch.dtype | None:
@@ -411,7 +416,7 @@ def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, dtype, backward, batch)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
     if self.bias is not None:  # on this rank's rows: its gradient is a partial sum, all-reduced as PyTorch's
-        y = y + _replicated(self.bias.to_local(), state).to(y.dtype)
+        y = _biased(y, _replicated(self.bias.to_local(), state))
     return _output(state, y, Shard(dim))
 
 
@@ -647,8 +652,8 @@ def _leave(module: nn.Module, _args, _output) -> None:
         names = ", ".join(child_names[id(c)] for c in missed)
         _warn(
             f"ficco.runtime.tp.PrepareModuleInput on {type(module).__name__}: {names} did not get the "
-            "prepared input as it was (the module viewed, cast or normalised it first); they compute from what they "
-            "get, as PyTorch's styles do, and are left out of the gathered op from now on"
+            "prepared input as it was (the module viewed, cast or normalised it first); they compute from "
+            "what they get, as PyTorch's styles do, and are left out of the gathered op from now on"
         )
 
 

@@ -278,11 +278,12 @@ class NeoXMLP(nn.Module):
 
 
 class Qwen2Attention(nn.Module):
-    """Qwen2: grouped-query attention (half as many key/value heads) with biased q/k/v, no bias on o."""
+    """Qwen2: grouped-query attention (half as many key/value heads, 8 and 4 of 4 features: 4 ranks hold
+    a key/value head each) with biased q/k/v, no bias on o."""
 
     def __init__(self) -> None:
         super().__init__()
-        d = HIDDEN // HEADS
+        d = HIDDEN // (2 * HEADS)
         self.q_proj = nn.Linear(HIDDEN, HIDDEN)
         self.k_proj, self.v_proj = nn.Linear(HIDDEN, HIDDEN // 2), nn.Linear(HIDDEN, HIDDEN // 2)
         self.o_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
@@ -726,7 +727,7 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     return (t.to_local() if isinstance(t, DTensor) else t).detach().float().cpu()
 
 
-VANISHING = 1e-3
+VANISHING = 1e-2
 """A reference gradient this far below the step's largest (``scale``) is zero in exact arithmetic (a key's
 bias: attention's softmax does not see it) and rounding noise in floating point: :func:`_rel` measures it
 against ``VANISHING * scale``."""
