@@ -51,7 +51,7 @@ class TrainConfig:
         return key if self.extra_weight == 1.0 else f"{key},x{self.extra_weight:g}"
 
 
-RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=4, n_estimators=60, learning_rate=0.25)
+RATIO_CONFIG = TrainConfig(objective="ratio", max_depth=6, n_estimators=150, learning_rate=0.1)
 """The time-ratio regressor: a candidate pick model, and the fallback's source of predicted gain."""
 CONFIG_GRID: tuple[TrainConfig, ...] = (
     RATIO_CONFIG,
