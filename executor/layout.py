@@ -5,18 +5,20 @@ executor moves rows in rank-major order (rank, sequence, row), while its inputs 
 (sequence, rank, row), as PyTorch's gather and scatter along the sequence lay them out. Three layouts:
 
 - ``permuted`` (``serial`` schedules): the rows are moved to the other order once, then one GEMM per weight
-  over every row: PyTorch's own path (its gather along the sequence copies the gathered input into place,
-  its reduce-scatter copies the partial product), with the same kernels.
+  over every row: PyTorch's own path (its gather along the sequence concatenates the ranks' blocks of the
+  gathered input, with the same kernel; the partial product of a reduce-scatter is put in rank-major order
+  by one concatenation of each sequence's contiguous block, where PyTorch's concatenates strided pieces).
 - ``segmented`` (overlapped schedules): one GEMM per unit of the plan and sequence, reading and writing the
   rows where they lie: no copy, but a GEMM of few rows is bound by reading its weight, so every segment
   reads it again.
-- ``rank_major`` (overlapped schedules): one GEMM per unit over its rank-major rows, and one copy: of each
-  output at the end (gather), of the input before the first GEMM (reduce-scatter).
+- ``rank_major`` (overlapped schedules): one GEMM per unit over its rank-major rows, and one concatenation:
+  of each output at the end (gather), of the input before the first GEMM (reduce-scatter).
 
 :func:`choose` picks the cheaper of ``segmented`` and ``rank_major`` for an overlapped schedule by
 :func:`layout_us`, a roofline of each GEMM and copy (FLOPs at the GEMM rate this GPU reaches, bytes at the
 bandwidth its copies reach, plus a floor per kernel) whose rates come from GEMMs measured on an
-H200 (:data:`GEMM_EFFICIENCY`, :data:`COPY_EFFICIENCY`, :data:`KERNEL_FLOOR_US`); the loopback runs of
+H200 (:data:`GEMM_EFFICIENCY`, :data:`COPY_EFFICIENCY`, :data:`KERNEL_FLOOR_US`, :data:`ROOFLINE_NORM`,
+:data:`TILE_FILL_EXPONENT`); the loopback runs of
 ``benchmarks/runtimes.py`` time both layouts of each op beside the one chosen (docs/executor.md, "Batched
 calls"). :func:`batch_extra_us` is what the planner prices: the GPU time a batched call of a schedule spends
 beyond the same call at one sequence.
@@ -33,32 +35,45 @@ from typing import Literal
 from ficco.executor.plan import Plan, make_plan
 from ficco.features.hardware import KNOWN_HARDWARE, HardwareProfile, hardware_of
 from ficco.features.schedule import Schedule
-from ficco.features.vector import FP32_SLOWDOWN
+from ficco.features.vector import FP32_SLOWDOWN, gemm_waves
 
 LayoutName = Literal["whole", "permuted", "segmented", "rank_major"]
 """``whole``: one sequence (no layout to choose); the others: the module docstring's."""
 OVERLAPPED_LAYOUTS: tuple[LayoutName, ...] = ("segmented", "rank_major")
 """The layouts an overlapped (``shard``, ``finer``) schedule chooses between."""
 
-GEMM_EFFICIENCY = 0.67
-"""Share of the dense bf16 peak (``HardwareProfile.peak_bf16_tflops``) a compute-bound GEMM reaches: one
-H200, torch 2.11, cuBLAS, Mixtral-8x7B's expert GEMMs, 16384 routed rows over 4 local experts against
-[4096, 28672] each (CUDA graph: 666 TFLOP/s; ``benchmarks/results/grouped-gemm-h200.json``)."""
-COPY_EFFICIENCY = 0.82
+GEMM_EFFICIENCY = 0.80
+"""Share of the dense bf16 peak (``HardwareProfile.peak_bf16_tflops``) a GEMM that fills the GPU reaches:
+one H200, torch 2.11, cuBLAS, the GEMMs of Llama-3.1-8B's and 70B's layers at 4096-32768 rows (790 TFLOP/s
+on average; the per-op GEMM times of ``benchmarks/results/runtimes-loopback-h200.json``)."""
+COPY_EFFICIENCY = 0.80
 """Share of the HBM bandwidth (``hbm_gbps``) a weight-bound GEMM or a device copy reaches: the same run's
-expert GEMMs of 256 routed rows over 4 experts read their weights at 3.9 TB/s."""
-KERNEL_FLOOR_US = 4.0
-"""GPU time of the smallest GEMM or copy kernel, microseconds: a kernel's launch and tail, not fitted (the
-loopback runs of ``benchmarks/runtimes.py`` time each layout beside the one chosen)."""
+GEMMs of 16-64 rows read their weights at 3.0-4.0 TB/s."""
+KERNEL_FLOOR_US = 2.0
+"""GPU time every GEMM or copy kernel adds, microseconds (its launch and tail): fitted with
+:data:`ROOFLINE_NORM` and :data:`TILE_FILL_EXPONENT` to the same run's GEMM times of every op, whole and
+split into the pieces of each schedule and layout (433 timings of 16-32768 rows): a GEMM's time within 6%
+on average (the roofline at the former 0.67 of the peak with a 4 us floor: 17%), and the 2-way splits of
+70B's GEMMs at 1024 rows 1.18-1.19x the whole GEMM (measured 1.15-1.17x; the former model: 1.03x, which let
+the planner keep splits whose extra GEMM time the overlap could not pay)."""
+ROOFLINE_NORM = 3.0
+"""A GEMM's compute and memory times combine as their ``ROOFLINE_NORM``-norm: between their maximum (a
+GEMM far from the ridge pays one) and their sum (near the ridge it pays some of both)."""
+TILE_FILL_EXPONENT = 0.3
+"""A GEMM of fewer 128 x 128 output tiles than the GPU has SMs (``features.vector.gemm_waves`` < 1) keeps
+part of the GPU idle even with split-K: its compute time is divided by ``waves ** TILE_FILL_EXPONENT``. This
+is what makes a 2-way split of a few hundred rows cost more than its FLOPs say."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rates:
-    """What the cost model charges: FLOPs and bytes per microsecond, and a floor per kernel."""
+    """What the cost model charges: FLOPs and bytes per microsecond, a floor per kernel, and the SMs a
+    GEMM's output tiles fill."""
 
     flops_per_us: float
     bytes_per_us: float
     floor_us: float
+    sm_count: int
 
     @classmethod
     def of(cls, hardware: HardwareProfile, itemsize: int) -> Rates:
@@ -69,15 +84,18 @@ class Rates:
             flops_per_us=hardware.peak_bf16_tflops * 1e6 * GEMM_EFFICIENCY / slowdown,
             bytes_per_us=hardware.hbm_gbps * 1e3 * COPY_EFFICIENCY,
             floor_us=KERNEL_FLOOR_US,
+            sm_count=hardware.sm_count,
         )
 
 
 def gemm_us(rows: int, n: int, k: int, itemsize: int, rates: Rates) -> float:
-    """One ``[rows, k] @ [k, n]`` GEMM: the larger of its FLOPs and the bytes it reads and writes (the
-    weight once), at ``rates``, plus the floor."""
-    flops = 2.0 * rows * n * k / rates.flops_per_us
+    """One ``[rows, k] @ [k, n]`` GEMM, microseconds: its compute time (FLOPs at ``rates``, slower where its
+    output tiles cannot fill the SMs) and memory time (the bytes it reads and writes, the weight once)
+    combined as their :data:`ROOFLINE_NORM`-norm, plus the floor."""
+    fill = min(1.0, gemm_waves(rows, n, rates.sm_count))
+    compute = 2.0 * rows * n * k / rates.flops_per_us / fill**TILE_FILL_EXPONENT
     moved = (rows * k + k * n + rows * n) * itemsize / rates.bytes_per_us
-    return max(flops, moved) + rates.floor_us
+    return (compute**ROOFLINE_NORM + moved**ROOFLINE_NORM) ** (1.0 / ROOFLINE_NORM) + rates.floor_us
 
 
 def copy_us(elements: int, itemsize: int, rates: Rates) -> float:
@@ -196,14 +214,17 @@ def call_us(
     world_size: int,
     itemsize: int,
     hardware: HardwareProfile,
+    ns: tuple[int, ...] = (),
 ) -> float:
     """The GPU time of the GEMMs and layout copies of a call of ``op`` (``ag_gemm``: ``m`` gathered rows
-    against ``[k, n]``; ``gemm_rs``: ``[m, k] @ [k, n]`` scattered) under ``schedule`` on ``batch``
-    sequences, in its cheapest layout (the transfers not counted)."""
+    against ``[k, n]``, or against each weight's ``[k, ns[i]]`` where it feeds several; ``gemm_rs``:
+    ``[m, k] @ [k, n]`` scattered) under ``schedule`` on ``batch`` sequences, in its cheapest layout (the
+    transfers not counted)."""
     direction = "gather" if op == "ag_gemm" else "scatter"
     plan = make_plan(direction, world_size, schedule.granularity, schedule.splits, schedule.grain)
     rates = Rates.of(hardware, itemsize)
-    shape = {"shard_rows": m // world_size, "ns": (n,), "k": k, "itemsize": itemsize, "rates": rates}
+    ns = ns if direction == "gather" and ns else (n,)
+    shape = {"shard_rows": m // world_size, "ns": ns, "k": k, "itemsize": itemsize, "rates": rates}
     if batch <= 1:
         return layout_us("whole", plan, batch=1, **shape)
     layouts = ("permuted",) if len(plan.units) == 1 else OVERLAPPED_LAYOUTS

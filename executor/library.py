@@ -38,7 +38,7 @@ from ficco.executor.checks import (
 )
 from ficco.executor.context import GroupContext, checked_calls, get_context, remember_checked
 from ficco.executor.experts import routed_state
-from ficco.executor.ops import OP_FUNCTIONS, rank_major
+from ficco.executor.ops import OP_FUNCTIONS, to_batch_major
 from ficco.executor.ops import run_all_gather_matmul as _run_all_gather_matmul
 from ficco.executor.ops import run_matmul_reduce_scatter as _run_matmul_reduce_scatter
 from ficco.features.routing import Routing
@@ -671,15 +671,15 @@ def _check_scatter_size(a: torch.Tensor, dim: int, group_name: str) -> None:
 
 def _gather_along(shard: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
     """``shard`` all-gathered along ``dim`` (the functional collective): rank-major rows put in place with
-    one copy where ``dim`` has dims before it of more than one element, as PyTorch's gather along a dim
-    makes one."""
+    one concatenation where ``dim`` has dims before it of more than one element, as PyTorch's gather along a
+    dim makes it (``executor.ops.to_batch_major``)."""
     flat = _all_gather(_rows(shard).contiguous(), 0, group_name)  # [w * rows, k], rank-major
     w = _resolve_process_group(group_name).size()
     batch = math.prod(shard.shape[:dim])
     full = _gathered_shape(shard.shape, dim, w)
     if batch == 1:
         return flat.view(full)
-    return rank_major(flat, batch, w).reshape(full)
+    return to_batch_major(flat, batch, w).view(full)
 
 
 def _weight_grad(a_rows: torch.Tensor, grad: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -146,14 +146,12 @@ def run_all_gather_matmul(
     run_pipeline(plan, transport, consume)
     if layout == "rank_major":
         for c, target in zip(cs, targets, strict=True):
-            _batch_major(c, batch, w).copy_(rank_major(target, batch, w))
+            to_batch_major(target, batch, w, out=c)
     if gathered is None or layout == "permuted":
         return cs, gathered
-    if batch > 1:
-        places = _batch_major(gathered, batch, w)
-        for q in range(w):
-            source = a_shard if q == ctx.rank else transport.dest[q]
-            places[:, q].copy_(source.view(batch, -1, k))
+    if batch > 1:  # each rank's contiguous rows to their places along the sequence, in one concatenation
+        sources = [a_shard if q == ctx.rank else transport.dest[q] for q in range(w)]
+        torch.cat([x.view(batch, -1, k) for x in sources], dim=1, out=gathered.view(batch, -1, k))
         return cs, gathered
     slots = gathered.view(w, shard_rows, k)
     if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
@@ -172,15 +170,14 @@ def _gathered_gemms(
     batch: int,
 ) -> None:
     """A serial schedule's GEMMs over the gathered ``rows [m, k]`` (rank-major): with ``batch`` > 1 the rows
-    are put in batch-major order first, into ``gathered`` when it is returned (one copy, as PyTorch's gather
-    along the sequence makes), then one GEMM per weight over every row, cast to the weights' dtype first
-    when it differs."""
+    are put in batch-major order first (:func:`to_batch_major`, into ``gathered`` when it is returned: the
+    concatenation PyTorch's gather along the sequence makes), then one GEMM per weight over every row, cast
+    to the weights' dtype first when it differs (as ``F.linear`` under autocast casts its input)."""
     compute = bs[0].dtype
     a = rows
     if batch > 1:
-        w = ctx.world_size
-        a = gathered if gathered is not None else ctx.buffer("permuted", rows.shape, compute)
-        _batch_major(a, batch, w).copy_(rank_major(rows, batch, w))
+        a = gathered if gathered is not None else ctx.buffer("permuted", rows.shape, rows.dtype)
+        to_batch_major(rows, batch, ctx.world_size, out=a)
     elif gathered is not None and gathered.data_ptr() != rows.data_ptr():
         gathered.copy_(rows)
     if a.dtype != compute:
@@ -244,7 +241,7 @@ def run_matmul_reduce_scatter(
         k = sum(x.shape[1] for x in a)
         layout = choose(plan, shard_rows, batch, (n,), k, a[0].dtype.itemsize, ctx.gpu)
     if layout == "rank_major":  # the rows of each a in rank-major order: one copy, then GEMMs in place
-        a = tuple(x.reshape(batch, w, -1, x.shape[1]).transpose(0, 1).reshape(m, x.shape[1]) for x in a)
+        a = tuple(to_rank_major(x.contiguous(), batch, w) for x in a)
     else:
         a = tuple(x.contiguous() for x in a)
     c = out if out is not None else a[0].new_empty((shard_rows, n))
@@ -254,7 +251,7 @@ def run_matmul_reduce_scatter(
         if layout == "permuted":  # a serial plan's one unit: the partial of every row, put rank-major
             product = ctx.buffer("partial_batch_major", (m, n), a[0].dtype)
             _matmuls(a, b, slice(None), product)
-            rank_major(rows, batch, w).copy_(_batch_major(product, batch, w))
+            to_rank_major(product, batch, w, out=rows)
             return
         block = transport.split_rows(unit) if unit.offset is not None else slice(None)
         if layout == "segmented":
@@ -306,15 +303,30 @@ def _batch_segments(
     return tuple(out)
 
 
-def _batch_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
-    """``rows [m, k]`` in batch-major order as ``[batch, w, m / (w batch), k]`` (a view)."""
-    return rows.view(batch, world_size, -1, rows.shape[-1])
+def to_batch_major(
+    rows: torch.Tensor, batch: int, world_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``rows [m, k]`` in rank-major order (rank, sequence, row) put in batch-major order (sequence, rank,
+    row) into ``out [m, k]`` (a new tensor when omitted): one ``torch.cat`` along the sequence of each
+    rank's contiguous ``[batch, m / (w batch), k]`` block, PyTorch's gather along the sequence (the
+    functional collective's ``cat(chunk(gathered, w), dim=1)``) with the same kernel."""
+    m, k = rows.shape
+    out = rows.new_empty((m, k)) if out is None else out
+    torch.cat(rows.view(world_size * batch, -1, k).chunk(world_size), dim=1, out=out.view(batch, -1, k))
+    return out
 
 
-def rank_major(rows: torch.Tensor, batch: int, world_size: int) -> torch.Tensor:
-    """``rows [m, k]`` in rank-major order (rank, batch, row) as ``[batch, w, m / (w batch), k]`` (a strided
-    view, indexed as :func:`_batch_major`'s)."""
-    return rows.view(world_size, batch, -1, rows.shape[-1]).transpose(0, 1)
+def to_rank_major(
+    rows: torch.Tensor, batch: int, world_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`to_batch_major`'s inverse: batch-major ``rows [m, k]`` into rank-major ``out [m, k]`` (new when
+    omitted), one ``torch.cat`` along the rank's rows of each sequence's contiguous ``[w, m / (w batch), k]``
+    block (a concatenation of contiguous pieces, as fast as the gather's, where PyTorch's reduce-scatter
+    along the sequence concatenates strided ones)."""
+    m, k = rows.shape
+    out = rows.new_empty((m, k)) if out is None else out
+    torch.cat(rows.view(batch * world_size, -1, k).chunk(batch), dim=1, out=out.view(world_size, -1, k))
+    return out
 
 
 def all_to_all_matmul(

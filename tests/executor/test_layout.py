@@ -71,3 +71,13 @@ def test_the_extra_gpu_time_of_a_batched_call():
     big = {**shape, "m": 65536}
     extra = batch_extra_us("gemm_rs", Schedule.parse("shard/dma"), batch=2, **big)
     assert extra < 0.02 * gemm_us(65536, 8192, 4096, 2, Rates.of(hw, 2))
+
+
+def test_a_split_of_few_rows_costs_more_than_its_flops_and_a_large_one_does_not():
+    """``executor.layout.gemm_us``: halving 512 rows against 512 columns leaves the SMs idle (fewer output
+    tiles than SMs), so the halves cost well over the whole; at 16384 rows the halves cost the whole's."""
+    rates = Rates.of(get_hardware("h200x2"), 2)
+    split = 2 * gemm_us(512, 512, 4096, 2, rates) / gemm_us(1024, 512, 4096, 2, rates)
+    assert split > 1.3
+    large = 2 * gemm_us(8192, 7168, 4096, 2, rates) / gemm_us(16384, 7168, 4096, 2, rates)
+    assert 1.0 < large < 1.02
