@@ -572,8 +572,9 @@ OP_CALLS = 5
 def _picked(planner: Planner, spec: OpSpec, tokens: int, ctx: RunContext) -> str:
     """The schedule ``planner`` runs for ``spec`` at ``tokens`` (decided now where the step has not run)."""
     dtype = "bf16" if ctx.dtype == torch.bfloat16 else "fp32"
+    ns = spec.ns if spec.op == "ag_gemm" and len(spec.ns) > 1 else ()
     request = OpRequest(layer=spec.layers, direction=spec.direction, op=spec.op, m=tokens, n=spec.n,
-                        k=spec.k, dtype=dtype, world_size=ctx.world_size, batch=ctx.batch)  # fmt: skip
+                        k=spec.k, dtype=dtype, world_size=ctx.world_size, batch=ctx.batch, ns=ns)  # fmt: skip
     planner.prepare([request])
     return str(planner.schedule(request))
 

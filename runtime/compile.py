@@ -103,6 +103,7 @@ class FiccoPass(CustomGraphPass):
             )
             spans.append((len(requests), points))
             shape = {"op": site.op, "n": sum(site.n), "k": site.k, "dtype": site.dtype, "world_size": w}
+            shape |= {"batch": site.batch, "ns": site.n if site.op == "ag_gemm" and len(site.n) > 1 else ()}
             layer = ",".join(site.layers)
             requests += [OpRequest(m=m, layer=layer, direction=direction, **shape) for m in points]
         answers = self._schedules(requests) if requests else []

@@ -58,6 +58,9 @@ class Site:
     """Rewrites the graph with the schedule (or table) string."""
     replaces: frozenset[torch.fx.Node] = frozenset()
     """The matmul nodes it replaces."""
+    batch: int = 1
+    """Sequences the rows hold: the elements of the dims before the gather (scatter) dim, where they are
+    static (a dynamic one counts as 1: the planner then prices no layout)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,6 +166,13 @@ def _static(value: Any, what: str) -> int:
     if not is_concrete_int(value):
         raise _Refused("dynamic shape", f"{what} is dynamic ({value}); only the token count may be")
     return int(value)
+
+
+def _batch(shape: Sequence[Any], dim: int) -> int:
+    """Sequences of a ``shape`` gathered or scattered along ``dim``: the product of the sizes before it,
+    where every one is static (else 1)."""
+    sizes = shape[:dim]
+    return math.prod(int(x) for x in sizes) if all(is_concrete_int(x) for x in sizes) else 1
 
 
 def _rows(shape: Sequence[Any]) -> Any:
@@ -321,6 +331,7 @@ def _all_gather_site(ag: _AllGatherMatch, matmuls: list[_Matmul], layers: tuple[
         dtype=_dtype_name(gathered),
         apply=apply,
         replaces=frozenset(n for mm in matmuls for n in mm.nodes),
+        batch=_batch(gathered.shape, gather_dim),
     )
 
 
@@ -442,6 +453,7 @@ def _reduce_scatter_site(
         dtype=_dtype_name(a_vals[0]),
         apply=apply,
         replaces=frozenset(n for mm in matmuls for n in mm.nodes),
+        batch=_batch(product.shape, scatter_dim),
     )
 
 
@@ -499,6 +511,7 @@ def _fused_all_gather_site(node: torch.fx.Node) -> Site:
         k=_static(shard.shape[-1], "k"),
         dtype=_dtype_name(shard),
         apply=apply,
+        batch=_batch(shard.shape, gather_dim),
     )
 
 
@@ -524,6 +537,7 @@ def _fused_reduce_scatter_site(node: torch.fx.Node) -> Site:
         k=_static(a.shape[-1], "k"),
         dtype=_dtype_name(a),
         apply=apply,
+        batch=_batch(a.shape, scatter_dim),
     )
 
 

@@ -117,15 +117,26 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def request_pair(
-    op: str, *, m: int, n: int, k: int, dtype: str, world_size: int, layer: str, batch: int = 1
+    op: str,
+    *,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    world_size: int,
+    layer: str,
+    batch: int = 1,
+    ns: tuple[int, ...] = (),
 ) -> tuple[OpRequest, OpRequest]:
     """The requests of ``op`` (``ag_gemm`` or ``gemm_rs``) on ``[m, k] @ [k, n]`` (rows of ``batch``
-    sequences) and of its input gradient's op: the other op of the pair, on the transposed weight (``n``
-    and ``k`` swapped)."""
+    sequences; ``ns``: the columns of each weight of a gather that feeds several, summing to ``n``) and of
+    its input gradient's op: the other op of the pair, on the transposed weight (``n`` and ``k`` swapped;
+    the gradients of several weights summed into one reduce-scatter)."""
     back = "gemm_rs" if op == "ag_gemm" else "ag_gemm"
     common = {"layer": layer, "m": m, "dtype": dtype, "world_size": world_size, "batch": batch}
+    weights = tuple(ns) if op == "ag_gemm" and len(ns) > 1 else ()
     return (
-        OpRequest(direction="fwd", op=op, n=n, k=k, **common),
+        OpRequest(direction="fwd", op=op, n=n, k=k, ns=weights, **common),
         OpRequest(direction="bwd-input", op=back, n=k, k=n, **common),
     )
 

@@ -74,11 +74,14 @@ class OpKey(OpShape):
     batch: int = 1
     """Sequences the op's rows hold (``OpRequest.batch``): a batched call's layout costs GPU work the
     planner prices (:func:`priced`)."""
+    ns: tuple[int, ...] = ()
+    """The columns of each weight of a gather that feeds several (``OpRequest.ns``)."""
 
     @property
     def shape(self) -> str:
         sequences = f" batch={self.batch}" if self.batch > 1 else ""
-        return f"{self.op} m={self.m} n={self.n} k={self.k}{sequences}"
+        weights = f" ({'+'.join(map(str, self.ns))})" if self.ns else ""
+        return f"{self.op} m={self.m} n={self.n}{weights} k={self.k}{sequences}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +110,9 @@ class OpRequest(OpShape):
     batch: int = 1
     """Sequences the rows hold: a sequence-parallel ``[batch, seq/w, k]`` shard gathered (or scattered)
     along the sequence."""
+    ns: tuple[int, ...] = ()
+    """The columns of each weight of an ``ag_gemm`` whose gathered input feeds several (q/k/v: their own
+    GEMMs, summing to ``n``), () for one: the planner prices each GEMM of a split (:func:`priced`)."""
 
 
 class Planner:
@@ -180,7 +186,8 @@ class Planner:
 
     def key(self, shape: OpShape) -> OpKey:
         """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
-        return OpKey(mode=self.mode, batch=getattr(shape, "batch", 1), **_shape_fields(shape))
+        extra = {"batch": getattr(shape, "batch", 1), "ns": tuple(getattr(shape, "ns", ()))}
+        return OpKey(mode=self.mode, **extra, **_shape_fields(shape))
 
     def schedule(self, request: OpRequest) -> Schedule:
         """The schedule of ``request``'s op (decided now if new). The hot path is one lookup by the request's
@@ -274,7 +281,7 @@ class Planner:
             why = f"the source gave {len(answers)} answers for {len(keys)} scenarios"
             return [_fallback(why)] * len(keys)
         return [
-            priced(_decision(a, s, self.mode, self.off_map), s, key.batch)
+            priced(_decision(a, s, self.mode, self.off_map), s, key.batch, key.ns)
             for a, s, key in zip(answers, scenarios, keys, strict=True)
         ]
 
@@ -387,29 +394,40 @@ def token_table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
     return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
 
 
-def priced(decision: Decision, scenario: Scenario, batch: int) -> Decision:
+PRICED_MARGIN = 1.05
+"""The speedup a batched call's pick must keep once priced (:func:`priced`): the cost model's own error (a
+split's GEMM time over the whole GEMM's within 5% on average, ``executor.layout.KERNEL_FLOOR_US``), so that a
+pick is kept only where the overlap pays for the extra GPU work beyond what the model can tell apart."""
+
+
+def priced(decision: Decision, scenario: Scenario, batch: int, ns: tuple[int, ...] = ()) -> Decision:
     """``decision`` for an op whose rows hold ``batch`` sequences, with the GPU work of its decomposition
     priced in (``executor.layout``): the source predicted ``t_serial / t_schedule`` for the op on one
-    sequence. On ``batch`` both pay their layout's work (serial: PyTorch's copy of the gathered input or of
-    the partial product; an overlapped schedule: its copies, or a weight read per segment), and no schedule
-    ends before its own GEMMs and copies, whatever it overlaps; the op's serial time is estimated as its
-    roofline GEMM plus its communication at the link's bandwidth (no latency: what overlap can hide at
-    most). The pick stays where that predicts a speedup above 1, else ``serial/sm`` runs with the reason.
-    Nothing to price for one sequence (the source measured the decomposition there), ``serial/sm`` or a
-    source that predicts no speedup (a fixed schedule, a function)."""
+    sequence. On ``batch`` both pay their layout's work (serial: PyTorch's concatenation of the gathered
+    input or of the partial product; an overlapped schedule: its concatenations, or a weight read per
+    segment), and no schedule ends before its own GEMMs and copies, whatever it overlaps: one GEMM per
+    weight (``ns``, a gather feeding several) and piece, each at the rate a GEMM of its size reaches
+    (``executor.layout.gemm_us``: a split's small pieces run below the whole GEMM's rate). The op's serial
+    time is estimated as its GEMMs plus its communication at the link's bandwidth (no latency: what overlap
+    can hide at most). The pick stays where that predicts a speedup above :data:`PRICED_MARGIN`, else
+    ``serial/sm`` runs with the reason. Nothing to price for one sequence (the source measured the
+    decomposition there), ``serial/sm`` or a source that predicts no speedup (a fixed schedule, a
+    function)."""
     r = decision.predicted_speedup
     if batch <= 1 or decision.schedule == SERIAL or r is None or r <= 0:
         return decision
     s = scenario
     itemsize = s.dtype_bytes
-    shape = {"m": s.m, "n": s.n, "k": s.k, "world_size": s.world_size, "itemsize": itemsize}
+    ns = ns if s.op == "ag_gemm" and ns else (s.n,)
+    shape = {"m": s.m, "n": s.n, "k": s.k, "world_size": s.world_size, "itemsize": itemsize, "ns": ns}
     shape |= {"hardware": s.hardware}
     extra = batch_extra_us(s.op, decision.schedule, batch=batch, **shape)
     serial_extra = batch_extra_us(s.op, SERIAL, batch=batch, **shape)
     own = call_us(s.op, decision.schedule, batch=batch, **shape)
-    t_serial = gemm_us(s.m, s.n, s.k, itemsize, Rates.of(s.hardware, itemsize)) + roofline_comm_us(s)
+    rates = Rates.of(s.hardware, itemsize)
+    t_serial = sum(gemm_us(s.m, n, s.k, itemsize, rates) for n in ns) + roofline_comm_us(s)
     speedup = (t_serial + serial_extra) / max(t_serial / r + extra, own)
-    if speedup > 1.0:
+    if speedup > PRICED_MARGIN:
         return dataclasses.replace(decision, predicted_speedup=speedup)
     reason = (
         f"{decision.schedule} predicted {r:.2f}x on one sequence, {speedup:.2f}x on {batch}: its GEMMs and "

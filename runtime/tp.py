@@ -114,30 +114,31 @@ class _State:
         return self._planner[1]
 
     def schedule_strings(
-        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
+        self, op: str, m: int, ns: tuple[int, ...], k: int, dtype: torch.dtype, backward: bool, batch: int
     ) -> tuple[str, str]:
-        """The schedule strings of an op at this shape (rows of ``batch`` sequences) and, with ``backward``,
+        """The schedule strings of an op at this shape (rows of ``batch`` sequences, ``ns`` the columns of
+        each weight: one for a reduce-scatter) and, with ``backward``,
         of its backward's op (the other of the pair; "" without). Inside ``torch.compile`` the planner is
         asked when the forward is traced, outside the traced code, and the strings enter the graph as
         constants (:func:`_traced_schedules`)."""
         if torch.compiler.is_compiling():
             static = has_static_value(m) and has_static_value(batch)
             return _traced_schedules(
-                self.index, op, m if static else None, n, k, dtype, backward, batch if static else 1
+                self.index, op, m if static else None, ns, k, dtype, backward, batch if static else 1
             )
-        return self.decided(op, m, n, k, dtype, backward, batch)
+        return self.decided(op, m, ns, k, dtype, backward, batch)
 
     def decided(
-        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
+        self, op: str, m: int, ns: tuple[int, ...], k: int, dtype: torch.dtype, backward: bool, batch: int
     ) -> tuple[str, str]:
         """:meth:`schedule_strings`, asked of the planner now."""
         planner = self.planner()
-        key = (op, m, n, k, dtype, batch)
+        key = (op, m, ns, k, dtype, batch)
         pair = self.requests.get(key)
         if pair is None:
             pair = self.requests[key] = request_pair(
-                op, m=m, n=n, k=k, dtype=dtype_name(dtype), world_size=self.world_size, layer=self.name,
-                batch=batch,
+                op, m=m, n=sum(ns), k=k, dtype=dtype_name(dtype), world_size=self.world_size,
+                layer=self.name, batch=batch, ns=ns,
             )  # fmt: skip
         if (key, backward) not in self.prepared:  # decided in one batch once, a lookup afterwards
             planner.prepare(list(pair) if backward else pair[:1])
@@ -172,7 +173,14 @@ _STATES: weakref.WeakValueDictionary[int, _State] = weakref.WeakValueDictionary(
 
 @torch.compiler.assume_constant_result
 def _traced_schedules(
-    index: int, op: str, m: int | None, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
+    index: int,
+    op: str,
+    m: int | None,
+    ns: tuple[int, ...],
+    k: int,
+    dtype: torch.dtype,
+    backward: bool,
+    batch: int,
 ) -> tuple[str, str]:
     """:meth:`_State.schedule_strings` of the state ``index`` while ``torch.compile`` traces a forward: run
     by Dynamo at trace time, its result a constant of the graph (the planner's state stays outside the
@@ -181,10 +189,10 @@ def _traced_schedules(
     (as the compile pass decides one)."""
     state = _STATES[index]
     if m is not None:
-        return state.decided(op, m, n, k, dtype, backward, batch)
+        return state.decided(op, m, ns, k, dtype, backward, batch)
     w = state.world_size
     points = sorted({-(-p // w) * w for p in DEFAULT_TOKEN_POINTS})
-    pairs = [state.decided(op, p, n, k, dtype, backward, batch) for p in points]
+    pairs = [state.decided(op, p, ns, k, dtype, backward, batch) for p in points]
     forward = token_table(points, [Schedule.parse(f) for f, _ in pairs])
     return forward, token_table(points, [Schedule.parse(b) for _, b in pairs]) if backward else ""
 
@@ -355,10 +363,10 @@ def _all_gather_matmul(
     ``weights[i] [k, n_i]``, its GEMMs in ``dtype`` (autocast's, where a region casts), under the schedules
     ``state``'s planner decides for the shape."""
     m = shard.numel() // shard.shape[-1] * state.world_size
-    n = sum(w.shape[1] for w in weights)
+    ns = tuple(w.shape[1] for w in weights)
     backward = backward_follows(shard, *weights)
     batch = shard.numel() // (shard.shape[dim] * shard.shape[-1]) if dim < shard.dim() - 1 else 1
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], dtype, backward, batch)
+    fwd, bwd = state.schedule_strings("ag_gemm", m, ns, shard.shape[-1], dtype, backward, batch)
     return torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, return_a, bwd)
 
 
@@ -413,7 +421,7 @@ def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     m = local.numel() // local.shape[-1]
     backward = backward_follows(local, weight)
     batch = local.numel() // (local.shape[dim] * local.shape[-1])
-    fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, dtype, backward, batch)
+    fwd, bwd = state.schedule_strings("gemm_rs", m, weight.shape[:1], weight.shape[1], dtype, backward, batch)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
     if self.bias is not None:  # on this rank's rows: its gradient is a partial sum, all-reduced as PyTorch's
         y = _biased(y, _replicated(self.bias.to_local(), state))

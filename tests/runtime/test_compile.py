@@ -386,6 +386,10 @@ def test_a_planner_decides_and_records_the_layers(world):
     ficco_pass(gm.graph)
     assert {r.schedule for r in ficco_pass.report.rewritten} == {"shard/dma"}
     assert {r["direction"] for r in planner.rows()} == {"fwd"} and len(planner.rows()) == 2
+    # asked about the sequences the rows hold (2: the gather and scatter run along dim 1 of [2, 8, 16]) and
+    # each weight the gather feeds, as the styles ask in eager mode: the planner prices the layouts
+    keys = {(k.op, k.batch, k.ns) for k in planner.decisions}
+    assert keys == {("ag_gemm", 2, (12, 12)), ("gemm_rs", 2, ())}
 
 
 def test_a_four_rank_group_is_planned_by_the_four_gpu_model():

@@ -11,6 +11,7 @@ from executor_world import run_world
 
 from ficco.runtime import Answer, FixedSource, OpRequest, Planner
 from ficco.runtime import planner as planner_module
+from ficco.runtime.planner import PRICED_MARGIN
 
 
 def _request(m: int = 64, op: str = "ag_gemm", layer: str = "qkv", direction: str = "fwd") -> OpRequest:
@@ -370,3 +371,26 @@ def test_a_batched_op_keeps_its_pick_only_where_the_overlap_pays_for_its_decompo
                           world_size=2, batch=b) for b in (1, 2))  # fmt: skip
     assert (str(planner.schedule(one)), str(planner.schedule(two))) == ("shard/dma", "serial/sm")
     assert planner.key(two).shape.endswith(" batch=2")
+
+
+def test_a_gather_feeding_several_weights_is_priced_one_gemm_per_weight_and_piece():
+    """8B's q/k/v (2048 + 512 + 512 columns) gathered over two sequences at 1024 tokens: split in two, the
+    512-column GEMMs of 512 rows fill few of the SMs and cost more than their FLOPs say (the loopback run
+    measured the split 1.6x the whole GEMMs), which one GEMM of 3072 columns would hide: priced per weight,
+    serial runs; priced as one weight, the split looked paid for. The key tells the two apart, and a pick
+    must clear the cost model's margin."""
+
+    def decide(ns: tuple[int, ...], speedup: float = 1.36):
+        planner = Planner(SpeedupSource(speedup))
+        request = OpRequest(layer="qkv", direction="fwd", op="ag_gemm", m=1024, n=3072, k=4096, dtype="bf16",
+                            world_size=2, batch=2, ns=ns)  # fmt: skip
+        planner.schedule(request)
+        return planner, request, planner.decisions[planner.key(request)]
+
+    planner, request, per_weight = decide((2048, 512, 512))
+    assert str(per_weight.schedule) == "serial/sm" and "its GEMMs and copies take" in per_weight.reason
+    assert planner.key(request).shape == "ag_gemm m=1024 n=3072 (2048+512+512) k=4096 batch=2"
+    _, _, as_one = decide(())
+    assert str(as_one.schedule) == "shard/dma" and as_one.predicted_speedup > PRICED_MARGIN
+    _, _, barely = decide((), speedup=1.02)  # priced 1.04x: above 1, inside the model's error
+    assert str(barely.schedule) == "serial/sm"
