@@ -130,6 +130,19 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def coverage_line(points: list[dict], skipped: list[dict]) -> str:
+    """Which points of the plan the run measured: every one, or how many, and the ones it did not (the
+    goals hold over the measured points only)."""
+    if not skipped:
+        return f"Points: all {len(points)} of the plan measured."
+    left = ", ".join(f"{p['model']} {p['phase']} {p['tokens']}" for p in skipped)
+    return (
+        f"Points: {len(points)} of the plan's {len(points) + len(skipped)} measured (the goals below hold"
+        f" over these only); not measured, the call's time budget spent (a later call resumes from this"
+        f" JSON): {left}."
+    )
+
+
 def markdown(result: dict) -> str:
     """The page: per step, kernel time and host time of each variant and ficco's ratios; the kernel time by
     kind; per op, each schedule and layout against PyTorch's path; then the goals."""
@@ -150,6 +163,8 @@ def markdown(result: dict) -> str:
         " time: the durations of a step's kernels summed (SM work, whatever overlapped; the median of 3"
         " profiled steps); copies: the copy engines' copies and memsets (the copy-engine schedules'"
         " transfers, local copies here); host: the time to queue one step (median over rounds).",
+        "",
+        coverage_line(points, result.get("skipped", [])),
         "",
         "## Per step",
         "",

@@ -390,3 +390,8 @@ def test_the_loopback_goals_hold_serial_points_to_one_percent_and_every_point_to
     page = loopback_report.markdown({"meta": meta, "points": points})
     goals = page.rstrip().splitlines()[-5:]
     assert all("met: " in line for line in goals) and goals[-1].endswith("met: False)")
+    assert "Points: all 2 of the plan measured." in page
+    skipped = [{"model": "m", "phase": "inference", "tokens": 16}]
+    page = loopback_report.markdown({"meta": meta, "points": points, "skipped": skipped})
+    assert "Points: 2 of the plan's 3 measured (the goals below hold over these only)" in page
+    assert page.count("m inference 16") == 1
