@@ -749,15 +749,28 @@ def low_precision(case: Case) -> bool:
     return case.dtype != "fp32" or any(u in LOW for u in case.usage.split("+"))
 
 
+ROUNDING_SPREAD = 3.0
+"""In a 16-bit dtype an output's or gradient's error may reach this many times the median of PyTorch's own
+errors over the case's tensors (:func:`failures`)."""
+
+
 def failures(result: dict, tolerance: dict[str, float] = TOLERANCE) -> list[str]:
     """What is wrong in one :func:`check` result (empty when the mix gives PyTorch's answer): an error over
-    the dtype's ``tolerance`` (bf16: over twice PyTorch's own rounding error as well), a placement, a
-    spread."""
-    tol = tolerance["bf16" if low_precision(Case(**result["case"])) else "fp32"]
+    the dtype's ``tolerance``, a placement, a spread. In a 16-bit dtype an error passes up to twice
+    PyTorch's own on the same tensor, or :data:`ROUNDING_SPREAD` times the median of PyTorch's own errors
+    over the case: each tensor's error is one draw of the rounding of a chain of 16-bit sums, and two
+    correct paths that sum in another order (a decomposed reduce-scatter adds the ranks' pieces its own
+    way) draw differently on each small tensor, by 2-3x either way (Gemma at 4 ranks, bf16: a norm weight's
+    gradient 0.023 against PyTorch's 0.009, where PyTorch's own errors over the case run 0.006-0.039 and
+    ``serial/sm``, summing as PyTorch does, matches them). A wrong gradient is off by its own size."""
+    low = low_precision(Case(**result["case"]))
+    tol = tolerance["bf16" if low else "fp32"]
+    theirs_all = sorted(t for _, t in result["errors"].values() if 0 < t < float("inf"))
+    level = ROUNDING_SPREAD * theirs_all[len(theirs_all) // 2] if low and theirs_all else 0.0
     bad = [
         f"{name} {mine:.3g} (PyTorch's {theirs:.3g})"
         for name, (mine, theirs) in result["errors"].items()
-        if not mine <= max(tol, 2 * theirs)
+        if not mine <= max(tol, 2 * theirs, level)
     ]
     bad += [f"grad placements of {n}: {p[0]} (PyTorch's {p[1]})" for n, p in result["placements"].items()]
     bad += [f"dtype of {n}: {d[0]} (PyTorch's {d[1]})" for n, d in result.get("dtypes", {}).items()]
