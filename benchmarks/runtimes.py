@@ -109,7 +109,7 @@ from ficco.runtime import Planner, PredictorSource, verify_plan
 from ficco.runtime import tp as ficco_styles
 from ficco.runtime.compile import FiccoPass
 from ficco.runtime.graphs import GraphedCall
-from ficco.runtime.planner import OpKey, OpRequest
+from ficco.runtime.planner import OpRequest
 from ficco.runtime.timing import time_interleaved
 from ficco.training.peer_rules import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
 
@@ -689,9 +689,10 @@ def ran_ops(name: str, group: Group, tokens: int, graphs_before: int) -> dict[st
     for rw in report.rewritten:
         if rw.graph < graphs_before:
             continue
-        key = OpKey(mode=planner.mode, op=rw.op, m=rw.m, n=sum(rw.n), k=rw.k, dtype=rw.dtype,
-                    world_size=rw.world_size)  # fmt: skip
-        decision = planner.decisions.get(key)
+        shape = (rw.op, rw.m, sum(rw.n), rw.k, rw.dtype, rw.world_size)
+        decisions = [d for key, d in planner.decisions.items()
+                     if (key.op, key.m, key.n, key.k, key.dtype, key.world_size) == shape]  # fmt: skip
+        decision = decisions[0] if decisions else None  # the key's sequences and weights as the pass asked
         for r in report.ran(rw):
             ran.append(
                 {

@@ -21,7 +21,8 @@ from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from ficco.features import Mode, Schedule
+from ficco.features import SERIAL, Mode, Schedule
+from ficco.features.schedule import parse_schedule_table
 from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
 from ficco.runtime.planner import (
@@ -83,9 +84,12 @@ class FiccoPass(CustomGraphPass):
         left = [s.left(index, direction) for s in found if isinstance(s, Skipped)]
         rewritten = []
         for site, (schedule, note) in zip(sites, self._decide(sites, direction), strict=True):
+            if all(s == SERIAL for s in parse_schedule_table(schedule).schedules):
+                left.append(_left_serial(site, note).left(index, direction))
+                continue
             site.apply(schedule)
             rewritten.append(_rewrite(site, index, direction, schedule, note))
-        if sites:
+        if rewritten:
             graph.lint()
         self.report.rewritten += rewritten
         self.report.left += left
@@ -133,6 +137,14 @@ def _rewrite(site: Site, index: int, direction: Direction, schedule: str, note: 
     what += f" ({note})" if note else ""
     log.info("ficco.runtime.compile: graph %d (%s) %s", index, direction, what)
     return r
+
+
+def _left_serial(site: Site, note: str) -> Skipped:
+    """A site the planner runs ``serial/sm`` at every token count: left as PyTorch's own compiled path (the
+    collective and the matmuls as Inductor lowers and fuses them; ficco's op would launch PyTorch's eager
+    kernels, opaque to Inductor), with the planner's reason where it fell back."""
+    detail = "the planner runs serial/sm" + (f" ({note})" if note else "") + ": PyTorch's compiled path"
+    return Skipped(op=site.op, layers=site.layers, group=site.group, reason="serial", detail=detail)
 
 
 def _is_backward(graph: torch.fx.Graph) -> bool:

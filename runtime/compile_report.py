@@ -28,9 +28,11 @@ Reason = Literal[
     "all-reduce",
     "no ficco op",
     "no matmul",
+    "serial",
 ]
-"""Why a collective was left as it was."""
-QUIET: tuple[Reason, ...] = ("no matmul",)
+"""Why a collective was left as it was (``serial``: the planner runs ``serial/sm`` at every token count the
+site may see, so PyTorch's own compiled path runs it, as Inductor lowers it)."""
+QUIET: tuple[Reason, ...] = ("no matmul", "serial")
 """Reasons that are no missed overlap: listed in the report, never warned about."""
 
 

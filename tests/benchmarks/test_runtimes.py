@@ -89,14 +89,13 @@ def test_what_ran_is_reported_per_variant(cpu_run):
         for m in ("attention.wq", "attention.wo", "feed_forward.w1", "feed_forward.w2")
     }
     compiled = train["ops"]["ficco_compile"]
-    # the layers share one compiled graph per direction: 4 forward ops; 4 input gradients, the row-parallel
-    # layers' gathers and the column-parallel ones' reduce-scatters of summed matmuls (q/k/v, w1/w3)
-    assert [r["direction"] for r in compiled["ran"]].count("fwd") == 4
-    assert [r["direction"] for r in compiled["ran"]].count("bwd-input") == 4
-    assert all(r["predicted_speedup"] is not None for r in compiled["ran"])
-    assert compiled["left"] == []
-    assert calls["ficco_compile"]["ficco::_all_gather_matmul"] == 8
-    assert "ficco::all_gather_matmul" not in calls["ficco_compile"]
+    # the layers share one compiled graph per direction: 4 forward sites; 4 input gradients', the row-parallel
+    # layers' gathers and the column-parallel ones' reduce-scatters of summed matmuls (q/k/v, w1/w3). Every
+    # pick serial/sm at debug sizes: each site stays PyTorch's compiled path, reported as left for serial
+    assert compiled["ran"] == [] and {x["reason"] for x in compiled["left"]} == {"serial"}
+    assert [x["direction"] for x in compiled["left"]].count("fwd") == 4
+    assert [x["direction"] for x in compiled["left"]].count("bwd-input") == 4
+    assert not any(name.startswith("ficco::") for name in calls["ficco_compile"])
     for variant in ("ficco_eager", "ficco_compile"):
         assert all(r["ran"] == r["schedule"] for r in train["ops"][variant]["ran"])
 
