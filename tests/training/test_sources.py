@@ -204,3 +204,38 @@ def test_promotion_compares_on_the_same_rows_and_states_the_band(two_sources, tm
     promoted = current_version(tmp_path, model_id) != before
     assert promoted == check["better"] and ("not promoted" in again.output) == (not check["better"])
     assert card["learner"] == "sources" and card["dataset"]["extra"] == [str(new)]
+
+
+def _evaluation(regret: float, loss: float, slow_on_peer_rows: int, peer_slow: int = 3):
+    """An ``Evaluation`` whose summary holds only what promotion compares (one mode, graph)."""
+    from ficco.training.evaluate import Evaluation
+
+    model = {"loss": loss, "geomean_regret": regret, "n_slower_than_serial_2pct": 9, "n_scenarios": 297}
+    holdout = {
+        "model": model,
+        "vllm_sp_rule": {"n_slower_than_serial_2pct": peer_slow},
+        "model_on_async_tp_rows": {"n_slower_than_serial_2pct": slow_on_peer_rows},
+    }
+    return Evaluation(summary={"modes": {"graph": {"family_holdout": holdout}}}, cv=None, regrets={})
+
+
+def test_promotion_holds_the_peer_rules_bar_or_the_current_models_where_it_already_misses_it():
+    from ficco.training.promotion import compare
+
+    band = {"graph": 0.002}
+    # the current model has 6 slow picks on the rule's rows (the rule: 3): a candidate with 6 may replace it
+    ok = compare(_evaluation(0.010, 0.010, 6), _evaluation(0.012, 0.012, 6), band)
+    assert ok.better, ok.reason
+    # ... one with more than the current's may not, and the reason names both counts
+    worse = compare(_evaluation(0.010, 0.010, 7), _evaluation(0.012, 0.012, 6), band)
+    assert (
+        not worse.better
+        and "7 slow picks" in worse.reason
+        and "its 3 and the current model's 6" in worse.reason
+    )
+    # where the current model meets the rule's bar, the candidate is held to the rule's count
+    held = compare(_evaluation(0.010, 0.010, 4), _evaluation(0.012, 0.012, 2), band)
+    assert not held.better and "4 slow picks" in held.reason
+    # regret worse beyond the band refuses whatever the loss
+    noisy = compare(_evaluation(0.015, 0.009, 2), _evaluation(0.012, 0.012, 2), band)
+    assert not noisy.better and "graph regret" in noisy.reason
