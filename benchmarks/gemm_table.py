@@ -303,7 +303,7 @@ def summary_lines(table: GemmTable) -> list[str]:
             sel = [(2 * g * r * n * k / 1e9, us) for kd, g, r, n, k, us in rows if kd == kind]
             sel = [(f, us) for f, us in sel if lo <= f < hi]
             if sel:
-                tflops = statistics.median(f / us * 1e3 for f, us in sel)  # GFLOP per us = PFLOP/s
+                tflops = statistics.median(f / us * 1e3 for f, us in sel)  # GFLOP/us x 1000 = TFLOP/s
                 us = statistics.median(u for _, u in sel)
                 lines.append(f"{kind:8} {f'{lo:g}-{hi:g}':>14} {len(sel):>7} {us:>10.1f} {tflops:>15.0f}")
     return lines
