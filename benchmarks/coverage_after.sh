@@ -12,7 +12,7 @@ CAND=benchmarks/results/candidate-h200x2; mkdir -p "$CAND"
 # 1. the curve: benchmarks/results/coverage-curve-h200x2.{json,md,png}
 "$PY" -m benchmarks.studies.coverage_curve --out benchmarks/results/coverage-curve-h200x2.json
 # 2. retrain on the three datasets and register the model (not promoted yet)
-"$PY" -m ficco.cli train "${DATA[@]}" --registry models
+"$PY" -m ficco.cli train "${DATA[@]}" --model-root models
 after="$(ls models/h200x2 | grep -v CURRENT | sort | tail -1)"
 # 3. the evaluations the docs cite, for the candidate: family and region holdout, the v2 rescore and unseen-v3
 #    in evaluate-h200x2.json; each other unseen-family set in its own file

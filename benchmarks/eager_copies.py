@@ -35,7 +35,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import REPO, llama, rerender, say, write_results
 from benchmarks.runtimes import parallelized, styles_with
-from ficco.executor import ops
 from ficco.runtime import as_planner
 
 VARIANTS = ("pytorch", "ficco_serial")
@@ -245,25 +244,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "eager-copies-cpu.json")
     p.add_argument("--render", type=Path, help="re-render the markdown of a results JSON and exit")
-    p.add_argument(
-        "--segment-min-rows",
-        type=int,
-        default=ops.SEGMENT_MIN_ROWS,
-        help="executor.ops.SEGMENT_MIN_ROWS for the run (default: the executor's): 1 runs every batched "
-        "call's GEMMs where the rows lie, as steps of many tokens do; this model's few rows otherwise take "
-        "the rank-major path with its layout copies",
-    )
     args = p.parse_args(argv)
     if args.render:
         rerender(args.render, markdown)
         return None
     from ficco import executor
 
-    ops.SEGMENT_MIN_ROWS = args.segment_min_rows
     with executor.process_group("cpu"):
         shape = f"dim={MODEL.dim} ffn={MODEL.hidden_dim} heads={MODEL.n_heads}/{MODEL.n_kv_heads}"
         meta = {"model": f"{shape} layers={MODEL.n_layers}", "world_size": dist.get_world_size(),
-                "torch": torch.__version__, "segment_min_rows": args.segment_min_rows}  # fmt: skip
+                "torch": torch.__version__}  # fmt: skip
         result = {"meta": meta, "rows": measure()}
         if dist.get_rank() == 0:
             say(markdown(result))

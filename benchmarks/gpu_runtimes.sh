@@ -11,6 +11,8 @@
 #        # after a change to ficco's eager path: those variants and serial again at the points measured,
 #        # then the points not measured yet
 #        bash benchmarks/gpu_runtimes.sh 560 --phases train --redo ficco_eager ficco_eager:all_serial
+#        # one GPU, the loopback world (ficco's own GPU and host work: runtimes-loopback-h200.*)
+#        LOOPBACK=1 bash benchmarks/gpu_runtimes.sh 480
 # SECONDS (default 560) bounds the whole call; no point starts that this run expects to end after
 # SECONDS - 75 s (each point takes about as long as the longest of its phase so far).
 set -uo pipefail
@@ -18,16 +20,20 @@ source "$(dirname "$0")/device_env.sh"
 SECS="${1:-560}"; [ $# -gt 0 ] && shift
 TP="${TP:-$GPUS}"
 RESULTS="${RESULTS:-benchmarks/results}"
-if ! [ "$TP" -ge 2 ] 2>/dev/null || [ "$TP" -gt "${GPUS:-0}" ]; then
-    echo "gpu_runtimes.sh needs 2 to ${GPUS:-0} GPUs (TP); got TP=$TP" \
-        "(one GPU: $PY -m benchmarks.runtimes --loopback)"; exit 2
+if [ "${LOOPBACK:-0}" = 1 ]; then
+    timeout "$SECS" "$PY" -m benchmarks.runtimes --loopback --out "$RESULTS" --budget-s "$((SECS - 75))" "$@" \
+        > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
+elif ! [ "$TP" -ge 2 ] 2>/dev/null || [ "$TP" -gt "${GPUS:-0}" ]; then
+    echo "gpu_runtimes.sh needs 2 to ${GPUS:-0} GPUs (TP); got TP=$TP (one GPU: LOOPBACK=1)"; exit 2
+else
+    timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$TP" -m benchmarks.runtimes \
+        --out "$RESULTS" --budget-s "$((SECS - 75))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
 fi
-timeout "$SECS" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$TP" -m benchmarks.runtimes \
-    --out "$RESULTS" --budget-s "$((SECS - 75))" "$@" > "$OUT/runtimes.log" 2> "$OUT/runtimes.err"
 echo "runtimes rc=$? (124: stopped at $SECS s; the points written so far are in the JSON)"
 grep -E " T=[0-9]+:" "$OUT/runtimes.log" | tail -40
 grep -A8 '"goals"' "$OUT/runtimes.log" | head -10
+grep -A12 '"met"' "$OUT/runtimes.log" | head -14
 grep -E "Error|error:" "$OUT/runtimes.err" | sort | uniq -c | sort -rn | head -5
-cp "$RESULTS"/runtimes-*x"$TP".json "$RESULTS"/runtimes-*x"$TP".md "$RESULTS"/runtimes-*x"$TP".png "$OUT"/ \
-    2>/dev/null
+NAME="runtimes-*x$TP"; [ "${LOOPBACK:-0}" = 1 ] && NAME="runtimes-loopback-*"
+cp "$RESULTS"/$NAME.json "$RESULTS"/$NAME.md "$RESULTS"/$NAME.png "$OUT"/ 2>/dev/null
 ls -l "$OUT"

@@ -37,10 +37,10 @@ for mode in modes:
 EOF
 
 step "train, register and promote $REGISTRY/$HW"
-ficco train --dataset "$DATASET" --registry "$REGISTRY" --promote 2>&1 | tail -3
+ficco train --dataset "$DATASET" --model-root "$REGISTRY" --promote 2>&1 | tail -3
 
 step "report -> $REPORTS/$HW"
-ficco report --dataset "$DATASET" --registry "$REGISTRY" --out "$REPORTS/$HW" 2>&1 | tail -1
+ficco report --dataset "$DATASET" --model-root "$REGISTRY" --out "$REPORTS/$HW" 2>&1 | tail -1
 
 step "world-size report: $BASE against $DATASET -> $REPORTS/world-size"
 "$PY" -m benchmarks.world_size_report "$BASE" "$DATASET" --out "$REPORTS/world-size" 2>&1 | tail -1
@@ -48,7 +48,7 @@ step "world-size report: $BASE against $DATASET -> $REPORTS/world-size"
 step "served at tp=$TP: ficco score, ficco export"
 CONFIG="datasets/model_configs/Llama-3.1-70B.json"
 ficco score --tp "$TP" --tokens 4096 --model-root "$REGISTRY" "$CONFIG" | head -8
-ficco export --hardware "$HW" --tp "$TP" --config "$CONFIG" --registry "$REGISTRY" --out "$REPORTS/$HW/tables" \
+ficco export --hardware "$HW" --tp "$TP" --config "$CONFIG" --model-root "$REGISTRY" --out "$REPORTS/$HW/tables" \
     ${ALLOW_SIMULATED:+--allow-simulated} | tail -2
 
 if [ "$PAGE" = docs/results.md ]; then

@@ -93,7 +93,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from benchmarks import REPO, llama, machine_id, rerender, write_results
+from benchmarks import REPO, llama, loopback_report, machine_id, rerender, write_results
 from benchmarks.block_bench import _nothing, device_name, load_models, log, rel_err
 from benchmarks.no_comm import NoCommPass
 from benchmarks.restricted_planner import PLANNED, RESTRICTIONS, RestrictedPlanner
@@ -109,7 +109,7 @@ from ficco.runtime import Planner, PredictorSource, verify_plan
 from ficco.runtime import tp as ficco_styles
 from ficco.runtime.compile import FiccoPass
 from ficco.runtime.graphs import GraphedCall
-from ficco.runtime.planner import OpKey
+from ficco.runtime.planner import OpKey, OpRequest
 from ficco.runtime.timing import time_interleaved
 from ficco.training.peer_rules import compute_capability, vllm_sp_min_tokens, vllm_sp_rule
 
@@ -167,6 +167,9 @@ PHASES = {
 }
 COMPILED = ("serial_compile", "async_tp", "ficco_compile", "no_comm")
 """The variants compiled per decoder layer, over ``serial``'s model."""
+LOOPBACK_VARIANTS = ("ficco_eager", "serial_compile", "ficco_compile")
+"""A loopback run's variants besides serial: async-TP needs real peers, and with the collectives faked the
+no-communication limit is serial compile itself."""
 DIAGNOSES = tuple(f"ficco_eager:{name}" for name in RESTRICTIONS if name != PLANNED)
 """The eager diagnoses: ``ficco_eager``'s model under each restriction."""
 UNCHECKED = ("no_comm", "comm_only")
@@ -328,6 +331,14 @@ class RunContext:
     """The diagnoses timed at the diagnosed points (:data:`DIAGNOSES`, or those ``--redo`` names)."""
     verify: bool
     timing: dict[str, Any]
+    loopback: bool = False
+    """One GPU as rank 0 of a pretend world: each point also times its ops alone (:func:`op_costs`)."""
+    op_layouts: tuple[str, ...] = ()
+    """Schedules each op is also timed under, in each batched layout (``--op-layouts``)."""
+    ops_only: bool = False
+    """Time the ops alone, not the steps (``--ops-only``)."""
+    profile_calls: int = 1
+    """Profiled calls per variant (the median's kept): 3 in a loopback run, whose GPU work is the result."""
 
 
 # One point --------------------------------------------------------------------------------------------------
@@ -383,9 +394,15 @@ def runnables(group: Group, phase: Phase, x: torch.Tensor, g: torch.Tensor, diag
 
 
 def run_point(model: str, phase_name: str, tokens: int, group: Group, ctx: RunContext) -> dict:
-    """Check, profile and time every variant of ``group`` at ``tokens``: the point's JSON entry."""
+    """Check, profile and time every variant of ``group`` at ``tokens`` (with ``ctx.ops_only`` the ops alone
+    only): the point's JSON entry."""
     started = time.monotonic()
     phase, w, device = PHASES[phase_name], ctx.world_size, ctx.device
+    if ctx.ops_only:
+        costs = op_costs(model, phase, tokens, group, ctx)
+        return {"model": model, "phase": phase_name, "tokens": tokens, "step_ms": {}, "host_ms": {},
+                "rel_err": {}, "errors": {}, "unavailable": {}, "ops": {}, "op_costs": costs,
+                "wall_s": time.monotonic() - started}  # fmt: skip
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     dim, n_layers = ctx.llama_args[model].dim, ctx.llama_args[model].n_layers
@@ -436,7 +453,7 @@ def run_point(model: str, phase_name: str, tokens: int, group: Group, ctx: RunCo
     if device.type == "cuda":
         for name, (activate, call) in timed.items():
             activate()
-            profiles[name] = profile_split(call, device)
+            profiles[name] = profile_split(call, device, calls=ctx.profile_calls)
     verdict = None
     if diagnose and ctx.verify and "ficco_eager" in timed:
         group.planners["ficco_eager"].use(ctx.eager_fix)
@@ -445,10 +462,189 @@ def run_point(model: str, phase_name: str, tokens: int, group: Group, ctx: RunCo
                               rounds=3, reps=2).to_dict()  # fmt: skip
     timed.clear()
     point = make_point(model, phase_name, tokens, times, host, errors, failures, ops, group, ctx)
-    point |= {"profile": profiles, "verify": verdict, "wall_s": time.monotonic() - started}
+    point |= {"profile": profiles, "verify": verdict}
+    if ctx.loopback:
+        point["op_costs"] = op_costs(model, phase, tokens, group, ctx)
+    point["wall_s"] = time.monotonic() - started
     if device.type == "cuda":
         point["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return point
+
+
+# One op at a time (loopback runs) --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpSpec:
+    """One op of a decoder layer's step, as ficco's styles run it: an all-gather of ``k`` features against
+    the weights' ``ns`` columns, or the reduce-scatter of the summed products ``sum_i [m, ks[i]] @ [ks[i],
+    n]`` (``ns`` one entry)."""
+
+    layers: str
+    direction: str
+    op: str
+    ns: tuple[int, ...]
+    ks: tuple[int, ...]
+    return_a: bool = False
+
+    @property
+    def n(self) -> int:
+        return sum(self.ns) if self.op == "ag_gemm" else self.ns[0]
+
+    @property
+    def k(self) -> int:
+        return self.ks[0] if self.op == "ag_gemm" else sum(self.ks)
+
+
+def op_specs(args: llama.LlamaArgs, world_size: int, backward: bool) -> list[OpSpec]:
+    """The ops of one decoder layer under ficco's styles (torchtitan's plan): q/k/v and w1/w3 as one gather
+    each (the gathered input returned: the module gets it), wo and w2 scattered; with ``backward`` their
+    input gradients' ops (wo's and w2's gathers keep the gathered gradient for the weight's)."""
+    w, dim, hid = world_size, args.dim, args.hidden_dim
+    kv = args.n_kv_heads * (dim // args.n_heads)
+    qkv, w13 = (dim // w, kv // w, kv // w), (hid // w, hid // w)
+    out = [
+        OpSpec(layers="attention.wq,wk,wv", direction="fwd", op="ag_gemm", ns=qkv, ks=(dim,), return_a=True),
+        OpSpec(layers="attention.wo", direction="fwd", op="gemm_rs", ns=(dim,), ks=(dim // w,)),
+        OpSpec(layers="feed_forward.w1,w3", direction="fwd", op="ag_gemm", ns=w13, ks=(dim,), return_a=True),
+        OpSpec(layers="feed_forward.w2", direction="fwd", op="gemm_rs", ns=(dim,), ks=(hid // w,)),
+    ]
+    if backward:
+        out += [
+            OpSpec(layers="attention.wq,wk,wv", direction="bwd-input", op="gemm_rs", ns=(dim,), ks=qkv),
+            OpSpec(layers="attention.wo", direction="bwd-input", op="ag_gemm", ns=(dim // w,), ks=(dim,),
+                   return_a=True),
+            OpSpec(layers="feed_forward.w1,w3", direction="bwd-input", op="gemm_rs", ns=(dim,), ks=w13),
+            OpSpec(layers="feed_forward.w2", direction="bwd-input", op="ag_gemm", ns=(hid // w,), ks=(dim,),
+                   return_a=True),
+        ]  # fmt: skip
+    return out
+
+
+def op_costs(model: str, phase: Phase, tokens: int, group: Group, ctx: RunContext) -> list[dict[str, Any]]:
+    """Each op of a decoder layer at ``tokens`` (:func:`op_specs`) timed alone on this GPU: the GPU work of
+    its kernels per call (``step_profile.split``'s ``kernel_ms`` and ``work_ms``, averaged over
+    :data:`OP_CALLS` calls) and the host time per eager call, for PyTorch's path (DTensor's gather or
+    scatter along the sequence beside ``F.linear``: the functional collective, its copy, the GEMMs),
+    ``serial/sm``, the schedule ficco's eager planner picked, and ``ctx.op_layouts``'s schedules; each
+    overlapped schedule under each batched layout (``executor.layout``) as well as the one it chooses."""
+    from ficco.executor.layout import OVERLAPPED_LAYOUTS, forced
+
+    planner = group.planners["ficco_eager"]
+    rows = []
+    for spec in op_specs(ctx.llama_args[model], ctx.world_size, phase.backward):
+        pick = _picked(planner, spec, tokens, ctx)
+        call = _op_calls(spec, tokens, ctx)
+        variants = {"pytorch": _op_cost(call["pytorch"], ctx)}
+        for schedule in dict.fromkeys(["serial/sm", pick, *ctx.op_layouts]):
+            variants[schedule] = _op_cost(functools.partial(call["ficco"], schedule), ctx)
+            if ctx.batch > 1 and not schedule.startswith("serial"):
+                for layout in OVERLAPPED_LAYOUTS:
+                    with forced(layout):
+                        variants[f"{schedule}:{layout}"] = _op_cost(
+                            functools.partial(call["ficco"], schedule), ctx
+                        )
+        chosen = {s: _layout(spec, tokens, s, ctx) for s in variants if s != "pytorch" and ":" not in s}
+        rows.append({**dataclasses.asdict(spec), "m": tokens, "pick": pick, "variants": variants,
+                     "layouts": chosen})  # fmt: skip
+    return rows
+
+
+def _layout(spec: OpSpec, tokens: int, schedule: str, ctx: RunContext) -> str:
+    """The batched layout ficco's op chooses for ``spec`` under ``schedule`` (``executor.layout.choose``)."""
+    from ficco.executor.layout import choose
+    from ficco.executor.plan import make_plan
+    from ficco.features import Schedule
+
+    s = Schedule.parse(schedule)
+    direction = "gather" if spec.op == "ag_gemm" else "scatter"
+    plan = make_plan(direction, ctx.world_size, s.granularity, s.splits, s.grain)
+    ns = spec.ns if spec.op == "ag_gemm" else (spec.n,)
+    gpu = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ""
+    itemsize = torch.tensor([], dtype=ctx.dtype).element_size()
+    return choose(plan, tokens // ctx.world_size, ctx.batch, ns, spec.k, itemsize, gpu)
+
+
+OP_CALLS = 5
+"""Calls per op and variant: profiled together (their GPU work averaged), and timed on the host."""
+
+
+def _picked(planner: Planner, spec: OpSpec, tokens: int, ctx: RunContext) -> str:
+    """The schedule ``planner`` runs for ``spec`` at ``tokens`` (decided now where the step has not run)."""
+    dtype = "bf16" if ctx.dtype == torch.bfloat16 else "fp32"
+    request = OpRequest(layer=spec.layers, direction=spec.direction, op=spec.op, m=tokens, n=spec.n,
+                        k=spec.k, dtype=dtype, world_size=ctx.world_size, batch=ctx.batch)  # fmt: skip
+    planner.prepare([request])
+    return str(planner.schedule(request))
+
+
+def _op_calls(spec: OpSpec, tokens: int, ctx: RunContext) -> dict[str, Callable]:
+    """``pytorch``: a call of PyTorch's path for ``spec``; ``ficco``: ``f(schedule)``, a call of ficco's op
+    (the twin without autograd, as the styles' forward and backward run it) on this rank's tensors
+    ``[batch, tokens / (w batch), k]`` (gather) or ``[batch, tokens / batch, k_i]`` (scatter)."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn.functional as F
+
+    w, b, device, dtype = ctx.world_size, ctx.batch, ctx.device, ctx.dtype
+    group = ctx.mesh.get_group().group_name
+    gen = torch.Generator(device=device).manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+    if spec.op == "ag_gemm":
+        shard = rand(b, tokens // (w * b), spec.k)
+        weights = [rand(n, spec.k) for n in spec.ns]  # nn.Linear's layout; the op takes the transposes
+
+        def pytorch() -> list[torch.Tensor]:
+            gathered = funcol.wait_tensor(funcol.all_gather_tensor(shard, 1, group))
+            return [F.linear(gathered, weight) for weight in weights]
+
+        def ficco(schedule: str):
+            ts = [weight.t() for weight in weights]
+            return torch.ops.ficco._all_gather_matmul(shard, ts, 1, group, schedule, spec.return_a)
+
+        return {"pytorch": pytorch, "ficco": ficco}
+    parts = [rand(b, tokens // b, k) for k in spec.ks]
+    weights = [rand(spec.ns[0], k) for k in spec.ks]
+
+    def pytorch_rs() -> torch.Tensor:
+        partial = F.linear(parts[0], weights[0])
+        for x, weight in zip(parts[1:], weights[1:], strict=True):
+            partial += F.linear(x, weight)  # autograd's accumulation of each weight's input gradient
+        return funcol.wait_tensor(funcol.reduce_scatter_tensor(partial, "sum", 1, group))
+
+    def ficco_rs(schedule: str):
+        ts = [weight.t() for weight in weights]
+        if len(parts) == 1:
+            return torch.ops.ficco._matmul_reduce_scatter(parts[0], ts[0], "sum", 1, group, schedule)
+        return torch.ops.ficco._matmuls_reduce_scatter(parts, ts, "sum", 1, group, schedule)
+
+    return {"pytorch": pytorch_rs, "ficco": ficco_rs}
+
+
+def _op_cost(call: Callable[[], Any], ctx: RunContext) -> dict[str, Any]:
+    """The GPU work of one call (CUDA: ``kernel_ms``, ``work_ms``, the average over :data:`OP_CALLS` calls
+    profiled together; None on the CPU) and its host time (``host_us``: the median of as many calls, each
+    issued after a synchronisation and not waited for)."""
+    cuda = ctx.device.type == "cuda"
+    for _ in range(2):
+        call()
+    cost: dict[str, Any] = {"kernel_ms": None, "work_ms": {}}
+    if cuda:  # one profiled session of OP_CALLS calls: the GPU work of a call, on average
+        profile = profile_split(lambda: [call() for _ in range(OP_CALLS)], ctx.device)
+        work = {kind: ms / OP_CALLS for kind, ms in profile["work_ms"].items()}
+        cost = {"kernel_ms": profile["kernel_ms"] / OP_CALLS, "work_ms": work}
+    host = []
+    for _ in range(OP_CALLS):
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+        start = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - start) * 1e6)
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
+    return cost | {"host_us": sorted(host)[len(host) // 2]}
 
 
 def collectives_step(tokens: int, dim: int, n_layers: int, backward: bool, ctx) -> Callable[[], None]:
@@ -583,7 +779,10 @@ def planner_source(hardware: str, world_size: int, cpu: bool) -> tuple[Predictor
 
 
 def output_path(out: Path, hardware: str, loopback: bool) -> Path:
-    return out / f"runtimes-{hardware}{'-loopback' if loopback else ''}.json"
+    """``runtimes-<hardware>.json``; a loopback run's ``runtimes-loopback-<gpu>.json`` (one GPU: ``h200``)."""
+    if loopback:
+        return out / f"runtimes-loopback-{hardware.split('x')[0]}.json"
+    return out / f"runtimes-{hardware}.json"
 
 
 def load_previous(path: Path, meta: dict, fresh: bool) -> dict | None:
@@ -664,11 +863,15 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         hardware=hardware,
         batch=args.batch,
         llama_args=llama_args,
-        variants=tuple(args.variants),
+        variants=() if args.ops_only else tuple(args.variants),
         diagnose_max_tokens=args.diagnose_max_tokens,
         diagnoses=DIAGNOSES,
         verify=args.verify,
         timing=args.timing,
+        loopback=args.loopback,
+        op_layouts=tuple(args.op_layouts),
+        ops_only=args.ops_only,
+        profile_calls=3 if args.loopback else 1,
     )
     # --shapes static: a cache entry per token count and compiled variant (torch < 2.7: cache_size_limit)
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -727,7 +930,11 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             write_results(result, path, markdown, plot)
     group = None
     release(device)
-    result["summary"] = e2e.summarize(result["points"], meta["dtype"], loopback=args.loopback)
+    result["summary"] = (
+        loopback_report.summarize(result["points"])
+        if args.loopback
+        else e2e.summarize(result["points"], meta["dtype"], loopback=False)
+    )
     meta["wall_s"] = time.monotonic() - started
     if rank0:
         write_results(result, path, markdown, plot)
@@ -788,8 +995,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--diagnose-max-tokens",
         type=int,
-        default=DIAGNOSE_MAX_TOKENS,
-        help="training points up to this many tokens also time ficco eager under each restriction (0: none)",
+        help="training points up to this many tokens also time ficco eager under each restriction (0: none; "
+        f"default {DIAGNOSE_MAX_TOKENS}, 0 with --loopback)",
     )
     p.add_argument(
         "--verify",
@@ -807,8 +1014,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--variants",
         nargs="+",
         choices=("ficco_eager", *COMPILED),
-        default=["ficco_eager", *COMPILED],
-        help="the variants besides serial (always run: every check's reference)",
+        help="the variants besides serial (always run: every check's reference; default: all, with "
+        f"--loopback {' '.join(LOOPBACK_VARIANTS)})",
+    )
+    p.add_argument(
+        "--op-layouts",
+        nargs="*",
+        default=[],
+        metavar="SCHEDULE",
+        help="loopback: also time each op alone under these schedules, in each batched layout "
+        "(executor.layout), beside PyTorch's path, serial/sm and the planner's pick",
+    )
+    p.add_argument(
+        "--ops-only",
+        action="store_true",
+        help="loopback: time each point's ops alone only (no steps)",
     )
     add_step_timing(p, warmup=2, rounds=3, reps=3, timed_ms=150.0, max_rounds=20)
     p.add_argument(
@@ -835,6 +1055,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if "all" in args.redo and len(args.redo) > 1:
         p.error(f"--redo all measures every variant again; name it alone (got {' '.join(args.redo)})")
     args.timing = timing_settings(args, p)
+    if args.variants is None:
+        args.variants = list(LOOPBACK_VARIANTS if args.loopback else ("ficco_eager", *COMPILED))
+    if args.diagnose_max_tokens is None:
+        args.diagnose_max_tokens = 0 if args.loopback else DIAGNOSE_MAX_TOKENS
+    if (args.ops_only or args.op_layouts) and not args.loopback:
+        p.error("--ops-only and --op-layouts time ops alone on one GPU: give --loopback")
     for name in ("layers", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1; got {getattr(args, name)}")

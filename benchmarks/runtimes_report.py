@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import speedup_axes
+from benchmarks import loopback_report, speedup_axes
 from benchmarks.step_profile import KINDS, dominant
 from benchmarks.support import end_to_end as e2e
 from ficco.tables import markdown_table
@@ -38,8 +38,11 @@ DOMINANT = ("serial", "serial_compile")
 
 def markdown(result: dict) -> str:
     """The comparisons per model and phase, the done-when, step times and ratios per point, where each
-    step's time goes, the eager diagnoses, and what ran."""
+    step's time goes, the eager diagnoses, and what ran; a loopback run's page is
+    ``benchmarks.loopback_report``'s (ficco's own GPU and host work, its goals)."""
     meta, points = result["meta"], result["points"]
+    if meta.get("loopback"):
+        return loopback_report.markdown(result)
     summary = e2e.summarize(points, meta["dtype"], loopback=meta["loopback"])
     lines = [
         f"# Llama 3 layers at TP={meta['world_size']}, end to end: step time, ms ({meta['hardware']})",
@@ -208,7 +211,11 @@ def _first_and_last(points: list[dict]) -> list[dict]:
 
 def plot(result: dict, path: Path) -> None:
     """One panel per model (columns) and phase (rows): each variant's speedup over its baseline against
-    tokens, the limit (no communication over serial compile) dashed. Needs matplotlib."""
+    tokens, the limit (no communication over serial compile) dashed (a loopback run:
+    ``benchmarks.loopback_report``'s). Needs matplotlib."""
+    if result["meta"].get("loopback"):
+        loopback_report.plot(result, path)
+        return
     import matplotlib
 
     matplotlib.use("Agg")

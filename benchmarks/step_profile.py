@@ -11,7 +11,9 @@ Kinds, from the kernel's name: ``gemm`` (cuBLAS / CUTLASS / nvjet GEMMs, Inducto
 ``attention`` (flash, memory-efficient and cuDNN attention), ``comm`` (NCCL kernels, symmetric-memory
 kernels, peer-to-peer copies), ``copy`` (device copies and memsets on the copy engines: ficco's ``dma``
 transfers over mapped peer memory appear here when the driver reports them device-to-device, beside local
-copies) and ``other`` (every other kernel: norms, rotary, pointwise, the optimizer).
+copies) and ``other`` (every other kernel: norms, rotary, pointwise, the optimizer). ``kernel_ms`` sums the
+durations of every kernel but the copy engines' (the GPU work a step does on the SMs, however its streams
+overlapped): what the loopback runs of ``benchmarks/runtimes.py`` compare.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
 def split(activity: Iterable[tuple[str, float, float]], step_ms: float) -> dict[str, Any]:
     """The split of a step of ``step_ms`` from its GPU activity ``(name, start_us, end_us)``: the time each
     kind ran (``kinds``, ms), ``busy_ms``, ``idle_ms`` (``step_ms - busy_ms``, at least 0),
-    ``exposed_comm_ms`` and ``kernels`` (how many)."""
+    ``exposed_comm_ms`` and ``kernels`` (how many); and the GPU work: ``kernel_ms``, the durations of its
+    kernels summed (every kind but ``copy``: work on the SMs, however it overlapped), and ``work_ms``, that
+    sum per kind (``copy``: the copy engines' copies and memsets)."""
     by_kind: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
     count = 0
     for name, start, end in activity:
@@ -85,6 +89,7 @@ def split(activity: Iterable[tuple[str, float, float]], step_ms: float) -> dict[
     busy = _union(x for v in unions.values() for x in v)
     compute = _union(x for k in COMPUTE for x in unions[k])
     busy_ms = _length(busy) / 1e3
+    work = {k: sum(end - start for start, end in v) / 1e3 for k, v in by_kind.items()}
     return {
         "step_ms": step_ms,
         "busy_ms": busy_ms,
@@ -92,6 +97,8 @@ def split(activity: Iterable[tuple[str, float, float]], step_ms: float) -> dict[
         "kinds": {k: _length(unions[k]) / 1e3 for k in KINDS},
         "exposed_comm_ms": _minus(unions["comm"], compute) / 1e3,
         "kernels": count,
+        "kernel_ms": sum(ms for k, ms in work.items() if k != "copy"),
+        "work_ms": work,
     }
 
 
@@ -103,23 +110,32 @@ def dominant(profile: dict[str, Any]) -> str:
     return max(shares, key=shares.__getitem__)
 
 
-def profile_split(step: Callable[[], Any], device: Any) -> dict[str, Any]:
-    """:func:`split` of one call of ``step`` on the CUDA ``device`` (this process's GPU only)."""
+def profile_split(step: Callable[[], Any], device: Any, calls: int = 1) -> dict[str, Any]:
+    """:func:`split` of a call of ``step`` on the CUDA ``device`` (this process's GPU only); with ``calls``
+    > 1, each call profiled on its own and the call whose ``kernel_ms`` is the median kept (the GPU work of
+    a step moves by a percent or so between calls), with ``kernel_ms_calls``, every call's."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    activity = [
-        (e.name, e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and e.device_index in (index, -1)
-    ]
-    return split(activity, start.elapsed_time(end))
+    splits = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize(device)
+        activity = [
+            (e.name, e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA and e.device_index in (index, -1)
+        ]
+        splits.append(split(activity, start.elapsed_time(end)))
+    ranked = sorted(splits, key=lambda s: s["kernel_ms"])
+    median = ranked[len(ranked) // 2]
+    if calls > 1:
+        median["kernel_ms_calls"] = [s["kernel_ms"] for s in splits]
+    return median

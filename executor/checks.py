@@ -109,10 +109,14 @@ def check_world_size(world_size: int) -> None:
         raise ValueError(f"the executor needs a group of at least 2 ranks; got world_size={world_size}")
 
 
-def _check_b(b: torch.Tensor, a_name: str, a: torch.Tensor) -> None:
-    """``b [k, n]``: a matrix with ``a``'s dtype and device whose rows match ``a``'s columns (``k``)."""
+def _check_b(b: torch.Tensor, a_name: str, a: torch.Tensor, *, same_dtype: bool = True) -> None:
+    """``b [k, n]``: a matrix on ``a``'s device (of ``a``'s dtype unless not ``same_dtype``) whose rows
+    match ``a``'s columns (``k``)."""
     check_matrix("b", b, "[k, n]")
-    check_like("b", b, a_name, a)
+    if same_dtype:
+        check_like("b", b, a_name, a)
+    elif b.device != a.device:
+        raise ValueError(f"b is on {b.device}; expected {a.device} (the device of {a_name})")
     k = a.shape[1]
     if b.shape[0] != k:
         raise ValueError(
@@ -126,9 +130,12 @@ def check_all_gather_matmul(
     schedule: Schedule,
     world_size: int,
     out: torch.Tensor | None,
+    *,
+    mixed: bool = False,
 ) -> None:
-    """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]`` (or a non-empty tuple of them, each its own ``n``),
-    ``out [m, n]`` (a single ``b`` only); ``m/w`` divisible by the splits."""
+    """ag_gemm: ``a_shard [m/w, k]``, ``b [k, n]`` (or a non-empty tuple of them, each its own ``n``, of
+    ``a_shard``'s dtype, or with ``mixed`` of one dtype of their own: the GEMMs', what autocast runs),
+    ``out [m, n]`` (a single ``b`` only, of its dtype); ``m/w`` divisible by the splits."""
     check_world_size(world_size)
     bs = b if isinstance(b, tuple) else (b,)
     if not bs:
@@ -136,7 +143,8 @@ def check_all_gather_matmul(
     if out is not None and len(bs) > 1:
         raise ValueError(f"out applies to a single b; got {len(bs)} weights (each gets a new output)")
     for one in bs:
-        _check_b(one, "a_shard", a_shard)
+        _check_b(one, "a_shard", a_shard, same_dtype=not mixed)
+        check_like("b", one, "the first b", bs[0])
     b = bs[0]
     rows = a_shard.shape[0]
     if rows == 0 or rows % schedule.splits:
@@ -144,7 +152,7 @@ def check_all_gather_matmul(
             f"a_shard has shape {shape_str(a_shard.shape)}; schedule {schedule} needs [m/world_size, k] "
             f"with m/world_size a positive multiple of splits={schedule.splits}"
         )
-    check_out(out, (rows * world_size, b.shape[1]), "[m, n]", a_shard)
+    check_out(out, (rows * world_size, b.shape[1]), "[m, n]", b)
 
 
 def check_matmul_reduce_scatter(

@@ -47,6 +47,9 @@ class GroupContext:
     world_size: int
     global_ranks: list[int]
     """Global rank of each group rank (point-to-point ops address global ranks)."""
+    gpu: str = ""
+    """The device's name (``torch.cuda.get_device_name``; "" on the CPU): whose rates price a batched call's
+    layout (``executor.layout``)."""
     buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
     """Per-shape scratch buffers, keyed by (name, shape, dtype)."""
     lanes: dict[tuple[int, bool], DeviceLanes | InlineLanes] = field(default_factory=dict)
@@ -216,6 +219,7 @@ def get_context(group: dist.ProcessGroup | None, device: torch.device) -> GroupC
             rank=dist.get_rank(group),
             world_size=world_size,
             global_ranks=[dist.get_global_rank(group, q) for q in range(world_size)],
+            gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "",
         )
     return ctx
 

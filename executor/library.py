@@ -20,11 +20,11 @@ and docs/executor.md ("Custom ops").
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -126,11 +126,14 @@ class _OpFunction(torch.autograd.Function):
         return outputs
 
 
-def _define_pair(kernel, fake, function: type[_OpFunction]):
+def _define_pair(kernel, fake, function: type[_OpFunction], autocast=None):
     """Define ``ficco::<name>`` (``kernel``'s name) and its twin without autograd ``ficco::_<name>`` with
     :func:`_define`; ``fake`` is the twin's fake kernel. The public op's autograd kernel (also its
     ``CompositeImplicitAutograd`` decomposition) runs ``function`` when a tensor argument requires grad under
-    grad mode, else the twin (docs/executor.md, "Custom ops"). Returns the public op."""
+    grad mode, else the twin (docs/executor.md, "Custom ops"). Both follow ``torch.autocast``, casting their
+    arguments with ``autocast(args, dtype, device_type)`` (default: every floating tensor, :func:`_autocast`).
+    Returns the public op."""
+    autocast = autocast or _autocast
     name = kernel.__name__
     twin = _define(kernel, "_" + name)
     torch.library.register_fake(f"ficco::_{name}", fake, lib=_LIB)
@@ -147,7 +150,44 @@ def _define_pair(kernel, fake, function: type[_OpFunction]):
 
     for key in ("Autograd", "CompositeImplicitAutograd"):
         _LIB.impl(name, torch.compiler.disable(composite), key)
+    for op_name in (name, "_" + name):
+        _register_autocast(op_name, autocast)
     return public
+
+
+AUTOCAST_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+"""Device types whose ``torch.autocast`` the ops follow."""
+
+
+def _register_autocast(name: str, cast) -> None:
+    """Run ``ficco::<name>`` under ``torch.autocast`` as ``F.linear`` runs: its floating tensors (but
+    fp64) of the region's device cast to the region's dtype by ``cast(args, dtype, device_type)``, then the
+    op with autocast off. ``torch.library.register_autocast``'s dispatch (a kernel on the ``Autocast<device>``
+    key, and a Python kernel for tracing), with the dtype read from the region
+    (``torch.get_autocast_dtype``) rather than fixed at registration."""
+    op = getattr(torch.ops.ficco, name).default
+    for device_type in AUTOCAST_DEVICES:
+        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def kernel(*args, device_type=device_type, excluded=excluded):
+            dtype = torch.get_autocast_dtype(device_type)
+            with torch._C._ExcludeDispatchKeyGuard(excluded):
+                return op(*cast(args, dtype, device_type))
+
+        op.py_impl(getattr(torch._C.DispatchKey, key))(kernel)
+        _LIB.impl(name, lambda _keys, *args, kernel=kernel: kernel(*args), key, with_keyset=True)
+
+
+def _autocast(x, dtype: torch.dtype, device_type: str):
+    """``x`` (a tensor, or a list or tuple of them, or anything else) with every floating tensor of
+    ``device_type`` but fp64 cast to ``dtype``: autocast's rule for ``F.linear``'s arguments."""
+    if isinstance(x, torch.Tensor):
+        eligible = x.is_floating_point() and x.device.type == device_type and x.dtype != torch.float64
+        return x.to(dtype) if eligible and x.dtype != dtype else x
+    if isinstance(x, list | tuple):
+        return type(x)(_autocast(t, dtype, device_type) for t in x)
+    return x
 
 
 def all_gather_matmul(
@@ -185,7 +225,7 @@ def _all_gather_matmul_fake(
     w = _resolve_process_group(group_name).size()
     gather_dim = _check_dim("gather_dim", gather_dim, a_shard.dim())
     full = _gathered_shape(a_shard.shape, gather_dim, w)
-    cs = [a_shard.new_empty((*full[:-1], b.shape[1])) for b in bs]
+    cs = [a_shard.new_empty((*full[:-1], b.shape[1]), dtype=b.dtype) for b in bs]
     a = a_shard.new_empty(full) if return_a else a_shard.new_empty(0)
     return a, cs
 
@@ -246,6 +286,8 @@ class _AllGatherMatmul(_OpFunction):
         grad_bs = [None] * len(bs)
         if need_b:
             a_rows = _rows(gathered)
+            if a_rows.dtype != bs[0].dtype:  # gathered as given, multiplied in the weights' dtype (autocast)
+                a_rows = a_rows.to(bs[0].dtype)
             grad_bs = [
                 _weight_grad(a_rows, g, b) if g is not None and need else None
                 for g, b, need in zip(grad_cs, bs, need_bs, strict=True)
@@ -257,7 +299,19 @@ _AG_FIXED_ARGS = 6
 """``_AllGatherMatmul.apply``'s arguments before the weights."""
 
 
-all_gather_matmul = _define_pair(all_gather_matmul, _all_gather_matmul_fake, _AllGatherMatmul)
+def _all_gather_autocast(args: tuple, dtype: torch.dtype, device_type: str) -> tuple:
+    """``all_gather_matmul``'s arguments under autocast: the weights cast, as ``F.linear`` casts them; the
+    shard cast too unless the op returns the gathered input, which is then gathered in its own dtype (as a
+    gather beside ``F.linear`` returns it) and cast piece by piece for the GEMMs."""
+    a_shard, bs, *rest = args
+    return_a = len(rest) > 3 and rest[3]
+    a_shard = a_shard if return_a else _autocast(a_shard, dtype, device_type)
+    return (a_shard, _autocast(bs, dtype, device_type), *rest)
+
+
+all_gather_matmul = _define_pair(
+    all_gather_matmul, _all_gather_matmul_fake, _AllGatherMatmul, _all_gather_autocast
+)
 
 
 def matmul_reduce_scatter(
@@ -529,7 +583,7 @@ def _group_routing(counts: list[int], group_name: str) -> tuple[torch.distribute
     return group, _routing(tuple(counts), group.size())
 
 
-@lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)
 def _routing(counts: tuple[int, ...], world_size: int) -> Routing:
     """The ``features.Routing`` of flattened counts (ValueError naming the length when it is no
     ``[w, w, experts/w]``)."""
@@ -658,7 +712,8 @@ def _resolve(
     first = pairs[0][0]
     m = first.shape[0] * w if gather else first.shape[0]
     pick = parse_schedule_table(asked).at(m)
-    check = DENSE_CHECKS[op]
+    # an all-gather's weights may have a dtype of their own (autocast: the input gathered as given)
+    check = functools.partial(DENSE_CHECKS[op], mixed=True) if gather else DENSE_CHECKS[op]
     for a, bb in pairs:
         check_first_argument(op, a)
         check(a, bb, SERIAL, w, None)  # the caller's mistakes: raised, whatever the schedule
@@ -671,7 +726,7 @@ def _resolve(
     run = pick if reason is None else SERIAL
     n = sum(t.shape[1] for t in b) if gather else b[0].shape[1]
     k = first.shape[1] if gather else sum(a.shape[1] for a, _ in pairs)
-    dtype = DTYPES[first.dtype]
+    dtype = DTYPES[b[0].dtype]  # the GEMMs' (an all-gather's input may be wider: autocast)
     if reason is not None:
         name = "all_gather_matmul" if gather else "matmul_reduce_scatter"
         warnings.warn(

@@ -2,7 +2,7 @@
 and expert GEMMs -> all-to-all, under any schedule.
 
 Each op validates its arguments (``executor.checks``), then either runs the reference (``serial/sm``: the
-collective, then the GEMM: ``_..._fallback``) or builds the schedule's plan and hands the pipeline engine a
+collective, then the GEMMs) or builds the schedule's plan and hands the pipeline engine a
 transport and a short GEMM closure. ``OP_FUNCTIONS`` maps the names of ``features.OP_SPECS`` to the ops;
 ``run_op`` and ``communicate`` take an op by name.
 """
@@ -39,6 +39,7 @@ from ficco.executor.context import (
 )
 from ficco.executor.experts import ExpertGemms, RoutedState, grouped_matmul, routed_state
 from ficco.executor.lanes import copy_lanes
+from ficco.executor.layout import choose
 from ficco.executor.pipeline import run_pipeline
 from ficco.executor.plan import Layout, Plan, Unit, make_plan
 from ficco.executor.transport import PeerCopyTransport, PointToPointTransport
@@ -102,56 +103,90 @@ def run_all_gather_matmul(
     """:func:`all_gather_matmul` of arguments that passed its checks on ``ctx``: ``([C_i [m, n_i] per weight],
     A [m, k] or None)``. ``batch``: the shards' rows are ``batch`` groups (``[batch, rows/batch, k]``, a
     sequence-parallel shard) and ``C`` and ``A`` come batch-major (``[batch, w * rows/batch, n]``, the gather
-    along the sequence), each GEMM writing its rows in place (docs/executor.md, "Batched calls")."""
+    along the sequence), in the layout ``executor.layout.choose`` picks (docs/executor.md, "Batched calls").
+    The weights may be of a narrower dtype than ``a_shard`` (what autocast runs): ``A`` is gathered as given
+    and each piece of it cast to the weights' dtype before its GEMMs, which write ``C`` in that dtype."""
     a_shard = a_shard.contiguous()
     shard_rows, k = a_shard.shape
-    if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:
-        return _gather_rank_major(ctx, a_shard, bs, schedule, return_gathered, out, batch)
     w, m = ctx.world_size, shard_rows * ctx.world_size
-    cs = [out] if out is not None else [a_shard.new_empty((m, one.shape[1])) for one in bs]
+    compute = bs[0].dtype
+    cs = [out] if out is not None else [a_shard.new_empty((m, one.shape[1]), dtype=compute) for one in bs]
     gathered = a_shard.new_empty((m, k)) if return_gathered else None
     if schedule.granularity == "serial" and schedule.executor == "sm":
-        if gathered is not None and batch == 1:
-            _all_gather_matmul_fallback(a_shard, bs, ctx.group, gathered, cs)
-        else:
-            dest = ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype)
-            if gathered is None:
-                segments = _batch_segments(0, m, shard_rows, w, batch) if batch > 1 else _WHOLE
-                _all_gather_matmul_fallback(a_shard, bs, ctx.group, dest.view(m, k), cs, segments)
-            else:  # the gathered A batch-major, as PyTorch's gather along the sequence makes it: one copy
-                all_gather_single(dest.view(m, k), a_shard, group=ctx.group)
-                _batch_major(gathered, batch, w).copy_(rank_major(dest.view(m, k), batch, w))
-                for one, c in zip(bs, cs, strict=True):
-                    torch.mm(gathered, one, out=c)
+        whole = gathered is not None and batch == 1
+        dest = gathered if whole else ctx.buffer("gathered", (w, shard_rows, k), a_shard.dtype).view(m, k)
+        all_gather_single(dest, a_shard, group=ctx.group)
+        _gathered_gemms(ctx, dest, bs, cs, gathered, batch)
         return cs, gathered
     plan = make_plan("gather", w, schedule.granularity, schedule.splits, schedule.grain)
-    dest = gathered.view(w, shard_rows, k) if gathered is not None and batch == 1 else None
+    ns = tuple(b.shape[1] for b in bs)
+    layout = "whole" if batch == 1 else choose(plan, shard_rows, batch, ns, k, compute.itemsize, ctx.gpu)
+    mixed = a_shard.dtype != compute
+    dest = gathered.view(w, shard_rows, k) if gathered is not None and layout == "whole" else None
     transport = _transport(ctx, plan, schedule, source=a_shard, dest_shape=(w, shard_rows, k), dest=dest)
+    targets = cs
+    if layout == "rank_major":  # the GEMMs write rank-major rows, moved into batch-major order at the end
+        targets = [ctx.buffer(f"rank_major_{i}", c.shape, compute) for i, c in enumerate(cs)]
 
     def consume(rows: torch.Tensor, unit: Unit) -> None:
-        block = transport.split_rows(unit)
-        if batch == 1:
-            for one, c in zip(bs, cs, strict=True):
-                torch.mm(rows, one, out=c[block])
+        if layout == "permuted":  # a serial plan's one unit: every row, rank-major
+            _gathered_gemms(ctx, rows, bs, cs, gathered, batch)
             return
-        for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
-            for one, c in zip(bs, cs, strict=True):
-                torch.mm(rows[piece], one, out=c[place])
+        if mixed:
+            rows = rows.to(compute)
+        block = transport.split_rows(unit)
+        if layout == "segmented":
+            for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
+                for one, c in zip(bs, cs, strict=True):
+                    torch.mm(rows[piece], one, out=c[place])
+            return
+        for one, c in zip(bs, targets, strict=True):
+            torch.mm(rows, one, out=c[block])
 
     run_pipeline(plan, transport, consume)
-    if gathered is not None:
-        if batch > 1:
-            places = _batch_major(gathered, batch, w)
-            for q in range(w):
-                source = a_shard if q == ctx.rank else transport.dest[q]
-                places[:, q].copy_(source.view(batch, -1, k))
-            return cs, gathered
-        slots = gathered.view(w, shard_rows, k)
-        if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
-            for q in range(w):
-                slots[q].copy_(transport.dest[q])
-        slots[ctx.rank].copy_(a_shard)
+    if layout == "rank_major":
+        for c, target in zip(cs, targets, strict=True):
+            _batch_major(c, batch, w).copy_(rank_major(target, batch, w))
+    if gathered is None or layout == "permuted":
+        return cs, gathered
+    if batch > 1:
+        places = _batch_major(gathered, batch, w)
+        for q in range(w):
+            source = a_shard if q == ctx.rank else transport.dest[q]
+            places[:, q].copy_(source.view(batch, -1, k))
+        return cs, gathered
+    slots = gathered.view(w, shard_rows, k)
+    if transport.dest.data_ptr() != slots.data_ptr():  # dma: pieces landed in peer memory
+        for q in range(w):
+            slots[q].copy_(transport.dest[q])
+    slots[ctx.rank].copy_(a_shard)
     return cs, gathered
+
+
+def _gathered_gemms(
+    ctx: GroupContext,
+    rows: torch.Tensor,
+    bs: tuple[torch.Tensor, ...],
+    cs: list[torch.Tensor],
+    gathered: torch.Tensor | None,
+    batch: int,
+) -> None:
+    """A serial schedule's GEMMs over the gathered ``rows [m, k]`` (rank-major): with ``batch`` > 1 the rows
+    are put in batch-major order first, into ``gathered`` when it is returned (one copy, as PyTorch's gather
+    along the sequence makes), then one GEMM per weight over every row, cast to the weights' dtype first
+    when it differs."""
+    compute = bs[0].dtype
+    a = rows
+    if batch > 1:
+        w = ctx.world_size
+        a = gathered if gathered is not None else ctx.buffer("permuted", rows.shape, compute)
+        _batch_major(a, batch, w).copy_(rank_major(rows, batch, w))
+    elif gathered is not None and gathered.data_ptr() != rows.data_ptr():
+        gathered.copy_(rows)
+    if a.dtype != compute:
+        a = a.to(compute)
+    for one, c in zip(bs, cs, strict=True):
+        torch.mm(a, one, out=c)
 
 
 def matmul_reduce_scatter(
@@ -197,60 +232,50 @@ def run_matmul_reduce_scatter(
     """:func:`matmul_reduce_scatter` of arguments that passed its checks on ``ctx``: ``[m / w, n]``. ``a`` and
     ``b`` may be tuples (``a[i] [m, k_i]``, ``b[i] [k_i, n]``): ``sum_i a[i] @ b[i]`` is scattered, the GEMMs
     accumulating in place. ``batch``: ``a [batch, m / batch, k]`` is scattered along the sequence, to this
-    rank's ``[batch, m / (w batch), n]``, the GEMMs reading ``a``'s rows where they lie."""
+    rank's ``[batch, m / (w batch), n]``, in the layout ``executor.layout.choose`` picks (docs/executor.md,
+    "Batched calls")."""
     a, b = ((a,), (b,)) if isinstance(a, torch.Tensor) else (a, b)
     m, n, w = a[0].shape[0], b[0].shape[1], ctx.world_size
     shard_rows = m // w
-    if batch > 1 and shard_rows // batch < SEGMENT_MIN_ROWS:  # the rows rank-major: one copy of each a
+    serial = schedule.granularity == "serial"
+    layout = "whole" if batch == 1 else "permuted" if serial else "segmented"
+    if layout == "segmented":
+        plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
+        k = sum(x.shape[1] for x in a)
+        layout = choose(plan, shard_rows, batch, (n,), k, a[0].dtype.itemsize, ctx.gpu)
+    if layout == "rank_major":  # the rows of each a in rank-major order: one copy, then GEMMs in place
         a = tuple(x.reshape(batch, w, -1, x.shape[1]).transpose(0, 1).reshape(m, x.shape[1]) for x in a)
-        batch = 1
     else:
         a = tuple(x.contiguous() for x in a)
     c = out if out is not None else a[0].new_empty((shard_rows, n))
     partial = ctx.buffer("partial", (m, n), a[0].dtype)
-    if schedule.granularity == "serial" and schedule.executor == "sm":  # the GEMMs, then the collective
-        for piece, place in _batch_segments(0, m, shard_rows, w, batch) if batch > 1 else _WHOLE:
-            _matmuls(a, b, place, partial[piece])
+
+    def produce(rows: torch.Tensor, unit: Unit) -> None:
+        if layout == "permuted":  # a serial plan's one unit: the partial of every row, put rank-major
+            product = ctx.buffer("partial_batch_major", (m, n), a[0].dtype)
+            _matmuls(a, b, slice(None), product)
+            rank_major(rows, batch, w).copy_(_batch_major(product, batch, w))
+            return
+        block = transport.split_rows(unit) if unit.offset is not None else slice(None)
+        if layout == "segmented":
+            for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
+                _matmuls(a, b, place, rows[piece])
+            return
+        _matmuls(a, b, block, rows)
+
+    if serial and schedule.executor == "sm":  # the GEMMs, then the collective
+        produce(partial, _EVERY_ROW)
         reduce_scatter_single(c, partial, group=ctx.group)
         return c
     plan = make_plan("scatter", w, schedule.granularity, schedule.splits, schedule.grain)
     transport = _transport(ctx, plan, schedule, source=partial, dest_shape=(w, shard_rows, n))
-
-    def produce(rows: torch.Tensor, unit: Unit) -> None:
-        block = transport.split_rows(unit)
-        if batch == 1:
-            _matmuls(a, b, block, rows)
-            return
-        for piece, place in _batch_segments(block.start, block.stop, shard_rows, w, batch):
-            _matmuls(a, b, place, rows[piece])
-
     run_pipeline(plan, transport, produce)
     _reduce_into(c, transport.own_rows(), transport.received())
     return c
 
 
-def _gather_rank_major(
-    ctx: GroupContext,
-    a_shard: torch.Tensor,
-    bs: tuple[torch.Tensor, ...],
-    schedule: Schedule,
-    return_gathered: bool,
-    out: torch.Tensor | None,
-    batch: int,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """:func:`run_all_gather_matmul` of ``batch`` groups (``a_shard [rows, k]``) with its GEMMs over the
-    gathered rows in rank order (one GEMM per block, each weight read once), then every output (and the
-    gathered ``A``) moved into batch-major order: one copy of each."""
-    w = ctx.world_size
-    cs, gathered = run_all_gather_matmul(ctx, a_shard, bs, schedule, return_gathered)
-    outs = [out] if out is not None else [torch.empty_like(c) for c in cs]
-    for c, dest in zip(cs, outs, strict=True):
-        _batch_major(dest, batch, w).copy_(rank_major(c, batch, w))
-    if gathered is None:
-        return outs, None
-    moved = torch.empty_like(gathered)
-    _batch_major(moved, batch, w).copy_(rank_major(gathered, batch, w))
-    return outs, moved
+_EVERY_ROW = Unit(offset=None)
+"""The unit of a serial plan: every row."""
 
 
 def _matmuls(
@@ -260,12 +285,6 @@ def _matmuls(
     torch.mm(a[0][rows], b[0], out=out)
     for x, y in zip(a[1:], b[1:], strict=True):
         out.addmm_(x[rows], y)
-
-
-SEGMENT_MIN_ROWS = 512
-"""Rows of one rank and batch group below which a batched call (``batch`` > 1) runs its GEMMs over the
-rows in rank order and moves them once (the gather's outputs, the reduce-scatter's input) instead of one
-GEMM per rank and group where the rows lie (docs/executor.md, "Batched calls")."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -606,27 +625,6 @@ def _check_call(
             FIRST_ARGUMENTS[op][0], a, b, routing, ctx.rank, ctx.world_size, out, dispatch=dispatch
         )
     return ctx
-
-
-_WHOLE = ((slice(None), slice(None)),)
-"""Every row where it is: the segments of a rank-major layout (``batch`` 1)."""
-
-
-def _all_gather_matmul_fallback(
-    a_shard: torch.Tensor,
-    bs: Sequence[torch.Tensor],
-    group: dist.ProcessGroup,
-    gathered: torch.Tensor,
-    outs: Sequence[torch.Tensor],
-    segments: tuple[tuple[slice, slice], ...] = _WHOLE,
-) -> None:
-    """The reference: the collective all-gather into ``gathered [m, k]`` (rank-major), then one GEMM per
-    weight of ``bs`` and ``(piece, place)`` of ``segments`` (:func:`_batch_segments`; default: every row
-    in place) into its ``outs``."""
-    all_gather_single(gathered, a_shard, group=group)
-    for b, out in zip(bs, outs, strict=True):
-        for piece, place in segments:
-            torch.mm(gathered[piece], b, out=out[place])
 
 
 def _all_to_all(out: torch.Tensor, x: torch.Tensor, layout: Layout, group: dist.ProcessGroup) -> None:

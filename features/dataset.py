@@ -171,15 +171,27 @@ def dataset_hardware(path: str | Path) -> HardwareProfile:
 
 
 def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """The measurement rows and the re-measured rows (None if none) of one or more datasets, in the order
-    given, without their ``superseded`` schedules. One path may be a Parquet file; several must be
-    directories of the same hardware with no scenario id in common (``ValueError`` names the difference)."""
+    """The measurement rows and the re-measured rows (None if none) of one or more datasets
+    (:func:`load_each`), concatenated in the order given."""
     import pandas as pd
 
+    each = load_each(paths)
+    noise = [n for _, n in each if n is not None]
+    frames = [frame for frame, _ in each]
+    return (
+        frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True),
+        (noise[0] if len(noise) == 1 else pd.concat(noise, ignore_index=True)) if noise else None,
+    )
+
+
+def load_each(paths: Sequence[str | Path]) -> list[tuple[pd.DataFrame, pd.DataFrame | None]]:
+    """The measurement rows and re-measured rows (None if none) of each dataset of ``paths``, without their
+    ``superseded`` schedules. One path may be a Parquet file; several must be directories of the same
+    hardware with no scenario id in common (``ValueError`` names the difference)."""
     if not paths:
         raise ValueError("no dataset given; pass at least one dataset directory")
     if len(paths) == 1 and not Path(paths[0]).is_dir():
-        return load_dataset(paths[0]), None
+        return [(load_dataset(paths[0]), None)]
     check_same_hardware(paths)
     frames = [_current(load_dataset(p), p) for p in paths]
     for i, frame in enumerate(frames):
@@ -191,8 +203,7 @@ def load_datasets(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
                     "each scenario must come from one dataset (a second sweep of the same scenarios is a "
                     "repeat: load_repeats)"
                 )
-    noise = [_current(n, p) for p in paths if (n := load_noise(p)) is not None]
-    return (pd.concat(frames, ignore_index=True), pd.concat(noise, ignore_index=True) if noise else None)
+    return [(frame, _current(load_noise(p), p)) for frame, p in zip(frames, paths, strict=True)]
 
 
 def load_repeats(rows: pd.DataFrame, paths: Sequence[str | Path], like: str | Path) -> list[pd.DataFrame]:

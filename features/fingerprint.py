@@ -106,12 +106,19 @@ def fingerprint_differences(recorded: dict, current: dict) -> list[str]:
     ]
 
 
-def machine_fingerprint(world_size: int) -> dict[str, Any] | None:
-    """This machine's ``features.schedule_table.FINGERPRINT_KEYS`` (:func:`gpu_fingerprint`), or None
-    without a CUDA device (then nothing can be checked)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    found = gpu_fingerprint(world_size)
-    return {k: found.get(k) for k in FINGERPRINT_KEYS}
+def machine_fingerprint() -> dict[str, Any] | None:
+    """This machine's ``features.schedule_table.FINGERPRINT_KEYS``: its GPUs' name and count from
+    ``nvidia-smi`` (no torch needed, so a runtime reads tables without it), else from torch's CUDA devices
+    where torch is installed; None without either (then nothing can be checked)."""
+    query = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or ""
+    names = [line.strip() for line in query.splitlines() if line.strip()]
+    if not names:
+        try:
+            import torch
+        except ImportError:
+            return None
+        if not torch.cuda.is_available():
+            return None
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    found = {"backend": "gpu", "gpu_name": names[0], "gpu_count": len(names)}
+    return {k: found[k] for k in FINGERPRINT_KEYS}

@@ -181,6 +181,18 @@ def register_profile(root: str | Path, profile: HardwareProfile) -> HardwareProf
     return profile
 
 
+def registered_profiles(root: str | Path) -> dict[str, HardwareProfile]:
+    """Every custom profile registered under ``root`` (``register_profile``), by id; one that cannot be read
+    is left out (the command naming it says why)."""
+    found = {}
+    for path in sorted(Path(root).glob(f"*/{PROFILE_FILE}")):
+        try:
+            found[path.parent.name] = HardwareProfile.from_json(path.read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+    return found
+
+
 def find_hardware(hardware_id: str, root: str | Path) -> HardwareProfile:
     """The built-in profile ``hardware_id``, else the custom one registered under ``root``; ValueError
     naming both kinds of known ids otherwise."""
@@ -189,7 +201,7 @@ def find_hardware(hardware_id: str, root: str | Path) -> HardwareProfile:
     custom = registered_profile(root, hardware_id)
     if custom is not None:
         return custom
-    registered = sorted(p.parent.name for p in Path(root).glob(f"*/{PROFILE_FILE}"))
+    registered = sorted(registered_profiles(root))
     raise ValueError(
         f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, [*KNOWN_HARDWARE, *registered])}; "
         f"built-in ids are {sorted(KNOWN_HARDWARE)}, custom ones registered under {root} are {registered} (a "

@@ -34,8 +34,9 @@ PRETRAINED_CONFIG_KEYS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 """``transformers.PretrainedConfig``'s own attributes (``configuration_utils.py``): metadata, output flags,
-token ids, generation defaults. ``quantization_config`` is ignored because the request's ``dtype`` gives
-the element type. The ones that would change a layer are checked against ``BASE_DEFAULTS``."""
+token ids, generation defaults. ``quantization_config`` does not change the shapes: the request's ``dtype``
+gives the element type, and a score says so (``model_config.quantization_note``). The ones that would change
+a layer are checked against ``BASE_DEFAULTS``."""
 
 BASE_DEFAULTS: dict[str, tuple[Any, str]] = {
     "pruned_heads": ({}, "pruned attention heads change the attention projections per layer"),

@@ -26,6 +26,18 @@ LABEL_VERSIONS: dict[int, str] = {
     "blocks of >= 8 expert GEMMs run as one grouped GEMM",
 }
 """Label version -> what changed in it (the executor's and timing protocol's history)."""
+ROUNDS_ONLY: frozenset[int] = frozenset({2})
+"""Versions whose change was only how many rounds the timing protocol takes: their labels estimate the same
+times as the version before, more steadily, so a repeat sweep of one pools into the other's labels."""
+
+
+def same_times(a: int | str, b: int | str) -> bool:
+    """Whether measured label versions ``a`` and ``b`` time the same thing (every version after the older
+    one up to the newer changed only the round counts, :data:`ROUNDS_ONLY`)."""
+    if not (isinstance(a, int) and isinstance(b, int)):
+        return a == b
+    return all(v in ROUNDS_ONLY for v in range(min(a, b) + 1, max(a, b) + 1))
+
 
 PROTOCOL_BEFORE: dict[str, object] = {"pin": "share", "expert_gemms": "loop", "copy_streams": "per_peer"}
 """Protocol settings as datasets measured before they became settings were measured (a resume and a label

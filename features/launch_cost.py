@@ -186,12 +186,14 @@ def host_prices(X: np.ndarray) -> np.ndarray:
     return rows[inverse.reshape(-1)]
 
 
-def host_over_gpu(X: np.ndarray, host_factor: float = 1.0) -> np.ndarray:
+def host_over_gpu(X: np.ndarray, host_factor: float | np.ndarray = 1.0) -> np.ndarray:
     """Eager host time of every schedule over the scenario's GPU work, float64 ``[n, S]``: :func:`host_prices`
-    times ``host_factor`` over the roofline GEMM and communication time read from ``X``'s columns."""
+    times the host factor over the roofline GEMM and communication time read from ``X``'s columns;
+    ``host_factor`` is one machine's, or each row's ``[n]`` (rows measured on several machines)."""
     X = np.asarray(X, dtype=np.float64)
     gpu_us = np.exp2(X[:, _T_GEMM]) + np.exp2(X[:, _T_COMM])
-    return host_prices(X) * (host_factor / gpu_us[:, None])
+    factor = np.asarray(host_factor, dtype=np.float64)
+    return host_prices(X) * ((factor[:, None] if factor.ndim else factor) / gpu_us[:, None])
 
 
 HOST_FACTOR_RANGE = (0.25, 8.0)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ficco.features.hardware import DEFAULT_HARDWARE_ID, HardwareProfile, get_hardware
 from ficco.features.hf_families import BASE_DEFAULTS, BY_MODEL_TYPE, MULTIMODAL_TEXT, NEEDED, Family
-from ficco.features.scenario import Scenario
+from ficco.features.scenario import DTYPES, Scenario
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +259,32 @@ def _read(name: str, model_type: str, family: Family, data: dict[str, Any]) -> M
         ", parallel attention+MLP block" if config.parallel_block else "",
     )
     return config
+
+
+QUANTIZATION_DETAILS = ("fmt", "bits", "weight_block_size", "activation_scheme")
+"""Keys of a ``quantization_config`` that :func:`quantization_note` names beside its ``quant_method``."""
+
+
+def quantization_note(data: Any, dtype: str) -> str | None:
+    """A note for a Hugging Face config whose ``quantization_config`` (at its top, or in a multimodal
+    config's language model) quantizes its weights, e.g. DeepSeek-V3's fp8: ficco's models were measured on
+    ``features.DTYPES`` GEMMs only, so its layers are scored at ``dtype``; None for a config without one."""
+    if not isinstance(data, dict):
+        return None
+    inner = data.get(MULTIMODAL_TEXT.get(str(data.get("model_type")), ""))
+    quant = data.get("quantization_config") or (
+        inner.get("quantization_config") if isinstance(inner, dict) else None
+    )
+    if not isinstance(quant, dict) or not quant:
+        return None
+    method = str(quant.get("quant_method") or "quantized")
+    details = ", ".join(f"{k}={quant[k]}" for k in QUANTIZATION_DETAILS if k in quant)
+    given = f"{method}: {details}" if details else method
+    return (
+        f"the config's quantization_config ({given}) is not scored as such: ficco's models know "
+        f"{'/'.join(DTYPES)} GEMMs only, so its layers are scored as {dtype} (its {method} GEMMs move fewer "
+        "bytes and run faster, so their best overlap schedule can differ)"
+    )
 
 
 def load_model_config(path: str | Path) -> ModelConfig:

@@ -34,6 +34,13 @@ MAX_DIM = 1 << 20
 """Largest m, n or k accepted (2**20): far past any layer, small enough to catch unit mistakes."""
 
 
+def default_world_size(hardware: HardwareProfile) -> int:
+    """The world size a request that names none is for: ``hardware``'s GPU count (within
+    ``[MIN_WORLD_SIZE, MAX_WORLD_SIZE]``), so an answer never assumes fewer GPUs than the hardware named
+    without being asked to (docs/models.md)."""
+    return max(MIN_WORLD_SIZE, min(MAX_WORLD_SIZE, hardware.gpu_count))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scenario(JsonRoundTrip):
     """One communication + GEMM pair as a runtime meets it (shapes: docs/shapes.md)."""

@@ -15,9 +15,9 @@ import numpy as np
 from ficco.features.scenario import OPS, Scenario
 from ficco.features.schedule import FINER_SPLITS, max_splits
 
-FEATURE_SCHEMA_VERSION = "fv3"
+FEATURE_SCHEMA_VERSION = "fv4"
 """The schema new models are trained on (what each version changed: docs/training.md)."""
-FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3")
+FEATURE_SCHEMAS: tuple[str, ...] = ("fv2", "fv3", "fv4")
 """The schemas this code computes, oldest first: a model of any of them loads (its pairs are built the way it
 was trained); a model of any other is refused."""
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from ficco import renamed_options
 from ficco.errors import BAD_ARGUMENT, FAILURE, ClickException, fail, os_error_line, usage_line
 from ficco.extras import MissingExtraError, missing_message, require
 from ficco.harness import commands as harness_commands
@@ -31,7 +32,8 @@ log = logging.getLogger("ficco.cli")
 class FiccoGroup(TyperGroup):
     """The ``ficco`` group: a usage error of any subcommand (an unknown option, a value of the wrong type, a
     missing argument) is one ``error:`` line and exit status 2 instead of click's box; the last release's
-    ``ficco bench`` spellings run as their new commands (``harness.deprecated_bench``)."""
+    ``ficco bench`` spellings run as their new commands (``harness.deprecated_bench``), and its renamed
+    options as their new spellings (``ficco.renamed_options``)."""
 
     def main(
         self,
@@ -42,6 +44,7 @@ class FiccoGroup(TyperGroup):
         **extra: Any,
     ) -> Any:
         args = deprecated_bench.rewrite(sys.argv[1:] if args is None else args, os.environ)
+        args = renamed_options.rewrite(args)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

@@ -9,6 +9,7 @@ exit status 1; an import that fails later gives the same line instead of a trace
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "data": DATA_MODULES,
     "train": (*DATA_MODULES, "xgboost", "sklearn"),
     "executor": (*DATA_MODULES, "torch"),
-    "fleet": ("ray",),
+    "fleet": ("ray", *DATA_MODULES),
 }
 """The top-level modules each extra of pyproject.toml installs; a module several install is named by the
 smallest (the first here) unless the command's own extra installs it."""
@@ -38,15 +39,21 @@ COMMAND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "export": ("train", EXTRA_MODULES["train"]),
     "bench": ("executor", DATA_MODULES),
     "fleet shard": ("executor", DATA_MODULES),
-    "fleet run": ("fleet", (*EXTRA_MODULES["fleet"], *DATA_MODULES)),
+    "fleet run": ("fleet", EXTRA_MODULES["fleet"]),
     "fleet emit": ("data", DATA_MODULES),
     "dataset card": ("data", DATA_MODULES),
+    "dataset compare": ("data", DATA_MODULES),
     "dataset gather": ("data", DATA_MODULES),
     "host-factor": ("executor", EXTRA_MODULES["executor"]),
 }
 """Per command: the extra to install for it and the modules checked before it starts. ``bench`` and
 ``retrain`` simulate without torch (``--backend sim``); the torch a GPU sweep needs is reported when it is
 first imported, before any rank starts. :func:`command_extra` adjusts this to the command's options."""
+
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+"""PyTorch's CPU wheel index (the Makefile's ``TORCH_CPU_INDEX``): where a machine without a GPU gets torch,
+so that nothing pulls PyPI's CUDA build and its ``nvidia-*`` wheels (about 3 GB)."""
 
 
 class MissingExtraError(RuntimeError):
@@ -64,10 +71,36 @@ def command_extra(
     return COMMAND_EXTRAS.get(command)
 
 
+def torch_requirement() -> str:
+    """The torch requirement of the extras that bring torch (``executor``), e.g. ``torch<2.14,>=2.5``: from
+    the installed distribution's metadata, else the checkout's ``pyproject.toml``, else ``torch``."""
+    from importlib import metadata
+
+    extras = [extra for extra, modules in EXTRA_MODULES.items() if "torch" in modules]
+    try:
+        requires = metadata.requires("ficco") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    found = [r.split(";")[0].strip() for r in requires if any(f'extra == "{e}"' in r for e in extras)]
+    if not found:
+        import tomllib
+
+        from ficco import CHECKOUT
+
+        if CHECKOUT is not None:
+            optional = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"][
+                "optional-dependencies"
+            ]
+            found = [r for extra in extras for r in optional[extra]]
+    return next((r for r in found if re.match(r"torch(?![\w.-])", r)), "torch")
+
+
 def install_command(extra: str) -> str:
     """The ``pip install`` that adds ``extra`` to this ficco: ``pip install -e '<checkout>[extra]'`` (``.``
     when run from the checkout) for a source checkout, ``pip install 'ficco[extra]'`` for an installed
-    one; with ``<this python> -m pip`` when the ``pip`` on PATH is not this environment's."""
+    one; with ``<this python> -m pip`` when the ``pip`` on PATH is not this environment's. An extra that
+    brings torch, on a machine without a GPU (no ``nvidia-smi``) and without torch, first installs torch's
+    CPU build from :data:`TORCH_CPU_INDEX` (as ``make test`` does), which the extra then keeps."""
     from ficco import CHECKOUT
 
     if CHECKOUT is not None:
@@ -77,7 +110,12 @@ def install_command(extra: str) -> str:
         target = f"'ficco[{extra}]'"
     pip = shutil.which("pip")
     same_env = pip is not None and Path(pip).parent == Path(sys.executable).parent
-    return f"{'pip' if same_env else sys.executable + ' -m pip'} install {target}"
+    pip = "pip" if same_env else f"{sys.executable} -m pip"
+    command = f"{pip} install {target}"
+    cpu_only = shutil.which("nvidia-smi") is None and importlib.util.find_spec("torch") is None
+    if "torch" in EXTRA_MODULES.get(extra, ()) and cpu_only:
+        return f"{pip} install '{torch_requirement()}' --index-url {TORCH_CPU_INDEX} && {command}"
+    return command
 
 
 def missing_message(command: str | None, module: str, options: Mapping[str, Any] | None = None) -> str | None:

@@ -22,8 +22,10 @@ from ficco.features.dataset import (
     load_dataset,
     load_noise,
     read_manifest,
+    require_manifest,
     with_label_times,
 )
+from ficco.features.label_source import LABEL_VERSIONS, LabelSource, label_source
 from ficco.harness.dataset import label_table
 from ficco.harness.labels import best_set
 from ficco.tables import markdown_table
@@ -41,6 +43,13 @@ _COLORS = dict(
 def schedule_family(schedule: str) -> str:
     """``granularity/executor`` of a canonical schedule string (``finer/dma/s4/chunk`` -> ``finer/dma``)."""
     return Schedule.parse(schedule).family
+
+
+def dataset_label_source(directory: str | Path, rows: pd.DataFrame) -> LabelSource:
+    """The ``LabelSource`` of dataset ``directory`` (its manifest) with the host factor of its ``rows``
+    (``host_factor_of``; 1.0 where no eager time is host-bound, e.g. simulated rows)."""
+    factor = host_factor_of(rows)
+    return label_source(require_manifest(directory), factor if np.isfinite(factor) else 1.0)
 
 
 def write_card(directory: str | Path) -> Path:
@@ -65,6 +74,7 @@ def write_card(directory: str | Path) -> Path:
     sections = [
         _header(manifest, df, directory),
         _measurement(manifest, plan, labels),
+        _label_source(manifest, dataset_label_source(directory, df)),
         _fingerprint(manifest),
         _size(manifest, df),
         _failures(df),
@@ -74,7 +84,7 @@ def write_card(directory: str | Path) -> Path:
         _host_speed(df),
     ]
     if "gathered" in manifest:  # a dataset of shards (`ficco dataset gather`): after the fingerprint
-        sections.insert(3, shards_section(manifest))
+        sections.insert(4, shards_section(manifest))
     if manifest["backend"] != "sim" and not labels.empty:
         sections.append(_agreement(df, noise, directory))
     sections.append(
@@ -151,6 +161,37 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
     counts = labels.drop_duplicates("scenario_id").groupby("family").size().sort_values(ascending=False)
     text += "\n\n" + markdown_table(["family", "scenarios"], [[f, n] for f, n in counts.items()])
     return text
+
+
+def _label_source(manifest: dict, source: LabelSource) -> str:
+    """The card's "Label source" section: what produced the labels (``features.label_source``), the label
+    version with its history line, and the settings that move labels, marking those the manifest lacks."""
+    text = (
+        f"## Label source\n\n`{source.describe()}` (`features.label_source`). Datasets of another backend, "
+        "label version, GPU or world size are other sources of labels: training does not pool them silently, "
+        "and `ficco dataset compare` sets two datasets side by side."
+    )
+    if source.backend == "sim":
+        constants = source.settings.get("sim_constants")
+        return (
+            f"{text}\n\nSimulated: the model `{source.label_version}`, constants `{constants}`; no GPU ran."
+        )
+    recorded = manifest.get("protocol", {})
+    how = "recorded by the sweep" if "label_version" in recorded else "derived from its protocol settings"
+    history = LABEL_VERSIONS.get(source.label_version, "newer than this ficco's history")
+    rows = [
+        [
+            name,
+            f"`{value}`" + ("" if name in recorded else " (not recorded: measured before it was a setting)"),
+        ]
+        for name, value in sorted(source.settings.items())
+        if name != "modes"
+    ]
+    return (
+        f"{text}\n\nLabel version **{source.label_version}** ({how}): {history}.\n\nThe settings that move a "
+        "schedule's measured time, as this dataset was measured:\n\n"
+        + markdown_table(["setting", "value"], rows)
+    )
 
 
 def _fingerprint(manifest: dict) -> str:

@@ -1,6 +1,6 @@
 """``ficco bench``: measure (or simulate) every candidate schedule of every planned scenario; ``ficco dataset
-card|gather``; ``ficco host-factor`` (docs/cli.md). Heavy imports (torch, pandas, matplotlib) happen inside
-the commands.
+card|compare|gather``; ``ficco host-factor`` (docs/cli.md). Heavy imports (torch, pandas, matplotlib) happen
+inside the commands.
 
     ficco bench --out datasets/h200x2 --remeasure 64          # all local GPUs; again: continues the dataset
     ficco bench --backend sim --hardware h100x8 --tp 8 --calibrate-from datasets/h200x2 --out /tmp/h100
@@ -387,6 +387,58 @@ def dataset_card(
     _write_card(directory)
 
 
+class CompareFormat(StrEnum):
+    """How ``ficco dataset compare`` prints: text tables or one JSON object."""
+
+    table = "table"
+    json = "json"
+
+
+def compare_command(
+    a: Annotated[
+        Path, typer.Argument(metavar="A", help="Dataset directory A (e.g. the one a model was trained on).")
+    ],
+    b: Annotated[Path, typer.Argument(metavar="B", help="Dataset directory B, set against A.")],
+    output: Annotated[
+        CompareFormat, typer.Option("--format", help="table: text tables; json: one JSON object.")
+    ] = CompareFormat.table,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (as --format json).")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the JSON object to this file.")
+    ] = None,
+    within: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Neighbourhood of a matched pair: rows, n and k each within this factor of A's scenario "
+            "(1: the same sizes only).",
+        ),
+    ] = 2.0,
+    other_hardware: Annotated[
+        bool,
+        typer.Option(
+            "--other-hardware",
+            help="Compare datasets of other GPUs or interconnects too (their time ratios; a world size must "
+            "still be the same).",
+        ),
+    ] = False,
+) -> None:
+    """Compare two datasets where they measured the same or neighbouring scenarios: how their fastest
+    schedules and time ratios (t / t_serial) differ, per op group, mode, schedule family and size of GEMM
+    work, against the run-to-run noise of their re-measures; their label sources and differing protocol
+    settings first. This is how an executor or protocol change that moved the measured truth shows."""
+    from ficco.harness.compare import compare, render
+
+    result = compare(a, b, within=within, other_hardware=other_hardware)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    json_out = as_json or output is CompareFormat.json
+    typer.echo(json.dumps(result, indent=1) if json_out else render(result))
+
+
 def gather_command(
     parts: Annotated[
         list[Path],
@@ -470,13 +522,15 @@ def host_factor(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``ficco bench``, ``ficco dataset card|gather`` and ``ficco host-factor`` to ``app``."""
+    """Add ``ficco bench``, ``ficco dataset card|compare|gather`` and ``ficco host-factor`` to ``app``."""
     app.command("bench", help=BENCH_HELP)(bench)
     dataset = typer.Typer(
-        help="Work on measured datasets: rewrite a card, gather the shards of a sweep into one.",
+        help="Work on measured datasets: rewrite a card, compare two datasets, gather the shards of a sweep "
+        "into one.",
         no_args_is_help=True,
     )
     dataset.command("card")(dataset_card)
+    dataset.command("compare")(compare_command)
     dataset.command("gather")(gather_command)
     app.add_typer(dataset, name="dataset")
     app.command("host-factor")(host_factor)

@@ -21,29 +21,25 @@ from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from ficco.features import Mode, Schedule, ScheduleTable
-from ficco.features.schedule import range_starts
+from ficco.features import Mode, Schedule
 from ficco.runtime.compile_report import QUIET, CompileReport, Left, Rewrite
 from ficco.runtime.compile_sites import Site, Skipped, find_sites
-from ficco.runtime.planner import Direction, OpRequest, Schedules, as_planner, deprecated_timeout
+from ficco.runtime.planner import (
+    DEFAULT_TOKEN_POINTS,
+    Direction,
+    OpRequest,
+    Schedules,
+    as_planner,
+    deprecated_timeout,
+    token_table,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
-"""Token counts (the op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling."""
 _FILES = tuple(
     str(Path(__file__).with_name(f)) for f in ("compile.py", "compile_sites.py", "planner.py", "sources.py")
 )
 """What a rewrite depends on besides the schedule source: the pass, its patterns and the planner's rules."""
-
-
-def _table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
-    """One schedule string, or a token-range table that switches at the geometric mean of two neighbouring
-    ``points`` that decided differently (``features.schedule.range_starts``, the rule ``ficco export``'s
-    tables share), its first range from 0."""
-    firsts, starts = range_starts(points, schedules)
-    bounds = (0, *starts[1:])
-    return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
 
 
 class FiccoPass(CustomGraphPass):
@@ -114,7 +110,7 @@ class FiccoPass(CustomGraphPass):
         for start, points in spans:
             picks = answers[start : start + len(points)]
             notes = sorted({note for _, note in picks if note})
-            out.append((_table(points, [s for s, _ in picks]), "; ".join(notes)))
+            out.append((token_table(points, [s for s, _ in picks]), "; ".join(notes)))
         return out
 
     def _schedules(self, requests: list[OpRequest]) -> list[tuple[Schedule, str]]:

@@ -95,6 +95,19 @@ class PlannedOps(OverlapOps):
         self.planner.prepare(requests)
 
 
+def gemm_dtype(*tensors: torch.Tensor) -> torch.dtype | None:
+    """The dtype ``F.linear`` multiplies ``tensors`` in: under ``torch.autocast`` of their device the
+    region's for every floating tensor but fp64 (autocast's rule), else their own; None where they differ
+    (``F.linear`` refuses them)."""
+    device = tensors[0].device.type
+    cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    dtypes = {
+        cast if cast is not None and t.is_floating_point() and t.dtype != torch.float64 else t.dtype
+        for t in tensors
+    }
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``features`` name of a torch dtype (``bf16``, ``fp16``, ``fp32``)."""
     try:
@@ -104,12 +117,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def request_pair(
-    op: str, *, m: int, n: int, k: int, dtype: str, world_size: int, layer: str
+    op: str, *, m: int, n: int, k: int, dtype: str, world_size: int, layer: str, batch: int = 1
 ) -> tuple[OpRequest, OpRequest]:
-    """The requests of ``op`` (``ag_gemm`` or ``gemm_rs``) on ``[m, k] @ [k, n]`` and of its input
-    gradient's op: the other op of the pair, on the transposed weight (``n`` and ``k`` swapped)."""
+    """The requests of ``op`` (``ag_gemm`` or ``gemm_rs``) on ``[m, k] @ [k, n]`` (rows of ``batch``
+    sequences) and of its input gradient's op: the other op of the pair, on the transposed weight (``n``
+    and ``k`` swapped)."""
     back = "gemm_rs" if op == "ag_gemm" else "ag_gemm"
-    common = {"layer": layer, "m": m, "dtype": dtype, "world_size": world_size}
+    common = {"layer": layer, "m": m, "dtype": dtype, "world_size": world_size, "batch": batch}
     return (
         OpRequest(direction="fwd", op=op, n=n, k=k, **common),
         OpRequest(direction="bwd-input", op=back, n=k, k=n, **common),

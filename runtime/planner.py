@@ -21,8 +21,20 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor import library
-from ficco.features import DEFAULT_HARDWARE_ID, MODES, SERIAL, Mode, Scenario, Schedule, get_hardware
+from ficco.executor.layout import Rates, batch_extra_us, call_us, gemm_us
+from ficco.features import (
+    DEFAULT_HARDWARE_ID,
+    MODES,
+    SERIAL,
+    Mode,
+    Scenario,
+    Schedule,
+    ScheduleTable,
+    get_hardware,
+)
 from ficco.features.hardware import hardware_of
+from ficco.features.schedule import range_starts
+from ficco.features.vector import roofline_comm_us
 from ficco.runtime.sources import Answer, ScheduleSource
 from ficco.tables import markdown_table
 from ficco.training.predict.coverage import OFF_MAP_BELOW, off_map
@@ -56,13 +68,17 @@ def _shape_fields(shape: object) -> dict[str, object]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpKey(OpShape):
-    """What a decision depends on: the op's shape and the execution mode."""
+    """What a decision depends on: the op's shape, the sequences its rows hold and the execution mode."""
 
     mode: Mode
+    batch: int = 1
+    """Sequences the op's rows hold (``OpRequest.batch``): a batched call's layout costs GPU work the
+    planner prices (:func:`priced`)."""
 
     @property
     def shape(self) -> str:
-        return f"{self.op} m={self.m} n={self.n} k={self.k}"
+        sequences = f" batch={self.batch}" if self.batch > 1 else ""
+        return f"{self.op} m={self.m} n={self.n} k={self.k}{sequences}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +104,9 @@ class OpRequest(OpShape):
     layer: str
     """The layer's name, e.g. ``layers.0.attn.qkv``."""
     direction: Direction
+    batch: int = 1
+    """Sequences the rows hold: a sequence-parallel ``[batch, seq/w, k]`` shard gathered (or scattered)
+    along the sequence."""
 
 
 class Planner:
@@ -161,7 +180,7 @@ class Planner:
 
     def key(self, shape: OpShape) -> OpKey:
         """The cache key of ``shape``'s op (an ``OpRequest`` or a bare ``OpShape``) in this planner's mode."""
-        return OpKey(mode=self.mode, **_shape_fields(shape))
+        return OpKey(mode=self.mode, batch=getattr(shape, "batch", 1), **_shape_fields(shape))
 
     def schedule(self, request: OpRequest) -> Schedule:
         """The schedule of ``request``'s op (decided now if new). The hot path is one lookup by the request's
@@ -254,7 +273,10 @@ class Planner:
         if len(answers) != len(keys):
             why = f"the source gave {len(answers)} answers for {len(keys)} scenarios"
             return [_fallback(why)] * len(keys)
-        return [_decision(a, s, self.mode, self.off_map) for a, s in zip(answers, scenarios, strict=True)]
+        return [
+            priced(_decision(a, s, self.mode, self.off_map), s, key.batch)
+            for a, s, key in zip(answers, scenarios, keys, strict=True)
+        ]
 
     def _set(self, key: OpKey, decision: Decision) -> None:
         self.decisions[key] = decision
@@ -350,6 +372,51 @@ def _decision(answer: Answer, scenario: Scenario, mode: Mode, off_map_rule: OffM
         return _fallback(reason, answer.origin, near)
     speedup = 1.0 if schedule == SERIAL else answer.predicted_speedup
     return Decision(schedule=schedule, predicted_speedup=speedup, origin=answer.origin, neighbours=near)
+
+
+DEFAULT_TOKEN_POINTS: tuple[int, ...] = tuple(2**i for i in range(6, 18))
+"""Token counts (an op's ``m``) a dynamic-shape op is decided at: 64 to 131072, doubling."""
+
+
+def token_table(points: Sequence[int], schedules: Sequence[Schedule]) -> str:
+    """One schedule string, or a token-range table that switches at the geometric mean of two neighbouring
+    ``points`` that decided differently (``features.schedule.range_starts``, the rule ``ficco export``'s
+    tables share), its first range from 0."""
+    firsts, starts = range_starts(points, schedules)
+    bounds = (0, *starts[1:])
+    return str(ScheduleTable(bounds=bounds, schedules=tuple(schedules[i] for i in firsts)))
+
+
+def priced(decision: Decision, scenario: Scenario, batch: int) -> Decision:
+    """``decision`` for an op whose rows hold ``batch`` sequences, with the GPU work of its decomposition
+    priced in (``executor.layout``): the source predicted ``t_serial / t_schedule`` for the op on one
+    sequence. On ``batch`` both pay their layout's work (serial: PyTorch's copy of the gathered input or of
+    the partial product; an overlapped schedule: its copies, or a weight read per segment), and no schedule
+    ends before its own GEMMs and copies, whatever it overlaps; the op's serial time is estimated as its
+    roofline GEMM plus its communication at the link's bandwidth (no latency: what overlap can hide at
+    most). The pick stays where that predicts a speedup above 1, else ``serial/sm`` runs with the reason.
+    Nothing to price for one sequence (the source measured the decomposition there), ``serial/sm`` or a
+    source that predicts no speedup (a fixed schedule, a function)."""
+    r = decision.predicted_speedup
+    if batch <= 1 or decision.schedule == SERIAL or r is None or r <= 0:
+        return decision
+    s = scenario
+    itemsize = s.dtype_bytes
+    shape = {"m": s.m, "n": s.n, "k": s.k, "world_size": s.world_size, "itemsize": itemsize}
+    shape |= {"hardware": s.hardware}
+    extra = batch_extra_us(s.op, decision.schedule, batch=batch, **shape)
+    serial_extra = batch_extra_us(s.op, SERIAL, batch=batch, **shape)
+    own = call_us(s.op, decision.schedule, batch=batch, **shape)
+    t_serial = gemm_us(s.m, s.n, s.k, itemsize, Rates.of(s.hardware, itemsize)) + roofline_comm_us(s)
+    speedup = (t_serial + serial_extra) / max(t_serial / r + extra, own)
+    if speedup > 1.0:
+        return dataclasses.replace(decision, predicted_speedup=speedup)
+    reason = (
+        f"{decision.schedule} predicted {r:.2f}x on one sequence, {speedup:.2f}x on {batch}: its GEMMs and "
+        f"copies take {own:.0f} us, its batched layout adds {extra:.0f} us (serial's {serial_extra:.0f} us) "
+        f"to an op of about {t_serial:.0f} us"
+    )
+    return _fallback(reason, decision.origin, decision.neighbours)
 
 
 def _fallback(reason: str, origin: str = "planner", neighbours: int | None = None) -> Decision:

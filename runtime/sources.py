@@ -150,7 +150,13 @@ class ServiceSource:
             | {"hardware": s.hardware.id, "mode": mode, **machine}
             for s in scenarios
         ]
-        return [answer_from(r, self.origin) for r in self.client.recommend_many(bodies)]
+        answers = self.client.recommend_many(bodies, errors="return")  # each scenario answered or refused
+        return [
+            _serial(f"the service refused it: {a}", self.origin)
+            if isinstance(a, Exception)
+            else answer_from(a, self.origin)
+            for a in answers
+        ]
 
     def _table_of(self, scenario: Scenario, mode: Mode) -> TableSource:
         """The table source of ``scenario``'s (hardware, world size, dtype) in ``mode``, fetched once."""
@@ -162,7 +168,7 @@ class ServiceSource:
             )
             from ficco.features.fingerprint import machine_fingerprint
 
-            here = machine_fingerprint(table.world_size) if self.machine == "auto" else self.machine
+            here = machine_fingerprint() if self.machine == "auto" else self.machine
             if here is not None:
                 table.check_machine(here, f"the service's table for {key}")
             found = self._tables[key] = TableSource(tables=[table], origin=table.origin)
@@ -311,7 +317,7 @@ class TableSource(_EachScenario):
         tables = []
         for path in table_paths(paths):
             t = ScheduleTableFile.read(path)
-            here = machine_fingerprint(t.world_size) if machine == "auto" else machine
+            here = machine_fingerprint() if machine == "auto" else machine
             if here is not None:
                 t.check_machine(here, str(path))
             elif machine == "auto":

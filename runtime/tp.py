@@ -11,9 +11,11 @@ when PyTorch's runs instead: docs/runtimes.md ("Use with torchtitan").
 
 from __future__ import annotations
 
+import itertools
 import logging
 import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -25,12 +27,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import PrepareModuleInput as _TorchPrepareModuleInput
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 from torch.distributed.tensor.parallel import SequenceParallel
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 from ficco.executor import library  # noqa: F401 (registers torch.ops.ficco)
 from ficco.executor.checks import DTYPES
 from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
-from ficco.runtime.overlap import backward_follows, dtype_name, request_pair
-from ficco.runtime.planner import OpRequest, Planner, Schedules, as_planner
+from ficco.features.schedule import Schedule
+from ficco.runtime.overlap import backward_follows, dtype_name, gemm_dtype, request_pair
+from ficco.runtime.planner import DEFAULT_TOKEN_POINTS, OpRequest, Planner, Schedules, as_planner, token_table
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ def name_modules(model: nn.Module) -> None:
             state.name = path
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, weakref_slot=True)
 class _State:
     """What a module a ficco linear style parallelized keeps: its style, its group, its decisions."""
 
@@ -96,6 +100,11 @@ class _State:
     """(request key, backward) pairs the planner has decided."""
     _planner: tuple[int, Planner] | None = None
     """(the default's generation, the planner) once resolved."""
+    index: int = field(default_factory=lambda: next(_indices))
+    """Its key in :data:`_STATES`: how a compiled forward names it to :func:`_traced_schedules`."""
+
+    def __post_init__(self) -> None:
+        _STATES[self.index] = self
 
     def planner(self) -> Planner:
         """The style's planner: ``runtime.as_planner`` of its ``schedules``, agreeing over its mesh."""
@@ -105,17 +114,31 @@ class _State:
         return self._planner[1]
 
     def schedule_strings(
-        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool
+        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
     ) -> tuple[str, str]:
-        """The schedule strings of an op at this shape and, with ``backward``, of its backward's op (the
-        other of the pair; "" without)."""
+        """The schedule strings of an op at this shape (rows of ``batch`` sequences) and, with ``backward``,
+        of its backward's op (the other of the pair; "" without). Inside ``torch.compile`` the planner is
+        asked when the forward is traced, outside the traced code, and the strings enter the graph as
+        constants (:func:`_traced_schedules`)."""
+        if torch.compiler.is_compiling():
+            static = has_static_value(m) and has_static_value(batch)
+            return _traced_schedules(
+                self.index, op, m if static else None, n, k, dtype, backward, batch if static else 1
+            )
+        return self.decided(op, m, n, k, dtype, backward, batch)
+
+    def decided(
+        self, op: str, m: int, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
+    ) -> tuple[str, str]:
+        """:meth:`schedule_strings`, asked of the planner now."""
         planner = self.planner()
-        key = (op, m, n, k, dtype)
+        key = (op, m, n, k, dtype, batch)
         pair = self.requests.get(key)
         if pair is None:
             pair = self.requests[key] = request_pair(
-                op, m=m, n=n, k=k, dtype=dtype_name(dtype), world_size=self.world_size, layer=self.name
-            )
+                op, m=m, n=n, k=k, dtype=dtype_name(dtype), world_size=self.world_size, layer=self.name,
+                batch=batch,
+            )  # fmt: skip
         if (key, backward) not in self.prepared:  # decided in one batch once, a lookup afterwards
             planner.prepare(list(pair) if backward else pair[:1])
             self.prepared.add((key, backward))
@@ -123,7 +146,15 @@ class _State:
 
     def say(self, why: str, *, expected: bool = False) -> None:
         """Log once per reason that this module runs PyTorch's style, and note it in the planner's table
-        (``expected``: a layer ficco has no op for, logged at info level; otherwise a warning)."""
+        (``expected``: a layer ficco has no op for, logged at info level; otherwise a warning); inside
+        ``torch.compile`` when the forward is traced, outside the traced code (:func:`_traced_say`)."""
+        if torch.compiler.is_compiling():
+            _traced_say(self.index, why, expected)
+        else:
+            self.said_now(why, expected)
+
+    def said_now(self, why: str, expected: bool) -> None:
+        """:meth:`say`, now."""
         if why in self.said:
             return
         self.said.add(why)
@@ -132,6 +163,37 @@ class _State:
             logging.INFO if expected else logging.WARNING, "ficco.runtime.tp: %s runs %s", self.name, what
         )
         self.planner().note(self.name, "fwd", what)
+
+
+_indices = itertools.count()
+_STATES: weakref.WeakValueDictionary[int, _State] = weakref.WeakValueDictionary()
+"""Every module state by its index, for :func:`_traced_schedules`."""
+
+
+@torch.compiler.assume_constant_result
+def _traced_schedules(
+    index: int, op: str, m: int | None, n: int, k: int, dtype: torch.dtype, backward: bool, batch: int
+) -> tuple[str, str]:
+    """:meth:`_State.schedule_strings` of the state ``index`` while ``torch.compile`` traces a forward: run
+    by Dynamo at trace time, its result a constant of the graph (the planner's state stays outside the
+    traced code; a later pin reaches a compiled graph when it is compiled again). A dynamic token count
+    (``m`` None) gets token-range tables decided at :data:`~ficco.runtime.planner.DEFAULT_TOKEN_POINTS`
+    (as the compile pass decides one)."""
+    state = _STATES[index]
+    if m is not None:
+        return state.decided(op, m, n, k, dtype, backward, batch)
+    w = state.world_size
+    points = sorted({-(-p // w) * w for p in DEFAULT_TOKEN_POINTS})
+    pairs = [state.decided(op, p, n, k, dtype, backward, batch) for p in points]
+    forward = token_table(points, [Schedule.parse(f) for f, _ in pairs])
+    return forward, token_table(points, [Schedule.parse(b) for _, b in pairs]) if backward else ""
+
+
+@torch.compiler.assume_constant_result
+def _traced_say(index: int, why: str, expected: bool) -> bool:
+    """:meth:`_State.say` of the state ``index`` while ``torch.compile`` traces a forward (at trace time)."""
+    _STATES[index].said_now(why, expected)
+    return True
 
 
 class _LinearStyle:
@@ -167,8 +229,6 @@ class _LinearStyle:
             return f"a {mesh.ndim}-D mesh; ficco's ops run on one group", False
         if not MIN_WORLD_SIZE <= mesh.size() <= MAX_WORLD_SIZE:
             return f"{mesh.size()} ranks; ficco's ops run on {MIN_WORLD_SIZE} to {MAX_WORLD_SIZE}", False
-        if module.weight.dtype not in DTYPES:
-            return f"{module.weight.dtype}; ficco's ops run {', '.join(map(str, DTYPES))}", False
         dim = 0 if self._kind == "colwise" else 1
         if module.weight.shape[dim] % mesh.size():
             which = ("out_features", "in_features")[dim]
@@ -232,6 +292,19 @@ def _attach_pytorchs(module: nn.Module, mesh: DeviceMesh, style: _LinearStyle, w
             handle.remove()
 
     handle = module.register_forward_pre_hook(first_and_checks, prepend=True)
+    if isinstance(module, nn.Embedding) and style.use_local_output:
+        module.register_forward_hook(lambda _mod, _args, out: _own_tensor(out))
+
+
+def _own_tensor(y: object) -> object:
+    """A token embedding's local output ``y`` (PyTorch's style hands out a view of its DTensor's local
+    tensor) as a tensor of its own (one copy, in training only): a block compiled with ``torch.compile``
+    takes it as its input and gets its gradient, where AOTAutograd (torch 2.13) fails on such a view under
+    PyTorch's own styles (torchtitan's token embeddings before its compiled blocks; an alias that is no
+    view loses the gradient)."""
+    if isinstance(y, torch.Tensor) and not isinstance(y, DTensor) and y.requires_grad and y._is_view():
+        return y.clone()
+    return y
 
 
 # ficco's forwards -------------------------------------------------------------------------------------------
@@ -251,14 +324,18 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
             return _pytorchs_forward(self, x, f"its input is Shard({layout.dim}), its features")
         if isinstance(x, DTensor) and x.shape[dim] % state.world_size:
             return _pytorchs_forward(self, x, f"an uneven input (dim {dim} of size {x.shape[dim]})")
+        dtype = _gemm_dtype(self, x)
+        if dtype not in DTYPES:
+            return _pytorchs_forward(self, x, _dtype_reason(self, x))
         _check_even_output(self, state, x)
         local = x.to_local() if isinstance(x, DTensor) else x
-        _, (y,) = _all_gather_matmul(state, local, [self.weight.to_local().t()], dim, return_a=False)
+        weights = [self.weight.to_local().t()]
+        _, (y,) = _all_gather_matmul(state, local, weights, dim, dtype, return_a=False)
         return _colwise_output(self, state, y)
     if isinstance(layout, Replicate):  # every rank holds the input: the local GEMM under Megatron's f
         _check_even_output(self, state, x)
-        y = F.linear(_replicated(x, state), self.weight.to_local())
-        return _colwise_output(self, state, y)
+        bias = None if self.bias is None else self.bias.to_local()
+        return _output(state, F.linear(_replicated(x, state), self.weight.to_local(), bias), Shard(-1))
     why = f"its input is laid out as {layout!r}"
     if layout is None:
         why = "its input is a DTensor of another layout than input_layouts"
@@ -266,14 +343,22 @@ def _colwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _all_gather_matmul(
-    state: _State, shard: torch.Tensor, weights: list[torch.Tensor], dim: int, *, return_a: bool
+    state: _State,
+    shard: torch.Tensor,
+    weights: list[torch.Tensor],
+    dim: int,
+    dtype: torch.dtype,
+    *,
+    return_a: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``torch.ops.ficco.all_gather_matmul`` of ``shard [..., k]`` gathered along ``dim`` against each
-    ``weights[i] [k, n_i]``, under the schedules ``state``'s planner decides for the shape."""
+    ``weights[i] [k, n_i]``, its GEMMs in ``dtype`` (autocast's, where a region casts), under the schedules
+    ``state``'s planner decides for the shape."""
     m = shard.numel() // shard.shape[-1] * state.world_size
     n = sum(w.shape[1] for w in weights)
     backward = backward_follows(shard, *weights)
-    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], shard.dtype, backward)
+    batch = shard.numel() // (shard.shape[dim] * shard.shape[-1]) if dim < shard.dim() - 1 else 1
+    fwd, bwd = state.schedule_strings("ag_gemm", m, n, shard.shape[-1], dtype, backward, batch)
     return torch.ops.ficco.all_gather_matmul(shard, weights, dim, state.group_name, fwd, return_a, bwd)
 
 
@@ -281,8 +366,31 @@ def _colwise_output(self: nn.Linear, state: _State, y: torch.Tensor) -> torch.Te
     """A column-parallel layer's local output ``y`` (every row, this rank's columns) with its bias shard (a
     complete gradient: every row is here) as the style's output."""
     if self.bias is not None:
-        y = y + self.bias.to_local()
+        y = _biased(y, self.bias.to_local())
     return _output(state, y, Shard(-1))
+
+
+def _biased(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``y + bias``; under autocast (``y`` narrower than ``bias``) added in ``bias``'s dtype and rounded to
+    ``y``'s once, as ``F.linear``'s GEMM adds its bias before it rounds."""
+    return y + bias if y.dtype == bias.dtype else (y + bias).to(y.dtype)
+
+
+def _gemm_dtype(module: nn.Linear, x: torch.Tensor) -> torch.dtype | None:
+    """The dtype ``F.linear`` would multiply ``x`` by ``module``'s weight (and bias) in (autocast's where a
+    region casts); None where it would refuse them."""
+    return gemm_dtype(x, module.weight, *([] if module.bias is None else [module.bias]))
+
+
+def _dtype_reason(module: nn.Linear, x: torch.Tensor) -> str:
+    """Why a call of ``module`` on ``x`` runs PyTorch's style: a dtype ficco's ops do not run, or dtypes
+    ``F.linear`` refuses together (PyTorch's style then raises its own error)."""
+    dtype = _gemm_dtype(module, x)
+    if dtype is None:
+        return (
+            f"its input is {x.dtype} and its weight {module.weight.dtype}, which F.linear does not multiply"
+        )
+    return f"{dtype}; ficco's ops run {', '.join(map(str, DTYPES))}"
 
 
 def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -297,14 +405,18 @@ def _rowwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.shape[dim] % state.world_size:
         _check_even_output(self, state, x)  # raises where the output is handed out as local shards
         return _pytorchs_forward(self, x, f"an uneven output (dim {dim} of size {x.shape[dim]})")
+    dtype = _gemm_dtype(self, x)
+    if dtype not in DTYPES:
+        return _pytorchs_forward(self, x, _dtype_reason(self, x))
     local = x.to_local() if isinstance(x, DTensor) else x
     weight = self.weight.to_local()  # [out, in/w]
     m = local.numel() // local.shape[-1]
     backward = backward_follows(local, weight)
-    fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, local.dtype, backward)
+    batch = local.numel() // (local.shape[dim] * local.shape[-1])
+    fwd, bwd = state.schedule_strings("gemm_rs", m, *weight.shape, dtype, backward, batch)
     y = torch.ops.ficco.matmul_reduce_scatter(local, weight.t(), "sum", dim, state.group_name, fwd, bwd)
     if self.bias is not None:  # on this rank's rows: its gradient is a partial sum, all-reduced as PyTorch's
-        y = y + _replicated(self.bias.to_local(), state)
+        y = _biased(y, _replicated(self.bias.to_local(), state))
     return _output(state, y, Shard(dim))
 
 
@@ -453,7 +565,9 @@ class PrepareModuleInput(_TorchPrepareModuleInput):
         consumers = getattr(self._module, "_ficco_consumers", None)
         if consumers is None:
             consumers = self._module._ficco_consumers = _consumers(self._module)
-        return [c for c in consumers if c._ficco_tp.group_name == group and c.weight.dtype == input.dtype]
+        consumers = [c for c in consumers if c._ficco_tp.group_name == group]
+        dtypes = [_gemm_dtype(c, input) for c in consumers]  # one op: one dtype its GEMMs run in
+        return [c for c, d in zip(consumers, dtypes, strict=True) if d in DTYPES and d == dtypes[0]]
 
 
 def _consumers(module: nn.Module) -> list[nn.Module]:
@@ -482,7 +596,8 @@ def _hand_off(
     shard = input.to_local() if isinstance(input, DTensor) else input
     dim %= shard.dim()
     weights = [c.weight.to_local().t() for c in consumers]
-    gathered, outs = _all_gather_matmul(consumers[0]._ficco_tp, shard, weights, dim, return_a=True)
+    dtype = _gemm_dtype(consumers[0], input)
+    gathered, outs = _all_gather_matmul(consumers[0]._ficco_tp, shard, weights, dim, dtype, return_a=True)
     # contiguous, as PyTorch's gather returns it (the op put the rank-major rows in place, the one copy
     # PyTorch's all-gather along the sequence makes too)
     gathered = gathered.detach()
@@ -535,13 +650,27 @@ def _leave(module: nn.Module, _args, _output) -> None:
         module._ficco_consumers = [c for c in module._ficco_consumers if c not in missed]
         child_names = {id(c): name for name, c in module.named_children()}
         names = ", ".join(child_names[id(c)] for c in missed)
-        log.warning(
-            "ficco.runtime.tp.PrepareModuleInput on %s: %s did not get the prepared input as it was (the "
-            "module viewed, cast or normalised it first); they compute from what they get, as PyTorch's "
-            "styles do, and are left out of the gathered op from now on",
-            type(module).__name__,
-            names,
+        _warn(
+            f"ficco.runtime.tp.PrepareModuleInput on {type(module).__name__}: {names} did not get the "
+            "prepared input as it was (the module viewed, cast or normalised it first); they compute from "
+            "what they get, as PyTorch's styles do, and are left out of the gathered op from now on"
         )
+
+
+def _warn(message: str) -> None:
+    """``log.warning(message)``; inside ``torch.compile`` when the forward is traced, outside the traced
+    code (:func:`_traced_warning`)."""
+    if torch.compiler.is_compiling():
+        _traced_warning(message)
+    else:
+        log.warning(message)
+
+
+@torch.compiler.assume_constant_result
+def _traced_warning(message: str) -> bool:
+    """``log.warning(message)`` while ``torch.compile`` traces a forward (at trace time)."""
+    log.warning(message)
+    return True
 
 
 def _check_even_input(

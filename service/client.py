@@ -21,13 +21,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from ficco.features import Scenario
 from ficco.features.schedule_table import ScheduleTableFile
 from ficco.service.cache import RecommendationCache
+from ficco.service.errors import error_line, from_pydantic
 from ficco.service.schemas import (
     ModelsPublic,
     ReadyPublic,
@@ -35,6 +37,7 @@ from ficco.service.schemas import (
     RecommendationsPublic,
     ScenarioIn,
     ScorePublic,
+    ScoreRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -46,12 +49,29 @@ RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
 class ServiceError(RuntimeError):
-    """The service refused a request (``status_code`` and its ``detail``) or could not be reached."""
+    """The service refused a request, or could not be reached (``status_code`` None).
 
-    def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None) -> None:
+    The message is one line, the same a ``ficco`` command prints after ``error:`` for the same mistake:
+    ``field: msg; ...`` for a 422 (``errors.error_line``), the server's sentence otherwise. ``detail`` is
+    the answer's ``detail`` as sent; ``errors`` its error items (422: where, the value, what is allowed;
+    empty otherwise); ``known_ids`` the hardware ids a request may name (404 for an unknown one). A request
+    the client can tell is invalid before sending it (a mistyped op) is refused the same way, with the
+    status the server would give (422), without asking it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        detail: Any = None,
+        known_ids: Sequence[str] = (),
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.detail = detail
+        self.errors: list[dict[str, Any]] = detail if isinstance(detail, list) else []
+        self.known_ids = list(known_ids)
 
 
 class ServiceClient:
@@ -115,7 +135,7 @@ class ServiceClient:
 
         Asks the server once per distinct scenario; later calls come from the cache.
         """
-        item = ScenarioIn(**scenario)
+        item = _checked(ScenarioIn, scenario, "POST /v1/recommend")
         key = (item.hardware, *item.cache_key())
         cached = self.cache.get(key)
         if cached is not None:
@@ -131,42 +151,76 @@ class ServiceClient:
         return self.recommend(**fields)
 
     def recommend_many(
-        self, scenarios: Sequence[dict[str, Any]], *, batch_size: int = 10_000
-    ) -> list[RecommendationPublic]:
-        """Schedules for many scenarios: cached ones locally, each new shape once, in batches."""
-        items = [ScenarioIn(**s) for s in scenarios]
-        keys = [(item.hardware, *item.cache_key()) for item in items]
-        answers: dict[tuple, RecommendationPublic] = {}
+        self, scenarios: Sequence[dict[str, Any]], *, batch_size: int = 10_000, errors: str = "raise"
+    ) -> list[RecommendationPublic] | list[RecommendationPublic | ServiceError]:
+        """Schedules for many scenarios: cached ones locally, each new shape once, in batches.
+
+        The service answers each scenario on its own (``POST /v1/recommend/batch``). ``errors="raise"``:
+        a refused scenario raises ``ServiceError`` (422; ``errors`` names every refused one's fields);
+        ``errors="return"``: its place in the list holds that ``ServiceError`` (the status a single request
+        gets: 422, or 404 for a hardware id nobody knows) and the others are answers. Error locations are
+        the positions in ``scenarios``.
+        """
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return'; got {errors!r}")
+        where = "POST /v1/recommend/batch"
+        items: list[ScenarioIn | ServiceError] = []
+        for i, s in enumerate(scenarios):
+            try:
+                items.append(_checked(ScenarioIn, s, where, loc=("body", "scenarios", i)))
+            except ServiceError as err:
+                items.append(err)
+        keys = [
+            (item.hardware, *item.cache_key()) if isinstance(item, ScenarioIn) else None for item in items
+        ]
+        answers: dict[tuple, RecommendationPublic | list[dict[str, Any]]] = {}
         new: dict[tuple, ScenarioIn] = {}
         for key, item in zip(keys, items, strict=True):
-            if key not in answers and key not in new:
+            if key is not None and key not in answers and key not in new:
                 hit = self.cache.get(key)
                 if hit is not None:
                     answers[key] = hit
                 else:
-                    new[key] = item
+                    new[key] = item  # type: ignore[assignment]  # a ScenarioIn where key is not None
         pending = list(new.items())
         for start in range(0, len(pending), batch_size):
             chunk = pending[start : start + batch_size]
             body = {"scenarios": [_body(item) for _, item in chunk]}
             result = RecommendationsPublic.model_validate(self._request("POST", "/v1/recommend/batch", body))
-            for (key, _), answer in zip(chunk, result.data, strict=True):
-                self.cache.put(key, answer)
-                answers[key] = answer
-        return [answers[key] for key in keys]
+            for (key, _), item in zip(chunk, result.data, strict=True):
+                if item.result is not None:
+                    self.cache.put(key, item.result)
+                    answers[key] = item.result
+                else:
+                    answers[key] = [e.model_dump() for e in item.errors or []]
+        out: list[RecommendationPublic | ServiceError] = []
+        for i, (key, item) in enumerate(zip(keys, items, strict=True)):
+            answer = item if key is None else answers[key]
+            out.append(_item_error(answer, i, where) if isinstance(answer, list) else answer)
+        refused = [answer for answer in out if isinstance(answer, ServiceError)]
+        if refused and errors == "raise":
+            every = [e for err in refused for e in err.errors]
+            message = f"{where}: {len(refused)} of {len(out)} scenarios refused: {error_line(every)}"
+            raise ServiceError(message, status_code=422, detail=every)
+        return out  # type: ignore[return-value]  # answers only, unless errors="return"
 
     def score(
         self,
         config: dict[str, Any],
         *,
-        tp: int,
+        tp: int | None = None,
         tokens: Sequence[int],
         dtype: str = "bf16",
         hardware: str | None = None,
         name: str | None = None,
+        mode: str = "eager",
     ) -> ScorePublic:
-        """Score a Hugging Face model config (as ``ficco score``)."""
-        body = dict(config=config, tp=tp, tokens=list(tokens), dtype=dtype, hardware=hardware, name=name)
+        """Score a Hugging Face model config (as ``ficco score``) at ``tp`` ranks (None: the hardware's GPU
+        count)."""
+        fields = dict(config=config, tp=tp, tokens=list(tokens), dtype=dtype, hardware=hardware, name=name)
+        body = _checked(ScoreRequest, {**fields, "mode": mode}, "POST /v1/score").model_dump(
+            exclude_none=True
+        )
         return ScorePublic.model_validate(self._request("POST", "/v1/score", body))
 
     def fetch_table(
@@ -180,6 +234,7 @@ class ServiceClient:
         shapes: Sequence[str] | None = None,
         cache_dir: str | Path | None = None,
         timeout_s: float = TABLE_TIMEOUT_S,
+        allow_simulated: bool = False,
     ) -> ScheduleTableFile:
         """The served model's schedule table for one (tp, mode, dtype): ``GET /v1/tables/{hardware_id}``
         (the shape grid), or ``POST`` with a Hugging Face ``config`` or ``shapes`` (``op:n:k``).
@@ -189,8 +244,14 @@ class ServiceClient:
         ``If-None-Match`` and a 304 reads the file back. When the service cannot be reached, a cached
         table is used (with a warning); otherwise ``ServiceError``. ``timeout_s`` bounds each attempt
         (the server builds a table it has not built for this model version before, which takes seconds).
+        ``allow_simulated``: a simulated model's table (marked simulated), as the service's query says.
         """
-        request = {"tp": tp, "mode": mode, "dtype": dtype}
+        request = {
+            "tp": tp,
+            "mode": mode,
+            "dtype": dtype,
+            **({"allow_simulated": True} if allow_simulated else {}),
+        }
         posted = config is not None or shapes is not None
         if posted:
             request |= {"config": config, "shapes": list(shapes) if shapes is not None else None}
@@ -253,15 +314,17 @@ class ServiceClient:
                 last = f"{type(err).__name__}: {err}"
                 continue
             if response.status_code in RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
+                last = f"HTTP {response.status_code}: {_message(_detail(response))}"
                 retry_after = response.headers.get("retry-after")
                 continue
             if response.is_error:
                 detail = _detail(response)
+                known = _answer_json(response).get("known_ids") or ()
                 raise ServiceError(
-                    f"{method} {path} answered {response.status_code}: {detail}",
+                    f"{method} {path} answered {response.status_code}: {_message(detail)}",
                     status_code=response.status_code,
                     detail=detail,
+                    known_ids=known,
                 )
             return response
         raise ServiceError(f"{method} {path} failed after {self.retries + 1} attempts; last: {last}")
@@ -277,8 +340,51 @@ def _body(item: ScenarioIn) -> dict[str, Any]:
     return item.model_dump(exclude_none=True)
 
 
-def _detail(response: httpx.Response) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _checked(schema: type[M], fields: Any, where: str, *, loc: Sequence[str | int] = ("body",)) -> M:
+    """``fields`` as the request ``schema`` (the server's own); ``ServiceError`` (422, the server's error
+    items located at ``loc``) for a request the server would refuse so, before it is sent."""
     try:
-        return response.json().get("detail")
-    except (ValueError, AttributeError):
-        return response.text[:500]
+        return schema.model_validate(fields)
+    except ValidationError as err:
+        errors = [from_pydantic({**e, "loc": (*loc, *e["loc"])}) for e in err.errors()]
+        message = (
+            f"{where} refused before sending (the service answers such a request 422): {error_line(errors)}"
+        )
+        raise ServiceError(message, status_code=422, detail=errors) from None
+
+
+def _item_error(errors: list[dict[str, Any]], index: int, where: str) -> ServiceError:
+    """A refused batch item's ``errors`` (located at whichever position it was sent at) as the
+    ``ServiceError`` of scenario ``index`` of the caller's list, with a single request's status."""
+    moved = []
+    for e in errors:
+        loc = ["body", "scenarios", index, *e["loc"][3:]]
+        moved.append({**e, "loc": loc, "field": ".".join(str(part) for part in loc[1:])})
+    status = 404 if any(e["type"] == "unknown_hardware" for e in moved) else 422
+    return ServiceError(
+        f"{where} refused scenario {index}: {error_line(moved)}", status_code=status, detail=moved
+    )
+
+
+def _answer_json(response: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object, or ``{}`` (an answer of a proxy in front of the service may be text)."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _detail(response: httpx.Response) -> Any:
+    """The answer's ``detail`` (the service's errors), else its text (a proxy's answer) whole."""
+    return _answer_json(response).get("detail", response.text)
+
+
+def _message(detail: Any) -> str:
+    """An answer's ``detail`` as one line: error items as ``field: msg; ...``, a sentence as it is."""
+    if isinstance(detail, list) and all(isinstance(e, dict) for e in detail):
+        return error_line(detail)
+    return " ".join(str(detail).split())

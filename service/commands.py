@@ -45,6 +45,10 @@ class RecommendFormat(StrEnum):
 
 _MODE_HELP = "eager, or graph: the layer runs inside a replayed CUDA graph (the best schedule can differ)."
 _MODEL_ROOT_HELP = "Model registry root (default: $FICCO_MODEL_ROOT, else models/ at the repository root)."
+_TP_HELP = (
+    "Ranks in the tensor/expert-parallel group (2..8; default: the hardware's GPU count): a world size the "
+    "hardware's model was trained at (--world-size is its last release's spelling)."
+)
 _HARDWARE_HELP = (
     "Hardware id, e.g. h200x2, h200x2-sim (its simulated model), a custom id registered before, or a "
     "HardwareProfile JSON file (default: $FICCO_DEFAULT_HARDWARE or h200x2)."
@@ -108,16 +112,22 @@ def _loaded_store(settings: ModelSettings) -> ModelStore:
 
 
 def _answer(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call the shared engine, turning its errors (and schema errors) into a clean exit."""
+    """Call the shared engine, turning its errors (and schema errors) into a clean exit: the line a 404 or
+    422 of the service holds for the same mistake (``errors.error_line``), exit status 2."""
     from pydantic import ValidationError
 
-    from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
+    from ficco.service.errors import (
+        InvalidFieldsError,
+        NoModelError,
+        UnknownHardwareError,
+        error_line,
+        from_pydantic,
+    )
 
     try:
         return fn(*args, **kwargs)
     except ValidationError as err:
-        items = [from_pydantic(e) for e in err.errors()]
-        raise fail("; ".join(f"{e['field']}: {e['msg']} (got {e['input']!r})" for e in items)) from None
+        raise fail(error_line([from_pydantic(e) for e in err.errors()])) from None
     except (InvalidFieldsError, UnknownHardwareError, NoModelError) as err:
         raise fail(str(err)) from None
 
@@ -250,10 +260,7 @@ def score(
             help="Hugging Face config.json files, model folders holding one, or folders of them.",
         ),
     ],
-    tp: Annotated[
-        int,
-        typer.Option(help="Tensor-parallel degree: a world size the hardware's model was trained at (2..8)."),
-    ] = 2,
+    tp: Annotated[int | None, typer.Option("--tp", help=_TP_HELP)] = None,
     tokens: Annotated[str, typer.Option(help="Comma-separated token counts, e.g. 4096,16384.")] = "4096",
     dtype: DTypeOption = "bf16",
     hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
@@ -275,6 +282,7 @@ def score(
 
     Every readable, valid config is scored; each refused one (bad JSON: its line, column and reason; a
     config ficco cannot read or split) gets an ``error:`` line on stderr, and the exit status is then 1.
+    Options no model answers (a hardware, or a --tp it was not trained at) are one line, exit status 2.
     """
     from ficco.service.report import score_csv, score_table
     from ficco.service.schemas import ScoreSettings
@@ -294,7 +302,11 @@ def score(
         kv_layout=kv_layout,
         host_factor=host_factor,
     )
-    result, problems = _score_files(configs, request, _loaded_store(settings), settings.DEFAULT_HARDWARE)
+    from ficco.service.scoring import resolve_settings
+
+    store = _loaded_store(settings)
+    _answer(resolve_settings, store.served, request, default_hardware=settings.DEFAULT_HARDWARE)  # once
+    result, problems = _score_files(configs, request, store, settings.DEFAULT_HARDWARE)
     scored = [item.result for item in result.data if item.result is not None]
     if output_format is ScoreFormat.json:
         one = result.count == 1 and not problems
@@ -316,13 +328,7 @@ def recommend(
     n: Annotated[int, typer.Option(help="Output features of the GEMM on one rank.")],
     k: Annotated[int, typer.Option(help="Reduction dimension of the GEMM on one rank.")],
     dtype: DTypeOption = "bf16",
-    world_size: Annotated[
-        int,
-        typer.Option(
-            help="Ranks in the tensor/expert-parallel group: a world size the hardware's model was trained "
-            "at (2..8)."
-        ),
-    ] = 2,
+    tp: Annotated[int | None, typer.Option("--tp", help=_TP_HELP)] = None,
     hardware: Annotated[str | None, typer.Option(help=_HARDWARE_HELP)] = None,
     experts: Annotated[int, typer.Option(help="MoE ops only: experts in the layer.")] = 0,
     top_k: Annotated[int, typer.Option(help="MoE ops only: experts per token.")] = 0,
@@ -348,7 +354,7 @@ def recommend(
         n=n,
         k=k,
         dtype=dtype,
-        world_size=world_size,
+        world_size=tp,
         experts=experts,
         top_k=top_k,
         imbalance=imbalance,

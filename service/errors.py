@@ -23,11 +23,38 @@ class NoModelError(RuntimeError):
 
 
 class UnknownHardwareError(LookupError):
-    """No loaded model can answer for a hardware id; ``known_ids`` lists the ids that exist."""
+    """A hardware id no profile has (built-in, served or registered): 404 everywhere. ``known_ids`` lists the
+    ids a request may name (``service.core.store.known_ids``), the same on every route."""
 
     def __init__(self, message: str, known_ids: list[str]) -> None:
         super().__init__(message)
         self.known_ids = known_ids
+
+
+class NotServedError(LookupError):
+    """A known hardware id that no served model answers at the world size asked: a 422 at that field
+    (``world_size``, or ``tp``) everywhere. The message is one line naming what is served and the ways
+    forward; ``allowed`` the world sizes the id is answered at."""
+
+    def __init__(self, message: str, allowed: str) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+    def at(self, loc: Sequence[str | int], world_size: int) -> dict[str, Any]:
+        """The error item of this refusal at ``loc`` (the world-size field of a request)."""
+        return field_error(loc, world_size, str(self), "not_served", self.allowed)
+
+
+def error_line(errors: Sequence[dict[str, Any]]) -> str:
+    """Error items (:func:`field_error`) as one line, ``field: msg (got input)`` each (the input where the
+    message does not name it already), ``; ``-separated: what ``ficco`` prints after ``error:``, an
+    ``InvalidFieldsError`` says and ``ServiceError``'s message holds."""
+    parts = []
+    for e in errors:
+        msg, value = str(e.get("msg")), e.get("input")
+        got = f" (got {value!r})" if value is not None and "got " not in msg else ""
+        parts.append(f"{e.get('field') or 'body'}: {msg}{got}")
+    return "; ".join(parts)
 
 
 class InvalidFieldsError(ValueError):
@@ -37,7 +64,7 @@ class InvalidFieldsError(ValueError):
     """
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__("; ".join(f"{e['field'] or 'body'}: {e['msg']}" for e in errors))
+        super().__init__(error_line(errors))
         self.errors = errors
 
 

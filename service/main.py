@@ -38,7 +38,7 @@ from ficco.service.core.store import ModelStore
 from ficco.service.core.worker_pool import WorkerLostError, WorkerOptions, WorkerPool
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score, tables
-from ficco.service.tables import TableCache, prefetch
+from ficco.service.tables import GridTables, TableCache, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +178,11 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
         tasks = [asyncio.create_task(workers.supervise(lambda: store.versions))]
         if settings.RELOAD_POLL_S > 0:
             tasks.append(asyncio.create_task(store.watch(settings.RELOAD_POLL_S)))
-        if settings.TABLE_PREFETCH:
+        if settings.TABLE_PREFETCH:  # /readyz waits for the grid tables of the versions served now
+            app.state.grid_tables = GridTables()
             grid_table = functools.partial(tables.answer_grid_table, app.state)  # under GET's ETag
-            tasks.append(asyncio.create_task(prefetch(lambda: store.served, grid_table)))
+            progress = prefetch(lambda: store.served, grid_table, app.state.grid_tables)
+            tasks.append(asyncio.create_task(progress))
         try:
             yield
         finally:

@@ -42,7 +42,8 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def _served_line(result: ScorePublic | RecommendationPublic) -> str:
     backend = result.model_backend or "measured or simulated: the server does not say"
-    line = f"model version {result.model_version} ({result.hardware_id}, {backend})"
+    world_size = result.tp if isinstance(result, ScorePublic) else result.world_size
+    line = f"model version {result.model_version} ({result.hardware_id}, {backend}), world_size {world_size}"
     if result.model_backend == SIMULATED:
         line += "\nnote: this model was trained on simulated times, not GPU measurements"
         if result.sim_fidelity:
@@ -75,6 +76,8 @@ def score_table(result: ScorePublic) -> str:
         f"{result.model}: {result.layers} layers, tp={result.tp}, {result.dtype}; {_served_line(result)}",
         f"estimate: {result.serial_time_estimate} ({result.estimate_note})",
     ]
+    if result.config_note:
+        blocks.append(f"note: {result.config_note}")
     if any(p.name == PARALLEL_BLOCK_PAIRS[0] for entry in result.data for p in entry.pairs):
         blocks.append(
             "parallel attention+MLP block: scored as one all-gather+GEMM (qkv_mlp_up: QKV and gate/up fused "

@@ -83,9 +83,12 @@ RANGE_NOTE_DESCRIPTION = (
 )
 
 WORLD_SIZE_RULE = (
-    f"[{MIN_WORLD_SIZE}, {MAX_WORLD_SIZE}] bounds every hardware profile; a hardware's model answers only "
-    "the world sizes it was trained at (its card's world_sizes in GET /v1/models; 2 for the shipped "
-    "h200x2 model), and another gets a 422 whose 'allowed' names that hardware's."
+    f"[{MIN_WORLD_SIZE}, {MAX_WORLD_SIZE}] bounds every hardware profile; null (or absent): the hardware's "
+    "GPU count, so an answer never assumes fewer GPUs than the hardware named. A hardware's model answers "
+    "only the world sizes it was trained at (its card's world_sizes in GET /v1/models: 2 for h200x2, 4 "
+    "for h200x4), a world size named explicitly may be answered by the measured model of the same GPU "
+    "trained at it (the answer's substitution says so), and another gets a 422 whose 'allowed' names the "
+    "world sizes that hardware is answered at."
 )
 WORLD_SIZE_DESCRIPTION = "Ranks in the tensor/expert-parallel group. " + WORLD_SIZE_RULE
 
@@ -115,7 +118,7 @@ class ScenarioIn(_Request):
     n: Dim = Field(description="Output features of the GEMM on one rank.")
     k: Dim = Field(description="Reduction dimension of the GEMM on one rank.")
     dtype: DType = Field(default="bf16", description="Element type: bf16, fp16 or fp32.")
-    world_size: WorldSize = Field(default=2, description=WORLD_SIZE_DESCRIPTION)
+    world_size: WorldSize | None = Field(default=None, description=WORLD_SIZE_DESCRIPTION)
     hardware: HardwareId | None = Field(
         default=None, description="Hardware id (e.g. h200x2); null = the server's default hardware."
     )
@@ -149,6 +152,41 @@ class ScenarioIn(_Request):
 
 
 # Recommendation: the model's answer for one scenario (frozen: cached answers are shared)
+class SubstitutionPublic(BaseModel):
+    """Another hardware's model answers: which, and how its hardware differs from the one named."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requested_hardware: str = Field(description="The hardware id the request named (or the default).")
+    answered_hardware: str = Field(description="The hardware id of the model that answers.")
+    world_size: int = Field(description="The world size answered, as the request named it.")
+    reason: str = Field(description="Why, in one line (the text of hardware_substitution).")
+    differs: dict[str, list[Any]] = Field(
+        description="The profile figures that differ: field -> [requested hardware's, answering model's], "
+        "e.g. {'gpu_count': [8, 2]}."
+    )
+
+
+def substitution_public(requested: str, world_size: int, substitution: Any) -> SubstitutionPublic | None:
+    """The answer's ``substitution`` for a ``service.core.store.Substitution`` (None: none)."""
+    if substitution is None:
+        return None
+    return SubstitutionPublic(
+        requested_hardware=requested,
+        answered_hardware=substitution.answered_hardware,
+        world_size=world_size,
+        reason=substitution.reason,
+        differs={k: list(v) for k, v in substitution.differs.items()},
+    )
+
+
+SUBSTITUTION_DESCRIPTION = (
+    "Null when the requested hardware's own model answered; else which model did, for which world size, and "
+    "the profile figures in which its hardware differs. Only a world size the request names explicitly is "
+    "answered by another hardware's model of another GPU count."
+)
+
+
 class RecommendationPublic(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -163,6 +201,11 @@ class RecommendationPublic(BaseModel):
     pick_reason: str | None = Field(default=None, description=PICK_REASON_DESCRIPTION)
     model_version: str = Field(description="Version of the model that answered.")
     hardware_id: str = Field(description="Hardware profile of the model that answered.")
+    world_size: int | None = Field(
+        default=None,
+        description="The world size the answer is for: the request's, or the hardware's GPU count when it "
+        "named none; null only from servers that predate it.",
+    )
     model_backend: ModelBackend | None = Field(
         default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
     )
@@ -175,20 +218,19 @@ class RecommendationPublic(BaseModel):
     sim_fidelity: SimFidelity | None = Field(default=None, description=SIM_FIDELITY_DESCRIPTION)
     requested_hardware: str = Field(description="Hardware id the request named (or the server default).")
     hardware_substitution: str | None = Field(
-        description="Null when the requested hardware's own model answered; else the profile used and why."
+        description="Null when the requested hardware's own model answered; else the profile used and why "
+        "(substitution gives the same as fields)."
     )
+    substitution: SubstitutionPublic | None = Field(default=None, description=SUBSTITUTION_DESCRIPTION)
     range_note: str | None = Field(default=None, description=RANGE_NOTE_DESCRIPTION)
 
 
 class RecommendBatchRequest(_Request):
     scenarios: list[ScenarioIn] = Field(
-        min_length=1, description="Scenarios to answer (1 to the server's MAX_BATCH)."
+        min_length=1,
+        description="Scenarios to answer (1 to the server's MAX_BATCH); each is validated and answered on "
+        "its own (a bad one is an error item, the others are answered).",
     )
-
-
-class RecommendationsPublic(BaseModel):
-    data: list[RecommendationPublic]
-    count: int
 
 
 # Errors: every 4xx body
@@ -203,6 +245,23 @@ class FieldErrorPublic(BaseModel):
 
 class ValidationErrorPublic(BaseModel):
     detail: list[FieldErrorPublic]
+
+
+class RecommendationItemPublic(BaseModel):
+    index: int = Field(description="Position of the scenario in the request's scenarios.")
+    status: Literal["ok", "error"] = Field(description="ok: answered (result); error: refused (errors).")
+    result: RecommendationPublic | None = Field(description="The answer, as POST /v1/recommend gives it.")
+    errors: list[FieldErrorPublic] | None = Field(
+        description="Why the scenario was refused, located in the request (e.g. scenarios.3.m), with the "
+        "status a single request would get: 422 items, and for a hardware id nobody knows the type "
+        "unknown_hardware (404 alone)."
+    )
+
+
+class RecommendationsPublic(BaseModel):
+    data: list[RecommendationItemPublic] = Field(description="One item per scenario, in the request's order.")
+    count: int
+    failed: int = Field(default=0, description="Items whose status is error.")
 
 
 class ErrorPublic(BaseModel):
@@ -230,7 +289,9 @@ about 1,500 token counts per shape, so 64 shapes are ~10^5 decisions (seconds of
 class ScoreSettings(_Request):
     """How the model configs of a score request are split and run."""
 
-    tp: WorldSize = Field(description="Tensor-parallel degree (the pairs' world size). " + WORLD_SIZE_RULE)
+    tp: WorldSize | None = Field(
+        default=None, description="Tensor-parallel degree (the pairs' world size). " + WORLD_SIZE_RULE
+    )
     tokens: list[Dim] = Field(
         min_length=1, max_length=MAX_TOKEN_COUNTS, description="Token counts (m of the pairs) to score."
     )
@@ -331,6 +392,12 @@ class ScorePublic(BaseModel):
     sim_fidelity: SimFidelity | None = Field(default=None, description=SIM_FIDELITY_DESCRIPTION)
     requested_hardware: str
     hardware_substitution: str | None
+    substitution: SubstitutionPublic | None = Field(default=None, description=SUBSTITUTION_DESCRIPTION)
+    config_note: str | None = Field(
+        default=None,
+        description="Null, or what of the config is not scored as given: e.g. a quantization_config (fp8 "
+        "weights) scored at the request's dtype.",
+    )
     serial_time_estimate: Literal["roofline"] = Field(
         description="How serial_us is estimated: roofline = features.roofline_gemm_us + roofline_comm_us."
     )
@@ -391,12 +458,25 @@ class HealthPublic(BaseModel):
 
 
 class ReadyPublic(BaseModel):
-    ready: bool = Field(description="True when a model is loaded and every batch worker is warm.")
+    ready: bool = Field(
+        description="True when a model is loaded, every batch worker is warm and (FICCO_TABLE_PREFETCH) the "
+        "grid tables GET /v1/tables serves for the versions served at start-up are ready."
+    )
     serving: dict[str, str] = Field(description="hardware id -> version being served.")
     batch_workers_ready: bool = Field(
         default=True,
         description="True when every batch worker process has loaded its models and answered a warm-up "
         "batch (batches sent before wait for it).",
+    )
+    grid_tables_ready: bool = Field(
+        default=True,
+        description="True once the grid tables of the versions served at start-up are loaded from the "
+        "model's folder or built (always true with FICCO_TABLE_PREFETCH off: built on first request).",
+    )
+    grid_tables_pending: list[str] = Field(
+        default_factory=list,
+        description="Grid tables not ready yet, e.g. 'h200x2 tp=2 graph bf16' (a newly promoted version's "
+        "too: those do not hold readiness back).",
     )
     default_hardware: str
     last_reload_error: str | None = Field(description="The latest failed load, if the last one failed.")
@@ -406,8 +486,12 @@ class ReadyPublic(BaseModel):
 class TableQuery(BaseModel):
     """GET /v1/tables/{hardware_id}'s query, and what every table request names: which table."""
 
-    tp: int = Field(
-        2, ge=MIN_WORLD_SIZE, le=MAX_WORLD_SIZE, description="World size (tensor-parallel degree)."
+    tp: int | None = Field(
+        None,
+        ge=MIN_WORLD_SIZE,
+        le=MAX_WORLD_SIZE,
+        description="World size (tensor-parallel degree); null: the hardware's GPU count. A table comes only "
+        "from the hardware's own model, at a world size it was trained at.",
     )
     mode: Mode = Field("graph", description=MODE_DESCRIPTION)
     dtype: DType = Field("bf16", description="Element type.")

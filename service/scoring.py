@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ficco.features import roofline_comm_us, roofline_gemm_us
-from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs
+from ficco.features.model_config import LayerPair, ModelConfig, layer_pairs, quantization_note
 from ficco.features.provenance import range_note
-from ficco.service.core.store import ServedModel, resolve_hardware
+from ficco.service.core.store import Resolution, ServedModel, resolve_hardware
 from ficco.service.engine import recommend_scenarios
-from ficco.service.errors import InvalidFieldsError, encodable, field_error, rule_error
+from ficco.service.errors import InvalidFieldsError, NotServedError, encodable, field_error, rule_error
 from ficco.service.schemas import (
     NamedConfig,
     PairScore,
@@ -29,8 +29,10 @@ from ficco.service.schemas import (
     ScoreItemPublic,
     ScorePublic,
     ScoreRequest,
+    ScoreSettings,
     ScoresPublic,
     TokenScore,
+    substitution_public,
 )
 
 ESTIMATE_NOTE = (
@@ -67,24 +69,25 @@ def parse_config(request: ScoreRequest) -> ModelConfig:
     return config
 
 
-def _error_loc(message: str, request: ScoreRequest, i: int) -> tuple[list[str | int], object]:
+def _error_loc(message: str, request: ScoreRequest, i: int, tp: int) -> tuple[list[str | int], object]:
     """Which request field a ``layer_pairs`` error is about: the token count, tp, or the config."""
     if message.startswith("tokens") or "Scenario.m " in message:
         return ["body", "tokens", i], request.tokens[i]
     if "Scenario.world_size" in message or "by tp=" in message or "of tp=" in message:
-        return ["body", "tp"], request.tp
+        return ["body", "tp"], tp
     return ["body", "config"], request.config
 
 
-def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> list[list[LayerPair]]:
-    """Each token count's layer pairs on the answering model's profile, or InvalidFieldsError."""
+def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel, tp: int) -> list[list[LayerPair]]:
+    """Each token count's layer pairs at ``tp`` ranks on the answering model's profile, or
+    InvalidFieldsError."""
     out, errors = [], []
     for i, tokens in enumerate(request.tokens):
         try:
             out.append(
                 layer_pairs(
                     config,
-                    tp=request.tp,
+                    tp=tp,
                     tokens=tokens,
                     dtype=request.dtype,
                     hardware=model.profile,
@@ -92,7 +95,7 @@ def _pairs(config: ModelConfig, request: ScoreRequest, model: ServedModel) -> li
                 )
             )
         except ValueError as err:
-            errors.append(rule_error(*_error_loc(str(err), request, i), str(err)))
+            errors.append(rule_error(*_error_loc(str(err), request, i, tp), str(err)))
     if errors:
         raise InvalidFieldsError(errors)
     return out
@@ -161,23 +164,31 @@ def _token_score(tokens: int, pairs: list[PairScore], layers: int, note: str | N
     )
 
 
+def resolve_settings(
+    served: Mapping[str, ServedModel], settings: ScoreSettings | ScoreRequest, *, default_hardware: str
+) -> Resolution:
+    """The model that answers a score request's settings (its hardware at its ``tp``, every config alike):
+    raises ``UnknownHardwareError`` (404), ``InvalidFieldsError`` at ``tp`` for a known hardware no model
+    answers at that world size (422) or ``NoModelError``."""
+    try:
+        return resolve_hardware(served, settings.hardware or default_hardware, settings.tp)
+    except NotServedError as err:
+        raise InvalidFieldsError([err.at(["body", "tp"], settings.tp)]) from None
+
+
 def score_model(
     served: Mapping[str, ServedModel], request: ScoreRequest, *, default_hardware: str
 ) -> ScorePublic:
     """Score ``request``'s model config at each token count with the models in ``served``.
 
-    Raises ``InvalidFieldsError`` (bad config, or tp/tokens the layers cannot split),
-    ``UnknownHardwareError`` or ``NoModelError``.
+    Raises ``InvalidFieldsError`` (bad config, a world size no model answers, or tp/tokens the layers
+    cannot split), ``UnknownHardwareError`` or ``NoModelError``.
     """
     hardware = request.hardware or default_hardware
     config = parse_config(request)
-    resolution = resolve_hardware(served, hardware, request.tp)
-    model = resolution.model
-    unserved = model.unserved_world_size(request.tp, served)
-    if unserved is not None:
-        allowed = f"one of {list(model.world_sizes)} on {model.profile.id}"
-        raise InvalidFieldsError([field_error(["body", "tp"], request.tp, unserved, "not_measured", allowed)])
-    per_tokens = _pairs(config, request, model)
+    resolution = resolve_settings(served, request, default_hardware=default_hardware)
+    model, tp = resolution.model, resolution.world_size
+    per_tokens = _pairs(config, request, model, tp)
     measured = [pair for pairs in per_tokens for pair in pairs if model.unmeasured(pair.scenario.op) is None]
     items = [_item(pair, hardware, request.mode, request.host_factor) for pair in measured]
     recs = iter(recommend_scenarios(served, items, default_hardware=default_hardware))
@@ -196,10 +207,11 @@ def score_model(
         )
         for tokens, pairs in zip(request.tokens, per_tokens, strict=True)
     ]
+    sub = resolution.substitution
     return ScorePublic(
         model=config.name,
         layers=config.num_hidden_layers,
-        tp=request.tp,
+        tp=tp,
         dtype=request.dtype,
         mode=request.mode,
         model_version=resolution.model.version,
@@ -207,7 +219,9 @@ def score_model(
         model_backend=resolution.model.backend,
         sim_fidelity=resolution.model.predictor.card.get("sim_fidelity"),
         requested_hardware=resolution.requested,
-        hardware_substitution=resolution.substitution,
+        hardware_substitution=None if sub is None else sub.reason,
+        substitution=substitution_public(resolution.requested, tp, sub),
+        config_note=quantization_note(request.config, request.dtype),
         serial_time_estimate="roofline",
         estimate_note=ESTIMATE_NOTE,
         data=data,
@@ -252,7 +266,9 @@ def score_models(
     served: Mapping[str, ServedModel], request: ScoreBatchRequest, *, default_hardware: str
 ) -> ScoresPublic:
     """Score every config of ``request`` alike (``score_item`` each): one item per config, scored or
-    refused with its reasons, so one bad config does not stop the others."""
+    refused with its reasons, so one bad config does not stop the others. What every config shares (the
+    hardware and world size no model answers) is refused once, as ``resolve_settings`` raises."""
+    resolve_settings(served, request, default_hardware=default_hardware)
     settings = request.model_dump(exclude={"configs"})
     return scores(
         [

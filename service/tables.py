@@ -1,39 +1,44 @@
 """Schedule tables in the service: built in a worker process of their own, kept compressed in a bounded
-cache, the shape grid's built as soon as a model loads.
+cache, the shape grid's loaded (or built) as soon as a model loads.
 
 The server only checks a table request (world size, shapes, the model) and computes its ETag; the table
 itself (``training.export.build_schedule_table``) is built by a worker process (``service.core.worker_pool``,
 the ``table`` job of ``service.worker_jobs.JOBS``) behind a gate of its own, and kept gzip-compressed by
-ETag (:class:`TableCache`). Why, and the costs: docs/tables.md#tables-over-http.
+ETag (:class:`TableCache`). A grid table written into the model's registry folder
+(``training.export.write_grid_tables``) is read from there instead of built. Why, and the costs:
+docs/tables.md#tables-over-http.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import gzip
 import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from ficco.features import MODES
 from ficco.features.schedule_table import hardware_fingerprint
+from ficco.service.core.store import known_ids
 from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
 
 log = logging.getLogger(__name__)
 
 PREFETCH_POLL_S = 1.0
 """How often :func:`prefetch` looks for a newly loaded model version, seconds."""
-DTYPES_BY_INDEX = ("bf16", "fp16", "fp32")
-"""``features.DTYPES`` in the order ``training.predict.coverage`` numbers them."""
 
 
 def table_etag(version: str, fingerprint: str, tp: int, mode: str, dtype: str, shapes: Sequence,
                allow_simulated: bool) -> str:  # fmt: skip
-    """A strong ETag of one table: model version, hardware fingerprint and the request."""
-    text = json.dumps([version, fingerprint, tp, mode, dtype, [list(s) for s in shapes], allow_simulated])
+    """A strong ETag of one table: model version, hardware fingerprint, the request and the rules that build
+    it (``training.export.BUILD_VERSION``)."""
+    from ficco.training.export import BUILD_VERSION
+
+    text = json.dumps(
+        [version, fingerprint, tp, mode, dtype, [list(s) for s in shapes], allow_simulated, BUILD_VERSION]
+    )
     return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
 
 
@@ -45,28 +50,36 @@ def model_fingerprint(predictor: Any) -> str:
 
 
 def check_table(predictor: Any, *, tp: int, dtype: str, shapes: Sequence, allow_simulated: bool,
-                shape_locs: Sequence[Sequence[str | int]], tp_loc: Sequence[str]) -> bool:  # fmt: skip
+                shape_locs: Sequence[Sequence[str | int]], tp_loc: Sequence[str],
+                errors: Sequence[dict[str, Any]] = ()) -> bool:  # fmt: skip
     """The checks a table request passes before any build: the model backs the world size (and, unless
     ``allow_simulated``, was measured), and every shape is one a table can hold; whether the table is
-    simulated. ``InvalidFieldsError`` (422) locating each refusal: the world size at ``tp_loc``, shape ``i``
-    at ``shape_locs[i]``."""
+    simulated. ``InvalidFieldsError`` (422) locating every refusal, after ``errors`` (found before): the
+    world size at ``tp_loc``, shape ``i`` at ``shape_locs[i]``."""
     from ficco.training.export import DENSE_OPS, ExportRefused, InvalidShapes, check_measured, check_shapes
 
+    found = list(errors)
+    simulated = False
     try:
         simulated = check_measured(predictor.card, tp, allow_simulated=allow_simulated)
     except ExportRefused as err:
         allowed = "a world size the model was trained at; allow_simulated for a simulated model"
-        raise InvalidFieldsError([field_error(list(tp_loc), tp, str(err), "not_measured", allowed)]) from None
+        found.append(field_error(list(tp_loc), tp, str(err), "not_measured", allowed))
     try:
         check_shapes(shapes, world_size=tp, dtype=dtype, hardware=predictor.profile,
                      ops=predictor.card.get("ops") or DENSE_OPS)  # fmt: skip
     except InvalidShapes as err:
         allowed = "a shape of an op the model measured that a scenario of this world size can have"
-        raise InvalidFieldsError(
-            [field_error(list(shape_locs[i]), ":".join(map(str, s)), why, "value_error", allowed)
-             for i, s, why in err.errors]
-        ) from None  # fmt: skip
+        found += [field_error(list(shape_locs[i]), ":".join(map(str, s)), why, "value_error", allowed)
+                  for i, s, why in err.errors]  # fmt: skip
+    if found:
+        raise InvalidFieldsError(sorted(found, key=_position))
     return simulated
+
+
+def _position(error: dict[str, Any]) -> tuple:
+    """An error item's location as a sort key: fields by name, list items by index (shape 2 before 10)."""
+    return tuple((0, part) if isinstance(part, int) else (1, str(part)) for part in error["loc"])
 
 
 def job_body(hardware_id: str, *, tp: int, mode: str, dtype: str, shapes: Sequence,
@@ -81,12 +94,14 @@ def build_job(body: bytes, served: Mapping[str, Any], *, max_batch: int, default
     """The worker's ``table`` job: the table a :func:`job_body` asks for, as gzip-compressed compact JSON;
     blocking, CPU-bound. A refusal (the server checks first, so only a model that changed meanwhile) is an
     ``InvalidFieldsError``."""
-    from ficco.training.export import build_schedule_table
+    from ficco.training.export import build_schedule_table, packed
 
     job = json.loads(body)
     model = served.get(job["hardware_id"])
     if model is None:
-        raise UnknownHardwareError(f"no model is served for hardware {job['hardware_id']!r}", sorted(served))
+        raise UnknownHardwareError(
+            f"no model is served for hardware {job['hardware_id']!r}", known_ids(served)
+        )
     try:
         table = build_schedule_table(
             model.predictor, [tuple(s) for s in job["shapes"]], world_size=job["tp"], mode=job["mode"],
@@ -94,8 +109,7 @@ def build_job(body: bytes, served: Mapping[str, Any], *, max_batch: int, default
         )  # fmt: skip
     except ValueError as err:  # ExportRefused, InvalidShapes
         raise InvalidFieldsError([field_error(["body"], None, str(err))]) from None
-    text = json.dumps(table.to_dict(), separators=(",", ":"))
-    return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+    return packed(table)
 
 
 class TableCache:
@@ -142,45 +156,53 @@ class TableCache:
             self.bytes -= len(dropped)
 
 
-def trained_dtypes(predictor: Any) -> tuple[str, ...]:
-    """The dtypes of a model's training rows (its coverage's; bf16 for a model without one)."""
-    coverage = getattr(predictor, "coverage", None)
-    if coverage is None or not len(coverage):
-        return ("bf16",)
-    return tuple(DTYPES_BY_INDEX[i] for i in sorted(set(coverage.rows[:, 3].tolist())))
-
-
 def default_tables(hardware_id: str, predictor: Any) -> list[dict[str, Any]]:
-    """The ``GET /v1/tables/{hardware_id}`` requests a model can answer: per world size it was trained at,
-    mode and training dtype, the shape grid (simulated models: with ``allow_simulated``)."""
-    from ficco.training.export import trained_world_sizes
+    """The ``GET /v1/tables/{hardware_id}`` requests a model can answer (``training.export.grid_requests``:
+    per world size it was trained at, mode and training dtype, the shape grid)."""
+    from ficco.training.export import grid_requests
 
-    simulated = predictor.card.get("dataset", {}).get("backends") != ["gpu"]
-    return [
-        {"hardware_id": hardware_id, "tp": tp, "mode": mode, "dtype": dtype, "allow_simulated": simulated}
-        for tp in trained_world_sizes(predictor.card)
-        for mode in MODES
-        for dtype in trained_dtypes(predictor)
-    ]
+    return [{"hardware_id": hardware_id, **request} for request in grid_requests(predictor)]
 
 
-async def prefetch(served: Callable[[], Mapping[str, Any]], fetch: Callable[..., Awaitable[bytes]]) -> None:
+def request_name(request: Mapping[str, Any]) -> str:
+    """One grid table request for a person, e.g. ``h200x2 tp=2 graph bf16``."""
+    return f"{request['hardware_id']} tp={request['tp']} {request['mode']} {request['dtype']}"
+
+
+@dataclass(eq=False)
+class GridTables:
+    """What :func:`prefetch` has done: the grid tables of served model versions not ready yet, and whether
+    the versions served at start-up have all of theirs (what ``/readyz`` waits for)."""
+
+    pending: set[str] = field(default_factory=set)
+    """:func:`request_name` of each grid table being loaded or built, or waiting for its turn."""
+    first_pass_done: bool = False
+    """True once every grid table of the versions served when the prefetch started was tried."""
+
+
+async def prefetch(
+    served: Callable[[], Mapping[str, Any]], fetch: Callable[..., Awaitable[bytes]], progress: GridTables
+) -> None:
     """Never returns: every :data:`PREFETCH_POLL_S`, for each model version of ``served()`` not seen before,
     ``await fetch(snapshot, **request)`` for each of its :func:`default_tables`, one at a time (a failure is
-    logged; the table is built when first asked for)."""
+    logged; the table is built when first asked for), keeping ``progress``."""
     seen: set[tuple[str, str]] = set()
     while True:
         snapshot = served()
-        for hw, model in snapshot.items():
-            if (hw, model.version) in seen:
-                continue
+        fresh = [(hw, model) for hw, model in snapshot.items() if (hw, model.version) not in seen]
+        requests = [(hw, r) for hw, model in fresh for r in default_tables(hw, model.predictor)]
+        progress.pending |= {request_name(r) for _, r in requests}
+        for hw, request in requests:
+            try:
+                await fetch(snapshot, **request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # e.g. the table gate is full: built on first request instead
+                log.warning("prefetch of the %s table %s failed: %s", hw, request, err)
+            finally:
+                progress.pending.discard(request_name(request))
+        for hw, model in fresh:
             seen.add((hw, model.version))
-            for request in default_tables(hw, model.predictor):
-                try:
-                    await fetch(snapshot, **request)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:  # e.g. the table gate is full: built on first request instead
-                    log.warning("prefetch of the %s table %s failed: %s", hw, request, err)
-            log.info("tables of %s %s built", hw, model.version)
+            log.info("grid tables of %s %s ready", hw, model.version)
+        progress.first_pass_done = progress.first_pass_done or bool(snapshot)
         await asyncio.sleep(PREFETCH_POLL_S)

@@ -17,10 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ficco.service.core.store import ServedModel
-from ficco.service.engine import recommend_scenarios
-from ficco.service.errors import InvalidFieldsError, field_error
+from ficco.service.engine import ItemErrors, answer_scenarios
+from ficco.service.errors import InvalidFieldsError, field_error, from_pydantic
 from ficco.service.schemas import (
-    RecommendationPublic,
+    RecommendationItemPublic,
     RecommendBatchRequest,
     ScenarioIn,
     ScoreBatchRequest,
@@ -35,7 +35,7 @@ CHUNK = 500
 per chunk and no single call holds the interpreter for the whole batch."""
 
 _SCENARIOS = TypeAdapter(list[ScenarioIn])
-_ANSWERS = TypeAdapter(list[RecommendationPublic])
+_ITEMS = TypeAdapter(list[RecommendationItemPublic])
 _SCORES = TypeAdapter(ScoresPublic)
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,49 +60,77 @@ def _validate(model: type[M], data: Any) -> M:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
 
 
-def _parse(body: bytes) -> list[ScenarioIn]:
-    """The batch body's scenarios, validated ``CHUNK`` at a time; ``RequestValidationError`` if bad."""
+def _parse(body: bytes, max_batch: int) -> tuple[list[ScenarioIn | None], ItemErrors]:
+    """The batch body's scenarios, validated ``CHUNK`` at a time, each on its own: (the scenarios, None
+    where invalid; the invalid ones' errors by index). ``RequestValidationError`` for a body of the wrong
+    shape, ``InvalidFieldsError`` for more than ``max_batch`` scenarios."""
     data = read_json(body)
     shaped = isinstance(data, dict) and data.keys() == {"scenarios"} and isinstance(data["scenarios"], list)
     if not (shaped and data["scenarios"]):  # a wrong shape or an empty list: the schema's own error
         _validate(RecommendBatchRequest, data)
-    items, errors = data["scenarios"], []
-    scenarios: list[ScenarioIn] = []
+    items = data["scenarios"]
+    if len(items) > max_batch:
+        msg = f"a batch holds at most {max_batch} scenarios (FICCO_MAX_BATCH); got {len(items)}. Split it."
+        allowed = f"at most {max_batch} items"
+        raise InvalidFieldsError([field_error(["body", "scenarios"], len(items), msg, allowed=allowed)])
+    scenarios: list[ScenarioIn | None] = []
+    errors: ItemErrors = {}
     for start in range(0, len(items), CHUNK):
+        chunk = items[start : start + CHUNK]
         try:
-            scenarios += _SCENARIOS.validate_python(items[start : start + CHUNK])
+            scenarios += _SCENARIOS.validate_python(chunk)
+            continue
         except ValidationError as err:
-            errors += [
-                {**e, "loc": ("body", "scenarios", e["loc"][0] + start, *e["loc"][1:])} for e in err.errors()
-            ]
-    if errors:
-        raise RequestValidationError(errors)
-    return scenarios
+            for e in err.errors():
+                i = start + e["loc"][0]
+                errors.setdefault(i, []).append(
+                    from_pydantic({**e, "loc": ("body", "scenarios", i, *e["loc"][1:])})
+                )
+        scenarios += [
+            None if start + j in errors else ScenarioIn.model_validate(x) for j, x in enumerate(chunk)
+        ]
+    return scenarios, errors
 
 
-def _dump(answers: list[RecommendationPublic]) -> bytes:
-    """``RecommendationsPublic(data=answers, count=...)`` as JSON bytes, ``CHUNK`` answers per call."""
-    parts = [_ANSWERS.dump_json(answers[i : i + CHUNK])[1:-1] for i in range(0, len(answers), CHUNK)]
-    return b'{"data":[' + b",".join(parts) + b'],"count":' + str(len(answers)).encode() + b"}"
+def _dump(items: list[RecommendationItemPublic]) -> bytes:
+    """``RecommendationsPublic`` of ``items`` as JSON bytes, ``CHUNK`` items per call."""
+    parts = [_ITEMS.dump_json(items[i : i + CHUNK])[1:-1] for i in range(0, len(items), CHUNK)]
+    failed = sum(item.status == "error" for item in items)
+    tail = f'],"count":{len(items)},"failed":{failed}}}'.encode()
+    return b'{"data":[' + b",".join(parts) + tail
 
 
 def answer_batch(
     body: bytes, served: Mapping[str, ServedModel], *, max_batch: int, default_hardware: str
 ) -> bytes:
-    """The JSON answer (``RecommendationsPublic``) to a batch request's raw ``body``; blocking, CPU-bound.
+    """The JSON answer (``RecommendationsPublic``: one item per scenario, answered or refused) to a batch
+    request's raw ``body``; blocking, CPU-bound.
 
     ``max_batch`` is the most scenarios allowed (``FICCO_MAX_BATCH``); items without ``hardware`` are
-    answered for ``default_hardware``. Raises ``RequestValidationError`` (bad JSON or fields),
-    ``InvalidFieldsError`` (too many scenarios, rules across fields) and the engine's errors.
+    answered for ``default_hardware``. A scenario's own mistakes (a bad field, a rule across fields, a
+    hardware or world size no model answers) refuse that item only. Raises ``RequestValidationError``
+    (not JSON, or not a list of 1 or more scenarios), ``InvalidFieldsError`` (too many scenarios) and
+    ``NoModelError``.
     """
-    scenarios = _parse(body)
-    count = len(scenarios)
-    if count > max_batch:
-        msg = f"a batch holds at most {max_batch} scenarios (FICCO_MAX_BATCH); got {count}. Split it."
-        allowed = f"at most {max_batch} items"
-        raise InvalidFieldsError([field_error(["body", "scenarios"], count, msg, allowed=allowed)])
-    locs = [["body", "scenarios", i] for i in range(count)]
-    return _dump(recommend_scenarios(served, scenarios, default_hardware=default_hardware, locs=locs))
+    scenarios, errors = _parse(body, max_batch)
+    valid = [i for i, item in enumerate(scenarios) if item is not None]
+    locs = [["body", "scenarios", i] for i in valid]
+    answers, refused = answer_scenarios(
+        served, [scenarios[i] for i in valid], default_hardware=default_hardware, locs=locs
+    )
+    for j, errs in refused.items():
+        errors[valid[j]] = errs
+    answered = dict(zip(valid, answers, strict=True))
+    return _dump([_item(i, answered.get(i), errors.get(i)) for i in range(len(scenarios))])
+
+
+def _item(index: int, answer: Any, errors: list[dict[str, Any]] | None) -> RecommendationItemPublic:
+    """Item ``index`` of a batch answer: ``answer``, or (``errors`` given) its refusal."""
+    if errors:
+        return RecommendationItemPublic.model_validate(
+            {"index": index, "status": "error", "result": None, "errors": errors}
+        )
+    return RecommendationItemPublic.model_construct(index=index, status="ok", result=answer, errors=None)
 
 
 def answer_score_batch(

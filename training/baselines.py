@@ -118,7 +118,7 @@ PEER_RULES: tuple[str, ...] = (
 """The serial-or-async-TP pickers :func:`serial_or_async_tp` returns, in report order."""
 
 
-def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float) -> np.ndarray:
+def async_tp_matrix(X: np.ndarray, modes: np.ndarray, host_factor: float | np.ndarray) -> np.ndarray:
     """:class:`AsyncTPModel`'s inputs: the scenario features ``X`` ``[n, F]``, whether the row is replayed
     from a CUDA graph, and the eager host time of a shard schedule over the GPU work (0 in graph mode),
     float32 ``[n, F + 2]``."""
@@ -146,7 +146,7 @@ def _fit_regressor(table: DatasetTable, *, seed: int, n_jobs: int) -> Any:
         random_state=seed, n_jobs=n_jobs, tree_method="hist", verbosity=0,
     )  # fmt: skip
     y = np.log(table.async_tp_ms / table.serial_ms)
-    model.fit(async_tp_matrix(table.X, table.modes, table.host_factor), y)
+    model.fit(async_tp_matrix(table.X, table.modes, table.host_factors), y)
     return model
 
 
@@ -180,7 +180,7 @@ class AsyncTPModel:
             for fold in sorted(set(folds.tolist())):
                 held = folds == fold
                 inner = _fit_regressor(sub.subset(~held), seed=self.seed, n_jobs=self.n_jobs)
-                rows = async_tp_matrix(sub.X[held], sub.modes[held], sub.host_factor)
+                rows = async_tp_matrix(sub.X[held], sub.modes[held], sub.host_factors[held])
                 log_ratio[held] = inner.predict(rows)
             for mode in sorted(set(sub.modes.tolist())):
                 on = sub.modes == mode
@@ -211,7 +211,7 @@ class AsyncTPModel:
 
     def fuse(self, table: DatasetTable) -> np.ndarray:
         """:meth:`fuse_rows` of ``table``'s rows at its host factor, bool ``[n]``."""
-        return self.fuse_rows(table.X, table.modes, table.host_factor)
+        return self.fuse_rows(table.X, table.modes, table.host_factors)
 
 
 def serial_or_async_tp(train: DatasetTable, test: DatasetTable, *, seed: int = 0) -> dict[str, np.ndarray]:

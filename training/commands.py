@@ -19,7 +19,16 @@ from ficco.features import DEFAULT_HARDWARE_ID, MODES
 from ficco.files import SHIPPED, work_root, writable_model_root
 from ficco.tables import text_table
 from ficco.training.export_command import export_command
-from ficco.training.options import DatasetOption, JobsOption, RegistryOption, RepeatOption, SeedOption
+from ficco.training.options import (
+    DatasetOption,
+    ExtraOption,
+    JobsOption,
+    Learner,
+    LearnerOption,
+    RegistryOption,
+    RepeatOption,
+    SeedOption,
+)
 
 if TYPE_CHECKING:
     from ficco.features import HardwareProfile
@@ -44,13 +53,29 @@ def _registry(path: Path | None) -> Path:
     return path or writable_model_root()
 
 
-def _load(datasets: list[Path], repeats: list[Path] | None = None) -> Any:
+def _load(
+    datasets: list[Path],
+    repeats: list[Path] | None = None,
+    extra: list[Path] | None = None,
+    learner: Learner = Learner.sources,
+) -> Any:
+    """The datasets as ``training.dataset_table.load_dataset_table`` reads them, learned as ``learner``
+    says (``pooled``: one host factor, refused for datasets of different label sources); the CLI's one
+    error line for a bad dataset."""
     from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.promotion import pooled
 
     try:
-        return load_dataset_table(*datasets, repeats=repeats or ())
+        loaded = load_dataset_table(*datasets, repeats=repeats or (), extra=extra or ())
+        return pooled(loaded) if learner == Learner.pooled else loaded
     except (OSError, ValueError) as err:
-        named = " ".join([*map(str, datasets), *(f"--repeat {r}" for r in repeats or ())])
+        named = " ".join(
+            [
+                *map(str, datasets),
+                *(f"--repeat {r}" for r in repeats or ()),
+                *(f"--extra {e}" for e in extra or ()),
+            ]
+        )
         raise fail(f"--dataset {named}: {err}") from None
 
 
@@ -123,6 +148,8 @@ def evaluate_command(
         ),
     ] = None,
     repeat: RepeatOption = None,
+    extra: ExtraOption = None,
+    learner: LearnerOption = Learner.sources,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
@@ -134,7 +161,7 @@ def evaluate_command(
 
     if rescore is not None and rescore.resolve() in {p.resolve() for p in [*dataset, *(repeat or [])]}:
         raise fail(f"--rescore {rescore} is also a --dataset or --repeat: its labels trained the model")
-    loaded = _load(dataset, repeat)
+    loaded = _load(dataset, repeat, extra, learner)
     other = _load([transfer]) if transfer is not None else None
     independent = _load([rescore]).table if rescore is not None else None
     with fail_on_value_error():
@@ -158,28 +185,87 @@ def train_command(
     dataset: DatasetOption,
     registry: RegistryOption = None,
     promote: Annotated[
-        bool, typer.Option("--promote", help="Make the new version the current model.")
+        bool,
+        typer.Option(
+            "--promote",
+            help="Make the new version the current model if it beats the current model's recipe on the same "
+            "rows and folds (lower held-out loss, no mode's regret worse beyond the refits' noise band, no "
+            "more slow picks than vLLM's rule on its rows); the check and its numbers are printed.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --promote: promote without the check against the current.")
     ] = False,
     repeat: RepeatOption = None,
+    extra: ExtraOption = None,
+    learner: LearnerOption = Learner.sources,
     seed: SeedOption = 0,
     jobs: JobsOption = 1,
 ) -> None:
     """Train on the whole dataset with cross-validated hyper-parameters and decision policy, and register
     the model as `models/<hardware_id>/<UTC time>-<dataset hash>/` (`card.json` holds the metrics)."""
     from ficco.features.provenance import backend_of_id
+    from ficco.harness.gaps import dataset_gaps, gaps_line
     from ficco.training.predict import registry as reg
     from ficco.training.train import register_trained, train_model
 
-    loaded = _load(dataset, repeat)
+    loaded = _load(dataset, repeat, extra, learner)
     root = _registry(registry)
     with fail_on_value_error():
         trained = train_model(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     typer.echo(format_summary(trained.evaluation.summary))
-    model_id, version = register_trained(root, trained, loaded, seed=seed)
+    verdict = None
+    if promote and not force:
+        verdict = _promotion_check(loaded, trained, root, seed=seed, jobs=jobs)
+    model_id, version = register_trained(
+        root,
+        trained,
+        loaded,
+        seed=seed,
+        learner=str(learner),
+        promotion=verdict.to_dict() if verdict else None,
+    )
     typer.echo(f"registered {model_id}/{version} ({backend_of_id(model_id)} model) under {root}")
-    if promote:
+    for path in loaded.paths:
+        gaps = dataset_gaps(path)
+        line = None if gaps is None else gaps_line(gaps)
+        if line:
+            typer.echo(f"data gaps: {line}")
+    if promote and (verdict is None or verdict.better):
         reg.promote(root, model_id, version)
         typer.echo(f"promoted {model_id}/{version} to current")
+    elif promote:
+        typer.echo(f"not promoted: {verdict.reason} (--force promotes anyway)")
+
+
+def _promotion_check(loaded: Any, trained: Any, root: Path, *, seed: int, jobs: int) -> Any:
+    """The candidate against the current model's recipe on the same rows and folds
+    (``training.promotion``), printed; None when there is no current model to compare with."""
+    from ficco.features.provenance import registry_id, rows_backend
+    from ficco.training.predict.registry import current_card
+    from ficco.training.promotion import compare, current_recipe_evaluation, refit_band
+
+    model_id = registry_id(loaded.hardware.id, rows_backend(loaded.info["backends"]))
+    card = current_card(root, model_id)
+    if card is None:
+        typer.echo(f"no current {model_id} model: nothing to compare with")
+        return None
+    typer.echo(f"checking against the current {model_id} model's recipe on the same rows and folds ...")
+    with fail_on_value_error():
+        current = current_recipe_evaluation(loaded, card, seed=seed, n_jobs=jobs)
+        band = refit_band(loaded.table, trained.choice, seed=seed, n_jobs=jobs)
+    verdict = compare(trained.evaluation, current, band)
+    rows = [
+        [mode, f"{m['candidate_regret']:.2%}", f"{m['current_regret']:.2%}", f"+-{m['band']:.2%}",
+         str(m["candidate_slow"]), str(m["current_slow"]),
+         "n/a" if m["candidate_peer_slow"] is None
+         else f"{m['candidate_slow_on_peer_rows']} vs {m['candidate_peer_slow']}"]
+        for mode, m in verdict.modes.items()
+    ]  # fmt: skip
+    headers = ["mode", "regret", "current", "band", "slow picks", "current", "slow vs vLLM's rule"]
+    typer.echo(text_table(headers, rows))
+    typer.echo(("better: " if verdict.better else "not better: ") + verdict.reason)
+    return verdict
 
 
 def report_command(
@@ -215,7 +301,7 @@ def report_command(
         except ModelLoadError as err:
             raise fail(str(err)) from None
         table = loaded.table  # the model asked for the host of the machine that measured the dataset
-        predicted = predictor.decide(table.X, table.modes, host_factor=table.host_factor).final
+        predicted = predictor.decide(table.X, table.modes, host_factor=table.host_factors).final
         label = f"model {predictor.version} (may have trained on these)"
     evaluation = evaluate(loaded.table, noise=loaded.noise, seed=seed, n_jobs=jobs, progress=True)
     path = write_report(
@@ -271,6 +357,48 @@ def retrain_command(
             help="Measure only this many scenarios, the most informative ones (0: the whole plan).",
         ),
     ] = 0,
+    budget_minutes: Annotated[
+        float,
+        typer.Option(
+            "--budget-minutes",
+            min=0.0,
+            help="Measure for this many device-minutes, in the order of what each scenario teaches (the "
+            "prior's uncertainty and the spread over the plan), checkpointing a model into OUT/checkpoints "
+            "as it goes, then train on top of the prior (0: the whole plan, no prior). The same command "
+            "again continues. Simulated sweeps count the simulator's estimate of the GPU time.",
+        ),
+    ] = 0.0,
+    checkpoint_minutes: Annotated[
+        float,
+        typer.Option(
+            "--checkpoint-minutes",
+            min=0.0,
+            help="With --budget-minutes: device-minutes before the first checkpoint; the next at twice, four "
+            "times, ... that, and at the budget (0: only at the budget).",
+        ),
+    ] = 1.0,
+    prior: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--prior",
+            help="With --budget-minutes: a measured dataset of another machine for the prior (repeat it). "
+            "Default: the datasets of the other machines' current models in the registry. The simulator of "
+            "--hardware always joins.",
+            show_default=False,
+        ),
+    ] = None,
+    no_prior: Annotated[
+        bool,
+        typer.Option("--no-prior", help="With --budget-minutes: train on the new rows alone, no prior."),
+    ] = False,
+    order_only: Annotated[
+        bool,
+        typer.Option(
+            "--order-only",
+            help="With --budget-minutes: write the prior and the order (OUT/order.json) and stop, for a "
+            "fleet to measure (`ficco fleet run --order OUT/order.json ...`, docs/fleet.md).",
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -316,7 +444,15 @@ def retrain_command(
     from ficco.harness.launch import build_plan, check_tp, hardware_profile, parse_tokens
     from ficco.training.metrics import REPORTED
     from ficco.training.predict.registry import ModelLoadError, load_predictor
-    from ficco.training.retrain import informative_subset, retrain
+    from ficco.training.retrain import (
+        ORDER_FILE,
+        informative_subset,
+        load_prior,
+        prior_datasets,
+        retrain,
+        retrain_within,
+        write_order,
+    )
 
     root = _registry(registry)
     hw = hardware_profile(hardware, root)
@@ -334,15 +470,37 @@ def retrain_command(
     plan = build_plan(
         configs, hw, tp=tp, tokens=token_list, grid=grid, include_moe=backend is RetrainBackend.sim, seed=seed
     )
-    plan = informative_subset(plan, budget, current)
-    typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
     measure = _measure_gpu(tp) if backend is RetrainBackend.gpu else _measure_sim(hw, seed, noise)
-    with fail_on_value_error():
-        outcome = retrain(
-            plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
-            log=lambda text: typer.echo(text, err=True),
-        )  # fmt: skip
-    typer.echo(format_summary(outcome.new_metrics))
+    log = lambda text: typer.echo(text, err=True)  # noqa: E731
+    if budget and budget_minutes:
+        raise fail("give --budget (scenarios) or --budget-minutes (device time), not both")
+    if budget_minutes:
+        typer.echo(f"retrain {model_id} on {backend.value}: {budget_minutes:g} device-minutes of a "
+                   f"{len(plan)}-scenario plan -> {out}", err=True)  # fmt: skip
+        with fail_on_value_error():
+            datasets = [] if no_prior else (prior if prior is not None else prior_datasets(root, hw.id))
+            the_prior = None if no_prior else load_prior(plan, out, datasets=datasets, seed=seed, n_jobs=jobs,
+                                                        log=log)  # fmt: skip
+            if order_only:
+                ordered_plan, _ = write_order(plan, the_prior, out)
+                typer.echo(f"wrote {out / ORDER_FILE}: {len(ordered_plan)} scenarios in the order to measure")
+                return
+            outcome = retrain_within(
+                plan, out, measure, budget_minutes=budget_minutes, prior=the_prior, registry=root,
+                current=current, simulated=backend is RetrainBackend.sim,
+                checkpoint_minutes=checkpoint_minutes, seed=seed, n_jobs=jobs, log=log,
+            )  # fmt: skip
+    else:
+        plan = informative_subset(plan, budget, current)
+        typer.echo(f"retrain {model_id} on {backend.value}: {len(plan)} scenarios -> {out}", err=True)
+        with fail_on_value_error():
+            outcome = retrain(plan, out, measure, registry=root, current=current, seed=seed, n_jobs=jobs,
+                              log=log)  # fmt: skip
+    if "modes" in outcome.new_metrics:
+        typer.echo(format_summary(outcome.new_metrics))
+    else:
+        typer.echo(f"chose {outcome.new_metrics['choice']} (held-out loss by candidate: "
+                   f"{outcome.new_metrics['cv_loss']})")  # fmt: skip
     if outcome.current_metrics is not None:
         cur = outcome.current_metrics
         typer.echo(
@@ -379,26 +537,27 @@ def _retrain_backend(backend: RetrainBackend, hw: HardwareProfile) -> RetrainBac
     return RetrainBackend.gpu
 
 
-def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[[Plan, Path], None]:
-    """Measurement by the simulator of ``hw`` (in this process)."""
+def _measure_sim(hw: HardwareProfile, seed: int, noise: float) -> Callable[..., None]:
+    """Measurement by the simulator of ``hw`` (in this process): ``measure(plan, out, deadline=None)``."""
 
-    def measure(plan: Plan, out: Path) -> None:
+    def measure(plan: Plan, out: Path, deadline: float | None = None) -> None:
         from ficco.harness.sim import SimBackend
         from ficco.harness.sweep import run_sweep
 
-        run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out)
+        run_sweep(plan, SimBackend(hw, seed=seed, noise=noise), out, deadline=deadline)
 
     return measure
 
 
-def _measure_gpu(tp: int) -> Callable[[Plan, Path], None]:
-    """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU."""
+def _measure_gpu(tp: int) -> Callable[..., None]:
+    """Measurement on this machine's GPUs: the harness sweep under torchrun, one process per GPU;
+    ``measure(plan, out, deadline=None)`` starts no scenario after ``deadline`` (``time.time()``)."""
 
-    def measure(plan: Plan, out: Path) -> None:
+    def measure(plan: Plan, out: Path, deadline: float | None = None) -> None:
         from ficco.harness.launch import BenchBackend, WorkerSettings, run_torchrun
 
         # The dataset protocol's defaults (rounds, block length), no re-measure.
-        settings = WorkerSettings(modes=MODES)
+        settings = WorkerSettings(modes=MODES, deadline=deadline)
         run_torchrun(plan, out, backend=BenchBackend.gpu, tp=tp, nproc=None, settings=settings)
 
     return measure

@@ -7,6 +7,7 @@ the choice of lowest loss on the other folds' held-out predictions. See docs/tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from ficco.features import MODES
 from ficco.features.dataset import GRID_FAMILY
 from ficco.training.dataset_table import DatasetTable
-from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
+from ficco.training.fit import CONFIG_GRID, TrainConfig, configs_for, fit_pair_model, ratio_config
 from ficco.training.metrics import pick_loss
 from ficco.training.model import pair_costs
 from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
@@ -35,30 +36,38 @@ def gemm_flops(table: DatasetTable) -> np.ndarray:
 
 
 def cv_groups(table: DatasetTable) -> np.ndarray:
-    """The cross-validation group of each row, str ``[n]``: its family, or ``grid/q<i>`` for the grid."""
+    """The cross-validation group of each row, str ``[n]``: its family, or ``grid/q<i>`` for the grid, the
+    quartile edges of GEMM FLOPs taken from the target rows alone (``DatasetTable.target``), so rows added
+    from other datasets never move a target row to another group."""
     groups = table.families.astype(object).copy()
     grid = table.families == GRID_FAMILY
-    if grid.any():
-        flops = np.log(gemm_flops(table)[grid])
-        edges = np.quantile(flops, np.linspace(0, 1, GRID_REGIONS + 1)[1:-1])
-        region = np.searchsorted(edges, flops, side="right") + 1
+    edges_from = grid & table.is_target
+    if edges_from.any():
+        flops = np.log(gemm_flops(table))
+        edges = np.quantile(flops[edges_from], np.linspace(0, 1, GRID_REGIONS + 1)[1:-1])
+        region = np.searchsorted(edges, flops[grid], side="right") + 1
         groups[grid] = [f"{GRID_FAMILY}/q{r}" for r in region]
     return groups
 
 
-def cv_folds(groups: np.ndarray, max_folds: int = MAX_FOLDS) -> np.ndarray:
-    """Fold number of each row, int ``[n]``, from ``GroupKFold`` over ``groups`` (no group split)."""
-    n_splits = min(max_folds, len(set(groups)))
-    folds = np.zeros(len(groups), dtype=np.int64)
-    for f, (_, test) in enumerate(GroupKFold(n_splits=n_splits).split(groups, groups=groups)):
-        folds[test] = f
-    return folds
+def cv_folds(groups: np.ndarray, max_folds: int = MAX_FOLDS, target: np.ndarray | None = None) -> np.ndarray:
+    """Fold number of each row, int ``[n]``, from ``GroupKFold`` over the ``groups`` of the ``target`` rows
+    (bool ``[n]``, default all; no group split): a row outside the target takes its group's fold, or -1
+    (never held out, always trained on) when no target row is of its group."""
+    target = np.ones(len(groups), dtype=bool) if target is None else target
+    own = groups[target]
+    n_splits = min(max_folds, len(set(own)))
+    fold_of: dict[str, int] = {}
+    for f, (_, test) in enumerate(GroupKFold(n_splits=n_splits).split(own, groups=own)):
+        fold_of.update(dict.fromkeys(own[test], f))
+    return np.array([fold_of.get(g, -1) for g in groups], dtype=np.int64)
 
 
 def region_holdout(table: DatasetTable, quantile: float = 0.75) -> np.ndarray:
-    """The size-extrapolation split: True for rows in the top ``1 - quantile`` of GEMM FLOPs, ``[n]``."""
+    """The size-extrapolation split: True for rows in the top ``1 - quantile`` of the target rows' GEMM FLOPs
+    (the edge from the target rows alone), ``[n]``."""
     flops = gemm_flops(table)
-    return flops >= np.quantile(flops, quantile)
+    return flops >= np.quantile(flops[table.is_target], quantile)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,31 +110,32 @@ def held_out_costs(
     progress: bool,
     masked: tuple[str, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each fold predicted by models fitted on the other folds: costs of every configuration
-    ``[n_configs, n, S]`` and the time-ratio regressor's ``log(t / t_serial)`` ``[n, S]``. ``masked``: pair
-    columns every model is fitted without (``training.fit.fit_pair_model``)."""
-    names = sorted(set(folds.tolist()))
+    """Each fold (``folds`` >= 0) predicted by models fitted on the other folds: costs of every configuration
+    ``[n_configs, n, S]`` and, beside each, the time-ratio regressor's ``log(t / t_serial)`` at that
+    configuration's ``extra_weight`` ``[n_configs, n, S]``. ``masked``: pair columns every model is fitted
+    without (``training.fit.fit_pair_model``)."""
+    names = sorted(set(folds.tolist()) - {-1})
     cost = np.zeros((len(configs), len(table), table.times_ms.shape[1]))
-    ratio = np.zeros(table.times_ms.shape)
-    with tqdm(total=len(names) * len(configs), desc="cross-validation", disable=not progress) as bar:
+    ratio = np.zeros(cost.shape)
+    ratios = {c: ratio_config(c) for c in configs}
+    fits = len(dict.fromkeys([*configs, *ratios.values()]))
+    with tqdm(total=len(names) * fits, desc="cross-validation", disable=not progress) as bar:
         for name in names:
             test = folds == name
             train, held = table.subset(~test), table.subset(test)
-            for c, config in enumerate(configs):
+            done: dict[TrainConfig, np.ndarray] = {}
+            for config in dict.fromkeys([*configs, *ratios.values()]):
                 model = fit_pair_model(train, config, seed=seed, n_jobs=n_jobs, masked=masked)
-                cost[c, test] = pair_costs(model, held.X, held.modes, held.host_factor)
-                if config == RATIO_CONFIG:
-                    ratio[test] = cost[c, test]
+                done[config] = pair_costs(model, held.X, held.modes, held.host_factors, held.label_versions)
                 bar.update()
-            if RATIO_CONFIG not in configs:
-                model = fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs, masked=masked)
-                ratio[test] = pair_costs(model, held.X, held.modes, held.host_factor)
+            for c, config in enumerate(configs):
+                cost[c, test], ratio[c, test] = done[config], done[ratios[config]]
     return cost, ratio
 
 
-def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: DecisionPolicy) -> np.ndarray:
-    """:func:`pick_loss` of each row's held-out pick under ``policy`` in every mode, ``[n]``."""
-    final = apply_policy(cost, ratio, ModePolicy.uniform(policy), table.modes)[0]
+def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: ModePolicy) -> np.ndarray:
+    """:func:`pick_loss` of each row's held-out pick under ``policy``, ``[n]``."""
+    final = apply_policy(cost, ratio, policy, table.modes).final
     return pick_loss(table.time_of(final)[0], table.best_ms, table.serial_ms)
 
 
@@ -159,33 +169,44 @@ def cross_validate(
     n_jobs: int = 1,
     progress: bool = False,
     masked: tuple[str, ...] = (),
+    policy: ModePolicy | None = None,
+    bands: Mapping[str, float] | None = None,
 ) -> CrossValidation:
     """Run grouped cross-validation over ``configs`` x ``policies`` (docs/training.md). ``masked``: pair
-    columns every model is fitted without (a feature ablation). ``ValueError`` for fewer than 2 groups."""
+    columns every model is fitted without (a feature ablation). ``policy``: every fold decides under this
+    one instead of choosing from ``policies`` (a given recipe, e.g. a registered model's, re-run on other
+    folds). ``bands``: each mode's noise band (``training.predict.policy``; a mode left out:
+    ``DEFAULT_NOISE_BAND``), which every policy takes. ``ValueError`` for fewer than 2 groups."""
+    if policy is not None:
+        policies = tuple(dict.fromkeys(policy.of(m) for m in MODES))
+    configs = configs_for(table, configs)
     groups = cv_groups(table)
-    if len(set(groups)) < 2:
+    scored = table.is_target
+    if len(set(groups[scored])) < 2:
         raise ValueError(
             "grouped cross-validation needs at least 2 groups (model families or grid regions); "
-            f"got {sorted(set(groups))}"
+            f"got {sorted(set(groups[scored]))}"
         )
-    folds = cv_folds(groups)
+    folds = cv_folds(groups, target=scored)
     cost, ratio = held_out_costs(
         table, folds, configs, seed=seed, n_jobs=n_jobs, progress=progress, masked=masked
     )
     # loss[c, p]: each row's held-out loss under configuration c with policy p in every mode
-    loss = np.stack(
-        [np.stack([_loss(table, cost[c], ratio, p) for p in policies]) for c in range(len(configs))]
-    )
+    bands = dict(bands or {})
+    loss = np.stack([
+        np.stack([_loss(table, cost[c], ratio[c], ModePolicy.uniform(p).with_bands(bands)) for p in policies])
+        for c in range(len(configs))
+    ])  # fmt: skip
     final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
     fallback = np.zeros(len(table), dtype=bool)
-    for name in sorted(set(folds.tolist())):
-        test = folds == name
-        c, policy, _ = choose(loss, table.modes, ~test, policies)
+    for name in sorted(set(folds[scored].tolist())):
+        test = (folds == name) & scored
+        c, chosen, _ = choose(loss, table.modes, scored & ~test, policies)
         final[test], raw[test], fallback[test], _ = apply_policy(
-            cost[c, test], ratio[test], policy, table.modes[test]
+            cost[c, test], ratio[c, test], (policy or chosen).with_bands(bands), table.modes[test]
         )
-    c, policy, by_config = choose(loss, table.modes, np.ones(len(table), dtype=bool), policies)
-    choice = Choice(config=configs[c], policy=policy)
+    c, chosen, by_config = choose(loss, table.modes, scored, policies)
+    choice = Choice(config=configs[c], policy=(policy or chosen).with_bands(bands))
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(
         "cross-validation loss by config %s; chose %s, %s", config_loss, choice.config.key(), choice.policy

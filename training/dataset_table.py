@@ -7,6 +7,7 @@ canonical order, so serial wins a tie).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -21,11 +22,13 @@ from ficco.features.dataset import (
     dataset_hardware,
     frame_hash,
     host_factor_of,
-    load_datasets,
+    load_each,
     load_repeats,
+    read_manifest,
     scenario_from_row,
     with_label_times,
 )
+from ficco.features.label_source import LabelSource, label_source, same_times
 from ficco.training.model import SCHEDULES, SERIAL_INDEX, schedule_indices
 
 if TYPE_CHECKING:
@@ -54,11 +57,25 @@ class DatasetTable:
     """Whether each schedule is in the row's best set (cannot be told from the fastest), bool ``[n, S]``."""
     async_tp_ms: np.ndarray
     """PyTorch async-TP's time on the row's scenario and mode, ms ``[n]`` (NaN: not measured)."""
+    host_factors: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
+    """Host factor of the machine that measured each row (``features.dataset.host_factor_of`` its sweep; 1
+    when not measurable): the scale of the row's eager host-time pair feature, float64 ``[n]`` (default:
+    1 everywhere)."""
+    sources: np.ndarray = None  # type: ignore[assignment]  # filled in __post_init__
+    """Index of each row's label source in :attr:`label_sources`, int ``[n]`` (default: 0 everywhere)."""
+    label_sources: tuple[LabelSource, ...] = ()
+    """What produced the labels (``features.label_source``), one per source the rows come from."""
+    target: np.ndarray | None = None
+    """Which rows belong to the target datasets, bool ``[n]``: evaluation scores them and takes its folds
+    and groups from them alone; the other rows (``ficco train --extra``) are only learned from. None: all."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Scenarios of the dataset left out, by reason."""
-    host_factor: float = 1.0
-    """The measuring machine's host factor (``features.dataset.host_factor_of`` its sweep; 1 when not
-    measurable): the scale of the eager host-time pair feature of every row."""
+
+    def __post_init__(self) -> None:
+        if self.host_factors is None:
+            object.__setattr__(self, "host_factors", np.ones(len(self)))
+        if self.sources is None:
+            object.__setattr__(self, "sources", np.zeros(len(self), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.scenario_ids)
@@ -107,8 +124,64 @@ class DatasetTable:
             times_ms=self.times_ms[index],
             in_best=self.in_best[index],
             async_tp_ms=self.async_tp_ms[index],
-            host_factor=self.host_factor,
+            host_factors=self.host_factors[index],
+            sources=self.sources[index],
+            label_sources=self.label_sources,
+            target=None if self.target is None else self.target[index],
         )
+
+    @property
+    def is_target(self) -> np.ndarray:
+        """:attr:`target` with None as all rows, bool ``[n]``."""
+        return np.ones(len(self), dtype=bool) if self.target is None else self.target
+
+    @property
+    def label_versions(self) -> np.ndarray:
+        """The executor label version of each row's label (``features.label_source``), float64 ``[n]``: a
+        measured source's version, 0 for simulated rows and rows of no recorded version."""
+        versions = [
+            float(s.label_version) if s.measured and isinstance(s.label_version, int) else 0.0
+            for s in self.label_sources
+        ]
+        return np.asarray(versions or [0.0], dtype=np.float64)[self.sources]
+
+    @property
+    def host_factor(self) -> float:
+        """The host factor the rows were measured at: one machine's, or the median over rows of several."""
+        return float(np.median(self.host_factors)) if len(self) else 1.0
+
+
+def concat_tables(*tables: DatasetTable) -> DatasetTable:
+    """The rows of ``tables`` in order, as one table whose label sources are theirs in order of first
+    appearance (equal sources merged), each row keeping its own host factor."""
+    sources: list[LabelSource] = []
+    remap = []
+    for table in tables:
+        index = []
+        for source in table.label_sources:
+            if source not in sources:
+                sources.append(source)
+            index.append(sources.index(source))
+        remap.append(np.asarray(index, dtype=np.int64))
+    dropped: dict[str, int] = {}
+    for table in tables:
+        for reason, count in table.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    return DatasetTable(
+        scenario_ids=np.concatenate([t.scenario_ids for t in tables]),
+        modes=np.concatenate([t.modes for t in tables]),
+        families=np.concatenate([t.families for t in tables]),
+        scenarios=tuple(s for t in tables for s in t.scenarios),
+        X=np.concatenate([t.X for t in tables]),
+        times_ms=np.concatenate([t.times_ms for t in tables]),
+        in_best=np.concatenate([t.in_best for t in tables]),
+        async_tp_ms=np.concatenate([t.async_tp_ms for t in tables]),
+        host_factors=np.concatenate([t.host_factors for t in tables]),
+        sources=np.concatenate([r[t.sources] for t, r in zip(tables, remap, strict=True)]),
+        label_sources=tuple(sources),
+        target=np.concatenate([t.is_target for t in tables]),
+        dropped=dropped,
+    )
 
 
 def build_table(
@@ -116,9 +189,11 @@ def build_table(
     hardware: HardwareProfile,
     modes: Sequence[str] | None = None,
     repeats: Sequence[pd.DataFrame] = (),
+    source: LabelSource | None = None,
 ) -> DatasetTable:
     """Reshape dataset rows (``features.dataset``) into one row per (scenario, mode) of ``modes`` (default:
-    every mode the dataset has).
+    every mode the dataset has), every row of label source ``source`` (default: the rows' backend on
+    ``hardware``, label version ``unrecorded``) at the rows' host factor.
 
     With ``repeats`` (independent sweeps of the same scenarios) a schedule's time is the geometric mean of
     its ``time_ms`` over the sweeps (docs/training.md), and it is in the best set if any sweep's is (or it
@@ -166,9 +241,21 @@ def build_table(
         times_ms=times[keep],
         in_best=in_best[keep],
         async_tp_ms=first["async_tp_ms"].to_numpy(dtype=np.float64),
+        host_factors=np.full(len(kept), factor := _host_factor(df)),
+        sources=np.zeros(len(kept), dtype=np.int64),
+        label_sources=(source or _unrecorded_source(df, hardware, factor),),
         dropped={"no successful serial/sm measurement": int((~keep).sum())} if not keep.all() else {},
-        host_factor=_host_factor(df),
     )
+
+
+def _unrecorded_source(df: pd.DataFrame, hardware: HardwareProfile, host_factor: float) -> LabelSource:
+    """The label source of rows read without their manifest: their backend on ``hardware``."""
+    backends = sorted(set(df["backend"])) or ["gpu"]
+    return LabelSource(
+        backend=backends[0], label_version="unrecorded", gpu_name=hardware.gpu_name,
+        world_size=int(df["world_size"].iloc[0]) if len(df) else hardware.gpu_count,
+        host_factor=host_factor, settings={}, fingerprint={},
+    )  # fmt: skip
 
 
 def _host_factor(df: pd.DataFrame) -> float:
@@ -222,31 +309,119 @@ class LoadedDataset:
     families)."""
 
 
-def load_dataset_table(*paths: str | Path, repeats: Sequence[str | Path] = ()) -> LoadedDataset:
-    """Read dataset directories ``paths`` (several: same hardware, disjoint scenarios) into one
-    :class:`LoadedDataset`, the repeat sweeps ``repeats`` pooled into the times (:func:`build_table`).
-    ``ValueError`` (from ``features.dataset``) names what is wrong with the data."""
+def load_dataset_table(
+    *paths: str | Path, repeats: Sequence[str | Path] = (), extra: Sequence[str | Path] = ()
+) -> LoadedDataset:
+    """Read the target datasets ``paths`` (several: same hardware, disjoint scenarios) and the ``extra``
+    datasets (more rows to learn from: other label sources, machines or world sizes) into one
+    :class:`LoadedDataset`. Each dataset keeps its label source (``features.label_source``) and host factor;
+    the repeat sweeps ``repeats`` are pooled into the target's times (:func:`build_table`) and must share
+    its label source. ``ValueError`` (also from ``features.dataset``) names what is wrong with the data."""
+    import pandas as pd
+
     paths = tuple(Path(p) for p in paths)
     repeats = tuple(Path(p) for p in repeats)
-    df, noise_df = load_datasets(paths)
+    extra = tuple(Path(p) for p in extra)
+    frames = load_each(paths)  # checks hardware and disjoint scenarios
+    df = pd.concat([frame for frame, _ in frames], ignore_index=True) if len(frames) > 1 else frames[0][0]
+    noises = [n for _, n in frames if n is not None and not n.empty]
+    noise_df = pd.concat(noises, ignore_index=True) if noises else None
     repeat_dfs = load_repeats(df, repeats, like=paths[0])
     hardware = dataset_hardware(paths[0])
-    table = build_table(df, hardware, repeats=repeat_dfs)
+    tables = [
+        _source_table(path, frame, hardware, [_only(r, frame) for r in repeat_dfs])
+        for path, (frame, _) in zip(paths, frames, strict=True)
+    ]
+    _check_repeats(paths, tables, repeats, repeat_dfs)
+    extra_frames = [load_each([p])[0][0] for p in extra]
+    extras = [
+        _source_table(path, frame, dataset_hardware(path))
+        for path, frame in zip(extra, extra_frames, strict=True)
+    ]
+    table = concat_tables(*tables, *extras)
+    if extras:
+        table = dataclasses.replace(table, target=np.arange(len(table)) < sum(len(t) for t in tables))
     noise = None if noise_df is None or noise_df.empty else build_table(noise_df, hardware)
-    digest = frame_hash(df)
-    if repeats:
-        digest = hashlib.sha256("+".join([digest, *map(frame_hash, repeat_dfs)]).encode()).hexdigest()
+    parts = [
+        frame_hash(df),
+        *map(frame_hash, repeat_dfs),
+        *map(frame_hash, extra_frames),
+    ]
+    digest = parts[0] if len(parts) == 1 else hashlib.sha256("+".join(parts).encode()).hexdigest()
     info = {
         "path": " + ".join(map(str, paths)),
         **({"repeats": [str(p) for p in repeats]} if repeats else {}),
+        **({"extra": [str(p) for p in extra]} if extra else {}),
+        **({"extra_backends": sorted({b for f in extra_frames for b in f["backend"]})} if extra else {}),
         "hash": digest,
         "hardware_id": hardware.id,
         "backends": sorted(set(df["backend"])),
         "n_rows": len(df),
-        "n_scenarios": len(set(table.scenario_ids)),
-        "n_rows_by_mode": {m: int(np.sum(table.modes == m)) for m in sorted(set(table.modes))},
+        "n_scenarios": len(set(table.scenario_ids[table.is_target])),
+        "n_rows_by_mode": {
+            m: int(np.sum(table.modes[table.is_target] == m)) for m in sorted(set(table.modes))
+        },
         "n_noise_scenarios": 0 if noise is None else len(set(noise.scenario_ids)),
-        "families": sorted(set(table.families)),
+        "families": sorted(set(table.families[table.is_target])),
         "dropped": table.dropped,
+        "host_factor": round(_host_factor(df), 4),
+        "sources": [
+            {"path": str(p), "role": role, **t.label_sources[0].to_dict()}
+            for role, group in (
+                ("target", zip(paths, tables, strict=True)),
+                ("extra", zip(extra, extras, strict=True)),
+            )
+            for p, t in group
+        ],
     }
     return LoadedDataset(paths=paths, table=table, noise=noise, hardware=hardware, hash=digest, info=info)
+
+
+def _source_table(
+    path: Path, frame: pd.DataFrame, hardware: HardwareProfile, repeats: Sequence[pd.DataFrame] = ()
+) -> DatasetTable:
+    """One dataset's table, its rows of the label source its manifest names at its own host factor."""
+    manifest = read_manifest(path) if path.is_dir() else None
+    factor = _host_factor(frame)
+    source = label_source(manifest, factor) if manifest is not None else None
+    return build_table(frame, hardware, repeats=repeats, source=source)
+
+
+def _only(repeat: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``repeat`` whose scenario ``frame`` holds."""
+    return repeat[repeat["scenario_id"].isin(set(frame["scenario_id"]))]
+
+
+def _check_repeats(
+    paths: Sequence[Path],
+    tables: Sequence[DatasetTable],
+    repeats: Sequence[Path],
+    frames: Sequence[pd.DataFrame],
+) -> None:
+    """Raise ``ValueError`` for a repeat sweep of another label source than the datasets it repeats, naming
+    both and the settings that differ (pooling them would mix two executors' labels); label versions that
+    time the same thing (``features.label_source.same_times``: only the round counts changed) pool, with a
+    log line."""
+    for path, frame in zip(repeats, frames, strict=True):
+        manifest = read_manifest(path)
+        if manifest is None:
+            continue
+        mine = label_source(manifest, 1.0)
+        for dataset, table in zip(paths, tables, strict=True):
+            if not set(frame["scenario_id"]) & set(table.scenario_ids):
+                continue
+            theirs = table.label_sources[0]
+            if same_times(mine.label_version, theirs.label_version) and mine.key() != theirs.key():
+                settle = dataclasses.replace(mine, label_version=theirs.label_version)
+                if settle.key() == theirs.key():
+                    log.info(
+                        "repeat %s (label version %s) pools into %s (version %s): only round counts differ",
+                        path, mine.label_version, dataset, theirs.label_version,
+                    )  # fmt: skip
+                    continue
+            if mine.key() != theirs.key():
+                raise ValueError(
+                    f"repeat {path} and dataset {dataset} have different label sources "
+                    f"({'; '.join(theirs.differences(mine))}): a repeat is pooled into the labels, so it "
+                    "must come from the same executor and machine; pass it with --extra instead"
+                )

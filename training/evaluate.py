@@ -17,10 +17,10 @@ from ficco.features import MODES
 from ficco.training.baselines import FIXED, PEER_RULES, baseline_picks, serial_or_async_tp
 from ficco.training.crossval import Choice, CrossValidation, cross_validate, region_holdout
 from ficco.training.dataset_table import DatasetTable
-from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
+from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_pair_model, ratio_config
 from ficco.training.metrics import score, score_times
 from ficco.training.model import pair_costs
-from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, apply_policy
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy, apply_policy
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,21 @@ def ceiling_picks(table: DatasetTable, noise: DatasetTable) -> tuple[np.ndarray,
     return rows, noise.best[other]
 
 
+def noise_bands(table: DatasetTable, noise: DatasetTable | None) -> dict[str, float]:
+    """Each mode's noise band (``training.predict.policy``): the geometric-mean regret of the noise ceiling
+    (:func:`ceiling_picks`) over that mode's re-measured rows; a mode without any is left out (its policy
+    keeps ``DEFAULT_NOISE_BAND``)."""
+    if noise is None:
+        return {}
+    out = {}
+    for mode in sorted(set(table.modes.tolist())):
+        sub = table.subset(table.modes == mode)
+        rows, cols = ceiling_picks(sub, noise)
+        if len(rows):
+            out[mode] = max(0.0, float(score(sub.subset(rows), cols)["geomean_regret"]))
+    return out
+
+
 def aligned_rows(table: DatasetTable, other: DatasetTable) -> tuple[np.ndarray, np.ndarray]:
     """The (scenario, mode) rows both tables hold: (rows of ``table`` ``[n']``, the same rows of ``other``
     ``[n']``)."""
@@ -213,17 +228,23 @@ def fit_and_pick(
     *,
     seed: int,
     n_jobs: int,
-    host_factors: Sequence[float] | None = None,
+    host_factors: Sequence[float | np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Fit the chosen model (and the time-ratio regressor) on ``train``; recommended columns of ``test``
-    ``[n]``, one array per host factor of ``host_factors`` (default: ``test``'s own alone)."""
+    ``[n]``, one array per host factor of ``host_factors`` (one machine's or each row's; default: ``test``'s
+    own rows' alone)."""
     model = fit_pair_model(train, choice.config, seed=seed, n_jobs=n_jobs)
-    same = choice.config == RATIO_CONFIG
-    ratio_model = model if same else fit_pair_model(train, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+    same = choice.config == ratio_config(choice.config)
+    ratio_model = (
+        model if same else fit_pair_model(train, ratio_config(choice.config), seed=seed, n_jobs=n_jobs)
+    )
     picks = []
-    for factor in host_factors or [test.host_factor]:
-        cost = pair_costs(model, test.X, test.modes, factor)
-        ratio = cost if ratio_model is model else pair_costs(ratio_model, test.X, test.modes, factor)
+    for factor in host_factors or [test.host_factors]:
+        versions = test.label_versions
+        cost = pair_costs(model, test.X, test.modes, factor, versions)
+        ratio = (
+            cost if ratio_model is model else pair_costs(ratio_model, test.X, test.modes, factor, versions)
+        )
         picks.append(apply_policy(cost, ratio, choice.policy, test.modes)[0])
     return picks
 
@@ -240,7 +261,7 @@ def split_summary(
     """Per mode of ``test``: every picker trained on ``train`` (baselines: :func:`split_baselines`). When
     the two tables' host factors differ (another machine), ``model`` predicts at ``test``'s own and
     ``model_at_training_host_factor`` at ``train``'s: what knowing the machine's host speed is worth."""
-    factors = [test.host_factor]
+    factors: list[float | np.ndarray] = [test.host_factors]
     if not np.isclose(test.host_factor, train.host_factor):
         factors.append(train.host_factor)
     picks = dict(zip(["model", "model_at_training_host_factor"], fit_and_pick(
@@ -305,18 +326,23 @@ def evaluate(
     configs: tuple[TrainConfig, ...] = CONFIG_GRID,
     policies: tuple[DecisionPolicy, ...] = POLICY_GRID,
     progress: bool = False,
+    policy: ModePolicy | None = None,
 ) -> Evaluation:
     """Cross-validate; score the model, the baselines and the ceiling per mode on every split (the transfer
     split's ceiling from ``transfer_noise``, the transfer dataset's re-measure); with ``rescore``, the
-    family-holdout picks also against that independent sweep's labels (``rescored``)."""
+    family-holdout picks also against that independent sweep's labels (``rescored``). ``policy``: decide
+    under it rather than choose one (``training.crossval.cross_validate``)."""
     cv = cross_validate(
-        table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress
-    )
-    baselines = held_out_baselines(table, cv.folds)
-    peers = held_out_peer_rules(table, cv.folds, seed=seed)
+        table, configs=configs, policies=policies, seed=seed, n_jobs=n_jobs, progress=progress, policy=policy,
+        bands=noise_bands(table, noise),
+    )  # fmt: skip
+    scored = table.is_target
+    target, folds = table.subset(scored), cv.folds[scored]
+    baselines = held_out_baselines(target, folds)
+    peers = held_out_peer_rules(target, folds, seed=seed)
     region = region_holdout(table)
     region_split = split_summary(
-        table.subset(~region), table.subset(region), cv.choice, noise, seed=seed, n_jobs=n_jobs
+        table.subset(~region), table.subset(region & scored), cv.choice, noise, seed=seed, n_jobs=n_jobs
     )
     transfer_split, transfer_counts = None, None
     if transfer is not None:
@@ -330,22 +356,23 @@ def evaluate(
         }
     modes: dict[str, Any] = {}
     regrets: dict[str, dict[str, np.ndarray]] = {}
-    for mode in [m for m in MODES if m in set(table.modes)]:
-        on = table.modes == mode
-        sub = table.subset(on)
-        picks = {"model": cv.final[on], **{name: p[on] for name, p in baselines.items()}}
+    final, raw, fallbacks = cv.final[scored], cv.raw[scored], cv.fallback[scored]
+    for mode in [m for m in MODES if m in set(target.modes)]:
+        on = target.modes == mode
+        sub = target.subset(on)
+        picks = {"model": final[on], **{name: p[on] for name, p in baselines.items()}}
         mine = {name: fused[on] for name, fused in peers.items()}
         family_holdout, regrets[mode] = pickers_summary(sub, picks, noise, mine)
         grouped = by_op_group(sub, picks, noise, mine)
-        fallback = cv.fallback[on]
+        fallback = fallbacks[on]
         modes[mode] = {
             "family_holdout": family_holdout,
             **({"family_holdout_by_op_group": grouped} if grouped else {}),
             "region_holdout": region_split.get(mode, {}),
             **({"transfer": transfer_split.get(mode, {})} if transfer_split is not None else {}),
             **({"rescored": rescored_summary(sub, picks, rescore)} if rescore is not None else {}),
-            "per_family": per_family(sub, cv.final[on]),
-            "fallback": {"n_fallbacks": int(fallback.sum()), "without_fallback": score(sub, cv.raw[on])},
+            "per_family": per_family(sub, final[on]),
+            "fallback": {"n_fallbacks": int(fallback.sum()), "without_fallback": score(sub, raw[on])},
         }
         ceiling = family_holdout.get("ceiling", {}).get("geomean_regret")
         model = family_holdout["model"]["geomean_regret"]
@@ -354,8 +381,9 @@ def evaluate(
         "modes": modes,
         "pickers": BASELINE_NOTES,
         "cv": {
-            "groups": {g: int(np.sum(cv.groups == g)) for g in sorted(set(cv.groups))},
-            "n_folds": len(set(cv.folds.tolist())),
+            "groups": {g: int(np.sum(cv.groups[scored] == g)) for g in sorted(set(cv.groups[scored]))},
+            "folds": {g: int(f) for g, f in sorted(set(zip(cv.groups[scored], folds, strict=True)))},
+            "n_folds": len(set(folds.tolist())),
             "splitter": "sklearn.model_selection.GroupKFold over model families and grid quartiles",
             "selection": "per fold, the config and fallback threshold of lowest loss on the other folds' "
             "held-out predictions (training/crossval.py)",

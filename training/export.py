@@ -3,14 +3,18 @@
 :func:`build_schedule_table` asks the model, one split class at a time, next to every point of
 :func:`token_grid` and between neighbouring counts whose answers differ, with numpy and the model alone (the
 service's ``/v1/tables`` builds here too). :class:`ExportRefused`: a world size the model was not trained
-at, or simulated training data without ``allow_simulated``. The drop-in artifacts
-(``--format vllm|autoheuristic``) are ``training.dropin``'s. See docs/tables.md.
+at, or simulated training data without ``allow_simulated``. The grid tables the service's ``GET`` serves
+(:func:`grid_requests`) can be written into the model's registry folder (:func:`write_grid_tables`,
+``ficco export --into-model``), where the service finds them ready (:func:`read_grid_table`). The drop-in
+artifacts (``--format vllm|autoheuristic``) are ``training.dropin``'s. See docs/tables.md.
 """
 
 from __future__ import annotations
 
 import bisect
+import gzip
 import itertools
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, feature_matrix
+from ficco.features import DENSE_OPS, DTYPES, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, feature_matrix
 from ficco.features.provenance import SIMULATED, registry_id
 from ficco.features.schedule import FINER_SPLITS, max_splits, range_starts
 from ficco.features.schedule_table import (
@@ -31,8 +35,10 @@ from ficco.features.schedule_table import (
     Range,
     ScheduleTableFile,
     Track,
+    artifact_name,
     hardware_fingerprint,
 )
+from ficco.files import replacing
 from ficco.training.predict.coverage import NEIGHBOUR_FACTOR, OFF_MAP_BELOW, off_map
 from ficco.training.predict.pairs import SCHEDULES, SERIAL_INDEX
 
@@ -54,6 +60,15 @@ DECIDE_ROWS = 4096
 """Token counts the model is asked at per call (bounds the pair matrix to about 25 MB)."""
 SPLIT_CLASSES: tuple[int, ...] = tuple(sorted((1, *FINER_SPLITS), reverse=True))
 """The split classes of a table's tracks, largest first (``features.schedule.max_splits``)."""
+BUILD_VERSION = 2
+"""What :func:`build_schedule_table` writes for one model and request, versioned (the header's
+``build_version``): bump it with a change that moves a table of the same model (the grid, the refinement,
+the decision policy's rules). 2: the guard against picks predicted slower than serial and the /hp tie rule
+(``training.predict.policy``). A grid table shipped with a model under another build version is rebuilt,
+not served (:func:`read_grid_table`), and the service's ETags carry it."""
+GRID_TABLES_DIR = "tables"
+"""The folder of a registered model version (``<root>/<hardware>/<version>/``) its grid tables are written
+into (:func:`write_grid_tables`)."""
 
 
 class ExportRefused(ValueError):
@@ -182,6 +197,7 @@ def export_header(
         "grid": grid,
         "neighbours": {"factor": NEIGHBOUR_FACTOR, "off_map_below": OFF_MAP_BELOW[mode]},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "build_version": BUILD_VERSION,
     }
 
 
@@ -213,6 +229,26 @@ def grid_shapes() -> list[Shape]:
     """The dense shape grid a table is built for when no model config is given: both tensor-parallel ops
     at every (n, k) of :data:`GRID_SIZES`."""
     return [(op, n, k, 0, 0) for op in DENSE_OPS for n in GRID_SIZES for k in GRID_SIZES]
+
+
+def trained_dtypes(predictor: Any) -> tuple[str, ...]:
+    """The dtypes of a model's training rows (its coverage's; bf16 for a model without one)."""
+    coverage = getattr(predictor, "coverage", None)
+    if coverage is None or not len(coverage):
+        return ("bf16",)
+    return tuple(DTYPES[i] for i in sorted(set(coverage.rows[:, 3].tolist())))
+
+
+def grid_requests(predictor: Any) -> list[dict[str, Any]]:
+    """The grid tables a model serves (the service's ``GET /v1/tables``): per world size it was trained at,
+    mode and training dtype, ``{"tp", "mode", "dtype", "allow_simulated"}`` (simulated models: True)."""
+    simulated = predictor.card.get("dataset", {}).get("backends") != ["gpu"]
+    return [
+        {"tp": tp, "mode": mode, "dtype": dtype, "allow_simulated": simulated}
+        for tp in trained_world_sizes(predictor.card)
+        for mode in MODES
+        for dtype in trained_dtypes(predictor)
+    ]
 
 
 def dataset_shapes(paths: Sequence[str | Path], *, tp: int, dtype: str) -> list[Shape]:
@@ -435,6 +471,63 @@ def build_schedule_table(
         for shape, ts in entries.items()
     }
     return ScheduleTableFile(header=header, entries=table)
+
+
+def packed(table: ScheduleTableFile) -> bytes:
+    """A table as the service keeps and sends it: compact JSON, gzip-compressed (level 6, no timestamp)."""
+    text = json.dumps(table.to_dict(), separators=(",", ":"))
+    return gzip.compress(text.encode(), compresslevel=6, mtime=0)
+
+
+def grid_table_path(version_dir: str | Path, predictor: Any, *, tp: int, mode: str, dtype: str) -> Path:
+    """Where :func:`write_grid_tables` puts one grid table of the model registered in ``version_dir``."""
+    name = artifact_name({"device_name": predictor.card["hardware"]["gpu_name"], "world_size": tp,
+                          "mode": mode, "dtype": dtype})  # fmt: skip
+    return Path(version_dir) / GRID_TABLES_DIR / f"op=tp_overlap,{name}.json.gz"
+
+
+def write_grid_tables(predictor: Any, version_dir: str | Path) -> list[Path]:
+    """Build every grid table of ``predictor`` (:func:`grid_requests`) and write each, :func:`packed`, into
+    the model's registry folder ``version_dir``; the paths written."""
+    paths = []
+    for request in grid_requests(predictor):
+        tp, mode, dtype = request["tp"], request["mode"], request["dtype"]
+        table = build_schedule_table(predictor, grid_shapes(), world_size=tp, mode=mode, dtype=dtype,
+                                     allow_simulated=request["allow_simulated"])  # fmt: skip
+        path = grid_table_path(version_dir, predictor, tp=tp, mode=mode, dtype=dtype)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path) as tmp:
+            tmp.write_bytes(packed(table))
+        log.info("wrote %s", path)
+        paths.append(path)
+    return paths
+
+
+def read_grid_table(
+    version_dir: str | Path, predictor: Any, *, tp: int, mode: str, dtype: str
+) -> bytes | None:
+    """The grid table (:func:`packed`) written into the registry folder ``version_dir`` of ``predictor`` by
+    :func:`write_grid_tables`, when it is the one :func:`build_schedule_table` would build now: the same
+    model version, request, shapes and :data:`BUILD_VERSION`; None otherwise (absent, unreadable, stale)."""
+    path = grid_table_path(version_dir, predictor, tp=tp, mode=mode, dtype=dtype)
+    try:
+        data = path.read_bytes()
+        table = json.loads(gzip.decompress(data))
+    except (OSError, ValueError, EOFError) as err:
+        if path.exists():
+            log.warning("%s cannot be read (%s); the table is built instead", path, err)
+        return None
+    found = (table.get("build_version"), table.get("model", {}).get("version"), table.get("world_size"),
+             table.get("mode"), table.get("dtype"))  # fmt: skip
+    wanted = (BUILD_VERSION, predictor.version, tp, mode, dtype)
+    shapes = {
+        (e["op"], e["n"], e["k"], e.get("experts", 0), e.get("top_k", 0)) for e in table.get("entries", [])
+    }
+    if found != wanted or shapes != set(grid_shapes()):
+        log.warning("%s was built for %s, not %s (or for other shapes); the table is built instead", path,
+                    found, wanted)  # fmt: skip
+        return None
+    return data
 
 
 def export(

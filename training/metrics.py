@@ -45,6 +45,7 @@ def score_times(
         "speedup_vs_serial": float(np.exp(np.mean(np.log(serial / t)))),
         "n_regressions_vs_serial": int(np.sum(t > serial)),
         "n_slower_than_serial_2pct": int(np.sum(t > (1.0 + WITHIN) * serial)),
+        "loss": float(np.mean(pick_loss(t, best, serial))),
         "n_scenarios": len(table),
     }
 

@@ -25,9 +25,11 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ficco.features import FEATURE_SCHEMA_VERSION, SCHEDULE_INDEX, SCHEDULES
+from ficco.features.label_source import LABEL_VERSION
 from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
+    LABEL_VERSION_NAME,
     PAIR_FEATURE_NAMES,
     PAIR_FEATURE_NAMES_OF,
     SCHEDULE_FEATURE_NAMES,
@@ -46,6 +48,7 @@ from ficco.training.predict.pairs import (
 __all__ = [  # the pair names are training.predict.pairs'; the training code imports them from here too
     "DESCRIPTORS",
     "HOST_FEATURE_NAME",
+    "LABEL_VERSION_NAME",
     "MAX_GRADE",
     "OBJECTIVES",
     "PAIR_FEATURE_NAMES",
@@ -135,24 +138,34 @@ class PairModel(BaseEstimator):
         return xgb.XGBRegressor(objective="reg:squarederror", **common)
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, Z: Any, y: Any, *, qid: Any = None) -> PairModel:
+    def fit(self, Z: Any, y: Any, *, qid: Any = None, sample_weight: Any = None) -> PairModel:
         """Learn from pairs ``Z`` ``[N, len(PAIR_FEATURE_NAMES)]`` and ``y = log(t / t_serial)`` ``[N]``;
-        ``qid`` ``[N]`` (int, sorted) names each pair's (scenario, mode) query, which the rankers need."""
+        ``qid`` ``[N]`` (int, sorted) names each pair's (scenario, mode) query, which the rankers need;
+        ``sample_weight`` ``[N]`` (positive; None: 1) weighs each pair, equal within a query."""
         Z = np.asarray(Z, dtype=np.float32)
         y = np.asarray(y, dtype=np.float64)
         if Z.ndim != 2 or Z.shape[1] != len(PAIR_FEATURE_NAMES):
             raise ValueError(f"Z must have {len(PAIR_FEATURE_NAMES)} columns; got shape {Z.shape}")
         if y.shape != (len(Z),) or not np.all(np.isfinite(y)):
             raise ValueError(f"y must be {len(Z)} finite log time ratios; got shape {y.shape}")
+        if sample_weight is not None:
+            sample_weight = np.asarray(sample_weight, dtype=np.float64)
+            if sample_weight.shape != (len(Z),) or not np.all(sample_weight > 0):
+                raise ValueError(
+                    f"sample_weight must be {len(Z)} positive weights; got {sample_weight.shape}"
+                )
         model = self._xgb()
         if self.objective != "ratio":
             if qid is None or len(qid) != len(Z) or np.any(np.diff(qid) < 0):
                 raise ValueError(f"objective={self.objective!r} needs qid: one sorted query id per pair")
             qid = np.asarray(qid)
             relevance = -y if self.objective == "rank" else relevance_grades(y, qid)  # faster is better
-            model.fit(Z, relevance, qid=qid)
+            # XGBoost's rankers weigh whole queries: one weight per query, in query order
+            starts = np.flatnonzero(np.r_[True, np.diff(qid) != 0])
+            weights = None if sample_weight is None else sample_weight[starts]
+            model.fit(Z, relevance, qid=qid, sample_weight=weights)
         else:
-            model.fit(Z, y)
+            model.fit(Z, y, sample_weight=sample_weight)
         booster = model.get_booster()
         booster.feature_names = None  # predictions take plain arrays in PAIR_FEATURE_NAMES order
         booster.set_attr(
@@ -205,10 +218,18 @@ class PairModel(BaseEstimator):
         return estimator
 
 
-def pair_costs(model: PairModel, X: np.ndarray, modes: Sequence[str], host_factor: float = 1.0) -> np.ndarray:
+def pair_costs(
+    model: PairModel,
+    X: np.ndarray,
+    modes: Sequence[str],
+    host_factor: float | np.ndarray = 1.0,
+    label_version: float | np.ndarray = LABEL_VERSION,
+) -> np.ndarray:
     """``model.cost`` of every valid schedule of each scenario row, float64 ``[n, S]`` (+inf: invalid), on a
-    machine of ``host_factor`` (:func:`pair_matrix`)."""
-    Z, (rows, cols) = pair_matrix(X, modes, schema=model.feature_schema_, host_factor=host_factor)
+    machine of ``host_factor`` and executor ``label_version`` (or each row's ``[n]``: :func:`pair_matrix`)."""
+    Z, (rows, cols) = pair_matrix(
+        X, modes, schema=model.feature_schema_, host_factor=host_factor, label_version=label_version
+    )
     out = np.full((len(X), len(SCHEDULES)), np.inf)
     out[rows, cols] = model.cost(Z)
     return out

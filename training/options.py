@@ -4,6 +4,7 @@ one help text."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -26,12 +27,42 @@ RepeatOption = Annotated[
         "speed, which drifts between sessions). Repeat it for several.",
     ),
 ]
+ExtraOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--extra",
+        help="More rows to learn from, never scored: a dataset of another label source (an older executor "
+        "or timing protocol, another machine or world size; `ficco dataset compare` shows how its labels "
+        "differ). Each row keeps its source's host factor and label version; folds, groups and metrics come "
+        "from --dataset alone, so adding one never reshuffles the evaluation. Repeat it for several.",
+    ),
+]
+
+
+class Learner(StrEnum):
+    """How rows of several label sources are learned (``--learner``)."""
+
+    sources = "sources"
+    pooled = "pooled"
+
+
+LearnerOption = Annotated[
+    Learner,
+    typer.Option(
+        "--learner",
+        help="sources: every row keeps its label source's host factor, and rows outside --dataset's "
+        "sources weigh what cross-validation on --dataset's folds chooses (none, when they do not help); "
+        "pooled: every row as one source at one host factor, refused when the datasets' label sources "
+        "differ (executor label version, GPU, world size or backend; `ficco dataset compare` shows how).",
+    ),
+]
 RegistryOption = Annotated[
     Path | None,
     typer.Option(
-        "--registry",
+        "--model-root",
         help="Model registry root. Default: $FICCO_MODEL_ROOT, else models/ of the checkout, else "
-        "(installed) ~/.local/share/ficco/models, made from the shipped one.",
+        "(installed) ~/.local/share/ficco/models, made from the shipped one (--registry is its last "
+        "release's spelling).",
     ),
 ]
 SeedOption = Annotated[

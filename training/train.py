@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
 from ficco.training.dataset_table import DatasetTable, LoadedDataset
 from ficco.training.evaluate import Evaluation, evaluate
-from ficco.training.fit import CONFIG_GRID, RATIO_CONFIG, TrainConfig, fit_pair_model
+from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_pair_model, ratio_config
 from ficco.training.model import PairModel
 from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy
 
@@ -58,19 +59,31 @@ def train_model(
     config = evaluation.cv.choice.config
     scorer = fit_pair_model(table, config, seed=seed, n_jobs=n_jobs)
     ratio = (
-        scorer if config == RATIO_CONFIG else fit_pair_model(table, RATIO_CONFIG, seed=seed, n_jobs=n_jobs)
+        scorer
+        if config == ratio_config(config)
+        else fit_pair_model(table, ratio_config(config), seed=seed, n_jobs=n_jobs)
     )
     log.info("trained %s on %d rows (%s)", config.key(), len(table), evaluation.cv.choice.policy)
     return TrainedModel(scorer=scorer, ratio=ratio, evaluation=evaluation)
 
 
 def register_trained(
-    root: str | Path, trained: TrainedModel, dataset: LoadedDataset, *, seed: int
+    root: str | Path,
+    trained: TrainedModel,
+    dataset: LoadedDataset,
+    *,
+    seed: int,
+    learner: str = "sources",
+    promotion: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
     """Register ``trained`` under ``root``; return ``(registry id, version)``: the dataset's hardware id, or
-    for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``)."""
+    for simulated rows that id with ``-sim`` (its profile renamed to it, ``features.provenance``). The card
+    records the ``learner`` (``sources`` or ``pooled``), the ``promotion`` check's verdict, if one ran, and,
+    beside the metrics, what each target dataset's plan holds that it lacks (``gaps``:
+    ``harness.gaps.dataset_gaps``)."""
     import pandas as pd
 
+    from ficco.harness.gaps import dataset_gaps
     from ficco.training.predict.coverage import Coverage
     from ficco.training.predict.registry import register
 
@@ -104,10 +117,13 @@ def register_trained(
             },
             "modes": sorted(set(np.asarray(table.modes).tolist())),
             "config": trained.choice.config.to_dict(),
-            "host_factor": round(table.host_factor, 4),
+            "host_factor": dataset.info.get("host_factor", round(table.host_factor, 4)),
             "choice_reason": choice_reason(trained.evaluation),
             "seed": seed,
+            "learner": learner,
+            **({"promotion": promotion} if promotion is not None else {}),
             "metrics": trained.evaluation.summary,
+            "gaps": [gaps for path in dataset.paths if (gaps := dataset_gaps(path)) is not None],
             "software": {"pandas": pd.__version__},
         },
     )

@@ -1,6 +1,8 @@
 """Two sweeps of the same scenarios, measured independently (other sessions, machines or protocols): how
 far their labels agree, per mode, with the card's noise arithmetic (``harness.card.noise_summary`` and
-``noise_by_size``) applied to the second sweep as if it were the first one's re-measure.
+``noise_by_size``) applied to the second sweep as if it were the first one's re-measure. How two datasets'
+time ratios and fastest schedules differ per schedule family, also where they measured only neighbouring
+scenarios, is ``ficco dataset compare A B`` (``harness.compare``).
 
     .venv/bin/python -m benchmarks.studies.compare_sweeps datasets/h200x2 datasets/h200x2-v2 \
         --out benchmarks/results/compare-h200x2-v2.json
@@ -25,6 +27,7 @@ from ficco.features import MODES
 from ficco.features.dataset import LABEL_STAT, load_dataset, read_manifest
 from ficco.features.label_source import PROTOCOL_BEFORE
 from ficco.harness.card import noise_by_size, noise_summary, size_label
+from ficco.harness.compare import setting_changes
 from ficco.tables import text_table
 
 
@@ -54,10 +57,9 @@ def protocol_of(sweep: Path) -> dict:
 
 
 def protocol_changes(result: dict) -> list[str]:
-    """``key: first -> second`` for every protocol setting the two sweeps of ``result`` differ in."""
-    first, second = result["protocols"]["first"], result["protocols"]["second"]
-    return [f"{key}: {first.get(key)} -> {second.get(key)}" for key in sorted(set(first) | set(second))
-            if first.get(key) != second.get(key)]  # fmt: skip
+    """``key: first -> second`` for every protocol setting the two sweeps of ``result`` differ in
+    (``harness.compare.setting_changes``)."""
+    return setting_changes(result["protocols"]["first"], result["protocols"]["second"])
 
 
 def render(result: dict) -> str:

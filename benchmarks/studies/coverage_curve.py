@@ -74,7 +74,7 @@ def coverage_split(coverage, plan_ids: list[str]) -> tuple[list, object]:
 
 def step(base, coverage, train_ids: list[str], k: int, test, unseen: dict, choice, folds, seed: int) -> dict:
     """The scores of one step: the first ``k`` of ``train_ids`` added (module docstring)."""
-    from benchmarks.support.tables import concat_tables
+    from ficco.training.dataset_table import concat_tables
     from ficco.training.evaluate import fit_and_pick
 
     added = coverage.subset(np.isin(coverage.scenario_ids, train_ids[:k]))
@@ -95,10 +95,9 @@ def step(base, coverage, train_ids: list[str], k: int, test, unseen: dict, choic
 
 def study(args: argparse.Namespace) -> dict:
     """Every step's scores (module docstring)."""
-    from benchmarks.support.tables import concat_tables
     from ficco.harness.plan import Plan
     from ficco.training.crossval import Choice, cv_folds, cv_groups
-    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
     from ficco.training.fit import TrainConfig
     from ficco.training.predict.policy import ModePolicy

@@ -93,7 +93,7 @@ def pairs(table, valid: np.ndarray, extra: Extra) -> tuple[np.ndarray, np.ndarra
     """The pair matrix of ``table``'s ``valid`` (row, schedule) cells with ``extra``'s columns appended."""
     from ficco.training.predict.pairs import pair_matrix
 
-    Z, (rows, cols) = pair_matrix(table.X, table.modes, valid=valid, host_factor=table.host_factor)
+    Z, (rows, cols) = pair_matrix(table.X, table.modes, valid=valid, host_factor=table.host_factors)
     if extra is not None:
         Z = np.hstack([Z, extra(table, rows).astype(np.float32)])
     return Z, rows, cols

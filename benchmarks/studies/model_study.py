@@ -265,7 +265,7 @@ def families_study(base, extra: dict[str, object], config, *, n_jobs: int) -> di
         return table
 
     def metrics(model, test) -> dict:
-        picks = np.argmin(pair_costs(model, test.X, test.modes, test.host_factor), axis=1)
+        picks = np.argmin(pair_costs(model, test.X, test.modes, test.host_factors), axis=1)
         return mode_metrics(test, picks)
 
     alone = fit_on([base], config, n_jobs=n_jobs)
@@ -299,7 +299,7 @@ def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dic
 
     def costs(model, rows=None):
         held = test if rows is None else test.subset(rows)
-        return pair_costs(model, held.X, held.modes, held.host_factor)
+        return pair_costs(model, held.X, held.modes, held.host_factors)
 
     ranker = {"objective": config.objective, "max_depth": config.max_depth,
               "n_estimators": config.n_estimators, "learning_rate": config.learning_rate}  # fmt: skip

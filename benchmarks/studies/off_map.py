@@ -99,8 +99,7 @@ def summarise(table, picks: np.ndarray, near: np.ndarray) -> dict:
 
 def study() -> dict:
     """Both sets' summaries (module docstring)."""
-    from benchmarks.support.tables import concat_tables
-    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.dataset_table import concat_tables, load_dataset_table
     from ficco.training.evaluate import unseen
     from ficco.training.predict.registry import load_predictor
 

@@ -192,10 +192,10 @@ def async_tp_tradeoff(table, tests: dict, folds: np.ndarray) -> dict:
     for fold in sorted(set(folds.tolist())):
         test = folds == fold
         model = AsyncTPModel().fit(table.subset(~test))
-        log_ratio[test] = model.predict_log_ratio(table.X[test], table.modes[test], table.host_factor)
+        log_ratio[test] = model.predict_log_ratio(table.X[test], table.modes[test], table.host_factors[test])
     model = AsyncTPModel().fit(table)
     sets = {"family holdout": (table, log_ratio)}
-    sets |= {t: (s, model.predict_log_ratio(s.X, s.modes, s.host_factor)) for t, s in tests.items()}
+    sets |= {t: (s, model.predict_log_ratio(s.X, s.modes, s.host_factors)) for t, s in tests.items()}
     out = {"cv_chosen": model.min_gain_, "gains": {}}
     for gain in ASYNC_TP_GAINS:
         cells = {}

@@ -59,6 +59,16 @@ ShareNodesOption = Annotated[
     ),
 ]
 RetriesOption = Annotated[int, typer.Option(min=0, max=100, help="Retries of a failed shard (Ray, k8s).")]
+OrderOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--order",
+        help="Measure the plan in this order (the order.json `ficco retrain --budget-minutes M --order-only` "
+        "writes: what each scenario teaches first); each shard keeps it, so a --time-budget stops every "
+        "shard after its most useful scenarios.",
+        show_default=False,
+    ),
+]
 
 
 def run(
@@ -74,13 +84,14 @@ def run(
     shards: ShardsOption = 0,
     share_nodes: ShareNodesOption = False,
     max_retries: RetriesOption = 3,
+    order: OrderOption = None,
 ) -> None:
     """Run every shard of the sweep as a Ray task, each in a placement group of one node, retried and resumed
     when it fails, then gather them into --out (needs ficco\\[fleet])."""
     from ficco.harness.fleet import ray_tasks
     from ficco.harness.fleet.gather import gather
 
-    job, argv = _sweep(bench)
+    job, argv = _sweep(bench, order)
     try:
         ray_tasks.connect(address)
         count = shards or ray_tasks.default_shards(job.backend.value, job.plan.settings["tp"], share_nodes)
@@ -108,12 +119,13 @@ def emit(
     image: Annotated[str, typer.Option(help="Container image of k8s (ficco with a CUDA torch).")] = (
         "ficco-bench:latest"
     ),
+    order: OrderOption = None,
 ) -> None:
     """Write the job that runs the sweep's shards on a cluster scheduler into OUT/shards/, and print the
     gather command to run once every shard has finished."""
     from ficco.harness.fleet.emit import gather_command, write_job
 
-    job, argv = _sweep(bench)
+    job, argv = _sweep(bench, order)
     if shards < 1:
         raise fail("ficco fleet emit needs --shards N (N >= 1)")
     head = [sys.executable, "-m", "ficco.cli"] if engine is Engine.slurm else ["ficco"]
@@ -133,26 +145,37 @@ def shard(
             "SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX and FICCO_SHARD_COUNT.",
         ),
     ] = None,
+    order: OrderOption = None,
 ) -> None:
     """Measure one shard of the sweep into OUT/shards/shard-I-of-N, continuing it if started (what `ficco
     fleet run` and the jobs of `ficco fleet emit` run on each node)."""
     from ficco.harness.commands import measure
     from ficco.harness.fleet.emit import gather_command
 
-    job, _ = _sweep(bench)
+    job, _ = _sweep(bench, order)
     part = _shard(shard)
     job = shard_job(job, part)
     measure(job)
     typer.echo(f"shard {part}: {job.out}; once every shard is done: {gather_command(job.out.parents[1])}")
 
 
-def _sweep(args: list[str] | None) -> tuple[SweepJob, list[str]]:
-    """The sweep of the ``ficco bench`` options ``args``, and the options a shard's command repeats
-    (:func:`forwarded_options`)."""
+def _sweep(args: list[str] | None, order: Path | None = None) -> tuple[SweepJob, list[str]]:
+    """The sweep of the ``ficco bench`` options ``args`` (its plan in ``order``'s order when given), and
+    the options a shard's command repeats (:func:`forwarded_options`, and ``--order``)."""
     from ficco.harness.commands import parse_sweep
+    from ficco.harness.fleet.shards import in_order
 
     job, bench = parse_sweep(args or [])
-    return dataclasses.replace(job, out=job.out.resolve()), forwarded_options(bench)
+    argv = forwarded_options(bench)
+    if order is not None:
+        try:
+            keys = list(json.loads(order.read_text())["order"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise fail(f"--order {order}: not an order.json ({type(err).__name__}: {err})") from None
+        with fail_on_value_error():
+            job = dataclasses.replace(job, plan=in_order(job.plan, keys, source=str(order)))
+        argv += ["--order", str(order.resolve())]
+    return dataclasses.replace(job, out=job.out.resolve()), argv
 
 
 def forwarded_options(ctx: click.Context) -> list[str]:

@@ -247,3 +247,17 @@ def read_runs(directory: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def in_order(plan: Plan, keys: Sequence[str], source: str = "the order") -> Plan:
+    """``plan`` with its scenarios in the order of ``keys`` (scenario ids, e.g. ``ficco retrain
+    --order-only``'s ``order.json``), those ``keys`` does not name after them in plan order; each shard of it
+    then measures its scenarios in that order. ``ValueError`` naming ``source`` when it names none of the
+    plan's scenarios (an order of another plan)."""
+    rank = {key: i for i, key in enumerate(keys)}
+    named = [e for e in plan.entries if e[1].key() in rank]
+    if plan.entries and not named:
+        raise ValueError(f"{source} names none of the plan's {len(plan)} scenarios: it is of another plan")
+    rest = [e for e in plan.entries if e[1].key() not in rank]
+    entries = tuple(sorted(named, key=lambda e: rank[e[1].key()])) + tuple(rest)
+    return dataclasses.replace(plan, entries=entries, settings={**plan.settings, "order": source})

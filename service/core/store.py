@@ -15,20 +15,20 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 from ficco.features import DENSE_OPS, KNOWN_HARDWARE, MODES, HardwareProfile, Scenario, get_hardware
-from ficco.features.hardware import NEW_PROFILE_HINT, did_you_mean
+from ficco.features.hardware import NEW_PROFILE_HINT, PROFILE_FILE, did_you_mean, registered_profiles
 from ficco.features.provenance import MEASURED, SIMULATED, ModelBackend, is_sim_id, model_backend, registry_id
-from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE
+from ficco.features.scenario import MAX_WORLD_SIZE, MIN_WORLD_SIZE, default_world_size
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.micro_batch import MicroBatcher, predict_split
-from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.service.errors import NoModelError, NotServedError, UnknownHardwareError
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +80,6 @@ class ServedModel:
         """The world sizes this model was trained at (``measured_world_sizes``)."""
         return measured_world_sizes(self.predictor.card, self.profile)
 
-    def unserved_world_size(self, world_size: int, served: Mapping[str, ServedModel]) -> str | None:
-        """None when this model was trained at ``world_size``; else the one line saying what is served
-        and the ways forward (``missing_model_line``)."""
-        if world_size in self.world_sizes:
-            return None
-        return missing_model_line(
-            served,
-            self.profile.id,
-            world_size,
-            f"the {self.profile.id} model was trained at world_size {list(self.world_sizes)} only",
-        )
-
     def unmeasured(self, op: str) -> str | None:
         """None when this model has measured data for ``op``; else the message saying it has not."""
         if op in self.ops:
@@ -107,20 +95,84 @@ class ServedModel:
         return predict_split(predict, scenarios, self.bulk, parts=self.bulk_threads)
 
 
+class Served(Mapping[str, ServedModel]):
+    """What a store serves at one moment: ``{hardware id: ServedModel}``, never mutated (a reload builds a
+    new one), and the custom hardware profiles registered beside the models
+    (``features.hardware.register_profile``: ``<root>/<id>/hardware.json``), which make an id known before
+    any model of it is."""
+
+    __slots__ = ("_models", "profiles")
+
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel] | None = None,
+        profiles: Mapping[str, HardwareProfile] | None = None,
+    ) -> None:
+        self._models = dict(models or {})
+        self.profiles: Mapping[str, HardwareProfile] = dict(profiles or {})
+
+    def __getitem__(self, hardware_id: str) -> ServedModel:
+        return self._models[hardware_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def __repr__(self) -> str:
+        return f"Served({self._models!r}, profiles={sorted(self.profiles)})"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Substitution:
+    """Another hardware's model answers a request: for which, and how its hardware differs."""
+
+    answered_hardware: str
+    """The hardware id of the model that answers."""
+    reason: str
+    """Why, in one line (what ``hardware_substitution`` says)."""
+    differs: dict[str, tuple[Any, Any]]
+    """The profile figures that differ: field -> (requested hardware's, answering model's)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resolution:
-    """Which served model answers a request, and why when it is not the requested hardware's own."""
+    """Which served model answers a request, at which world size, and why when it is not the requested
+    hardware's own."""
 
     model: ServedModel
     requested: str
     """The hardware id the request named (or the default)."""
-    substitution: str | None
-    """None when the requested hardware's own model answers; else the reason another profile was used."""
+    world_size: int
+    """The world size answered: the request's, or when it names none the requested hardware's GPU count."""
+    substitution: Substitution | None
+    """None when the requested hardware's own model answers; else which model does and why."""
 
 
 def _same_die(a: HardwareProfile, b: HardwareProfile) -> bool:
     """True when two profiles have the same compute die (SM count and bf16 peak), e.g. H100 and H200."""
     return a.sm_count == b.sm_count and a.peak_bf16_tflops == b.peak_bf16_tflops
+
+
+def known_profile(served: Mapping[str, ServedModel], hardware_id: str) -> HardwareProfile | None:
+    """The profile a measured hardware id names: built-in, else a served model's (its own, or its simulated
+    model's under the measured id), else a custom one registered beside the models (``Served.profiles``);
+    None for an id nobody knows."""
+    if hardware_id in KNOWN_HARDWARE:
+        return KNOWN_HARDWARE[hardware_id]
+    for model_id in (hardware_id, registry_id(hardware_id, SIMULATED)):
+        model = served.get(model_id)
+        if model is not None:
+            return replace(model.profile, id=hardware_id)
+    return served.profiles.get(hardware_id) if isinstance(served, Served) else None
+
+
+def known_ids(served: Mapping[str, ServedModel]) -> list[str]:
+    """Every hardware id a request may name: built-in, served (simulated ids included) and registered custom
+    ones (``known_ids`` of every 404)."""
+    registered = served.profiles if isinstance(served, Served) else {}
+    return sorted(set(KNOWN_HARDWARE) | set(served) | set(registered))
 
 
 def measured_world_sizes(card: Mapping[str, Any], profile: HardwareProfile) -> tuple[int, ...]:
@@ -136,13 +188,13 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
     """One line for a (hardware, world size) no served model answers: ``why``, the measured (hardware,
     world size) pairs served, and the ways forward that run as printed: measure it, or ask a simulated model
     by its id (the one served, else the command that trains it), on a profile of the same GPU with enough
-    GPUs when ``hardware_id`` has too few. An id of no built-in profile close to a known one is taken for a
-    typo (no command); another may be a custom profile, which the commands then name conditionally."""
+    GPUs when ``hardware_id`` has too few. An id of no known profile close to a known one is taken for a
+    typo (no command); another may be a custom profile not registered here, which the commands then name
+    conditionally."""
     pairs = sorted((hw, w) for hw, m in served.items() if m.backend == MEASURED for w in m.world_sizes)
     listed = ", ".join(f"({hw}, {w})" for hw, w in pairs) or "none"
     measured_id = registry_id(hardware_id, MEASURED)
-    own = served.get(measured_id)  # the profile: a served model's, else the built-in one, else None
-    base = own.profile if own is not None else KNOWN_HARDWARE.get(measured_id)
+    base = known_profile(served, measured_id)
     target = measured_id if base is None else base.id
     bigger: list[tuple[int, str]] = []
     if base is not None and world_size > base.gpu_count:
@@ -160,7 +212,7 @@ def missing_model_line(served: Mapping[str, ServedModel], hardware_id: str, worl
         f"no model answers hardware {hardware_id!r} at world_size={world_size}: {why}; measured (hardware, "
         f"world size) pairs served: {listed}."
     )
-    if base is None and did_you_mean(measured_id, set(KNOWN_HARDWARE) | set(served)):
+    if base is None and did_you_mean(measured_id, known_ids(served)):
         return f"{line} {NEW_PROFILE_HINT}"  # a typo of a known id: no command to run with it
     if base is None:
         ways = _ways(served, target, world_size)
@@ -190,42 +242,66 @@ def _ways(served: Mapping[str, ServedModel], target: str, world_size: int, reque
     )
 
 
-def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_size: int) -> Resolution:
-    """Pick the model that answers ``hardware_id`` at ``world_size``.
+def _substitutes(served: Mapping[str, ServedModel], requested: HardwareProfile) -> list[ServedModel]:
+    """The served measured models that may answer for ``requested`` hardware: those of its compute die."""
+    return [m for m in served.values() if m.backend == MEASURED and _same_die(m.profile, requested)]
 
-    Its own model if loaded and trained at ``world_size``; otherwise a loaded measured model of a profile
-    with the same compute die, trained at ``world_size`` (same GPU name first, then the closest GPU count),
-    with the reason (``h200x2`` at world size 4 is answered by the ``h200x4`` model); a simulated model
-    answers only its own id. Raises ``UnknownHardwareError`` when no model fits and ``NoModelError`` when
-    none is loaded. When the own model is loaded but none fits, it answers: whether it was trained at
-    ``world_size`` is then the caller's check (``ServedModel.unserved_world_size``), an error of that field.
-    """
+
+def answered_world_sizes(served: Mapping[str, ServedModel], hardware_id: str) -> list[int]:
+    """The world sizes a request for ``hardware_id`` is answered at: its own model's, and for a measured id
+    those of the measured models of the same compute die (which answer by substitution)."""
     own = served.get(hardware_id)
-    if own is not None and (world_size in own.world_sizes or own.backend != MEASURED):
-        return Resolution(model=own, requested=hardware_id, substitution=None)
+    sizes = set(own.world_sizes) if own is not None else set()
+    profile = known_profile(served, hardware_id)
+    if profile is not None and not is_sim_id(hardware_id):
+        sizes |= {w for m in _substitutes(served, profile) for w in m.world_sizes}
+    return sorted(sizes)
+
+
+def resolve_hardware(
+    served: Mapping[str, ServedModel], hardware_id: str, world_size: int | None
+) -> Resolution:
+    """Pick the model that answers ``hardware_id`` at ``world_size`` (None: the hardware's GPU count).
+
+    Its own model if loaded and trained at that world size; otherwise a loaded measured model of a profile
+    with the same compute die, trained at it (same GPU name first, then the closest GPU count), with the
+    reason (``h200x8`` at world size 2 is answered by the ``h200x2`` model); a simulated model answers only
+    its own id. Raises ``NoModelError`` when no model is loaded, ``UnknownHardwareError`` for an id no
+    profile has (built-in, served or registered), and ``NotServedError`` when the id is known but no model
+    answers it at that world size (the one line of :func:`missing_model_line`).
+    """
     if not served:
         raise NoModelError("no model is loaded yet; GET /readyz shows the last load error")
-    known = sorted(set(KNOWN_HARDWARE) | set(served))
-    requested = KNOWN_HARDWARE.get(registry_id(hardware_id, MEASURED)) or (own.profile if own else None)
+    own = served.get(hardware_id)
+    requested = known_profile(served, registry_id(hardware_id, MEASURED))
+    size = world_size if world_size is not None else default_world_size(requested or HardwareProfile())
+    if own is not None and size in own.world_sizes:
+        return Resolution(model=own, requested=hardware_id, world_size=size, substitution=None)
     if requested is None:
+        known = known_ids(served)
         why = f"unknown hardware id {hardware_id!r}{did_you_mean(hardware_id, known)}; known ids are {known}"
-        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
-    if is_sim_id(hardware_id):
-        why = f"no simulated model of {requested.id} is registered"
-        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
-    fits = [
-        m
-        for m in served.values()
-        if m.backend == MEASURED and _same_die(m.profile, requested) and world_size in m.world_sizes
-    ]
-    if not fits and own is not None:
-        return Resolution(model=own, requested=hardware_id, substitution=None)
+        raise UnknownHardwareError(missing_model_line(served, hardware_id, size, why), known)
+    fits = (
+        []
+        if is_sim_id(hardware_id)
+        else [m for m in _substitutes(served, requested) if size in m.world_sizes]
+    )
     if not fits:
-        why = (
-            f"no model is loaded for it, and no loaded measured model has the same GPU ({requested.sm_count} "
-            f"SMs, {requested.peak_bf16_tflops:g} bf16 TFLOP/s) and was trained at world_size={world_size}"
-        )
-        raise UnknownHardwareError(missing_model_line(served, hardware_id, world_size, why), known)
+        if own is not None:
+            why = f"the {hardware_id} model was trained at world_size {list(own.world_sizes)} only"
+        elif is_sim_id(hardware_id):
+            why = f"no simulated model of {requested.id} is registered"
+        else:
+            why = (
+                "no model is loaded for it, and no loaded measured model has the same GPU "
+                f"({requested.sm_count} SMs, {requested.peak_bf16_tflops:g} bf16 TFLOP/s) and was trained at "
+                f"world_size={size}"
+            )
+        sizes = answered_world_sizes(served, hardware_id)
+        allowed = f"one of {sizes} on {hardware_id}" if sizes else f"none: no model answers {hardware_id}"
+        if sizes:
+            why += f"; {hardware_id} is answered at world_size {' or '.join(map(str, sizes))}"
+        raise NotServedError(missing_model_line(served, hardware_id, size, why), allowed)
     best = min(
         fits,
         key=lambda m: (
@@ -244,14 +320,17 @@ def resolve_hardware(served: Mapping[str, ServedModel], hardware_id: str, world_
         f"{why}; answered with the {used.id!r} model: "
         + ("same GPU" if used.gpu_name == requested.gpu_name else f"same compute die as {requested.gpu_name}")
         + f" ({used.gpu_name}, {used.sm_count} SMs)"
-        + f" and world_size={world_size} fits its {used.gpu_count} GPUs"
+        + f" and world_size={size} fits its {used.gpu_count} GPUs"
     )
     if used.hbm_gbps != requested.hbm_gbps or used.link_gbps != requested.link_gbps:
         reason += (
             f"; its memory/link bandwidth ({used.hbm_gbps:g}/{used.link_gbps:g} GB/s) differs from "
             f"{hardware_id}'s ({requested.hbm_gbps:g}/{requested.link_gbps:g} GB/s)"
         )
-    return Resolution(model=best, requested=hardware_id, substitution=reason)
+    mine, theirs = requested.to_dict(), used.to_dict()
+    differs = {k: (mine[k], theirs[k]) for k in mine if k != "id" and mine[k] != theirs[k]}
+    substitution = Substitution(answered_hardware=used.id, reason=reason, differs=differs)
+    return Resolution(model=best, requested=hardware_id, world_size=size, substitution=substitution)
 
 
 def _same_files(a: Path, b: Path) -> bool:
@@ -325,7 +404,7 @@ class ModelStore:
         self.threads = threads
         self.bulk_threads = bulk_threads
         self._registry = registry
-        self._served: dict[str, ServedModel] = {}
+        self._served = Served()
         self._failed: dict[str, str] = {}
         """hardware id -> the version whose load failed; polling does not retry it until CURRENT changes."""
         self._lock = threading.Lock()
@@ -353,9 +432,14 @@ class ModelStore:
         return {hw: model.version for hw, model in self._served.items()}
 
     @property
-    def served(self) -> Mapping[str, ServedModel]:
-        """The current ``{hardware_id: ServedModel}`` snapshot (never mutated; replaced on reload)."""
+    def served(self) -> Served:
+        """The current ``{hardware_id: ServedModel}`` snapshot (never mutated; replaced on reload), with the
+        custom profiles registered beside the models."""
         return self._served
+
+    def _swap(self, models: Mapping[str, ServedModel]) -> None:
+        """Serve ``models`` from now on, with the custom profiles registered under the root."""
+        self._served = Served(models, registered_profiles(self.root))  # the atomic swap
 
     def refresh(self, *, force: bool = False) -> dict[str, str]:
         """Load every registered hardware's current version that is not served yet; return outcomes.
@@ -390,6 +474,8 @@ class ModelStore:
                     outcomes[hw] = f"failed {version} earlier; not retried until CURRENT changes"
                     continue
                 outcomes[hw] = self._load(hw, version, verify=force)
+            self._copy_profiles()
+            self._swap(self._served)  # custom profiles registered since
             return outcomes
 
     def serve_versions(self, versions: Mapping[str, str]) -> None:
@@ -409,10 +495,9 @@ class ModelStore:
                     raise NoModelError(
                         self.public_path(f"{hw} model version {version} failed to load: {err}")
                     ) from None
-                self._served = {**self._served, hw: model}
+                self._swap({**self._served, hw: model})
                 log.info("serving %s model version %s", hw, version)
-            if self._served.keys() - versions.keys():
-                self._served = {hw: m for hw, m in self._served.items() if hw in versions}
+            self._swap({hw: m for hw, m in self._served.items() if hw in versions})
 
     @property
     def loads_from(self) -> Path:
@@ -427,6 +512,7 @@ class ModelStore:
         with self._lock:
             try:
                 hardware_ids = self.registry.list_models(self.root)
+                self._copy_profiles()
             except Exception:
                 return {}
             for hw in sorted(hardware_ids):
@@ -439,6 +525,20 @@ class ModelStore:
                 if version is not None:
                     versions[hw] = version
         return versions
+
+    def _copy_profiles(self) -> None:
+        """Copy the custom profiles registered under the root into the snapshot (if there is one), where the
+        batch workers read them."""
+        if self.snapshot is None:
+            return
+        for source in self.root.glob(f"*/{PROFILE_FILE}"):
+            target = self.snapshot / source.parent.name / PROFILE_FILE
+            try:
+                if not target.is_file() or not filecmp.cmp(source, target, shallow=False):
+                    target.parent.mkdir(exist_ok=True)
+                    shutil.copyfile(source, target)
+            except OSError as err:  # the workers then know the id only once a model of it is served
+                log.warning("cannot copy the hardware profile %s for the batch workers: %s", source, err)
 
     def _snapshot(self, hw: str, version: str) -> None:
         """Copy ``hw``'s ``version`` into the snapshot (whole, then renamed into place) unless it was copied
@@ -500,7 +600,7 @@ class ModelStore:
             self._record_error(hw, f"{hw} version {version} failed to load: {err}{keep}")
             return self.public_path(f"failed {version}: {err}")
         previous = self._served.get(hw)
-        self._served = {**self._served, hw: model}  # the atomic swap
+        self._swap({**self._served, hw: model})
         self._clear_error(hw)
         log.info("serving %s model version %s", hw, version)
         self._prune(hw, {version} | ({previous.version} if previous else set()))
@@ -513,7 +613,7 @@ class ModelStore:
         if self.snapshot is None or not (self.snapshot / hw).is_dir():
             return
         for copy in (self.snapshot / hw).iterdir():
-            if copy.name not in keep:
+            if copy.is_dir() and copy.name not in keep:
                 shutil.rmtree(copy, ignore_errors=True)
                 self._copied.discard((hw, copy.name))
                 log.info("snapshot: removed %s model version %s (replaced)", hw, copy.name)

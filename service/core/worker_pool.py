@@ -278,12 +278,14 @@ def warm_up(store: Any, options: WorkerOptions) -> None:
 
     for hw, model in store.served.items():
         ops = [op for op in ("ag_gemm", "gemm_rs") if model.unmeasured(op) is None]
-        size = model.profile.gpu_count
-        jobs = {"score": {"configs": [{"config": WARM_UP_CONFIG}], "tp": 2, "tokens": [4096], "hardware": hw}}
+        size = model.world_sizes[0]
+        score = {"configs": [{"config": WARM_UP_CONFIG}], "tp": size, "tokens": [4096], "hardware": hw}
+        jobs: dict[str, Any] = {"score": score}
         if ops:
             jobs["recommend"] = {
                 "scenarios": [
                     {"op": ops[i % len(ops)], "m": size * (i + 1), "n": 4096, "k": 4096, "hardware": hw}
+                    | {"world_size": size}
                     for i in range(WARM_UP_SCENARIOS)
                 ]
             }

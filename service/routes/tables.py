@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 
 from ficco.service.core.admission import BatchGate
+from ficco.service.core.store import resolve_hardware
 from ficco.service.core.worker_pool import WorkerPool
 from ficco.service.deps import ServedDep
-from ficco.service.errors import InvalidFieldsError, UnknownHardwareError, field_error
+from ficco.service.errors import InvalidFieldsError, NotServedError, field_error
 from ficco.service.routes.responses import BODY_ERRORS, BUSY_ERRORS, MODEL_ERRORS
 from ficco.service.schemas import MAX_TABLE_SHAPES, TableQuery, TableRequest
 from ficco.service.tables import TableCache, check_table, job_body, model_fingerprint, table_etag
@@ -43,20 +44,26 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def _posted_shapes(body: TableRequest, profile: Any) -> tuple[list[tuple], list[list[str | int]]]:
-    """The shapes a POST body asks for (its config's layers, then its listed shapes, each once) and where
-    each comes from in the body; ``InvalidFieldsError`` naming a bad field or too many shapes."""
+def _posted_shapes(
+    body: TableRequest, profile: Any, tp: int
+) -> tuple[list[tuple], list[list[str | int]], list[dict[str, Any]]]:
+    """The shapes a POST body asks for at ``tp`` ranks (its config's layers, then its listed shapes, each
+    once), where each comes from in the body, and an error item for each field that names none (a config
+    ficco cannot read, each shape not of the form ``op:n:k[:experts:top_k]``); ``InvalidFieldsError`` when
+    the body asks for no shape or too many."""
     from ficco.features.model_config import ModelConfig, layer_pairs
 
     out: dict[tuple, list[str | int]] = {}
+    errors = []
     if body.config is not None:
         try:
             config = ModelConfig.from_hf_dict(str(body.config.get("_name_or_path", "posted")), body.config)
-            pairs = layer_pairs(config, tp=body.tp, tokens=body.tp * 64, dtype=body.dtype, hardware=profile)
+            pairs = layer_pairs(config, tp=tp, tokens=tp * 64, dtype=body.dtype, hardware=profile)
         except (ValueError, KeyError, TypeError) as err:
-            raise InvalidFieldsError(
-                [field_error(["body", "config"], "<config>", str(err), allowed="a config ficco reads")]
-            ) from None
+            errors.append(
+                field_error(["body", "config"], "<config>", str(err), allowed="a config ficco reads")
+            )
+            pairs = []
         for p in pairs:
             s = p.scenario
             out.setdefault((s.op, s.n, s.k, s.experts, s.top_k), ["body", "config"])
@@ -68,11 +75,12 @@ def _posted_shapes(body: TableRequest, profile: Any) -> tuple[list[tuple], list[
                 raise ValueError
         except ValueError:
             msg = f"a shape is op:n:k or op:n:k:experts:top_k; got {text!r}"
-            raise InvalidFieldsError(
-                [field_error(["body", "shapes", i], text, msg, allowed="op:n:k or op:n:k:experts:top_k")]
-            ) from None
+            errors.append(
+                field_error(["body", "shapes", i], text, msg, allowed="op:n:k or op:n:k:experts:top_k")
+            )
+            continue
         out.setdefault((parts[0], *numbers, *[0, 0][: 5 - len(parts)]), ["body", "shapes", i])
-    if not out:
+    if not out and not errors:
         msg = "give a Hugging Face config or a list of shapes (GET serves the shape grid)"
         raise InvalidFieldsError([field_error(["body"], None, msg, allowed="config or shapes")])
     if len(out) > MAX_TABLE_SHAPES:
@@ -83,36 +91,43 @@ def _posted_shapes(body: TableRequest, profile: Any) -> tuple[list[tuple], list[
         raise InvalidFieldsError(
             [field_error(["body"], len(out), msg, allowed=f"at most {MAX_TABLE_SHAPES}")]
         )
-    return list(out), list(out.values())
+    return list(out), list(out.values()), errors
 
 
 async def answer_table(
     state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
-    shapes: list[tuple], allow_simulated: bool, etag: str,
+    shapes: list[tuple], allow_simulated: bool, etag: str, shipped: Callable[[], bytes | None] | None = None,
 ) -> bytes:  # fmt: skip
-    """The table's gzip-compressed JSON: from the cache, or built by the table worker behind its gate
-    (``service.tables``; the app's ``state`` holds them). ``served`` is the request's snapshot (the
-    versions the worker answers with); ``etag``: the table's (:func:`_checked`)."""
+    """The table's gzip-compressed JSON: from the cache, else ``shipped()`` (a grid table written into the
+    model's folder; None: not there), else built by the table worker behind its gate (``service.tables``;
+    the app's ``state`` holds them). ``served`` is the request's snapshot (the versions the worker answers
+    with); ``etag``: the table's (:func:`_checked`)."""
     cache: TableCache = state.tables
     gate: BatchGate = state.table_gate
     workers: WorkerPool = state.table_workers
     job = job_body(hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes, allow_simulated=allow_simulated)
     versions = {hw: m.version for hw, m in served.items()}
-    return await cache.get(etag, lambda: gate.run(workers.answer, "table", job, versions))
+
+    async def build() -> bytes:
+        found = None if shipped is None else await asyncio.to_thread(shipped)
+        return found if found is not None else await gate.run(workers.answer, "table", job, versions)
+
+    return await cache.get(etag, build)
 
 
 def _checked(
-    predictor: Any, query: TableQuery, shapes: list[tuple], locs: list[list[str | int]], tp_loc: list[str]
-) -> tuple[bool, str]:
-    """A table request's checks (``check_table``: 422 locating each refusal) and its ETag: (simulated,
-    etag)."""
+    predictor: Any, query: TableQuery, tp: int, shapes: list[tuple], locs: list[list[str | int]],
+    tp_loc: list[str], errors: Sequence[dict[str, Any]] = (),
+) -> tuple[bool, str]:  # fmt: skip
+    """A table request's checks at ``tp`` ranks (``check_table``: 422 locating each refusal, beside the
+    ``errors`` found before) and its ETag: (simulated, etag)."""
     q = query
     simulated = check_table(
-        predictor, tp=q.tp, dtype=q.dtype, shapes=shapes, allow_simulated=q.allow_simulated, shape_locs=locs,
-        tp_loc=tp_loc,
+        predictor, tp=tp, dtype=q.dtype, shapes=shapes, allow_simulated=q.allow_simulated, shape_locs=locs,
+        tp_loc=tp_loc, errors=errors,
     )  # fmt: skip
     fingerprint = model_fingerprint(predictor)
-    return simulated, table_etag(predictor.version, fingerprint, q.tp, q.mode, q.dtype, shapes, simulated)
+    return simulated, table_etag(predictor.version, fingerprint, tp, q.mode, q.dtype, shapes, simulated)
 
 
 @functools.lru_cache(maxsize=32)
@@ -125,19 +140,52 @@ def _grid_checked(
 
     shapes = grid_shapes()
     query = TableQuery(tp=tp, mode=mode, dtype=dtype, allow_simulated=allow_simulated)
-    return shapes, *_checked(predictor, query, shapes, [["query"]] * len(shapes), ["query", "tp"])
+    return shapes, *_checked(predictor, query, tp, shapes, [["query"]] * len(shapes), ["query", "tp"])
+
+
+def table_model(
+    served: Mapping[str, Any], hardware_id: str, tp: int | None, tp_loc: list[str]
+) -> tuple[Any, int]:
+    """The served model whose tables a request for ``hardware_id`` at ``tp`` ranks (None: its GPU count)
+    gets, and that world size: the hardware's own, never a substitute (a table carries its training
+    machine's fingerprint). The errors every route gives: 404 for an id nobody knows; 422 at ``tp_loc``
+    for a world size no model answers, at the path's ``hardware_id`` for hardware whose answers come from
+    another hardware's model (naming that model's table)."""
+    try:
+        resolution = resolve_hardware(served, hardware_id, tp)
+    except NotServedError as err:
+        raise InvalidFieldsError([err.at(tp_loc, tp)]) from None
+    sub, size = resolution.substitution, resolution.world_size
+    if sub is not None:
+        msg = (
+            f"no model of {hardware_id!r} itself answers world_size={size}, and a table comes only from the "
+            f"hardware's own model (it carries that machine's fingerprint): {sub.reason}. Its table is GET "
+            f"/v1/tables/{sub.answered_hardware}?tp={size}; POST /v1/recommend answers {hardware_id} with "
+            "the substitution stated"
+        )
+        own = sorted(hw for hw, m in served.items() if size in m.world_sizes)
+        allowed = f"a hardware id whose own model answers world_size={size}: one of {own}"
+        raise InvalidFieldsError(
+            [field_error(["path", "hardware_id"], hardware_id, msg, "not_served", allowed)]
+        )
+    return resolution.model, size
 
 
 async def answer_grid_table(
     state: Any, served: Mapping[str, Any], hardware_id: str, *, tp: int, mode: str, dtype: str,
     allow_simulated: bool,
 ) -> bytes:  # fmt: skip
-    """:func:`answer_table` of the shape grid (what ``GET`` serves and ``service.tables.prefetch`` builds),
-    checked once per served model and query (:func:`_grid_checked`)."""
+    """:func:`answer_table` of the shape grid (what ``GET`` serves and ``service.tables.prefetch`` loads),
+    checked once per served model and query (:func:`_grid_checked`): the table written into the model's
+    folder when it is current (``training.export.read_grid_table``), else built."""
+    from ficco.training.export import read_grid_table
+
     predictor = served[hardware_id].predictor
     shapes, simulated, etag = _grid_checked(predictor, tp, mode, dtype, allow_simulated)
+    folder = state.store.loads_from / hardware_id / predictor.version
+    shipped = functools.partial(read_grid_table, folder, predictor, tp=tp, mode=mode, dtype=dtype)
     return await answer_table(state, served, hardware_id, tp=tp, mode=mode, dtype=dtype, shapes=shapes,
-                              allow_simulated=simulated, etag=etag)  # fmt: skip
+                              allow_simulated=simulated, etag=etag, shipped=shipped)  # fmt: skip
 
 
 async def _respond(
@@ -145,32 +193,29 @@ async def _respond(
     if_none_match: str | None, accept_encoding: str | None,
 ) -> Response:  # fmt: skip
     """The table (200 with its ETag) of the POST ``body``'s shapes (None: the GET's shape grid), 304 when
-    ``If-None-Match`` names it, 404 for hardware without a served model, 422 for a table the model cannot
-    back or a shape it cannot hold, 429 past the client's table requests a second
-    (``FICCO_TABLE_REQUESTS_PER_S``)."""
+    ``If-None-Match`` names it, 404 for a hardware id nobody knows, 422 for hardware without its own model
+    at that world size, a table the model cannot back or each shape it cannot hold, 429 past the client's
+    table requests a second (``FICCO_TABLE_REQUESTS_PER_S``)."""
     client = request.client.host if request.client else ""
     request.app.state.table_rate.take(client)
-    model = served.get(hardware_id)
-    if model is None:
-        raise UnknownHardwareError(
-            f"no model is served for hardware {hardware_id!r}; tables are only built from a model trained "
-            f"for that hardware id (served: {sorted(served)}; a simulated model is '<hardware>-sim')",
-            sorted(served),
-        )
+    tp_loc = ["query", "tp"] if body is None else ["body", "tp"]
+    model, tp = table_model(served, hardware_id, query.tp, tp_loc)
     predictor = model.predictor
     if body is None:
-        shapes, simulated, etag = _grid_checked(
-            predictor, query.tp, query.mode, query.dtype, query.allow_simulated
-        )
+        shapes, simulated, etag = _grid_checked(predictor, tp, query.mode, query.dtype, query.allow_simulated)
     else:
-        shapes, locs = _posted_shapes(body, predictor.profile)
-        simulated, etag = _checked(predictor, query, shapes, locs, ["body", "tp"])
+        shapes, locs, errors = _posted_shapes(body, predictor.profile, tp)
+        simulated, etag = _checked(predictor, query, tp, shapes, locs, tp_loc, errors)
     headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
     if _matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
-    packed = await answer_table(request.app.state, served, hardware_id, tp=query.tp, mode=query.mode,
-                                dtype=query.dtype, shapes=shapes, allow_simulated=simulated,
-                                etag=etag)  # fmt: skip
+    state, q = request.app.state, query
+    if body is None:
+        packed = await answer_grid_table(state, served, hardware_id, tp=tp, mode=q.mode, dtype=q.dtype,
+                                         allow_simulated=q.allow_simulated)  # fmt: skip
+    else:
+        packed = await answer_table(state, served, hardware_id, tp=tp, mode=q.mode, dtype=q.dtype,
+                                    shapes=shapes, allow_simulated=simulated, etag=etag)  # fmt: skip
     if "gzip" in (accept_encoding or "").lower():
         return Response(
             packed, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"}

@@ -109,7 +109,7 @@ def test_fit_on_one_table_is_the_shipped_fit_and_each_table_keeps_its_host_facto
     np.testing.assert_array_equal(
         pair_costs(alone, table.X, table.modes), pair_costs(shipped, table.X, table.modes)
     )
-    slow_host = dataclasses.replace(table, host_factor=4 * table.host_factor)
+    slow_host = dataclasses.replace(table, host_factors=4 * table.host_factors)
     both = study.fit_on([table, slow_host], rank, n_jobs=1)
     doubled = study.fit_on([table, table], rank, n_jobs=1)
     assert not np.array_equal(

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 import types
 from pathlib import Path
 
 import pytest
 from executor_world import run_world
 
+from benchmarks import REPO, loopback_report
 from benchmarks import runtimes as bench
 from benchmarks import runtimes_report as report
 from benchmarks.support import end_to_end as e2e
@@ -326,3 +329,64 @@ def test_hardware_id_comes_from_the_gpu_name(monkeypatch):
         assert bench.hardware_id(cuda, world) == want
     assert bench.hardware_id(torch.device("cpu"), 2) == "cpu"
     assert bench.hardware_id(torch.device("cpu"), 4) == "cpux4"
+
+
+# A loopback run: ficco's own GPU and host work ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_loopback_run_times_each_op_alone_under_every_schedule_and_layout(tmp_path):
+    """``--loopback --ops-only`` on the CPU (a pretend world of 2, the plumbing: GPU work is CUDA only): each
+    op of a training step's layer alone, PyTorch's path beside ficco's serial, its pick and each batched
+    layout of the schedules asked, into ``runtimes-loopback-cpu.{json,md}``."""
+    args = ["--device", "cpu", "--loopback", "--ops-only", "--tokens", "32", "--phases", "train",
+            "--op-layouts", "shard/sm", "--out", str(tmp_path)]  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.runtimes", *args]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (point,) = json.loads((tmp_path / "runtimes-loopback-cpu.json").read_text())["points"]
+    rows = point["op_costs"]
+    assert [(r["direction"], r["op"]) for r in rows] == [
+        (d, op) for d in ("fwd", "bwd-input") for op in (("ag_gemm", "gemm_rs") * 2 if d == "fwd" else
+                                                          ("gemm_rs", "ag_gemm") * 2)
+    ]  # fmt: skip
+    for row in rows:
+        names = {"pytorch", "serial/sm", row["pick"], "shard/sm", "shard/sm:segmented", "shard/sm:rank_major"}
+        assert set(row["variants"]) == names
+        assert all(v["host_us"] > 0 for v in row["variants"].values())
+    page = (tmp_path / "runtimes-loopback-cpu.md").read_text()
+    assert "Loopback world" in page and page.rstrip().splitlines()[-1].endswith("met: None)")
+
+
+def _loopback_point(tokens, ratios: dict, ran: dict, ops: list | None = None) -> dict:
+    base = {"serial": 10.0, "serial_compile": 8.0}
+    profile = {v: {"kernel_ms": base[v]} for v in base}
+    profile |= {v: {"kernel_ms": base[b] * ratios[v]} for v, b in loopback_report.PAIRS.items()}
+    return {"model": "m", "phase": "train", "tokens": tokens, "profile": profile, "op_costs": ops or [],
+            "ops": {v: {"ran": [{"ran": r} for r in schedules]} for v, schedules in ran.items()}}  # fmt: skip
+
+
+def test_the_loopback_goals_hold_serial_points_to_one_percent_and_every_point_to_five():
+    serial = {"ficco_eager": ["serial/sm"], "ficco_compile": ["serial/sm"]}
+    overlapped = {"ficco_eager": ["shard/dma", "serial/sm"], "ficco_compile": ["serial/sm"]}
+    cost = {"host_us": 50.0}
+    op = {"layers": "w1,w3", "direction": "fwd", "op": "ag_gemm", "pick": "shard/dma",
+          "variants": {"pytorch": {"kernel_ms": 1.0, **cost}, "serial/sm": {"kernel_ms": 1.0, **cost},
+                       "shard/dma": {"kernel_ms": 1.2, **cost}}}  # fmt: skip
+    points = [
+        _loopback_point(256, {"ficco_eager": 1.005, "ficco_compile": 1.0}, serial, [op]),
+        _loopback_point(4096, {"ficco_eager": 1.04, "ficco_compile": 1.02}, overlapped),
+    ]
+    summary = loopback_report.summarize(points)
+    assert summary["ficco_eager_all_serial_max"] == pytest.approx(1.005)
+    assert summary["ficco_compile_all_serial_max"] == pytest.approx(1.02)  # its ops all ran serial there
+    assert summary["ficco_eager_max"] == pytest.approx(1.04)
+    assert summary["small_op_max"] == pytest.approx(1.2)  # the pick at 256 tokens: 1.2x PyTorch's path
+    assert summary["met"] == {"ficco_eager_all_serial_max": True, "ficco_eager_max": True,
+                              "ficco_compile_all_serial_max": False, "ficco_compile_max": True,
+                              "small_op_max": False}  # fmt: skip
+    meta = {"hardware": "h200x2", "world_size": 2, "layers": 2, "dtype": "bf16", "batch": 2, "device": "H200",
+            "torch": "2.11", "planner": "p", "planner_hardware": "h200x2"}  # fmt: skip
+    page = loopback_report.markdown({"meta": meta, "points": points})
+    goals = page.rstrip().splitlines()[-5:]
+    assert all("met: " in line for line in goals) and goals[-1].endswith("met: False)")

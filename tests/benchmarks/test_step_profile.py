@@ -53,3 +53,16 @@ def test_communication_beside_compute_is_hidden():
     activity = [("gemm", 0.0, 1000.0), ("nccl_a", 100.0, 200.0), ("nccl_b", 900.0, 1100.0)]
     got = split(activity, step_ms=1.1)
     assert math.isclose(got["exposed_comm_ms"], 0.1) and got["idle_ms"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_gpu_work_sums_each_kernel_once_whatever_overlapped_and_leaves_the_copy_engines_apart():
+    activity = [
+        ("gemm_a", 0.0, 400.0),  # two GEMMs overlapping by 100 us: 700 us of work in 600 us
+        ("gemm_b", 300.0, 600.0),
+        ("Memcpy DtoD (Device -> Device)", 500.0, 700.0),  # a copy engine's, beside them
+        ("triton_poi_fused_add_0", 800.0, 850.0),
+    ]
+    got = split(activity, step_ms=1.0)
+    assert math.isclose(got["kernel_ms"], 0.7 + 0.05)
+    assert math.isclose(got["work_ms"]["gemm"], 0.7) and math.isclose(got["work_ms"]["copy"], 0.2)
+    assert math.isclose(got["kinds"]["gemm"], 0.6)  # the union: time, not work

@@ -2,9 +2,9 @@
 ``torch.library.opcheck`` (schema, fake implementation, autograd registration, AOT dispatch with dynamic
 shapes) for every op over gather/scatter dims, several weights and schedule tables; values and gradients
 against plain autograd on the full tensors for a schedule of every family; a schedule that cannot run at a
-shape runs serial with one warning and is reported. Every world runs twice: with batched (sequence-parallel)
-calls' GEMMs where the rows lie (one per rank and sequence) and over rank-major rows moved once
-(``executor.ops.SEGMENT_MIN_ROWS``)."""
+shape runs serial with one warning and is reported. Every world runs twice, its batched (sequence-parallel)
+calls under each layout an overlapped schedule chooses between (``executor.layout``): GEMMs where the rows
+lie (one per unit and sequence), and over rank-major rows moved once."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ FAMILIES = ["serial/sm", "serial/dma", "shard/sm", "shard/dma/hp", "finer/sm/s2/
 TABLE = "0:serial/sm;16:finer/dma/s2/chunk;64:shard/sm"
 
 
-def _ops_world(rank: int, world_size: int, segment_min_rows: int) -> dict:
+def _ops_world(rank: int, world_size: int, layout: str) -> dict:
+    from ficco.executor.layout import forced
+
+    with forced(layout):
+        return _ops_checks(rank, world_size)
+
+
+def _ops_checks(rank: int, world_size: int) -> dict:
     import warnings
 
     import torch
-
-    from ficco.executor import ops
-
-    ops.SEGMENT_MIN_ROWS = segment_min_rows  # 1: every batched call segmented; large: every one rank-major
     import torch.distributed as dist
 
     from ficco.executor import library
@@ -43,7 +46,7 @@ def _ops_world(rank: int, world_size: int, segment_min_rows: int) -> dict:
     s = seq // world_size
     mine = slice(rank * s, (rank + 1) * s)
     ks = slice(rank * k // world_size, (rank + 1) * k // world_size)
-    out: dict = {"errors": {}, "opchecks": 0, "layouts": {}}
+    out: dict = {"errors": {}, "opchecks": 0, "layouts": {}, "autocast": {}}
 
     def err(got, want):
         return float((got - want).norm() / want.norm())
@@ -141,6 +144,22 @@ def _ops_world(rank: int, world_size: int, segment_min_rows: int) -> dict:
             "w": err(wt.grad, ref[1].grad),
         }
 
+    # under torch.autocast, as F.linear: the GEMMs in bf16, the gathered input as given, fp32 gradients
+    for schedule in ("serial/sm", "finer/dma/s2/chunk"):
+        xs, w1 = shard.clone().requires_grad_(), b1.clone().requires_grad_()
+        xa, wb = x[..., ks].clone().requires_grad_(), b1[ks].clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a, (c1,) = ag(xs, [w1], 1, group, schedule, True)
+            y = rs(xa, wb, "sum", 1, group, schedule)
+            want_c = torch.nn.functional.linear(x, b1.t())
+        (c1.float().sum() + y.float().sum()).backward()
+        out["autocast"][schedule] = {
+            "dtypes": [str(t.dtype) for t in (c1, a, y, xs.grad, w1.grad, xa.grad, wb.grad)],
+            "c": err(c1.float(), want_c.float()),
+            "a": err(a, x),
+            "y": err(y.float(), (x @ b1)[:, mine]),  # the ranks' bf16 partial products summed
+        }
+
     # a schedule that cannot run at this shape: serial, one warning, reported
     odd = torch.randn(3, k, generator=gen)  # 3 rows per rank: s8 cannot split them
     with warnings.catch_warnings(record=True) as caught:
@@ -160,7 +179,7 @@ def _ops_world(rank: int, world_size: int, segment_min_rows: int) -> dict:
 
 @pytest.fixture(scope="module")
 def worlds() -> dict[int, list[dict]]:
-    return {w: run_world(w, _ops_world, 1) + run_world(w, _ops_world, 1 << 30) for w in (2, 4)}
+    return {w: run_world(w, _ops_world, "segmented") + run_world(w, _ops_world, "rank_major") for w in (2, 4)}
 
 
 @pytest.mark.slow
@@ -178,6 +197,19 @@ def test_values_and_gradients_match_autograd_for_every_family(worlds, world_size
             bad = {k: e for k, e in errs.items() if not e <= 1e-5}
             assert not bad, f"rank {rank} {case}: relative errors {bad}"
         assert all(report["layouts"].values()), report["layouts"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_ops_follow_autocast_as_f_linear(worlds, world_size):
+    """Under ``torch.autocast(bfloat16)`` of fp32 tensors: the GEMMs' outputs bf16 and F.linear's values
+    exactly, the gathered input fp32 (gathered as given), every gradient fp32."""
+    for report in worlds[world_size]:
+        assert list(report["autocast"]) == ["serial/sm", "finer/dma/s2/chunk"]
+        for case in report["autocast"].values():
+            bf16, fp32 = "torch.bfloat16", "torch.float32"
+            assert case["dtypes"] == [bf16, fp32, bf16, fp32, fp32, fp32, fp32]
+            assert case["c"] == 0.0 and case["a"] == 0.0 and case["y"] <= 1e-2
 
 
 @pytest.mark.slow

@@ -355,3 +355,20 @@ def test_config_without_model_type_is_refused_with_that_reason(model_type):
         data["model_type"] = model_type
     with pytest.raises(ValueError, match=r"model config 'x' has no 'model_type'.*one of \[.*'llama'"):
         ModelConfig.from_hf_dict("x", data)
+
+
+def test_a_quantized_config_gets_a_note_naming_its_format_and_the_dtype_scored():
+    from ficco.features.model_config import quantization_note
+
+    deepseek = json.loads((HF / "DeepSeek-V3" / "config.json").read_text())
+    note = quantization_note(deepseek, "fp16")
+    assert "(fp8: fmt=e4m3, weight_block_size=[128, 128], activation_scheme=dynamic)" in note
+    assert "scored as fp16" in note and "bf16/fp16/fp32" in note
+    assert "(mxfp4)" in quantization_note(json.loads((HF / "gpt-oss-120b.json").read_text()), "bf16")
+    inner = {
+        "model_type": "gemma3",
+        "text_config": {"quantization_config": {"quant_method": "awq", "bits": 4}},
+    }
+    assert "(awq: bits=4)" in quantization_note(inner, "bf16")
+    for plain in ({"model_type": "llama"}, {"quantization_config": {}}, None):
+        assert quantization_note(plain, "bf16") is None

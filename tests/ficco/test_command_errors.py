@@ -33,8 +33,9 @@ CASES: list[tuple[str, int]] = [
     ("recommend --op ag_gemm --m 3 --n 4096 --k 4096", BAD),
     ("recommend --op ag_gemm --n 4096 --k 4096", BAD),
     (f"{SCENARIO} --dtype fp8", BAD),
-    (f"{SCENARIO} --world-size 9", BAD),
-    (f"{SCENARIO} --world-size 4", BAD),
+    (f"{SCENARIO} --world-size 9", BAD),  # the last release's spelling of --tp
+    (f"{SCENARIO} --tp 8", BAD),
+    (f"{SCENARIO} --hardware h200x8", BAD),  # 8 GPUs: world size 8, which no model answers
     (f"{SCENARIO} --hardware h2002", BAD),
     (f"{SCENARIO} --hardware {{missing}}.json", BAD),
     (f"{SCENARIO} --hardware {{broken}}", BAD),
@@ -90,6 +91,13 @@ CASES: list[tuple[str, int]] = [
     # dataset card and gather, host-factor
     ("dataset card {missing}", BAD),
     ("dataset card", BAD),
+    ("dataset compare {missing} {empty}", BAD),
+    ("dataset compare {empty} {empty}", BAD),
+    ("dataset compare {text} {empty}", BAD),
+    ("dataset compare", BAD),
+    (f"dataset compare {DATASET} {DATASET} --within 0.5", BAD),
+    (f"dataset compare {DATASET} {DATASET} --format xml", BAD),
+    (f"dataset compare {DATASET} {CHECKOUT}/datasets/h200x4-sim", BAD),
     ("dataset gather {missing} --out {out}", BAD),
     ("dataset gather {empty} --out {out}", BAD),
     ("dataset gather", BAD),
@@ -193,6 +201,7 @@ MISSING = [  # (modules taken away, command, the extra the line names)
     ("tqdm", "bench --backend gloo --out {out}", "executor"),
     ("ray", "fleet run auto --backend sim --out {out}", "fleet"),
     ("pandas", "dataset card {empty}", "data"),
+    ("pandas", "dataset compare {empty} {empty}", "data"),
     ("fastapi", "serve", "service"),
     ("sklearn", "export --shape ag_gemm:4096:4096 --out {out}", "train"),
     ("xgboost", "train --dataset {missing}", "train"),
@@ -221,10 +230,11 @@ ADVICE = [  # mistakes whose messages advise commands
     f"{SCENARIO} --hardware h2002",
     f"{SCENARIO} --hardware h200X2",
     f"{SCENARIO} --world-size 3",
-    f"{SCENARIO} --world-size 4",
-    f"{SCENARIO} --world-size 8",
-    f"{SCENARIO} --hardware h200x4-sim --world-size 4",
-    f"{SCENARIO} --hardware h100x8 --world-size 8",
+    f"{SCENARIO} --tp 8",
+    f"{SCENARIO} --hardware h200x8",
+    f"{SCENARIO} --hardware h200x4 --tp 8",
+    f"{SCENARIO} --hardware h200x4-sim --tp 4",
+    f"{SCENARIO} --hardware h100x8 --tp 8",
     f"{SCENARIO} --model-root {{empty}}",
     "export --shape ag_gemm:4096:4096 --hardware h2002 --out {out}",
     "export --shape ag_gemm:4096:4096 --hardware h100x4 --out {out}",
@@ -261,7 +271,7 @@ def test_every_advised_command_runs_as_printed(paths, monkeypatch, tmp_path):
         parent = group.make_context("ficco", args[:1])
         group.get_command(parent, args[0]).make_context(args[0], args[1:], parent=parent)  # raises if bad
         if args[0] == "retrain":
-            done = CliRunner().invoke(app, [*args, "--registry", str(tmp_path / "models")])
+            done = CliRunner().invoke(app, [*args, "--model-root", str(tmp_path / "models")])
             assert isinstance(done.exception, Measuring), (args, done.output)
 
 
@@ -271,7 +281,9 @@ def test_the_advice_names_a_served_simulated_model_instead_of_training_it(client
         "/v1/recommend", json={"op": "ag_gemm", "m": 4096, "n": 4096, "k": 4096, "world_size": 4,
                                "hardware": "h200x4"}
     ).json()  # fmt: skip
-    message = error["detail"]
+    (item,) = error["detail"]
+    message = item["msg"]
+    assert item["field"] == "world_size" and item["type"] == "not_served"
     assert "hardware 'h200x4-sim'" in message and "retrain --backend sim" not in message, message
 
 

@@ -55,6 +55,34 @@ def test_the_install_command_fits_how_ficco_is_installed(monkeypatch, tmp_path):
     assert install_command("data") == "/elsewhere/bin/python3 -m pip install 'ficco[data]'"
 
 
+def test_without_a_gpu_an_extra_that_brings_torch_installs_torchs_cpu_build_first(monkeypatch, tmp_path):
+    """Where no ``nvidia-smi`` is found and torch is not installed, the advice for ``[executor]`` (what
+    ``host-factor`` and ``bench`` need) installs the extra's torch pin from PyTorch's CPU wheel index first,
+    as ``make test`` does, so that pip pulls no CUDA wheel; with a GPU it does not."""
+    import tomllib
+
+    pip = tmp_path / "bin" / "pip"
+    pip.parent.mkdir()
+    gpu = [False]
+    monkeypatch.setattr(extras.shutil, "which", lambda name: str(pip) if name == "pip" or gpu[0] else None)
+    monkeypatch.setattr(extras.sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.chdir(ficco.CHECKOUT)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torch" else find_spec(n, *a))
+    pins = tomllib.loads((ficco.CHECKOUT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = [r for r in pins["executor"] if r.startswith("torch")]
+    specifiers = lambda r: set(r.replace(" ", "").removeprefix("torch").split(","))  # noqa: E731
+    assert specifiers(extras.torch_requirement()) == specifiers(pin)  # metadata may reorder them
+    cpu = f"pip install '{extras.torch_requirement()}' --index-url {extras.TORCH_CPU_INDEX}"
+    assert install_command("executor") == f"{cpu} && pip install -e '.[executor]'"
+    assert install_command("service") == "pip install -e '.[service]'"  # no torch in it
+    assert missing_message("host-factor", "torch") == (
+        f"ficco host-factor needs torch, which `{cpu} && pip install -e '.[executor]'` installs"
+    )
+    gpu[0] = True
+    assert install_command("executor") == "pip install -e '.[executor]'"
+
+
 def test_a_module_no_extra_installs_is_not_hidden():
     assert missing_message("serve", "no_such_module") is None
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ficco import CHECKOUT
+from ficco.extras import TORCH_CPU_INDEX as CPU_INDEX
 
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 

@@ -31,8 +31,15 @@ from packaging.utils import canonicalize_name
 pytestmark = pytest.mark.packaging
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = REPO_ROOT / "models" / "h200x2"
+SHIPPED_IDS = ("h200x2", "h200x4")
+"""The hardware whose measured models the package ships (pyproject's package-data, .dockerignore)."""
 RECOMMEND = ("recommend", "--op", "ag_gemm", "--m", "16384", "--n", "14336", "--k", "4096")
+
+
+def _current(hardware_id: str) -> str:
+    return (REPO_ROOT / "models" / hardware_id / "CURRENT").read_text().strip()
+
+
 MISSING = {  # command line -> the extra its one line names
     ("serve",): "service",
     ("train", "--dataset", "x"): "train",
@@ -164,9 +171,12 @@ def test_wheel_holds_only_ficco_with_its_model_and_configs(built_wheel):
         if (REPO_ROOT / folder / "__init__.py").is_file():
             assert f"{package.replace('.', '/')}/__init__.py" in names, folder
     assert "ficco/runtime/layers.py" in names and "ficco/service/core/config.py" in names
-    current = (SHIPPED / "CURRENT").read_text().strip()
-    shipped = {f"ficco/models/h200x2/{current}/{p.name}" for p in (SHIPPED / current).iterdir()}
-    assert "ficco/models/h200x2/CURRENT" in names and shipped and shipped <= names
+    for hw in SHIPPED_IDS:
+        folder = REPO_ROOT / "models" / hw / _current(hw)
+        files = [p.relative_to(folder) for p in folder.rglob("*") if p.is_file()]
+        shipped = {f"ficco/models/{hw}/{_current(hw)}/{p}" for p in files}
+        assert any("/tables/" in name for name in shipped), hw  # the grid tables the service serves unbuilt
+        assert f"ficco/models/{hw}/CURRENT" in names and shipped and shipped <= names, hw
     configs = (REPO_ROOT / "datasets" / "model_configs").iterdir()
     assert {f"ficco/datasets/model_configs/{p.name}" for p in configs} <= names
     assert not [n for n in names if n.endswith(".parquet") or "/tests/" in n or "__pycache__" in n]
@@ -179,11 +189,18 @@ def test_only_the_shipped_model_goes_into_the_wheel_and_the_image(context_copy, 
 
     from tests.conftest import dockerignore_rules, in_context
 
-    current = (SHIPPED / "CURRENT").read_text().strip()
     data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert data["ficco.models"] == ["h200x2/CURRENT", f"h200x2/{current}/*"]
+    assert data["ficco.models"] == [
+        f
+        for hw in SHIPPED_IDS
+        for f in (f"{hw}/CURRENT", f"{hw}/{_current(hw)}/*", f"{hw}/{_current(hw)}/tables/*")
+    ]
     rules = dockerignore_rules(REPO_ROOT / ".dockerignore")
-    assert in_context(rules, f"models/h200x2/{current}/model.ubj")
+    for hw in SHIPPED_IDS:
+        assert in_context(rules, f"models/{hw}/{_current(hw)}/model.ubj") and in_context(
+            rules, f"models/{hw}/CURRENT"
+        )
+        assert in_context(rules, f"models/{hw}/{_current(hw)}/tables/op=tp_overlap,x.json.gz")
     for trained in ("models/h200x2-sim/v1/model.ubj", "models/h200x2/20990101T000000Z-0/card.json"):
         assert not in_context(rules, trained), trained
     checkout = tmp_path / "checkout"
@@ -195,8 +212,8 @@ def test_only_the_shipped_model_goes_into_the_wheel_and_the_image(context_copy, 
     _run(*command, "-w", tmp_path / "wheel", checkout, cwd=checkout)
     (wheel,) = (tmp_path / "wheel").glob("ficco-*.whl")
     models = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ficco/models/")}
-    assert {n.split("/")[3] for n in models if n.count("/") > 3} == {current}
-    assert "ficco/models/h200x2/CURRENT" in models
+    assert {n.split("/")[3] for n in models if n.count("/") > 3} == {_current(hw) for hw in SHIPPED_IDS}
+    assert {f"ficco/models/{hw}/CURRENT" for hw in SHIPPED_IDS} <= models
 
 
 def test_wheel_builds_without_warnings(built_wheel):
@@ -210,9 +227,20 @@ def test_core_install_answers_from_any_directory_and_names_the_missing_extras(ve
     assert done.returncode != 0, "the core install must not bring XGBoost"
     out = _run(bin_dir / "ficco", *RECOMMEND, cwd=tmp_path, env=user_env).stdout
     assert "schedule:" in out and "(h200x2" in out
-    config = _site(bin_dir, tmp_path, user_env) / "datasets" / "model_configs" / "Llama-3.1-8B.json"
-    out = _run(bin_dir / "ficco", "score", config, "--format", "json", cwd=tmp_path, env=user_env).stdout
+    four = ("--hardware", "h200x4", "--tp", "4")
+    out = _run(bin_dir / "ficco", *RECOMMEND, *four, cwd=tmp_path, env=user_env).stdout
+    assert f"model version {_current('h200x4')} (h200x4, measured), world_size 4" in out
+    configs = _site(bin_dir, tmp_path, user_env) / "datasets" / "model_configs"
+    out = _run(bin_dir / "ficco", "score", configs / "Llama-3.1-8B.json", "--format", "json", cwd=tmp_path,
+               env=user_env).stdout  # fmt: skip
     assert "Llama-3.1-8B" in out and "model_version" in out
+    mixtral = configs / "Mixtral-8x7B-v0.1.json"
+    out = _run(
+        bin_dir / "ficco", "score", mixtral, *four, "--format", "json", cwd=tmp_path, env=user_env
+    ).stdout
+    pairs = [p for entry in json.loads(out)["data"] for p in entry["pairs"]]
+    assert {p["scenario"]["op"] for p in pairs} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"}
+    assert all(p["measured"] for p in pairs), "every op of the MoE layer is scored at TP=4"
     for command, extra in MISSING.items():
         _assert_one_line(_run(bin_dir / "ficco", *command, cwd=tmp_path, env=user_env, check=False), extra)
     results = _run(
@@ -249,16 +277,26 @@ def _ready(port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> in
 
 
 def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path, user_env):
-    """The wheel of the Docker build context, with [service] only, serves from /tmp (FICCO_PORT)."""
+    """The wheel of the Docker build context, with [service] only, serves from /tmp (FICCO_PORT), the
+    h200x4 table at TP=4 too, with an ETag that a revalidation answers 304 (the table built on request)."""
     bin_dir = venv("service")
     port = _free_port()
-    env = {**user_env, "FICCO_PORT": str(port)}
+    env = {**user_env, "FICCO_PORT": str(port), "FICCO_TABLE_PREFETCH": "0"}
     with subprocess.Popen(
         [bin_dir / "ficco", "serve"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     ) as server:  # fmt: skip
         try:
             assert _ready(port, server) == 200
+            url = f"http://127.0.0.1:{port}/v1/tables/h200x4?tp=4"
+            with urllib.request.urlopen(url, timeout=300) as response:  # a grid table: tens of s of CPU
+                table, etag = json.loads(response.read()), response.headers["ETag"]
+            assert response.status == 200 and etag and table["world_size"] == 4
+            assert table["model"]["version"] == _current("h200x4") and not table["simulated"]
+            again = urllib.request.Request(url, headers={"If-None-Match": etag})
+            with pytest.raises(urllib.error.HTTPError) as not_modified:  # urllib raises on a 304
+                urllib.request.urlopen(again, timeout=30)
+            assert not_modified.value.code == 304
         finally:
             server.terminate()
             server.wait(timeout=30)

@@ -28,6 +28,7 @@ def test_write_card_has_every_section_and_a_png_per_op(sim_dataset):
     for heading in (
         "# Dataset card: h200x2, simulated (backend=sim)",
         "## How it was measured",
+        "## Label source",
         "## Fingerprint",
         "## Size and speed",
         "## Failed schedules",
@@ -103,6 +104,36 @@ def test_card_states_the_eager_share_of_timed_work_the_dataset_was_measured_with
             manifest["protocol"]["eager_timed_factor"] = factor
         manifest_path.write_text(json.dumps(manifest))
         assert expected in write_card(dataset).read_text()
+
+
+def test_card_states_the_label_source_its_version_history_and_the_settings_that_move_labels(tmp_path, h200):
+    """A dataset from before the label version and the copy arrangement were recorded gets both from its
+    settings (marked not recorded); one that records them says so; a simulated one names its model."""
+    import json
+
+    from ficco.features.label_source import LABEL_VERSIONS
+
+    plan = plan_scenarios([], grid_size=2, hardware=h200, seed=4)
+    dataset = run_sweep(plan, MeasuredFails(h200), tmp_path / "ds", progress=False)
+    card = write_card(dataset).read_text()
+    section = card.split("## Label source\n\n")[1].split("\n## ")[0]
+    assert section.startswith("`gpu v1 on NVIDIA H200 x2, host factor ")
+    assert f"Label version **1** (derived from its protocol settings): {LABEL_VERSIONS[1]}." in section
+    assert "| copy_streams | `per_peer` (not recorded: measured before it was a setting) |" in section
+    assert "| expert_gemms | `loop` (not recorded" in section and "modes" not in section
+    manifest_path = dataset / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["protocol"] |= {"label_version": 3, "copy_streams": "1", "expert_gemms": "grouped from 8"}
+    manifest_path.write_text(json.dumps(manifest))
+    section = write_card(dataset).read_text().split("## Label source\n\n")[1].split("\n## ")[0]
+    assert f"Label version **3** (recorded by the sweep): {LABEL_VERSIONS[3]}." in section
+    assert "| copy_streams | `1` |" in section and "| expert_gemms | `grouped from 8` |" in section
+
+
+def test_a_simulated_card_names_the_simulator_as_its_label_source(sim_dataset):
+    section = write_card(sim_dataset).read_text().split("## Label source\n\n")[1].split("\n## ")[0]
+    assert section.startswith("`sim sim") and "Simulated: the model `sim" in section
+    assert "Label version" not in section
 
 
 def test_write_card_outside_a_dataset_raises(tmp_path):

@@ -222,3 +222,33 @@ def test_a_card_of_shards_that_shared_a_node_says_so(fleet, small_sweep, tmp_pat
     fleet("shard", "--shard", "1/2", *small_sweep, "--out", out)
     assert gather(out, "--out", out).exit_code == 0
     assert "**Co-tenancy:**" in (out / "card.md").read_text()
+
+
+def test_shards_measure_in_the_order_given_and_their_jobs_repeat_it(fleet, small_sweep, tmp_path):
+    """``--order`` (an ``order.json`` of ``ficco retrain --order-only``) orders every shard's plan; the
+    scenarios it does not name follow in plan order; an order of another plan is refused."""
+    from ficco.harness.plan import Plan
+
+    fleet("shard", "--shard", "0/1", *small_sweep, "--out", tmp_path / "plain")
+    plain = Plan.from_json((tmp_path / "plain" / "shards" / "shard-00000-of-00001" / "plan.json").read_text())
+    keys = [s.key() for _, s in plain]
+    order = tmp_path / "order.json"
+    order.write_text(json.dumps({"order": keys[::-1][:-3]}))  # the last 3 of the plan left out
+    for index in range(2):
+        fleet("shard", "--shard", f"{index}/2", *small_sweep, "--out", tmp_path / "ordered", "--order", order)
+    measured = []
+    for index in range(2):
+        directory = tmp_path / "ordered" / "shards" / f"shard-0000{index}-of-00002"
+        shard = [s.key() for _, s in Plan.from_json((directory / "plan.json").read_text())]
+        rank = {k: i for i, k in enumerate(keys[::-1][:-3] + keys[:3])}
+        assert shard == sorted(shard, key=rank.__getitem__)  # the order, then the rest in plan order
+        assert read_manifest(directory)["finished"] == shard
+        measured += shard
+    assert sorted(measured) == sorted(keys)
+    job = tmp_path / "job"
+    printed = fleet("emit", "slurm", "--shards", "2", *small_sweep, "--out", job, "--order", order)
+    assert f"--order {order.resolve()}" in (job / "shards" / "bench.sbatch").read_text(), printed
+    order.write_text(json.dumps({"order": ["ag_gemm-of-another-plan"]}))
+    refused = CliRunner().invoke(app, ["fleet", "shard", "--shard", "0/2", *map(str, small_sweep), "--out",
+                                       str(tmp_path / "other"), "--order", str(order)])  # fmt: skip
+    assert refused.exit_code == 2 and "names none of the plan's" in refused.output

@@ -140,7 +140,7 @@ def main() -> int:
             if not err <= TOLERANCE[dtype]:
                 bad.append(f"rank {rank} inference {dtype}: {err:.2e}")
         if report["planner"] is not None:
-            errs, rows = report["planner"]
+            errs, rows, _ = report["planner"]
             schedules = sorted({r["schedule"] for r in rows if r["schedule"] != "-"})
             worst = max(errs.values())
             print(f"rank {rank} planner (shipped model) max rel err {worst:.2e}; schedules {schedules}")

@@ -388,6 +388,29 @@ def test_a_planner_decides_and_records_the_layers(world):
     assert {r["direction"] for r in planner.rows()} == {"fwd"} and len(planner.rows()) == 2
 
 
+def test_a_four_rank_group_is_planned_by_the_four_gpu_model():
+    """At a 4-rank group (a loopback world of 4) the pass rewrites the same sites, and the shipped h200x4
+    model decides their schedules at world size 4."""
+    from benchmarks.support.loopback import loopback_world
+    from ficco.runtime import PredictorSource
+    from ficco.training.predict.registry import current_version, default_model_root
+
+    planner = Planner(PredictorSource.load(hardware_id="h200x4"))
+    with loopback_world(4, "cpu"):
+        fn, args = _attention_like(dist.group.WORLD.group_name)
+        gm = _trace(fn, *(a.to(torch.bfloat16) for a in args))
+        ficco_pass = FiccoPass(planner)
+        ficco_pass(gm.graph)
+    targets = _targets(gm)
+    assert targets.count(FICCO_AG) == 1 and targets.count(FICCO_RS) == 1
+    assert [(r.op, r.m) for r in ficco_pass.report.rewritten] == [("ag_gemm", 64), ("gemm_rs", 64)]
+    assert {(key.world_size, key.dtype) for key in planner.decisions} == {(4, "bf16")}
+    version = current_version(default_model_root(), "h200x4")
+    assert {d.origin for d in planner.decisions.values()} == {f"model h200x4/{version} (measured)"}
+    schedules = {str(d.schedule) for d in planner.decisions.values()}
+    assert {r.schedule for r in ficco_pass.report.rewritten} == schedules
+
+
 def test_the_graph_cache_keys_on_what_decides_the_schedules():
     def plain(op, m, n, k, dtype, world_size):
         return "shard/dma"

@@ -1,6 +1,7 @@
 """Column- and row-parallel layers against a plain serial reference, forward and backward, on gloo worlds of
 2 and 4 ranks: a Megatron MLP (column -> GELU -> row) under several fixed schedules, both weight-gradient
-options (gathered input kept or gathered again), fp32 and bf16, and the shipped predictor as the planner."""
+options (gathered input kept or gathered again), fp32 and bf16, and the shipped predictor of the group's size
+(h200x2 at 2 ranks, h200x4 at 4) as the planner."""
 
 from __future__ import annotations
 
@@ -91,11 +92,14 @@ def _mlp_world(
             y = down(F.gelu(up(full["x"][rows].to(device, dtype))))
         out["inference"].append((dtype_name, errors({"y": y}, {"y": ref["y"].detach()})["y"]))
     if model_root is not None:
+        from ficco.features.hardware import hardware_of
         from ficco.runtime import PredictorSource
 
-        planner = Planner(PredictorSource.load(model_root, "h200x2"))
+        hardware = hardware_of("NVIDIA H200", world_size)  # the shipped model of this group's size
+        planner = Planner(PredictorSource.load(model_root, hardware.id))
         got = run(planner, True, torch.bfloat16)
-        out["planner"] = (errors(got, reference(torch.bfloat16)), planner.rows())
+        origins = sorted({d.origin for d in planner.decisions.values()})
+        out["planner"] = (errors(got, reference(torch.bfloat16)), planner.rows(), origins)
     return out
 
 
@@ -104,7 +108,7 @@ def worlds() -> dict[int, list[dict]]:
     from ficco.training.predict.registry import default_model_root
 
     root = str(default_model_root())
-    return {w: run_world(w, _mlp_world, root if w == 2 else None) for w in (2, 4)}
+    return {w: run_world(w, _mlp_world, root) for w in (2, 4)}
 
 
 @pytest.mark.slow
@@ -128,15 +132,23 @@ def test_inference_forward_matches_serial_reference(worlds, world_size):
 
 
 @pytest.mark.slow
-def test_shipped_predictor_plans_every_op_and_matches_reference(worlds):
-    for rank, report in enumerate(worlds[2]):
-        errs, rows = report["planner"]
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_shipped_predictor_plans_every_op_and_matches_reference(worlds, world_size):
+    """The measured model of the group's size plans every op (h200x4's at 4 ranks), rank 0's decisions
+    broadcast to every rank, and the layers match the serial reference."""
+    from ficco.training.predict.registry import current_version, default_model_root
+
+    hardware = f"h200x{world_size}"
+    version = current_version(default_model_root(), hardware)
+    for rank, report in enumerate(worlds[world_size]):
+        errs, rows, origins = report["planner"]
         assert all(e <= TOLERANCE["bf16"] for e in errs.values()), (rank, errs)
         seen = {(r["layer"], r["direction"]) for r in rows}
         assert seen == {(layer, d) for layer in ("up", "down") for d in ("fwd", "bwd-input", "bwd-weight")}
         planned = [r for r in rows if r["direction"] != "bwd-weight"]
         assert all(r["schedule"] not in ("-", "(not decided)") for r in planned), rows
-    assert worlds[2][0]["planner"][1] == worlds[2][1]["planner"][1]  # the ranks ran the same schedules
+        assert origins == [f"model {hardware}/{version} (measured)"], origins
+        assert report["planner"][1] == worlds[world_size][0]["planner"][1]  # the ranks ran the same schedules
 
 
 def test_layer_rejects_bad_shapes():

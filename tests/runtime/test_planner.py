@@ -170,6 +170,36 @@ def test_ranks_agree_on_rank_zeros_decision():
     assert run_world(2, _agreement_world) == [["shard/sm", "shard/sm"]] * 2
 
 
+def _four_gpu_world(rank: int, world_size: int) -> list[tuple[str, str | None, str, int | None]]:
+    """Every rank plans a shape the 4-GPU sweep measured around and one far from any of its rows, in graph
+    mode, from the shipped h200x4 model; only rank 0 loads it and asks."""
+    from ficco.runtime import PredictorSource
+
+    source = PredictorSource.load(hardware_id="h200x4") if rank == 0 else CountingSource(error=OSError("x"))
+    planner = Planner(source, mode="graph", hardware="h200x4")
+    shapes = [(8192, 4096, 8192), (32768, 1024, 16384)]  # the second: the grid the 4-GPU sweep lacks
+    requests = [OpRequest(layer="x", direction="fwd", op="ag_gemm", m=m, n=n, k=k, dtype="bf16",
+                          world_size=world_size) for m, n, k in shapes]  # fmt: skip
+    planner.prepare(requests)
+    decisions = [planner.decisions[planner.key(r)] for r in requests]
+    return [(str(d.schedule), d.reason, d.origin, d.neighbours) for d in decisions]
+
+
+@pytest.mark.slow
+def test_a_four_rank_group_plans_from_the_four_gpu_model_and_agrees():
+    """At 4 gloo ranks the h200x4 model decides (rank 0 asks, every rank runs its answers), and a graph
+    answer off the 4-GPU measured map runs serial/sm saying so."""
+    from ficco.training.predict.registry import current_version, default_model_root
+
+    ranks = run_world(4, _four_gpu_world)
+    assert all(rank == ranks[0] for rank in ranks)
+    (_, reason, origin, near), (schedule, off_reason, _, none_near) = ranks[0]
+    version = current_version(default_model_root(), "h200x4")
+    assert origin == f"model h200x4/{version} (measured)" and near > 0 and reason is None
+    assert (schedule, none_near) == ("serial/sm", 0)  # the model's own serial pick, or the planner's:
+    assert off_reason is None or off_reason.startswith("off the measured map: 0")
+
+
 def test_decisions_record_their_origin():
     planner = Planner(FixedSource("shard/dma"))
     planner.schedule(_request())
@@ -301,3 +331,42 @@ def test_a_default_hardware_planner_asks_about_the_groups_size():
     assert str(Planner(Recording()).schedule(request)) == "shard/dma" and seen == ["h200x4"]
     pinned = Planner(CountingSource(), hardware="h200x2")
     assert str(pinned.schedule(request)) == "serial/sm"  # asked for h200x2: not a valid scenario
+
+
+class SpeedupSource(CountingSource):
+    """Answers ``shard/dma`` with a predicted speedup of ``speedup``."""
+
+    def __init__(self, speedup: float):
+        super().__init__("shard/dma")
+        self.speedup = speedup
+
+    def recommend(self, scenarios, mode):
+        return [Answer(schedule=self.schedule, predicted_speedup=self.speedup)] * len(scenarios)
+
+
+def test_a_batched_op_keeps_its_pick_only_where_the_overlap_pays_for_its_decomposition():
+    """8B's w1/w3 gather over two sequences. At 256 tokens a GEMM per shard reads the weight twice (the
+    rows are few) and a GEMM per shard and sequence four times, or the outputs move into place, a copy
+    larger than serial's (PyTorch's copy of the gathered input): GPU work the model, which timed one
+    sequence, did not see, and more than the communication it could hide. At 8192 tokens the GEMMs are
+    compute-bound and the pick stays, its prediction bounded by what overlap can hide: no schedule ends
+    before its own GEMMs."""
+
+    def decide(speedup: float, batch: int, m: int = 256):
+        planner = Planner(SpeedupSource(speedup))
+        request = OpRequest(layer="w13", direction="fwd", op="ag_gemm", m=m, n=14336, k=4096, dtype="bf16",
+                            world_size=2, batch=batch)  # fmt: skip
+        planner.schedule(request)
+        return planner.decisions[planner.key(request)]
+
+    for speedup in (1.02, 1.5):
+        small = decide(speedup, batch=2)
+        assert str(small.schedule) == "serial/sm" and "its GEMMs and copies take" in small.reason
+        assert str(decide(speedup, batch=1).schedule) == "shard/dma"  # one sequence: the model measured it
+    paying = decide(1.5, batch=2, m=8192)
+    assert str(paying.schedule) == "shard/dma" and 1.0 < paying.predicted_speedup < 1.1
+    planner = Planner(SpeedupSource(1.02))  # the key holds the sequences: both decided, each its own way
+    one, two = (OpRequest(layer="w13", direction="fwd", op="ag_gemm", m=256, n=14336, k=4096, dtype="bf16",
+                          world_size=2, batch=b) for b in (1, 2))  # fmt: skip
+    assert (str(planner.schedule(one)), str(planner.schedule(two))) == ("shard/dma", "serial/sm")
+    assert planner.key(two).shape.endswith(" batch=2")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -84,7 +85,8 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
             "hardware_substitution": None,
         }
         n = len(bodies[-1]["scenarios"])
-        return httpx.Response(200, json={"data": [answer] * n, "count": n})
+        items = [{"index": i, "status": "ok", "result": answer, "errors": None} for i in range(n)]
+        return httpx.Response(200, json={"data": items, "count": n, "failed": 0})
 
     source = _service(handler)
     answers = source.recommend(SCENARIOS, "eager")
@@ -104,6 +106,41 @@ def test_service_source_sends_one_batch_and_reads_the_answers():
     client = ServiceClient("http://ficco.test", transport=httpx.MockTransport(handler), retries=0)
     ServiceSource(client, host_factor=1.6).recommend(SCENARIOS, "eager")
     assert [item["host_factor"] for item in bodies[-1]["scenarios"]] == [1.6, 1.6]
+
+
+def test_a_scenario_the_service_refuses_runs_serial_and_the_others_their_answers():
+    """The batch answers per item: a refused one is that scenario's serial fallback, with the service's
+    line; the rest keep their schedules."""
+    error = {
+        "loc": ["body", "scenarios", 1, "world_size"],
+        "field": "scenarios.1.world_size",
+        "input": 2,
+        "msg": "no model answers hardware 'h200x2' at world_size=2",
+        "type": "not_served",
+        "allowed": None,
+    }
+    answer = {
+        "schedule": "shard/dma",
+        "mode": "eager",
+        "predicted_speedups": {"serial/sm": 1.0, "shard/dma": 1.4},
+        "predicted_speedup": 1.4,
+        "fallback": False,
+        "fallback_reason": None,
+        "model_version": "v",
+        "hardware_id": "h200x2",
+        "requested_hardware": "h200x2",
+        "hardware_substitution": None,
+    }
+    items = [
+        {"index": 0, "status": "ok", "result": answer, "errors": None},
+        {"index": 1, "status": "error", "result": None, "errors": [error]},
+    ]
+    source = _service(lambda request: httpx.Response(200, json={"data": items, "count": 2, "failed": 1}))
+    ok, refused = source.recommend(SCENARIOS, "eager")
+    assert (ok.schedule, ok.fallback) == ("shard/dma", False)
+    assert (refused.schedule, refused.fallback) == ("serial/sm", True)
+    assert refused.fallback_reason.startswith("the service refused it: POST /v1/recommend/batch refused")
+    assert "world_size: no model answers hardware 'h200x2' at world_size=2" in refused.fallback_reason
 
 
 def test_service_down_runs_serial_with_the_reason():
@@ -151,3 +188,45 @@ def test_hardware_of_names_the_built_in_profile_of_a_device():
     assert hardware_of("NVIDIA H200", 8).id == "h200x8"
     assert hardware_of("AMD Instinct MI300X", 8).id == "mi300xx8"
     assert hardware_of("NVIDIA H200", 3) is None and hardware_of("NVIDIA A100-SXM4-80GB", 2) is None
+
+
+NO_TORCH = """
+import sys
+
+sys.modules["torch"] = None  # importing torch raises ModuleNotFoundError: an install without it
+from ficco.features import Scenario
+from ficco.runtime import TableSource
+
+source = TableSource.load(sys.argv[1])  # machine="auto": no nvidia-smi on PATH, no torch: nothing to check
+answer = source.recommend([Scenario(op="ag_gemm", m=4096, n=4096, k=4096)], "graph")[0]
+print(answer.schedule, sorted(m for m in sys.modules if m.startswith(("ficco.executor", "ficco.runtime."))))
+"""
+
+
+def test_table_source_reads_tables_without_torch(tmp_path):
+    """A runtime reads exported tables with neither torch nor the executor imported (``ficco.runtime``
+    imports its modules on first use), and checks no fingerprint where no GPU can be seen."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from ficco.files import SHIPPED_MODELS
+
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        pytest.skip("nvidia-smi is on the system PATH: the table's fingerprint would be checked here")
+    from ficco.training.export import build_schedule_table
+    from ficco.training.predict.registry import load_predictor
+
+    predictor = load_predictor(SHIPPED_MODELS, "h200x2")
+    table = build_schedule_table(predictor, [("ag_gemm", 4096, 4096, 0, 0)], world_size=2, mode="graph",
+                                 dtype="bf16")  # fmt: skip
+    table.write(tmp_path)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}  # no nvidia-smi; this checkout
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, str(tmp_path)], capture_output=True, text=True,
+                          env=env, check=False, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    schedule, modules = done.stdout.split(" ", 1)
+    expected = table.entries[("ag_gemm", 4096, 4096, 0, 0)].lookup(4096, 2).schedule
+    assert schedule == expected and modules.strip() == "['ficco.runtime.sources']"

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -30,15 +31,17 @@ HARDWARE = "h200x2"
 
 
 def sim_table(
-    hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS, world_size: int = 2
-):
+    hardware_id: str, *, n: int = 300, seed: int = 0, ops: tuple[str, ...] = DENSE_OPS, world_size: int = 2,
+    profile=None,
+):  # fmt: skip
     """A ``training.dataset_table.DatasetTable`` of ``n`` random scenarios of ``ops`` at ``world_size`` ranks,
-    timed by the simulator (MoE ones with 8 experts, 2 per token)."""
+    timed by the simulator (MoE ones with 8 experts, 2 per token) on the built-in ``hardware_id`` (or the
+    ``HardwareProfile`` ``profile``)."""
     from ficco.harness.sim import SimBackend
     from ficco.training.dataset_table import DatasetTable
     from ficco.training.model import SCHEDULES
 
-    hw = get_hardware(hardware_id)
+    hw = profile or get_hardware(hardware_id)
     sim = SimBackend(hw)
     rng = np.random.default_rng(seed)
     scenarios, times = [], []
@@ -79,11 +82,13 @@ def train_version(
     promote: bool = True,
     ops: tuple[str, ...] | None = None,
     world_size: int | None = None,
+    profile=None,
 ) -> str:
     """Fit a small pair model on simulated times of ``ops`` (default: the dense pair, and a card without
     ``ops``, as the first models had) at ``world_size`` ranks (default 2, and a card without
     ``world_sizes``, as the first models had), register it under ``root``; the version. A
-    ``<hardware>-sim`` id gets a simulated model's card (backends ``sim``, its world size)."""
+    ``<hardware>-sim`` id gets a simulated model's card (backends ``sim``, its world size); ``profile``: a
+    custom ``HardwareProfile`` of the id without ``-sim`` (default: the built-in one)."""
     import dataclasses
 
     from ficco.features.provenance import MEASURED, is_sim_id, registry_id
@@ -94,7 +99,8 @@ def train_version(
     from ficco.training.predict.registry import register
 
     base = registry_id(hardware_id, MEASURED)
-    table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2)
+    profile = profile or get_hardware(base)
+    table = sim_table(base, seed=seed, ops=ops or DENSE_OPS, world_size=world_size or 2, profile=profile)
     model = fit_pair_model(table, TrainConfig(max_depth=3, n_estimators=20), seed=seed, n_jobs=1)
     simulated = (
         {"dataset": {"backends": ["sim"], "path": "simulated"}, "world_sizes": [world_size or 2]}
@@ -110,7 +116,7 @@ def train_version(
         dataset_hash=f"sim{seed:013d}",
         coverage=Coverage.of(table.scenarios, table.modes),
         info={
-            "hardware": dataclasses.replace(get_hardware(base), id=hardware_id).to_dict(),
+            "hardware": dataclasses.replace(profile, id=hardware_id).to_dict(),
             "metrics": {"seed": seed},
             **({"ops": sorted(ops)} if ops else {}),
             **({"world_sizes": [world_size]} if world_size else {}),
@@ -203,6 +209,36 @@ def session_client(registry_root: Path) -> Iterator[TestClient]:
 @pytest.fixture
 def client(session_client: TestClient) -> TestClient:
     return session_client
+
+
+class ForwardingTransport(httpx.BaseTransport):
+    """An ``httpx`` transport that hands every request (path and query) to a started app's TestClient."""
+
+    def __init__(self, app_client: TestClient) -> None:
+        self.app_client = app_client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.app_client.request(
+            request.method,
+            request.url.raw_path.decode(),
+            content=request.read(),
+            headers=dict(request.headers),
+        )
+        return httpx.Response(response.status_code, content=response.content, headers=response.headers)
+
+
+@pytest.fixture(scope="session")
+def service_client() -> Callable[[TestClient], object]:
+    """``service_client(app_client)``: a ``ServiceClient`` whose requests reach that started app (no retry
+    waits)."""
+    from ficco.service.client import ServiceClient
+
+    def make(app_client: TestClient) -> ServiceClient:
+        return ServiceClient(
+            "http://service", transport=ForwardingTransport(app_client), sleep=lambda s: None
+        )
+
+    return make
 
 
 @pytest.fixture

@@ -113,10 +113,17 @@ def test_client_does_not_retry_client_errors(client, waits):
 
 
 def test_client_validates_before_sending(client, waits):
+    """A request the server would refuse raises the client's own ServiceError with the server's status and
+    error items, before anything is sent."""
     transport = AppTransport(client)
-    with _client(transport, waits) as service, pytest.raises(ValueError, match="op"):
+    with (
+        _client(transport, waits) as service,
+        pytest.raises(ServiceError, match="op: Input should be") as err,
+    ):
         service.recommend(**{**GOOD, "op": "nope"})
-    assert transport.calls == 0
+    assert transport.calls == 0 and err.value.status_code == 422
+    server = client.post("/v1/recommend", json={**GOOD, "op": "nope"}).json()["detail"]
+    assert err.value.errors == server
 
 
 def test_client_score_models_ready(client, waits, wait_for):

@@ -10,7 +10,7 @@ from ficco.service.schemas import ALLOWED
 
 def test_allowed_describes_every_request_field():
     assert ALLOWED["op"] == "one of ['ag_gemm', 'gemm_rs', 'a2a_gemm', 'gemm_a2a']"
-    assert ALLOWED["world_size"] == "an int in [2, 8]"
+    assert ALLOWED["world_size"] == "an int in [2, 8] or null"
     assert ALLOWED["imbalance"] == "a number in [1, 8]"
     assert ALLOWED["name"] == "a string of 1 to 200 characters or null"
 

@@ -19,10 +19,12 @@ def test_lone_surrogate_in_echoed_string_is_422_not_500(client):
     assert response.json()["detail"][0]["field"] == "op"
 
 
-def test_lone_surrogate_in_batch_item_hardware_is_422(client):
+def test_lone_surrogate_in_batch_item_hardware_is_an_error_item(client):
     body = b'{"scenarios":[{"op":"ag_gemm","m":64,"n":64,"k":64,"hardware":"\\udfff"}]}'
     response = client.post("/v1/recommend/batch", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 422
+    assert response.status_code == 200
+    (item,) = response.json()["data"]
+    assert item["status"] == "error" and item["errors"][0]["field"] == "scenarios.0.hardware"
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ def test_read_ready_names_served_model(client, registry_root, wait_for):
         "ready": True,
         "serving": {HARDWARE: current_version(registry_root, HARDWARE)},
         "batch_workers_ready": True,
+        "grid_tables_ready": True,  # the table prefetch is off in the tests' settings
+        "grid_tables_pending": [],
         "default_hardware": HARDWARE,
         "last_reload_error": None,
     }

@@ -48,8 +48,8 @@ def test_recommend_same_answer_twice(client):
         ("k", 4096.0, "an int in [1, 1048576]"),
         ("k", "4096", "an int in [1, 1048576]"),
         ("dtype", "fp8", "one of ['bf16', 'fp16', 'fp32']"),
-        ("world_size", 9, "an int in [2, 8]"),
-        ("world_size", True, "an int in [2, 8]"),
+        ("world_size", 9, "an int in [2, 8] or null"),
+        ("world_size", True, "an int in [2, 8] or null"),
         ("imbalance", 0.5, "a number in [1, 8]"),
         ("hardware", "h200 x2", "a string matching ^[A-Za-z0-9_-]{1,64}$ or null"),
     ],
@@ -128,30 +128,42 @@ def test_recommend_unknown_hardware_is_404_with_known_ids(client):
     assert "a100x8" in body["detail"]
 
 
-def test_recommend_other_die_without_model_is_404(client):
-    response = client.post("/v1/recommend", json={**GOOD, "hardware": "mi300xx8"})
-    assert response.status_code == 404
-    detail = response.json()["detail"]
-    assert "no model answers hardware 'mi300xx8' at world_size=2: no model is loaded for it" in detail
+def test_recommend_other_die_without_model_is_422_at_world_size(client):
+    """A known hardware id no model answers: 422 at world_size (its GPU count when the request names none),
+    naming what is served and the ways forward, as every "no model at this world size" is."""
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, "hardware": "mi300xx8"}), "world_size")
+    detail = error["msg"]
+    assert "no model answers hardware 'mi300xx8' at world_size=8: no model is loaded for it" in detail
     assert "pairs served: (h200x2, 2)." in detail and "hardware 'mi300xx8-sim'" in detail
+    assert error["allowed"] == "none: no model answers mi300xx8"
 
 
 def test_recommend_same_die_hardware_is_substituted_and_says_why(client):
+    """Asked explicitly for world size 2 on h100x8, the h200x2 model answers, with the substitution as a
+    structured field; without a world size the request is for 8 GPUs, which no model answers."""
     exact = client.post("/v1/recommend", json=GOOD).json()
-    body = client.post("/v1/recommend", json={**GOOD, "hardware": "h100x8"}).json()
-    assert body["requested_hardware"] == "h100x8"
+    body = client.post("/v1/recommend", json={**GOOD, "hardware": "h100x8", "world_size": 2}).json()
+    assert body["requested_hardware"] == "h100x8" and body["world_size"] == 2
     assert body["hardware_id"] == "h200x2"
     assert "answered with the 'h200x2' model" in body["hardware_substitution"]
     assert "world_size=2 fits its 2 GPUs" in body["hardware_substitution"]
+    sub = body["substitution"]
+    assert (sub["requested_hardware"], sub["answered_hardware"], sub["world_size"]) == ("h100x8", "h200x2", 2)
+    assert sub["differs"]["gpu_count"] == [8, 2] and sub["differs"]["gpu_name"][1] == "NVIDIA H200"
+    assert sub["reason"] == body["hardware_substitution"]
     assert body["schedule"] == exact["schedule"]
+    assert exact["substitution"] is None and exact["world_size"] == 2
+    error = _one_error(client.post("/v1/recommend", json={**GOOD, "hardware": "h100x8"}), "world_size")
+    assert "at world_size=8" in error["msg"] and error["allowed"] == "one of [2] on h100x8"
 
 
 def test_recommend_substitution_needs_enough_gpus(client):
-    response = client.post("/v1/recommend", json={**GOOD, "hardware": "h200x8", "world_size": 8})
-    assert response.status_code == 404
+    error = _one_error(
+        client.post("/v1/recommend", json={**GOOD, "hardware": "h200x8", "world_size": 8}), "world_size"
+    )
     assert (
-        "was trained at world_size=8; measured (hardware, world size) pairs served: (h200x2, 2)."
-        in (response.json()["detail"])
+        "was trained at world_size=8; h200x8 is answered at world_size 2; measured (hardware, world size) "
+        "pairs served: (h200x2, 2)." in error["msg"]
     )
 
 
@@ -175,15 +187,16 @@ def test_recommend_batch_equals_one_by_one(registry_root, start):
     scenarios = [
         GOOD,
         {"op": "gemm_rs", "m": 2048, "n": 4096, "k": 1792, "dtype": "fp16"},
-        {"op": "ag_gemm", "m": 512, "n": 1024, "k": 8192, "hardware": "h100x4"},
+        {"op": "ag_gemm", "m": 512, "n": 1024, "k": 8192, "hardware": "h100x4", "world_size": 2},
         {"op": "gemm_rs", "m": 98304, "n": 8192, "k": 3584, "dtype": "fp32"},
     ]
     with start(registry_root, CACHE_SIZE=0) as client:  # no cache: every answer is computed afresh
         batch = client.post("/v1/recommend/batch", json={"scenarios": scenarios})
         one_by_one = [client.post("/v1/recommend", json=s).json() for s in scenarios]
     assert batch.status_code == 200
-    assert batch.json()["count"] == len(scenarios)
-    assert batch.json()["data"] == one_by_one
+    assert batch.json()["count"] == len(scenarios) and batch.json()["failed"] == 0
+    assert [item["index"] for item in batch.json()["data"]] == list(range(len(scenarios)))
+    assert [item["result"] for item in batch.json()["data"]] == one_by_one
 
 
 def test_recommend_batch_over_limit_is_422(client):
@@ -194,22 +207,38 @@ def test_recommend_batch_over_limit_is_422(client):
     assert f"at most {limit} scenarios" in error["msg"]
 
 
-def test_recommend_batch_names_every_bad_item(client):
-    scenarios = [GOOD, {**GOOD, "m": 8191}, GOOD, {**GOOD, "op": "nope"}]
+def test_recommend_batch_answers_each_item_and_names_every_bad_one(client):
+    """A bad scenario is an error item with the 422 items a single request gets; the others are answered."""
+    scenarios = [GOOD, {**GOOD, "m": 8191}, GOOD, {**GOOD, "op": "nope"}, {**GOOD, "world_size": 4}]
     response = client.post("/v1/recommend/batch", json={"scenarios": scenarios})
-    assert response.status_code == 422
-    fields = {e["field"] for e in response.json()["detail"]}
-    assert "scenarios.3.op" in fields
-    response = client.post("/v1/recommend/batch", json={"scenarios": scenarios[:3]})
-    assert [e["field"] for e in response.json()["detail"]] == ["scenarios.1.m"]
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["count"], body["failed"]) == (5, 3)
+    assert [item["status"] for item in body["data"]] == ["ok", "error", "ok", "error", "error"]
+    assert body["data"][0]["result"] == client.post("/v1/recommend", json=GOOD).json()
+    for index, field in ((1, "m"), (3, "op"), (4, "world_size")):
+        (error,) = body["data"][index]["errors"]
+        single = client.post("/v1/recommend", json=scenarios[index])
+        assert single.status_code == 422
+        (alone,) = single.json()["detail"]
+        assert error["field"] == f"scenarios.{index}.{field}" and alone["field"] == field
+        assert [error[k] for k in ("msg", "type", "allowed")] == [
+            alone[k] for k in ("msg", "type", "allowed")
+        ]
 
 
-def test_recommend_batch_unknown_hardware_names_item(client):
+def test_recommend_batch_unknown_hardware_is_its_items_error(client):
+    """An id nobody knows refuses its item (type unknown_hardware, the 404's line, the known ids allowed)."""
     response = client.post("/v1/recommend/batch", json={"scenarios": [GOOD, {**GOOD, "hardware": "tpu"}]})
-    assert response.status_code == 404
-    assert response.json()["detail"].startswith(
-        "scenarios.1: no model answers hardware 'tpu' at world_size=2: unknown hardware id 'tpu'"
+    assert response.status_code == 200 and response.json()["data"][0]["status"] == "ok"
+    (error,) = response.json()["data"][1]["errors"]
+    assert (error["field"], error["type"]) == ("scenarios.1.hardware", "unknown_hardware")
+    single = client.post("/v1/recommend", json={**GOOD, "hardware": "tpu"})
+    assert single.status_code == 404 and error["msg"] == single.json()["detail"]
+    assert error["msg"].startswith(
+        "no model answers hardware 'tpu' at world_size=2: unknown hardware id 'tpu'"
     )
+    assert error["allowed"] == f"one of {single.json()['known_ids']}"
 
 
 def test_default_limits_fit_a_full_batch():

@@ -11,7 +11,7 @@ import pytest
 from ficco.features import get_hardware
 from ficco.service.cache import RecommendationCache
 from ficco.service.core.store import ModelStore, resolve_hardware
-from ficco.service.errors import NoModelError, UnknownHardwareError
+from ficco.service.errors import NoModelError, NotServedError, UnknownHardwareError
 from ficco.training.predict import registry
 from ficco.training.predict.registry import current_version, list_models, promote
 
@@ -39,15 +39,17 @@ def test_resolve_hardware_prefers_same_gpu_then_closest_count(two_hw_store):
     assert resolve_hardware(two_hw_store.served, "h200x8", 2).model.profile.id == "h200x2"
     resolution = resolve_hardware(two_hw_store.served, "h200x8", 4)
     assert resolution.model.profile.id == "h100x8"
-    assert "same compute die as NVIDIA H200" in resolution.substitution
+    assert "same compute die as NVIDIA H200" in resolution.substitution.reason
+    assert resolution.substitution.differs["gpu_name"] == ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
 
 
 def test_resolve_hardware_errors(two_hw_store):
     with pytest.raises(UnknownHardwareError, match="unknown hardware id 'v100'") as err:
         resolve_hardware(two_hw_store.served, "v100", 2)
     assert "mi300xx8" in err.value.known_ids
-    with pytest.raises(UnknownHardwareError, match="same GPU"):
+    with pytest.raises(NotServedError, match="same GPU") as refused:
         resolve_hardware(two_hw_store.served, "mi300xx8", 2)
+    assert refused.value.allowed == "none: no model answers mi300xx8"
     with pytest.raises(NoModelError):
         resolve_hardware({}, "h200x2", 2)
 

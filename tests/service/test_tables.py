@@ -3,6 +3,8 @@ the planner that fetches one table and asks no shape."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -81,9 +83,17 @@ def test_table_of_a_model_without_measurements_is_refused_unless_asked(client):
     assert marked["simulated"] is True
 
 
-def test_table_for_hardware_without_a_served_model_is_404(client):
+def test_table_for_hardware_without_its_own_model_names_the_table_that_answers(client):
+    """Tables never come from another hardware's model: a known id whose answers would be substituted is a
+    422 at the path naming the substitute's table; an unknown id a 404 with every known id."""
     response = client.get("/v1/tables/h100x8", params={"tp": 2})
-    assert response.status_code == 404 and response.json()["known_ids"] == [HARDWARE]
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["path", "hardware_id"] and f"GET /v1/tables/{HARDWARE}?tp=2" in error["msg"]
+    assert error["allowed"] == f"a hardware id whose own model answers world_size=2: one of ['{HARDWARE}']"
+    unknown = client.get("/v1/tables/a100x8")
+    assert unknown.status_code == 404 and HARDWARE in unknown.json()["known_ids"]
+    assert "h100x8" in unknown.json()["known_ids"] and "(did you mean 'h100x8'?)" in unknown.json()["detail"]
 
 
 def test_table_of_a_posted_config_holds_its_layers(client):
@@ -194,7 +204,11 @@ def test_world_sizes_the_model_was_not_trained_at_are_refused_whatever_the_flag(
         response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 4, "allow_simulated": allow})
         assert response.status_code == 422, response.text
         (error,) = response.json()["detail"]
-        assert error["loc"] == ["query", "tp"] and "trained at world sizes [2], not 4" in error["msg"]
+        assert error["loc"] == ["query", "tp"] and error["type"] == "not_served"
+        assert (
+            "no model answers hardware 'h200x2' at world_size=4: the h200x2 model was trained at "
+            "world_size [2] only" in error["msg"]
+        )
 
 
 def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, start, train):
@@ -208,10 +222,13 @@ def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, st
         data = table.json()
         assert data["simulated"] is True and data["world_size"] == 4 and data["hardware_id"] == "h200x4-sim"
         assert len(data["entries"]) == 242  # the shape grid
+        assert client.get(path, params={"allow_simulated": "true"}).headers["etag"] == table.headers["etag"]
         wrong_size = client.get(path, params={"tp": 2, "allow_simulated": "true"})
-        assert wrong_size.status_code == 422 and "trained at world sizes [4], not 2" in wrong_size.text
+        assert wrong_size.status_code == 422 and "was trained at world_size [4] only" in wrong_size.text
         missing = client.get("/v1/tables/h100x8-sim", params={"tp": 8, "allow_simulated": "true"})
-        assert missing.status_code == 404 and "h200x4-sim" in missing.json()["known_ids"]
+        assert missing.status_code == 422 and "no simulated model of h100x8 is registered" in missing.text
+        unknown = client.get("/v1/tables/zz9-sim", params={"tp": 8, "allow_simulated": "true"})
+        assert unknown.status_code == 404 and "h200x4-sim" in unknown.json()["known_ids"]
 
 
 def test_tables_are_gzip_encoded_for_clients_that_accept_it(client):
@@ -260,13 +277,45 @@ def test_table_cache_builds_each_table_once_and_keeps_at_most_its_bytes():
     asyncio.run(scenario())
 
 
-def test_grid_tables_are_built_when_a_model_loads(registry_root, start, wait_for):
+def test_grid_tables_are_built_when_a_model_loads_and_ready_waits_for_them(registry_root, start, wait_for):
+    """A model without grid tables in its folder: they are built at start-up, and /readyz says 503 with
+    the tables pending until they are there."""
     with start(registry_root, TABLE_PREFETCH=True) as client:
         cache = client.app.state.tables
+        first = client.get("/readyz")
+        body = first.json()
+        building = first.status_code == 503 and not body["grid_tables_ready"] and body["grid_tables_pending"]
+        assert building or len(cache._tables) == 2, body
         assert wait_for(lambda: len(cache._tables) == 2, timeout_s=240), "graph and eager grid tables"
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=30)
+        assert client.get("/readyz").json()["grid_tables_pending"] == []
         held = cache.bytes
         response = client.get(f"/v1/tables/{HARDWARE}", params={"tp": 2, "allow_simulated": "true"})
         assert response.status_code == 200 and response.headers["etag"] in cache and cache.bytes == held
+
+
+def test_grid_tables_shipped_with_the_model_are_served_without_a_build(start, wait_for):
+    """The shipped model's folder holds its grid tables (``ficco export --into-model``): ready means the
+    first GET answers from them at once, and the table worker never starts."""
+    import gzip
+
+    from ficco.files import SHIPPED_MODELS
+    from ficco.training.export import grid_table_path
+
+    with start(SHIPPED_MODELS, TABLE_PREFETCH=True) as client:
+        assert wait_for(lambda: client.get("/readyz").status_code == 200, timeout_s=60)
+        ready = client.get("/readyz").json()
+        assert ready["grid_tables_ready"] and ready["grid_tables_pending"] == []
+        for mode in ("graph", "eager"):
+            got = client.get(
+                f"/v1/tables/{HARDWARE}", params={"tp": 2, "mode": mode}, headers={"Accept-Encoding": "gzip"}
+            )
+            assert got.status_code == 200
+            predictor = client.app.state.store.served[HARDWARE].predictor
+            path = grid_table_path(SHIPPED_MODELS / HARDWARE / predictor.version, predictor, tp=2, mode=mode,
+                                   dtype="bf16")  # fmt: skip
+            assert got.json() == json.loads(gzip.decompress(path.read_bytes()))
+        assert client.app.state.table_workers.pids == []  # nothing was built
 
 
 BLOCKER = """

@@ -49,7 +49,7 @@ def test_evaluate_json_says_what_the_transfer_split_scored(evaluate_json, sim_mo
 
 def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json, tmp_path):
     result = runner.invoke(
-        app, ["train", "--dataset", str(sim_dataset), "--registry", str(tmp_path), "--promote"]
+        app, ["train", "--dataset", str(sim_dataset), "--model-root", str(tmp_path), "--promote"]
     )
     assert result.exit_code == 0, result.output
     # simulated rows: registered apart as h200x2-sim, the measured id untouched
@@ -64,6 +64,10 @@ def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json,
     assert card["ops"] == ["ag_gemm", "gemm_rs"] and card["modes"] == ["eager", "graph"]
     assert card["dataset"]["hash"] == evaluate_json["dataset"]["hash"]
     assert version.endswith(evaluate_json["dataset"]["hash"][:8])
+    # what the data lacks (here only the noise re-measure): in the card and printed
+    (gaps,) = card["gaps"]
+    assert gaps["dataset"] == str(sim_dataset) and gaps["measured"] == gaps["planned"] > 0
+    assert gaps["to_remeasure"]["scenarios"] == 64 and "no noise re-measure" in result.output
 
 
 def test_evaluate_json_of_one_dataset_has_no_op_groups(evaluate_json):
@@ -92,7 +96,7 @@ def test_evaluate_two_datasets_reports_dense_and_moe_apart(dense_and_moe, sim_da
 
 
 def test_train_two_datasets_serves_the_moe_ops(dense_and_moe, tmp_path):
-    result = runner.invoke(app, ["train", *dense_and_moe, "--registry", str(tmp_path), "--promote"])
+    result = runner.invoke(app, ["train", *dense_and_moe, "--model-root", str(tmp_path), "--promote"])
     assert result.exit_code == 0, result.output
     assert "family holdout, moe ops only" in result.output and " n/a " in result.output
     assert load_predictor(tmp_path, "h200x2-sim").card["ops"] == [
@@ -138,7 +142,7 @@ def test_evaluate_without_a_dataset_fails_clearly(tmp_path):
 
 def test_report_with_a_missing_model_fails_clearly(sim_dataset, tmp_path):
     args = ["report", "--dataset", str(sim_dataset), "--out", str(tmp_path), "--model", "current"]
-    result = runner.invoke(app, [*args, "--registry", str(tmp_path / "empty")])
+    result = runner.invoke(app, [*args, "--model-root", str(tmp_path / "empty")])
     assert result.exit_code == 2
     assert "no model for hardware 'h200x2'" in result.output
 
@@ -147,7 +151,7 @@ def test_train_with_a_repeat_sweep_records_it_and_refuses_new_scenarios(
     sim_dataset, sim_moe_dataset, tmp_path
 ):
     root = tmp_path / "models"
-    args = ["train", "--dataset", str(sim_dataset), "--registry", str(root)]
+    args = ["train", "--dataset", str(sim_dataset), "--model-root", str(root)]
     result = runner.invoke(app, [*args, "--repeat", str(sim_dataset)])  # the same sweep twice pools to itself
     assert result.exit_code == 0, result.output
     (card_path,) = root.rglob("card.json")

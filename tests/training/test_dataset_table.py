@@ -102,7 +102,9 @@ def test_the_table_carries_its_machines_host_factor_and_subsets_keep_it(frame, t
     factor = build_table(fast_graphs, hw).host_factor
     assert factor == pytest.approx(host_factor_of(fast_graphs)) and np.isfinite(factor) and factor != 1.0
     assert table.host_factor == 1.0 and build_table(frame[graph], hw).host_factor == 1.0
-    assert dataclasses.replace(table, host_factor=1.7).subset(np.arange(3)).host_factor == 1.7
+    slower = dataclasses.replace(table, host_factors=np.full(len(table), 1.7))
+    assert slower.subset(np.arange(3)).host_factor == 1.7
+    np.testing.assert_array_equal(slower.subset(np.arange(3)).host_factors, [1.7] * 3)
 
 
 def test_schedule_columns_refuse_unknown_schedules_by_name():

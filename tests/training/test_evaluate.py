@@ -54,7 +54,7 @@ def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fa
     ids = np.unique(table.scenario_ids)
     train = table.subset(~np.isin(table.scenario_ids, ids[:30]))  # the transfer set: 30 fresh + the rest
     noise = table.subset(np.isin(table.scenario_ids, ids[:10]))  # its re-measure: 10 fresh scenarios
-    other_host = dataclasses.replace(table, host_factor=2.0)  # measured on a machine of a slower host
+    other_host = dataclasses.replace(table, host_factors=np.full(len(table), 2.0))  # a slower host
     ev = evaluate(
         train, transfer=other_host, transfer_noise=noise, configs=fast_configs[:1], policies=fast_policies[:1]
     )

@@ -3,6 +3,7 @@ schedule that cannot run; exports the model cannot back are refused in one line.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from ficco.features.schedule import max_splits
 from ficco.features.schedule_table import FingerprintMismatch, ScheduleTableFile
 from ficco.runtime.sources import TableSource
 from ficco.training.export import (
+    BUILD_VERSION,
     ExportRefused,
     InvalidShapes,
     build_schedule_table,
     dataset_shapes,
     export,
+    read_grid_table,
     token_grid,
 )
 from ficco.training.predict.registry import load_predictor
@@ -185,7 +188,7 @@ def test_a_simulated_model_exports_when_asked_marked_simulated(tmp_path):
     from tests.service.conftest import train_version
 
     train_version(tmp_path / "models", "h200x4-sim", world_size=4)
-    common = ["export", "--registry", str(tmp_path / "models"), "--hardware", "h200x4-sim", "--tp", "4",
+    common = ["export", "--model-root", str(tmp_path / "models"), "--hardware", "h200x4-sim", "--tp", "4",
               "--mode", "graph", "--shape", "ag_gemm:4096:4096", "--out", str(tmp_path / "t")]  # fmt: skip
     refused = run_cli(*common)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
@@ -246,3 +249,93 @@ def test_vllm_and_autoheuristic_exports_carry_their_evaluation(predictor, tmp_pa
     exec(compile(module.read_text(), str(module), "exec"), namespace)
     assert namespace["should_fuse"]("ag_gemm", 128, 999, 999) is False  # unknown shape: not fused
     assert isinstance(namespace["should_fuse"]("ag_gemm", 65536, 14336, 4096), bool)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_no_range_is_predicted_slower_than_serial_beyond_the_band_nor_flips_priority_for_a_tie(
+    predictor, mode
+):
+    """The policy's guarantee holds in tables: every range's lowest predicted speedup is at least
+    1 / (1 + noise band), and a boundary that only changes the stream priority starts a /hp range only where
+    the /hp schedule is predicted faster than its twin beyond the band (a tie goes to the twin)."""
+    from ficco.features.launch_cost import TWIN_OF
+    from ficco.training.export import class_residues, next_in_class
+    from ficco.training.predict.pairs import SCHEDULES
+
+    shapes = [*SHAPES, ("ag_gemm", 3584, 5120, 0, 0), ("ag_gemm", 5120, 5120, 0, 0)]  # Qwen2.5-14B's
+    table = build_schedule_table(predictor, shapes, world_size=2, mode=mode, dtype="bf16")
+    policy = predictor.policy.of(mode)
+    flips = []  # (shape, first token count of the /hp range, the /hp column)
+    for entry in table.entries.values():
+        for track in entry.tracks:
+            assert all(r.min_speedup >= policy.slowest - 5e-5 for r in track.ranges), (entry.key, track)
+            names = [SCHEDULES.index(r.schedule) for r in track.ranges]
+            for i, (a, b) in enumerate(itertools.pairwise(names)):
+                if a != b and TWIN_OF[a] == TWIN_OF[b]:  # the /hp range's first token count in its class
+                    period, residues = class_residues(2, entry.top_k)
+                    start = track.breakpoints[i + (b != TWIN_OF[b])]
+                    flips.append(
+                        (entry.key, next_in_class(start, period, residues[track.max_splits]), max(a, b))
+                    )
+    scenarios = [scenario(shape, m) for shape, m, _ in flips]
+    if scenarios:
+        d = predictor.decide(feature_matrix(scenarios), [mode] * len(scenarios))
+        for i, (shape, m, hp) in enumerate(flips):
+            plain = TWIN_OF[hp]
+            gain = d.speedups[i, hp] / d.speedups[i, plain]
+            assert gain > 1 + policy.noise_band or d.speedups[i, plain] < policy.slowest, (shape, m, gain)
+    assert table.header["build_version"] == BUILD_VERSION
+
+
+def test_grid_tables_written_into_the_model_are_read_back_only_while_current(
+    predictor, tmp_path, monkeypatch
+):
+    """``ficco export --into-model``'s tables: read back for the same model, request and build version;
+    None for another version, a stale build or a damaged file (the service then builds)."""
+    import gzip
+
+    from ficco.training import export as export_module
+
+    monkeypatch.setattr(export_module, "grid_shapes", lambda: [("ag_gemm", 4096, 4096, 0, 0)])
+    folder = tmp_path / "h200x2" / predictor.version
+    paths = export_module.write_grid_tables(predictor, folder)
+    assert [p.name for p in paths] == [
+        f"op=tp_overlap,device_name=NVIDIA_H200,tp=2,mode={mode},dtype=bf16.json.gz"
+        for mode in ("eager", "graph")
+    ]
+    found = read_grid_table(folder, predictor, tp=2, mode="graph", dtype="bf16")
+    table = ScheduleTableFile.from_dict(json.loads(gzip.decompress(found)))
+    assert found == paths[1].read_bytes() and table.mode == "graph" and len(table.entries) == 1
+    assert read_grid_table(folder, predictor, tp=2, mode="graph", dtype="fp16") is None  # not written
+    monkeypatch.setattr(export_module, "BUILD_VERSION", BUILD_VERSION + 1)
+    assert read_grid_table(folder, predictor, tp=2, mode="graph", dtype="bf16") is None  # other rules
+    monkeypatch.setattr(export_module, "BUILD_VERSION", BUILD_VERSION)
+    paths[0].write_bytes(b"not gzip")
+    assert read_grid_table(folder, predictor, tp=2, mode="eager", dtype="bf16") is None
+
+
+def test_the_shipped_model_ships_its_current_grid_tables(predictor):
+    """The grid tables GET /v1/tables serves are in the shipped model's folder, built by this code's rules:
+    a change of the rules that does not bump BUILD_VERSION shows here (a few shapes rebuilt)."""
+    import gzip
+
+    from ficco.training.export import grid_requests, grid_shapes
+
+    folder = MODELS / "h200x2" / predictor.version
+    for request in grid_requests(predictor):
+        found = read_grid_table(
+            folder, predictor, tp=request["tp"], mode=request["mode"], dtype=request["dtype"]
+        )
+        assert found is not None, (
+            f"{request}: run `ficco export --into-model --hardware h200x2 --registry models` and commit it"
+        )
+        shipped = ScheduleTableFile.from_dict(json.loads(gzip.decompress(found)))
+        shapes = grid_shapes()[::60]
+        rebuilt = build_schedule_table(predictor, shapes, world_size=request["tp"], mode=request["mode"],
+                                       dtype=request["dtype"])  # fmt: skip
+        for shape in shapes:  # the same ranges (speedups to rounding: XGBoost's or the numpy walk's sums)
+            for old, new in zip(shipped.entries[shape].tracks, rebuilt.entries[shape].tracks, strict=True):
+                assert (old.max_splits, old.breakpoints) == (new.max_splits, new.breakpoints), shape
+                assert [r.schedule for r in old.ranges] == [r.schedule for r in new.ranges], shape
+                np.testing.assert_allclose([r.predicted_speedup for r in old.ranges],
+                                           [r.predicted_speedup for r in new.ranges], atol=2e-4)  # fmt: skip

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ficco.features import FEATURE_NAMES
+from ficco.features.label_source import LABEL_VERSION
 from ficco.features.launch_cost import TWIN_OF, host_over_gpu
 from ficco.training.fit import training_pairs
 from ficco.training.model import DESCRIPTORS, OBJECTIVES, PAIR_FEATURE_NAMES, PairModel, pair_costs
@@ -21,7 +22,8 @@ def test_specialised_margins_match_xgboost(table, objective):
     model = PairModel(objective=objective, n_estimators=40, max_depth=6).fit(Z, y, qid=qid)
     host = PAIR_FEATURE_NAMES.index("eager_host_over_gpu")
     assert host in split_columns(model)  # the trees use the linked column
-    modes = {"eager": np.array([0.0]), "graph": np.array([1.0, 0.0])}
+    version = float(LABEL_VERSION)  # fv4: mode_graph, label_version, then the (linked) host column
+    modes = {"eager": np.array([0.0, version]), "graph": np.array([1.0, version, 0.0])}
     columns, column_of = np.unique(TWIN_OF, return_inverse=True)  # /hp schedules read their twin's column
     forest = SpecialisedForest.compile(
         [model.booster_] * 2, DESCRIPTORS, modes, len(FEATURE_NAMES), linked={"eager": (host, column_of)}

@@ -75,7 +75,7 @@ def test_commands_name_the_hardware_not_its_sim_id(tmp_path):
 
     from ficco.cli import app
 
-    result = CliRunner().invoke(app, ["retrain", "--hardware", "h200x2-sim", "--registry", str(tmp_path)])
+    result = CliRunner().invoke(app, ["retrain", "--hardware", "h200x2-sim", "--model-root", str(tmp_path)])
     assert result.exit_code == 2
     assert "name the hardware itself, 'h200x2' (with --backend sim" in result.output
     with pytest.raises(registry.ModelLoadError, match="`ficco retrain --backend sim --hardware h200x2`"):

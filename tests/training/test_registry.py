@@ -179,8 +179,11 @@ def test_fv2_models_still_load_and_build_fv2_pairs(table):
         assert predictor.scorer.n_features_in_ == len(PAIR_FEATURE_NAMES_OF["fv2"])
         decision = predictor.decide(table.X, table.modes, fast=False)
         assert np.isfinite(decision.speedup).all()
-        # its card's policy predates the per-mode one: one threshold for both modes
-        assert predictor.policy == ModePolicy.uniform(DecisionPolicy(**predictor.card["policy"]))
+        # its card's policy predates the per-mode one: one threshold for both modes, and the noise band
+        card = predictor.card
+        bands = {mode: card["metrics"]["modes"][mode]["family_holdout"]["ceiling"]["geomean_regret"]
+                 for mode in ("eager", "graph")}  # fmt: skip
+        assert predictor.policy == ModePolicy.uniform(DecisionPolicy(**card["policy"])).with_bands(bands)
 
 
 def test_load_rejects_a_card_whose_schema_is_not_its_files(tmp_path, trained):
@@ -191,7 +194,6 @@ def test_load_rejects_a_card_whose_schema_is_not_its_files(tmp_path, trained):
     assert card["pair_feature_names"][-1] == "eager_host_over_gpu"
     card["feature_schema_version"] = "fv2"
     card_path.write_text(json.dumps(card))
-    with pytest.raises(
-        ModelLoadError, match="says feature schema 'fv2' but its model files were trained on 'fv3'"
-    ):
+    files = f"says feature schema 'fv2' but its model files were trained on '{FEATURE_SCHEMA_VERSION}'"
+    with pytest.raises(ModelLoadError, match=files):
         load_predictor(tmp_path, "h200x2", version)

@@ -51,7 +51,7 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
 def test_retrain_end_to_end_on_the_simulator(tmp_path):
     registry = tmp_path / "models"
     args = ["retrain", "--backend", "sim", "--hardware", "h100x8", "--budget", "30", "--grid", "40",
-            "--tokens", "2048,8192", "--registry", str(registry)]  # fmt: skip
+            "--tokens", "2048,8192", "--model-root", str(registry)]  # fmt: skip
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "d1")])
     assert first.exit_code == 0, first.output
     assert "(simulated model): promoted to current (no usable current model)" in first.output
@@ -106,8 +106,15 @@ def test_compare_asks_the_current_model_at_the_new_machines_host_factor(table):
             seen.append(host_factor)
             return SimpleNamespace(final=np.zeros(len(X), dtype=np.int64))  # always serial/sm
 
-    better, reason, metrics = compare(dataclasses.replace(table, host_factor=1.7), 0.0, _Current())
-    assert seen == [1.7] and better and "current model's" in reason and metrics["n_scenarios"] > 0
+    slower = dataclasses.replace(table, host_factors=np.full(len(table), 1.7))
+    better, reason, metrics = compare(slower, 0.0, _Current())
+    assert (
+        len(seen) == 1
+        and set(seen[0]) == {1.7}
+        and better
+        and "current model's" in reason
+        and metrics["n_scenarios"] > 0
+    )
 
 
 def test_compare_never_prefers_a_model_of_the_other_kind(table):
@@ -211,7 +218,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
         assert (sim["model_backend"], sim["hardware_substitution"]) == ("simulated", None)
         assert sim["sim_fidelity"] == fidelity
         batch = client.post("/v1/recommend/batch", json={"scenarios": [{**body, "hardware": "h200x2-sim"}]})
-        assert batch.json()["data"][0]["model_backend"] == "simulated"
+        assert batch.json()["data"][0]["result"]["model_backend"] == "simulated"
         config_body = json.loads(Path(config).read_text())
         score = client.post(
             "/v1/score", json={"config": config_body, "tp": 2, "tokens": [4096], "hardware": "h200x2-sim"}

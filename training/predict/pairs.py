@@ -20,6 +20,7 @@ from ficco.features import (
     SERIAL,
     Schedule,
 )
+from ficco.features.label_source import LABEL_VERSION
 from ficco.features.launch_cost import host_over_gpu
 
 SERIAL_INDEX = SCHEDULE_INDEX[str(SERIAL)]
@@ -32,12 +33,16 @@ SCHEDULE_FEATURE_NAMES = ("sched_serial", "sched_shard", "sched_finer", "sched_d
 HOST_FEATURE_NAME = "eager_host_over_gpu"
 """fv3's last pair column: ``features.launch_cost.host_over_gpu`` of the pair's schedule in eager mode, 0 in
 graph mode (a replayed CUDA graph issues nothing from the host)."""
+LABEL_VERSION_NAME = "label_version"
+"""fv4's pair column before the host column: the executor label version of the row's label
+(``features.label_source``; 0 for simulated rows); answers ask at the running executor's ``LABEL_VERSION``."""
 PAIR_FEATURE_NAMES_OF: dict[str, tuple[str, ...]] = {
     "fv2": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES),
     "fv3": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES, HOST_FEATURE_NAME),
+    "fv4": (*FEATURE_NAMES, *SCHEDULE_FEATURE_NAMES, LABEL_VERSION_NAME, HOST_FEATURE_NAME),
 }
-"""Column names of :func:`pair_matrix` under each feature schema of ``features.FEATURE_SCHEMAS`` (fv2 and
-fv3 share the scenario vector)."""
+"""Column names of :func:`pair_matrix` under each feature schema of ``features.FEATURE_SCHEMAS`` (all share
+the scenario vector)."""
 PAIR_FEATURE_NAMES: tuple[str, ...] = PAIR_FEATURE_NAMES_OF[FEATURE_SCHEMA_VERSION]
 """Column names of :func:`pair_matrix` under the schema new models are trained on."""
 
@@ -142,21 +147,27 @@ def pair_matrix(
     valid: np.ndarray | None = None,
     *,
     schema: str = FEATURE_SCHEMA_VERSION,
-    host_factor: float = 1.0,
+    host_factor: float | np.ndarray = 1.0,
+    label_version: float | np.ndarray = LABEL_VERSION,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pairs of every scenario row with every valid schedule.
 
     ``X`` ``[n, F]`` scenario features, ``modes`` ``[n]``, ``valid`` bool ``[n, S]`` (default
     :func:`valid_mask`), ``schema`` one of :data:`PAIR_FEATURE_NAMES_OF` (a loaded model's own),
-    ``host_factor`` the machine's (``features.launch_cost.host_over_gpu``; fv3's eager pairs). Returns the
-    pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]`` (float32: what XGBoost compares its
-    thresholds with) and ``(row, schedule column)`` of each pair, int ``[2, N]``.
+    ``host_factor`` the machine's, or each row's ``[n]`` (``features.launch_cost.host_over_gpu``; fv3's eager
+    pairs), ``label_version`` the executor label version asked for, or each row's ``[n]`` (fv4; default: the
+    running executor's). Returns the pair matrix float32 ``[N, len(PAIR_FEATURE_NAMES_OF[schema])]``
+    (float32: what XGBoost compares its thresholds with) and ``(row, schedule column)`` of each pair, int
+    ``[2, N]``.
     """
     X = check_X(X)
     eager = check_modes(modes) == "eager"
     valid = valid_mask(X) if valid is None else valid
     rows, cols = np.nonzero(valid)
     columns = [X[rows], DESCRIPTORS[cols], (~eager[rows, None]).astype(np.float64)]
+    if LABEL_VERSION_NAME in PAIR_FEATURE_NAMES_OF[schema]:
+        version = np.asarray(label_version, dtype=np.float64)
+        columns.append((version[rows] if version.ndim else np.full(len(rows), version))[:, None])
     if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[schema]:
         host = host_over_gpu(X, host_factor)[rows, cols]
         columns.append(np.where(eager[rows], host, 0.0)[:, None])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ficco.features import FEATURE_NAMES, MODES, HardwareProfile, Scenario, feature_matrix, get_hardware
+from ficco.features.label_source import LABEL_VERSION
 from ficco.features.launch_cost import TWIN_OF, check_host_factor, host_over_gpu
 from ficco.features.provenance import MEASURED, ModelBackend, model_backend, registry_id
 from ficco.training.predict.booster import NumpyBooster
@@ -27,15 +28,15 @@ from ficco.training.predict.fastpath import SpecialisedForest
 from ficco.training.predict.pairs import (
     DESCRIPTORS,
     HOST_FEATURE_NAME,
+    LABEL_VERSION_NAME,
     PAIR_FEATURE_NAMES_OF,
-    SCHEDULE_FEATURE_NAMES,
     SCHEDULES,
     SERIAL_INDEX,
     check_modes,
     pair_matrix,
     valid_mask,
 )
-from ficco.training.predict.policy import ModePolicy
+from ficco.training.predict.policy import ModePolicy, apply_policy
 
 # answering needs no scikit-learn: a loaded model may be a training.predict.booster.SavedPairModel
 if TYPE_CHECKING:
@@ -94,20 +95,22 @@ class Decision:
     final: np.ndarray
     """Recommended schedule column, int ``[n]``."""
     raw: np.ndarray
-    """The model's own pick (lowest cost) before the fallback, column ``[n]``."""
+    """The model's own pick (lowest cost) before the policy (``training.predict.policy``), column ``[n]``."""
     speedup: np.ndarray
-    """Predicted speedup over serial of ``raw``, ``[n]``."""
+    """Predicted speedup over serial of the pick the fallback judged (``training.predict.policy.Picks``),
+    ``[n]``."""
     fallback: np.ndarray
     """Where serial/sm replaced ``raw``, bool ``[n]``."""
     speedups: np.ndarray
     """Predicted speedup over serial of every schedule, ``[n, S]`` (NaN where it cannot run)."""
-    host_factor: float
-    """The host factor the eager rows were answered for (``features.launch_cost``)."""
+    host_factor: float | np.ndarray
+    """The host factor the eager rows were answered for (``features.launch_cost``), or each row's ``[n]``."""
 
 
 class Predictor:
     """The fitted pair model (``scorer``), the time-ratio regressor (``ratio``, the same object when the
-    scorer is the regressor), sharing one feature schema; the fallback policy, the model card and
+    scorer is the regressor), sharing one feature schema; the decision policy (``training.predict.policy``:
+    the guard, the /hp tie rule and the fallback, with each mode's noise band), the model card and
     ``coverage`` (the training rows' shapes for the answers' neighbour counts; None: not counted)."""
 
     def __init__(
@@ -130,8 +133,6 @@ class Predictor:
         self.hardware_id = hardware_id
         self.backend: ModelBackend = model_backend(card)
         """Whether the model was trained on measured or simulated rows (``features.provenance``)."""
-        self.noise_band = {mode: noise_band(card, mode) for mode in MODES}
-        """Per mode, the relative gap in predicted speedup within which two schedules count as a tie."""
         if scorer.feature_schema_ != ratio.feature_schema_:
             raise ValueError(
                 f"the scorer and the ratio model must share a feature schema; got {scorer.feature_schema_!r} "
@@ -143,15 +144,19 @@ class Predictor:
         """The host factor of the training data (``features.launch_cost``): eager answers are for a machine of
         this host speed unless the caller names its own (models registered before it was recorded: 1)."""
         boosters = [scorer.booster_] if ratio is scorer else [scorer.booster_, ratio.booster_]
+        names = PAIR_FEATURE_NAMES_OF[self.feature_schema]
         tails = {m: [float(m == "graph")] for m in MODES}
+        if LABEL_VERSION_NAME in names:  # fv4: answers are for the executor this code runs
+            for tail in tails.values():
+                tail.append(float(LABEL_VERSION))
         self._host_columns = None
         """fv3: the columns of ``features.launch_cost.host_over_gpu`` that eager pairs read, one per twin
         (schedules of equal launches share one, so their pruned trees can be shared); None before fv3."""
         linked = None
-        if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[self.feature_schema]:
+        if HOST_FEATURE_NAME in names:
             tails["graph"].append(0.0)  # graph mode: no host time
             self._host_columns, column_of = np.unique(TWIN_OF, return_inverse=True)
-            linked = {"eager": (len(FEATURE_NAMES) + len(SCHEDULE_FEATURE_NAMES), column_of)}
+            linked = {"eager": (names.index(HOST_FEATURE_NAME), column_of)}
         self._fast = SpecialisedForest.compile(
             boosters, DESCRIPTORS, {m: np.array(t) for m, t in tails.items()}, len(FEATURE_NAMES),
             linked=linked,
@@ -170,7 +175,7 @@ class Predictor:
         return HardwareProfile.from_dict(data) if isinstance(data, dict) else get_hardware(self.hardware_id)
 
     def _reference(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by XGBoost's own prediction."""
         Z, (rows, cols) = pair_matrix(X, modes, valid, schema=self.feature_schema, host_factor=host_factor)
@@ -182,7 +187,7 @@ class Predictor:
         return cost, log_ratio
 
     def _fast_path(
-        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float
+        self, X: np.ndarray, modes: np.ndarray, valid: np.ndarray, host_factor: float | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(cost, predicted log ratio) of every schedule ``[n, S]`` by the specialised forest."""
         cost, log_ratio = np.empty(valid.shape), np.empty(valid.shape)
@@ -191,7 +196,8 @@ class Predictor:
             on = slice(None) if len(present) == 1 else modes == mode
             rows = X[on]
             if self._host_columns is not None and mode == "eager":
-                host = host_over_gpu(rows, host_factor)[:, self._host_columns]
+                factor = host_factor[on] if np.ndim(host_factor) else host_factor
+                host = host_over_gpu(rows, factor)[:, self._host_columns]
                 rows = np.concatenate([rows, host], axis=1)
             margins = self._fast.predict(rows.astype(np.float32, copy=False), mode)
             cost[on] = margins[:, :, 0] if self.scorer.objective == "ratio" else -margins[:, :, 0]
@@ -203,25 +209,30 @@ class Predictor:
         X: np.ndarray,
         modes: Sequence[str],
         *,
-        host_factor: float | None = None,
+        host_factor: float | np.ndarray | None = None,
         fast: bool | None = None,
     ) -> Decision:
         """Picks, predicted speedups and fallbacks of feature rows ``X`` ``[n, F]`` in ``modes`` ``[n]`` on a
-        machine of ``host_factor`` (None: the training data's; eager answers only). ``fast``: True = the numpy
-        fast path, False = XGBoost's own prediction, None = by batch size."""
+        machine of ``host_factor`` (None: the training data's; an array ``[n]``: each row's own, rows measured
+        on several machines; eager answers only). ``fast``: True = the numpy fast path, False = XGBoost's own
+        prediction, None = by batch size."""
         modes = check_modes(modes)
-        host_factor = self.host_factor if host_factor is None else check_host_factor(host_factor)
+        if host_factor is None:
+            host_factor = self.host_factor
+        elif np.ndim(host_factor):
+            host_factor = np.asarray(host_factor, dtype=np.float64)
+            for factor in np.unique(host_factor):
+                check_host_factor(factor)
+        else:
+            host_factor = check_host_factor(host_factor)
         valid = valid_mask(X)
         if fast is None:
             cursors = len(X) * max(len(t.roots) for t in self._fast.trees.values())
             fast = cursors <= FAST_PATH_MAX_CURSORS or isinstance(self.scorer.booster_, NumpyBooster)
         cost, log_ratio = (self._fast_path if fast else self._reference)(X, modes, valid, host_factor)
         log_ratio[:, SERIAL_INDEX] = 0.0  # serial over serial, by definition
-        raw = cost.argmin(axis=1)
+        final, raw, fallback, speedup = apply_policy(cost, log_ratio, self.policy, modes)
         speedups = np.exp(-log_ratio)
-        speedup = speedups[np.arange(len(raw)), raw]
-        fallback = self.policy.mask(speedup, raw == SERIAL_INDEX, modes)
-        final = np.where(fallback, SERIAL_INDEX, raw)
         return Decision(
             schedules=_SCHEDULE_NAMES[final], final=final, raw=raw, speedup=speedup,
             fallback=fallback, speedups=speedups, host_factor=host_factor,
@@ -246,12 +257,20 @@ class Predictor:
         d = self.decide(feature_matrix(scenarios), [mode] * len(scenarios), host_factor=host_factor)
         # Row by row: one tolist() of the whole [n, S] matrix is one native call holding the GIL (~80 ms
         # for 10,000 scenarios, measured), which a server's other threads would wait out.
-        speedups, valid, reason = d.speedups, np.isfinite(d.speedups), self.policy.of(mode).reason
-        schedules, speedup, fallback = d.schedules.tolist(), d.speedup.tolist(), d.fallback.tolist()
-        top = np.where(valid, speedups, -np.inf).argmax(axis=1)
+        speedups, valid, policy = d.speedups, np.isfinite(d.speedups), self.policy.of(mode)
         rows = np.arange(len(scenarios))
+        schedules, fallback = d.schedules.tolist(), d.fallback.tolist()
+        picked = speedups[rows, d.final].tolist()
+        raw_speedup = speedups[rows, d.raw]
+        guarded = (raw_speedup < policy.slowest).tolist()  # the guard passed the ranker's first choice over
+        top = np.where(valid, speedups, -np.inf).argmax(axis=1)
         behind = (speedups[rows, top] > speedups[rows, d.final]).tolist()
-        fallback_reasons = [reason(speedup[i]) if fallback[i] else None for i in range(len(scenarios))]
+        fallback_reasons = [
+            None if not fallback[i]
+            else policy.guard_reason(SCHEDULES[d.raw[i]], raw_speedup[i]) if guarded[i]
+            else policy.reason(d.speedup[i])
+            for i in range(len(scenarios))
+        ]  # fmt: skip
         near = (
             [None] * len(scenarios)
             if self.coverage is None
@@ -262,13 +281,13 @@ class Predictor:
                 schedule=schedules[i],
                 mode=mode,
                 predicted_speedups=_valid_speedups(speedups[i], valid[i]),
-                predicted_speedup=1.0 if fallback[i] else speedup[i],
+                predicted_speedup=picked[i],
                 fallback=fallback[i],
                 fallback_reason=fallback_reasons[i],
                 pick_reason=(
                     (
                         fallback_reasons[i]
-                        or self._ranking_reason(speedups[i], int(d.final[i]), int(top[i]), mode)
+                        or self._ranking_reason(speedups[i], d.final[i], top[i], d.raw[i], mode)
                     )
                     if behind[i]
                     else None
@@ -283,33 +302,38 @@ class Predictor:
             for i in range(len(scenarios))
         ]
 
-    def _ranking_reason(self, speedups: np.ndarray, pick: int, top: int, mode: str) -> str:
-        """Why the model's pick (column ``pick``) is not the column ``top`` of highest predicted speedup in
-        one scenario's row ``speedups`` ``[S]`` (nor serial/sm, when that is predicted faster too): each
-        gap within the noise band is a tie, and the ranker's order decides."""
-        band = self.noise_band[mode]
+    def _ranking_reason(self, speedups: np.ndarray, pick: int, top: int, raw: int, mode: str) -> str:
+        """Why the pick (column ``pick``) is not the column ``top`` of highest predicted speedup in one
+        scenario's row ``speedups`` ``[S]`` (nor serial/sm, when that is predicted faster too): each gap
+        within the noise band is a tie, and the ranker's order (its first choice: column ``raw``) decides,
+        after the guard and the /hp tie rule (``training.predict.policy``)."""
+        policy = self.policy.of(mode)
+        band = policy.noise_band
         gaps = []
-        for other in dict.fromkeys([top, SERIAL_INDEX]):
+        for other in dict.fromkeys([int(top), SERIAL_INDEX]):
             gap = float(speedups[other] / speedups[pick] - 1.0)
             if gap > 0:
                 where = "within the noise band: a tie" if gap <= band else "beyond the noise band"
                 gaps.append(f"{SCHEDULES[other]} is predicted {gap:.2%} faster ({where})")
+        ranker = (
+            f"its {self.scorer.objective} ranker, which picks (it had the lower held-out loss under "
+            "cross-validation)"
+        )
+        if speedups[raw] < policy.slowest:
+            guard = policy.guard_reason(SCHEDULES[raw], float(speedups[raw]))
+            order = f"{ranker}, orders {SCHEDULES[raw]} first, but {guard}; of the others it orders "
+            order += f"{SCHEDULES[pick]} first"
+        elif raw != pick:  # the /hp tie rule
+            order = (
+                f"{ranker}, orders {SCHEDULES[raw]} first, and a /hp schedule within the noise band of its "
+                f"normal-priority twin gives way to it: {SCHEDULES[pick]}"
+            )
+        else:
+            order = f"{ranker}, orders {SCHEDULES[pick]} first"
         return (
             f"{'; '.join(gaps)}. The model's noise band is {band:.2%} in {mode} mode (the run-to-run spread "
-            "of its training measurements); the speedups are its time-ratio regressor's, and its "
-            f"{self.scorer.objective} ranker, which picks (it had the lower held-out loss under "
-            f"cross-validation), orders {SCHEDULES[pick]} first"
+            f"of its training measurements); the speedups are its time-ratio regressor's, and {order}"
         )
-
-
-def noise_band(card: dict[str, Any], mode: str) -> float:
-    """A model's noise band in ``mode``: its card's noise-ceiling geometric-mean regret (how far apart two
-    measurements of the same best schedule typically are); 0 when the card has no ceiling."""
-    try:
-        band = card["metrics"]["modes"][mode]["family_holdout"]["ceiling"]["geomean_regret"]
-        return max(0.0, float(band))
-    except (KeyError, TypeError, ValueError):
-        return 0.0
 
 
 def _valid_speedups(speedups: np.ndarray, valid: np.ndarray) -> dict[str, float]:

@@ -22,7 +22,14 @@ import numpy as np
 from ficco import __version__
 from ficco.features import FEATURE_NAMES
 from ficco.features.hardware import KNOWN_HARDWARE, NEW_PROFILE_HINT, did_you_mean, registered_profile
-from ficco.features.provenance import MEASURED, backend_of_id, is_sim_id, model_backend, registry_id
+from ficco.features.provenance import (
+    MEASURED,
+    SIMULATED,
+    backend_of_id,
+    is_sim_id,
+    model_backend,
+    registry_id,
+)
 from ficco.files import model_root, write_text_atomic
 from ficco.training.predict.booster import load_pair_model
 from ficco.training.predict.coverage import COVERAGE_FILE, Coverage
@@ -165,6 +172,12 @@ def current_version(root: str | Path, hardware_id: str) -> str | None:
     return path.read_text().strip() or None
 
 
+def current_card(root: str | Path, hardware_id: str) -> dict[str, Any] | None:
+    """The card of ``hardware_id``'s current model, or None if none was promoted."""
+    version = current_version(root, hardware_id)
+    return None if version is None else _read_card(Path(root) / hardware_id / version)
+
+
 def list_models(root: str | Path) -> dict[str, list[dict[str, Any]]]:
     """Every registered model: hardware id -> cards, oldest first (``{"version", "error"}`` for an
     unreadable card)."""
@@ -247,6 +260,9 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
             how = (
                 f"{_TRAIN_HINT} on a dataset of that hardware, or `ficco retrain {retrain}--hardware {base}`"
             )
+            sim_id = registry_id(base, SIMULATED)
+            if not is_sim_id(hardware_id) and sim_id in known:
+                how += f"; a simulated model of it is registered: ask hardware {sim_id!r} (marked simulated)"
         else:
             close = did_you_mean(hardware_id, [*known, *KNOWN_HARDWARE])
             how = f"{hardware_id!r} is no known hardware id{close}. {NEW_PROFILE_HINT}"
@@ -270,7 +286,7 @@ def load_predictor(root: str | Path, hardware_id: str, version: str | None = Non
         scorer = load_pair_model(version_dir / card["files"]["scorer"])
         same = card["files"]["ratio"] == card["files"]["scorer"]
         ratio = scorer if same else load_pair_model(version_dir / card["files"]["ratio"])
-        policy = ModePolicy.from_dict(card["policy"])
+        policy = ModePolicy.from_card(card)
         coverage_file = version_dir / COVERAGE_FILE
         coverage = Coverage.load(coverage_file) if coverage_file.is_file() else None
     except FeatureSchemaError as err:

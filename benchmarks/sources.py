@@ -1,0 +1,173 @@
+"""What adding a dataset of another label source does to the target's held-out picks.
+
+    .venv/bin/python -m benchmarks.sources --out benchmarks/results/sources-h200x2.json
+
+The target (``--target``, the shipped model's datasets) fixes the rows, grid groups and folds of every line
+(``training.crossval``). Each line trains one recipe per fold and scores its held-out picks of the target
+rows, per mode, against two label sets: the target's own sweep, and the pooled labels (the target's times
+pooled with its repeat sweeps ``--repeat``, the steadier estimate). Lines:
+
+- ``pooled learner``: every row at one host factor and one label version, as models before fv4 learned;
+- ``target alone``: the source-aware learner (``ficco train --learner sources``) on the target;
+- ``+ <dataset>``: one more measured dataset as ``--extra`` rows, each alone, then ``+ all`` together;
+- ``repeats pooled``: the repeats pooled into the target's labels (``--repeat``), then with the coverage
+  sweep as extra rows.
+
+The noise band is the largest change of the target-alone line's regret over refits with 5% of the scenarios
+left out (``training.promotion.refit_band``). Prints a table and writes the JSON and a markdown table beside
+it. One configuration (``--config``, the shipped model's) keeps it to minutes; the extra weight is chosen by
+cross-validation as ``ficco train`` chooses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import REPO, write_results
+
+TARGET = ("datasets/h200x2", "datasets/h200x2-moe")
+REPEATS = ("datasets/h200x2-v2", "datasets/h200x2-swap-trial", "datasets/h200x2-protocol-v3")
+ADDED = (
+    "datasets/h200x2-coverage", "datasets/h200x2-v2", "datasets/h200x2-swap-trial",
+    "datasets/h200x2-protocol-v3", "datasets/h200x2-heldout", "datasets/h200x2-heldout-v3",
+    "datasets/h200x2-unseen", "datasets/h200x2-unseen-v3",
+)  # fmt: skip
+SHIPPED_CONFIG = "ndcg,6,100,0.15"
+
+
+def parse_config(text: str):
+    """``objective,depth,trees,rate`` as a ``training.fit.TrainConfig``."""
+    from ficco.training.fit import TrainConfig
+
+    objective, depth, trees, rate = text.split(",")
+    return TrainConfig(objective=objective, max_depth=int(depth), n_estimators=int(trees),
+                       learning_rate=float(rate))  # fmt: skip
+
+
+def held_out(loaded, config, *, seed: int, jobs: int) -> tuple[np.ndarray, dict]:
+    """The held-out picks of ``loaded``'s target rows (``[n_target]``) and the chosen configuration."""
+    from ficco.training.crossval import cross_validate
+
+    cv = cross_validate(loaded.table, configs=(config,), seed=seed, n_jobs=jobs)
+    return cv.final[loaded.table.is_target], {"config": cv.choice.config.key(), **cv.choice.policy.to_dict()}
+
+
+def scored(picks: np.ndarray, rows, labels) -> dict:
+    """Per mode: regret and slow picks of ``picks`` (columns, on ``rows``' (scenario, mode) order) against
+    ``labels``' times of the same rows."""
+    from ficco.training.evaluate import aligned_rows
+    from ficco.training.metrics import score
+
+    mine, theirs = aligned_rows(rows, labels)
+    out = {}
+    for mode in ("eager", "graph"):
+        on = rows.modes[mine] == mode
+        s = score(labels.subset(theirs[on]), picks[mine[on]])
+        out[mode] = {"regret": round(s["geomean_regret"], 6), "slow": s["n_slower_than_serial_2pct"],
+                     "rows": s["n_scenarios"]}  # fmt: skip
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", nargs="+", default=list(TARGET))
+    parser.add_argument("--repeat", nargs="*", default=list(REPEATS))
+    parser.add_argument("--added", nargs="*", default=list(ADDED))
+    parser.add_argument("--config", default=SHIPPED_CONFIG, help="objective,depth,trees,rate")
+    parser.add_argument("--refits", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sources-h200x2.json")
+    args = parser.parse_args()
+
+    from ficco.training.crossval import Choice
+    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.predict.policy import ModePolicy
+    from ficco.training.promotion import pooled, refit_band
+
+    config = parse_config(args.config)
+    own = load_dataset_table(*args.target)
+    steady = load_dataset_table(*args.target, repeats=args.repeat)
+    labels = {"own": own.table, "pooled": steady.table}
+    recipes = {
+        "pooled learner": pooled(own, check=False),
+        "target alone": own,
+        **{f"+ {Path(p).name}": load_dataset_table(*args.target, extra=[p]) for p in args.added},
+        "+ all": load_dataset_table(*args.target, extra=args.added),
+        "repeats pooled": steady,
+        "repeats pooled + coverage": load_dataset_table(
+            *args.target, repeats=args.repeat, extra=["datasets/h200x2-coverage"]
+        ),
+    }
+    lines = []
+    for name, loaded in recipes.items():
+        start = time.time()
+        picks, choice = held_out(loaded, config, seed=args.seed, jobs=args.jobs)
+        rows = loaded.table.subset(loaded.table.is_target)
+        line = {"recipe": name, "choice": choice, **{k: scored(picks, rows, t) for k, t in labels.items()}}
+        lines.append(line)
+        print(f"{name:32s} {time.time() - start:6.0f} s  {line['own']}  pooled labels {line['pooled']}",
+              flush=True)  # fmt: skip
+    band = refit_band(own.table, Choice(config=config, policy=ModePolicy()), refits=args.refits,
+                      seed=args.seed, n_jobs=args.jobs)  # fmt: skip
+    results = {
+        "target": list(args.target), "repeats": list(args.repeat), "config": args.config,
+        "n_target_rows": int(own.table.is_target.sum()), "noise_band": band, "lines": lines,
+    }  # fmt: skip
+    write_results(results, args.out, markdown, plot)
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """The lines as a table: per label set and mode, regret (slow picks)."""
+    columns = [
+        "recipe",
+        "extra weight",
+        *(f"{k} labels {m}" for k in ("own", "pooled") for m in ("eager", "graph")),
+    ]
+    rows = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for line in results["lines"]:
+        weight = line["choice"]["config"].rsplit(",x", 1)[1] if ",x" in line["choice"]["config"] else "1"
+        cells = [f"{line[k][m]['regret']:.2%} ({line[k][m]['slow']})" for k in ("own", "pooled")
+                 for m in ("eager", "graph")]  # fmt: skip
+        rows.append(f"| {line['recipe']} | {weight} | " + " | ".join(cells) + " |")
+    band = results["noise_band"]
+    return "\n".join([
+        f"Target {' + '.join(results['target'])} ({results['n_target_rows']} rows), the shipped model's "
+        f"folds; regret (picks > 2% slower than serial). Noise band of refits: eager +-{band['eager']:.2%}, "
+        f"graph +-{band['graph']:.2%}.", "", *rows, "",
+    ])  # fmt: skip
+
+
+def plot(results: dict, path: Path) -> None:
+    """Regret of each recipe per mode against the target's own labels, the target-alone line and its noise
+    band marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [line["recipe"] for line in results["lines"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.35 * len(names) + 1.5), sharey=True)
+    for ax, mode in zip(axes, ("eager", "graph"), strict=True):
+        regret = [100 * line["own"][mode]["regret"] for line in results["lines"]]
+        alone = 100 * next(
+            line["own"][mode]["regret"] for line in results["lines"] if line["recipe"] == "target alone"
+        )
+        band = 100 * results["noise_band"][mode]
+        ax.axvspan(alone - band, alone + band, color="0.85", label="target alone +- noise band")
+        ax.barh(names, regret, color="tab:blue")
+        ax.set_title(f"{mode}: held-out geomean regret, %")
+        ax.invert_yaxis()
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
