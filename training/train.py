@@ -153,8 +153,8 @@ def guard_policy(policy: ModePolicy, fidelity: dict | None) -> ModePolicy:
     out = {}
     for mode in MODES:
         own, guard = policy.of(mode).min_gain, fidelity["guard_min_gain"].get(mode)
-        out[mode] = DecisionPolicy(
-            min_gain=own if guard is None else guard if own is None else max(own, guard)
+        out[mode] = replace(
+            policy.of(mode), min_gain=own if guard is None else guard if own is None else max(own, guard)
         )
     return ModePolicy(**out)
 
