@@ -318,20 +318,19 @@ def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path
 
 
 def _small_dataset(source: Path, dest: Path, *, every: int) -> Path:
-    """Every ``every``-th scenario of the one-part dataset ``source``, as a dataset in ``dest`` (training on
-    a quarter of datasets/h200x2-sim takes a quarter of the time)."""
+    """Every ``every``-th scenario of dataset ``source`` (its parts read together), as a one-part dataset in
+    ``dest`` (training on a quarter of datasets/h200x2-sim takes a quarter of the time)."""
     import pandas as pd
 
     manifest = json.loads((source / "manifest.json").read_text())
-    (part,) = manifest["parts"]
-    frame = pd.read_parquet(source / part["file"])
+    frame = pd.concat([pd.read_parquet(source / p["file"]) for p in manifest["parts"]], ignore_index=True)
     keep = sorted(frame["scenario_id"].unique())[::every]
     frame = frame[frame["scenario_id"].isin(keep)]
+    part = {**manifest["parts"][0], "rows": len(frame), "scenarios": len(keep)}
     (dest / "parts").mkdir(parents=True)
     frame.to_parquet(dest / part["file"], index=False)
     (dest / "plan.json").write_bytes((source / "plan.json").read_bytes())
     finished = [s for s in manifest["finished"] if s in set(keep)]
-    part = {**part, "rows": len(frame), "scenarios": len(keep)}
     manifest = {**manifest, "parts": [part], "rows": len(frame), "finished": finished}
     (dest / "manifest.json").write_text(json.dumps(manifest))
     return dest
