@@ -48,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when inside it (the committed results name ``datasets/...``)."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def run(args: argparse.Namespace) -> dict:
     """Train on ``--train``, score on ``--test``: the JSON written."""
     from ficco.training.dataset_table import load_dataset_table
@@ -83,8 +89,8 @@ def run(args: argparse.Namespace) -> dict:
         for name, s in scores.items()
     }  # fmt: skip
     return {
-        "train": {**train.info, "path": str(args.train.relative_to(REPO))},
-        "test": {**test.info, "path": str(args.test.relative_to(REPO))},
+        "train": {**train.info, "path": _shown(args.train)},
+        "test": {**test.info, "path": _shown(args.test)},
         "sim_fidelity": fidelity,
         "config": trained.choice.config.to_dict(),
         "policies": {name: p.to_dict() for name, p in policies.items()},
