@@ -34,12 +34,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks import REPO, rerender
 from ficco.files import write_text_atomic
 from ficco.harness import sim_fit
 from ficco.harness.sim import SIM_MODEL_VERSION, SimConstants, gemm_table
 from ficco.tables import markdown_table
 
-REPO = Path(__file__).resolve().parents[1]
 DATASETS = ("h200x2", "h200x2-unseen-v3", "h200x2-heldout-v3", "h200x2-coverage", "h200x4")
 """The measured datasets the simulator is fitted to and scored on: 2 x H200 (label version 2: dense ops,
 ``serial/dma`` and the copy-engine baseline left out; the coverage sweep, version 3, whole) and 4 x H200
@@ -335,16 +335,13 @@ def render(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    json_path, md_path = args.out.with_suffix(".json"), args.out.with_suffix(".md")
-    if args.render:
-        data = json.loads(json_path.read_text())
-    else:
-        data = run(args)
+    json_path = args.out.with_suffix(".json")
+    if not args.render:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(json_path, json.dumps(data, indent=1) + "\n")
-    write_text_atomic(md_path, render(data))
+        write_text_atomic(json_path, json.dumps(run(args), indent=1) + "\n")
+    rerender(json_path, render)
+    data = json.loads(json_path.read_text())
     print("fitted constants:", json.dumps(data["constants"]))
-    print(f"wrote {json_path} and {md_path}")
     for label, key in (("held out", "held_out"), ("2 -> 4 ranks", "from_two_ranks_at_four")):
         for r in data[key]:
             print(f"{label:14} {r['world_size']} ranks {r['mode']:5} regret {_pct(r['geomean_regret']):>7} "

@@ -21,10 +21,10 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks import REPO, rerender
 from ficco.files import write_text_atomic
 from ficco.tables import markdown_table
 
-REPO = Path(__file__).resolve().parents[1]
 GOALS = {"eager": 0.020, "graph": 0.025}
 """Largest geometric-mean regret the transfer aims at per mode (issue 61), with at most ``SLOW_PICKS``
 picks over 2% slower than serial/sm."""
@@ -132,15 +132,12 @@ def render(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    json_path, md_path = args.out.with_suffix(".json"), args.out.with_suffix(".md")
-    if args.render:
-        data = json.loads(json_path.read_text())
-    else:
-        data = run(args)
+    json_path = args.out.with_suffix(".json")
+    if not args.render:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(json_path, json.dumps(data, indent=1, default=float) + "\n")
-    write_text_atomic(md_path, render(data))
-    print(f"wrote {json_path} and {md_path}")
+        write_text_atomic(json_path, json.dumps(run(args), indent=1, default=float) + "\n")
+    rerender(json_path, render)
+    data = json.loads(json_path.read_text())
     for name, by_mode in data["scores"].items():
         for mode, groups in by_mode.items():
             m, met = groups["all"], data["goals"]["met"][name][mode]
