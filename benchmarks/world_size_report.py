@@ -266,12 +266,11 @@ def render_markdown(summary: dict) -> str:
     lines = ["# World-size report", ""]
     if simulated:
         lines += [
-            f"**Simulated:** {', '.join(sorted(simulated))} come from the analytic model of "
-            "`harness/sim.py`; no hardware was used for them and their numbers are not measurements. Its "
-            "constants were fitted to 2 x H200 measurements; how transfer bandwidth changes with the number "
-            "of peers, to one all-gather benchmark run at 2 and at 4 ranks "
-            "(`benchmarks/support/sim_reference.py`, "
-            "`WORLD_SIZE_TABLE`). Everything else at 4 GPUs, and all of 8 GPUs, is an extrapolation.",
+            f"**Simulated:** {', '.join(sorted(simulated))} come from the simulator (`harness/sim.py`); no "
+            "hardware was used for them and their numbers are not measurements. Its GEMM times were measured "
+            "on one GPU, its transfers, contention and host time fitted to the 2- and 4-GPU measurements "
+            "(`benchmarks/results/sim-fidelity.md`: how far its picks are from the measured best on model "
+            "families the fit never saw). 8 GPUs is an extrapolation.",
             "",
         ]
     lines += ["## Datasets", ""]

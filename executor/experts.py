@@ -20,7 +20,7 @@ import torch
 from ficco.executor.allocation import persistent
 from ficco.executor.capture import refuse_capture
 from ficco.executor.plan import Layout, Plan, block_starts
-from ficco.features.routing import Routing
+from ficco.features.routing import GROUPED_MIN_GEMMS, Routing
 
 Segment = tuple[int, int, int, int]
 """``(start, stop, expert, expert_row)``: rows ``[start, stop)`` of a unit's rows (source-major) belong to
@@ -28,10 +28,6 @@ local expert ``expert`` and sit at ``expert_row ..`` in the expert-major order."
 
 ROUTED_MAX = 8
 """Routings whose derived state a group context keeps at most (least recently used dropped first)."""
-GROUPED_MIN_GEMMS = 8
-"""Fewest expert GEMMs (non-empty segments) a block needs to run them as one grouped GEMM rather than a loop:
-the threshold that came closest to each block's faster way on H200 and H100
-(``benchmarks.studies.grouped_gemm --units``, ``benchmarks/results/grouped-units-h{200,100}.md``)."""
 
 
 def grouped_eligible(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -81,10 +81,15 @@ def sub_block_gemms(experts: int, splits: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def launch_counts(op: str, world_size: int, schedule: Schedule, local_experts: int = 1) -> LaunchCounts:
+def launch_counts(
+    op: str, world_size: int, schedule: Schedule, local_experts: int = 1, copy_streams: int | None = None
+) -> LaunchCounts:
     """Launches of one eager call of ``schedule`` on ``op`` on the busiest rank (rank 0), following the
     executor's plans and transports. ``local_experts`` (MoE ops: ``experts / world_size``) is the GEMMs a
-    whole block of rows needs."""
+    whole block of rows needs. ``copy_streams``: the copy arrangement's side streams at most (the executor's
+    ``FICCO_COPY_STREAMS``; a copy-engine call with one lane and no GEMM to overlap then runs inline, on the
+    caller's stream, with no events); None: one per peer, the arrangement :data:`HOST_COSTS` was fitted
+    on."""
     spec = OP_SPECS[op]
     w, peers = world_size, world_size - 1
     e = local_experts if spec.moe else 1
@@ -109,18 +114,21 @@ def launch_counts(op: str, world_size: int, schedule: Schedule, local_experts: i
         # a group per gather round or scatter unit, each waited for once; gather forks and joins a lane
         groups = rounds if gather else sent
         return LaunchCounts(gemms=gemms, kernels=kernels, p2p_groups=groups, syncs=groups + 4 * gather)
+    lanes = lanes if copy_streams is None else min(lanes, copy_streams)
+    # executor.lanes.copy_lanes: one lane and no GEMM to overlap runs inline, with no fork, join or events
+    inline = copy_streams is not None and lanes == 1 and gran == "serial"
     if gather:
         on_copy_lane = rounds == 1 and lanes == 1  # its one barrier behind the copies, no signal lane
         # fork (a record, a wait per lane), per round a copied record and a signal wait per lane it uses and
         # a landed record, a wait per (unit, round); an eager call skips the join (the last wait orders it)
-        per_round = 0 if on_copy_lane else 2 * (1 if gran == "shard" else peers)
-        syncs = 1 + lanes + (not on_copy_lane) + rounds * (per_round + 1) + waits
+        per_round = 0 if on_copy_lane else 2 * (1 if gran == "shard" else lanes)
+        syncs = 0 if inline else 1 + lanes + (not on_copy_lane) + rounds * (per_round + 1) + waits
         kernels += int(gran == "serial")  # the own rows copied into their slot of the gathered rows
         barriers = rounds
     else:
         # fork, a produced record per sending unit and a wait per lane it uses, join (a record and a wait
         # per lane), one barrier
-        syncs = (1 + lanes) + sent * (1 + (peers if gran == "serial" else 1)) + 2 * lanes
+        syncs = 0 if inline else (1 + lanes) + sent * (1 + (peers if gran == "serial" else 1)) + 2 * lanes
         kernels += int(spec.moe) * (1 + int(gran == "serial"))  # peers' rows out of peer memory, own rows
         barriers = 1
     return LaunchCounts(gemms=gemms, kernels=kernels, peer_copies=pieces, barriers=barriers, syncs=syncs)

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from ficco.features.scenario import Scenario
 
 Counts = tuple[tuple[tuple[int, ...], ...], ...]
+GROUPED_MIN_GEMMS = 8
+"""Fewest expert GEMMs (non-empty segments) a block needs for the executor to run them as one grouped GEMM
+rather than a loop (``executor.experts``; the simulator follows the same rule): the threshold that came
+closest to each block's faster way on H200 and H100 (``benchmarks.studies.grouped_gemm --units``,
+``benchmarks/results/grouped-units-h{200,100}.md``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,9 +137,11 @@ def _measurement(manifest: dict, plan: dict | None, labels: pd.DataFrame) -> str
         f"replayed from a CUDA graph (graph mode), {protocol}",
         "gloo": "One CPU process per rank under torchrun (gloo); the executor's CPU path (eager only), "
         f"{protocol}",
-        "sim": "The analytic model of `harness/sim.py` (GEMM roofline, transfer and contention terms "
-        "calibrated on 2 x H200 measurements, the change of transfer bandwidth with the number of peers "
-        "on one all-gather benchmark at 2 and 4 ranks); no hardware was used",
+        "sim": "The simulator of `harness/sim.py` (GEMM times measured on one GPU, transfer, contention and "
+        "host terms fitted to the 2- and 4-GPU measurements; its fidelity, the held-out regret of its own "
+        "picks, is in `benchmarks/results/sim-fidelity.md`), version "
+        f"`{(manifest.get('fingerprint') or {}).get('sim_model', '?')}`; no hardware was used, and the rows "
+        "are not measurements",
     }[manifest["backend"]]
     text = f"## How it was measured\n\n{how}."
     if "protocol" in manifest:
@@ -466,7 +468,7 @@ def _host_speed(df: pd.DataFrame) -> str:
 
 
 def _agreement(df: pd.DataFrame, noise: pd.DataFrame | None, directory: Path) -> str:
-    from ficco.harness.sim import agreement, calibrate
+    from ficco.harness.sim_fit import agreement, calibrate
 
     hardware = dataset_hardware(directory)
     df = df[df["mode"] == "eager"]

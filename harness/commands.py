@@ -338,7 +338,8 @@ def _run_sim(job: SweepJob) -> None:
     """Sweep ``job`` in this process with the simulator (calibrated on ``job.calibrate_from`` when given);
     simulated times need no timing protocol and no CPU placement."""
     from ficco.features.dataset import dataset_hardware, load_dataset
-    from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend, calibrate
+    from ficco.harness.sim import DEFAULT_CONSTANTS, SimBackend
+    from ficco.harness.sim_fit import calibrate
     from ficco.harness.sweep import run_noise, run_sweep
 
     constants, source, settings = DEFAULT_CONSTANTS, job.calibrate_from, job.settings

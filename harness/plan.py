@@ -19,7 +19,6 @@ from ficco.features import (
     DENSE_OPS,
     MOE_OPS,
     OPS,
-    SERIAL,
     HardwareProfile,
     Scenario,
     candidates,
@@ -138,14 +137,9 @@ def plan_scenarios(
     hardware = hardware or get_hardware(DEFAULT_HARDWARE_ID)
     _check_args(tp, tokens, grid_size, max_serial_ms, hardware, ops)
     configs, skipped = splittable_configs(list(configs), tp, list(tokens), hardware)
-    sim = SimBackend(hardware)
-
-    def serial_ms(s: Scenario) -> float:
-        return float(sim.schedule_ms(s, [SERIAL])[0])
-
+    serial_ms = SimBackend(hardware).serial_ms
     families: dict[str, list[str]] = {}
-    entries: list[tuple[str, Scenario]] = []
-    dropped: list[str] = []
+    firsts: list[tuple[str, Scenario]] = []
     for config in configs:
         for t in tokens:
             for pair in layer_pairs(config, tp=tp, tokens=t, dtype=dtype, hardware=hardware):
@@ -156,15 +150,17 @@ def plan_scenarios(
                 if config.name in seen:
                     continue
                 seen.append(config.name)
-                if len(seen) > 1:
-                    continue
-                if serial_ms(s) > max_serial_ms:
-                    log.info(
-                        "scenario %s of %s left out: serial over %g ms", s.key(), config.name, max_serial_ms
-                    )
-                    dropped.append(f"{config.name}:{s.key()}")
-                else:
-                    entries.append((config.name, s))
+                if len(seen) == 1:
+                    firsts.append((config.name, s))
+    entries: list[tuple[str, Scenario]] = []
+    dropped: list[str] = []
+    times = serial_ms([s for _, s in firsts]) if firsts else []
+    for (name, s), ms in zip(firsts, times, strict=True):
+        if ms > max_serial_ms:
+            log.info("scenario %s of %s left out: serial over %g ms", s.key(), name, max_serial_ms)
+            dropped.append(f"{name}:{s.key()}")
+        else:
+            entries.append((name, s))
     kept = {s.key() for _, s in entries}
     grid_ops = [op for op in DENSE_OPS if op in ops]
     if grid_ops:
@@ -223,29 +219,34 @@ def _grid(
     hardware: HardwareProfile,
     seed: int,
     taken: set[str],
-    serial_ms: Callable[[Scenario], float],
+    serial_ms: Callable[[Sequence[Scenario]], np.ndarray],
     max_serial_ms: float,
 ) -> list[Scenario]:
     """``count`` distinct seeded grid scenarios of the dense ``ops`` under the time cap: ``m`` a multiple of
-    64 * tp (every finer split then divides), ``n`` and ``k`` multiples of 128."""
+    64 * tp (every finer split then divides), ``n`` and ``k`` multiples of 128. Drawn in batches (their
+    serial times simulated together), taken in the order drawn."""
     rng = np.random.default_rng(seed)
     out: list[Scenario] = []
     taken = set(taken)
-    for _ in range(100 * count):
-        if len(out) == count:
-            break
-        s = Scenario(
-            op=str(rng.choice(list(ops))),
-            m=_round_log(rng, *GRID_M, 64 * tp),
-            n=_round_log(rng, *GRID_NK, 128),
-            k=_round_log(rng, *GRID_NK, 128),
-            dtype=dtype,
-            world_size=tp,
-            hardware=hardware,
-        )
-        if s.key() not in taken and serial_ms(s) <= max_serial_ms:
-            taken.add(s.key())
-            out.append(s)
+    draws = 0
+    while len(out) < count and draws < 100 * count:
+        batch = [
+            Scenario(
+                op=str(rng.choice(list(ops))),
+                m=_round_log(rng, *GRID_M, 64 * tp),
+                n=_round_log(rng, *GRID_NK, 128),
+                k=_round_log(rng, *GRID_NK, 128),
+                dtype=dtype,
+                world_size=tp,
+                hardware=hardware,
+            )
+            for _ in range(min(2 * (count - len(out)) + 8, 100 * count - draws))
+        ]
+        draws += len(batch)
+        for s, ms in zip(batch, serial_ms(batch), strict=True):
+            if len(out) < count and s.key() not in taken and ms <= max_serial_ms:
+                taken.add(s.key())
+                out.append(s)
     return out
 
 

@@ -1,93 +1,142 @@
-"""The simulated backend: an analytic model of GEMM, transfer, contention and launch times.
+"""The simulated backend: GEMM times measured on one GPU, transfers, contention and host time fitted to the
+measured datasets.
 
 ``SimBackend`` answers ``Backend.measure`` from the model (rows say ``backend="sim"``), scaled by the hardware
-profile; :class:`SimConstants` holds its constants, :func:`calibrate` refits them to a measured dataset and
-:func:`agreement` scores the simulator's picks against measured labels. See docs/simulator.md.
+profile; :class:`SimConstants` holds its constants (``harness.sim_fit`` fits them, scores the simulator's
+picks and breaks its error down by term). See docs/simulator.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import math
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import cache
+from typing import Any
 
 import numpy as np
 
 from ficco.features import MODES, OP_SPECS, HardwareProfile, Scenario, Schedule
+from ficco.features.dataset import BASELINE_KEYS
+from ficco.features.launch_cost import launch_counts
 from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
+from ficco.harness.gemm_table import GemmTable, expert_split, grouped, shipped_tables, table_for
 
-if TYPE_CHECKING:
-    import pandas as pd
+SIM_MODEL_VERSION = "sim5"
+"""Changes whenever a formula of the model changes (part of the sim fingerprint and of a simulated dataset's
+label source, ``features.label_source``)."""
 
-SIM_MODEL_VERSION = "sim4"
-"""Changes whenever a formula of the model changes (part of the sim fingerprint)."""
-
+MEASURED_FIDELITY: dict[str, dict] = {
+    "held_out_regret": {"2": {"eager": 0.01803, "graph": 0.01802}, "4": {"eager": 0.02494, "graph": 0.01544}},
+    "from_two_ranks_at_four": {"eager": 0.04075, "graph": 0.02379},
+    "guard_min_gain": {"eager": None, "graph": 0.03},
+}
+"""How far this simulator is from measurements (``benchmarks/results/sim-fidelity.json``, written by
+``python -m benchmarks.sim_fidelity``; a test checks the two agree): per world size and mode, the geometric-
+mean regret of its own picks on measured times of model families its fit never saw; at 4 ranks when fitted
+at 2 alone (what one doubling of the world size costs it); and per mode the guard (fall back to serial below
+this predicted gain) that minimises the serial-safe loss of its held-out picks."""
 _TILE_M, _TILE_N = 128, 256
-"""Output tile assumed when counting GEMM waves (Hopper bf16 cuBLAS kernels)."""
+"""Output tile assumed when counting GEMM waves off the table (Hopper bf16 cuBLAS kernels)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimConstants:
-    """Calibration constants of the simulator (times in microseconds). Where each default comes from:
-    docs/simulator.md; refit them with ``calibrate`` (``ficco bench --backend sim --calibrate-from DIR``)."""
+    """Constants of the simulator (times in microseconds, bandwidths as fractions of ``link_gbps``). The
+    defaults are fitted to the measured datasets (``harness.sim_fit``, ``benchmarks.sim_fidelity``; where
+    each comes from: docs/simulator.md)."""
 
+    gemm_scale: float = 0.9187
+    """Measured GEMM times (the GEMM table) in a sweep over the table's: clocks and input rotation there."""
     gemm_eff: float = 0.764
-    """Fraction of the bf16 peak a large GEMM reaches."""
+    """Off the table: fraction of the bf16 peak a large GEMM reaches."""
     gemm_wave_half: float = 0.0373
-    """Waves of 128x256 output tiles over the SMs at which a GEMM reaches half that efficiency."""
+    """Off the table: waves of 128x256 output tiles over the SMs at which a GEMM reaches half of it."""
     gemm_k_half: float = 256.0
-    """K at which the main loop reaches half efficiency (``k / (k + k_half)``)."""
-    gemm_launch_us: float = 10.8
-    """Fixed GPU cost of one GEMM (or add) kernel."""
-    hbm_eff: float = 1.0
-    """Fraction of the HBM bandwidth memory-bound kernels reach."""
+    """Off the table: K at which the main loop reaches half efficiency (``k / (k + k_half)``)."""
+    gemm_launch_us: float = 1.912
+    """Off the table: device time of an empty GEMM kernel; also of the other small kernels (add, permute)."""
     split_loss: float = 0.145
-    """Extra time of a GEMM split into c row blocks, times (1 - 1/c), on top of the blocks' rooflines."""
-    nccl_latency_us: float = 53.3
-    """Latency of one NCCL collective, at any world size."""
-    nccl_bw_frac: float = 0.513
-    """NCCL all-gather / reduce-scatter bandwidth as a fraction of ``link_gbps``."""
-    p2p_latency_us: float = 46.2
-    """GPU-side latency of one round of NCCL point-to-point transfers in the executor's pipeline."""
-    ce_latency_us: float = 32.7
-    """GPU-side latency of one copy-engine round with both directions busy."""
-    ce_bw_frac: float = 0.877
-    """Copy-engine bandwidth per direction, both directions busy, as a fraction of ``link_gbps``."""
-    nccl_peer_gain: float = 0.181
-    """NCCL bandwidth to ``peers`` peers at once: the 2-rank bandwidth times ``peers ** nccl_peer_gain``."""
-    ce_peer_loss: float = 0.569
+    """Off the table: extra time of a GEMM split into c row blocks, times (1 - 1/c)."""
+    hbm_eff: float = 0.9717
+    """Fraction of the HBM bandwidth memory-bound kernels (the reduce-scatter's add, the MoE permutation)
+    reach."""
+    nccl_latency_us: float = 43.71
+    """Latency of one NCCL collective in its large-message regime, 2 ranks."""
+    nccl_bw_frac: float = 0.3971
+    """NCCL's collective bandwidth in its large-message regime, 2 ranks, as a fraction of ``link_gbps``."""
+    nccl_small_latency_us: float = 4.025
+    """Latency of one NCCL collective in its small-message regime (NCCL's low-latency protocols), 2 ranks."""
+    nccl_small_bw_frac: float = 0.1074
+    """NCCL's collective bandwidth in its small-message regime, 2 ranks. A collective takes the faster of
+    the two regimes, as NCCL picks its protocol by size."""
+    nccl_peer_gain: float = 0.2436
+    """NCCL's bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** nccl_peer_gain``."""
+    nccl_peer_latency_us: float = 2.158
+    """Latency added per peer beyond the first (collectives and point-to-point rounds)."""
+    p2p_latency_us: float = 38.28
+    """Latency of one round of NCCL point-to-point transfers in the executor's pipeline (``sm``)."""
+    p2p_bw_frac: float = 0.1874
+    """Bandwidth of those rounds, 2 ranks, as a fraction of ``link_gbps`` (peers: ``nccl_peer_gain``)."""
+    ce_latency_us: float = 16.45
+    """Latency of one copy-engine round (``dma``)."""
+    ce_bw_frac: float = 0.9534
+    """Copy-engine bandwidth per direction with both directions busy, as a fraction of ``link_gbps``."""
+    ce_peer_loss: float = 0.3459
     """Copy-engine bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** -ce_peer_loss``."""
-    sm_gemm_slowdown: float = 1.02
+    ce_copy_us: float = 8.699
+    """Latency of each copy of a round beyond its first: the executor's copies share one stream (label
+    version 3), so a round to ``p`` peers issues ``p`` copies back to back."""
+    sm_gemm_slowdown: float = 1.867
     """GEMM slowdown while NCCL kernels run beside it."""
-    sm_comm_slowdown: float = 0.182
+    sm_comm_slowdown: float = 0.2937
     """NCCL slowdown while a GEMM holds the SMs."""
-    dma_gemm_slowdown: float = 0.0233
+    dma_gemm_slowdown: float = 0.05163
     """GEMM slowdown while copy engines move data."""
-    dma_comm_slowdown: float = 0.151
+    dma_comm_slowdown: float = 0.05247
     """Copy-engine slowdown beside a GEMM (HBM traffic)."""
-    hp_comm_relief: float = 0.475
+    hp_comm_relief: float = 0.504
     """Fraction of the transfer slowdown a high-priority communication stream removes."""
-    hp_gemm_penalty: float = 0.313
+    hp_gemm_penalty: float = 0.6493
     """Extra GEMM slowdown, relative, when the communication stream has high priority."""
-    host_p2p_call_us: float = 167.0
-    """CPU time to issue a pipelined NCCL executor call, fixed part."""
-    host_p2p_round_us: float = 66.4
-    """CPU time per point-to-point round."""
-    host_ce_call_us: float = 108.0
-    """CPU time to issue a copy-engine executor call, fixed part."""
-    host_ce_round_us: float = 41.9
-    """CPU time per copy round (copies, barrier and wait of one round)."""
-    host_unit_us: float = 37.1
-    """CPU time per GEMM unit of a pipelined call."""
-    chunk_sync_us: float = 1.97
-    """GPU cost of each overlapped GEMM chunk beyond its launch (event wait, stream switch)."""
-    async_tp_overhead_us: float = 208.0
+    chunk_sync_us: float = 0.7221
+    """Device cost of each overlapped GEMM unit beyond its kernel (event wait, stream switch)."""
+    graph_call_us: float = 2.011
+    """Device time a call replayed from a CUDA graph pays beyond its kernels (the replay's launch)."""
+    eager_call_us: float = 34.01
+    """Device time an eager call pays beyond its kernels (launch gaps between dependent kernels)."""
+    eager_overlap: float = 0.08477
+    """Share of an eager call's host time that does not overlap its device work: the call takes the longer
+    of the two plus this share of the host time (waits the host issues behind the GPU's work)."""
+    eager_overlap_dma: float = 0.3957
+    """The same for a copy-engine call (``dma``), whose copies wait on the GEMMs that feed them."""
+    host_factor: float = 2.206
+    """Eager host time of a call over its launch price at these prices: the host's speed (a machine's, as
+    ``features.launch_cost``'s host factor)."""
+    host_call_us: float = 19.93
+    """Host price of an executor call (argument handling and the Python around its launches)."""
+    host_gemm_us: float = 8.736
+    """Host price of a GEMM launch."""
+    host_kernel_us: float = 12.81
+    """Host price of another torch kernel (adds, permutations, local copies)."""
+    host_collective_us: float = 13.68
+    """Host price of an NCCL collective beyond its call."""
+    host_p2p_us: float = 78.73
+    """Host price of a coalesced NCCL send/receive group."""
+    host_copy_us: float = 8.185
+    """Host price of a copy-engine copy into a peer's memory, and of a device barrier."""
+    host_sync_us: float = 2.072
+    """Host price of a CUDA event record or stream wait."""
+    host_collective_peer_us: float = 6.175
+    """Host price per NCCL collective and per peer beyond the first."""
+    host_p2p_peer_us: float = 9.485
+    """Host price per NCCL send/receive group and per peer beyond the first."""
+    async_tp_overhead_us: float = 96.67
     """Extra time of PyTorch async-TP (``torch.ops.symm_mem`` fused ops) over a shard/dma pipeline."""
 
     def to_dict(self) -> dict[str, float]:
@@ -107,82 +156,213 @@ class SimConstants:
 
 
 DEFAULT_CONSTANTS = SimConstants()
-_UPPER_BOUND = dict.fromkeys(("gemm_eff", "hbm_eff", "nccl_bw_frac", "ce_bw_frac", "hp_comm_relief"), 1.0)
+UPPER_BOUND = dict.fromkeys(
+    (
+        "gemm_eff",
+        "hbm_eff",
+        "nccl_bw_frac",
+        "nccl_small_bw_frac",
+        "p2p_bw_frac",
+        "ce_bw_frac",
+        "hp_comm_relief",
+    ),
+    1.0,
+)
 """Constants that are fractions of a hardware rate (or of a slowdown) and cannot exceed 1."""
 
-# Encoding: one row per (scenario, schedule) as parallel arrays ----------------------------------------
+# Encoding: one row per (scenario, schedule, mode) as parallel arrays -------------------------------------
 
 _GRAN_CODE = {"serial": 0, "shard": 1, "finer": 2}
+UNITS = ("whole", "own", "peer")
+"""The GEMM units of a row (:func:`unit_shapes`)."""
 
 
-def _encode(pairs: Sequence[tuple[Scenario, Schedule]]) -> dict[str, np.ndarray]:
-    """Arrays of shape ``[len(pairs)]`` describing each (scenario, schedule) for the vectorised model
-    (``pairs`` non-empty)."""
+def _encode(pairs: Sequence[tuple[Scenario, Schedule]], mode: str = "eager") -> dict[str, np.ndarray]:
+    """Arrays of shape ``[len(pairs)]`` describing each (scenario, schedule) in ``mode`` for the vectorised
+    model (``pairs`` non-empty): its sizes and plan, the GEMM table's times of its units (NaN off the table)
+    and what an eager call launches (:func:`_launches`; ``launch`` ``[N, 10]``, and of the baselines)."""
     rows = []
     for s, sch in pairs:
         hw, spec = s.hardware, OP_SPECS[s.op]
         moe = spec.moe
+        e = s.experts // s.world_size if moe else 1
         rows.append(
             {
                 "comm_first": spec.comm_first,
                 "reduces": spec.collective == "reduce_scatter",
+                "moe": moe,
                 # async-TP: PyTorch fuses all-gather and reduce-scatter, not all-to-all
                 "async_tp": spec.collective != "all_to_all",
                 "rows": s.m * (s.top_k * s.imbalance if moe else 1.0),  # compute rows on the busiest rank
                 "n": s.n,
                 "k": s.k,
+                "width": s.comm_width,
                 "b": s.dtype_bytes,
                 "peak": hw.peak_bf16_tflops / (FP32_SLOWDOWN if s.dtype == "fp32" else 1.0),
                 "hbm": hw.hbm_gbps,
                 "link": hw.link_gbps,
                 "sm": hw.sm_count,
                 "w": s.world_size,
-                "groups": s.experts // s.world_size if moe else 1,
+                "groups": e,
                 "vol": s.comm_bytes,
                 "gran": _GRAN_CODE[sch.granularity],
                 "dma": sch.executor == "dma",
                 "splits": sch.splits,
                 "chunk": sch.grain == "chunk",
                 "hp": sch.priority == "high",
+                "graph": mode == "graph",
+                "launch": _launches(s.op, s.world_size, sch, e),
+                "launch_gemm": _launches(s.op, s.world_size, None, e),
+                "launch_nccl": _launches(s.op, s.world_size, Schedule(), e, comm_only=True),
+                "launch_dma": _launches(s.op, s.world_size, Schedule(executor="dma"), e, comm_only=True),
             }
         )
-    return {key: np.array([row[key] for row in rows], dtype=np.float64) for key in rows[0]}
+    x = {key: np.array([row[key] for row in rows], dtype=np.float64) for key in rows[0]}
+    hardware, dtypes = [s.hardware for s, _ in pairs], [s.dtype for s, _ in pairs]
+    for unit, (groups, per_group) in unit_shapes(x).items():
+        x[f"g_{unit}"], x[f"r_{unit}"] = groups, per_group
+        x[f"t_{unit}"], x[f"kernels_{unit}"] = _table_us(x, groups, per_group, hardware, dtypes)
+    return x
+
+
+COPY_STREAMS = 1
+"""The copy arrangement the simulator prices: the executor's default
+(``executor.context.DEFAULT_COPY_STREAMS``: one side stream the peers' copies share; label version 3)."""
+HOST_PRICES = ("host_call_us", "host_gemm_us", "host_kernel_us", "host_collective_us", "host_p2p_us",
+               "host_copy_us", "host_copy_us", "host_sync_us", "host_collective_peer_us",
+               "host_p2p_peer_us")  # fmt: skip
+"""The price of each entry of :func:`_launches`, by constant (copies and barriers share one)."""
+
+
+@cache
+def _launches(
+    op: str, world_size: int, schedule: Schedule | None, local_experts: int, comm_only: bool = False
+) -> tuple[float, ...]:
+    """What one eager call launches, by kind (``features.launch_cost.launch_counts`` under the shipped copy
+    arrangement: calls, GEMMs, other kernels, collectives, send/receive groups, peer copies, barriers,
+    syncs), then the collectives and the groups times the peers beyond the first: priced by
+    :data:`HOST_PRICES`. ``schedule`` None: the GEMM
+    alone (a call, a GEMM per local expert); ``comm_only``: the schedule's launches without its GEMMs (the
+    collective alone)."""
+    if schedule is None:
+        return (1.0, float(local_experts), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    counts = launch_counts(op, world_size, schedule, local_experts, COPY_STREAMS)
+    gemms = 0 if comm_only else counts.gemms
+    more = world_size - 2  # peers beyond the first
+    return (float(counts.calls), float(gemms), float(counts.kernels), float(counts.collectives),
+            float(counts.p2p_groups), float(counts.peer_copies), float(counts.barriers), float(counts.syncs),
+            float(counts.collectives * more), float(counts.p2p_groups * more))  # fmt: skip
+
+
+def host_price_us(c: SimConstants, launches: np.ndarray) -> np.ndarray:
+    """Host time of eager calls at a host factor of 1, us ``[N]``, from :func:`_launches` rows ``[N, 10]``."""
+    return launches @ np.array([getattr(c, name) for name in HOST_PRICES])
+
+
+def unit_shapes(x: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The GEMM units of every row of ``x`` (:func:`_encode`): ``whole`` (``serial``), ``own`` (the own
+    shard) and ``peer`` (a peer shard, or a finer piece with grain ``chunk``), each as ``(groups, rows per
+    group)`` ``[N]`` (``harness.gemm_table.expert_split``: one group for the dense ops)."""
+    w, rows = x["w"], x["rows"]
+    chunk = (x["chunk"] > 0) & (x["gran"] == 2)
+    sizes = {"whole": rows, "own": rows / w, "peer": rows / np.where(chunk, w * x["splits"], w)}
+    return {name: expert_split(r, rows, w, x["groups"]) for name, r in sizes.items()}
+
+
+@cache
+def gemm_table(gpu_name: str, sm_count: int) -> GemmTable | None:
+    """The GEMM table the simulator reads for a GPU: its own model's, else a shipped table of a GPU with as
+    many SMs (the same architecture, its times carried over by the rates: docs/simulator.md), else None
+    (the roofline)."""
+    own = table_for(gpu_name)
+    if own is not None:
+        return own
+    return next((t for t in shipped_tables() if int(t.profile["sm_count"]) == sm_count), None)
+
+
+def _table_us(
+    x: dict[str, np.ndarray],
+    groups: np.ndarray,
+    per_group: np.ndarray,
+    hardware: Sequence[HardwareProfile],
+    dtypes: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Device time of one GEMM unit of every row from the GEMM table (NaN off it: fp32, no table), us, and
+    its kernels: one grouped GEMM, or a GEMM per group (the executor's loop, ``harness.gemm_table.grouped``).
+    """
+    kernel = grouped(groups, x["n"], x["k"], x["b"])
+    kernels = np.where(kernel, 1.0, groups)
+    rows = zip(hardware, dtypes, groups.tolist(), per_group.tolist(), x["n"].tolist(), x["k"].tolist(),
+               kernel.tolist(), strict=True)  # fmt: skip
+    out = np.array([
+        _kernel_us(hw.gpu_name, hw.sm_count, hw.peak_bf16_tflops, hw.hbm_gbps, d != "fp32", g, r, n, k, grp)
+        for hw, d, g, r, n, k, grp in rows
+    ])  # fmt: skip
+    return np.where(kernel, out, groups * out), kernels
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kernel_us(
+    gpu_name: str, sm: int, peak: float, hbm: float, half: bool, groups: float, rows: float, n: float,
+    k: float,
+    grouped_kernel: bool,
+) -> float:  # fmt: skip
+    """One kernel's time from the GEMM table of the GPU (:func:`gemm_table`), us; NaN off the table. Kept
+    per shape: a sweep asks the same few shapes again and again."""
+    table = gemm_table(gpu_name, sm) if half else None
+    if table is None:
+        return float("nan")
+    rates = {"peak_bf16_tflops": peak, "hbm_gbps": hbm, "sm_count": sm}
+    one = np.ones(1)
+    shape = [one * groups, one * rows, one * n, one * k]
+    return float(table.lookup(*shape, grouped_kernel=one * grouped_kernel > 0, rates=rates)[0])
 
 
 # Model pieces (all times in microseconds) ---------------------------------------------------------------
 
 
-def _gemm_us(c: SimConstants, x: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Roofline time of ``rows`` rows of the scenario's GEMM, excluding the launch (grouped over the local
-    experts for MoE: each group gets ``rows / groups`` rows and reads its own weights)."""
-    g = x["groups"]
-    r = np.maximum(rows / g, 1.0)
-    waves = np.ceil(r / _TILE_M) * np.ceil(x["n"] / _TILE_N) / x["sm"]
+def _roofline_us(
+    c: SimConstants, x: dict[str, np.ndarray], groups: np.ndarray, rows: np.ndarray
+) -> np.ndarray:
+    """Roofline time of ``groups`` GEMMs of ``rows`` rows each (off the table), excluding launches."""
+    r = np.maximum(rows, 1.0)
+    waves = groups * np.ceil(r / _TILE_M) * np.ceil(x["n"] / _TILE_N) / x["sm"]
     eff = c.gemm_eff * waves / (waves + c.gemm_wave_half) * x["k"] / (x["k"] + c.gemm_k_half)
-    t_compute = 2.0 * r * x["n"] * x["k"] / (x["peak"] * 1e6 * eff)
-    t_memory = (r * x["k"] + x["k"] * x["n"] + r * x["n"]) * x["b"] / (x["hbm"] * 1e3 * c.hbm_eff)
-    return g * np.maximum(t_compute, t_memory)
+    t_compute = 2.0 * groups * r * x["n"] * x["k"] / (x["peak"] * 1e6 * eff)
+    t_memory = groups * (r * x["k"] + x["k"] * x["n"] + r * x["n"]) * x["b"] / (x["hbm"] * 1e3 * c.hbm_eff)
+    return np.maximum(t_compute, t_memory)
 
 
-def _unit_us(c: SimConstants, x: dict[str, np.ndarray], rows: np.ndarray, units: np.ndarray) -> np.ndarray:
-    """One GEMM kernel of ``rows`` rows when the scenario's GEMM is split into ``units`` kernels: roofline
-    plus the decomposition loss ``split_loss * (1 - 1/units)``, plus the launch."""
-    return _gemm_us(c, x, rows) * (1.0 + c.split_loss * (1.0 - 1.0 / units)) + c.gemm_launch_us
+def _unit_us(c: SimConstants, x: dict[str, np.ndarray], unit: str, units: np.ndarray) -> np.ndarray:
+    """Device time of one GEMM unit (``whole``, ``own`` or ``peer``) of a call that runs ``units`` of them:
+    the GEMM table's time times ``gemm_scale``; off the table, the roofline plus the decomposition loss
+    ``split_loss * (1 - 1/units)`` plus a launch per kernel."""
+    groups, per_group, kernels = x[f"g_{unit}"], x[f"r_{unit}"], x[f"kernels_{unit}"]
+    roofline = _roofline_us(c, x, groups, per_group) * (1.0 + c.split_loss * (1.0 - 1.0 / units))
+    measured = x[f"t_{unit}"]
+    return np.where(np.isfinite(measured), measured * c.gemm_scale, roofline + kernels * c.gemm_launch_us)
 
 
-def _bandwidth(c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, peers: np.ndarray) -> np.ndarray:
-    """Bytes per us one rank receives through NCCL (``dma`` false) or the copy engines (``dma`` true) when a
-    transfer reaches ``peers`` peers at once (``nccl_peer_gain``, ``ce_peer_loss``)."""
-    frac = np.where(dma, c.ce_bw_frac, c.nccl_bw_frac)
-    exponent = np.where(dma, -c.ce_peer_loss, c.nccl_peer_gain)
+def _bandwidth(c: SimConstants, x: dict[str, np.ndarray], frac: np.ndarray, exponent: np.ndarray,
+               peers: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Bytes per us one rank receives at ``frac`` of the link when a transfer reaches ``peers`` peers at once:
+    the 2-rank rate times ``peers ** exponent``."""
     return frac * x["link"] * 1e3 * peers**exponent
 
 
 def _collective_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
-    """One NCCL collective (all-gather / reduce-scatter / all-to-all) of the scenario's volume: a latency
-    plus the volume at NCCL's bandwidth with every peer reached."""
-    nccl = np.zeros_like(x["w"], dtype=bool)
-    return c.nccl_latency_us + x["vol"] / _bandwidth(c, x, nccl, x["w"] - 1.0)
+    """One NCCL collective (all-gather / reduce-scatter / all-to-all) of the scenario's volume with every
+    peer reached: the faster of NCCL's small- and large-message regimes (a smooth minimum), each a latency
+    plus the volume at its bandwidth; more peers add latency and bandwidth (``nccl_peer_*``)."""
+    peers = x["w"] - 1.0
+    extra = c.nccl_peer_latency_us * (peers - 1.0)
+    large = c.nccl_latency_us + extra + x["vol"] / _bandwidth(c, x, c.nccl_bw_frac, c.nccl_peer_gain, peers)
+    small = (
+        c.nccl_small_latency_us
+        + extra
+        + x["vol"] / _bandwidth(c, x, c.nccl_small_bw_frac, c.nccl_peer_gain, peers)
+    )
+    return (large**-8.0 + small**-8.0) ** (-1.0 / 8.0)
 
 
 def _round_us(
@@ -191,14 +371,27 @@ def _round_us(
     """One of ``rounds`` equal transfer rounds of the executor's pipeline, each reaching ``peers`` peers at
     once: point-to-point NCCL (``sm``) or copy engines (``dma``), a latency plus the round's bytes at the
     transport's bandwidth."""
-    latency = np.where(dma, c.ce_latency_us, c.p2p_latency_us)
-    return latency + x["vol"] / rounds / _bandwidth(c, x, dma, peers)
+    extra = c.nccl_peer_latency_us * (peers - 1.0)
+    latency = np.where(dma, c.ce_latency_us + c.ce_copy_us * (peers - 1.0), c.p2p_latency_us + extra)
+    frac = np.where(dma, c.ce_bw_frac, c.p2p_bw_frac)
+    exponent = np.where(dma, -c.ce_peer_loss, c.nccl_peer_gain)
+    return latency + x["vol"] / rounds / _bandwidth(c, x, frac, exponent, peers)
+
+
+def _memory_us(c: SimConstants, x: dict[str, np.ndarray], bytes_: np.ndarray) -> np.ndarray:
+    """A memory-bound kernel moving ``bytes_`` through HBM: a launch plus the bytes at ``hbm_eff`` of it."""
+    return c.gemm_launch_us + bytes_ / (x["hbm"] * 1e3 * c.hbm_eff)
 
 
 def _add_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     """The owner's add closing a pipelined reduce-scatter: read w row blocks, write one (``[m/w, n]``)."""
-    block = x["rows"] / x["w"] * x["n"] * x["b"]
-    return c.gemm_launch_us + (x["w"] + 1.0) * block / (x["hbm"] * 1e3 * c.hbm_eff)
+    return _memory_us(c, x, (x["w"] + 1.0) * x["rows"] / x["w"] * x["n"] * x["b"])
+
+
+def _permute_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+    """A serial MoE call's permutation between source- and expert-major rows (read and write every row of
+    the communicated width); 0 for the dense ops."""
+    return np.where(x["moe"] > 0, _memory_us(c, x, 2.0 * x["rows"] * x["width"] * x["b"]), 0.0)
 
 
 def _slowed_finish(
@@ -211,12 +404,22 @@ def _slowed_finish(
     return np.where(done_before >= work, start + work * slow, np.maximum(start, until) + work - done_before)
 
 
-def _host_us(c: SimConstants, dma: np.ndarray, rounds: np.ndarray, units: np.ndarray) -> np.ndarray:
-    """CPU time to issue one pipelined executor call: a fixed part, a part per transfer round and a part
-    per GEMM unit. Timed back to back, a call takes at least this long (the GPU idles otherwise)."""
-    fixed = np.where(dma, c.host_ce_call_us, c.host_p2p_call_us)
-    per_round = np.where(dma, c.host_ce_round_us, c.host_p2p_round_us)
-    return fixed + per_round * rounds + c.host_unit_us * units
+def _call_us(
+    c: SimConstants,
+    x: dict[str, np.ndarray],
+    gpu: np.ndarray,
+    launches: np.ndarray,
+    dma: np.ndarray | None = None,
+) -> np.ndarray:
+    """A call's time from its device timeline ``gpu``: replayed from a CUDA graph, plus ``graph_call_us``;
+    eager, plus ``eager_call_us``, never less than the host time to issue its ``launches``
+    (:func:`host_price_us` times ``host_factor``: small calls are host-bound), plus ``eager_overlap`` of that
+    host time (``eager_overlap_dma`` for copy-engine calls: ``dma``, default the rows' executors)."""
+    graph = x["graph"] > 0
+    host = c.host_factor * host_price_us(c, launches)
+    overlap = np.where(x["dma"] > 0 if dma is None else dma, c.eager_overlap_dma, c.eager_overlap)
+    eager = np.maximum(gpu + c.eager_call_us, host) + overlap * host
+    return np.where(graph, gpu + c.graph_call_us, eager)
 
 
 def plan_counts(
@@ -233,15 +436,14 @@ def plan_counts(
 
 def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``
-    (docs/simulator.md, "Pipelines"); a pipelined call takes the longer of its GPU timeline and the CPU time
-    to issue it (``_host_us``)."""
+    (docs/simulator.md, "Pipelines"), then :func:`_call_us` (mode, host time)."""
     w, splits, hp = x["w"], x["splits"], x["hp"]
     dma = x["dma"].astype(bool)
     gather = x["comm_first"] > 0
     add = np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
     one = np.ones_like(w)
-    whole = _unit_us(c, x, x["rows"], one)
-    serial_dma = np.maximum(_round_us(c, x, dma, one, w - 1.0) + whole + add, _host_us(c, dma, one, one))
+    whole = _unit_us(c, x, "whole", one) + _permute_us(c, x)
+    serial_dma = _round_us(c, x, dma, one, w - 1.0) + whole + add
     serial = np.where(dma, serial_dma, _collective_us(c, x) + whole)
 
     chunk = x["chunk"] > 0
@@ -252,17 +454,18 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     comm_slow = np.where(dma, c.dma_comm_slowdown, c.sm_comm_slowdown) * relief
     gemm_slow = np.where(dma, c.dma_gemm_slowdown, c.sm_gemm_slowdown) * (1.0 + hp * c.hp_gemm_penalty)
     round_time = _round_us(c, x, dma, rounds, round_peers) * (1.0 + comm_slow)
-    own = _unit_us(c, x, x["rows"] / w, units)
-    peer = _unit_us(c, x, x["rows"] / np.where(chunk, w * splits, w), units) + c.chunk_sync_us
-    # Rounds a peer unit's pieces take: 1 (shard granularity, finer chunk) or all of them (finer shard).
-    rounds_per_unit = np.where(finer & ~chunk, splits, 1.0)
-    gpu = np.where(
-        gather,
-        _gather_us(own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow),
-        _scatter_us(own, peer, peer_units, round_time, rounds_per_unit, gemm_slow),
-    )
-    pipelined = np.maximum(gpu + add, _host_us(c, dma, rounds, units))
-    return np.where(x["gran"] == 0, serial, pipelined)
+    own = _unit_us(c, x, "own", units)
+    peer = _unit_us(c, x, "peer", units) + c.chunk_sync_us
+    # A scatter unit's pieces: 1 (shard granularity, finer chunk) or all of its shard's (finer shard).
+    send = _unit_send_us(c, x, dma, peer_units, np.where(finer & ~chunk, splits, 1.0)) * (1.0 + comm_slow)
+    gpu = np.zeros_like(w)
+    for on, pipeline in ((gather, _gather_us), (~gather, _scatter_us)):  # each on its own rows
+        i = np.flatnonzero(on & (x["gran"] > 0))
+        if len(i):
+            args = (own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow, send)
+            gpu[i] = pipeline(*(a[i] for a in args))
+    gpu += np.where(~gather & dma, c.ce_latency_us, 0.0)
+    return _call_us(c, x, np.where(x["gran"] == 0, serial, gpu + add), x["launch"])
 
 
 def _gather_us(
@@ -275,17 +478,34 @@ def _gather_us(
     chunk: np.ndarray,
     w: np.ndarray,
     gemm_slow: np.ndarray,
+    send: np.ndarray,
 ) -> np.ndarray:
     """All-gather -> GEMM pipeline: every round is issued at once and lands back to back; the own shard's
-    GEMM runs first, then each peer unit once its round(s) landed. All arguments are ``[N]`` arrays."""
+    GEMM runs first, then each peer unit once its round(s) landed. All arguments are ``[N]`` arrays
+    (``send``: unused, a scatter's)."""
     comm_end = rounds * round_time
     t = _slowed_finish(np.zeros_like(own), own, comm_end, gemm_slow)
-    for u in range(1, int(peer_units.max()) + 1):
+    i = np.arange(len(own))
+    for u in range(1, int(peer_units.max(initial=0)) + 1):
+        i = i[peer_units[i] >= u]  # the rows with a u-th peer unit
         # Last round unit u needs: u (shard granularity), ceil(u / peers) (finer chunk), all (finer shard).
-        needed = np.where(finer, np.where(chunk, np.ceil(u / (w - 1)), rounds), u)
-        start = np.maximum(t, needed * round_time)
-        t = np.where(u <= peer_units, _slowed_finish(start, peer, comm_end, gemm_slow), t)
+        needed = np.where(finer[i], np.where(chunk[i], np.ceil(u / (w[i] - 1)), rounds[i]), u)
+        start = np.maximum(t[i], needed * round_time[i])
+        t[i] = _slowed_finish(start, peer[i], comm_end[i], gemm_slow[i])
     return t
+
+
+def _unit_send_us(
+    c: SimConstants, x: dict[str, np.ndarray], dma: np.ndarray, peer_units: np.ndarray, pieces: np.ndarray
+) -> np.ndarray:
+    """Sending one scatter unit's output (``vol / peer_units`` bytes, in ``pieces`` pieces) to its one
+    peer: NCCL, one send/receive group (a point-to-point latency); copy engines, ``ce_copy_us`` per copy
+    (the call's closing barrier, ``ce_latency_us``, is paid once); then the bytes at the transport's
+    one-peer bandwidth."""
+    one = np.ones_like(x["w"])
+    frac = np.where(dma, c.ce_bw_frac, c.p2p_bw_frac)
+    latency = np.where(dma, c.ce_copy_us * pieces, c.p2p_latency_us)
+    return latency + x["vol"] / np.maximum(peer_units, 1.0) / _bandwidth(c, x, frac, 0.0, one)
 
 
 def _scatter_us(
@@ -293,21 +513,26 @@ def _scatter_us(
     peer: np.ndarray,
     peer_units: np.ndarray,
     round_time: np.ndarray,
-    rounds_per_unit: np.ndarray,
+    rounds: np.ndarray,
+    finer: np.ndarray,
+    chunk: np.ndarray,
+    w: np.ndarray,
     gemm_slow: np.ndarray,
+    send: np.ndarray,
 ) -> np.ndarray:
-    """GEMM -> reduce-scatter pipeline: the peer units run first, each sending its pieces as soon as it
-    ends; the own shard's GEMM runs last. The GEMM slowdown window is the transfer span of a first pass
-    without contention."""
+    """GEMM -> reduce-scatter pipeline: the peer units run first, each sending its output (``send`` us, one
+    at a time) as soon as it ends; the own shard's GEMM runs last. The GEMM slowdown window is the transfer
+    span of a first pass without contention. All arguments are ``[N]`` arrays (the rounds' are a
+    gather's, unused)."""
 
     def run(window_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.zeros_like(own)
         sent = np.zeros_like(own)
-        for u in range(1, int(peer_units.max()) + 1):
-            active = u <= peer_units
-            end = peer if u == 1 else _slowed_finish(t, peer, window_end, gemm_slow)
-            t = np.where(active, end, t)
-            sent = np.where(active, np.maximum(sent, t) + rounds_per_unit * round_time, sent)
+        i = np.arange(len(own))
+        for u in range(1, int(peer_units.max(initial=0)) + 1):
+            i = i[peer_units[i] >= u]  # the rows with a u-th peer unit
+            t[i] = peer[i] if u == 1 else _slowed_finish(t[i], peer[i], window_end[i], gemm_slow[i])
+            sent[i] = np.maximum(sent[i], t[i]) + send[i]
         return _slowed_finish(t, own, window_end, gemm_slow), sent
 
     _, first_pass_end = run(np.zeros_like(own))
@@ -315,30 +540,35 @@ def _scatter_us(
     return np.maximum(gemm_end, comm_end)
 
 
-def _baselines_us(c: SimConstants, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The four baselines of ``features.dataset.BASELINE_KEYS`` for each row's scenario, us."""
+def _baselines_us(
+    c: SimConstants, x: dict[str, np.ndarray], keys: Sequence[str] = BASELINE_KEYS
+) -> dict[str, np.ndarray]:
+    """The baselines ``keys`` (of ``features.dataset.BASELINE_KEYS``) of each row's scenario, us."""
     ones = np.ones_like(x["w"])
-    copy_engines = ones.astype(bool)
-    copy = _round_us(c, x, copy_engines, ones, x["w"] - 1.0) + np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
-    dma = np.maximum(copy, _host_us(c, copy_engines, ones, 0 * ones))
-    # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
-    shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
-    async_tp = np.where(x["async_tp"] > 0, _schedule_us(c, shard_dma) + c.async_tp_overhead_us, np.nan)
-    return {
-        "gemm_alone_ms": _unit_us(c, x, x["rows"], ones),
-        "nccl_comm_ms": _collective_us(c, x),
-        "dma_comm_ms": dma,
-        "async_tp_ms": async_tp,
-    }
+    out = {}
+    if "gemm_alone_ms" in keys:
+        out["gemm_alone_ms"] = _call_us(c, x, _unit_us(c, x, "whole", ones), x["launch_gemm"])
+    if "nccl_comm_ms" in keys:
+        out["nccl_comm_ms"] = _call_us(c, x, _collective_us(c, x), x["launch_nccl"])
+    if "dma_comm_ms" in keys:
+        add = np.where(x["reduces"] > 0, _add_us(c, x), 0.0)
+        copy = _round_us(c, x, ones.astype(bool), ones, x["w"] - 1.0) + add
+        out["dma_comm_ms"] = _call_us(c, x, copy, x["launch_dma"], dma=ones > 0)
+    if "async_tp_ms" in keys:
+        # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
+        shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
+        fused = _schedule_us(c, shard_dma) + c.async_tp_overhead_us
+        out["async_tp_ms"] = np.where(x["async_tp"] > 0, fused, np.nan)
+    return out
 
 
 # The backend -------------------------------------------------------------------------------------------
 
 
 class SimBackend:
-    """``Backend`` answering from the analytic model; every row it yields is ``backend="sim"``. ``noise``
-    in [0, 1]: each round's time times ``exp(noise * z)``, z standard normal, reproducible per seed,
-    scenario, schedule, mode and earlier measurements of the scenario (docs/simulator.md)."""
+    """``Backend`` answering from the model; every row it yields is ``backend="sim"``. ``noise`` in [0, 1]:
+    each round's time times ``exp(noise * z)``, z standard normal, reproducible per seed, scenario,
+    schedule, mode and earlier measurements of the scenario (docs/simulator.md)."""
 
     name = "sim"
     rank = 0
@@ -365,9 +595,16 @@ class SimBackend:
         self.constants = constants
         self._draws: dict[str, int] = {}
 
-    def schedule_ms(self, scenario: Scenario, schedules: Sequence[Schedule]) -> np.ndarray:
-        """Noise-free simulated time of each schedule, ms: shape ``[len(schedules)]``."""
-        return _schedule_us(self.constants, _encode([(scenario, s) for s in schedules])) / 1e3
+    def schedule_ms(
+        self, scenario: Scenario, schedules: Sequence[Schedule], mode: str = "eager"
+    ) -> np.ndarray:
+        """Noise-free simulated time of each schedule in ``mode``, ms: shape ``[len(schedules)]``."""
+        return _schedule_us(self.constants, _encode([(scenario, s) for s in schedules], mode)) / 1e3
+
+    def serial_ms(self, scenarios: Sequence[Scenario], mode: str = "eager") -> np.ndarray:
+        """Noise-free simulated ``serial/sm`` time of each scenario in ``mode``, ms ``[len(scenarios)]``
+        (one vectorised call: what a plan's time cap asks of many scenarios)."""
+        return _schedule_us(self.constants, _encode([(s, Schedule()) for s in scenarios], mode)) / 1e3
 
     def measure(self, scenario: Scenario, schedules: list[Schedule]) -> ScenarioResult:
         """Simulate every schedule in every mode (``graph``: no host time, the calls are replayed); one that
@@ -383,9 +620,8 @@ class SimBackend:
         draw = self._draws[scenario.key()] = self._draws.get(scenario.key(), -1) + 1
         out, baselines = [], {}
         for mode in self.modes:
-            constants = self.constants if mode == "eager" else _graph_constants(self.constants)
-            x = _encode([(scenario, schedules[i]) for i in runnable]) if runnable else None
-            times = dict(zip(runnable, _schedule_us(constants, x) / 1e3 if x else [], strict=True))
+            ms = self.schedule_ms(scenario, [schedules[i] for i in runnable], mode) if runnable else []
+            times = dict(zip(runnable, ms, strict=True))
             for i, schedule in enumerate(schedules):
                 if i in errors:
                     out.append(Measurement(schedule=str(schedule), mode=mode, ok=False, error=errors[i]))
@@ -398,7 +634,7 @@ class SimBackend:
                         * np.random.default_rng([self.seed, key, draw]).standard_normal(self.rounds)
                     )
                 out.append(Measurement.from_rounds(str(schedule), mode, rounds))
-            base = _baselines_us(constants, _encode([(scenario, Schedule())]))
+            base = _baselines_us(self.constants, _encode([(scenario, Schedule())], mode))
             baselines[mode] = {key: float(v[0]) / 1e3 for key, v in base.items()}
         return ScenarioResult(measurements=out, baselines=baselines)
 
@@ -414,10 +650,12 @@ class SimBackend:
         return {"modes": list(self.modes), "rounds": self.rounds}
 
     def fingerprint(self) -> dict:
+        table = gemm_table(self.hardware.gpu_name, self.hardware.sm_count)
         return {
             "backend": "sim",
             "sim_model": SIM_MODEL_VERSION,
             "sim_constants": self.constants.digest(),
+            "gemm_table": table_source(table, self.hardware),
             "hardware_id": self.hardware.id,
             "world_size": self.world_size,
             "seed": self.seed,
@@ -425,112 +663,40 @@ class SimBackend:
         }
 
 
-def _graph_constants(c: SimConstants) -> SimConstants:
-    """``c`` with no host time: calls replayed from a CUDA graph are not issued from Python."""
-    host = ("host_ce_call_us", "host_p2p_call_us", "host_ce_round_us", "host_p2p_round_us", "host_unit_us")
-    return dataclasses.replace(c, **dict.fromkeys(host, 0.0))
-
-
-# Calibration --------------------------------------------------------------------------------------------
-
-
-def calibrate(
-    df: pd.DataFrame,
-    hardware: HardwareProfile,
-    *,
-    start: SimConstants = DEFAULT_CONSTANTS,
-    fixed: Collection[str] = (),
-    baseline_weight: float = 1.0,
-    relative_weight: float = 0.5,
-    prior_weight: float = 0.02,
-    iterations: int = 60,
-) -> SimConstants:
-    """Refit the constants to the measured times of ``df`` (dataset rows): least squares on log times,
-    Levenberg-Marquardt (docs/simulator.md). Baseline observations weigh ``baseline_weight``, the pull
-    towards ``start`` ``prior_weight``; constants named in ``fixed`` keep their ``start`` values. Returns the
-    fitted constants (4 significant digits)."""
-    from ficco.features.dataset import scenario_from_row
-
-    df = df[df["mode"] == "eager"]  # the host terms are fitted to eager calls
-    ok = df[df["ok"].astype(bool) & np.isfinite(df["median_ms"].to_numpy(dtype=float))]
-    if ok.empty:
-        raise ValueError("calibrate needs at least one ok eager row with a finite median_ms; got none")
-    names = [f.name for f in dataclasses.fields(SimConstants)]
-    unknown = sorted(set(fixed) - set(names))
-    if unknown:
-        raise ValueError(f"calibrate: fixed names {unknown} are not SimConstants fields; allowed: {names}")
-    first = df.drop_duplicates("scenario_id").itertuples()
-    scenarios = {row.scenario_id: scenario_from_row(row, hardware) for row in first}
-    sched_x = _encode([(scenarios[r.scenario_id], Schedule.parse(r.schedule)) for r in ok.itertuples()])
-    sched_y = np.log(ok["median_ms"].to_numpy(dtype=float) * 1e3)
-    group = ok["scenario_id"].factorize()[0]
-    group_size = np.bincount(group)
-    base_obs = []
-    for key in ("gemm_alone_ms", "nccl_comm_ms", "dma_comm_ms", "async_tp_ms"):
-        sub = df[np.isfinite(df[key].to_numpy(dtype=float))].drop_duplicates(["scenario_id", key])
-        if not sub.empty:
-            x = _encode([(scenarios[r.scenario_id], Schedule()) for r in sub.itertuples()])
-            base_obs.append((key, x, np.log(sub[key].to_numpy(dtype=float) * 1e3)))
-
-    free = [n for n in names if n not in set(fixed)]
-    values = start.to_dict()
-    theta0 = np.log([values[n] for n in free])
-    upper = np.log([_UPPER_BOUND.get(n, np.inf) for n in free])
-
-    def constants(theta: np.ndarray) -> SimConstants:
-        return SimConstants(
-            **{**values, **dict(zip(free, np.exp(np.minimum(theta, upper)).tolist(), strict=True))}
+def sim_fidelity(world_size: int, sim_model: str = SIM_MODEL_VERSION) -> dict[str, Any]:
+    """The fidelity a model trained on this simulator's rows at ``world_size`` carries (its card's
+    ``sim_fidelity``, the schema ``service.schemas.SimFidelity``): ``sim_model``, ``held_out_regret`` (world
+    size -> mode -> regret, :data:`MEASURED_FIDELITY`), ``measured_world_sizes``, ``world_size_note``
+    (measured or extrapolated) and ``guard_min_gain`` (mode -> guard). Rows of another simulator version
+    (``sim_model``) have no measured fidelity."""
+    regret = MEASURED_FIDELITY["held_out_regret"] if sim_model == SIM_MODEL_VERSION else {}
+    measured = sorted(int(k) for k in regret)
+    if not measured:
+        note = f"rows of simulator {sim_model}, never scored on measurements"
+    elif world_size in measured:
+        note = f"{world_size} ranks: fitted and scored at this world size"
+    else:
+        doubling = MEASURED_FIDELITY["from_two_ranks_at_four"]
+        at_four = " / ".join(f"{100 * v:.1f}% {m}" for m, v in sorted(doubling.items()))
+        note = (
+            f"{world_size} ranks: extrapolated from the fit at {measured} ranks (fitted at 2 ranks alone, "
+            f"its regret at 4 was {at_four})"
         )
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        c = constants(theta)
-        r = np.log(_schedule_us(c, sched_x)) - sched_y
-        # Ranking depends on times relative to the scenario's other schedules: half the weight goes to
-        # residuals with each scenario's mean removed.
-        centred = r - (np.bincount(group, r) / group_size)[group]
-        parts = [math.sqrt(1.0 - relative_weight) * r, math.sqrt(relative_weight) * centred]
-        parts += [
-            math.sqrt(baseline_weight) * (np.log(_baselines_us(c, x)[key]) - y) for key, x, y in base_obs
-        ]
-        parts.append(math.sqrt(prior_weight) * (theta - theta0))
-        r = np.concatenate(parts)
-        return np.where(np.isfinite(r), r, 0.0)
-
-    from scipy.optimize import least_squares
-
-    # Levenberg-Marquardt with a forward-difference Jacobian: about ``iterations`` steps of len(free) + 1
-    # residual evaluations each.
-    fit = least_squares(residuals, theta0, method="lm", max_nfev=iterations * (len(free) + 1))
-    fitted = constants(fit.x).to_dict()
-    return SimConstants(**{name: float(f"{value:.4g}") for name, value in fitted.items()})
+    return {
+        "sim_model": sim_model,
+        "held_out_regret": regret,
+        "measured_world_sizes": measured,
+        "world_size_note": note,
+        "guard_min_gain": dict(MEASURED_FIDELITY["guard_min_gain"]),
+    }
 
 
-def agreement(
-    df: pd.DataFrame,
-    hardware: HardwareProfile,
-    constants: SimConstants = DEFAULT_CONSTANTS,
-    *,
-    tolerance: float = 0.0,
-) -> float:
-    """Fraction of ``df``'s labelled scenarios where the simulator's pick (its fastest among the schedules
-    measured ok) is the measured best, or with ``tolerance`` > 0 measured within ``1 + tolerance`` of the
-    best (near-ties count; both are label times, ``features.dataset.with_label_times``). Eager rows only
-    (the simulator's host terms are eager ones). NaN for a dataset without labels."""
-    from ficco.features.dataset import scenario_from_row, with_label_times
-    from ficco.harness.dataset import label_table
-
-    df = with_label_times(df[df["mode"] == "eager"])
-    labels = label_table(df).set_index("scenario_id")
-    if labels.empty:
-        return float("nan")
-    sim = SimBackend(hardware, constants=constants)
-    hits = 0
-    for sid, group in df[df["ok"].astype(bool)].groupby("scenario_id", sort=False):
-        schedules = [Schedule.parse(s) for s in group["schedule"]]
-        scenario = scenario_from_row(next(group.itertuples()), hardware)
-        pick = int(np.argmin(sim.schedule_ms(scenario, schedules)))
-        if tolerance > 0:
-            hits += group["time_ms"].iloc[pick] <= labels.at[sid, "best_ms"] * (1.0 + tolerance)
-        else:
-            hits += str(schedules[pick]) == labels.at[sid, "best_schedule"]
-    return hits / len(labels)
+def table_source(table: GemmTable | None, hardware: HardwareProfile) -> str:
+    """Where a hardware's simulated GEMM times come from, one line: the table of its GPU (and when it was
+    measured), another GPU's carried over by the datasheet rates, or the roofline."""
+    if table is None:
+        return "roofline (no GEMM table of this GPU)"
+    when = str(table.source.get("created", "?"))[:10]
+    if table is table_for(hardware.gpu_name):
+        return f"{table.model} table ({when})"
+    return f"{table.model} table ({when}) carried to {hardware.gpu_name} by the datasheet rates"

@@ -46,9 +46,28 @@ def _served_line(result: ScorePublic | RecommendationPublic) -> str:
     line = f"model version {result.model_version} ({result.hardware_id}, {backend}), world_size {world_size}"
     if result.model_backend == SIMULATED:
         line += "\nnote: this model was trained on simulated times, not GPU measurements"
+        if result.sim_fidelity:
+            line += "\n" + fidelity_line(result.sim_fidelity)
     if result.hardware_substitution:
         line += f"\nnote: {result.hardware_substitution}"
     return line
+
+
+def fidelity_line(fidelity: dict) -> str:
+    """A simulated model's fidelity (``service.schemas.SimFidelity``) as one line of a table."""
+    regret = "; ".join(
+        f"{ranks} ranks " + " / ".join(f"{100 * v:.1f}% {mode}" for mode, v in sorted(by_mode.items()))
+        for ranks, by_mode in sorted(fidelity["held_out_regret"].items(), key=lambda kv: int(kv[0]))
+    )
+    guard = ", ".join(
+        f"{mode} {'none' if g is None else f'below +{100 * g:.0f}%'}"
+        for mode, g in sorted(fidelity["guard_min_gain"].items())
+    )
+    return (
+        f"fidelity ({fidelity['sim_model']}): the simulator's own picks on measured times of held-out model "
+        f"families regret {regret}; {fidelity['world_size_note']}; falls back to serial at a predicted gain "
+        f"{guard}"
+    )
 
 
 def score_table(result: ScorePublic) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from annotated_types import Ge, Le, MaxLen, MinLen
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
+from typing_extensions import TypedDict
 
 from ficco.features._validate import check_keys
 from ficco.features.launch_cost import HOST_FACTOR_RANGE
@@ -49,6 +50,31 @@ NEIGHBOURS_DESCRIPTION = (
 MODEL_BACKEND_DESCRIPTION = (
     "measured: the model was trained on GPU measurements only; simulated: on simulated rows (registered "
     "apart as <hardware>-sim, answering only when asked for by that id). See docs/models.md."
+)
+
+
+class SimFidelity(TypedDict):
+    """How far a simulated model's training rows are from measurements: its card's ``sim_fidelity``
+    (``harness.sim.sim_fidelity``; docs/simulator.md)."""
+
+    sim_model: str
+    """The simulator's model version that made the rows (``harness.sim.SIM_MODEL_VERSION``)."""
+    held_out_regret: dict[str, dict[str, float]]
+    """World size -> mode -> geometric-mean regret of the simulator's own picks on measured times of model
+    families its fit never saw (``benchmarks/results/sim-fidelity.json``)."""
+    measured_world_sizes: list[int]
+    """World sizes the simulator was fitted and scored at; others extrapolate."""
+    world_size_note: str
+    """What the model's world size is to those: measured, or extrapolated and how far."""
+    guard_min_gain: dict[str, float | None]
+    """Mode -> predicted gain over serial/sm below which an answer falls back to serial: the guard against
+    picks slower than serial (null: no guard)."""
+
+
+SIM_FIDELITY_DESCRIPTION = (
+    "A simulated model's fidelity (null for a measured one): the held-out regret of the simulator's own "
+    "picks on measured times at the world sizes it was fitted at, whether this world size extrapolates, and "
+    "the guard against picks slower than serial (docs/simulator.md)."
 )
 
 RANGE_NOTE_DESCRIPTION = (
@@ -189,6 +215,7 @@ class RecommendationPublic(BaseModel):
         "named one); null from servers that predate it.",
     )
     neighbours: int | None = Field(default=None, description=NEIGHBOURS_DESCRIPTION)
+    sim_fidelity: SimFidelity | None = Field(default=None, description=SIM_FIDELITY_DESCRIPTION)
     requested_hardware: str = Field(description="Hardware id the request named (or the server default).")
     hardware_substitution: str | None = Field(
         description="Null when the requested hardware's own model answered; else the profile used and why "
@@ -362,6 +389,7 @@ class ScorePublic(BaseModel):
     model_backend: ModelBackend | None = Field(
         default=None, description=MODEL_BACKEND_DESCRIPTION + " Null only from servers that predate it."
     )
+    sim_fidelity: SimFidelity | None = Field(default=None, description=SIM_FIDELITY_DESCRIPTION)
     requested_hardware: str
     hardware_substitution: str | None
     substitution: SubstitutionPublic | None = Field(default=None, description=SUBSTITUTION_DESCRIPTION)

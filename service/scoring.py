@@ -217,6 +217,7 @@ def score_model(
         model_version=resolution.model.version,
         hardware_id=resolution.model.profile.id,
         model_backend=resolution.model.backend,
+        sim_fidelity=resolution.model.predictor.card.get("sim_fidelity"),
         requested_hardware=resolution.requested,
         hardware_substitution=None if sub is None else sub.reason,
         substitution=substitution_public(resolution.requested, tp, sub),

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from ficco.features import MODES
 from ficco.features.provenance import registry_id, rows_backend
 from ficco.training.crossval import Choice
 from ficco.training.dataset_table import DatasetTable, LoadedDataset
 from ficco.training.evaluate import Evaluation, evaluate
 from ficco.training.fit import CONFIG_GRID, TrainConfig, fit_pair_model, ratio_config
 from ficco.training.model import PairModel
-from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy
+from ficco.training.predict.policy import POLICY_GRID, DecisionPolicy, ModePolicy
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +91,22 @@ def register_trained(
     backend = rows_backend(dataset.info["backends"])
     model_id = registry_id(dataset.hardware.id, backend)
     hardware = replace(dataset.hardware, id=model_id)
+    world_sizes = sorted({s.world_size for s in table.scenarios})
+    fidelity = simulator_fidelity(dataset, world_sizes)
     version = register(
         root,
         model_id,
         scorer=trained.scorer,
         ratio=trained.ratio,
-        policy=trained.choice.policy,
+        policy=guard_policy(trained.choice.policy, fidelity),
         dataset_hash=dataset.hash,
         coverage=Coverage.of(table.scenarios, table.modes),
         info={
+            **({"sim_fidelity": fidelity} if fidelity else {}),
             "dataset": dataset.info,
             "model_backend": backend,
             "hardware": hardware.to_dict(),
-            "world_sizes": sorted({s.world_size for s in table.scenarios}),
+            "world_sizes": world_sizes,
             "ops": sorted({s.op for s in table.scenarios}),
             "m_range": {
                 op: [
@@ -124,6 +128,35 @@ def register_trained(
         },
     )
     return model_id, version
+
+
+def simulator_fidelity(dataset: LoadedDataset, world_sizes: list[int]) -> dict | None:
+    """The ``sim_fidelity`` of a model trained on the simulator's rows alone (``harness.sim.sim_fidelity`` of
+    its largest world size and of the simulator version that made them); None for other rows."""
+    if dataset.info["backends"] != ["sim"]:
+        return None
+    from ficco.features.dataset import read_manifest
+    from ficco.harness.sim import sim_fidelity
+
+    versions = {
+        str(((read_manifest(p) or {}).get("fingerprint") or {}).get("sim_model", "?")) for p in dataset.paths
+    }
+    return sim_fidelity(max(world_sizes), versions.pop() if len(versions) == 1 else "mixed")
+
+
+def guard_policy(policy: ModePolicy, fidelity: dict | None) -> ModePolicy:
+    """``policy`` with each mode's ``min_gain`` at least the simulator's guard (``fidelity``'s
+    ``guard_min_gain``): a simulated model falls back to serial where the simulator's own picks were
+    measured to lose to it (docs/simulator.md)."""
+    if not fidelity:
+        return policy
+    out = {}
+    for mode in MODES:
+        own, guard = policy.of(mode).min_gain, fidelity["guard_min_gain"].get(mode)
+        out[mode] = replace(
+            policy.of(mode), min_gain=own if guard is None else guard if own is None else max(own, guard)
+        )
+    return ModePolicy(**out)
 
 
 def choice_reason(evaluation: Evaluation) -> str:

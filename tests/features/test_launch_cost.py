@@ -16,6 +16,7 @@ from ficco.features import (
     OP_SPECS,
     Routing,
     Scenario,
+    Schedule,
     all_schedules,
     feature_matrix,
     roofline_comm_us,
@@ -71,6 +72,22 @@ def test_the_reference_is_one_collective_and_one_gemm_per_expert():
     assert launch_counts("a2a_gemm", 2, serial, local_experts=16) == LaunchCounts(
         gemms=16, kernels=1, collectives=1
     )
+
+
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
+def test_one_copy_stream_runs_serial_copies_inline_and_shares_a_lane(op):
+    """Under the shipped copy arrangement (one side stream): ``serial/dma`` has no GEMM to overlap, so its
+    copies run on the caller's stream with no events; a finer call's rounds use one lane, not one per peer."""
+    serial = Schedule.parse("serial/dma")
+    inline = launch_counts(op, 4, serial, copy_streams=1)
+    per_peer = launch_counts(op, 4, serial)
+    assert inline.syncs == 0 < per_peer.syncs
+    assert (inline.peer_copies, inline.barriers, inline.gemms) == (per_peer.peer_copies, per_peer.barriers, 1)
+    finer = Schedule.parse("finer/dma/s4/chunk")
+    one_lane, lanes = launch_counts(op, 4, finer, copy_streams=1), launch_counts(op, 4, finer)
+    assert one_lane.syncs < lanes.syncs and one_lane.peer_copies == lanes.peer_copies
+    # at 2 ranks every arrangement has one lane; only serial/dma changes
+    assert launch_counts(op, 2, finer, copy_streams=1) == launch_counts(op, 2, finer)
 
 
 @pytest.mark.parametrize(("experts", "world_size"), [(8, 2), (16, 2), (6, 2), (32, 4)])

@@ -31,8 +31,9 @@ from packaging.utils import canonicalize_name
 pytestmark = pytest.mark.packaging
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_IDS = ("h200x2", "h200x4")
-"""The hardware whose measured models the package ships (pyproject's package-data, .dockerignore)."""
+SHIPPED_IDS = ("h200x2", "h200x4", "h200x8-sim", "h100x8-sim")
+"""The registry ids whose models the package ships (pyproject's package-data, .dockerignore): the
+measured 2- and 4-GPU models and the simulated 8-GPU ones for machines nobody here has measured."""
 RECOMMEND = ("recommend", "--op", "ag_gemm", "--m", "16384", "--n", "14336", "--k", "4096")
 
 
@@ -177,6 +178,7 @@ def test_wheel_holds_only_ficco_with_its_model_and_configs(built_wheel):
         shipped = {f"ficco/models/{hw}/{_current(hw)}/{p}" for p in files}
         assert any("/tables/" in name for name in shipped), hw  # the grid tables the service serves unbuilt
         assert f"ficco/models/{hw}/CURRENT" in names and shipped and shipped <= names, hw
+    assert "ficco/harness/gemm_tables/h200.json" in names  # the simulator's GEMM table
     configs = (REPO_ROOT / "datasets" / "model_configs").iterdir()
     assert {f"ficco/datasets/model_configs/{p.name}" for p in configs} <= names
     assert not [n for n in names if n.endswith(".parquet") or "/tests/" in n or "__pycache__" in n]
@@ -241,6 +243,17 @@ def test_core_install_answers_from_any_directory_and_names_the_missing_extras(ve
     pairs = [p for entry in json.loads(out)["data"] for p in entry["pairs"]]
     assert {p["scenario"]["op"] for p in pairs} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_a2a"}
     assert all(p["measured"] for p in pairs), "every op of the MoE layer is scored at TP=4"
+    # machines nobody measured: the shipped simulated models answer at 8 ranks, marked so, with their fidelity
+    eight = ["--hardware", "h200x8-sim", "--world-size", "8", "--format", "json"]
+    sim = json.loads(_run(bin_dir / "ficco", *RECOMMEND, *eight, cwd=tmp_path, env=user_env).stdout)
+    assert sim["model_backend"] == "simulated" and sim["sim_fidelity"]["measured_world_sizes"] == [2, 4]
+    seventy = configs / "Llama-3.1-70B.json"
+    scored = _run(bin_dir / "ficco", "score", seventy, "--tp", "8", "--hardware", "h100x8-sim", cwd=tmp_path,
+                  env=user_env).stdout  # fmt: skip
+    assert "(h100x8-sim, simulated)" in scored and "fidelity (sim5)" in scored
+    refused = _run(bin_dir / "ficco", *RECOMMEND, "--hardware", "h200x8", "--world-size", "8", cwd=tmp_path,
+                   env=user_env, check=False)  # fmt: skip
+    assert refused.returncode != 0 and "h200x8-sim" in refused.stderr + refused.stdout
     for command, extra in MISSING.items():
         _assert_one_line(_run(bin_dir / "ficco", *command, cwd=tmp_path, env=user_env, check=False), extra)
     results = _run(
@@ -305,20 +318,19 @@ def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path
 
 
 def _small_dataset(source: Path, dest: Path, *, every: int) -> Path:
-    """Every ``every``-th scenario of the one-part dataset ``source``, as a dataset in ``dest`` (training on
-    a quarter of datasets/h200x2-sim takes a quarter of the time)."""
+    """Every ``every``-th scenario of dataset ``source`` (its parts read together), as a one-part dataset in
+    ``dest`` (training on a quarter of datasets/h200x2-sim takes a quarter of the time)."""
     import pandas as pd
 
     manifest = json.loads((source / "manifest.json").read_text())
-    (part,) = manifest["parts"]
-    frame = pd.read_parquet(source / part["file"])
+    frame = pd.concat([pd.read_parquet(source / p["file"]) for p in manifest["parts"]], ignore_index=True)
     keep = sorted(frame["scenario_id"].unique())[::every]
     frame = frame[frame["scenario_id"].isin(keep)]
+    part = {**manifest["parts"][0], "rows": len(frame), "scenarios": len(keep)}
     (dest / "parts").mkdir(parents=True)
     frame.to_parquet(dest / part["file"], index=False)
     (dest / "plan.json").write_bytes((source / "plan.json").read_bytes())
     finished = [s for s in manifest["finished"] if s in set(keep)]
-    part = {**part, "rows": len(frame), "scenarios": len(keep)}
     manifest = {**manifest, "parts": [part], "rows": len(frame), "finished": finished}
     (dest / "manifest.json").write_text(json.dumps(manifest))
     return dest

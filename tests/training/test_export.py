@@ -314,25 +314,29 @@ def test_grid_tables_written_into_the_model_are_read_back_only_while_current(
     assert read_grid_table(folder, predictor, tp=2, mode="eager", dtype="bf16") is None
 
 
-def test_the_shipped_model_ships_its_current_grid_tables(predictor):
-    """The grid tables GET /v1/tables serves are in the shipped model's folder, built by this code's rules:
-    a change of the rules that does not bump BUILD_VERSION shows here (a few shapes rebuilt)."""
+@pytest.mark.parametrize("hardware_id", ["h200x2", "h200x4", "h200x8-sim", "h100x8-sim"])
+def test_the_shipped_models_ship_their_current_grid_tables(hardware_id):
+    """The grid tables GET /v1/tables serves are in each shipped model's folder (the simulated 8-rank ones
+    too: the service's start-up prefetch builds none), built by this code's rules: a change of the rules
+    that does not bump BUILD_VERSION shows here (a few shapes rebuilt)."""
     import gzip
 
     from ficco.training.export import grid_requests, grid_shapes
 
-    folder = MODELS / "h200x2" / predictor.version
+    predictor = load_predictor(MODELS, hardware_id)
+    folder = MODELS / hardware_id / predictor.version
+    assert grid_requests(predictor)
     for request in grid_requests(predictor):
         found = read_grid_table(
             folder, predictor, tp=request["tp"], mode=request["mode"], dtype=request["dtype"]
         )
         assert found is not None, (
-            f"{request}: run `ficco export --into-model --hardware h200x2 --registry models` and commit it"
+            f"{request}: run `ficco export --into-model --hardware {hardware_id}` and commit it"
         )
         shipped = ScheduleTableFile.from_dict(json.loads(gzip.decompress(found)))
         shapes = grid_shapes()[::60]
-        rebuilt = build_schedule_table(predictor, shapes, world_size=request["tp"], mode=request["mode"],
-                                       dtype=request["dtype"])  # fmt: skip
+        asked = {"world_size": request["tp"], "mode": request["mode"], "dtype": request["dtype"]}
+        rebuilt = build_schedule_table(predictor, shapes, **asked, allow_simulated=request["allow_simulated"])
         for shape in shapes:  # the same ranges (speedups to rounding: XGBoost's or the numpy walk's sums)
             for old, new in zip(shipped.entries[shape].tracks, rebuilt.entries[shape].tracks, strict=True):
                 assert (old.max_splits, old.breakpoints) == (new.max_splits, new.breakpoints), shape

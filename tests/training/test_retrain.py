@@ -181,6 +181,10 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     card = list_models(shipped_copy)["h200x2-sim"][0]
     assert card["model_backend"] == "simulated" and card["hardware"]["id"] == "h200x2-sim"
     assert card["dataset"]["backends"] == ["sim"] and card["world_sizes"] == [2]
+    fidelity = card["sim_fidelity"]  # the simulator's measured fidelity, and its guard in the policy
+    assert fidelity["sim_model"] == "sim5" and "2 ranks: fitted and scored" in fidelity["world_size_note"]
+    for mode, guard in fidelity["guard_min_gain"].items():
+        assert guard is None or card["policy"][mode]["min_gain"] >= guard
 
     scenario = ["--op", "ag_gemm", "--m", "4096", "--n", "4096", "--k", "4096"]
     answers = {
@@ -197,11 +201,14 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
         "simulated",
         version,
     )
+    assert answers["h200x2-sim"]["sim_fidelity"] == fidelity and answers["h200x2"]["sim_fidelity"] is None
     table = runner.invoke(app, ["recommend", *scenario, "--hardware", "h200x2-sim"]).stdout
     assert f"model version {version} (h200x2-sim, simulated)" in table and "simulated times" in table
+    assert "fidelity (sim5): the simulator's own picks" in table
     config = str(SHIPPED.parent / "datasets" / "model_configs" / "Llama-3.1-8B.json")
     scored = runner.invoke(app, ["score", config, "--hardware", "h200x2-sim", "--format", "json"])
     assert json.loads(scored.stdout)["model_backend"] == "simulated"
+    assert json.loads(scored.stdout)["sim_fidelity"] == fidelity
 
     settings = Settings(MODEL_ROOT=shipped_copy, RELOAD_POLL_S=0, RELOAD_TOKEN=None)
     with TestClient(create_app(settings)) as client:
@@ -209,6 +216,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
         assert client.post("/v1/recommend", json=body).json()["model_backend"] == "measured"
         sim = client.post("/v1/recommend", json={**body, "hardware": "h200x2-sim"}).json()
         assert (sim["model_backend"], sim["hardware_substitution"]) == ("simulated", None)
+        assert sim["sim_fidelity"] == fidelity
         batch = client.post("/v1/recommend/batch", json={"scenarios": [{**body, "hardware": "h200x2-sim"}]})
         assert batch.json()["data"][0]["result"]["model_backend"] == "simulated"
         config_body = json.loads(Path(config).read_text())

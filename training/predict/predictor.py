@@ -80,6 +80,10 @@ class Recommendation:
     neighbours: int | None = None
     """Measured neighbours of the scenario (``training.predict.coverage``): how near the answer is to a
     measurement; None for a model that carries no coverage."""
+    sim_fidelity: dict[str, Any] | None = None
+    """A simulated model's card's ``sim_fidelity``: how far the simulator that made its training rows is from
+    measurements (its own picks' held-out regret at the measured world sizes) and the guard against picks
+    slower than serial; None for a measured model (docs/simulator.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -293,6 +297,7 @@ class Predictor:
                 model_backend=self.backend,
                 host_factor=d.host_factor,
                 neighbours=near[i],
+                sim_fidelity=self.card.get("sim_fidelity"),
             )
             for i in range(len(scenarios))
         ]
