@@ -91,7 +91,7 @@ def register_trained(
     backend = rows_backend(dataset.info["backends"])
     model_id = registry_id(dataset.hardware.id, backend)
     hardware = replace(dataset.hardware, id=model_id)
-    world_sizes = sorted({s.world_size for s in table.scenarios})
+    world_sizes = answered_world_sizes(table)
     fidelity = simulator_fidelity(dataset, world_sizes)
     version = register(
         root,
@@ -128,6 +128,12 @@ def register_trained(
         },
     )
     return model_id, version
+
+
+def answered_world_sizes(table: DatasetTable) -> list[int]:
+    """The world sizes a model trained on ``table`` answers: those of its target rows (the rows it was
+    scored on), never those only its extra rows hold."""
+    return sorted({s.world_size for s in table.subset(table.is_target).scenarios})
 
 
 def simulator_fidelity(dataset: LoadedDataset, world_sizes: list[int]) -> dict | None:

@@ -239,3 +239,20 @@ def test_promotion_holds_the_peer_rules_bar_or_the_current_models_where_it_alrea
     # regret worse beyond the band refuses whatever the loss
     noisy = compare(_evaluation(0.015, 0.009, 2), _evaluation(0.012, 0.012, 2), band)
     assert not noisy.better and "graph regret" in noisy.reason
+
+
+def test_a_model_answers_only_the_world_sizes_of_its_target_rows(two_sources):
+    """Extra rows of another world size teach the model but do not make it answer that world size."""
+    from ficco.features.hardware import get_hardware
+    from ficco.training.train import answered_world_sizes
+
+    old, new = two_sources
+    x4 = get_hardware("h200x4")
+    table = load_dataset_table(old, extra=[new]).table
+    at_four = tuple(
+        s if target else dataclasses.replace(s, hardware=x4, world_size=4)
+        for s, target in zip(table.scenarios, table.is_target, strict=True)
+    )
+    assert answered_world_sizes(dataclasses.replace(table, scenarios=at_four)) == [2]
+    flipped = dataclasses.replace(table, scenarios=at_four, target=~table.is_target)
+    assert answered_world_sizes(flipped) == [4]
