@@ -425,3 +425,16 @@ def _check_repeats(
                     f"({'; '.join(theirs.differences(mine))}): a repeat is pooled into the labels, so it "
                     "must come from the same executor and machine; pass it with --extra instead"
                 )
+
+
+def load_trained_on(record: dict[str, Any], root: str | Path = ".") -> LoadedDataset:
+    """The datasets a model card's ``dataset`` record names (its target ``path``, ``repeats`` and ``extra``,
+    relative to ``root``), loaded as training loaded them, so that their hash is the card's while they are
+    unchanged."""
+    root = Path(root)
+    paths = [root / p for p in str(record.get("path", "")).split(" + ") if p]
+    return load_dataset_table(
+        *paths,
+        repeats=[root / p for p in record.get("repeats", [])],
+        extra=[root / p for p in record.get("extra", [])],
+    )

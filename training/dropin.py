@@ -125,22 +125,25 @@ def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> Any:
     """``training.baselines.AsyncTPModel`` (both modes), fitted on the model's training datasets (read from
     the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's)."""
     from ficco.training.baselines import AsyncTPModel
-    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.dataset_table import load_trained_on
 
-    paths = str(card.get("dataset", {}).get("path", "")).split(" + ")
+    record = card.get("dataset", {})
+    paths = [p for p in (str(record.get("path", "")).split(" + ") + list(record.get("repeats", [])) + list(
+        record.get("extra", []))) if p]  # fmt: skip
     missing = [p for p in paths if not Path(p).is_dir()]
     if missing:
         raise ExportRefused(
             f"the drop-in formats fit ficco's async-TP model on the model's training datasets {paths}, and "
             f"{missing} are not here; run the export where they are (the repository root)"
         )
-    loaded = load_dataset_table(*paths)
-    if loaded.hash != card.get("dataset", {}).get("hash", card.get("dataset_hash")):
+    loaded = load_trained_on(record)
+    expected = record.get("hash", card.get("dataset_hash"))
+    if loaded.hash != expected:
         raise ExportRefused(
-            f"the datasets {paths} hash to {loaded.hash}, not the card's {card.get('dataset_hash')}: they "
-            "changed since the model was trained"
+            f"the datasets {paths} hash to {loaded.hash}, not the card's {expected}: they changed since the "
+            "model was trained"
         )
-    return AsyncTPModel(seed=seed).fit(loaded.table)
+    return AsyncTPModel(seed=seed).fit(loaded.table.subset(loaded.table.is_target))
 
 
 def score_fuse_rule(

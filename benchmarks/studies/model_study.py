@@ -290,8 +290,8 @@ def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dic
     """Every model of section 3 fitted on ``train`` and evaluated on ``test`` (``n`` rows, ``S`` schedules):
     ``rank`` (the shipped ranker's cost ``[n, S]``), ``log_ratio`` (the time-ratio regressor's
     ``log(t / t_serial)`` ``[n, S]``), ``bags`` (the family-bagged regressors' ``[BAGS, n, S]``),
-    ``regularised`` and ``per_mode`` (the candidate rankers' costs ``[n, S]``) and ``heuristic`` (the size
-    heuristic's pick ``[n]``)."""
+    ``regularised`` and ``per_mode`` (the candidate rankers' costs ``[n, S]``), ``heuristic`` (the size
+    heuristic's pick ``[n]``) and ``modes`` (the test rows' ``[n]``)."""
     from ficco.training.crossval import cv_groups
     from ficco.training.evaluate import split_baselines
     from ficco.training.fit import RATIO_CONFIG, fit_pair_model
@@ -318,6 +318,7 @@ def split_predictions(train, test, config, *, n_jobs: int, seed: int = 0) -> dic
         "regularised": costs(fit_ranker(train, n_jobs=n_jobs, min_child_weight=MIN_CHILD_WEIGHT, **ranker)),
         "per_mode": np.zeros(test.times_ms.shape),
         "heuristic": np.zeros(len(test), dtype=np.int64),
+        "modes": test.modes,
     }
     for mode in sorted(set(test.modes)):
         on = test.modes == mode
@@ -331,7 +332,7 @@ def candidate_options(pred: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray
     """Each of :data:`CANDIDATES`' picks under every option, from :func:`split_predictions`: name ->
     (picks ``[n_options, n]``, a label per option)."""
     from ficco.training.model import SERIAL_INDEX
-    from ficco.training.predict.policy import POLICY_GRID
+    from ficco.training.predict.policy import POLICY_GRID, ModePolicy, apply_policy
 
     gains = [p.min_gain for p in POLICY_GRID]
     margins = [-np.inf if g is None else np.log1p(g) for g in gains]
@@ -339,12 +340,14 @@ def candidate_options(pred: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray
     serial = np.full(len(rows), SERIAL_INDEX)
 
     def fallback(cost: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """``training.predict.policy``'s rule: serial/sm below ``min_gain`` of the regressor's predicted
+        """``training.predict.policy``'s rule under every policy of its grid: the guard against schedules
+        predicted slower than serial, then serial/sm below ``min_gain`` of the regressor's predicted
         speedup."""
-        raw = cost.argmin(axis=1)
-        return margin_options(raw, -pred["log_ratio"][rows, raw], serial, margins), [
-            f"min_gain={g}" for g in gains
+        picks = [
+            apply_policy(cost, pred["log_ratio"], ModePolicy.uniform(p), pred["modes"]).final
+            for p in POLICY_GRID
         ]
+        return np.stack(picks), [f"min_gain={g}" for g in gains]
 
     raw = pred["rank"].argmin(axis=1)
     ensemble = -np.concatenate([pred["log_ratio"][None], pred["bags"]])[:, rows, raw]  # [1 + BAGS, n]

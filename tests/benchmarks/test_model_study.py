@@ -68,7 +68,7 @@ def _predictions(n: int, n_schedules: int = 4) -> dict[str, np.ndarray]:
     bags[0, 1, 2] = np.log(1 / 0.7)
     heuristic = np.full(n, 3)
     return {"rank": cost, "log_ratio": log_ratio, "bags": bags, "regularised": cost, "per_mode": cost,
-            "heuristic": heuristic}  # fmt: skip
+            "heuristic": heuristic, "modes": np.full(n, "graph", dtype=object)}  # fmt: skip
 
 
 def test_candidate_options_fall_back_only_where_the_bags_disagree():

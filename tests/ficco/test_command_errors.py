@@ -217,8 +217,11 @@ def test_a_missing_extra_is_one_line_naming_the_install_that_fits(modules, comma
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     line = _one_error_line(done.stderr, done.stdout + done.stderr)
     assert done.returncode == FAILED, done.stderr
-    # run from elsewhere than the checkout, with another pip first on PATH: the install names both
-    assert line.endswith(f"`{sys.executable} -m pip install -e '{CHECKOUT}[{extra}]'` installs"), line
+    # run from elsewhere than the checkout, with another pip first on PATH: the install names both (an extra
+    # that brings torch, on a machine without nvidia-smi on PATH, installs torch's CPU wheel first)
+    assert line.endswith(f"{sys.executable} -m pip install -e '{CHECKOUT}[{extra}]'` installs"), line
+    if modules == "torch":
+        assert "--index-url https://download.pytorch.org/whl/cpu && " in line, line
 
 
 def _advised(message: str) -> list[list[str]]:

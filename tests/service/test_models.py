@@ -105,4 +105,6 @@ def test_reload_after_fix_clears_error(model_root, start, damage, wait_for):
             "batch_workers_ready": True,
             "default_hardware": None,
             "last_reload_error": None,
+            "grid_tables_ready": True,
+            "grid_tables_pending": [],
         }

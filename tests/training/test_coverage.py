@@ -53,16 +53,15 @@ def test_only_graph_answers_without_a_neighbour_are_off_the_map():
 
 
 def test_the_shipped_models_coverage_is_its_training_datasets_and_answers_carry_it():
-    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.dataset_table import load_trained_on
 
     predictor = load_predictor(REPO / "models", "h200x2")
-    paths = [REPO / p for p in predictor.card["dataset"]["path"].split(" + ")]
-    loaded = load_dataset_table(*paths)
+    loaded = load_trained_on(predictor.card["dataset"], REPO)
     assert loaded.hash == predictor.card["dataset"]["hash"]  # the datasets the model was trained on
     expected = Coverage.of(loaded.table.scenarios, loaded.table.modes)
     in_order = lambda rows: rows[np.lexsort(rows.T[::-1])]  # noqa: E731  (rows as a set)
     assert np.array_equal(in_order(predictor.coverage.rows), in_order(expected.rows))
     measured = loaded.table.scenarios[0]
-    far = Scenario(op="gemm_rs", m=64, n=1024, k=65536, hardware=H200X2)
+    far = Scenario(op="gemm_rs", m=16, n=256, k=262144, hardware=H200X2)
     near_rec, far_rec = predictor.recommend([measured, far], mode="graph")
     assert near_rec.neighbours >= 1 and far_rec.neighbours == 0

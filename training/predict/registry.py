@@ -219,7 +219,7 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
     they are missing or their content hash is not the card's (they changed since the model was trained).
     The model files and the card stay as they are: no prediction changes (docs/models.md).
     """
-    from ficco.training.dataset_table import load_dataset_table
+    from ficco.training.dataset_table import load_trained_on
 
     version = version or current_version(root, hardware_id)
     directory = Path(root) / hardware_id / str(version)
@@ -233,7 +233,7 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
             f"model {hardware_id}/{version}: its training datasets {paths} are not here ({absent}); run from "
             "the directory its card's paths are relative to"
         )
-    loaded = load_dataset_table(*paths, repeats=data.get("repeats", []))
+    loaded = load_trained_on(data)
     expected = data.get("hash", card.get("dataset_hash"))
     if loaded.hash != expected:
         raise ValueError(
