@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test test-gpu image lint format clean
+.PHONY: serve test test-all test-gpu image lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,14 @@ serve: $(VENV)/.service-installed
 	@echo "make serve: ficco is installed in $(VENV)/bin; \`. $(VENV)/bin/activate\` puts it on PATH in another shell"
 	$(BIN)/ficco serve
 
+# CI's suite: everything but the tests marked heavy (end-to-end runs of over about 10 s each), so that it stays
+# under 10 minutes on 2 cores; `make test-all` runs those too (about 30 minutes on 2 cores).
 test: $(VENV)/.test-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -n auto --maxprocesses 4 --dist loadfile -m "not heavy"
+
+test-all: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -n auto --maxprocesses 4 --dist loadfile

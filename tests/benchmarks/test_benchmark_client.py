@@ -35,6 +35,7 @@ print(json.dumps(result["lateness"][:1]))
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_load_generator_sends_its_first_request_on_time():
     # It used to create every request's task before the first was sent: 5,000 made the first 174 ms late, and

@@ -11,6 +11,8 @@ from executor_world import run_world
 
 from benchmarks import block_bench as bench
 
+pytestmark = pytest.mark.heavy
+
 
 def _smoke(rank: int, world_size: int, out: str) -> dict:
     argv = [

@@ -95,6 +95,7 @@ def _dry_run(rank: int, world_size: int, out: str) -> dict:
     return probe.main(["--cpu-dry-run", "--out", out, "--rounds", "5", "--name", "arrangements"])
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_dry_run_checks_and_times_every_variant_and_schedule_under_every_arrangement(tmp_path):
     result = run_world(4, _dry_run, str(tmp_path))[0]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,7 @@ def test_choice_spreads_over_empty_regions_before_filling_one():
     assert choose(scenarios, near, spread, np.arange(4), 3) == [1, 2, 0]
 
 
+@pytest.mark.heavy
 def test_plan_is_measured_and_resumed_by_the_harness_and_curved(tmp_path):
     plan, out = tmp_path / "plan.json", tmp_path / "coverage"
     done = run("benchmarks.coverage_plan", "plan", "--candidates", "150", "--dense", "10", "--moe", "4",

@@ -22,6 +22,7 @@ def test_bad_block_sizes_are_named():
     assert done.returncode == 2 and "--calls and --rounds must be 1-1000; got 0, 15" in done.stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
 def test_without_a_gpu_it_says_it_needs_one(tmp_path):
     done = _run("--out", str(tmp_path / "x.json"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.studies import feature_ablation as ablation
 from ficco.training.metrics import pick_loss
@@ -24,6 +25,7 @@ def test_identical_picks_differ_by_nothing(table):
     assert diff == {m: {"mean": 0.0, "ci95": [0.0, 0.0]} for m in ("eager", "graph")}
 
 
+@pytest.mark.heavy
 def test_masked_run_reports_the_mask_and_every_mode(table):
     summary, picks = ablation.run(table, ("eager_host_over_gpu",), n_jobs=1)
     assert summary["masked"] == ["eager_host_over_gpu"] and len(picks) == len(table)

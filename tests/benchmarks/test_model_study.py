@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.studies import model_study as study
 from ficco.training.crossval import cv_folds, cv_groups
@@ -86,6 +87,7 @@ def test_candidate_options_fall_back_only_where_the_bags_disagree():
         assert picks[labels.index("z=0.0,min_gain=0.0")].tolist() == [2, 2]  # the mean alone: no fallback
 
 
+@pytest.mark.heavy
 def test_generalization_study_current_reproduces_cross_validation(table, fast_configs):
     from ficco.training.crossval import cross_validate
 

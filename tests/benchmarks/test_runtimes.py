@@ -22,6 +22,8 @@ from benchmarks import runtimes as bench
 from benchmarks import runtimes_report as report
 from benchmarks.support import end_to_end as e2e
 
+pytestmark = pytest.mark.heavy
+
 ARGV = ["--device", "cpu", "--tokens", "32", "--layers", "2", "--warmup", "1", "--rounds", "1", "--reps", "1",
         "--timed-ms", "0"]  # fmt: skip
 

@@ -11,6 +11,8 @@ import pytest
 from benchmarks import world_size_report as report
 from ficco.features import SCHEDULE_FAMILIES, get_hardware
 
+pytestmark = pytest.mark.heavy
+
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "datasets" / "model_configs"
 
 

@@ -83,6 +83,7 @@ def test_measure_host_factor_on_gloo_prices_every_case_and_agrees_on_every_rank(
     assert result["factor"] == pytest.approx((ratios[5] + ratios[6]) / 2, rel=1e-3)  # the median of 12
 
 
+@pytest.mark.heavy
 def test_cli_host_factor_runs_the_measurement_under_torchrun(tmp_path):
     out = tmp_path / "host.json"
     result = CliRunner().invoke(

@@ -169,6 +169,7 @@ def _one_error_line(stderr: str, output: str) -> str:
     return lines[0]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("command", "code"), CASES, ids=[c for c, _ in CASES])
 def test_a_mistake_is_one_error_line_with_the_documented_status(command, code, paths, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # nothing is written into the checkout
@@ -245,6 +246,7 @@ ADVICE = [  # mistakes whose messages advise commands
 ]
 
 
+@pytest.mark.heavy
 def test_every_advised_command_runs_as_printed(paths, monkeypatch, tmp_path):
     """Each ``ficco`` command a message advises parses with the command line's own parser, and a retrain
     passes every check it makes before measuring (on a machine of enough GPUs, as the advice says)."""
@@ -316,6 +318,7 @@ def client_with_sim(tmp_path_factory):
         yield client
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("typo", ["h2002", "h200X2", "h20x2"])
 def test_a_mistyped_hardware_id_gets_did_you_mean_and_no_command_to_run_with_it(typo, tmp_path):
     for command in (

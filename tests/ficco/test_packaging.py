@@ -223,6 +223,7 @@ def test_wheel_builds_without_warnings(built_wheel):
     assert "Warning" not in output and "warning:" not in output.lower(), output
 
 
+@pytest.mark.heavy
 def test_core_install_answers_from_any_directory_and_names_the_missing_extras(venv, tmp_path, user_env):
     bin_dir = venv("core")
     done = _run(bin_dir / "python", "-c", "import xgboost", cwd=tmp_path, env=user_env, check=False)
@@ -289,6 +290,7 @@ def _ready(port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> in
     return status
 
 
+@pytest.mark.heavy
 def test_service_extra_serves_the_shipped_model_on_the_port_asked(venv, tmp_path, user_env):
     """The wheel of the Docker build context, with [service] only, serves from /tmp (FICCO_PORT), the
     h200x4 table at TP=4 too, with an ETag that a revalidation answers 304 (the table built on request)."""
@@ -336,6 +338,7 @@ def _small_dataset(source: Path, dest: Path, *, every: int) -> Path:
     return dest
 
 
+@pytest.mark.heavy
 def test_train_extra_registers_into_the_user_registry_not_site_packages(venv, tmp_path, user_env):
     bin_dir = venv("train")
     shipped = _site(bin_dir, tmp_path, user_env) / "models"
@@ -354,6 +357,7 @@ def test_train_extra_registers_into_the_user_registry_not_site_packages(venv, tm
     _assert_one_line(host_factor, "executor")
 
 
+@pytest.mark.heavy
 def test_executor_extra_benches_into_the_user_folder(venv, tmp_path, user_env):
     """``ficco bench`` with [executor] alone (tqdm, pandas, torch): two gloo ranks, two tiny scenarios."""
     bin_dir = venv("executor")

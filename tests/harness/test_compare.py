@@ -190,6 +190,7 @@ def test_family_of_keeps_the_hp_twins_apart():
     assert family_of("shard/sm") == "shard/sm" and family_of("serial/dma") == "serial/dma"
 
 
+@pytest.mark.heavy
 def test_the_committed_datasets_show_the_copy_arrangement_and_expert_gemm_shifts(tmp_path):
     """The two executor changes of label version 3 on the committed 2-GPU datasets: eager serial/dma about
     1.5x serial/sm at small GEMM work in datasets/h200x2 and about 1.02x in the coverage sweep; the MoE

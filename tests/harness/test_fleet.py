@@ -17,7 +17,7 @@ from ficco.harness.fleet.shards import read_runs
 from ficco.harness.plan import Plan
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KILLER = """

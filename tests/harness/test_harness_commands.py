@@ -68,6 +68,7 @@ def _small(tiny_configs, out, *extra):
     )
 
 
+@pytest.mark.heavy
 def test_bench_sim_writes_dataset_card_and_estimate(app, tiny_configs, tmp_path):
     result = _bench(app, *_small(tiny_configs, tmp_path / "ds", "--remeasure", "2"))
     assert result.exit_code == 0, result.output
@@ -80,6 +81,7 @@ def test_bench_sim_writes_dataset_card_and_estimate(app, tiny_configs, tmp_path)
     assert settings["estimated_minutes"] > 0
 
 
+@pytest.mark.heavy
 def test_bench_again_continues_the_dataset(app, tiny_configs, tmp_path):
     assert _bench(app, *_small(tiny_configs, tmp_path / "ds", "--sample", "2")).exit_code == 0
     again = _bench(app, *_small(tiny_configs, tmp_path / "ds"))
@@ -100,6 +102,7 @@ def test_bench_into_a_dataset_of_other_plan_settings_is_refused_naming_them(app,
     assert (tmp_path / "ds" / "plan.json").read_text() == plan_before
 
 
+@pytest.mark.heavy
 def test_a_dense_dataset_of_the_last_release_continues_under_the_default_ops(app, tiny_configs, tmp_path):
     """Its plan lists every op with ``include_moe`` off: the ops it measured are the dense ones, today's
     default."""
@@ -112,6 +115,7 @@ def test_a_dense_dataset_of_the_last_release_continues_under_the_default_ops(app
     assert again.exit_code == 0 and "2 of 7 scenarios already measured" in again.output
 
 
+@pytest.mark.heavy
 def test_dataset_card_regenerates_the_card(ficco, tiny_configs, tmp_path):
     assert _bench(ficco, *_small(tiny_configs, tmp_path / "ds")).exit_code == 0
     (tmp_path / "ds" / "card.md").unlink()
@@ -121,6 +125,7 @@ def test_dataset_card_regenerates_the_card(ficco, tiny_configs, tmp_path):
     assert missing.exit_code == 2 and "is not a ficco dataset" in missing.output
 
 
+@pytest.mark.heavy
 def test_dataset_card_relabel_rewrites_stale_best_sets_and_keeps_the_rows(ficco, tiny_configs, tmp_path):
     import pandas as pd
 
@@ -172,6 +177,7 @@ def test_bench_bad_configs_directory_is_named(app, tmp_path):
     assert f"no model configs (*.json or */config.json) in {tmp_path}" in result.output
 
 
+@pytest.mark.heavy
 def test_bench_what_if_hardware_from_json_and_calibration(app, tiny_configs, tmp_path, monkeypatch):
     """A profile JSON is registered once under the model root; its id then names it in every command."""
     import shutil
@@ -231,6 +237,7 @@ def test_host_factor_does_not_offer_the_simulator(app):
     assert refused.exit_code == 2 and "'sim' is not one of 'gpu', 'gloo'" in refused.output
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="needs a machine without GPUs")
 def test_bench_gpu_without_gpus_says_so(app, tiny_configs, tmp_path, monkeypatch):
     monkeypatch.setattr("ficco.harness.launch.gpu_names", list)
@@ -399,6 +406,7 @@ def _bench_gloo(configs: Path, out: Path, *extra: str) -> subprocess.CompletedPr
     importlib.util.find_spec("ficco.harness.torch_backend") is None,
     reason="harness/torch_backend.py not written yet",
 )
+@pytest.mark.heavy
 def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     out = tmp_path / "gloo"
     extra = ("--sample", "2", "--modes", "eager", "--max-rounds", "3", "--timed-ms", "1000000")
@@ -417,6 +425,7 @@ def test_bench_gloo_end_to_end_two_tiny_scenarios(tiny_configs, tmp_path):
     assert (out / "card.md").exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_bench_gloo_moe_ops_measure_the_moe_pairs(tiny_moe_configs, tmp_path):
     out = tmp_path / "gloo-moe"

@@ -123,6 +123,7 @@ def test_estimate_counts_rows_and_scales_with_repetitions(small_plan, h200):
     assert again.seconds == pytest.approx(2 * estimate.seconds) and again.remeasured == len(small_plan)
 
 
+@pytest.mark.heavy
 def test_default_plan_meets_the_dataset_targets(h200):
     # Issue 10: >= 600 scenarios from >= 8 model families plus the grid, decode sizes included, both
     # modes; a complete re-measure (64 re-measured too) in <= 25 minutes of GPU time.

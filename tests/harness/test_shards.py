@@ -63,6 +63,7 @@ def test_shard_from_slurm_and_kubernetes_environment():
 # Shards and gather ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_four_shards_gathered_equal_the_unsharded_sweep(fleet, small_sweep, whole, tmp_path):
     out = sharded(fleet, small_sweep, tmp_path / "ds", 4)
     result = gather(out / "shards", "--out", out)
@@ -84,6 +85,7 @@ def test_four_shards_gathered_equal_the_unsharded_sweep(fleet, small_sweep, whol
     assert "simulated: no GPU was used" in card
 
 
+@pytest.mark.heavy
 def test_train_records_the_gathered_content_hash(fleet, small_sweep, tmp_path):
     from ficco.training.dataset_table import load_dataset_table
 
@@ -133,6 +135,7 @@ def test_gather_refuses_two_plans_naming_the_plan_hash(fleet, small_sweep, tmp_p
     assert result.exit_code != 0 and "plan_hash:" in result.output
 
 
+@pytest.mark.heavy
 def test_gather_reports_missing_shards_and_partial_says_so(fleet, small_sweep, tmp_path):
     out = tmp_path / "ds"
     fleet("shard", "--shard", "0/3", *small_sweep, "--out", out)
@@ -144,6 +147,7 @@ def test_gather_reports_missing_shards_and_partial_says_so(fleet, small_sweep, t
     assert "**Incomplete:** missing shards [1]" in (out / "card.md").read_text()
 
 
+@pytest.mark.heavy
 def test_gather_keeps_a_shard_held_twice_once(fleet, small_sweep, whole, tmp_path):
     out = sharded(fleet, small_sweep, tmp_path / "ds", 2)
     copy = tmp_path / "copy" / "shard-00001-of-00002"
@@ -157,6 +161,7 @@ def test_gather_keeps_a_shard_held_twice_once(fleet, small_sweep, whole, tmp_pat
 # Scheduler jobs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_emit_slurm_script_is_valid_bash_and_its_tasks_run_the_shards(fleet, small_sweep, whole, tmp_path):
     out = tmp_path / "ds"
@@ -215,6 +220,7 @@ def test_emit_needs_a_shard_count(llama_configs, tmp_path):
     assert result.exit_code != 0 and "--shards N" in result.output
 
 
+@pytest.mark.heavy
 def test_a_card_of_shards_that_shared_a_node_says_so(fleet, small_sweep, tmp_path, monkeypatch):
     out = tmp_path / "ds"
     fleet("shard", "--shard", "0/2", *small_sweep, "--out", out)

@@ -82,6 +82,7 @@ def _finished(out: Path) -> int:
         return 0
 
 
+@pytest.mark.heavy
 def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path, h200):
     plan = plan_scenarios([], grid_size=60, hardware=h200, seed=11)
     out = tmp_path / "killed"

@@ -174,6 +174,7 @@ def _torchtitan_world(rank: int, world_size: int) -> dict:
     }
 
 
+@pytest.mark.heavy
 def test_torchtitans_flow_compiles_each_block_and_trains_as_eager():
     for report in run_world(2, _torchtitan_world, timeout_s=900):
         assert report["errors"]["eager"] <= 1e-5, report["errors"]

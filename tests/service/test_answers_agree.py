@@ -52,6 +52,7 @@ def test_every_pick_is_a_candidate_and_says_why_it_is_not_the_fastest(shipped):
     assert behind > 0  # the shipped ranker does disagree with its regressor's speedups
 
 
+@pytest.mark.heavy
 def test_moe_serial_pick_beside_a_faster_serial_dma_says_why(shipped_root):
     """The case of the issue: a2a_gemm with 64 experts, top-8, picks serial/sm while serial/dma is listed
     well above 1."""

@@ -171,6 +171,7 @@ def test_batch_answers_with_the_served_version_across_reloads_and_current_flips(
         assert versions(client) == ({new}, new)
 
 
+@pytest.mark.heavy
 def test_a_worker_lost_during_a_batch_is_503_then_replaced(registry_root, start, wait_for):
     with start(registry_root) as client:
         workers, gate = client.app.state.batch_workers, client.app.state.batch_gate
@@ -200,6 +201,7 @@ def test_shutdown_stops_the_workers(registry_root, start):
     assert not any(_running(pid) for pid in pids)
 
 
+@pytest.mark.heavy
 def test_workers_exit_when_the_server_dies(registry_root, tmp_path, wait_for):
     # A server process that ends without its shutdown (os._exit, as after SIGKILL): the worker sees its
     # socket close and exits on its own, leaving no orphan.
@@ -256,6 +258,7 @@ def test_readyz_waits_for_the_batch_workers(client, monkeypatch, wait_for):
     assert cold.json()["batch_workers_ready"] is False and cold.json()["serving"]
 
 
+@pytest.mark.heavy
 def test_a_worker_restarted_after_the_model_file_is_damaged_serves_what_the_server_serves(
     model_root, start, damage, wait_for
 ):
@@ -291,6 +294,7 @@ def test_models_with_an_unreadable_card_show_no_absolute_path(model_root, start)
         assert str(model_root) not in text and "ficco-models-" not in text
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("when", ["before ready", "after ready"])
 def test_a_worker_killed_outside_a_job_is_started_again_and_readyz_recovers(
     when, registry_root, start, wait_for
@@ -308,6 +312,7 @@ def test_a_worker_killed_outside_a_job_is_started_again_and_readyz_recovers(
         assert workers.pids and workers.pids != [pid]
 
 
+@pytest.mark.heavy
 def test_an_unread_batch_answer_holds_its_admission_only_until_the_send_timeout(
     registry_root, settings_for, wait_for
 ):

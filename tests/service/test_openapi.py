@@ -31,6 +31,7 @@ def api_schema(registry_root, settings_for):
     return schemathesis.openapi.from_asgi("/openapi.json", create_app(config, store=store))
 
 
+@pytest.mark.heavy
 def test_api_never_answers_5xx(api_schema):
     # schemathesis.pytest.from_fixture needs pytest internals that pytest 9 removed; drive hypothesis directly
     operations = [result.ok() for result in api_schema.get_all_operations()]

@@ -155,6 +155,7 @@ def test_serve_prepare_only_without_dataset_exits_2(tmp_path, monkeypatch):
     assert "shipped dataset" in out and "is missing" in out
 
 
+@pytest.mark.heavy
 def test_serve_prepare_only_trains_default_model_from_dataset(tmp_path, monkeypatch, caplog):
     """The default model is trained from a measured dataset only: simulated rows are refused first (the
     second dataset stands in for GPU measurements: the simulator's times under the gpu backend's name)."""

@@ -60,6 +60,7 @@ def test_table_answers_304_to_a_matching_if_none_match(client):
     assert other.status_code == 200 and other.headers["etag"] != etag
 
 
+@pytest.mark.heavy
 def test_table_gets_a_new_etag_after_a_model_promotion(model_root, start, train):
     with start(model_root, RELOAD_TOKEN=TOKEN) as client:
         first = client.post(f"/v1/tables/{HARDWARE}", json=SHAPES)
@@ -139,6 +140,7 @@ def test_client_caches_the_table_on_disk_and_revalidates_it(client, tmp_path, mo
     assert len(cached) == 1 and first.fingerprint.replace(":", "-") in str(cached[0])
 
 
+@pytest.mark.heavy
 def test_planner_against_the_service_makes_one_table_request_and_no_per_shape_request(client, tmp_path):
     transport = CountingTransport(client)
     original = transport.handle_request
@@ -211,6 +213,7 @@ def test_world_sizes_the_model_was_not_trained_at_are_refused_whatever_the_flag(
         )
 
 
+@pytest.mark.heavy
 def test_a_simulated_models_table_is_served_when_asked_and_marked(model_root, start, train):
     train(model_root, "h200x4-sim", world_size=4)
     with start(model_root) as client:
@@ -277,6 +280,7 @@ def test_table_cache_builds_each_table_once_and_keeps_at_most_its_bytes():
     asyncio.run(scenario())
 
 
+@pytest.mark.heavy
 def test_grid_tables_are_built_when_a_model_loads_and_ready_waits_for_them(registry_root, start, wait_for):
     """A model without grid tables in its folder: they are built at start-up, and /readyz says 503 with
     the tables pending until they are there."""
@@ -294,6 +298,7 @@ def test_grid_tables_are_built_when_a_model_loads_and_ready_waits_for_them(regis
         assert response.status_code == 200 and response.headers["etag"] in cache and cache.bytes == held
 
 
+@pytest.mark.heavy
 def test_grid_tables_shipped_with_the_model_are_served_without_a_build(start, wait_for):
     """The shipped model's folder holds its grid tables (``ficco export --into-model``): ready means the
     first GET answers from them at once, and the table worker never starts."""
@@ -344,6 +349,7 @@ with TestClient(create_app(settings)) as client:
 """
 
 
+@pytest.mark.heavy
 def test_tables_work_where_only_the_service_extra_is_installed(registry_root, tmp_path):
     import os
     import subprocess

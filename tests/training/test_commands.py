@@ -47,6 +47,7 @@ def test_evaluate_json_says_what_the_transfer_split_scored(evaluate_json, sim_mo
         assert evaluate_json["modes"][mode]["transfer"]["ceiling"]["n_scenarios"] == 4
 
 
+@pytest.mark.heavy
 def test_train_promote_registers_the_evaluated_model(sim_dataset, evaluate_json, tmp_path):
     result = runner.invoke(
         app, ["train", "--dataset", str(sim_dataset), "--model-root", str(tmp_path), "--promote"]
@@ -79,6 +80,7 @@ def dense_and_moe(sim_dataset, sim_moe_dataset):
     return ["--dataset", str(sim_dataset), "--dataset", str(sim_moe_dataset)]
 
 
+@pytest.mark.heavy
 def test_evaluate_two_datasets_reports_dense_and_moe_apart(dense_and_moe, sim_dataset, sim_moe_dataset):
     result = runner.invoke(app, ["evaluate", *dense_and_moe, "--json"])
     assert result.exit_code == 0, result.output
@@ -95,6 +97,7 @@ def test_evaluate_two_datasets_reports_dense_and_moe_apart(dense_and_moe, sim_da
         assert {"Mixtral-8x7B-v0.1", "Qwen3-30B-A3B", "Llama-3.1-8B"} <= set(result["per_family"])
 
 
+@pytest.mark.heavy
 def test_train_two_datasets_serves_the_moe_ops(dense_and_moe, tmp_path):
     result = runner.invoke(app, ["train", *dense_and_moe, "--model-root", str(tmp_path), "--promote"])
     assert result.exit_code == 0, result.output
@@ -122,6 +125,7 @@ def test_evaluate_refuses_datasets_of_other_hardware(sim_dataset, tmp_path):
     assert f"hardware.gpu_count 2 in {sim_dataset} vs 4 in {other}" in result.output
 
 
+@pytest.mark.heavy
 def test_report_writes_markdown_and_plots(sim_dataset, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", "--dataset", str(sim_dataset), "--out", str(out)])
@@ -147,6 +151,7 @@ def test_report_with_a_missing_model_fails_clearly(sim_dataset, tmp_path):
     assert "no model for hardware 'h200x2'" in result.output
 
 
+@pytest.mark.heavy
 def test_train_with_a_repeat_sweep_records_it_and_refuses_new_scenarios(
     sim_dataset, sim_moe_dataset, tmp_path
 ):

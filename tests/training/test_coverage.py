@@ -52,6 +52,7 @@ def test_only_graph_answers_without_a_neighbour_are_off_the_map():
     assert not off_map(0, "eager") and not off_map(None, "graph")
 
 
+@pytest.mark.heavy
 def test_the_shipped_models_coverage_is_its_training_datasets_and_answers_carry_it():
     from ficco.training.dataset_table import load_trained_on
 

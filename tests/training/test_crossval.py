@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ficco.training.crossval import cross_validate, cv_folds, cv_groups, region_holdout
 
@@ -30,6 +31,7 @@ def test_region_holdout_is_the_largest_quarter(table):
     assert 0.2 < held.mean() < 0.35
 
 
+@pytest.mark.heavy
 def test_cross_validation_beats_always_serial(table, fast_configs, fast_policies):
     from ficco.training.metrics import mean_loss
     from ficco.training.model import SERIAL_INDEX

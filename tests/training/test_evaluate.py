@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from ficco.training.dataset_table import build_table
 from ficco.training.evaluate import ceiling_picks, evaluate
@@ -25,6 +26,7 @@ def test_summary_layout_per_mode_with_ceiling_and_async_tp(trained):
         assert family["always_serial"]["n_slower_than_serial_2pct"] == 0
 
 
+@pytest.mark.heavy
 def test_ceiling_scores_the_remeasure_against_the_sweep(frame, table, fast_configs, fast_policies):
     from ficco.features import get_hardware
 
@@ -50,6 +52,7 @@ def test_async_tp_counts_as_top1_when_no_slower_than_the_best(tiny_table):
     assert metrics["top1"] == 0.0 and metrics["n_slower_than_serial_2pct"] == 1
 
 
+@pytest.mark.heavy
 def test_transfer_counts_the_scenarios_left_out_and_scores_its_ceiling(table, fast_configs, fast_policies):
     ids = np.unique(table.scenario_ids)
     train = table.subset(~np.isin(table.scenario_ids, ids[:30]))  # the transfer set: 30 fresh + the rest
@@ -91,6 +94,7 @@ def test_split_baselines_fit_each_op_group_on_its_own_rows(sim_dataset, sim_moe_
     assert split_baselines(train.subset(train.op_groups == "dense"), test) == {}  # no MoE rows to fit on
 
 
+@pytest.mark.heavy
 def test_rescore_scores_the_family_holdout_picks_against_an_independent_sweep(
     frame, table, fast_configs, fast_policies
 ):

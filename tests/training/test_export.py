@@ -119,6 +119,7 @@ def test_table_decides_every_token_count_below_64_and_the_grid_exactly(predictor
     assert [table.entries[shape].lookup(m, 2).schedule for m in ms] == list(model)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_exported_tables_reproduce_the_model_on_every_committed_dataset(predictor, tmp_path):
     from ficco.training.dataset_table import load_dataset_table
@@ -184,6 +185,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+@pytest.mark.heavy
 def test_a_simulated_model_exports_when_asked_marked_simulated(tmp_path):
     from tests.service.conftest import train_version
 
@@ -203,6 +205,7 @@ def test_a_simulated_model_exports_when_asked_marked_simulated(tmp_path):
     assert two.stderr.count("\n") == 1
 
 
+@pytest.mark.heavy
 def test_export_of_overlapping_datasets_and_bad_inputs_gives_one_line(tmp_path):
     v2, base = REPO / "datasets" / "h200x2-v2", REPO / "datasets" / "h200x2-swap-trial"  # the same scenarios
     shapes = dataset_shapes([v2, base], tp=2, dtype="bf16")
@@ -233,6 +236,7 @@ def test_table_of_another_machine_is_refused_naming_both_fingerprints(predictor,
     assert TableSource.load(tmp_path, machine=same).tables
 
 
+@pytest.mark.heavy
 def test_vllm_and_autoheuristic_exports_carry_their_evaluation(predictor, tmp_path):
     shapes = [("ag_gemm", 14336, 4096, 0, 0), ("gemm_rs", 4096, 7168, 0, 0)]
     from ficco.training.dropin import write_dropin

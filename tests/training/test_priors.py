@@ -110,6 +110,7 @@ def test_the_prior_alone_picks_before_any_row_and_says_what_it_was_built_from(pr
     assert again.info() == prior.info()
 
 
+@pytest.mark.heavy
 def test_a_wrong_prior_fades_when_the_new_rows_contradict_it(x4, x2):
     """A prior from inverted times (the fastest schedule predicted slowest) loses to the new rows alone in
     cross-validation, and the fitted model picks as well as the one without the prior."""

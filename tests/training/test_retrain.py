@@ -48,6 +48,7 @@ def test_informative_subset_takes_the_least_sure_and_a_spread(trained, table):
     assert informative_subset(plan, 0, predictor) is plan
 
 
+@pytest.mark.heavy
 def test_retrain_end_to_end_on_the_simulator(tmp_path):
     registry = tmp_path / "models"
     args = ["retrain", "--backend", "sim", "--hardware", "h100x8", "--budget", "30", "--grid", "40",
@@ -159,6 +160,7 @@ def test_retrain_without_gpus_stops_with_one_line_and_keeps_the_measured_model(
     assert _tree(shipped_copy) == before and not (tmp_path / "ds").exists()
 
 
+@pytest.mark.heavy
 def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_copy, tmp_path):
     """`ficco retrain --backend sim` leaves models/h200x2 as it was and registers h200x2-sim, which the
     CLI, the HTTP service, the Python predictor and the runtime sources all mark simulated."""

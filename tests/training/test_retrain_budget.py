@@ -65,6 +65,7 @@ def test_it_checkpoints_as_it_goes_and_registers_the_last(budgeted):
     assert "(simulated model): promoted to current" in first.output
 
 
+@pytest.mark.heavy
 def test_the_same_command_continues_and_a_spent_budget_measures_nothing(budgeted):
     root, args, _ = budgeted
     out = root / "ds"
@@ -81,6 +82,7 @@ def test_the_same_command_continues_and_a_spent_budget_measures_nothing(budgeted
     assert _is_prefix(out) == after and "checkpoint " not in again.output
 
 
+@pytest.mark.heavy
 def test_order_only_writes_the_order_and_measures_nothing(tmp_path, sim_dataset):
     out = tmp_path / "ds"
     args = ["retrain", "--backend", "sim", "--hardware", "h200x4", "--grid", "8", "--tokens", "2048",

@@ -120,6 +120,7 @@ def test_extra_weight_zero_is_the_target_alone_and_cross_validation_tries_the_we
     assert [c.extra_weight for c in tried] == list(EXTRA_WEIGHTS) and tried[1].key().endswith(",x0.3")
 
 
+@pytest.mark.heavy
 def test_cross_validation_scores_target_rows_only_and_chooses_an_extra_weight(table, fast_policies):
     shuffled = np.random.default_rng(0).permutation(len(table))  # labels of other scenarios: pure noise
     noisy = dataclasses.replace(table, times_ms=table.times_ms[shuffled], target=None)
@@ -176,6 +177,7 @@ def test_a_repeat_of_another_executor_is_refused_and_one_of_other_round_counts_p
     assert "label_version 2 vs 3" in str(err.value) and "--extra" in str(err.value)
 
 
+@pytest.mark.heavy
 def test_promotion_compares_on_the_same_rows_and_states_the_band(two_sources, tmp_path):
     """`ficco train --promote` against a current model of another recipe: the check's table is printed, the
     verdict kept in the card, and a candidate that is not better is registered but not promoted."""
