@@ -427,14 +427,16 @@ def _check_repeats(
                 )
 
 
+def trained_on(record: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """The dataset paths a model card's ``dataset`` record names, as recorded: (target paths, repeats,
+    extra)."""
+    targets = [p for p in str(record.get("path", "")).split(" + ") if p]
+    return targets, list(record.get("repeats", [])), list(record.get("extra", []))
+
+
 def load_trained_on(record: dict[str, Any], root: str | Path = ".") -> LoadedDataset:
-    """The datasets a model card's ``dataset`` record names (its target ``path``, ``repeats`` and ``extra``,
-    relative to ``root``), loaded as training loaded them, so that their hash is the card's while they are
-    unchanged."""
+    """The datasets a model card's ``dataset`` record names (:func:`trained_on`, relative to ``root``), loaded
+    as training loaded them, so that their hash is the card's while they are unchanged."""
     root = Path(root)
-    paths = [root / p for p in str(record.get("path", "")).split(" + ") if p]
-    return load_dataset_table(
-        *paths,
-        repeats=[root / p for p in record.get("repeats", [])],
-        extra=[root / p for p in record.get("extra", [])],
-    )
+    targets, repeats, extra = ([root / p for p in paths] for paths in trained_on(record))
+    return load_dataset_table(*targets, repeats=repeats, extra=extra)

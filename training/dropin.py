@@ -125,11 +125,10 @@ def fit_async_tp_model(card: dict[str, Any], *, seed: int = 0) -> Any:
     """``training.baselines.AsyncTPModel`` (both modes), fitted on the model's training datasets (read from
     the card's paths; ``ExportRefused`` when they are missing or their content hash is not the card's)."""
     from ficco.training.baselines import AsyncTPModel
-    from ficco.training.dataset_table import load_trained_on
+    from ficco.training.dataset_table import load_trained_on, trained_on
 
     record = card.get("dataset", {})
-    paths = [p for p in (str(record.get("path", "")).split(" + ") + list(record.get("repeats", [])) + list(
-        record.get("extra", []))) if p]  # fmt: skip
+    paths = [p for group in trained_on(record) for p in group]
     missing = [p for p in paths if not Path(p).is_dir()]
     if missing:
         raise ExportRefused(
