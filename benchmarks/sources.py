@@ -16,18 +16,21 @@ pooled with its repeat sweeps ``--repeat``, the steadier estimate). Lines:
 The noise band is the largest change of the target-alone line's regret over refits with 5% of the scenarios
 left out (``training.promotion.refit_band``). Prints a table and writes the JSON and a markdown table beside
 it. One configuration (``--config``, the shipped model's) keeps it to minutes; the extra weight is chosen by
-cross-validation as ``ficco train`` chooses it.
+cross-validation as ``ficco train`` chooses it. Each finished line is kept in ``<out>.lines.json`` at once,
+and the same command again skips the lines kept there under the same arguments (a stopped run resumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import REPO, write_results
+from ficco.files import write_text_atomic
 
 TARGET = ("datasets/h200x2", "datasets/h200x2-moe")
 REPEATS = ("datasets/h200x2-v2", "datasets/h200x2-swap-trial", "datasets/h200x2-protocol-v3")
@@ -103,13 +106,22 @@ def main() -> None:
             *args.target, repeats=args.repeat, extra=["datasets/h200x2-coverage"]
         ),
     }
+    settings = {"target": list(args.target), "repeats": list(args.repeat), "added": list(args.added),
+                "config": args.config, "seed": args.seed}  # fmt: skip
+    kept = args.out.with_suffix(".lines.json")
+    done = kept_lines(kept, settings)
     lines = []
     for name, loaded in recipes.items():
+        if name in done:
+            lines.append(done[name])
+            print(f"{name:32s}   kept  {done[name]['own']}", flush=True)
+            continue
         start = time.time()
         picks, choice = held_out(loaded, config, seed=args.seed, jobs=args.jobs)
         rows = loaded.table.subset(loaded.table.is_target)
         line = {"recipe": name, "choice": choice, **{k: scored(picks, rows, t) for k, t in labels.items()}}
         lines.append(line)
+        write_text_atomic(kept, json.dumps({"settings": settings, "lines": lines}, indent=1) + "\n")
         print(f"{name:32s} {time.time() - start:6.0f} s  {line['own']}  pooled labels {line['pooled']}",
               flush=True)  # fmt: skip
     band = refit_band(own.table, Choice(config=config, policy=ModePolicy()), refits=args.refits,
@@ -119,7 +131,20 @@ def main() -> None:
         "n_target_rows": int(own.table.is_target.sum()), "noise_band": band, "lines": lines,
     }  # fmt: skip
     write_results(results, args.out, markdown, plot)
+    kept.unlink()
     print(markdown(results))
+
+
+def kept_lines(path: Path, settings: dict) -> dict[str, dict]:
+    """The lines a stopped run kept in ``path`` under the same ``settings``, by recipe name (none when the
+    file is missing or its settings differ: those lines answer another question)."""
+    if not path.exists():
+        return {}
+    kept = json.loads(path.read_text())
+    if kept.get("settings") != settings:
+        print(f"{path}: kept under other arguments ({kept.get('settings')}); starting over", flush=True)
+        return {}
+    return {line["recipe"]: line for line in kept["lines"]}
 
 
 def markdown(results: dict) -> str:
