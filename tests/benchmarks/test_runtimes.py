@@ -371,9 +371,13 @@ def test_the_loopback_goals_hold_serial_points_to_one_percent_and_every_point_to
     serial = {"ficco_eager": ["serial/sm"], "ficco_compile": ["serial/sm"]}
     overlapped = {"ficco_eager": ["shard/dma", "serial/sm"], "ficco_compile": ["serial/sm"]}
     cost = {"host_us": 50.0}
+    layouts = {
+        "shard/dma:segmented": {"kernel_ms": 1.6, **cost},
+        "shard/dma:rank_major": {"kernel_ms": 1.2, **cost},
+    }
     op = {"layers": "w1,w3", "direction": "fwd", "op": "ag_gemm", "pick": "shard/dma",
-          "variants": {"pytorch": {"kernel_ms": 1.0, **cost}, "serial/sm": {"kernel_ms": 1.0, **cost},
-                       "shard/dma": {"kernel_ms": 1.2, **cost}}}  # fmt: skip
+          "variants": {"pytorch": {"kernel_ms": 1.0, **cost}, "serial/sm": {"kernel_ms": 1.03, **cost},
+                       "shard/dma": {"kernel_ms": 1.2, **cost}, **layouts}}  # fmt: skip
     points = [
         _loopback_point(256, {"ficco_eager": 1.005, "ficco_compile": 1.0}, serial, [op]),
         _loopback_point(4096, {"ficco_eager": 1.04, "ficco_compile": 1.02}, overlapped),
@@ -382,15 +386,23 @@ def test_the_loopback_goals_hold_serial_points_to_one_percent_and_every_point_to
     assert summary["ficco_eager_all_serial_max"] == pytest.approx(1.005)
     assert summary["ficco_compile_all_serial_max"] == pytest.approx(1.02)  # its ops all ran serial there
     assert summary["ficco_eager_max"] == pytest.approx(1.04)
-    assert summary["small_op_max"] == pytest.approx(1.2)  # the pick at 256 tokens: 1.2x PyTorch's path
+    assert summary["small_layout_max"] == pytest.approx(1.0)  # ran in its cheapest layout (rank-major)
+    assert summary["small_serial_max"] == pytest.approx(1.03)
+    assert summary["small_pick_max"] == pytest.approx(1.2)  # reported: the decomposition's GPU work
     assert summary["met"] == {"ficco_eager_all_serial_max": True, "ficco_eager_max": True,
                               "ficco_compile_all_serial_max": False, "ficco_compile_max": True,
-                              "small_op_max": False}  # fmt: skip
+                              "small_layout_max": True, "small_serial_max": True}  # fmt: skip
     meta = {"hardware": "h200x2", "world_size": 2, "layers": 2, "dtype": "bf16", "batch": 2, "device": "H200",
             "torch": "2.11", "planner": "p", "planner_hardware": "h200x2"}  # fmt: skip
     page = loopback_report.markdown({"meta": meta, "points": points})
     goals = page.rstrip().splitlines()[-5:]
-    assert all("met: " in line for line in goals) and goals[-1].endswith("met: False)")
+    assert all("met: " in line for line in goals) and goals[-1].endswith("met: True)")
+    assert "Each pick over PyTorch's path at 64-1024 tokens" in page and "worst 1.200x" in page
+    # the pick run in its segmented layout at 1.6 where rank-major costs 1.2: the blow-up, not met
+    op["variants"]["shard/dma"] = {"kernel_ms": 1.6, **cost}
+    assert loopback_report.summarize(points)["met"]["small_layout_max"] is False
+    op["variants"]["serial/sm"] = {"kernel_ms": 1.1, **cost}
+    assert loopback_report.summarize(points)["met"]["small_serial_max"] is False
     assert "Points: all 2 of the plan measured." in page
     skipped = [{"model": "m", "phase": "inference", "tokens": 16}]
     page = loopback_report.markdown({"meta": meta, "points": points, "skipped": skipped})
