@@ -131,7 +131,6 @@ def retrain(
     """Measure ``plan`` into ``out_dir``, train on it, register (``training.train.register_trained``), and
     promote when better than ``current``, the current model of that registry id."""
     from ficco.features.dataset import read_manifest
-    from ficco.training.predict.registry import promote
 
     out = Path(out_dir)
     measure(plan, out)
@@ -139,10 +138,31 @@ def retrain(
     dataset = load_dataset_table(out)
     log(f"dataset {out}: {len(dataset.table)} scenarios, hash {dataset.hash[:12]}")
     trained = train_model(dataset.table, noise=dataset.noise, seed=seed, n_jobs=n_jobs, progress=progress)
-    new_loss = mean_loss(dataset.table, trained.evaluation.cv.final)
+    return conclude(
+        out, dataset, mean_loss(dataset.table, trained.evaluation.cv.final), current,
+        register=lambda: register_trained(registry, trained, dataset, seed=seed), registry=registry,
+        new_metrics=trained.evaluation.summary,
+    )  # fmt: skip
+
+
+def conclude(
+    out: Path,
+    dataset: LoadedDataset,
+    new_loss: float,
+    current: Predictor | None,
+    *,
+    register: Callable[[], tuple[str, str]],
+    registry: str | Path,
+    new_metrics: dict,
+) -> RetrainOutcome:
+    """The end of a retrain: compare the new model's held-out loss ``new_loss`` with ``current`` on the new
+    rows (:func:`compare`), ``register`` it (a callable giving ``(registry id, version)``), promote it under
+    ``registry`` when better, and say so as a :class:`RetrainOutcome`."""
+    from ficco.training.predict.registry import promote
+
     backend = rows_backend(dataset.info["backends"])
     better, reason, current_metrics = compare(dataset.table, new_loss, current, backend)
-    model_id, version = register_trained(registry, trained, dataset, seed=seed)
+    model_id, version = register()
     if better:
         promote(registry, model_id, version)
     return RetrainOutcome(
@@ -151,7 +171,7 @@ def retrain(
         version=version,
         promoted=better,
         reason=reason,
-        new_metrics=trained.evaluation.summary,
+        new_metrics=new_metrics,
         current_metrics=current_metrics,
     )
 
@@ -326,7 +346,6 @@ def retrain_within(
     import time
 
     from ficco.features.dataset import read_manifest
-    from ficco.training.predict.registry import promote
 
     out = Path(out_dir)
     plan, costs = write_order(plan, prior, out)
@@ -371,21 +390,11 @@ def retrain_within(
         dataset = load_dataset_table(out)
         fit = fit_with_prior(dataset.table, prior, seed=seed, n_jobs=n_jobs)
     log(f"dataset {out}: {len(set(dataset.table.scenario_ids))} scenarios, {spent / 60:.2f} device-minutes")
-    new_loss = fit.loss
-    backend = rows_backend(dataset.info["backends"])
-    better, reason, current_metrics = compare(dataset.table, new_loss, current, backend)
-    model_id, version = _register_fit(registry, fit, dataset, seed=seed, minutes=spent / 60.0)
-    if better:
-        promote(registry, model_id, version)
-    return RetrainOutcome(
-        dataset=out,
-        model_id=model_id,
-        version=version,
-        promoted=better,
-        reason=reason,
-        new_metrics={"choice": fit.label, "cv_loss": fit.info.get("cv_loss")},
-        current_metrics=current_metrics,
-    )
+    return conclude(
+        out, dataset, fit.loss, current,
+        register=lambda: _register_fit(registry, fit, dataset, seed=seed, minutes=spent / 60.0),
+        registry=registry, new_metrics={"choice": fit.label, "cv_loss": fit.info.get("cv_loss")},
+    )  # fmt: skip
 
 
 def _register_fit(
