@@ -17,14 +17,23 @@ The noise band is the largest change of the target-alone line's regret over refi
 left out (``training.promotion.refit_band``). Prints a table and writes the JSON and a markdown table beside
 it. One configuration (``--config``, the shipped model's) keeps it to minutes; the extra weight is chosen by
 cross-validation as ``ficco train`` chooses it. Each finished line is kept in ``<out>.lines.json`` at once,
-and the same command again skips the lines kept there under the same arguments (a stopped run resumes).
+and the same command again skips the lines kept there under the same arguments (a stopped run resumes);
+``--recipes`` computes only the lines named, ``--parallel N`` computes N lines at once (each in its own
+process, XGBoost on ``--jobs`` threads: on a machine of many cores). The table is written once every line is
+kept.
+
+    .venv/bin/python -m benchmarks.sources --parallel 4 --jobs 4                 # 16 cores
+    .venv/bin/python -m benchmarks.sources --recipes "+ all" --jobs 16           # the largest line alone
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +68,31 @@ def held_out(loaded, config, *, seed: int, jobs: int) -> tuple[np.ndarray, dict]
     return cv.final[loaded.table.is_target], {"config": cv.choice.config.key(), **cv.choice.policy.to_dict()}
 
 
+def line_of(name: str, loaded, labels: dict, config, *, seed: int, jobs: int) -> dict:
+    """One recipe's line: its held-out picks of the target rows scored against each of ``labels`` (per mode,
+    :func:`scored`), the configuration chosen and the seconds it took."""
+    start = time.time()
+    picks, choice = held_out(loaded, config, seed=seed, jobs=jobs)
+    rows = loaded.table.subset(loaded.table.is_target)
+    scores = {k: scored(picks, rows, t) for k, t in labels.items()}
+    return {"recipe": name, "choice": choice, **scores, "seconds": round(time.time() - start, 1)}
+
+
+def computed(todo: dict, labels: dict, config, *, seed: int, jobs: int, parallel: int) -> Iterator[dict]:
+    """The lines of ``todo`` (recipe name -> loaded tables) as they finish, the largest tables first;
+    ``parallel`` > 1: that many at once, each in a spawned process (XGBoost's threads do not survive a
+    fork)."""
+    order = sorted(todo, key=lambda name: -len(todo[name].table))
+    if parallel <= 1:
+        for name in order:
+            yield line_of(name, todo[name], labels, config, seed=seed, jobs=jobs)
+        return
+    with ProcessPoolExecutor(parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(line_of, n, todo[n], labels, config, seed=seed, jobs=jobs) for n in order]
+        for future in as_completed(futures):
+            yield future.result()
+
+
 def scored(picks: np.ndarray, rows, labels) -> dict:
     """Per mode: regret and slow picks of ``picks`` (columns, on ``rows``' (scenario, mode) order) against
     ``labels``' times of the same rows."""
@@ -83,7 +117,9 @@ def main() -> None:
     parser.add_argument("--config", default=SHIPPED_CONFIG, help="objective,depth,trees,rate")
     parser.add_argument("--refits", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="XGBoost threads of each line")
+    parser.add_argument("--parallel", type=int, default=1, help="lines computed at once, one process each")
+    parser.add_argument("--recipes", nargs="*", default=[], help="compute only these lines (default: all)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sources-h200x2.json")
     args = parser.parse_args()
 
@@ -108,22 +144,27 @@ def main() -> None:
     }
     settings = {"target": list(args.target), "repeats": list(args.repeat), "added": list(args.added),
                 "config": args.config, "seed": args.seed}  # fmt: skip
+    unknown = sorted(set(args.recipes) - set(recipes))
+    if unknown:
+        parser.error(f"--recipes: unknown {unknown}; the lines are {list(recipes)}")
     kept = args.out.with_suffix(".lines.json")
+    kept.parent.mkdir(parents=True, exist_ok=True)
     done = kept_lines(kept, settings)
-    lines = []
-    for name, loaded in recipes.items():
+    for name in recipes:
         if name in done:
-            lines.append(done[name])
             print(f"{name:32s}   kept  {done[name]['own']}", flush=True)
-            continue
-        start = time.time()
-        picks, choice = held_out(loaded, config, seed=args.seed, jobs=args.jobs)
-        rows = loaded.table.subset(loaded.table.is_target)
-        line = {"recipe": name, "choice": choice, **{k: scored(picks, rows, t) for k, t in labels.items()}}
-        lines.append(line)
-        write_text_atomic(kept, json.dumps({"settings": settings, "lines": lines}, indent=1) + "\n")
-        print(f"{name:32s} {time.time() - start:6.0f} s  {line['own']}  pooled labels {line['pooled']}",
+    todo = {n: t for n, t in recipes.items() if n not in done and (not args.recipes or n in args.recipes)}
+    for line in computed(todo, labels, config, seed=args.seed, jobs=args.jobs, parallel=args.parallel):
+        done[line["recipe"]] = line
+        ordered = [done[n] for n in recipes if n in done]
+        write_text_atomic(kept, json.dumps({"settings": settings, "lines": ordered}, indent=1) + "\n")
+        print(f"{line['recipe']:32s} {line['seconds']:6.0f} s  {line['own']}  pooled labels {line['pooled']}",
               flush=True)  # fmt: skip
+    left = [n for n in recipes if n not in done]
+    if left:
+        print(f"{len(left)} lines left ({', '.join(left)}): the same command again computes them", flush=True)
+        return
+    lines = [done[n] for n in recipes]
     band = refit_band(own.table, Choice(config=config, policy=ModePolicy()), refits=args.refits,
                       seed=args.seed, n_jobs=args.jobs)  # fmt: skip
     results = {
