@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sklearn.model_selection import GroupKFold
@@ -140,14 +140,22 @@ def _loss(table: DatasetTable, cost: np.ndarray, ratio: np.ndarray, policy: Mode
 
 
 def choose(
-    loss: np.ndarray, modes: np.ndarray, rows: np.ndarray, policies: tuple[DecisionPolicy, ...]
+    loss: np.ndarray,
+    modes: np.ndarray,
+    rows: np.ndarray,
+    policies: tuple[DecisionPolicy, ...],
+    base: np.ndarray | None = None,
 ) -> tuple[int, ModePolicy, np.ndarray]:
     """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``), from each
     row's ``loss`` under every (configuration, policy), ``[n_configs, n_policies, n]``: per configuration each
-    mode's best policy on its rows, then the best configuration under those (ties: the earlier). Returns its
-    index, the :class:`ModePolicy` (a mode without rows: the first policy) and every configuration's mean
-    loss ``[n_configs]``."""
+    mode's best policy on its rows, then the best configuration under those (ties: the earlier). ``base``
+    (int ``[n_configs]``, :func:`weightless`): each configuration's twin without the rows outside the target;
+    a configuration that weighs those rows competes only where its mean loss is below its twin's by more than
+    one standard error of their per-row difference (extra rows must earn their place beyond the selection's
+    noise). Returns its index, the :class:`ModePolicy` (a mode without rows: the first policy) and every
+    configuration's mean loss ``[n_configs]``."""
     total = np.zeros(len(loss))
+    per_row = np.zeros((len(loss), len(modes)))
     best: list[dict[str, int]] = [{} for _ in loss]
     for mode in sorted(set(modes[rows].tolist())):
         on = rows & (modes == mode)
@@ -155,9 +163,24 @@ def choose(
         for c, p in enumerate(means.argmin(axis=1)):
             best[c][mode] = int(p)
             total[c] += means[c, p] * on.sum()
-    c = int(np.argmin(total))
+            per_row[c, on] = loss[c, p, on]
+    mean = total / rows.sum()
+    eligible = np.ones(len(loss), dtype=bool)
+    for c, b in enumerate(range(len(loss)) if base is None else base):
+        if b != c:
+            diff = per_row[c, rows] - per_row[b, rows]
+            error = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else 0.0
+            eligible[c] = diff.mean() < -error
+    c = int(np.argmin(np.where(eligible, mean, np.inf)))
     policy = ModePolicy(**{m: policies[best[c].get(m, 0)] for m in MODES})
-    return c, policy, total / rows.sum()
+    return c, policy, mean
+
+
+def weightless(configs: tuple[TrainConfig, ...]) -> np.ndarray:
+    """Each configuration's index in ``configs`` at ``extra_weight`` 0 (itself where it is at 0, or where
+    ``configs`` has no such twin), int ``[n_configs]``."""
+    index = {c: i for i, c in enumerate(configs)}
+    return np.array([index.get(replace(c, extra_weight=0.0), i) for i, c in enumerate(configs)])
 
 
 def cross_validate(
@@ -197,15 +220,16 @@ def cross_validate(
         np.stack([_loss(table, cost[c], ratio[c], ModePolicy.uniform(p).with_bands(bands)) for p in policies])
         for c in range(len(configs))
     ])  # fmt: skip
+    base = weightless(configs)
     final, raw = (np.zeros(len(table), dtype=np.int64) for _ in range(2))
     fallback = np.zeros(len(table), dtype=bool)
     for name in sorted(set(folds[scored].tolist())):
         test = (folds == name) & scored
-        c, chosen, _ = choose(loss, table.modes, scored & ~test, policies)
+        c, chosen, _ = choose(loss, table.modes, scored & ~test, policies, base)
         final[test], raw[test], fallback[test], _ = apply_policy(
             cost[c, test], ratio[c, test], (policy or chosen).with_bands(bands), table.modes[test]
         )
-    c, chosen, by_config = choose(loss, table.modes, scored, policies)
+    c, chosen, by_config = choose(loss, table.modes, scored, policies, base)
     choice = Choice(config=configs[c], policy=(policy or chosen).with_bands(bands))
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(

@@ -58,3 +58,36 @@ def test_choose_takes_each_modes_best_policy_and_the_config_best_under_them():
     # rows of one mode only: the other mode keeps the first (laxest) policy
     c, policy, _ = choose(loss, modes, np.array([False, False, True, True]), policies)
     assert policy.eager == policies[0] and c == 1  # graph alone: config 1 (0.4) beats config 0 (0.5)
+
+
+def test_extra_rows_must_beat_their_weightless_twin_by_more_than_one_standard_error():
+    from ficco.training.crossval import choose, weightless
+    from ficco.training.fit import TrainConfig, configs_for
+    from ficco.training.predict.policy import DecisionPolicy
+
+    config = TrainConfig(objective="ndcg", max_depth=2, n_estimators=3, learning_rate=0.3)
+    configs = configs_for(_two_sources_stub(), (config,))
+    base = weightless(configs)
+    assert [c.extra_weight for c in configs] == [1.0, 0.3, 0.0]
+    assert base.tolist() == [2, 2, 2]
+    policies = (DecisionPolicy(),)
+    modes = np.array(["eager"] * 200, dtype=object)
+    rows = np.ones(200, dtype=bool)
+    noise = np.random.default_rng(0).normal(0.0, 0.05, 200)
+    loss = np.full((3, 1, 200), 0.10)
+    loss[0, 0] = 0.10 + noise - 0.001  # weight 1: 0.001 better on average, within its per-row noise
+    loss[1, 0] = 0.10 + 0.002  # weight 0.3: worse
+    c, _, mean = choose(loss, modes, rows, policies, base)
+    assert mean[0] < mean[2] and c == 2  # the marginal gain does not earn the extra rows their place
+    assert choose(loss, modes, rows, policies)[0] == 0  # without twins: the lowest mean loss
+    loss[0, 0] = 0.10 + noise * 0.1 - 0.02  # a gain far beyond its standard error
+    assert choose(loss, modes, rows, policies, base)[0] == 0
+
+
+def _two_sources_stub():
+    """A stand-in table with rows outside the target (``configs_for`` reads ``is_target`` alone)."""
+
+    class Table:
+        is_target = np.array([True, False])
+
+    return Table()
