@@ -145,15 +145,17 @@ def choose(
     rows: np.ndarray,
     policies: tuple[DecisionPolicy, ...],
     base: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
 ) -> tuple[int, ModePolicy, np.ndarray]:
     """The configuration and per-mode policy of lowest mean loss over ``rows`` (bool ``[n]``), from each
     row's ``loss`` under every (configuration, policy), ``[n_configs, n_policies, n]``: per configuration each
     mode's best policy on its rows, then the best configuration under those (ties: the earlier). ``base``
     (int ``[n_configs]``, :func:`weightless`): each configuration's twin without the rows outside the target;
-    a configuration that weighs those rows competes only where its mean loss is below its twin's by more than
-    one standard error of their per-row difference (extra rows must earn their place beyond the selection's
-    noise). Returns its index, the :class:`ModePolicy` (a mode without rows: the first policy) and every
-    configuration's mean loss ``[n_configs]``."""
+    a configuration that weighs those rows competes only where its loss is below its twin's by more than one
+    standard error of their difference, taken over ``groups`` (str ``[n]``, the cross-validation groups:
+    rows of one model family move together) or else over rows: extra rows must earn their place beyond the
+    selection's noise. Returns its index, the :class:`ModePolicy` (a mode without rows: the first policy)
+    and every configuration's mean loss ``[n_configs]``."""
     total = np.zeros(len(loss))
     per_row = np.zeros((len(loss), len(modes)))
     best: list[dict[str, int]] = [{} for _ in loss]
@@ -169,6 +171,9 @@ def choose(
     for c, b in enumerate(range(len(loss)) if base is None else base):
         if b != c:
             diff = per_row[c, rows] - per_row[b, rows]
+            if groups is not None:
+                _, index = np.unique(groups[rows], return_inverse=True)
+                diff = np.bincount(index, weights=diff) / np.bincount(index)  # each group's mean difference
             error = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else 0.0
             eligible[c] = diff.mean() < -error
     c = int(np.argmin(np.where(eligible, mean, np.inf)))
@@ -225,11 +230,11 @@ def cross_validate(
     fallback = np.zeros(len(table), dtype=bool)
     for name in sorted(set(folds[scored].tolist())):
         test = (folds == name) & scored
-        c, chosen, _ = choose(loss, table.modes, scored & ~test, policies, base)
+        c, chosen, _ = choose(loss, table.modes, scored & ~test, policies, base, groups)
         final[test], raw[test], fallback[test], _ = apply_policy(
             cost[c, test], ratio[c, test], (policy or chosen).with_bands(bands), table.modes[test]
         )
-    c, chosen, by_config = choose(loss, table.modes, scored, policies, base)
+    c, chosen, by_config = choose(loss, table.modes, scored, policies, base, groups)
     choice = Choice(config=configs[c], policy=(policy or chosen).with_bands(bands))
     config_loss = {c.key(): float(v) for c, v in zip(configs, by_config, strict=True)}
     log.info(

@@ -91,3 +91,20 @@ def _two_sources_stub():
         is_target = np.array([True, False])
 
     return Table()
+
+
+def test_the_standard_error_is_taken_over_groups_where_rows_of_a_family_move_together():
+    from ficco.training.crossval import choose
+    from ficco.training.predict.policy import DecisionPolicy
+
+    policies = (DecisionPolicy(),)
+    modes = np.array(["eager"] * 400, dtype=object)
+    rows = np.ones(400, dtype=bool)
+    groups = np.repeat([f"family{i}" for i in range(4)], 100)
+    loss = np.full((2, 1, 400), 0.10)
+    # extra rows: 0.01 better on every row of three families, 0.02 worse on the fourth: per row a clear gain
+    loss[0, 0] = 0.10 - np.where(groups == "family3", -0.02, 0.01)
+    base = np.array([1, 1])
+    assert choose(loss, modes, rows, policies, base)[0] == 0
+    # per family: four means, one of them against it, a gain within its standard error: the target alone
+    assert choose(loss, modes, rows, policies, base, groups)[0] == 1
