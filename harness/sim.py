@@ -27,7 +27,7 @@ from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
 from ficco.harness.gemm_table import GemmTable, expert_split, grouped, shipped_tables, table_for
 
-SIM_MODEL_VERSION = "sim5"
+SIM_MODEL_VERSION = "sim6"
 """Changes whenever a formula of the model changes (part of the sim fingerprint and of a simulated dataset's
 label source, ``features.label_source``)."""
 
@@ -134,8 +134,9 @@ class SimConstants:
     """Host price of a CUDA event record or stream wait."""
     host_collective_peer_us: float = 6.175
     """Host price per NCCL collective and per peer beyond the first."""
-    host_p2p_peer_us: float = 9.485
-    """Host price per NCCL send/receive group and per peer beyond the first."""
+    host_p2p_op_us: float = 9.485
+    """Host price of each send and each receive of a coalesced NCCL group (``batch_isend_irecv`` issues one
+    per piece and direction: two per piece)."""
     async_tp_overhead_us: float = 96.67
     """Extra time of PyTorch async-TP (``torch.ops.symm_mem`` fused ops) over a shard/dma pipeline."""
 
@@ -222,7 +223,16 @@ def _encode(pairs: Sequence[tuple[Scenario, Schedule]], mode: str = "eager") -> 
     for unit, (groups, per_group) in unit_shapes(x).items():
         x[f"g_{unit}"], x[f"r_{unit}"] = groups, per_group
         x[f"t_{unit}"], x[f"kernels_{unit}"] = _table_us(x, groups, per_group, hardware, dtypes)
+    x["launch"][:, 1], x["launch_gemm"][:, 1] = _gemm_launches(x), x["kernels_whole"]
     return x
+
+
+def _gemm_launches(x: dict[str, np.ndarray]) -> np.ndarray:
+    """GEMM launches of each row's call, ``[N]``: the kernels of its units (:func:`_table_us`: one per
+    unit of the dense ops and of grouped expert GEMMs, one per expert otherwise), so the host launches
+    what the device runs."""
+    _, peer_units, _ = plan_counts(x["w"], x["gran"], x["splits"], x["chunk"] > 0)
+    return np.where(x["gran"] == 0, x["kernels_whole"], x["kernels_own"] + peer_units * x["kernels_peer"])
 
 
 COPY_STREAMS = 1
@@ -230,7 +240,7 @@ COPY_STREAMS = 1
 (``executor.context.DEFAULT_COPY_STREAMS``: one side stream the peers' copies share; label version 3)."""
 HOST_PRICES = ("host_call_us", "host_gemm_us", "host_kernel_us", "host_collective_us", "host_p2p_us",
                "host_copy_us", "host_copy_us", "host_sync_us", "host_collective_peer_us",
-               "host_p2p_peer_us")  # fmt: skip
+               "host_p2p_op_us")  # fmt: skip
 """The price of each entry of :func:`_launches`, by constant (copies and barriers share one)."""
 
 
@@ -240,18 +250,21 @@ def _launches(
 ) -> tuple[float, ...]:
     """What one eager call launches, by kind (``features.launch_cost.launch_counts`` under the shipped copy
     arrangement: calls, GEMMs, other kernels, collectives, send/receive groups, peer copies, barriers,
-    syncs), then the collectives and the groups times the peers beyond the first: priced by
-    :data:`HOST_PRICES`. ``schedule`` None: the GEMM
-    alone (a call, a GEMM per local expert); ``comm_only``: the schedule's launches without its GEMMs (the
-    collective alone)."""
+    syncs), then the collectives times the peers beyond the first and the sends and receives of the
+    send/receive groups (two per piece: ``sm`` moves each of its ``peers x splits`` pieces, ``peers`` at
+    shard granularity, in them): priced by :data:`HOST_PRICES`. ``schedule`` None: the GEMM alone (a call,
+    a GEMM per local expert); ``comm_only``: the schedule's launches without its GEMMs (the collective
+    alone)."""
     if schedule is None:
         return (1.0, float(local_experts), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     counts = launch_counts(op, world_size, schedule, local_experts, COPY_STREAMS)
     gemms = 0 if comm_only else counts.gemms
     more = world_size - 2  # peers beyond the first
+    pieces = (world_size - 1) * (schedule.splits if schedule.granularity == "finer" else 1)
+    p2p_ops = 2 * pieces if counts.p2p_groups else 0
     return (float(counts.calls), float(gemms), float(counts.kernels), float(counts.collectives),
             float(counts.p2p_groups), float(counts.peer_copies), float(counts.barriers), float(counts.syncs),
-            float(counts.collectives * more), float(counts.p2p_groups * more))  # fmt: skip
+            float(counts.collectives * more), float(p2p_ops))  # fmt: skip
 
 
 def host_price_us(c: SimConstants, launches: np.ndarray) -> np.ndarray:
@@ -434,9 +447,11 @@ def plan_counts(
     return rounds, peer_units, round_peers
 
 
-def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+def _schedule_us(c: SimConstants, x: dict[str, np.ndarray], pushed_at_end: bool = True) -> np.ndarray:
     """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``
-    (docs/simulator.md, "Pipelines"), then :func:`_call_us` (mode, host time)."""
+    (docs/simulator.md, "Pipelines"), then :func:`_call_us` (mode, host time). ``pushed_at_end``: a
+    copy-engine scatter issues its copies after its GEMMs, as the executor does (:func:`_copies_issued_us`;
+    False for PyTorch's async-TP, which issues its own)."""
     w, splits, hp = x["w"], x["splits"], x["hp"]
     dma = x["dma"].astype(bool)
     gather = x["comm_first"] > 0
@@ -458,11 +473,12 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     peer = _unit_us(c, x, "peer", units) + c.chunk_sync_us
     # A scatter unit's pieces: 1 (shard granularity, finer chunk) or all of its shard's (finer shard).
     send = _unit_send_us(c, x, dma, peer_units, np.where(finer & ~chunk, splits, 1.0)) * (1.0 + comm_slow)
+    issued = _copies_issued_us(c, x, dma & ~gather & pushed_at_end, peer_units)
     gpu = np.zeros_like(w)
     for on, pipeline in ((gather, _gather_us), (~gather, _scatter_us)):  # each on its own rows
         i = np.flatnonzero(on & (x["gran"] > 0))
         if len(i):
-            args = (own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow, send)
+            args = (own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow, send, issued)
             gpu[i] = pipeline(*(a[i] for a in args))
     gpu += np.where(~gather & dma, c.ce_latency_us, 0.0)
     return _call_us(c, x, np.where(x["gran"] == 0, serial, gpu + add), x["launch"])
@@ -479,10 +495,11 @@ def _gather_us(
     w: np.ndarray,
     gemm_slow: np.ndarray,
     send: np.ndarray,
+    issued: np.ndarray,
 ) -> np.ndarray:
     """All-gather -> GEMM pipeline: every round is issued at once and lands back to back; the own shard's
     GEMM runs first, then each peer unit once its round(s) landed. All arguments are ``[N]`` arrays
-    (``send``: unused, a scatter's)."""
+    (``send``, ``issued``: unused, a scatter's)."""
     comm_end = rounds * round_time
     t = _slowed_finish(np.zeros_like(own), own, comm_end, gemm_slow)
     i = np.arange(len(own))
@@ -493,6 +510,17 @@ def _gather_us(
         start = np.maximum(t[i], needed * round_time[i])
         t[i] = _slowed_finish(start, peer[i], comm_end[i], gemm_slow[i])
     return t
+
+
+def _copies_issued_us(
+    c: SimConstants, x: dict[str, np.ndarray], scatter_dma: np.ndarray, peer_units: np.ndarray
+) -> np.ndarray:
+    """When an eager copy-engine scatter's copies are issued, us from the call's start, ``[N]``: the
+    executor pushes them once the call's GEMMs are launched (``executor.transport``, ``_push_produced``),
+    so the host first pays the call, its GEMM launches and an event per sending unit (times
+    ``host_factor``); 0 for other rows and for graph replays (every copy queued up front)."""
+    host = c.host_call_us + x["launch"][:, 1] * c.host_gemm_us + peer_units * c.host_sync_us
+    return np.where(scatter_dma & (x["graph"] == 0), c.host_factor * host, 0.0)
 
 
 def _unit_send_us(
@@ -519,15 +547,16 @@ def _scatter_us(
     w: np.ndarray,
     gemm_slow: np.ndarray,
     send: np.ndarray,
+    issued: np.ndarray,
 ) -> np.ndarray:
     """GEMM -> reduce-scatter pipeline: the peer units run first, each sending its output (``send`` us, one
-    at a time) as soon as it ends; the own shard's GEMM runs last. The GEMM slowdown window is the transfer
-    span of a first pass without contention. All arguments are ``[N]`` arrays (the rounds' are a
-    gather's, unused)."""
+    at a time) as soon as it ends and the sends are issued (``issued``, :func:`_copies_issued_us`); the own
+    shard's GEMM runs last. The GEMM slowdown window is the transfer span of a first pass without
+    contention. All arguments are ``[N]`` arrays (the rounds' are a gather's, unused)."""
 
     def run(window_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.zeros_like(own)
-        sent = np.zeros_like(own)
+        sent = issued.copy()
         i = np.arange(len(own))
         for u in range(1, int(peer_units.max(initial=0)) + 1):
             i = i[peer_units[i] >= u]  # the rows with a u-th peer unit
@@ -557,7 +586,7 @@ def _baselines_us(
     if "async_tp_ms" in keys:
         # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
         shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
-        fused = _schedule_us(c, shard_dma) + c.async_tp_overhead_us
+        fused = _schedule_us(c, shard_dma, pushed_at_end=False) + c.async_tp_overhead_us
         out["async_tp_ms"] = np.where(x["async_tp"] > 0, fused, np.nan)
     return out
 
