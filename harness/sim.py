@@ -32,9 +32,9 @@ SIM_MODEL_VERSION = "sim6"
 label source, ``features.label_source``)."""
 
 MEASURED_FIDELITY: dict[str, dict] = {
-    "held_out_regret": {"2": {"eager": 0.01803, "graph": 0.01802}, "4": {"eager": 0.02494, "graph": 0.01544}},
-    "from_two_ranks_at_four": {"eager": 0.04075, "graph": 0.02379},
-    "guard_min_gain": {"eager": None, "graph": 0.03},
+    "held_out_regret": {"2": {"eager": 0.01968, "graph": 0.01741}, "4": {"eager": 0.02231, "graph": 0.01474}},
+    "from_two_ranks_at_four": {"eager": 0.03057, "graph": 0.01704},
+    "guard_min_gain": {"eager": 0.02, "graph": 0.03},
 }
 """How far this simulator is from measurements (``benchmarks/results/sim-fidelity.json``, written by
 ``python -m benchmarks.sim_fidelity``; a test checks the two agree): per world size and mode, the geometric-
@@ -51,7 +51,7 @@ class SimConstants:
     defaults are fitted to the measured datasets (``harness.sim_fit``, ``benchmarks.sim_fidelity``; where
     each comes from: docs/simulator.md)."""
 
-    gemm_scale: float = 0.9187
+    gemm_scale: float = 0.9369
     """Measured GEMM times (the GEMM table) in a sweep over the table's: clocks and input rotation there."""
     gemm_eff: float = 0.764
     """Off the table: fraction of the bf16 peak a large GEMM reaches."""
@@ -59,85 +59,85 @@ class SimConstants:
     """Off the table: waves of 128x256 output tiles over the SMs at which a GEMM reaches half of it."""
     gemm_k_half: float = 256.0
     """Off the table: K at which the main loop reaches half efficiency (``k / (k + k_half)``)."""
-    gemm_launch_us: float = 1.912
+    gemm_launch_us: float = 1.701
     """Off the table: device time of an empty GEMM kernel; also of the other small kernels (add, permute)."""
     split_loss: float = 0.145
     """Off the table: extra time of a GEMM split into c row blocks, times (1 - 1/c)."""
-    hbm_eff: float = 0.9717
+    hbm_eff: float = 1.0
     """Fraction of the HBM bandwidth memory-bound kernels (the reduce-scatter's add, the MoE permutation)
     reach."""
-    nccl_latency_us: float = 43.71
+    nccl_latency_us: float = 42.88
     """Latency of one NCCL collective in its large-message regime, 2 ranks."""
-    nccl_bw_frac: float = 0.3971
+    nccl_bw_frac: float = 0.4971
     """NCCL's collective bandwidth in its large-message regime, 2 ranks, as a fraction of ``link_gbps``."""
-    nccl_small_latency_us: float = 4.025
+    nccl_small_latency_us: float = 4.682
     """Latency of one NCCL collective in its small-message regime (NCCL's low-latency protocols), 2 ranks."""
-    nccl_small_bw_frac: float = 0.1074
+    nccl_small_bw_frac: float = 0.1263
     """NCCL's collective bandwidth in its small-message regime, 2 ranks. A collective takes the faster of
     the two regimes, as NCCL picks its protocol by size."""
-    nccl_peer_gain: float = 0.2436
+    nccl_peer_gain: float = 0.2532
     """NCCL's bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** nccl_peer_gain``."""
-    nccl_peer_latency_us: float = 2.158
+    nccl_peer_latency_us: float = 2.354
     """Latency added per peer beyond the first (collectives and point-to-point rounds)."""
-    p2p_latency_us: float = 38.28
+    p2p_latency_us: float = 28.21
     """Latency of one round of NCCL point-to-point transfers in the executor's pipeline (``sm``)."""
-    p2p_bw_frac: float = 0.1874
+    p2p_bw_frac: float = 0.2144
     """Bandwidth of those rounds, 2 ranks, as a fraction of ``link_gbps`` (peers: ``nccl_peer_gain``)."""
-    ce_latency_us: float = 16.45
+    ce_latency_us: float = 14.93
     """Latency of one copy-engine round (``dma``)."""
-    ce_bw_frac: float = 0.9534
+    ce_bw_frac: float = 0.8817
     """Copy-engine bandwidth per direction with both directions busy, as a fraction of ``link_gbps``."""
-    ce_peer_loss: float = 0.3459
+    ce_peer_loss: float = 0.3583
     """Copy-engine bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** -ce_peer_loss``."""
-    ce_copy_us: float = 8.699
+    ce_copy_us: float = 7.0
     """Latency of each copy of a round beyond its first: the executor's copies share one stream (label
     version 3), so a round to ``p`` peers issues ``p`` copies back to back."""
-    sm_gemm_slowdown: float = 1.867
+    sm_gemm_slowdown: float = 1.42
     """GEMM slowdown while NCCL kernels run beside it."""
-    sm_comm_slowdown: float = 0.2937
+    sm_comm_slowdown: float = 0.2642
     """NCCL slowdown while a GEMM holds the SMs."""
-    dma_gemm_slowdown: float = 0.05163
+    dma_gemm_slowdown: float = 0.04917
     """GEMM slowdown while copy engines move data."""
-    dma_comm_slowdown: float = 0.05247
+    dma_comm_slowdown: float = 0.06649
     """Copy-engine slowdown beside a GEMM (HBM traffic)."""
-    hp_comm_relief: float = 0.504
+    hp_comm_relief: float = 0.4591
     """Fraction of the transfer slowdown a high-priority communication stream removes."""
-    hp_gemm_penalty: float = 0.6493
+    hp_gemm_penalty: float = 0.5642
     """Extra GEMM slowdown, relative, when the communication stream has high priority."""
-    chunk_sync_us: float = 0.7221
+    chunk_sync_us: float = 0.4943
     """Device cost of each overlapped GEMM unit beyond its kernel (event wait, stream switch)."""
-    graph_call_us: float = 2.011
+    graph_call_us: float = 1.88
     """Device time a call replayed from a CUDA graph pays beyond its kernels (the replay's launch)."""
-    eager_call_us: float = 34.01
+    eager_call_us: float = 40.87
     """Device time an eager call pays beyond its kernels (launch gaps between dependent kernels)."""
-    eager_overlap: float = 0.08477
+    eager_overlap: float = 0.06349
     """Share of an eager call's host time that does not overlap its device work: the call takes the longer
     of the two plus this share of the host time (waits the host issues behind the GPU's work)."""
-    eager_overlap_dma: float = 0.3957
+    eager_overlap_dma: float = 0.2799
     """The same for a copy-engine call (``dma``), whose copies wait on the GEMMs that feed them."""
-    host_factor: float = 2.206
+    host_factor: float = 2.168
     """Eager host time of a call over its launch price at these prices: the host's speed (a machine's, as
     ``features.launch_cost``'s host factor)."""
-    host_call_us: float = 19.93
+    host_call_us: float = 22.05
     """Host price of an executor call (argument handling and the Python around its launches)."""
-    host_gemm_us: float = 8.736
+    host_gemm_us: float = 16.08
     """Host price of a GEMM launch."""
-    host_kernel_us: float = 12.81
+    host_kernel_us: float = 18.79
     """Host price of another torch kernel (adds, permutations, local copies)."""
-    host_collective_us: float = 13.68
+    host_collective_us: float = 14.68
     """Host price of an NCCL collective beyond its call."""
-    host_p2p_us: float = 78.73
+    host_p2p_us: float = 65.63
     """Host price of a coalesced NCCL send/receive group."""
-    host_copy_us: float = 8.185
+    host_copy_us: float = 5.462
     """Host price of a copy-engine copy into a peer's memory, and of a device barrier."""
-    host_sync_us: float = 2.072
+    host_sync_us: float = 1.643
     """Host price of a CUDA event record or stream wait."""
-    host_collective_peer_us: float = 6.175
+    host_collective_peer_us: float = 5.994
     """Host price per NCCL collective and per peer beyond the first."""
-    host_p2p_op_us: float = 9.485
+    host_p2p_op_us: float = 10.73
     """Host price of each send and each receive of a coalesced NCCL group (``batch_isend_irecv`` issues one
     per piece and direction: two per piece)."""
-    async_tp_overhead_us: float = 96.67
+    async_tp_overhead_us: float = 102.8
     """Extra time of PyTorch async-TP (``torch.ops.symm_mem`` fused ops) over a shard/dma pipeline."""
 
     def to_dict(self) -> dict[str, float]:

@@ -230,6 +230,24 @@ def test_an_eager_copy_engine_scatter_sends_once_its_gemms_are_launched(schedule
         assert call_us(slow, op, sched, mode) == pytest.approx(call_us(base, op, sched, mode))
 
 
+@pytest.mark.parametrize("op", ["a2a_gemm", "gemm_a2a"])
+def test_an_eager_call_launches_the_gemms_its_units_run(op):
+    """The host pays for the GEMM kernels the device runs: a loop of one GEMM per local expert below 8 of
+    them (as many as ``features.launch_cost`` counts for the loop), one grouped GEMM per unit from 8 on; the
+    dense ops one GEMM per unit."""
+    h2 = get_hardware("h200x2")
+    schedules = ["serial/sm", "shard/dma", "finer/sm/s4/chunk", "finer/dma/s2/shard"]
+
+    def gemms(experts: int, op: str = op) -> list[float]:
+        moe = {"experts": experts, "top_k": 2} if experts else {}
+        s = Scenario(op=op, m=4096, n=4096, k=4096, world_size=2, hardware=h2, **moe)
+        return _encode([(s, Schedule.parse(name)) for name in schedules])["launch"][:, 1].tolist()
+
+    assert gemms(8) == [4, 8, 4 + 4, 8]  # 4 local experts: a loop
+    assert gemms(64) == [1, 2, 1 + 4, 2]  # 32: grouped, each piece of a finer chunk reaches 8 of them
+    assert gemms(0, "ag_gemm" if op == "a2a_gemm" else "gemm_rs") == [1, 2, 1 + 4, 2]
+
+
 @pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
 def test_send_receive_groups_are_priced_per_send_and_receive(op):
     """An ``sm`` call's host time grows by ``host_p2p_op_us`` for each send and receive its groups issue:
