@@ -27,14 +27,14 @@ from ficco.features.vector import FP32_SLOWDOWN
 from ficco.harness.backend import ROUNDS, Measurement, ScenarioResult
 from ficco.harness.gemm_table import GemmTable, expert_split, grouped, shipped_tables, table_for
 
-SIM_MODEL_VERSION = "sim5"
+SIM_MODEL_VERSION = "sim6"
 """Changes whenever a formula of the model changes (part of the sim fingerprint and of a simulated dataset's
 label source, ``features.label_source``)."""
 
 MEASURED_FIDELITY: dict[str, dict] = {
-    "held_out_regret": {"2": {"eager": 0.01803, "graph": 0.01802}, "4": {"eager": 0.02494, "graph": 0.01544}},
-    "from_two_ranks_at_four": {"eager": 0.04075, "graph": 0.02379},
-    "guard_min_gain": {"eager": None, "graph": 0.03},
+    "held_out_regret": {"2": {"eager": 0.01968, "graph": 0.01741}, "4": {"eager": 0.02231, "graph": 0.01474}},
+    "from_two_ranks_at_four": {"eager": 0.03057, "graph": 0.01704},
+    "guard_min_gain": {"eager": 0.02, "graph": 0.03},
 }
 """How far this simulator is from measurements (``benchmarks/results/sim-fidelity.json``, written by
 ``python -m benchmarks.sim_fidelity``; a test checks the two agree): per world size and mode, the geometric-
@@ -51,7 +51,7 @@ class SimConstants:
     defaults are fitted to the measured datasets (``harness.sim_fit``, ``benchmarks.sim_fidelity``; where
     each comes from: docs/simulator.md)."""
 
-    gemm_scale: float = 0.9187
+    gemm_scale: float = 0.9369
     """Measured GEMM times (the GEMM table) in a sweep over the table's: clocks and input rotation there."""
     gemm_eff: float = 0.764
     """Off the table: fraction of the bf16 peak a large GEMM reaches."""
@@ -59,84 +59,85 @@ class SimConstants:
     """Off the table: waves of 128x256 output tiles over the SMs at which a GEMM reaches half of it."""
     gemm_k_half: float = 256.0
     """Off the table: K at which the main loop reaches half efficiency (``k / (k + k_half)``)."""
-    gemm_launch_us: float = 1.912
+    gemm_launch_us: float = 1.701
     """Off the table: device time of an empty GEMM kernel; also of the other small kernels (add, permute)."""
     split_loss: float = 0.145
     """Off the table: extra time of a GEMM split into c row blocks, times (1 - 1/c)."""
-    hbm_eff: float = 0.9717
+    hbm_eff: float = 1.0
     """Fraction of the HBM bandwidth memory-bound kernels (the reduce-scatter's add, the MoE permutation)
     reach."""
-    nccl_latency_us: float = 43.71
+    nccl_latency_us: float = 42.88
     """Latency of one NCCL collective in its large-message regime, 2 ranks."""
-    nccl_bw_frac: float = 0.3971
+    nccl_bw_frac: float = 0.4971
     """NCCL's collective bandwidth in its large-message regime, 2 ranks, as a fraction of ``link_gbps``."""
-    nccl_small_latency_us: float = 4.025
+    nccl_small_latency_us: float = 4.682
     """Latency of one NCCL collective in its small-message regime (NCCL's low-latency protocols), 2 ranks."""
-    nccl_small_bw_frac: float = 0.1074
+    nccl_small_bw_frac: float = 0.1263
     """NCCL's collective bandwidth in its small-message regime, 2 ranks. A collective takes the faster of
     the two regimes, as NCCL picks its protocol by size."""
-    nccl_peer_gain: float = 0.2436
+    nccl_peer_gain: float = 0.2532
     """NCCL's bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** nccl_peer_gain``."""
-    nccl_peer_latency_us: float = 2.158
+    nccl_peer_latency_us: float = 2.354
     """Latency added per peer beyond the first (collectives and point-to-point rounds)."""
-    p2p_latency_us: float = 38.28
+    p2p_latency_us: float = 28.21
     """Latency of one round of NCCL point-to-point transfers in the executor's pipeline (``sm``)."""
-    p2p_bw_frac: float = 0.1874
+    p2p_bw_frac: float = 0.2144
     """Bandwidth of those rounds, 2 ranks, as a fraction of ``link_gbps`` (peers: ``nccl_peer_gain``)."""
-    ce_latency_us: float = 16.45
+    ce_latency_us: float = 14.93
     """Latency of one copy-engine round (``dma``)."""
-    ce_bw_frac: float = 0.9534
+    ce_bw_frac: float = 0.8817
     """Copy-engine bandwidth per direction with both directions busy, as a fraction of ``link_gbps``."""
-    ce_peer_loss: float = 0.3459
+    ce_peer_loss: float = 0.3583
     """Copy-engine bandwidth to ``peers`` peers at once: the 2-rank one times ``peers ** -ce_peer_loss``."""
-    ce_copy_us: float = 8.699
+    ce_copy_us: float = 7.0
     """Latency of each copy of a round beyond its first: the executor's copies share one stream (label
     version 3), so a round to ``p`` peers issues ``p`` copies back to back."""
-    sm_gemm_slowdown: float = 1.867
+    sm_gemm_slowdown: float = 1.42
     """GEMM slowdown while NCCL kernels run beside it."""
-    sm_comm_slowdown: float = 0.2937
+    sm_comm_slowdown: float = 0.2642
     """NCCL slowdown while a GEMM holds the SMs."""
-    dma_gemm_slowdown: float = 0.05163
+    dma_gemm_slowdown: float = 0.04917
     """GEMM slowdown while copy engines move data."""
-    dma_comm_slowdown: float = 0.05247
+    dma_comm_slowdown: float = 0.06649
     """Copy-engine slowdown beside a GEMM (HBM traffic)."""
-    hp_comm_relief: float = 0.504
+    hp_comm_relief: float = 0.4591
     """Fraction of the transfer slowdown a high-priority communication stream removes."""
-    hp_gemm_penalty: float = 0.6493
+    hp_gemm_penalty: float = 0.5642
     """Extra GEMM slowdown, relative, when the communication stream has high priority."""
-    chunk_sync_us: float = 0.7221
+    chunk_sync_us: float = 0.4943
     """Device cost of each overlapped GEMM unit beyond its kernel (event wait, stream switch)."""
-    graph_call_us: float = 2.011
+    graph_call_us: float = 1.88
     """Device time a call replayed from a CUDA graph pays beyond its kernels (the replay's launch)."""
-    eager_call_us: float = 34.01
+    eager_call_us: float = 40.87
     """Device time an eager call pays beyond its kernels (launch gaps between dependent kernels)."""
-    eager_overlap: float = 0.08477
+    eager_overlap: float = 0.06349
     """Share of an eager call's host time that does not overlap its device work: the call takes the longer
     of the two plus this share of the host time (waits the host issues behind the GPU's work)."""
-    eager_overlap_dma: float = 0.3957
+    eager_overlap_dma: float = 0.2799
     """The same for a copy-engine call (``dma``), whose copies wait on the GEMMs that feed them."""
-    host_factor: float = 2.206
+    host_factor: float = 2.168
     """Eager host time of a call over its launch price at these prices: the host's speed (a machine's, as
     ``features.launch_cost``'s host factor)."""
-    host_call_us: float = 19.93
+    host_call_us: float = 22.05
     """Host price of an executor call (argument handling and the Python around its launches)."""
-    host_gemm_us: float = 8.736
+    host_gemm_us: float = 16.08
     """Host price of a GEMM launch."""
-    host_kernel_us: float = 12.81
+    host_kernel_us: float = 18.79
     """Host price of another torch kernel (adds, permutations, local copies)."""
-    host_collective_us: float = 13.68
+    host_collective_us: float = 14.68
     """Host price of an NCCL collective beyond its call."""
-    host_p2p_us: float = 78.73
+    host_p2p_us: float = 65.63
     """Host price of a coalesced NCCL send/receive group."""
-    host_copy_us: float = 8.185
+    host_copy_us: float = 5.462
     """Host price of a copy-engine copy into a peer's memory, and of a device barrier."""
-    host_sync_us: float = 2.072
+    host_sync_us: float = 1.643
     """Host price of a CUDA event record or stream wait."""
-    host_collective_peer_us: float = 6.175
+    host_collective_peer_us: float = 5.994
     """Host price per NCCL collective and per peer beyond the first."""
-    host_p2p_peer_us: float = 9.485
-    """Host price per NCCL send/receive group and per peer beyond the first."""
-    async_tp_overhead_us: float = 96.67
+    host_p2p_op_us: float = 10.73
+    """Host price of each send and each receive of a coalesced NCCL group (``batch_isend_irecv`` issues one
+    per piece and direction: two per piece)."""
+    async_tp_overhead_us: float = 102.8
     """Extra time of PyTorch async-TP (``torch.ops.symm_mem`` fused ops) over a shard/dma pipeline."""
 
     def to_dict(self) -> dict[str, float]:
@@ -222,7 +223,16 @@ def _encode(pairs: Sequence[tuple[Scenario, Schedule]], mode: str = "eager") -> 
     for unit, (groups, per_group) in unit_shapes(x).items():
         x[f"g_{unit}"], x[f"r_{unit}"] = groups, per_group
         x[f"t_{unit}"], x[f"kernels_{unit}"] = _table_us(x, groups, per_group, hardware, dtypes)
+    x["launch"][:, 1], x["launch_gemm"][:, 1] = _gemm_launches(x), x["kernels_whole"]
     return x
+
+
+def _gemm_launches(x: dict[str, np.ndarray]) -> np.ndarray:
+    """GEMM launches of each row's call, ``[N]``: the kernels of its units (:func:`_table_us`: one per
+    unit of the dense ops and of grouped expert GEMMs, one per expert otherwise), so the host launches
+    what the device runs."""
+    _, peer_units, _ = plan_counts(x["w"], x["gran"], x["splits"], x["chunk"] > 0)
+    return np.where(x["gran"] == 0, x["kernels_whole"], x["kernels_own"] + peer_units * x["kernels_peer"])
 
 
 COPY_STREAMS = 1
@@ -230,7 +240,7 @@ COPY_STREAMS = 1
 (``executor.context.DEFAULT_COPY_STREAMS``: one side stream the peers' copies share; label version 3)."""
 HOST_PRICES = ("host_call_us", "host_gemm_us", "host_kernel_us", "host_collective_us", "host_p2p_us",
                "host_copy_us", "host_copy_us", "host_sync_us", "host_collective_peer_us",
-               "host_p2p_peer_us")  # fmt: skip
+               "host_p2p_op_us")  # fmt: skip
 """The price of each entry of :func:`_launches`, by constant (copies and barriers share one)."""
 
 
@@ -240,18 +250,21 @@ def _launches(
 ) -> tuple[float, ...]:
     """What one eager call launches, by kind (``features.launch_cost.launch_counts`` under the shipped copy
     arrangement: calls, GEMMs, other kernels, collectives, send/receive groups, peer copies, barriers,
-    syncs), then the collectives and the groups times the peers beyond the first: priced by
-    :data:`HOST_PRICES`. ``schedule`` None: the GEMM
-    alone (a call, a GEMM per local expert); ``comm_only``: the schedule's launches without its GEMMs (the
-    collective alone)."""
+    syncs), then the collectives times the peers beyond the first and the sends and receives of the
+    send/receive groups (two per piece: ``sm`` moves each of its ``peers x splits`` pieces, ``peers`` at
+    shard granularity, in them): priced by :data:`HOST_PRICES`. ``schedule`` None: the GEMM alone (a call,
+    a GEMM per local expert); ``comm_only``: the schedule's launches without its GEMMs (the collective
+    alone)."""
     if schedule is None:
         return (1.0, float(local_experts), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     counts = launch_counts(op, world_size, schedule, local_experts, COPY_STREAMS)
     gemms = 0 if comm_only else counts.gemms
     more = world_size - 2  # peers beyond the first
+    pieces = (world_size - 1) * (schedule.splits if schedule.granularity == "finer" else 1)
+    p2p_ops = 2 * pieces if counts.p2p_groups else 0
     return (float(counts.calls), float(gemms), float(counts.kernels), float(counts.collectives),
             float(counts.p2p_groups), float(counts.peer_copies), float(counts.barriers), float(counts.syncs),
-            float(counts.collectives * more), float(counts.p2p_groups * more))  # fmt: skip
+            float(counts.collectives * more), float(p2p_ops))  # fmt: skip
 
 
 def host_price_us(c: SimConstants, launches: np.ndarray) -> np.ndarray:
@@ -434,9 +447,11 @@ def plan_counts(
     return rounds, peer_units, round_peers
 
 
-def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
+def _schedule_us(c: SimConstants, x: dict[str, np.ndarray], pushed_at_end: bool = True) -> np.ndarray:
     """Simulated time of every row's schedule, us: shape ``[N]``. Mirrors ``executor.plan.make_plan``
-    (docs/simulator.md, "Pipelines"), then :func:`_call_us` (mode, host time)."""
+    (docs/simulator.md, "Pipelines"), then :func:`_call_us` (mode, host time). ``pushed_at_end``: a
+    copy-engine scatter issues its copies after its GEMMs, as the executor does (:func:`_copies_issued_us`;
+    False for PyTorch's async-TP, which issues its own)."""
     w, splits, hp = x["w"], x["splits"], x["hp"]
     dma = x["dma"].astype(bool)
     gather = x["comm_first"] > 0
@@ -458,11 +473,12 @@ def _schedule_us(c: SimConstants, x: dict[str, np.ndarray]) -> np.ndarray:
     peer = _unit_us(c, x, "peer", units) + c.chunk_sync_us
     # A scatter unit's pieces: 1 (shard granularity, finer chunk) or all of its shard's (finer shard).
     send = _unit_send_us(c, x, dma, peer_units, np.where(finer & ~chunk, splits, 1.0)) * (1.0 + comm_slow)
+    issued = _copies_issued_us(c, x, dma & ~gather & pushed_at_end, peer_units)
     gpu = np.zeros_like(w)
     for on, pipeline in ((gather, _gather_us), (~gather, _scatter_us)):  # each on its own rows
         i = np.flatnonzero(on & (x["gran"] > 0))
         if len(i):
-            args = (own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow, send)
+            args = (own, peer, peer_units, round_time, rounds, finer, chunk, w, gemm_slow, send, issued)
             gpu[i] = pipeline(*(a[i] for a in args))
     gpu += np.where(~gather & dma, c.ce_latency_us, 0.0)
     return _call_us(c, x, np.where(x["gran"] == 0, serial, gpu + add), x["launch"])
@@ -479,10 +495,11 @@ def _gather_us(
     w: np.ndarray,
     gemm_slow: np.ndarray,
     send: np.ndarray,
+    issued: np.ndarray,
 ) -> np.ndarray:
     """All-gather -> GEMM pipeline: every round is issued at once and lands back to back; the own shard's
     GEMM runs first, then each peer unit once its round(s) landed. All arguments are ``[N]`` arrays
-    (``send``: unused, a scatter's)."""
+    (``send``, ``issued``: unused, a scatter's)."""
     comm_end = rounds * round_time
     t = _slowed_finish(np.zeros_like(own), own, comm_end, gemm_slow)
     i = np.arange(len(own))
@@ -493,6 +510,17 @@ def _gather_us(
         start = np.maximum(t[i], needed * round_time[i])
         t[i] = _slowed_finish(start, peer[i], comm_end[i], gemm_slow[i])
     return t
+
+
+def _copies_issued_us(
+    c: SimConstants, x: dict[str, np.ndarray], scatter_dma: np.ndarray, peer_units: np.ndarray
+) -> np.ndarray:
+    """When an eager copy-engine scatter's copies are issued, us from the call's start, ``[N]``: the
+    executor pushes them once the call's GEMMs are launched (``executor.transport``, ``_push_produced``),
+    so the host first pays the call, its GEMM launches and an event per sending unit (times
+    ``host_factor``); 0 for other rows and for graph replays (every copy queued up front)."""
+    host = c.host_call_us + x["launch"][:, 1] * c.host_gemm_us + peer_units * c.host_sync_us
+    return np.where(scatter_dma & (x["graph"] == 0), c.host_factor * host, 0.0)
 
 
 def _unit_send_us(
@@ -519,15 +547,16 @@ def _scatter_us(
     w: np.ndarray,
     gemm_slow: np.ndarray,
     send: np.ndarray,
+    issued: np.ndarray,
 ) -> np.ndarray:
     """GEMM -> reduce-scatter pipeline: the peer units run first, each sending its output (``send`` us, one
-    at a time) as soon as it ends; the own shard's GEMM runs last. The GEMM slowdown window is the transfer
-    span of a first pass without contention. All arguments are ``[N]`` arrays (the rounds' are a
-    gather's, unused)."""
+    at a time) as soon as it ends and the sends are issued (``issued``, :func:`_copies_issued_us`); the own
+    shard's GEMM runs last. The GEMM slowdown window is the transfer span of a first pass without
+    contention. All arguments are ``[N]`` arrays (the rounds' are a gather's, unused)."""
 
     def run(window_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.zeros_like(own)
-        sent = np.zeros_like(own)
+        sent = issued.copy()
         i = np.arange(len(own))
         for u in range(1, int(peer_units.max(initial=0)) + 1):
             i = i[peer_units[i] >= u]  # the rows with a u-th peer unit
@@ -557,7 +586,7 @@ def _baselines_us(
     if "async_tp_ms" in keys:
         # PyTorch async-TP pulls shards through symmetric memory with copy engines: a shard/dma pipeline.
         shard_dma = {**x, "gran": ones, "dma": ones, "splits": ones, "chunk": 0 * ones, "hp": 0 * ones}
-        fused = _schedule_us(c, shard_dma) + c.async_tp_overhead_us
+        fused = _schedule_us(c, shard_dma, pushed_at_end=False) + c.async_tp_overhead_us
         out["async_tp_ms"] = np.where(x["async_tp"] > 0, fused, np.nan)
     return out
 

@@ -88,7 +88,7 @@ START = SimConstants(
     host_copy_us=4.5,
     host_sync_us=2.0,
     host_collective_peer_us=5.0,
-    host_p2p_peer_us=5.0,
+    host_p2p_op_us=5.0,
     async_tp_overhead_us=208.0,
 )
 """Where fits start: datasheet-like figures and the launch prices of ``features.launch_cost`` (the fidelity

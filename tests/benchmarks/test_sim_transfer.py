@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import sim_transfer as bench
+from ficco.harness.sim import SIM_MODEL_VERSION
 
 
 def test_transfer_scores_both_policies_and_judges_the_goals(sim_dataset, tmp_path):
@@ -13,7 +14,7 @@ def test_transfer_scores_both_policies_and_judges_the_goals(sim_dataset, tmp_pat
     data = bench.main(["--train", str(sim_dataset), "--test", str(sim_dataset), "--out", str(out)])
     assert set(data["scores"]) == {"cross-validated", "registered"}
     fidelity = data["sim_fidelity"]
-    assert fidelity["sim_model"] == "sim5" and fidelity["measured_world_sizes"] == [2, 4]
+    assert fidelity["sim_model"] == SIM_MODEL_VERSION and fidelity["measured_world_sizes"] == [2, 4]
     for mode, guard in fidelity["guard_min_gain"].items():  # the registered policy is at least the guard
         if guard is not None:
             assert data["policies"]["registered"][mode]["min_gain"] >= guard

@@ -28,6 +28,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from ficco.harness.sim import SIM_MODEL_VERSION
+
 pytestmark = pytest.mark.packaging
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +253,7 @@ def test_core_install_answers_from_any_directory_and_names_the_missing_extras(ve
     seventy = configs / "Llama-3.1-70B.json"
     scored = _run(bin_dir / "ficco", "score", seventy, "--tp", "8", "--hardware", "h100x8-sim", cwd=tmp_path,
                   env=user_env).stdout  # fmt: skip
-    assert "(h100x8-sim, simulated)" in scored and "fidelity (sim5)" in scored
+    assert "(h100x8-sim, simulated)" in scored and f"fidelity ({SIM_MODEL_VERSION})" in scored
     refused = _run(bin_dir / "ficco", *RECOMMEND, "--hardware", "h200x8", "--world-size", "8", cwd=tmp_path,
                    env=user_env, check=False)  # fmt: skip
     assert refused.returncode != 0 and "h200x8-sim" in refused.stderr + refused.stdout

@@ -131,7 +131,7 @@ def test_moe_ops_simulate_finite_times(h200):
 def test_fingerprint_names_model_constants_table_and_hardware(h200):
     fp = SimBackend(h200, seed=2, noise=0.1).fingerprint()
     assert fp["backend"] == "sim" and fp["hardware_id"] == "h200x2" and fp["seed"] == 2
-    assert fp["sim_model"] == "sim5" and fp["gemm_table"].startswith("h200 table (")
+    assert fp["sim_model"] == "sim6" and fp["gemm_table"].startswith("h200 table (")
     other = SimBackend(h200, constants=dataclasses.replace(DEFAULT_CONSTANTS, gemm_eff=0.5)).fingerprint()
     assert other["sim_constants"] != fp["sim_constants"]
 
@@ -203,6 +203,69 @@ def test_a_scatter_unit_sends_its_own_peer_s_share(h200):
     send = _unit_send_us(c, x, dma, np.array([3.0]), np.array([4.0]))[0]
     one_peer = s.comm_bytes / 3 / (c.ce_bw_frac * h4.link_gbps * 1e3)
     assert send == pytest.approx(4 * c.ce_copy_us + one_peer)
+
+
+@pytest.mark.parametrize("schedule", ["shard/dma", "finer/dma/s2/chunk", "finer/dma/s4/shard"])
+def test_an_eager_copy_engine_scatter_sends_once_its_gemms_are_launched(schedule):
+    """The executor pushes a copy-engine scatter's copies after launching the call's GEMMs: in an eager call
+    the first send waits for that host time (the call, the GEMM launches, an event per sending unit, times
+    the host factor), so dearer GEMM launches delay a communication-bound call by about as much; a graph
+    replay, an all-gather and NCCL's sends do not wait."""
+    h4 = get_hardware("h200x4")
+    # no share of the host time on top: an eager call that is not host-bound takes its device timeline
+    base = dataclasses.replace(DEFAULT_CONSTANTS, eager_overlap=0.0, eager_overlap_dma=0.0)
+    slow = dataclasses.replace(base, host_gemm_us=base.host_gemm_us + 20.0)
+    comm_bound = dict(m=65536, n=8192, k=512, world_size=4, hardware=h4)
+
+    def call_us(c, op: str, sched: str, mode: str) -> float:
+        s = Scenario(op=op, **comm_bound)
+        return float(SimBackend(h4, constants=c).schedule_ms(s, [Schedule.parse(sched)], mode)[0] * 1e3)
+
+    gemms = _encode([(Scenario(op="gemm_rs", **comm_bound), Schedule.parse(schedule))])["launch"][0, 1]
+    delay = call_us(slow, "gemm_rs", schedule, "eager") - call_us(base, "gemm_rs", schedule, "eager")
+    assert 0.0 < delay <= base.host_factor * 20.0 * gemms + 1e-6
+    assert delay > 0.5 * base.host_factor * 20.0 * gemms  # the sends wait for most of it
+    for op, sched, mode in (("gemm_rs", schedule, "graph"), ("ag_gemm", schedule, "eager"),
+                            ("gemm_rs", schedule.replace("dma", "sm"), "eager")):  # fmt: skip
+        assert call_us(slow, op, sched, mode) == pytest.approx(call_us(base, op, sched, mode))
+
+
+@pytest.mark.parametrize("op", ["a2a_gemm", "gemm_a2a"])
+def test_an_eager_call_launches_the_gemms_its_units_run(op):
+    """The host pays for the GEMM kernels the device runs: a loop of one GEMM per local expert below 8 of
+    them (as many as ``features.launch_cost`` counts for the loop), one grouped GEMM per unit from 8 on; the
+    dense ops one GEMM per unit."""
+    h2 = get_hardware("h200x2")
+    schedules = ["serial/sm", "shard/dma", "finer/sm/s4/chunk", "finer/dma/s2/shard"]
+
+    def gemms(experts: int, op: str = op) -> list[float]:
+        moe = {"experts": experts, "top_k": 2} if experts else {}
+        s = Scenario(op=op, m=4096, n=4096, k=4096, world_size=2, hardware=h2, **moe)
+        return _encode([(s, Schedule.parse(name)) for name in schedules])["launch"][:, 1].tolist()
+
+    assert gemms(8) == [4, 8, 4 + 4, 8]  # 4 local experts: a loop
+    assert gemms(64) == [1, 2, 1 + 4, 2]  # 32: grouped, each piece of a finer chunk reaches 8 of them
+    assert gemms(0, "ag_gemm" if op == "a2a_gemm" else "gemm_rs") == [1, 2, 1 + 4, 2]
+
+
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
+def test_send_receive_groups_are_priced_per_send_and_receive(op):
+    """An ``sm`` call's host time grows by ``host_p2p_op_us`` for each send and receive its groups issue:
+    two per piece, so with the splits of a finer schedule of one group per peer (a scatter's grain
+    ``shard``) and with the peers of a shard schedule."""
+    c = dataclasses.replace(DEFAULT_CONSTANTS, host_p2p_op_us=10.0)
+    zero = dataclasses.replace(c, host_p2p_op_us=0.0)
+
+    def ops_us(w: int, schedule: str) -> float:
+        s = Scenario(op=op, m=4096, n=4096, k=4096, world_size=w, hardware=get_hardware(f"h200x{w}"))
+        launches = _encode([(s, Schedule.parse(schedule))])["launch"]
+        return float(host_price_us(c, launches)[0] - host_price_us(zero, launches)[0])
+
+    for w in (2, 4, 8):
+        assert ops_us(w, "shard/sm") == pytest.approx(10.0 * 2 * (w - 1))
+        for splits in (2, 4, 8):
+            assert ops_us(w, f"finer/sm/s{splits}/shard") == pytest.approx(10.0 * 2 * (w - 1) * splits)
+        assert ops_us(w, "serial/sm") == 0.0 and ops_us(w, "shard/dma") == 0.0
 
 
 def test_eager_calls_pay_their_host_time_and_graph_replays_do_not(h200):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ficco.features import Scenario, candidates
+from ficco.features import Scenario, candidates, get_hardware
 from ficco.features.dataset import rows_frame
 from ficco.harness.dataset import result_rows
 from ficco.harness.sim import DEFAULT_CONSTANTS, MEASURED_FIDELITY, SimBackend, sim_fidelity
@@ -65,6 +65,20 @@ def test_fit_recovers_the_constants_that_made_the_rows(h200):
     picks = pick_table(obs, fitted.for_dataset(obs))
     summary = regret_summary(picks, ("mode",))
     assert [r["geomean_regret"] for r in summary] == pytest.approx([0.0, 0.0], abs=1e-3)
+
+
+def test_fit_recovers_the_send_receive_price_at_four_ranks():
+    """sim6's price of each send and receive of NCCL's groups, fitted from rows made at 4 ranks with a known
+    value, starting off by 2x (its host factor fitted beside it)."""
+    h4 = get_hardware("h200x4")
+    true = dataclasses.replace(DEFAULT_CONSTANTS, host_p2p_op_us=12.0)
+    scenarios = [(f, dataclasses.replace(s, world_size=4, hardware=h4)) for f, s in _scenarios(h4)]
+    obs = frame_observations(_frame(SimBackend(h4, constants=true), scenarios), h4)
+    start = dataclasses.replace(true, host_p2p_op_us=6.0)
+    fitted = fit([obs], start=start, free=("host_p2p_op_us",), lsq_iterations=30, regret_iterations=0,
+                 prior_weight=0.0)  # fmt: skip
+    assert fitted.constants.host_p2p_op_us == pytest.approx(12.0, rel=0.03)
+    assert fitted.per_dataset["dataset"]["host_factor"] == pytest.approx(true.host_factor, rel=0.03)
 
 
 def test_own_constants_pick_the_measured_best_and_terms_are_exact(h200):

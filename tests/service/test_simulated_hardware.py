@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.harness.sim import SIM_MODEL_VERSION
 from ficco.training.predict.registry import load_predictor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ runner = CliRunner()
 
 
 def _fidelity_ok(fidelity: dict) -> None:
-    assert fidelity["sim_model"] == "sim5" and fidelity["measured_world_sizes"] == [2, 4]
+    assert fidelity["sim_model"] == SIM_MODEL_VERSION and fidelity["measured_world_sizes"] == [2, 4]
     assert "8 ranks: extrapolated" in fidelity["world_size_note"]
     assert set(fidelity["held_out_regret"]) == {"2", "4"}
     assert all(0 <= v < 0.05 for by_mode in fidelity["held_out_regret"].values() for v in by_mode.values())
@@ -41,14 +42,15 @@ def test_the_cli_answers_simulated_hardware_at_eight_ranks_with_its_fidelity(har
     for mode, guard in card["sim_fidelity"]["guard_min_gain"].items():  # the guard is in the policy
         assert guard is None or card["policy"][mode]["min_gain"] >= guard
     table = runner.invoke(app, ["recommend", *SCENARIO, "--hardware", hardware, *root]).stdout
-    assert f"({hardware}, simulated)" in table and "fidelity (sim5): the simulator's own picks" in table
+    assert f"({hardware}, simulated)" in table
+    assert f"fidelity ({SIM_MODEL_VERSION}): the simulator's own picks" in table
     assert "8 ranks: extrapolated" in table
     command = ["score", str(CONFIG), "--tp", "8", "--hardware", hardware, "--tokens", "4096", *root]
     scored = runner.invoke(app, [*command, "--format", "json"])
     assert scored.exit_code == 0, scored.output
     score = json.loads(scored.stdout)
     assert score["model_backend"] == "simulated" and score["sim_fidelity"] == body["sim_fidelity"]
-    assert "fidelity (sim5)" in runner.invoke(app, command).stdout
+    assert f"fidelity ({SIM_MODEL_VERSION})" in runner.invoke(app, command).stdout
 
 
 def test_measured_only_hardware_at_eight_ranks_is_still_refused():

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ficco.cli import app
+from ficco.harness.sim import SIM_MODEL_VERSION
 from ficco.training.predict.registry import current_version, list_models
 from ficco.training.retrain import compare, decision_margin, farthest_points, informative_subset
 
@@ -184,7 +185,8 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     assert card["model_backend"] == "simulated" and card["hardware"]["id"] == "h200x2-sim"
     assert card["dataset"]["backends"] == ["sim"] and card["world_sizes"] == [2]
     fidelity = card["sim_fidelity"]  # the simulator's measured fidelity, and its guard in the policy
-    assert fidelity["sim_model"] == "sim5" and "2 ranks: fitted and scored" in fidelity["world_size_note"]
+    assert fidelity["sim_model"] == SIM_MODEL_VERSION
+    assert "2 ranks: fitted and scored" in fidelity["world_size_note"]
     for mode, guard in fidelity["guard_min_gain"].items():
         assert guard is None or card["policy"][mode]["min_gain"] >= guard
 
@@ -206,7 +208,7 @@ def test_sim_retrain_registers_apart_and_every_answer_says_simulated(shipped_cop
     assert answers["h200x2-sim"]["sim_fidelity"] == fidelity and answers["h200x2"]["sim_fidelity"] is None
     table = runner.invoke(app, ["recommend", *scenario, "--hardware", "h200x2-sim"]).stdout
     assert f"model version {version} (h200x2-sim, simulated)" in table and "simulated times" in table
-    assert "fidelity (sim5): the simulator's own picks" in table
+    assert f"fidelity ({SIM_MODEL_VERSION}): the simulator's own picks" in table
     config = str(SHIPPED.parent / "datasets" / "model_configs" / "Llama-3.1-8B.json")
     scored = runner.invoke(app, ["score", config, "--hardware", "h200x2-sim", "--format", "json"])
     assert json.loads(scored.stdout)["model_backend"] == "simulated"
