@@ -168,11 +168,11 @@ def choose(
             per_row[c, on] = loss[c, p, on]
     mean = total / rows.sum()
     eligible = np.ones(len(loss), dtype=bool)
+    index = np.unique(groups[rows], return_inverse=True)[1] if groups is not None else None
     for c, b in enumerate(range(len(loss)) if base is None else base):
         if b != c:
             diff = per_row[c, rows] - per_row[b, rows]
-            if groups is not None:
-                _, index = np.unique(groups[rows], return_inverse=True)
+            if index is not None:
                 diff = np.bincount(index, weights=diff) / np.bincount(index)  # each group's mean difference
             error = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else 0.0
             eligible[c] = diff.mean() < -error
