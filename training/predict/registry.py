@@ -219,13 +219,13 @@ def add_coverage(root: str | Path, hardware_id: str, version: str | None = None)
     they are missing or their content hash is not the card's (they changed since the model was trained).
     The model files and the card stay as they are: no prediction changes (docs/models.md).
     """
-    from ficco.training.dataset_table import load_trained_on
+    from ficco.training.dataset_table import load_trained_on, trained_on
 
     version = version or current_version(root, hardware_id)
     directory = Path(root) / hardware_id / str(version)
     card = _read_card(directory)
     data = card.get("dataset", {})
-    paths = [p for p in str(data.get("path", "")).split(" + ") if p]
+    paths = trained_on(data)[0]
     missing = [p for p in paths if not Path(p).exists()]
     if not paths or missing:
         absent = missing or "none named"
