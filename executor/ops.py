@@ -310,10 +310,7 @@ def to_batch_major(
     row) into ``out [m, k]`` (a new tensor when omitted): one ``torch.cat`` along the sequence of each
     rank's contiguous ``[batch, m / (w batch), k]`` block, PyTorch's gather along the sequence (the
     functional collective's ``cat(chunk(gathered, w), dim=1)``) with the same kernel."""
-    m, k = rows.shape
-    out = rows.new_empty((m, k)) if out is None else out
-    torch.cat(rows.view(world_size * batch, -1, k).chunk(world_size), dim=1, out=out.view(batch, -1, k))
-    return out
+    return _swap_blocks(rows, world_size, batch, out)
 
 
 def to_rank_major(
@@ -323,9 +320,15 @@ def to_rank_major(
     omitted), one ``torch.cat`` along the rank's rows of each sequence's contiguous ``[w, m / (w batch), k]``
     block (a concatenation of contiguous pieces, as fast as the gather's, where PyTorch's reduce-scatter
     along the sequence concatenates strided ones)."""
+    return _swap_blocks(rows, batch, world_size, out)
+
+
+def _swap_blocks(rows: torch.Tensor, outer: int, inner: int, out: torch.Tensor | None) -> torch.Tensor:
+    """``rows [m, k]`` ordered (outer, inner, row) into ``out [m, k]`` (new when omitted) ordered (inner,
+    outer, row): one ``torch.cat`` of the ``outer`` contiguous ``[inner, m / (outer inner), k]`` blocks."""
     m, k = rows.shape
     out = rows.new_empty((m, k)) if out is None else out
-    torch.cat(rows.view(batch * world_size, -1, k).chunk(batch), dim=1, out=out.view(world_size, -1, k))
+    torch.cat(rows.view(outer * inner, -1, k).chunk(outer), dim=1, out=out.view(inner, -1, k))
     return out
 
 
