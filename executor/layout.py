@@ -203,6 +203,12 @@ def _hardware(gpu: str, world_size: int) -> HardwareProfile:
     return hardware_of(gpu, world_size) or KNOWN_HARDWARE["h200x2"]
 
 
+def weight_columns(op: str, n: int, ns: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The columns of each GEMM a call of ``op`` runs over its rows: ``ns`` for an ``ag_gemm`` whose gathered
+    input feeds several weights, else ``(n,)``."""
+    return ns if op == "ag_gemm" and ns else (n,)
+
+
 def call_us(
     op: str,
     schedule: Schedule,
@@ -223,8 +229,8 @@ def call_us(
     direction = "gather" if op == "ag_gemm" else "scatter"
     plan = make_plan(direction, world_size, schedule.granularity, schedule.splits, schedule.grain)
     rates = Rates.of(hardware, itemsize)
-    ns = ns if direction == "gather" and ns else (n,)
-    shape = {"shard_rows": m // world_size, "ns": ns, "k": k, "itemsize": itemsize, "rates": rates}
+    shape = {"shard_rows": m // world_size, "ns": weight_columns(op, n, ns), "k": k, "itemsize": itemsize,
+             "rates": rates}  # fmt: skip
     if batch <= 1:
         return layout_us("whole", plan, batch=1, **shape)
     layouts = ("permuted",) if len(plan.units) == 1 else OVERLAPPED_LAYOUTS

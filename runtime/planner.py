@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ficco.executor import library
-from ficco.executor.layout import Rates, batch_extra_us, call_us, gemm_us
+from ficco.executor.layout import Rates, batch_extra_us, call_us, gemm_us, weight_columns
 from ficco.features import (
     DEFAULT_HARDWARE_ID,
     MODES,
@@ -418,7 +418,7 @@ def priced(decision: Decision, scenario: Scenario, batch: int, ns: tuple[int, ..
         return decision
     s = scenario
     itemsize = s.dtype_bytes
-    ns = ns if s.op == "ag_gemm" and ns else (s.n,)
+    ns = weight_columns(s.op, s.n, ns)
     shape = {"m": s.m, "n": s.n, "k": s.k, "world_size": s.world_size, "itemsize": itemsize, "ns": ns}
     shape |= {"hardware": s.hardware}
     extra = batch_extra_us(s.op, decision.schedule, batch=batch, **shape)
