@@ -29,6 +29,7 @@ kept.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import time
@@ -132,14 +133,15 @@ def main() -> None:
     own = load_dataset_table(*args.target)
     steady = load_dataset_table(*args.target, repeats=args.repeat)
     labels = {"own": own.table, "pooled": steady.table}
-    recipes = {
-        "pooled learner": pooled(own, check=False),
-        "target alone": own,
-        **{f"+ {Path(p).name}": load_dataset_table(*args.target, extra=[p]) for p in args.added},
-        "+ all": load_dataset_table(*args.target, extra=args.added),
-        "repeats pooled": steady,
-        "repeats pooled + coverage": load_dataset_table(
-            *args.target, repeats=args.repeat, extra=["datasets/h200x2-coverage"]
+    load = functools.partial(load_dataset_table, *args.target)
+    recipes = {  # name -> its tables, loaded only for the lines this run computes
+        "pooled learner": lambda: pooled(own, check=False),
+        "target alone": lambda: own,
+        **{f"+ {Path(p).name}": functools.partial(load, extra=[p]) for p in args.added},
+        "+ all": functools.partial(load, extra=args.added),
+        "repeats pooled": lambda: steady,
+        "repeats pooled + coverage": functools.partial(
+            load, repeats=args.repeat, extra=["datasets/h200x2-coverage"]
         ),
     }
     settings = {"target": list(args.target), "repeats": list(args.repeat), "added": list(args.added),
@@ -153,7 +155,7 @@ def main() -> None:
     for name in recipes:
         if name in done:
             print(f"{name:32s}   kept  {done[name]['own']}", flush=True)
-    todo = {n: t for n, t in recipes.items() if n not in done and (not args.recipes or n in args.recipes)}
+    todo = {n: t() for n, t in recipes.items() if n not in done and (not args.recipes or n in args.recipes)}
     for line in computed(todo, labels, config, seed=args.seed, jobs=args.jobs, parallel=args.parallel):
         done[line["recipe"]] = line
         ordered = [done[n] for n in recipes if n in done]
