@@ -21,6 +21,7 @@ from ficco.training.model import (
     relevance_grades,
     valid_mask,
 )
+from ficco.training.predict.pairs import DESCRIPTORS
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +129,22 @@ def test_pair_matrix_pairs_each_row_with_its_valid_schedules():
     assert np.all(host[rows > 0] == 0)  # graph mode: no host time
     with pytest.raises(ValueError, match="mode must be one of \\['eager', 'graph'\\]; got 'cuda'"):
         pair_matrix(X, ["eager", "cuda", "graph"])
+
+
+def test_pair_matrix_columns_are_the_scenario_the_schedule_the_mode_the_version_and_the_host_time():
+    hw = get_hardware("h200x4")
+    scenarios = [Scenario(op=op, m=m, n=1536, k=4096, world_size=4, hardware=hw)
+                 for op in ("ag_gemm", "gemm_rs") for m in (64, 4096, 262144)]  # fmt: skip
+    X = feature_matrix(scenarios)
+    modes = ["eager", "graph"] * 3
+    versions, factors = np.array([1.0, 2.0, 3.0] * 2), np.array([0.5, 1.0, 2.24] * 2)
+    Z, (rows, cols) = pair_matrix(X, modes, host_factor=factors, label_version=versions)
+    graph = np.array(modes)[rows] == "graph"
+    host = np.where(graph, 0.0, host_over_gpu(X, factors)[rows, cols])
+    want = np.hstack([X[rows], DESCRIPTORS[cols], graph[:, None], versions[rows, None], host[:, None]])
+    assert np.array_equal(Z, want.astype(np.float32))
+    fv3 = pair_matrix(X, modes, schema="fv3", host_factor=factors)[0]
+    assert np.array_equal(fv3, np.delete(Z, PAIR_FEATURE_NAMES.index("label_version"), axis=1))
 
 
 @pytest.mark.parametrize("m", [2, 6, 8, 12, 16, 24, 1000, 1024, 4096])

@@ -164,11 +164,17 @@ def pair_matrix(
     eager = check_modes(modes) == "eager"
     valid = valid_mask(X) if valid is None else valid
     rows, cols = np.nonzero(valid)
-    columns = [X[rows], DESCRIPTORS[cols], (~eager[rows, None]).astype(np.float64)]
-    if LABEL_VERSION_NAME in PAIR_FEATURE_NAMES_OF[schema]:
+    names = PAIR_FEATURE_NAMES_OF[schema]
+    # each block cast to float32 as it is written: no float64 copy of the whole matrix
+    Z = np.empty((len(rows), len(names)), dtype=np.float32)
+    f, d = X.shape[1], DESCRIPTORS.shape[1]
+    Z[:, :f] = X.astype(np.float32)[rows]
+    Z[:, f : f + d] = DESCRIPTORS.astype(np.float32)[cols]
+    Z[:, f + d] = ~eager[rows]
+    if LABEL_VERSION_NAME in names:
         version = np.asarray(label_version, dtype=np.float64)
-        columns.append((version[rows] if version.ndim else np.full(len(rows), version))[:, None])
-    if HOST_FEATURE_NAME in PAIR_FEATURE_NAMES_OF[schema]:
+        Z[:, names.index(LABEL_VERSION_NAME)] = version[rows] if version.ndim else version
+    if HOST_FEATURE_NAME in names:
         host = host_over_gpu(X, host_factor)[rows, cols]
-        columns.append(np.where(eager[rows], host, 0.0)[:, None])
-    return np.hstack(columns).astype(np.float32), np.stack([rows, cols])
+        Z[:, names.index(HOST_FEATURE_NAME)] = np.where(eager[rows], host, 0.0)
+    return Z, np.stack([rows, cols])
