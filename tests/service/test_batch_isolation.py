@@ -380,3 +380,17 @@ def test_a_full_batch_queue_does_not_refuse_single_scores(registry_root, start):
         refused = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [64]})
         scores.admitted = 0
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+
+
+def test_a_warm_worker_freezes_what_it_loaded_and_collects_young_objects_less_often():
+    code = textwrap.dedent(
+        """
+        import gc
+        from ficco.service.core.worker_pool import GC_YOUNG_THRESHOLD, freeze_heap
+        models = [list(range(100)) for _ in range(1000)]  # what a worker holds for life
+        freeze_heap()
+        print(gc.get_freeze_count() > len(models), gc.get_threshold()[0] == GC_YOUNG_THRESHOLD > 700)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
