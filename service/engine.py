@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from ficco.features import Scenario
 from ficco.features.provenance import range_note
 from ficco.service.core.store import Resolution, ServedModel, known_ids, resolve_hardware
@@ -44,23 +46,23 @@ field of ``RecommendationPublic`` under the same name."""
 _COPIED = tuple(name for name in RecommendationPublic.model_fields if name not in _ADDED)
 
 
-def _public(rec: Any, resolution: Resolution, scenario: Scenario) -> RecommendationPublic:
-    """The response item for a ``training.predict.predictor.Recommendation`` of ``scenario`` answered under
-    ``resolution``, with a note when the scenario lies far past the model's training data.
+_PUBLIC = TypeAdapter(list[RecommendationPublic])
+"""Response items validated from their fields in one call (a tenth of the time per item of building each)."""
 
-    Built without re-validation: every field comes typed from the predictor (str, float, bool).
-    """
-    copied = {name: getattr(rec, name) for name in _COPIED}
-    note = range_note(resolution.model.predictor.card, scenario.op, scenario.m)
+
+def _public_fields(rec: Any, resolution: Resolution, scenario: Scenario) -> dict[str, Any]:
+    """The fields of the response item for a ``training.predict.predictor.Recommendation`` of ``scenario``
+    answered under ``resolution``, with a note when the scenario lies far past the model's training data."""
+    fields = {name: getattr(rec, name) for name in _COPIED}
     sub = resolution.substitution
-    return RecommendationPublic.model_construct(
-        **copied,
+    fields.update(
         world_size=resolution.world_size,
         requested_hardware=resolution.requested,
         hardware_substitution=None if sub is None else sub.reason,
         substitution=substitution_public(resolution.requested, resolution.world_size, sub),
-        range_note=note,
+        range_note=range_note(resolution.model.predictor.card, scenario.op, scenario.m),
     )
+    return fields
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,8 +148,9 @@ def _moved(error: dict[str, Any], loc: Sequence[str | int]) -> dict[str, Any]:
 
 def _fill(answers: list[RecommendationPublic | None], misses: list[_Miss], recs: Sequence[Any]) -> None:
     """Put the model's answers ``recs`` (one per miss) into ``answers`` and the model's cache."""
-    for miss, rec in zip(misses, recs, strict=True):
-        answers[miss.index] = answer = _public(rec, miss.resolution, miss.scenario)
+    fields = [_public_fields(rec, m.resolution, m.scenario) for m, rec in zip(misses, recs, strict=True)]
+    for miss, answer in zip(misses, _PUBLIC.validate_python(fields), strict=True):
+        answers[miss.index] = answer
         miss.resolution.model.cache.put(miss.key, answer)
 
 

@@ -21,6 +21,7 @@ from ficco.service.engine import ItemErrors, answer_scenarios
 from ficco.service.errors import InvalidFieldsError, field_error, from_pydantic
 from ficco.service.schemas import (
     RecommendationItemPublic,
+    RecommendationPublic,
     RecommendBatchRequest,
     ScenarioIn,
     ScoreBatchRequest,
@@ -31,11 +32,12 @@ from ficco.service.scoring import score_model, score_models
 from ficco.service.tables import build_job
 
 CHUNK = 500
-"""Scenarios validated, and answers serialised, per native call, so that error locations are offset
-per chunk and no single call holds the interpreter for the whole batch."""
+"""Scenarios validated per native call, so that error locations are offset per chunk and no single call
+holds the interpreter for the whole batch."""
 
 _SCENARIOS = TypeAdapter(list[ScenarioIn])
-_ITEMS = TypeAdapter(list[RecommendationItemPublic])
+_ITEM = TypeAdapter(RecommendationItemPublic)
+_RESULT = TypeAdapter(RecommendationPublic)
 _SCORES = TypeAdapter(ScoresPublic)
 M = TypeVar("M", bound=BaseModel)
 
@@ -92,12 +94,16 @@ def _parse(body: bytes, max_batch: int) -> tuple[list[ScenarioIn | None], ItemEr
     return scenarios, errors
 
 
-def _dump(items: list[RecommendationItemPublic]) -> bytes:
-    """``RecommendationsPublic`` of ``items`` as JSON bytes, ``CHUNK`` items per call."""
-    parts = [_ITEMS.dump_json(items[i : i + CHUNK])[1:-1] for i in range(0, len(items), CHUNK)]
-    failed = sum(item.status == "error" for item in items)
-    tail = f'],"count":{len(items)},"failed":{failed}}}'.encode()
-    return b'{"data":[' + b",".join(parts) + tail
+def _dump(answers: list[RecommendationPublic | None], errors: ItemErrors) -> bytes:
+    """``RecommendationsPublic`` of a batch's ``answers`` (None where refused) and the refused items'
+    ``errors`` as JSON bytes: an answered item's envelope written around its result's JSON, a refused item
+    through its schema (``RecommendationItemPublic``, which validates its errors)."""
+    parts = [
+        _ITEM.dump_json(_refused(i, errors[i])) if answer is None
+        else b'{"index":%d,"status":"ok","result":%b,"errors":null}' % (i, _RESULT.dump_json(answer))
+        for i, answer in enumerate(answers)
+    ]  # fmt: skip
+    return b'{"data":[%b],"count":%d,"failed":%d}' % (b",".join(parts), len(answers), len(errors))
 
 
 def answer_batch(
@@ -121,16 +127,14 @@ def answer_batch(
     for j, errs in refused.items():
         errors[valid[j]] = errs
     answered = dict(zip(valid, answers, strict=True))
-    return _dump([_item(i, answered.get(i), errors.get(i)) for i in range(len(scenarios))])
+    return _dump([answered.get(i) for i in range(len(scenarios))], errors)
 
 
-def _item(index: int, answer: Any, errors: list[dict[str, Any]] | None) -> RecommendationItemPublic:
-    """Item ``index`` of a batch answer: ``answer``, or (``errors`` given) its refusal."""
-    if errors:
-        return RecommendationItemPublic.model_validate(
-            {"index": index, "status": "error", "result": None, "errors": errors}
-        )
-    return RecommendationItemPublic.model_construct(index=index, status="ok", result=answer, errors=None)
+def _refused(index: int, errors: list[dict[str, Any]]) -> RecommendationItemPublic:
+    """Item ``index`` of a batch answer: its refusal."""
+    return RecommendationItemPublic.model_validate(
+        {"index": index, "status": "error", "result": None, "errors": errors}
+    )
 
 
 def answer_score_batch(

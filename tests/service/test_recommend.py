@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ficco.features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
-from ficco.service.schemas import ALLOWED
+from ficco.service.schemas import ALLOWED, RecommendationsPublic
 
 GOOD = {"op": "ag_gemm", "m": 8192, "n": 14336, "k": 4096}
 
@@ -214,6 +214,7 @@ def test_recommend_batch_answers_each_item_and_names_every_bad_one(client):
     assert response.status_code == 200
     body = response.json()
     assert (body["count"], body["failed"]) == (5, 3)
+    assert RecommendationsPublic.model_validate_json(response.content).model_dump(mode="json") == body
     assert [item["status"] for item in body["data"]] == ["ok", "error", "ok", "error", "error"]
     assert body["data"][0]["result"] == client.post("/v1/recommend", json=GOOD).json()
     for index, field in ((1, "m"), (3, "op"), (4, "world_size")):
