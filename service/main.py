@@ -213,6 +213,7 @@ def create_app(settings: Settings | None = None, *, store: ModelStore | None = N
     _install_error_handlers(app)
     _install_docs(app)
     _install_openapi(app)
+    app.add_middleware(recommend.RecommendFastPath)  # innermost: the body arrives limited and whole
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.MAX_BODY_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: times 413s too
     return app

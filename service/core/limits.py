@@ -38,7 +38,7 @@ class BodyLimitMiddleware(HttpMiddleware):
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _reject(self, send: Send, size: int) -> None:
         body = json.dumps(
@@ -56,7 +56,7 @@ class BodyLimitMiddleware(HttpMiddleware):
         await send({"type": "http.response.body", "body": body})
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that first returns the whole buffered ``body``, then defers to the real one."""
     sent = False
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ficco.features import KNOWN_HARDWARE, Scenario, candidates, get_hardware
+from ficco.service.routes import recommend as recommend_routes
 from ficco.service.schemas import ALLOWED, RecommendationsPublic
 
 GOOD = {"op": "ag_gemm", "m": 8192, "n": 14336, "k": 4096}
@@ -274,3 +275,88 @@ def test_a_rule_across_fields_is_the_allowed_of_its_422(client):
     score = client.post("/v1/score", json={"config": config, "tp": 2, "tokens": [3]})
     (error,) = score.json()["detail"]
     assert error["field"] == "tokens.0" and "multiple of tp=2" in error["allowed"], error
+
+
+def _fresh(i: int) -> dict:
+    """A dense scenario no other test asks for (each answer is then the model's, not the cache's)."""
+    return {"op": "gemm_rs", "m": 2 * (7001 + i), "n": 3584, "k": 5120 + 128 * i}
+
+
+@pytest.fixture
+def route_only(monkeypatch):
+    """Call ``route_only(True)`` to have every request answered by the route, as if the fast path
+    (``routes.recommend.RecommendFastPath``) were not there; ``route_only(False)`` puts it back.
+    ``route_only.fast`` counts the requests the fast path answered."""
+    original = recommend_routes.RecommendFastPath._try
+
+    async def declined(self, scope, body):
+        return None
+
+    async def counted(self, scope, body):
+        answer = await original(self, scope, body)
+        set_route_only.fast += answer is not None
+        return answer
+
+    def set_route_only(on: bool) -> None:
+        monkeypatch.setattr(recommend_routes.RecommendFastPath, "_try", declined if on else counted)
+
+    set_route_only.fast = 0
+    return set_route_only
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"mode": "graph"}, {"hardware": "h200x8", "world_size": 2}, {"host_factor": 2.0}, {"m": 2**20}],
+)
+def test_fast_path_answers_the_bytes_the_route_gives(client, route_only, extra):
+    """The fast path answers with the bytes and headers the route gives: an own answer, a graph one, a
+    substitution, a host factor and a range note, each answered new by either path first."""
+    for i, order in enumerate([("fast", "route"), ("route", "fast")]):
+        body = {**_fresh(i + 10 * len(extra)), **extra}
+        answers = {}
+        for path in order:
+            route_only(path == "route")
+            response = client.post("/v1/recommend", json=body)
+            assert response.status_code == 200, response.text
+            assert response.headers["content-type"] == "application/json"
+            answers[path] = response.content
+        assert answers["fast"] == answers["route"]
+        assert json.loads(answers["fast"])["world_size"] == 2
+    assert route_only.fast == 2  # the fast path answered, where asked to
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        (b'{"op": "ag_gemm", "m": 8192', {}, 422),  # not JSON
+        (b"[1, 2]", {}, 422),  # JSON, not an object
+        (b'{"op": "ag_gemm", "m": 8192, "n": 4096, "k": 4096}', {"content-type": "text/plain"}, 422),
+        (b'{"op": "ag_gemm", "m": 8191, "n": 4096, "k": 4096}', {}, 422),  # a rule across fields
+        (b'{"op": "ag_gemm", "m": 8192, "n": 4096, "k": 4096, "hardware": "b900x2"}', {}, 404),  # unknown
+        (b'{"op": "ag_gemm", "m": 8192, "n": 4096, "k": 4096, "world_size": 4}', {}, 422),  # no model at 4
+    ],
+)
+def test_fast_path_leaves_every_refusal_to_the_route(client, route_only, body, headers, status):
+    """What the fast path cannot answer gets the route's own refusal, byte for byte."""
+    headers = {"content-type": "application/json", **headers}
+    refusals = []
+    for on in (False, True):
+        route_only(on)
+        refusals.append(client.post("/v1/recommend", content=body, headers=headers))
+    assert [r.status_code for r in refusals] == [status, status]
+    assert refusals[0].content == refusals[1].content
+    assert route_only.fast == 0
+    assert "detail" in refusals[0].json()
+
+
+def test_fast_path_requests_are_counted_under_their_route(client):
+    """/metrics labels a request the fast path answered with the route's path, as any other."""
+
+    def answered() -> float:
+        prefix = 'ficco_http_requests_total{endpoint="/v1/recommend",method="POST",status="200"}'
+        line = next((x for x in client.get("/metrics").text.splitlines() if x.startswith(prefix)), None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    before = answered()
+    assert client.post("/v1/recommend", json=_fresh(99)).status_code == 200
+    assert answered() == before + 1
