@@ -127,6 +127,18 @@ def random_scenarios(count: int, seed: int) -> list[dict]:
     return out
 
 
+def machine_info(load_at_start: float) -> dict:
+    """The machine a run was made on: CPUs, platform, Python, and the 1-minute load average at the start
+    (``load_at_start``) and now (the end)."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_1m_at_start": load_at_start,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -821,13 +833,7 @@ def main() -> None:
         proc.wait(timeout=10)
     results = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_1m_at_start": load_at_start,
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
+        "machine": machine_info(load_at_start),
         "model": model,
         "model_note": args.model_note,
         "server_env": server_env(),

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import REPO
-from benchmarks.service import _free_port, _sequential, random_scenarios, start_server
+from benchmarks.service import _free_port, _sequential, machine_info, random_scenarios, start_server
 from ficco.files import write_text_atomic
 
 KINDS = ("cached", "unseen eager", "unseen graph")
@@ -125,12 +124,7 @@ def main() -> None:
         proc.wait(timeout=10)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_1m_at_start": load,
-        },
+        "machine": machine_info(load),
         "rows": rows,
     }
     markdown = render(result)
