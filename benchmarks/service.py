@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -177,6 +177,20 @@ def start_server(
         time.sleep(0.01)
     proc.kill()
     raise RuntimeError(f"ficco serve was not ready after 60 s; see {log}")
+
+
+@contextlib.contextmanager
+def served(
+    model_root: Path, port: int, log: Path, *, service_only: bool = True, stop_timeout_s: float = 10.0
+) -> Iterator[tuple[subprocess.Popen, float]]:
+    """:func:`start_server` for the ``with`` block: (the process, seconds to ready); the server is
+    terminated when the block ends, however it ends."""
+    proc, startup_s = start_server(model_root, port, log, service_only=service_only)
+    try:
+        yield proc, startup_s
+    finally:
+        proc.terminate()
+        proc.wait(timeout=stop_timeout_s)
 
 
 def _request_bytes(port: int, body: dict) -> bytes:
@@ -821,16 +835,12 @@ def main() -> None:
     load_at_start = round(os.getloadavg()[0], 2)
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"ficco-serve-bench-{port}.log"
-    proc, startup_s = start_server(args.model_root, port, log, service_only=not args.full_install)
-    ready_at = time.perf_counter()
-    try:
+    with served(args.model_root, port, log, service_only=not args.full_install) as (proc, startup_s):
+        ready_at = time.perf_counter()
         startup = startup_phase(port, ready_at, seed=3000)
         print(f"first minute after ready: {startup}", flush=True)
         steady = {} if args.startup_only else steady_phases(proc, port, args)
         model = model_info(port)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     results = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_info(load_at_start),

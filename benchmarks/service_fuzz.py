@@ -3,7 +3,7 @@
     python -m benchmarks.service_fuzz                # the models/ registry, 100 per operation
     python -m benchmarks.service_fuzz --max-examples 300 --seed 7
 
-Starts ``ficco serve`` of this checkout on a free port (``benchmarks.service``'s ``start_server``, with a
+Starts ``ficco serve`` of this checkout on a free port (``benchmarks.service``'s ``served``, with a
 reload token the fuzzer does not know, so the reload endpoint is on), runs ``schemathesis run`` against its
 ``/openapi.json`` over HTTP with ``--checks all`` and a HAR report, and counts the responses by status
 code from the HAR. Writes ``benchmarks/results/service-fuzz.json`` and ``.md`` (``--out``): the command,
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO
-from benchmarks.service import _free_port, start_server
+from benchmarks.service import _free_port, served
 
 SUMMARY_LINES = 60
 """Lines of schemathesis's output kept in the results (its summary)."""
@@ -58,7 +58,6 @@ def main() -> None:
     port = _free_port()
     work = Path(tempfile.mkdtemp(prefix="ficco-fuzz-"))
     os.environ["FICCO_RELOAD_TOKEN"] = secrets.token_hex(16)
-    proc, _ = start_server(args.model_root, port, work / "serve.log")
     har = work / "fuzz.har"
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"http://127.0.0.1:{port}/openapi.json",
@@ -67,13 +66,10 @@ def main() -> None:
         "--request-timeout", "30",
         "--report", "har", "--report-har-path", str(har),
     ]  # fmt: skip
-    start = time.perf_counter()
-    try:
+    with served(args.model_root, port, work / "serve.log", stop_timeout_s=30.0):
+        start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=work)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
     by_operation = statuses(har)
     shutil.rmtree(work, ignore_errors=True)
     total = sum((c for c in by_operation.values()), collections.Counter())

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import REPO
-from benchmarks.service import _free_port, _sequential, machine_info, random_scenarios, start_server
+from benchmarks.service import _free_port, _sequential, machine_info, random_scenarios, served
 from ficco.files import write_text_atomic
 
 KINDS = ("cached", "unseen eager", "unseen graph")
@@ -116,12 +116,8 @@ def main() -> None:
     load = round(os.getloadavg()[0], 2)
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"ficco-serve-sequential-{port}.log"
-    proc, _ = start_server(args.model_root, port, log)
-    try:
+    with served(args.model_root, port, log) as (proc, _):
         rows = [measure(proc.pid, port, kind, args.requests, seed=7000 + i) for i, kind in enumerate(KINDS)]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine_info(load),
