@@ -763,10 +763,16 @@ def children_cpu_s(pid: int) -> float:
     return total
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds a Linux ``/proc`` stat file records (a process's ``/proc/<pid>/stat``, or
+    one thread's ``/proc/<pid>/task/<tid>/stat``)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_cpu_s(pid: int) -> float:
     """User + system CPU seconds the process ``pid`` (all its threads) has used (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def server_env() -> dict[str, str]:

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.service_sequential                  # 2,000 requests per kind
     .venv/bin/python -m benchmarks.service_sequential --requests 500 --out /tmp/seq.json
 
-Starts ``ficco serve`` as a ``[service]``-only install (``benchmarks.service.start_server``), then for each
+Starts ``ficco serve`` as a ``[service]``-only install (``benchmarks.service.served``), then for each
 kind of request (one scenario repeated, so the server's cache answers; unseen eager scenarios; unseen graph
 scenarios) sends ``--requests`` POST /v1/recommend one at a time on one keep-alive connection and records
 each one's latency, and the CPU time each thread of the server process spent over the kind, per request
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import REPO
-from benchmarks.service import _free_port, _sequential, machine_info, random_scenarios, served
+from benchmarks.service import _free_port, _sequential, machine_info, random_scenarios, served, stat_cpu_s
 from ficco.files import write_text_atomic
 
 KINDS = ("cached", "unseen eager", "unseen graph")
@@ -33,14 +34,10 @@ KINDS = ("cached", "unseen eager", "unseen graph")
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
     """User + system CPU seconds of each thread of process ``pid`` (thread id -> seconds)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # a thread that ended meanwhile
-            continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            out[int(task.name)] = stat_cpu_s(task / "stat")
     return out
 
 
