@@ -7,8 +7,9 @@ Starts ``ficco serve`` as a ``[service]``-only install (``benchmarks.service.ser
 kind of request (one scenario repeated, so the server's cache answers; unseen eager scenarios; unseen graph
 scenarios) sends ``--requests`` POST /v1/recommend one at a time on one keep-alive connection and records
 each one's latency, and the CPU time each thread of the server process spent over the kind, per request
-(Linux ``/proc/<pid>/task``: the event-loop thread is the process's main thread, the prediction thread the
-busiest other one). Prints the table and writes ``benchmarks/results/service-sequential.json`` and ``.md``.
+(Linux ``/proc/<pid>/task``: the event-loop thread, which also predicts single requests, is the process's
+main thread; the others hold the threads large lists are split over). Prints the table and writes
+``benchmarks/results/service-sequential.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def render(result: dict) -> str:
     lines += [
         "",
         "cached: one scenario repeated (the server's cache answers); unseen: every scenario new to the "
-        "server (the model answers it in the prediction thread, counted under other threads).",
+        "server (the model answers it on the event-loop thread).",
         "",
     ]
     return "\n".join(lines)

@@ -6,15 +6,14 @@ what is allowed, e.g. ``Scenario.world_size must be an int in [2, 8]; got 12``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 
-def check_choice(owner: str, field: str, value: Any, allowed: Iterable[Any]) -> None:
+def check_choice(owner: str, field: str, value: Any, allowed: Collection[Any]) -> None:
     """Raise unless ``value`` is one of ``allowed``."""
-    allowed = list(allowed)
     if value not in allowed:
-        raise ValueError(f"{owner}.{field} must be one of {allowed}; got {value!r}")
+        raise ValueError(f"{owner}.{field} must be one of {list(allowed)}; got {value!r}")
 
 
 def check_int(owner: str, field: str, value: Any, lo: int = 1, hi: int | None = None) -> None:

@@ -26,13 +26,16 @@ from ficco.service.errors import (
 )
 from ficco.service.schemas import RecommendationPublic, ScenarioIn, substitution_public
 
+_SCENARIO_FIELDS = tuple(f for f in ScenarioIn.model_fields if f not in ("hardware", "mode", "host_factor"))
+"""The request fields a ``features.Scenario`` holds under the same name."""
+
 
 def build_scenario(
     item: ScenarioIn, model: ServedModel, world_size: int, loc: Sequence[str | int]
 ) -> Scenario:
     """``item`` at ``world_size`` (the resolved one) as a ``features.Scenario`` on the answering model's
     profile; InvalidFieldsError if invalid."""
-    values = item.model_dump(exclude={"hardware", "mode", "host_factor"})
+    values = {name: getattr(item, name) for name in _SCENARIO_FIELDS}
     values["world_size"] = world_size
     try:
         return Scenario(hardware=model.profile, **values)
@@ -205,8 +208,8 @@ async def recommend_scenario(
     served: Mapping[str, ServedModel], item: ScenarioIn, *, default_hardware: str
 ) -> RecommendationPublic:
     """Answer one request's scenario, through the answering model's micro-batcher (same answer as
-    ``recommend_scenarios``; concurrent requests share prediction calls); one that names a host factor is
-    answered on its own (one decision, tens of microseconds)."""
+    ``recommend_scenarios``; requests that arrive in the same turn of the event loop share one prediction
+    call); one that names a host factor is answered on its own, at once."""
     answers, misses, errors = _plan(served, [item], default_hardware, None)
     raise_refused(errors, known_ids(served))
     for (miss,) in misses.values():

@@ -97,8 +97,9 @@ class Settings(ModelSettings):
     """Build the tables ``GET /v1/tables`` serves (per world size, mode and training dtype of each model) as
     soon as a model version loads, in the table worker."""
     GIL_SWITCH_INTERVAL_S: float = Field(default=0.0005, gt=0.0, le=0.1)
-    """``sys.setswitchinterval`` of the server process: how long the prediction thread may hold the GIL
-    before the event loop gets it (why not Python's 5 ms: docs/service.md#settings)."""
+    """``sys.setswitchinterval`` of the server process: how long another thread of it (a model reload
+    compiling its forests) may hold the GIL before the event loop gets it (why not Python's 5 ms:
+    docs/service.md#settings)."""
     HEADER_TIMEOUT_S: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Seconds a connection may take to send a request's headers (after opening, or after its previous
     response) before it is closed."""

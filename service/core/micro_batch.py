@@ -1,16 +1,21 @@
 """Batching predictions: micro-batches of single-scenario requests, and large batches split over threads.
 
-Single requests: one prediction in flight, the rest wait and go together.
+Single requests: the scenarios of the requests that reach a model in one turn of the event loop are
+predicted together, with one call, on the event loop, at the start of its next turn.
 
-A prediction costs a fixed ~0.3-0.7 ms per call plus ~20 us per scenario (an h200x2 model: XGBoost
-``inplace_predict`` over ~3,000 trees, measured on 2 cores), so answering requests one call each caps a
-server near 1,000 req/s of pure model time and leaves nothing for HTTP. Here predictions run in a worker
-thread (XGBoost releases the GIL) while the event loop keeps parsing requests; the scenarios that arrive
-meanwhile form the next call. An idle server still answers a lone request at once.
+A prediction costs a fixed ~0.5-0.9 ms per call (the numpy fast path's one-row walk and the policy, an
+h200x2 model on 2 cores) plus far less per extra scenario, so answering requests one call each under load
+caps a server near 1,000 req/s of pure model time and leaves nothing for HTTP. Requests that arrive
+together (the loop finds several connections readable at once) share one call; a lone request waits only
+for the loop to turn. The call runs on the loop itself: the one-row walk holds the GIL for most of its time,
+so a prediction thread would not run beside the loop, and the hand-off to it and back cost ~0.4 ms per
+request (measured; docs/service.md#single-requests).
 
-    timeline (loop = event-loop thread, worker = prediction thread)
-    loop:    parse r1 | parse r2 | parse r3 | parse r4 |          | reply r1 | reply r2..r4
-    worker:  ......... predict [r1] ....................| predict [r2, r3, r4] ...........
+    timeline (one event-loop thread)
+    turn 1:  parse r1 | parse r2 | parse r3 |
+    turn 2:  predict [r1, r2, r3] |
+    turn 3:  reply r1 | reply r2 | reply r3 | parse r4
+    turn 4:  predict [r4] | ...
 """
 
 from __future__ import annotations
@@ -42,42 +47,37 @@ def predict_split(
 
 
 class MicroBatcher:
-    """Collects scenarios from concurrent requests and predicts each group with one ``predict`` call.
+    """Collects the scenarios of the requests that reach it in one turn of the event loop and predicts them
+    with one ``predict`` call on the loop, at the start of its next turn.
 
-    ``predict`` maps a list of scenarios to one answer each (``Predictor.recommend``); it runs on
-    ``executor``. Use from one event loop only.
+    ``predict`` maps a list of scenarios to one answer each (``Predictor.recommend``). Use from one event loop
+    only.
     """
 
-    def __init__(self, predict: Callable[[Sequence[Scenario]], list[Any]], executor: Executor) -> None:
+    def __init__(self, predict: Callable[[Sequence[Scenario]], list[Any]]) -> None:
         self._predict = predict
-        self._executor = executor
         self._pending: list[tuple[Scenario, asyncio.Future]] = []
-        self._running = False
 
     async def recommend(self, scenario: Scenario) -> Any:
-        """The answer for ``scenario``, predicted together with whatever else is waiting."""
-        future = asyncio.get_running_loop().create_future()
+        """The answer for ``scenario``, predicted with the other scenarios that arrived in the same turn."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._flush)
         self._pending.append((scenario, future))
-        if not self._running:
-            self._start()
         return await future
 
-    def _start(self) -> None:
+    def _flush(self) -> None:
+        """Predict every pending scenario in one call; each waiting request gets its answer, or the error."""
         batch, self._pending = self._pending, []
-        self._running = True
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._executor, self._predict, [scenario for scenario, _ in batch])
-        job.add_done_callback(lambda done: self._finish(batch, done))
-
-    def _finish(self, batch: list[tuple[Scenario, asyncio.Future]], done: asyncio.Future) -> None:
-        self._running = False
-        error = asyncio.CancelledError() if done.cancelled() else done.exception()
+        try:
+            answers = self._predict([scenario for scenario, _ in batch])
+        except Exception as err:  # every request of the call gets the error; the batcher keeps working
+            answers, error = None, err
         for i, (_, future) in enumerate(batch):
             if future.cancelled():
                 continue
-            if error is not None:
+            if answers is None:
                 future.set_exception(error)
             else:
-                future.set_result(done.result()[i])
-        if self._pending:
-            self._start()
+                future.set_result(answers[i])

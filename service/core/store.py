@@ -408,8 +408,6 @@ class ModelStore:
         self._failed: dict[str, str] = {}
         """hardware id -> the version whose load failed; polling does not retry it until CURRENT changes."""
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ficco-predict")
-        """The one thread the micro-batchers predict on (XGBoost releases the GIL while it predicts)."""
         self._bulk = ThreadPoolExecutor(max_workers=bulk_threads, thread_name_prefix="ficco-bulk")
         """The threads large lists of scenarios are split over."""
         self._errors: dict[str, str] = {}
@@ -579,8 +577,7 @@ class ModelStore:
             profile=profile,
             cache=RecommendationCache(self.cache_size),
             batchers={
-                mode: MicroBatcher(functools.partial(predictor.recommend, mode=mode), self._executor)
-                for mode in MODES
+                mode: MicroBatcher(functools.partial(predictor.recommend, mode=mode)) for mode in MODES
             },
             bulk=self._bulk,
             bulk_threads=self.bulk_threads,
@@ -657,8 +654,7 @@ class ModelStore:
         return filled
 
     def close(self) -> None:
-        """Stop the prediction threads once the predictions in flight finish."""
-        self._executor.shutdown(wait=False)
+        """Stop the threads large lists are split over once the predictions in flight finish."""
         self._bulk.shutdown(wait=False)
 
     async def watch(self, interval_s: float) -> None:

@@ -1,4 +1,5 @@
-"""Batching: concurrent scenarios share prediction calls; large lists split over threads; order kept."""
+"""Batching: requests of one event-loop turn share a prediction call on the loop; large lists split over
+threads; order kept."""
 
 from __future__ import annotations
 
@@ -12,55 +13,74 @@ from ficco.features import Scenario
 from ficco.service.core.micro_batch import MicroBatcher, predict_split
 
 
-class GatedPredict:
-    """Records each call's scenarios; the first call waits until ``release`` is set."""
+class RecordedPredict:
+    """Records each call's scenarios and the thread it ran on; fails when ``fail`` is set."""
 
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[list[int]] = []
-        self.release = threading.Event()
+        self.threads: list[int] = []
         self.fail = fail
 
     def __call__(self, scenarios):
-        if not self.calls:
-            self.release.wait(timeout=10)
         self.calls.append([s.m for s in scenarios])
+        self.threads.append(threading.get_ident())
         if self.fail:
             raise RuntimeError("model broke")
         return [f"answer-{s.m}" for s in scenarios]
 
 
-async def _ask(batcher, predict, ms):
-    tasks = [asyncio.ensure_future(batcher.recommend(Scenario(m=m))) for m in ms]
-    await asyncio.sleep(0.05)  # every request is waiting: the first call is in flight, the rest queued
-    predict.release.set()
-    return await asyncio.gather(*tasks, return_exceptions=True)
+async def _turns(batcher, *groups):
+    """Send each group of scenarios (by ``m``) in one turn of the loop, the next group once the previous
+    one's answers are in; every answer (or error), in order."""
+    out = []
+    for ms in groups:
+        tasks = [asyncio.ensure_future(batcher.recommend(Scenario(m=m))) for m in ms]
+        out += await asyncio.gather(*tasks, return_exceptions=True)
+    return out
 
 
-def test_batcher_groups_requests_waiting_on_a_prediction():
-    predict = GatedPredict()
-    with ThreadPoolExecutor(1) as pool:
-        answers = asyncio.run(_ask(MicroBatcher(predict, pool), predict, [2, 4, 6, 8]))
-    assert answers == ["answer-2", "answer-4", "answer-6", "answer-8"]
-    assert predict.calls == [[2], [4, 6, 8]]
+def test_requests_of_one_turn_share_one_call_on_the_event_loop():
+    predict = RecordedPredict()
+
+    async def main():
+        return threading.get_ident(), await _turns(MicroBatcher(predict), [2, 4, 6], [8], [10, 12])
+
+    loop_thread, answers = asyncio.run(main())
+    assert answers == [f"answer-{m}" for m in (2, 4, 6, 8, 10, 12)]
+    assert predict.calls == [[2, 4, 6], [8], [10, 12]]
+    assert set(predict.threads) == {loop_thread}  # no hand-off to another thread
 
 
-def test_batcher_passes_errors_to_every_waiting_request():
-    predict = GatedPredict(fail=True)
-    with ThreadPoolExecutor(1) as pool:
-        answers = asyncio.run(_ask(MicroBatcher(predict, pool), predict, [2, 4, 6]))
-    assert all(isinstance(a, RuntimeError) for a in answers)
-    assert predict.calls == [[2], [4, 6]]
+def test_an_error_goes_to_every_request_of_its_call_and_the_batcher_keeps_working():
+    predict = RecordedPredict(fail=True)
+    batcher = MicroBatcher(predict)
+    answers = asyncio.run(_turns(batcher, [2, 4, 6]))
+    assert all(isinstance(a, RuntimeError) for a in answers) and len(answers) == 3
+    predict.fail = False
+    assert asyncio.run(_turns(batcher, [8])) == ["answer-8"]
+    assert predict.calls == [[2, 4, 6], [8]]
 
 
-def test_batcher_answers_a_lone_request_at_once():
-    predict = GatedPredict()
-    predict.release.set()
-    with ThreadPoolExecutor(1) as pool:
-        batcher = MicroBatcher(predict, pool)
-        assert asyncio.run(batcher.recommend(Scenario(m=64))) == "answer-64"
-        with pytest.raises(AttributeError):
-            asyncio.run(batcher.recommend(None))  # a call that fails leaves the batcher working
-        assert asyncio.run(batcher.recommend(Scenario(m=128))) == "answer-128"
+def test_a_cancelled_request_leaves_the_others_of_its_call_answered():
+    predict = RecordedPredict()
+
+    async def main():
+        batcher = MicroBatcher(predict)
+        tasks = [asyncio.ensure_future(batcher.recommend(Scenario(m=m))) for m in (2, 4)]
+        await asyncio.sleep(0)  # both requests are waiting on the call
+        tasks[0].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, asyncio.CancelledError) and second == "answer-4"
+
+
+def test_a_bad_scenario_fails_its_call_not_the_batcher():
+    predict = RecordedPredict()
+    batcher = MicroBatcher(predict)
+    with pytest.raises(AttributeError):
+        asyncio.run(batcher.recommend(None))  # predict reads .m of every scenario
+    assert asyncio.run(batcher.recommend(Scenario(m=128))) == "answer-128"
 
 
 def test_predict_split_cuts_large_lists_and_keeps_order():

@@ -89,12 +89,12 @@ class FlatTrees:
         n, f = X.shape
         flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1)
         left = self.left
-        if n == 1:  # one scenario: every node's outcome at once, then each step is two gathers
-            right = np.take(flat, self.feature) >= self.threshold  # take: a third faster than flat[...]
+        if n == 1:  # one scenario: every node's next node at once, then each step is one gather
+            step = left + (np.take(flat, self.feature) >= self.threshold)  # take: a third faster than [...]
             node = self.roots
             for _ in range(self.depth):
-                node = left[node] + right[node]
-            return self.value[node][None, :]
+                node = step.take(node)
+            return self.value.take(node)[None, :]
         node = np.broadcast_to(self.roots, (n, len(self.roots)))
         base = np.arange(0, n * f, f, dtype=np.intp)[:, None]
         feature, threshold = self.feature, self.threshold
