@@ -8,8 +8,8 @@ h200x2 model on 2 cores) plus far less per extra scenario, so answering requests
 caps a server near 1,000 req/s of pure model time and leaves nothing for HTTP. Requests that arrive
 together (the loop finds several connections readable at once) share one call; a lone request waits only
 for the loop to turn. The call runs on the loop itself: the one-row walk holds the GIL for most of its time,
-so a prediction thread would not run beside the loop, and the hand-off to it and back cost ~0.4 ms per
-request (measured; docs/service.md#single-requests).
+so a prediction thread would not run beside the loop, and the hand-off to it and back cost the server
+~0.4 ms of CPU per request (measured on 2 cores; docs/service.md#single-requests).
 
     timeline (one event-loop thread)
     turn 1:  parse r1 | parse r2 | parse r3 |
