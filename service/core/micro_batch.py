@@ -70,14 +70,14 @@ class MicroBatcher:
     def _flush(self) -> None:
         """Predict every pending scenario in one call; each waiting request gets its answer, or the error."""
         batch, self._pending = self._pending, []
+        waiting = [future for _, future in batch]
         try:
             answers = self._predict([scenario for scenario, _ in batch])
         except Exception as err:  # every request of the call gets the error; the batcher keeps working
-            answers, error = None, err
-        for i, (_, future) in enumerate(batch):
-            if future.cancelled():
-                continue
-            if answers is None:
-                future.set_exception(error)
-            else:
-                future.set_result(answers[i])
+            for future in waiting:
+                if not future.cancelled():
+                    future.set_exception(err)
+            return
+        for future, answer in zip(waiting, answers, strict=True):
+            if not future.cancelled():
+                future.set_result(answer)
