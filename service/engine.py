@@ -179,13 +179,14 @@ def answer_scenarios(
     return answers, errors
 
 
-def raise_refused(errors: ItemErrors, known: list[str]) -> None:
-    """Raise the refusal of a request whose items all must be answered: ``UnknownHardwareError`` (404) for
-    the first unknown hardware id, else ``InvalidFieldsError`` (422) naming every refused item's fields."""
+def raise_refused(errors: ItemErrors, served: Mapping[str, ServedModel]) -> None:
+    """Raise the refusal of a request whose items all must be answered: ``UnknownHardwareError`` (404, with
+    the hardware ids ``served`` knows) for the first unknown hardware id, else ``InvalidFieldsError`` (422)
+    naming every refused item's fields."""
     flat = [e for i in sorted(errors) for e in errors[i]]
     unknown = next((e for e in flat if e["type"] == "unknown_hardware"), None)
     if unknown is not None:
-        raise UnknownHardwareError(unknown["msg"], known)
+        raise UnknownHardwareError(unknown["msg"], known_ids(served))
     if flat:
         raise InvalidFieldsError(flat)
 
@@ -200,7 +201,7 @@ def recommend_scenarios(
     """:func:`answer_scenarios` for a request that needs every item answered (one scenario, a model
     config's pairs): raises as :func:`raise_refused` when any is refused."""
     answers, errors = answer_scenarios(served, items, default_hardware=default_hardware, locs=locs)
-    raise_refused(errors, known_ids(served))
+    raise_refused(errors, served)
     return answers  # type: ignore[return-value]  # every None was refused
 
 
@@ -211,7 +212,7 @@ async def recommend_scenario(
     ``recommend_scenarios``; requests that arrive in the same turn of the event loop share one prediction
     call); one that names a host factor is answered on its own, at once."""
     answers, misses, errors = _plan(served, [item], default_hardware, None)
-    raise_refused(errors, known_ids(served))
+    raise_refused(errors, served)
     for (miss,) in misses.values():
         model = miss.resolution.model
         if item.host_factor is None:

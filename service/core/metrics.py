@@ -57,6 +57,8 @@ class Metrics:
             "1 if the latest model load failed (see /readyz).",
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        """The request counter's and latency histogram's children by (method, endpoint, status)."""
 
     def reject(self, reason: str) -> None:
         """Count one connection refused before the app saw its request (``core.protocol``): headers too
@@ -65,8 +67,15 @@ class Metrics:
 
     def observe(self, method: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request and record its latency."""
-        self.requests.labels(method, endpoint, str(status)).inc()
-        self.latency.labels(method, endpoint).observe(seconds)
+        key = (method, endpoint, status)
+        children = self._children.get(key)
+        if children is None:  # labels() looks the child up under a lock: once per label set is enough
+            children = self._children[key] = (
+                self.requests.labels(method, endpoint, str(status)),
+                self.latency.labels(method, endpoint),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self, store: ModelStore) -> bytes:
         """The text exposition, with the model gauges set from ``store`` at scrape time."""

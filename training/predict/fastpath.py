@@ -199,5 +199,8 @@ class SpecialisedForest:
         for first in range(0, len(X), step):  # rows apart: the same sums in the same order, bounded memory
             leaves = trees.leaves(X[first : first + step])
             # reduceat adds each segment in tree order (sum's pairwise order may change with the batch shape)
-            out[first : first + step] = np.add.reduceat(leaves[:, self.members[mode]], self.starts, axis=1)
+            # (np.take gathers the members about twice as fast as leaves[:, members] on one row)
+            out[first : first + step] = np.add.reduceat(
+                np.take(leaves, self.members[mode], axis=1), self.starts, axis=1
+            )
         return out.reshape(len(X), self.n_schedules, -1) + self.base_score
