@@ -28,6 +28,10 @@ GRID_REGIONS = 4
 """Size regions the grid family is split into for cross-validation."""
 MAX_FOLDS = 8
 """Most folds cross-validation runs (each fits every configuration once)."""
+EXTRA_ROWS_ERRORS = 1.5
+"""Standard errors by which a configuration that weighs rows outside the target must beat its weightless
+twin (the target alone) to be chosen (:func:`choose`): about one chance in 40 that rows which do not help are
+taken in on the selection's noise alone."""
 
 
 def gemm_flops(table: DatasetTable) -> np.ndarray:
@@ -151,11 +155,11 @@ def choose(
     row's ``loss`` under every (configuration, policy), ``[n_configs, n_policies, n]``: per configuration each
     mode's best policy on its rows, then the best configuration under those (ties: the earlier). ``base``
     (int ``[n_configs]``, :func:`weightless`): each configuration's twin without the rows outside the target;
-    a configuration that weighs those rows competes only where its loss is below its twin's by more than one
-    standard error of their difference, taken over ``groups`` (str ``[n]``, the cross-validation groups:
-    rows of one model family move together) or else over rows: extra rows must earn their place beyond the
-    selection's noise. Returns its index, the :class:`ModePolicy` (a mode without rows: the first policy)
-    and every configuration's mean loss ``[n_configs]``."""
+    a configuration that weighs those rows competes only where its loss is below its twin's by more than
+    :data:`EXTRA_ROWS_ERRORS` standard errors of their difference, taken over ``groups`` (str ``[n]``, the
+    cross-validation groups: rows of one model family move together) or else over rows: extra rows must earn
+    their place beyond the selection's noise. Returns its index, the :class:`ModePolicy` (a mode without
+    rows: the first policy) and every configuration's mean loss ``[n_configs]``."""
     total = np.zeros(len(loss))
     per_row = np.zeros((len(loss), len(modes)))
     best: list[dict[str, int]] = [{} for _ in loss]
@@ -175,7 +179,7 @@ def choose(
             if index is not None:
                 diff = np.bincount(index, weights=diff) / np.bincount(index)  # each group's mean difference
             error = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else 0.0
-            eligible[c] = diff.mean() < -error
+            eligible[c] = diff.mean() < -EXTRA_ROWS_ERRORS * error
     c = int(np.argmin(np.where(eligible, mean, np.inf)))
     policy = ModePolicy(**{m: policies[best[c].get(m, 0)] for m in MODES})
     return c, policy, mean

@@ -60,7 +60,7 @@ def test_choose_takes_each_modes_best_policy_and_the_config_best_under_them():
     assert policy.eager == policies[0] and c == 1  # graph alone: config 1 (0.4) beats config 0 (0.5)
 
 
-def test_extra_rows_must_beat_their_weightless_twin_by_more_than_one_standard_error():
+def test_extra_rows_must_beat_their_weightless_twin_by_extra_rows_errors_standard_errors():
     from ficco.training.crossval import choose, weightless
     from ficco.training.fit import TrainConfig, configs_for
     from ficco.training.predict.policy import DecisionPolicy
@@ -82,6 +82,22 @@ def test_extra_rows_must_beat_their_weightless_twin_by_more_than_one_standard_er
     assert choose(loss, modes, rows, policies)[0] == 0  # without twins: the lowest mean loss
     loss[0, 0] = 0.10 + noise * 0.1 - 0.02  # a gain far beyond its standard error
     assert choose(loss, modes, rows, policies, base)[0] == 0
+
+
+@pytest.mark.parametrize("errors", [1.2, 1.8])
+def test_a_gain_is_taken_only_beyond_the_configured_number_of_standard_errors(errors):
+    from ficco.training.crossval import EXTRA_ROWS_ERRORS, choose
+    from ficco.training.predict.policy import DecisionPolicy
+
+    policies = (DecisionPolicy(),)
+    modes = np.array(["eager"] * 100, dtype=object)
+    rows = np.ones(100, dtype=bool)
+    spread = np.tile([-1.0, 1.0], 50) * 0.01  # per-row differences of standard deviation 0.01
+    standard_error = spread.std(ddof=1) / np.sqrt(100)
+    loss = np.full((2, 1, 100), 0.10)
+    loss[0, 0] = 0.10 + spread - errors * standard_error  # weighs extra rows; its twin (1) does not
+    taken = choose(loss, modes, rows, policies, np.array([1, 1]))[0] == 0
+    assert taken == (errors > EXTRA_ROWS_ERRORS)
 
 
 def _two_sources_stub():
