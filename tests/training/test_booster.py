@@ -86,7 +86,7 @@ def test_numpy_model_takes_the_fast_path_for_a_large_batch(both, monkeypatch):
     with_xgboost, numpy_only = both
     X = _scenarios(50)
     monkeypatch.setattr(
-        "ficco.training.predict.predictor.FAST_PATH_MAX_CURSORS", 0
+        "ficco.training.predict.predictor.FAST_PATH_MAX_NODES", 0
     )  # XGBoost would take its own
     monkeypatch.setattr("ficco.training.predict.fastpath.CHUNK_CURSORS", 1)  # one row at a time
     chunked = numpy_only.decide(X, ["graph"] * len(X))

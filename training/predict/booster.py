@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco.training.predict.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune
+from ficco.training.predict.fastpath import CHUNK_CURSORS, FlatTrees, booster_trees, prune, xgboost_sum
 from ficco.training.predict.pairs import PAIR_FEATURE_NAMES_OF, check_Z, saved_pair_params
 
 _NUMBERS = {b"i": ">b", b"U": ">B", b"I": ">h", b"l": ">i", b"L": ">q", b"d": ">f", b"D": ">d"}
@@ -130,14 +130,21 @@ class NumpyBooster:
         """Accepted and ignored: a numpy walk has no thread setting (``nthread``)."""
 
     def inplace_predict(self, Z: np.ndarray) -> np.ndarray:
-        """Margins of pair rows ``Z`` ``[N, n_features]``: every tree walked, summed in tree order, plus
-        the base score; float64 ``[N]``."""
+        """Margins of pair rows ``Z`` ``[N, n_features]``: every tree walked, added to the base score in tree
+        order as XGBoost adds them (``fastpath.xgboost_sum``); float64 ``[N]``."""
         if self._flat is None:
             self._flat = FlatTrees.from_trees([prune(tree, {}) for tree in self.trees])
         Z = np.asarray(Z, dtype=np.float32)
         step = max(1, CHUNK_CURSORS // len(self._flat.roots))
-        out = [self._flat.leaves(Z[i : i + step]).sum(axis=1) for i in range(0, len(Z), step)]
-        return np.concatenate([*out, np.empty(0)]) + self.base_score
+        out = [self._margins(Z[i : i + step]) for i in range(0, len(Z), step)]
+        return np.concatenate([*out, np.empty(0)]).astype(np.float64)
+
+    def _margins(self, Z: np.ndarray) -> np.ndarray:
+        """:meth:`inplace_predict` of a few rows: float32 ``[N]``."""
+        leaves = self._flat.leaves(Z)  # [N, T]
+        base = np.full((len(Z), 1), self.base_score, dtype=np.float32)
+        terms = np.concatenate([base, leaves], axis=1).T  # [1 + T, N]: the terms of each row in a column
+        return xgboost_sum(np.ascontiguousarray(terms)[None])[0]
 
 
 class SavedPairModel:
