@@ -3,9 +3,10 @@
 Single requests: the scenarios of the requests that reach a model in one turn of the event loop are
 predicted together, with one call, on the event loop, at the start of its next turn.
 
-A prediction costs a fixed ~0.5-0.9 ms per call (the numpy fast path's one-row walk and the policy, an
-h200x2 model on 2 cores) plus far less per extra scenario, so answering requests one call each under load
-caps a server near 1,000 req/s of pure model time and leaves nothing for HTTP. Requests that arrive
+A prediction of one scenario costs ~0.4-0.9 ms (the numpy fast path's walk and the policy; an h200x2 model,
+one core), a call of 8 eager scenarios ~3.3 ms and of 32 ~6.3 ms (``Predictor.decide`` hands lists past a few
+scenarios to XGBoost), so answering requests one call each under load caps a server near 1,000 req/s of
+pure model time and leaves nothing for HTTP. Requests that arrive
 together (the loop finds several connections readable at once) share one call; a lone request waits only
 for the loop to turn. The call runs on the loop itself: the one-row walk holds the GIL for most of its time,
 so a prediction thread would not run beside the loop, and the hand-off to it and back cost the server

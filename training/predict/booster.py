@@ -132,8 +132,9 @@ class NumpyBooster:
     def inplace_predict(self, Z: np.ndarray) -> np.ndarray:
         """Margins of pair rows ``Z`` ``[N, n_features]``: every tree walked, added to the base score in tree
         order as XGBoost adds them (``fastpath.xgboost_sum``); float64 ``[N]``."""
-        if self._flat is None:
-            self._flat = FlatTrees.from_trees([prune(tree, {}) for tree in self.trees])
+        if self._flat is None:  # the base score first, as a tree of one leaf: XGBoost adds it first
+            trees = [("leaf", self.base_score), *(prune(tree, {}) for tree in self.trees)]
+            self._flat = FlatTrees.from_trees(trees)
         Z = np.asarray(Z, dtype=np.float32)
         step = max(1, CHUNK_CURSORS // len(self._flat.roots))
         out = [self._margins(Z[i : i + step]) for i in range(0, len(Z), step)]
@@ -141,9 +142,7 @@ class NumpyBooster:
 
     def _margins(self, Z: np.ndarray) -> np.ndarray:
         """:meth:`inplace_predict` of a few rows: float32 ``[N]``."""
-        leaves = self._flat.leaves(Z)  # [N, T]
-        base = np.full((len(Z), 1), self.base_score, dtype=np.float32)
-        terms = np.concatenate([base, leaves], axis=1).T  # [1 + T, N]: the terms of each row in a column
+        terms = self._flat.leaves(Z).T  # [1 + T, N]: the base score and each tree's leaf, a row's in a column
         return xgboost_sum(np.ascontiguousarray(terms)[None])[0]
 
 
