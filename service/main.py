@@ -35,7 +35,7 @@ from ficco.service.core.limits import BodyLimitMiddleware
 from ficco.service.core.metrics import Metrics, MetricsMiddleware
 from ficco.service.core.offload import add_batch_components
 from ficco.service.core.store import ModelStore
-from ficco.service.core.worker_pool import WorkerLostError, WorkerOptions, WorkerPool
+from ficco.service.core.worker_pool import WorkerLostError, WorkerOptions, WorkerPool, worker_cpus
 from ficco.service.errors import InvalidFieldsError, NoModelError, UnknownHardwareError, from_pydantic
 from ficco.service.routes import health, metrics, models, recommend, score, tables
 from ficco.service.tables import GridTables, TableCache, prefetch
@@ -118,11 +118,11 @@ def _install_openapi(app: FastAPI) -> None:
 
 def _worker_options(settings: Settings, store: ModelStore) -> WorkerOptions:
     """What the batch workers need: the registry the store loads from (its snapshot: the bytes it serves),
-    its threads, the batch settings."""
+    the batch settings (XGBoost threads: ``FICCO_BATCH_PREDICT_THREADS``, else one per worker CPU)."""
     return WorkerOptions(
         model_root=str(store.loads_from),
         cache_size=store.cache_size,
-        threads=store.threads,
+        threads=settings.BATCH_PREDICT_THREADS or len(worker_cpus(settings.WORKER_CPUS)),
         bulk_threads=store.bulk_threads,
         max_batch=settings.MAX_BATCH,
         default_hardware=settings.DEFAULT_HARDWARE,

@@ -85,6 +85,9 @@ class Settings(ModelSettings):
     WORKER_CPUS: str = "spare"
     """CPUs the batch and table workers run on once warm: ``spare``, ``all`` or a list such as ``1,3-5``
     (``worker_pool.worker_cpus``)."""
+    BATCH_PREDICT_THREADS: int = Field(default=0, ge=0, le=256)
+    """XGBoost threads per prediction in the batch and table workers; 0: one per CPU of ``WORKER_CPUS``
+    (docs/service.md#settings)."""
     TABLE_QUEUE: int = Field(default=8, ge=0, le=1024)
     """Schedule tables that may wait for the table worker (one builds at a time, ``service.tables``); more
     get 429 with Retry-After."""

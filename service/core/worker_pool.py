@@ -58,7 +58,7 @@ class WorkerOptions:
     """The registry the server's store loads from (``ModelStore.loads_from``)."""
     cache_size: int = 4096
     threads: int = 1
-    """XGBoost threads per prediction (``FICCO_PREDICT_THREADS``)."""
+    """XGBoost threads per prediction (``FICCO_BATCH_PREDICT_THREADS``, else one per CPU of ``cpus``)."""
     bulk_threads: int = 1
     """Threads a large batch is split over (``FICCO_BATCH_THREADS``)."""
     max_batch: int = 10_000
@@ -181,12 +181,16 @@ def lower_priority(priority: str) -> str:
     return "nice 19"
 
 
-def worker_cpus(spec: str, allowed: set[int]) -> set[int]:
-    """The CPUs ``spec`` names out of ``allowed`` (this process's affinity): ``all``; ``spare``, every CPU
-    but the lowest, which batch and table work leave to the server (``all`` on a single CPU); or a cpulist
-    such as ``1,3-5``. ``ValueError`` names a spec that is none of these or that leaves no allowed CPU."""
+def worker_cpus(spec: str, allowed: set[int] | None = None) -> set[int]:
+    """The CPUs ``spec`` names out of ``allowed`` (default: this process's affinity, else every CPU):
+    ``all``; ``spare``, every CPU but the lowest, which batch and table work leave to the server (``all`` on
+    a single CPU); or a cpulist such as ``1,3-5``. ``ValueError`` names a spec that is none of these or that
+    leaves no allowed CPU."""
     from ficco.cpulists import parse_cpulist
 
+    if allowed is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        allowed = affinity(0) if affinity else set(range(os.cpu_count() or 1))
     if spec == "all":
         return set(allowed)
     if spec == "spare":

@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from ficco.service.core.admission import BatchGate, BusyError
+from ficco.service.core.config import Settings
+from ficco.service.core.store import ModelStore
 from ficco.service.core.worker_pool import WorkerOptions, worker_cpus
+from ficco.service.main import _worker_options
 from ficco.training.predict.registry import current_version, list_models, promote
 
 GOOD = {"op": "ag_gemm", "m": 64, "n": 64, "k": 64}
@@ -134,6 +137,19 @@ def test_worker_cpus_reads_each_spelling(spec, allowed, cpus):
 def test_bad_worker_cpus_say_what_is_allowed(spec, message):
     with pytest.raises(ValueError, match=message):
         worker_cpus(spec, {0, 1})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+@pytest.mark.parametrize(("cpus", "predict_threads"), [("all", 0), ("spare", 0), ("all", 3), ("spare", 1)])
+def test_batch_workers_predict_with_one_xgboost_thread_per_cpu_they_run_on(tmp_path, cpus, predict_threads):
+    """A batch's XGBoost prediction spreads over the CPUs its worker may use (``FICCO_WORKER_CPUS``), unless
+    ``FICCO_BATCH_PREDICT_THREADS`` says how many threads."""
+    allowed = len(os.sched_getaffinity(0))
+    per_cpu = {"all": allowed, "spare": max(allowed - 1, 1)}[cpus]
+    settings = Settings(WORKER_CPUS=cpus, BATCH_PREDICT_THREADS=predict_threads)
+    options = _worker_options(settings, ModelStore(tmp_path))
+    assert options.threads == (predict_threads or per_cpu)
+    assert options.cpus == cpus
 
 
 def test_bad_priority_names_the_allowed_values():
