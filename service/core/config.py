@@ -10,7 +10,6 @@ Precedence: command-line options > environment > the defaults below.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,8 +137,7 @@ class Settings(ModelSettings):
     @field_validator("WORKER_CPUS")
     @classmethod
     def _check_cpus(cls, value: str) -> str:
-        if hasattr(os, "sched_getaffinity"):
-            worker_cpus(value, os.sched_getaffinity(0))
+        worker_cpus(value)  # ValueError naming what is allowed
         return value
 
 
